@@ -1,0 +1,32 @@
+# Two commands on a fresh machine: `make demo` runs the main job, `make test` runs the tests.
+# Both create the virtual environment first; nothing has to be installed by hand.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+TORCH  ?= torch==2.13.0
+STAMP  := $(VENV)/.turbotrain-installed
+
+.PHONY: demo test test-gpu bench overhead clean
+
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# The CPU build of the tested torch first: an unpinned torch would pull GBs of CUDA wheels.
+	$(PY) -m pip install -q $(TORCH)
+	$(PY) -m pip install -q -e '.[all,test]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/turbotrain demo
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+test-gpu: $(STAMP)
+	$(PY) -m pytest -m gpu
+
+overhead: $(STAMP)
+	$(PY) benchmarks/overhead.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,26 @@
+"""turbotrain: make PyTorch training fast, and prove it.
+
+    import turbotrain as tt
+    plan = tt.Plan.fast(model)                     # or tt.Plan(precision="bf16-mixed", ...)
+    result = tt.Trainer(model, optimizer, loss_fn, plan=plan, max_epochs=3).fit(train_loader, val_loader)
+"""
+
+from __future__ import annotations
+
+import logging
+
+from .config import ConfigError
+from .plan import Plan
+from .runtime import Runtime, prepare
+from .setup import setup
+from .train.checkpoint import CheckpointError
+from .train.early_stopping import EarlyStopping
+from .train.nonfinite import NonFiniteError
+from .train.trainer import FitResult, Trainer
+
+__version__ = "0.1.0"
+
+__all__ = ["Plan", "Trainer", "FitResult", "EarlyStopping", "setup", "prepare", "Runtime", "ConfigError",
+           "CheckpointError", "NonFiniteError", "__version__"]
+
+logging.getLogger("turbotrain").addHandler(logging.NullHandler())

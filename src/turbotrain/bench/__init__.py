@@ -1,0 +1,1 @@
+"""Reference workloads and the ablation benchmark."""

@@ -1,0 +1,138 @@
+"""Reference workloads: a model, its data (made in place, nothing downloaded) and how to train it.
+
+* ``gpt``: a small decoder-only transformer on byte-level text taken from the Python standard
+  library's own source files, so the loss really falls. Unit: tokens.
+* ``cnn``: a ResNet-style net on synthetic class-conditional images (each class a fixed
+  smooth pattern plus noise), 32x32 on CPU. Unit: images.
+* ``mlp``: a tiny MLP on in-memory data, where the framework's own per-step cost dominates.
+"""
+
+from __future__ import annotations
+
+import functools
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from .models import GPT, ResNetCNN, TinyMLP, lm_loss
+
+__all__ = ["Workload", "get_workload", "WORKLOADS", "stdlib_bytes"]
+
+
+@functools.lru_cache(maxsize=4)
+def stdlib_bytes(max_bytes: int = 4_000_000) -> torch.Tensor:
+    """Up to ``max_bytes`` of the standard library's .py sources, in a fixed order, as uint8."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    chunks, size = [], 0
+    for path in sorted(root.rglob("*.py")):
+        if "site-packages" in path.parts:
+            continue
+        try:
+            data = path.read_bytes()
+        except OSError:
+            continue
+        chunks.append(data)
+        size += len(data)
+        if size >= max_bytes:
+            break
+    if size < 10_000:
+        raise RuntimeError(f"found only {size} bytes of Python sources under {root}; the GPT workload needs the "
+                           "standard library's source files")
+    return torch.frombuffer(bytearray(b"".join(chunks)[:max_bytes]), dtype=torch.uint8)
+
+
+def text_dataset(samples: int, seq_len: int, seed: int = 0) -> TensorDataset:
+    """``samples`` windows of ``seq_len`` bytes (inputs) and the bytes that follow them (targets)."""
+    data = stdlib_bytes()
+    g = torch.Generator().manual_seed(seed)
+    starts = torch.randint(0, data.numel() - seq_len - 1, (samples,), generator=g)
+    windows = torch.stack([data[s:s + seq_len + 1] for s in starts.tolist()]).long()
+    return TensorDataset(windows[:, :-1].contiguous(), windows[:, 1:].contiguous())
+
+
+def image_dataset(samples: int, size: int = 32, classes: int = 10, seed: int = 0) -> TensorDataset:
+    """Class-conditional synthetic images: a smooth per-class template plus noise."""
+    g = torch.Generator().manual_seed(seed)
+    coarse = torch.randn(classes, 3, 4, 4, generator=g)
+    templates = F.interpolate(coarse, size=(size, size), mode="bilinear", align_corners=False)
+    labels = torch.randint(0, classes, (samples,), generator=g)
+    images = templates[labels] + 1.5 * torch.randn(samples, 3, size, size, generator=g)
+    return TensorDataset(images, labels)
+
+
+def vector_dataset(samples: int, inputs: int = 32, classes: int = 10, seed: int = 0) -> TensorDataset:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(samples, inputs, generator=g)
+    y = x[:, :classes].argmax(1)
+    return TensorDataset(x, y)
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    unit: str                                   # what samples/s counts per sample: tokens, images
+    units_per_sample: int
+    batch_size: int
+    make_model: Callable[[], nn.Module]
+    loss_fn: Callable
+    make_dataset: Callable[[int], TensorDataset]   # seed -> dataset
+    lr: float
+
+    def optimizer_fn(self, params) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(params, lr=self.lr)
+
+    def loader(self, batch_size: int | None = None, seed: int = 0, shuffle: bool = True, **kwargs) -> DataLoader:
+        g = torch.Generator().manual_seed(seed)
+        return DataLoader(self.make_dataset(seed), batch_size=batch_size or self.batch_size, shuffle=shuffle,
+                          generator=g, drop_last=True, **kwargs)
+
+    def build(self, seed: int = 0) -> tuple[nn.Module, torch.optim.Optimizer]:
+        """A freshly initialised model (same weights for the same seed) and its optimizer."""
+        torch.manual_seed(seed)
+        model = self.make_model()
+        return model, self.optimizer_fn(model.parameters())
+
+
+def _gpt(scale: str) -> Workload:
+    if scale == "gpu":  # GPT-2 small: 12 layers, 768 wide, 1024 tokens (byte vocabulary)
+        cfg = dict(seq_len=1024, dim=768, layers=12, heads=12)
+        batch, samples = 16, 2048
+    else:
+        cfg = dict(seq_len=128, dim=128, layers=2, heads=4)
+        batch, samples = 16, 4096
+    return Workload("gpt", "tokens", cfg["seq_len"], batch, lambda: GPT(vocab_size=256, **cfg), lm_loss,
+                    lambda seed: text_dataset(samples, cfg["seq_len"], seed), lr=1e-3)
+
+
+def _cnn(scale: str) -> Workload:
+    if scale == "gpu":
+        size, batch, samples, blocks, width = 224, 128, 2048, (3, 4, 6, 3), 64
+    else:
+        size, batch, samples, blocks, width = 32, 64, 4096, (1, 1, 1), 32
+    return Workload("cnn", "images", 1, batch, lambda: ResNetCNN(width=width, blocks=blocks), F.cross_entropy,
+                    lambda seed: image_dataset(samples, size, seed=seed), lr=2e-3)
+
+
+def _mlp(scale: str) -> Workload:
+    return Workload("mlp", "samples", 1, 32, TinyMLP, F.cross_entropy,
+                    lambda seed: vector_dataset(32 * 200, seed=seed), lr=1e-2)
+
+
+WORKLOADS: dict[str, Callable[[str], Workload]] = {"gpt": _gpt, "cnn": _cnn, "mlp": _mlp}
+
+
+def get_workload(name: str, scale: str = "cpu") -> Workload:
+    """A reference workload by name; ``scale`` is 'cpu' (seconds per run) or 'gpu' (GPT-2 small, ResNet-50 depth)."""
+    try:
+        factory = WORKLOADS[name]
+    except KeyError:
+        raise KeyError(f"unknown workload {name!r}; choose one of {', '.join(WORKLOADS)}") from None
+    if scale not in ("cpu", "gpu"):
+        raise ValueError(f"scale must be 'cpu' or 'gpu', got {scale!r}")
+    return factory(scale)

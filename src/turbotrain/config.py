@@ -1,0 +1,187 @@
+"""Typed dataclass configuration with errors that name the bad key and what is allowed.
+
+Every user-facing configuration object (the Plan, recipes, trainer limits) is a dataclass
+decorated with :func:`strict`. Two things follow:
+
+* ``Cls(unknwon=1)`` and ``from_mapping(Cls, {"unknwon": 1})`` raise :class:`ConfigError`
+  naming the key, the closest valid key, and every allowed key;
+* each field's value is checked against its annotation (``Literal`` choices, ``bool``,
+  ``int``, ``float``, ``str``, ``Optional``/unions, nested dataclasses, lists), so
+  ``Plan(precision="bf16")`` says which precisions exist.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import functools
+import types
+import typing
+from collections.abc import Mapping
+from typing import Any, Literal, Union, get_args, get_origin
+
+__all__ = ["ConfigError", "strict", "from_mapping", "to_mapping", "describe_type"]
+
+
+class ConfigError(ValueError):
+    """A configuration value or key is wrong. The message says where and what is allowed."""
+
+
+def _field_names(cls) -> list[str]:
+    return [f.name for f in dataclasses.fields(cls) if f.init]
+
+
+def _unknown_key_message(where: str, key: object, allowed: list[str]) -> str:
+    close = difflib.get_close_matches(str(key), allowed, n=1, cutoff=0.6)
+    hint = f" Did you mean '{close[0]}'?" if close else ""
+    return f"{where}: unknown key '{key}'.{hint} Allowed keys: {', '.join(allowed)}."
+
+
+def describe_type(tp: Any) -> str:
+    """Human wording of what an annotation accepts, for error messages."""
+    origin = get_origin(tp)
+    if tp is Any:
+        return "any value"
+    if tp is type(None):
+        return "null"
+    if tp is bool:
+        return "true or false"
+    if tp is int:
+        return "an integer"
+    if tp is float:
+        return "a number"
+    if tp is str:
+        return "a string"
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in get_args(tp))
+    if origin in (Union, types.UnionType):
+        return " or ".join(describe_type(a) for a in get_args(tp))
+    if origin in (list, tuple):
+        args = get_args(tp)
+        inner = describe_type(args[0]) if args else "values"
+        return f"a list of {inner}"
+    if origin in (dict, Mapping):
+        return "a mapping"
+    if dataclasses.is_dataclass(tp):
+        return f"a mapping with keys {', '.join(_field_names(tp))}"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value: Any, tp: Any, where: str) -> Any:
+    """Return ``value`` converted to ``tp`` or raise ConfigError naming ``where``."""
+    origin = get_origin(tp)
+    if tp is Any:
+        return value
+    if tp is type(None):
+        if value is None:
+            return None
+    elif origin is Literal:
+        for choice in get_args(tp):
+            # `True == 1` in Python: compare types too so 1 is not accepted for True.
+            if value == choice and type(value) is type(choice):
+                return value
+    elif origin in (Union, types.UnionType):
+        for arg in get_args(tp):
+            try:
+                return _coerce(value, arg, where)
+            except ConfigError:
+                continue
+    elif tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif tp is str:
+        if isinstance(value, str):
+            return value
+    elif origin in (list, tuple):
+        if isinstance(value, (list, tuple)):
+            args = get_args(tp)
+            item_tp = args[0] if args else Any
+            items = [_coerce(v, item_tp, f"{where}[{i}]") for i, v in enumerate(value)]
+            return tuple(items) if origin is tuple else items
+    elif origin in (dict, Mapping) or tp is dict:
+        if isinstance(value, Mapping):
+            return dict(value)
+    elif dataclasses.is_dataclass(tp):
+        if isinstance(value, tp):
+            return value
+        if isinstance(value, Mapping):
+            return from_mapping(tp, value, where)
+    else:  # a plain class annotation
+        if isinstance(value, tp):
+            return value
+    raise ConfigError(f"{where}: {value!r} is not allowed; expected {describe_type(tp)}.")
+
+
+def _hints(cls) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def validate_fields(obj: Any) -> None:
+    """Check (and normalise, e.g. int -> float) every field of a dataclass instance."""
+    cls = type(obj)
+    hints = _hints(cls)
+    for name in _field_names(cls):
+        value = getattr(obj, name)
+        checked = _coerce(value, hints[name], f"{cls.__name__}.{name}")
+        if checked is not value:
+            object.__setattr__(obj, name, checked)  # works for frozen dataclasses too
+
+
+def strict(cls):
+    """Class decorator: unknown keyword arguments and mistyped values raise ConfigError."""
+    init = cls.__init__
+    allowed = _field_names(cls)
+    allowed_set = set(allowed)
+
+    @functools.wraps(init)
+    def __init__(self, *args, **kwargs):
+        for key in kwargs:
+            if key not in allowed_set:
+                raise ConfigError(_unknown_key_message(cls.__name__, key, allowed))
+        init(self, *args, **kwargs)
+        validate_fields(self)
+        check = getattr(self, "_check", None)
+        if check is not None:
+            check()
+
+    cls.__init__ = __init__
+    return cls
+
+
+def from_mapping(cls, data: Any, where: str | None = None):
+    """Build dataclass ``cls`` from a mapping (parsed YAML/JSON), naming bad keys and values."""
+    where = where or cls.__name__
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{where}: expected a mapping with keys {', '.join(_field_names(cls))}, "
+                          f"got {type(data).__name__} {data!r}.")
+    allowed = _field_names(cls)
+    hints = _hints(cls)
+    kwargs = {}
+    for key, value in data.items():
+        if key not in allowed:
+            raise ConfigError(_unknown_key_message(where, key, allowed))
+        kwargs[key] = _coerce(value, hints[key], f"{where}.{key}")
+    try:
+        return cls(**kwargs)
+    except ConfigError as exc:
+        # Re-anchor messages raised by __post_init__ checks at the mapping's location.
+        raise ConfigError(str(exc).replace(f"{cls.__name__}.", f"{where}.", 1)) from None
+
+
+def to_mapping(obj: Any) -> dict[str, Any]:
+    """Plain-data view of a (nested) dataclass: the inverse of :func:`from_mapping`."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if dataclasses.is_dataclass(value):
+            value = to_mapping(value)
+        elif isinstance(value, tuple):
+            value = list(value)
+        out[f.name] = value
+    return out

@@ -1,0 +1,1 @@
+"""Data: loader rebuilding, device transfer and prefetch (more in later modules)."""

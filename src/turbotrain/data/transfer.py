@@ -1,0 +1,59 @@
+"""Moving a batch (tensors nested in tuples, lists, dicts, dataclasses) to the device."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+__all__ = ["move_batch", "tensors_in"]
+
+
+def _move_tensor(t: torch.Tensor, device: torch.device, non_blocking: bool, channels_last: bool,
+                 float_dtype: torch.dtype | None) -> torch.Tensor:
+    dtype = float_dtype if float_dtype is not None and t.is_floating_point() else None
+    t = t.to(device, dtype=dtype, non_blocking=non_blocking)
+    if channels_last and t.dim() == 4 and t.is_floating_point():
+        t = t.contiguous(memory_format=torch.channels_last)
+    return t
+
+
+def move_batch(batch: Any, device: torch.device, *, non_blocking: bool = False, channels_last: bool = False,
+               float_dtype: torch.dtype | None = None) -> Any:
+    """``batch`` with every tensor on ``device``.
+
+    ``non_blocking`` only overlaps with compute when the source is pinned memory;
+    ``channels_last`` converts 4D floating tensors (images) to NHWC; ``float_dtype`` casts
+    floating tensors (bf16-true training), leaving integer targets alone.
+    """
+    if isinstance(batch, torch.Tensor):
+        return _move_tensor(batch, device, non_blocking, channels_last, float_dtype)
+    if isinstance(batch, (list, tuple)):
+        moved = [move_batch(b, device, non_blocking=non_blocking, channels_last=channels_last,
+                            float_dtype=float_dtype) for b in batch]
+        if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple
+            return type(batch)(*moved)
+        return type(batch)(moved) if isinstance(batch, tuple) else moved
+    if isinstance(batch, dict):
+        return type(batch)((k, move_batch(v, device, non_blocking=non_blocking, channels_last=channels_last,
+                                          float_dtype=float_dtype)) for k, v in batch.items())
+    if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
+        return dataclasses.replace(batch, **{
+            f.name: move_batch(getattr(batch, f.name), device, non_blocking=non_blocking,
+                               channels_last=channels_last, float_dtype=float_dtype)
+            for f in dataclasses.fields(batch) if f.init})
+    return batch
+
+
+def tensors_in(batch: Any) -> list[torch.Tensor]:
+    """Every tensor inside a (nested) batch."""
+    if isinstance(batch, torch.Tensor):
+        return [batch]
+    if isinstance(batch, (list, tuple)):
+        return [t for b in batch for t in tensors_in(b)]
+    if isinstance(batch, dict):
+        return [t for b in batch.values() for t in tensors_in(b)]
+    if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
+        return [t for f in dataclasses.fields(batch) for t in tensors_in(getattr(batch, f.name))]
+    return []

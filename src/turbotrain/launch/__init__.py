@@ -1,0 +1,1 @@
+"""Scaling out: torchrun launch, DDP/FSDP wrapping, NCCL settings."""

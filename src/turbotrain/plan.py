@@ -1,0 +1,151 @@
+"""The Plan: one typed, validated description of every speed switch.
+
+``Plan()`` is the naive plan, exactly what a plain PyTorch loop does. ``Plan.fast(model)``
+is the recommendation for the detected hardware, assembled from the registry's rules.
+A Plan round-trips through YAML and JSON; an unknown key or a bad value is a
+:class:`~turbotrain.config.ConfigError` that names it and what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from .config import ConfigError, from_mapping, strict, to_mapping
+
+__all__ = ["Plan", "Precision", "CompileMode", "Strategy"]
+
+Precision = Literal["fp32", "bf16-mixed", "fp16-mixed", "bf16-true"]
+CompileMode = Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
+Strategy = Literal["auto", "ddp", "fsdp"]
+
+
+@strict
+@dataclass(frozen=True)
+class Plan:
+    """Every switch turbotrain knows. Defaults reproduce a plain PyTorch training loop."""
+
+    device: str = "auto"
+    """'auto' (CUDA when present, else CPU), 'cpu', 'cuda', 'cuda:N'."""
+    precision: Precision = "fp32"
+    """'fp32'; 'bf16-mixed' / 'fp16-mixed' autocast (fp16 adds a GradScaler); 'bf16-true' bf16 weights."""
+    compile: bool | CompileMode = False
+    """torch.compile the model: False, True (mode 'default') or a mode name."""
+    channels_last: bool = False
+    """NHWC memory format for 4D conv nets and their inputs."""
+    cudnn_benchmark: bool = False
+    """Let cuDNN time its algorithms once per input shape (static shapes)."""
+    tf32: bool = False
+    """TF32 tensor cores for fp32 matmuls and convolutions (Ampere or newer)."""
+    grad_accum_steps: int = 1
+    """Micro-batches per optimizer step; gradients are not synchronized until the last."""
+    set_to_none: bool = True
+    """zero_grad(set_to_none=True): drop gradients instead of writing zeros (torch's default)."""
+    fused_optimizer: bool = False
+    """Switch the optimizer to its fused (or else foreach) implementation."""
+    drop_conv_bias: bool = False
+    """Remove conv biases that a BatchNorm cancels anyway (exact rewrite)."""
+    pin_memory: bool | None = None
+    """Page-locked host batches for faster, asynchronous copies. None keeps the loader's setting."""
+    non_blocking: bool = False
+    """Host-to-device copies that do not block the host."""
+    device_prefetch: bool = False
+    """Copy the next batch to the device on a side stream while the current one computes."""
+    num_workers: int | None = None
+    """DataLoader worker processes. None keeps the loader's setting."""
+    persistent_workers: bool | None = None
+    """Keep DataLoader workers alive between epochs. None keeps the loader's setting."""
+    batch_size: int | None = None
+    """Samples per micro-batch. None keeps the loader's setting."""
+    strategy: Strategy = "auto"
+    """'auto' (DDP when launched with several processes), 'ddp' or 'fsdp'."""
+    sync_batchnorm: bool | Literal["force"] = False
+    """Convert BatchNorm to SyncBatchNorm under DDP/FSDP; refused with compile unless 'force'."""
+
+    def _check(self) -> None:
+        if self.grad_accum_steps < 1:
+            raise ConfigError(f"Plan.grad_accum_steps: {self.grad_accum_steps} is not allowed; expected an integer >= 1.")
+        if self.num_workers is not None and self.num_workers < 0:
+            raise ConfigError(f"Plan.num_workers: {self.num_workers} is not allowed; expected an integer >= 0 or null.")
+        if self.batch_size is not None and self.batch_size < 1:
+            raise ConfigError(f"Plan.batch_size: {self.batch_size} is not allowed; expected an integer >= 1 or null.")
+        if self.persistent_workers and self.num_workers == 0:
+            raise ConfigError("Plan.persistent_workers: true needs num_workers > 0 (there are no workers to keep).")
+
+    # -- derived views ---------------------------------------------------------------------
+
+    @property
+    def compile_mode(self) -> str | None:
+        """The torch.compile mode, or None when compile is off."""
+        if self.compile is False:
+            return None
+        return "default" if self.compile is True else self.compile
+
+    def replace(self, **changes: Any) -> "Plan":
+        """A copy with some switches changed (validated like the constructor)."""
+        allowed = {f.name for f in dataclasses.fields(self)}
+        for key in changes:
+            if key not in allowed:
+                # Same wording as the constructor's error.
+                Plan(**{key: changes[key]})
+        return dataclasses.replace(self, **changes)
+
+    def changes(self, base: "Plan | None" = None) -> dict[str, Any]:
+        """The switches that differ from ``base`` (default: the naive plan)."""
+        base = base or Plan()
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if getattr(self, f.name) != getattr(base, f.name)}
+
+    def describe(self) -> str:
+        changed = self.changes()
+        return "naive (plain PyTorch)" if not changed else ", ".join(f"{k}={v}" for k, v in changed.items())
+
+    # -- constructors -----------------------------------------------------------------------
+
+    @classmethod
+    def fast(cls, model=None, device: str = "auto") -> "Plan":
+        """The recommended plan for this hardware (and this model, when given), by rule.
+
+        Each registry entry contributes its own rule (see ``turbotrain.speedups``); the tuner
+        replaces rules by measurement.
+        """
+        from .speedups.registry import recommend_plan  # the registry imports Plan
+
+        return recommend_plan(model=model, device=device)
+
+    # -- (de)serialisation --------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_mapping(self)
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "plan") -> "Plan":
+        return from_mapping(cls, data, where)
+
+    def to_yaml(self, path: str | os.PathLike | None = None) -> str:
+        """YAML text of the plan; written to ``path`` when given."""
+        text = yaml.safe_dump(self.to_dict(), sort_keys=False)
+        if path is not None:
+            Path(path).write_text(text)
+        return text
+
+    @classmethod
+    def from_yaml(cls, path_or_text: str | os.PathLike) -> "Plan":
+        """Load a plan from a YAML file (or YAML text). Unknown keys and bad values are errors."""
+        from .recipe import load_yaml  # one safe YAML reader for plans and recipes
+
+        data, where = load_yaml(path_or_text)
+        if data is None:
+            return cls()
+        if isinstance(data, dict) and set(data) == {"plan"}:
+            data = data["plan"]
+        return cls.from_dict(data, where=where)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict())

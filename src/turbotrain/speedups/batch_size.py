@@ -1,0 +1,22 @@
+"""Batch size: the largest that fits, a multiple of 8 (tensor-core friendly)."""
+
+from __future__ import annotations
+
+from .registry import BenchEntry, Order, Speedup, register
+
+
+def round_to_multiple(n: int, multiple: int = 8) -> int:
+    """``n`` rounded down to a multiple (never below ``multiple`` itself)."""
+    return max(multiple, n // multiple * multiple)
+
+
+def _apply(rt) -> None:
+    rt.loader_overrides["batch_size"] = rt.plan.batch_size
+
+
+ENTRY = register(Speedup(
+    name="batch_size", field="batch_size", order=Order.LOADER, apply=_apply, exact=False,
+    doctor_rules=("batch-size-not-multiple-of-8", "small-batch"),
+    summary="fewer, larger steps use the hardware's width",
+    bench=BenchEntry(("cnn",), {"batch_size": 128}),
+))

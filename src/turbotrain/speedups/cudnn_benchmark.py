@@ -1,0 +1,32 @@
+"""cudnn.benchmark: cuDNN times its algorithms once per input shape and keeps the fastest."""
+
+from __future__ import annotations
+
+import torch
+
+from .registry import BenchEntry, Order, Speedup, register
+
+
+def set_cudnn_benchmark(enabled: bool = True) -> None:
+    """Process-wide switch; worth it when input shapes do not change from step to step."""
+    torch.backends.cudnn.benchmark = enabled
+
+
+def _apply(rt) -> None:
+    set_cudnn_benchmark(True)
+
+
+def _requires(hw, plan) -> str | None:
+    return None if hw.cudnn else "cuDNN is a CUDA library and this run is on the CPU"
+
+
+def _recommend(hw, info):
+    return True if hw.cudnn and info.n_conv2d else None
+
+
+ENTRY = register(Speedup(
+    name="cudnn_benchmark", field="cudnn_benchmark", order=Order.GLOBAL, apply=_apply, requires=_requires,
+    recommend=_recommend, exact=True, doctor_rules=("cudnn-benchmark-off",),
+    summary="cuDNN autotunes convolution algorithms for static shapes",
+    bench=BenchEntry(("cnn",), {"cudnn_benchmark": True}),
+))

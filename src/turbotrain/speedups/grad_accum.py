@@ -1,0 +1,25 @@
+"""Gradient accumulation: several micro-batches per optimizer step, synchronized only at the last."""
+
+from __future__ import annotations
+
+from .registry import BenchEntry, Order, Speedup, register
+
+
+def is_last_micro_batch(index: int, accum_steps: int, total: int | None = None) -> bool:
+    """Whether micro-batch ``index`` (0-based within the epoch) ends an optimizer step.
+
+    The epoch's last batch always ends one, so no gradient is carried into the next epoch.
+    """
+    return (index + 1) % accum_steps == 0 or (total is not None and index + 1 == total)
+
+
+def _apply(rt) -> None:
+    rt.accum_steps = rt.plan.grad_accum_steps
+
+
+ENTRY = register(Speedup(
+    name="grad_accum", field="grad_accum_steps", order=Order.STEP, apply=_apply, exact=True,
+    doctor_rules=("accumulation-syncs",),
+    summary="a large effective batch from small micro-batches, one gradient all-reduce per step",
+    bench=BenchEntry(("mlp",), {"grad_accum_steps": 4}, script="benchmarks/accumulation.py"),
+))

@@ -1,0 +1,19 @@
+"""DataLoader worker processes: decode and collate batches in parallel with training."""
+
+from __future__ import annotations
+
+from .registry import BenchEntry, Order, Speedup, register
+
+
+def _apply(rt) -> None:
+    rt.loader_overrides["num_workers"] = rt.plan.num_workers
+
+
+# No rule picks a worker count without seeing the data: the tuner's num_workers finder
+# measures it (workers only pay off when loading, not compute, is the bottleneck).
+ENTRY = register(Speedup(
+    name="num_workers", field="num_workers", order=Order.LOADER, apply=_apply, exact=True,
+    doctor_rules=("num-workers",),
+    summary="batches are prepared in parallel processes while the model trains",
+    bench=BenchEntry(("data",), {"num_workers": 2}),
+))

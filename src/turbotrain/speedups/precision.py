@@ -1,0 +1,60 @@
+"""Mixed and low precision: bf16/fp16 autocast (fp16 with a GradScaler), or bf16 weights."""
+
+from __future__ import annotations
+
+import torch
+
+from .registry import BenchEntry, Order, Speedup, register
+
+AUTOCAST_DTYPES = {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}
+
+
+def autocast_dtype(precision: str) -> torch.dtype | None:
+    """The autocast dtype of a precision setting (None for fp32 and bf16-true)."""
+    return AUTOCAST_DTYPES.get(precision)
+
+
+def make_grad_scaler(device: torch.device | str):
+    """A GradScaler: fp16 gradients underflow without loss scaling."""
+    return torch.amp.GradScaler(torch.device(device).type)
+
+
+def cast_to_bf16(model: torch.nn.Module) -> torch.nn.Module:
+    """bf16 weights (half the memory); parameters stay the same objects for the optimizer."""
+    return model.to(torch.bfloat16)
+
+
+def _apply(rt) -> None:
+    precision = rt.plan.precision
+    if precision == "bf16-true":
+        cast_to_bf16(rt.module)
+        rt.cast_inputs = torch.bfloat16
+        return
+    rt.autocast_dtype = autocast_dtype(precision)
+    if precision == "fp16-mixed":
+        rt.scaler = make_grad_scaler(rt.device)
+
+
+def _requires(hw, plan) -> str | None:
+    if plan.precision == "fp16-mixed" and not hw.is_cuda:
+        return ("fp16-mixed needs a CUDA GPU (CPUs have no fp16 matrix units and no GradScaler path); "
+                "use precision='bf16-mixed' on CPU")
+    if plan.precision in ("bf16-mixed", "bf16-true") and hw.is_cuda and not hw.bf16:
+        return f"{hw.device_name} has no bf16 support; use precision='fp16-mixed'"
+    return None
+
+
+def _recommend(hw, info):
+    if hw.bf16:
+        return "bf16-mixed"
+    if hw.fp16:
+        return "fp16-mixed"
+    return None
+
+
+ENTRY = register(Speedup(
+    name="precision", field="precision", order=Order.MODEL_DTYPE, apply=_apply, requires=_requires,
+    recommend=_recommend, exact=False, doctor_rules=("no-mixed-precision",),
+    summary="bf16/fp16 autocast runs matmuls and convolutions on low-precision units",
+    bench=BenchEntry(("gpt", "cnn"), {"precision": "bf16-mixed"}),
+))

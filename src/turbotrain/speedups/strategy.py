@@ -1,0 +1,52 @@
+"""Data parallelism across processes: DistributedDataParallel (never DataParallel) or FSDP."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .. import distributed as tdist
+from ..config import ConfigError
+from .registry import BenchEntry, Order, Speedup, register
+
+
+def resolve_strategy(strategy: str) -> str:
+    """'auto' -> 'ddp' when launched with several processes, else 'none'."""
+    if strategy == "auto":
+        return "ddp" if tdist.world_size() > 1 else "none"
+    if not tdist.is_launched():
+        raise ConfigError(
+            f"Plan.strategy='{strategy}' needs several processes started by a launcher, and this "
+            f"process was started alone. Run it as `turbotrain launch --nproc-per-node N your_script.py ...` "
+            f"(or `torchrun --nproc-per-node N your_script.py ...`), or use strategy='auto' for one process.")
+    return strategy
+
+
+def wrap_ddp(model: nn.Module, device: torch.device) -> nn.parallel.DistributedDataParallel:
+    """DDP over the current process group (NCCL on CUDA, gloo on CPU)."""
+    tdist.init_process_group(device)
+    device_ids = [device.index] if device.type == "cuda" else None
+    return nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
+
+
+def _apply(rt) -> None:
+    strategy = resolve_strategy(rt.plan.strategy)
+    if strategy == "ddp":
+        rt.ddp = wrap_ddp(rt.model, rt.device)
+        rt.model = rt.ddp
+    elif strategy == "fsdp":
+        from ..launch.fsdp import shard_model
+
+        rt.model = shard_model(rt.model, rt.device)
+
+
+def _is_active(plan) -> bool:
+    return plan.strategy != "auto" or tdist.world_size() > 1
+
+
+ENTRY = register(Speedup(
+    name="strategy", field="strategy", order=Order.MODEL_WRAP, apply=_apply, is_active=_is_active, exact=True,
+    doctor_rules=("data-parallel", "nccl-env"),
+    summary="one process per GPU with overlapped gradient all-reduce (DDP) or sharded state (FSDP)",
+    bench=BenchEntry(("mlp",), {"strategy": "ddp"}, script="benchmarks/ddp.py"),
+))

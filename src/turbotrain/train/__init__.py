@@ -1,0 +1,1 @@
+"""Training: the Trainer, its hot loop, stopping rules, checkpoints, logs and progress."""

@@ -1,0 +1,166 @@
+"""Epoch iteration that can restart at any batch with the exact same order and random state.
+
+A plain DataLoader draws from the global RNG at two moments of an epoch: a base seed for
+its workers when a (non-persistent) iterator is created, and the sampler's shuffle seed at
+the first pull of indices. A resumed run must see the same draws in the same order, then
+skip the batches already trained on *without loading them*, then continue with the random
+state saved at the checkpoint. This module does exactly that:
+
+* the Trainer's internal loader gets a :class:`ResumableBatches` batch sampler that wraps
+  the user's, so skipping works on index lists, not on data;
+* :class:`EpochSource` records the RNG state at the start of each epoch (``epoch_rng``) and,
+  on resume, replays it before the sampler draws and restores the checkpoint's state
+  (``rng``) before the first batch is fetched.
+
+Random transforms inside DataLoader *workers* are seeded per worker by PyTorch; after a
+mid-epoch resume a worker sees different batches than before, so such transforms are only
+reproduced when they derive their randomness from the sample index.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Iterator
+
+from torch.utils.data import DataLoader, Sampler
+
+from ..data.loader import batch_sampler_of
+from . import rng
+
+__all__ = ["ResumableBatches", "EpochSource", "Position"]
+
+log = logging.getLogger("turbotrain")
+
+
+@dataclass
+class Position:
+    """Where a run stands: the next batch to train on is batch ``batches_done`` of ``epoch``."""
+
+    epoch: int
+    batches_done: int
+    rng: dict                     # the random state to continue with
+    epoch_rng: dict | None        # the state the epoch started with (needed when batches_done > 0)
+    iterator_reused: bool         # the epoch's DataLoader iterator was a persistent one, reused
+
+
+class ResumableBatches(Sampler):
+    """The user's batch sampler, able to start an epoch at batch ``skip``."""
+
+    def __init__(self, inner: Iterable[list[int]]):
+        self.inner = inner
+        self._skip = 0
+        self._after_skip: Callable[[], None] | None = None
+        self._primed: Iterator[list[int]] | None = None
+
+    def __len__(self) -> int:
+        return len(self.inner)  # type: ignore[arg-type]
+
+    def plan_start(self, skip: int, after_skip: Callable[[], None] | None) -> None:
+        """The next epoch starts at batch ``skip``; ``after_skip`` runs once indices are drawn."""
+        self._skip, self._after_skip = skip, after_skip
+
+    def prime(self, skip: int) -> None:
+        """Draw the epoch's indices now (the sampler's RNG draws happen here) and skip ``skip``."""
+        it = iter(self.inner)
+        for _ in range(skip):
+            next(it)
+        head = next(it, None)
+        self._primed = iter(()) if head is None else itertools.chain([head], it)
+        self._skip, self._after_skip = 0, None
+
+    def __iter__(self) -> Iterator[list[int]]:
+        # A generator: nothing below runs until the DataLoader pulls the first index list,
+        # which is exactly when a plain DataLoader's sampler would draw its shuffle seed.
+        if self._primed is not None:
+            it, self._primed = self._primed, None
+        else:
+            it = iter(self.inner)
+            skip, after, self._skip, self._after_skip = self._skip, self._after_skip, 0, None
+            for _ in range(skip):
+                next(it)
+            if after is not None:
+                after()
+        yield from it
+
+
+class EpochSource:
+    """Hands the Trainer each epoch's batches, from the start or from a saved Position."""
+
+    def __init__(self, loader: Any, rebuild: Callable[..., Any]):
+        """``rebuild(loader, **extra)`` applies the plan's loader switches (``Runtime.rebuild_loader``)."""
+        self.user_loader = loader
+        self.batches: ResumableBatches | None = None
+        planned = rebuild(loader)
+        inner = batch_sampler_of(planned) if isinstance(planned, DataLoader) else None
+        if inner is not None:
+            self.batches = ResumableBatches(inner)
+            planned = rebuild(planned, batch_sampler=self.batches)
+        self.loader = planned
+        self.generators = rng.generators_of(planned) if isinstance(planned, DataLoader) else []
+        self._persistent = isinstance(planned, DataLoader) and planned.persistent_workers
+        self._iterated = False
+        self.epoch_rng: dict | None = None
+        self.epoch_reused = False
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    @property
+    def has_length(self) -> bool:
+        try:
+            len(self.loader)
+        except TypeError:
+            return False
+        return True
+
+    def _set_epoch(self, epoch: int) -> None:
+        for owner in (getattr(self.loader, "sampler", None), self.batches and self.batches.inner,
+                      getattr(self.batches and self.batches.inner, "sampler", None),
+                      getattr(self.loader, "dataset", None)):
+            set_epoch = getattr(owner, "set_epoch", None)
+            if callable(set_epoch):
+                set_epoch(epoch)
+
+    def next_epoch_reuses_iterator(self) -> bool:
+        return self._persistent and self._iterated
+
+    def epoch(self, epoch: int, position: Position | None = None) -> Iterator[Any]:
+        """An iterator over this epoch's batches (from ``position`` when resuming)."""
+        self._set_epoch(epoch)
+        if position is None:
+            self.epoch_reused = self.next_epoch_reuses_iterator()
+            self.epoch_rng = rng.capture(self.generators)
+            it = iter(self.loader)
+        else:
+            it = self._resume(position)
+        self._iterated = True
+        return it
+
+    def _resume(self, pos: Position) -> Iterator[Any]:
+        skip = pos.batches_done
+        start_state = pos.epoch_rng if skip else pos.rng
+        rng.restore(start_state, self.generators)
+        self.epoch_rng = start_state
+        self.epoch_reused = pos.iterator_reused
+        if self.batches is None:
+            it = iter(self.loader)
+            if skip:
+                log.warning("turbotrain: resuming mid-epoch on a loader without a batch sampler: "
+                            "reading and discarding %d batch(es) to reach the saved position", skip)
+                it = itertools.islice(it, skip, None)
+                rng.restore(pos.rng, self.generators)
+            return it
+        if pos.iterator_reused:
+            # The original run reused a persistent iterator, which draws no new worker seed:
+            # draw the sampler's indices first, then create the (new) iterator, then put the
+            # random state back to what it was after the sampler's draws.
+            self.batches.prime(skip)
+            after_draws = rng.capture(self.generators)
+            it = iter(self.loader)
+            rng.restore(pos.rng if skip else after_draws, self.generators)
+            return it
+        after = (lambda: rng.restore(pos.rng, self.generators)) if skip else None
+        self.batches.plan_start(skip, after)
+        return iter(self.loader)

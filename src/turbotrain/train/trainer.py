@@ -1,0 +1,521 @@
+"""The Trainer: a Plan applied, a short hot loop, stopping rules, validation, exact resume.
+
+The per-step path is ``_run_epoch`` -> ``_train_micro_batch`` -> ``_finish_step``. It makes
+no host-device synchronization: losses stay on the device (on the CPU reading them is
+free) and are read every ``log_every_n_steps``. Everything else (logging, validation,
+checkpoints, stopping) is decided by integer comparisons at step boundaries.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+import torch
+from torch import nn
+
+from .. import distributed as tdist
+from ..config import ConfigError
+from ..plan import Plan
+from ..runtime import Runtime, prepare
+from . import checkpoint as ckpt
+from . import rng
+from .config import TrainerConfig
+from .context import StepContext
+from .early_stopping import EarlyStopping
+from .loggers import make_loggers
+from .nonfinite import FiniteGuard
+from .progress import make_progress
+from .resumable import EpochSource, Position
+
+__all__ = ["Trainer", "FitResult"]
+
+log = logging.getLogger("turbotrain")
+
+
+@dataclass
+class TrainState:
+    step: int = 0                 # optimizer steps done
+    epoch: int = 0                # current epoch (0-based)
+    batches_done: int = 0         # micro-batches consumed in the current epoch
+    samples: int = 0
+    skipped_steps: int = 0
+    elapsed_s: float = 0.0        # wall time of earlier (resumed-from) runs
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class FitResult:
+    """What ``fit`` returns: where training ended and how fast it ran."""
+
+    steps: int
+    epochs: int
+    samples: int
+    samples_per_s: float          # steady state: after warm-up, without validation and checkpoints
+    train_time_s: float
+    metrics: dict[str, float]     # the last value of every logged metric
+    history: list[dict[str, Any]]
+    stopped_by: str
+    skipped_steps: int
+    checkpoint: str | None
+    plan: Plan
+    applied: list[str]
+    skipped: list[tuple[str, str]]
+
+
+def _batch_len(batch: Any) -> int:
+    while isinstance(batch, (list, tuple)) and batch:
+        batch = batch[0]
+    if isinstance(batch, dict) and batch:
+        return _batch_len(next(iter(batch.values())))
+    return int(batch.shape[0]) if isinstance(batch, torch.Tensor) and batch.dim() else 1
+
+
+class _LossMeter:
+    """Mean training loss over a logging window, kept where reading it is free."""
+
+    def __init__(self, device: torch.device):
+        self.on_host = device.type != "cuda"
+        self.total: Any = 0.0 if self.on_host else torch.zeros((), device=device)
+        self.count = 0
+
+    def add(self, loss: torch.Tensor) -> None:
+        if self.on_host:
+            self.total += loss.item()  # a CPU tensor: a plain read, no device to wait for
+        else:
+            self.total.add_(loss.detach())
+        self.count += 1
+
+    def pop_mean(self) -> float | None:
+        if not self.count:
+            return None
+        total = self.total if self.on_host else float(self.total.item())  # the window's one sync
+        mean = total / self.count
+        self.total = 0.0 if self.on_host else self.total.zero_()
+        self.count = 0
+        return mean
+
+
+class Trainer:
+    """Train ``model`` with ``optimizer`` (or a list of them) under a Plan.
+
+    ``loss_fn(outputs, targets)`` is used for ``(inputs, targets)`` batches; ``step_fn(ctx, batch)``
+    replaces the whole step for anything else (see :class:`StepContext`). Limits and cadences
+    are keyword arguments (``max_epochs``, ``max_steps``, ``max_time``, ``val_check_interval``,
+    ``checkpoint_dir``, ... see :class:`TrainerConfig`); an unknown one is an error.
+    """
+
+    def __init__(self, model: nn.Module, optimizer, loss_fn: Callable | None = None, plan: Plan | None = None, *,
+                 step_fn: Callable | None = None, val_step_fn: Callable | None = None, schedulers=None,
+                 early_stopping: EarlyStopping | None = None, callbacks: Iterable = (), **limits: Any):
+        try:
+            self.config = TrainerConfig(**limits)
+        except ConfigError as exc:
+            raise ConfigError(str(exc).replace("TrainerConfig", "Trainer")) from None
+        if loss_fn is None and step_fn is None:
+            raise ConfigError("Trainer: give loss_fn(outputs, targets) for (inputs, targets) batches, "
+                              "or step_fn(ctx, batch) for anything else.")
+        if plan is not None and not isinstance(plan, Plan):
+            raise ConfigError(f"Trainer: plan must be a turbotrain.Plan, got {type(plan).__name__}.")
+        self.plan = plan or Plan()
+        self.loss_fn = loss_fn
+        self.step_fn = step_fn
+        self.val_step_fn = val_step_fn
+        self.early_stopping = early_stopping
+        self.callbacks = list(callbacks)
+        self.schedulers = [] if schedulers is None else (
+            list(schedulers) if isinstance(schedulers, (list, tuple)) else [schedulers])
+        self.state = TrainState()
+        self.rt: Runtime = prepare(model, optimizer, self.plan)
+        self.ctx = StepContext(self, self.rt)
+        self.guard = FiniteGuard(self.rt.optimizers, self.rt.device, self.config.on_nonfinite, self.rt.scaler)
+        self.is_rank_zero = tdist.is_rank_zero()
+        self._last_checkpoint_step = -1
+        self._last_checkpoint: str | None = None
+        self._early_stop = False
+
+    # -- public -----------------------------------------------------------------------------
+
+    @property
+    def model(self) -> nn.Module:
+        """The user's module (with the plan's in-place changes), for state_dict and inference."""
+        return self.rt.module
+
+    def fit(self, train_loader: Iterable, val_loader: Iterable | None = None, *, resume: bool = False) -> FitResult:
+        cfg = self.config
+        self.source = EpochSource(train_loader, self.rt.rebuild_loader)
+        self.val_loader = self.rt.rebuild_loader(val_loader) if val_loader is not None else None
+        position = self._resume() if resume else None
+        self.max_epochs = cfg.max_epochs or (None if (cfg.max_steps or cfg.max_time) else 1)
+        self.epoch_len = len(self.source) if self.source.has_length else None
+        self.steps_per_epoch = math.ceil(self.epoch_len / self.rt.accum_steps) if self.epoch_len else None
+        self.val_every = self._val_interval_steps()
+        self.loss_meter = _LossMeter(self.rt.device)
+        self.loggers = make_loggers(cfg.log_dir, cfg.loggers) if self.is_rank_zero else []
+        self.progress = make_progress(cfg.progress, self._total_steps(), enabled=self.is_rank_zero)
+        self.stop_reason: str | None = None
+        self._clock = _Clock(self.rt.device, cfg.warmup_steps, self.state.step, self.state.samples)
+        deadline_s = cfg.max_time_s
+        self.deadline = None if deadline_s is None else time.monotonic() + deadline_s - self.state.elapsed_s
+        self._fit_start = time.monotonic()
+        self.rt.module.train()
+        try:
+            self.stop_reason = self._limits_reached()
+            while self.stop_reason is None:
+                batches = self.rt.device_batches(self.source.epoch(self.state.epoch, position))
+                position = None
+                if self._run_epoch(batches):
+                    break
+                self._end_epoch()
+        finally:
+            self.state.elapsed_s += time.monotonic() - self._fit_start
+            self.progress.close()
+        self._log_metrics()
+        if cfg.checkpoint_dir and self.state.step != self._last_checkpoint_step:
+            self._save_checkpoint(at_epoch_end=self.state.batches_done == 0)
+        for logger in self.loggers:
+            logger.close()
+        result = self._result()
+        self._callback("on_fit_end", result)
+        return result
+
+    @torch.no_grad()
+    def validate(self, val_loader: Iterable | None = None) -> dict[str, float]:
+        """Mean validation loss under ``torch.inference_mode()``; one host read at the end."""
+        loader = val_loader if val_loader is not None else self.val_loader
+        if loader is None:
+            raise ValueError("validate(): no validation loader given to fit() or validate().")
+        started = time.monotonic()
+        module, rt, limit = self.rt.module, self.rt, self.config.limit_val_batches
+        module.eval()
+        total = torch.zeros((), device=rt.device, dtype=torch.float64)
+        count = 0
+        with torch.inference_mode():
+            for i, batch in enumerate(rt.device_batches(loader)):
+                if limit is not None and i >= limit:
+                    break
+                n = _batch_len(batch)
+                with rt.autocast():
+                    loss = self._val_loss(batch)
+                total += loss.detach().double() * n
+                count += n
+        module.train()
+        metrics = {"val_loss": float(total.item()) / max(count, 1)}  # one read per validation
+        self._clock.exclude(time.monotonic() - started)
+        self._callback("on_validation_end", metrics)
+        return metrics
+
+    # -- the hot loop -----------------------------------------------------------------------
+
+    def _run_epoch(self, batches: Iterable) -> bool:
+        """Train one epoch (or what is left of it). True when a limit stopped training."""
+        accum, total = self.rt.accum_steps, self.epoch_len
+        micro = self.state.batches_done
+        step_loss = None
+        for batch in batches:
+            last = (micro + 1) % accum == 0 or micro + 1 == total
+            loss = self._train_micro_batch(batch, last)
+            self.state.samples += _batch_len(batch)
+            micro += 1
+            step_loss = loss if step_loss is None else step_loss + loss
+            if last:
+                self.state.batches_done = micro
+                if self._finish_step(step_loss / accum if accum > 1 else step_loss):
+                    return True
+                step_loss = None
+        if step_loss is not None:  # a loader without a length ended inside an accumulation window
+            self.state.batches_done = micro
+            if self._finish_step(step_loss / (micro % accum)):
+                return True
+        self.state.batches_done = micro
+        return False
+
+    def _train_micro_batch(self, batch: Any, last: bool) -> torch.Tensor:
+        rt, ctx = self.rt, self.ctx
+        ctx.is_last_micro_batch = last
+        if self.config.manual_optimization:
+            out = self.step_fn(ctx, batch)
+            return _loss_of(out).detach()
+        with rt.no_sync(not last):
+            with rt.autocast():
+                loss = self._loss(batch)
+            rt.backward(loss / rt.accum_steps if rt.accum_steps > 1 else loss)
+        return loss.detach()
+
+    def _loss(self, batch: Any) -> torch.Tensor:
+        if self.step_fn is not None:
+            return _loss_of(self.step_fn(self.ctx, batch))
+        try:
+            inputs, targets = batch
+        except (TypeError, ValueError):
+            raise TypeError(f"the default step expects (inputs, targets) batches, got {type(batch).__name__}; "
+                            "pass step_fn=lambda ctx, batch: loss to handle other batches.") from None
+        return self.loss_fn(self.rt.model(inputs), targets)
+
+    def _val_loss(self, batch: Any) -> torch.Tensor:
+        if self.val_step_fn is not None:
+            return _loss_of(self.val_step_fn(self.ctx, batch))
+        if self.step_fn is not None and not self.config.manual_optimization:
+            return _loss_of(self.step_fn(self.ctx, batch))
+        if self.loss_fn is None:
+            raise ValueError("validation needs loss_fn or val_step_fn(ctx, batch) -> loss.")
+        inputs, targets = batch
+        return self.loss_fn(self.rt.model(inputs), targets)
+
+    def _apply_optimizer(self, optimizer: torch.optim.Optimizer, loss: torch.Tensor | None = None) -> bool:
+        """Guard, clip and step one optimizer. False when the non-finite guard skipped the step."""
+        if not self.guard.check(loss, self.state.step + 1):
+            optimizer.zero_grad(set_to_none=self.rt.set_to_none)
+            return False
+        if self.config.gradient_clip_val is not None:
+            self.rt.clip_gradients(optimizer, self.config.gradient_clip_val)
+        self.guard.arm((optimizer,))
+        self.rt.optimizer_step(optimizer)
+        self.guard.disarm((optimizer,))
+        return True
+
+    def _finish_step(self, loss: torch.Tensor) -> bool:
+        """Optimizer step(s) and the step-boundary bookkeeping. True when training must stop."""
+        if self.config.manual_optimization:
+            stepped = self.ctx.stepped
+            self.ctx.stepped = False
+        else:
+            stepped = all([self._apply_optimizer(opt, loss) for opt in self.rt.optimizers])
+        if stepped:
+            self.rt.end_step()
+            if self.config.scheduler_interval == "step":
+                self._step_schedulers()
+        else:
+            self.state.skipped_steps += 1
+        self.state.step += 1
+        self.loss_meter.add(loss)
+        return self._step_boundary()
+
+    def _step_boundary(self) -> bool:
+        step, cfg = self.state.step, self.config
+        self._clock.at_step(step, self.state.samples)
+        if step % cfg.log_every_n_steps == 0:
+            self._log_metrics()
+        if self.val_every and step % self.val_every == 0 and self.val_loader is not None and not self._epoch_validates():
+            self._run_validation()
+        if cfg.checkpoint_every_n_steps and step % cfg.checkpoint_every_n_steps == 0:
+            self._save_checkpoint(at_epoch_end=False)
+        self.stop_reason = self._limits_reached()
+        return self.stop_reason is not None
+
+    # -- epoch boundary, validation, limits --------------------------------------------------
+
+    def _epoch_validates(self) -> bool:
+        """Whether this step ends an epoch whose end-of-epoch validation is about to run anyway."""
+        return (isinstance(self.config.val_check_interval, float) and self.epoch_len is not None
+                and self.state.batches_done == self.epoch_len)
+
+    def _end_epoch(self) -> None:
+        cfg = self.config
+        epoch = self.state.epoch
+        if (self.val_loader is not None and not isinstance(cfg.val_check_interval, int)
+                and (epoch + 1) % cfg.check_val_every_n_epoch == 0):
+            self._run_validation()
+        if cfg.scheduler_interval == "epoch":
+            self._step_schedulers()
+        self._callback("on_epoch_end", epoch)
+        self.state.epoch += 1
+        self.state.batches_done = 0
+        every = cfg.checkpoint_every_n_epochs or (1 if cfg.checkpoint_dir and not cfg.checkpoint_every_n_steps else None)
+        if cfg.checkpoint_dir and every and self.state.epoch % every == 0:
+            self._save_checkpoint(at_epoch_end=True)
+        self.stop_reason = self._limits_reached()
+
+    def _run_validation(self) -> None:
+        metrics = self.validate()
+        self._log_metrics(extra=metrics)
+        for sched in self.schedulers:
+            if isinstance(sched, torch.optim.lr_scheduler.ReduceLROnPlateau):
+                sched.step(metrics["val_loss"])
+        if self.early_stopping is not None and self.early_stopping.update(metrics):
+            self._early_stop = True
+
+    def _limits_reached(self) -> str | None:
+        cfg, s = self.config, self.state
+        if cfg.max_steps is not None and s.step >= cfg.max_steps:
+            return "max_steps"
+        if self.max_epochs is not None and s.epoch >= self.max_epochs:
+            return "max_epochs"
+        if self.deadline is not None and time.monotonic() >= self.deadline:
+            return "max_time"
+        if self._early_stop and s.epoch >= cfg.min_epochs and s.step >= cfg.min_steps:
+            return "early_stopping"
+        return None
+
+    def _val_interval_steps(self) -> int | None:
+        v = self.config.val_check_interval
+        if isinstance(v, int):
+            return v
+        if isinstance(v, float) and v < 1.0:
+            if self.steps_per_epoch is None:
+                raise ConfigError("Trainer.val_check_interval: a fraction of an epoch needs a loader with a length; "
+                                  "give a number of steps instead.")
+            return max(1, round(self.steps_per_epoch * v))
+        return None
+
+    def _total_steps(self) -> int | None:
+        candidates = [self.config.max_steps] if self.config.max_steps else []
+        if self.max_epochs and self.steps_per_epoch:
+            candidates.append(self.max_epochs * self.steps_per_epoch)
+        return min(candidates) if candidates else None
+
+    def _step_schedulers(self) -> None:
+        for sched in self.schedulers:
+            if not isinstance(sched, torch.optim.lr_scheduler.ReduceLROnPlateau):
+                sched.step()
+
+    # -- logging -----------------------------------------------------------------------------
+
+    def _log_metrics(self, extra: dict[str, float] | None = None) -> None:
+        metrics: dict[str, Any] = {"step": self.state.step, "epoch": self.state.epoch}
+        train_loss = self.loss_meter.pop_mean()
+        if train_loss is not None:
+            metrics["train_loss"] = train_loss
+        if extra:
+            metrics.update(extra)
+        if len(metrics) == 2:  # nothing new since the last log
+            return
+        skipped = self.guard.report()
+        if skipped:
+            metrics["skipped_steps"] = skipped
+            self.state.skipped_steps = max(self.state.skipped_steps, skipped)
+        if self.rt.optimizers:
+            metrics["lr"] = float(self.rt.optimizers[0].param_groups[0]["lr"])
+        rate = self._clock.rate()
+        if rate:
+            metrics["samples_per_s"] = rate
+        self.state.history.append(metrics)
+        for logger in self.loggers:
+            logger.log(metrics)
+        self.progress.update(self.state.step, metrics)
+        self._callback("on_log", metrics)
+
+    def _callback(self, hook: str, *args: Any) -> None:
+        for cb in self.callbacks:
+            fn = getattr(cb, hook, None)
+            if fn is not None:
+                fn(self, *args)
+
+    # -- checkpoints -------------------------------------------------------------------------
+
+    def state_dict(self, at_epoch_end: bool) -> dict[str, Any]:
+        s, source = self.state, self.source
+        gens = source.generators
+        if at_epoch_end:
+            position = Position(epoch=s.epoch, batches_done=0, rng=rng.capture(gens), epoch_rng=None,
+                                iterator_reused=source.next_epoch_reuses_iterator())
+        else:
+            position = Position(epoch=s.epoch, batches_done=s.batches_done, rng=rng.capture(gens),
+                                epoch_rng=source.epoch_rng, iterator_reused=source.epoch_reused)
+        return {
+            "format": ckpt.FORMAT,
+            "step": s.step,
+            "position": vars(position),
+            "model": self.rt.module.state_dict(),
+            "optimizers": [opt.state_dict() for opt in self.rt.optimizers],
+            "schedulers": [sched.state_dict() for sched in self.schedulers],
+            "runtime": self.rt.state_dict(),
+            "early_stopping": self.early_stopping.state_dict() if self.early_stopping else None,
+            "trainer": {"samples": s.samples, "skipped_steps": s.skipped_steps, "elapsed_s": s.elapsed_s +
+                        time.monotonic() - self._fit_start, "early_stop": self._early_stop},
+            "plan": self.plan.to_dict(),
+        }
+
+    def _save_checkpoint(self, at_epoch_end: bool) -> None:
+        started = time.monotonic()
+        state = self.state_dict(at_epoch_end)
+        if self.is_rank_zero:
+            path = ckpt.save_checkpoint(state, self.config.checkpoint_dir, self.state.step)
+            ckpt.prune_checkpoints(self.config.checkpoint_dir, self.config.keep_checkpoints)
+            self._last_checkpoint = str(path)
+        self._last_checkpoint_step = self.state.step
+        self._clock.exclude(time.monotonic() - started)
+
+    def _resume(self) -> Position | None:
+        directory = self.config.checkpoint_dir
+        if not directory:
+            raise ConfigError("fit(resume=True) needs Trainer(checkpoint_dir=...) to know where checkpoints are.")
+        ckpt.clean_temporary_files(directory)
+        found = ckpt.latest_checkpoint(directory)
+        if found is None:
+            log.info("turbotrain: no complete checkpoint in %s; starting from scratch", directory)
+            return None
+        path, state = found
+        self.rt.module.load_state_dict(state["model"])
+        for opt, opt_state in zip(self.rt.optimizers, state["optimizers"], strict=True):
+            opt.load_state_dict(opt_state)
+        for sched, sched_state in zip(self.schedulers, state["schedulers"], strict=True):
+            sched.load_state_dict(sched_state)
+        self.rt.load_state_dict(state["runtime"])
+        if self.early_stopping is not None and state["early_stopping"]:
+            self.early_stopping.load_state_dict(state["early_stopping"])
+        pos = Position(**state["position"])
+        extra = state["trainer"]
+        self.state = TrainState(step=state["step"], epoch=pos.epoch, batches_done=pos.batches_done,
+                                samples=extra["samples"], skipped_steps=extra["skipped_steps"],
+                                elapsed_s=extra["elapsed_s"])
+        self._early_stop = extra["early_stop"]
+        self._last_checkpoint_step, self._last_checkpoint = state["step"], str(path)
+        log.info("turbotrain: resumed from %s (step %d, epoch %d, batch %d)", path, self.state.step, pos.epoch,
+                 pos.batches_done)
+        return pos
+
+    def _result(self) -> FitResult:
+        metrics: dict[str, float] = {}
+        for row in self.state.history:
+            metrics.update({k: v for k, v in row.items() if isinstance(v, float)})
+        return FitResult(
+            steps=self.state.step, epochs=self.state.epoch, samples=self.state.samples,
+            samples_per_s=self._clock.rate() or 0.0, train_time_s=self.state.elapsed_s, metrics=metrics,
+            history=self.state.history, stopped_by=self.stop_reason or "end_of_data",
+            skipped_steps=self.state.skipped_steps, checkpoint=self._last_checkpoint, plan=self.plan,
+            applied=list(self.rt.applied), skipped=list(self.rt.skipped))
+
+
+def _loss_of(out: Any) -> torch.Tensor:
+    if isinstance(out, dict):
+        out = out["loss"]
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"step_fn must return the loss tensor (or a dict with 'loss'), got {type(out).__name__}.")
+    return out
+
+
+class _Clock:
+    """Steady-state throughput: from the end of the warm-up steps, minus validation and checkpoints."""
+
+    def __init__(self, device: torch.device, warmup_steps: int, start_step: int, start_samples: int):
+        self.cuda = device.type == "cuda"
+        self.warmup_until = start_step + warmup_steps
+        self.t0: float | None = None
+        self.samples0 = start_samples
+        self.samples = start_samples
+        self.excluded = 0.0
+        if warmup_steps == 0:
+            self.t0 = time.perf_counter()
+
+    def at_step(self, step: int, samples: int) -> None:
+        self.samples = samples
+        if step == self.warmup_until and self.t0 is None:
+            if self.cuda:
+                torch.cuda.synchronize()  # once: the warm-up's queued work must not count
+            self.t0, self.samples0, self.excluded = time.perf_counter(), samples, 0.0
+
+    def exclude(self, seconds: float) -> None:
+        if self.t0 is not None:
+            self.excluded += seconds
+
+    def rate(self) -> float | None:
+        if self.t0 is None or self.samples == self.samples0:
+            return None
+        if self.cuda:
+            torch.cuda.synchronize()  # only at the logging cadence
+        elapsed = time.perf_counter() - self.t0 - self.excluded
+        return (self.samples - self.samples0) / elapsed if elapsed > 0 else None
