@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["move_batch", "tensors_in"]
+__all__ = ["move_batch", "tensors_in", "batch_size_of"]
 
 
 def _move_tensor(t: torch.Tensor, device: torch.device, non_blocking: bool, channels_last: bool,
@@ -57,3 +57,12 @@ def tensors_in(batch: Any) -> list[torch.Tensor]:
     if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
         return [t for f in dataclasses.fields(batch) for t in tensors_in(getattr(batch, f.name))]
     return []
+
+
+def batch_size_of(batch: Any) -> int:
+    """Samples in a batch: the leading dimension of its first tensor (1 when there is none)."""
+    while isinstance(batch, (list, tuple)) and batch:
+        batch = batch[0]
+    if isinstance(batch, dict) and batch:
+        return batch_size_of(next(iter(batch.values())))
+    return int(batch.shape[0]) if isinstance(batch, torch.Tensor) and batch.dim() else 1

@@ -19,6 +19,7 @@ from torch import nn
 
 from .. import distributed as tdist
 from ..config import ConfigError
+from ..data.transfer import batch_size_of
 from ..plan import Plan
 from ..runtime import Runtime, prepare
 from . import checkpoint as ckpt
@@ -64,14 +65,6 @@ class FitResult:
     plan: Plan
     applied: list[str]
     skipped: list[tuple[str, str]]
-
-
-def _batch_len(batch: Any) -> int:
-    while isinstance(batch, (list, tuple)) and batch:
-        batch = batch[0]
-    if isinstance(batch, dict) and batch:
-        return _batch_len(next(iter(batch.values())))
-    return int(batch.shape[0]) if isinstance(batch, torch.Tensor) and batch.dim() else 1
 
 
 class _LossMeter:
@@ -197,7 +190,7 @@ class Trainer:
             for i, batch in enumerate(rt.device_batches(loader)):
                 if limit is not None and i >= limit:
                     break
-                n = _batch_len(batch)
+                n = batch_size_of(batch)
                 with rt.autocast():
                     loss = self._val_loss(batch)
                 total += loss.detach().double() * n
@@ -218,7 +211,7 @@ class Trainer:
         for batch in batches:
             last = (micro + 1) % accum == 0 or micro + 1 == total
             loss = self._train_micro_batch(batch, last)
-            self.state.samples += _batch_len(batch)
+            self.state.samples += batch_size_of(batch)
             micro += 1
             step_loss = loss if step_loss is None else step_loss + loss
             if last:

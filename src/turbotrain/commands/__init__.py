@@ -1,0 +1,1 @@
+"""Small sub-commands that belong to no larger area."""

@@ -1,0 +1,17 @@
+"""``turbotrain demo``."""
+
+from __future__ import annotations
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--workloads", default="gpt,cnn", help="comma-separated: gpt, cnn, mlp (default: gpt,cnn)")
+    parser.add_argument("--steps", type=int, default=60, help="optimizer steps per run (default: 60)")
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def run(args) -> int:
+    from ..demo import run_demo
+
+    workloads = tuple(w.strip() for w in args.workloads.split(",") if w.strip())
+    rows = run_demo(workloads, steps=args.steps, seed=args.seed)
+    return 0 if rows else 1
