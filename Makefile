@@ -22,6 +22,10 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest
 
+# The full ablation (GPU scale on CUDA): paste runs/bench.md into docs/benchmarks.md.
+bench: $(STAMP)
+	$(VENV)/bin/turbotrain bench --json runs/bench.json --markdown runs/bench.md --plot runs/bench.png
+
 test-gpu: $(STAMP)
 	$(PY) -m pytest -m gpu
 

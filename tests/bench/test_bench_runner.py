@@ -39,7 +39,7 @@ def test_measured_rows_carry_every_column(result):
     assert naive.verdict == "baseline" and naive.speedup == 1.0
     for row in (r for r in mlp.rows if r.measured):
         assert len(row.units_per_s_runs) == 2 and row.units_per_s > 0 and row.step_s > 0
-        assert row.speedup > 0 and row.verdict in ("baseline", "faster", "slower", "within noise")
+        assert row.speedup > 0 and row.verdict in ("baseline", "unverified")   # two repeats: nothing is called
         assert row.warmup_cold_s is not None and row.warmup_warm_s is not None
         assert row.peak_memory_bytes and row.peak_memory_bytes > 0
         assert row.first_loss > 0 and row.final_loss == row.final_loss

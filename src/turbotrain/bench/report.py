@@ -40,7 +40,7 @@ def _fmt_speedup(row: Row) -> str:
     if row.verdict == NOISE:
         return f"~{text}"       # inside the spread: not called a speed-up (or a slow-down)
     if row.verdict == UNVERIFIED:
-        return f"{text}?"       # one repeat: no spread to judge it by
+        return f"{text}?"       # too few repeats to judge it by their spread
     return text
 
 

@@ -26,6 +26,7 @@ from ..measure import Trial, run_trial
 from ..plan import Plan
 from .ablation import (LOADER, PENDING_WORKLOADS, Candidate, candidates, pending_workload_rows,
                        tuned_candidate)
+from .anchors import compare_to_anchors
 from .peaks import mfu, peak_bf16_flops
 from .stats import compare, relative_spread
 from .workloads import WORKLOADS, Workload, get_workload
@@ -328,5 +329,7 @@ def run_bench(settings: BenchSettings | None = None, progress: Progress = lambda
     if any(r.path == LOADER and r.measured for w in results for r in w.rows):
         notes.append("'data path' rows fetch every batch through the DataLoader and copy it to the device; "
                      "the other rows train on batches already on the device")
-    return BenchResult(machine_info(hw), asdict(settings), notes, results)
+    result = BenchResult(machine_info(hw), asdict(settings), notes, results)
+    result.notes += [f"anchor: {line}" for line in compare_to_anchors(result)]
+    return result
 

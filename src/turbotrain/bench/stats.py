@@ -15,16 +15,20 @@ import statistics
 from dataclasses import dataclass
 from typing import Sequence
 
-__all__ = ["Comparison", "relative_spread", "compare", "FASTER", "SLOWER", "NOISE", "UNVERIFIED"]
+__all__ = ["Comparison", "relative_spread", "compare", "FASTER", "SLOWER", "NOISE", "UNVERIFIED",
+           "MIN_REPEATS_TO_CALL"]
 
 FASTER, SLOWER, NOISE, UNVERIFIED = "faster", "slower", "within noise", "unverified"
+
+# Two repeats that happen to agree say little on a shared machine; three is the least to call from.
+MIN_REPEATS_TO_CALL = 3
 
 
 @dataclass(frozen=True)
 class Comparison:
     speedup: float       # median over rounds of candidate / baseline throughput
     noise: float         # relative spread of the per-round ratios; a speed-up must exceed it
-    verdict: str         # FASTER, SLOWER, NOISE, or UNVERIFIED (fewer than two repeats)
+    verdict: str         # FASTER, SLOWER, NOISE, or UNVERIFIED (fewer than MIN_REPEATS_TO_CALL repeats)
 
     @property
     def called(self) -> bool:
@@ -50,7 +54,7 @@ def compare(candidate: Sequence[float], baseline: Sequence[float]) -> Comparison
     speedup = statistics.median(ratios)
     # Paired by round: a load spike that slows both plans of a round leaves their ratio alone.
     noise = relative_spread(ratios)
-    if len(candidate) < 2:
+    if len(candidate) < MIN_REPEATS_TO_CALL:
         verdict = UNVERIFIED
     elif speedup > 1 + noise:
         verdict = FASTER
