@@ -33,8 +33,7 @@ DATA_PATH_FIELDS = frozenset({"pin_memory", "non_blocking", "device_prefetch", "
 
 # Workloads that registry entries name but that this build does not have yet: name -> why.
 PENDING_WORKLOADS = {
-    "data": "the 'data' workload (many small files behind a bandwidth-limited HTTP server) comes with the "
-            "data layer and is not in this build yet",
+    "data": "the 'data' workload (many small files behind a bandwidth-limited HTTP server) is not in this build yet",
 }
 
 
@@ -57,9 +56,9 @@ class Candidate:
         return self.skip is None and self.plan is not None
 
 
-def _hardware_reason(plan: Plan, hw: Hardware) -> str | None:
-    """Why this hardware cannot run ``plan`` as asked (the first active entry that says no)."""
-    for entry in all_speedups():
+def _hardware_reason(plan: Plan, hw: Hardware, first: Speedup) -> str | None:
+    """Why this hardware cannot run ``plan`` as asked: ``first``'s own reason, else another active entry's."""
+    for entry in [first, *(e for e in all_speedups() if e.name != first.name)]:
         if entry.active(plan):
             reason = entry.requires(hw, plan)
             if reason is not None:
@@ -89,7 +88,7 @@ def _alone(entry: Speedup, workload: Workload, hw: Hardware, device: str, compil
         cand.note = f"naive already has {entry.field}=True; this row turns it off, its speed-up is what the tip buys"
     if plan.compile is not False and not compile_ok:
         cand.skip = "compile rows are off for this run (--quick or --no-compile)"
-    elif (reason := _hardware_reason(plan, hw)) is not None:
+    elif (reason := _hardware_reason(plan, hw, entry)) is not None:
         cand.skip = reason + script_note
     elif plan.batch_size is not None and plan.batch_size == workload.batch_size:
         cand.skip = f"no change: the {workload.name} workload already uses batch_size {workload.batch_size}"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 from .workloads import WORKLOADS
 
 
@@ -13,11 +15,11 @@ def add_arguments(parser) -> None:
     parser.add_argument("--json", metavar="PATH", help="write every row (with the machine) as JSON")
     parser.add_argument("--markdown", metavar="PATH", help="write the tables as markdown")
     parser.add_argument("--plot", metavar="PATH", help="write a PNG bar chart of the speed-ups")
-    parser.add_argument("--steps", type=int, help="measured steps per trial (default 20; --quick 8)")
-    parser.add_argument("--warmup", type=int, help="warm-up steps per trial, not timed (default 3; --quick 2)")
+    parser.add_argument("--steps", type=int, help="measured steps per trial, at least (default 20; --quick 6)")
+    parser.add_argument("--warmup", type=int, help="warm-up steps per trial, not timed (default 3; --quick 1)")
     parser.add_argument("--repeats", type=int, help="interleaved repeats per plan (default 3)")
     parser.add_argument("--min-time", type=float, metavar="S",
-                        help="more steps until a naive trial measures at least S seconds (default 1; --quick 0.3)")
+                        help="more steps until a naive trial measures at least S seconds (default 1; --quick 0.2)")
     parser.add_argument("--scale", default="auto", choices=["auto", "cpu", "gpu"],
                         help="workload size: cpu (seconds), gpu (GPT-2 small, ResNet-50 at 224x224); "
                              "auto picks gpu on CUDA")
@@ -54,8 +56,6 @@ def run(args) -> int:
     from .report import print_tables, summary_lines, write_json, write_markdown, write_plot
     from .runner import run_bench
 
-    import sys
-
     # Piped or captured output would otherwise wrap the wide table at 80 columns.
     console = Console() if sys.stdout.isatty() else Console(width=200)
     try:
@@ -63,8 +63,11 @@ def run(args) -> int:
     except ValueError as exc:
         console.print(f"turbotrain bench: {exc}")
         return 2
-    with console.status("benchmarking...") as status:
-        result = run_bench(settings, progress=lambda msg: status.update(f"benchmarking {msg}"))
+    if console.is_terminal:
+        with console.status("benchmarking...") as status:
+            result = run_bench(settings, progress=lambda msg: status.update(f"benchmarking {msg}"))
+    else:  # a log file: one line per step of the run, so a long GPU run can be followed
+        result = run_bench(settings, progress=lambda msg: print(f"bench: {msg}", file=sys.stderr, flush=True))
     print_tables(result, console)
     for path, write in ((args.json, write_json), (args.markdown, write_markdown), (args.plot, write_plot)):
         if path:

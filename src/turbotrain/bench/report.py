@@ -64,7 +64,7 @@ def _cells(row: Row, unit: str, show_mfu: bool) -> list[str]:
 
 def _title(w: WorkloadResult) -> str:
     if w.pending:
-        return f"{w.name}: owed ({w.pending})"
+        return f"{w.name}: owed"
     size = f"{w.params / 1e6:.1f}M parameters" if w.params >= 1e5 else f"{w.params:,} parameters"
     return f"{w.name} ({w.scale} scale, {size}, batch {w.batch_size})"
 

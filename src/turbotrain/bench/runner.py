@@ -58,7 +58,7 @@ class BenchSettings:
     @classmethod
     def quick_run(cls, **overrides: Any) -> "BenchSettings":
         """A run that ends in minutes on a small CPU: no compile rows, no tuning, short trials."""
-        return cls(**{"steps": 8, "min_trial_s": 0.3, "max_steps": 500, "warmup": 2, "repeats": 3, "compile": False, "tune": False,
+        return cls(**{"steps": 6, "min_trial_s": 0.2, "max_steps": 300, "warmup": 1, "repeats": 3, "compile": False, "tune": False,
                       "quick": True, **overrides})
 
     def __post_init__(self) -> None:
