@@ -39,10 +39,10 @@ class Order:
 
 @dataclass(frozen=True)
 class BenchEntry:
-    """How the benchmark measures an entry: ``value`` alone on top of the naive plan."""
+    """How the benchmark measures an entry: ``changes`` alone on top of the naive plan."""
 
     workloads: tuple[str, ...]
-    value: Any
+    changes: dict[str, Any]     # Plan switches to set (the entry's own field, plus any it needs)
     script: str | None = None   # a dedicated benchmark script when the generic ablation cannot show it
 
 

@@ -129,6 +129,7 @@ class Trainer:
         self._last_checkpoint_step = -1
         self._last_checkpoint: str | None = None
         self._early_stop = False
+        self._clock: _Clock | None = None  # exists while fit() runs
 
     # -- public -----------------------------------------------------------------------------
 
@@ -156,21 +157,26 @@ class Trainer:
         self._fit_start = time.monotonic()
         self.rt.module.train()
         try:
-            self.stop_reason = self._limits_reached()
-            while self.stop_reason is None:
-                batches = self.rt.device_batches(self.source.epoch(self.state.epoch, position))
-                position = None
-                if self._run_epoch(batches):
-                    break
-                self._end_epoch()
+            try:
+                self.stop_reason = self._limits_reached()
+                while self.stop_reason is None:
+                    batches = self.rt.device_batches(self.source.epoch(self.state.epoch, position))
+                    position = None
+                    if self._run_epoch(batches):
+                        break
+                    self._end_epoch()
+            finally:
+                now = time.monotonic()
+                self.state.elapsed_s += now - self._fit_start
+                self._fit_start = now  # later checkpoints add nothing twice
+                self.progress.close()
+            self._log_metrics()
+            if cfg.checkpoint_dir and self.state.step != self._last_checkpoint_step:
+                self._save_checkpoint(at_epoch_end=self.state.batches_done == 0)
         finally:
-            self.state.elapsed_s += time.monotonic() - self._fit_start
-            self.progress.close()
-        self._log_metrics()
-        if cfg.checkpoint_dir and self.state.step != self._last_checkpoint_step:
-            self._save_checkpoint(at_epoch_end=self.state.batches_done == 0)
-        for logger in self.loggers:
-            logger.close()
+            self.source.close()  # after the last checkpoint, which records whether workers persist
+            for logger in self.loggers:
+                logger.close()
         result = self._result()
         self._callback("on_fit_end", result)
         return result
@@ -197,7 +203,8 @@ class Trainer:
                 count += n
         module.train()
         metrics = {"val_loss": float(total.item()) / max(count, 1)}  # one read per validation
-        self._clock.exclude(time.monotonic() - started)
+        if self._clock is not None:
+            self._clock.exclude(time.monotonic() - started)
         self._callback("on_validation_end", metrics)
         return metrics
 
