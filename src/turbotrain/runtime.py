@@ -24,6 +24,9 @@ __all__ = ["Runtime", "prepare"]
 
 log = logging.getLogger("turbotrain")
 
+# One reusable no-op context: the hot loop enters it up to twice per micro-batch.
+_NULL = contextlib.nullcontext()
+
 
 @dataclass(eq=False)
 class Runtime:
@@ -50,7 +53,7 @@ class Runtime:
 
     def autocast(self) -> contextlib.AbstractContextManager:
         if self.autocast_dtype is None:
-            return contextlib.nullcontext()
+            return _NULL
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
     def backward(self, loss: torch.Tensor) -> None:
@@ -62,7 +65,7 @@ class Runtime:
         """Under DDP, skip the gradient all-reduce for micro-batches before the last one."""
         if skip_sync and self.ddp is not None:
             return self.ddp.no_sync()
-        return contextlib.nullcontext()
+        return _NULL
 
     def clip_gradients(self, optimizer: torch.optim.Optimizer, max_norm: float) -> torch.Tensor:
         if self.scaler is not None:

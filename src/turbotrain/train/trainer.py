@@ -68,18 +68,22 @@ class FitResult:
 
 
 class _LossMeter:
-    """Mean training loss over a logging window, kept where reading it is free."""
+    """Mean training loss over a logging window, kept where reading it is free.
+
+    On the host, step losses arrive as floats (reading a CPU tensor waits for nothing); on a
+    GPU they stay device tensors, summed on the device and read once per window.
+    """
 
     def __init__(self, device: torch.device):
         self.on_host = device.type != "cuda"
         self.total: Any = 0.0 if self.on_host else torch.zeros((), device=device)
         self.count = 0
 
-    def add(self, loss: torch.Tensor) -> None:
+    def add(self, loss: Any) -> None:
         if self.on_host:
-            self.total += loss.item()  # a CPU tensor: a plain read, no device to wait for
+            self.total += loss
         else:
-            self.total.add_(loss.detach())
+            self.total.add_(loss)
         self.count += 1
 
     def pop_mean(self) -> float | None:
@@ -237,13 +241,16 @@ class Trainer:
         rt, ctx = self.rt, self.ctx
         ctx.is_last_micro_batch = last
         if self.config.manual_optimization:
-            out = self.step_fn(ctx, batch)
-            return _loss_of(out).detach()
+            return self._loss_value(_loss_of(self.step_fn(ctx, batch)))
         with rt.no_sync(not last):
             with rt.autocast():
                 loss = self._loss(batch)
             rt.backward(loss / rt.accum_steps if rt.accum_steps > 1 else loss)
-        return loss.detach()
+        return self._loss_value(loss)
+
+    def _loss_value(self, loss: torch.Tensor) -> Any:
+        """A float on the host (a CPU read waits for nothing), a detached tensor on a GPU."""
+        return loss.item() if self.loss_meter.on_host else loss.detach()
 
     def _loss(self, batch: Any) -> torch.Tensor:
         if self.step_fn is not None:
@@ -265,7 +272,7 @@ class Trainer:
         inputs, targets = batch
         return self.loss_fn(self.rt.model(inputs), targets)
 
-    def _apply_optimizer(self, optimizer: torch.optim.Optimizer, loss: torch.Tensor | None = None) -> bool:
+    def _apply_optimizer(self, optimizer: torch.optim.Optimizer, loss: Any = None) -> bool:
         """Guard, clip and step one optimizer. False when the non-finite guard skipped the step."""
         if not self.guard.check(loss, self.state.step + 1):
             optimizer.zero_grad(set_to_none=self.rt.set_to_none)
@@ -277,7 +284,7 @@ class Trainer:
         self.guard.disarm((optimizer,))
         return True
 
-    def _finish_step(self, loss: torch.Tensor) -> bool:
+    def _finish_step(self, loss: Any) -> bool:
         """Optimizer step(s) and the step-boundary bookkeeping. True when training must stop."""
         if self.config.manual_optimization:
             stepped = self.ctx.stepped
