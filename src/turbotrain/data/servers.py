@@ -169,8 +169,7 @@ class LocalS3:
     @property
     def storage_options(self) -> dict:
         """fsspec/s3fs options that reach this server."""
-        return {"key": "testing", "secret": "testing", "client_kwargs": {"endpoint_url": self.endpoint_url,
-                                                                      "region_name": "us-east-1"}}
+        return {"key": "testing", "secret": "testing", "client_kwargs": {"endpoint_url": self.endpoint_url}}
 
     def start(self) -> "LocalS3":
         self.port = free_port()
