@@ -44,7 +44,8 @@ class FaultHandler(socketserver.BaseRequestHandler):
             time.sleep(5)
             return
         if mode.startswith("flaky-") and seen <= int(mode.split("-")[1]):
-            self.request.sendall(b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+            self.request.sendall(b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 0\r\n"
+                                 b"Connection: close\r\n\r\n")
             return
         header = f"HTTP/1.1 200 OK\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
         if mode == "truncate" or (mode.startswith("flakytrunc-") and seen <= int(mode.split("-")[1])):

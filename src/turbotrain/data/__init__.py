@@ -17,7 +17,7 @@ from .fetch import FetchError, RetryPolicy
 from .files import FileDataset
 from .parquet import ParquetDataset, ParquetFileError
 from .prefetch import DeviceLoader
-from .preload import preload
+from .preloading import preload
 
 __all__ = ["FileDataset", "ParquetDataset", "preload", "DeviceLoader", "RetryPolicy", "FetchError",
            "CacheFullError", "ParquetFileError", "clear_cache", "stats", "loader", "transfer", "prefetch"]

@@ -136,5 +136,6 @@ def preload(dataset: Any, to: str = "memory", *, num_workers: int = 0) -> Any:
     if isinstance(dataset, ParquetDataset):
         return dataset.with_cache(to).fill()
     if not hasattr(dataset, "__len__") or not hasattr(dataset, "__getitem__"):
-        raise TypeError(f"preload needs a map-style dataset (with __len__ and __getitem__), got {type(dataset).__name__}")
+        raise TypeError("preload needs a map-style dataset (with __len__ and __getitem__), "
+                        f"got {type(dataset).__name__}")
     return _preload_items(dataset, to, num_workers)
