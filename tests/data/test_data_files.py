@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import multiprocessing as mp
@@ -49,6 +50,7 @@ def test_a_batch_is_fetched_with_many_requests_in_flight(served_urls, monkeypatc
         state["now"] += 1  # runs on fsspec's one event-loop thread: no lock needed
         state["peak"] = max(state["peak"], state["now"])
         try:
+            await asyncio.sleep(0.02)  # a slow first byte: overlapping requests must show up even on a busy CPU
             return await original(self, url, *args, **kwargs)
         finally:
             state["now"] -= 1
