@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 
+from . import data
 from .config import ConfigError
 from .plan import Plan
 from .runtime import Runtime, prepare
@@ -21,6 +22,6 @@ from .train.trainer import FitResult, Trainer
 __version__ = "0.1.0"
 
 __all__ = ["Plan", "Trainer", "FitResult", "EarlyStopping", "setup", "prepare", "Runtime", "ConfigError",
-           "CheckpointError", "NonFiniteError", "__version__"]
+           "CheckpointError", "NonFiniteError", "data", "__version__"]
 
 logging.getLogger("turbotrain").addHandler(logging.NullHandler())
