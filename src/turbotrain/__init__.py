@@ -17,11 +17,12 @@ from .setup import setup
 from .train.checkpoint import CheckpointError
 from .train.early_stopping import EarlyStopping
 from .train.nonfinite import NonFiniteError
+from .train.preemption import PREEMPTED_EXIT_CODE, Preempted
 from .train.trainer import FitResult, Trainer
 
 __version__ = "0.1.0"
 
 __all__ = ["Plan", "Trainer", "FitResult", "EarlyStopping", "setup", "prepare", "Runtime", "ConfigError",
-           "CheckpointError", "NonFiniteError", "data", "__version__"]
+           "CheckpointError", "NonFiniteError", "Preempted", "PREEMPTED_EXIT_CODE", "data", "__version__"]
 
 logging.getLogger("turbotrain").addHandler(logging.NullHandler())

@@ -29,6 +29,7 @@ from .context import StepContext
 from .early_stopping import EarlyStopping
 from .loggers import make_loggers
 from .nonfinite import FiniteGuard
+from .preemption import Preempted, SignalWatch
 from .progress import make_progress
 from .resumable import EpochSource, Position
 
@@ -134,6 +135,7 @@ class Trainer:
         self._last_checkpoint: str | None = None
         self._early_stop = False
         self._clock: _Clock | None = None  # exists while fit() runs
+        self._signals = SignalWatch()
 
     # -- public -----------------------------------------------------------------------------
 
@@ -160,8 +162,10 @@ class Trainer:
         self.deadline = None if deadline_s is None else time.monotonic() + deadline_s - self.state.elapsed_s
         self._fit_start = time.monotonic()
         self.rt.module.train()
+        self._signals = SignalWatch()
         try:
             try:
+                self._signals.__enter__()
                 self.stop_reason = self._limits_reached()
                 while self.stop_reason is None:
                     batches = self.rt.device_batches(self.source.epoch(self.state.epoch, position))
@@ -170,6 +174,7 @@ class Trainer:
                         break
                     self._end_epoch()
             finally:
+                self._signals.__exit__()
                 now = time.monotonic()
                 self.state.elapsed_s += now - self._fit_start
                 self._fit_start = now  # later checkpoints add nothing twice
@@ -181,6 +186,8 @@ class Trainer:
             self.source.close()  # after the last checkpoint, which records whether workers persist
             for logger in self.loggers:
                 logger.close()
+        if self.stop_reason == "preempted":
+            raise Preempted(self.state.step, self._last_checkpoint)
         result = self._result()
         self._callback("on_fit_end", result)
         return result
@@ -347,6 +354,8 @@ class Trainer:
 
     def _limits_reached(self) -> str | None:
         cfg, s = self.config, self.state
+        if self._signals.requested:
+            return "preempted"
         if cfg.max_steps is not None and s.step >= cfg.max_steps:
             return "max_steps"
         if self.max_epochs is not None and s.epoch >= self.max_epochs:
