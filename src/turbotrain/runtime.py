@@ -17,6 +17,9 @@ from typing import Any, Callable, Iterable
 import torch
 from torch import nn
 
+from .data.loader import rebuild_loader
+from .data.prefetch import DeviceLoader
+from .data.transfer import move_batch
 from .hardware import Hardware, detect, resolve_device
 from .plan import Plan
 
@@ -95,8 +98,6 @@ class Runtime:
 
     def to_device(self, batch: Any) -> Any:
         """The batch on the training device, in the layout and dtype the plan asks for."""
-        from .data.transfer import move_batch
-
         return move_batch(batch, self.device, non_blocking=self.non_blocking,
                           channels_last=self.channels_last_inputs, float_dtype=self.cast_inputs)
 
@@ -104,8 +105,6 @@ class Runtime:
         """Iterate ``loader`` with batches already on the device (prefetched when planned)."""
         if not self.moves_batches:
             return loader
-        from .data.prefetch import DeviceLoader
-
         return DeviceLoader(loader, self.to_device, self.device, prefetch=self.device_prefetch)
 
     def rebuild_loader(self, loader: Any, **extra: Any) -> Any:
@@ -113,8 +112,6 @@ class Runtime:
         overrides = {**self.loader_overrides, **extra}
         if not overrides:
             return loader
-        from .data.loader import rebuild_loader
-
         return rebuild_loader(loader, **overrides)
 
     def state_dict(self) -> dict[str, Any]:
