@@ -53,3 +53,26 @@ def test_skip_mode_skips_counts_and_holds_the_scheduler():
     assert result.steps == 6 and result.skipped_steps == 1
     assert sched.last_epoch == 5  # 6 steps, one skipped: the schedule advanced 5 times
     assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_device_side_skip_protocol_with_a_fused_optimizer():
+    """The GPU path, exercised on the CPU: the verdict goes to the fused kernel, no host read per step."""
+    from turbotrain.speedups.fused_optimizer import make_fused
+    from turbotrain.train.nonfinite import FiniteGuard
+
+    model = make_mlp()
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    assert make_fused(opt) == "fused"
+    guard = FiniteGuard([opt], torch.device("cpu"), "stop")
+    guard.on_host, guard.on_device_skip = False, True  # what a CUDA device with fused optimizers gets
+    before = [p.detach().clone() for p in model.parameters()]
+    loss = model(torch.ones(2, 8)).sum() * float("inf")
+    loss.backward()
+    assert guard.check(loss.detach(), step=7)  # no host decision: the kernel decides
+    guard.arm([opt])
+    opt.step()
+    guard.disarm([opt])
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))  # the update was skipped
+    assert not hasattr(opt, "found_inf")
+    with pytest.raises(tt.NonFiniteError, match="at step 7"):
+        guard.report()  # surfaced at the logging cadence
