@@ -1,13 +1,9 @@
-"""Shared fixtures: small models and loaders that train in milliseconds on a CPU."""
+"""Shared fixtures. Tiny models and loaders live in ``tests/tiny.py``."""
 
 from __future__ import annotations
 
-import logging
-
 import pytest
 import torch
-from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
 
 
 @pytest.fixture(autouse=True)
@@ -19,47 +15,3 @@ def _restore_global_torch_state():
     torch.backends.cudnn.benchmark, torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = flags
     torch.set_num_threads(threads)
 
-
-def make_mlp(seed: int = 0) -> nn.Module:
-    torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
-
-
-def make_data(n: int = 64, seed: int = 1) -> TensorDataset:
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, 8, generator=g)
-    return TensorDataset(x, x[:, :3].argmax(1))
-
-
-def make_loader(n: int = 64, batch_size: int = 8, shuffle: bool = True, seed: int = 2, **kwargs) -> DataLoader:
-    return DataLoader(make_data(n), batch_size=batch_size, shuffle=shuffle,
-                      generator=torch.Generator().manual_seed(seed) if shuffle else None, **kwargs)
-
-
-class ConvBNNet(nn.Module):
-    """conv(bias) -> BN pairs, plus one conv -> ReLU -> BN chain that must not be rewritten."""
-
-    def __init__(self):
-        super().__init__()
-        self.conv1 = nn.Conv2d(3, 8, 3, padding=1, bias=True)
-        self.bn1 = nn.BatchNorm2d(8)
-        self.conv2 = nn.Conv2d(8, 8, 3, padding=1, bias=True)
-        self.bn2 = nn.BatchNorm2d(8)
-        self.head = nn.Linear(8, 4)
-
-    def forward(self, x):
-        x = torch.relu(self.bn1(self.conv1(x)))
-        x = self.bn2(torch.relu(self.conv2(x)))  # ReLU between conv2 and bn2: bias matters here
-        return self.head(x.mean((2, 3)))
-
-
-def image_loader(n: int = 32, batch_size: int = 8, seed: int = 3) -> DataLoader:
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, 3, 8, 8, generator=g)
-    return DataLoader(TensorDataset(x, torch.randint(0, 4, (n,), generator=g)), batch_size=batch_size)
-
-
-@pytest.fixture
-def caplog_tt(caplog):
-    caplog.set_level(logging.INFO, logger="turbotrain")
-    return caplog

@@ -1,6 +1,6 @@
 import pytest
 from torch.utils.data import BatchSampler, DataLoader, SequentialSampler
-from conftest import make_data, make_loader, make_mlp
+from tiny import make_data, make_loader, make_mlp
 
 import turbotrain as tt
 from turbotrain.speedups.batch_size import round_to_multiple

@@ -1,6 +1,6 @@
 import pytest
 import torch
-from conftest import make_loader, make_mlp
+from tiny import make_loader, make_mlp
 
 import turbotrain as tt
 from turbotrain.data.prefetch import DeviceLoader

@@ -1,7 +1,7 @@
 import copy
 
 import torch
-from conftest import ConvBNNet
+from tiny import ConvBNNet
 
 import turbotrain as tt
 from turbotrain.speedups.drop_conv_bias import drop_conv_bias_before_bn

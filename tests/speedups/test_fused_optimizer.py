@@ -1,5 +1,5 @@
 import torch
-from conftest import make_mlp
+from tiny import make_mlp
 
 import turbotrain as tt
 from turbotrain.speedups.fused_optimizer import make_fused

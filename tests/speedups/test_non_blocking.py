@@ -1,6 +1,6 @@
 import pytest
 import torch
-from conftest import make_mlp
+from tiny import make_mlp
 
 import turbotrain as tt
 from turbotrain.data.transfer import move_batch

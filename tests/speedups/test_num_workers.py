@@ -1,5 +1,5 @@
 import torch
-from conftest import make_loader, make_mlp
+from tiny import make_loader, make_mlp
 
 import turbotrain as tt
 

@@ -1,6 +1,6 @@
 import torch
 import torch.nn.functional as F
-from conftest import make_loader, make_mlp
+from tiny import make_loader, make_mlp
 
 import turbotrain as tt
 

@@ -1,5 +1,5 @@
 import pytest
-from conftest import make_mlp
+from tiny import make_mlp
 
 import turbotrain as tt
 from turbotrain.config import ConfigError

@@ -3,7 +3,7 @@ import pickle
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import make_loader, make_mlp
+from tiny import make_loader, make_mlp
 
 import turbotrain as tt
 from turbotrain.train.checkpoint import (CheckpointError, clean_temporary_files, latest_checkpoint, list_checkpoints,

@@ -1,7 +1,7 @@
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import make_loader, make_mlp
+from tiny import make_loader, make_mlp
 
 import turbotrain as tt
 from turbotrain.config import ConfigError

@@ -3,7 +3,7 @@ import sys
 
 import torch
 import torch.nn.functional as F
-from conftest import make_loader, make_mlp
+from tiny import make_loader, make_mlp
 
 import turbotrain as tt
 

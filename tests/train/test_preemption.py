@@ -4,7 +4,7 @@ import signal
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import make_loader, make_mlp
+from tiny import make_loader, make_mlp
 
 import turbotrain as tt
 
