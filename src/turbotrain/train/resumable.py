@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import signal
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator
 
@@ -29,7 +30,7 @@ from torch.utils.data import DataLoader, Sampler
 from ..data.loader import batch_sampler_of
 from . import rng
 
-__all__ = ["ResumableBatches", "EpochSource", "Position"]
+__all__ = ["ResumableBatches", "EpochSource", "Position", "WorkerDied"]
 
 log = logging.getLogger("turbotrain")
 
@@ -85,6 +86,33 @@ class ResumableBatches(Sampler):
         yield from it
 
 
+class WorkerDied(RuntimeError):
+    """A DataLoader worker process died (killed, or exited) while training read from it."""
+
+
+def worker_death(exc: BaseException, iterator: Any, where: str) -> WorkerDied | None:
+    """A clearer error for PyTorch's "DataLoader worker (pid(s) N) exited unexpectedly"; None otherwise.
+
+    PyTorch names the pid only, and without a cause when the death is noticed while waiting
+    for data; the iterator's worker processes tell which worker it was and how it ended.
+    """
+    if not str(exc).startswith("DataLoader worker (pid"):
+        return None
+    dead = [(i, w) for i, w in enumerate(getattr(iterator, "_workers", ())) if w.exitcode not in (None, 0)]
+    if not dead:
+        return None
+    told = []
+    for i, w in dead:
+        how = (f"was killed by signal {signal.Signals(-w.exitcode).name}" if w.exitcode < 0
+               else f"exited with code {w.exitcode}")
+        told.append(f"DataLoader worker {i} (pid {w.pid}) {how}")
+    hint = (" SIGKILL usually comes from the kernel's out-of-memory killer (dmesg tells): lower num_workers, "
+            "prefetch_factor or the memory each worker holds." if any(w.exitcode == -signal.SIGKILL for _, w in dead)
+            else "")
+    return WorkerDied(f"{'; '.join(told)} {where}.{hint} Training stopped; fit(resume=True) continues from the "
+                      "last checkpoint.")
+
+
 class EpochSource:
     """Hands the Trainer each epoch's batches, from the start or from a saved Position."""
 
@@ -103,6 +131,7 @@ class EpochSource:
         self._iterated = False
         self.epoch_rng: dict | None = None
         self.epoch_reused = False
+        self.iterator: Iterator[Any] | None = None  # this epoch's, to tell which worker died
 
     def __len__(self) -> int:
         return len(self.loader)
@@ -144,7 +173,11 @@ class EpochSource:
         else:
             it = self._resume(position)
         self._iterated = True
+        self.iterator = it
         return it
+
+    def worker_death(self, exc: BaseException, where: str) -> WorkerDied | None:
+        return worker_death(exc, self.iterator, where)
 
     def _resume(self, pos: Position) -> Iterator[Any]:
         skip = pos.batches_done
