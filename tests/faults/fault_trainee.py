@@ -12,6 +12,7 @@ it was killed (messages sent before a SIGKILL stay readable in the pipe):
   the checkpoint directory's file names (the resume's clean-up has run by then);
 * ``("batch", step, indices)``: each micro-batch: optimizer steps done before it, its samples;
 * ``("stepped", n)``: after the n-th optimizer step of this process (from the step hook);
+* ``("worker", id, pid)``: a DataLoader worker started;
 * ``("paused", n)``: blocked after step n until the parent sends ``"go"`` (``Job.pause_after``);
 * ``("done", steps, skipped)``, ``("preempted", step, checkpoint)``, ``("error", type, message)``.
 """
@@ -24,6 +25,7 @@ import random
 import signal
 import time
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -73,16 +75,24 @@ class Indexed(Dataset):
         return self.x[i], self.y[i], i
 
 
-def build(job: Job):
-    """Model (with dropout, so the global RNG matters), optimizer, scheduler and loader."""
+def build(job: Job, conn=None):
+    """Model (with dropout, so the global RNG matters), optimizer, scheduler and loader.
+
+    With ``conn``, each DataLoader worker reports ``("worker", id, pid)`` when it starts.
+    """
     random.seed(0)  # Python reseeds `random` in every forked child: seed it like a reproducible script does
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Dropout(0.3), nn.Linear(16, 3))
     opt = torch.optim.AdamW(model.parameters(), lr=0.01)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=5, gamma=0.9)
     loader = DataLoader(Indexed(job.samples, job.item_delay_s), batch_size=job.batch_size, shuffle=True,
-                        num_workers=job.num_workers, persistent_workers=job.persistent_workers)
+                        num_workers=job.num_workers, persistent_workers=job.persistent_workers,
+                        worker_init_fn=None if conn is None else partial(_report_worker, conn))
     return model, opt, sched, loader
+
+
+def _report_worker(conn, worker_id: int) -> None:
+    conn.send(("worker", worker_id, os.getpid()))  # one small write: atomic beside the main process's
 
 
 def run_job(conn, job: Job) -> None:
@@ -98,7 +108,7 @@ def run_job(conn, job: Job) -> None:
     else:
         os.environ.pop(FAULT_ENV, None)
     conn.send(("begin", os.getpid()))
-    model, opt, sched, loader = build(job)
+    model, opt, sched, loader = build(job, conn if job.num_workers else None)
     stepped, start = [0], [0]
 
     def after_step(optimizer, args, kwargs):

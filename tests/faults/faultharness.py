@@ -63,6 +63,7 @@ class ChildRun:
     stepped: int = 0
     outcome: tuple | None = None                  # ("done", ...), ("preempted", ...), ("error", ...)
     signalled_after: int | None = None            # steps it had reported when the signal was sent
+    workers: dict[int, int] = field(default_factory=dict)  # DataLoader worker id -> pid (the latest)
     seconds: float = 0.0
 
     @property
@@ -92,6 +93,8 @@ class Child:
             self.run.batches.append((msg[1], msg[2]))
         elif kind == "stepped":
             self.run.stepped = msg[1]
+        elif kind == "worker":
+            self.run.workers[msg[1]] = msg[2]
         elif kind in ("done", "preempted", "error"):
             self.run.outcome = msg
 
