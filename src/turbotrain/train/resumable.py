@@ -19,6 +19,7 @@ reproduced when they derive their randomness from the sample index.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import signal
@@ -86,6 +87,18 @@ class ResumableBatches(Sampler):
         yield from it
 
 
+def _worker_ignoring_sigterm(user_init: Callable[[int], None] | None, worker_id: int) -> None:
+    """DataLoader workers leave SIGTERM to the main process, which checkpoints and then stops them.
+
+    Slurm (scancel, preemption) signals every process of a job step, DataLoader workers
+    included. PyTorch's workers die on SIGTERM, and the main process then fails with "worker
+    killed by signal: Terminated" instead of saving at the next step boundary.
+    """
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if user_init is not None:
+        user_init(worker_id)
+
+
 class WorkerDied(RuntimeError):
     """A DataLoader worker process died (killed, or exited) while training read from it."""
 
@@ -121,10 +134,15 @@ class EpochSource:
         self.user_loader = loader
         self.batches: ResumableBatches | None = None
         planned = rebuild(loader)
+        extra: dict[str, Any] = {}
+        if isinstance(planned, DataLoader) and planned.num_workers > 0:
+            extra["worker_init_fn"] = functools.partial(_worker_ignoring_sigterm, planned.worker_init_fn)
         inner = batch_sampler_of(planned) if isinstance(planned, DataLoader) else None
         if inner is not None:
             self.batches = ResumableBatches(inner)
-            planned = rebuild(planned, batch_sampler=self.batches)
+            extra["batch_sampler"] = self.batches
+        if extra:
+            planned = rebuild(planned, **extra)
         self.loader = planned
         self.generators = rng.generators_of(planned) if isinstance(planned, DataLoader) else []
         self._persistent = isinstance(planned, DataLoader) and planned.persistent_workers
@@ -153,11 +171,18 @@ class EpochSource:
                 set_epoch(epoch)
 
     def close(self) -> None:
-        """Stop persistent DataLoader workers now rather than whenever the loader is collected."""
-        iterator = getattr(self.loader, "_iterator", None)
-        if iterator is not None and hasattr(iterator, "_shutdown_workers"):
-            iterator._shutdown_workers()
+        """Stop DataLoader workers now rather than whenever the loader or iterator is collected."""
+        iterators = {id(it): it for it in (getattr(self.loader, "_iterator", None), self.iterator) if it is not None}
+        for iterator in iterators.values():
+            if hasattr(iterator, "_shutdown_workers"):
+                iterator._shutdown_workers()
+            for worker in getattr(iterator, "_workers", ()):
+                if worker.is_alive():  # hung: PyTorch's terminate() is a SIGTERM, which the workers ignore
+                    worker.kill()
+                    worker.join(timeout=5)
+        if iterators and isinstance(self.loader, DataLoader):
             self.loader._iterator = None
+        self.iterator = None
         self._iterated = False
 
     def next_epoch_reuses_iterator(self) -> bool:

@@ -170,17 +170,16 @@ class Trainer:
                 while self.stop_reason is None:
                     batches = self.rt.device_batches(self.source.epoch(self.state.epoch, position))
                     position = None
-                    try:
-                        if self._run_epoch(batches):
-                            break
-                    except RuntimeError as exc:  # outside the per-batch loop: costs nothing per step
-                        # PyTorch's SIGCHLD handler raises wherever the loop is: say "after N steps".
-                        clearer = self.source.worker_death(exc, f"after {self.state.step} optimizer steps "
-                                                                f"(epoch {self.state.epoch})")
-                        if clearer is None:
-                            raise
-                        raise clearer from exc
+                    if self._run_epoch(batches):
+                        break
                     self._end_epoch()
+            except RuntimeError as exc:  # outside the per-batch loop: costs nothing per step
+                # PyTorch's SIGCHLD handler raises wherever the loop is: say "after N steps".
+                clearer = self.source.worker_death(exc, f"after {self.state.step} optimizer steps "
+                                                        f"(epoch {self.state.epoch})")
+                if clearer is None:
+                    raise
+                raise clearer from exc
             finally:
                 self._signals.__exit__()
                 now = time.monotonic()
