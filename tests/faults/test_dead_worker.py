@@ -12,8 +12,12 @@ import signal
 import time
 
 import pytest
+import torch
 from faultharness import Child, newest_step, run_child, unloadable
 from fault_trainee import Job
+from torch.utils.data import DataLoader, Dataset
+
+import turbotrain as tt
 
 
 @pytest.mark.parametrize("persistent", [False, True], ids=["workers", "persistent-workers"])
@@ -41,3 +45,30 @@ def test_a_worker_killed_mid_epoch_is_a_clear_error_within_seconds(tmp_path, per
     assert last in (12, 16) and not unloadable(tmp_path)
     resumed = run_child(job)
     assert resumed.outcome == ("done", 40, 0) and resumed.resumed_at == last
+
+
+class Stuck(Dataset):
+    """Sample 12 never arrives: the worker that reads it hangs (a dead NFS mount, a deadlock)."""
+
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        if i == 12:
+            time.sleep(300)
+        return torch.zeros(8), 0
+
+
+def test_a_hung_worker_does_not_outlive_fit(tmp_path):
+    """Workers ignore SIGTERM during fit (preemption is the main process's job), so the Trainer
+    SIGKILLs one that does not stop when asked: otherwise the process would hang at exit."""
+    model = torch.nn.Linear(8, 2)
+    loader = DataLoader(Stuck(), batch_size=4, num_workers=2,
+                        worker_init_fn=lambda _: (tmp_path / str(os.getpid())).touch())
+    trainer = tt.Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), torch.nn.functional.cross_entropy,
+                         plan=tt.Plan(device="cpu"), max_steps=2, progress=False)
+    trainer.fit(loader)  # batch 3 (worker 1) is in flight, stuck, when training ends after batch 1
+    pids = [int(p.name) for p in tmp_path.iterdir()]
+    assert len(pids) == 2
+    for pid in pids:
+        assert not os.path.exists(f"/proc/{pid}"), f"worker {pid} outlived fit"
