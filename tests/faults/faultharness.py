@@ -245,7 +245,10 @@ def assert_epochs_are_permutations(order: list[int], samples: int) -> None:
 class KillFigures:
     kills: int = 0
     kinds: dict[str, int] = field(default_factory=dict)
-    restarts_that_trained: int = 0          # resumed from the newest complete checkpoint and trained on
+    restarts: int = 0                       # one after every kill
+    restarts_resumed: int = 0               # resumed from the newest complete checkpoint and trained on
+    restarts_from_scratch: int = 0          # no checkpoint was committed yet
+    restarts_killed_while_starting: int = 0  # killed again before their first step (start-up kills)
     resumed_mid_epoch: int = 0
     resumed_at_epoch_boundary: int = 0
     unloadable_checkpoints: int = 0         # committed checkpoints that would not load (target 0)
@@ -304,13 +307,19 @@ def kill_campaign(root: Path, kills: int, seed: int, job: Job) -> KillFigures:
             kind, kill, this = "after a step", Kill(rng.randint(1, 2 * k), rng.uniform(0.0, 0.004)), job
         run = run_child(this, kill)
         figures.processes += 1
-        if run.resumed_at is not None:
+        restart = figures.processes > 1
+        figures.restarts += restart
+        if run.resumed_at is None:
+            figures.restarts_killed_while_starting += restart
+        else:
             # It resumed from the newest complete checkpoint, after cleaning up what the kill left.
             assert run.resumed_at == expected_resume, (run.resumed_at, expected_resume)
             not_cleaned = left & set(run.files_at_resume)
             figures.files_not_cleaned += len(not_cleaned)
-            if expected_resume:
-                figures.restarts_that_trained += 1
+            if restart and not expected_resume:
+                figures.restarts_from_scratch += 1
+            elif restart:
+                figures.restarts_resumed += 1
                 if expected_resume % epoch_steps:
                     figures.resumed_mid_epoch += 1
                 else:

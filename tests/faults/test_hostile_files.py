@@ -108,14 +108,17 @@ def test_flipped_bits_are_refused_naming_the_file(ckpt_dir):
         assert "SHA-256" in _refused(path).reason, pos
     # With a manifest rewritten to match, many flips still parse (the SHA-256 is what catches
     # them); none may escape as anything but a CheckpointError or crash the process.
+    parsed = 0
     for pos in positions:
         damaged = bytearray(data)
         damaged[pos] ^= 1 << rng.randrange(8)
         _resign(path, bytes(damaged))
         try:
             load_checkpoint(path)
+            parsed += 1
         except CheckpointError as exc:
             assert exc.path == str(path)
+    print(f"{parsed} of {len(positions)} bit flips parse once the manifest is rewritten to match")
 
 
 MANIFESTS = {
@@ -183,6 +186,7 @@ FORMATS = {
 }
 
 
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol 5")
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_pickle_payloads_never_run_and_resume_falls_back(ckpt_dir, tmp_path, fmt, caplog):
     target = tmp_path / "written-by-payload"

@@ -5,7 +5,7 @@ SIGKILL by the test, or killing itself at the named fault point between writing 
 checkpoint's data and committing it. The longer campaign (200 kills) is marked slow; its
 figures are in docs/reliability.md:
 
-    python -m pytest tests/faults/test_kill_resume.py -m slow -s
+    TT_FAULT_FIGURES_DIR=. python -m pytest tests/faults/test_kill_resume.py -m slow -s
 """
 
 import os
@@ -18,10 +18,21 @@ from faultharness import (SAVE_WINDOW, Kill, SampleLog, assert_epochs_are_permut
 from fault_trainee import Job
 
 
+def _report(figures) -> None:
+    """Print the figures; with TT_FAULT_FIGURES_DIR set, also write them there as kills-<n>.json."""
+    print(figures.to_json())
+    out = os.environ.get("TT_FAULT_FIGURES_DIR")
+    if out:
+        with open(os.path.join(out, f"kills-{figures.kills}.json"), "w") as fh:
+            fh.write(figures.to_json())
+
+
 def test_fifty_kills_resume_every_time_and_end_bitwise_equal(tmp_path):
     figures = kill_campaign(tmp_path, kills=50, seed=8, job=Job("", max_steps=240, checkpoint_every=4))
-    print(figures.to_json())
-    assert figures.kills == 50 and figures.unloadable_checkpoints == 0 and figures.files_not_cleaned == 0
+    _report(figures)
+    assert figures.kills == figures.restarts == 50
+    assert figures.restarts_resumed + figures.restarts_from_scratch + figures.restarts_killed_while_starting == 50
+    assert figures.unloadable_checkpoints == 0 and figures.files_not_cleaned == 0
     assert max(figures.steps_lost) <= 4
     # The seeded plan reaches every window it is meant to: start-up, the save window, mid-epoch
     # and epoch-boundary resumes, and kills that left files for the next start to clean.
@@ -33,11 +44,8 @@ def test_fifty_kills_resume_every_time_and_end_bitwise_equal(tmp_path):
 @pytest.mark.slow
 def test_two_hundred_kills(tmp_path):
     figures = kill_campaign(tmp_path, kills=200, seed=2026, job=Job("", max_steps=800, checkpoint_every=4))
-    print(figures.to_json())
-    out = os.environ.get("TT_FAULT_FIGURES")
-    if out:
-        with open(out, "w") as fh:
-            fh.write(figures.to_json())
+    _report(figures)
+    assert figures.kills == figures.restarts == 200
     assert figures.unloadable_checkpoints == 0 and figures.files_not_cleaned == 0
     assert max(figures.steps_lost) <= 4 and figures.bitwise_equal_to_uninterrupted
 
