@@ -1,8 +1,8 @@
 """The parent's side of the fault tests: start training children, kill them, and keep the figures.
 
-``run_child`` starts one process of a :class:`fault_trainee.Job` and, if asked, kills it with
-SIGKILL at a chosen moment (as soon as it starts, or a chosen delay after its n-th optimizer
-step). ``kill_campaign`` repeats that with kill moments drawn from a seeded RNG, resumes
+``run_child`` starts one process of a :class:`fault_trainee.Job` and, if asked, signals it
+(SIGKILL, or SIGTERM) at a chosen moment: as soon as it starts, or a chosen delay after its
+n-th optimizer step. ``kill_campaign`` repeats that with kill moments drawn from a seeded RNG, resumes
 after every kill, checks each promise on the way and returns :class:`KillFigures`.
 """
 
@@ -46,11 +46,12 @@ def context():
 
 @dataclass
 class Kill:
-    """When to SIGKILL: ``after_steps`` optimizer steps (None: as soon as the child starts), then ``delay_s``."""
+    """When to signal the child (SIGKILL unless ``signum`` says otherwise): after its ``after_steps``-th
+    optimizer step (None: as soon as it starts), then ``delay_s`` later."""
 
     after_steps: int | None
     delay_s: float = 0.0
-    signal: int = signal.SIGKILL
+    signum: int = signal.SIGKILL
 
 
 @dataclass
@@ -147,7 +148,7 @@ def run_child(job: Job, kill: Kill | None = None) -> ChildRun:
                 if due:
                     if kill.delay_s:
                         time.sleep(kill.delay_s)
-                    child.signal(kill.signal)
+                    child.signal(kill.signum)
                     break
         return child.finish()
     finally:

@@ -76,7 +76,7 @@ def test_sigterm_at_random_moments_never_trains_past_the_checkpoint(tmp_path):
     job = Job(str(tmp_path), max_steps=10_000, checkpoint_every=10**6)  # only preemption saves
     for _ in range(10):
         before = newest_step(job.directory)
-        run = run_child(job, Kill(rng.randint(1, 6), rng.uniform(0.0, 0.003), signal=signal.SIGTERM))
+        run = run_child(job, Kill(rng.randint(1, 6), rng.uniform(0.0, 0.003), signum=signal.SIGTERM))
         assert run.exitcode == 143 and run.outcome[0] == "preempted", (run.exitcode, run.outcome)
         step = run.outcome[1]
         # Saved at the boundary after the signal, then exited: no step was trained past the checkpoint.
