@@ -63,9 +63,9 @@ KILLS = [
     ("at an epoch boundary, the next epoch's loader started", dict(die_before_step=12), None, 12),
     ("in the save window (data written, not committed)", dict(fault=SAVE_WINDOW), None, 12),
     ("mid-epoch, in the second epoch", dict(die_after_step=20), None, 18),
-    ("from outside, at a random moment", {}, Kill(after_steps=4, delay_s=0.0013), None),
-    ("from outside, while resuming", {}, Kill(after_steps=None, delay_s=0.02), None),
     ("at the second epoch boundary", dict(die_before_step=24), None, 24),
+    ("from outside, at a random moment", {}, Kill(after_steps=4, delay_s=0.0013), None),  # 12 steps to spare
+    ("from outside, while resuming", {}, Kill(after_steps=None, delay_s=0.02), None),
 ]
 
 
