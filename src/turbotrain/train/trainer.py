@@ -173,6 +173,13 @@ class Trainer:
                     if self._run_epoch(batches):
                         break
                     self._end_epoch()
+            except RuntimeError as exc:  # outside the per-batch loop: costs nothing per step
+                # PyTorch's SIGCHLD handler raises wherever the loop is: say "after N steps".
+                clearer = self.source.worker_death(exc, f"after {self.state.step} optimizer steps "
+                                                        f"(epoch {self.state.epoch})")
+                if clearer is None:
+                    raise
+                raise clearer from exc
             finally:
                 self._signals.__exit__()
                 now = time.monotonic()
@@ -279,9 +286,14 @@ class Trainer:
         inputs, targets = batch
         return self.loss_fn(self.rt.model(inputs), targets)
 
-    def _apply_optimizer(self, optimizer: torch.optim.Optimizer, loss: Any = None) -> bool:
-        """Guard, clip and step one optimizer. False when the non-finite guard skipped the step."""
-        if not self.guard.check(loss, self.state.step + 1):
+    def _apply_optimizer(self, optimizer: torch.optim.Optimizer, loss: Any = None, finite: bool | None = None) -> bool:
+        """Guard, clip and step one optimizer. False when the non-finite guard skipped the step.
+
+        ``finite`` is the guard's verdict when the caller already checked, once for all optimizers.
+        """
+        if finite is None:
+            finite = self.guard.check(loss, self.state.step + 1)
+        if not finite:
             optimizer.zero_grad(set_to_none=self.rt.set_to_none)
             return False
         if self.config.gradient_clip_val is not None:
@@ -297,7 +309,10 @@ class Trainer:
             stepped = self.ctx.stepped
             self.ctx.stepped = False
         else:
-            stepped = all([self._apply_optimizer(opt, loss) for opt in self.rt.optimizers])
+            # One verdict for every optimizer: checked one by one, a skipped optimizer's gradients are
+            # dropped before the next is checked, which then stepped alone (and the skip counted twice).
+            finite = self.guard.check(loss, self.state.step + 1)
+            stepped = all([self._apply_optimizer(opt, finite=finite) for opt in self.rt.optimizers])
         if stepped:
             self.rt.end_step()
             if self.config.scheduler_interval == "step":
@@ -479,6 +494,7 @@ class Trainer:
                                 samples=extra["samples"], skipped_steps=extra["skipped_steps"],
                                 elapsed_s=extra["elapsed_s"])
         self._early_stop = extra["early_stop"]
+        self.guard.resume(self.state.skipped_steps)
         self._last_checkpoint_step, self._last_checkpoint = state["step"], str(path)
         log.info("turbotrain: resumed from %s (step %d, epoch %d, batch %d)", path, self.state.step, pos.epoch,
                  pos.batches_done)
