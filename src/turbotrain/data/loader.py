@@ -17,7 +17,7 @@ __all__ = ["rebuild_loader", "LOADER_KEYS"]
 log = logging.getLogger("turbotrain")
 
 LOADER_KEYS = ("num_workers", "pin_memory", "persistent_workers", "batch_size", "batch_sampler",
-               "prefetch_factor")
+               "prefetch_factor", "worker_init_fn")
 
 
 def _settings(loader: DataLoader) -> dict[str, Any]:
@@ -36,7 +36,7 @@ def rebuild_loader(loader: Any, **overrides: Any) -> Any:
     """A new DataLoader like ``loader`` with ``overrides`` applied.
 
     Allowed overrides: ``num_workers``, ``pin_memory``, ``persistent_workers``, ``batch_size``,
-    ``batch_sampler`` (replaces the batching entirely), ``prefetch_factor``. A value of None
+    ``batch_sampler`` (replaces the batching entirely), ``prefetch_factor``, ``worker_init_fn``. A value of None
     keeps the loader's own setting. Anything that is not a DataLoader is returned unchanged
     (with a log line), since there is nothing to rebuild.
     """

@@ -36,7 +36,7 @@ class TrainerConfig:
     max_time: float | str | None = None
     """Wall-clock limit: seconds or 'DD:HH:MM:SS'."""
     check_val_every_n_epoch: int = 1
-    val_check_interval: float | int | None = None
+    val_check_interval: int | float | None = None
     """Validate every fraction of an epoch (0.25) or every N optimizer steps (200)."""
     limit_val_batches: int | None = None
     log_every_n_steps: int = 50
@@ -70,8 +70,8 @@ class TrainerConfig:
         if isinstance(v, int) and v < 1:
             raise ConfigError(f"Trainer.val_check_interval: {v} is not allowed; expected >= 1 steps.")
         parse_duration(self.max_time)
-        if self.gradient_clip_val is not None and self.gradient_clip_val <= 0:
-            raise ConfigError("Trainer.gradient_clip_val: must be > 0.")
+        if self.gradient_clip_val is not None and not self.gradient_clip_val > 0:  # NaN included
+            raise ConfigError(f"Trainer.gradient_clip_val: {self.gradient_clip_val} is not allowed; must be > 0.")
 
     @property
     def max_time_s(self) -> float | None:
