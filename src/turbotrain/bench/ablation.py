@@ -1,7 +1,7 @@
 """Which plans the bench measures for a workload, and why some are skipped.
 
 For each workload: the naive plan; every registry speed-up alone on top of naive (its
-``BenchEntry.value``); the cumulative fast plan (``Plan.fast(model)``); and the tuned plan
+``BenchEntry.changes``); the cumulative fast plan (``Plan.fast(model)``); and the tuned plan
 when ``turbotrain.tune`` is installed. Every registry entry gets a row, measured or skipped
 with the reason (not benchmarked on this workload, the hardware cannot do it, ...).
 
@@ -66,22 +66,22 @@ def _hardware_reason(plan: Plan, hw: Hardware, first: Speedup) -> str | None:
     return None
 
 
-def _is_inverse(entry: Speedup, value: dict[str, Any]) -> bool:
+def _is_inverse(entry: Speedup, changes: dict[str, Any]) -> bool:
     """The bench entry turns off a tip that the naive plan (like plain PyTorch) already has."""
-    return value.get(entry.field) is False and getattr(Plan(), entry.field) is True
+    return changes.get(entry.field) is False and getattr(Plan(), entry.field) is True
 
 
 def _alone(entry: Speedup, workload: Workload, hw: Hardware, device: str, compile_ok: bool) -> Candidate:
     bench = entry.bench
-    value = dict(bench.value)
+    changes = dict(bench.changes)
     script_note = f"; measured by {bench.script}" if bench.script else ""
     cand = Candidate(label=entry.name, kind="alone", plan=None, speedup=entry.name, script=bench.script,
-                     path=LOADER if DATA_PATH_FIELDS & set(value) else RESIDENT,
-                     inverse=_is_inverse(entry, value))
+                     path=LOADER if DATA_PATH_FIELDS & set(changes) else RESIDENT,
+                     inverse=_is_inverse(entry, changes))
     if workload.name not in bench.workloads:
         cand.skip = f"benchmarked on {', '.join(bench.workloads)}, not {workload.name}{script_note}"
         return cand
-    plan = Plan(device=device).replace(**value)
+    plan = Plan(device=device).replace(**changes)
     cand.plan = plan
     if cand.inverse:
         cand.label = f"{entry.name} off"
