@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import torch
 
 from turbotrain.bench.report import markdown, write_json, write_markdown, write_plot
 from turbotrain.bench.runner import BenchSettings, run_bench
@@ -84,3 +85,16 @@ def test_cli_writes_the_outputs(tmp_path, capsys):
 def test_cli_rejects_bad_settings(capsys):
     assert main(["bench", "--workload", "mlp", "--repeats", "0"]) == 2
     assert "must all be >= 1" in capsys.readouterr().out
+
+
+def test_threads_apply_during_the_run_and_are_restored():
+    before = torch.get_num_threads()
+    seen = []
+
+    def tune_fn(*args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return Plan()
+
+    res = run_bench(BenchSettings(**{**TINY, "repeats": 1, "threads": 1}, tune=True), tune_fn=tune_fn)
+    assert seen == [1] and res.machine["torch_threads"] == 1
+    assert torch.get_num_threads() == before

@@ -31,6 +31,8 @@ def add_arguments(parser) -> None:
                         help="GPT data: byte-level stdlib text (the loss falls) or uniformly random tokens")
     parser.add_argument("--peak-tflops", type=float, metavar="T",
                         help="the device's dense bf16 peak in TFLOP/s for MFU, when it is not in the built-in table")
+    parser.add_argument("--threads", type=int, metavar="N",
+                        help="torch intra-op threads (default: torch's); 1 gives steadier CPU timings on a shared machine")
     parser.add_argument("--seed", type=int, default=0)
 
 
@@ -41,7 +43,7 @@ def settings_from_args(args):
                                 ("min_trial_s", args.min_time)) if v is not None}
     common = dict(workloads=tuple(WORKLOADS) if args.workload == "all" else (args.workload,), scale=args.scale,
                   device=args.device, tune_budget_s=args.tune_budget, gpt_tokens=args.gpt_tokens,
-                  peak_tflops=args.peak_tflops, seed=args.seed, **chosen)
+                  peak_tflops=args.peak_tflops, threads=args.threads, seed=args.seed, **chosen)
     settings = BenchSettings.quick_run(**common) if args.quick else BenchSettings(**common)
     if args.no_compile:
         settings.compile = False

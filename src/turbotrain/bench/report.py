@@ -115,7 +115,7 @@ def markdown(result: BenchResult) -> str:
     """Markdown tables, one per workload, with the skipped rows and notes under each."""
     m = result.machine
     lines = [f"Machine: {m['summary']}; torch {m['torch']}" + (f" (CUDA {m['cuda']})" if m.get("cuda") else "")
-             + f"; {m['date']}.", ""]
+             + f", {m.get('torch_threads')} threads; load average {m.get('load_average')}; {m['date']}.", ""]
     for w in result.workloads:
         lines += [f"### {_title(w)}", ""]
         shown, skipped = _split(w)

@@ -13,6 +13,7 @@ import contextlib
 import datetime
 import itertools
 import math
+import os
 import platform
 import statistics
 from dataclasses import asdict, dataclass, field
@@ -54,6 +55,7 @@ class BenchSettings:
     quick: bool = False
     gpt_tokens: str = "bytes"        # "bytes" (loss falls) or "random" (GPT-2 vocabulary, uniform tokens)
     peak_tflops: float | None = None  # dense bf16 peak of the device when it is not in bench.peaks
+    threads: int | None = None       # torch intra-op threads for the run (None: torch's default)
 
     @classmethod
     def quick_run(cls, **overrides: Any) -> "BenchSettings":
@@ -64,6 +66,8 @@ class BenchSettings:
     def __post_init__(self) -> None:
         if self.steps < 1 or self.warmup < 1 or self.repeats < 1 or self.batches < 1:
             raise ValueError("steps, warmup, repeats and batches must all be >= 1")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"threads must be >= 1, got {self.threads}")
         if self.min_trial_s < 0:
             raise ValueError(f"min_trial_s must be >= 0, got {self.min_trial_s}")
         unknown = [w for w in self.workloads if w not in WORKLOADS]
@@ -140,9 +144,30 @@ def machine_info(hw: Hardware) -> dict[str, Any]:
     return {
         "device": hw.device_name, "device_type": hw.device_type, "summary": hw.summary(),
         "cpu": platform.processor() or platform.machine(), "cpu_cores": hw.cpu_cores,
+        "torch_threads": torch.get_num_threads(), "load_average": _load_average(),
         "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
     }
+
+
+def _load_average() -> float | None:
+    """The 1-minute load average: how much else the machine was doing (timings on a busy one are noisy)."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (OSError, AttributeError):
+        return None
+
+
+@contextlib.contextmanager
+def torch_threads(n: int | None) -> Iterator[None]:
+    """Run with ``n`` intra-op threads (None: leave torch's setting), restored after."""
+    before = torch.get_num_threads()
+    if n is not None:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 @contextlib.contextmanager
@@ -320,8 +345,13 @@ def run_bench(settings: BenchSettings | None = None, progress: Progress = lambda
     if not hw.is_cuda:
         notes.append("peak memory on CPU is the process's peak resident set (VmHWM), not the model's alone")
     cm = fresh_compile_cache() if settings.compile else contextlib.nullcontext()
-    with cm:
+    with torch_threads(settings.threads), cm:
+        machine = machine_info(hw)
         results = [run_workload(name, settings, hw, progress, tune_fn) for name in settings.workloads]
+    machine["load_average_end"] = _load_average()
+    if machine["load_average"] and machine["load_average"] > 0.75 * hw.cpu_cores:
+        notes.append(f"the machine was busy with other work (load average {machine['load_average']} at the start, "
+                     f"{machine['load_average_end']} at the end, on {hw.cpu_cores} cores): expect wide spreads")
     if set(settings.workloads) == set(WORKLOADS):
         for name, why in PENDING_WORKLOADS.items():
             results.append(_pending_result(name))
@@ -329,7 +359,7 @@ def run_bench(settings: BenchSettings | None = None, progress: Progress = lambda
     if any(r.path == LOADER and r.measured for w in results for r in w.rows):
         notes.append("'data path' rows fetch every batch through the DataLoader and copy it to the device; "
                      "the other rows train on batches already on the device")
-    result = BenchResult(machine_info(hw), asdict(settings), notes, results)
+    result = BenchResult(machine, asdict(settings), notes, results)
     result.notes += [f"anchor: {line}" for line in compare_to_anchors(result)]
     return result
 
