@@ -351,7 +351,8 @@ def run_bench(settings: BenchSettings | None = None, progress: Progress = lambda
     machine["load_average_end"] = _load_average()
     if machine["load_average"] and machine["load_average"] > 0.75 * hw.cpu_cores:
         notes.append(f"the machine was busy with other work (load average {machine['load_average']} at the start, "
-                     f"{machine['load_average_end']} at the end, on {hw.cpu_cores} cores): expect wide spreads")
+                     f"{machine['load_average_end']} at the end, on {hw.cpu_cores} cores): expect wide spreads"
+                     + ("; --threads 1 keeps CPU timings steadier" if not hw.is_cuda and settings.threads != 1 else ""))
     if set(settings.workloads) == set(WORKLOADS):
         for name, why in PENDING_WORKLOADS.items():
             results.append(_pending_result(name))
