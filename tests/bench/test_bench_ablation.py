@@ -67,12 +67,19 @@ def test_tuned_row_uses_the_tuner_or_says_why_not(monkeypatch):
     wl, model, _ = _rows("mlp", detect("cpu"))
     seen = {}
 
-    def fake_tune(m, loss_fn, loader, optimizer_fn, time_budget_s):
+    def fake_tune(m, loss_fn, loader, optimizer_fn, time_budget_s):    # the stable surface only
         seen["budget"] = time_budget_s
         return Plan(fused_optimizer=True)
 
     tuned = tuned_candidate(wl, model, "cpu", 7, tune_fn=fake_tune)
     assert tuned.measured and tuned.plan == Plan(device="cpu", fused_optimizer=True) and seen["budget"] == 7
+
+    def tune_with_options(m, loss_fn, loader, optimizer_fn, time_budget_s=120.0, **options):
+        seen["options"] = options
+        return Plan()
+
+    tuned_candidate(wl, model, "cpu", 7, tune_fn=tune_with_options, compile_ok=False)
+    assert seen["options"] == {"verbose": False, "exclude": ("compile",)}
 
     monkeypatch.setitem(sys.modules, "turbotrain.tune", None)   # as if the tuner were not installed
     missing = tuned_candidate(wl, model, "cpu", 7)

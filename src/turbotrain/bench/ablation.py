@@ -13,6 +13,7 @@ DataLoader every step ("loader" path) and compare against the naive plan on that
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -122,16 +123,27 @@ def pending_workload_rows(name: str) -> list[Candidate]:
             for entry in all_speedups() if name in entry.bench.workloads]
 
 
+def _accepted(fn: Callable, options: dict[str, Any]) -> dict[str, Any]:
+    """The ``options`` that ``fn`` takes (all of them when it takes ``**kwargs``)."""
+    params = inspect.signature(fn).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return options
+    return {k: v for k, v in options.items() if k in params}
+
+
 def tuned_candidate(workload: Workload, model: nn.Module, device: str, budget_s: float,
-                    tune_fn: Callable | None = None) -> Candidate:
+                    tune_fn: Callable | None = None, compile_ok: bool = True) -> Candidate:
     """The plan ``turbotrain.tune`` finds for this workload, or a skip saying why there is none."""
     if tune_fn is None:
         try:
             from ..tune import tune as tune_fn  # written separately; the bench works without it
         except ImportError as exc:
             return Candidate("tuned", "tuned", None, skip=f"turbotrain.tune is not available in this build ({exc})")
+    # The bench prints its own table; a run without compile rows keeps compile out of the search too.
+    options = {"verbose": False, **({} if compile_ok else {"exclude": ("compile",)})}
     try:
-        plan = tune_fn(model, workload.loss_fn, workload.loader(), workload.optimizer_fn, time_budget_s=budget_s)
+        plan = tune_fn(model, workload.loss_fn, workload.loader(), workload.optimizer_fn, time_budget_s=budget_s,
+                       **_accepted(tune_fn, options))
     except Exception as exc:  # noqa: BLE001 - a tuner failure is reported in its row, the bench goes on
         return Candidate("tuned", "tuned", None, skip=f"the tuner failed: {type(exc).__name__}: {exc}")
     if plan.device != device:

@@ -283,7 +283,7 @@ def run_workload(name: str, settings: BenchSettings, hw: Hardware, progress: Pro
     cands = candidates(wl, model, hw, settings.device, compile_ok=settings.compile)
     if settings.tune:
         progress(f"{name}: tuning (budget {settings.tune_budget_s:.0f} s)")
-        tuned = tuned_candidate(wl, model, settings.device, settings.tune_budget_s, tune_fn)
+        tuned = tuned_candidate(wl, model, settings.device, settings.tune_budget_s, tune_fn, settings.compile)
     else:
         tuned = Candidate("tuned", "tuned", None, skip="tuning is off for this run (--quick or --no-tune)")
     fast_at = next(i for i, c in enumerate(cands) if c.kind == "fast") + 1
