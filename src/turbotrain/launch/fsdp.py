@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+import warnings
 from pathlib import Path
 from typing import Iterator
 
@@ -118,6 +119,14 @@ def apply_to_runtime(rt) -> None:
 
 # -- checkpoints (torch.distributed.checkpoint) ----------------------------------------------
 
+@contextlib.contextmanager
+def _single_process_is_intended() -> Iterator[None]:
+    """DCP warns whenever it runs without a process group; for us that is a supported case, not a mistake."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+        yield
+
+
 def save_sharded(module: nn.Module, optimizers: list[torch.optim.Optimizer], path: Path) -> None:
     """Every rank writes its shards of the model and optimizer state under ``path`` (a directory).
 
@@ -127,7 +136,9 @@ def save_sharded(module: nn.Module, optimizers: list[torch.optim.Optimizer], pat
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     model_state, optim_state = get_state_dict(module, optimizers)
-    dcp.save({"model": model_state, "optimizers": optim_state}, checkpoint_id=str(path))
+    with _single_process_is_intended():
+        dcp.save({"model": model_state, "optimizers": optim_state}, checkpoint_id=str(path),
+                 no_dist=not tdist.is_initialized())
 
 
 def load_sharded(module: nn.Module, optimizers: list[torch.optim.Optimizer], path: Path) -> None:
@@ -144,7 +155,8 @@ def load_sharded(module: nn.Module, optimizers: list[torch.optim.Optimizer], pat
                           "checkpoint_dir (a shared filesystem when training on several nodes).")
     model_state, optim_state = get_state_dict(module, optimizers)
     state = {"model": model_state, "optimizers": optim_state}
-    dcp.load(state, checkpoint_id=str(path))
+    with _single_process_is_intended():
+        dcp.load(state, checkpoint_id=str(path), no_dist=not tdist.is_initialized())
     set_state_dict(module, optimizers, model_state_dict=state["model"], optim_state_dict=state["optimizers"])
 
 

@@ -149,7 +149,10 @@ class RankCoordinator:
         return out
 
     def global_rate(self, rate: float | None) -> float | None:
-        return self.reduce_logged({"samples_per_s": rate}).get("samples_per_s") if self.world > 1 else rate
+        """All ranks' samples/s together; the last collective of ``fit``."""
+        if self.world == 1:
+            return rate
+        return self.reduce_logged({"samples_per_s": rate}).get("samples_per_s")
 
     def sum_validation(self, total: torch.Tensor, count: int) -> tuple[torch.Tensor, int]:
         """Validation loss sum and sample count over every rank's shard."""
