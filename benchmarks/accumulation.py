@@ -23,8 +23,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _run_one(args, accum: int, use_no_sync: bool) -> tuple[float, float]:
-    """(all-reduce calls per optimizer step, samples/s over all ranks) for one training run."""
+def _run_one(args, accum: int, use_no_sync: bool) -> tuple[float, float, float]:
+    """(gradient synchronizations and bucket all-reduces per optimizer step, samples/s over all ranks)."""
     import torch.distributed as dist
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
@@ -36,17 +36,18 @@ def _run_one(args, accum: int, use_no_sync: bool) -> tuple[float, float]:
     trainer = tt.Trainer(model, optimizer, wl.loss_fn,
                          plan=tt.Plan(device=args.device, strategy="ddp", grad_accum_steps=accum),
                          max_steps=args.steps, warmup_steps=args.warmup, log_every_n_steps=args.steps, progress=False)
-    calls = [0]
+    calls, syncs = [0], [0]
 
     def counting_hook(state, bucket):
         calls[0] += 1
+        syncs[0] += bucket.index() == 0  # every synchronization all-reduces bucket 0 once
         return default_hooks.allreduce_hook(state, bucket)
 
     trainer.rt.ddp.register_comm_hook(dist.group.WORLD, counting_hook)
     if not use_no_sync:
         trainer.rt.no_sync = lambda skip: contextlib.nullcontext()  # a loop that synchronizes every backward
     result = trainer.fit(wl.loader(args.micro_batch, seed=0))
-    return calls[0] / result.steps, result.samples_per_s * wl.units_per_sample
+    return syncs[0] / result.steps, calls[0] / result.steps, result.samples_per_s * wl.units_per_sample  # units/s
 
 
 def worker(args) -> None:
@@ -59,24 +60,26 @@ def worker(args) -> None:
             if accum == 1 and not use_no_sync:
                 continue  # identical to the no_sync row: nothing to skip with one micro-batch
             measured = [_run_one(args, accum, use_no_sync) for _ in range(args.repeats)]
-            per_step = measured[0][0]
-            rates = [rate for _, rate in measured]
-            rows.append((accum, use_no_sync, per_step, rates))
+            rows.append((accum, use_no_sync, measured[0][0], measured[0][1], [rate for _, _, rate in measured]))
     if not rank0:
         return
-    import platform
+    from turbotrain.hardware import detect
 
     print(f"# benchmarks/accumulation.py: {args.workload}, {os.environ['WORLD_SIZE']} processes ({args.device}), "
           f"micro-batch {args.micro_batch} per process, {args.steps} optimizer steps ({args.warmup} warm-up), "
-          f"{args.repeats} repeats; {platform.processor() or platform.machine()}, torch {torch.__version__}")
-    print("| grad_accum_steps | gradient sync | all-reduce calls per optimizer step | samples/s (median) | spread "
-          "| vs no_sync |\n|---|---|---|---|---|---|")
-    base = {accum: statistics.median(rates) for accum, no_sync, _, rates in rows if no_sync}
-    for accum, no_sync, per_step, rates in rows:
+          f"{args.repeats} repeats; {detect(args.device).device_name}, torch {torch.__version__}")
+    from turbotrain.bench.workloads import get_workload
+
+    unit = get_workload(args.workload).unit
+    print("| grad_accum_steps | gradient sync | synchronizations per optimizer step | bucket all-reduces per step "
+          f"| {unit}/s (median) | spread | vs no_sync |\n|---|---|---|---|---|---|---|")
+    base = {accum: statistics.median(rates) for accum, no_sync, _, _, rates in rows if no_sync}
+    for accum, no_sync, syncs, calls, rates in rows:
         median = statistics.median(rates)
         spread = (max(rates) - min(rates)) / median
-        print(f"| {accum} | {'last micro-batch only (no_sync)' if no_sync else 'every micro-batch'} | {per_step:g} "
-              f"| {median:,.0f} | {spread:.0%} | {median / base[accum]:.2f}x |")
+        print(f"| {accum} | {'last micro-batch only (no_sync)' if no_sync else 'every micro-batch'} | {syncs:g} "
+              f"| {calls:.2f} | {median:,.0f} | {spread:.0%} | {median / base[accum]:.2f}x |")
+    print("(DDP packs the gradients into buckets and all-reduces each; it re-buckets after the first step.)")
 
 
 def main() -> None:

@@ -134,8 +134,10 @@ def ddp_vs_one(args) -> None:
             rows[f"DDP + SyncBatchNorm, {gpus} processes (BatchNorm models)"] = (gpus, None, "ddp", True)
     else:
         cores = len(os.sched_getaffinity(0))
-        rows = {f"1 process, {cores} threads": (None, cores, "auto", False),
-                "1 process, 1 thread": (None, 1, "auto", False),
+        # The first row is the baseline: one process with what each DDP rank gets (torchrun sets
+        # OMP_NUM_THREADS=1 per process); the all-cores row shows what one process makes of the machine.
+        rows = {"1 process, 1 thread": (None, 1, "auto", False),
+                f"1 process, {cores} threads": (None, cores, "auto", False),
                 "DDP, 2 processes x 1 thread (gloo)": (2, 1, "ddp", False)}
     for workload in args.workloads:
         results = {name: [] for name in rows}
@@ -176,11 +178,11 @@ def main() -> None:
     if args.worker:
         worker(args)
         return
-    import platform
-
     import torch
 
-    print(f"# benchmarks/ddp.py on {platform.processor() or platform.machine()}, "
+    from turbotrain.hardware import detect
+
+    print(f"# benchmarks/ddp.py on {detect('cpu').device_name}, "
           f"{len(os.sched_getaffinity(0))} cores, torch {torch.__version__}, device {args.device}, "
           f"{args.repeats} repeats, {args.steps} steps ({args.warmup} warm-up)")
     if not args.skip_launch_cost:

@@ -24,7 +24,7 @@ def test_ddp_equals_one_process_with_the_same_global_batch(ddp_run, single_proce
 def test_accumulation_all_reduces_once_per_optimizer_step(ddp_run):
     rank0 = read_rank(ddp_run, "plain", 0)
     # ACCUM micro-batches per step, but gradients are only synchronized at the last one (DDP no_sync);
-    # the tiny model's gradients fit in one DDP bucket, so one bucket all-reduce per step.
+    # the worker's comm hook counts synchronizations (all-reduces of DDP's bucket 0).
     assert rank0["steps"] == tiny.MAX_STEPS
     assert rank0["allreduces"] == rank0["steps"]
 

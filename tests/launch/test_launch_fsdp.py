@@ -24,6 +24,14 @@ def test_fsdp_trains_like_one_process(fsdp_run, single_process_reference):
     assert_same_weights(rank0["weights"], read_rank(fsdp_run, "plain", 1)["weights"], exact=True)
 
 
+def test_fsdp_accumulation_reduces_gradients_once_per_optimizer_step(fsdp_run):
+    rank0 = read_rank(fsdp_run, "plain", 0)
+    units_with_parameters = 2  # the two Linear layers; the root holds none of its own
+    # ACCUM micro-batches per step, one reduce-scatter per unit per step (set_requires_gradient_sync(False)
+    # on the others); without it this would be ACCUM times as many
+    assert rank0["reduce_scatters"] == rank0["steps"] * units_with_parameters
+
+
 def test_fsdp_checkpoints_are_sharded_and_committed(fsdp_run):
     ckpt = fsdp_run / "ckpt" / "plain"
     steps = sorted(p.name for p in ckpt.glob("step-*.pt"))

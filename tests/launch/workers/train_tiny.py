@@ -51,12 +51,20 @@ for config in args.config:
                          **tiny.trainer_kwargs(max_steps=args.max_steps, checkpoint_dir=ckpt_dir,
                                                checkpoint_every_n_steps=args.checkpoint_every if ckpt_dir else None,
                                                log_dir=os.path.join(args.out, f"logs-{config}")))
-    allreduces = [0]
+    allreduces, reduce_scatters = [0], [0]
+    if args.strategy == "fsdp":  # FSDP2 reduce-scatters each shard unit's gradients through this function
+        original = dist.reduce_scatter_single
+
+        def counting_reduce_scatter(*a, **kw):
+            reduce_scatters[0] += 1
+            return original(*a, **kw)
+
+        dist.reduce_scatter_single = counting_reduce_scatter
     if trainer.rt.ddp is not None and hasattr(trainer.rt.ddp, "register_comm_hook"):
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
         def counting_hook(state, bucket):
-            allreduces[0] += 1
+            allreduces[0] += bucket.index() == 0  # one gradient synchronization (bucket 0 of however many)
             return default_hooks.allreduce_hook(state, bucket)
 
         trainer.rt.ddp.register_comm_hook(dist.group.WORLD, counting_hook)
@@ -67,6 +75,7 @@ for config in args.config:
         "history": result.history,
         "steps": result.steps,
         "allreduces": allreduces[0],
+        "reduce_scatters": reduce_scatters[0],
         "world": dist.get_world_size() if dist.is_initialized() else 1,
         "restart": restart,
         "applied": result.applied,
