@@ -76,3 +76,9 @@ def test_device_side_skip_protocol_with_a_fused_optimizer():
     assert not hasattr(opt, "found_inf")
     with pytest.raises(tt.NonFiniteError, match="at step 7"):
         guard.report()  # surfaced at the logging cadence
+
+
+def test_ignore_mode_lets_the_nan_through_like_plain_pytorch():
+    trainer, model, _, _ = _fit(_poisoned_loss(2), on_nonfinite="ignore")
+    result = trainer.fit(make_loader(shuffle=False))
+    assert result.skipped_steps == 0 and not all(torch.isfinite(p).all() for p in model.parameters())

@@ -52,7 +52,7 @@ def test_epochs_beat_steps_when_reached_first():
     ({"max_steps": 0}, "max_steps: 0 is not allowed"),
     ({"val_check_interval": 1.5}, "fraction must be in"),
     ({"max_time": "soon"}, "not a duration"),
-    ({"on_nonfinite": "ignore"}, "one of 'stop', 'skip'"),
+    ({"on_nonfinite": "warn"}, "one of 'stop', 'skip', 'ignore'"),
 ])
 def test_bad_limits_are_named(limits, match):
     with pytest.raises(ConfigError, match=match):

@@ -48,7 +48,8 @@ class TrainerConfig:
     loggers: tuple[Literal["csv", "tensorboard"], ...] = ("csv",)
     progress: bool | Literal["auto"] = "auto"
     gradient_clip_val: float | None = None
-    on_nonfinite: Literal["stop", "skip"] = "stop"
+    on_nonfinite: Literal["stop", "skip", "ignore"] = "stop"
+    """'stop' before a NaN/inf reaches the weights, 'skip' such steps, or 'ignore' (no check, as plain PyTorch)."""
     manual_optimization: bool = False
     scheduler_interval: Literal["step", "epoch"] = "step"
     warmup_steps: int = 3

@@ -51,37 +51,50 @@ class FiniteGuard:
         # The scale before any step (no device sync: the scaler has not made its tensor yet), so
         # the GradScaler's skips before the first report are counted too.
         self._last_scale: float | None = float(scaler.get_scale()) if scaler is not None else None
-        if scaler is None and not self.on_host and not self.on_device_skip:
+        if scaler is None and not self.on_host and not self.on_device_skip and mode != "ignore":
             log.info("turbotrain: the non-finite guard reads one flag per step on the host (a device sync) "
                      "because an optimizer is not fused; fused_optimizer=True keeps it on the device")
 
     def check(self, loss: torch.Tensor | float | None, step: int) -> bool:
         """Whether this step may update the weights. Raises NonFiniteError in 'stop' mode.
 
-        ``loss`` is a float on the host path (already read for logging) or a device tensor.
+        ``loss`` is a float on the host (already read for logging) or a detached device tensor.
         """
-        if self.scaler is not None:
+        if self.scaler is not None or self.mode == "ignore":
             return True
-        if self.on_host and loss is not None and not math.isfinite(loss):
-            return self._bad(step)
+        if self.on_host:
+            return self._check_on_host(loss, step)
         self.found.zero_()
         for group in self.param_groups:
             grads = [p.grad for p in group if p.grad is not None]
-            if not self.on_host and loss is not None and grads and grads[0].dtype == loss.dtype:
-                grads.append(loss.reshape(()))
+            if loss is not None and grads and grads[0].dtype == loss.dtype:
+                grads.append(loss.reshape(()))  # the loss rides along in the same kernel
                 loss = None
             if grads:
                 # One kernel over every gradient; with a scale of 1 it only checks.
                 torch._amp_foreach_non_finite_check_and_unscale_(grads, self.found, self.one)
-        if loss is not None and not self.on_host:
+        if loss is not None:  # a loss whose dtype no gradient group shares
             self.found.add_((~torch.isfinite(loss)).to(self.found.dtype).reshape(()))
         if self.on_device_skip:
             self._pending.add_(self.found)
             self._first_bad = torch.where((self._first_bad < 0) & (self.found > 0),
                                           torch.full_like(self._first_bad, step), self._first_bad)
             return True
-        if self.found.item() == 0.0:  # on the CPU this is a plain read, not a device sync
+        if self.found.item() == 0.0:  # the one sync per step of this path (said once at start)
             return True
+        return self._bad(step)
+
+    def _check_on_host(self, loss: float | None, step: int) -> bool:
+        """CPU path: the loss is already a float, and reading the flag waits for no device."""
+        if loss is not None and not math.isfinite(loss):
+            return self._bad(step)
+        for group in self.param_groups:
+            grads = [p.grad for p in group if p.grad is not None]
+            if grads:
+                torch._amp_foreach_non_finite_check_and_unscale_(grads, self.found, self.one)
+        if self.found.item() == 0.0:
+            return True
+        self.found.zero_()  # the kernel only ever sets the flag: reset it after a bad step
         return self._bad(step)
 
     def resume(self, skipped: int) -> None:

@@ -131,6 +131,13 @@ class Trainer:
         self.rt: Runtime = prepare(model, optimizer, self.plan)
         self.ctx = StepContext(self, self.rt)
         self.guard = FiniteGuard(self.rt.optimizers, self.rt.device, self.config.on_nonfinite, self.rt.scaler)
+        # Chosen once, so the per-step path makes no call it does not need.
+        self._manual = self.config.manual_optimization
+        self._host = self.rt.device.type != "cuda"  # losses read as floats: no device to wait for
+        self._no_contexts = self.rt.ddp is None and self.rt.autocast_dtype is None
+        needs_wrapper = self.config.gradient_clip_val is not None or self.guard.on_device_skip
+        self._step_one = self._step_optimizer if needs_wrapper else self.rt.optimizer_step
+        self._per_step_schedulers = bool(self.schedulers) and self.config.scheduler_interval == "step"
         self.is_rank_zero = tdist.is_rank_zero()
         self.ranks = RankCoordinator.for_runtime(self.rt)  # distributed: sharding, reductions, checkpoints
         self._last_checkpoint_step = -1
@@ -161,6 +168,8 @@ class Trainer:
         self.progress = make_progress(cfg.progress, self._total_steps(), enabled=self.is_rank_zero)
         self.stop_reason: str | None = None
         self._clock = _Clock(self.rt.device, cfg.warmup_steps, self.state.step, self.state.samples)
+        self._next_event = self._next_event_after(self.state.step)
+        self._step_limit = cfg.max_steps if cfg.max_steps is not None else math.inf
         deadline_s = cfg.max_time_s
         self.deadline = None if deadline_s is None else time.monotonic() + deadline_s - self.state.elapsed_s
         self._fit_start = time.monotonic()
@@ -255,20 +264,21 @@ class Trainer:
         self.state.batches_done = micro
         return False
 
-    def _train_micro_batch(self, batch: Any, last: bool) -> torch.Tensor:
+    def _train_micro_batch(self, batch: Any, last: bool) -> Any:
+        """Forward and backward of one micro-batch; its loss as a float (host) or detached tensor (GPU)."""
         rt, ctx = self.rt, self.ctx
         ctx.is_last_micro_batch = last
-        if self.config.manual_optimization:
-            return self._loss_value(_loss_of(self.step_fn(ctx, batch)))
-        with rt.no_sync(not last):
-            with rt.autocast():
-                loss = self._loss(batch)
+        if self._manual:
+            loss = _loss_of(self.step_fn(ctx, batch))
+        elif self._no_contexts:  # fp32, one process: nothing to enter, which tiny steps notice
+            loss = self._loss(batch)
             rt.backward(loss / rt.accum_steps if rt.accum_steps > 1 else loss)
-        return self._loss_value(loss)
-
-    def _loss_value(self, loss: torch.Tensor) -> Any:
-        """A float on the host (a CPU read waits for nothing), a detached tensor on a GPU."""
-        return loss.item() if self.loss_meter.on_host else loss.detach()
+        else:
+            with rt.no_sync(not last), rt.autocast():
+                loss = self._loss(batch)
+                rt.backward(loss / rt.accum_steps if rt.accum_steps > 1 else loss)
+        # On the host reading the loss waits for nothing; on a GPU it stays there until logged.
+        return loss.item() if self._host else loss.detach()
 
     def _loss(self, batch: Any) -> torch.Tensor:
         if self.step_fn is not None:
@@ -290,36 +300,41 @@ class Trainer:
         inputs, targets = batch
         return self.loss_fn(self.rt.model(inputs), targets)
 
-    def _apply_optimizer(self, optimizer: torch.optim.Optimizer, loss: Any = None, finite: bool | None = None) -> bool:
-        """Guard, clip and step one optimizer. False when the non-finite guard skipped the step.
-
-        ``finite`` is the guard's verdict when the caller already checked, once for all optimizers.
-        """
-        if finite is None:
-            finite = self.guard.check(loss, self.state.step + 1)
-        if not finite:
+    def _apply_optimizer(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Manual optimization's ``ctx.step``: guard, then step. False when the guard skipped it."""
+        if not self.guard.check(None, self.state.step + 1):
             optimizer.zero_grad(set_to_none=self.rt.set_to_none)
             return False
+        self._step_optimizer(optimizer)
+        return True
+
+    def _step_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         if self.config.gradient_clip_val is not None:
             self.rt.clip_gradients(optimizer, self.config.gradient_clip_val)
-        self.guard.arm((optimizer,))
-        self.rt.optimizer_step(optimizer)
-        self.guard.disarm((optimizer,))
-        return True
+        if self.guard.on_device_skip:
+            self.guard.arm((optimizer,))
+            self.rt.optimizer_step(optimizer)
+            self.guard.disarm((optimizer,))
+        else:
+            self.rt.optimizer_step(optimizer)
 
     def _finish_step(self, loss: Any) -> bool:
         """Optimizer step(s) and the step-boundary bookkeeping. True when training must stop."""
-        if self.config.manual_optimization:
-            stepped = self.ctx.stepped
-            self.ctx.stepped = False
+        if self._manual:
+            stepped, self.ctx.stepped = self.ctx.stepped, False
         else:
             # One verdict for every optimizer: checked one by one, a skipped optimizer's gradients are
             # dropped before the next is checked, which then stepped alone (and the skip counted twice).
-            finite = self.guard.check(loss, self.state.step + 1)
-            stepped = all([self._apply_optimizer(opt, finite=finite) for opt in self.rt.optimizers])
+            stepped = self.guard.check(loss, self.state.step + 1)
+            for opt in self.rt.optimizers:
+                if stepped:
+                    self._step_one(opt)
+                else:
+                    opt.zero_grad(set_to_none=self.rt.set_to_none)
         if stepped:
-            self.rt.end_step()
-            if self.config.scheduler_interval == "step":
+            if self.rt.scaler is not None:
+                self.rt.end_step()
+            if self._per_step_schedulers:
                 self._step_schedulers()
         else:
             self.state.skipped_steps += 1
@@ -328,7 +343,18 @@ class Trainer:
         return self._step_boundary()
 
     def _step_boundary(self) -> bool:
-        step, cfg = self.state.step, self.config
+        """Per step: a few integer comparisons; the rare events run only when one is due."""
+        step = self.state.step
+        if step >= self._next_event:
+            self._events(step)
+        if (step >= self._step_limit or self._signals.requested or self._early_stop
+                or (self.deadline is not None and time.monotonic() >= self.deadline)):
+            self.stop_reason = self._limits_reached()
+        return self.stop_reason is not None
+
+    def _events(self, step: int) -> None:
+        """End of warm-up, logging, validation and checkpoints that fall on this step."""
+        cfg = self.config
         self._clock.at_step(step, self.state.samples)
         if step % cfg.log_every_n_steps == 0:
             self._log_metrics()
@@ -336,8 +362,15 @@ class Trainer:
             self._run_validation()
         if cfg.checkpoint_every_n_steps and step % cfg.checkpoint_every_n_steps == 0:
             self._save_checkpoint(at_epoch_end=False)
-        self.stop_reason = self._limits_reached()
-        return self.stop_reason is not None
+        self._next_event = self._next_event_after(step)
+
+    def _next_event_after(self, step: int) -> int:
+        cfg = self.config
+        periods = [p for p in (cfg.log_every_n_steps, self.val_every, cfg.checkpoint_every_n_steps) if p]
+        upcoming = min((step // p + 1) * p for p in periods)
+        if self._clock.t0 is None and self._clock.warmup_until > step:
+            upcoming = min(upcoming, self._clock.warmup_until)
+        return upcoming
 
     # -- epoch boundary, validation, limits --------------------------------------------------
 
@@ -424,7 +457,7 @@ class Trainer:
             self.state.skipped_steps = max(self.state.skipped_steps, skipped)
         if self.rt.optimizers:
             metrics["lr"] = float(self.rt.optimizers[0].param_groups[0]["lr"])
-        rate = self._clock.rate()
+        rate = self._clock.rate(self.state.samples)
         if rate:
             metrics["samples_per_s"] = rate
         metrics = self.ranks.reduce_logged(metrics)  # distributed: mean loss, summed rate (at log time only)
@@ -507,7 +540,7 @@ class Trainer:
         metrics: dict[str, float] = {}
         for row in self.state.history:
             metrics.update({k: v for k, v in row.items() if isinstance(v, float)})
-        rate = self.ranks.global_rate(self._clock.rate())  # distributed: all ranks' samples/s together
+        rate = self.ranks.global_rate(self._clock.rate(self.state.samples))  # distributed: all ranks' samples/s together
         return FitResult(
             steps=self.state.step, epochs=self.state.epoch, samples=self.state.samples,
             samples_per_s=rate or 0.0, train_time_s=self.state.elapsed_s, metrics=metrics,
@@ -532,14 +565,13 @@ class _Clock:
         self.warmup_until = start_step + warmup_steps
         self.t0: float | None = None
         self.samples0 = start_samples
-        self.samples = start_samples
         self.excluded = 0.0
         if warmup_steps == 0:
             self.t0 = time.perf_counter()
 
     def at_step(self, step: int, samples: int) -> None:
-        self.samples = samples
-        if step == self.warmup_until and self.t0 is None:
+        """Called at step events; starts the clock once the warm-up steps are done."""
+        if step >= self.warmup_until and self.t0 is None:
             if self.cuda:
                 torch.cuda.synchronize()  # once: the warm-up's queued work must not count
             self.t0, self.samples0, self.excluded = time.perf_counter(), samples, 0.0
@@ -548,10 +580,11 @@ class _Clock:
         if self.t0 is not None:
             self.excluded += seconds
 
-    def rate(self) -> float | None:
-        if self.t0 is None or self.samples == self.samples0:
+    def rate(self, samples: int) -> float | None:
+        """Samples per second since the warm-up ended, given the samples seen so far."""
+        if self.t0 is None or samples == self.samples0:
             return None
         if self.cuda:
             torch.cuda.synchronize()  # only at the logging cadence
         elapsed = time.perf_counter() - self.t0 - self.excluded
-        return (self.samples - self.samples0) / elapsed if elapsed > 0 else None
+        return (samples - self.samples0) / elapsed if elapsed > 0 else None
