@@ -62,6 +62,7 @@ class Context:
     world_size: int = 1
     storage_stats: Any = None               # filled by the data layer (slow-storage); None when unknown
     step_records: list[StepRecord] = field(default_factory=list)
+    gap_samples: dict[Site, int] = field(default_factory=dict)   # user lines running untimed before the forward
 
     def replace(self, **changes: Any) -> "Context":
         return dataclasses.replace(self, **changes)
@@ -142,6 +143,18 @@ def _user_files(script: str | None, tallies: dict, module_sites: dict) -> list[s
     return sorted(f for f in files if f and (base is None or f.startswith(base)))
 
 
+def unwrapped(capture: Capture | None) -> Capture | None:
+    """The capture with DDP / DataParallel taken off: trials time the model, not the wrapper's collectives."""
+    if capture is None:
+        return None
+    module = capture.module
+    while isinstance(module, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
+        module = module.module
+    if module is capture.module:
+        return capture
+    return dataclasses.replace(capture, module=module)
+
+
 def measure_overhead(capture: Capture | None, optimizers: list[Any], raw: Breakdown, prof: dict[str, Any],
                      module_calls: float, device: str) -> Overhead:
     """The python_overhead model of this run (see :mod:`turbotrain.doctor.overhead`)."""
@@ -149,7 +162,10 @@ def measure_overhead(capture: Capture | None, optimizers: list[Any], raw: Breakd
 
     if not raw.steps:
         return Overhead()
-    measured = fixed_cost_share(capture) if capture is not None else None
+    try:
+        measured = fixed_cost_share(capture) if capture is not None else None
+    except Exception:  # noqa: BLE001 - a model that cannot be copied or re-run: use the estimate
+        measured = None
     if measured is not None:
         return Overhead(method="measured", compute_share=measured["fixed_share"],
                         optimizer_s=optimizer_overhead_s(optimizers, raw.seconds["optimizer"], device),
@@ -171,11 +187,11 @@ def build_context(recorder: Any, script: str | None = None, device: str | None =
     device = device or facts.device or "cpu"
     optimizers = [(ref(), site) for ref, site in recorder.optimizers if ref() is not None]
     raw = compute_breakdown(recorder.steps, recorder.warmup, None, recorder.gpu_phase_seconds or None)
-    overhead = measure_overhead(recorder.capture, [o for o, _ in optimizers], raw, prof,
+    overhead = measure_overhead(unwrapped(recorder.capture), [o for o, _ in optimizers], raw, prof,
                                 recorder.module_calls_per_step, device)
     breakdown = compute_breakdown(recorder.steps, recorder.warmup, overhead, recorder.gpu_phase_seconds or None)
     modules = [m for m in (ref() for ref in recorder.top_modules.values()) if m is not None]
-    capture = recorder.capture
+    capture = unwrapped(recorder.capture)
     model = capture.module if capture is not None else None
     if model is None:
         trained = [m for m in modules if recorder._is_trained(m)]
@@ -200,5 +216,5 @@ def build_context(recorder: Any, script: str | None = None, device: str | None =
         module_sites=module_sites, model=model, modules=modules, info=info, facts=facts, capture=capture,
         profile=prof, matmul_shapes=dict(recorder.matmul_shapes), env=dict(os.environ),
         sources=load_sources(_user_files(script, recorder.tallies, module_sites)), world_size=world,
-        step_records=list(recorder.steps),
+        step_records=list(recorder.steps), gap_samples=dict(recorder.gap_samples),
     )

@@ -92,8 +92,7 @@ def _messages(recorder: Recorder, run: ScriptRun | None, ctx: Context | None, re
         out.append("Too few steps ran to skip the warm-up: its steps are in the numbers (compile and cache effects "
                    "included).")
     if recorder.profiler is None and done:
-        out.append("No profiler window ran (the script stopped first): no op table or trace, and python_overhead "
-                   "is not estimated.")
+        out.append("No profiler window ran (the script stopped first): no op table or trace.")
     return out
 
 

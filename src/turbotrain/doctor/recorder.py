@@ -86,12 +86,15 @@ class Recorder:
     ``stop=True`` the script is ended (:class:`Stop`) after the last of them.
     """
 
-    def __init__(self, measure: int = 20, warmup: int = 3, profile: int = 2, stop: bool = True,
+    def __init__(self, measure: int | None = 20, warmup: int = 3, profile: int = 2, stop: bool = True,
                  capture: bool = True, trace_ranges: bool = True) -> None:
         if warmup < 1:
             raise ValueError("warmup must be >= 1: the first step also holds the script's setup time")
         self.measure, self.warmup, self.profile_steps = measure, warmup, profile
-        self.stop_after = warmup + measure + profile if stop else None
+        # With no end in sight (measure=None) the profiler window comes right after warm-up.
+        self.profile_at = warmup if measure is None else warmup + measure
+        self.stop_after = warmup + measure + profile if stop and measure is not None else None
+        self.manual_steps = False             # steps marked by mark_step(), not by optimizers
         self.want_capture = capture
         self.trace_ranges = trace_ranges
 
@@ -134,6 +137,8 @@ class Recorder:
         self.gpu_phase_seconds: dict[int, dict[str, float]] = {}
         self._saved_sync_mode: Any = None
         self._warning_filter: tuple | None = None
+        self.gap_samples: Counter = Counter()   # user lines seen running between steps, before the forward
+        self._sampler: _GapSampler | None = None
 
     # -- install / uninstall ------------------------------------------------------------------
 
@@ -168,6 +173,8 @@ class Recorder:
         if _ACTIVE is not self:
             return
         self.finished = perf_counter()
+        if self._sampler is not None:
+            self._sampler.stop()
         self._stop_profiler()
         for handle in self._handles:
             handle.remove()
@@ -264,7 +271,7 @@ class Recorder:
         if id(optimizer) not in self._optimizer_ids:
             self._note_optimizer(optimizer, None)
         opened = self._open
-        if id(optimizer) in opened.stepped and opened.snapshot is not None:
+        if id(optimizer) in opened.stepped and opened.snapshot is not None and not self.manual_steps:
             # This optimizer already stepped since the last boundary: the previous step ended at
             # the last optimizer step (a loop with several optimizers, first steps).
             self._close_lazily()
@@ -285,8 +292,18 @@ class Recorder:
         opened.snapshot = (now, dict(opened.acc), opened.forwards, opened.backwards, opened.opt_steps,
                            len(opened.marks), list(opened.pending_eval_grad), opened.module_calls)
         expected = self._expected
-        if expected and expected <= opened.stepped:
+        if expected and expected <= opened.stepped and not self.manual_steps:
             self._close(now)
+
+    def mark_step(self) -> None:
+        """End a step here (loops without a torch optimizer); optimizer steps no longer end steps."""
+        if not self.on_main_thread():
+            return
+        if self._stopping:
+            raise Stop()
+        self.manual_steps = True
+        self._open.opt_steps = max(self._open.opt_steps, 1)
+        self._close(perf_counter())
 
     def _close(self, now: float) -> None:
         opened = self._open
@@ -339,10 +356,14 @@ class Recorder:
         if done == self.warmup:
             self.module_calls_per_step = record.module_calls  # the last warm-up step's, under global hooks
             self._set_discovery(False)
-        if self.profile_steps and done == self.warmup + self.measure:
+            self._sampler = _GapSampler(self)
+            self._sampler.start()
+        if self.measure is not None and done == self.warmup + self.measure and self._sampler is not None:
+            self._sampler.stop()
+        if self.profile_steps and done == self.profile_at:
             self._start_profiler()
-        if self._profiling:
-            if done >= self.warmup + self.measure + self.profile_steps:
+        elif self._profiling:
+            if done >= self.profile_at + self.profile_steps:
                 self._stop_profiler()
             else:
                 self.profiled_steps.append(done)
@@ -614,8 +635,31 @@ class Recorder:
             warnings.filters.remove(self._warning_filter)
 
 
-def module_kinds(modules: Any) -> Counter:
-    return Counter(type(m).__name__ for m in modules)
+class _GapSampler(threading.Thread):
+    """Which user line runs while no hook is timing anything before the step's forward.
+
+    That untimed time is charged to data loading (a generator or indexing building the next
+    batch); the samples say which line it is. One look at the script thread's stack every few
+    milliseconds, during the measured steps only.
+    """
+
+    def __init__(self, recorder: "Recorder", interval_s: float = 0.004) -> None:
+        super().__init__(name="turbotrain-doctor-sampler", daemon=True)
+        self.recorder, self.interval_s = recorder, interval_s
+        self._done = threading.Event()
+
+    def run(self) -> None:
+        rec = self.recorder
+        while not self._done.wait(self.interval_s):
+            if rec._stack or rec._open.marks:
+                continue  # a phase is timing this moment, or the forward already started
+            frame = sys._current_frames().get(rec._thread)
+            site = user_site(frame)
+            if site is not None:
+                rec.gap_samples[site] += 1
+
+    def stop(self) -> None:
+        self._done.set()
 
 
 def wrap_sync(kind: str, original: Callable) -> Callable:

@@ -31,7 +31,8 @@ def num_workers(ctx):
         # millisecond would not pay for a worker's inter-process hand-off either.
         if share < 0.20 or data_s < 1e-3:
             return
-        site = ctx.capture.site if ctx.capture else None
+        busiest = max(ctx.gap_samples.items(), key=lambda kv: kv[1], default=(None, 0))[0]
+        site = busiest or (ctx.capture.site if ctx.capture else None)
         f = Finding(
             "num-workers", site=site, category="data_loading",
             message=(f"{share:.0%} of each step ({_ms(data_s)}) goes to making the next batch in the training "
@@ -39,7 +40,9 @@ def num_workers(ctx):
             fix=Fix("Move the per-batch work into a torch.utils.data.Dataset and iterate "
                     f"DataLoader(dataset, batch_size=..., num_workers={min(4, cores)}, persistent_workers=True), so "
                     "worker processes build batches while the model trains; or precompute the data once."),
-            evidence={"data_ms_per_step": round(data_s * 1e3, 3)})
+            evidence={"data_ms_per_step": round(data_s * 1e3, 3),
+                      "sampled_lines": {ctx.where(k): v for k, v in sorted(ctx.gap_samples.items(),
+                                                                           key=lambda kv: -kv[1])[:5]}})
         f.set_gain(share, measured=False)
         f.note = "est_speedup is the upper bound: all of the batch preparation hidden behind compute."
         yield f
