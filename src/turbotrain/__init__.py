@@ -17,10 +17,11 @@ from .train.checkpoint import CheckpointError
 from .train.early_stopping import EarlyStopping
 from .train.nonfinite import NonFiniteError
 from .train.trainer import FitResult, Trainer
+from . import doctor  # noqa: E402 - tt.doctor.watch(); after the core it builds on
 
 __version__ = "0.1.0"
 
 __all__ = ["Plan", "Trainer", "FitResult", "EarlyStopping", "setup", "prepare", "Runtime", "ConfigError",
-           "CheckpointError", "NonFiniteError", "__version__"]
+           "CheckpointError", "NonFiniteError", "doctor", "__version__"]
 
 logging.getLogger("turbotrain").addHandler(logging.NullHandler())
