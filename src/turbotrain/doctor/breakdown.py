@@ -146,10 +146,37 @@ def _gpu_categories(cats: dict[str, float], duration: float, device: dict[str, f
     return out
 
 
-# Categories where a rare, huge value is the machine (another process took the core), not the script.
-# Data loading and outside_step are left alone: their spikes (epoch start, validation) are real.
+# Without the kernel's run-queue accounting: categories where a rare, huge value is the machine
+# (another process took the core), not the script. Data loading and outside_step are left alone
+# there: their spikes (epoch start, validation) are real.
 _STALL_PRONE = ("compute", "optimizer", "python_overhead", "host_to_device", "host_sync")
 STALL_FLOOR_S = 1e-3
+
+
+def _remove_preemption(per_step: list[dict[str, float]], preempted: list[float]) -> list[float]:
+    """Take each step's measured run-queue wait out of the categories it inflated (in place).
+
+    The wait comes first out of the categories that ran over their median in that step (where
+    a stall shows), the rest in proportion to what is left.
+    """
+    removed = []
+    medians = {k: statistics.median(c[k] for c in per_step) for k in CATEGORIES} if per_step else {}
+    for cats, wait in zip(per_step, preempted):
+        wait = min(wait, 0.99 * sum(cats.values()))
+        left = wait
+        excess = {k: max(0.0, cats[k] - medians[k]) for k in CATEGORIES}
+        total_excess = sum(excess.values())
+        if total_excess > 0 and left > 0:
+            take = min(left, total_excess)
+            for k in CATEGORIES:
+                cats[k] -= take * excess[k] / total_excess
+            left -= take
+        remaining = sum(cats.values())
+        if left > 0 and remaining > 0:
+            for k in CATEGORIES:
+                cats[k] -= left * cats[k] / remaining
+        removed.append(wait)
+    return removed
 
 
 def _remove_stalls(per_step: list[dict[str, float]]) -> list[float]:
@@ -172,9 +199,10 @@ def compute_breakdown(steps: list[StepRecord], warmup: int, overhead: Overhead |
                       gpu_seconds: dict[int, dict[str, float]] | None = None) -> Breakdown:
     """The breakdown over the measured steps.
 
-    ``seconds`` (mean per step, per category) plus ``interference_s`` (time another process
-    took: single steps where compute or the optimizer ran over three times their median, by more
-    than a millisecond) add up to the mean measured step time.
+    ``seconds`` (mean per step, per category) plus ``interference_s`` (time other processes
+    took the CPU from the script: the thread's run-queue wait on Linux; elsewhere single steps
+    where compute or the optimizer ran over three times their median, by more than a
+    millisecond) add up to the mean measured step time.
     """
     chosen, warm_included = select_steps(steps, warmup)
     overhead = overhead or Overhead()
@@ -188,7 +216,10 @@ def compute_breakdown(steps: list[StepRecord], warmup: int, overhead: Overhead |
         if gpu_seconds and step.index in gpu_seconds:
             cats = _gpu_categories(cats, step.duration, gpu_seconds[step.index])
         per_step.append(cats)
-    removed = _remove_stalls(per_step)
+    if chosen and all(s.preempted is not None for s in chosen):
+        removed = _remove_preemption(per_step, [s.preempted for s in chosen])
+    else:
+        removed = _remove_stalls(per_step)
     totals = dict.fromkeys(CATEGORIES, 0.0)
     timeline = []
     for step, cats, lost in zip(chosen, per_step, removed):

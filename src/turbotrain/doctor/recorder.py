@@ -66,10 +66,11 @@ class _OpenStep:
     """Accumulators of the step in progress (and a snapshot at its last optimizer step)."""
 
     __slots__ = ("start", "acc", "marks", "forwards", "backwards", "opt_steps", "stepped", "snapshot",
-                 "pending_eval_grad", "module_calls")
+                 "pending_eval_grad", "module_calls", "waited")
 
-    def __init__(self, start: float, acc: dict[str, float] | None = None) -> None:
+    def __init__(self, start: float, acc: dict[str, float] | None = None, waited: int = 0) -> None:
         self.start = start
+        self.waited = waited            # the thread's run-queue wait (ns) when the step began
         self.acc: dict[str, float] = defaultdict(float, acc or {})
         self.marks: list[tuple[float, float]] = []     # (time, timed seconds so far) at each training forward
         self.forwards = self.backwards = self.opt_steps = self.module_calls = 0
@@ -112,6 +113,7 @@ class Recorder:
         self.matmul_shapes: dict[Site, tuple] = {}
         self.gpu = torch.cuda.is_available()
         self.started = self.finished = 0.0
+        self._sched_fd: int | None = None
 
         self._patcher = Patcher()
         self._handles: list[Any] = []
@@ -155,13 +157,22 @@ class Recorder:
             raise RuntimeError("a turbotrain doctor recording is already active in this process")
         _ACTIVE = self
         self._thread = threading.get_ident()
+        try:
+            # Run-queue wait of this thread (Linux schedstat): time it was ready to run but another
+            # process had the core. Read per step, it tells machine noise from the script's own time.
+            self._sched_fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+        except OSError:
+            self._sched_fd = None
         self.started = perf_counter()
-        self._open = _OpenStep(self.started)
+        self._open = _OpenStep(self.started, waited=self.runqueue_wait())
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
         self._handles += [register_optimizer_step_pre_hook(self._on_opt_pre),
                           register_optimizer_step_post_hook(self._on_opt_post)]
         self._set_discovery(True)
+        # Started now, not at the first measured step: starting a thread takes a while on a busy machine.
+        self._sampler = _GapSampler(self)
+        self._sampler.start()
         from . import instrument
 
         instrument.install(self, self._patcher)
@@ -184,7 +195,19 @@ class Recorder:
         if self.gpu:
             self._remove_sync_debug()
             self._resolve_gpu_events(block=True)
+        if self._sched_fd is not None:
+            os.close(self._sched_fd)
+            self._sched_fd = None
         _ACTIVE = None
+
+    def runqueue_wait(self) -> int:
+        """Nanoseconds this thread has waited for a CPU so far (0 where the kernel does not say)."""
+        if self._sched_fd is None:
+            return 0
+        try:
+            return int(os.pread(self._sched_fd, 64, 0).split()[1])
+        except (OSError, ValueError, IndexError):
+            return 0
 
     # -- the phase stack ------------------------------------------------------------------------
 
@@ -290,7 +313,8 @@ class Recorder:
         opened.opt_steps += 1
         now = perf_counter()
         opened.snapshot = (now, dict(opened.acc), opened.forwards, opened.backwards, opened.opt_steps,
-                           len(opened.marks), list(opened.pending_eval_grad), opened.module_calls)
+                           len(opened.marks), list(opened.pending_eval_grad), opened.module_calls,
+                           self.runqueue_wait())
         expected = self._expected
         if expected and expected <= opened.stepped and not self.manual_steps:
             self._close(now)
@@ -313,19 +337,20 @@ class Recorder:
             top[1] = now
             for entry in self._stack:
                 entry[4] = 0.0  # what it ran so far stays in the closed step
+        waited = self.runqueue_wait()
         record = self._record(opened, now, opened.acc, opened.forwards, opened.backwards, opened.opt_steps,
-                              opened.marks, opened.pending_eval_grad, opened.module_calls)
+                              opened.marks, opened.pending_eval_grad, opened.module_calls, waited)
         self._expected = set(opened.stepped)
-        self._open = _OpenStep(now)
+        self._open = _OpenStep(now, waited=waited)
         self._finish_step(record)
 
     def _close_lazily(self) -> None:
         opened = self._open
-        t, acc, forwards, backwards, opt_steps, n_marks, pending, calls = opened.snapshot
+        t, acc, forwards, backwards, opt_steps, n_marks, pending, calls, waited = opened.snapshot
         record = self._record(opened, t, acc, forwards, backwards, opt_steps, opened.marks[:n_marks], pending,
-                              calls)
+                              calls, waited)
         self._expected = set(opened.stepped)
-        rest = _OpenStep(t, {k: v - acc.get(k, 0.0) for k, v in opened.acc.items()})
+        rest = _OpenStep(t, {k: v - acc.get(k, 0.0) for k, v in opened.acc.items()}, waited=waited)
         rest.marks = opened.marks[n_marks:]
         rest.forwards, rest.backwards = opened.forwards - forwards, opened.backwards - backwards
         rest.module_calls = opened.module_calls - calls
@@ -334,7 +359,7 @@ class Recorder:
         self._finish_step(record)
 
     def _record(self, opened: _OpenStep, end: float, acc: dict, forwards: int, backwards: int, opt_steps: int,
-                marks: list, pending: list, module_calls: int) -> StepRecord:
+                marks: list, pending: list, module_calls: int, waited: int) -> StepRecord:
         index = len(self.steps)
         for site, seconds in pending:  # eval-mode forwards with autograd on that no backward used
             tally = self.tally("eval_grad_forward", site)
@@ -346,7 +371,8 @@ class Recorder:
             gap = max(0.0, (t - opened.start) - timed)
         return StepRecord(index=index, start=opened.start, end=end, phases={k: v for k, v in acc.items() if v},
                           gap_before_forward=gap, forwards=forwards, backwards=backwards, optimizers=opt_steps,
-                          module_calls=module_calls, profiled=self._profiling)
+                          module_calls=module_calls, profiled=self._profiling,
+                          preempted=max(0, waited - opened.waited) / 1e9 if self._sched_fd is not None else None)
 
     def _finish_step(self, record: StepRecord) -> None:
         self.steps.append(record)
@@ -356,8 +382,6 @@ class Recorder:
         if done == self.warmup:
             self.module_calls_per_step = record.module_calls  # the last warm-up step's, under global hooks
             self._set_discovery(False)
-            self._sampler = _GapSampler(self)
-            self._sampler.start()
         if self.measure is not None and done == self.warmup + self.measure and self._sampler is not None:
             self._sampler.stop()
         if self.profile_steps and done == self.profile_at:
@@ -651,8 +675,8 @@ class _GapSampler(threading.Thread):
     def run(self) -> None:
         rec = self.recorder
         while not self._done.wait(self.interval_s):
-            if rec._stack or rec._open.marks:
-                continue  # a phase is timing this moment, or the forward already started
+            if rec._stack or rec._open.marks or len(rec.steps) < rec.warmup:
+                continue  # a phase is timing this moment, the forward already started, or still warming up
             frame = sys._current_frames().get(rec._thread)
             site = user_site(frame)
             if site is not None:

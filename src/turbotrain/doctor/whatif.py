@@ -307,11 +307,16 @@ def _loader_trial(ctx, finding: Finding, budget: Budget) -> None:
                 break  # stopped improving
     if not rates or best_rate <= 0:
         return
-    projected = max(other, 1.0 / best_rate) if best > 0 else other + 1.0 / best_rate
-    share = max(0.0, 1.0 - projected / step) if step else 0.0
+    def projected(workers: int) -> float:
+        rate = rates[workers]
+        return max(other, 1.0 / rate) if workers > 0 else other + 1.0 / rate
+
+    # Both ends from this trial's own timings: the current setting re-timed, against the best.
+    now = projected(current) if current in rates else step
+    share = max(0.0, 1.0 - projected(best) / now) if now else 0.0
     finding.what_if = {"kind": "num_workers", "batches_per_s": {str(k): round(v, 2) for k, v in rates.items()},
-                       "best_num_workers": best, "projected_step_ms": round(projected * 1e3, 3),
-                       "step_ms": round(step * 1e3, 3)}
+                       "best_num_workers": best, "projected_step_ms": round(projected(best) * 1e3, 3),
+                       "current_projected_step_ms": round(now * 1e3, 3), "step_ms": round(step * 1e3, 3)}
     if best != current:
         finding.fix.plan = {"num_workers": best}
         finding.fix.pytorch = f"DataLoader(..., num_workers={best}, persistent_workers=True)"

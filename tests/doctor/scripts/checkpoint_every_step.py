@@ -17,5 +17,5 @@ for step in range(300):
     opt.zero_grad()
     loss.backward()
     opt.step()
-    torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step},
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step},  # doctor: save-in-loop
                os.path.join(out_dir, "last.pt"))

@@ -1,13 +1,19 @@
 """A well-written CPU training script: the doctor must not raise a high or medium finding."""
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler, TensorDataset
 
 
 def make_data(n, seed):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(n, 64, generator=g)
     return TensorDataset(x, (x[:, :8].sum(1) > 0).long())
+
+
+def batches(dataset, batch_size, shuffle):
+    """In-memory tensors sliced a whole batch at a time: no per-sample indexing and collation."""
+    sampler = (RandomSampler if shuffle else SequentialSampler)(dataset)
+    return DataLoader(dataset, batch_size=None, sampler=BatchSampler(sampler, batch_size, drop_last=shuffle))
 
 
 def evaluate(model, loader):
@@ -22,8 +28,8 @@ def evaluate(model, loader):
 
 def main():
     torch.manual_seed(0)
-    train = DataLoader(make_data(8192, 0), batch_size=128, shuffle=True, drop_last=True)
-    val = DataLoader(make_data(1024, 1), batch_size=256)
+    train = batches(make_data(8192, 0), 128, shuffle=True)
+    val = batches(make_data(1024, 1), 256, shuffle=False)
     model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 2))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     running = torch.zeros(())

@@ -7,7 +7,7 @@ from torch.utils.data import DataLoader, TensorDataset
 class Net(nn.Module):
     def __init__(self):
         super().__init__()
-        self.conv1 = nn.Conv2d(3, 16, 3, padding=1)
+        self.conv1 = nn.Conv2d(3, 16, 3, padding=1)  # doctor: conv-bias-before-bn
         self.bn1 = nn.BatchNorm2d(16)
         self.conv2 = nn.Conv2d(16, 32, 3, padding=1)
         self.bn2 = nn.BatchNorm2d(32)

@@ -23,7 +23,7 @@ def main():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    loader = DataLoader(SlowFiles(), batch_size=32, shuffle=True)
+    loader = DataLoader(SlowFiles(), batch_size=32, shuffle=True)  # doctor: num-workers
     for epoch in range(3):
         for x, y in loader:
             loss = nn.functional.cross_entropy(model(x), y)

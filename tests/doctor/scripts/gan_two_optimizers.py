@@ -11,7 +11,7 @@ def real_batches(batch_size=32):
     while True:
         samples = []
         for _ in range(batch_size):
-            time.sleep(0.0002)  # decoding one sample
+            time.sleep(0.0002)  # decoding one sample  # doctor: num-workers
             samples.append(rng.standard_normal(16).astype(np.float32))
         yield torch.from_numpy(np.stack(samples))
 

@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader, TensorDataset
 device = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-@torch.jit.script
+@torch.jit.script  # doctor: jit-script
 def fused_gelu(x):
     return x * 0.5 * (1.0 + torch.erf(x / 1.41421))
 
@@ -29,15 +29,15 @@ class Net(nn.Module):
 
 
 data = TensorDataset(torch.randn(512, 3, 16, 16), torch.randint(0, 10, (512,)))
-loader = DataLoader(data, batch_size=32, shuffle=True)
+loader = DataLoader(data, batch_size=32, shuffle=True)  # doctor: pin-memory
 model = Net().to(device)
 opt = torch.optim.SGD(model.parameters(), lr=0.05)
 for epoch in range(10):
     for images, labels in loader:
-        images, labels = images.to(device), labels.to(device)
-        noise = torch.randn(images.shape).to(device)
+        images, labels = images.to(device), labels.to(device)  # doctor: non-blocking
+        noise = torch.randn(images.shape).to(device)  # doctor: tensor-created-off-device
         loss = nn.functional.cross_entropy(model(images + 0.01 * noise), labels)
         opt.zero_grad()
         loss.backward()
         opt.step()
-        torch.cuda.empty_cache()
+        torch.cuda.empty_cache()  # doctor: empty-cache-in-loop

@@ -19,9 +19,9 @@ class Trainer:
         self.opt.zero_grad()
         loss.backward()
         self.opt.step()
-        self.history.append(loss.item())
-        message = f"step {i} loss {loss:.4f}"
-        if loss < 1e-6:
+        self.history.append(loss.item())  # doctor: host-sync-in-loop
+        message = f"step {i} loss {loss:.4f}"  # doctor: host-sync-in-loop
+        if loss < 1e-6:  # doctor: host-sync-in-loop
             print("converged", message)
         return loss
 

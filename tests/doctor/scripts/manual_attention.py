@@ -18,7 +18,7 @@ class CausalSelfAttention(nn.Module):
         q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
         scores = (q @ k.transpose(-2, -1)) / math.sqrt(d // self.heads)
         mask = torch.ones(t, t, dtype=torch.bool).triu(1)
-        weights = scores.masked_fill(mask, float("-inf")).softmax(dim=-1)
+        weights = scores.masked_fill(mask, float("-inf")).softmax(dim=-1)  # doctor: manual-attention
         y = (weights @ v).transpose(1, 2).reshape(b, t, d)
         return self.out(y)
 

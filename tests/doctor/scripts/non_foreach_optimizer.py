@@ -16,7 +16,7 @@ class ManyTables(nn.Module):
 
 torch.manual_seed(0)
 model = ManyTables()
-opt = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=False)
+opt = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=False)  # doctor: non-foreach-optimizer
 x, y = torch.randn(256, 32), torch.randn(256, 1)
 for step in range(300):
     loss = nn.functional.mse_loss(model(x), y)
