@@ -210,6 +210,7 @@ def _plan_trials(ctx, findings: list[Finding], budget: Budget, allow_compile: bo
                      "steps": trials.steps, "losses_finite": all(map(_finite, trial.losses))}
         if changes.get("compile"):
             f.what_if["compile_s"] = round(trial.warmup_s, 2)
+            f.note = f"Compiling took {trial.warmup_s:.1f} s (once per run)."
         f.trial["_result"] = (trial, base_s)
     # A second baseline after the candidates: the machine's state at both ends.
     trials.baseline()

@@ -62,6 +62,9 @@ def num_workers(ctx):
         trial={"kind": "loader"})
     f.set_gain(share, measured=False)
     f.note = "est_speedup is the upper bound until the worker counts are timed."
+    if data_s < 1e-3:
+        # Handing a batch over from a worker process costs about this much itself.
+        f.cap("low", "Each batch loads in under a millisecond; workers may not win it back.")
     yield f
 
 
