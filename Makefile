@@ -20,6 +20,7 @@ demo: $(STAMP)
 	$(VENV)/bin/turbotrain demo
 
 test: $(STAMP)
+	bash scripts/ci-deps.sh
 	$(PY) -m pytest
 
 test-gpu: $(STAMP)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import cached_report, marked_lines
+from doctor_helpers import cached_report, marked_lines
 
 SEVERITY = {"low": 0, "medium": 1, "high": 2}
 
@@ -90,7 +90,7 @@ def test_syncs_are_counted_per_step_at_each_line():
 
 def test_two_optimizers_make_one_step():
     """A GAN steps two optimizers per iteration: each recorded step must hold both updates."""
-    from conftest import script
+    from doctor_helpers import script
     from turbotrain.doctor.recorder import Recorder
     from turbotrain.doctor.runner import run_script
 

@@ -10,7 +10,7 @@ import dataclasses
 
 import pytest
 
-from conftest import cached_report, run_doctor
+from doctor_helpers import cached_report, run_doctor
 from turbotrain.doctor.context import build_context
 from turbotrain.doctor.recorder import Recorder
 from turbotrain.doctor.records import Tally
@@ -19,7 +19,7 @@ from turbotrain.doctor.runner import run_script
 from turbotrain.doctor.sites import Site
 from turbotrain.hardware import detect
 
-from conftest import script
+from doctor_helpers import script
 
 SEVERITY = {"low": 0, "medium": 1, "high": 2}
 

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import run_doctor, script
+from doctor_helpers import run_doctor, script
 
 REPO = Path(__file__).resolve().parents[2]
 

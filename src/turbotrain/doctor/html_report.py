@@ -28,7 +28,9 @@ h1{font-size:1.5em;margin-bottom:.2em} h2{font-size:1.2em;margin-top:1.6em;borde
 .buys{float:right;font-weight:bold} pre{background:#f6f8fa;padding:.6em;overflow-x:auto;font-size:.85em}
 pre.fix{background:#eef8ee} .note{color:#666;font-size:.9em}
 table{border-collapse:collapse;font-size:.85em} td,th{border:1px solid #ddd;padding:.25em .6em;text-align:left}
-.code .hl{background:#fff3b0;display:block} img{max-width:100%}
+.code .hl{background:#fff3b0;display:inline-block;width:100%} img{max-width:100%}
+dl.whatif{font-size:.85em;color:#555;margin:.3em 0} dl.whatif dt{display:inline;font-weight:bold}
+dl.whatif dd{display:inline;margin:0 1em 0 .3em}
 """
 
 
@@ -72,6 +74,10 @@ def _plots(report: Report) -> list[tuple[str, str]]:
             continue
         ax.bar(steps, values, bottom=bottom, color=COLORS[key], label=CATEGORY_LABELS[key], width=0.8)
         bottom = [a + v for a, v in zip(bottom, values)]
+    lost = [row.get("interference", 0.0) for row in b.timeline]
+    if any(lost):
+        ax.bar(steps, lost, bottom=bottom, color="white", edgecolor="#bbbbbb", hatch="///", width=0.8,
+               label="other processes (not the script)")
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("ms")
     ax.legend(fontsize=7, ncol=4, frameon=False)
@@ -104,7 +110,8 @@ def _finding(f: dict[str, Any]) -> str:
     if f.get("note"):
         parts.append(f'<p class="note">{html.escape(f["note"])}</p>')
     if f.get("what_if"):
-        parts.append(f'<p class="note">what-if: {html.escape(str(f["what_if"]))}</p>')
+        items = "".join(f"<dt>{html.escape(str(k))}</dt><dd>{html.escape(str(v))}</dd>" for k, v in f["what_if"].items())
+        parts.append(f'<dl class="whatif"><dt>measured what-if</dt><dd></dd>{items}</dl>')
     parts.append("</div>")
     return "".join(parts)
 

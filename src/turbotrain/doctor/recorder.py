@@ -216,7 +216,13 @@ class Recorder:
 
     @property
     def step_index(self) -> int:
-        return len(self.steps)
+        """The step an event now belongs to."""
+        n = len(self.steps)
+        if not self._expected and self._open.snapshot is not None and not self.manual_steps:
+            # The first step ends at its last optimizer step, which is only known when an optimizer
+            # steps a second time; until then, what follows an optimizer step counts as the next step.
+            return n + 1
+        return n
 
     def push(self, phase: str) -> None:
         now = perf_counter()
