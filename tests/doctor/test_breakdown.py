@@ -27,11 +27,10 @@ def test_a_step_s_categories_sum_to_its_duration_and_split_the_untimed_time():
 
 
 def test_breakdown_adds_up_to_the_measured_mean_with_interference_apart():
-    steps = [step(i, 0.010, {"data": 0.002, "forward": 0.004, "backward": 0.003, "optimizer": 0.001}, preempted=0.0)
-             for i in range(8)]
-    # One step where another process held the CPU for 30 ms, in the middle of the backward.
-    steps[5] = step(5, 0.040, {"data": 0.002, "forward": 0.004, "backward": 0.033, "optimizer": 0.001},
-                    preempted=0.030)
+    phases = {"data": 0.0002, "forward": 0.0004, "backward": 0.0003, "optimizer": 0.0001}
+    steps = [step(i, 0.001, dict(phases), preempted=0.0) for i in range(8)]
+    # One short step where another process held the CPU for 30 ms, in the middle of the backward.
+    steps[5] = step(5, 0.031, {**phases, "backward": 0.0303}, preempted=0.030)
     b = compute_breakdown(steps, warmup=1, overhead=Overhead(method="measured", compute_share=0.25))
     assert b.steps == list(range(1, 8))
     assert sum(b.shares.values()) == pytest.approx(1.0)
@@ -42,6 +41,16 @@ def test_breakdown_adds_up_to_the_measured_mean_with_interference_apart():
     assert b.shares["data_loading"] == pytest.approx(0.2)
     assert b.shares["python_overhead"] == pytest.approx(0.25 * 0.7)
     assert b.bottleneck == "compute"
+
+
+def test_a_long_step_loses_its_wait_in_proportion():
+    """Contention spread over a long step (validation here) scales every part of it down alike."""
+    steps = [step(i, 0.010, {"forward": 0.006, "optimizer": 0.004}, preempted=0.0) for i in range(6)]
+    steps[3] = step(3, 0.080, {"forward": 0.012, "optimizer": 0.008, "eval": 0.060}, preempted=0.040)
+    b = compute_breakdown(steps, warmup=0)
+    row = b.timeline[3]
+    assert row["interference"] == pytest.approx(40.0)
+    assert row["outside_step"] == pytest.approx(30.0) and row["compute"] == pytest.approx(6.0)
 
 
 def test_without_schedstat_a_lone_spike_is_taken_as_interference():

@@ -151,13 +151,15 @@ def _gpu_categories(cats: dict[str, float], duration: float, device: dict[str, f
 # there: their spikes (epoch start, validation) are real.
 _STALL_PRONE = ("compute", "optimizer", "python_overhead", "host_to_device", "host_sync")
 STALL_FLOOR_S = 1e-3
+SCHEDULER_SLICE_S = 5e-3   # about what Linux gives a task before another runnable one gets the core
 
 
 def _remove_preemption(per_step: list[dict[str, float]], preempted: list[float]) -> list[float]:
     """Take each step's measured run-queue wait out of the categories it inflated (in place).
 
-    The wait comes first out of the categories that ran over their median in that step (where
-    a stall shows), the rest in proportion to what is left.
+    A short step is hit by one scheduler slice at most, in one place: the wait comes first out
+    of the categories that ran over their median in that step (where the stall shows). A step
+    of several slices is hit all along, so there the wait comes out in proportion to time.
     """
     removed = []
     medians = {k: statistics.median(c[k] for c in per_step) for k in CATEGORIES} if per_step else {}
@@ -166,7 +168,7 @@ def _remove_preemption(per_step: list[dict[str, float]], preempted: list[float])
         left = wait
         excess = {k: max(0.0, cats[k] - medians[k]) for k in CATEGORIES}
         total_excess = sum(excess.values())
-        if total_excess > 0 and left > 0:
+        if total_excess > 0 and left > 0 and sum(cats.values()) - wait < SCHEDULER_SLICE_S:
             take = min(left, total_excess)
             for k in CATEGORIES:
                 cats[k] -= take * excess[k] / total_excess

@@ -26,12 +26,13 @@ __all__ = ["install"]
 
 _get_ident = threading.get_ident
 _perf = _rec.perf_counter
+_compiling = _rec._compiling
 
 
 def _live() -> "_rec.Recorder | None":
     """The active recorder when this call should be recorded, else None."""
     rec = _rec._ACTIVE
-    if rec is None or _get_ident() != rec._thread or rec._busy or _rec._compiling():
+    if rec is None or rec._busy or _get_ident() != rec._thread or _compiling():
         return None
     return rec
 

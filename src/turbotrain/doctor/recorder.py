@@ -32,13 +32,14 @@ from torch import nn
 
 from .patching import Patcher
 from .records import Capture, ForwardFacts, LoaderRecord, StepRecord, Tally
-from .sites import Site, caller_site, user_site
+from .sites import _USER_FILES, Site, caller_site, user_site
 
 __all__ = ["Recorder", "Stop", "active_recorder"]
 
 log = logging.getLogger("turbotrain")
 
 perf_counter = time.perf_counter
+get_ident = threading.get_ident
 _ACTIVE: "Recorder | None" = None
 
 SYNC_METHODS = ("item", "tolist", "numpy", "cpu", "nonzero", "__bool__", "__float__", "__int__", "__repr__",
@@ -55,10 +56,10 @@ def active_recorder() -> "Recorder | None":
     return _ACTIVE
 
 
-def _compiling() -> bool:
-    try:
-        return torch.compiler.is_compiling()
-    except Exception:  # noqa: BLE001 - older torch: never compiling through us
+try:
+    _compiling = torch.compiler.is_compiling
+except AttributeError:  # pragma: no cover - older torch: never compiling through us
+    def _compiling() -> bool:
         return False
 
 
@@ -66,11 +67,10 @@ class _OpenStep:
     """Accumulators of the step in progress (and a snapshot at its last optimizer step)."""
 
     __slots__ = ("start", "acc", "marks", "forwards", "backwards", "opt_steps", "stepped", "snapshot",
-                 "pending_eval_grad", "module_calls", "waited")
+                 "pending_eval_grad", "module_calls")
 
-    def __init__(self, start: float, acc: dict[str, float] | None = None, waited: int = 0) -> None:
+    def __init__(self, start: float, acc: dict[str, float] | None = None) -> None:
         self.start = start
-        self.waited = waited            # the thread's run-queue wait (ns) when the step began
         self.acc: dict[str, float] = defaultdict(float, acc or {})
         self.marks: list[tuple[float, float]] = []     # (time, timed seconds so far) at each training forward
         self.forwards = self.backwards = self.opt_steps = self.module_calls = 0
@@ -114,6 +114,9 @@ class Recorder:
         self.gpu = torch.cuda.is_available()
         self.started = self.finished = 0.0
         self._sched_fd: int | None = None
+        self._last_wait = 0
+        self._since_read = 0
+        self._recent: list[float] = []
 
         self._patcher = Patcher()
         self._handles: list[Any] = []
@@ -129,6 +132,7 @@ class Recorder:
         self._optimizer_ids: set[int] = set()
         self._facts_final = self._capture_final = False
         self._last_top_phase = ""
+        self._gpu_forward_open = False
         self._expected: set[int] = set()
         self._trained_cache: dict[int, bool] = {}
         self._profiling = False
@@ -164,15 +168,13 @@ class Recorder:
         except OSError:
             self._sched_fd = None
         self.started = perf_counter()
-        self._open = _OpenStep(self.started, waited=self.runqueue_wait())
+        self._open = _OpenStep(self.started)
+        self._last_wait = self.runqueue_wait()
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
         self._handles += [register_optimizer_step_pre_hook(self._on_opt_pre),
                           register_optimizer_step_post_hook(self._on_opt_post)]
         self._set_discovery(True)
-        # Started now, not at the first measured step: starting a thread takes a while on a busy machine.
-        self._sampler = _GapSampler(self)
-        self._sampler.start()
         from . import instrument
 
         instrument.install(self, self._patcher)
@@ -293,7 +295,7 @@ class Recorder:
     # -- optimizer steps: the step boundaries ---------------------------------------------------
 
     def _on_opt_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if not self.on_main_thread():
+        if get_ident() != self._thread:
             return
         if self._stopping:
             raise Stop()
@@ -310,7 +312,7 @@ class Recorder:
             self._gpu_mark("optimizer", start=True)
 
     def _on_opt_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if not self.on_main_thread():
+        if get_ident() != self._thread:
             return
         if self.gpu:
             self._gpu_mark("optimizer", start=False)
@@ -318,12 +320,13 @@ class Recorder:
         opened = self._open
         opened.opt_steps += 1
         now = perf_counter()
-        opened.snapshot = (now, dict(opened.acc), opened.forwards, opened.backwards, opened.opt_steps,
-                           len(opened.marks), list(opened.pending_eval_grad), opened.module_calls,
-                           self.runqueue_wait())
         expected = self._expected
         if expected and expected <= opened.stepped and not self.manual_steps:
             self._close(now)
+            return
+        # The step may go on (another optimizer) or may have ended (known at the next optimizer step).
+        opened.snapshot = (now, dict(opened.acc), opened.forwards, opened.backwards, opened.opt_steps,
+                           len(opened.marks), list(opened.pending_eval_grad), opened.module_calls)
 
     def mark_step(self) -> None:
         """End a step here (loops without a torch optimizer); optimizer steps no longer end steps."""
@@ -343,20 +346,19 @@ class Recorder:
             top[1] = now
             for entry in self._stack:
                 entry[4] = 0.0  # what it ran so far stays in the closed step
-        waited = self.runqueue_wait()
         record = self._record(opened, now, opened.acc, opened.forwards, opened.backwards, opened.opt_steps,
-                              opened.marks, opened.pending_eval_grad, opened.module_calls, waited)
+                              opened.marks, opened.pending_eval_grad, opened.module_calls)
         self._expected = set(opened.stepped)
-        self._open = _OpenStep(now, waited=waited)
+        self._open = _OpenStep(now)
         self._finish_step(record)
 
     def _close_lazily(self) -> None:
         opened = self._open
-        t, acc, forwards, backwards, opt_steps, n_marks, pending, calls, waited = opened.snapshot
+        t, acc, forwards, backwards, opt_steps, n_marks, pending, calls = opened.snapshot
         record = self._record(opened, t, acc, forwards, backwards, opt_steps, opened.marks[:n_marks], pending,
-                              calls, waited)
+                              calls)
         self._expected = set(opened.stepped)
-        rest = _OpenStep(t, {k: v - acc.get(k, 0.0) for k, v in opened.acc.items()}, waited=waited)
+        rest = _OpenStep(t, {k: v - acc.get(k, 0.0) for k, v in opened.acc.items()})
         rest.marks = opened.marks[n_marks:]
         rest.forwards, rest.backwards = opened.forwards - forwards, opened.backwards - backwards
         rest.module_calls = opened.module_calls - calls
@@ -365,7 +367,7 @@ class Recorder:
         self._finish_step(record)
 
     def _record(self, opened: _OpenStep, end: float, acc: dict, forwards: int, backwards: int, opt_steps: int,
-                marks: list, pending: list, module_calls: int, waited: int) -> StepRecord:
+                marks: list, pending: list, module_calls: int) -> StepRecord:
         index = len(self.steps)
         for site, seconds in pending:  # eval-mode forwards with autograd on that no backward used
             tally = self.tally("eval_grad_forward", site)
@@ -378,16 +380,44 @@ class Recorder:
         return StepRecord(index=index, start=opened.start, end=end, phases={k: v for k, v in acc.items() if v},
                           gap_before_forward=gap, forwards=forwards, backwards=backwards, optimizers=opt_steps,
                           module_calls=module_calls, profiled=self._profiling,
-                          preempted=max(0, waited - opened.waited) / 1e9 if self._sched_fd is not None else None)
+                          preempted=self._preemption(end - opened.start))
+
+    def _preemption(self, duration: float) -> float | None:
+        """Seconds this step waited for a CPU that another process held (None: the kernel does not say).
+
+        The kernel's counter is read only for a step that ran long (over 1.5x the fastest of the
+        last few steps): reading it costs microseconds, and a step that did not run long lost
+        nothing worth taking out.
+        """
+        if self._sched_fd is None:
+            return None
+        recent = self._recent
+        recent.append(duration)
+        if len(recent) > 8:
+            del recent[0]
+        self._since_read += 1
+        if len(recent) > 1 and duration <= 1.5 * min(recent) + 2e-4:
+            if self._since_read >= 64:  # refresh the baseline now and then, charging nobody
+                self._last_wait, self._since_read = self.runqueue_wait(), 0
+            return 0.0
+        now = self.runqueue_wait()
+        waited = max(0, now - self._last_wait) / 1e9
+        self._last_wait, self._since_read = now, 0
+        return min(waited, duration)
 
     def _finish_step(self, record: StepRecord) -> None:
         self.steps.append(record)
         if self.gpu:
             self._end_gpu_step(record.index)
         done = len(self.steps)
-        if done == self.warmup:
-            self.module_calls_per_step = record.module_calls  # the last warm-up step's, under global hooks
+        if done == max(1, self.warmup - 1):
+            self.module_calls_per_step = record.module_calls  # counted under the global hooks
             self._set_discovery(False)
+        if done == self.warmup and record.gap_before_forward > 0.1 * record.duration:
+            # The script builds batches itself, untimed: find which line (the sampler costs a
+            # little GIL traffic, so only scripts that need it get it).
+            self._sampler = _GapSampler(self)
+            self._sampler.start()
         if self.measure is not None and done == self.warmup + self.measure and self._sampler is not None:
             self._sampler.stop()
         if self.profile_steps and done == self.profile_at:
@@ -405,7 +435,13 @@ class Recorder:
     # -- modules: the outermost calls of a step ----------------------------------------------------
 
     def _set_discovery(self, on: bool, attach: bool = True) -> None:
-        """Global module hooks (find the outermost modules) or hooks on just those modules."""
+        """Global module hooks (find the outermost modules) or one pre-hook on each of those modules.
+
+        Global hooks slow every module call, so they run only in the first warm-up steps. Later
+        steps pay for one pre-hook per outermost module: a training forward just marks where the
+        batch was ready (its time is compute, like the rest of the step after it); a validation
+        forward gets a one-shot post-hook to time it apart.
+        """
         from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 
         for handle in getattr(self, "_module_handles", []):
@@ -421,56 +457,84 @@ class Recorder:
             for ref in self.top_modules.values():
                 module = ref()
                 if module is not None:
-                    self._module_handles += [
-                        module.register_forward_pre_hook(self._forward_pre_kw, with_kwargs=True),
-                        module.register_forward_hook(self._forward_post, always_call=True),
-                    ]
+                    self._module_handles.append(
+                        module.register_forward_pre_hook(self._forward_pre_measured, with_kwargs=True))
         self._depth = 0
         self._top_phases.clear()
-
-    def _forward_pre_kw(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
-        self._forward_enter(module, args, kwargs)
 
     def _forward_pre(self, module: nn.Module, args: tuple) -> None:
         if self._discovery:
             self._open.module_calls += 1
         self._forward_enter(module, args, None)
 
+    def _classify(self, module: nn.Module) -> tuple[str, bool]:
+        trained = self._is_trained(module)
+        if trained and (not torch.is_grad_enabled() or torch.is_inference_mode_enabled()):
+            return "eval", trained
+        if trained and not module.training:
+            return "eval_grad", trained
+        return "forward", trained
+
+    def _training_forward(self, module: nn.Module, args: tuple, kwargs: dict | None, at: float) -> None:
+        opened = self._open
+        if not opened.marks:
+            opened.marks.append((at, self.timed_so_far()))
+        opened.forwards += 1
+        if self.gpu and not self._gpu_forward_open:
+            self._gpu_mark("forward", start=True)
+            self._gpu_forward_open = True
+        # Facts and a captured batch: first seen at once (a script may end early), then again in
+        # the last warm-up step (under the hooks the measured steps use, which also see kwargs).
+        late = self.step_index >= self.warmup - 1
+        if self.facts is None or (not self._facts_final and late):
+            self._facts_final = late
+            self.facts = self._forward_facts(module, args, kwargs)
+        if self.want_capture and (self.capture is None or (not self._capture_final and late)):
+            self._capture_final = late
+            self._capture(module, args, kwargs)
+
+    def _forward_pre_measured(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        if get_ident() != self._thread:
+            return
+        phase, trained = self._classify(module)
+        if phase == "forward" and not self._profiling:
+            if trained:
+                self._training_forward(module, args, kwargs, perf_counter())
+            self._last_top_phase = "forward"
+            return
+        if phase == "eval":
+            self._note_forward_site("eval_forward", self._open)
+        self.push(phase)  # a validation forward, or any forward in the profiler window (its trace range)
+        if phase == "forward" and trained:
+            self._training_forward(module, args, kwargs, self._stack[-1][1])
+        handle: list[Any] = []
+
+        def done(mod: nn.Module, inputs: tuple, output: Any) -> None:
+            handle[0].remove()
+            seconds = self.pop()
+            if phase == "eval_grad":
+                self._open.pending_eval_grad.append((user_site(sys._getframe(1)), seconds))
+            self._last_top_phase = phase
+
+        handle.append(module.register_forward_hook(done, always_call=True))
+
     def _forward_enter(self, module: nn.Module, args: tuple, kwargs: dict | None) -> None:
-        if not self.on_main_thread() or _compiling():
+        if get_ident() != self._thread or _compiling():
             return
         self._depth += 1
         if self._depth != 1:
             return
-        if self._discovery:
-            self.top_modules.setdefault(id(module), weakref.ref(module))
-        trained = self._is_trained(module)
-        if trained and (not torch.is_grad_enabled() or torch.is_inference_mode_enabled()):
-            phase = "eval"
+        self.top_modules.setdefault(id(module), weakref.ref(module))
+        phase, trained = self._classify(module)
+        if phase == "eval":
             self._note_forward_site("eval_forward", self._open)
-        elif trained and not module.training:
-            phase = "eval_grad"
-        else:
-            phase = "forward"
         self.push(phase)
         self._top_phases.append(phase)
         if phase == "forward" and trained:
-            opened = self._open
-            opened.marks.append((self._stack[-1][1], self.timed_so_far()))
-            opened.forwards += 1
-            if self.gpu:
-                self._gpu_mark("forward", start=True)
-            # First seen at once (a script may end early), then again once warmed up.
-            if self.facts is None or (not self._facts_final and self.step_index >= self.warmup):
-                self._facts_final = self.step_index >= self.warmup
-                self.facts = self._forward_facts(module, args, kwargs)
-            if self.want_capture and (self.capture is None or (
-                    not self._capture_final and self.step_index >= self.warmup - 1)):
-                self._capture_final = self.step_index >= self.warmup - 1
-                self._capture(module, args, kwargs)
+            self._training_forward(module, args, kwargs, self._stack[-1][1])
 
     def _forward_post(self, module: nn.Module, args: tuple, output: Any) -> None:
-        if not self.on_main_thread() or _compiling() or self._depth == 0:
+        if self._depth == 0 or get_ident() != self._thread or _compiling():
             return
         self._depth -= 1
         if self._depth != 0 or not self._top_phases:
@@ -479,8 +543,6 @@ class Recorder:
         seconds = self.pop()
         if phase == "eval_grad":
             self._open.pending_eval_grad.append((user_site(sys._getframe(1)), seconds))
-        if self.gpu and phase == "forward":
-            self._gpu_mark("forward", start=False)
         self._last_top_phase = phase
 
     def _note_forward_site(self, kind: str, opened: _OpenStep) -> None:
@@ -492,6 +554,9 @@ class Recorder:
         """Called at the start of a backward: an eval-mode forward just before it was training after all."""
         opened = self._open
         opened.backwards += 1
+        if self._gpu_forward_open:
+            self._gpu_mark("forward", start=False)
+            self._gpu_forward_open = False
         if self._last_top_phase == "eval_grad" and opened.pending_eval_grad:
             _, seconds = opened.pending_eval_grad.pop()
             opened.acc["eval_grad"] -= seconds
@@ -673,7 +738,7 @@ class _GapSampler(threading.Thread):
     milliseconds, during the measured steps only.
     """
 
-    def __init__(self, recorder: "Recorder", interval_s: float = 0.004) -> None:
+    def __init__(self, recorder: "Recorder", interval_s: float = 0.01) -> None:
         super().__init__(name="turbotrain-doctor-sampler", daemon=True)
         self.recorder, self.interval_s = recorder, interval_s
         self._done = threading.Event()
@@ -697,14 +762,17 @@ def wrap_sync(kind: str, original: Callable) -> Callable:
 
     def method(self, *args, **kwargs):
         rec = _ACTIVE
-        if rec is None or rec._busy or not rec.on_main_thread() or _compiling():
+        if rec is None or rec._busy:
             return original(self, *args, **kwargs)
         frame = sys._getframe(1)
+        if _USER_FILES.get(frame.f_code.co_filename) is False and not rec.gpu:
+            return original(self, *args, **kwargs)  # torch's own call (an optimizer reading its step count)
         if rec.gpu:
             site = user_site(frame) if self.is_cuda else None
         else:
+            # Cheapest test first: torch's own calls (an optimizer reading its step count) are not syncs.
             site = caller_site(frame)
-        if site is None:
+        if site is None or get_ident() != rec._thread or _compiling():
             return original(self, *args, **kwargs)
         rec._busy = True
         rec.push("sync")

@@ -7,7 +7,6 @@ frame so the user lands on their own code, never inside a library.
 
 from __future__ import annotations
 
-import functools
 import linecache
 import os
 import sys
@@ -35,18 +34,24 @@ def _library_roots() -> tuple[str, ...]:
 
 
 _ROOTS: tuple[str, ...] | None = None
+_USER_FILES: dict[str, bool] = {}   # filename -> user code? (a dict: this sits on hot paths)
 
 
-@functools.lru_cache(maxsize=4096)
 def is_user_file(filename: str) -> bool:
     """Whether ``filename`` (a code object's co_filename) is the user's code."""
+    known = _USER_FILES.get(filename)
+    if known is not None:
+        return known
     global _ROOTS
     if not filename or filename.startswith("<"):
-        return False  # <frozen ...>, <string>, <stdin>: nothing to point at
-    if _ROOTS is None:
-        _ROOTS = _library_roots()
-    path = os.path.realpath(filename)
-    return not any(path == root or path.startswith(root + os.sep) for root in _ROOTS)
+        answer = False  # <frozen ...>, <string>, <stdin>: nothing to point at
+    else:
+        if _ROOTS is None:
+            _ROOTS = _library_roots()
+        path = os.path.realpath(filename)
+        answer = not any(path == root or path.startswith(root + os.sep) for root in _ROOTS)
+    _USER_FILES[filename] = answer
+    return answer
 
 
 @dataclass(frozen=True)
@@ -79,7 +84,10 @@ def user_site(frame: FrameType | None, max_depth: int = 64) -> Site | None:
 
 def caller_site(frame: FrameType | None) -> Site | None:
     """``frame`` itself when it is user code, else None (the call came from a library)."""
-    if frame is None or not is_user_file(frame.f_code.co_filename):
+    if frame is None:
+        return None
+    known = _USER_FILES.get(frame.f_code.co_filename)
+    if known is False or (known is None and not is_user_file(frame.f_code.co_filename)):
         return None
     return Site(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
 
