@@ -179,6 +179,16 @@ def measure_overhead(capture: Capture | None, optimizers: list[Any], raw: Breakd
                             "op_floor_us": round(op_floor * 1e6, 3), "module_floor_us": round(module_floor * 1e6, 3)})
 
 
+def storage_stats() -> Any:
+    """SLOW-STORAGE WIRING POINT: the data layer's read statistics for this run (None until wired).
+
+    Once ``turbotrain.data.stats`` exists, return its statistics here (reset when the recording
+    starts, read when it ends); ``rules/runtime.py:slow_storage`` then passes them, with the
+    measured data wait and run time, to ``slow_storage_finding(stats, data_wait_s, total_s)``.
+    """
+    return None
+
+
 def build_context(recorder: Any, script: str | None = None, device: str | None = None) -> Context:
     """The rules' view of a finished recording."""
     profiled = [i for i in recorder.profiled_steps if i < len(recorder.steps)]
@@ -216,5 +226,5 @@ def build_context(recorder: Any, script: str | None = None, device: str | None =
         module_sites=module_sites, model=model, modules=modules, info=info, facts=facts, capture=capture,
         profile=prof, matmul_shapes=dict(recorder.matmul_shapes), env=dict(os.environ),
         sources=load_sources(_user_files(script, recorder.tallies, module_sites)), world_size=world,
-        step_records=list(recorder.steps), gap_samples=dict(recorder.gap_samples),
+        step_records=list(recorder.steps), gap_samples=dict(recorder.gap_samples), storage_stats=storage_stats(),
     )
