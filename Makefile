@@ -20,6 +20,8 @@ demo: $(STAMP)
 	$(VENV)/bin/turbotrain demo
 
 test: $(STAMP)
+	# System packages the tests use (nginx for the remote-data tests, chromium for the doctor's HTML report);
+	# installs only what is missing.
 	bash scripts/ci-deps.sh
 	$(PY) -m pytest
 

@@ -1,26 +1,30 @@
 #!/usr/bin/env bash
 # System packages the test suite needs, installed only when missing (safe to run again and again).
-#   chromium: the doctor's HTML report is opened in a real headless browser (tests/doctor/test_reports.py)
-# Add a package by appending "<command> <debian-package>" to NEEDED.
+# One package per line in PACKAGES; `command -v` checks keep a machine that has them from touching apt.
+#   nginx-light: the remote-data tests serve files over HTTP
+#   chromium:    the doctor's HTML report is opened in a real headless browser (tests/doctor/test_reports.py)
 set -euo pipefail
 
-NEEDED=(
-  "chromium chromium"
+# package            command that proves it is installed
+PACKAGES=(
+  "nginx-light       nginx"
+  "chromium          chromium"
 )
 
-missing=()
-for entry in "${NEEDED[@]}"; do
-  read -r command package <<<"$entry"
-  command -v "$command" >/dev/null 2>&1 || missing+=("$package")
-done
-[ ${#missing[@]} -eq 0 ] && exit 0
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 
-if [ "$(id -u)" -eq 0 ]; then SUDO=""; else SUDO="sudo"; fi
-if ! command -v apt-get >/dev/null 2>&1; then
-  echo "ci-deps: missing ${missing[*]} and no apt-get here; install them by hand" >&2
-  exit 1
+missing=()
+for entry in "${PACKAGES[@]}"; do
+  read -r pkg cmd <<<"$entry"
+  if ! command -v "$cmd" >/dev/null 2>&1 && [ ! -x "/usr/sbin/$cmd" ]; then
+    missing+=("$pkg")
+  fi
+done
+
+if [ "${#missing[@]}" -eq 0 ]; then
+  exit 0
 fi
 echo "ci-deps: installing ${missing[*]}"
-export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
-$SUDO apt-get install -y -qq "${missing[@]}"
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"

@@ -34,7 +34,7 @@ def _field_names(cls) -> list[str]:
 def _unknown_key_message(where: str, key: object, allowed: list[str]) -> str:
     close = difflib.get_close_matches(str(key), allowed, n=1, cutoff=0.6)
     hint = f" Did you mean '{close[0]}'?" if close else ""
-    return f"{where}: unknown key '{key}'.{hint} Allowed keys: {', '.join(allowed)}."
+    return f"{where}.{key}: unknown key '{key}'.{hint} Allowed keys: {', '.join(allowed)}."
 
 
 def describe_type(tp: Any) -> str:
@@ -84,7 +84,9 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
         for arg in get_args(tp):
             try:
                 return _coerce(value, arg, where)
-            except ConfigError:
+            except ConfigError as exc:
+                if not str(exc).startswith(f"{where}:"):
+                    raise  # the value had the right shape but a key inside it is wrong: say that
                 continue
     elif tp is bool:
         if isinstance(value, bool):

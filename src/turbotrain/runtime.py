@@ -17,12 +17,18 @@ from typing import Any, Callable, Iterable
 import torch
 from torch import nn
 
+from .data.loader import rebuild_loader
+from .data.prefetch import DeviceLoader
+from .data.transfer import move_batch
 from .hardware import Hardware, detect, resolve_device
 from .plan import Plan
 
 __all__ = ["Runtime", "prepare"]
 
 log = logging.getLogger("turbotrain")
+
+# One reusable no-op context: the hot loop enters it up to twice per micro-batch.
+_NULL = contextlib.nullcontext()
 
 
 @dataclass(eq=False)
@@ -50,7 +56,7 @@ class Runtime:
 
     def autocast(self) -> contextlib.AbstractContextManager:
         if self.autocast_dtype is None:
-            return contextlib.nullcontext()
+            return _NULL
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
     def backward(self, loss: torch.Tensor) -> None:
@@ -62,7 +68,7 @@ class Runtime:
         """Under DDP, skip the gradient all-reduce for micro-batches before the last one."""
         if skip_sync and self.ddp is not None:
             return self.ddp.no_sync()
-        return contextlib.nullcontext()
+        return _NULL
 
     def clip_gradients(self, optimizer: torch.optim.Optimizer, max_norm: float) -> torch.Tensor:
         if self.scaler is not None:
@@ -92,8 +98,6 @@ class Runtime:
 
     def to_device(self, batch: Any) -> Any:
         """The batch on the training device, in the layout and dtype the plan asks for."""
-        from .data.transfer import move_batch
-
         return move_batch(batch, self.device, non_blocking=self.non_blocking,
                           channels_last=self.channels_last_inputs, float_dtype=self.cast_inputs)
 
@@ -101,8 +105,6 @@ class Runtime:
         """Iterate ``loader`` with batches already on the device (prefetched when planned)."""
         if not self.moves_batches:
             return loader
-        from .data.prefetch import DeviceLoader
-
         return DeviceLoader(loader, self.to_device, self.device, prefetch=self.device_prefetch)
 
     def rebuild_loader(self, loader: Any, **extra: Any) -> Any:
@@ -110,8 +112,6 @@ class Runtime:
         overrides = {**self.loader_overrides, **extra}
         if not overrides:
             return loader
-        from .data.loader import rebuild_loader
-
         return rebuild_loader(loader, **overrides)
 
     def state_dict(self) -> dict[str, Any]:

@@ -1,1 +1,23 @@
-"""Data: loader rebuilding, device transfer and prefetch (more in later modules)."""
+"""Data: remote files at local speed (fsspec + a local cache), Parquet streaming, preloading, device prefetch.
+
+    import turbotrain as tt
+    ds = tt.data.FileDataset("s3://bucket/train/*.jpg", decode=decode_jpeg, cache="/nvme/cache")
+    rows = tt.data.ParquetDataset("https://host/data/part-*.parquet", columns=["x", "y"], batch_rows=4096)
+    small = tt.data.preload(ds, to="shm")
+
+The submodules ``loader`` (rebuilding DataLoaders), ``transfer`` (moving batches) and ``prefetch``
+(``DeviceLoader``) are used by the runtime and the Trainer.
+"""
+
+from __future__ import annotations
+
+from . import loader, prefetch, stats, transfer
+from .cache import CacheFullError, clear_cache
+from .fetch import FetchError, RetryPolicy
+from .files import FileDataset
+from .parquet import ParquetDataset, ParquetFileError
+from .prefetch import DeviceLoader
+from .preloading import preload
+
+__all__ = ["FileDataset", "ParquetDataset", "preload", "DeviceLoader", "RetryPolicy", "FetchError",
+           "CacheFullError", "ParquetFileError", "clear_cache", "stats", "loader", "transfer", "prefetch"]

@@ -61,6 +61,9 @@ def tensors_in(batch: Any) -> list[torch.Tensor]:
 
 def batch_size_of(batch: Any) -> int:
     """Samples in a batch: the leading dimension of its first tensor (1 when there is none)."""
+    if type(batch) in (tuple, list) and batch and type(batch[0]) is torch.Tensor:  # the common case, fast
+        first = batch[0]
+        return first.shape[0] if first.dim() else 1
     while isinstance(batch, (list, tuple)) and batch:
         batch = batch[0]
     if isinstance(batch, dict) and batch:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .registry import BenchEntry, Order, Speedup, register
+from .registry import BenchEntry, Order, Speedup, loader_setting, register
 
 
 def round_to_multiple(n: int, multiple: int = 8) -> int:
@@ -10,12 +10,8 @@ def round_to_multiple(n: int, multiple: int = 8) -> int:
     return max(multiple, n // multiple * multiple)
 
 
-def _apply(rt) -> None:
-    rt.loader_overrides["batch_size"] = rt.plan.batch_size
-
-
 ENTRY = register(Speedup(
-    name="batch_size", field="batch_size", order=Order.LOADER, apply=_apply, exact=False,
+    name="batch_size", field="batch_size", order=Order.LOADER, apply=loader_setting("batch_size"), exact=False,
     doctor_rules=("batch-size-not-multiple-of-8", "small-batch"),
     summary="fewer, larger steps use the hardware's width",
     bench=BenchEntry(("cnn",), {"batch_size": 128}),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..data.prefetch import DeviceLoader
-from .registry import BenchEntry, Order, Speedup, register
+from .registry import BenchEntry, Order, Speedup, gpu_only, on_gpu, register
 
 __all__ = ["DeviceLoader"]
 
@@ -13,17 +13,10 @@ def _apply(rt) -> None:
     rt.non_blocking = True  # a prefetch that blocks the host would overlap nothing
 
 
-def _requires(hw, plan) -> str | None:
-    return None if hw.is_cuda else "device prefetch overlaps copies to a GPU and this run is on the CPU"
-
-
-def _recommend(hw, info):
-    return True if hw.is_cuda else None
-
-
 ENTRY = register(Speedup(
-    name="device_prefetch", field="device_prefetch", order=Order.STEP, apply=_apply, requires=_requires,
-    recommend=_recommend, exact=True, doctor_rules=("non-blocking",),
+    name="device_prefetch", field="device_prefetch", order=Order.STEP, apply=_apply,
+    requires=gpu_only("device prefetch overlaps copies to a GPU and this run is on the CPU"),
+    recommend=on_gpu(), exact=True, doctor_rules=("non-blocking",),
     summary="the next batch is already on the GPU when the step starts",
     bench=BenchEntry(("cnn",), {"device_prefetch": True, "pin_memory": True}),
 ))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from torch.utils._foreach_utils import _get_foreach_kernels_supported_devices, _get_fused_kernels_supported_devices
+from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
 
 from .registry import BenchEntry, Order, Speedup, register
 
@@ -25,8 +25,9 @@ def make_fused(optimizer: torch.optim.Optimizer) -> str:
         # inf flag to the kernel instead of syncing to decide whether to step.
         optimizer._step_supports_amp_scaling = True
         return "fused"
-    if "foreach" in optimizer.defaults and all(
-            p.device.type in _get_foreach_kernels_supported_devices() for p in params):
+    # foreach also runs on the CPU (torch only defaults to it on accelerators); measured on a
+    # 2-core CPU it is still ~1.3x faster than the per-parameter loop for AdamW.
+    if "foreach" in optimizer.defaults and not optimizer.defaults.get("differentiable"):
         for group in [optimizer.defaults, *optimizer.param_groups]:
             group["foreach"] = True
         return "foreach"

@@ -2,26 +2,15 @@
 
 from __future__ import annotations
 
-from .registry import BenchEntry, Order, Speedup, register
+from .registry import BenchEntry, Order, Speedup, gpu_only, loader_setting, on_gpu, register
 
-
-def _apply(rt) -> None:
-    rt.loader_overrides["pin_memory"] = rt.plan.pin_memory
-
-
-def _requires(hw, plan) -> str | None:
-    if plan.pin_memory and not hw.is_cuda:
-        return "pinned memory only speeds up copies to a GPU and this run is on the CPU"
-    return None
-
-
-def _recommend(hw, info):
-    return True if hw.is_cuda else None
-
+_needs_gpu = gpu_only("pinned memory only speeds up copies to a GPU and this run is on the CPU")
 
 ENTRY = register(Speedup(
-    name="pin_memory", field="pin_memory", order=Order.LOADER, apply=_apply, requires=_requires,
-    recommend=_recommend, exact=True, doctor_rules=("pin-memory",),
+    name="pin_memory", field="pin_memory", order=Order.LOADER, apply=loader_setting("pin_memory"),
+    # Asking for pin_memory=False is always possible; only True needs a GPU.
+    requires=lambda hw, plan: _needs_gpu(hw, plan) if plan.pin_memory else None,
+    recommend=on_gpu(), exact=True, doctor_rules=("pin-memory",),
     summary="DMA copies from page-locked memory, no staging copy",
     bench=BenchEntry(("cnn",), {"pin_memory": True}),
 ))

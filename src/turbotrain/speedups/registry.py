@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import pkgutil
+import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -39,10 +40,10 @@ class Order:
 
 @dataclass(frozen=True)
 class BenchEntry:
-    """How the benchmark measures an entry: ``value`` alone on top of the naive plan."""
+    """How the benchmark measures an entry: ``changes`` alone on top of the naive plan."""
 
     workloads: tuple[str, ...]
-    value: Any
+    changes: dict[str, Any]     # Plan switches to set (the entry's own field, plus any it needs)
     script: str | None = None   # a dedicated benchmark script when the generic ablation cannot show it
 
 
@@ -80,17 +81,40 @@ class Speedup:
         return getattr(plan, self.field) != getattr(Plan(), self.field)
 
 
+def gpu_only(why: str) -> Callable[["Hardware", Plan], str | None]:
+    """A ``requires`` for switches that only mean something on a CUDA device."""
+    return lambda hw, plan: None if hw.is_cuda else why
+
+
+def on_gpu(value: Any = True) -> Callable[["Hardware", "ModelInfo"], Any]:
+    """A ``recommend`` rule: ``value`` on a CUDA device, the naive default elsewhere."""
+    return lambda hw, info: value if hw.is_cuda else None
+
+
+def loader_setting(field: str) -> Callable[["Runtime"], None]:
+    """An ``apply`` that hands a Plan field to the loader rebuild (workers, pinning, batch size)."""
+    def apply(rt: "Runtime") -> None:
+        rt.loader_overrides[field] = getattr(rt.plan, field)
+
+    apply.__qualname__ = f"loader_setting({field!r})"
+    return apply
+
+
 _REGISTRY: dict[str, Speedup] = {}
 _PLAN_FIELDS = {f.name for f in dataclasses.fields(Plan)}
 
 
+_OWNERS: dict[str, str] = {}
+
+
 def register(entry: Speedup) -> Speedup:
+    """Register ``entry`` once; a second module registering the same name is an error."""
     if entry.field not in _PLAN_FIELDS:
         raise ValueError(f"speed-up {entry.name!r} switches unknown Plan field {entry.field!r}")
-    previous = _REGISTRY.get(entry.name)
-    if previous is not None and previous.apply.__module__ != entry.apply.__module__:
-        raise ValueError(f"speed-up {entry.name!r} registered twice "
-                         f"({previous.apply.__module__} and {entry.apply.__module__})")
+    module = sys._getframe(1).f_globals.get("__name__", "?")
+    owner = _OWNERS.setdefault(entry.name, module)
+    if owner != module:
+        raise ValueError(f"speed-up {entry.name!r} registered twice ({owner} and {module})")
     _REGISTRY[entry.name] = entry
     return entry
 

@@ -36,7 +36,7 @@ class TrainerConfig:
     max_time: float | str | None = None
     """Wall-clock limit: seconds or 'DD:HH:MM:SS'."""
     check_val_every_n_epoch: int = 1
-    val_check_interval: float | int | None = None
+    val_check_interval: int | float | None = None
     """Validate every fraction of an epoch (0.25) or every N optimizer steps (200)."""
     limit_val_batches: int | None = None
     log_every_n_steps: int = 50

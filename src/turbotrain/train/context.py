@@ -14,6 +14,7 @@ own, so no gradient is computed (nor synchronized) for the other model.
 from __future__ import annotations
 
 import contextlib
+import weakref
 from typing import Iterator
 
 import torch
@@ -23,7 +24,9 @@ __all__ = ["StepContext"]
 
 class StepContext:
     def __init__(self, trainer, runtime):
-        self._trainer = trainer
+        # A weak reference: a Trainer <-> context cycle would leave the Trainer (and the
+        # DataLoader workers it owns) to the cycle collector, which shuts workers down slowly.
+        self._trainer_ref = weakref.ref(trainer)
         self._rt = runtime
         self.model = runtime.model
         self.module = runtime.module
@@ -35,7 +38,7 @@ class StepContext:
     @property
     def step(self) -> int:
         """Optimizer steps completed so far."""
-        return self._trainer.state.step
+        return self._trainer_ref().state.step
 
     def autocast(self) -> contextlib.AbstractContextManager:
         return self._rt.autocast()
@@ -50,7 +53,7 @@ class StepContext:
         """Step ``optimizer`` if this micro-batch ends an accumulation window; True when it stepped."""
         if not self.is_last_micro_batch:
             return False
-        self.stepped = self._trainer._apply_optimizer(optimizer) or self.stepped
+        self.stepped = self._trainer_ref()._apply_optimizer(optimizer) or self.stepped
         return True
 
     @contextlib.contextmanager

@@ -36,7 +36,10 @@ class FiniteGuard:
     def __init__(self, optimizers, device: torch.device, mode: str, scaler=None):
         self.mode = mode
         self.scaler = scaler
-        self.params = [p for opt in optimizers for g in opt.param_groups for p in g["params"]]
+        params = [p for opt in optimizers for g in opt.param_groups for p in g["params"]]
+        # Gradients share their parameter's dtype: group once here, not on every step.
+        dtypes = sorted({p.dtype for p in params}, key=str)
+        self.param_groups = [[p for p in params if p.dtype == dt] for dt in dtypes]
         self.on_host = device.type != "cuda"
         self.on_device_skip = (not self.on_host and bool(optimizers) and all(
             getattr(opt, "_step_supports_amp_scaling", False) for opt in optimizers))
@@ -50,19 +53,26 @@ class FiniteGuard:
             log.info("turbotrain: the non-finite guard reads one flag per step on the host (a device sync) "
                      "because an optimizer is not fused; fused_optimizer=True keeps it on the device")
 
-    def check(self, loss: torch.Tensor | None, step: int) -> bool:
-        """Whether this step may update the weights. Raises NonFiniteError in 'stop' mode."""
+    def check(self, loss: torch.Tensor | float | None, step: int) -> bool:
+        """Whether this step may update the weights. Raises NonFiniteError in 'stop' mode.
+
+        ``loss`` is a float on the host path (already read for logging) or a device tensor.
+        """
         if self.scaler is not None:
             return True
+        if self.on_host and loss is not None and not math.isfinite(loss):
+            return self._bad(step)
         self.found.zero_()
-        tensors = [p.grad for p in self.params if p.grad is not None]
-        if loss is not None:
-            tensors.append(loss.detach().reshape(()))
-        # One kernel over every gradient (per dtype); with a scale of 1 it only checks.
-        dtypes = {t.dtype for t in tensors}
-        for dtype in dtypes:
-            group = tensors if len(dtypes) == 1 else [t for t in tensors if t.dtype == dtype]
-            torch._amp_foreach_non_finite_check_and_unscale_(group, self.found, self.one)
+        for group in self.param_groups:
+            grads = [p.grad for p in group if p.grad is not None]
+            if not self.on_host and loss is not None and grads and grads[0].dtype == loss.dtype:
+                grads.append(loss.reshape(()))
+                loss = None
+            if grads:
+                # One kernel over every gradient; with a scale of 1 it only checks.
+                torch._amp_foreach_non_finite_check_and_unscale_(grads, self.found, self.one)
+        if loss is not None and not self.on_host:
+            self.found.add_((~torch.isfinite(loss)).to(self.found.dtype).reshape(()))
         if self.on_device_skip:
             self._pending.add_(self.found)
             self._first_bad = torch.where((self._first_bad < 0) & (self.found > 0),

@@ -123,6 +123,14 @@ class EpochSource:
             if callable(set_epoch):
                 set_epoch(epoch)
 
+    def close(self) -> None:
+        """Stop persistent DataLoader workers now rather than whenever the loader is collected."""
+        iterator = getattr(self.loader, "_iterator", None)
+        if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+            iterator._shutdown_workers()
+            self.loader._iterator = None
+        self._iterated = False
+
     def next_epoch_reuses_iterator(self) -> bool:
         return self._persistent and self._iterated
 

@@ -29,6 +29,7 @@ from .context import StepContext
 from .early_stopping import EarlyStopping
 from .loggers import make_loggers
 from .nonfinite import FiniteGuard
+from .preemption import Preempted, SignalWatch
 from .progress import make_progress
 from .resumable import EpochSource, Position
 
@@ -68,18 +69,22 @@ class FitResult:
 
 
 class _LossMeter:
-    """Mean training loss over a logging window, kept where reading it is free."""
+    """Mean training loss over a logging window, kept where reading it is free.
+
+    On the host, step losses arrive as floats (reading a CPU tensor waits for nothing); on a
+    GPU they stay device tensors, summed on the device and read once per window.
+    """
 
     def __init__(self, device: torch.device):
         self.on_host = device.type != "cuda"
         self.total: Any = 0.0 if self.on_host else torch.zeros((), device=device)
         self.count = 0
 
-    def add(self, loss: torch.Tensor) -> None:
+    def add(self, loss: Any) -> None:
         if self.on_host:
-            self.total += loss.item()  # a CPU tensor: a plain read, no device to wait for
+            self.total += loss
         else:
-            self.total.add_(loss.detach())
+            self.total.add_(loss)
         self.count += 1
 
     def pop_mean(self) -> float | None:
@@ -129,6 +134,8 @@ class Trainer:
         self._last_checkpoint_step = -1
         self._last_checkpoint: str | None = None
         self._early_stop = False
+        self._clock: _Clock | None = None  # exists while fit() runs
+        self._signals = SignalWatch()
 
     # -- public -----------------------------------------------------------------------------
 
@@ -155,22 +162,32 @@ class Trainer:
         self.deadline = None if deadline_s is None else time.monotonic() + deadline_s - self.state.elapsed_s
         self._fit_start = time.monotonic()
         self.rt.module.train()
+        self._signals = SignalWatch()
         try:
-            self.stop_reason = self._limits_reached()
-            while self.stop_reason is None:
-                batches = self.rt.device_batches(self.source.epoch(self.state.epoch, position))
-                position = None
-                if self._run_epoch(batches):
-                    break
-                self._end_epoch()
+            try:
+                self._signals.__enter__()
+                self.stop_reason = self._limits_reached()
+                while self.stop_reason is None:
+                    batches = self.rt.device_batches(self.source.epoch(self.state.epoch, position))
+                    position = None
+                    if self._run_epoch(batches):
+                        break
+                    self._end_epoch()
+            finally:
+                self._signals.__exit__()
+                now = time.monotonic()
+                self.state.elapsed_s += now - self._fit_start
+                self._fit_start = now  # later checkpoints add nothing twice
+                self.progress.close()
+            self._log_metrics()
+            if cfg.checkpoint_dir and self.state.step != self._last_checkpoint_step:
+                self._save_checkpoint(at_epoch_end=self.state.batches_done == 0)
         finally:
-            self.state.elapsed_s += time.monotonic() - self._fit_start
-            self.progress.close()
-        self._log_metrics()
-        if cfg.checkpoint_dir and self.state.step != self._last_checkpoint_step:
-            self._save_checkpoint(at_epoch_end=self.state.batches_done == 0)
-        for logger in self.loggers:
-            logger.close()
+            self.source.close()  # after the last checkpoint, which records whether workers persist
+            for logger in self.loggers:
+                logger.close()
+        if self.stop_reason == "preempted":
+            raise Preempted(self.state.step, self._last_checkpoint)
         result = self._result()
         self._callback("on_fit_end", result)
         return result
@@ -197,7 +214,8 @@ class Trainer:
                 count += n
         module.train()
         metrics = {"val_loss": float(total.item()) / max(count, 1)}  # one read per validation
-        self._clock.exclude(time.monotonic() - started)
+        if self._clock is not None:
+            self._clock.exclude(time.monotonic() - started)
         self._callback("on_validation_end", metrics)
         return metrics
 
@@ -230,13 +248,16 @@ class Trainer:
         rt, ctx = self.rt, self.ctx
         ctx.is_last_micro_batch = last
         if self.config.manual_optimization:
-            out = self.step_fn(ctx, batch)
-            return _loss_of(out).detach()
+            return self._loss_value(_loss_of(self.step_fn(ctx, batch)))
         with rt.no_sync(not last):
             with rt.autocast():
                 loss = self._loss(batch)
             rt.backward(loss / rt.accum_steps if rt.accum_steps > 1 else loss)
-        return loss.detach()
+        return self._loss_value(loss)
+
+    def _loss_value(self, loss: torch.Tensor) -> Any:
+        """A float on the host (a CPU read waits for nothing), a detached tensor on a GPU."""
+        return loss.item() if self.loss_meter.on_host else loss.detach()
 
     def _loss(self, batch: Any) -> torch.Tensor:
         if self.step_fn is not None:
@@ -258,7 +279,7 @@ class Trainer:
         inputs, targets = batch
         return self.loss_fn(self.rt.model(inputs), targets)
 
-    def _apply_optimizer(self, optimizer: torch.optim.Optimizer, loss: torch.Tensor | None = None) -> bool:
+    def _apply_optimizer(self, optimizer: torch.optim.Optimizer, loss: Any = None) -> bool:
         """Guard, clip and step one optimizer. False when the non-finite guard skipped the step."""
         if not self.guard.check(loss, self.state.step + 1):
             optimizer.zero_grad(set_to_none=self.rt.set_to_none)
@@ -270,7 +291,7 @@ class Trainer:
         self.guard.disarm((optimizer,))
         return True
 
-    def _finish_step(self, loss: torch.Tensor) -> bool:
+    def _finish_step(self, loss: Any) -> bool:
         """Optimizer step(s) and the step-boundary bookkeeping. True when training must stop."""
         if self.config.manual_optimization:
             stepped = self.ctx.stepped
@@ -333,6 +354,8 @@ class Trainer:
 
     def _limits_reached(self) -> str | None:
         cfg, s = self.config, self.state
+        if self._signals.requested:
+            return "preempted"
         if cfg.max_steps is not None and s.step >= cfg.max_steps:
             return "max_steps"
         if self.max_epochs is not None and s.epoch >= self.max_epochs:

@@ -1,0 +1,161 @@
+"""Framework overhead per step: turbotrain's Trainer (naive plan) against a hand-written loop.
+
+A tiny MLP on in-memory batches (CPU, batch 32), so the framework's own per-step cost is what
+shows. Every runner sees the same batches in the same order; the script prints the median
+time per step over several repeats, the ratio to the plain loop measured in the same run,
+and whether the final weights equal the plain loop's. Lightning and Accelerate are timed
+too when they are installed.
+
+Timing uses this thread's CPU time by default (``--clock cpu``, torch pinned to one thread):
+on a shared machine, wall time mostly measures the neighbours; ``--clock wall`` is there for
+quiet machines.
+
+    python benchmarks/overhead.py [--steps 2000] [--repeats 5] [--clock cpu|wall]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+import turbotrain as tt
+from turbotrain.bench.models import TinyMLP
+
+
+class Batches:
+    """Pre-built in-memory batches: a plain iterable (Lightning reads a *list* as several loaders)."""
+
+    def __init__(self, n: int, batch: int = 32):
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(n * batch, 32, generator=g)
+        y = x[:, :10].argmax(1)
+        self.items = [(x[i * batch:(i + 1) * batch], y[i * batch:(i + 1) * batch]) for i in range(n)]
+
+    def __iter__(self):
+        return iter(self.items)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+
+clock = time.thread_time
+
+
+def fresh():
+    torch.manual_seed(0)
+    model = TinyMLP()
+    return model, torch.optim.SGD(model.parameters(), lr=0.01)
+
+
+def plain(data):
+    model, opt = fresh()
+    start = clock()
+    for x, y in data:
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    return clock() - start, model
+
+
+def turbotrain_trainer(data):
+    model, opt = fresh()
+    trainer = tt.Trainer(model, opt, F.cross_entropy, max_epochs=1, log_every_n_steps=len(data), progress=False)
+    start = clock()
+    trainer.fit(data)
+    return clock() - start, model
+
+
+def turbotrain_setup(data):
+    model, opt = fresh()
+    model, opt, loader = tt.setup(model, opt, data)
+    start = clock()
+    for x, y in loader:
+        opt.backward(F.cross_entropy(model(x), y))
+        opt.step()
+    return clock() - start, model.module
+
+
+def lightning(data):
+    import lightning as L
+
+    model, opt = fresh()
+
+    class Module(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def training_step(self, batch, _):
+            x, y = batch
+            return F.cross_entropy(self.model(x), y)
+
+        def configure_optimizers(self):
+            return opt
+
+    trainer = L.Trainer(max_epochs=1, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0)
+    start = clock()
+    trainer.fit(Module(), train_dataloaders=data)
+    return clock() - start, model
+
+
+def accelerate(data):
+    from accelerate import Accelerator
+
+    model, opt = fresh()
+    acc = Accelerator(cpu=True)
+    model, opt = acc.prepare(model, opt)
+    start = clock()
+    for x, y in data:
+        loss = F.cross_entropy(model(x), y)
+        acc.backward(loss)
+        opt.step()
+        opt.zero_grad()
+    return clock() - start, acc.unwrap_model(model)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu")
+    args = parser.parse_args()
+    global clock
+    if args.clock == "cpu":
+        torch.set_num_threads(1)  # thread CPU time only sees this thread's work
+    else:
+        clock = time.perf_counter
+    data = Batches(args.steps)
+    runners = {"plain loop": plain, "turbotrain Trainer": turbotrain_trainer, "turbotrain setup": turbotrain_setup}
+    for name, fn, module in (("Lightning", lightning, "lightning"), ("Accelerate", accelerate, "accelerate")):
+        try:
+            __import__(module)
+            runners[name] = fn
+        except ImportError:
+            print(f"{name} not installed: skipped")
+    times: dict[str, list[float]] = {name: [] for name in runners}
+    weights: dict[str, torch.nn.Module] = {}
+    for _ in range(args.repeats):
+        for name, fn in runners.items():  # interleaved, so drift in machine load hits every runner alike
+            seconds, model = fn(data)
+            times[name].append(seconds / args.steps)
+            weights[name] = model
+    ref = statistics.median(times["plain loop"])
+    print(f"\n{args.steps} steps x {args.repeats} repeats, tiny MLP, batch 32, CPU ({os.cpu_count()} cores), "
+          f"torch {torch.__version__}, {args.clock} time")
+    print(f"{'runner':22s} {'us/step':>9s} {'spread':>8s} {'vs plain':>9s}  weights == plain loop")
+    for name, ts in times.items():
+        med = statistics.median(ts)
+        spread = (max(ts) - min(ts)) / med
+        same = all(torch.equal(a, b) for a, b in zip(weights["plain loop"].parameters(), weights[name].parameters()))
+        print(f"{name:22s} {med * 1e6:9.1f} {spread:7.1%} {med / ref:8.2f}x  {same}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,235 @@
+"""The local cache between training and remote storage: a directory, /dev/shm, or this process's RAM.
+
+Entries are whole files keyed by the SHA-256 of their URL and never change once written: to see
+new versions of remote files, clear the cache (``clear_cache(dir)``) or use another directory.
+
+A disk entry is written to a temporary name in the same directory and renamed into place, so a
+reader (another worker, another training process on the machine) sees either nothing or the
+whole file: a crash, a killed worker or a full disk never leaves a half-written entry that could
+be served. Two processes that fetch the same file both write complete copies and the last rename
+wins; the contents are the same bytes.
+
+``clear_cache`` deletes only names turbotrain writes (64-hex entry names and ``.tmp-`` files inside
+two-hex subdirectories of a directory carrying turbotrain's marker file), never anything else.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import logging
+import os
+import re
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from . import stats
+
+__all__ = ["MemoryCache", "DiskCache", "CacheFullError", "open_cache", "clear_cache", "shm_dir"]
+
+log = logging.getLogger("turbotrain")
+
+MARKER = ".turbotrain-cache"
+_ENTRY = re.compile(r"^[0-9a-f]{64}$")
+_SUBDIR = re.compile(r"^[0-9a-f]{2}$")
+_TMP_PREFIX = ".tmp-"
+STALE_TMP_S = 3600.0  # a temp file this old belongs to a writer that died
+
+
+class CacheFullError(OSError):
+    """The cache's disk (or quota) is full; nothing partial was left behind."""
+
+
+def _key(url: str) -> str:
+    return hashlib.sha256(url.encode()).hexdigest()
+
+
+class MemoryCache:
+    """Files kept in this process's RAM.
+
+    Each process has its own: a DataLoader worker's entries do not reach the other workers or
+    the main process. Fill it before the workers start (``dataset.fill()`` or ``tt.data.preload``),
+    where fork shares it copy-on-write and spawn copies it, or use ``"shm"``, which all share.
+    """
+
+    kind = "memory"
+
+    def __init__(self) -> None:
+        self._entries: dict[str, bytes] = {}
+
+    def get(self, url: str) -> bytes | None:
+        data = self._entries.get(url)
+        if data is not None:
+            stats.record(stats.CACHE_SCHEME, len(data), 0.0)
+        return data
+
+    def __contains__(self, url: str) -> bool:
+        return url in self._entries
+
+    def put(self, url: str, data: bytes) -> None:
+        self._entries[url] = data
+
+    def local_path(self, url: str) -> str | None:
+        return None
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __repr__(self) -> str:
+        return f"MemoryCache({len(self._entries)} files)"
+
+
+class DiskCache:
+    """Files kept in a local directory (a fast disk, or /dev/shm), shared by every process that uses it."""
+
+    kind = "disk"
+
+    def __init__(self, root: str | os.PathLike) -> None:
+        self.root = Path(root).expanduser()
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            marker = self.root / MARKER
+            if not marker.exists():
+                marker.write_text("turbotrain cache: entries are named by the SHA-256 of their URL. "
+                                  "turbotrain.data.clear_cache(dir) removes only those entries.\n")
+        except OSError as exc:
+            raise OSError(f"cannot use {self.root} as a cache directory: {exc}. Pass cache= a writable "
+                          "local directory, 'memory', 'shm' or None.") from exc
+        self._sweep_stale_temps()
+
+    def __repr__(self) -> str:
+        return f"DiskCache({str(self.root)!r})"
+
+    def entry_path(self, url: str) -> Path:
+        key = _key(url)
+        return self.root / key[:2] / key
+
+    def __contains__(self, url: str) -> bool:
+        return self.entry_path(url).exists()
+
+    def local_path(self, url: str) -> str | None:
+        path = self.entry_path(url)
+        return str(path) if path.exists() else None
+
+    def get(self, url: str) -> bytes | None:
+        t0 = time.perf_counter()
+        try:
+            with open(self.entry_path(url), "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            return None
+        stats.record(stats.CACHE_SCHEME, len(data), time.perf_counter() - t0)
+        return data
+
+    def put(self, url: str, data: bytes) -> None:
+        final = self.entry_path(url)
+        if final.exists():
+            return  # another process already wrote it; entries never change
+        tmp = None
+        try:
+            final.parent.mkdir(exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=final.parent, prefix=_TMP_PREFIX)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, final)  # atomic: readers see no file or the whole file
+            tmp = None
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                free = shutil.disk_usage(self.root).free
+                raise CacheFullError(
+                    exc.errno, f"cache directory {self.root} is full ({free / 1e6:.1f} MB free) while storing "
+                    f"{len(data) / 1e6:.1f} MB for {url}; no partial file was kept. Free space there, point "
+                    "cache= at a larger disk, or use cache=None.") from exc
+            raise
+        finally:
+            if tmp is not None:
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass
+
+    def _our_files(self):
+        """(path, is_temp) for every file turbotrain wrote here; nothing else is ever listed."""
+        if not (self.root / MARKER).exists():
+            return
+        for sub in os.scandir(self.root):
+            if not (sub.is_dir(follow_symlinks=False) and _SUBDIR.match(sub.name)):
+                continue
+            for entry in os.scandir(sub.path):
+                if not entry.is_file(follow_symlinks=False):
+                    continue
+                if _ENTRY.match(entry.name) and entry.name.startswith(sub.name):
+                    yield entry, False
+                elif entry.name.startswith(_TMP_PREFIX):
+                    yield entry, True
+
+    def _sweep_stale_temps(self) -> None:
+        now = time.time()
+        for entry, is_temp in self._our_files():
+            if is_temp:
+                try:
+                    if now - entry.stat().st_mtime > STALE_TMP_S:
+                        os.unlink(entry.path)
+                except OSError:
+                    pass
+
+    def clear(self) -> int:
+        """Delete this cache's entries (and leftover temp files); returns how many files went."""
+        removed = 0
+        for entry, _ in list(self._our_files()):
+            try:
+                os.unlink(entry.path)
+                removed += 1
+            except FileNotFoundError:
+                pass
+        for sub in os.scandir(self.root):
+            if sub.is_dir(follow_symlinks=False) and _SUBDIR.match(sub.name):
+                try:
+                    os.rmdir(sub.path)  # only if empty: a user's file in there stays, and so does the dir
+                except OSError:
+                    pass
+        return removed
+
+    def size_bytes(self) -> int:
+        return sum(entry.stat().st_size for entry, is_temp in self._our_files() if not is_temp)
+
+
+def shm_dir() -> Path:
+    """The shared-memory cache directory (/dev/shm/turbotrain-cache-<uid>)."""
+    shm = Path("/dev/shm")
+    if not shm.is_dir():
+        raise OSError("cache='shm' needs /dev/shm, which this system lacks; pass a local directory instead")
+    uid = os.getuid() if hasattr(os, "getuid") else 0
+    return shm / f"turbotrain-cache-{uid}"
+
+
+def open_cache(spec: Any) -> MemoryCache | DiskCache | None:
+    """A cache from its spec: None, ``"memory"``, ``"shm"``, a directory path, or a cache object."""
+    if spec is None or isinstance(spec, (MemoryCache, DiskCache)):
+        return spec
+    if spec == "memory":
+        return MemoryCache()
+    if spec == "shm":
+        return DiskCache(shm_dir())
+    if isinstance(spec, (str, os.PathLike)):
+        if "://" in os.fspath(spec):
+            raise ValueError(f"cache={spec!r}: the cache must be a local directory, 'memory', 'shm' or None")
+        return DiskCache(spec)
+    raise TypeError(f"cache={spec!r}: expected a local directory, 'memory', 'shm' or None")
+
+
+def clear_cache(directory: str | os.PathLike | None = None) -> int:
+    """Delete turbotrain's cache entries in ``directory`` (default: the shm cache); returns files removed.
+
+    Refuses a directory that turbotrain did not set up as a cache, and leaves every file whose
+    name turbotrain would not have written.
+    """
+    root = Path(directory) if directory is not None else shm_dir()
+    if not root.exists():
+        return 0
+    if not (root / MARKER).exists():
+        raise ValueError(f"{root} is not a turbotrain cache (no {MARKER} marker): nothing deleted")
+    return DiskCache(root).clear()

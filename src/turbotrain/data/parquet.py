@@ -1,0 +1,340 @@
+"""ParquetDataset: record batches of Parquet files (local or remote, cached) streamed through PyArrow.
+
+The unit of work is one row group. Every process (rank x DataLoader worker) takes every
+``world_size * num_workers``-th row group of one permutation that all of them compute alike from
+``seed`` and the epoch, so each row is read exactly once per epoch with no coordination. Rows are
+then shuffled within a buffer of ``shuffle_buffer_rows`` and cut into batches of ``batch_rows``.
+
+Footers are read when the dataset is built (concurrently; through the cache when it holds the
+file). Row groups are read one step ahead on a background thread (PyArrow decodes without the
+GIL), and with a cache the whole files this process needs are fetched ahead, many at once.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Iterator
+
+import numpy as np
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+from . import stats
+from .cache import DiskCache, open_cache
+from .fetch import FetchError, Fetcher, RetryPolicy, expand_urls, scheme_of
+
+__all__ = ["ParquetDataset", "ParquetFileError"]
+
+
+class ParquetFileError(OSError):
+    """A Parquet file (or one of its row groups) could not be read; ``url`` and ``row_group`` say which."""
+
+    def __init__(self, url: str, row_group: int | None, message: str):
+        super().__init__(message)
+        self.url = url
+        self.row_group = row_group
+
+
+@dataclass(frozen=True)
+class _Unit:
+    file: int
+    row_group: int
+    rows: int
+    compressed_bytes: int
+
+
+def _rank_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    if rank is None and world_size is None:
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            return torch.distributed.get_rank(), torch.distributed.get_world_size()
+        rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    rank, world_size = int(rank or 0), int(world_size or 1)
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is outside world_size {world_size}")
+    return rank, world_size
+
+
+def _column_to_torch(name: str, column) -> Any:
+    import pyarrow as pa
+
+    arr = column.combine_chunks() if hasattr(column, "combine_chunks") else column
+    kind = arr.type
+    numeric = pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind)
+    fixed_list = pa.types.is_fixed_size_list(kind) and (pa.types.is_integer(kind.value_type)
+                                                        or pa.types.is_floating(kind.value_type))
+    if not (numeric or fixed_list):
+        return arr.to_pylist()
+    if arr.null_count:
+        raise ValueError(f"column {name!r} has {arr.null_count} null value(s), which a tensor cannot hold: fill "
+                         "them when writing the data, or use ParquetDataset(..., format='arrow')")
+    if fixed_list:
+        values = arr.flatten().to_numpy(zero_copy_only=False).reshape(len(arr), kind.list_size)
+    else:
+        values = arr.to_numpy(zero_copy_only=False)
+    if not values.flags.writeable:  # zero-copy views of Arrow memory are read-only; torch wants to own it
+        values = values.copy()
+    return torch.from_numpy(values)
+
+
+def _to_torch(table) -> dict[str, Any]:
+    return {name: _column_to_torch(name, col) for name, col in zip(table.column_names, table.columns)}
+
+
+class _Batcher:
+    """Collects row groups, shuffles within a buffer, and cuts batches of ``batch_rows``."""
+
+    def __init__(self, batch_rows: int, buffer_rows: int, rng: np.random.Generator | None, drop_last: bool):
+        self.batch_rows, self.buffer_rows, self.rng, self.drop_last = batch_rows, buffer_rows, rng, drop_last
+        self.tables: list = []
+        self.rows = 0
+
+    def add(self, table) -> Iterator[Any]:
+        self.tables.append(table)
+        self.rows += table.num_rows
+        if self.rows >= (self.buffer_rows if self.rng is not None else self.batch_rows):
+            yield from self._drain(final=False)
+
+    def finish(self) -> Iterator[Any]:
+        if self.rows:
+            yield from self._drain(final=True)
+
+    def _drain(self, final: bool) -> Iterator[Any]:
+        import pyarrow as pa
+
+        table = pa.concat_tables(self.tables) if len(self.tables) > 1 else self.tables[0]
+        if self.rng is not None:
+            table = table.take(self.rng.permutation(table.num_rows))
+        full = table.num_rows // self.batch_rows
+        for k in range(full):
+            yield table.slice(k * self.batch_rows, self.batch_rows)
+        rest = table.slice(full * self.batch_rows)
+        if final:
+            self.tables, self.rows = [], 0
+            if rest.num_rows and not self.drop_last:
+                yield rest
+        else:
+            self.tables, self.rows = ([rest], rest.num_rows) if rest.num_rows else ([], 0)
+
+
+class _Reader:
+    """Opens this process's files (cache, local, or remote ranges) and reads row groups from them."""
+
+    def __init__(self, ds: "ParquetDataset", files_in_order: list[int]):
+        self.ds = ds
+        self.files_in_order = files_in_order
+        self.position = {f: k for k, f in enumerate(files_in_order)}
+        self.fetches: dict[int, Future] = {}
+        self.open_files: dict[int, Any] = {}
+
+    def _fetch_ahead(self, file: int) -> None:
+        """Start whole-file fetches into the cache for the next files this process will read."""
+        start = self.position.get(file, 0)
+        for f in self.files_in_order[start:start + self.ds.fetcher.max_in_flight]:
+            url = self.ds.urls[f]
+            if f not in self.fetches and url not in self.ds.cache:
+                self.fetches[f] = self.ds.fetcher.pool().submit(self.ds._cache_file, url)
+
+    def parquet_file(self, file: int):
+        pf = self.open_files.get(file)
+        if pf is None:
+            if self.ds.cache is not None:
+                self._fetch_ahead(file)
+                fut = self.fetches.pop(file, None)
+                if fut is not None:
+                    fut.result()
+            for old in list(self.open_files)[:-2]:  # keep a few open: units of a file usually come together
+                self.open_files.pop(old)
+            pf = self.open_files[file] = self.ds._open(file)
+        return pf
+
+    def read(self, unit: _Unit):
+        url = self.ds.urls[unit.file]
+        pf = self.parquet_file(unit.file)
+        t0 = time.perf_counter()
+        try:
+            table = pf.read_row_group(unit.row_group, columns=self.ds.columns)
+        except (FetchError, FileNotFoundError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - pyarrow raises ArrowInvalid, OSError, ...
+            raise ParquetFileError(url, unit.row_group, f"{url}: row group {unit.row_group} (of "
+                                   f"{pf.metadata.num_row_groups}) could not be read: {exc}"
+                                   f"{self.ds._where(url)}") from exc
+        stats.record(self.ds._read_scheme(url), unit.compressed_bytes, time.perf_counter() - t0)
+        return table
+
+    def close(self) -> None:
+        for fut in self.fetches.values():
+            fut.cancel()
+        self.open_files.clear()
+
+
+class ParquetDataset(IterableDataset):
+    """Batches of rows from Parquet files at any fsspec URL, each row once per epoch.
+
+    ``urls``: a list or a glob. ``columns``: the columns to read (all by default). Each item is one
+    batch of ``batch_rows`` rows (the last one of a process may be shorter unless ``drop_last``):
+    a dict of column name to tensor (numeric and fixed-size-list columns) or list (anything else),
+    or a ``pyarrow.Table`` with ``format="arrow"``. Use it with ``DataLoader(ds, batch_size=None,
+    num_workers=...)``. ``shuffle=True`` permutes row groups per epoch and rows within a buffer of
+    ``shuffle_buffer_rows``; call ``set_epoch(e)`` each epoch (the Trainer does) for a new order.
+    ``rank``/``world_size`` default to torch.distributed's, or the RANK/WORLD_SIZE variables.
+    """
+
+    def __init__(self, urls: str | os.PathLike | Iterable[str], columns: list[str] | None = None,
+                 batch_rows: int = 1024, *, shuffle: bool = False, shuffle_buffer_rows: int | None = None,
+                 seed: int = 0, drop_last: bool = False, cache: Any = None,
+                 storage_options: dict[str, Any] | None = None, rank: int | None = None,
+                 world_size: int | None = None, format: str = "torch",
+                 transform: Callable[[Any], Any] | None = None, read_ahead: int = 2, max_in_flight: int = 16,
+                 retry: RetryPolicy | None = None):
+        if batch_rows < 1:
+            raise ValueError(f"batch_rows must be at least 1, got {batch_rows}")
+        if format not in ("torch", "arrow"):
+            raise ValueError(f"format={format!r}: expected 'torch' or 'arrow'")
+        self.urls = expand_urls(urls, storage_options)
+        self.columns = list(columns) if columns is not None else None
+        self.batch_rows = batch_rows
+        self.shuffle = shuffle
+        self.shuffle_buffer_rows = max(shuffle_buffer_rows or 16 * batch_rows, batch_rows)
+        self.seed, self.drop_last, self.format, self.transform = seed, drop_last, format, transform
+        self.read_ahead = max(1, read_ahead)
+        self.cache = open_cache(cache)
+        stats.share_with_workers()
+        self.fetcher = Fetcher(storage_options, max_in_flight=max_in_flight, retry=retry)
+        self.rank, self.world_size = _rank_world(rank, world_size)
+        self._epoch = 0
+        self._iterations = 0
+        self.units, self.schema = self._plan()
+        self.num_rows = sum(u.rows for u in self.units)
+
+    def __repr__(self) -> str:
+        return (f"ParquetDataset({len(self.urls)} files, {len(self.units)} row groups, {self.num_rows} rows, "
+                f"rank {self.rank}/{self.world_size}, cache={self.cache!r})")
+
+    # -- opening files ------------------------------------------------------------------------
+
+    def _cache_file(self, url: str) -> None:
+        if url not in self.cache:
+            self.cache.put(url, self.fetcher.read(url))
+
+    def _where(self, url: str) -> str:
+        path = self.cache.local_path(url) if self.cache is not None else None
+        return (f" (read from the cached copy {path}; if the original is fine, clear the cache with "
+                f"tt.data.clear_cache)") if path else ""
+
+    def _read_scheme(self, url: str) -> str:
+        return stats.CACHE_SCHEME if self.cache is not None and url in self.cache else scheme_of(url)
+
+    def _source(self, file: int, whole: bool = True):
+        import pyarrow as pa
+
+        url = self.urls[file]
+        if self.cache is not None and (whole or url in self.cache):
+            self._cache_file(url)
+            if isinstance(self.cache, DiskCache):
+                return self.cache.local_path(url)
+            return pa.BufferReader(self.cache.get(url))
+        if scheme_of(url) == "file":
+            return url
+        fs, path = self.fetcher.filesystem(url)
+        return fs.open(path, "rb")  # ranged reads: only the footer and the row groups asked for
+
+    def _open(self, file: int, whole: bool = True):
+        """The ParquetFile for ``file``; ``whole=False`` reads just what is asked (ranges) when not cached."""
+        import pyarrow.parquet as pq
+
+        url = self.urls[file]
+        source = self._source(file, whole)
+        try:
+            return pq.ParquetFile(source, memory_map=isinstance(source, str), page_checksum_verification=True)
+        except (FetchError, FileNotFoundError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - pyarrow's errors say little about which file
+            raise ParquetFileError(url, None, f"{url}: not a readable Parquet file: its footer cannot be read "
+                                   f"({exc}). The file is truncated or is not Parquet; rewrite it or leave it out"
+                                   f"{self._where(url)}.") from exc
+
+    def _plan(self) -> tuple[list[_Unit], Any]:
+        def footer(file: int):
+            pf = self._open(file, whole=False)  # the footer only: whole files are fetched when read
+            md = pf.metadata
+            units = [_Unit(file, rg, md.row_group(rg).num_rows,
+                           sum(md.row_group(rg).column(c).total_compressed_size
+                               for c in range(md.row_group(rg).num_columns)))
+                     for rg in range(md.num_row_groups)]
+            return units, pf.schema_arrow
+
+        results = list(self.fetcher.pool().map(footer, range(len(self.urls))))
+        schema = results[0][1]
+        if self.columns is not None:
+            missing = [c for c in self.columns if c not in schema.names]
+            if missing:
+                raise KeyError(f"column(s) {missing} not in {self.urls[0]}; its columns are {schema.names}")
+        return [u for units, _ in results for u in units], schema
+
+    # -- iteration ----------------------------------------------------------------------------
+
+    def with_cache(self, cache: Any) -> "ParquetDataset":
+        """The same dataset read through another cache."""
+        clone = object.__new__(ParquetDataset)
+        clone.__dict__.update(self.__dict__)
+        clone.cache = open_cache(cache)
+        return clone
+
+    def fill(self) -> "ParquetDataset":
+        """Fetch every file not yet cached into the cache, many at once; returns self."""
+        if self.cache is None:
+            raise ValueError("fill() needs a cache: ParquetDataset(..., cache='memory' | 'shm' | '/local/dir')")
+        self.fetcher.fill(self.cache, self.urls)
+        return self
+
+    def set_epoch(self, epoch: int) -> None:
+        """Use ``epoch``'s order (row-group permutation and row shuffle) from the next iteration on."""
+        self._epoch, self._iterations = int(epoch), 0
+
+    def assigned_units(self, worker: int = 0, num_workers: int = 1, epoch: int | None = None) -> list[_Unit]:
+        """The row groups this rank's ``worker`` of ``num_workers`` reads in ``epoch``."""
+        order = list(range(len(self.units)))
+        if self.shuffle:
+            np.random.default_rng([self.seed, self._epoch if epoch is None else epoch]).shuffle(order)
+        stride = self.world_size * num_workers
+        return [self.units[k] for k in order[self.rank * num_workers + worker::stride]]
+
+    def __iter__(self) -> Iterator[Any]:
+        info = get_worker_info()
+        worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        # Persistent workers never see set_epoch on the main process's copy: count iterations here too.
+        epoch = self._epoch + self._iterations
+        self._iterations += 1
+        units = self.assigned_units(worker, num_workers, epoch)
+        rng = np.random.default_rng([self.seed, epoch, self.rank, worker]) if self.shuffle else None
+        batcher = _Batcher(self.batch_rows, self.shuffle_buffer_rows, rng, self.drop_last)
+        reader = _Reader(self, list(dict.fromkeys(u.file for u in units)))
+        pool = ThreadPoolExecutor(1, thread_name_prefix="turbotrain-parquet")
+        try:
+            ahead: deque[Future] = deque()
+            todo = iter(units)
+            for unit in todo:
+                ahead.append(pool.submit(reader.read, unit))
+                if len(ahead) >= self.read_ahead:
+                    break
+            while ahead:
+                table = ahead.popleft().result()
+                nxt = next(todo, None)
+                if nxt is not None:
+                    ahead.append(pool.submit(reader.read, nxt))
+                for batch in batcher.add(table):
+                    yield self._emit(batch)
+            for batch in batcher.finish():
+                yield self._emit(batch)
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+            reader.close()
+
+    def _emit(self, table) -> Any:
+        out = _to_torch(table) if self.format == "torch" else table
+        return self.transform(out) if self.transform is not None else out
