@@ -14,8 +14,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trace", metavar="PATH",
                         help="write a Chrome/Perfetto trace of the profiled steps (open in ui.perfetto.dev)")
     parser.add_argument("--no-what-if", action="store_true", help="do not measure the fixes (faster, estimates only)")
-    parser.add_argument("--what-if-budget", type=float, default=30.0, metavar="SECONDS",
-                        help="time allowed for measuring fixes (default 30)")
+    parser.add_argument("--what-if-budget", type=float, default=20.0, metavar="SECONDS",
+                        help="time allowed for measuring fixes (default 20)")
     parser.add_argument("--compile", action="store_true", help="also measure torch.compile (compiling takes a while)")
     parser.add_argument("--quiet", action="store_true", help="no terminal report")
     parser.add_argument("script", help="the training script, run unmodified as __main__")

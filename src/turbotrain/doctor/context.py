@@ -180,11 +180,14 @@ def measure_overhead(capture: Capture | None, optimizers: list[Any], raw: Breakd
 
 
 def storage_stats() -> Any:
-    """SLOW-STORAGE WIRING POINT: the data layer's read statistics for this run (None until wired).
+    """SLOW-STORAGE WIRING POINT: the data layer's read statistics for the measured steps (None until wired).
 
-    Once ``turbotrain.data.stats`` exists, return its statistics here (reset when the recording
-    starts, read when it ends); ``rules/runtime.py:slow_storage`` then passes them, with the
-    measured data wait and run time, to ``slow_storage_finding(stats, data_wait_s, total_s)``.
+    To wire (``turbotrain.data.stats``): take ``stats.snapshot()`` when the measured steps start
+    and when they end (the recorder's ``_finish_step`` at ``done == warmup`` and at
+    ``done == warmup + measure``; ``stats.share_with_workers()`` at install so DataLoader workers
+    count too) and return the difference here. ``rules/runtime.py:slow_storage`` already passes
+    it, with the measured data wait and step time, to ``slow_storage_finding(stats, data_wait_s,
+    total_s)`` and turns the dict it returns into the finding.
     """
     return None
 
@@ -196,10 +199,12 @@ def build_context(recorder: Any, script: str | None = None, device: str | None =
     facts = recorder.facts or ForwardFacts()
     device = device or facts.device or "cpu"
     optimizers = [(ref(), site) for ref, site in recorder.optimizers if ref() is not None]
-    raw = compute_breakdown(recorder.steps, recorder.warmup, None, recorder.gpu_phase_seconds or None)
+    # Device time per phase only means something when the model trains on the GPU.
+    gpu_seconds = recorder.gpu_phase_seconds if device == "cuda" and recorder.gpu_phase_seconds else None
+    raw = compute_breakdown(recorder.steps, recorder.warmup, None, gpu_seconds)
     overhead = measure_overhead(unwrapped(recorder.capture), [o for o, _ in optimizers], raw, prof,
                                 recorder.module_calls_per_step, device)
-    breakdown = compute_breakdown(recorder.steps, recorder.warmup, overhead, recorder.gpu_phase_seconds or None)
+    breakdown = compute_breakdown(recorder.steps, recorder.warmup, overhead, gpu_seconds)
     modules = [m for m in (ref() for ref in recorder.top_modules.values()) if m is not None]
     capture = unwrapped(recorder.capture)
     model = capture.module if capture is not None else None

@@ -26,7 +26,7 @@ class DoctorOptions:
     warmup: int = 3                 # steps before measuring (compile, caches, the outermost module found)
     profile_steps: int = 2          # steps under torch.profiler after the measured ones (op table, trace)
     what_if: bool = True            # measure the fixes on the captured model / loader
-    what_if_budget_s: float = 30.0
+    what_if_budget_s: float = 20.0
     compile: bool = False           # include a torch.compile what-if (slow to compile)
     trace_path: str | None = None   # Chrome/Perfetto trace of the profiled steps
 

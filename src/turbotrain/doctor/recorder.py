@@ -145,6 +145,8 @@ class Recorder:
         self._warning_filter: tuple | None = None
         self.gap_samples: Counter = Counter()   # user lines seen running between steps, before the forward
         self._sampler: _GapSampler | None = None
+        self._top_ids: set[int] = set()
+        self._wrapped_classes: set[type] = set()
 
     # -- install / uninstall ------------------------------------------------------------------
 
@@ -174,12 +176,16 @@ class Recorder:
 
         self._handles += [register_optimizer_step_pre_hook(self._on_opt_pre),
                           register_optimizer_step_post_hook(self._on_opt_post)]
-        self._set_discovery(True)
-        from . import instrument
+        try:
+            self._set_discovery(True)
+            from . import instrument
 
-        instrument.install(self, self._patcher)
-        if self.gpu:
-            self._install_sync_debug()
+            instrument.install(self, self._patcher)
+            if self.gpu:
+                self._install_sync_debug()
+        except BaseException:
+            self.uninstall()  # never leave torch half-patched
+            raise
 
     def uninstall(self) -> None:
         global _ACTIVE
@@ -435,12 +441,14 @@ class Recorder:
     # -- modules: the outermost calls of a step ----------------------------------------------------
 
     def _set_discovery(self, on: bool, attach: bool = True) -> None:
-        """Global module hooks (find the outermost modules) or one pre-hook on each of those modules.
+        """Global module hooks (find the outermost modules), or a light wrapper on just those modules.
 
-        Global hooks slow every module call, so they run only in the first warm-up steps. Later
-        steps pay for one pre-hook per outermost module: a training forward just marks where the
-        batch was ready (its time is compute, like the rest of the step after it); a validation
-        forward gets a one-shot post-hook to time it apart.
+        Global hooks slow every module call (and any hook sends a module down torch's slow call
+        path), so they run only in the first warm-up steps. After that, the outermost modules'
+        classes get a ``__call__`` that checks for those very instances: a training forward just
+        marks where the batch was ready (its time is compute, like the rest of the step after it);
+        a validation forward is timed apart. The classes are restored when the recording ends
+        (instances, copies and pickles never carry anything of the doctor's).
         """
         from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 
@@ -456,9 +464,13 @@ class Recorder:
         elif attach:
             for ref in self.top_modules.values():
                 module = ref()
-                if module is not None:
-                    self._module_handles.append(
-                        module.register_forward_pre_hook(self._forward_pre_measured, with_kwargs=True))
+                if module is None:
+                    continue
+                self._top_ids.add(id(module))
+                cls = type(module)
+                if cls not in self._wrapped_classes:
+                    self._wrapped_classes.add(cls)
+                    self._patcher.replace(cls, "__call__", _measured_call)
         self._depth = 0
         self._top_phases.clear()
 
@@ -493,33 +505,29 @@ class Recorder:
             self._capture_final = late
             self._capture(module, args, kwargs)
 
-    def _forward_pre_measured(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
-        if get_ident() != self._thread:
-            return
+    def call_enter(self, module: nn.Module, args: tuple, kwargs: dict) -> str | None:
+        """An outermost module is called (measured steps): the phase to time it as, or None."""
         phase, trained = self._classify(module)
         if phase == "forward" and not self._profiling:
             if trained:
                 self._training_forward(module, args, kwargs, perf_counter())
             self._last_top_phase = "forward"
-            return
+            return None
         if phase == "eval":
             self._note_forward_site("eval_forward", self._open)
         self.push(phase)  # a validation forward, or any forward in the profiler window (its trace range)
         if phase == "forward" and trained:
             self._training_forward(module, args, kwargs, self._stack[-1][1])
-        handle: list[Any] = []
+        return phase
 
-        def done(mod: nn.Module, inputs: tuple, output: Any) -> None:
-            handle[0].remove()
-            seconds = self.pop()
-            if phase == "eval_grad":
-                self._open.pending_eval_grad.append((user_site(sys._getframe(1)), seconds))
-            self._last_top_phase = phase
-
-        handle.append(module.register_forward_hook(done, always_call=True))
+    def call_exit(self, phase: str) -> None:
+        seconds = self.pop()
+        if phase == "eval_grad":
+            self._open.pending_eval_grad.append((user_site(sys._getframe(2)), seconds))
+        self._last_top_phase = phase
 
     def _forward_enter(self, module: nn.Module, args: tuple, kwargs: dict | None) -> None:
-        if get_ident() != self._thread or _compiling():
+        if _ACTIVE is not self or get_ident() != self._thread or _compiling():
             return
         self._depth += 1
         if self._depth != 1:
@@ -755,6 +763,25 @@ class _GapSampler(threading.Thread):
 
     def stop(self) -> None:
         self._done.set()
+
+
+def _measured_call(original: Callable) -> Callable:
+    """``__call__`` for the class of an outermost module: see :meth:`Recorder._set_discovery`."""
+
+    def __call__(self, *args, **kwargs):
+        rec = _ACTIVE
+        if rec is None or id(self) not in rec._top_ids or get_ident() != rec._thread:
+            return original(self, *args, **kwargs)
+        phase = rec.call_enter(self, args, kwargs)
+        if phase is None:
+            return original(self, *args, **kwargs)
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            if rec is _ACTIVE:
+                rec.call_exit(phase)
+
+    return __call__
 
 
 def wrap_sync(kind: str, original: Callable) -> Callable:

@@ -1,4 +1,4 @@
-"""Validation in eval mode but with autograd on (no torch.no_grad / inference_mode), every few steps."""
+"""Validation in eval mode but with autograd on (no torch.no_grad / inference_mode), after every step."""
 import torch
 from torch import nn
 
@@ -25,5 +25,4 @@ for step in range(500):
     opt.zero_grad()
     loss.backward()
     opt.step()
-    if step % 2 == 1:
-        acc = validate()
+    acc = validate()

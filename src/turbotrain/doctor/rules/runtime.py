@@ -331,11 +331,11 @@ def slow_storage(ctx):
     found = slow_storage_finding(ctx.storage_stats, data_wait_s, total_s)
     if not found:
         return
-    f = Finding("slow-storage", message=found.get("message", "the data is read from slow storage"),
-                fix=Fix(found.get("fix", "preload the data to RAM or /dev/shm, or read it through a local cache"),
-                        plan=found.get("plan")),
-                category="data_loading", where=found.get("where"), evidence=found.get("evidence", {}))
-    f.set_gain(found.get("gain_share", ctx.share("data_loading")), measured=bool(found.get("measured")))
-    if found.get("severity"):
-        f.severity = found["severity"]
+    record = ctx.main_loader
+    f = Finding("slow-storage", message=found["message"], fix=Fix(found["fix"]), category="data_loading",
+                site=record.site if record else None, where=found.get("where"),
+                evidence={k: v for k, v in found.items() if k in ("scheme", "mb_per_s")})
+    est = found.get("est_speedup")
+    f.set_gain(1.0 - 1.0 / est if est else None, measured=bool(found.get("measured")))
+    f.severity = found.get("severity", f.severity)
     yield f
