@@ -152,6 +152,17 @@ def _timed_site(kind: str, phase: str | None, original: Callable) -> Callable:
 
 # -- data ----------------------------------------------------------------------------------------------
 
+def _in_phase(rec: "_rec.Recorder", phase: str, fn: Callable, *args: Any) -> tuple[Any, float]:
+    """``fn(*args)`` timed as ``phase``: its result and its own seconds."""
+    rec.push(phase)
+    try:
+        out = fn(*args)
+    except BaseException:
+        rec.pop()
+        raise
+    return out, rec.pop()
+
+
 def _loader_settings(loader: DataLoader) -> dict[str, Any]:
     dataset = loader.dataset
     try:
@@ -191,11 +202,7 @@ def _loader_iter(original: Callable) -> Callable:
         rec = _live()
         if rec is None:
             return original(self)
-        rec.push("data")
-        try:
-            it = original(self)
-        finally:
-            seconds = rec.pop()
+        it, seconds = _in_phase(rec, "data", original, self)
         _loader_record(rec, self)
         try:
             it._tt_loader = id(self)
@@ -212,13 +219,7 @@ def _iter_next(original: Callable) -> Callable:
         rec = _live()
         if rec is None:
             return original(self)
-        rec.push("data")
-        try:
-            batch = original(self)
-        except BaseException:
-            rec.pop()
-            raise
-        seconds = rec.pop()
+        batch, seconds = _in_phase(rec, "data", original, self)
         record = rec.loaders.get(getattr(self, "_tt_loader", -1))
         if record is not None:
             record.nexts.add(rec.step_index, seconds)

@@ -328,28 +328,50 @@ def _loader_trial(ctx, finding: Finding, budget: Budget) -> None:
                     "max(the rest of the step, one batch's loading time). Workers share the CPU with training.")
 
 
+def _second_best(fn: Callable[[], None], cuda: bool, repeats: int = 5) -> float:
+    """Seconds per call: the second fastest of a few (other processes only ever add time)."""
+    times = []
+    for _ in range(repeats):
+        if cuda:
+            torch.cuda.synchronize()
+        started = time.perf_counter()
+        fn()
+        if cuda:
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - started)
+    return sorted(times)[1]
+
+
+def _time_pair(finding: Finding, slow: Callable[[], None], fast: Callable[[], None],
+               cuda: bool) -> tuple[float, float] | None:
+    """Seconds per call of ``slow`` and ``fast``; ``slow`` timed before and after (the better counts), so
+    the machine getting quieter meanwhile is not credited to ``fast``. None (and a note) when one fails."""
+    try:
+        slow()
+        fast()
+        t_slow, t_fast = _second_best(slow, cuda), _second_best(fast, cuda)
+        return min(t_slow, _second_best(slow, cuda)), t_fast
+    except Exception as exc:  # noqa: BLE001 - a model that cannot run this way: the finding stays estimated
+        finding.note = f"Not measured: {type(exc).__name__}: {exc}"
+        return None
+
+
 def _eval_grad_trial(ctx, finding: Finding, budget: Budget) -> None:
     if ctx.capture is None or not budget.allows(2.0):
         return
     model = copy.deepcopy(ctx.capture.module).eval()
     args, kwargs = ctx.capture.args, ctx.capture.kwargs
 
-    def forward_time(grad: bool) -> float:
-        times = []
-        for _ in range(5):
-            started = time.perf_counter()
+    def forward(grad: bool) -> Callable[[], None]:
+        def run() -> None:
             with torch.enable_grad() if grad else torch.inference_mode():
-                out = model(*args, **kwargs)
-            del out
-            times.append(time.perf_counter() - started)
-        return sorted(times)[1]
+                model(*args, **kwargs)
+        return run
 
-    try:
-        with_grad, without = forward_time(True), forward_time(False)
-        with_grad = min(with_grad, forward_time(True))
-    except Exception as exc:  # noqa: BLE001
-        finding.note = f"Not measured: {type(exc).__name__}: {exc}"
+    pair = _time_pair(finding, forward(True), forward(False), cuda=ctx.device == "cuda")
+    if pair is None:
         return
+    with_grad, without = pair
     saving = max(0.0, 1.0 - without / with_grad) if with_grad > 0 else 0.0
     share = finding.trial.get("share", 0.0) * saving
     finding.what_if = {"kind": "eval_grad", "forward_ms_with_grad": round(with_grad * 1e3, 3),
@@ -397,25 +419,10 @@ def _attention_trial(ctx, finding: Finding, budget: Budget) -> None:
         out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
         out.sum().backward()
 
-    def timed(fn) -> float:
-        fn()
-        times = []
-        for _ in range(5):
-            if device == "cuda":
-                torch.cuda.synchronize()
-            started = time.perf_counter()
-            fn()
-            if device == "cuda":
-                torch.cuda.synchronize()
-            times.append(time.perf_counter() - started)
-        return sorted(times)[1]
-
-    try:
-        t_manual, t_fused = timed(manual), timed(fused)
-        t_manual = min(t_manual, timed(manual))
-    except Exception as exc:  # noqa: BLE001
-        finding.note = f"Not measured: {type(exc).__name__}: {exc}"
+    pair = _time_pair(finding, manual, fused, cuda=device == "cuda")
+    if pair is None:
         return
+    t_manual, t_fused = pair
     saved = trial["per_step"] * max(0.0, t_manual - t_fused)
     share = min(saved / ctx.step_s, _model_share(ctx)) if ctx.step_s else 0.0
     finding.what_if = {"kind": "attention", "q_shape": list(q_shape), "keys": keys, "causal": causal,

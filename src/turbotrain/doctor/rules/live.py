@@ -176,6 +176,14 @@ def batch_size_not_multiple_of_8(ctx):
     yield f.on_cpu(ctx, " with tensor cores")
 
 
+def _switch_finding(ctx, rule_id: str, message: str, fix: Fix, measurable: bool = True) -> Finding:
+    """A finding about the model that one Plan switch answers, timed by a what-if on the captured batch."""
+    field = next(iter(fix.plan))
+    return Finding(rule_id, site=ctx.capture.site if ctx.capture else None, category="compute", message=message,
+                   fix=fix, speedup=speedup_for_rule(rule_id, field),
+                   trial={"kind": "plan", "changes": dict(fix.plan)} if measurable else None)
+
+
 def _is_conv_net(ctx) -> bool:
     return ctx.info.n_conv2d >= 1 and ctx.info.conv_param_share >= 0.3
 
@@ -186,14 +194,12 @@ def cudnn_benchmark_off(ctx):
         return
     if not ctx.on_gpu and not ctx.written_for_gpu:
         return
-    f = Finding(
-        "cudnn-benchmark-off", site=ctx.capture.site if ctx.capture else None, category="compute",
-        speedup=speedup_for_rule("cudnn-benchmark-off"),
-        message="torch.backends.cudnn.benchmark is off for a convolutional net: cuDNN uses a heuristic "
-                "algorithm instead of timing the candidates once per input shape.",
-        fix=Fix("torch.backends.cudnn.benchmark = True (input shapes fixed from step to step)",
-                plan={"cudnn_benchmark": True}, lightning="Trainer(benchmark=True)"),
-        trial={"kind": "plan", "changes": {"cudnn_benchmark": True}} if ctx.on_gpu else None)
+    f = _switch_finding(
+        ctx, "cudnn-benchmark-off",
+        "torch.backends.cudnn.benchmark is off for a convolutional net: cuDNN uses a heuristic algorithm "
+        "instead of timing the candidates once per input shape.",
+        Fix("torch.backends.cudnn.benchmark = True (input shapes fixed from step to step)",
+            plan={"cudnn_benchmark": True}, lightning="Trainer(benchmark=True)"), measurable=ctx.on_gpu)
     f.provisional("medium" if ctx.on_gpu else "low")
     yield f.on_cpu(ctx)
 
@@ -204,14 +210,12 @@ def channels_last(ctx):
         return
     if not any(len(s) == 4 for s in ctx.facts.input_shapes):
         return
-    f = Finding(
-        "channels-last", site=ctx.capture.site if ctx.capture else None, category="compute",
-        speedup=speedup_for_rule("channels-last"),
-        message="The conv net runs in NCHW (channels-first) layout; convolution kernels, tensor cores and "
-                "oneDNN on CPUs read NHWC (channels_last) faster.",
-        fix=Fix("model = model.to(memory_format=torch.channels_last); "
-                "images = images.to(memory_format=torch.channels_last)", plan={"channels_last": True}),
-        trial={"kind": "plan", "changes": {"channels_last": True}})
+    f = _switch_finding(
+        ctx, "channels-last",
+        "The conv net runs in NCHW (channels-first) layout; convolution kernels, tensor cores and oneDNN on "
+        "CPUs read NHWC (channels_last) faster.",
+        Fix("model = model.to(memory_format=torch.channels_last); "
+            "images = images.to(memory_format=torch.channels_last)", plan={"channels_last": True}))
     f.provisional("medium" if ctx.on_gpu and ctx.facts.autocast else "low")
     yield f
 

@@ -183,12 +183,16 @@ def host_sync(ctx):
         yield f
 
 
+def _timed_sites(ctx, kind: str):
+    """(per-site stats, share of step time) of events of ``kind`` that ran in the measured steps."""
+    for stat in ctx.site_stats(kind):
+        if stat.per_step > 0:
+            yield stat, (stat.seconds_per_step / ctx.step_s if ctx.step_s else 0.0)
+
+
 @rule("tensor-from-numpy-copy", "runtime")
 def tensor_from_numpy(ctx):
-    for stat in ctx.site_stats("tensor_copy"):
-        if stat.per_step <= 0:
-            continue
-        share = stat.seconds_per_step / ctx.step_s if ctx.step_s else 0.0
+    for stat, share in _timed_sites(ctx, "tensor_copy"):
         f = Finding(
             "tensor-from-numpy-copy", site=stat.site, category="data_loading",
             message=(f"torch.tensor() copies a NumPy array here {stat.per_step:g}x per step "
@@ -203,10 +207,7 @@ def tensor_from_numpy(ctx):
 
 @rule("save-in-loop", "runtime")
 def save_in_loop(ctx):
-    for stat in ctx.site_stats("save"):
-        if stat.per_step <= 0:
-            continue
-        share = stat.seconds_per_step / ctx.step_s if ctx.step_s else 0.0
+    for stat, share in _timed_sites(ctx, "save"):
         f = Finding(
             "save-in-loop", site=stat.site, category="outside_step",
             message=(f"torch.save runs {stat.per_step:g}x per step here ({_ms(stat.seconds_per_step / stat.per_step)} "
