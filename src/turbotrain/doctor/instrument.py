@@ -46,13 +46,19 @@ os.register_at_fork(after_in_child=_forget_in_child)
 
 # -- phases -----------------------------------------------------------------------------------------
 
-def _phase(phase: str, original: Callable, on_enter: Callable | None = None) -> Callable:
+def _phase(phase: str, original: Callable, on_enter: Callable | None = None, untimed_ok: bool = False) -> Callable:
+    """Time ``original`` as ``phase``. With ``untimed_ok`` (the backward: its time is compute either way,
+    as untimed time after the forward) only the bookkeeping runs, unless a trace range or device time
+    is wanted."""
+
     def wrapper(*args, **kwargs):
         rec = _live()
         if rec is None:
             return original(*args, **kwargs)
         if on_enter is not None:
             on_enter(rec)
+        if untimed_ok and not rec._profiling and not rec.gpu and rec._open.marks and not rec._stack:
+            return original(*args, **kwargs)
         rec.push(phase)
         if rec.gpu:
             rec.gpu_mark(phase, start=True)
@@ -325,7 +331,7 @@ def install(rec: "_rec.Recorder", patcher: Patcher) -> None:
         patcher.replace(torch.Tensor, name, lambda orig, kind=name.strip("_"): _rec.wrap_sync(kind, orig))
     patcher.replace(torch.Tensor, "to", _copy)
     patcher.replace(torch.Tensor, "cuda", _copy)
-    patcher.replace(torch.autograd, "backward", lambda orig: _phase("backward", orig, _on_backward))
+    patcher.replace(torch.autograd, "backward", lambda orig: _phase("backward", orig, _on_backward, untimed_ok=True))
     patcher.replace(torch.autograd, "grad", lambda orig: _phase("backward", orig))
     patcher.replace(torch.optim.Optimizer, "zero_grad", _zero_grad)
     patcher.replace(nn.Module, "zero_grad", _zero_grad)

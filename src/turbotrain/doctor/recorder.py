@@ -786,6 +786,8 @@ def _measured_call(original: Callable) -> Callable:
 
 def wrap_sync(kind: str, original: Callable) -> Callable:
     """A tensor method that records a host sync at the user's line (see module docstring)."""
+    if kind in _NO_ARG_SYNCS:
+        return _wrap_sync_no_args(kind, original)
 
     def method(self, *args, **kwargs):
         rec = _ACTIVE
@@ -810,6 +812,37 @@ def wrap_sync(kind: str, original: Callable) -> Callable:
             rec._busy = False
             tally = rec.tally(f"sync:{kind}", site)
             tally.add(rec.step_index, seconds)
+
+    method.__name__ = getattr(original, "__name__", kind)
+    method.__doc__ = getattr(original, "__doc__", None)
+    return method
+
+
+_NO_ARG_SYNCS = frozenset({"item", "tolist", "bool", "float", "int"})
+
+
+def _wrap_sync_no_args(kind: str, original: Callable) -> Callable:
+    """:func:`wrap_sync` for methods without arguments: ``.item()`` runs inside torch's own optimizers for
+    every parameter, so the path that lets those calls through is kept as short as it can be."""
+
+    def method(self):
+        rec = _ACTIVE
+        if rec is None or rec._busy:
+            return original(self)
+        frame = sys._getframe(1)
+        if not rec.gpu and _USER_FILES.get(frame.f_code.co_filename) is False:
+            return original(self)
+        site = (user_site(frame) if self.is_cuda else None) if rec.gpu else caller_site(frame)
+        if site is None or get_ident() != rec._thread or _compiling():
+            return original(self)
+        rec._busy = True
+        rec.push("sync")
+        try:
+            return original(self)
+        finally:
+            seconds = rec.pop()
+            rec._busy = False
+            rec.tally(f"sync:{kind}", site).add(rec.step_index, seconds)
 
     method.__name__ = getattr(original, "__name__", kind)
     method.__doc__ = getattr(original, "__doc__", None)
