@@ -211,9 +211,8 @@ def build_context(recorder: Any, script: str | None = None, device: str | None =
     if model is None:
         trained = [m for m in modules if recorder._is_trained(m)]
         model = trained[0] if trained else None
-    module_sites = {}
-    for module, site in list(recorder.module_sites.items()):
-        module_sites[id(module)] = site
+    module_sites = {key: site for key, (ref, site) in recorder.module_sites.items()
+                    if ref() is not None and id(ref()) == key}
     try:
         info = inspect_model(model)
     except Exception:  # noqa: BLE001 - a model inspect_model cannot read: no structural rules

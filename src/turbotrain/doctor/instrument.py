@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import weakref
 from typing import Any, Callable
 
 import torch
@@ -298,13 +299,12 @@ def _module_init(original: Callable) -> Callable:
     def __init__(self, *args, **kwargs):
         original(self, *args, **kwargs)
         rec = _rec._ACTIVE
-        if rec is not None and _get_ident() == rec._thread and self not in rec.module_sites:
+        # Keyed by id, never by the module: a subclass may define __hash__ on attributes its own
+        # __init__ has not set yet (torchmetrics does), and this runs inside that __init__.
+        if rec is not None and _get_ident() == rec._thread and id(self) not in rec.module_sites:
             site = user_site(sys._getframe(1))
             if site is not None:
-                try:
-                    rec.module_sites[self] = site
-                except TypeError:  # an unhashable module: no site, no harm
-                    pass
+                rec.module_sites[id(self)] = (weakref.ref(self), site)
 
     __init__.__doc__ = original.__doc__
     return __init__

@@ -103,7 +103,7 @@ class Recorder:
         self.tallies: dict[tuple[str, Site], Tally] = {}
         self.loaders: dict[int, LoaderRecord] = {}
         self.optimizers: list[tuple[weakref.ReferenceType, Site | None]] = []
-        self.module_sites: "weakref.WeakKeyDictionary[nn.Module, Site]" = weakref.WeakKeyDictionary()
+        self.module_sites: dict[int, tuple[weakref.ReferenceType, Site]] = {}  # id -> (module, where built)
         self.top_modules: dict[int, weakref.ReferenceType] = {}
         self.module_calls_per_step = 0
         self.facts: ForwardFacts | None = None
@@ -508,7 +508,9 @@ class Recorder:
     def call_enter(self, module: nn.Module, args: tuple, kwargs: dict) -> str | None:
         """An outermost module is called (measured steps): the phase to time it as, or None."""
         phase, trained = self._classify(module)
-        if phase == "forward" and not self._profiling:
+        # A forward inside another timed phase (Lightning runs it in optimizer.step's closure) is
+        # timed itself; otherwise its time is the untimed compute after the mark.
+        if phase == "forward" and not self._profiling and not self._stack:
             if trained:
                 self._training_forward(module, args, kwargs, perf_counter())
             self._last_top_phase = "forward"
