@@ -20,10 +20,13 @@ demo: $(STAMP)
 	$(VENV)/bin/turbotrain demo
 
 test: $(STAMP)
-	# System packages the tests use (nginx for the remote-data tests, chromium for the doctor's HTML report);
-	# installs only what is missing.
+	# System packages the tests use (nginx, iproute2, chromium, ...); installs only what is missing.
 	bash scripts/ci-deps.sh
 	$(PY) -m pytest
+
+# The full ablation (GPU scale on CUDA): paste runs/bench.md into docs/benchmarks.md.
+bench: $(STAMP)
+	$(VENV)/bin/turbotrain bench --json runs/bench.json --markdown runs/bench.md --plot runs/bench.png
 
 test-gpu: $(STAMP)
 	$(PY) -m pytest -m gpu

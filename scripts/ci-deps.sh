@@ -1,14 +1,12 @@
 #!/usr/bin/env bash
 # System packages the test suite needs, installed only when missing (safe to run again and again).
-# One package per line in PACKAGES; `command -v` checks keep a machine that has them from touching apt.
-#   nginx-light: the remote-data tests serve files over HTTP
-#   chromium:    the doctor's HTML report is opened in a real headless browser (tests/doctor/test_reports.py)
+# `make test` runs it. One line per need: "<Debian package> <command that proves it is installed>  # who".
 set -euo pipefail
 
-# package            command that proves it is installed
 PACKAGES=(
-  "nginx-light       nginx"
-  "chromium          chromium"
+  "nginx-light       nginx"      # data: remote files behind a real HTTP server
+  "iproute2          ip"         # launch: two network namespaces act as two nodes
+  "chromium          chromium"   # doctor: the HTML report is opened in a real headless browser
 )
 
 SUDO=""
@@ -16,7 +14,7 @@ if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 
 missing=()
 for entry in "${PACKAGES[@]}"; do
-  read -r pkg cmd <<<"$entry"
+  read -r pkg cmd _ <<<"$entry"
   if ! command -v "$cmd" >/dev/null 2>&1 && [ ! -x "/usr/sbin/$cmd" ]; then
     missing+=("$pkg")
   fi

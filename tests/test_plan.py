@@ -101,3 +101,10 @@ def test_device_that_is_absent_is_a_clear_error():
         pytest.skip("this machine has CUDA")
     with pytest.raises(ValueError, match="no CUDA device"):
         tt.prepare(torch.nn.Linear(2, 2), None, tt.Plan(device="cuda"))
+
+
+def test_tiny_models_get_no_bf16_on_cpu():
+    from turbotrain.bench.models import TinyMLP
+
+    plan = tt.Plan.fast(TinyMLP(), device="cpu")
+    assert plan.precision == "fp32" and plan.fused_optimizer  # autocast's casts would only add overhead

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import reprlib
 import types
 import typing
 from collections.abc import Mapping
@@ -25,6 +26,13 @@ __all__ = ["ConfigError", "strict", "from_mapping", "to_mapping", "describe_type
 
 class ConfigError(ValueError):
     """A configuration value or key is wrong. The message says where and what is allowed."""
+
+
+# Values are quoted in errors at a bounded length: nine levels of YAML aliases stand for 9**9
+# items and a plain repr would spell out every one of them.
+_repr = reprlib.Repr()  # attributes, not keywords: Repr(maxlevel=...) needs Python 3.12
+_repr.maxlevel, _repr.maxlist, _repr.maxtuple, _repr.maxdict, _repr.maxstring, _repr.maxother = 2, 6, 6, 6, 80, 80
+_quote = _repr.repr
 
 
 def _field_names(cls) -> list[str]:
@@ -117,10 +125,12 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     else:  # a plain class annotation
         if isinstance(value, tp):
             return value
-    raise ConfigError(f"{where}: {value!r} is not allowed; expected {describe_type(tp)}.")
+    raise ConfigError(f"{where}: {_quote(value)} is not allowed; expected {describe_type(tp)}.")
 
 
+@functools.lru_cache(maxsize=None)
 def _hints(cls) -> dict[str, Any]:
+    # Resolving string annotations costs milliseconds; a class's hints never change.
     return typing.get_type_hints(cls)
 
 
@@ -161,7 +171,7 @@ def from_mapping(cls, data: Any, where: str | None = None):
     where = where or cls.__name__
     if not isinstance(data, Mapping):
         raise ConfigError(f"{where}: expected a mapping with keys {', '.join(_field_names(cls))}, "
-                          f"got {type(data).__name__} {data!r}.")
+                          f"got {type(data).__name__} {_quote(data)}.")
     allowed = _field_names(cls)
     hints = _hints(cls)
     kwargs = {}

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import itertools
 import logging
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -104,16 +105,20 @@ def preserved_state(*modules_and_optimizers: Any) -> Iterator[None]:
 
 def run_trial(model: nn.Module, optimizer_fn: Callable, loss_fn: Callable | None, batches: Sequence[Any],
               plan: Plan, steps: int = 10, warmup: int = 3, step_fn: Callable | None = None,
-              seed: int = 0) -> Trial:
+              seed: int = 0, loader: Iterable | None = None) -> Trial:
     """Train a deep copy of ``model`` for ``warmup + steps`` optimizer steps under ``plan``.
 
     ``batches`` are reused cyclically (``(inputs, targets)`` for ``loss_fn``, anything for
     ``step_fn(model, batch) -> loss``). Errors (out of memory, a compile failure) are caught
     and reported in ``Trial.error``; the caller's model, optimizer and RNGs are untouched.
+
+    With ``loader`` (``batches`` is then ignored) every micro-batch comes from the loader rebuilt
+    with the plan's loader switches and moved as the plan says (pinning, non_blocking, prefetch),
+    so the data path is timed too; the loader starts over when it runs out.
     """
-    if not batches:
-        raise ValueError("run_trial needs at least one batch")
-    per_step = batch_size_of(batches[0]) * plan.grad_accum_steps
+    if not batches and loader is None:
+        raise ValueError("run_trial needs at least one batch (or a loader)")
+    per_step = batch_size_of(batches[0]) * plan.grad_accum_steps if loader is None else 0  # loader: set below
     trial = Trial(plan=plan, samples_per_step=per_step)
     with preserved_state():
         torch.manual_seed(seed)
@@ -123,7 +128,13 @@ def run_trial(model: nn.Module, optimizer_fn: Callable, loss_fn: Callable | None
             rt = prepare(work, optimizer, plan, on_skip=lambda name, why: trial.skipped.append((name, why)))
             trial.applied = list(rt.applied)
             cuda = rt.device.type == "cuda"
-            device_batches = [rt.to_device(b) for b in batches]
+            if loader is not None:
+                stream = _endless(lambda: rt.device_batches(rt.rebuild_loader(loader)))
+                first = next(stream)
+                trial.samples_per_step = batch_size_of(first) * rt.accum_steps
+                stream = itertools.chain([first], stream)
+            else:
+                device_batches = [rt.to_device(b) for b in batches]
             if cuda:
                 torch.cuda.synchronize()
                 torch.cuda.reset_peak_memory_stats(rt.device)
@@ -134,7 +145,8 @@ def run_trial(model: nn.Module, optimizer_fn: Callable, loss_fn: Callable | None
                 started = time.perf_counter()
                 loss_sum = 0.0
                 for j in range(rt.accum_steps):
-                    batch = device_batches[(i * rt.accum_steps + j) % len(device_batches)]
+                    batch = (next(stream) if loader is not None
+                             else device_batches[(i * rt.accum_steps + j) % len(device_batches)])
                     with rt.autocast():
                         loss = step_fn(rt.model, batch) if step_fn else loss_fn(rt.model(batch[0]), batch[1])
                     with rt.no_sync(j + 1 < rt.accum_steps):
@@ -156,8 +168,19 @@ def run_trial(model: nn.Module, optimizer_fn: Callable, loss_fn: Callable | None
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()  # give back what the failed candidate held before the next one
         finally:
-            work = optimizer = rt = device_batches = None  # noqa: F841 - free before returning
+            work = optimizer = rt = device_batches = stream = None  # noqa: F841 - free before returning
     return trial
+
+
+def _endless(make_epoch: Callable[[], Iterable]) -> Iterator[Any]:
+    """Batches from ``make_epoch()``, started again each time an epoch runs out."""
+    while True:
+        empty = True
+        for batch in make_epoch():
+            empty = False
+            yield batch
+        if empty:
+            raise ValueError("the loader yields no batches (fewer samples than one batch with drop_last?)")
 
 
 def time_loader(loader: Any, batches: int = 20, warmup: int = 2, **overrides: Any) -> float:

@@ -9,12 +9,14 @@
       max_steps: 200
       log_every_n_steps: 20
 
-YAML is read with ``yaml.safe_load``: tags that would construct Python objects are errors,
-as are unknown keys and mistyped values (each error names the key and what is allowed).
+YAML is read with ``yaml.safe_load`` (and a key given twice is an error): tags that would
+construct Python objects are errors, as are unknown keys and mistyped values (each error
+names the key and what is allowed).
 """
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +31,29 @@ from .train.config import TrainerConfig
 __all__ = ["Recipe", "load_yaml", "load_recipe", "TrainingHyperparams"]
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """``yaml.safe_load``, except that a key given twice is an error (PyYAML keeps the last one)."""
+
+
+def _mapping_without_duplicates(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    seen: set = set()
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue  # `<<: *defaults` then overriding a key is how merges are meant to be used
+        key = loader.construct_object(key_node, deep=deep)
+        try:
+            duplicate = key in seen
+        except TypeError:
+            continue  # unhashable: construct_mapping reports it
+        if duplicate:
+            raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
+        seen.add(key)
+    return loader.construct_mapping(node, deep=deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_duplicates)
+
+
 def load_yaml(path_or_text: str | os.PathLike) -> tuple[Any, str]:
     """Parse a YAML file (or YAML text) safely; returns (data, a name for error messages)."""
     text, where = None, "<yaml>"
@@ -40,7 +65,7 @@ def load_yaml(path_or_text: str | os.PathLike) -> tuple[Any, str]:
     else:
         text = str(path_or_text)
     try:
-        return yaml.safe_load(text), where
+        return yaml.load(text, Loader=_StrictLoader), where  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
@@ -70,6 +95,12 @@ class Recipe:
     batch_size: int | None = None
     lr: float | None = None
     resume: bool = False
+
+    def _check(self) -> None:
+        if self.lr is not None and not 0 < self.lr < math.inf:  # NaN included
+            raise ConfigError(f"Recipe.lr: {self.lr} is not allowed; expected a finite number > 0.")
+        if self.batch_size is not None and self.batch_size < 1:
+            raise ConfigError(f"Recipe.batch_size: {self.batch_size} is not allowed; expected an integer >= 1.")
 
     def resolved_plan(self, model=None) -> Plan:
         """The plan to train with: named or explicit, plus the SuperGradients compile switch."""

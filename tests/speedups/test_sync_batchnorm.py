@@ -27,10 +27,16 @@ def _runtime(plan, model):
                    optimizers=[])
 
 
-def test_refused_together_with_compile_unless_forced():
+def test_refused_together_with_compile_unless_forced(monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
     model = nn.Sequential(nn.BatchNorm1d(3))
     with pytest.raises(ConfigError, match="SyncBatchNorm.*compile.*'force'"):
-        ENTRY.apply(_runtime(tt.Plan(sync_batchnorm=True, compile=True), model))
-    rt = _runtime(tt.Plan(sync_batchnorm="force", compile=True), model)
+        tt.prepare(model, None, tt.Plan(device="cpu", sync_batchnorm=True, compile=True))
+    tt.prepare(nn.Sequential(nn.BatchNorm1d(3)), None,
+               tt.Plan(device="cpu", sync_batchnorm="force"))  # forced: no error (skipped: one process)
+
+
+def test_apply_converts_the_module_the_runtime_trains():
+    rt = _runtime(tt.Plan(sync_batchnorm=True), nn.Sequential(nn.BatchNorm1d(3)))
     ENTRY.apply(rt)
-    assert isinstance(rt.module[0], nn.SyncBatchNorm)
+    assert isinstance(rt.module[0], nn.SyncBatchNorm) and rt.model is rt.module

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["GPT", "ResNetCNN", "TinyMLP"]
+__all__ = ["GPT", "ResNetCNN", "ResNet50", "TinyMLP"]
 
 
 class Block(nn.Module):
@@ -70,6 +70,13 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
 
+def shortcut(cin: int, cout: int, stride: int, bias: bool) -> nn.Sequential:
+    """A residual block's skip path: identity, or a strided 1x1 conv + BatchNorm when the shape changes."""
+    if stride == 1 and cin == cout:
+        return nn.Sequential()
+    return nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=bias), nn.BatchNorm2d(cout))
+
+
 class BasicBlock(nn.Module):
     def __init__(self, cin: int, cout: int, stride: int):
         super().__init__()
@@ -78,9 +85,7 @@ class BasicBlock(nn.Module):
         self.bn1 = nn.BatchNorm2d(cout)
         self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=True)
         self.bn2 = nn.BatchNorm2d(cout)
-        self.short = nn.Sequential()
-        if stride != 1 or cin != cout:
-            self.short = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=True), nn.BatchNorm2d(cout))
+        self.short = shortcut(cin, cout, stride, bias=True)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = F.relu(self.bn1(self.conv1(x)))
@@ -101,6 +106,53 @@ class ResNetCNN(nn.Module):
                 stages.append(BasicBlock(cin, cout, 2 if (j == 0 and i > 0) else 1))
                 cin = cout
         self.stages = nn.Sequential(*stages)
+        self.head = nn.Linear(cin, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stages(self.stem(x))
+        return self.head(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+
+
+class Bottleneck(nn.Module):
+    """ResNet v1.5 bottleneck: 1x1 reduce, 3x3 (carries the stride), 1x1 expand by 4."""
+
+    expansion = 4
+
+    def __init__(self, cin: int, width: int, stride: int, bias: bool):
+        super().__init__()
+        cout = width * self.expansion
+        self.conv1 = nn.Conv2d(cin, width, 1, bias=bias)
+        self.bn1 = nn.BatchNorm2d(width)
+        self.conv2 = nn.Conv2d(width, width, 3, stride, 1, bias=bias)
+        self.bn2 = nn.BatchNorm2d(width)
+        self.conv3 = nn.Conv2d(width, cout, 1, bias=bias)
+        self.bn3 = nn.BatchNorm2d(cout)
+        self.short = shortcut(cin, cout, stride, bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.relu(self.bn1(self.conv1(x)))
+        out = F.relu(self.bn2(self.conv2(out)))
+        return F.relu(self.bn3(self.conv3(out)) + self.short(x))
+
+
+class ResNet50(nn.Module):
+    """ResNet-50 as torchvision lays it out (v1.5, 25.6M parameters, ~4.1 GFLOPs per 224x224 image).
+
+    ``conv_bias=True`` (the default here) keeps a bias in every conv before its BatchNorm, as much
+    user code has it; ``drop_conv_bias`` then turns it into the standard model exactly.
+    """
+
+    def __init__(self, num_classes: int = 1000, layers: tuple[int, ...] = (3, 4, 6, 3), conv_bias: bool = True):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 64, 7, 2, 3, bias=conv_bias), nn.BatchNorm2d(64), nn.ReLU(),
+                                  nn.MaxPool2d(3, 2, 1))
+        blocks, cin = [], 64
+        for i, n in enumerate(layers):
+            width = 64 * 2 ** i
+            for j in range(n):
+                blocks.append(Bottleneck(cin, width, 2 if (j == 0 and i > 0) else 1, conv_bias))
+                cin = width * Bottleneck.expansion
+        self.stages = nn.Sequential(*blocks)
         self.head = nn.Linear(cin, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -2,14 +2,19 @@
 
 * ``gpt``: a small decoder-only transformer on byte-level text taken from the Python standard
   library's own source files, so the loss really falls. Unit: tokens.
+  At ``scale="gpu"`` it is GPT-2 small: 124M parameters with a 50304-token vocabulary,
+  1024-token sequences (byte tokens by default, so the loss still falls; ``tokens="random"``
+  for uniformly random tokens over the whole vocabulary).
 * ``cnn``: a ResNet-style net on synthetic class-conditional images (each class a fixed
-  smooth pattern plus noise), 32x32 on CPU. Unit: images.
+  smooth pattern plus noise), 32x32 on CPU; at ``scale="gpu"`` a Bottleneck ResNet-50 on
+  224x224 images and 1000 classes. Unit: images.
 * ``mlp``: a tiny MLP on in-memory data, where the framework's own per-step cost dominates.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,9 +25,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from .models import GPT, ResNetCNN, TinyMLP, lm_loss
+from .models import GPT, ResNet50, ResNetCNN, TinyMLP, lm_loss
 
-__all__ = ["Workload", "get_workload", "WORKLOADS", "stdlib_bytes"]
+__all__ = ["Workload", "get_workload", "WORKLOADS", "stdlib_bytes", "random_token_dataset"]
 
 
 @functools.lru_cache(maxsize=4)
@@ -66,6 +71,13 @@ def image_dataset(samples: int, size: int = 32, classes: int = 10, seed: int = 0
     return TensorDataset(images, labels)
 
 
+def random_token_dataset(samples: int, seq_len: int, vocab_size: int, seed: int = 0) -> TensorDataset:
+    """Uniformly random tokens (throughput only: the loss cannot fall below ln(vocab_size))."""
+    g = torch.Generator().manual_seed(seed)
+    windows = torch.randint(0, vocab_size, (samples, seq_len + 1), generator=g)
+    return TensorDataset(windows[:, :-1].contiguous(), windows[:, 1:].contiguous())
+
+
 def vector_dataset(samples: int, inputs: int = 32, classes: int = 10, seed: int = 0) -> TensorDataset:
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(samples, inputs, generator=g)
@@ -99,24 +111,30 @@ class Workload:
         return model, self.optimizer_fn(model.parameters())
 
 
-def _gpt(scale: str) -> Workload:
-    if scale == "gpu":  # GPT-2 small: 12 layers, 768 wide, 1024 tokens (byte vocabulary)
-        cfg = dict(seq_len=1024, dim=768, layers=12, heads=12)
+def _gpt(scale: str, tokens: str = "bytes", vocab_size: int | None = None) -> Workload:
+    if scale == "gpu":  # GPT-2 small: 12 layers, 768 wide, 1024 tokens, GPT-2's vocabulary padded to 50304
+        cfg = dict(seq_len=1024, dim=768, layers=12, heads=12, vocab_size=vocab_size or 50304)
         batch, samples = 16, 2048
     else:
-        cfg = dict(seq_len=128, dim=128, layers=2, heads=4)
+        cfg = dict(seq_len=128, dim=128, layers=2, heads=4, vocab_size=vocab_size or 256)
         batch, samples = 16, 4096
-    return Workload("gpt", "tokens", cfg["seq_len"], batch, lambda: GPT(vocab_size=256, **cfg), lm_loss,
-                    lambda seed: text_dataset(samples, cfg["seq_len"], seed), lr=1e-3)
+    if tokens == "bytes":
+        if cfg["vocab_size"] < 256:
+            raise ValueError(f"byte tokens need vocab_size >= 256, got {cfg['vocab_size']}")
+        make_dataset = lambda seed: text_dataset(samples, cfg["seq_len"], seed)  # noqa: E731
+    elif tokens == "random":
+        make_dataset = lambda seed: random_token_dataset(samples, cfg["seq_len"], cfg["vocab_size"], seed)  # noqa: E731
+    else:
+        raise ValueError(f"tokens must be 'bytes' or 'random', got {tokens!r}")
+    return Workload("gpt", "tokens", cfg["seq_len"], batch, lambda: GPT(**cfg), lm_loss, make_dataset, lr=1e-3)
 
 
 def _cnn(scale: str) -> Workload:
-    if scale == "gpu":
-        size, batch, samples, blocks, width = 224, 128, 2048, (3, 4, 6, 3), 64
-    else:
-        size, batch, samples, blocks, width = 32, 64, 4096, (1, 1, 1), 32
-    return Workload("cnn", "images", 1, batch, lambda: ResNetCNN(width=width, blocks=blocks), F.cross_entropy,
-                    lambda seed: image_dataset(samples, size, seed=seed), lr=2e-3)
+    if scale == "gpu":  # ResNet-50 on 224x224, 1000 classes; batch 128 fits fp32 training on a 40 GB GPU
+        return Workload("cnn", "images", 1, 128, ResNet50, F.cross_entropy,
+                        lambda seed: image_dataset(1024, 224, classes=1000, seed=seed), lr=2e-3)
+    return Workload("cnn", "images", 1, 64, lambda: ResNetCNN(width=32, blocks=(1, 1, 1)), F.cross_entropy,
+                    lambda seed: image_dataset(4096, 32, seed=seed), lr=2e-3)
 
 
 def _mlp(scale: str) -> Workload:
@@ -127,12 +145,19 @@ def _mlp(scale: str) -> Workload:
 WORKLOADS: dict[str, Callable[[str], Workload]] = {"gpt": _gpt, "cnn": _cnn, "mlp": _mlp}
 
 
-def get_workload(name: str, scale: str = "cpu") -> Workload:
-    """A reference workload by name; ``scale`` is 'cpu' (seconds per run) or 'gpu' (GPT-2 small, ResNet-50 depth)."""
+def get_workload(name: str, scale: str = "cpu", **options) -> Workload:
+    """A reference workload by name; ``scale`` is 'cpu' (seconds per run) or 'gpu' (GPT-2 small, ResNet-50).
+
+    ``options`` go to the workload: ``gpt`` takes ``tokens='bytes'|'random'`` and ``vocab_size``.
+    """
     try:
         factory = WORKLOADS[name]
     except KeyError:
         raise KeyError(f"unknown workload {name!r}; choose one of {', '.join(WORKLOADS)}") from None
     if scale not in ("cpu", "gpu"):
         raise ValueError(f"scale must be 'cpu' or 'gpu', got {scale!r}")
-    return factory(scale)
+    try:
+        inspect.signature(factory).bind(scale, **options)
+    except TypeError:
+        raise TypeError(f"workload {name!r} does not take option(s) {sorted(options)}") from None
+    return factory(scale, **options)

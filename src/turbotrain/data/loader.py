@@ -17,7 +17,7 @@ __all__ = ["rebuild_loader", "LOADER_KEYS"]
 log = logging.getLogger("turbotrain")
 
 LOADER_KEYS = ("num_workers", "pin_memory", "persistent_workers", "batch_size", "batch_sampler",
-               "prefetch_factor")
+               "prefetch_factor", "worker_init_fn", "sampler")
 
 
 def _settings(loader: DataLoader) -> dict[str, Any]:
@@ -36,7 +36,8 @@ def rebuild_loader(loader: Any, **overrides: Any) -> Any:
     """A new DataLoader like ``loader`` with ``overrides`` applied.
 
     Allowed overrides: ``num_workers``, ``pin_memory``, ``persistent_workers``, ``batch_size``,
-    ``batch_sampler`` (replaces the batching entirely), ``prefetch_factor``. A value of None
+    ``batch_sampler`` (replaces the batching entirely), ``prefetch_factor``, ``worker_init_fn``,
+    ``sampler`` (replaces the index order, e.g. by a DistributedSampler; batching stays). A value of None
     keeps the loader's own setting. Anything that is not a DataLoader is returned unchanged
     (with a log line), since there is nothing to rebuild.
     """
@@ -54,6 +55,7 @@ def rebuild_loader(loader: Any, **overrides: Any) -> Any:
     kwargs = _settings(loader)
     batch_size = overrides.pop("batch_size", None)
     batch_sampler = overrides.pop("batch_sampler", None)
+    sampler = overrides.pop("sampler", None)
     kwargs.update(overrides)
 
     if batch_sampler is not None:
@@ -73,7 +75,7 @@ def rebuild_loader(loader: Any, **overrides: Any) -> Any:
             kwargs["batch_size"] = None
             kwargs["sampler"] = loader.sampler
     else:
-        kwargs["sampler"] = loader.sampler
+        kwargs["sampler"] = sampler if sampler is not None else loader.sampler
         kwargs["batch_size"] = batch_size or loader.batch_size
         kwargs["drop_last"] = loader.drop_last
 

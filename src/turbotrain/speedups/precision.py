@@ -44,11 +44,17 @@ def _requires(hw, plan) -> str | None:
     return None
 
 
+# Below this size a CPU step is bound by per-op overhead, which autocast's casts only add to:
+# measured on a 2-core AVX512-BF16 CPU, bf16 made a 2.8k-parameter MLP 0.77x as fast while a
+# 0.3M-parameter CNN and a 0.45M-parameter GPT gained 1.9x and 1.15x.
+CPU_BF16_MIN_PARAMS = 100_000
+
+
 def _recommend(hw, info):
-    if hw.bf16:
+    if hw.is_cuda:
+        return "bf16-mixed" if hw.bf16 else ("fp16-mixed" if hw.fp16 else None)
+    if hw.bf16 and (info.n_params == 0 or info.n_params >= CPU_BF16_MIN_PARAMS):
         return "bf16-mixed"
-    if hw.fp16:
-        return "fp16-mixed"
     return None
 
 

@@ -29,15 +29,25 @@ def wrap_ddp(model: nn.Module, device: torch.device) -> nn.parallel.DistributedD
     return nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
 
 
+def _device_of_this_rank(rt) -> None:
+    """Plan(device='cuda') names no index: under a launcher each process takes the GPU of its local rank."""
+    if rt.device.type == "cuda" and rt.device.index is None:
+        rt.device = torch.device("cuda", tdist.local_rank() % torch.cuda.device_count())
+        rt.module.to(rt.device)  # in place: parameters (and the optimizers' references) stay the same objects
+
+
 def _apply(rt) -> None:
     strategy = resolve_strategy(rt.plan.strategy)
+    if strategy == "none":
+        return
+    _device_of_this_rank(rt)
     if strategy == "ddp":
         rt.ddp = wrap_ddp(rt.model, rt.device)
         rt.model = rt.ddp
     elif strategy == "fsdp":
-        from ..launch.fsdp import shard_model
+        from ..launch.fsdp import apply_to_runtime
 
-        rt.model = shard_model(rt.model, rt.device)
+        apply_to_runtime(rt)
 
 
 def _is_active(plan) -> bool:

@@ -8,25 +8,36 @@ from .. import distributed as tdist
 from ..config import ConfigError
 from .registry import BenchEntry, Order, Speedup, register
 
+# PyTorch's SyncBatchNorm raises in forward for any other device type.
+_SYNC_DEVICES = ("cuda", "xpu", "hpu")
+
 
 def convert_sync_batchnorm(model: nn.Module) -> nn.Module:
+    """Every BatchNorm*d becomes a SyncBatchNorm sharing the same parameters and buffers."""
     return nn.SyncBatchNorm.convert_sync_batchnorm(model)
 
 
-def _apply(rt) -> None:
-    plan = rt.plan
-    if plan.compile is not False and plan.sync_batchnorm != "force":
+def check_compile_conflict(plan) -> None:
+    """The compile article's pitfall: refuse SyncBatchNorm + compile unless the user forces it."""
+    if plan.sync_batchnorm is True and plan.compile is not False:
         raise ConfigError(
             "Plan.sync_batchnorm=true together with compile is refused: every SyncBatchNorm layer is a "
             "cross-process synchronisation point that breaks the compiled graph, which cancels what compile "
             "buys. Drop one of the two, or set sync_batchnorm='force' to run it anyway.")
+
+
+def _apply(rt) -> None:
     rt.module = convert_sync_batchnorm(rt.module)
     rt.model = rt.module
 
 
 def _requires(hw, plan) -> str | None:
+    check_compile_conflict(plan)  # an error, not a skip: the user asked for two things that do not mix
     if tdist.world_size() < 2:
         return "SyncBatchNorm only differs from BatchNorm with several processes; this run has one"
+    if hw.device_type not in _SYNC_DEVICES:
+        return (f"PyTorch's SyncBatchNorm runs on {'/'.join(_SYNC_DEVICES)} only, not {hw.device_type}; "
+                "BatchNorm stays per process")
     return None
 
 

@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import re
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -108,15 +109,20 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict[
     except FileNotFoundError:
         raise CheckpointError(path, f"has no manifest {manifest_path.name}: it was never committed "
                                     "(the writer stopped before finishing)") from None
-    except (ValueError, KeyError, TypeError, OSError) as exc:
+    except (ValueError, KeyError, TypeError, OSError, OverflowError, RecursionError) as exc:
+        # OverflowError: a size of 1e400; RecursionError: JSON nested deeper than the parser's stack.
         raise CheckpointError(path, f"its manifest {manifest_path.name} is unreadable ({exc})") from None
     try:
+        # Check before reading: a FIFO would block for ever and /dev/zero would never end.
+        info = path.stat()
+        if not stat.S_ISREG(info.st_mode):
+            raise CheckpointError(path, "is not a regular file")
+        if info.st_size != expected_size:
+            raise CheckpointError(path, f"is {info.st_size} bytes but was committed with {expected_size}: truncated "
+                                        "or overwritten")
         data = path.read_bytes()
     except OSError as exc:
         raise CheckpointError(path, f"cannot be read ({exc.strerror or exc})") from None
-    if len(data) != expected_size:
-        raise CheckpointError(path, f"is {len(data)} bytes but was committed with {expected_size}: truncated or "
-                                    "overwritten")
     if hashlib.sha256(data).hexdigest() != expected_hash:
         raise CheckpointError(path, "its contents do not match the committed SHA-256: the file is corrupted")
     try:

@@ -70,8 +70,8 @@ class TrainerConfig:
         if isinstance(v, int) and v < 1:
             raise ConfigError(f"Trainer.val_check_interval: {v} is not allowed; expected >= 1 steps.")
         parse_duration(self.max_time)
-        if self.gradient_clip_val is not None and self.gradient_clip_val <= 0:
-            raise ConfigError("Trainer.gradient_clip_val: must be > 0.")
+        if self.gradient_clip_val is not None and not self.gradient_clip_val > 0:  # NaN included
+            raise ConfigError(f"Trainer.gradient_clip_val: {self.gradient_clip_val} is not allowed; must be > 0.")
 
     @property
     def max_time_s(self) -> float | None:

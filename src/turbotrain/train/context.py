@@ -36,8 +36,8 @@ class StepContext:
         self.stepped = False  # whether any optimizer stepped in this training step
 
     @property
-    def step(self) -> int:
-        """Optimizer steps completed so far."""
+    def global_step(self) -> int:
+        """Optimizer steps completed so far (not ``step``: that name is the method below)."""
         return self._trainer_ref().state.step
 
     def autocast(self) -> contextlib.AbstractContextManager:

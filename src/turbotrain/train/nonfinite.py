@@ -48,7 +48,9 @@ class FiniteGuard:
         self.skipped = 0
         self._pending = torch.zeros((), device=device)          # device-skipped steps not yet reported
         self._first_bad = torch.full((), -1, dtype=torch.long, device=device)
-        self._last_scale: float | None = None
+        # The scale before any step (no device sync: the scaler has not made its tensor yet), so
+        # the GradScaler's skips before the first report are counted too.
+        self._last_scale: float | None = float(scaler.get_scale()) if scaler is not None else None
         if scaler is None and not self.on_host and not self.on_device_skip:
             log.info("turbotrain: the non-finite guard reads one flag per step on the host (a device sync) "
                      "because an optimizer is not fused; fused_optimizer=True keeps it on the device")
@@ -81,6 +83,12 @@ class FiniteGuard:
         if self.found.item() == 0.0:  # on the CPU this is a plain read, not a device sync
             return True
         return self._bad(step)
+
+    def resume(self, skipped: int) -> None:
+        """Continue a resumed run's count, from the loss scale its checkpoint restored."""
+        self.skipped = skipped
+        if self.scaler is not None:
+            self._last_scale = float(self.scaler.get_scale())
 
     def _bad(self, step: int) -> bool:
         if self.mode == "stop":

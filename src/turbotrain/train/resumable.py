@@ -19,8 +19,10 @@ reproduced when they derive their randomness from the sample index.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
+import signal
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator
 
@@ -29,7 +31,7 @@ from torch.utils.data import DataLoader, Sampler
 from ..data.loader import batch_sampler_of
 from . import rng
 
-__all__ = ["ResumableBatches", "EpochSource", "Position"]
+__all__ = ["ResumableBatches", "EpochSource", "Position", "WorkerDied"]
 
 log = logging.getLogger("turbotrain")
 
@@ -85,6 +87,45 @@ class ResumableBatches(Sampler):
         yield from it
 
 
+def _worker_ignoring_sigterm(user_init: Callable[[int], None] | None, worker_id: int) -> None:
+    """DataLoader workers leave SIGTERM to the main process, which checkpoints and then stops them.
+
+    Slurm (scancel, preemption) signals every process of a job step, DataLoader workers
+    included. PyTorch's workers die on SIGTERM, and the main process then fails with "worker
+    killed by signal: Terminated" instead of saving at the next step boundary.
+    """
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if user_init is not None:
+        user_init(worker_id)
+
+
+class WorkerDied(RuntimeError):
+    """A DataLoader worker process died (killed, or exited) while training read from it."""
+
+
+def worker_death(exc: BaseException, iterator: Any, where: str) -> WorkerDied | None:
+    """A clearer error for PyTorch's "DataLoader worker (pid(s) N) exited unexpectedly"; None otherwise.
+
+    PyTorch names the pid only, and without a cause when the death is noticed while waiting
+    for data; the iterator's worker processes tell which worker it was and how it ended.
+    """
+    if not str(exc).startswith("DataLoader worker (pid"):
+        return None
+    dead = [(i, w) for i, w in enumerate(getattr(iterator, "_workers", ())) if w.exitcode not in (None, 0)]
+    if not dead:
+        return None
+    told = []
+    for i, w in dead:
+        how = (f"was killed by signal {signal.Signals(-w.exitcode).name}" if w.exitcode < 0
+               else f"exited with code {w.exitcode}")
+        told.append(f"DataLoader worker {i} (pid {w.pid}) {how}")
+    hint = (" SIGKILL usually comes from the kernel's out-of-memory killer (dmesg tells): lower num_workers, "
+            "prefetch_factor or the memory each worker holds." if any(w.exitcode == -signal.SIGKILL for _, w in dead)
+            else "")
+    return WorkerDied(f"{'; '.join(told)} {where}.{hint} Training stopped; fit(resume=True) continues from the "
+                      "last checkpoint.")
+
+
 class EpochSource:
     """Hands the Trainer each epoch's batches, from the start or from a saved Position."""
 
@@ -93,16 +134,22 @@ class EpochSource:
         self.user_loader = loader
         self.batches: ResumableBatches | None = None
         planned = rebuild(loader)
+        extra: dict[str, Any] = {}
+        if isinstance(planned, DataLoader) and planned.num_workers > 0:
+            extra["worker_init_fn"] = functools.partial(_worker_ignoring_sigterm, planned.worker_init_fn)
         inner = batch_sampler_of(planned) if isinstance(planned, DataLoader) else None
         if inner is not None:
             self.batches = ResumableBatches(inner)
-            planned = rebuild(planned, batch_sampler=self.batches)
+            extra["batch_sampler"] = self.batches
+        if extra:
+            planned = rebuild(planned, **extra)
         self.loader = planned
         self.generators = rng.generators_of(planned) if isinstance(planned, DataLoader) else []
         self._persistent = isinstance(planned, DataLoader) and planned.persistent_workers
         self._iterated = False
         self.epoch_rng: dict | None = None
         self.epoch_reused = False
+        self.iterator: Iterator[Any] | None = None  # this epoch's, to tell which worker died
 
     def __len__(self) -> int:
         return len(self.loader)
@@ -124,11 +171,18 @@ class EpochSource:
                 set_epoch(epoch)
 
     def close(self) -> None:
-        """Stop persistent DataLoader workers now rather than whenever the loader is collected."""
-        iterator = getattr(self.loader, "_iterator", None)
-        if iterator is not None and hasattr(iterator, "_shutdown_workers"):
-            iterator._shutdown_workers()
+        """Stop DataLoader workers now rather than whenever the loader or iterator is collected."""
+        iterators = {id(it): it for it in (getattr(self.loader, "_iterator", None), self.iterator) if it is not None}
+        for iterator in iterators.values():
+            if hasattr(iterator, "_shutdown_workers"):
+                iterator._shutdown_workers()
+            for worker in getattr(iterator, "_workers", ()):
+                if worker.is_alive():  # hung: PyTorch's terminate() is a SIGTERM, which the workers ignore
+                    worker.kill()
+                    worker.join(timeout=5)
+        if iterators and isinstance(self.loader, DataLoader):
             self.loader._iterator = None
+        self.iterator = None
         self._iterated = False
 
     def next_epoch_reuses_iterator(self) -> bool:
@@ -144,7 +198,11 @@ class EpochSource:
         else:
             it = self._resume(position)
         self._iterated = True
+        self.iterator = it
         return it
+
+    def worker_death(self, exc: BaseException, where: str) -> WorkerDied | None:
+        return worker_death(exc, self.iterator, where)
 
     def _resume(self, pos: Position) -> Iterator[Any]:
         skip = pos.batches_done

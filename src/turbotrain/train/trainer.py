@@ -20,6 +20,7 @@ from torch import nn
 from .. import distributed as tdist
 from ..config import ConfigError
 from ..data.transfer import batch_size_of
+from ..launch.trainer_hooks import RankCoordinator
 from ..plan import Plan
 from ..runtime import Runtime, prepare
 from . import checkpoint as ckpt
@@ -131,6 +132,7 @@ class Trainer:
         self.ctx = StepContext(self, self.rt)
         self.guard = FiniteGuard(self.rt.optimizers, self.rt.device, self.config.on_nonfinite, self.rt.scaler)
         self.is_rank_zero = tdist.is_rank_zero()
+        self.ranks = RankCoordinator.for_runtime(self.rt)  # distributed: sharding, reductions, checkpoints
         self._last_checkpoint_step = -1
         self._last_checkpoint: str | None = None
         self._early_stop = False
@@ -146,6 +148,7 @@ class Trainer:
 
     def fit(self, train_loader: Iterable, val_loader: Iterable | None = None, *, resume: bool = False) -> FitResult:
         cfg = self.config
+        train_loader, val_loader = self.ranks.shard_loader(train_loader), self.ranks.shard_loader(val_loader)
         self.source = EpochSource(train_loader, self.rt.rebuild_loader)
         self.val_loader = self.rt.rebuild_loader(val_loader) if val_loader is not None else None
         position = self._resume() if resume else None
@@ -173,6 +176,13 @@ class Trainer:
                     if self._run_epoch(batches):
                         break
                     self._end_epoch()
+            except RuntimeError as exc:  # outside the per-batch loop: costs nothing per step
+                # PyTorch's SIGCHLD handler raises wherever the loop is: say "after N steps".
+                clearer = self.source.worker_death(exc, f"after {self.state.step} optimizer steps "
+                                                        f"(epoch {self.state.epoch})")
+                if clearer is None:
+                    raise
+                raise clearer from exc
             finally:
                 self._signals.__exit__()
                 now = time.monotonic()
@@ -195,7 +205,7 @@ class Trainer:
     @torch.no_grad()
     def validate(self, val_loader: Iterable | None = None) -> dict[str, float]:
         """Mean validation loss under ``torch.inference_mode()``; one host read at the end."""
-        loader = val_loader if val_loader is not None else self.val_loader
+        loader = self.ranks.shard_loader(val_loader) if val_loader is not None else self.val_loader
         if loader is None:
             raise ValueError("validate(): no validation loader given to fit() or validate().")
         started = time.monotonic()
@@ -213,6 +223,7 @@ class Trainer:
                 total += loss.detach().double() * n
                 count += n
         module.train()
+        total, count = self.ranks.sum_validation(total, count)  # distributed: every rank's shard
         metrics = {"val_loss": float(total.item()) / max(count, 1)}  # one read per validation
         if self._clock is not None:
             self._clock.exclude(time.monotonic() - started)
@@ -279,9 +290,14 @@ class Trainer:
         inputs, targets = batch
         return self.loss_fn(self.rt.model(inputs), targets)
 
-    def _apply_optimizer(self, optimizer: torch.optim.Optimizer, loss: Any = None) -> bool:
-        """Guard, clip and step one optimizer. False when the non-finite guard skipped the step."""
-        if not self.guard.check(loss, self.state.step + 1):
+    def _apply_optimizer(self, optimizer: torch.optim.Optimizer, loss: Any = None, finite: bool | None = None) -> bool:
+        """Guard, clip and step one optimizer. False when the non-finite guard skipped the step.
+
+        ``finite`` is the guard's verdict when the caller already checked, once for all optimizers.
+        """
+        if finite is None:
+            finite = self.guard.check(loss, self.state.step + 1)
+        if not finite:
             optimizer.zero_grad(set_to_none=self.rt.set_to_none)
             return False
         if self.config.gradient_clip_val is not None:
@@ -297,7 +313,10 @@ class Trainer:
             stepped = self.ctx.stepped
             self.ctx.stepped = False
         else:
-            stepped = all([self._apply_optimizer(opt, loss) for opt in self.rt.optimizers])
+            # One verdict for every optimizer: checked one by one, a skipped optimizer's gradients are
+            # dropped before the next is checked, which then stepped alone (and the skip counted twice).
+            finite = self.guard.check(loss, self.state.step + 1)
+            stepped = all([self._apply_optimizer(opt, finite=finite) for opt in self.rt.optimizers])
         if stepped:
             self.rt.end_step()
             if self.config.scheduler_interval == "step":
@@ -408,6 +427,7 @@ class Trainer:
         rate = self._clock.rate()
         if rate:
             metrics["samples_per_s"] = rate
+        metrics = self.ranks.reduce_logged(metrics)  # distributed: mean loss, summed rate (at log time only)
         self.state.history.append(metrics)
         for logger in self.loggers:
             logger.log(metrics)
@@ -448,9 +468,10 @@ class Trainer:
     def _save_checkpoint(self, at_epoch_end: bool) -> None:
         started = time.monotonic()
         state = self.state_dict(at_epoch_end)
-        if self.is_rank_zero:
-            path = ckpt.save_checkpoint(state, self.config.checkpoint_dir, self.state.step)
-            ckpt.prune_checkpoints(self.config.checkpoint_dir, self.config.keep_checkpoints)
+        # distributed: every rank calls it (positions, FSDP shards); rank 0 commits; all wait for the commit
+        path = self.ranks.save_checkpoint(state, self.config.checkpoint_dir, self.state.step,
+                                          self.config.keep_checkpoints)
+        if path is not None:
             self._last_checkpoint = str(path)
         self._last_checkpoint_step = self.state.step
         self._clock.exclude(time.monotonic() - started)
@@ -459,26 +480,24 @@ class Trainer:
         directory = self.config.checkpoint_dir
         if not directory:
             raise ConfigError("fit(resume=True) needs Trainer(checkpoint_dir=...) to know where checkpoints are.")
-        ckpt.clean_temporary_files(directory)
-        found = ckpt.latest_checkpoint(directory)
+        found = self.ranks.find_checkpoint(directory)  # distributed: rank 0 chooses, every rank loads the same
         if found is None:
             log.info("turbotrain: no complete checkpoint in %s; starting from scratch", directory)
             return None
         path, state = found
-        self.rt.module.load_state_dict(state["model"])
-        for opt, opt_state in zip(self.rt.optimizers, state["optimizers"], strict=True):
-            opt.load_state_dict(opt_state)
+        self.ranks.load_weights(path, state)  # distributed: FSDP shards via torch.distributed.checkpoint
         for sched, sched_state in zip(self.schedulers, state["schedulers"], strict=True):
             sched.load_state_dict(sched_state)
         self.rt.load_state_dict(state["runtime"])
         if self.early_stopping is not None and state["early_stopping"]:
             self.early_stopping.load_state_dict(state["early_stopping"])
-        pos = Position(**state["position"])
+        pos = Position(**self.ranks.position(state))  # distributed: this rank's own stream
         extra = state["trainer"]
         self.state = TrainState(step=state["step"], epoch=pos.epoch, batches_done=pos.batches_done,
                                 samples=extra["samples"], skipped_steps=extra["skipped_steps"],
                                 elapsed_s=extra["elapsed_s"])
         self._early_stop = extra["early_stop"]
+        self.guard.resume(self.state.skipped_steps)
         self._last_checkpoint_step, self._last_checkpoint = state["step"], str(path)
         log.info("turbotrain: resumed from %s (step %d, epoch %d, batch %d)", path, self.state.step, pos.epoch,
                  pos.batches_done)
@@ -488,9 +507,10 @@ class Trainer:
         metrics: dict[str, float] = {}
         for row in self.state.history:
             metrics.update({k: v for k, v in row.items() if isinstance(v, float)})
+        rate = self.ranks.global_rate(self._clock.rate())  # distributed: all ranks' samples/s together
         return FitResult(
             steps=self.state.step, epochs=self.state.epoch, samples=self.state.samples,
-            samples_per_s=self._clock.rate() or 0.0, train_time_s=self.state.elapsed_s, metrics=metrics,
+            samples_per_s=rate or 0.0, train_time_s=self.state.elapsed_s, metrics=metrics,
             history=self.state.history, stopped_by=self.stop_reason or "end_of_data",
             skipped_steps=self.state.skipped_steps, checkpoint=self._last_checkpoint, plan=self.plan,
             applied=list(self.rt.applied), skipped=list(self.rt.skipped))

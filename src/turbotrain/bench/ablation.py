@@ -1,0 +1,151 @@
+"""Which plans the bench measures for a workload, and why some are skipped.
+
+For each workload: the naive plan; every registry speed-up alone on top of naive (its
+``BenchEntry.changes``); the cumulative fast plan (``Plan.fast(model)``); and the tuned plan
+when ``turbotrain.tune`` is installed. Every registry entry gets a row, measured or skipped
+with the reason (not benchmarked on this workload, the hardware cannot do it, ...).
+
+Switches that act on how batches reach the device (pinning, non-blocking copies, prefetch,
+workers) do nothing when batches already sit on the device, so their rows go through the
+DataLoader every step ("loader" path) and compare against the naive plan on that same path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from torch import nn
+
+from ..hardware import Hardware
+from ..plan import Plan
+from ..speedups.registry import Speedup, all_speedups
+from .workloads import Workload
+
+__all__ = ["Candidate", "candidates", "tuned_candidate", "pending_workload_rows", "DATA_PATH_FIELDS",
+           "PENDING_WORKLOADS", "RESIDENT", "LOADER"]
+
+RESIDENT, LOADER = "resident", "loader"
+
+# Plan fields whose effect is on the way batches reach the device.
+DATA_PATH_FIELDS = frozenset({"pin_memory", "non_blocking", "device_prefetch", "num_workers", "persistent_workers"})
+
+# Workloads that registry entries name but that this build does not have yet: name -> why.
+PENDING_WORKLOADS = {
+    "data": "the 'data' workload (many small files behind a bandwidth-limited HTTP server) is not in this build yet",
+}
+
+
+@dataclass
+class Candidate:
+    """One row of the ablation: a plan to measure, or the reason it is not measured."""
+
+    label: str
+    kind: str                         # "naive", "alone", "fast", "tuned"
+    plan: Plan | None
+    path: str = RESIDENT              # RESIDENT: batches already on the device; LOADER: through the DataLoader
+    speedup: str | None = None        # the registry entry, for "alone" rows
+    skip: str | None = None
+    inverse: bool = False             # naive already has this tip; the row turns it off to price it
+    script: str | None = None         # the entry's dedicated benchmark script, if any
+    note: str = ""
+
+    @property
+    def measured(self) -> bool:
+        return self.skip is None and self.plan is not None
+
+
+def _hardware_reason(plan: Plan, hw: Hardware, first: Speedup) -> str | None:
+    """Why this hardware cannot run ``plan`` as asked: ``first``'s own reason, else another active entry's."""
+    for entry in [first, *(e for e in all_speedups() if e.name != first.name)]:
+        if entry.active(plan):
+            reason = entry.requires(hw, plan)
+            if reason is not None:
+                return f"{entry.name}: {reason}"
+    return None
+
+
+def _is_inverse(entry: Speedup, changes: dict[str, Any]) -> bool:
+    """The bench entry turns off a tip that the naive plan (like plain PyTorch) already has."""
+    return changes.get(entry.field) is False and getattr(Plan(), entry.field) is True
+
+
+def _alone(entry: Speedup, workload: Workload, hw: Hardware, device: str, compile_ok: bool) -> Candidate:
+    bench = entry.bench
+    changes = dict(bench.changes)
+    script_note = f"; measured by {bench.script}" if bench.script else ""
+    cand = Candidate(label=entry.name, kind="alone", plan=None, speedup=entry.name, script=bench.script,
+                     path=LOADER if DATA_PATH_FIELDS & set(changes) else RESIDENT,
+                     inverse=_is_inverse(entry, changes))
+    if workload.name not in bench.workloads:
+        cand.skip = f"benchmarked on {', '.join(bench.workloads)}, not {workload.name}{script_note}"
+        return cand
+    plan = Plan(device=device).replace(**changes)
+    cand.plan = plan
+    if cand.inverse:
+        cand.label = f"{entry.name} off"
+        cand.note = f"naive already has {entry.field}=True; this row turns it off, its speed-up is what the tip buys"
+    if plan.compile is not False and not compile_ok:
+        cand.skip = "compile rows are off for this run (--quick or --no-compile)"
+    elif (reason := _hardware_reason(plan, hw, entry)) is not None:
+        cand.skip = reason + script_note
+    elif plan.batch_size is not None and plan.batch_size == workload.batch_size:
+        cand.skip = f"no change: the {workload.name} workload already uses batch_size {workload.batch_size}"
+    return cand
+
+
+def candidates(workload: Workload, model: nn.Module, hw: Hardware, device: str = "auto",
+               compile_ok: bool = True) -> list[Candidate]:
+    """The rows for ``workload`` on ``hw``: naive, each registry entry alone, fast (not tuned)."""
+    naive = Candidate("naive", "naive", Plan(device=device))
+    alone = [_alone(entry, workload, hw, device, compile_ok) for entry in all_speedups()]
+    fast = Plan.fast(model, device=device)
+    label, extra = "fast", ""
+    if fast.compile is not False and not compile_ok:
+        fast, label, extra = fast.replace(compile=False), "fast (no compile)", "; compile left out (--quick or --no-compile)"
+    fast_row = Candidate(label, "fast", fast, note=f"plan: {fast.describe()}{extra}")
+    rows = [naive, *(c for c in alone if c.path == RESIDENT), fast_row]
+    loader_rows = [c for c in alone if c.path == LOADER]
+    if any(c.measured for c in loader_rows):
+        rows += [dataclasses.replace(naive, label="naive (data path)", path=LOADER), *loader_rows,
+                 dataclasses.replace(fast_row, label=f"{fast_row.label} (data path)", path=LOADER)]
+    else:
+        rows += loader_rows  # all skipped: listed for their reasons, no data-path baseline needed
+    return rows
+
+
+def pending_workload_rows(name: str) -> list[Candidate]:
+    """Skip rows for the registry entries that name a workload this build does not have."""
+    why = PENDING_WORKLOADS[name]
+    return [Candidate(entry.name, "alone", None, speedup=entry.name, script=entry.bench.script, skip=why)
+            for entry in all_speedups() if name in entry.bench.workloads]
+
+
+def _accepted(fn: Callable, options: dict[str, Any]) -> dict[str, Any]:
+    """The ``options`` that ``fn`` takes (all of them when it takes ``**kwargs``)."""
+    params = inspect.signature(fn).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return options
+    return {k: v for k, v in options.items() if k in params}
+
+
+def tuned_candidate(workload: Workload, model: nn.Module, device: str, budget_s: float,
+                    tune_fn: Callable | None = None, compile_ok: bool = True) -> Candidate:
+    """The plan ``turbotrain.tune`` finds for this workload, or a skip saying why there is none."""
+    if tune_fn is None:
+        try:
+            from ..tune import tune as tune_fn  # written separately; the bench works without it
+        except ImportError as exc:
+            return Candidate("tuned", "tuned", None, skip=f"turbotrain.tune is not available in this build ({exc})")
+    # The bench prints its own table; a run without compile rows keeps compile out of the search too.
+    options = {"verbose": False, **({} if compile_ok else {"exclude": ("compile",)})}
+    try:
+        plan = tune_fn(model, workload.loss_fn, workload.loader(), workload.optimizer_fn, time_budget_s=budget_s,
+                       **_accepted(tune_fn, options))
+    except Exception as exc:  # noqa: BLE001 - a tuner failure is reported in its row, the bench goes on
+        return Candidate("tuned", "tuned", None, skip=f"the tuner failed: {type(exc).__name__}: {exc}")
+    if plan.device != device:
+        plan = plan.replace(device=device)
+    return Candidate("tuned", "tuned", plan, note=f"plan: {plan.describe()}; tuned within {budget_s:.0f} s")

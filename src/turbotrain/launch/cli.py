@@ -1,0 +1,188 @@
+"""``turbotrain launch``: run a training script on torchrun (torch.distributed.elastic).
+
+    turbotrain launch --nproc-per-node 4 train.py --lr 3e-4
+    turbotrain launch --nnodes 2 --node-rank 0 --rdzv-endpoint 10.0.0.1:29400 --nproc-per-node 8 train.py
+    turbotrain launch --nproc-per-node 2 --max-restarts 3 train.py      # elastic: restart the group on failure
+
+This is torchrun, not a launcher of our own: the options are translated to torchrun's
+(:func:`torchrun_argv`) and handed to ``torch.distributed.run`` in this process, which
+becomes the elastic agent. What turbotrain adds: one-node runs need no rendezvous options
+(``--standalone``), ``--node-rank 0`` names the node that hosts the c10d rendezvous store,
+and NCCL settings are validated and passed to every worker's environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shlex
+import sys
+from dataclasses import dataclass
+
+from ..config import ConfigError
+from .nccl import NcclSettings, check_environment, parse_size
+
+log = logging.getLogger("turbotrain")
+
+__all__ = ["add_arguments", "run", "LaunchOptions", "torchrun_argv", "launch"]
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    script: str
+    script_args: tuple[str, ...] = ()
+    nproc_per_node: str = "1"
+    nnodes: str = "1"
+    node_rank: int | None = None
+    rdzv_endpoint: str | None = None
+    rdzv_backend: str = "c10d"
+    rdzv_id: str = "turbotrain"
+    local_addr: str | None = None
+    max_restarts: int = 0
+    monitor_interval: float | None = None
+    module: bool = False
+
+    @property
+    def max_nodes(self) -> int:
+        return int(self.nnodes.split(":")[-1])
+
+
+def _check(opts: LaunchOptions) -> None:
+    nproc = opts.nproc_per_node
+    if not (nproc in ("auto", "gpu", "cpu") or (nproc.isdigit() and int(nproc) >= 1)):
+        raise ConfigError(f"launch --nproc-per-node {nproc!r}: give a number >= 1, or auto / gpu / cpu.")
+    parts = opts.nnodes.split(":")
+    if not (1 <= len(parts) <= 2 and all(p.isdigit() and int(p) >= 1 for p in parts)
+            and int(parts[0]) <= int(parts[-1])):
+        raise ConfigError(f"launch --nnodes {opts.nnodes!r}: give a number of nodes (2) or a range MIN:MAX (1:4).")
+    if opts.max_restarts < 0:
+        raise ConfigError(f"launch --max-restarts {opts.max_restarts}: must be >= 0.")
+    if opts.rdzv_endpoint is not None:
+        host, sep, port = opts.rdzv_endpoint.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError(f"launch --rdzv-endpoint {opts.rdzv_endpoint!r}: expected host:port, e.g. "
+                              "10.0.0.1:29400 (the address of the node with --node-rank 0).")
+    if opts.max_nodes > 1 and opts.rdzv_endpoint is None:
+        raise ConfigError(f"launch --nnodes {opts.nnodes}: several nodes meet at a rendezvous; give "
+                          "--rdzv-endpoint HOST:PORT with the address of node 0, the same on every node.")
+    if opts.node_rank is not None and not 0 <= opts.node_rank < opts.max_nodes:
+        raise ConfigError(f"launch --node-rank {opts.node_rank}: must be in 0..{opts.max_nodes - 1} "
+                          f"for --nnodes {opts.nnodes}.")
+    if opts.rdzv_backend == "static" and opts.max_nodes > 1 and opts.node_rank is None:
+        raise ConfigError("launch --rdzv-backend static: every node needs its --node-rank (0 on the master).")
+    if not opts.module and not os.path.exists(opts.script):
+        raise ConfigError(f"launch: training script {opts.script!r} does not exist "
+                          "(use -m to run a module instead of a file).")
+
+
+def torchrun_argv(opts: LaunchOptions) -> list[str]:
+    """The torchrun command line (without the program name) that ``opts`` mean."""
+    _check(opts)
+    argv = ["--nproc-per-node", opts.nproc_per_node]
+    if opts.max_nodes == 1 and opts.rdzv_endpoint is None:
+        # One node: a private rendezvous on a free local port, nothing to configure.
+        argv += ["--standalone", "--nnodes", opts.nnodes]
+    else:
+        argv += ["--nnodes", opts.nnodes, "--rdzv-backend", opts.rdzv_backend,
+                 "--rdzv-endpoint", opts.rdzv_endpoint or "", "--rdzv-id", opts.rdzv_id]
+        if opts.rdzv_backend == "static":
+            argv += ["--node-rank", str(opts.node_rank or 0)]
+        elif opts.node_rank is not None:
+            # The c10d rendezvous assigns node ranks itself; what a node rank can still say is which node
+            # hosts the rendezvous store (torchrun otherwise guesses from host names, which fails when
+            # nodes share a host name or the endpoint is an address the host name does not resolve to).
+            argv += ["--rdzv-conf", f"is_host={'true' if opts.node_rank == 0 else 'false'}"]
+    if opts.local_addr:
+        argv += ["--local-addr", opts.local_addr]
+    argv += ["--max-restarts", str(opts.max_restarts)]
+    if opts.monitor_interval is not None:
+        argv += ["--monitor-interval", str(opts.monitor_interval)]
+    if opts.module:
+        argv.append("--module")
+    return argv + [opts.script, *opts.script_args]
+
+
+def launch(opts: LaunchOptions, nccl: NcclSettings | None = None) -> int:
+    """Run ``opts.script`` on torchrun in this process; the workers' exit decides the return code."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import get_args_parser
+    from torch.distributed.run import run as torchrun
+
+    argv = torchrun_argv(opts)
+    nccl = nccl or NcclSettings()
+    for problem in check_environment({k: v for k, v in os.environ.items() if k not in nccl.to_env()}):
+        log.warning("turbotrain launch: %s", problem)
+    for key, value in nccl.to_env().items():
+        if key in os.environ and os.environ[key] != value:
+            log.warning("turbotrain launch: %s=%s from the environment replaced by %s", key, os.environ[key], value)
+        os.environ[key] = value  # torchrun's workers inherit this process's environment
+    if opts.max_restarts > 0:
+        # torch 2.13's c10d rendezvous hands every attempt the same TCPStore, so a restarted worker can read
+        # the killed attempt's addresses (gloo/NCCL connect to a dead port; pytorch/pytorch#135712). With this
+        # opt-out, rank 0 of each attempt starts a fresh store.
+        os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    log.info("turbotrain launch: torchrun %s", shlex.join(argv))
+    try:
+        torchrun(get_args_parser().parse_args(argv))
+    except ChildFailedError as exc:
+        print(exc.format_msg(), file=sys.stderr)
+        return 1
+    return 0
+
+
+# -- the command line ------------------------------------------------------------------------
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--nproc-per-node", default="1", help="processes on this node: a number, or auto/gpu/cpu "
+                                                               "(default 1)")
+    parser.add_argument("--nnodes", default="1", help="number of nodes, or MIN:MAX for an elastic range (default 1)")
+    parser.add_argument("--node-rank", type=int, default=None,
+                        help="this node's rank; node 0 hosts the rendezvous (with --rdzv-backend static: the "
+                             "global node rank)")
+    parser.add_argument("--rdzv-endpoint", default=None, help="HOST:PORT of node 0's rendezvous (several nodes)")
+    parser.add_argument("--rdzv-backend", choices=("c10d", "static"), default="c10d",
+                        help="c10d (default: nodes may join and restart) or static (fixed node ranks)")
+    parser.add_argument("--rdzv-id", default="turbotrain", help="job id, the same on every node (default turbotrain)")
+    parser.add_argument("--local-addr", default=None, help="the address other nodes reach this node at")
+    parser.add_argument("--max-restarts", type=int, default=0,
+                        help="restart the worker group this many times after a failure (resume from the last "
+                             "checkpoint with fit(resume=True))")
+    parser.add_argument("--monitor-interval", type=float, default=None, help="seconds between worker health checks")
+    parser.add_argument("-m", "--module", action="store_true", help="run SCRIPT as a module (python -m)")
+    nccl = parser.add_argument_group("NCCL (GPU communication) settings, passed to every worker")
+    nccl.add_argument("--nccl-algo", default=None, help="NCCL_ALGO: Ring, Tree, CollnetDirect, CollnetChain, NVLS, "
+                                                        "NVLSTree, PAT (comma list; ^ excludes)")
+    nccl.add_argument("--nccl-proto", default=None, help="NCCL_PROTO: LL, LL128, Simple")
+    nccl.add_argument("--nccl-buffsize", default=None, help="NCCL_BUFFSIZE: bytes, or 4M / 16MiB (NCCL default 4M)")
+    nccl.add_argument("--nccl-socket-ifname", default=None, help="NCCL_SOCKET_IFNAME (and GLOO_SOCKET_IFNAME)")
+    nccl.add_argument("--nccl-ib-disable", action="store_true", default=None, help="NCCL_IB_DISABLE=1")
+    nccl.add_argument("--nccl-debug", default=None, choices=("VERSION", "WARN", "INFO", "TRACE"), help="NCCL_DEBUG")
+    nccl.add_argument("--nccl-env", action="append", default=[], metavar="NCCL_NAME=VALUE",
+                      help="any other NCCL variable (repeatable)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print the torchrun command and environment, run nothing")
+    parser.add_argument("script", help="training script (or module with -m)")
+    parser.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
+
+
+def options_from_args(args) -> tuple[LaunchOptions, NcclSettings]:
+    opts = LaunchOptions(
+        script=args.script, script_args=tuple(args.script_args), nproc_per_node=str(args.nproc_per_node),
+        nnodes=str(args.nnodes), node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint,
+        rdzv_backend=args.rdzv_backend, rdzv_id=args.rdzv_id, local_addr=args.local_addr,
+        max_restarts=args.max_restarts, monitor_interval=args.monitor_interval, module=args.module)
+    nccl = NcclSettings(algo=args.nccl_algo, proto=args.nccl_proto,
+                        buffsize=None if args.nccl_buffsize is None else parse_size(args.nccl_buffsize),
+                        socket_ifname=args.nccl_socket_ifname, ib_disable=args.nccl_ib_disable,
+                        debug=args.nccl_debug, extra=tuple(args.nccl_env))
+    return opts, nccl
+
+
+def run(args) -> int:
+    opts, nccl = options_from_args(args)
+    if args.dry_run:
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in nccl.to_env().items())
+        print(f"{env + ' ' if env else ''}torchrun {shlex.join(torchrun_argv(opts))}")
+        return 0
+    return launch(opts, nccl)

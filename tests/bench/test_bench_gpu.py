@@ -1,0 +1,31 @@
+"""On a GPU: MFU for GPT, the data-path rows, CUDA-only switches measured (run with -m gpu)."""
+
+import pytest
+import torch
+
+from turbotrain.bench.runner import BenchSettings, run_bench
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+SMALL = dict(steps=3, warmup=1, repeats=2, min_trial_s=0.0, compile=False, tune=False, scale="cpu", device="cuda")
+
+
+def test_gpt_rows_report_mfu_against_the_device_peak():
+    res = run_bench(BenchSettings(workloads=("gpt",), peak_tflops=100.0, **SMALL))
+    rows = [r for r in res.workloads[0].rows if r.measured]
+    assert rows and all(r.mfu is not None and 0 < r.mfu < 1 for r in rows)
+    by_name = {r.speedup_name: r for r in rows}
+    assert "precision" in by_name and by_name["precision"].applied == ["precision"]
+
+
+def test_cnn_data_path_rows_go_through_the_loader_and_cuda_switches_are_measured():
+    res = run_bench(BenchSettings(workloads=("cnn",), **SMALL))
+    rows = {r.label: r for r in res.workloads[0].rows}
+    assert rows["naive (data path)"].measured and rows["naive (data path)"].path == "loader"
+    for name in ("pin_memory", "non_blocking", "device_prefetch"):
+        assert rows[name].measured and rows[name].baseline == "naive (data path)", rows[name]
+    for name in ("cudnn_benchmark", "channels_last", "precision"):
+        assert rows[name].measured and rows[name].baseline == "naive"
+    if torch.cuda.get_device_capability() >= (8, 0):
+        assert rows["tf32"].measured
+    assert rows["naive"].peak_memory_bytes < 2 ** 34        # CUDA allocator peak, not the host's RSS
