@@ -93,11 +93,9 @@ def _baseline_plan(ctx) -> Plan:
 
 
 def typical_s(trial: Trial) -> float:
-    """A trial's step time robust to interference: the lower quartile (other processes only ever add time)."""
-    times = sorted(trial.step_times_s)
-    if not times:
-        return float("inf")
-    return times[(len(times) - 1) // 4]
+    """A trial's step time robust to interference: its fastest step (other processes only ever add time,
+    and on a busy machine most steps of a short trial may carry some)."""
+    return min(trial.step_times_s) if trial.step_times_s else float("inf")
 
 
 def _model_share(ctx) -> float:
@@ -328,29 +326,28 @@ def _loader_trial(ctx, finding: Finding, budget: Budget) -> None:
                     "max(the rest of the step, one batch's loading time). Workers share the CPU with training.")
 
 
-def _second_best(fn: Callable[[], None], cuda: bool, repeats: int = 5) -> float:
-    """Seconds per call: the second fastest of a few (other processes only ever add time)."""
-    times = []
-    for _ in range(repeats):
-        if cuda:
-            torch.cuda.synchronize()
-        started = time.perf_counter()
-        fn()
-        if cuda:
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - started)
-    return sorted(times)[1]
+def _once(fn: Callable[[], None], cuda: bool) -> float:
+    if cuda:
+        torch.cuda.synchronize()
+    started = time.perf_counter()
+    fn()
+    if cuda:
+        torch.cuda.synchronize()
+    return time.perf_counter() - started
 
 
 def _time_pair(finding: Finding, slow: Callable[[], None], fast: Callable[[], None],
-               cuda: bool) -> tuple[float, float] | None:
-    """Seconds per call of ``slow`` and ``fast``; ``slow`` timed before and after (the better counts), so
-    the machine getting quieter meanwhile is not credited to ``fast``. None (and a note) when one fails."""
+               cuda: bool, repeats: int = 7) -> tuple[float, float] | None:
+    """Seconds per call of ``slow`` and ``fast``: alternating, the fastest of each (another process only
+    ever adds time, and alternating spreads it over both). None (and a note) when one fails."""
     try:
         slow()
         fast()
-        t_slow, t_fast = _second_best(slow, cuda), _second_best(fast, cuda)
-        return min(t_slow, _second_best(slow, cuda)), t_fast
+        t_slow = t_fast = float("inf")
+        for _ in range(repeats):
+            t_slow = min(t_slow, _once(slow, cuda))
+            t_fast = min(t_fast, _once(fast, cuda))
+        return t_slow, t_fast
     except Exception as exc:  # noqa: BLE001 - a model that cannot run this way: the finding stays estimated
         finding.note = f"Not measured: {type(exc).__name__}: {exc}"
         return None
