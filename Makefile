@@ -20,7 +20,7 @@ demo: $(STAMP)
 	$(VENV)/bin/turbotrain demo
 
 test: $(STAMP)
-	# System packages the tests use (nginx, iproute2, ...); installs only what is missing.
+	# System packages the tests use (nginx, iproute2, chromium, ...); installs only what is missing.
 	bash scripts/ci-deps.sh
 	$(PY) -m pytest
 

@@ -6,6 +6,7 @@ set -euo pipefail
 PACKAGES=(
   "nginx-light       nginx"      # data: remote files behind a real HTTP server
   "iproute2          ip"         # launch: two network namespaces act as two nodes
+  "chromium          chromium"   # doctor: the HTML report is opened in a real headless browser
 )
 
 SUDO=""

@@ -19,10 +19,11 @@ from .train.early_stopping import EarlyStopping
 from .train.nonfinite import NonFiniteError
 from .train.preemption import PREEMPTED_EXIT_CODE, Preempted
 from .train.trainer import FitResult, Trainer
+from . import doctor  # noqa: E402 - tt.doctor.watch(); after the core it builds on
 
 __version__ = "0.1.0"
 
 __all__ = ["Plan", "Trainer", "FitResult", "EarlyStopping", "setup", "prepare", "Runtime", "ConfigError",
-           "CheckpointError", "NonFiniteError", "Preempted", "PREEMPTED_EXIT_CODE", "data", "__version__"]
+           "CheckpointError", "NonFiniteError", "Preempted", "PREEMPTED_EXIT_CODE", "data", "doctor", "__version__"]
 
 logging.getLogger("turbotrain").addHandler(logging.NullHandler())

@@ -1,0 +1,100 @@
+"""What the doctor's instrumentation costs: step time under the doctor's recorder / uninstrumented.
+
+For each reference workload (mlp: tiny steps where any per-step cost shows most; cnn; gpt) the
+same training loop runs uninstrumented and under the doctor's recorder (every hook of a
+measured step: phases, syncs, copies, the line sampler; no profiler window), alternating, in
+the same process. The uninstrumented loop is timed by one global optimizer post-hook that only
+reads the clock. Other processes only ever add time to a step, so each round's number is the
+lower quartile of its step times (the median is printed too); the ratio is doctor / plain per
+round, printed as the median over rounds and its spread (min..max). Target: <= 1.05.
+
+    python benchmarks/doctor_overhead.py [--rounds 7] [--steps 30] [--workloads mlp,cnn,gpt] [--threads 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+import torch  # noqa: E402
+from torch.optim.optimizer import register_optimizer_step_post_hook  # noqa: E402
+
+from turbotrain.bench.workloads import get_workload  # noqa: E402
+from turbotrain.doctor.recorder import Recorder  # noqa: E402
+from turbotrain.hardware import detect  # noqa: E402
+
+
+def train(workload, model, opt, batches, steps: int) -> None:
+    for i in range(steps):
+        x, y = batches[i % len(batches)]
+        loss = workload.loss_fn(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+
+def plain_steps(workload, model, opt, batches, steps: int) -> list[float]:
+    stamps: list[float] = []
+    handle = register_optimizer_step_post_hook(lambda *_: stamps.append(time.perf_counter()))
+    try:
+        train(workload, model, opt, batches, steps)
+    finally:
+        handle.remove()
+    return [b - a for a, b in zip(stamps, stamps[1:])][2:]  # same warm-up as the doctor's
+
+
+def doctor_steps(workload, model, opt, batches, steps: int) -> list[float]:
+    recorder = Recorder(measure=steps, warmup=3, profile=0, stop=False)
+    with recorder:
+        train(workload, model, opt, batches, steps + 3)
+    return [s.duration for s in recorder.steps[3:]]
+
+
+def lower_quartile(values: list[float]) -> float:
+    return statistics.quantiles(values, n=4)[0]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--workloads", default="mlp,cnn,gpt")
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1: steadier on a shared box)")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    hw = detect("cpu")
+    print(f"machine: {hw.summary()}; torch {torch.__version__}; python {platform.python_version()}; "
+          f"threads {args.threads}")
+    print(f"{'workload':8} {'plain ms/step':>14} {'doctor ms/step':>15} {'ratio (median)':>15} {'spread':>14}")
+    print(f"{'':8} {'(lower quartile of all steps)':>30}")
+    worst = 0.0
+    for name in args.workloads.split(","):
+        workload = get_workload(name)
+        model, opt = workload.build()
+        loader = workload.loader()
+        batches = [b for _, b in zip(range(8), loader)]
+        train(workload, model, opt, batches, 5)  # first-touch costs out of the way
+        plain_all, doctor_all, ratios = [], [], []
+        for _ in range(args.rounds):
+            p = plain_steps(workload, model, opt, batches, args.steps + 3)
+            d = doctor_steps(workload, model, opt, batches, args.steps)
+            plain_all += p
+            doctor_all += d
+            ratios.append(lower_quartile(d) / lower_quartile(p))
+        ratio = statistics.median(ratios)
+        worst = max(worst, ratio)
+        print(f"{name:8} {lower_quartile(plain_all) * 1e3:14.3f} {lower_quartile(doctor_all) * 1e3:15.3f} "
+              f"{ratio:15.3f} {min(ratios):6.3f}..{max(ratios):<6.3f}   "
+              f"(medians {statistics.median(plain_all) * 1e3:.3f} / {statistics.median(doctor_all) * 1e3:.3f} ms)")
+    print(f"worst median ratio: {worst:.3f} (target <= 1.05)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

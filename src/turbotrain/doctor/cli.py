@@ -1,0 +1,56 @@
+"""``turbotrain doctor [--steps N] [--json PATH] [--html PATH] [--trace PATH] script.py [args...]``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--steps", type=int, default=20, help="optimizer steps to measure (default 20)")
+    parser.add_argument("--warmup", type=int, default=3, help="steps before measuring (default 3, at least 1)")
+    parser.add_argument("--json", metavar="PATH", help="write the report as JSON")
+    parser.add_argument("--html", metavar="PATH", help="write a self-contained HTML report with plots")
+    parser.add_argument("--trace", metavar="PATH",
+                        help="write a Chrome/Perfetto trace of the profiled steps (open in ui.perfetto.dev)")
+    parser.add_argument("--no-what-if", action="store_true", help="do not measure the fixes (faster, estimates only)")
+    parser.add_argument("--what-if-budget", type=float, default=20.0, metavar="SECONDS",
+                        help="time allowed for measuring fixes (default 20)")
+    parser.add_argument("--compile", action="store_true", help="also measure torch.compile (compiling takes a while)")
+    parser.add_argument("--quiet", action="store_true", help="no terminal report")
+    parser.add_argument("script", help="the training script, run unmodified as __main__")
+    parser.add_argument("script_args", nargs=argparse.REMAINDER, help="the script's own arguments")
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from ..config import ConfigError
+    from .diagnose import DoctorOptions, diagnose_script
+
+    if args.steps < 1:
+        raise ConfigError(f"doctor --steps: {args.steps} is not allowed; expected an integer >= 1.")
+    if args.warmup < 1:
+        raise ConfigError(f"doctor --warmup: {args.warmup} is not allowed; the first step holds the script's set-up "
+                          "time, so at least 1 warm-up step is needed.")
+    if not Path(args.script).is_file():
+        raise ConfigError(f"doctor: no such script: {args.script}")
+    options = DoctorOptions(steps=args.steps, warmup=args.warmup, what_if=not args.no_what_if,
+                            what_if_budget_s=args.what_if_budget, compile=args.compile, trace_path=args.trace)
+    report = diagnose_script(args.script, list(args.script_args), options)
+    if args.json:
+        report.write_json(args.json)
+    if args.html:
+        from .html_report import write_html
+
+        write_html(report, args.html)
+    if not args.quiet:
+        from .terminal import print_report
+
+        print_report(report)
+        for label, path in (("JSON", args.json), ("HTML", args.html)):
+            if path:
+                print(f"{label} report: {path}")
+    if report.run is not None and report.run.traceback and report.status == "error":
+        print(report.run.traceback, file=sys.stderr, end="")
+    return report.exit_code

@@ -1,0 +1,234 @@
+"""Everything the rules look at, gathered once from a recording: one object, easy to fake in tests.
+
+Rules never touch torch hooks or the recorder; they read a :class:`Context`. A test can take
+the context of a real CPU run and ``replace(hw=<a CUDA Hardware>, device="cuda")`` to check
+that a GPU-only rule fires where it should.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..hardware import Hardware, detect
+from ..speedups.model_info import ModelInfo, inspect_model
+from .breakdown import Breakdown, Overhead, compute_breakdown, op_counts
+from .records import Capture, ForwardFacts, LoaderRecord, StepRecord, Tally
+from .sites import Site
+from .source import SourceIndex, load_sources
+
+__all__ = ["Context", "SiteStat", "build_context"]
+
+
+@dataclass(frozen=True)
+class SiteStat:
+    """One kind of event at one line, averaged over the measured steps."""
+
+    kind: str
+    site: Site
+    per_step: float
+    seconds_per_step: float
+    bytes_per_step: float
+    steps_with: int
+    detail: dict
+
+
+@dataclass
+class Context:
+    script: str | None
+    base: str | None                       # folder the report's file:line paths are relative to
+    hw: Hardware
+    device: str                             # where the model trains: "cpu" or "cuda"
+    breakdown: Breakdown
+    measured_steps: list[int]
+    tallies: dict[tuple[str, Site], Tally] = field(default_factory=dict)
+    loaders: list[LoaderRecord] = field(default_factory=list)
+    optimizers: list[tuple[Any, Site | None]] = field(default_factory=list)
+    module_sites: dict[int, Site] = field(default_factory=dict)    # id(module) -> construction site
+    model: nn.Module | None = None          # the outermost trained module
+    modules: list[nn.Module] = field(default_factory=list)   # every outermost module called in a step
+    info: ModelInfo = field(default_factory=ModelInfo)
+    facts: ForwardFacts = field(default_factory=ForwardFacts)
+    capture: Capture | None = None
+    profile: dict[str, Any] = field(default_factory=dict)
+    matmul_shapes: dict[Site, tuple] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    sources: dict[str, SourceIndex] = field(default_factory=dict)
+    world_size: int = 1
+    storage_stats: Any = None               # filled by the data layer (slow-storage); None when unknown
+    step_records: list[StepRecord] = field(default_factory=list)
+    gap_samples: dict[Site, int] = field(default_factory=dict)   # user lines running untimed before the forward
+
+    def replace(self, **changes: Any) -> "Context":
+        return dataclasses.replace(self, **changes)
+
+    # -- conveniences for rules --------------------------------------------------------------------
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.device == "cuda"
+
+    @property
+    def step_s(self) -> float:
+        return self.breakdown.mean_s
+
+    def share(self, category: str) -> float:
+        return self.breakdown.shares.get(category, 0.0)
+
+    def timed_share(self, category: str) -> float:
+        """The share a phase took as timed, before its dispatch overhead moved to python_overhead."""
+        return self.breakdown.raw_shares.get(category, self.share(category))
+
+    def seconds(self, category: str) -> float:
+        return self.breakdown.seconds.get(category, 0.0)
+
+    def site_stats(self, kind_prefix: str) -> list[SiteStat]:
+        """Events whose kind starts with ``kind_prefix``, per site, over the measured steps, busiest first."""
+        steps = self.measured_steps
+        out = []
+        for (kind, site), tally in self.tallies.items():
+            if not kind.startswith(kind_prefix):
+                continue
+            count, seconds, nbytes = tally.per_step(steps)
+            out.append(SiteStat(kind, site, count, seconds, nbytes, tally.steps_with_events(steps), tally.detail))
+        return sorted(out, key=lambda s: (-s.seconds_per_step, -s.per_step))
+
+    def seen(self, kind_prefix: str) -> list[tuple[str, Site, Tally]]:
+        """Events of a kind at any time of the run (warm-up and profiling included)."""
+        return [(kind, site, t) for (kind, site), t in self.tallies.items() if kind.startswith(kind_prefix)]
+
+    def where(self, site: Site | None) -> str | None:
+        return site.where(self.base) if site else None
+
+    def module_site(self, module: nn.Module | None) -> Site | None:
+        return self.module_sites.get(id(module)) if module is not None else None
+
+    @property
+    def main_loader(self) -> LoaderRecord | None:
+        """The DataLoader the measured steps waited on the most."""
+        best, best_key = None, (-1, -1.0)
+        for record in self.loaders:
+            count, seconds, _ = record.nexts.total(self.measured_steps)
+            if (count, seconds) > best_key:
+                best, best_key = record, (count, seconds)
+        return best if best_key[0] > 0 else None
+
+    def per_step(self, attr: str) -> float:
+        """Average of a StepRecord counter (``backwards``, ``forwards``, ``optimizers``) over measured steps."""
+        chosen = [s for s in self.step_records if s.index in set(self.measured_steps)]
+        return sum(getattr(s, attr) for s in chosen) / len(chosen) if chosen else 0.0
+
+    @property
+    def written_for_gpu(self) -> bool:
+        return any(src.mentions_cuda for src in self.sources.values())
+
+    @property
+    def main_source(self) -> SourceIndex | None:
+        return self.sources.get(self.script) if self.script else None
+
+
+def _user_files(script: str | None, tallies: dict, module_sites: dict) -> list[str]:
+    files = {script} if script else set()
+    base = os.path.dirname(script) if script else None
+    for _, site in tallies:
+        files.add(site.file)
+    for site in module_sites.values():
+        files.add(site.file)
+    # Only files next to the script (the user's own package), not someone else's code.
+    return sorted(f for f in files if f and (base is None or f.startswith(base)))
+
+
+def unwrapped(capture: Capture | None) -> Capture | None:
+    """The capture with DDP / DataParallel taken off: trials time the model, not the wrapper's collectives."""
+    if capture is None:
+        return None
+    module = capture.module
+    while isinstance(module, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
+        module = module.module
+    if module is capture.module:
+        return capture
+    return dataclasses.replace(capture, module=module)
+
+
+def measure_overhead(capture: Capture | None, optimizers: list[Any], raw: Breakdown, prof: dict[str, Any],
+                     module_calls: float, device: str) -> Overhead:
+    """The python_overhead model of this run (see :mod:`turbotrain.doctor.overhead`)."""
+    from .overhead import dispatch_floor, fixed_cost_share, optimizer_overhead_s
+
+    if not raw.steps:
+        return Overhead()
+    try:
+        measured = fixed_cost_share(capture) if capture is not None else None
+    except Exception:  # noqa: BLE001 - a model that cannot be copied or re-run: use the estimate
+        measured = None
+    if measured is not None:
+        return Overhead(method="measured", compute_share=measured["fixed_share"],
+                        optimizer_s=optimizer_overhead_s(optimizers, raw.seconds["optimizer"], device),
+                        detail={k: round(v, 4) for k, v in measured.items()})
+    ops = prof.get("ops_per_step", 0.0)
+    if not ops and not module_calls:
+        return Overhead()
+    op_floor, module_floor = dispatch_floor()
+    return Overhead(method="estimated", estimate_s=ops * op_floor + module_calls * module_floor,
+                    detail={"ops_per_step": ops, "module_calls_per_step": module_calls,
+                            "op_floor_us": round(op_floor * 1e6, 3), "module_floor_us": round(module_floor * 1e6, 3)})
+
+
+def storage_stats() -> Any:
+    """SLOW-STORAGE WIRING POINT: the data layer's read statistics for the measured steps (None until wired).
+
+    To wire (``turbotrain.data.stats``): take ``stats.snapshot()`` when the measured steps start
+    and when they end (the recorder's ``_finish_step`` at ``done == warmup`` and at
+    ``done == warmup + measure``; ``stats.share_with_workers()`` at install so DataLoader workers
+    count too) and return the difference here. ``rules/runtime.py:slow_storage`` already passes
+    it, with the measured data wait and step time, to ``slow_storage_finding(stats, data_wait_s,
+    total_s)`` and turns the dict it returns into the finding.
+    """
+    return None
+
+
+def build_context(recorder: Any, script: str | None = None, device: str | None = None) -> Context:
+    """The rules' view of a finished recording."""
+    profiled = [i for i in recorder.profiled_steps if i < len(recorder.steps)]
+    prof = op_counts(recorder.profiler, len(profiled))
+    facts = recorder.facts or ForwardFacts()
+    device = device or facts.device or "cpu"
+    optimizers = [(ref(), site) for ref, site in recorder.optimizers if ref() is not None]
+    # Device time per phase only means something when the model trains on the GPU.
+    gpu_seconds = recorder.gpu_phase_seconds if device == "cuda" and recorder.gpu_phase_seconds else None
+    raw = compute_breakdown(recorder.steps, recorder.warmup, None, gpu_seconds)
+    overhead = measure_overhead(unwrapped(recorder.capture), [o for o, _ in optimizers], raw, prof,
+                                recorder.module_calls_per_step, device)
+    breakdown = compute_breakdown(recorder.steps, recorder.warmup, overhead, gpu_seconds)
+    modules = [m for m in (ref() for ref in recorder.top_modules.values()) if m is not None]
+    capture = unwrapped(recorder.capture)
+    model = capture.module if capture is not None else None
+    if model is None:
+        trained = [m for m in modules if recorder._is_trained(m)]
+        model = trained[0] if trained else None
+    module_sites = {key: site for key, (ref, site) in recorder.module_sites.items()
+                    if ref() is not None and id(ref()) == key}
+    try:
+        info = inspect_model(model)
+    except Exception:  # noqa: BLE001 - a model inspect_model cannot read: no structural rules
+        info = ModelInfo()
+    try:
+        world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+    except Exception:  # noqa: BLE001
+        world = int(os.environ.get("WORLD_SIZE", 1))
+    script = os.path.realpath(script) if script else None
+    return Context(
+        script=script, base=os.path.dirname(script) if script else None,
+        hw=detect(device if device in ("cpu", "cuda") else "auto"), device=device, breakdown=breakdown,
+        measured_steps=breakdown.steps, tallies=dict(recorder.tallies), loaders=list(recorder.loaders.values()),
+        optimizers=optimizers,
+        module_sites=module_sites, model=model, modules=modules, info=info, facts=facts, capture=capture,
+        profile=prof, matmul_shapes=dict(recorder.matmul_shapes), env=dict(os.environ),
+        sources=load_sources(_user_files(script, recorder.tallies, module_sites)), world_size=world,
+        step_records=list(recorder.steps), gap_samples=dict(recorder.gap_samples), storage_stats=storage_stats(),
+    )

@@ -1,0 +1,151 @@
+"""The doctor end to end: record the run, read it, apply the rules, measure the fixes, report."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from .context import Context, build_context
+from .recorder import Recorder
+from .report import Report
+from .rules import evaluate, order
+from .runner import ScriptRun, run_script
+from .sites import relative_where
+
+__all__ = ["DoctorOptions", "diagnose_script", "analyse"]
+
+log = logging.getLogger("turbotrain")
+
+
+@dataclass
+class DoctorOptions:
+    steps: int = 20                 # measured optimizer steps
+    warmup: int = 3                 # steps before measuring (compile, caches, the outermost module found)
+    profile_steps: int = 2          # steps under torch.profiler after the measured ones (op table, trace)
+    what_if: bool = True            # measure the fixes on the captured model / loader
+    what_if_budget_s: float = 20.0
+    compile: bool = False           # include a torch.compile what-if (slow to compile)
+    trace_path: str | None = None   # Chrome/Perfetto trace of the profiled steps
+
+
+def diagnose_script(script: str | os.PathLike, argv: list[str] | None = None,
+                    options: DoctorOptions | None = None) -> Report:
+    """Run ``script`` with ``argv`` under the doctor and return its report."""
+    options = options or DoctorOptions()
+    recorder = Recorder(measure=options.steps, warmup=options.warmup, profile=options.profile_steps)
+    started = time.perf_counter()
+    run = run_script(script, list(argv or []), recorder)
+    return analyse(recorder, run, options, script=str(script), run_seconds=time.perf_counter() - started)
+
+
+def _sync_table(ctx: Context) -> list[dict[str, Any]]:
+    rows = []
+    for stat in ctx.site_stats("sync:"):
+        if stat.per_step > 0:
+            rows.append({"where": ctx.where(stat.site), "kind": stat.kind.split(":", 1)[1],
+                         "per_step": round(stat.per_step, 3), "ms_per_step": round(stat.seconds_per_step * 1e3, 4),
+                         "code": stat.site.code})
+    return rows
+
+
+def _copy_table(ctx: Context) -> list[dict[str, Any]]:
+    return [{"where": ctx.where(s.site), "per_step": round(s.per_step, 3),
+             "mib_per_step": round(s.bytes_per_step / 2**20, 4), "ms_per_step": round(s.seconds_per_step * 1e3, 4),
+             "non_blocking": s.detail.get("non_blocking"), "pinned": s.detail.get("pinned"), "code": s.site.code}
+            for s in ctx.site_stats("h2d") if s.per_step > 0]
+
+
+def _top_ops(recorder: Recorder, steps: int, limit: int = 15) -> list[dict[str, Any]]:
+    prof = recorder.profiler
+    if prof is None or steps <= 0:
+        return []
+    try:
+        averages = prof.key_averages()
+    except Exception:  # noqa: BLE001 - nothing collected
+        return []
+    rows = []
+    for evt in averages:
+        if evt.key.startswith(("turbotrain/", "ProfilerStep", "Optimizer.")):
+            continue
+        device_us = getattr(evt, "self_device_time_total", 0.0) or 0.0
+        rows.append({"op": evt.key, "calls_per_step": round(evt.count / steps, 2),
+                     "self_cpu_ms_per_step": round(evt.self_cpu_time_total / 1e3 / steps, 4),
+                     "self_device_ms_per_step": round(device_us / 1e3 / steps, 4)})
+    key = "self_device_ms_per_step" if any(r["self_device_ms_per_step"] for r in rows) else "self_cpu_ms_per_step"
+    return sorted(rows, key=lambda r: -r[key])[:limit]
+
+
+def _messages(recorder: Recorder, run: ScriptRun | None, ctx: Context | None, requested: int) -> list[str]:
+    out = []
+    done = len(recorder.steps)
+    if run is not None and run.failed:
+        where = f" at {run.error_site.where(ctx.base if ctx else None)}" if run.error_site else ""
+        out.append(f"The script failed{where} after {done} optimizer step(s): {run.error}. "
+                   "The report shows what was measured before.")
+    elif run is not None and run.status == "finished" and done < requested:
+        out.append(f"The script ended by itself after {done} optimizer step(s) ({requested} were asked for, warm-up "
+                   "and profiling included); the report covers what ran.")
+    if ctx is not None and ctx.breakdown.warmup_included:
+        out.append("Too few steps ran to skip the warm-up: its steps are in the numbers (compile and cache effects "
+                   "included).")
+    if recorder.profiler is None and done:
+        out.append("No profiler window ran (the script stopped first): no op table or trace.")
+    return out
+
+
+def analyse(recorder: Recorder, run: ScriptRun | None, options: DoctorOptions, script: str | None = None,
+            run_seconds: float = 0.0) -> Report:
+    """Turn a finished recording into a report (rules, what-ifs, tables, trace)."""
+    requested = options.warmup + options.steps + options.profile_steps
+    script_path = os.path.realpath(script) if script else None
+    base = os.path.dirname(script_path) if script_path else None
+    timings = {"run": run_seconds}
+    if not recorder.steps:
+        message = ("The script never called optimizer.step(), so there was no training step to measure. The doctor "
+                   "marks steps at the optimizer; for a custom update rule, put the loop inside "
+                   "`with turbotrain.doctor.watch() as w:` and call `w.step()` at the end of each step.")
+        messages = _messages(recorder, run, None, requested) if run is not None and run.failed else []
+        report = Report(status="error" if run is not None and run.failed else "no-steps", breakdown=None, findings=[],
+                        script=relative_where(script_path) if script_path else None,
+                        argv=run.argv if run else [], run=run, steps_requested=options.steps,
+                        warmup_steps=options.warmup, messages=[*messages, message], base=base,
+                        doctor_seconds=timings)
+        return report
+    started = time.perf_counter()
+    ctx = build_context(recorder, script_path)
+    findings = evaluate(ctx)
+    timings["rules"] = time.perf_counter() - started
+    if options.what_if:
+        started = time.perf_counter()
+        from .whatif import run_what_ifs
+
+        run_what_ifs(ctx, findings, budget_s=options.what_if_budget_s, allow_compile=options.compile)
+        timings["what_if"] = time.perf_counter() - started
+        findings = order(findings)
+    profiled = len([i for i in recorder.profiled_steps if i < len(recorder.steps)])
+    trace = None
+    if options.trace_path and recorder.profiler is not None:
+        try:
+            recorder.profiler.export_chrome_trace(str(options.trace_path))
+            trace = str(options.trace_path)
+        except Exception as exc:  # noqa: BLE001
+            log.warning("turbotrain doctor: could not write the trace: %s", exc)
+    if run is None or run.failed:
+        status = "error"
+    elif len(recorder.steps) < requested and run.status != "stopped":
+        status = "incomplete"
+    else:
+        status = "ok"
+    messages = _messages(recorder, run, ctx, requested)
+    if options.trace_path and trace is None:
+        messages.append("No trace was written: the script stopped before the profiler window.")
+    return Report(
+        status=status, breakdown=ctx.breakdown, findings=findings, device=ctx.device, hardware=ctx.hw.summary(),
+        script=relative_where(script_path) if script_path else None, argv=run.argv if run else [], run=run,
+        steps_requested=options.steps, warmup_steps=options.warmup, steps_completed=len(recorder.steps),
+        messages=messages, syncs=_sync_table(ctx), copies=_copy_table(ctx), top_ops=_top_ops(recorder, profiled),
+        trace_path=trace, doctor_seconds=timings, base=base,
+    )

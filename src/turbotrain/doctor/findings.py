@@ -1,0 +1,138 @@
+"""A finding: one reason the script is slow, where, what to change, and what the change buys.
+
+Severity follows the gain: a finding that would save at least 20% of step time is ``high``,
+at least 5% ``medium``, anything less (or unmeasured and unproven on this hardware) ``low``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .sites import Site, source_lines
+
+__all__ = ["Finding", "Fix", "severity_for", "speedup_from_share", "speedup_for_rule", "SEVERITIES"]
+
+SEVERITIES = ("high", "medium", "low")
+HIGH_SHARE, MEDIUM_SHARE = 0.20, 0.05
+
+
+def severity_for(gain_share: float | None) -> str:
+    """``high``/``medium``/``low`` for the share of step time a fix saves."""
+    if gain_share is None:
+        return "low"
+    if gain_share >= HIGH_SHARE:
+        return "high"
+    if gain_share >= MEDIUM_SHARE:
+        return "medium"
+    return "low"
+
+
+def speedup_from_share(share: float) -> float:
+    """Whole-step speed-up when ``share`` of the step disappears."""
+    share = min(max(share, 0.0), 0.95)
+    return 1.0 / (1.0 - share)
+
+
+def share_from_speedup(speedup: float) -> float:
+    return 1.0 - 1.0 / speedup if speedup > 0 else 0.0
+
+
+def speedup_for_rule(rule: str, field: str | None = None) -> str | None:
+    """The registry entry (``turbotrain.speedups``) that answers ``rule``, if any."""
+    from ..speedups.registry import all_speedups
+
+    matches = [s for s in all_speedups() if rule in s.doctor_rules]
+    if field is not None:
+        matches = [s for s in matches if s.field == field] or matches
+    return matches[0].name if matches else None
+
+
+@dataclass
+class Fix:
+    """The change, said in the user's own framework."""
+
+    pytorch: str
+    plan: dict[str, Any] | None = None          # turbotrain Plan switches
+    lightning: str | None = None
+    accelerate: str | None = None
+
+    def text(self, speedup: str | None = None) -> str:
+        lines = [f"PyTorch: {self.pytorch}"]
+        if self.plan:
+            args = ", ".join(f"{k}={v!r}" for k, v in self.plan.items())
+            entry = f" (speed-up '{speedup}')" if speedup else ""
+            lines.append(f"turbotrain: tt.Plan({args}){entry}")
+        if self.lightning:
+            lines.append(f"Lightning: {self.lightning}")
+        if self.accelerate:
+            lines.append(f"Accelerate: {self.accelerate}")
+        return "\n".join(lines)
+
+
+@dataclass
+class Finding:
+    rule: str
+    message: str
+    fix: Fix
+    severity: str = "low"
+    site: Site | None = None
+    where: str | None = None
+    est_speedup: float | None = None
+    measured: bool = False
+    gain_share: float | None = None          # share of step time the fix would save (drives severity)
+    category: str | None = None              # the breakdown category it addresses
+    speedup: str | None = None               # registry entry name
+    note: str | None = None
+    evidence: dict[str, Any] = field(default_factory=dict)
+    what_if: dict[str, Any] | None = None    # the measured trial behind est_speedup
+    source: str = "runtime"                  # "runtime", "live" (objects) or "static" (source code)
+    trial: dict[str, Any] | None = None      # the what-if that can measure this finding's gain
+
+    def provisional(self, severity: str) -> None:
+        """A severity before (or without) a measurement; est_speedup stays unknown."""
+        self.severity = severity
+        self.measured = False
+
+    def on_cpu(self, ctx, what: str = "") -> "Finding":
+        """Cap a GPU-only finding at ``low`` on a CPU run, saying why it is still reported."""
+        if not ctx.on_gpu:
+            self.cap("low", "This run is on the CPU, where it costs little or nothing; it matters once the "
+                            f"script runs on a GPU{what}.")
+        return self
+
+    def set_gain(self, share: float | None, measured: bool) -> None:
+        """Record the share of step time this fix saves; severity and est_speedup follow from it."""
+        self.gain_share = share
+        self.measured = measured
+        if share is not None:
+            self.est_speedup = round(speedup_from_share(share), 3)
+        self.severity = severity_for(share)
+
+    def cap(self, severity: str, note: str) -> None:
+        """Lower the severity (never raise it) and say why."""
+        if SEVERITIES.index(severity) > SEVERITIES.index(self.severity):
+            self.severity = severity
+        self.note = note if not self.note else f"{self.note} {note}"
+
+    def to_dict(self, base: str | None = None) -> dict[str, Any]:
+        where = self.where or (self.site.where(base) if self.site else None)
+        out: dict[str, Any] = {
+            "rule": self.rule, "severity": self.severity, "where": where, "message": self.message,
+            "fix": self.fix.text(self.speedup), "est_speedup": self.est_speedup, "measured": self.measured,
+            "category": self.category, "speedup": self.speedup,
+            "fixes": {"pytorch": self.fix.pytorch, "plan": self.fix.plan, "lightning": self.fix.lightning,
+                      "accelerate": self.fix.accelerate},
+            "source": self.source,
+        }
+        if self.gain_share is not None:
+            out["gain_share"] = round(self.gain_share, 4)
+        if self.note:
+            out["note"] = self.note
+        if self.evidence:
+            out["evidence"] = self.evidence
+        if self.what_if:
+            out["what_if"] = self.what_if
+        if self.site is not None:
+            out["code"] = [{"line": n, "text": t} for n, t in source_lines(self.site.file, self.site.line)]
+        return out

@@ -1,0 +1,356 @@
+"""The wrappers a recording installs around torch calls (all undone by the recorder's Patcher).
+
+Every wrapper starts with the same cheap test (a recording is active, on the script's own
+thread, not inside torch.compile's tracing) and otherwise calls the original unchanged.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import weakref
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader
+from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+from . import recorder as _rec
+from .patching import Patcher
+from .records import LoaderRecord
+from .sites import caller_site, user_site
+
+__all__ = ["install"]
+
+_get_ident = threading.get_ident
+_perf = _rec.perf_counter
+_compiling = _rec._compiling
+
+
+def _live() -> "_rec.Recorder | None":
+    """The active recorder when this call should be recorded, else None."""
+    rec = _rec._ACTIVE
+    if rec is None or rec._busy or _get_ident() != rec._thread or _compiling():
+        return None
+    return rec
+
+
+def _forget_in_child() -> None:
+    _rec._ACTIVE = None  # DataLoader workers and other forks record nothing
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
+
+
+# -- phases -----------------------------------------------------------------------------------------
+
+def _phase(phase: str, original: Callable, on_enter: Callable | None = None, untimed_ok: bool = False) -> Callable:
+    """Time ``original`` as ``phase``. With ``untimed_ok`` (the backward: its time is compute either way,
+    as untimed time after the forward) only the bookkeeping runs, unless a trace range or device time
+    is wanted."""
+
+    def wrapper(*args, **kwargs):
+        rec = _live()
+        if rec is None:
+            return original(*args, **kwargs)
+        if on_enter is not None:
+            on_enter(rec)
+        if untimed_ok and not rec._profiling and not rec.gpu and rec._open.marks and not rec._stack:
+            return original(*args, **kwargs)
+        rec.push(phase)
+        if rec.gpu:
+            rec.gpu_mark(phase, start=True)
+        try:
+            return original(*args, **kwargs)
+        finally:
+            if rec.gpu:
+                rec.gpu_mark(phase, start=False)
+            rec.pop()
+
+    wrapper.__name__ = getattr(original, "__name__", phase)
+    wrapper.__doc__ = getattr(original, "__doc__", None)
+    wrapper.__wrapped__ = original
+    return wrapper
+
+
+def _copy(original: Callable) -> Callable:
+    """``Tensor.to`` / ``Tensor.cuda``: host-to-device copies (a device-to-host one is a sync)."""
+
+    def method(self, *args, **kwargs):
+        rec = _live()
+        if rec is None:
+            return original(self, *args, **kwargs)
+        src = self.device
+        rec.push("h2d")
+        out = None
+        try:
+            out = original(self, *args, **kwargs)
+        finally:
+            moved = isinstance(out, torch.Tensor) and out.device != src
+            to_host = moved and out.device.type == "cpu"
+            seconds = rec.pop(("sync" if to_host else "h2d") if moved else None)
+        if moved:
+            frame = sys._getframe(1)
+            site = user_site(frame)
+            if to_host:
+                tally = rec.tally("sync:to_cpu", site)
+            else:
+                tally = rec.tally("h2d", site)
+                if tally is not None and not tally.detail:
+                    tally.detail["non_blocking"] = bool(kwargs.get("non_blocking")) or any(
+                        a is True for a in args)
+                    tally.detail["pinned"] = bool(src.type == "cpu" and rec.gpu and self.is_pinned())
+            if tally is not None:
+                tally.add(rec.step_index, seconds, self.numel() * self.element_size())
+        return out
+
+    method.__name__ = original.__name__
+    method.__doc__ = original.__doc__
+    return method
+
+
+def _zero_grad(original: Callable) -> Callable:
+    def zero_grad(self, *args, **kwargs):
+        rec = _live()
+        if rec is None:
+            return original(self, *args, **kwargs)
+        set_to_none = kwargs.get("set_to_none", args[0] if args else True)
+        rec.push("optimizer")
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            rec.pop()
+            if not set_to_none:
+                tally = rec.tally("zero_grad_zeros", user_site(sys._getframe(1)))
+                if tally is not None:
+                    tally.add(rec.step_index)
+
+    zero_grad.__doc__ = original.__doc__
+    return zero_grad
+
+
+def _timed_site(kind: str, phase: str | None, original: Callable) -> Callable:
+    """Calls counted (and timed) per site: torch.save, empty_cache, torch.compile, ..."""
+
+    def wrapper(*args, **kwargs):
+        rec = _live()
+        if rec is None:
+            return original(*args, **kwargs)
+        site = user_site(sys._getframe(1))
+        if phase:
+            rec.push(phase)
+        started = _perf()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            seconds = rec.pop() if phase else _perf() - started
+            tally = rec.tally(kind, site)
+            if tally is not None:
+                tally.add(rec.step_index, seconds)
+
+    wrapper.__name__ = getattr(original, "__name__", kind)
+    wrapper.__doc__ = getattr(original, "__doc__", None)
+    wrapper.__wrapped__ = original
+    return wrapper
+
+
+# -- data ----------------------------------------------------------------------------------------------
+
+def _in_phase(rec: "_rec.Recorder", phase: str, fn: Callable, *args: Any) -> tuple[Any, float]:
+    """``fn(*args)`` timed as ``phase``: its result and its own seconds."""
+    rec.push(phase)
+    try:
+        out = fn(*args)
+    except BaseException:
+        rec.pop()
+        raise
+    return out, rec.pop()
+
+
+def _loader_settings(loader: DataLoader) -> dict[str, Any]:
+    dataset = loader.dataset
+    try:
+        length = len(dataset)  # type: ignore[arg-type]
+    except TypeError:
+        length = None
+    try:
+        batches = len(loader)
+    except TypeError:
+        batches = None
+    return {"num_workers": loader.num_workers, "pin_memory": loader.pin_memory,
+            "persistent_workers": loader.persistent_workers, "batch_size": loader.batch_size,
+            "prefetch_factor": loader.prefetch_factor, "dataset": type(dataset).__name__,
+            "dataset_len": length, "batches_per_epoch": batches, "drop_last": loader.drop_last}
+
+
+def _loader_record(rec: "_rec.Recorder", loader: DataLoader, site=None) -> LoaderRecord:
+    record = rec.loaders.get(id(loader))
+    if record is None or record.loader is not loader:
+        record = rec.loaders[id(loader)] = LoaderRecord(loader, site, _loader_settings(loader))
+    return record
+
+
+def _loader_init(original: Callable) -> Callable:
+    def __init__(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        rec = _live()
+        if rec is not None:
+            _loader_record(rec, self, user_site(sys._getframe(1)))
+
+    __init__.__doc__ = original.__doc__
+    return __init__
+
+
+def _loader_iter(original: Callable) -> Callable:
+    def __iter__(self):
+        rec = _live()
+        if rec is None:
+            return original(self)
+        it, seconds = _in_phase(rec, "data", original, self)
+        _loader_record(rec, self)
+        try:
+            it._tt_loader = id(self)
+            it._tt_start = seconds  # worker start-up; the first batch's wait is added on next()
+        except AttributeError:
+            pass
+        return it
+
+    return __iter__
+
+
+def _iter_next(original: Callable) -> Callable:
+    def __next__(self):
+        rec = _live()
+        if rec is None:
+            return original(self)
+        batch, seconds = _in_phase(rec, "data", original, self)
+        record = rec.loaders.get(getattr(self, "_tt_loader", -1))
+        if record is not None:
+            record.nexts.add(rec.step_index, seconds)
+            start = self.__dict__.pop("_tt_start", None)
+            if start is not None:
+                record.starts.append((rec.step_index, start + seconds))
+        return batch
+
+    return __next__
+
+
+def _tensor_factory(original: Callable) -> Callable:
+    """``torch.tensor(ndarray)`` copies; ``torch.from_numpy`` would not."""
+
+    def tensor(data, *args, **kwargs):
+        rec = _live()
+        if rec is None or type(data).__module__ != "numpy" or not hasattr(data, "nbytes"):
+            return original(data, *args, **kwargs)
+        site = caller_site(sys._getframe(1))
+        started = _perf()
+        out = original(data, *args, **kwargs)
+        tally = rec.tally("tensor_copy", site)
+        if tally is not None:
+            tally.add(rec.step_index, _perf() - started, int(data.nbytes))
+        return out
+
+    tensor.__doc__ = original.__doc__
+    tensor.__wrapped__ = original
+    return tensor
+
+
+# -- model structure -------------------------------------------------------------------------------------
+
+def _softmax(original: Callable) -> Callable:
+    def softmax(*args, **kwargs):
+        rec = _live()
+        if rec is None:
+            return original(*args, **kwargs)
+        rec._busy = True  # F.softmax calls Tensor.softmax: count the user's call once
+        try:
+            return original(*args, **kwargs)
+        finally:
+            rec._busy = False
+            tally = rec.tally("softmax", user_site(sys._getframe(1)))
+            if tally is not None:
+                tally.add(rec.step_index)
+                if "shape" not in tally.detail and args and isinstance(args[0], torch.Tensor):
+                    tally.detail["shape"] = tuple(args[0].shape)
+
+    softmax.__doc__ = getattr(original, "__doc__", None)
+    return softmax
+
+
+def _matmul(original: Callable) -> Callable:
+    """Operand shapes per user line, during warm-up only (sizes a measured attention what-if)."""
+
+    def matmul(a, b, *args, **kwargs):
+        rec = _live()
+        if rec is not None and rec._discovery and isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+            site = caller_site(sys._getframe(1))
+            if site is not None:
+                rec.matmul_shapes.setdefault(site, (tuple(a.shape), tuple(b.shape)))
+        return original(a, b, *args, **kwargs)
+
+    matmul.__doc__ = getattr(original, "__doc__", None)
+    return matmul
+
+
+def _module_init(original: Callable) -> Callable:
+    def __init__(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        rec = _rec._ACTIVE
+        # Keyed by id, never by the module: a subclass may define __hash__ on attributes its own
+        # __init__ has not set yet (torchmetrics does), and this runs inside that __init__.
+        if rec is not None and _get_ident() == rec._thread and id(self) not in rec.module_sites:
+            site = user_site(sys._getframe(1))
+            if site is not None:
+                rec.module_sites[id(self)] = (weakref.ref(self), site)
+
+    __init__.__doc__ = original.__doc__
+    return __init__
+
+
+def _optimizer_init(original: Callable) -> Callable:
+    def __init__(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        rec = _rec._ACTIVE
+        if rec is not None and _get_ident() == rec._thread:
+            rec.note_optimizer(self, user_site(sys._getframe(1)))
+
+    __init__.__doc__ = original.__doc__
+    return __init__
+
+
+def _on_backward(rec: "_rec.Recorder") -> None:
+    rec.on_backward()
+
+
+def install(rec: "_rec.Recorder", patcher: Patcher) -> None:
+    """Install every wrapper on ``patcher`` (restored when the recording ends)."""
+    for name in _rec.SYNC_METHODS:
+        patcher.replace(torch.Tensor, name, lambda orig, kind=name.strip("_"): _rec.wrap_sync(kind, orig))
+    patcher.replace(torch.Tensor, "to", _copy)
+    patcher.replace(torch.Tensor, "cuda", _copy)
+    patcher.replace(torch.autograd, "backward", lambda orig: _phase("backward", orig, _on_backward, untimed_ok=True))
+    patcher.replace(torch.autograd, "grad", lambda orig: _phase("backward", orig))
+    patcher.replace(torch.optim.Optimizer, "zero_grad", _zero_grad)
+    patcher.replace(nn.Module, "zero_grad", _zero_grad)
+    patcher.replace(torch, "save", lambda orig: _timed_site("save", "save", orig))
+    patcher.replace(torch.cuda, "empty_cache", lambda orig: _timed_site("empty_cache", None, orig))
+    patcher.replace(torch, "compile", lambda orig: _timed_site("compile", None, orig))
+    patcher.replace(torch.jit, "script", lambda orig: _timed_site("jit", None, orig))
+    patcher.replace(torch.jit, "trace", lambda orig: _timed_site("jit", None, orig))
+    patcher.replace(torch, "tensor", _tensor_factory)
+    patcher.replace(torch, "softmax", _softmax)
+    patcher.replace(F, "softmax", _softmax)
+    patcher.replace(torch.Tensor, "softmax", _softmax)
+    patcher.replace(torch, "matmul", _matmul)
+    patcher.replace(torch.Tensor, "__matmul__", _matmul)
+    patcher.replace(DataLoader, "__init__", _loader_init)
+    patcher.replace(DataLoader, "__iter__", _loader_iter)
+    patcher.replace(_BaseDataLoaderIter, "__next__", _iter_next)
+    patcher.replace(nn.Module, "__init__", _module_init)
+    patcher.replace(torch.optim.Optimizer, "__init__", _optimizer_init)
+    from torch.nn.parallel import DistributedDataParallel
+
+    patcher.replace(DistributedDataParallel, "no_sync", lambda orig: _timed_site("no_sync", None, orig))

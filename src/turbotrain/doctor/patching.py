@@ -1,0 +1,40 @@
+"""Replacing attributes of torch for the duration of a recording, and putting them back exactly."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+__all__ = ["Patcher"]
+
+_MISSING = object()
+
+
+class Patcher:
+    """``replace(owner, name, make)`` installs ``make(original)``; ``restore()`` undoes all, newest first.
+
+    An attribute that was inherited (not in ``owner.__dict__``) is deleted again on restore,
+    so ``torch.Tensor.item`` goes back to resolving through its C base class.
+    """
+
+    def __init__(self) -> None:
+        self._saved: list[tuple[Any, str, Any]] = []
+
+    def replace(self, owner: Any, name: str, make: Callable[[Any], Any]) -> None:
+        own = owner.__dict__.get(name, _MISSING) if isinstance(owner, type) else getattr(owner, name, _MISSING)
+        original = getattr(owner, name)
+        self._saved.append((owner, name, own))
+        new = make(original)
+        if isinstance(own, (staticmethod, classmethod)):
+            new = type(own)(new)
+        setattr(owner, name, new)
+
+    def restore(self) -> None:
+        while self._saved:
+            owner, name, own = self._saved.pop()
+            if own is _MISSING:
+                try:
+                    delattr(owner, name)
+                except AttributeError:
+                    pass
+            else:
+                setattr(owner, name, own)

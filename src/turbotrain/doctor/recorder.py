@@ -1,0 +1,851 @@
+"""Recording an unmodified training loop: step boundaries, time per phase, syncs and copies by site.
+
+Steps are delimited by the optimizer itself (global step hooks), so any loop style works:
+a DataLoader, a generator, pre-built tensors, one optimizer or several. Inside a step the
+recorder keeps a stack of *phases* (waiting on the loader, host-to-device copies, forward,
+backward, optimizer, host syncs, validation forwards, checkpoints) and charges each moment to
+the innermost one, so the phases add up to the step without double counting.
+
+Cost: a few Python calls per phase per step. Global module hooks (which slow every module
+call) are on only during warm-up, to find the outermost modules; measured steps hook just
+those. Syncs are recorded with the user's ``file:line``: on CUDA every synchronizing call
+(``torch.cuda.set_sync_debug_mode``); on CPU the same tensor methods when the user's own code
+calls them, since they would stall a GPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import sys
+import threading
+import time
+import warnings
+import weakref
+from collections import Counter, defaultdict
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from .patching import Patcher
+from .records import Capture, ForwardFacts, LoaderRecord, StepRecord, Tally
+from .sites import _USER_FILES, Site, caller_site, user_site
+
+__all__ = ["Recorder", "Stop", "active_recorder"]
+
+log = logging.getLogger("turbotrain")
+
+perf_counter = time.perf_counter
+get_ident = threading.get_ident
+_ACTIVE: "Recorder | None" = None
+
+SYNC_METHODS = ("item", "tolist", "numpy", "cpu", "nonzero", "__bool__", "__float__", "__int__", "__repr__",
+                "__format__")
+_SYNC_WARNING = re.compile(r"called a synchronizing CUDA operation")
+
+
+class Stop(BaseException):
+    """Ends the user's script once enough steps were measured (a BaseException, so ``except Exception`` in the
+    script does not swallow it)."""
+
+
+def active_recorder() -> "Recorder | None":
+    return _ACTIVE
+
+
+try:
+    _compiling = torch.compiler.is_compiling
+except AttributeError:  # pragma: no cover - older torch: never compiling through us
+    def _compiling() -> bool:
+        return False
+
+
+class _OpenStep:
+    """Accumulators of the step in progress (and a snapshot at its last optimizer step)."""
+
+    __slots__ = ("start", "acc", "marks", "forwards", "backwards", "opt_steps", "stepped", "snapshot",
+                 "pending_eval_grad", "module_calls")
+
+    def __init__(self, start: float, acc: dict[str, float] | None = None) -> None:
+        self.start = start
+        self.acc: dict[str, float] = defaultdict(float, acc or {})
+        self.marks: list[tuple[float, float]] = []     # (time, timed seconds so far) at each training forward
+        self.forwards = self.backwards = self.opt_steps = self.module_calls = 0
+        self.stepped: set[int] = set()
+        self.snapshot: tuple | None = None
+        self.pending_eval_grad: list[tuple[Site | None, float]] = []
+
+
+class Recorder:
+    """Installs the hooks; ``steps`` holds one :class:`StepRecord` per completed optimizer step.
+
+    ``warmup`` steps come first (not measured; the outermost modules and a batch are captured
+    there), then ``measure`` steps, then ``profile`` steps under torch.profiler. With
+    ``stop=True`` the script is ended (:class:`Stop`) after the last of them.
+    """
+
+    def __init__(self, measure: int | None = 20, warmup: int = 3, profile: int = 2, stop: bool = True,
+                 capture: bool = True, trace_ranges: bool = True) -> None:
+        if warmup < 1:
+            raise ValueError("warmup must be >= 1: the first step also holds the script's setup time")
+        self.measure, self.warmup, self.profile_steps = measure, warmup, profile
+        # With no end in sight (measure=None) the profiler window comes right after warm-up.
+        self.profile_at = warmup if measure is None else warmup + measure
+        self.stop_after = warmup + measure + profile if stop and measure is not None else None
+        self.manual_steps = False             # steps marked by mark_step(), not by optimizers
+        self.want_capture = capture
+        self.trace_ranges = trace_ranges
+
+        self.steps: list[StepRecord] = []
+        self.tallies: dict[tuple[str, Site], Tally] = {}
+        self.loaders: dict[int, LoaderRecord] = {}
+        self.optimizers: list[tuple[weakref.ReferenceType, Site | None]] = []
+        self.module_sites: dict[int, tuple[weakref.ReferenceType, Site]] = {}  # id -> (module, where built)
+        self.top_modules: dict[int, weakref.ReferenceType] = {}
+        self.module_calls_per_step = 0
+        self.facts: ForwardFacts | None = None
+        self.capture: Capture | None = None
+        self.profiler: Any = None            # torch.profiler.profile once the window ran
+        self.profiled_steps: list[int] = []
+        self.matmul_shapes: dict[Site, tuple] = {}
+        self.gpu = torch.cuda.is_available()
+        self.started = self.finished = 0.0
+        self._sched_fd: int | None = None
+        self._last_wait = 0
+        self._since_read = 0
+        self._recent: list[float] = []
+
+        self._patcher = Patcher()
+        self._handles: list[Any] = []
+        self._thread = threading.get_ident()
+        self._stack: list[list] = []          # [phase, resume_time, record_function or None]
+        self._open = _OpenStep(0.0)
+        self._depth = 0
+        self._top_phases: list[str] = []
+        self._busy = False
+        self._stopping = False
+        self._discovery = True
+        self._trained_ids: set[int] | None = None
+        self._optimizer_ids: set[int] = set()
+        self._facts_final = self._capture_final = False
+        self._last_top_phase = ""
+        self._gpu_forward_open = False
+        self._expected: set[int] = set()
+        self._trained_cache: dict[int, bool] = {}
+        self._profiling = False
+        self._nvtx = False
+        self._step_range: Any = None
+        self._gpu_events: list[tuple[int, str, Any, Any]] = []
+        self._gpu_phase_events: list[Any] = []
+        self.gpu_phase_seconds: dict[int, dict[str, float]] = {}
+        self._saved_sync_mode: Any = None
+        self._warning_filter: tuple | None = None
+        self.gap_samples: Counter = Counter()   # user lines seen running between steps, before the forward
+        self._sampler: _GapSampler | None = None
+        self._top_ids: set[int] = set()
+        self._wrapped_classes: set[type] = set()
+
+    # -- install / uninstall ------------------------------------------------------------------
+
+    def __enter__(self) -> "Recorder":
+        self.install()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.uninstall()
+
+    def install(self) -> None:
+        global _ACTIVE
+        if _ACTIVE is not None:
+            raise RuntimeError("a turbotrain doctor recording is already active in this process")
+        _ACTIVE = self
+        self._thread = threading.get_ident()
+        try:
+            # Run-queue wait of this thread (Linux schedstat): time it was ready to run but another
+            # process had the core. Read per step, it tells machine noise from the script's own time.
+            self._sched_fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+        except OSError:
+            self._sched_fd = None
+        self.started = perf_counter()
+        self._open = _OpenStep(self.started)
+        self._last_wait = self.runqueue_wait()
+        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+        self._handles += [register_optimizer_step_pre_hook(self._on_opt_pre),
+                          register_optimizer_step_post_hook(self._on_opt_post)]
+        try:
+            self._set_discovery(True)
+            from . import instrument
+
+            instrument.install(self, self._patcher)
+            if self.gpu:
+                self._install_sync_debug()
+        except BaseException:
+            self.uninstall()  # never leave torch half-patched
+            raise
+
+    def uninstall(self) -> None:
+        global _ACTIVE
+        if _ACTIVE is not self:
+            return
+        self.finished = perf_counter()
+        if self._sampler is not None:
+            self._sampler.stop()
+        self._stop_profiler()
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        self._set_discovery(False, attach=False)
+        self._patcher.restore()
+        if self.gpu:
+            self._remove_sync_debug()
+            self._resolve_gpu_events(block=True)
+        if self._sched_fd is not None:
+            os.close(self._sched_fd)
+            self._sched_fd = None
+        _ACTIVE = None
+
+    def runqueue_wait(self) -> int:
+        """Nanoseconds this thread has waited for a CPU so far (0 where the kernel does not say)."""
+        if self._sched_fd is None:
+            return 0
+        try:
+            return int(os.pread(self._sched_fd, 64, 0).split()[1])
+        except (OSError, ValueError, IndexError):
+            return 0
+
+    # -- the phase stack ------------------------------------------------------------------------
+
+    def on_main_thread(self) -> bool:
+        return threading.get_ident() == self._thread
+
+    @property
+    def step_index(self) -> int:
+        """The step an event now belongs to."""
+        n = len(self.steps)
+        if not self._expected and self._open.snapshot is not None and not self.manual_steps:
+            # The first step ends at its last optimizer step, which is only known when an optimizer
+            # steps a second time; until then, what follows an optimizer step counts as the next step.
+            return n + 1
+        return n
+
+    def push(self, phase: str) -> None:
+        now = perf_counter()
+        stack = self._stack
+        if stack:
+            top = stack[-1]
+            self._open.acc[top[0]] += now - top[1]
+            top[4] += now - top[1]
+        rf = None
+        if self._profiling and self.trace_ranges:
+            rf = torch.autograd.profiler.record_function(f"turbotrain/{phase}")
+            rf.__enter__()
+            if self._nvtx:
+                torch.cuda.nvtx.range_push(f"turbotrain/{phase}")
+        stack.append([phase, now, rf, now, 0.0])  # phase, running since, range, started, own seconds so far
+
+    def pop(self, record_as: str | None = "") -> float:
+        """End the innermost phase and return its own (exclusive) seconds.
+
+        ``record_as`` names the phase to charge instead (a copy that turned out to be a sync);
+        None gives the time back to the enclosing phase (a ``.to(dtype)`` that copied nothing).
+        """
+        now = perf_counter()
+        stack = self._stack
+        if not stack:
+            return 0.0
+        phase, running, rf, _, own = stack.pop()
+        if rf is not None:
+            rf.__exit__(None, None, None)
+            if self._nvtx:
+                torch.cuda.nvtx.range_pop()
+        acc = self._open.acc
+        own_total = own + (now - running)
+        if record_as is None:
+            acc[phase] -= own
+            if stack:
+                acc[stack[-1][0]] += own_total
+                stack[-1][4] += own_total
+        else:
+            if record_as and record_as != phase:
+                acc[phase] -= own
+                acc[record_as] += own_total
+            else:
+                acc[phase] += now - running
+        if stack:
+            stack[-1][1] = now
+        return own_total
+
+    def timed_so_far(self) -> float:
+        """Seconds of the open step charged to phases up to now (flushing the running phase)."""
+        if self._stack:
+            top = self._stack[-1]
+            now = perf_counter()
+            self._open.acc[top[0]] += now - top[1]
+            top[4] += now - top[1]
+            top[1] = now
+        return sum(self._open.acc.values())
+
+    def tally(self, kind: str, site: Site | None) -> Tally | None:
+        if site is None:
+            return None
+        key = (kind, site)
+        t = self.tallies.get(key)
+        if t is None:
+            t = self.tallies[key] = Tally()
+        return t
+
+    # -- optimizer steps: the step boundaries ---------------------------------------------------
+
+    def _on_opt_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if get_ident() != self._thread:
+            return
+        if self._stopping:
+            raise Stop()
+        if id(optimizer) not in self._optimizer_ids:
+            self._note_optimizer(optimizer, None)
+        opened = self._open
+        if id(optimizer) in opened.stepped and opened.snapshot is not None and not self.manual_steps:
+            # This optimizer already stepped since the last boundary: the previous step ended at
+            # the last optimizer step (a loop with several optimizers, first steps).
+            self._close_lazily()
+        self.push("optimizer")
+        self._open.stepped.add(id(optimizer))
+        if self.gpu:
+            self._gpu_mark("optimizer", start=True)
+
+    def _on_opt_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if get_ident() != self._thread:
+            return
+        if self.gpu:
+            self._gpu_mark("optimizer", start=False)
+        self.pop()
+        opened = self._open
+        opened.opt_steps += 1
+        now = perf_counter()
+        expected = self._expected
+        if expected and expected <= opened.stepped and not self.manual_steps:
+            self._close(now)
+            return
+        # The step may go on (another optimizer) or may have ended (known at the next optimizer step).
+        opened.snapshot = (now, dict(opened.acc), opened.forwards, opened.backwards, opened.opt_steps,
+                           len(opened.marks), list(opened.pending_eval_grad), opened.module_calls)
+
+    def mark_step(self) -> None:
+        """End a step here (loops without a torch optimizer); optimizer steps no longer end steps."""
+        if not self.on_main_thread():
+            return
+        if self._stopping:
+            raise Stop()
+        self.manual_steps = True
+        self._open.opt_steps = max(self._open.opt_steps, 1)
+        self._close(perf_counter())
+
+    def _close(self, now: float) -> None:
+        opened = self._open
+        if self._stack:  # a phase still running (a step inside a forward): split it at the boundary
+            top = self._stack[-1]
+            opened.acc[top[0]] += now - top[1]
+            top[1] = now
+            for entry in self._stack:
+                entry[4] = 0.0  # what it ran so far stays in the closed step
+        record = self._record(opened, now, opened.acc, opened.forwards, opened.backwards, opened.opt_steps,
+                              opened.marks, opened.pending_eval_grad, opened.module_calls)
+        self._expected = set(opened.stepped)
+        self._open = _OpenStep(now)
+        self._finish_step(record)
+
+    def _close_lazily(self) -> None:
+        opened = self._open
+        t, acc, forwards, backwards, opt_steps, n_marks, pending, calls = opened.snapshot
+        record = self._record(opened, t, acc, forwards, backwards, opt_steps, opened.marks[:n_marks], pending,
+                              calls)
+        self._expected = set(opened.stepped)
+        rest = _OpenStep(t, {k: v - acc.get(k, 0.0) for k, v in opened.acc.items()})
+        rest.marks = opened.marks[n_marks:]
+        rest.forwards, rest.backwards = opened.forwards - forwards, opened.backwards - backwards
+        rest.module_calls = opened.module_calls - calls
+        rest.pending_eval_grad = opened.pending_eval_grad[len(pending):]
+        self._open = rest
+        self._finish_step(record)
+
+    def _record(self, opened: _OpenStep, end: float, acc: dict, forwards: int, backwards: int, opt_steps: int,
+                marks: list, pending: list, module_calls: int) -> StepRecord:
+        index = len(self.steps)
+        for site, seconds in pending:  # eval-mode forwards with autograd on that no backward used
+            tally = self.tally("eval_grad_forward", site)
+            if tally is not None:
+                tally.add(index, seconds)
+        gap = 0.0
+        if marks:
+            t, timed = marks[0]
+            gap = max(0.0, (t - opened.start) - timed)
+        return StepRecord(index=index, start=opened.start, end=end, phases={k: v for k, v in acc.items() if v},
+                          gap_before_forward=gap, forwards=forwards, backwards=backwards, optimizers=opt_steps,
+                          module_calls=module_calls, profiled=self._profiling,
+                          preempted=self._preemption(end - opened.start))
+
+    def _preemption(self, duration: float) -> float | None:
+        """Seconds this step waited for a CPU that another process held (None: the kernel does not say).
+
+        The kernel's counter is read only for a step that ran long (over 1.5x the fastest of the
+        last few steps): reading it costs microseconds, and a step that did not run long lost
+        nothing worth taking out.
+        """
+        if self._sched_fd is None:
+            return None
+        recent = self._recent
+        recent.append(duration)
+        if len(recent) > 8:
+            del recent[0]
+        self._since_read += 1
+        if len(recent) > 1 and duration <= 1.5 * min(recent) + 2e-4:
+            if self._since_read >= 64:  # refresh the baseline now and then, charging nobody
+                self._last_wait, self._since_read = self.runqueue_wait(), 0
+            return 0.0
+        now = self.runqueue_wait()
+        waited = max(0, now - self._last_wait) / 1e9
+        self._last_wait, self._since_read = now, 0
+        return min(waited, duration)
+
+    def _finish_step(self, record: StepRecord) -> None:
+        self.steps.append(record)
+        if self.gpu:
+            self._end_gpu_step(record.index)
+        done = len(self.steps)
+        if done == max(1, self.warmup - 1):
+            self.module_calls_per_step = record.module_calls  # counted under the global hooks
+            self._set_discovery(False)
+        if done == self.warmup and record.gap_before_forward > 0.1 * record.duration:
+            # The script builds batches itself, untimed: find which line (the sampler costs a
+            # little GIL traffic, so only scripts that need it get it).
+            self._sampler = _GapSampler(self)
+            self._sampler.start()
+        if self.measure is not None and done == self.warmup + self.measure and self._sampler is not None:
+            self._sampler.stop()
+        if self.profile_steps and done == self.profile_at:
+            self._start_profiler()
+        elif self._profiling:
+            if done >= self.profile_at + self.profile_steps:
+                self._stop_profiler()
+            else:
+                self.profiled_steps.append(done)
+                self._open_step_range(done)
+        if self.stop_after is not None and done >= self.stop_after:
+            self._stopping = True
+            raise Stop()
+
+    # -- modules: the outermost calls of a step ----------------------------------------------------
+
+    def _set_discovery(self, on: bool, attach: bool = True) -> None:
+        """Global module hooks (find the outermost modules), or a light wrapper on just those modules.
+
+        Global hooks slow every module call (and any hook sends a module down torch's slow call
+        path), so they run only in the first warm-up steps. After that, the outermost modules'
+        classes get a ``__call__`` that checks for those very instances: a training forward just
+        marks where the batch was ready (its time is compute, like the rest of the step after it);
+        a validation forward is timed apart. The classes are restored when the recording ends
+        (instances, copies and pickles never carry anything of the doctor's).
+        """
+        from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+
+        for handle in getattr(self, "_module_handles", []):
+            handle.remove()
+        self._module_handles: list[Any] = []
+        self._discovery = on
+        if on:
+            self._module_handles = [
+                register_module_forward_pre_hook(self._forward_pre),
+                register_module_forward_hook(self._forward_post, always_call=True),
+            ]
+        elif attach:
+            for ref in self.top_modules.values():
+                module = ref()
+                if module is None:
+                    continue
+                self._top_ids.add(id(module))
+                cls = type(module)
+                if cls not in self._wrapped_classes:
+                    self._wrapped_classes.add(cls)
+                    self._patcher.replace(cls, "__call__", _measured_call)
+        self._depth = 0
+        self._top_phases.clear()
+
+    def _forward_pre(self, module: nn.Module, args: tuple) -> None:
+        if self._discovery:
+            self._open.module_calls += 1
+        self._forward_enter(module, args, None)
+
+    def _classify(self, module: nn.Module) -> tuple[str, bool]:
+        trained = self._is_trained(module)
+        if trained and (not torch.is_grad_enabled() or torch.is_inference_mode_enabled()):
+            return "eval", trained
+        if trained and not module.training:
+            return "eval_grad", trained
+        return "forward", trained
+
+    def _training_forward(self, module: nn.Module, args: tuple, kwargs: dict | None, at: float) -> None:
+        opened = self._open
+        if not opened.marks:
+            opened.marks.append((at, self.timed_so_far()))
+        opened.forwards += 1
+        if self.gpu and not self._gpu_forward_open:
+            self._gpu_mark("forward", start=True)
+            self._gpu_forward_open = True
+        # Facts and a captured batch: first seen at once (a script may end early), then again in
+        # the last warm-up step (under the hooks the measured steps use, which also see kwargs).
+        late = self.step_index >= self.warmup - 1
+        if self.facts is None or (not self._facts_final and late):
+            self._facts_final = late
+            self.facts = self._forward_facts(module, args, kwargs)
+        if self.want_capture and (self.capture is None or (not self._capture_final and late)):
+            self._capture_final = late
+            self._capture(module, args, kwargs)
+
+    def call_enter(self, module: nn.Module, args: tuple, kwargs: dict) -> str | None:
+        """An outermost module is called (measured steps): the phase to time it as, or None."""
+        phase, trained = self._classify(module)
+        # A forward inside another timed phase (Lightning runs it in optimizer.step's closure) is
+        # timed itself; otherwise its time is the untimed compute after the mark.
+        if phase == "forward" and not self._profiling and not self._stack:
+            if trained:
+                self._training_forward(module, args, kwargs, perf_counter())
+            self._last_top_phase = "forward"
+            return None
+        if phase == "eval":
+            self._note_forward_site("eval_forward", self._open)
+        self.push(phase)  # a validation forward, or any forward in the profiler window (its trace range)
+        if phase == "forward" and trained:
+            self._training_forward(module, args, kwargs, self._stack[-1][1])
+        return phase
+
+    def call_exit(self, phase: str) -> None:
+        seconds = self.pop()
+        if phase == "eval_grad":
+            self._open.pending_eval_grad.append((user_site(sys._getframe(2)), seconds))
+        self._last_top_phase = phase
+
+    def _forward_enter(self, module: nn.Module, args: tuple, kwargs: dict | None) -> None:
+        if _ACTIVE is not self or get_ident() != self._thread or _compiling():
+            return
+        self._depth += 1
+        if self._depth != 1:
+            return
+        self.top_modules.setdefault(id(module), weakref.ref(module))
+        phase, trained = self._classify(module)
+        if phase == "eval":
+            self._note_forward_site("eval_forward", self._open)
+        self.push(phase)
+        self._top_phases.append(phase)
+        if phase == "forward" and trained:
+            self._training_forward(module, args, kwargs, self._stack[-1][1])
+
+    def _forward_post(self, module: nn.Module, args: tuple, output: Any) -> None:
+        if self._depth == 0 or get_ident() != self._thread or _compiling():
+            return
+        self._depth -= 1
+        if self._depth != 0 or not self._top_phases:
+            return
+        phase = self._top_phases.pop()
+        seconds = self.pop()
+        if phase == "eval_grad":
+            self._open.pending_eval_grad.append((user_site(sys._getframe(1)), seconds))
+        self._last_top_phase = phase
+
+    def _note_forward_site(self, kind: str, opened: _OpenStep) -> None:
+        tally = self.tally(kind, user_site(sys._getframe(1)))
+        if tally is not None:
+            tally.add(self.step_index)
+
+    def on_backward(self) -> None:
+        """Called at the start of a backward: an eval-mode forward just before it was training after all."""
+        opened = self._open
+        opened.backwards += 1
+        if self._gpu_forward_open:
+            self._gpu_mark("forward", start=False)
+            self._gpu_forward_open = False
+        if self._last_top_phase == "eval_grad" and opened.pending_eval_grad:
+            _, seconds = opened.pending_eval_grad.pop()
+            opened.acc["eval_grad"] -= seconds
+            opened.acc["forward"] += seconds
+        self._last_top_phase = "backward"
+
+    def _is_trained(self, module: nn.Module) -> bool:
+        key = id(module)
+        cached = self._trained_cache.get(key)
+        if cached is not None:
+            return cached
+        if self._trained_ids is None:
+            self._trained_ids = {id(p) for ref, _ in self.optimizers if ref() is not None
+                                 for group in ref().param_groups for p in group["params"]}
+        trained = any(id(p) in self._trained_ids for p in module.parameters())
+        self._trained_cache[key] = trained
+        return trained
+
+    def note_optimizer(self, optimizer: Any, site: Site | None) -> None:
+        self._note_optimizer(optimizer, site)
+
+    def _note_optimizer(self, optimizer: Any, site: Site | None) -> None:
+        if id(optimizer) not in self._optimizer_ids:
+            self._optimizer_ids.add(id(optimizer))
+            self.optimizers.append((weakref.ref(optimizer), site))
+        self._trained_ids = None
+        self._trained_cache.clear()
+
+    def _forward_facts(self, module: nn.Module, args: tuple, kwargs: dict | None) -> ForwardFacts:
+        from ..data.transfer import tensors_in
+
+        param = next(module.parameters(), None)
+        device = param.device.type if param is not None else "cpu"
+        inputs = tensors_in(list(args) + list((kwargs or {}).values()))
+        try:
+            autocast = torch.is_autocast_enabled(device)
+            autocast_dtype = str(torch.get_autocast_dtype(device)) if autocast else None
+        except (TypeError, RuntimeError, AttributeError):
+            autocast, autocast_dtype = torch.is_autocast_enabled(), None
+        images = [t for t in inputs if t.dim() == 4 and t.is_floating_point()]
+        return ForwardFacts(
+            module_type=type(module).__name__, device=device,
+            param_dtype=str(param.dtype) if param is not None else "torch.float32",
+            autocast=bool(autocast), autocast_dtype=autocast_dtype,
+            compiled=type(module).__name__ == "OptimizedModule",
+            input_shapes=[tuple(t.shape) for t in inputs[:4]],
+            input_channels_last=bool(images) and images[0].is_contiguous(memory_format=torch.channels_last)
+            and not images[0].is_contiguous(),
+            batch_size=int(inputs[0].shape[0]) if inputs and inputs[0].dim() else None,
+            cudnn_benchmark=bool(torch.backends.cudnn.benchmark),
+        )
+
+    def _capture(self, module: nn.Module, args: tuple, kwargs: dict | None) -> None:
+        from ..data.transfer import batch_size_of
+
+        def keep(x: Any) -> Any:
+            if isinstance(x, torch.Tensor):
+                return x.detach().clone()
+            if isinstance(x, (list, tuple)):
+                return type(x)(keep(v) for v in x) if not hasattr(x, "_fields") else type(x)(*[keep(v) for v in x])
+            if isinstance(x, dict):
+                return {k: keep(v) for k, v in x.items()}
+            return x
+
+        try:
+            with torch.no_grad():
+                self.capture = Capture(module=module, args=keep(tuple(args)), kwargs=keep(dict(kwargs or {})),
+                                       batch_size=batch_size_of(list(args) or list((kwargs or {}).values())),
+                                       site=user_site(sys._getframe(1)))
+        except Exception as exc:  # noqa: BLE001 - an uncopyable input only costs the what-ifs
+            log.info("turbotrain doctor: could not capture the model's inputs: %s", exc)
+
+    # -- the profiler window ---------------------------------------------------------------------
+
+    def _start_profiler(self) -> None:
+        from torch.profiler import ProfilerActivity, profile
+
+        os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # kineto's start/stop banners are noise in a report
+        activities = [ProfilerActivity.CPU]
+        if self.gpu:
+            activities.append(ProfilerActivity.CUDA)
+        try:
+            self.profiler = profile(activities=activities, record_shapes=False, with_stack=False)
+            self.profiler.__enter__()
+        except Exception as exc:  # noqa: BLE001 - a profiler that cannot start costs the trace, not the run
+            log.warning("turbotrain doctor: torch.profiler did not start (%s); no trace or op table", exc)
+            self.profiler = None
+            return
+        self._profiling = True
+        self._nvtx = self.gpu
+        self.profiled_steps.append(len(self.steps))
+        self._open_step_range(len(self.steps))
+
+    def _open_step_range(self, index: int) -> None:
+        if self._step_range is not None:
+            self._step_range.__exit__(None, None, None)
+        self._step_range = torch.autograd.profiler.record_function(f"turbotrain/step#{index}")
+        self._step_range.__enter__()
+
+    def _stop_profiler(self) -> None:
+        if not self._profiling:
+            return
+        self._profiling = False
+        if self._step_range is not None:
+            self._step_range.__exit__(None, None, None)
+            self._step_range = None
+        for entry in self._stack:  # phases opened under the profiler: their ranges end with it
+            if entry[2] is not None:
+                entry[2].__exit__(None, None, None)
+                entry[2] = None
+        try:
+            self.profiler.__exit__(None, None, None)
+        except Exception as exc:  # noqa: BLE001
+            log.warning("turbotrain doctor: torch.profiler failed to stop (%s)", exc)
+            self.profiler = None
+
+    # -- CUDA: device time per phase, and every synchronizing call ----------------------------------
+
+    def _gpu_mark(self, phase: str, start: bool) -> None:
+        if self.step_index < self.warmup:
+            return
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        if start:
+            self._gpu_phase_events.append((phase, event))
+        elif self._gpu_phase_events:
+            phase, begin = self._gpu_phase_events.pop()
+            self._gpu_events.append((self.step_index, phase, begin, event))
+
+    def gpu_mark(self, phase: str, start: bool) -> None:
+        if self.gpu:
+            self._gpu_mark(phase, start)
+
+    def _end_gpu_step(self, index: int) -> None:
+        self._resolve_gpu_events(block=False)
+
+    def _resolve_gpu_events(self, block: bool) -> None:
+        """Device seconds per phase per step, read from CUDA events once they completed (no sync)."""
+        pending = []
+        for step, phase, begin, end in self._gpu_events:
+            if block:
+                end.synchronize()
+            elif not end.query():
+                pending.append((step, phase, begin, end))
+                continue
+            per = self.gpu_phase_seconds.setdefault(step, defaultdict(float))
+            per[phase] += begin.elapsed_time(end) / 1000.0
+        self._gpu_events = pending
+
+    def _install_sync_debug(self) -> None:
+        self._saved_sync_mode = torch.cuda.get_sync_debug_mode()
+        torch.cuda.set_sync_debug_mode("warn")
+        warnings.filterwarnings("always", message=".*called a synchronizing CUDA operation.*")
+        self._warning_filter = warnings.filters[0]
+        original = warnings.showwarning
+
+        def showwarning(message, category, filename, lineno, file=None, line=None):
+            if _SYNC_WARNING.search(str(message)):
+                if not self._busy and self.on_main_thread():
+                    tally = self.tally("sync:cuda", user_site(sys._getframe(1)))
+                    if tally is not None:
+                        tally.add(self.step_index)
+                return
+            original(message, category, filename, lineno, file, line)
+
+        self._patcher.replace(warnings, "showwarning", lambda _: showwarning)
+
+    def _remove_sync_debug(self) -> None:
+        torch.cuda.set_sync_debug_mode(self._saved_sync_mode or 0)
+        with contextlib.suppress(ValueError):
+            warnings.filters.remove(self._warning_filter)
+
+
+class _GapSampler(threading.Thread):
+    """Which user line runs while no hook is timing anything before the step's forward.
+
+    That untimed time is charged to data loading (a generator or indexing building the next
+    batch); the samples say which line it is. One look at the script thread's stack every few
+    milliseconds, during the measured steps only.
+    """
+
+    def __init__(self, recorder: "Recorder", interval_s: float = 0.01) -> None:
+        super().__init__(name="turbotrain-doctor-sampler", daemon=True)
+        self.recorder, self.interval_s = recorder, interval_s
+        self._done = threading.Event()
+
+    def run(self) -> None:
+        rec = self.recorder
+        while not self._done.wait(self.interval_s):
+            if rec._stack or rec._open.marks or len(rec.steps) < rec.warmup:
+                continue  # a phase is timing this moment, the forward already started, or still warming up
+            frame = sys._current_frames().get(rec._thread)
+            site = user_site(frame)
+            if site is not None:
+                rec.gap_samples[site] += 1
+
+    def stop(self) -> None:
+        self._done.set()
+
+
+def _measured_call(original: Callable) -> Callable:
+    """``__call__`` for the class of an outermost module: see :meth:`Recorder._set_discovery`."""
+
+    def __call__(self, *args, **kwargs):
+        rec = _ACTIVE
+        if rec is None or id(self) not in rec._top_ids or get_ident() != rec._thread:
+            return original(self, *args, **kwargs)
+        phase = rec.call_enter(self, args, kwargs)
+        if phase is None:
+            return original(self, *args, **kwargs)
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            if rec is _ACTIVE:
+                rec.call_exit(phase)
+
+    return __call__
+
+
+def wrap_sync(kind: str, original: Callable) -> Callable:
+    """A tensor method that records a host sync at the user's line (see module docstring)."""
+    if kind in _NO_ARG_SYNCS:
+        return _wrap_sync_no_args(kind, original)
+
+    def method(self, *args, **kwargs):
+        rec = _ACTIVE
+        if rec is None or rec._busy:
+            return original(self, *args, **kwargs)
+        frame = sys._getframe(1)
+        if _USER_FILES.get(frame.f_code.co_filename) is False and not rec.gpu:
+            return original(self, *args, **kwargs)  # torch's own call (an optimizer reading its step count)
+        if rec.gpu:
+            site = user_site(frame) if self.is_cuda else None
+        else:
+            # Cheapest test first: torch's own calls (an optimizer reading its step count) are not syncs.
+            site = caller_site(frame)
+        if site is None or get_ident() != rec._thread or _compiling():
+            return original(self, *args, **kwargs)
+        rec._busy = True
+        rec.push("sync")
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            seconds = rec.pop()
+            rec._busy = False
+            tally = rec.tally(f"sync:{kind}", site)
+            tally.add(rec.step_index, seconds)
+
+    method.__name__ = getattr(original, "__name__", kind)
+    method.__doc__ = getattr(original, "__doc__", None)
+    return method
+
+
+_NO_ARG_SYNCS = frozenset({"item", "tolist", "bool", "float", "int"})
+
+
+def _wrap_sync_no_args(kind: str, original: Callable) -> Callable:
+    """:func:`wrap_sync` for methods without arguments: ``.item()`` runs inside torch's own optimizers for
+    every parameter, so the path that lets those calls through is kept as short as it can be."""
+
+    def method(self):
+        rec = _ACTIVE
+        if rec is None or rec._busy:
+            return original(self)
+        frame = sys._getframe(1)
+        if not rec.gpu and _USER_FILES.get(frame.f_code.co_filename) is False:
+            return original(self)
+        site = (user_site(frame) if self.is_cuda else None) if rec.gpu else caller_site(frame)
+        if site is None or get_ident() != rec._thread or _compiling():
+            return original(self)
+        rec._busy = True
+        rec.push("sync")
+        try:
+            return original(self)
+        finally:
+            seconds = rec.pop()
+            rec._busy = False
+            rec.tally(f"sync:{kind}", site).add(rec.step_index, seconds)
+
+    method.__name__ = getattr(original, "__name__", kind)
+    method.__doc__ = getattr(original, "__doc__", None)
+    return method

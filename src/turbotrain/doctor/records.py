@@ -1,0 +1,153 @@
+"""What a recording holds: steps with time per phase, and per-site tallies of syncs, copies, saves.
+
+Plain data, no torch hooks here: :mod:`turbotrain.doctor.recorder` fills it in, the
+breakdown and the rules read it.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from .sites import Site
+
+__all__ = ["CATEGORIES", "PHASE_CATEGORY", "StepRecord", "Tally", "LoaderRecord", "ForwardFacts", "Capture"]
+
+CATEGORIES = ("data_loading", "host_to_device", "compute", "optimizer", "host_sync", "python_overhead",
+              "outside_step")
+
+# Phases the recorder times (exclusive time: a sync inside forward counts as host_sync only).
+PHASE_CATEGORY = {
+    "data": "data_loading",        # waiting on a DataLoader iterator
+    "h2d": "host_to_device",       # .to(device) / .cuda() copies from host memory
+    "forward": "compute",          # the outermost module calls of the training step
+    "backward": "compute",         # torch.autograd.backward / grad
+    "optimizer": "optimizer",      # optimizer.step and zero_grad
+    "sync": "host_sync",           # .item(), .cpu(), .tolist(), print/format of a tensor, bool(tensor)
+    "eval": "outside_step",        # forward of the trained model under no_grad or in eval mode
+    "eval_grad": "outside_step",   # eval-mode forward with autograd on that no backward followed
+    "save": "outside_step",        # torch.save
+}
+
+
+@dataclass
+class StepRecord:
+    """One optimizer step: from the end of the previous step to the end of this one."""
+
+    index: int
+    start: float
+    end: float
+    phases: dict[str, float]            # exclusive seconds per phase
+    gap_before_forward: float = 0.0     # untimed seconds before the step's first training forward
+    forwards: int = 0                   # outermost training forwards
+    backwards: int = 0
+    optimizers: int = 0                 # optimizer.step calls in this step
+    module_calls: int = 0               # module forward calls (counted during warm-up only)
+    profiled: bool = False              # under torch.profiler (its own overhead): not in the statistics
+    preempted: float | None = None      # seconds the thread waited for a CPU another process held (Linux)
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+    @property
+    def untimed(self) -> float:
+        return max(0.0, self.duration - sum(self.phases.values()))
+
+    def categories(self) -> dict[str, float]:
+        """Seconds per breakdown category; sums to :attr:`duration`.
+
+        Time no hook saw is split at the step's first training forward: before it the script
+        was preparing the next batch (a generator, indexing pre-built tensors: data loading);
+        after it, it was computing the loss and glue between the timed calls (compute).
+        """
+        out = dict.fromkeys(CATEGORIES, 0.0)
+        for phase, seconds in self.phases.items():
+            out[PHASE_CATEGORY[phase]] += seconds
+        untimed = self.untimed
+        before = min(untimed, self.gap_before_forward) if self.forwards else 0.0
+        out["data_loading"] += before
+        out["compute"] += untimed - before
+        scale = self.duration / sum(out.values()) if sum(out.values()) > 0 else 0.0
+        if abs(scale - 1.0) > 1e-9 and scale > 0:
+            # Clock granularity can make timed phases exceed the step by nanoseconds.
+            out = {k: v * scale for k, v in out.items()}
+        return out
+
+
+class Tally:
+    """Per-step counts, seconds and bytes of one kind of event at one site."""
+
+    __slots__ = ("by_step", "first_step", "detail")
+
+    def __init__(self) -> None:
+        self.by_step: dict[int, list[float]] = defaultdict(lambda: [0, 0.0, 0])
+        self.first_step: int | None = None
+        self.detail: dict[str, Any] = {}
+
+    def add(self, step: int, seconds: float = 0.0, nbytes: int = 0) -> None:
+        cell = self.by_step[step]
+        cell[0] += 1
+        cell[1] += seconds
+        cell[2] += nbytes
+        if self.first_step is None:
+            self.first_step = step
+
+    def total(self, steps: Iterable[int]) -> tuple[int, float, int]:
+        count, seconds, nbytes = 0, 0.0, 0
+        for s in steps:
+            cell = self.by_step.get(s)
+            if cell:
+                count += cell[0]
+                seconds += cell[1]
+                nbytes += cell[2]
+        return count, seconds, nbytes
+
+    def per_step(self, steps: list[int]) -> tuple[float, float, float]:
+        """Average (count, seconds, bytes) per step over ``steps``."""
+        if not steps:
+            return 0.0, 0.0, 0.0
+        count, seconds, nbytes = self.total(steps)
+        return count / len(steps), seconds / len(steps), nbytes / len(steps)
+
+    def steps_with_events(self, steps: Iterable[int]) -> int:
+        return sum(1 for s in steps if self.by_step.get(s, (0,))[0])
+
+
+@dataclass
+class LoaderRecord:
+    """A DataLoader the script iterated."""
+
+    loader: Any                          # kept alive: the num_workers what-if re-times it after the script
+    site: Site | None
+    settings: dict[str, Any]
+    nexts: Tally = field(default_factory=Tally)                   # batches fetched and seconds waited
+    starts: list[tuple[int, float]] = field(default_factory=list)  # (step, seconds to the first batch) per iter()
+
+
+@dataclass
+class ForwardFacts:
+    """What the first measured training forward of the trained model looked like."""
+
+    module_type: str = ""
+    device: str = "cpu"
+    param_dtype: str = "torch.float32"
+    autocast: bool = False
+    autocast_dtype: str | None = None
+    compiled: bool = False
+    input_shapes: list[tuple[int, ...]] = field(default_factory=list)
+    input_channels_last: bool = False
+    batch_size: int | None = None
+    cudnn_benchmark: bool = False
+
+
+@dataclass
+class Capture:
+    """The outermost trained module and one batch of its inputs, for what-if trials."""
+
+    module: Any
+    args: tuple
+    kwargs: dict
+    batch_size: int
+    site: Site | None = None

@@ -1,0 +1,82 @@
+"""The doctor's rules: each reads a :class:`~turbotrain.doctor.context.Context` and yields findings.
+
+Three sources, one module each: ``runtime`` (the measured breakdown and per-site events),
+``live`` (the model, loader, optimizer and hardware objects the script built) and ``static``
+(the script's source). Rule ids are DESIGN.md's catalogue; :data:`RULE_IDS` lists them all.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable, Iterable
+
+from ..findings import SEVERITIES, Finding
+
+__all__ = ["rule", "evaluate", "RULES", "RULE_IDS"]
+
+log = logging.getLogger("turbotrain")
+
+RULE_IDS = (
+    "num-workers", "persistent-workers", "pin-memory", "non-blocking", "host-sync-in-loop",
+    "tensor-from-numpy-copy", "tensor-created-off-device", "dims-not-multiple-of-8",
+    "batch-size-not-multiple-of-8", "small-batch", "no-mixed-precision", "zero-grad-not-none",
+    "grad-in-validation", "cudnn-benchmark-off", "channels-last", "conv-bias-before-bn", "data-parallel",
+    "syncbn-with-compile", "empty-cache-in-loop", "jit-script", "manual-attention", "non-foreach-optimizer",
+    "save-in-loop", "accumulation-syncs", "nccl-env", "slow-storage",
+)
+
+RULES: list[tuple[str, str, Callable]] = []   # (rule id, source, function)
+
+
+def rule(rule_id: str, source: str) -> Callable[[Callable], Callable]:
+    if rule_id not in RULE_IDS:
+        raise ValueError(f"unknown doctor rule id {rule_id!r}; add it to RULE_IDS (DESIGN.md's catalogue)")
+
+    def register(fn: Callable) -> Callable:
+        RULES.append((rule_id, source, fn))
+        return fn
+
+    return register
+
+
+def _load() -> None:
+    from . import live, runtime, static  # noqa: F401 - registering
+
+
+def _merge(findings: list[Finding]) -> list[Finding]:
+    """One finding per (rule, line): a runtime finding absorbs a static one about the same line."""
+    by_key: dict[tuple, Finding] = {}
+    rank = {"runtime": 0, "live": 1, "static": 2}
+    for f in findings:
+        key = (f.rule, (f.site.file, f.site.line) if f.site else f.where)
+        kept = by_key.get(key)
+        if kept is None or (rank[f.source], SEVERITIES.index(f.severity)) < (rank[kept.source],
+                                                                             SEVERITIES.index(kept.severity)):
+            by_key[key] = f
+    merged = list(by_key.values())
+    # A static guess adds nothing where the run measured the same rule in the same function.
+    measured = {(f.rule, f.site.file, f.site.function) for f in merged if f.source != "static" and f.site}
+    return [f for f in merged
+            if not (f.source == "static" and f.site and (f.rule, f.site.file, f.site.function) in measured)]
+
+
+def evaluate(ctx, only: Iterable[str] | None = None) -> list[Finding]:
+    """Every rule's findings for ``ctx``, merged; a rule that crashes is logged and skipped."""
+    _load()
+    wanted = set(only) if only else None
+    found: list[Finding] = []
+    for rule_id, source, fn in RULES:
+        if wanted is not None and rule_id not in wanted:
+            continue
+        try:
+            for finding in fn(ctx) or ():
+                finding.source = source
+                found.append(finding)
+        except Exception as exc:  # noqa: BLE001 - one broken rule must not cost the whole report
+            log.warning("turbotrain doctor: rule %s failed: %s: %s", rule_id, type(exc).__name__, exc)
+    return order(_merge(found))
+
+
+def order(findings: list[Finding]) -> list[Finding]:
+    """By severity, then by what the fix buys."""
+    return sorted(findings, key=lambda f: (SEVERITIES.index(f.severity), -(f.est_speedup or 1.0), f.rule))

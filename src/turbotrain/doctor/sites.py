@@ -1,0 +1,124 @@
+"""Where in the user's code something happened: the frame that belongs to their script.
+
+A *user file* is any Python file that is not part of the standard library, an installed
+package (site-packages), torch or turbotrain. Findings point at ``file:line`` of such a
+frame so the user lands on their own code, never inside a library.
+"""
+
+from __future__ import annotations
+
+import linecache
+import os
+import sys
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+
+__all__ = ["Site", "is_user_file", "user_site", "caller_site", "relative_where", "source_lines"]
+
+
+def _library_roots() -> tuple[str, ...]:
+    roots = set()
+    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
+        path = sysconfig.get_paths().get(key)
+        if path:
+            roots.add(os.path.realpath(path))
+    import torch
+
+    import turbotrain
+
+    roots.add(os.path.realpath(os.path.dirname(torch.__file__)))
+    roots.add(os.path.realpath(os.path.dirname(turbotrain.__file__)))
+    return tuple(sorted(roots, key=len, reverse=True))
+
+
+_ROOTS: tuple[str, ...] | None = None
+_USER_FILES: dict[str, bool] = {}   # filename -> user code? (a dict: this sits on hot paths)
+
+
+def is_user_file(filename: str) -> bool:
+    """Whether ``filename`` (a code object's co_filename) is the user's code."""
+    known = _USER_FILES.get(filename)
+    if known is not None:
+        return known
+    global _ROOTS
+    if not filename or filename.startswith("<"):
+        answer = False  # <frozen ...>, <string>, <stdin>: nothing to point at
+    else:
+        if _ROOTS is None:
+            _ROOTS = _library_roots()
+        path = os.path.realpath(filename)
+        answer = not any(path == root or path.startswith(root + os.sep) for root in _ROOTS)
+    _USER_FILES[filename] = answer
+    return answer
+
+
+@dataclass(frozen=True)
+class Site:
+    """One line of user code."""
+
+    file: str
+    line: int
+    function: str = ""
+
+    def where(self, base: str | None = None) -> str:
+        return f"{relative_where(self.file, base)}:{self.line}"
+
+    @property
+    def code(self) -> str:
+        return linecache.getline(self.file, self.line).strip()
+
+
+def user_site(frame: FrameType | None, max_depth: int = 64) -> Site | None:
+    """The innermost user frame at or above ``frame``."""
+    depth = 0
+    while frame is not None and depth < max_depth:
+        code = frame.f_code
+        if is_user_file(code.co_filename):
+            return Site(code.co_filename, frame.f_lineno, code.co_name)
+        frame = frame.f_back
+        depth += 1
+    return None
+
+
+def caller_site(frame: FrameType | None) -> Site | None:
+    """``frame`` itself when it is user code, else None (the call came from a library)."""
+    if frame is None:
+        return None
+    known = _USER_FILES.get(frame.f_code.co_filename)
+    if known is False or (known is None and not is_user_file(frame.f_code.co_filename)):
+        return None
+    return Site(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
+
+
+def relative_where(filename: str, base: str | None = None) -> str:
+    """``filename`` relative to ``base`` (the script's folder) or the working directory when inside."""
+    path = Path(filename).resolve()
+    for root in (base, os.getcwd()):
+        if root:
+            try:
+                return str(path.relative_to(Path(root).resolve()))
+            except ValueError:
+                continue
+    return str(path)
+
+
+def source_lines(filename: str, line: int, context: int = 2) -> list[tuple[int, str]]:
+    """``(number, text)`` for the lines around ``line`` (for reports that show the code)."""
+    first = max(1, line - context)
+    out = []
+    for n in range(first, line + context + 1):
+        text = linecache.getline(filename, n)
+        if not text and n > line:
+            break
+        out.append((n, text.rstrip("\n")))
+    return out
+
+
+def frame_of_caller(skip: int = 2) -> FrameType | None:
+    """The frame ``skip`` levels above the function calling this one."""
+    try:
+        return sys._getframe(skip)
+    except ValueError:
+        return None

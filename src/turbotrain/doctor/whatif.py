@@ -1,0 +1,457 @@
+"""Measured, not guessed: short what-if trials on the user's own model, batch and DataLoader.
+
+* Plan switches (mixed precision, channels_last, foreach/fused optimizer, set_to_none, conv bias
+  removal, cudnn.benchmark, compile) run through :func:`turbotrain.measure.run_trial` on a copy
+  of the captured model and batch, against a baseline that reproduces the script's own
+  settings, timed before and after the candidates (the slower machine state is not credited).
+  The loss is a surrogate (the mean square of the model's float outputs: bounded, so a few
+  steps of it never diverge): the model's forward and backward are what is timed, not the
+  user's loss.
+* A larger batch: samples/s at a multiple of the captured batch.
+* ``num_workers`` 0, 1, 2, ... with :func:`turbotrain.measure.time_loader` until it stops improving.
+* Validation with autograd on: the captured model's eval forward with and without autograd.
+* Hand-written attention: the user's attention shapes timed by hand and as
+  ``scaled_dot_product_attention``.
+
+A trial's gain is turned into a share of the user's step (Amdahl: only the part of the step the
+trial models gets faster), which sets the finding's severity and ``est_speedup``.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from ..data.transfer import tensors_in
+from ..measure import Trial, run_trial, time_loader
+from ..plan import Plan
+from .findings import Finding, severity_for
+
+__all__ = ["run_what_ifs", "Budget"]
+
+log = logging.getLogger("turbotrain")
+
+MIN_GAIN = 1.03     # below this ratio a trial shows "no measurable gain"
+
+
+@dataclass
+class Budget:
+    seconds: float
+
+    def __post_init__(self) -> None:
+        self.deadline = time.perf_counter() + self.seconds
+
+    @property
+    def left(self) -> float:
+        return self.deadline - time.perf_counter()
+
+    def allows(self, cost_s: float) -> bool:
+        return self.left >= cost_s
+
+
+def surrogate_step(model: torch.nn.Module, batch: Any) -> torch.Tensor:
+    """Forward the captured ``(args, kwargs)``; the loss is the mean square of the differentiable outputs."""
+    args, kwargs = batch
+    out = model(*args, **kwargs)
+    parts = [t.float().pow(2).mean() for t in tensors_in(out) if t.is_floating_point() and t.requires_grad]
+    if not parts:
+        raise ValueError("the model's output holds no differentiable tensor to build a loss from")
+    return torch.stack(parts).sum() if len(parts) > 1 else parts[0]
+
+
+def _optimizer_fn(ctx) -> Callable:
+    """Rebuild the user's optimizer (same class and hyper-parameters) for a copy of the model."""
+    model_params = {id(p) for p in ctx.model.parameters()}
+    chosen = next((opt for opt, _ in ctx.optimizers
+                   if any(id(p) in model_params for g in opt.param_groups for p in g["params"])), None)
+    if chosen is None:
+        return lambda params: torch.optim.SGD(params, lr=1e-3)
+    cls, defaults = type(chosen), dict(chosen.defaults)
+    try:
+        cls([torch.zeros(1, requires_grad=True)], **defaults)
+    except Exception:  # noqa: BLE001 - a custom optimizer whose defaults are not constructor arguments
+        lr = defaults.get("lr", 1e-3)
+        return lambda params: torch.optim.SGD(params, lr=float(lr) if not torch.is_tensor(lr) else lr.item())
+    return lambda params: cls(params, **defaults)
+
+
+def _baseline_plan(ctx) -> Plan:
+    facts = ctx.facts
+    precision = "fp32"
+    if facts.autocast:
+        precision = "fp16-mixed" if "float16" in str(facts.autocast_dtype) and "b" not in str(
+            facts.autocast_dtype) else "bf16-mixed"
+    zeros = any(s.per_step > 0 for s in ctx.site_stats("zero_grad_zeros"))
+    return Plan(device=ctx.device, precision=precision, set_to_none=not zeros,
+                channels_last=bool(facts.input_channels_last), cudnn_benchmark=bool(facts.cudnn_benchmark))
+
+
+def typical_s(trial: Trial) -> float:
+    """A trial's step time robust to interference: its fastest step (other processes only ever add time,
+    and on a busy machine most steps of a short trial may carry some)."""
+    return min(trial.step_times_s) if trial.step_times_s else float("inf")
+
+
+def _model_share(ctx) -> float:
+    return ctx.share("compute") + ctx.share("optimizer") + ctx.share("python_overhead")
+
+
+def _inexact(finding: Finding) -> bool:
+    from ..speedups.registry import get
+
+    try:
+        return finding.speedup is not None and not get(finding.speedup).exact
+    except KeyError:
+        return False
+
+
+def _apply_ratio(finding: Finding, ctx, ratio: float, what_if: dict, unit: str = "step time",
+                 noise: float = 0.0) -> None:
+    """Turn a measured speed ratio of the model's step into the finding's share of the whole step.
+
+    A ratio within the machine's noise (``noise``: how far two baselines of the same run apart
+    were) or below :data:`MIN_GAIN` counts as no gain; a switch that changes numerics must buy
+    at least 10% to rate above ``low``.
+    """
+    share = _model_share(ctx) * (1.0 - 1.0 / ratio) if ratio > 0 else 0.0
+    what_if["ratio"] = round(ratio, 3)
+    if noise:
+        what_if["noise"] = round(noise, 3)
+    finding.what_if = what_if
+    finding.measured = True
+    finding.gain_share = share
+    finding.est_speedup = round(1.0 / (1.0 - min(share, 0.95)), 3)
+    finding.severity = severity_for(share)
+    if ratio < max(MIN_GAIN, 1.0 + 2 * noise):
+        finding.severity = "low"
+        why = f"within this machine's noise ({noise:.0%} between baselines)" if ratio >= MIN_GAIN else "no gain"
+        finding.note = f"Measured on this machine: {why} (x{ratio:.2f} on the model's {unit}). {finding.note or ''}"
+    elif _inexact(finding) and share < 0.10 and finding.severity != "low":
+        finding.severity = "low"
+        finding.note = f"It changes numerics and buys under 10% here. {finding.note or ''}"
+    finding.note = (finding.note or "").strip() or None
+
+
+class _ModelTrials:
+    """Baseline and candidate trials on one captured model and batch."""
+
+    def __init__(self, ctx, budget: Budget):
+        self.ctx, self.budget = ctx, budget
+        self.model = ctx.capture.module
+        self.batches = [(ctx.capture.args, ctx.capture.kwargs)]
+        self.optimizer_fn = _optimizer_fn(ctx)
+        self.base_plan = _baseline_plan(ctx)
+        model_s = max(1e-4, ctx.seconds("compute") + ctx.seconds("optimizer") + ctx.seconds("python_overhead"))
+        self.steps = int(min(10, max(3, 0.8 / model_s)))
+        self.warmup = 2
+        self.cost = (self.steps + self.warmup) * model_s * 1.5 + 0.05
+        self.baselines: list[Trial] = []
+
+    def trial(self, plan: Plan, batches=None, warmup: int | None = None) -> Trial:
+        return run_trial(self.model, self.optimizer_fn, None, batches or self.batches, plan, steps=self.steps,
+                         warmup=warmup or self.warmup, step_fn=surrogate_step)
+
+    def baseline(self) -> Trial | None:
+        if not self.budget.allows(self.cost):
+            return None
+        trial = self.trial(self.base_plan)
+        if trial.ok:
+            self.baselines.append(trial)
+        return trial
+
+    @property
+    def base_s(self) -> float:
+        # The faster baseline: a gain is never credited to the machine getting busier meanwhile.
+        return min(typical_s(t) for t in self.baselines) if self.baselines else float("inf")
+
+
+def _plan_trials(ctx, findings: list[Finding], budget: Budget, allow_compile: bool) -> None:
+    wanted = [f for f in findings if f.trial and f.trial.get("kind") == "plan"
+              and (allow_compile or not f.trial.get("compile"))]
+    if not wanted or ctx.capture is None or ctx.facts.compiled:
+        return
+    trials = _ModelTrials(ctx, budget)
+    first = trials.baseline()
+    if first is None or not first.ok:
+        reason = first.error if first is not None else "the what-if time budget is spent"
+        for f in wanted:
+            f.note = f"Not measured: {reason}. {f.note or ''}".strip()
+        return
+    for f in sorted(wanted, key=lambda f: f.trial.get("compile", False)):
+        changes = dict(f.trial["changes"])
+        base = trials.base_plan.replace(**f.trial.get("baseline", {}))
+        plan = base.replace(**changes)
+        warmup = 3 if changes.get("compile") else None
+        cost = trials.cost * (8 if changes.get("compile") else 1)
+        if not budget.allows(cost):
+            f.note = f"Not measured: the what-if time budget is spent. {f.note or ''}".strip()
+            continue
+        if f.trial.get("baseline"):
+            own_base = trials.trial(base)
+            trial = trials.trial(plan, warmup=warmup)
+            base_s = typical_s(own_base) if own_base.ok else trials.base_s
+        else:
+            trial = trials.trial(plan, warmup=warmup)
+            base_s = None
+        skipped = [name for name, _ in trial.skipped if name in {_entry_for_field(k) for k in changes}]
+        if not trial.ok or skipped:
+            why = trial.error or "; ".join(why for name, why in trial.skipped)
+            f.note = f"Not measured: {why}. {f.note or ''}".strip()
+            continue
+        f.what_if = {"kind": "plan", "changes": changes, "candidate_ms": round(typical_s(trial) * 1e3, 3),
+                     "steps": trials.steps, "losses_finite": all(map(_finite, trial.losses))}
+        if changes.get("compile"):
+            f.what_if["compile_s"] = round(trial.warmup_s, 2)
+            f.note = f"Compiling took {trial.warmup_s:.1f} s (once per run)."
+        f.trial["_result"] = (trial, base_s)
+    # A second baseline after the candidates: the machine's state at both ends.
+    trials.baseline()
+    typical = [typical_s(t) for t in trials.baselines]
+    noise = (max(typical) - min(typical)) / min(typical) if len(typical) > 1 else 0.0
+    for f in wanted:
+        result = f.trial.pop("_result", None)
+        if result is None:
+            continue
+        trial, own_base = result
+        base_s = own_base if own_base is not None else trials.base_s
+        f.what_if["baseline_ms"] = round(base_s * 1e3, 3)
+        _apply_ratio(f, ctx, base_s / typical_s(trial), f.what_if, noise=noise)
+
+
+def _entry_for_field(field: str) -> str:
+    from ..speedups.registry import by_field
+
+    try:
+        return by_field(field).name
+    except KeyError:
+        return field
+
+
+def _finite(x: float) -> bool:
+    return x == x and abs(x) != float("inf")
+
+
+def _repeat_batch(capture, k: int) -> tuple:
+    n = capture.batch_size
+
+    def grow(x):
+        if isinstance(x, torch.Tensor) and x.dim() and x.shape[0] == n:
+            return torch.cat([x] * k)
+        if isinstance(x, (list, tuple)):
+            return type(x)(grow(v) for v in x)
+        if isinstance(x, dict):
+            return {key: grow(v) for key, v in x.items()}
+        return x
+
+    return grow(capture.args), grow(capture.kwargs)
+
+
+def _batch_trial(ctx, finding: Finding, budget: Budget) -> None:
+    if ctx.capture is None or ctx.facts.compiled:
+        return
+    batch = ctx.capture.batch_size
+    k = max(2, min(8, 64 // max(1, batch)))
+    trials = _ModelTrials(ctx, budget)
+    if not budget.allows(trials.cost * 3):
+        return
+    base = trials.trial(trials.base_plan)
+    big = trials.trial(trials.base_plan, batches=[_repeat_batch(ctx.capture, k)])
+    if not (base.ok and big.ok):
+        finding.note = f"Not measured: {base.error or big.error}. {finding.note or ''}".strip()
+        return
+    gain = (big.samples_per_step / typical_s(big)) / (base.samples_per_step / typical_s(base))
+    finding.fix.plan = {"batch_size": batch * k}
+    _apply_ratio(finding, ctx, gain, {"kind": "batch", "batch_size": batch, "candidate_batch_size": batch * k,
+                                      "baseline_samples_per_s": round(base.samples_per_step / typical_s(base), 1),
+                                      "candidate_samples_per_s": round(big.samples_per_step / typical_s(big), 1)}, unit="samples/s")
+
+
+def _loader_trial(ctx, finding: Finding, budget: Budget) -> None:
+    record = ctx.main_loader
+    if record is None:
+        return
+    loader = record.loader
+    current = record.settings["num_workers"]
+    data_s = max(ctx.seconds("data_loading"), 1e-6)
+    step = ctx.step_s
+    other = max(step - data_s, 0.0)
+    batches = int(min(30, max(4, 1.0 / data_s)))
+    rates: dict[int, float] = {}
+    # The run itself timed the current setting; re-time it here too so every count is measured alike.
+    limit = max(2, min(8, 2 * ctx.hw.cpu_cores))
+    candidates = sorted({current, 0, 1, 2, 3, 4, 6, 8} - {w for w in (6, 8) if w > limit})
+    best, best_rate, worse = current, 0.0, 0
+    for workers in candidates:
+        if workers > limit or not budget.allows((batches + 2) * data_s / max(1, workers) + 1.0):
+            break
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)  # torch's "more workers than cores" advice
+                rate = time_loader(loader, batches=batches, warmup=2, num_workers=workers)
+        except Exception as exc:  # noqa: BLE001 - a dataset that cannot go to workers (unpicklable, ...)
+            finding.note = f"num_workers={workers} failed: {type(exc).__name__}: {exc}"
+            break
+        rates[workers] = rate
+        if rate > best_rate * 1.10:
+            best, best_rate, worse = workers, rate, 0
+        else:
+            worse += 1
+            if worse >= 2 and workers > current:
+                break  # stopped improving
+    if not rates or best_rate <= 0:
+        return
+    def projected(workers: int) -> float:
+        rate = rates[workers]
+        return max(other, 1.0 / rate) if workers > 0 else other + 1.0 / rate
+
+    # Both ends from this trial's own timings: the current setting re-timed, against the best.
+    now = projected(current) if current in rates else step
+    share = max(0.0, 1.0 - projected(best) / now) if now else 0.0
+    finding.what_if = {"kind": "num_workers", "batches_per_s": {str(k): round(v, 2) for k, v in rates.items()},
+                       "best_num_workers": best, "projected_step_ms": round(projected(best) * 1e3, 3),
+                       "current_projected_step_ms": round(now * 1e3, 3), "step_ms": round(step * 1e3, 3)}
+    if best != current:
+        finding.fix.plan = {"num_workers": best}
+        finding.fix.pytorch = f"DataLoader(..., num_workers={best}, persistent_workers=True)"
+        finding.fix.lightning = f"DataLoader(..., num_workers={best})"
+        finding.fix.accelerate = f"DataLoader(..., num_workers={best}) before accelerator.prepare(...)"
+    finding.set_gain(share, measured=True)
+    finding.note = (f"Loader rates measured for num_workers {', '.join(map(str, rates))}; the step is projected as "
+                    "max(the rest of the step, one batch's loading time). Workers share the CPU with training.")
+
+
+def _once(fn: Callable[[], None], cuda: bool) -> float:
+    if cuda:
+        torch.cuda.synchronize()
+    started = time.perf_counter()
+    fn()
+    if cuda:
+        torch.cuda.synchronize()
+    return time.perf_counter() - started
+
+
+def _time_pair(finding: Finding, slow: Callable[[], None], fast: Callable[[], None],
+               cuda: bool, repeats: int = 7) -> tuple[float, float] | None:
+    """Seconds per call of ``slow`` and ``fast``: alternating, the fastest of each (another process only
+    ever adds time, and alternating spreads it over both). None (and a note) when one fails."""
+    try:
+        slow()
+        fast()
+        t_slow = t_fast = float("inf")
+        for _ in range(repeats):
+            t_slow = min(t_slow, _once(slow, cuda))
+            t_fast = min(t_fast, _once(fast, cuda))
+        return t_slow, t_fast
+    except Exception as exc:  # noqa: BLE001 - a model that cannot run this way: the finding stays estimated
+        finding.note = f"Not measured: {type(exc).__name__}: {exc}"
+        return None
+
+
+def _eval_grad_trial(ctx, finding: Finding, budget: Budget) -> None:
+    if ctx.capture is None or not budget.allows(2.0):
+        return
+    model = copy.deepcopy(ctx.capture.module).eval()
+    args, kwargs = ctx.capture.args, ctx.capture.kwargs
+
+    def forward(grad: bool) -> Callable[[], None]:
+        def run() -> None:
+            with torch.enable_grad() if grad else torch.inference_mode():
+                model(*args, **kwargs)
+        return run
+
+    pair = _time_pair(finding, forward(True), forward(False), cuda=ctx.device == "cuda")
+    if pair is None:
+        return
+    with_grad, without = pair
+    saving = max(0.0, 1.0 - without / with_grad) if with_grad > 0 else 0.0
+    share = finding.trial.get("share", 0.0) * saving
+    finding.what_if = {"kind": "eval_grad", "forward_ms_with_grad": round(with_grad * 1e3, 3),
+                       "forward_ms_inference_mode": round(without * 1e3, 3)}
+    finding.set_gain(share, measured=True)
+
+
+def _attention_trial(ctx, finding: Finding, budget: Budget) -> None:
+    trial = finding.trial
+    if not trial.get("per_step") or not budget.allows(3.0):
+        return
+    first, last = trial["lines"]
+    score_shape = None
+    for stat in ctx.site_stats("softmax"):
+        if stat.site.file == trial["softmax"].file and stat.site.line == trial["softmax"].line:
+            score_shape = stat.detail.get("shape")
+    shapes = [(site, s) for site, s in ctx.matmul_shapes.items()
+              if site.file == trial["file"] and first <= site.line <= last]
+    qk = next(((a, b) for _, (a, b) in shapes if len(a) >= 3 and len(b) >= 3 and score_shape is not None
+               and tuple(a[:-1]) + (b[-1],) == tuple(score_shape)), None)
+    if qk is None:
+        finding.note = "Not measured: the attention's operand shapes were not seen during warm-up."
+        return
+    (q_shape, kt_shape) = qk
+    lead, length, dim, keys = q_shape[:-2], q_shape[-2], q_shape[-1], kt_shape[-1]
+    device = ctx.device if ctx.device in ("cpu", "cuda") else "cpu"
+    dtype = next(ctx.model.parameters()).dtype
+    gen = torch.Generator(device="cpu").manual_seed(0)
+
+    def make(*shape):
+        return torch.randn(*shape, generator=gen).to(device, dtype).requires_grad_()
+
+    q, k, v = make(*lead, length, dim), make(*lead, keys, dim), make(*lead, keys, dim)
+    causal = bool(trial.get("causal")) and length == keys
+    mask = torch.ones(length, keys, dtype=torch.bool, device=device).triu(1) if causal else None
+
+    def manual():
+        scores = (q @ k.transpose(-2, -1)) * dim ** -0.5
+        if mask is not None:
+            scores = scores.masked_fill(mask, float("-inf"))
+        out = scores.softmax(-1) @ v
+        out.sum().backward()
+
+    def fused():
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        out.sum().backward()
+
+    pair = _time_pair(finding, manual, fused, cuda=device == "cuda")
+    if pair is None:
+        return
+    t_manual, t_fused = pair
+    saved = trial["per_step"] * max(0.0, t_manual - t_fused)
+    share = min(saved / ctx.step_s, _model_share(ctx)) if ctx.step_s else 0.0
+    finding.what_if = {"kind": "attention", "q_shape": list(q_shape), "keys": keys, "causal": causal,
+                       "manual_ms": round(t_manual * 1e3, 3), "sdpa_ms": round(t_fused * 1e3, 3),
+                       "calls_per_step": trial["per_step"]}
+    finding.set_gain(share, measured=True)
+    finding.note = ("Timed forward+backward at your attention's shapes, hand-written"
+                    + (" with a causal mask" if causal else "") + " against scaled_dot_product_attention.")
+
+
+def run_what_ifs(ctx, findings: list[Finding], budget_s: float = 30.0, allow_compile: bool = False) -> None:
+    """Measure what the findings' fixes buy (in place), within ``budget_s`` seconds."""
+    budget = Budget(budget_s)
+    by_kind: dict[str, list[Finding]] = {}
+    for f in findings:
+        if f.trial:
+            by_kind.setdefault(f.trial["kind"], []).append(f)
+    steps: list[tuple[str, Callable]] = []
+    for f in by_kind.get("loader", []):
+        steps.append(("num_workers", lambda f=f: _loader_trial(ctx, f, budget)))
+    for f in by_kind.get("batch", []):
+        steps.append(("batch", lambda f=f: _batch_trial(ctx, f, budget)))
+    if by_kind.get("plan"):
+        steps.append(("plan", lambda: _plan_trials(ctx, by_kind["plan"], budget, allow_compile)))
+    for f in by_kind.get("attention", []):
+        steps.append(("attention", lambda f=f: _attention_trial(ctx, f, budget)))
+    for f in by_kind.get("eval_grad", []):
+        steps.append(("eval_grad", lambda f=f: _eval_grad_trial(ctx, f, budget)))
+    for name, fn in steps:
+        if budget.left <= 0:
+            break
+        try:
+            fn()
+        except Exception as exc:  # noqa: BLE001 - a failed what-if leaves the finding estimated
+            log.warning("turbotrain doctor: what-if %s failed: %s: %s", name, type(exc).__name__, exc)

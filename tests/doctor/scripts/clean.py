@@ -1,0 +1,51 @@
+"""A well-written CPU training script: the doctor must not raise a high or medium finding."""
+import torch
+from torch import nn
+from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler, TensorDataset
+
+
+def make_data(n, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 64, generator=g)
+    return TensorDataset(x, (x[:, :8].sum(1) > 0).long())
+
+
+def batches(dataset, batch_size, shuffle):
+    """In-memory tensors sliced a whole batch at a time: no per-sample indexing and collation."""
+    sampler = (RandomSampler if shuffle else SequentialSampler)(dataset)
+    return DataLoader(dataset, batch_size=None, sampler=BatchSampler(sampler, batch_size, drop_last=shuffle))
+
+
+def evaluate(model, loader):
+    model.eval()
+    correct = torch.zeros((), dtype=torch.long)
+    with torch.inference_mode():
+        for x, y in loader:
+            correct += (model(x).argmax(1) == y).sum()
+    model.train()
+    return correct.item() / len(loader.dataset)
+
+
+def main():
+    torch.manual_seed(0)
+    train = batches(make_data(8192, 0), 128, shuffle=True)
+    val = batches(make_data(1024, 1), 256, shuffle=False)
+    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 2))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    running = torch.zeros(())
+    step = 0
+    for epoch in range(20):
+        for x, y in train:
+            loss = nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            running += loss.detach()
+            step += 1
+            if step % 100 == 0:
+                print(f"step {step}: loss {running.item() / 100:.4f}, val acc {evaluate(model, val):.3f}")
+                running.zero_()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,86 @@
+"""The breakdown adds up: every second of a measured step lands in exactly one category."""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+
+from turbotrain.doctor.breakdown import Overhead, _gpu_categories, compute_breakdown
+from turbotrain.doctor.records import CATEGORIES, StepRecord
+from turbotrain.doctor.report import exact_shares
+
+
+def step(i, duration, phases, gap=0.0, preempted=None):
+    return StepRecord(index=i, start=float(i), end=i + duration, phases=phases, gap_before_forward=gap,
+                      forwards=1, backwards=1, optimizers=1, preempted=preempted)
+
+
+def test_a_step_s_categories_sum_to_its_duration_and_split_the_untimed_time():
+    s = step(0, 0.010, {"data": 0.002, "forward": 0.003, "backward": 0.002, "optimizer": 0.001}, gap=0.0015)
+    cats = s.categories()
+    assert sum(cats.values()) == pytest.approx(0.010)
+    # 2 ms untimed: 1.5 ms before the forward (building the batch), the rest is step glue.
+    assert cats["data_loading"] == pytest.approx(0.0035)
+    assert cats["compute"] == pytest.approx(0.005 + 0.0005)
+    assert cats["optimizer"] == pytest.approx(0.001)
+
+
+def test_breakdown_adds_up_to_the_measured_mean_with_interference_apart():
+    phases = {"data": 0.0002, "forward": 0.0004, "backward": 0.0003, "optimizer": 0.0001}
+    steps = [step(i, 0.001, dict(phases), preempted=0.0) for i in range(8)]
+    # One short step where another process held the CPU for 30 ms, in the middle of the backward.
+    steps[5] = step(5, 0.031, {**phases, "backward": 0.0303}, preempted=0.030)
+    b = compute_breakdown(steps, warmup=1, overhead=Overhead(method="measured", compute_share=0.25))
+    assert b.steps == list(range(1, 8))
+    assert sum(b.shares.values()) == pytest.approx(1.0)
+    assert sum(b.seconds.values()) + b.interference_s == pytest.approx(statistics.fmean(b.step_seconds))
+    assert b.interference_s == pytest.approx(0.030 / 7)
+    # The stall came out of compute, where it was: the step looks like its neighbours again.
+    assert b.timeline[4]["compute"] == pytest.approx(b.timeline[0]["compute"])
+    assert b.shares["data_loading"] == pytest.approx(0.2)
+    assert b.shares["python_overhead"] == pytest.approx(0.25 * 0.7)
+    assert b.bottleneck == "compute"
+
+
+def test_a_long_step_loses_its_wait_in_proportion():
+    """Contention spread over a long step (validation here) scales every part of it down alike."""
+    steps = [step(i, 0.010, {"forward": 0.006, "optimizer": 0.004}, preempted=0.0) for i in range(6)]
+    steps[3] = step(3, 0.080, {"forward": 0.012, "optimizer": 0.008, "eval": 0.060}, preempted=0.040)
+    b = compute_breakdown(steps, warmup=0)
+    row = b.timeline[3]
+    assert row["interference"] == pytest.approx(40.0)
+    assert row["outside_step"] == pytest.approx(30.0) and row["compute"] == pytest.approx(6.0)
+
+
+def test_without_schedstat_a_lone_spike_is_taken_as_interference():
+    steps = [step(i, 0.010, {"forward": 0.006, "optimizer": 0.004}) for i in range(8)]
+    steps[3] = step(3, 0.050, {"forward": 0.046, "optimizer": 0.004})
+    b = compute_breakdown(steps, warmup=0)
+    assert b.interference_s == pytest.approx(0.040 / 8)
+
+
+def test_periodic_validation_stays_in_the_numbers():
+    steps = [step(i, 0.010, {"forward": 0.006, "optimizer": 0.004}, preempted=0.0) for i in range(10)]
+    for i in (3, 7):
+        steps[i] = step(i, 0.060, {"forward": 0.006, "optimizer": 0.004, "eval": 0.050}, preempted=0.0)
+    b = compute_breakdown(steps, warmup=1)
+    assert b.interference_s == 0
+    assert b.seconds["outside_step"] == pytest.approx(0.100 / 9)
+
+
+def test_on_cuda_compute_is_device_time_and_idle_time_goes_to_the_host():
+    cats = dict.fromkeys(CATEGORIES, 0.0)
+    cats.update(data_loading=0.004, compute=0.003, optimizer=0.001, host_sync=0.002)
+    out = _gpu_categories(cats, 0.010, {"forward": 0.002, "backward": 0.003, "optimizer": 0.001})
+    assert sum(out.values()) == pytest.approx(0.010)
+    assert out["compute"] == pytest.approx(0.005) and out["optimizer"] == pytest.approx(0.001)
+    # 4 ms of device idle time split by what the host did: 4 data, 2 sync, 4 issuing ops.
+    assert out["data_loading"] == pytest.approx(0.0016)
+    assert out["host_sync"] == pytest.approx(0.0008)
+    assert out["python_overhead"] == pytest.approx(0.0016)
+
+
+def test_rounded_shares_still_sum_to_one():
+    shares = {k: 1 / 7 for k in CATEGORIES}
+    assert sum(exact_shares(shares).values()) == pytest.approx(1.0, abs=1e-12)

@@ -1,0 +1,106 @@
+"""The corpus: each script is built to have one known bottleneck or anti-pattern; the doctor must name it.
+
+Each expected ``file:line`` is marked in the script with a ``# doctor: <rule>`` comment.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from doctor_helpers import cached_report, marked_lines
+
+SEVERITY = {"low": 0, "medium": 1, "high": 2}
+
+# script -> (rules it must name, the bottleneck(s) it was built to have, rules that must rate >= medium on CPU)
+CORPUS = {
+    "data_bound_loader": ({"num-workers"}, {"data_loading"}, {"num-workers"}),
+    "gan_two_optimizers": ({"num-workers"}, {"data_loading"}, {"num-workers"}),
+    "item_per_step": ({"host-sync-in-loop"}, None, set()),
+    "batch_size_one": ({"small-batch"}, {"python_overhead"}, {"small-batch"}),
+    "conv_bias_bn": ({"conv-bias-before-bn"}, {"compute"}, set()),
+    "odd_vocab": ({"dims-not-multiple-of-8"}, None, set()),
+    "data_parallel": ({"data-parallel"}, None, set()),
+    "grad_in_validation": ({"grad-in-validation"}, {"outside_step"}, set()),
+    "numpy_copy": ({"tensor-from-numpy-copy"}, None, {"tensor-from-numpy-copy"}),
+    "checkpoint_every_step": ({"save-in-loop"}, {"outside_step"}, {"save-in-loop"}),
+    "non_foreach_optimizer": ({"non-foreach-optimizer"}, {"optimizer", "python_overhead"}, {"non-foreach-optimizer"}),
+    "manual_attention": ({"manual-attention"}, {"compute"}, {"manual-attention"}),
+    "gpu_habits": ({"pin-memory", "non-blocking", "tensor-created-off-device", "empty-cache-in-loop", "jit-script",
+                    "cudnn-benchmark-off"}, None, set()),
+    "accumulation_ddp": ({"accumulation-syncs"}, None, set()),
+    "lightning_slow_data": ({"num-workers"}, {"data_loading"}, {"num-workers"}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CORPUS))
+def test_doctor_names_the_known_problem(name):
+    if name.startswith("lightning"):
+        pytest.importorskip("lightning", reason="lightning is in the test extra: pip install -e '.[test]'")
+    rules, bottleneck, serious = CORPUS[name]
+    report = cached_report(name)
+    assert report.status == "ok", report.messages
+    found = {f.rule for f in report.findings}
+    assert rules <= found, f"{name}: missing {rules - found}; found {sorted(found)}"
+    if bottleneck is not None:
+        assert report.bottleneck in bottleneck, (name, report.breakdown.shares)
+    for rule in serious:
+        best = max((SEVERITY[f.severity] for f in report.findings if f.rule == rule), default=-1)
+        assert best >= SEVERITY["medium"], f"{name}: {rule} rated too low: {report.to_dict()['findings']}"
+
+
+@pytest.mark.parametrize("name", sorted(n for n in CORPUS if marked_lines(n)))
+def test_findings_point_at_the_users_line(name):
+    if name.startswith("lightning"):
+        pytest.importorskip("lightning", reason="lightning is in the test extra: pip install -e '.[test]'")
+    report = cached_report(name)
+    data = report.to_dict()
+    for rule, line in marked_lines(name):
+        wheres = [f["where"] for f in data["findings"] if f["rule"] == rule]
+        assert f"{name}.py:{line}" in wheres, f"{rule} should point at {name}.py:{line}; got {wheres}"
+
+
+def test_gpu_only_rules_stay_low_on_cpu():
+    report = cached_report("gpu_habits")
+    gpu_only = {"pin-memory", "non-blocking", "tensor-created-off-device", "empty-cache-in-loop",
+                "cudnn-benchmark-off", "dims-not-multiple-of-8", "data-parallel"}
+    for f in report.findings:
+        if f.rule in gpu_only:
+            assert f.severity == "low" and "GPU" in (f.note or ""), f.to_dict()
+
+
+def test_a_clean_script_gets_no_high_or_medium_finding():
+    report = cached_report("clean")
+    serious = [f.to_dict() for f in report.findings if f.severity in ("high", "medium")]
+    assert not serious, serious
+
+
+def test_measured_findings_carry_their_trial():
+    report = cached_report("data_bound_loader")
+    finding = next(f for f in report.findings if f.rule == "num-workers")
+    assert finding.measured and finding.what_if["kind"] == "num_workers"
+    rates = finding.what_if["batches_per_s"]
+    assert "0" in rates and len(rates) >= 2
+    # The loader sleeps in every sample, so worker processes must beat the single-process loader.
+    assert finding.what_if["best_num_workers"] > 0 and finding.est_speedup > 1.5
+    assert finding.fix.plan == {"num_workers": finding.what_if["best_num_workers"]}
+
+
+def test_syncs_are_counted_per_step_at_each_line():
+    report = cached_report("item_per_step")
+    by_line = {row["where"]: row for row in report.syncs}
+    for _, line in marked_lines("item_per_step"):
+        row = by_line[f"item_per_step.py:{line}"]
+        assert row["per_step"] == pytest.approx(1.0)
+
+
+def test_two_optimizers_make_one_step():
+    """A GAN steps two optimizers per iteration: each recorded step must hold both updates."""
+    from doctor_helpers import script
+    from turbotrain.doctor.recorder import Recorder
+    from turbotrain.doctor.runner import run_script
+
+    recorder = Recorder(measure=4, warmup=1, profile=0)
+    run = run_script(script("gan_two_optimizers"), [], recorder)
+    assert run.status == "stopped"
+    assert [s.optimizers for s in recorder.steps] == [2] * 5
+    assert all(s.forwards >= 1 and s.backwards == 2 for s in recorder.steps[1:])

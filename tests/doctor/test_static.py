@@ -1,0 +1,137 @@
+"""Static rules on source snippets: the pattern is found at its line, and only where it runs per step."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from turbotrain.doctor.breakdown import compute_breakdown
+from turbotrain.doctor.context import Context
+from turbotrain.doctor.rules import evaluate
+from turbotrain.doctor.rules.nccl import check_nccl_env
+from turbotrain.doctor.source import load_sources
+from turbotrain.hardware import detect
+
+
+def context_for(tmp_path, source: str, **changes) -> Context:
+    path = tmp_path / "train.py"
+    path.write_text(textwrap.dedent(source))
+    ctx = Context(script=str(path), base=str(tmp_path), hw=detect("cpu"), device="cpu",
+                  breakdown=compute_breakdown([], 1), measured_steps=[], sources=load_sources([str(path)]))
+    return ctx.replace(**changes)
+
+
+def found(ctx, rule):
+    return [(f.site.line, f.severity) for f in evaluate(ctx, only=[rule]) if f.site]
+
+
+def line_of(ctx, text):
+    return next(n for n, t in enumerate(open(ctx.script).read().splitlines(), 1) if text in t)
+
+
+SOURCE = """
+import os
+import torch
+
+os.environ["NCCL_BUFF_SIZE"] = "8388608"
+torch.backends.cudnn.benchmark = False
+
+@torch.jit.script
+def fused(x):
+    return x * torch.sigmoid(x)
+
+def validate(model, data):
+    model.eval()
+    return [model(x) for x in data]
+
+def attention(q, k, v):
+    w = (q @ k.transpose(-2, -1)).softmax(-1)
+    return w @ v
+
+def train(model, opt, loader, device):
+    model = torch.compile(torch.nn.SyncBatchNorm.convert_sync_batchnorm(model))
+    for x, y in loader:
+        x = x.to(device)
+        noise = torch.zeros(x.shape).cuda()
+        loss = model(x + noise).sum()
+        opt.zero_grad(set_to_none=False)
+        loss.backward()
+        opt.step()
+        torch.cuda.empty_cache()
+        torch.save(model.state_dict(), "ckpt.pt")
+        t = torch.tensor(some_numpy_array)
+    torch.save(model.state_dict(), "final.pt")
+    torch.cuda.empty_cache()
+"""
+
+
+@pytest.mark.parametrize("rule,text", [
+    ("jit-script", "@torch.jit.script"),
+    ("grad-in-validation", "model.eval()"),
+    ("manual-attention", "softmax(-1)"),
+    ("syncbn-with-compile", "torch.compile("),
+    ("non-blocking", "x = x.to(device)"),
+    ("tensor-created-off-device", "torch.zeros(x.shape).cuda()"),
+    ("zero-grad-not-none", "zero_grad(set_to_none=False)"),
+    ("empty-cache-in-loop", "        torch.cuda.empty_cache()"),
+    ("save-in-loop", 'torch.save(model.state_dict(), "ckpt.pt")'),
+    ("tensor-from-numpy-copy", "torch.tensor(some_numpy_array)"),
+    ("nccl-env", "NCCL_BUFF_SIZE"),
+    ("cudnn-benchmark-off", "cudnn.benchmark = False"),
+])
+def test_static_rule_points_at_the_line(tmp_path, rule, text):
+    ctx = context_for(tmp_path, SOURCE)
+    lines = [line for line, _ in found(ctx, rule)]
+    assert line_of(ctx, text) in lines, (rule, lines)
+
+
+def test_calls_outside_the_loop_are_not_per_step(tmp_path):
+    ctx = context_for(tmp_path, SOURCE)
+    assert line_of(ctx, '"final.pt"') not in [line for line, _ in found(ctx, "save-in-loop")]
+    once = [n for n, t in enumerate(open(ctx.script).read().splitlines(), 1) if t == "    torch.cuda.empty_cache()"]
+    per_step = {line for line, _ in found(ctx, "empty-cache-in-loop")}
+    assert len(once) == 1 and per_step and once[0] not in per_step
+
+
+def test_validation_under_no_grad_is_fine(tmp_path):
+    ctx = context_for(tmp_path, """
+        import torch
+
+        @torch.no_grad()
+        def validate(model, data):
+            model.eval()
+            return [model(x) for x in data]
+
+        def test(model, data):
+            model.eval()
+            with torch.inference_mode():
+                return [model(x) for x in data]
+    """)
+    assert found(ctx, "grad-in-validation") == []
+
+
+def test_static_findings_are_low_on_their_own(tmp_path):
+    ctx = context_for(tmp_path, SOURCE)
+    assert {sev for f in evaluate(ctx) for sev in [f.severity]} == {"low"}
+
+
+def test_nccl_typo_names_the_real_variable():
+    problems = {name: (kind, message) for name, kind, message, _ in check_nccl_env(
+        {"NCCL_BUFF_SIZE": "8388608", "NCCL_DEBUG": "INFO", "NCCL_P2P_DISABLE": "1", "NCCL_SOCKET_IFNAME": "eth0",
+         "NCCL_ASYNC_ERROR_HANDLING": "1", "PATH": "/bin"})}
+    assert problems["NCCL_BUFF_SIZE"][0] == "typo" and "NCCL_BUFFSIZE" in problems["NCCL_BUFF_SIZE"][1]
+    assert problems["NCCL_DEBUG"][0] == "debug"
+    assert problems["NCCL_P2P_DISABLE"][0] == "disabled"
+    assert problems["NCCL_ASYNC_ERROR_HANDLING"][0] == "renamed"
+    assert "NCCL_SOCKET_IFNAME" not in problems and "PATH" not in problems
+
+
+def test_nccl_env_from_the_environment_matters_on_gpus(tmp_path):
+    from dataclasses import replace
+
+    ctx = context_for(tmp_path, "print('hi')\n", env={"NCCL_BUFF_SIZE": "8388608"})
+    cpu = evaluate(ctx, only=["nccl-env"])
+    assert [(f.where, f.severity) for f in cpu] == [("env NCCL_BUFF_SIZE", "low")]
+    gpu = evaluate(ctx.replace(hw=replace(ctx.hw, device_type="cuda"), device="cuda"), only=["nccl-env"])
+    assert gpu[0].severity == "medium" and "NCCL_BUFFSIZE" in gpu[0].fix.text()
