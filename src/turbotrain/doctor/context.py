@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..data import stats as data_stats
 from ..hardware import Hardware, detect
 from ..speedups.model_info import ModelInfo, inspect_model
 from .breakdown import Breakdown, Overhead, compute_breakdown, op_counts
@@ -179,17 +180,18 @@ def measure_overhead(capture: Capture | None, optimizers: list[Any], raw: Breakd
                             "op_floor_us": round(op_floor * 1e6, 3), "module_floor_us": round(module_floor * 1e6, 3)})
 
 
-def storage_stats() -> Any:
-    """SLOW-STORAGE WIRING POINT: the data layer's read statistics for the measured steps (None until wired).
+def storage_stats(recorder: Any) -> Any:
+    """Reads through ``turbotrain.data`` during the measured steps, or None when nothing was read.
 
-    To wire (``turbotrain.data.stats``): take ``stats.snapshot()`` when the measured steps start
-    and when they end (the recorder's ``_finish_step`` at ``done == warmup`` and at
-    ``done == warmup + measure``; ``stats.share_with_workers()`` at install so DataLoader workers
-    count too) and return the difference here. ``rules/runtime.py:slow_storage`` already passes
-    it, with the measured data wait and step time, to ``slow_storage_finding(stats, data_wait_s,
-    total_s)`` and turns the dict it returns into the finding.
+    The recorder snapshots the data layer's shared counters (which DataLoader workers write
+    too) when the measured steps start and end; a run cut short is measured up to its end.
     """
-    return None
+    start = getattr(recorder, "reads_at_start", None)
+    if start is None:
+        return None
+    end = recorder.reads_at_end or data_stats.snapshot()
+    reads = end - start
+    return reads if reads.schemes else None
 
 
 def build_context(recorder: Any, script: str | None = None, device: str | None = None) -> Context:
@@ -230,5 +232,5 @@ def build_context(recorder: Any, script: str | None = None, device: str | None =
         module_sites=module_sites, model=model, modules=modules, info=info, facts=facts, capture=capture,
         profile=prof, matmul_shapes=dict(recorder.matmul_shapes), env=dict(os.environ),
         sources=load_sources(_user_files(script, recorder.tallies, module_sites)), world_size=world,
-        step_records=list(recorder.steps), gap_samples=dict(recorder.gap_samples), storage_stats=storage_stats(),
+        step_records=list(recorder.steps), gap_samples=dict(recorder.gap_samples), storage_stats=storage_stats(recorder),
     )

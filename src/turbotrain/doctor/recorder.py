@@ -30,6 +30,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from ..data import stats as data_stats
 from .patching import Patcher
 from .records import Capture, ForwardFacts, LoaderRecord, StepRecord, Tally
 from .sites import _USER_FILES, Site, caller_site, user_site
@@ -170,6 +171,9 @@ class Recorder:
         except OSError:
             self._sched_fd = None
         self.started = perf_counter()
+        # Reads through turbotrain.data (any process: DataLoader workers count into a shared file).
+        data_stats.share_with_workers()
+        self.reads_at_start = self.reads_at_end = None
         self._open = _OpenStep(self.started)
         self._last_wait = self.runqueue_wait()
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
@@ -419,6 +423,10 @@ class Recorder:
         if done == max(1, self.warmup - 1):
             self.module_calls_per_step = record.module_calls  # counted under the global hooks
             self._set_discovery(False)
+        if done == self.warmup:
+            self.reads_at_start = data_stats.snapshot()
+        if self.measure is not None and done == self.warmup + self.measure:
+            self.reads_at_end = data_stats.snapshot()
         if done == self.warmup and record.gap_before_forward > 0.1 * record.duration:
             # The script builds batches itself, untimed: find which line (the sampler costs a
             # little GIL traffic, so only scripts that need it get it).

@@ -5,6 +5,7 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 
+from ...data import stats as data_stats
 from ..findings import Finding, Fix, speedup_for_rule
 from . import rule
 
@@ -318,21 +319,12 @@ def fuse_with_compile(ctx):
 
 @rule("slow-storage", "runtime")
 def slow_storage(ctx):
-    """SLOW-STORAGE WIRING POINT (lead: call the data layer here once issue 5 is merged).
-
-    ``turbotrain.data.stats.slow_storage_finding(stats, data_wait_s, total_s) -> dict | None`` decides
-    from the data layer's read accounting. The doctor supplies the measured data wait and run time;
-    ``ctx.storage_stats`` is where the read statistics go (None until the data layer fills it in).
-    """
+    """Data wait dominated by storage reads through ``turbotrain.data`` (the data layer decides)."""
     if ctx.storage_stats is None:
-        return
-    try:
-        from ...data.stats import slow_storage_finding  # type: ignore[import-not-found]
-    except ImportError:
         return
     data_wait_s = ctx.seconds("data_loading") * len(ctx.measured_steps)
     total_s = ctx.step_s * len(ctx.measured_steps)
-    found = slow_storage_finding(ctx.storage_stats, data_wait_s, total_s)
+    found = data_stats.slow_storage_finding(ctx.storage_stats, data_wait_s, total_s)
     if not found:
         return
     record = ctx.main_loader
