@@ -270,9 +270,9 @@ class Trainer:
         ctx.is_last_micro_batch = last
         if self._manual:
             loss = _loss_of(self.step_fn(ctx, batch))
-        elif self._no_contexts:  # fp32, one process: nothing to enter, which tiny steps notice
+        elif self._no_contexts:  # fp32, one process, no scaler: nothing to enter, which tiny steps notice
             loss = self._loss(batch)
-            rt.backward(loss / rt.accum_steps if rt.accum_steps > 1 else loss)
+            (loss / rt.accum_steps if rt.accum_steps > 1 else loss).backward()
         else:
             with rt.no_sync(not last), rt.autocast():
                 loss = self._loss(batch)
