@@ -1,0 +1,273 @@
+"""The plan search: greedy over the cheap switches, then compile, then what compile changes.
+
+1. The naive plan is timed first; its per-step losses are the numerics reference.
+2. Each cheap switch (precision, fused optimizer, layout, ...) is tried on top of the best
+   plan so far and kept only if it is faster by ``min_gain`` on a second, paired measurement
+   (this machine's timings are noisy) and passes the numerics guard.
+3. torch.compile (and on CUDA its modes) is tried on top of that: the expensive step, so it
+   comes once the cheap wins are in and only when the time left covers a compile.
+4. When compile is kept, the switches whose effect compile changes (precision, layout,
+   model rewrites) are flipped once more under compile, within the budget: compile and
+   AMP together can win where either alone does not.
+5. Never slower: the result is measured against the naive plan once more, side by side;
+   unless it is faster, the naive plan is returned and the report says nothing helped.
+
+Time is measured by a ``measure(plan, steps, warmup) -> Trial`` callable (``run_trial`` on
+the user's model in ``tt.tune``), which is also the seam tests use to inject results.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ..measure import Trial
+from ..plan import Plan
+from .candidates import Candidates, Switch
+from .guard import DEFAULT_TOLERANCE, check_losses
+
+__all__ = ["Attempt", "SearchResult", "TuneError", "search_plan", "Measure"]
+
+Measure = Callable[[Plan, int, int], Trial]
+
+MIN_GAIN = 0.03
+"""A switch is kept only when it makes steps at least 3% faster (below that is timing noise here)."""
+
+_COMPILE_GUESS_S = {"cpu": 45.0, "cuda": 90.0}   # before any compile was seen in this search
+_MIN_STEPS, _MAX_STEPS = 5, 50
+
+
+class TuneError(RuntimeError):
+    """Tuning cannot start (the naive plan itself fails or does not train)."""
+
+
+@dataclass
+class Attempt:
+    """One row of the report: a plan that was tried (or not), and what came of it."""
+
+    label: str                        # the change tried, e.g. "precision=bf16-mixed"
+    plan: Plan
+    stage: str                        # baseline | switch | compile | under-compile | final
+    status: str                       # baseline | accepted | rejected | skipped | chosen
+    reason: str = ""
+    samples_per_s: float = 0.0
+    step_s: float | None = None
+    speedup: float | None = None      # against the naive plan measured in the same run
+    peak_memory_bytes: int | None = None
+    compile_s: float | None = None    # first steps' time beyond steady state (None without compile)
+    max_deviation: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**{k: v for k, v in self.__dict__.items() if k != "plan"}, "plan": self.plan.to_dict()}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Attempt":
+        return cls(**{**data, "plan": Plan.from_dict(data["plan"])})
+
+
+@dataclass
+class SearchResult:
+    plan: Plan
+    baseline: Plan
+    attempts: list[Attempt]
+    speedup: float                    # chosen vs naive, from every step timed for each
+    message: str
+    steps: int
+    elapsed_s: float
+    compile_s: float                  # total compile time spent while searching
+    samples_per_s: float
+    baseline_samples_per_s: float
+    left_out: list[tuple[str, str]] = field(default_factory=list)
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("inf")
+
+
+class _Search:
+    def __init__(self, measure: Measure, candidates: Candidates, base: Plan, budget_s: float,
+                 tolerance: float, min_gain: float, warmup: int, device_type: str,
+                 clock: Callable[[], float]):
+        self.measure, self.candidates, self.base = measure, candidates, base
+        self.tolerance, self.min_gain, self.warmup = tolerance, min_gain, warmup
+        self.clock = clock
+        self.started = clock()
+        self.deadline = self.started + budget_s
+        self.budget_s = budget_s
+        self.compile_guess = _COMPILE_GUESS_S.get(device_type, 60.0)
+        self.attempts: list[Attempt] = []
+        self.times: dict[Plan, list[float]] = {}      # every steady-state step time seen, per plan
+        self.compiled: set[Plan] = set()               # plans whose compile is cached in this process
+        self.compile_seen: list[float] = []
+        self.steps = 10
+        self.samples_per_step = 1
+        self.reference: list[float] = []
+
+    # -- measuring -------------------------------------------------------------------------
+
+    def remaining(self) -> float:
+        return self.deadline - self.clock()
+
+    def _estimate(self, plan: Plan) -> float:
+        # A candidate may be slower than the naive plan: allow 1.5x its step time, plus the copy.
+        step = self.median(self.base) if self.base in self.times else 1.0
+        eager = (self.warmup + self.steps) * step * 1.5 + 0.5
+        if plan.compile is not False and plan not in self.compiled:
+            return eager + (max(self.compile_seen) * 1.3 if self.compile_seen else self.compile_guess)
+        return eager
+
+    def _run(self, plan: Plan) -> Trial:
+        trial = self.measure(plan, self.steps, self.warmup)
+        if trial.ok:
+            self.times.setdefault(plan, []).extend(trial.step_times_s)
+            if plan.compile is not False and plan not in self.compiled:
+                self.compiled.add(plan)
+                self.compile_seen.append(self._compile_s(trial))
+        return trial
+
+    def _compile_s(self, trial: Trial) -> float:
+        return max(0.0, trial.warmup_s - self.warmup * trial.step_s)
+
+    def median(self, plan: Plan) -> float:
+        return _median(self.times.get(plan, []))
+
+    # -- one candidate ---------------------------------------------------------------------
+
+    def attempt(self, plan: Plan, against: Plan, label: str, stage: str) -> Attempt:
+        """Time ``plan``; accept it when it passes the guard and beats ``against`` twice."""
+        row = Attempt(label=label, plan=plan, stage=stage, status="rejected")
+        self.attempts.append(row)
+        need = self._estimate(plan)
+        if need > self.remaining():
+            row.status = "skipped"
+            row.reason = f"time budget (~{need:.0f}s needed, {max(0.0, self.remaining()):.0f}s left)"
+            return row
+        trial = self._run(plan)
+        row.peak_memory_bytes = trial.peak_memory_bytes
+        if plan.compile is not False and trial.ok:
+            row.compile_s = self._compile_s(trial)
+        if trial.error or not trial.ok:
+            row.reason = f"failed: {trial.error or 'no steps completed'}"
+            return row
+        row.step_s, row.samples_per_s = trial.step_s, trial.samples_per_s
+        verdict = check_losses(self.reference, trial.losses, self.tolerance)
+        row.max_deviation = verdict.max_deviation
+        if not verdict.ok:
+            row.reason = f"numerics: {verdict.reason}"
+            return row
+        ratio = self.median(against) / self.median(plan)
+        if ratio < 1 + self.min_gain:
+            row.reason = f"not faster ({ratio:.2f}x)"
+            return row
+        # Looked faster once: measure both again, side by side, before believing it.
+        if self._estimate(against) + self._estimate(plan) <= self.remaining():
+            self._run(against)
+            self._run(plan)
+            ratio = self.median(against) / self.median(plan)
+            if ratio < 1 + self.min_gain:
+                row.reason = f"not faster when re-measured ({ratio:.2f}x)"
+                return row
+        row.status = "accepted"
+        row.reason = f"{ratio:.2f}x the plan before"
+        return row
+
+    def best_of(self, switch: Switch, current: Plan, stage: str, suffix: str = "") -> Plan:
+        """Try each value of ``switch`` on top of ``current``; the fastest accepted one wins."""
+        winners = []
+        for value in switch.values:
+            plan = current.replace(**{switch.field: value})
+            row = self.attempt(plan, current, f"{switch.field}={value}{suffix}", stage)
+            if row.status == "accepted":
+                winners.append((self.median(plan), row))
+        if not winners:
+            return current
+        winners.sort(key=lambda w: w[0])
+        for _, loser in winners[1:]:
+            loser.status = "rejected"
+            loser.reason = f"slower than {winners[0][1].label}"
+        return winners[0][1].plan
+
+    # -- the search ------------------------------------------------------------------------
+
+    def baseline(self) -> None:
+        trial = self.measure(self.base, self.steps, self.warmup)
+        if not trial.ok:
+            raise TuneError(f"the naive plan fails on this model, so there is nothing to tune: {trial.error}")
+        try:
+            check_losses(trial.losses, trial.losses)
+        except ValueError as exc:
+            raise TuneError(str(exc)) from None
+        self.samples_per_step = trial.samples_per_step
+        # Size the trials so each takes about budget/60 seconds (0.5 to 4 s) of steady state.
+        target = min(4.0, max(0.5, self.budget_s / 60))
+        steps = int(min(_MAX_STEPS, max(_MIN_STEPS, round(target / max(trial.step_s, 1e-6)))))
+        if steps > self.steps:
+            self.steps = steps
+            trial = self.measure(self.base, self.steps, self.warmup)  # the reference needs as many losses
+            if not trial.ok:
+                raise TuneError(f"the naive plan fails on this model: {trial.error}")
+        self.steps = steps
+        self.times[self.base] = list(trial.step_times_s)
+        self.reference = trial.losses
+        self.attempts.append(Attempt("naive", self.base, "baseline", "baseline", "",
+                                     trial.samples_per_s, trial.step_s, 1.0, trial.peak_memory_bytes))
+
+    def run(self) -> SearchResult:
+        self.baseline()
+        current = self.base
+        cheap = [s for s in self.candidates.timed if not s.expensive]
+        for switch in cheap:
+            current = self.best_of(switch, current, "switch")
+        for switch in (s for s in self.candidates.timed if s.expensive):
+            current = self.best_of(switch, current, "compile")
+        if current.compile is not False:
+            for switch in (s for s in cheap if s.interacts_with_compile):
+                if getattr(current, switch.field) == getattr(self.base, switch.field):
+                    current = self.best_of(switch, current, "under-compile", " (under compile)")
+                else:
+                    plain = getattr(self.base, switch.field)
+                    flipped = Switch(switch.name, switch.field, (plain,), switch.order)
+                    current = self.best_of(flipped, current, "under-compile", " (under compile)")
+        return self.finish(current)
+
+    def finish(self, chosen: Plan) -> SearchResult:
+        message = ""
+        if chosen != self.base:
+            # Never slower: the chosen plan against the naive one once more, side by side. It must
+            # win that pair as well as over every step timed for both.
+            pair = 1.0 + self.min_gain
+            if self._estimate(self.base) + self._estimate(chosen) <= self.remaining():
+                base_trial, chosen_trial = self._run(self.base), self._run(chosen)
+                pair = base_trial.step_s / chosen_trial.step_s if chosen_trial.ok else 0.0
+            if min(pair, self.median(self.base) / self.median(chosen)) <= 1.0:
+                message = (f"{chosen.describe()} measured no faster than the naive plan side by side; "
+                           "returning the naive plan")
+                chosen = self.base
+        if chosen == self.base and not message:
+            message = "nothing made this model faster on this machine; returning the naive plan"
+        base_step = self.median(self.base)
+        for row in self.attempts:
+            if row.stage == "baseline":  # the reference: every step timed for the naive plan
+                row.step_s, row.samples_per_s = base_step, self.samples_per_step / base_step
+            if row.step_s:
+                row.speedup = base_step / row.step_s
+        speedup = base_step / self.median(chosen)
+        if not message:
+            message = f"{speedup:.2f}x the naive plan: {chosen.describe()}"
+        self.attempts.append(Attempt(f"chosen: {chosen.describe()}", chosen, "final", "chosen", "",
+                                     self.samples_per_step / self.median(chosen), self.median(chosen), speedup))
+        return SearchResult(
+            plan=chosen, baseline=self.base, attempts=self.attempts, speedup=speedup, message=message,
+            steps=self.steps, elapsed_s=self.clock() - self.started,
+            compile_s=sum(self.compile_seen), samples_per_s=self.samples_per_step / self.median(chosen),
+            baseline_samples_per_s=self.samples_per_step / base_step, left_out=list(self.candidates.left_out))
+
+
+def search_plan(measure: Measure, candidates: Candidates, base: Plan | None = None, time_budget_s: float = 120.0,
+                tolerance: float = DEFAULT_TOLERANCE, min_gain: float = MIN_GAIN, warmup: int = 3,
+                device_type: str = "cpu", clock: Callable[[], float] = time.monotonic) -> SearchResult:
+    """Find the fastest plan that passes the numerics guard, within ``time_budget_s`` seconds."""
+    return _Search(measure, candidates, base or Plan(), time_budget_s, tolerance, min_gain, warmup,
+                   device_type, clock).run()
