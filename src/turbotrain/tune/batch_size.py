@@ -77,6 +77,15 @@ def resize_batch(batch: Any, size: int) -> Any:
     return fit(batch)
 
 
+def _release(cuda: bool) -> None:
+    """Free what the last size held, so the next size starts from the same memory."""
+    if cuda:
+        gc.collect()
+        torch.cuda.empty_cache()
+    else:
+        release_host_memory()
+
+
 def split_effective_batch(effective: int, largest: int, multiple: int = 8) -> tuple[int, int]:
     """(micro-batch, accumulation steps) for an ``effective`` batch when at most ``largest`` fits.
 
@@ -111,6 +120,7 @@ def find_batch_size(model: torch.nn.Module, optimizer_fn: Callable, loss_fn: Cal
         memory_limit_bytes = (torch.cuda.get_device_properties(device).total_memory if cuda
                               else host_memory_budget())
     usable = memory_limit_bytes * (1 - margin)
+    real = measure is None
     if measure is None:
         def measure(size: int) -> Trial:
             return run_trial(model, optimizer_fn, loss_fn, [resize_batch(batch, size)], plan, steps=1, warmup=1,
@@ -132,11 +142,8 @@ def find_batch_size(model: torch.nn.Module, optimizer_fn: Callable, loss_fn: Cal
         return clock() - started + cost <= time_budget_s
 
     def fits(size: int) -> bool:
-        if cuda:
-            gc.collect()
-            torch.cuda.empty_cache()
-        else:
-            release_host_memory()
+        if real:
+            _release(cuda)
         t0 = clock()
         trial = measure(size)
         last_cost.update(s=clock() - t0, size=size)
@@ -199,11 +206,8 @@ def find_batch_size(model: torch.nn.Module, optimizer_fn: Callable, loss_fn: Cal
     result.batch_size, result.peak_memory_bytes = lo, peaks.get(lo)
     if effective_batch_size is not None:
         result.batch_size, result.grad_accum_steps = split_effective_batch(effective_batch_size, lo, multiple)
+    _release(cuda)
     if cuda:
-        gc.collect()
-        torch.cuda.empty_cache()
         torch.cuda.synchronize(device)
         result.allocated_after = torch.cuda.memory_allocated(device)
-    else:
-        release_host_memory()
     return result

@@ -61,10 +61,11 @@ def find_num_workers(loader: DataLoader, *, device_type: str | None = None, max_
                      time_loader_fn: Callable[..., float] = time_loader) -> WorkersResult:
     """The worker count after which the loader stops getting faster.
 
+    Counts go up to the CPU cores (or ``max_workers``, which replaces that bound: loaders that
+    wait on storage or the network can use more workers than cores), and never past what
+    ``memory_budget_bytes`` holds (default: half of what the system reports available).
     ``needed_batches_per_s`` (what training consumes) stops the search once the loader
-    delivers 1.5x that: more workers would only cost memory. ``memory_budget_bytes``
-    (default: half of what the system reports available) bounds the count together with
-    the CPU cores.
+    delivers 1.5x that: more workers would only cost memory.
     """
     if not isinstance(loader, DataLoader):
         raise TypeError(f"find_num_workers needs a torch DataLoader, got {type(loader).__name__}")
@@ -75,12 +76,12 @@ def find_num_workers(loader: DataLoader, *, device_type: str | None = None, max_
         memory_budget_bytes = available_bytes() // 2
     if sample_batch is None:
         sample_batch = next(iter(rebuild_loader(loader, num_workers=0)))
+    if max_workers is not None:  # the caller knows better than the core count (I/O-bound reads)
+        bound, bound_by = max_workers, f"max_workers={max_workers}"
     per_worker = worker_memory_estimate(sample_batch, loader.prefetch_factor or 2)
     by_memory = int(memory_budget_bytes // per_worker)
     if by_memory < bound:
         bound, bound_by = by_memory, f"memory ({memory_budget_bytes / 2**20:,.0f} MiB at ~{per_worker / 2**20:,.0f} MiB a worker)"
-    if max_workers is not None and max_workers < bound:
-        bound, bound_by = max_workers, f"max_workers={max_workers}"
     bound = max(bound, 0)
 
     result = WorkersResult(0, None, pin, 0.0, bound=bound, bound_by=bound_by)
