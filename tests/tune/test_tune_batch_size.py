@@ -86,8 +86,10 @@ def test_max_batch_size_and_time_budget_stop_the_search():
     slow = FakeMemory()
 
     def timed(size):
-        clock.now += size / 10                                   # 0.1 s per sample
-        return slow(size)
+        clock.now += size / 10                                   # 0.1 s per sample, all of it in the steps
+        trial = slow(size)
+        trial.step_times_s = [size / 10 / len(trial.step_times_s)] * len(trial.step_times_s)
+        return trial
     result = _find(timed, memory_limit_bytes=10**6 * MiB, time_budget_s=20, clock=clock)
     assert result.stopped_by == "time budget" and result.batch_size == 64
 
@@ -111,7 +113,7 @@ def test_real_cpu_run_against_a_host_memory_budget():
     limit = resident_bytes() + 250 * MiB
     batch = next(iter(tiny_loader()))
     result = find_batch_size(model, adamw, loss_fn, batch, Plan(device="cpu"), memory_limit_bytes=limit,
-                             max_batch_size=4096, time_budget_s=15)
+                             max_batch_size=4096, time_budget_s=60)
     assert result.batch_size % 8 == 0 and result.batch_size >= 8
     assert result.peak_memory_bytes <= limit * (1 - result.margin)
     # The search really hit the budget: a larger size was tried and did not fit.

@@ -138,7 +138,8 @@ def find_batch_size(model: torch.nn.Module, optimizer_fn: Callable, loss_fn: Cal
     def affordable(size: int) -> bool:
         if not last_cost:
             return True
-        cost = last_cost["s"] * size / last_cost["size"] * 1.5
+        # The steps grow with the batch; the rest (copying the model, first-call imports) does not.
+        cost = last_cost["overhead"] + last_cost["steps"] * size / last_cost["size"] * 1.5
         return clock() - started + cost <= time_budget_s
 
     def fits(size: int) -> bool:
@@ -146,7 +147,9 @@ def find_batch_size(model: torch.nn.Module, optimizer_fn: Callable, loss_fn: Cal
             _release(cuda)
         t0 = clock()
         trial = measure(size)
-        last_cost.update(s=clock() - t0, size=size)
+        wall = clock() - t0
+        steps = min(wall, trial.warmup_s + sum(trial.step_times_s)) if trial.ok else wall
+        last_cost.update(steps=steps, overhead=wall - steps, size=size)
         peak = trial.peak_memory_bytes
         if trial.error:
             oom = "OutOfMemory" in trial.error or "out of memory" in trial.error.lower()
