@@ -101,7 +101,7 @@ class _Search:
         self.times: dict[Plan, list[float]] = {}      # every steady-state step time seen, per plan
         self.compiled: set[Plan] = set()               # plans whose compile is cached in this process
         self.compile_seen: list[float] = []
-        self.steps = 10
+        self.steps = _MIN_STEPS          # the first baseline trial sizes the others
         self.samples_per_step = 1
         self.reference: list[float] = []
 
@@ -249,9 +249,9 @@ class _Search:
             message = "nothing made this model faster on this machine; returning the naive plan"
         base_step = self.median(self.base)
         for row in self.attempts:
-            if row.stage == "baseline":  # the reference: every step timed for the naive plan
-                row.step_s, row.samples_per_s = base_step, self.samples_per_step / base_step
-            if row.step_s:
+            if row.step_s and row.plan in self.times:  # every step timed for that plan, as decided on
+                row.step_s = self.median(row.plan)
+                row.samples_per_s = self.samples_per_step / row.step_s
                 row.speedup = base_step / row.step_s
         speedup = base_step / self.median(chosen)
         if not message:
