@@ -32,6 +32,7 @@ import time  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 
 import torch  # noqa: E402
+from rich.console import Console  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
@@ -127,7 +128,9 @@ def run(name: str, budget: float, rounds: int) -> dict:
     hw = detect()
     model, _ = wl.build(0)
     started = time.monotonic()
-    result = tune_report(model, wl.loss_fn, wl.loader(), wl.optimizer_fn, budget, cache=False, verbose=False)
+    # The tuner's own table goes to stderr, the comparison to stdout.
+    result = tune_report(model, wl.loss_fn, wl.loader(), wl.optimizer_fn, budget, cache=False,
+                         console=Console(stderr=True, width=150))
     tune_s = time.monotonic() - started
     conv = any(isinstance(m, nn.Conv2d) for m in model.modules())
     plans = {"tuned": result.plan.replace(num_workers=None, persistent_workers=None, pin_memory=None)}
@@ -144,7 +147,7 @@ def run(name: str, budget: float, rounds: int) -> dict:
 
 def print_report(results: list[dict], markdown: bool) -> None:
     hw = detect()
-    header = f"{hw.summary()}, torch {torch.__version__}"
+    header = f"{hw.summary()}, torch {torch.__version__}, {torch.get_num_threads()} threads"
     if markdown:
         print(f"Machine: {header}.\n")
         print("| workload | plan | throughput | vs naive | spread |")
@@ -182,7 +185,11 @@ def main() -> None:
     parser.add_argument("--budget", type=float, default=120.0)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--markdown", action="store_true")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch intra-op threads (default: torch's own choice, the cores)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     results = []
     for name in args.workloads.split(","):
         res = run(name.strip(), args.budget, args.rounds)

@@ -163,4 +163,32 @@ def test_the_final_side_by_side_check_falls_back_to_naive():
     measure.step_s = drifting
     result = search_plan(measure, Candidates(timed=[FUSED]), time_budget_s=60)
     assert result.plan == Plan()
-    assert "no faster than the naive plan side by side" in result.message
+    assert "measured 0.20x the naive plan side by side; returning the naive plan" in result.message
+
+
+def test_speedups_are_paired_so_a_load_burst_on_the_baseline_does_not_inflate_them():
+    measure = FakeMeasure({("precision", "bf16-mixed"): 0.7})
+    plain = measure.step_s
+
+    def burst(plan):   # the machine is 5x slower while the first two trials (the baseline) run
+        return plain(plan) * (5 if len(measure.calls) <= 2 else 1)
+    measure.step_s = burst
+    result = search_plan(measure, Candidates(timed=[PRECISION]), time_budget_s=60)
+    assert result.plan == Plan(precision="bf16-mixed")
+    assert abs(result.speedup - 1 / 0.7) < 1e-6
+    assert abs(_rows(result)["precision=bf16-mixed"].speedup - 1 / 0.7) < 1e-6
+
+
+def test_a_pair_measured_through_a_burst_is_measured_again():
+    measure = FakeMeasure({("fused_optimizer", True): 0.7})
+    inner = measure.__call__
+
+    def noisy_once(plan, steps, warmup):
+        trial = inner(plan, steps, warmup)
+        if plan.fused_optimizer and measure.calls.count(plan) == 1:   # first candidate trial: a burst
+            trial.step_times_s = [t * (1 + 9 * (i % 2)) for i, t in enumerate(trial.step_times_s)]
+        return trial
+    result = search_plan(noisy_once, Candidates(timed=[FUSED]), time_budget_s=60)
+    row = _rows(result)["fused_optimizer=True"]
+    assert row.status == "accepted", row.reason
+    assert measure.calls.count(Plan(fused_optimizer=True)) >= 2

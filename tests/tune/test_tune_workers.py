@@ -65,3 +65,11 @@ def test_stops_when_the_loader_outpaces_training_and_respects_bounds():
                               time_loader_fn=fake)
     assert result.bound == 1 and result.bound_by.startswith("memory") and calls == [0, 1]
     assert result.num_workers == 1
+
+
+def test_a_loader_too_short_to_time_keeps_its_own_settings():
+    def too_short(loader, **overrides):
+        raise StopIteration
+    result = find_num_workers(tiny_loader(), device_type="cpu", time_loader_fn=too_short)
+    assert result.tried == [] and "too few batches" in result.stopped_by
+    assert result.plan_changes() == {}

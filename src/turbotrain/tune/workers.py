@@ -42,6 +42,9 @@ class WorkersResult:
     stopped_by: str = ""
 
     def plan_changes(self) -> dict[str, Any]:
+        """The Plan switches to set (none when nothing could be timed: the loader's own stay)."""
+        if not self.tried:
+            return {}
         return {"num_workers": self.num_workers, "persistent_workers": self.persistent_workers,
                 "pin_memory": self.pin_memory}
 
@@ -89,7 +92,12 @@ def find_num_workers(loader: DataLoader, *, device_type: str | None = None, max_
     for workers in range(bound + 1):
         # Timed without persistence: it only matters across epochs, and a persistent iterator
         # would keep this trial's workers alive after the timing.
-        rate = time_loader_fn(loader, batches=batches, num_workers=workers, pin_memory=pin, persistent_workers=False)
+        try:
+            rate = time_loader_fn(loader, batches=batches, num_workers=workers, pin_memory=pin,
+                                  persistent_workers=False)
+        except StopIteration:  # fewer batches than the warm-up takes: nothing to time
+            result.stopped_by = "the loader has too few batches to time"
+            break
         result.tried.append((workers, rate))
         if rate > best * (1 + min_gain):
             best, misses = rate, 0
