@@ -192,3 +192,18 @@ def test_a_pair_measured_through_a_burst_is_measured_again():
     row = _rows(result)["fused_optimizer=True"]
     assert row.status == "accepted", row.reason
     assert measure.calls.count(Plan(fused_optimizer=True)) >= 2
+
+
+def test_when_the_final_plan_loses_side_by_side_the_plan_before_it_is_checked():
+    measure = FakeMeasure({("precision", "bf16-mixed"): 0.7, ("fused_optimizer", True): 0.9})
+    plain = measure.step_s
+    both = Plan(precision="bf16-mixed", fused_optimizer=True)
+
+    def late_loss(plan):   # bf16 + fused wins while searching but not in the final check
+        return 0.05 if plan == both and measure.calls.count(plan) > 2 else plain(plan)
+    measure.step_s = late_loss
+    result = search_plan(measure, Candidates(timed=[PRECISION, FUSED]), time_budget_s=60)
+    assert result.plan == Plan(precision="bf16-mixed")
+    assert abs(result.speedup - 1 / 0.7) < 1e-6
+    assert result.message.startswith("1.43x the naive plan: precision=bf16-mixed (precision=bf16-mixed, "
+                                     "fused_optimizer=True measured 0.20x the naive plan side by side)")

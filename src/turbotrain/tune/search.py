@@ -111,6 +111,7 @@ class _Search:
         self.samples_per_step = 1
         self.reference: list[float] = []
         self.speedup_of: dict[Plan, float] = {base: 1.0}   # against naive, chained through paired ratios
+        self.accepted: list[Plan] = []                     # the best plan after each step of the search
 
     # -- measuring -------------------------------------------------------------------------
 
@@ -209,6 +210,7 @@ class _Search:
         for _, loser in winners[1:]:
             loser.status = "rejected"
             loser.reason = f"slower than {winners[0][1].label}"
+        self.accepted.append(winners[0][1].plan)
         return winners[0][1].plan
 
     # -- the search ------------------------------------------------------------------------
@@ -254,29 +256,39 @@ class _Search:
                     current = self.best_of(flipped, current, "under-compile", " (under compile)")
         return self.finish(current)
 
+    def _final_ratio(self, plan: Plan) -> float:
+        ratios = []
+        for _ in range(2):
+            if ratios and self._estimate(self.base) + self._estimate(plan) > self.remaining():
+                break
+            ratios.append(self._ratio(*self._pair(self.base, plan)))
+        return statistics.geometric_mean(ratios) if min(ratios) > 0 else 0.0
+
     def finish(self, chosen: Plan) -> SearchResult:
-        message = ""
-        speedup = self.speedup_of.get(chosen, 1.0)
-        if chosen != self.base:
-            # Never slower: the chosen plan next to the naive one once more (twice when time allows).
-            ratios = []
-            for _ in range(2):
-                if self._estimate(self.base) + self._estimate(chosen) > self.remaining() and ratios:
-                    break
-                ratios.append(self._ratio(*self._pair(self.base, chosen)))
-            speedup = statistics.geometric_mean(ratios) if min(ratios) > 0 else 0.0
-            if speedup <= 1.0:
-                message = (f"{chosen.describe()} measured {speedup:.2f}x the naive plan side by side; "
-                           "returning the naive plan")
-                chosen, speedup = self.base, 1.0
-        if chosen == self.base and not message:
+        message, speedup, refused = "", 1.0, []
+        # Never slower: the chosen plan is timed next to the naive one once more (twice when time
+        # allows). If it does not win there, the plans accepted before it are checked the same way,
+        # latest first, so one noisy last step does not throw away the earlier wins.
+        for plan in [p for p in reversed(self.accepted) if p != self.base]:
+            if refused and self._estimate(self.base) + self._estimate(plan) > self.remaining():
+                break
+            ratio = self._final_ratio(plan)
+            if ratio > 1.0:
+                chosen, speedup = plan, ratio
+                break
+            refused.append(f"{plan.describe()} measured {ratio:.2f}x the naive plan side by side")
+        else:
+            chosen = self.base
+        if refused:
+            message = "; ".join(refused) + ("; returning the naive plan" if chosen == self.base else "")
+        elif chosen == self.base:
             message = "nothing made this model faster on this machine; returning the naive plan"
         for row in self.attempts:
             if row.step_s and row.plan in self.times:  # every step timed for that plan
                 row.step_s = self.median(row.plan)
                 row.samples_per_s = self.samples_per_step / row.step_s
-        if not message:
-            message = f"{speedup:.2f}x the naive plan: {chosen.describe()}"
+        if chosen != self.base:
+            message = f"{speedup:.2f}x the naive plan: {chosen.describe()}" + (f" ({message})" if message else "")
         chosen_step = self.median(chosen)
         self.attempts.append(Attempt(f"chosen: {chosen.describe()}", chosen, "final", "chosen", "",
                                      self.samples_per_step / chosen_step, chosen_step, speedup))
