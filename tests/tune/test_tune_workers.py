@@ -13,19 +13,19 @@ from tune_helpers import tiny_loader
 
 
 class SlowDataset(Dataset):
-    """Each sample takes 4 ms to 'read' (a sleep: like storage, it needs no CPU)."""
+    """Each sample takes 10 ms to 'read' (a sleep: like storage, it needs no CPU)."""
 
     def __len__(self):
         return 512
 
     def __getitem__(self, i):
-        time.sleep(0.004)
+        time.sleep(0.010)
         return torch.full((8,), float(i)), i % 10
 
 
 def test_a_slow_loader_gets_workers_with_persistence_and_no_pinning_on_cpu():
     loader = DataLoader(SlowDataset(), batch_size=4)
-    result = find_num_workers(loader, device_type="cpu", max_workers=2, batches=8)
+    result = find_num_workers(loader, device_type="cpu", max_workers=2, batches=10)
     assert [n for n, _ in result.tried][:2] == [0, 1]
     assert result.num_workers == 2, result.tried                 # two sleeping workers overlap their reads
     assert result.persistent_workers is True and result.pin_memory is False
