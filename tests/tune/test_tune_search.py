@@ -207,3 +207,20 @@ def test_when_the_final_plan_loses_side_by_side_the_plan_before_it_is_checked():
     assert abs(result.speedup - 1 / 0.7) < 1e-6
     assert result.message.startswith("1.43x the naive plan: precision=bf16-mixed (precision=bf16-mixed, "
                                      "fused_optimizer=True measured 0.20x the naive plan side by side)")
+
+
+def test_with_no_time_left_to_check_earlier_plans_the_naive_plan_comes_back():
+    clock = Clock()
+    measure = FakeMeasure({("precision", "bf16-mixed"): 0.7, ("fused_optimizer", True): 0.9}, clock=clock)
+    plain = measure.step_s
+    both = Plan(precision="bf16-mixed", fused_optimizer=True)
+
+    def late_loss(plan):
+        if plan == both and measure.calls.count(plan) > 2:
+            clock.now += 1000                      # the final check runs past the budget
+            return 0.05
+        return plain(plan)
+    measure.step_s = late_loss
+    result = search_plan(measure, Candidates(timed=[PRECISION, FUSED]), time_budget_s=60, clock=clock)
+    assert result.plan == Plan() and result.speedup == 1.0
+    assert result.message.endswith("measured 0.20x the naive plan side by side; returning the naive plan")

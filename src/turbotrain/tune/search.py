@@ -41,7 +41,9 @@ MIN_GAIN = 0.03
 NOISY = 0.5
 """A trial whose step times spread (p10..p90) over half their median was measured through a load burst."""
 
-_COMPILE_GUESS_S = {"cpu": 45.0, "cuda": 90.0}   # before any compile was seen in this search
+# Before any compile was seen in this search. Measured on the 2-core CPU: 3-35 s for the small
+# reference models with 2 threads, up to 90 s with one thread on a busy machine.
+_COMPILE_GUESS_S = {"cpu": 60.0, "cuda": 90.0}
 _MIN_STEPS, _MAX_STEPS = 5, 50
 
 
@@ -112,6 +114,7 @@ class _Search:
         self.reference: list[float] = []
         self.speedup_of: dict[Plan, float] = {base: 1.0}   # against naive, chained through paired ratios
         self.accepted: list[Plan] = []                     # the best plan after each step of the search
+        self.recent_step_s: float | None = None            # the latest eager trial's step time
 
     # -- measuring -------------------------------------------------------------------------
 
@@ -119,8 +122,9 @@ class _Search:
         return self.deadline - self.clock()
 
     def _estimate(self, plan: Plan) -> float:
-        # A candidate may be slower than the naive plan: allow 1.5x its step time, plus the copy.
-        step = self.median(self.base) if self.base in self.times else 1.0
+        # From the latest eager trial (the machine's load now, not at the start), with room for a
+        # candidate slower than that, plus the model copy.
+        step = self.recent_step_s or 1.0
         eager = (self.warmup + self.steps) * step * 1.5 + 0.5
         if plan.compile is not False and plan not in self.compiled:
             return eager + (max(self.compile_seen) * 1.3 if self.compile_seen else self.compile_guess)
@@ -130,6 +134,8 @@ class _Search:
         trial = self.measure(plan, self.steps, self.warmup)
         if trial.ok:
             self.times.setdefault(plan, []).extend(trial.step_times_s)
+            if plan.compile is False:
+                self.recent_step_s = trial.step_s
             if plan.compile is not False and plan not in self.compiled:
                 self.compiled.add(plan)
                 self.compile_seen.append(self._compile_s(trial))
@@ -234,6 +240,7 @@ class _Search:
                 raise TuneError(f"the naive plan fails on this model: {trial.error}")
         self.steps = steps
         self.times[self.base] = list(trial.step_times_s)
+        self.recent_step_s = trial.step_s
         self.reference = trial.losses
         self.attempts.append(Attempt("naive", self.base, "baseline", "baseline", "",
                                      trial.samples_per_s, trial.step_s, 1.0, trial.peak_memory_bytes))
@@ -254,7 +261,7 @@ class _Search:
                     plain = getattr(self.base, switch.field)
                     flipped = Switch(switch.name, switch.field, (plain,), switch.order)
                     current = self.best_of(flipped, current, "under-compile", " (under compile)")
-        return self.finish(current)
+        return self.finish()
 
     def _final_ratio(self, plan: Plan) -> float:
         ratios = []
@@ -264,8 +271,8 @@ class _Search:
             ratios.append(self._ratio(*self._pair(self.base, plan)))
         return statistics.geometric_mean(ratios) if min(ratios) > 0 else 0.0
 
-    def finish(self, chosen: Plan) -> SearchResult:
-        message, speedup, refused = "", 1.0, []
+    def finish(self) -> SearchResult:
+        message, speedup, refused, chosen = "", 1.0, [], self.base
         # Never slower: the chosen plan is timed next to the naive one once more (twice when time
         # allows). If it does not win there, the plans accepted before it are checked the same way,
         # latest first, so one noisy last step does not throw away the earlier wins.
@@ -277,8 +284,6 @@ class _Search:
                 chosen, speedup = plan, ratio
                 break
             refused.append(f"{plan.describe()} measured {ratio:.2f}x the naive plan side by side")
-        else:
-            chosen = self.base
         if refused:
             message = "; ".join(refused) + ("; returning the naive plan" if chosen == self.base else "")
         elif chosen == self.base:
