@@ -3,6 +3,7 @@
     import turbotrain as tt
     plan = tt.Plan.fast(model)                     # or tt.Plan(precision="bf16-mixed", ...)
     result = tt.Trainer(model, optimizer, loss_fn, plan=plan, max_epochs=3).fit(train_loader, val_loader)
+    plan = tt.tune(model, loss_fn, train_loader, optimizer_fn, time_budget_s=120)   # measured, not by rule
 """
 
 from __future__ import annotations
@@ -20,10 +21,12 @@ from .train.nonfinite import NonFiniteError
 from .train.preemption import PREEMPTED_EXIT_CODE, Preempted
 from .train.trainer import FitResult, Trainer
 from . import doctor  # noqa: E402 - tt.doctor.watch(); after the core it builds on
+from .tune import tune  # after this line `tt.tune` is the function; its package is turbotrain.tune.*
 
 __version__ = "0.1.0"
 
 __all__ = ["Plan", "Trainer", "FitResult", "EarlyStopping", "setup", "prepare", "Runtime", "ConfigError",
-           "CheckpointError", "NonFiniteError", "Preempted", "PREEMPTED_EXIT_CODE", "data", "doctor", "__version__"]
+           "CheckpointError", "NonFiniteError", "Preempted", "PREEMPTED_EXIT_CODE", "data", "doctor", "tune",
+           "__version__"]
 
 logging.getLogger("turbotrain").addHandler(logging.NullHandler())

@@ -1,0 +1,202 @@
+"""Tuned plan vs the best plan of an exhaustive grid, and vs the naive plan, measured in the same run.
+
+For each workload (the reference GPT and CNN, and a small MLP-Mixer defined here):
+
+1. ``tt.tune`` with a 120 s budget, no cache, and a fresh torch.compile cache directory, so
+   the compiles it needs are paid inside the budget: its wall time is reported.
+2. The grid: every plan of precision (fp32, bf16-mixed where the hardware has bf16) x
+   compile (off, on) x channels_last (off, on; models with convolutions only).
+3. The tuned plan, every grid plan (the naive plan is one of them) are timed again with
+   ``measure.run_trial`` in interleaved rounds (round-robin, so load drifts hit all plans
+   alike); each plan's throughput is the median over all its steady-state steps, with the
+   spread (p10..p90 over the median) reported next to it.
+
+Prints the table and the ratios tuned / grid best and tuned / naive; ``--markdown`` prints
+the table for docs/benchmarks.md.
+
+    PYTHONPATH=src python benchmarks/tune_vs_grid.py [--workloads gpt,cnn,mixer] [--budget 120] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+# Before torch is imported: compiled kernels from earlier runs must not make tuning look fast.
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="tt-inductor-"))
+
+import argparse  # noqa: E402
+import itertools  # noqa: E402
+import statistics  # noqa: E402
+import time  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
+
+import torch  # noqa: E402
+from rich.console import Console  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
+
+import turbotrain as tt  # noqa: E402
+from turbotrain.bench.workloads import Workload, get_workload, image_dataset  # noqa: E402
+from turbotrain.hardware import detect  # noqa: E402
+from turbotrain.measure import run_trial  # noqa: E402
+from turbotrain.tune import tune_report  # noqa: E402
+
+
+class MixerBlock(nn.Module):
+    def __init__(self, tokens: int, dim: int):
+        super().__init__()
+        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.token_mlp = nn.Sequential(nn.Linear(tokens, 2 * tokens), nn.GELU(), nn.Linear(2 * tokens, tokens))
+        self.channel_mlp = nn.Sequential(nn.Linear(dim, 2 * dim), nn.GELU(), nn.Linear(2 * dim, dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.token_mlp(self.norm1(x).transpose(1, 2)).transpose(1, 2)
+        return x + self.channel_mlp(self.norm2(x))
+
+
+class Mixer(nn.Module):
+    """A small MLP-Mixer: a strided-conv patch embedding, then token- and channel-mixing MLPs."""
+
+    def __init__(self, size: int = 32, patch: int = 4, dim: int = 128, depth: int = 4, classes: int = 10):
+        super().__init__()
+        tokens = (size // patch) ** 2
+        self.embed = nn.Conv2d(3, dim, patch, patch)
+        self.blocks = nn.Sequential(*(MixerBlock(tokens, dim) for _ in range(depth)))
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.embed(x).flatten(2).transpose(1, 2)
+        return self.head(self.norm(self.blocks(x)).mean(1))
+
+
+def mixer_workload() -> Workload:
+    return Workload("mixer", "images", 1, 64, Mixer, F.cross_entropy,
+                    lambda seed: image_dataset(4096, 32, seed=seed), lr=2e-3)
+
+
+def workload(name: str) -> Workload:
+    return mixer_workload() if name == "mixer" else get_workload(name)
+
+
+def grid(hw, conv: bool) -> list[tt.Plan]:
+    precisions = ["fp32", "bf16-mixed"] if hw.bf16 or hw.is_cuda else ["fp32"]
+    layouts = [False, True] if conv else [False]
+    return [tt.Plan(precision=p, compile=c, channels_last=cl)
+            for p, c, cl in itertools.product(precisions, [False, True], layouts)]
+
+
+@dataclass
+class Row:
+    name: str
+    plan: tt.Plan
+    times: list[float]
+    samples_per_step: int
+
+    @property
+    def step_s(self) -> float:
+        return statistics.median(self.times)
+
+    @property
+    def throughput(self) -> float:
+        return self.samples_per_step / self.step_s
+
+    @property
+    def spread(self) -> float:
+        q = statistics.quantiles(self.times, n=10)
+        return (q[-1] - q[0]) / self.step_s
+
+
+def measure_plans(wl: Workload, plans: dict[str, tt.Plan], rounds: int) -> list[Row]:
+    model, _ = wl.build(0)
+    batches = [b for _, b in zip(range(4), wl.loader())]
+    first = run_trial(model, wl.optimizer_fn, wl.loss_fn, batches, tt.Plan(), steps=5, warmup=2)
+    steps = int(min(60, max(10, 2.0 / first.step_s)))
+    rows = {name: Row(name, plan, [], first.samples_per_step) for name, plan in plans.items()}
+    for _ in range(rounds):
+        for row in rows.values():
+            trial = run_trial(model, wl.optimizer_fn, wl.loss_fn, batches, row.plan, steps=steps, warmup=3)
+            if not trial.ok:
+                raise RuntimeError(f"{wl.name}: {row.name} failed: {trial.error}")
+            row.times.extend(trial.step_times_s)
+    return list(rows.values())
+
+
+def run(name: str, budget: float, rounds: int) -> dict:
+    wl = workload(name)
+    hw = detect()
+    model, _ = wl.build(0)
+    started = time.monotonic()
+    # The tuner's own table goes to stderr, the comparison to stdout.
+    result = tune_report(model, wl.loss_fn, wl.loader(), wl.optimizer_fn, budget, cache=False,
+                         console=Console(stderr=True, width=150))
+    tune_s = time.monotonic() - started
+    conv = any(isinstance(m, nn.Conv2d) for m in model.modules())
+    plans = {"tuned": result.plan.replace(num_workers=None, persistent_workers=None, pin_memory=None)}
+    for plan in grid(hw, conv):
+        plans[f"grid: {plan.describe()}"] = plan
+    rows = measure_plans(wl, plans, rounds)
+    naive = next(r for r in rows if r.name != "tuned" and r.plan == tt.Plan())
+    best = max((r for r in rows if r.name != "tuned"), key=lambda r: r.throughput)
+    tuned = rows[0]
+    return {"workload": name, "unit": wl.unit, "units": wl.units_per_sample, "rows": rows, "naive": naive,
+            "best": best, "tuned": tuned, "tune_s": tune_s, "budget": budget, "tuned_plan": result.plan,
+            "search_speedup": result.speedup}
+
+
+def print_report(results: list[dict], markdown: bool) -> None:
+    hw = detect()
+    header = f"{hw.summary()}, torch {torch.__version__}, {torch.get_num_threads()} threads"
+    if markdown:
+        print(f"Machine: {header}.\n")
+        print("| workload | plan | throughput | vs naive | spread |")
+        print("| --- | --- | ---: | ---: | ---: |")
+    else:
+        print(header)
+    for res in results:
+        for row in sorted(res["rows"], key=lambda r: -r.throughput):
+            label = f"tuned: {row.plan.describe()}" if row.name == "tuned" else row.name
+            tput = f"{row.throughput * res['units']:,.0f} {res['unit']}/s"
+            ratio = f"{row.throughput / res['naive'].throughput:.2f}x"
+            if markdown:
+                print(f"| {res['workload']} | {label} | {tput} | {ratio} | {row.spread:.0%} |")
+            else:
+                print(f"  {res['workload']:6s} {label:60s} {tput:>18s} {ratio:>7s}  spread {row.spread:.0%}")
+    print()
+    if markdown:
+        print("| workload | tuned / grid best | tuned / naive | tuning time (budget) |")
+        print("| --- | ---: | ---: | ---: |")
+    for res in results:
+        vs_best = res["tuned"].throughput / res["best"].throughput
+        vs_naive = res["tuned"].throughput / res["naive"].throughput
+        if markdown:
+            print(f"| {res['workload']} | {vs_best:.2f}x (best: {res['best'].plan.describe()}) | {vs_naive:.2f}x "
+                  f"| {res['tune_s']:.0f} s ({res['budget']:.0f} s) |")
+        else:
+            print(f"{res['workload']}: tuned {vs_best:.2f}x the grid's best ({res['best'].plan.describe()}), "
+                  f"{vs_naive:.2f}x naive; tuning took {res['tune_s']:.0f}s of {res['budget']:.0f}s "
+                  f"(its own estimate: {res['search_speedup']:.2f}x)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workloads", default="gpt,cnn,mixer")
+    parser.add_argument("--budget", type=float, default=120.0)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--markdown", action="store_true")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch intra-op threads (default: torch's own choice, the cores)")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    results = []
+    for name in args.workloads.split(","):
+        res = run(name.strip(), args.budget, args.rounds)
+        print(f"{name}: tuned in {res['tune_s']:.0f}s -> {res['tuned_plan'].describe()}", flush=True)
+        results.append(res)
+    print_report(results, args.markdown)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,101 @@
+"""Tuning results cached per model signature, input shape and hardware: a second call is instant.
+
+The key hashes what decides the answer and nothing that does not: the model's structure
+(class, module tree, parameter and buffer shapes and dtypes, not their values), the
+shapes and dtypes of a batch, the optimizer's class and settings, the loss function, the
+machine (device, cores, memory, torch version) and the tuning options. Entries are JSON
+files under ``$TURBOTRAIN_CACHE/tune`` (default ``~/.cache/turbotrain/tune``), written
+atomically so two processes tuning at once never read half a file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from ..data.transfer import tensors_in
+from ..hardware import Hardware
+
+__all__ = ["cache_dir", "cache_key", "load", "store", "model_signature", "batch_signature"]
+
+log = logging.getLogger("turbotrain")
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("TURBOTRAIN_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "turbotrain")
+    return Path(root) / "tune"
+
+
+def model_signature(model: nn.Module) -> list[Any]:
+    """The model's structure without its values: the same architecture tunes the same way."""
+    tensors = [(name, tuple(t.shape), str(t.dtype), bool(t.requires_grad))
+               for name, t in [*model.named_parameters(), *model.named_buffers()]]
+    return [f"{type(model).__module__}.{type(model).__qualname__}", repr(model), tensors]
+
+
+def batch_signature(batch: Any) -> list[Any]:
+    return [(tuple(t.shape), str(t.dtype)) for t in tensors_in(batch)]
+
+
+def _optimizer_signature(optimizer_fn: Callable) -> list[Any]:
+    try:
+        opt = optimizer_fn([nn.Parameter(torch.zeros(1))])
+    except Exception as exc:  # noqa: BLE001 - an optimizer that needs real parameters: key on the callable
+        return [getattr(optimizer_fn, "__qualname__", repr(optimizer_fn)), type(exc).__name__]
+    return [type(opt).__qualname__, sorted((k, repr(v)) for k, v in opt.defaults.items())]
+
+
+def _name(fn: Any) -> str | None:
+    if fn is None:
+        return None
+    return f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', type(fn).__qualname__)}"
+
+
+def cache_key(model: nn.Module, batch: Any, optimizer_fn: Callable, loss_fn: Any, hw: Hardware,
+              options: dict[str, Any]) -> str:
+    parts = {
+        "model": model_signature(model),
+        "batch": batch_signature(batch),
+        "optimizer": _optimizer_signature(optimizer_fn),
+        "loss": _name(loss_fn),
+        "hardware": [hw.device_type, hw.device_name, hw.device_count, hw.cpu_cores,
+                     round(hw.memory_bytes / 2**30), hw.capability, torch.__version__],
+        "options": options,
+    }
+    text = json.dumps(parts, sort_keys=True, default=repr)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def load(key: str) -> dict[str, Any] | None:
+    path = cache_dir() / f"{key}.json"
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        log.warning("turbotrain: ignoring unreadable tune cache entry %s (%s); tuning again", path, exc)
+        return None
+
+
+def store(key: str, entry: dict[str, Any]) -> Path | None:
+    folder = cache_dir()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{key}.", suffix=".tmp")
+        with os.fdopen(fd, "w") as fh:
+            json.dump(entry, fh, indent=1, default=repr)
+        path = folder / f"{key}.json"
+        os.replace(tmp, path)
+        return path
+    except OSError as exc:
+        log.warning("turbotrain: could not write the tune cache under %s (%s); set TURBOTRAIN_CACHE to a "
+                    "writable folder to make the next call instant", folder, exc)
+        return None

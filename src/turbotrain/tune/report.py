@@ -1,0 +1,70 @@
+"""The table of what the tuner tried: candidate, samples/s, speed-up, peak memory, compile time, verdict."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from rich.console import Console
+from rich.table import Table
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .api import TuneResult
+
+__all__ = ["render", "attempts_table", "format_rate"]
+
+_STYLE = {"accepted": "green", "chosen": "bold green", "rejected": "red", "skipped": "yellow", "baseline": "cyan"}
+
+
+def format_rate(x: float) -> str:
+    return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
+
+
+def _mib(n: int | None) -> str:
+    return f"{n / 2**20:,.0f} MiB" if n else "-"
+
+
+def attempts_table(result: "TuneResult") -> Table:
+    search = result.search
+    title = f"turbotrain tune on {result.hardware}" + (" (cached)" if result.from_cache else "")
+    table = Table(title=title, title_justify="left")
+    for name, justify in (("#", "right"), ("candidate", "left"), ("samples/s", "right"),
+                          ("vs naive", "right"), ("peak mem", "right"), ("compile s", "right"),
+                          ("verdict", "left")):
+        table.add_column(name, justify=justify, overflow="fold", no_wrap=name not in ("candidate", "verdict"))
+    for i, row in enumerate(search.attempts):
+        style = _STYLE.get(row.status, "")
+        table.add_row(
+            str(i), row.label,
+            format_rate(row.samples_per_s) if row.samples_per_s else "-",
+            f"{row.speedup:.2f}x" if row.speedup else "-",
+            _mib(row.peak_memory_bytes),
+            f"{row.compile_s:.1f}" if row.compile_s is not None else "-",
+            f"[{style}]{row.status}[/]" + (f": {row.reason}" if row.reason else ""),
+        )
+    return table
+
+
+def render(result: "TuneResult", console: Console | None = None) -> None:
+    console = console or Console()
+    search = result.search
+    console.print(attempts_table(result))
+    for name, why in search.left_out:
+        console.print(f"  not tried: [bold]{name}[/]: {why}")
+    for field, value in result.by_rule.items():
+        console.print(f"  by rule: [bold]{field}={value}[/] (exact; acts on the host-to-device copy, "
+                      "which a step trial cannot time)")
+    if result.workers is not None:
+        w = result.workers
+        tried = ", ".join(f"{n}: {format_rate(rate)}" for n, rate in w.tried)
+        console.print(f"  num_workers finder: [bold]{w.num_workers}[/] (batches/s by workers: {tried}; "
+                      f"stopped: {w.stopped_by}; bound {w.bound} by {w.bound_by})")
+    if result.batch_size is not None:
+        b = result.batch_size
+        tried = ", ".join(f"{n}: {out}" for n, _, out in b.tried)
+        accum = f" x {b.grad_accum_steps} accumulation steps" if b.grad_accum_steps > 1 else ""
+        console.print(f"  batch-size finder{' (under compile)' if b.under_compile else ''}: "
+                      f"[bold]{b.batch_size}{accum}[/] at {_mib(b.peak_memory_bytes)} of {_mib(b.limit_bytes)} "
+                      f"less {b.margin:.0%} ({tried}; stopped: {b.stopped_by})")
+    spent = (f"tuning took {result.elapsed_s:.1f}s of a {result.budget_s:.0f}s budget "
+             f"({search.compile_s:.1f}s compiling; {search.steps} timed steps per trial)")
+    console.print(f"[bold]{search.message}[/]\n  {spent}")

@@ -1,0 +1,226 @@
+"""The search on injected trial results: greedy acceptance, the guard, never slower, the budget."""
+
+from __future__ import annotations
+
+from turbotrain.plan import Plan
+from turbotrain.tune.candidates import Candidates, Switch
+from turbotrain.tune.search import search_plan
+from turbotrain.speedups.registry import Order
+
+from tune_helpers import fake_trial
+
+LOSSES = [2.3, 2.0, 1.8, 1.6, 1.5, 1.4, 1.3, 1.2, 1.1, 1.0, 0.9, 0.8, 0.7]
+
+PRECISION = Switch("precision", "precision", ("bf16-mixed",), Order.MODEL_DTYPE)
+LAYOUT = Switch("channels_last", "channels_last", (True,), Order.MODEL_LAYOUT)
+FUSED = Switch("fused_optimizer", "fused_optimizer", (True,), Order.OPTIMIZER)
+COMPILE = Switch("compile", "compile", (True,), Order.MODEL_COMPILE, expensive=True)
+
+
+class FakeMeasure:
+    """Step time = naive time x the factor of every switch the plan turns on (keyed by field)."""
+
+    def __init__(self, factors, base_s=0.010, losses=None, compile_s=20.0, clock=None, errors=None):
+        self.factors, self.base_s, self.compile_s = factors, base_s, compile_s
+        self.losses = losses or {}
+        self.errors = errors or {}
+        self.clock = clock
+        self.calls: list[Plan] = []
+
+    def step_s(self, plan: Plan) -> float:
+        t = self.base_s
+        for field, value in plan.changes().items():
+            t *= self.factors.get((field, value), 1.0)
+        if plan.compile and plan.precision != "fp32":   # AMP + compile is better than either alone
+            t *= self.factors.get("amp+compile", 1.0)
+        return t
+
+    def __call__(self, plan, steps, warmup):
+        self.calls.append(plan)
+        step = self.step_s(plan)
+        warm = warmup * step + (self.compile_s if plan.compile else 0.0)
+        if self.clock is not None:
+            self.clock.now += warm + steps * step
+        for field, value in plan.changes().items():
+            if (field, value) in self.errors:
+                return fake_trial(plan, step, [], error=self.errors[(field, value)])
+        losses = LOSSES[:warmup + steps]
+        for field, value in plan.changes().items():
+            losses = self.losses.get((field, value), lambda ls: ls)(losses)
+        return fake_trial(plan, step, losses, warmup_s=warm, steps=steps)
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def _rows(result):
+    return {row.label: row for row in result.attempts}
+
+
+def test_faster_switches_are_kept_and_slower_ones_rejected():
+    measure = FakeMeasure({("precision", "bf16-mixed"): 0.7, ("fused_optimizer", True): 1.3})
+    result = search_plan(measure, Candidates(timed=[PRECISION, FUSED]), time_budget_s=60)
+    assert result.plan == Plan(precision="bf16-mixed")
+    rows = _rows(result)
+    assert rows["precision=bf16-mixed"].status == "accepted"
+    assert rows["fused_optimizer=True"].status == "rejected"
+    assert "not faster (0.7" in rows["fused_optimizer=True"].reason
+    assert abs(result.speedup - 1 / 0.7) < 1e-6
+
+
+def test_when_nothing_helps_it_says_so_and_returns_the_naive_plan():
+    measure = FakeMeasure({("precision", "bf16-mixed"): 1.2, ("fused_optimizer", True): 1.01})
+    result = search_plan(measure, Candidates(timed=[PRECISION, FUSED]), time_budget_s=60)
+    assert result.plan == Plan()
+    assert "nothing made this model faster" in result.message
+    assert result.speedup == 1.0 and result.attempts[-1].status == "chosen"
+
+
+def test_the_guard_rejects_a_fast_switch_that_breaks_numerics():
+    measure = FakeMeasure({("precision", "bf16-mixed"): 0.5},
+                          losses={("precision", "bf16-mixed"): lambda ls: [v * 1.5 for v in ls]})
+    result = search_plan(measure, Candidates(timed=[PRECISION]), time_budget_s=60)
+    row = _rows(result)["precision=bf16-mixed"]
+    assert row.status == "rejected" and row.reason.startswith("numerics: loss off fp32 by 50.0%")
+    assert result.plan == Plan()
+
+
+def test_non_finite_and_failing_candidates_are_rejected_with_the_reason():
+    measure = FakeMeasure({("precision", "bf16-mixed"): 0.5, ("channels_last", True): 0.5},
+                          losses={("precision", "bf16-mixed"): lambda ls: ls[:2] + [float("inf")] + ls[3:]},
+                          errors={("channels_last", True): "OutOfMemoryError: CUDA out of memory"})
+    rows = _rows(search_plan(measure, Candidates(timed=[PRECISION, LAYOUT]), time_budget_s=60))
+    assert "loss became inf at step 2" in rows["precision=bf16-mixed"].reason
+    assert rows["channels_last=True"].reason == "failed: OutOfMemoryError: CUDA out of memory"
+
+
+def test_compile_time_is_reported_apart_from_steady_state():
+    measure = FakeMeasure({("compile", True): 0.5}, compile_s=25.0)
+    result = search_plan(measure, Candidates(timed=[COMPILE]), time_budget_s=200)
+    row = _rows(result)["compile=True"]
+    assert row.status == "accepted"
+    assert abs(row.compile_s - 25.0) < 1e-6                       # warm-up minus its steady-state share
+    assert abs(row.samples_per_s - 32 / 0.005) < 1e-6             # steady state only
+    assert abs(result.compile_s - 25.0) < 1e-6
+
+
+def test_switches_are_flipped_again_under_compile():
+    # bf16 alone is slower and channels_last alone faster, but under compile it is the other way round.
+    measure = FakeMeasure({("precision", "bf16-mixed"): 1.1, ("channels_last", True): 0.8, ("compile", True): 0.6,
+                           "amp+compile": 0.6})
+    measure_layout = measure.step_s
+
+    def step_s(plan):
+        t = measure_layout(plan)
+        return t * 1.6 if plan.compile and plan.channels_last else t   # layout hurts compiled kernels here
+    measure.step_s = step_s
+    result = search_plan(measure, Candidates(timed=[PRECISION, LAYOUT, COMPILE]), time_budget_s=600)
+    assert result.plan == Plan(precision="bf16-mixed", compile=True)
+    stages = {(row.label, row.status) for row in result.attempts if row.stage == "under-compile"}
+    assert ("precision=bf16-mixed (under compile)", "accepted") in stages
+    assert ("channels_last=False (under compile)", "accepted") in stages
+
+
+def test_compile_is_skipped_when_the_budget_cannot_cover_it():
+    clock = Clock()
+    measure = FakeMeasure({("precision", "bf16-mixed"): 0.7, ("compile", True): 0.5}, base_s=0.1, clock=clock)
+    result = search_plan(measure, Candidates(timed=[PRECISION, COMPILE]), time_budget_s=30, clock=clock)
+    row = _rows(result)["compile=True"]
+    assert row.status == "skipped" and row.reason.startswith("time budget")
+    assert not any(p.compile for p in measure.calls)
+    assert result.plan == Plan(precision="bf16-mixed")
+    assert clock.now <= 30
+
+
+def test_a_win_that_does_not_repeat_is_not_kept():
+    measure = FakeMeasure({("fused_optimizer", True): 0.7})
+    plain = measure.step_s
+    seen = {"n": 0}
+
+    def flaky(plan):
+        if plan.fused_optimizer:
+            seen["n"] += 1
+            return plain(plan) if seen["n"] == 1 else 0.0125   # fast once (noise), slow after
+        return plain(plan)
+    measure.step_s = flaky
+    result = search_plan(measure, Candidates(timed=[FUSED]), time_budget_s=60)
+    row = _rows(result)["fused_optimizer=True"]
+    assert row.status == "rejected" and "re-measured" in row.reason
+    assert result.plan == Plan()
+
+
+def test_the_final_side_by_side_check_falls_back_to_naive():
+    measure = FakeMeasure({("fused_optimizer", True): 0.7})
+    plain = measure.step_s
+
+    def drifting(plan):   # the win disappears in the final side-by-side measurement
+        return 0.05 if plan.fused_optimizer and measure.calls.count(plan) > 2 else plain(plan)
+    measure.step_s = drifting
+    result = search_plan(measure, Candidates(timed=[FUSED]), time_budget_s=60)
+    assert result.plan == Plan()
+    assert "measured 0.20x the naive plan side by side; returning the naive plan" in result.message
+
+
+def test_speedups_are_paired_so_a_load_burst_on_the_baseline_does_not_inflate_them():
+    measure = FakeMeasure({("precision", "bf16-mixed"): 0.7})
+    plain = measure.step_s
+
+    def burst(plan):   # the machine is 5x slower while the first two trials (the baseline) run
+        return plain(plan) * (5 if len(measure.calls) <= 2 else 1)
+    measure.step_s = burst
+    result = search_plan(measure, Candidates(timed=[PRECISION]), time_budget_s=60)
+    assert result.plan == Plan(precision="bf16-mixed")
+    assert abs(result.speedup - 1 / 0.7) < 1e-6
+    assert abs(_rows(result)["precision=bf16-mixed"].speedup - 1 / 0.7) < 1e-6
+
+
+def test_a_pair_measured_through_a_burst_is_measured_again():
+    measure = FakeMeasure({("fused_optimizer", True): 0.7})
+    inner = measure.__call__
+
+    def noisy_once(plan, steps, warmup):
+        trial = inner(plan, steps, warmup)
+        if plan.fused_optimizer and measure.calls.count(plan) == 1:   # first candidate trial: a burst
+            trial.step_times_s = [t * (1 + 9 * (i % 2)) for i, t in enumerate(trial.step_times_s)]
+        return trial
+    result = search_plan(noisy_once, Candidates(timed=[FUSED]), time_budget_s=60)
+    row = _rows(result)["fused_optimizer=True"]
+    assert row.status == "accepted", row.reason
+    assert measure.calls.count(Plan(fused_optimizer=True)) >= 2
+
+
+def test_when_the_final_plan_loses_side_by_side_the_plan_before_it_is_checked():
+    measure = FakeMeasure({("precision", "bf16-mixed"): 0.7, ("fused_optimizer", True): 0.9})
+    plain = measure.step_s
+    both = Plan(precision="bf16-mixed", fused_optimizer=True)
+
+    def late_loss(plan):   # bf16 + fused wins while searching but not in the final check
+        return 0.05 if plan == both and measure.calls.count(plan) > 2 else plain(plan)
+    measure.step_s = late_loss
+    result = search_plan(measure, Candidates(timed=[PRECISION, FUSED]), time_budget_s=60)
+    assert result.plan == Plan(precision="bf16-mixed")
+    assert abs(result.speedup - 1 / 0.7) < 1e-6
+    assert result.message.startswith("1.43x the naive plan: precision=bf16-mixed (precision=bf16-mixed, "
+                                     "fused_optimizer=True measured 0.20x the naive plan side by side)")
+
+
+def test_with_no_time_left_to_check_earlier_plans_the_naive_plan_comes_back():
+    clock = Clock()
+    measure = FakeMeasure({("precision", "bf16-mixed"): 0.7, ("fused_optimizer", True): 0.9}, clock=clock)
+    plain = measure.step_s
+    both = Plan(precision="bf16-mixed", fused_optimizer=True)
+
+    def late_loss(plan):
+        if plan == both and measure.calls.count(plan) > 2:
+            clock.now += 1000                      # the final check runs past the budget
+            return 0.05
+        return plain(plan)
+    measure.step_s = late_loss
+    result = search_plan(measure, Candidates(timed=[PRECISION, FUSED]), time_budget_s=60, clock=clock)
+    assert result.plan == Plan() and result.speedup == 1.0
+    assert result.message.endswith("measured 0.20x the naive plan side by side; returning the naive plan")
