@@ -7,6 +7,12 @@ import torch
 
 
 @pytest.fixture(autouse=True)
+def _private_turbotrain_cache(tmp_path, monkeypatch):
+    """Nothing a test tunes lands in (or is answered from) the user's ~/.cache/turbotrain."""
+    monkeypatch.setenv("TURBOTRAIN_CACHE", str(tmp_path / "turbotrain-cache"))
+
+
+@pytest.fixture(autouse=True)
 def _restore_global_torch_state():
     """Speed-ups flip process-wide flags; each test starts from torch's defaults."""
     flags = (torch.backends.cudnn.benchmark, torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)

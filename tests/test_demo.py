@@ -11,3 +11,14 @@ def test_demo_trains_naive_and_fast_and_both_learn():
         assert row.throughput > 0 and row.final_loss < row.first_loss
     text = console.export_text()
     assert "speed-up" in text and "1.00x" in text
+
+
+def test_demo_tunes_then_trains_the_tuned_plan():
+    """With a budget the demo runs tt.tune on the workload and trains its plan as a third run."""
+    console = Console(record=True, width=160)
+    rows = run_demo(("mlp",), steps=20, console=console, tune_budget_s=20)
+    assert [r.plan_name for r in rows] == ["naive", "fast", "tuned"]
+    tuned = rows[-1]
+    assert tuned.throughput > 0 and tuned.final_loss < tuned.first_loss
+    text = console.export_text()
+    assert "tuned in" in text and "x naive in its own trials" in text and "naive vs fast vs tuned plan" in text

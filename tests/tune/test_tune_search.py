@@ -224,3 +224,31 @@ def test_with_no_time_left_to_check_earlier_plans_the_naive_plan_comes_back():
     result = search_plan(measure, Candidates(timed=[PRECISION, FUSED]), time_budget_s=60, clock=clock)
     assert result.plan == Plan() and result.speedup == 1.0
     assert result.message.endswith("measured 0.20x the naive plan side by side; returning the naive plan")
+
+
+def test_a_close_loss_is_measured_again_and_a_third_pair_decides():
+    """One pair reads a real 1.1x win as 0.91x (a load burst on the candidate): the search measures
+    again, the two pairs disagree, and the third keeps the switch."""
+    measure = FakeMeasure({("fused_optimizer", True): 1 / 1.1})
+    plain = measure.step_s
+    seen = {"n": 0}
+
+    def burst_once(plan):
+        if plan.fused_optimizer:
+            seen["n"] += 1
+            if seen["n"] == 1:
+                return measure.base_s / 0.91
+        return plain(plan)
+    measure.step_s = burst_once
+    result = search_plan(measure, Candidates(timed=[FUSED]), time_budget_s=60)
+    row = _rows(result)["fused_optimizer=True"]
+    assert row.status == "accepted", row.reason
+    assert measure.calls.count(Plan(fused_optimizer=True)) >= 3
+    assert result.plan == Plan(fused_optimizer=True)
+
+
+def test_a_clear_loss_is_not_measured_again():
+    measure = FakeMeasure({("fused_optimizer", True): 1.5})
+    result = search_plan(measure, Candidates(timed=[FUSED]), time_budget_s=60)
+    assert _rows(result)["fused_optimizer=True"].status == "rejected"
+    assert measure.calls.count(Plan(fused_optimizer=True)) == 1

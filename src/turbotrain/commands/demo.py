@@ -7,11 +7,14 @@ def add_arguments(parser) -> None:
     parser.add_argument("--workloads", default="gpt,cnn", help="comma-separated: gpt, cnn, mlp (default: gpt,cnn)")
     parser.add_argument("--steps", type=int, default=60, help="optimizer steps per run (default: 60)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tune", type=float, default=45.0, metavar="S",
+                        help="seconds tt.tune may spend per workload finding the measured plan, trained as a "
+                             "third run (default: 45; 0 skips tuning)")
 
 
 def run(args) -> int:
     from ..demo import run_demo
 
     workloads = tuple(w.strip() for w in args.workloads.split(",") if w.strip())
-    rows = run_demo(workloads, steps=args.steps, seed=args.seed)
+    rows = run_demo(workloads, steps=args.steps, seed=args.seed, tune_budget_s=args.tune)
     return 0 if rows else 1
