@@ -90,3 +90,12 @@ def test_tuned_row_uses_the_tuner_or_says_why_not(monkeypatch):
 
     failed = tuned_candidate(wl, model, "cpu", 7, tune_fn=broken_tune)
     assert not failed.measured and "out of ideas" in failed.skip
+
+
+def test_tuned_row_from_the_real_tuner():
+    """The bench's tuned row runs the real tt.tune (not a stand-in) and gets a plan it can train."""
+    wl, model, _ = _rows("mlp", detect("cpu"))
+    tuned = tuned_candidate(wl, model, "cpu", 8, compile_ok=False)
+    assert tuned.measured, tuned.skip
+    assert tuned.plan.device == "cpu" and tuned.plan.compile is False
+    assert "tuned within 8 s" in tuned.note
