@@ -252,3 +252,30 @@ def test_a_clear_loss_is_not_measured_again():
     result = search_plan(measure, Candidates(timed=[FUSED]), time_budget_s=60)
     assert _rows(result)["fused_optimizer=True"].status == "rejected"
     assert measure.calls.count(Plan(fused_optimizer=True)) == 1
+
+
+def test_a_compiled_candidate_is_measured_again_without_paying_for_a_second_compile():
+    """After its first pair a compiled plan's graph is cached: measuring it again costs steps, not
+    another compile, so a close first reading is checked even when a second compile would not fit."""
+    clock = Clock()
+
+    class CompileOnce(FakeMeasure):
+        def __call__(self, plan, steps, warmup):
+            self.compile_s = 50.0 if not any(p.compile for p in self.calls) else 0.0
+            return super().__call__(plan, steps, warmup)
+
+    measure = CompileOnce({("compile", True): 1 / 1.2}, base_s=0.1, clock=clock)
+    plain = measure.step_s
+    seen = {"n": 0}
+
+    def slow_first(plan):   # the first compiled trial ran through a load burst: 0.95x
+        if plan.compile:
+            seen["n"] += 1
+            if seen["n"] == 1:
+                return 0.1 / 0.95
+        return plain(plan)
+    measure.step_s = slow_first
+    result = search_plan(measure, Candidates(timed=[COMPILE]), time_budget_s=100, clock=clock)
+    row = _rows(result)["compile=True"]
+    assert measure.calls.count(Plan(compile=True)) >= 2, row.reason
+    assert row.status == "accepted", row.reason

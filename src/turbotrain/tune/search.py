@@ -190,6 +190,8 @@ class _Search:
             row.reason = f"numerics: {verdict.reason}"
             return row
         ratios = [self._ratio(ref, trial)]
+        # What one more pair costs now: a compiled plan's graph is cached, so no second compile.
+        need = self._estimate(against) + self._estimate(plan)
         if self._noisy(ref, trial) and self._can_pair_again(need):
             ratios = [self._ratio(*self._pair(against, plan))]  # the first pair was measured through a load burst
         # A win is measured again before it is believed, and so is a close loss.
