@@ -29,13 +29,13 @@ class DemoRow:
     skipped: list[tuple[str, str]]
 
 
-def _tuned_plan(workload: str, seed: int, budget_s: float) -> tuple[Plan, str]:
-    """The plan ``tt.tune`` measures fastest on this workload, and its one-line verdict."""
+def _tuned_plan(workload: str, seed: int, budget_s: float, console: Console) -> tuple[Plan, str]:
+    """The plan ``tt.tune`` measures fastest on this workload (its table printed), and a one-line verdict."""
     from .tune.api import tune_report  # the tuner is only needed when the demo tunes
 
     wl = get_workload(workload)
     model, _ = wl.build(seed)
-    result = tune_report(model, wl.loss_fn, wl.loader(seed=seed), wl.optimizer_fn, budget_s, verbose=False)
+    result = tune_report(model, wl.loss_fn, wl.loader(seed=seed), wl.optimizer_fn, budget_s, console=console)
     how = "from the cache" if result.from_cache else f"in {result.elapsed_s:.0f}s"
     return result.plan, f"tuned {how}, {result.speedup:.2f}x naive in its own trials"
 
@@ -65,8 +65,8 @@ def run_demo(workloads: tuple[str, ...] = ("gpt", "cnn"), steps: int = 60, seed:
     for name in workloads:
         plans: list[tuple[str, Plan | None]] = [("naive", None), ("fast", None)]
         if tune_budget_s > 0:
-            with console.status(f"tuning {name} (budget {tune_budget_s:.0f}s)..."):
-                tuned, verdict = _tuned_plan(name, seed, tune_budget_s)
+            console.print(f"[bold]tuning {name}[/] (budget {tune_budget_s:.0f}s)")
+            tuned, verdict = _tuned_plan(name, seed, tune_budget_s, console)
             console.print(f"  {name:4s} {verdict}")
             plans.append(("tuned", tuned))
         for plan_name, plan in plans:
