@@ -7,9 +7,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--workloads", default="gpt,cnn", help="comma-separated: gpt, cnn, mlp (default: gpt,cnn)")
     parser.add_argument("--steps", type=int, default=60, help="optimizer steps per run (default: 60)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--tune", type=float, default=90.0, metavar="S",
+    parser.add_argument("--tune", type=float, default=120.0, metavar="S",
                         help="seconds tt.tune may spend per workload finding the measured plan, trained as a "
-                             "third run (default: 90, enough to try a compile on a small CPU; 0 skips tuning)")
+                             "third run (default: 120, enough to try a compile on a small CPU; 0 skips tuning)")
 
 
 def run(args) -> int:
