@@ -71,3 +71,16 @@ def test_the_real_command_exits_non_zero_when_the_script_fails():
     failed = _cli("--no-what-if", "--quiet", str(script("raises_midway")))
     assert failed.returncode == 1
     assert "the data ran out of disk" in failed.stderr
+
+
+def test_the_real_command_keeps_kineto_banners_out_of_the_report():
+    """torch 2.13's profiler prints 'USDT: ... profiler_start' on stderr unless kineto is told not to."""
+    env_level = os.environ.pop("KINETO_LOG_LEVEL", None)
+    try:
+        done = _cli("--steps", "3", "--warmup", "1", "--no-what-if", str(script("short_run")), "40")
+    finally:
+        if env_level is not None:
+            os.environ["KINETO_LOG_LEVEL"] = env_level
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "profiler_start" not in done.stderr + done.stdout
+    assert "Bottleneck:" in done.stdout

@@ -652,7 +652,9 @@ class Recorder:
     def _start_profiler(self) -> None:
         from torch.profiler import ProfilerActivity, profile
 
-        os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # kineto's start/stop banners are noise in a report
+        # kineto prints "USDT: ... profiler_start/stop" banners on stderr at its highest level (5) in
+        # torch 2.13, so only 6 silences them; read when the first profiler starts, a user's value wins.
+        os.environ.setdefault("KINETO_LOG_LEVEL", "6")
         activities = [ProfilerActivity.CPU]
         if self.gpu:
             activities.append(ProfilerActivity.CUDA)
