@@ -173,6 +173,7 @@ def data_notes(results: list[WorkloadResult]) -> list[str]:
     if data is None:
         return []
     return [f"data: {data.description}; each trial trains {EPOCHS} epochs of {data.steps} steps from a fresh loader "
-            "(and a fresh, empty cache), timed from iter(loader) to the epoch's last step, so worker start-up "
-            "counts; 'bytes read' is the first repeat's reads per URL scheme (http: the server, cache: "
-            "turbotrain's disk cache, file: local disk)"]
+            "(and a fresh, empty cache) after warm-up steps on a batch in memory; an epoch is timed from "
+            "iter(loader) to its last step, so worker start-up counts, and 'step' is its time over its steps; "
+            "'bytes read' is the first repeat's reads per URL scheme (http: the server, cache: turbotrain's disk "
+            "cache, file: local disk)"]

@@ -39,6 +39,8 @@ __all__ = ["FilesWorkload", "files_workload", "ServedFiles", "ServerUnavailable"
 
 PLAIN, FILES, CACHE, LOCAL = "plain", "files", "cache", "local"
 IMAGE_SIZE, CLASSES = 32, 10
+DEFAULT_FILES, DEFAULT_LATENCY_MS = 256, 20.0   # a full run
+QUICK_FILES, QUICK_LATENCY_MS = 96, 5.0         # --quick
 SOURCES = {
     PLAIN: "plain reads over HTTP (one blocking GET per sample in __getitem__)",
     FILES: "tt.data.FileDataset over HTTP, no cache (a batch's files fetched at once)",
@@ -69,10 +71,10 @@ def quantized_images(samples: int, size: int, classes: int, seed: int) -> tuple[
 class FilesWorkload(Workload):
     """A Workload whose samples are files; ``make_dataset`` gives the same samples decoded, in memory."""
 
-    files: int = 256
+    files: int
+    latency_s: float
     image_size: int = IMAGE_SIZE
     classes: int = CLASSES
-    latency_s: float = 0.02
     limit_rate: str | None = "1m"
 
     @property
@@ -103,8 +105,8 @@ def files_workload(scale: str = "cpu", quick: bool = False, files: int | None = 
     The same at every scale: what it measures is how files reach the model, and the model is
     kept small on purpose so that the reads, not the math, set the pace.
     """
-    count = files if files is not None else (96 if quick else 256)
-    latency_s = (latency_ms if latency_ms is not None else (5.0 if quick else 20.0)) / 1000
+    count = files if files is not None else (QUICK_FILES if quick else DEFAULT_FILES)
+    latency_s = (latency_ms if latency_ms is not None else (QUICK_LATENCY_MS if quick else DEFAULT_LATENCY_MS)) / 1000
     if count < 1 or latency_s < 0:
         raise ValueError(f"the data workload needs files >= 1 and latency_ms >= 0, got {count} and {latency_s * 1000:g}")
     batch = min(32, count)

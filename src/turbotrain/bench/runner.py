@@ -342,9 +342,11 @@ def run_bench(settings: BenchSettings | None = None, progress: Progress = lambda
     """Measure every workload in ``settings``; see ``docs/bench.md`` for what each column means."""
     settings = settings or BenchSettings()
     hw = detect(settings.device)
-    notes = [f"each trial: {settings.warmup} warm-up steps, then at least {settings.steps} measured steps (more when "
-             f"the naive plan would take under {settings.min_trial_s:g} s); {settings.repeats} interleaved repeats "
-             "per plan; a speed-up is called only when it exceeds the spread of the repeats"]
+    steps = ("" if settings.workloads == ("data",) else  # the data workload's trials are whole epochs (its own note)
+             f"each trial: {settings.warmup} warm-up steps, then at least {settings.steps} measured steps (more when "
+             f"the naive plan would take under {settings.min_trial_s:g} s); ")
+    notes = [f"{steps}{settings.repeats} interleaved repeats per plan; a speed-up is called only when it exceeds the "
+             "spread of the repeats"]
     if settings.quick:
         notes.append("--quick: compile rows and the tuned plan are skipped, trials are short")
     if not hw.is_cuda:
