@@ -41,4 +41,5 @@ def test_data_workload_trains_on_the_gpu_and_the_fast_plan_pins_and_reads_the_ca
     assert fast.measured and fast.changes.get("pin_memory") is True
     assert fast.read_bytes == {"cache": 64 * 3073}          # epoch 2 from the disk cache, nothing from nginx
     naive = next(r for r in data.rows if r.kind == "naive" and r.path == "epoch 1")
-    assert naive.measured and naive.peak_memory_bytes < 2 ** 34   # the CUDA allocator's peak: batches went there
+    # The CUDA allocator's peak (a 5k-parameter model, 400 KB batches), not the host's resident set (~400 MiB).
+    assert naive.measured and 0 < naive.peak_memory_bytes < 64 * 2 ** 20
