@@ -22,25 +22,32 @@ from torch import nn
 
 from .plan import Plan
 from .runtime import prepare
+from .data import stats as read_stats
 from .data.transfer import batch_size_of
 from .train import rng
 
-__all__ = ["Trial", "run_trial", "time_loader", "preserved_state", "peak_host_memory"]
+__all__ = ["Trial", "run_trial", "EpochTrial", "run_epochs", "time_loader", "preserved_state", "peak_host_memory"]
 
 log = logging.getLogger("turbotrain")
 
 
+@dataclass(kw_only=True)
+class _Outcome:
+    """What every kind of trial reports besides its timings."""
+
+    peak_memory_bytes: int | None = None
+    applied: list[str] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    error: str | None = None
+
+
 @dataclass
-class Trial:
+class Trial(_Outcome):
     plan: Plan
     samples_per_step: int
     step_times_s: list[float] = field(default_factory=list)   # steady-state steps only
     warmup_s: float = 0.0                                       # the warm-up steps (compile, autotune)
     losses: list[float] = field(default_factory=list)           # every step, warm-up included
-    peak_memory_bytes: int | None = None
-    applied: list[str] = field(default_factory=list)
-    skipped: list[tuple[str, str]] = field(default_factory=list)
-    error: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -103,6 +110,36 @@ def preserved_state(*modules_and_optimizers: Any) -> Iterator[None]:
         rng.restore(saved_rng)
 
 
+def _on_a_copy(trial: _Outcome, model: nn.Module, optimizer_fn: Callable, plan: Plan, seed: int,
+               body: Callable[[Any], None]) -> None:
+    """Run ``body(runtime)`` on a deep copy of ``model`` prepared under ``plan``, tracking peak memory.
+
+    RNGs and backend flags are restored after; an exception (in ``prepare`` or in ``body``) is
+    caught into ``trial.error``: a failing candidate is a result, not a crash.
+    """
+    with preserved_state():
+        torch.manual_seed(seed)
+        try:
+            work = copy.deepcopy(model)
+            rt = prepare(work, optimizer_fn(work.parameters()), plan,
+                         on_skip=lambda name, why: trial.skipped.append((name, why)))
+            trial.applied = list(rt.applied)
+            if rt.device.type == "cuda":
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats(rt.device)
+            else:
+                _reset_host_peak()
+            body(rt)
+            trial.peak_memory_bytes = (torch.cuda.max_memory_allocated(rt.device) if rt.device.type == "cuda"
+                                       else peak_host_memory())
+        except Exception as exc:  # noqa: BLE001 - a failing candidate is a result, not a crash
+            trial.error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()  # give back what the failed candidate held before the next one
+        finally:
+            work = rt = None  # noqa: F841 - free before returning
+
+
 def run_trial(model: nn.Module, optimizer_fn: Callable, loss_fn: Callable | None, batches: Sequence[Any],
               plan: Plan, steps: int = 10, warmup: int = 3, step_fn: Callable | None = None,
               seed: int = 0, loader: Iterable | None = None) -> Trial:
@@ -120,56 +157,120 @@ def run_trial(model: nn.Module, optimizer_fn: Callable, loss_fn: Callable | None
         raise ValueError("run_trial needs at least one batch (or a loader)")
     per_step = batch_size_of(batches[0]) * plan.grad_accum_steps if loader is None else 0  # loader: set below
     trial = Trial(plan=plan, samples_per_step=per_step)
-    with preserved_state():
-        torch.manual_seed(seed)
-        try:
-            work = copy.deepcopy(model)
-            optimizer = optimizer_fn(work.parameters())
-            rt = prepare(work, optimizer, plan, on_skip=lambda name, why: trial.skipped.append((name, why)))
-            trial.applied = list(rt.applied)
-            cuda = rt.device.type == "cuda"
-            if loader is not None:
-                stream = _endless(lambda: rt.device_batches(rt.rebuild_loader(loader)))
-                first = next(stream)
-                trial.samples_per_step = batch_size_of(first) * rt.accum_steps
-                stream = itertools.chain([first], stream)
-            else:
-                device_batches = [rt.to_device(b) for b in batches]
-            if cuda:
-                torch.cuda.synchronize()
-                torch.cuda.reset_peak_memory_stats(rt.device)
-            else:
-                _reset_host_peak()
-            warm_start = time.perf_counter()
-            for i in range(warmup + steps):
-                started = time.perf_counter()
-                loss_sum = 0.0
-                for j in range(rt.accum_steps):
-                    batch = (next(stream) if loader is not None
-                             else device_batches[(i * rt.accum_steps + j) % len(device_batches)])
-                    with rt.autocast():
-                        loss = step_fn(rt.model, batch) if step_fn else loss_fn(rt.model(batch[0]), batch[1])
-                    with rt.no_sync(j + 1 < rt.accum_steps):
-                        rt.backward(loss / rt.accum_steps if rt.accum_steps > 1 else loss)
-                    loss_sum += float(loss.detach())  # trials measure, a sync per step is intended
-                for opt in rt.optimizers:
-                    rt.optimizer_step(opt)
-                rt.end_step()
-                if cuda:
-                    torch.cuda.synchronize()
-                trial.losses.append(loss_sum / rt.accum_steps)
-                if i == warmup - 1:
-                    trial.warmup_s = time.perf_counter() - warm_start
-                elif i >= warmup:
-                    trial.step_times_s.append(time.perf_counter() - started)
-            trial.peak_memory_bytes = (torch.cuda.max_memory_allocated(rt.device) if cuda else peak_host_memory())
-        except Exception as exc:  # noqa: BLE001 - a failing candidate is a result, not a crash
-            trial.error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()  # give back what the failed candidate held before the next one
-        finally:
-            work = optimizer = rt = device_batches = stream = None  # noqa: F841 - free before returning
+
+    def steps_on(rt) -> None:
+        if loader is not None:
+            stream = _endless(lambda: rt.device_batches(rt.rebuild_loader(loader)))
+            first = next(stream)
+            trial.samples_per_step = batch_size_of(first) * rt.accum_steps
+            stream = itertools.chain([first], stream)
+        else:
+            device_batches = [rt.to_device(b) for b in batches]
+        warm_start = time.perf_counter()
+        for i in range(warmup + steps):
+            started = time.perf_counter()
+            micro = (next(stream) if loader is not None
+                     else device_batches[(i * rt.accum_steps + j) % len(device_batches)]
+                     for j in range(rt.accum_steps))
+            trial.losses.append(_train_step(rt, micro, loss_fn, step_fn))
+            if i == warmup - 1:
+                trial.warmup_s = time.perf_counter() - warm_start
+            elif i >= warmup:
+                trial.step_times_s.append(time.perf_counter() - started)
+
+    _on_a_copy(trial, model, optimizer_fn, plan, seed, steps_on)
     return trial
+
+
+@dataclass
+class EpochTrial(_Outcome):
+    """Whole epochs through a loader, each timed from ``iter(loader)`` (worker start-up included) to its last step."""
+
+    plan: Plan
+    epoch_s: list[float] = field(default_factory=list)            # wall time of each epoch
+    epoch_samples: list[int] = field(default_factory=list)
+    epoch_steps: list[int] = field(default_factory=list)
+    epoch_losses: list[list[float]] = field(default_factory=list)  # per optimizer step, each epoch
+    reads: list[dict[str, int]] = field(default_factory=list)      # bytes per URL scheme read by tt.data, each epoch
+    step_times_s: list[float] = field(default_factory=list)        # every step of every epoch, data wait included
+    warmup_s: float = 0.0                                           # the warm-up steps before the first epoch
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and bool(self.epoch_s) and all(self.epoch_samples)
+
+    @property
+    def samples_per_s(self) -> list[float]:
+        """Throughput of each epoch: its samples over its wall time."""
+        return [n / s if s > 0 else 0.0 for n, s in zip(self.epoch_samples, self.epoch_s)]
+
+
+def run_epochs(model: nn.Module, optimizer_fn: Callable, loss_fn: Callable | None, loader: Iterable, plan: Plan,
+               epochs: int = 2, warmup: int = 3, warmup_batches: Sequence[Any] = (), step_fn: Callable | None = None,
+               seed: int = 0) -> EpochTrial:
+    """Train a deep copy of ``model`` for ``epochs`` whole passes over ``loader`` under ``plan``.
+
+    Where :func:`run_trial` times steady-state steps, this times what a data-bound run feels:
+    the wall time of each epoch, from ``iter()`` (worker processes starting, unless the plan
+    keeps them alive) to the last step. The loader is rebuilt once with the plan's loader
+    switches, so ``persistent_workers`` carries its workers into the next epoch. ``warmup``
+    steps on ``warmup_batches`` (cycled) run first, outside the epochs: compile and allocator
+    warm-up stay out of epoch 1. A last step short of ``grad_accum_steps`` micro-batches is
+    dropped. Reads the data layer does (``turbotrain.data.stats``: remote fetches, cache hits,
+    local files) are counted per epoch. Errors land in ``EpochTrial.error``.
+    """
+    trial = EpochTrial(plan=plan)
+
+    def epochs_on(rt) -> None:
+        resident = [rt.to_device(b) for b in warmup_batches]
+        started = time.perf_counter()
+        for i in range(warmup if resident else 0):
+            _train_step(rt, (resident[(i * rt.accum_steps + j) % len(resident)] for j in range(rt.accum_steps)),
+                        loss_fn, step_fn)
+        trial.warmup_s = time.perf_counter() - started
+        epoch_loader = rt.rebuild_loader(loader)  # once: persistent workers must outlive an epoch
+        for _ in range(epochs):
+            before = read_stats.snapshot()
+            started = time.perf_counter()
+            batches = iter(rt.device_batches(epoch_loader))
+            losses, samples = [], 0
+            while True:
+                step_started = time.perf_counter()
+                micro = list(itertools.islice(batches, rt.accum_steps))
+                if len(micro) < rt.accum_steps:
+                    break
+                losses.append(_train_step(rt, micro, loss_fn, step_fn))
+                samples += sum(batch_size_of(b) for b in micro)
+                trial.step_times_s.append(time.perf_counter() - step_started)
+            trial.epoch_s.append(time.perf_counter() - started)
+            batches = None  # noqa: F841 - a worker iterator that is not persistent has shut down by now
+            reads = read_stats.snapshot() - before
+            trial.reads.append({scheme: r.bytes for scheme, r in reads.schemes.items() if r.bytes})
+            trial.epoch_samples.append(samples)
+            trial.epoch_steps.append(len(losses))
+            trial.epoch_losses.append(losses)
+        # Returning drops the loader, which ends its workers (persistent ones too) before the next trial.
+
+    _on_a_copy(trial, model, optimizer_fn, plan, seed, epochs_on)
+    return trial
+
+
+def _train_step(rt: Any, micro_batches: Iterable[Any], loss_fn: Callable | None, step_fn: Callable | None) -> float:
+    """One optimizer step over ``rt.accum_steps`` micro-batches (taken from the iterable as they are
+    needed, so fetching them is part of the step); returns the mean loss."""
+    loss_sum = 0.0
+    for j, batch in enumerate(micro_batches):
+        with rt.autocast():
+            loss = step_fn(rt.model, batch) if step_fn else loss_fn(rt.model(batch[0]), batch[1])
+        with rt.no_sync(j + 1 < rt.accum_steps):
+            rt.backward(loss / rt.accum_steps if rt.accum_steps > 1 else loss)
+        loss_sum += float(loss.detach())  # trials measure, a sync per step is intended
+    for opt in rt.optimizers:
+        rt.optimizer_step(opt)
+    rt.end_step()
+    if rt.device.type == "cuda":
+        torch.cuda.synchronize()
+    return loss_sum / rt.accum_steps
 
 
 def _endless(make_epoch: Callable[[], Iterable]) -> Iterator[Any]:

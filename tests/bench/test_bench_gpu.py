@@ -29,3 +29,17 @@ def test_cnn_data_path_rows_go_through_the_loader_and_cuda_switches_are_measured
     if torch.cuda.get_device_capability() >= (8, 0):
         assert rows["tf32"].measured
     assert rows["naive"].peak_memory_bytes < 2 ** 34        # CUDA allocator peak, not the host's RSS
+
+
+def test_data_workload_trains_on_the_gpu_and_the_fast_plan_pins_and_reads_the_cache():
+    res = run_bench(BenchSettings(workloads=("data",), warmup=1, repeats=1, compile=False, tune=False, device="cuda",
+                                  data_files=64, data_latency_ms=2))
+    (data,) = res.workloads
+    if data.skip:
+        pytest.skip(data.skip)                              # no nginx on this machine
+    fast = next(r for r in data.rows if r.kind == "fast" and r.path == "epoch 2")
+    assert fast.measured and fast.changes.get("pin_memory") is True
+    assert fast.read_bytes == {"cache": 64 * 3073}          # epoch 2 from the disk cache, nothing from nginx
+    naive = next(r for r in data.rows if r.kind == "naive" and r.path == "epoch 1")
+    # The CUDA allocator's peak (a 5k-parameter model, 400 KB batches), not the host's resident set (~400 MiB).
+    assert naive.measured and 0 < naive.peak_memory_bytes < 64 * 2 ** 20

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from turbotrain.bench.ablation import PENDING_WORKLOADS, candidates
+from turbotrain.bench.ablation import candidates
 from turbotrain.bench.workloads import WORKLOADS, get_workload
 from turbotrain.hardware import detect
 from turbotrain.plan import Plan
@@ -18,7 +18,7 @@ ENTRIES = all_speedups()
 def test_entry_has_a_bench_entry_the_ablation_can_run(entry):
     bench = entry.bench
     assert isinstance(bench, BenchEntry) and bench.workloads, f"{entry.name} has no benchmark entry"
-    unknown = [w for w in bench.workloads if w not in WORKLOADS and w not in PENDING_WORKLOADS]
+    unknown = [w for w in bench.workloads if w not in WORKLOADS]
     assert not unknown, f"{entry.name}: unknown bench workload(s) {unknown}"
     plan = Plan().replace(**bench.changes)  # a bad field or value raises here
     assert entry.active(plan), f"{entry.name}: the bench changes {bench.changes} leave the switch inactive"

@@ -8,6 +8,11 @@ with the reason (not benchmarked on this workload, the hardware cannot do it, ..
 Switches that act on how batches reach the device (pinning, non-blocking copies, prefetch,
 workers) do nothing when batches already sit on the device, so their rows go through the
 DataLoader every step ("loader" path) and compare against the naive plan on that same path.
+
+The ``data`` workload reads files, so each of its rows also names a *source*: plain reads over
+HTTP (naive and the registry rows), ``tt.data.FileDataset`` without and with a disk cache (rows
+of their own, as documented data options; the fast and tuned plans read through the cache), and
+plain reads of the same files on local disk (the ceiling).
 """
 
 from __future__ import annotations
@@ -22,20 +27,15 @@ from torch import nn
 from ..hardware import Hardware
 from ..plan import Plan
 from ..speedups.registry import Speedup, all_speedups
+from .data_workload import CACHE, FILES, LOCAL, PLAIN, SOURCES
 from .workloads import Workload
 
-__all__ = ["Candidate", "candidates", "tuned_candidate", "pending_workload_rows", "DATA_PATH_FIELDS",
-           "PENDING_WORKLOADS", "RESIDENT", "LOADER"]
+__all__ = ["Candidate", "candidates", "tuned_candidate", "DATA_PATH_FIELDS", "RESIDENT", "LOADER"]
 
 RESIDENT, LOADER = "resident", "loader"
 
 # Plan fields whose effect is on the way batches reach the device.
 DATA_PATH_FIELDS = frozenset({"pin_memory", "non_blocking", "device_prefetch", "num_workers", "persistent_workers"})
-
-# Workloads that registry entries name but that this build does not have yet: name -> why.
-PENDING_WORKLOADS = {
-    "data": "the 'data' workload (many small files behind a bandwidth-limited HTTP server) is not in this build yet",
-}
 
 
 @dataclass
@@ -43,9 +43,10 @@ class Candidate:
     """One row of the ablation: a plan to measure, or the reason it is not measured."""
 
     label: str
-    kind: str                         # "naive", "alone", "fast", "tuned"
+    kind: str                         # "naive", "alone", "fast", "tuned"; data: also "option", "reference"
     plan: Plan | None
     path: str = RESIDENT              # RESIDENT: batches already on the device; LOADER: through the DataLoader
+    source: str | None = None         # data workload: how the files are read (data_workload.SOURCES)
     speedup: str | None = None        # the registry entry, for "alone" rows
     skip: str | None = None
     inverse: bool = False             # naive already has this tip; the row turns it off to price it
@@ -96,16 +97,22 @@ def _alone(entry: Speedup, workload: Workload, hw: Hardware, device: str, compil
     return cand
 
 
+def _fast(model: nn.Module, device: str, compile_ok: bool) -> Candidate:
+    fast = Plan.fast(model, device=device)
+    label, extra = "fast", ""
+    if fast.compile is not False and not compile_ok:
+        fast, label, extra = fast.replace(compile=False), "fast (no compile)", "; compile left out (--quick or --no-compile)"
+    return Candidate(label, "fast", fast, note=f"plan: {fast.describe()}{extra}")
+
+
 def candidates(workload: Workload, model: nn.Module, hw: Hardware, device: str = "auto",
                compile_ok: bool = True) -> list[Candidate]:
     """The rows for ``workload`` on ``hw``: naive, each registry entry alone, fast (not tuned)."""
     naive = Candidate("naive", "naive", Plan(device=device))
     alone = [_alone(entry, workload, hw, device, compile_ok) for entry in all_speedups()]
-    fast = Plan.fast(model, device=device)
-    label, extra = "fast", ""
-    if fast.compile is not False and not compile_ok:
-        fast, label, extra = fast.replace(compile=False), "fast (no compile)", "; compile left out (--quick or --no-compile)"
-    fast_row = Candidate(label, "fast", fast, note=f"plan: {fast.describe()}{extra}")
+    fast_row = _fast(model, device, compile_ok)
+    if workload.name == "data":
+        return _data_candidates(naive, alone, fast_row)
     rows = [naive, *(c for c in alone if c.path == RESIDENT), fast_row]
     loader_rows = [c for c in alone if c.path == LOADER]
     if any(c.measured for c in loader_rows):
@@ -116,11 +123,18 @@ def candidates(workload: Workload, model: nn.Module, hw: Hardware, device: str =
     return rows
 
 
-def pending_workload_rows(name: str) -> list[Candidate]:
-    """Skip rows for the registry entries that name a workload this build does not have."""
-    why = PENDING_WORKLOADS[name]
-    return [Candidate(entry.name, "alone", None, speedup=entry.name, script=entry.bench.script, skip=why)
-            for entry in all_speedups() if name in entry.bench.workloads]
+def _data_candidates(naive: Candidate, alone: list[Candidate], fast: Candidate) -> list[Candidate]:
+    """The data workload's rows: every plan reads the files over HTTP, from a source of its own."""
+    def option(label: str, source: str) -> Candidate:
+        return dataclasses.replace(naive, label=label, kind="option", source=source, note=f"naive plan; {SOURCES[source]}")
+
+    for cand in alone:
+        cand.source = PLAIN
+    fast.source = CACHE
+    fast.note += f"; {SOURCES[CACHE]}"
+    return [dataclasses.replace(naive, source=PLAIN, note=f"{SOURCES[PLAIN]}, no workers"),
+            option("tt.data.FileDataset (no cache)", FILES), option("tt.data.FileDataset + disk cache", CACHE),
+            *alone, fast, option("local disk", LOCAL)]
 
 
 def _accepted(fn: Callable, options: dict[str, Any]) -> dict[str, Any]:
@@ -132,8 +146,9 @@ def _accepted(fn: Callable, options: dict[str, Any]) -> dict[str, Any]:
 
 
 def tuned_candidate(workload: Workload, model: nn.Module, device: str, budget_s: float,
-                    tune_fn: Callable | None = None, compile_ok: bool = True) -> Candidate:
-    """The plan ``turbotrain.tune`` finds for this workload, or a skip saying why there is none."""
+                    tune_fn: Callable | None = None, compile_ok: bool = True, loader: Any = None) -> Candidate:
+    """The plan ``turbotrain.tune`` finds for this workload (on ``loader``, default the workload's own),
+    or a skip saying why there is none."""
     if tune_fn is None:
         try:
             from ..tune import tune as tune_fn  # written separately; the bench works without it
@@ -142,7 +157,8 @@ def tuned_candidate(workload: Workload, model: nn.Module, device: str, budget_s:
     # The bench prints its own table; a run without compile rows keeps compile out of the search too.
     options = {"verbose": False, **({} if compile_ok else {"exclude": ("compile",)})}
     try:
-        plan = tune_fn(model, workload.loss_fn, workload.loader(), workload.optimizer_fn, time_budget_s=budget_s,
+        plan = tune_fn(model, workload.loss_fn, loader if loader is not None else workload.loader(),
+                       workload.optimizer_fn, time_budget_s=budget_s,
                        **_accepted(tune_fn, options))
     except Exception as exc:  # noqa: BLE001 - a tuner failure is reported in its row, the bench goes on
         return Candidate("tuned", "tuned", None, skip=f"the tuner failed: {type(exc).__name__}: {exc}")

@@ -34,6 +34,10 @@ def add_arguments(parser) -> None:
                         help="the device's dense bf16 peak in TFLOP/s for MFU, when it is not in the built-in table")
     parser.add_argument("--threads", type=int, metavar="N",
                         help="torch intra-op threads (default: torch's); 1 gives steadier CPU timings on a shared machine")
+    parser.add_argument("--data-files", type=int, metavar="N",
+                        help="data workload: how many small files nginx serves (default 256; --quick 96)")
+    parser.add_argument("--data-latency-ms", type=float, metavar="MS",
+                        help="data workload: nginx's wait before each response's first byte (default 20; --quick 5)")
     parser.add_argument("--seed", type=int, default=0)
 
 
@@ -44,7 +48,8 @@ def settings_from_args(args):
                                 ("min_trial_s", args.min_time)) if v is not None}
     common = dict(workloads=tuple(WORKLOADS) if args.workload == "all" else (args.workload,), scale=args.scale,
                   device=args.device, tune_budget_s=args.tune_budget, gpt_tokens=args.gpt_tokens,
-                  peak_tflops=args.peak_tflops, threads=args.threads, seed=args.seed, **chosen)
+                  peak_tflops=args.peak_tflops, threads=args.threads, seed=args.seed, data_files=args.data_files,
+                  data_latency_ms=args.data_latency_ms, **chosen)
     settings = BenchSettings.quick_run(**common) if args.quick else BenchSettings(**common)
     if args.no_compile:
         settings.compile = False

@@ -14,7 +14,9 @@ from .stats import FASTER, NOISE, SLOWER, UNVERIFIED
 __all__ = ["print_tables", "write_json", "markdown", "write_markdown", "write_plot", "summary_lines", "COLUMNS"]
 
 COLUMNS = ("plan", "throughput", "step", "spread", "speed-up", "call", "peak memory", "warm-up s cold / warm",
-           "loss first → final", "MFU")
+           "loss first → final", "bytes read", "MFU")
+# Shown only for the workloads that have them: MFU (GPT on a GPU), bytes read (the data workload).
+_OPTIONAL = {"bytes read": lambda r: bool(r.read_bytes), "MFU": lambda r: r.mfu is not None}
 
 
 def _fmt_bytes(n: int | None) -> str:
@@ -48,35 +50,44 @@ def _fmt_opt(value: float | None, fmt: str) -> str:
     return "-" if value is None else format(value, fmt)
 
 
-def _cells(row: Row, unit: str, show_mfu: bool) -> list[str]:
+def _cells(row: Row, unit: str, columns: tuple[str, ...]) -> list[str]:
     label = row.label + (" *" if row.note else "")
     if not row.measured:
         why = f"error: {row.error}" if row.error else f"skipped: {row.skip}"
-        cells = [label, why] + [""] * (len(COLUMNS) - 2)
-        return cells if show_mfu else cells[:-1]
+        return [label, why] + [""] * (len(columns) - 2)
     loss = f"{row.first_loss:.3f} → {row.final_loss:.3f}" + ("" if row.learning else " (not falling!)")
-    cells = [label, f"{row.units_per_s:,.0f} {unit}/s", _fmt_step(row.step_s), f"±{row.spread * 100:.0f}%",
-             _fmt_speedup(row), row.verdict or "-", _fmt_bytes(row.peak_memory_bytes),
-             f"{_fmt_opt(row.warmup_cold_s, '.2f')} / {_fmt_opt(row.warmup_warm_s, '.2f')}", loss,
-             "-" if row.mfu is None else f"{row.mfu * 100:.1f}%"]
-    return cells if show_mfu else cells[:-1]
+    cells = {"plan": label, "throughput": f"{row.units_per_s:,.0f} {unit}/s", "step": _fmt_step(row.step_s),
+             "spread": f"±{row.spread * 100:.0f}%", "speed-up": _fmt_speedup(row), "call": row.verdict or "-",
+             "peak memory": _fmt_bytes(row.peak_memory_bytes),
+             "warm-up s cold / warm": f"{_fmt_opt(row.warmup_cold_s, '.2f')} / {_fmt_opt(row.warmup_warm_s, '.2f')}",
+             "loss first → final": loss,
+             "bytes read": ", ".join(f"{scheme} {_fmt_bytes(n)}" for scheme, n in sorted(row.read_bytes.items())) or "-",
+             "MFU": "-" if row.mfu is None else f"{row.mfu * 100:.1f}%"}
+    return [cells[c] for c in columns]
+
+
+def _columns(w: WorkloadResult) -> tuple[str, ...]:
+    return tuple(c for c in COLUMNS if c not in _OPTIONAL or any(_OPTIONAL[c](r) for r in w.rows))
 
 
 def _title(w: WorkloadResult) -> str:
-    if w.pending:
-        return f"{w.name}: owed"
+    if w.skip:
+        return f"{w.name}: not run"
     size = f"{w.params / 1e6:.1f}M parameters" if w.params >= 1e5 else f"{w.params:,} parameters"
-    return f"{w.name} ({w.scale} scale, {size}, batch {w.batch_size})"
+    about = f"; {w.description}" if w.description else ""
+    return f"{w.name} ({w.scale} scale, {size}, batch {w.batch_size}{about})"
 
 
-def _show_mfu(w: WorkloadResult) -> bool:
-    return any(r.mfu is not None for r in w.rows)
+def _shown(w: WorkloadResult) -> list[Row]:
+    """Rows for the table: measured or failed (skipped ones are listed underneath)."""
+    return [r for r in w.rows if r.skip is None and (r.measured or r.error)]
 
 
-def _split(w: WorkloadResult) -> tuple[list[Row], list[Row]]:
-    """Rows for the table (measured or failed) and rows listed as skipped underneath."""
-    shown = [r for r in w.rows if r.skip is None and (r.measured or r.error)]
-    return shown, [r for r in w.rows if r.skip is not None]
+def _skipped_lines(w: WorkloadResult) -> list[str]:
+    """What is listed under a workload's table: why rows were not measured, or once why the workload was not."""
+    if w.skip:
+        return [f"skipped the whole workload: {w.skip}"]
+    return [f"skipped {row.label}: {row.skip}" for row in w.rows if row.skip is not None]
 
 
 def print_tables(result: BenchResult, console: Console | None = None) -> None:
@@ -84,19 +95,19 @@ def print_tables(result: BenchResult, console: Console | None = None) -> None:
     console.print(f"[bold]turbotrain bench[/] on {result.machine['summary']}, torch {result.machine['torch']}, "
                   f"{result.machine['date']}")
     for w in result.workloads:
-        shown, skipped = _split(w)
+        shown = _shown(w)
         if shown:
             table = Table(title=_title(w), title_justify="left")
-            for col in COLUMNS if _show_mfu(w) else COLUMNS[:-1]:
+            for col in _columns(w):
                 table.add_column(col, justify="left" if col == "plan" else "right")
             for row in shown:
                 style = {FASTER: "green", SLOWER: "red"}.get(row.verdict or "", None)
-                table.add_row(*_cells(row, w.unit, _show_mfu(w)), style=style if not row.error else "red")
+                table.add_row(*_cells(row, w.unit, _columns(w)), style=style if not row.error else "red")
             console.print(table)
         else:
             console.print(f"[bold]{_title(w)}[/]")
-        for row in skipped:
-            console.print(f"  [dim]skipped {row.label}: {row.skip}[/]")
+        for line in _skipped_lines(w):
+            console.print(f"  [dim]{line}[/]")
         for row in shown:
             if row.note:
                 console.print(f"  [dim]* {row.label}: {row.note}[/]")
@@ -118,19 +129,17 @@ def markdown(result: BenchResult) -> str:
              + f", {m.get('torch_threads')} threads; load average {m.get('load_average')}; {m['date']}.", ""]
     for w in result.workloads:
         lines += [f"### {_title(w)}", ""]
-        shown, skipped = _split(w)
+        shown = _shown(w)
         if shown:
-            cols = COLUMNS if _show_mfu(w) else COLUMNS[:-1]
+            cols = _columns(w)
             lines += ["| " + " | ".join(cols) + " |", "| " + " | ".join("---" for _ in cols) + " |"]
             for row in shown:
-                lines.append("| " + " | ".join(c.replace("|", "\\|") for c in _cells(row, w.unit, _show_mfu(w)))
-                             + " |")
+                lines.append("| " + " | ".join(c.replace("|", "\\|") for c in _cells(row, w.unit, cols)) + " |")
             lines.append("")
         for row in shown:
             if row.note:
                 lines.append(f"- \\* {row.label}: {row.note}")
-        for row in skipped:
-            lines.append(f"- skipped {row.label}: {row.skip}")
+        lines += [f"- {line}" for line in _skipped_lines(w)]
         lines.append("")
     lines += [f"- note: {note}" for note in result.notes]
     return "\n".join(lines).rstrip() + "\n"
@@ -177,7 +186,11 @@ def write_plot(result: BenchResult, path: str | os.PathLike) -> Path:
         ax.barh(labels, values, xerr=errors, color=[colours.get(r.verdict, "#9e9e9e") for r in bars], capsize=3)
         ax.axvline(1.0, color="black", linewidth=0.8)
         ax.invert_yaxis()
-        ax.set_title(f"{w.name}: speed-up over naive ({w.unit}/s); grey = within noise", fontsize=9)
+        log = max(highs) > 10  # the data workload's 100x next to 2x: on a linear axis the 2x bars vanish
+        if log:
+            ax.set_xscale("log")
+        ax.set_title(f"{w.name}: speed-up over naive ({w.unit}/s{', log scale' if log else ''}); grey = within noise",
+                     fontsize=9)
         ax.tick_params(labelsize=8)
     if not panels:
         axes[0, 0].text(0.5, 0.5, "no measured speed-ups", ha="center", va="center")
@@ -195,7 +208,13 @@ def summary_lines(result: BenchResult) -> list[str]:
     """One line per workload: the fast plan's speed-up (for logs and the CLI's last line)."""
     out: list[str] = []
     for w in result.workloads:
-        fast = next((r for r in w.rows if r.kind == "fast" and r.path == "resident" and r.measured), None)
-        if fast is not None and fast.speedup is not None:
-            out.append(f"{w.name}: fast plan {_fmt_speedup(fast)} ({fast.verdict}) over naive")
+        if w.skip:
+            out.append(f"{w.name}: not run ({w.skip})")
+            continue
+        # One line per path the fast plan ran on that has its own naive row (data: one per epoch).
+        fast = [r for r in w.rows if r.kind == "fast" and r.path != "loader" and r.measured and r.speedup is not None]
+        if fast:
+            calls = [f"{_fmt_speedup(r)} ({r.verdict})" + (f" in {r.path}" if r.path != "resident" else "")
+                     for r in fast]
+            out.append(f"{w.name}: fast plan {', '.join(calls)} over naive")
     return out

@@ -25,8 +25,7 @@ from torch import nn
 from ..hardware import Hardware, detect
 from ..measure import Trial, run_trial
 from ..plan import Plan
-from .ablation import (LOADER, PENDING_WORKLOADS, Candidate, candidates, pending_workload_rows,
-                       tuned_candidate)
+from .ablation import LOADER, Candidate, candidates, tuned_candidate
 from .anchors import compare_to_anchors
 from .peaks import mfu, peak_bf16_flops
 from .stats import compare, relative_spread
@@ -56,6 +55,8 @@ class BenchSettings:
     gpt_tokens: str = "bytes"        # "bytes" (loss falls) or "random" (GPT-2 vocabulary, uniform tokens)
     peak_tflops: float | None = None  # dense bf16 peak of the device when it is not in bench.peaks
     threads: int | None = None       # torch intra-op threads for the run (None: torch's default)
+    data_files: int | None = None    # data workload: files to serve (None: 256, --quick 96)
+    data_latency_ms: float | None = None  # data workload: nginx's wait before each first byte (None: 20, --quick 5)
 
     @classmethod
     def quick_run(cls, **overrides: Any) -> "BenchSettings":
@@ -70,6 +71,9 @@ class BenchSettings:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
         if self.min_trial_s < 0:
             raise ValueError(f"min_trial_s must be >= 0, got {self.min_trial_s}")
+        if (self.data_files is not None and self.data_files < 1) or (self.data_latency_ms or 0) < 0:
+            raise ValueError(f"data_files must be >= 1 and data_latency_ms >= 0, got {self.data_files} and "
+                             f"{self.data_latency_ms}")
         unknown = [w for w in self.workloads if w not in WORKLOADS]
         if unknown:
             raise ValueError(f"unknown workload(s) {unknown}; choose from {', '.join(WORKLOADS)}")
@@ -104,6 +108,7 @@ class Row:
     final_loss: float | None = None
     learning: bool | None = None                  # the loss fell over the trial and stayed finite
     mfu: float | None = None
+    read_bytes: dict[str, int] = field(default_factory=dict)  # data workload: bytes per URL scheme (first repeat)
     applied: list[str] = field(default_factory=list)
     plan_skipped: list[tuple[str, str]] = field(default_factory=list)
 
@@ -121,8 +126,9 @@ class WorkloadResult:
     params: int
     flops_per_token: float | None
     rows: list[Row]
-    steps: int = 0                                # measured steps per trial (after calibration)
-    pending: str | None = None                    # the workload is owed; its rows are skips
+    steps: int = 0                                # measured steps per trial (after calibration; data: per epoch)
+    description: str = ""                         # what the workload's data is, when the title does not say
+    skip: str | None = None                       # why the workload could not run at all; its rows are skips
 
 
 @dataclass
@@ -277,6 +283,10 @@ def _compare_rows(rows: list[Row]) -> None:
 def run_workload(name: str, settings: BenchSettings, hw: Hardware, progress: Progress = lambda msg: None,
                  tune_fn: Callable | None = None) -> WorkloadResult:
     scale = settings.scale if settings.scale != "auto" else ("gpu" if hw.is_cuda else "cpu")
+    if name == "data":
+        from .data_runner import run_data_workload  # it builds on this module's rows
+
+        return run_data_workload(settings, hw, scale, progress, tune_fn)
     options = {"tokens": settings.gpt_tokens} if name == "gpt" else {}
     wl = get_workload(name, scale, **options)
     model, _ = wl.build(settings.seed)
@@ -327,19 +337,16 @@ def run_workload(name: str, settings: BenchSettings, hw: Hardware, progress: Pro
                           flops, rows, steps=steps)
 
 
-def _pending_result(name: str) -> WorkloadResult:
-    rows = [_row_of(c) for c in pending_workload_rows(name)]
-    return WorkloadResult(name, "samples", "-", 0, 0, None, rows, pending=PENDING_WORKLOADS[name])
-
-
 def run_bench(settings: BenchSettings | None = None, progress: Progress = lambda msg: None,
               tune_fn: Callable | None = None) -> BenchResult:
     """Measure every workload in ``settings``; see ``docs/bench.md`` for what each column means."""
     settings = settings or BenchSettings()
     hw = detect(settings.device)
-    notes = [f"each trial: {settings.warmup} warm-up steps, then at least {settings.steps} measured steps (more when "
-             f"the naive plan would take under {settings.min_trial_s:g} s); {settings.repeats} interleaved repeats "
-             "per plan; a speed-up is called only when it exceeds the spread of the repeats"]
+    steps = ("" if settings.workloads == ("data",) else  # the data workload's trials are whole epochs (its own note)
+             f"each trial: {settings.warmup} warm-up steps, then at least {settings.steps} measured steps (more when "
+             f"the naive plan would take under {settings.min_trial_s:g} s); ")
+    notes = [f"{steps}{settings.repeats} interleaved repeats per plan; a speed-up is called only when it exceeds the "
+             "spread of the repeats"]
     if settings.quick:
         notes.append("--quick: compile rows and the tuned plan are skipped, trials are short")
     if not hw.is_cuda:
@@ -353,12 +360,10 @@ def run_bench(settings: BenchSettings | None = None, progress: Progress = lambda
         notes.append(f"the machine was busy with other work (load average {machine['load_average']} at the start, "
                      f"{machine['load_average_end']} at the end, on {hw.cpu_cores} cores): expect wide spreads"
                      + ("; --threads 1 keeps CPU timings steadier" if not hw.is_cuda and settings.threads != 1 else ""))
-    if set(settings.workloads) == set(WORKLOADS):
-        for name, why in PENDING_WORKLOADS.items():
-            if name in WORKLOADS:
-                continue  # it has arrived
-            results.append(_pending_result(name))
-            notes.append(f"owed: {why}")
+    if "data" in settings.workloads:
+        from .data_runner import data_notes  # it builds on this module's rows
+
+        notes += data_notes(results)
     if any(r.path == LOADER and r.measured for w in results for r in w.rows):
         notes.append("'data path' rows fetch every batch through the DataLoader and copy it to the device; "
                      "the other rows train on batches already on the device")

@@ -9,6 +9,8 @@
   smooth pattern plus noise), 32x32 on CPU; at ``scale="gpu"`` a Bottleneck ResNet-50 on
   224x224 images and 1000 classes. Unit: images.
 * ``mlp``: a tiny MLP on in-memory data, where the framework's own per-step cost dominates.
+* ``data``: many small image files behind a real nginx that is slow to answer, and a small conv
+  net (``bench/data_workload.py``). Unit: samples, per epoch.
 """
 
 from __future__ import annotations
@@ -142,13 +144,20 @@ def _mlp(scale: str) -> Workload:
                     lambda seed: vector_dataset(32 * 200, seed=seed), lr=1e-2)
 
 
-WORKLOADS: dict[str, Callable[[str], Workload]] = {"gpt": _gpt, "cnn": _cnn, "mlp": _mlp}
+def _data(scale: str, quick: bool = False, files: int | None = None, latency_ms: float | None = None) -> Workload:
+    from .data_workload import files_workload  # it builds on Workload, defined here
+
+    return files_workload(scale, quick=quick, files=files, latency_ms=latency_ms)
+
+
+WORKLOADS: dict[str, Callable[[str], Workload]] = {"gpt": _gpt, "cnn": _cnn, "mlp": _mlp, "data": _data}
 
 
 def get_workload(name: str, scale: str = "cpu", **options) -> Workload:
     """A reference workload by name; ``scale`` is 'cpu' (seconds per run) or 'gpu' (GPT-2 small, ResNet-50).
 
-    ``options`` go to the workload: ``gpt`` takes ``tokens='bytes'|'random'`` and ``vocab_size``.
+    ``options`` go to the workload: ``gpt`` takes ``tokens='bytes'|'random'`` and ``vocab_size``;
+    ``data`` takes ``quick``, ``files`` and ``latency_ms``.
     """
     try:
         factory = WORKLOADS[name]
