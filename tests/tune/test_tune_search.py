@@ -279,3 +279,14 @@ def test_a_compiled_candidate_is_measured_again_without_paying_for_a_second_comp
     row = _rows(result)["compile=True"]
     assert measure.calls.count(Plan(compile=True)) >= 2, row.reason
     assert row.status == "accepted", row.reason
+
+
+def test_switches_the_rules_recommend_are_timed_first():
+    """With a budget for one candidate, it goes to the switch the registry's rule recommends."""
+    clock = Clock()
+    bias = Switch("drop_conv_bias", "drop_conv_bias", (True,), Order.MODEL_LAYOUT)
+    precision = Switch("precision", "precision", ("bf16-mixed",), Order.MODEL_DTYPE, recommended=True)
+    measure = FakeMeasure({("precision", "bf16-mixed"): 0.5, ("drop_conv_bias", True): 0.99}, base_s=0.1, clock=clock)
+    search_plan(measure, Candidates(timed=[bias, precision]), time_budget_s=60, clock=clock)
+    tried = [p for p in measure.calls if p != Plan()]
+    assert tried and tried[0] == Plan(precision="bf16-mixed")

@@ -61,6 +61,7 @@ class Switch:
     values: tuple[Any, ...]
     order: int
     expensive: bool = False    # compiles: tried after the cheap switches, within the budget
+    recommended: bool = False  # the registry's rule picks it here: timed first, while the budget is fresh
 
     @property
     def interacts_with_compile(self) -> bool:
@@ -132,7 +133,8 @@ def build_candidates(hw: Hardware, info: ModelInfo, base: Plan, include: Iterabl
                 why = reason
         if allowed:
             out.timed.append(Switch(entry.name, entry.field, tuple(allowed), entry.order,
-                                    expensive=entry.field == "compile"))
+                                    expensive=entry.field == "compile",
+                                    recommended=entry.recommend(hw, info) not in (None, getattr(Plan(), entry.field))))
         else:
             out.left_out.append((entry.name, why or "not supported here"))
     return out

@@ -2,7 +2,7 @@
 
 1. The naive plan is timed first; its per-step losses are the numerics reference.
 2. Each cheap switch (precision, fused optimizer, layout, ...) is tried on top of the best
-   plan so far. Every comparison is paired: the plan it is added to is timed right before it,
+   plan so far, those the registry's rules recommend here first. Every comparison is paired: the plan it is added to is timed right before it,
    so both see the same machine load (a shared machine's load drifts by multiples within
    seconds). A switch is kept when it passes the numerics guard and is faster by ``min_gain``
    in two such pairs (a pair measured through a load burst is measured again instead). A
@@ -270,7 +270,9 @@ class _Search:
     def run(self) -> SearchResult:
         self.baseline()
         current = self.base
-        cheap = [s for s in self.candidates.timed if not s.expensive]
+        # The switches the registry's rules recommend are the likeliest wins: time them first, so
+        # a tight budget runs out on the long shots (a plan applies switches in registry order anyway).
+        cheap = sorted((s for s in self.candidates.timed if not s.expensive), key=lambda s: not s.recommended)
         for switch in cheap:
             current = self.best_of(switch, current, "switch")
         for switch in (s for s in self.candidates.timed if s.expensive):
