@@ -47,7 +47,7 @@ class BenchSettings:
     batches: int = 4                 # distinct batches cycled by resident-path trials
     compile: bool = True             # measure plans that use torch.compile
     tune: bool = True                # add the tuned plan when turbotrain.tune is installed
-    tune_budget_s: float = 30.0
+    tune_budget_s: float = 60.0
     scale: str = "auto"              # "cpu", "gpu" (GPT-2 small, ResNet-50), "auto": gpu when on CUDA
     device: str = "auto"
     seed: int = 0
