@@ -22,3 +22,13 @@ def test_demo_tunes_then_trains_the_tuned_plan():
     assert tuned.throughput > 0 and tuned.final_loss < tuned.first_loss
     text = console.export_text()
     assert "tuned in" in text and "x naive in its own trials" in text and "naive vs fast vs tuned plan" in text
+
+
+def test_demo_diagnoses_the_plain_loop_first():
+    """doctor -> train: the plain loop of the workload is diagnosed before it is trained."""
+    console = Console(record=True, width=160)
+    rows = run_demo(("mlp",), steps=20, console=console, diagnose=True)
+    assert [r.plan_name for r in rows] == ["naive", "fast"]
+    text = console.export_text()
+    assert "mlp  doctor: a plain loop takes" in text and "bottleneck: " in text
+    assert text.index("doctor:") < text.index("mlp  naive")

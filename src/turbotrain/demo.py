@@ -1,5 +1,9 @@
-"""``turbotrain demo``: the reference workloads trained with the naive plan, the fast plan (by rule)
-and, when a tuning budget is given, the tuned plan (measured on the workload by ``tt.tune``)."""
+"""``turbotrain demo``: doctor -> tune -> train on the reference workloads.
+
+Each workload's plain loop is diagnosed first (``tt.doctor.watch``: the bottleneck and what the
+findings say the fixes buy), then, with a tuning budget, ``tt.tune`` measures the fastest plan;
+then the workload is trained with the naive plan, the fast plan (by rule) and the tuned plan.
+"""
 
 from __future__ import annotations
 
@@ -29,6 +33,33 @@ class DemoRow:
     skipped: list[tuple[str, str]]
 
 
+def _diagnose(workload: str, seed: int, steps: int, console: Console) -> None:
+    """A plain PyTorch loop over the workload under the doctor; its bottleneck and top findings."""
+    from .doctor import watch  # only the demo's first stage needs the doctor
+
+    wl = get_workload(workload)
+    model, optimizer = wl.build(seed)
+    with watch(steps=steps, warmup=2, what_if_budget_s=15, print_report=False) as doctor:
+        for _ in range(100):  # epochs; the doctor ends the block once it has measured its steps
+            for inputs, targets in wl.loader(seed=seed):
+                loss = wl.loss_fn(model(inputs), targets)
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+    report = doctor.report
+    step_ms = (report.to_dict().get("step_time_ms") or {}).get("median")
+    took = f"takes {step_ms:.1f} ms a step" if step_ms else "was not measured"
+    console.print(f"  {workload:4s} doctor: a plain loop {took}; bottleneck: {report.bottleneck}")
+    # What the doctor found to buy something, biggest first (a what-if that measured slower is the tuner's to skip).
+    ranked = sorted((f for f in report.findings if (f.est_speedup or 1.0) > 1.0), key=lambda f: -f.est_speedup)
+    for finding in ranked[:3]:
+        console.print(f"       {finding.severity:6s} {finding.rule} (x{finding.est_speedup:.2f}"
+                      f"{', measured' if finding.measured else ', estimated'})"
+                      f"{' -> speed-up ' + repr(finding.speedup) if finding.speedup else ''}")
+    if not ranked:
+        console.print("       no fix measured or estimated to pay here")
+
+
 def _tuned_plan(workload: str, seed: int, budget_s: float, console: Console) -> tuple[Plan, str]:
     """The plan ``tt.tune`` measures fastest on this workload (its table printed), and a one-line verdict."""
     from .tune.api import tune_report  # the tuner is only needed when the demo tunes
@@ -55,14 +86,18 @@ def _train(workload: str, plan_name: str, steps: int, seed: int, plan: Plan | No
 
 
 def run_demo(workloads: tuple[str, ...] = ("gpt", "cnn"), steps: int = 60, seed: int = 0,
-             console: Console | None = None, tune_budget_s: float = 0.0) -> list[DemoRow]:
+             console: Console | None = None, tune_budget_s: float = 0.0, diagnose: bool = False) -> list[DemoRow]:
     """Train each workload with the naive and the fast plan and, with ``tune_budget_s > 0``,
-    with the plan ``tt.tune`` finds in that many seconds; print one table of all runs."""
+    with the plan ``tt.tune`` finds in that many seconds; print one table of all runs.
+    ``diagnose=True`` runs the doctor on a plain loop of each workload first."""
     console = console or Console()
     hw = detect()
     console.print(f"[bold]turbotrain demo[/] on {hw.summary()}, torch {torch.__version__}")
     rows: list[DemoRow] = []
     for name in workloads:
+        if diagnose:
+            with console.status(f"diagnosing a plain {name} loop..."):
+                _diagnose(name, seed, 10, console)
         plans: list[tuple[str, Plan | None]] = [("naive", None), ("fast", None)]
         if tune_budget_s > 0:
             console.print(f"[bold]tuning {name}[/] (budget {tune_budget_s:.0f}s)")
