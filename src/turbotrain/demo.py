@@ -47,8 +47,7 @@ def _diagnose(workload: str, seed: int, steps: int, console: Console) -> None:
                 loss.backward()
                 optimizer.step()
     report = doctor.report
-    step_ms = (report.to_dict().get("step_time_ms") or {}).get("median")
-    took = f"takes {step_ms:.1f} ms a step" if step_ms else "was not measured"
+    took = f"takes {report.breakdown.median_s * 1e3:.1f} ms a step" if report.bottleneck else "was not measured"
     console.print(f"  {workload:4s} doctor: a plain loop {took}; bottleneck: {report.bottleneck}")
     # What the doctor found to buy something, biggest first (a what-if that measured slower is the tuner's to skip).
     ranked = sorted((f for f in report.findings if (f.est_speedup or 1.0) > 1.0), key=lambda f: -f.est_speedup)

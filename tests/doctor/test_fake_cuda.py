@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import pytest
-
-from doctor_helpers import cached_report, run_doctor
 from turbotrain.doctor.context import build_context
 from turbotrain.doctor.recorder import Recorder
 from turbotrain.doctor.records import Tally
@@ -20,8 +17,6 @@ from turbotrain.doctor.sites import Site
 from turbotrain.hardware import detect
 
 from doctor_helpers import script
-
-SEVERITY = {"low": 0, "medium": 1, "high": 2}
 
 
 def fake_cuda(gpus: int = 1):

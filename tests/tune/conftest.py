@@ -1,13 +1,11 @@
-"""Fixtures for the tuner's tests."""
+"""Fixtures for the tuner's tests (the root conftest already gives every test a private cache)."""
 
 from __future__ import annotations
 
 import pytest
 
 
-@pytest.fixture(autouse=True)
-def isolated_cache(tmp_path, monkeypatch):
-    """Every test gets its own tune cache, never the user's ~/.cache."""
-    folder = tmp_path / "cache"
-    monkeypatch.setenv("TURBOTRAIN_CACHE", str(folder))
-    return folder / "tune"
+@pytest.fixture
+def isolated_cache(tmp_path):
+    """Where this test's tune cache lives: the root conftest points TURBOTRAIN_CACHE at it."""
+    return tmp_path / "turbotrain-cache" / "tune"

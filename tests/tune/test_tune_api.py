@@ -142,15 +142,8 @@ def test_cache_key_follows_structure_shape_and_options_not_weights():
                             {"budget": 30})
 
 
-def test_compile_is_timed_with_its_compile_time_reported_apart(monkeypatch):
+def test_compile_is_timed_with_its_compile_time_reported_apart():
     """The one real compile in the default suite: a tiny MLP, compile only."""
-    import torch._functorch.config as functorch_config
-    import torch._inductor.config as inductor_config
-
-    # An identical graph compiled earlier in the session (the demo tunes a tiny MLP too) would be
-    # answered from Inductor's on-disk caches in milliseconds: this test wants a real compile.
-    monkeypatch.setattr(inductor_config, "fx_graph_cache", False)
-    monkeypatch.setattr(functorch_config, "enable_autograd_cache", False)
     result = tune_report(tiny_mlp(), loss_fn, tiny_loader(), adamw, 120, include=("compile",),
                          find_num_workers=False, verbose=False)
     row = _row(result, "compile=True")

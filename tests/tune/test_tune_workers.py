@@ -50,7 +50,7 @@ def test_stops_once_more_workers_no_longer_improve():
     fake, calls = _fake([100, 102, 180, 185, 186, 300, 400])
     result = find_num_workers(tiny_loader(), device_type="cpu", max_workers=6, time_loader_fn=fake)
     assert result.num_workers == 2 and calls == [0, 1, 2, 3, 4]   # 1 forgiven; 3 and 4 bring < 10%
-    assert "no" not in result.bound_by and result.stopped_by.startswith("2 more worker count(s)")
+    assert result.bound_by == "max_workers=6" and result.stopped_by.startswith("2 more worker count(s)")
 
 
 def test_stops_when_the_loader_outpaces_training_and_respects_bounds():

@@ -98,11 +98,12 @@ def print_tables(result: BenchResult, console: Console | None = None) -> None:
         shown = _shown(w)
         if shown:
             table = Table(title=_title(w), title_justify="left")
-            for col in _columns(w):
+            cols = _columns(w)
+            for col in cols:
                 table.add_column(col, justify="left" if col == "plan" else "right")
             for row in shown:
                 style = {FASTER: "green", SLOWER: "red"}.get(row.verdict or "", None)
-                table.add_row(*_cells(row, w.unit, _columns(w)), style=style if not row.error else "red")
+                table.add_row(*_cells(row, w.unit, cols), style=style if not row.error else "red")
             console.print(table)
         else:
             console.print(f"[bold]{_title(w)}[/]")

@@ -35,7 +35,6 @@ class SiteStat:
     per_step: float
     seconds_per_step: float
     bytes_per_step: float
-    steps_with: int
     detail: dict
 
 
@@ -96,7 +95,7 @@ class Context:
             if not kind.startswith(kind_prefix):
                 continue
             count, seconds, nbytes = tally.per_step(steps)
-            out.append(SiteStat(kind, site, count, seconds, nbytes, tally.steps_with_events(steps), tally.detail))
+            out.append(SiteStat(kind, site, count, seconds, nbytes, tally.detail))
         return sorted(out, key=lambda s: (-s.seconds_per_step, -s.per_step))
 
     def seen(self, kind_prefix: str) -> list[tuple[str, Site, Tally]]:
@@ -127,10 +126,6 @@ class Context:
     @property
     def written_for_gpu(self) -> bool:
         return any(src.mentions_cuda for src in self.sources.values())
-
-    @property
-    def main_source(self) -> SourceIndex | None:
-        return self.sources.get(self.script) if self.script else None
 
 
 def _user_files(script: str | None, tallies: dict, module_sites: dict) -> list[str]:

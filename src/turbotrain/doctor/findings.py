@@ -34,10 +34,6 @@ def speedup_from_share(share: float) -> float:
     return 1.0 / (1.0 - share)
 
 
-def share_from_speedup(speedup: float) -> float:
-    return 1.0 - 1.0 / speedup if speedup > 0 else 0.0
-
-
 def speedup_for_rule(rule: str, field: str | None = None) -> str | None:
     """The registry entry (``turbotrain.speedups``) that answers ``rule``, if any."""
     from ..speedups.registry import all_speedups

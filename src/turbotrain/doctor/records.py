@@ -79,11 +79,10 @@ class StepRecord:
 class Tally:
     """Per-step counts, seconds and bytes of one kind of event at one site."""
 
-    __slots__ = ("by_step", "first_step", "detail")
+    __slots__ = ("by_step", "detail")
 
     def __init__(self) -> None:
         self.by_step: dict[int, list[float]] = defaultdict(lambda: [0, 0.0, 0])
-        self.first_step: int | None = None
         self.detail: dict[str, Any] = {}
 
     def add(self, step: int, seconds: float = 0.0, nbytes: int = 0) -> None:
@@ -91,8 +90,6 @@ class Tally:
         cell[0] += 1
         cell[1] += seconds
         cell[2] += nbytes
-        if self.first_step is None:
-            self.first_step = step
 
     def total(self, steps: Iterable[int]) -> tuple[int, float, int]:
         count, seconds, nbytes = 0, 0.0, 0
@@ -110,9 +107,6 @@ class Tally:
             return 0.0, 0.0, 0.0
         count, seconds, nbytes = self.total(steps)
         return count / len(steps), seconds / len(steps), nbytes / len(steps)
-
-    def steps_with_events(self, steps: Iterable[int]) -> int:
-        return sum(1 for s in steps if self.by_step.get(s, (0,))[0])
 
 
 @dataclass

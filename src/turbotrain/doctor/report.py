@@ -69,9 +69,6 @@ class Report:
     def bottleneck(self) -> str | None:
         return self.breakdown.bottleneck if self.breakdown and self.breakdown.steps else None
 
-    def findings_at(self, *severities: str) -> list[Finding]:
-        return [f for f in self.findings if f.severity in severities]
-
     def rules(self) -> set[str]:
         return {f.rule for f in self.findings}
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import linecache
 import os
-import sys
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
@@ -116,9 +115,3 @@ def source_lines(filename: str, line: int, context: int = 2) -> list[tuple[int, 
     return out
 
 
-def frame_of_caller(skip: int = 2) -> FrameType | None:
-    """The frame ``skip`` levels above the function calling this one."""
-    try:
-        return sys._getframe(skip)
-    except ValueError:
-        return None

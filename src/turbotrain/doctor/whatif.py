@@ -19,6 +19,7 @@ trial models gets faster), which sets the finding's severity and ``est_speedup``
 
 from __future__ import annotations
 
+import math
 import copy
 import logging
 import time
@@ -205,7 +206,7 @@ def _plan_trials(ctx, findings: list[Finding], budget: Budget, allow_compile: bo
             f.note = f"Not measured: {why}. {f.note or ''}".strip()
             continue
         f.what_if = {"kind": "plan", "changes": changes, "candidate_ms": round(typical_s(trial) * 1e3, 3),
-                     "steps": trials.steps, "losses_finite": all(map(_finite, trial.losses))}
+                     "steps": trials.steps, "losses_finite": all(map(math.isfinite, trial.losses))}
         if changes.get("compile"):
             f.what_if["compile_s"] = round(trial.warmup_s, 2)
             f.note = f"Compiling took {trial.warmup_s:.1f} s (once per run)."
@@ -231,10 +232,6 @@ def _entry_for_field(field: str) -> str:
         return by_field(field).name
     except KeyError:
         return field
-
-
-def _finite(x: float) -> bool:
-    return x == x and abs(x) != float("inf")
 
 
 def _repeat_batch(capture, k: int) -> tuple:

@@ -12,7 +12,7 @@ one short ``run_trial`` on the user's model, with the sample batch tiled to that
   (default: what is resident now plus what the system reports available), less the margin.
 
 Call it with the plan training will use: compile and precision change how much memory a
-step needs (``tt.tune`` re-runs it under compile when compile is chosen).
+step needs (``tt.tune`` runs it with the chosen plan, compile included).
 """
 
 from __future__ import annotations
@@ -121,7 +121,7 @@ def find_batch_size(model: torch.nn.Module, optimizer_fn: Callable, loss_fn: Cal
                               else host_memory_budget())
     usable = memory_limit_bytes * (1 - margin)
     real = measure is None
-    if measure is None:
+    if real:
         def measure(size: int) -> Trial:
             return run_trial(model, optimizer_fn, loss_fn, [resize_batch(batch, size)], plan, steps=1, warmup=1,
                              step_fn=step_fn)

@@ -180,7 +180,7 @@ class _Search:
         row.peak_memory_bytes = trial.peak_memory_bytes
         if plan.compile is not False and trial.ok:
             row.compile_s = self._compile_s(trial)
-        if trial.error or not trial.ok:
+        if not trial.ok:
             row.reason = f"failed: {trial.error or 'no steps completed'}"
             return row
         row.step_s, row.samples_per_s = trial.step_s, trial.samples_per_s
@@ -255,12 +255,11 @@ class _Search:
         # Size the trials so each takes about budget/60 seconds (0.5 to 4 s) of steady state.
         target = min(4.0, max(0.5, self.budget_s / 60))
         steps = int(min(_MAX_STEPS, max(_MIN_STEPS, round(target / max(trial.step_s, 1e-6)))))
-        if steps > self.steps:
-            self.steps = steps
+        first_steps, self.steps = self.steps, steps
+        if steps > first_steps:
             trial = self.measure(self.base, self.steps, self.warmup)  # the reference needs as many losses
             if not trial.ok:
                 raise TuneError(f"the naive plan fails on this model: {trial.error}")
-        self.steps = steps
         self.times[self.base] = list(trial.step_times_s)
         self.recent_step_s = trial.step_s
         self.reference = trial.losses
