@@ -64,6 +64,18 @@ def _memory_bytes() -> int:
         return 0
 
 
+def read_proc_kib(path: str, key: str) -> int | None:
+    """A ``Key:  123 kB`` field of a /proc file (self/status, meminfo) in KiB; None where there is none."""
+    try:
+        with open(path) as fh:
+            for line in fh:
+                if line.startswith(key):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
 def _usable_cores() -> int:
     try:
         return len(os.sched_getaffinity(0))

@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import torch
 from torch import nn
 
+from .hardware import read_proc_kib
 from .plan import Plan
 from .runtime import prepare
 from .data import stats as read_stats
@@ -77,14 +78,8 @@ class Trial(_Outcome):
 
 def peak_host_memory() -> int | None:
     """This process's peak resident memory (VmHWM) in bytes, or None where unavailable."""
-    try:
-        with open("/proc/self/status") as fh:
-            for line in fh:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
+    kib = read_proc_kib("/proc/self/status", "VmHWM:")
+    return kib * 1024 if kib is not None else None
 
 
 def _reset_host_peak() -> None:
@@ -96,9 +91,10 @@ def _reset_host_peak() -> None:
 
 
 @contextlib.contextmanager
-def preserved_state(*modules_and_optimizers: Any) -> Iterator[None]:
-    """Restore RNGs, backend flags and the given models'/optimizers' state dicts on exit."""
-    saved_rng = rng.capture()
+def preserved_state(*modules_and_optimizers: Any, generators: Sequence[torch.Generator] = ()) -> Iterator[None]:
+    """Restore RNGs (the global ones and ``generators``), backend flags and the given models'/optimizers'
+    state dicts on exit."""
+    saved_rng = rng.capture(generators)
     flags = (torch.backends.cudnn.benchmark, torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
     saved = [(obj, copy.deepcopy(obj.state_dict())) for obj in modules_and_optimizers]
     try:
@@ -107,7 +103,7 @@ def preserved_state(*modules_and_optimizers: Any) -> Iterator[None]:
         for obj, state in saved:
             obj.load_state_dict(state)
         torch.backends.cudnn.benchmark, torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = flags
-        rng.restore(saved_rng)
+        rng.restore(saved_rng, generators)
 
 
 def _on_a_copy(trial: _Outcome, model: nn.Module, optimizer_fn: Callable, plan: Plan, seed: int,

@@ -22,6 +22,7 @@ from .data.prefetch import DeviceLoader
 from .data.transfer import move_batch
 from .hardware import Hardware, detect, resolve_device
 from .plan import Plan
+from .speedups.set_to_none import zero_grad
 
 __all__ = ["Runtime", "prepare"]
 
@@ -82,7 +83,7 @@ class Runtime:
             self.scaler.step(optimizer)
         else:
             optimizer.step()
-        optimizer.zero_grad(set_to_none=self.set_to_none)
+        zero_grad(optimizer, self.set_to_none)
 
     def end_step(self) -> None:
         """Once per training step, after every optimizer stepped: adjust the loss scale."""

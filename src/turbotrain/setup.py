@@ -21,6 +21,7 @@ from torch import nn
 
 from .plan import Plan
 from .runtime import Runtime, prepare
+from .speedups.set_to_none import zero_grad
 
 __all__ = ["setup", "SetupModel", "SetupOptimizer"]
 
@@ -72,7 +73,7 @@ class SetupOptimizer:
         return True
 
     def zero_grad(self, set_to_none: bool | None = None) -> None:
-        self.optimizer.zero_grad(set_to_none=self._rt.set_to_none if set_to_none is None else set_to_none)
+        zero_grad(self.optimizer, self._rt.set_to_none if set_to_none is None else set_to_none)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.optimizer, name)

@@ -179,3 +179,49 @@ def test_fp16_gradscaler_skips_are_reported_not_hidden(tmp_path):
                         max_steps=10, progress=False).fit(loader)
     assert result.skipped_steps >= 1 and result.history[-1]["skipped_steps"] == result.skipped_steps
     assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_deferred_stop_raises_before_the_next_checkpoint_and_none_holds_the_bad_step(tmp_path):
+    """A GPU without fused optimizers reads the verdict at the logging cadence and before each
+    checkpoint, not per step. Exercised on the CPU by putting the guard on that path."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01, foreach=True)
+    poison = Poison(3, "grad", math.nan)
+    model[0].weight.register_hook(poison.hook)
+    x = torch.randn(96, 8, generator=torch.Generator().manual_seed(1))
+    loader = DataLoader(TensorDataset(x, x[:, :3].argmax(1)), batch_size=4)
+    trainer = tt.Trainer(model, opt, step_fn=poison.step_fn(1), plan=tt.Plan(device="cpu"), max_steps=20,
+                         log_every_n_steps=10, checkpoint_dir=str(tmp_path), checkpoint_every_n_steps=2,
+                         progress=False)
+    assert not trainer.guard.deferred  # the CPU reads every verdict at once
+    trainer.guard.on_host, trainer.guard.deferred = False, True
+    with pytest.raises(tt.NonFiniteError, match="at step 3; the weights in memory hold") as err:
+        trainer.fit(loader)
+    assert err.value.step == 3
+    assert not all(torch.isfinite(p).all() for p in model.parameters())  # the update happened...
+    saved = [load_checkpoint(path) for path in list_checkpoints(tmp_path)]
+    assert [s["step"] for s in saved] == [2]  # ...but the step-4 checkpoint was refused
+    assert all(torch.isfinite(t).all() for t in saved[0]["model"].values())
+
+
+@pytest.mark.gpu
+def test_stop_mode_on_a_gpu_without_fused_optimizers_syncs_only_at_the_logging_cadence(tmp_path):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3)).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01, foreach=True)
+    x = torch.randn(96, 8, generator=torch.Generator().manual_seed(1), device="cuda")
+    loader = DataLoader(TensorDataset(x, x[:, :3].argmax(1)), batch_size=4)
+    trainer = tt.Trainer(model, opt, F.cross_entropy, plan=tt.Plan(device="cuda"), max_steps=24,
+                         log_every_n_steps=12, progress=False)
+    assert trainer.guard.deferred
+    import warnings
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            trainer.fit(loader)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    syncs = [w for w in caught if "synchroniz" in str(w.message)]
+    assert len(syncs) < 12, [str(w.message) for w in syncs]  # a few per log, never one per step

@@ -148,5 +148,6 @@ def test_compile_is_timed_with_its_compile_time_reported_apart():
                          find_num_workers=False, verbose=False)
     row = _row(result, "compile=True")
     assert row.status in ("accepted", "rejected"), row.reason
-    assert row.compile_s is not None and row.compile_s > 0.2      # compiling takes seconds
-    assert row.step_s < row.compile_s                             # steady state is timed apart from it
+    # Inductor's on-disk cache can make a repeat compile take well under a second, so no floor here.
+    assert row.compile_s is not None and row.compile_s > 0
+    assert row.step_s * 10 < row.compile_s                        # steady state is timed apart from it

@@ -81,34 +81,17 @@ def optimizer_overhead_s(optimizers: list[Any], optimizer_s: float, device: str)
     return max(0.0, optimizer_s - work)
 
 
-def _grow(x: Any, n: int, k: int) -> Any:
-    if isinstance(x, torch.Tensor) and x.dim() and x.shape[0] == n:
-        return torch.cat([x] * k)
-    if isinstance(x, (list, tuple)):
-        return type(x)(_grow(v, n, k) for v in x)
-    if isinstance(x, dict):
-        return {key: _grow(v, n, k) for key, v in x.items()}
-    return x
-
-
 def fixed_cost_share(capture: Any, budget_s: float = 3.0) -> dict[str, float] | None:
     """Share of forward+backward time that does not grow with the batch, measured on a model copy."""
-    from .whatif import surrogate_step
+    from .whatif import repeat_batch, surrogate_step, time_once
 
     model = copy.deepcopy(capture.module)
-    n = capture.batch_size
     single = (capture.args, capture.kwargs)
-    double = (_grow(capture.args, n, 2), _grow(capture.kwargs, n, 2))
+    double = repeat_batch(capture, 2)
     cuda = any(p.is_cuda for p in model.parameters())
 
     def timed(batch) -> float:
-        if cuda:
-            torch.cuda.synchronize()
-        started = time.perf_counter()
-        surrogate_step(model, batch).backward()
-        if cuda:
-            torch.cuda.synchronize()
-        return time.perf_counter() - started
+        return time_once(lambda: surrogate_step(model, batch).backward(), cuda)
 
     try:
         first = timed(single)

@@ -234,7 +234,8 @@ def _entry_for_field(field: str) -> str:
         return field
 
 
-def _repeat_batch(capture, k: int) -> tuple:
+def repeat_batch(capture, k: int) -> tuple:
+    """The captured (args, kwargs) with every batch-sized tensor repeated ``k`` times along dim 0."""
     n = capture.batch_size
 
     def grow(x):
@@ -258,7 +259,7 @@ def _batch_trial(ctx, finding: Finding, budget: Budget) -> None:
     if not budget.allows(trials.cost * 3):
         return
     base = trials.trial(trials.base_plan)
-    big = trials.trial(trials.base_plan, batches=[_repeat_batch(ctx.capture, k)])
+    big = trials.trial(trials.base_plan, batches=[repeat_batch(ctx.capture, k)])
     if not (base.ok and big.ok):
         finding.note = f"Not measured: {base.error or big.error}. {finding.note or ''}".strip()
         return
@@ -323,7 +324,8 @@ def _loader_trial(ctx, finding: Finding, budget: Budget) -> None:
                     "max(the rest of the step, one batch's loading time). Workers share the CPU with training.")
 
 
-def _once(fn: Callable[[], None], cuda: bool) -> float:
+def time_once(fn: Callable[[], None], cuda: bool) -> float:
+    """Seconds for one call of ``fn``, the device's queued work included."""
     if cuda:
         torch.cuda.synchronize()
     started = time.perf_counter()
@@ -342,8 +344,8 @@ def _time_pair(finding: Finding, slow: Callable[[], None], fast: Callable[[], No
         fast()
         t_slow = t_fast = float("inf")
         for _ in range(repeats):
-            t_slow = min(t_slow, _once(slow, cuda))
-            t_fast = min(t_fast, _once(fast, cuda))
+            t_slow = min(t_slow, time_once(slow, cuda))
+            t_fast = min(t_fast, time_once(fast, cuda))
         return t_slow, t_fast
     except Exception as exc:  # noqa: BLE001 - a model that cannot run this way: the finding stays estimated
         finding.note = f"Not measured: {type(exc).__name__}: {exc}"

@@ -2,11 +2,27 @@
 
 from __future__ import annotations
 
+import torch
+
 from .registry import BenchEntry, Order, Speedup, register
 
+_TORCH_ZERO_GRAD = torch.optim.Optimizer.zero_grad
 
-def zero_grad(optimizer, set_to_none: bool = True) -> None:
-    """With set_to_none the next backward allocates fresh gradients instead of adding to zeros."""
+
+def zero_grad(optimizer: torch.optim.Optimizer, set_to_none: bool = True) -> None:
+    """With set_to_none the next backward allocates fresh gradients instead of adding to zeros.
+
+    For torch's own optimizers this drops the gradients directly: the same effect as
+    ``optimizer.zero_grad()``, without its per-call profiler range and compiler guard, which
+    cost about 8 us (a tiny model's step is 0.25 ms). A subclass with its own ``zero_grad``, a
+    running profiler (whose trace keeps the label) and set_to_none=False go through torch.
+    """
+    if (set_to_none and type(optimizer).zero_grad is _TORCH_ZERO_GRAD
+            and not torch.autograd._profiler_enabled()):
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                p.grad = None
+        return
     optimizer.zero_grad(set_to_none=set_to_none)
 
 

@@ -1,12 +1,17 @@
-"""The non-finite guard: a NaN/inf loss or gradient never reaches the weights.
+"""The non-finite guard: a NaN/inf loss or gradient never reaches the weights or a checkpoint.
 
 Before every optimizer step one fused kernel (the one GradScaler uses) checks the loss and
 all gradients. On the CPU the verdict is read right away (no device to wait for). On a GPU
-it stays on the device when every optimizer is fused: the flag goes to the fused kernel,
-which then leaves the weights untouched, and the host reads it only at the logging cadence.
-Other optimizers on a GPU need the verdict on the host, one sync per step; the guard says
-so once. Under fp16-mixed the GradScaler already skips such steps and the guard only
-reports how many it skipped.
+the flag stays on the device and the host reads it only at the logging cadence and before
+each checkpoint:
+- every optimizer fused: the flag goes to the fused kernel, which leaves the weights
+  untouched, so stop and skip are exact without a sync;
+- otherwise, in "stop" mode, the bad update happens, training stops at the next read naming
+  the first bad step, and no checkpoint holds that step (the read comes before each save);
+- otherwise, in "skip" mode, the verdict is needed before the step: one sync per step,
+  said once at the start.
+Under fp16-mixed the GradScaler already skips such steps and the guard only reports how
+many it skipped.
 """
 
 from __future__ import annotations
@@ -24,10 +29,12 @@ log = logging.getLogger("turbotrain")
 class NonFiniteError(FloatingPointError):
     """Training stopped at a step whose loss or gradients were NaN or infinite."""
 
-    def __init__(self, step: int, where: str = "loss or gradients"):
+    def __init__(self, step: int, where: str = "loss or gradients", *, reached_weights: bool = False):
         self.step = step
+        weights = ("the weights in memory hold that step's update, no checkpoint does (resume from the last one)"
+                   if reached_weights else "no update from that step reached the weights")
         super().__init__(
-            f"non-finite {where} at step {step}; no update from that step reached the weights. "
+            f"non-finite {where} at step {step}; {weights}. "
             "Try a lower learning rate, gradient clipping (gradient_clip_val=1.0), bf16 instead of fp16, or "
             "on_nonfinite='skip' to skip such steps.")
 
@@ -43,6 +50,8 @@ class FiniteGuard:
         self.on_host = device.type != "cuda"
         self.on_device_skip = (not self.on_host and bool(optimizers) and all(
             getattr(opt, "_step_supports_amp_scaling", False) for opt in optimizers))
+        # Stop mode on a GPU without fused optimizers: read the flag at the logging cadence, not per step.
+        self.deferred = not self.on_host and not self.on_device_skip and scaler is None and mode == "stop"
         self.found = torch.zeros((), device=device)
         self.one = torch.ones((), device=device)
         self.skipped = 0
@@ -51,8 +60,8 @@ class FiniteGuard:
         # The scale before any step (no device sync: the scaler has not made its tensor yet), so
         # the GradScaler's skips before the first report are counted too.
         self._last_scale: float | None = float(scaler.get_scale()) if scaler is not None else None
-        if scaler is None and not self.on_host and not self.on_device_skip and mode != "ignore":
-            log.info("turbotrain: the non-finite guard reads one flag per step on the host (a device sync) "
+        if scaler is None and not self.on_host and not self.on_device_skip and mode == "skip":
+            log.info("turbotrain: on_nonfinite='skip' reads one flag per step on the host (a device sync) "
                      "because an optimizer is not fused; fused_optimizer=True keeps it on the device")
 
     def check(self, loss: torch.Tensor | float | None, step: int) -> bool:
@@ -67,15 +76,15 @@ class FiniteGuard:
         self.found.zero_()
         for group in self.param_groups:
             grads = [p.grad for p in group if p.grad is not None]
-            if loss is not None and grads and grads[0].dtype == loss.dtype:
+            if isinstance(loss, torch.Tensor) and grads and grads[0].dtype == loss.dtype:
                 grads.append(loss.reshape(()))  # the loss rides along in the same kernel
                 loss = None
             if grads:
                 # One kernel over every gradient; with a scale of 1 it only checks.
                 torch._amp_foreach_non_finite_check_and_unscale_(grads, self.found, self.one)
         if loss is not None:  # a loss whose dtype no gradient group shares
-            self.found.add_((~torch.isfinite(loss)).to(self.found.dtype).reshape(()))
-        if self.on_device_skip:
+            self.found.add_((~torch.isfinite(torch.as_tensor(loss))).to(self.found.dtype).reshape(()))
+        if self.on_device_skip or self.deferred:
             self._pending.add_(self.found)
             self._first_bad = torch.where((self._first_bad < 0) & (self.found > 0),
                                           torch.full_like(self._first_bad, step), self._first_bad)
@@ -121,7 +130,7 @@ class FiniteGuard:
                 opt.__dict__.pop("found_inf", None)
 
     def report(self) -> int:
-        """At the logging cadence: surface device-side skips (and GradScaler skips)."""
+        """At the logging cadence and before checkpoints: surface device-side verdicts (and GradScaler skips)."""
         if self.scaler is not None:
             scale = float(self.scaler.get_scale())
             if self._last_scale is not None and scale < self._last_scale:
@@ -129,11 +138,11 @@ class FiniteGuard:
                 self.skipped += max(1, round(math.log2(self._last_scale / scale)))
             self._last_scale = scale
             return self.skipped
-        if self.on_device_skip:
+        if self.on_device_skip or self.deferred:
             pending = int(self._pending.item())  # the logging cadence's one read
             if pending:
                 if self.mode == "stop":
-                    raise NonFiniteError(int(self._first_bad.item()))
+                    raise NonFiniteError(int(self._first_bad.item()), reached_weights=self.deferred)
                 self.skipped += pending
                 self._pending.zero_()
                 self._first_bad.fill_(-1)

@@ -2,8 +2,10 @@
 
 The per-step path is ``_run_epoch`` -> ``_train_micro_batch`` -> ``_finish_step``. It makes
 no host-device synchronization: losses stay on the device (on the CPU reading them is
-free) and are read every ``log_every_n_steps``. Everything else (logging, validation,
-checkpoints, stopping) is decided by integer comparisons at step boundaries.
+free) and are read every ``log_every_n_steps``, as is the non-finite guard's verdict (the
+one exception: ``on_nonfinite="skip"`` with unfused optimizers on a GPU, see nonfinite.py).
+Everything else (logging, validation, checkpoints, stopping) is decided by integer
+comparisons at step boundaries.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from ..data.transfer import batch_size_of
 from ..launch.trainer_hooks import RankCoordinator
 from ..plan import Plan
 from ..runtime import Runtime, prepare
+from ..speedups.set_to_none import zero_grad
 from . import checkpoint as ckpt
 from . import rng
 from .config import TrainerConfig
@@ -303,7 +306,7 @@ class Trainer:
     def _apply_optimizer(self, optimizer: torch.optim.Optimizer) -> bool:
         """Manual optimization's ``ctx.step``: guard, then step. False when the guard skipped it."""
         if not self.guard.check(None, self.state.step + 1):
-            optimizer.zero_grad(set_to_none=self.rt.set_to_none)
+            zero_grad(optimizer, self.rt.set_to_none)
             return False
         self._step_optimizer(optimizer)
         return True
@@ -330,7 +333,7 @@ class Trainer:
                 if stepped:
                     self._step_one(opt)
                 else:
-                    opt.zero_grad(set_to_none=self.rt.set_to_none)
+                    zero_grad(opt, self.rt.set_to_none)
         if stepped:
             if self.rt.scaler is not None:
                 self.rt.end_step()
@@ -500,6 +503,8 @@ class Trainer:
 
     def _save_checkpoint(self, at_epoch_end: bool) -> None:
         started = time.monotonic()
+        # The guard's device-side verdicts are read before anything is written (stop mode raises here).
+        self.state.skipped_steps = max(self.state.skipped_steps, self.guard.report())
         state = self.state_dict(at_epoch_end)
         # distributed: every rank calls it (positions, FSDP shards); rank 0 commits; all wait for the commit
         path = self.ranks.save_checkpoint(state, self.config.checkpoint_dir, self.state.step,

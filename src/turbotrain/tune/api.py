@@ -132,32 +132,28 @@ def tune_report(model: nn.Module, loss_fn: Callable | None, loader: Iterable, op
     base = plan or Plan()
     hw = detect(base.device)
     console = (console or Console()) if verbose else None
-    gens = rng.generators_of(loader)
-    saved_rng = rng.capture(gens)
-    try:
-        with preserved_state():  # RNGs and backend flags, whatever a trial or a finder touches
-            sample = _sample_batches(loader, batches)
-            options = {"budget": time_budget_s, "tolerance": tolerance, "min_gain": min_gain,
-                       "include": sorted(include) if include is not None else None, "exclude": sorted(exclude),
-                       "batch_size": find_batch_size, "workers": find_num_workers, "base": base.to_dict(),
-                       "batches": len(sample), "memory_limit": memory_limit_bytes, "step_fn": tune_cache._name(step_fn),
-                       "loader": [type(loader).__name__, getattr(loader, "num_workers", None),
-                                  getattr(loader, "batch_size", None)]}
-            key = tune_cache.cache_key(model, sample[0], optimizer_fn, loss_fn, hw, options) if cache else None
-            entry = tune_cache.load(key) if key else None
-            if entry and entry.get("version") == _CACHE_VERSION:
-                result = TuneResult.from_dict(entry["result"])
-                result.from_cache, result.cache_path = True, str(tune_cache.cache_dir() / f"{key}.json")
-            else:
-                result = _tune(model, loss_fn, optimizer_fn, loader, sample, base, hw, time_budget_s, started,
-                               step_fn=step_fn, tolerance=tolerance, min_gain=min_gain, include=include,
-                               exclude=exclude, find_batch_size=find_batch_size, find_num_workers=find_num_workers,
-                               memory_limit_bytes=memory_limit_bytes, console=console, measure=measure)
-                if key:
-                    path = tune_cache.store(key, {"version": _CACHE_VERSION, "result": result.to_dict()})
-                    result.cache_path = str(path) if path else None
-    finally:
-        rng.restore(saved_rng, gens)
+    # RNGs (the loader's generators too) and backend flags, whatever a trial or a finder touches
+    with preserved_state(generators=rng.generators_of(loader)):
+        sample = _sample_batches(loader, batches)
+        options = {"budget": time_budget_s, "tolerance": tolerance, "min_gain": min_gain,
+                   "include": sorted(include) if include is not None else None, "exclude": sorted(exclude),
+                   "batch_size": find_batch_size, "workers": find_num_workers, "base": base.to_dict(),
+                   "batches": len(sample), "memory_limit": memory_limit_bytes, "step_fn": tune_cache._name(step_fn),
+                   "loader": [type(loader).__name__, getattr(loader, "num_workers", None),
+                              getattr(loader, "batch_size", None)]}
+        key = tune_cache.cache_key(model, sample[0], optimizer_fn, loss_fn, hw, options) if cache else None
+        entry = tune_cache.load(key) if key else None
+        if entry and entry.get("version") == _CACHE_VERSION:
+            result = TuneResult.from_dict(entry["result"])
+            result.from_cache, result.cache_path = True, str(tune_cache.cache_dir() / f"{key}.json")
+        else:
+            result = _tune(model, loss_fn, optimizer_fn, loader, sample, base, hw, time_budget_s, started,
+                           step_fn=step_fn, tolerance=tolerance, min_gain=min_gain, include=include,
+                           exclude=exclude, find_batch_size=find_batch_size, find_num_workers=find_num_workers,
+                           memory_limit_bytes=memory_limit_bytes, console=console, measure=measure)
+            if key:
+                path = tune_cache.store(key, {"version": _CACHE_VERSION, "result": result.to_dict()})
+                result.cache_path = str(path) if path else None
     if console is not None:
         render(result, console)
     return result

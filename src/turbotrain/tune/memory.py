@@ -5,31 +5,20 @@ from __future__ import annotations
 import ctypes
 import gc
 
-from ..hardware import detect
+from ..hardware import detect, read_proc_kib
 
 __all__ = ["resident_bytes", "available_bytes", "host_memory_budget", "release_host_memory"]
 
 
-def _status_kib(path: str, key: str) -> int | None:
-    try:
-        with open(path) as fh:
-            for line in fh:
-                if line.startswith(key):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return None
-
-
 def resident_bytes() -> int:
     """This process's resident memory now (VmRSS), 0 where unavailable."""
-    kib = _status_kib("/proc/self/status", "VmRSS:")
+    kib = read_proc_kib("/proc/self/status", "VmRSS:")
     return kib * 1024 if kib is not None else 0
 
 
 def available_bytes() -> int:
     """What the system reports it can still hand out (MemAvailable; total RAM where unknown)."""
-    kib = _status_kib("/proc/meminfo", "MemAvailable:")
+    kib = read_proc_kib("/proc/meminfo", "MemAvailable:")
     return kib * 1024 if kib is not None else detect("cpu").memory_bytes
 
 

@@ -184,13 +184,9 @@ def _switch_finding(ctx, rule_id: str, message: str, fix: Fix, measurable: bool 
                    trial={"kind": "plan", "changes": dict(fix.plan)} if measurable else None)
 
 
-def _is_conv_net(ctx) -> bool:
-    return ctx.info.n_conv2d >= 1 and ctx.info.conv_param_share >= 0.3
-
-
 @rule("cudnn-benchmark-off", "live")
 def cudnn_benchmark_off(ctx):
-    if not _is_conv_net(ctx) or ctx.facts.cudnn_benchmark:
+    if not ctx.info.is_conv_net or ctx.facts.cudnn_benchmark:
         return
     if not ctx.on_gpu and not ctx.written_for_gpu:
         return
@@ -206,7 +202,7 @@ def cudnn_benchmark_off(ctx):
 
 @rule("channels-last", "live")
 def channels_last(ctx):
-    if not _is_conv_net(ctx) or ctx.facts.input_channels_last:
+    if not ctx.info.is_conv_net or ctx.facts.input_channels_last:
         return
     if not any(len(s) == 4 for s in ctx.facts.input_shapes):
         return
