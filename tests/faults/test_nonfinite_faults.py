@@ -181,13 +181,14 @@ def test_fp16_gradscaler_skips_are_reported_not_hidden(tmp_path):
     assert all(torch.isfinite(p).all() for p in model.parameters())
 
 
-def test_deferred_stop_raises_before_the_next_checkpoint_and_none_holds_the_bad_step(tmp_path):
+@pytest.mark.parametrize("where", ["grad", "loss"])
+def test_deferred_stop_raises_before_the_next_checkpoint_and_none_holds_the_bad_step(tmp_path, where):
     """A GPU without fused optimizers reads the verdict at the logging cadence and before each
     checkpoint, not per step. Exercised on the CPU by putting the guard on that path."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
     opt = torch.optim.AdamW(model.parameters(), lr=0.01, foreach=True)
-    poison = Poison(3, "grad", math.nan)
+    poison = Poison(3, where, math.nan)
     model[0].weight.register_hook(poison.hook)
     x = torch.randn(96, 8, generator=torch.Generator().manual_seed(1))
     loader = DataLoader(TensorDataset(x, x[:, :3].argmax(1)), batch_size=4)
@@ -196,6 +197,7 @@ def test_deferred_stop_raises_before_the_next_checkpoint_and_none_holds_the_bad_
                          progress=False)
     assert not trainer.guard.deferred  # the CPU reads every verdict at once
     trainer.guard.on_host, trainer.guard.deferred = False, True
+    trainer._host = False  # losses stay tensors, as on a GPU
     with pytest.raises(tt.NonFiniteError, match="at step 3; the weights in memory hold") as err:
         trainer.fit(loader)
     assert err.value.step == 3
@@ -203,6 +205,43 @@ def test_deferred_stop_raises_before_the_next_checkpoint_and_none_holds_the_bad_
     saved = [load_checkpoint(path) for path in list_checkpoints(tmp_path)]
     assert [s["step"] for s in saved] == [2]  # ...but the step-4 checkpoint was refused
     assert all(torch.isfinite(t).all() for t in saved[0]["model"].values())
+    # What the error says to do: resume from the last checkpoint (the same Trainer, the cause gone).
+    poison.at = None
+    result = trainer.fit(loader, resume=True)
+    assert result.steps == 20 and all(torch.isfinite(p).all() for p in model.parameters())
+
+
+@pytest.mark.parametrize("device, fused, mode, scaled, expected", [
+    ("cpu", False, "stop", False, (True, False, False)),
+    ("cuda", True, "stop", False, (False, True, False)),
+    ("cuda", True, "skip", False, (False, True, False)),
+    ("cuda", False, "stop", False, (False, False, True)),    # deferred: no per-step sync
+    ("cuda", False, "skip", False, (False, False, False)),   # one sync per step, said once
+    ("cuda", False, "stop", True, (False, False, False)),    # the GradScaler decides
+])
+def test_where_the_verdict_is_read(device, fused, mode, scaled, expected):
+    from turbotrain.train.nonfinite import verdict_paths
+
+    assert verdict_paths(device, fused, mode, scaled) == expected
+
+
+def test_a_nan_loss_and_nan_gradients_together_still_make_a_fused_optimizer_skip():
+    """Fused kernels skip only when found_inf is exactly 1: the loss's flag must not add to the gradients'."""
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2).to(torch.bfloat16)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1, fused=True)
+    guard = FiniteGuard([opt], torch.device("cpu"), "skip")
+    guard.on_host, guard.on_device_skip = False, True  # what a CUDA device with fused optimizers gets
+    before = [p.detach().clone() for p in model.parameters()]
+    loss = model(torch.ones(2, 4, dtype=torch.bfloat16)).float().sum() * math.nan  # float32 loss, bf16 grads
+    loss.backward()
+    assert guard.check(loss.detach(), step=1)
+    assert guard.found.item() == 1.0
+    guard.arm([opt])
+    opt.step()
+    guard.disarm([opt])
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert guard.report() == 1
 
 
 @pytest.mark.gpu

@@ -31,14 +31,43 @@ class _CountingZeroGrad(torch.optim.SGD):
         super().zero_grad(set_to_none)
 
 
-def test_the_direct_drop_leaves_what_torch_zero_grad_leaves():
+def test_the_direct_drop_skips_torch_zero_grad_and_leaves_what_it_leaves(monkeypatch):
     from turbotrain.speedups.set_to_none import zero_grad
 
     model = make_mlp()
     opt = torch.optim.SGD([{"params": model[0].parameters()}, {"params": model[2].parameters(), "lr": 0.5}], lr=0.1)
     model(torch.ones(2, 8)).sum().backward()
+
+    def no_profiler_range(*args, **kwargs):
+        raise AssertionError("torch's zero_grad (and its profiler range) ran")
+
+    monkeypatch.setattr(torch.autograd.profiler, "record_function", no_profiler_range)
     zero_grad(opt)
     assert all(p.grad is None for p in model.parameters())
+
+
+class _Forwarding:
+    """A wrapper that forwards to an optimizer through __getattr__ (no zero_grad of its own class)."""
+
+    def __init__(self, opt):
+        self.opt = opt
+
+    def __getattr__(self, name):
+        return getattr(self.opt, name)
+
+
+def test_wrappers_and_instance_patches_go_through_their_own_zero_grad():
+    from turbotrain.speedups.set_to_none import zero_grad
+
+    model = make_mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(torch.ones(2, 8)).sum().backward()
+    zero_grad(_Forwarding(opt))
+    assert all(p.grad is None for p in model.parameters())
+    calls = []
+    opt.zero_grad = lambda set_to_none=True: calls.append(set_to_none)
+    zero_grad(opt)
+    assert calls == [True]
 
 
 def test_an_optimizer_with_its_own_zero_grad_and_a_running_profiler_go_through_torch():

@@ -1,4 +1,5 @@
-"""The non-finite guard: a NaN/inf loss or gradient never reaches the weights or a checkpoint.
+"""The non-finite guard: a NaN/inf loss or gradient never reaches a checkpoint, and by default
+never reaches the weights either (the exception: stop mode on a GPU without fused optimizers).
 
 Before every optimizer step one fused kernel (the one GradScaler uses) checks the loss and
 all gradients. On the CPU the verdict is read right away (no device to wait for). On a GPU
@@ -31,12 +32,22 @@ class NonFiniteError(FloatingPointError):
 
     def __init__(self, step: int, where: str = "loss or gradients", *, reached_weights: bool = False):
         self.step = step
-        weights = ("the weights in memory hold that step's update, no checkpoint does (resume from the last one)"
+        weights = ("the weights in memory hold the updates from that step on, no checkpoint does "
+                   "(resume from the last one)"
                    if reached_weights else "no update from that step reached the weights")
         super().__init__(
             f"non-finite {where} at step {step}; {weights}. "
             "Try a lower learning rate, gradient clipping (gradient_clip_val=1.0), bf16 instead of fp16, or "
             "on_nonfinite='skip' to skip such steps.")
+
+
+def verdict_paths(device_type: str, all_fused: bool, mode: str, scaled: bool) -> tuple[bool, bool, bool]:
+    """(read on the host, fused kernels skip on the device, stop deferred to the logging cadence)."""
+    on_host = device_type != "cuda"
+    on_device_skip = not on_host and all_fused
+    # Stop mode on a GPU without fused optimizers: read the flag at the logging cadence, not per step.
+    deferred = not on_host and not on_device_skip and not scaled and mode == "stop"
+    return on_host, on_device_skip, deferred
 
 
 class FiniteGuard:
@@ -47,11 +58,9 @@ class FiniteGuard:
         # Gradients share their parameter's dtype: group once here, not on every step.
         dtypes = sorted({p.dtype for p in params}, key=str)
         self.param_groups = [[p for p in params if p.dtype == dt] for dt in dtypes]
-        self.on_host = device.type != "cuda"
-        self.on_device_skip = (not self.on_host and bool(optimizers) and all(
-            getattr(opt, "_step_supports_amp_scaling", False) for opt in optimizers))
-        # Stop mode on a GPU without fused optimizers: read the flag at the logging cadence, not per step.
-        self.deferred = not self.on_host and not self.on_device_skip and scaler is None and mode == "stop"
+        all_fused = bool(optimizers) and all(getattr(opt, "_step_supports_amp_scaling", False) for opt in optimizers)
+        self.on_host, self.on_device_skip, self.deferred = verdict_paths(device.type, all_fused, mode,
+                                                                         scaler is not None)
         self.found = torch.zeros((), device=device)
         self.one = torch.ones((), device=device)
         self.skipped = 0
@@ -83,7 +92,9 @@ class FiniteGuard:
                 # One kernel over every gradient; with a scale of 1 it only checks.
                 torch._amp_foreach_non_finite_check_and_unscale_(grads, self.found, self.one)
         if loss is not None:  # a loss whose dtype no gradient group shares
-            self.found.add_((~torch.isfinite(torch.as_tensor(loss))).to(self.found.dtype).reshape(()))
+            bad = (~torch.isfinite(torch.as_tensor(loss))).to(self.found.dtype).reshape(())
+            # The flag must stay exactly 1: fused optimizers skip only when found_inf == 1.
+            torch.maximum(self.found, bad, out=self.found)
         if self.on_device_skip or self.deferred:
             self._pending.add_(self.found)
             self._first_bad = torch.where((self._first_bad < 0) & (self.found > 0),
@@ -109,6 +120,8 @@ class FiniteGuard:
     def resume(self, skipped: int) -> None:
         """Continue a resumed run's count, from the loss scale its checkpoint restored."""
         self.skipped = skipped
+        self._pending.zero_()  # verdicts of the run that stopped belong to it, not to this one
+        self._first_bad.fill_(-1)
         if self.scaler is not None:
             self._last_scale = float(self.scaler.get_scale())
 
@@ -141,9 +154,10 @@ class FiniteGuard:
         if self.on_device_skip or self.deferred:
             pending = int(self._pending.item())  # the logging cadence's one read
             if pending:
-                if self.mode == "stop":
-                    raise NonFiniteError(int(self._first_bad.item()), reached_weights=self.deferred)
-                self.skipped += pending
+                first_bad = int(self._first_bad.item())
                 self._pending.zero_()
                 self._first_bad.fill_(-1)
+                if self.mode == "stop":
+                    raise NonFiniteError(first_bad, reached_weights=self.deferred)
+                self.skipped += pending
         return self.skipped

@@ -383,6 +383,7 @@ class Trainer:
                 and self.state.batches_done == self.epoch_len)
 
     def _end_epoch(self) -> None:
+        self._read_guard()
         cfg = self.config
         epoch = self.state.epoch
         if (self.val_loader is not None and not isinstance(cfg.val_check_interval, int)
@@ -399,6 +400,7 @@ class Trainer:
         self.stop_reason = self._limits_reached()
 
     def _run_validation(self) -> None:
+        self._read_guard()
         metrics = self.validate()
         self._log_metrics(extra=metrics)
         for sched in self.schedulers:
@@ -406,6 +408,11 @@ class Trainer:
                 sched.step(metrics["val_loss"])
         if self.early_stopping is not None and self.early_stopping.update(metrics):
             self._early_stop = True
+
+    def _read_guard(self) -> None:
+        """Read the guard's device-side verdicts (stop mode raises here) before anything acts on the
+        weights: a checkpoint, validation and its callbacks, the end of an epoch. Once per event."""
+        self.state.skipped_steps = max(self.state.skipped_steps, self.guard.report())
 
     def _limits_reached(self) -> str | None:
         cfg, s = self.config, self.state
@@ -503,8 +510,7 @@ class Trainer:
 
     def _save_checkpoint(self, at_epoch_end: bool) -> None:
         started = time.monotonic()
-        # The guard's device-side verdicts are read before anything is written (stop mode raises here).
-        self.state.skipped_steps = max(self.state.skipped_steps, self.guard.report())
+        self._read_guard()
         state = self.state_dict(at_epoch_end)
         # distributed: every rank calls it (positions, FSDP shards); rank 0 commits; all wait for the commit
         path = self.ranks.save_checkpoint(state, self.config.checkpoint_dir, self.state.step,
