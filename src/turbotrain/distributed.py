@@ -108,3 +108,9 @@ def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
     tensor = torch.tensor(values, dtype=torch.float64, device=device)
     dist.all_reduce(tensor)
     return tensor.tolist()
+
+
+def all_reduce_max_(tensor: torch.Tensor) -> None:
+    """In place: the largest value over all ranks (asynchronous to the host on a GPU)."""
+    if is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)

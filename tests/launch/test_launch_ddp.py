@@ -49,3 +49,13 @@ def test_only_rank_zero_writes_logs(ddp_run):
     # one row per logged step plus the validation row; a second writer would duplicate or interleave rows
     assert [int(r["step"]) for r in rows] == [1, 2, 3, 4, 4, 5, 6, 7]
 
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_a_nan_on_one_rank_stops_every_rank_at_that_step(tmp_path, strategy):
+    """Without one verdict for all ranks, rank 1 would stop alone and rank 0 wait in the next collective."""
+    from conftest import WORKER, launch
+
+    launch("--nproc-per-node", "2", str(WORKER.parent / "nan_one_rank.py"), "--out", str(tmp_path),
+           "--strategy", strategy, timeout=120)
+    assert [(tmp_path / f"rank{r}.txt").read_text() for r in (0, 1)] == ["3", "3"]

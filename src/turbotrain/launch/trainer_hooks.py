@@ -148,6 +148,11 @@ class RankCoordinator:
             out["samples_per_s"] = sums[2] * self.world / sums[3]  # ranks without a rate yet count as average
         return out
 
+    def agree_on_flag(self, flag: torch.Tensor) -> None:
+        """Every rank takes the largest flag: one rank's NaN stops (or skips on) every rank, so none
+        goes on alone into a collective the others never join."""
+        tdist.all_reduce_max_(flag)
+
     def global_rate(self, rate: float | None) -> float | None:
         """All ranks' samples/s together; the last collective of ``fit``."""
         if self.world == 1:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import math
+from typing import Callable
 
 import torch
 
@@ -64,6 +65,8 @@ class FiniteGuard:
         self.found = torch.zeros((), device=device)
         self.one = torch.ones((), device=device)
         self.skipped = 0
+        # Distributed runs: makes every rank's flag the largest over ranks (see RankCoordinator).
+        self.agree: Callable[[torch.Tensor], None] | None = None
         self._pending = torch.zeros((), device=device)          # device-skipped steps not yet reported
         self._first_bad = torch.full((), -1, dtype=torch.long, device=device)
         # The scale before any step (no device sync: the scaler has not made its tensor yet), so
@@ -95,6 +98,8 @@ class FiniteGuard:
             bad = (~torch.isfinite(torch.as_tensor(loss))).to(self.found.dtype).reshape(())
             # The flag must stay exactly 1: fused optimizers skip only when found_inf == 1.
             torch.maximum(self.found, bad, out=self.found)
+        if self.agree is not None:
+            self.agree(self.found)  # a collective on the device: still no host sync
         if self.on_device_skip or self.deferred:
             self._pending.add_(self.found)
             self._first_bad = torch.where((self._first_bad < 0) & (self.found > 0),
@@ -106,12 +111,18 @@ class FiniteGuard:
 
     def _check_on_host(self, loss: float | None, step: int) -> bool:
         """CPU path: the loss is already a float, and reading the flag waits for no device."""
-        if loss is not None and not math.isfinite(loss):
+        loss_bad = loss is not None and not math.isfinite(loss)
+        if loss_bad and self.agree is None:
             return self._bad(step)
+        # Distributed: every rank runs the kernel (on FSDP's sharded gradients it is itself a collective).
         for group in self.param_groups:
             grads = [p.grad for p in group if p.grad is not None]
             if grads:
                 torch._amp_foreach_non_finite_check_and_unscale_(grads, self.found, self.one)
+        if self.agree is not None:
+            if loss_bad:
+                self.found.fill_(1.0)  # the other ranks must hear of it before this one stops
+            self.agree(self.found)
         if self.found.item() == 0.0:
             return True
         self.found.zero_()  # the kernel only ever sets the flag: reset it after a bad step

@@ -143,6 +143,8 @@ class Trainer:
         self._per_step_schedulers = bool(self.schedulers) and self.config.scheduler_interval == "step"
         self.is_rank_zero = tdist.is_rank_zero()
         self.ranks = RankCoordinator.for_runtime(self.rt)  # distributed: sharding, reductions, checkpoints
+        if self.ranks.world > 1:
+            self.guard.agree = self.ranks.agree_on_flag  # distributed: one verdict for every rank
         self._last_checkpoint_step = -1
         self._last_checkpoint: str | None = None
         self._early_stop = False
