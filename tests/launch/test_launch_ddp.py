@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import launch_tiny as tiny
-from conftest import assert_same_weights, read_rank
+from conftest import WORKER, assert_same_weights, launch, read_rank
 
 
 def test_ddp_equals_one_process_with_the_same_global_batch(ddp_run, single_process_reference):
@@ -54,8 +54,6 @@ def test_only_rank_zero_writes_logs(ddp_run):
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_a_nan_on_one_rank_stops_every_rank_at_that_step(tmp_path, strategy):
     """Without one verdict for all ranks, rank 1 would stop alone and rank 0 wait in the next collective."""
-    from conftest import WORKER, launch
-
     launch("--nproc-per-node", "2", str(WORKER.parent / "nan_one_rank.py"), "--out", str(tmp_path),
            "--strategy", strategy, timeout=120)
     assert [(tmp_path / f"rank{r}.txt").read_text() for r in (0, 1)] == ["3", "3"]
