@@ -26,7 +26,7 @@ def test_registry_rules_are_doctor_rules():
 
 
 def test_slow_storage_waits_for_the_data_layer():
-    """The data layer's read statistics are not wired yet: without them the rule stays silent."""
+    """Without the data layer's read statistics (no reads through turbotrain.data) the rule stays silent."""
     from turbotrain.doctor.breakdown import compute_breakdown
     from turbotrain.doctor.context import Context
     from turbotrain.doctor.rules import evaluate

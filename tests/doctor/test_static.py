@@ -113,7 +113,7 @@ def test_validation_under_no_grad_is_fine(tmp_path):
 
 def test_static_findings_are_low_on_their_own(tmp_path):
     ctx = context_for(tmp_path, SOURCE)
-    assert {sev for f in evaluate(ctx) for sev in [f.severity]} == {"low"}
+    assert {f.severity for f in evaluate(ctx)} == {"low"}
 
 
 def test_nccl_typo_names_the_real_variable():

@@ -197,6 +197,11 @@ def _remove_stalls(per_step: list[dict[str, float]]) -> list[float]:
     return removed
 
 
+def _fractions(seconds: dict[str, float]) -> dict[str, float]:
+    total = sum(seconds.values())
+    return {k: (v / total if total > 0 else 0.0) for k, v in seconds.items()}
+
+
 def compute_breakdown(steps: list[StepRecord], warmup: int, overhead: Overhead | None = None,
                       gpu_seconds: dict[int, dict[str, float]] | None = None) -> Breakdown:
     """The breakdown over the measured steps.
@@ -230,15 +235,14 @@ def compute_breakdown(steps: list[StepRecord], warmup: int, overhead: Overhead |
         timeline.append({"step": step.index, "ms": round(step.duration * 1e3, 3),
                          **{k: round(v * 1e3, 3) for k, v in cats.items()}, "interference": round(lost * 1e3, 3)})
     durations = [s.duration for s in chosen]
-    total = sum(totals.values())
     n = max(1, len(chosen))
-    shares = {k: (v / total if total > 0 else 0.0) for k, v in totals.items()}
-    bottleneck = max(shares, key=shares.get) if total > 0 else "compute"
+    shares = _fractions(totals)
+    bottleneck = max(shares, key=shares.get) if sum(totals.values()) > 0 else "compute"
     return Breakdown(
         steps=[s.index for s in chosen], step_seconds=durations,
         seconds={k: v / n for k, v in totals.items()}, shares=shares, bottleneck=bottleneck,
         timeline=timeline, warmup_included=warm_included, interference_s=sum(removed) / n,
-        raw_shares={k: v / sum(raw.values()) if sum(raw.values()) else 0.0 for k, v in raw.items()},
+        raw_shares=_fractions(raw),
         overhead={"method": overhead.method, "compute_share": overhead.compute_share,
                   "optimizer_ms": overhead.optimizer_s * 1e3, "estimate_ms": overhead.estimate_s * 1e3,
                   **overhead.detail},

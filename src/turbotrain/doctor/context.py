@@ -98,6 +98,15 @@ class Context:
             out.append(SiteStat(kind, site, count, seconds, nbytes, tally.detail))
         return sorted(out, key=lambda s: (-s.seconds_per_step, -s.per_step))
 
+    def ran_sites(self, kind_prefix: str) -> list[SiteStat]:
+        """:meth:`site_stats` of the sites whose events ran during the measured steps."""
+        return [s for s in self.site_stats(kind_prefix) if s.per_step > 0]
+
+    def stat_at(self, kind_prefix: str, site: Site) -> SiteStat | None:
+        """The :meth:`site_stats` entry at ``site``'s line (file and line; the function name may differ)."""
+        return next((s for s in self.site_stats(kind_prefix)
+                     if s.site.file == site.file and s.site.line == site.line), None)
+
     def seen(self, kind_prefix: str) -> list[tuple[str, Site, Tally]]:
         """Events of a kind at any time of the run (warm-up and profiling included)."""
         return [(kind, site, t) for (kind, site), t in self.tallies.items() if kind.startswith(kind_prefix)]
@@ -120,7 +129,8 @@ class Context:
 
     def per_step(self, attr: str) -> float:
         """Average of a StepRecord counter (``backwards``, ``forwards``, ``optimizers``) over measured steps."""
-        chosen = [s for s in self.step_records if s.index in set(self.measured_steps)]
+        measured = set(self.measured_steps)
+        chosen = [s for s in self.step_records if s.index in measured]
         return sum(getattr(s, attr) for s in chosen) / len(chosen) if chosen else 0.0
 
     @property

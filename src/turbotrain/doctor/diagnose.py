@@ -42,20 +42,16 @@ def diagnose_script(script: str | os.PathLike, argv: list[str] | None = None,
 
 
 def _sync_table(ctx: Context) -> list[dict[str, Any]]:
-    rows = []
-    for stat in ctx.site_stats("sync:"):
-        if stat.per_step > 0:
-            rows.append({"where": ctx.where(stat.site), "kind": stat.kind.split(":", 1)[1],
-                         "per_step": round(stat.per_step, 3), "ms_per_step": round(stat.seconds_per_step * 1e3, 4),
-                         "code": stat.site.code})
-    return rows
+    return [{"where": ctx.where(s.site), "kind": s.kind.split(":", 1)[1], "per_step": round(s.per_step, 3),
+             "ms_per_step": round(s.seconds_per_step * 1e3, 4), "code": s.site.code}
+            for s in ctx.ran_sites("sync:")]
 
 
 def _copy_table(ctx: Context) -> list[dict[str, Any]]:
     return [{"where": ctx.where(s.site), "per_step": round(s.per_step, 3),
              "mib_per_step": round(s.bytes_per_step / 2**20, 4), "ms_per_step": round(s.seconds_per_step * 1e3, 4),
              "non_blocking": s.detail.get("non_blocking"), "pinned": s.detail.get("pinned"), "code": s.site.code}
-            for s in ctx.site_stats("h2d") if s.per_step > 0]
+            for s in ctx.ran_sites("h2d")]
 
 
 def _top_ops(recorder: Recorder, steps: int, limit: int = 15) -> list[dict[str, Any]]:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import copy
 import functools
 import time
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -46,18 +46,12 @@ def dispatch_floor() -> tuple[float, float]:
 @functools.lru_cache(maxsize=4)
 def bandwidth(device: str = "cpu") -> float:
     """Bytes per second of a large copy on ``device`` (read + write), best of a few."""
+    from .whatif import time_once
+
     n = 8 * 2**20  # 32 MiB of float32: past the CPU's caches
     src = torch.randn(n, device=device)
     dst = torch.empty_like(src)
-    best = float("inf")
-    for _ in range(5):
-        if device != "cpu":
-            torch.cuda.synchronize()
-        started = time.perf_counter()
-        dst.copy_(src)
-        if device != "cpu":
-            torch.cuda.synchronize()
-        best = min(best, time.perf_counter() - started)
+    best = min(time_once(lambda: dst.copy_(src), device != "cpu") for _ in range(5))
     return 2 * n * 4 / best
 
 
@@ -83,26 +77,20 @@ def optimizer_overhead_s(optimizers: list[Any], optimizer_s: float, device: str)
 
 def fixed_cost_share(capture: Any, budget_s: float = 3.0) -> dict[str, float] | None:
     """Share of forward+backward time that does not grow with the batch, measured on a model copy."""
-    from .whatif import repeat_batch, surrogate_step, time_once
+    from .whatif import fastest_pair, repeat_batch, surrogate_step, time_once
 
     model = copy.deepcopy(capture.module)
-    single = (capture.args, capture.kwargs)
-    double = repeat_batch(capture, 2)
     cuda = any(p.is_cuda for p in model.parameters())
 
-    def timed(batch) -> float:
-        return time_once(lambda: surrogate_step(model, batch).backward(), cuda)
+    def step(batch) -> Callable[[], None]:
+        return lambda: surrogate_step(model, batch).backward()
 
+    single, double = step((capture.args, capture.kwargs)), step(repeat_batch(capture, 2))
     try:
-        first = timed(single)
-        if first * 18 > budget_s:
+        if time_once(single, cuda) * 18 > budget_s:
             return None  # too slow to measure in the time allowed (and a big step is not overhead-bound)
-        timed(double)
-        # Interleaved, best of five each: another process only ever adds time, and it hits both sizes alike.
-        t1 = t2 = float("inf")
-        for _ in range(5):
-            t1 = min(t1, timed(single))
-            t2 = min(t2, timed(double))
+        time_once(double, cuda)
+        t1, t2 = fastest_pair(single, double, cuda, 5)  # interleaved: interference hits both sizes alike
     except Exception:  # noqa: BLE001 - a model that cannot run twice the batch: fall back to the estimate
         return None
     finally:

@@ -310,7 +310,7 @@ class Recorder:
         if self._stopping:
             raise Stop()
         if id(optimizer) not in self._optimizer_ids:
-            self._note_optimizer(optimizer, None)
+            self.note_optimizer(optimizer, None)
         opened = self._open
         if id(optimizer) in opened.stepped and opened.snapshot is not None and not self.manual_steps:
             # This optimizer already stepped since the last boundary: the previous step ended at
@@ -418,7 +418,7 @@ class Recorder:
     def _finish_step(self, record: StepRecord) -> None:
         self.steps.append(record)
         if self.gpu:
-            self._end_gpu_step(record.index)
+            self._resolve_gpu_events(block=False)
         done = len(self.steps)
         if done == max(1, self.warmup - 1):
             self.module_calls_per_step = record.module_calls  # counted under the global hooks
@@ -524,7 +524,7 @@ class Recorder:
             self._last_top_phase = "forward"
             return None
         if phase == "eval":
-            self._note_forward_site("eval_forward", self._open)
+            self._note_forward_site("eval_forward")
         self.push(phase)  # a validation forward, or any forward in the profiler window (its trace range)
         if phase == "forward" and trained:
             self._training_forward(module, args, kwargs, self._stack[-1][1])
@@ -545,7 +545,7 @@ class Recorder:
         self.top_modules.setdefault(id(module), weakref.ref(module))
         phase, trained = self._classify(module)
         if phase == "eval":
-            self._note_forward_site("eval_forward", self._open)
+            self._note_forward_site("eval_forward")
         self.push(phase)
         self._top_phases.append(phase)
         if phase == "forward" and trained:
@@ -563,7 +563,7 @@ class Recorder:
             self._open.pending_eval_grad.append((user_site(sys._getframe(1)), seconds))
         self._last_top_phase = phase
 
-    def _note_forward_site(self, kind: str, opened: _OpenStep) -> None:
+    def _note_forward_site(self, kind: str) -> None:
         tally = self.tally(kind, user_site(sys._getframe(1)))
         if tally is not None:
             tally.add(self.step_index)
@@ -594,9 +594,6 @@ class Recorder:
         return trained
 
     def note_optimizer(self, optimizer: Any, site: Site | None) -> None:
-        self._note_optimizer(optimizer, site)
-
-    def _note_optimizer(self, optimizer: Any, site: Site | None) -> None:
         if id(optimizer) not in self._optimizer_ids:
             self._optimizer_ids.add(id(optimizer))
             self.optimizers.append((weakref.ref(optimizer), site))
@@ -709,9 +706,6 @@ class Recorder:
     def gpu_mark(self, phase: str, start: bool) -> None:
         if self.gpu:
             self._gpu_mark(phase, start)
-
-    def _end_gpu_step(self, index: int) -> None:
-        self._resolve_gpu_events(block=False)
 
     def _resolve_gpu_events(self, block: bool) -> None:
         """Device seconds per phase per step, read from CUDA events once they completed (no sync)."""

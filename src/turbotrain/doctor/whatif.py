@@ -29,7 +29,7 @@ from typing import Any, Callable
 
 import torch
 
-from ..data.transfer import tensors_in
+from ..data.transfer import resize_batch, tensors_in
 from ..measure import Trial, run_trial, time_loader
 from ..plan import Plan
 from .findings import Finding, severity_for
@@ -88,7 +88,7 @@ def _baseline_plan(ctx) -> Plan:
     if facts.autocast:
         precision = "fp16-mixed" if "float16" in str(facts.autocast_dtype) and "b" not in str(
             facts.autocast_dtype) else "bf16-mixed"
-    zeros = any(s.per_step > 0 for s in ctx.site_stats("zero_grad_zeros"))
+    zeros = bool(ctx.ran_sites("zero_grad_zeros"))
     return Plan(device=ctx.device, precision=precision, set_to_none=not zeros,
                 channels_last=bool(facts.input_channels_last), cudnn_benchmark=bool(facts.cudnn_benchmark))
 
@@ -193,14 +193,11 @@ def _plan_trials(ctx, findings: list[Finding], budget: Budget, allow_compile: bo
         if not budget.allows(cost):
             f.note = f"Not measured: the what-if time budget is spent. {f.note or ''}".strip()
             continue
-        if f.trial.get("baseline"):
-            own_base = trials.trial(base)
-            trial = trials.trial(plan, warmup=warmup)
-            base_s = typical_s(own_base) if own_base.ok else trials.base_s
-        else:
-            trial = trials.trial(plan, warmup=warmup)
-            base_s = None
-        skipped = [name for name, _ in trial.skipped if name in {_entry_for_field(k) for k in changes}]
+        own_base = trials.trial(base) if f.trial.get("baseline") else None
+        trial = trials.trial(plan, warmup=warmup)
+        base_s = None if own_base is None else (typical_s(own_base) if own_base.ok else trials.base_s)
+        entries = {_entry_for_field(k) for k in changes}
+        skipped = [name for name, _ in trial.skipped if name in entries]
         if not trial.ok or skipped:
             why = trial.error or "; ".join(why for name, why in trial.skipped)
             f.note = f"Not measured: {why}. {f.note or ''}".strip()
@@ -237,17 +234,7 @@ def _entry_for_field(field: str) -> str:
 def repeat_batch(capture, k: int) -> tuple:
     """The captured (args, kwargs) with every batch-sized tensor repeated ``k`` times along dim 0."""
     n = capture.batch_size
-
-    def grow(x):
-        if isinstance(x, torch.Tensor) and x.dim() and x.shape[0] == n:
-            return torch.cat([x] * k)
-        if isinstance(x, (list, tuple)):
-            return type(x)(grow(v) for v in x)
-        if isinstance(x, dict):
-            return {key: grow(v) for key, v in x.items()}
-        return x
-
-    return grow(capture.args), grow(capture.kwargs)
+    return resize_batch((capture.args, capture.kwargs), n * k, rows=n)
 
 
 def _batch_trial(ctx, finding: Finding, budget: Budget) -> None:
@@ -335,18 +322,23 @@ def time_once(fn: Callable[[], None], cuda: bool) -> float:
     return time.perf_counter() - started
 
 
+def fastest_pair(a: Callable[[], None], b: Callable[[], None], cuda: bool, repeats: int) -> tuple[float, float]:
+    """Seconds per call of ``a`` and ``b``, timed alternately, the fastest of ``repeats`` each (another
+    process only ever adds time, and alternating spreads it over both)."""
+    t_a = t_b = float("inf")
+    for _ in range(repeats):
+        t_a = min(t_a, time_once(a, cuda))
+        t_b = min(t_b, time_once(b, cuda))
+    return t_a, t_b
+
+
 def _time_pair(finding: Finding, slow: Callable[[], None], fast: Callable[[], None],
                cuda: bool, repeats: int = 7) -> tuple[float, float] | None:
-    """Seconds per call of ``slow`` and ``fast``: alternating, the fastest of each (another process only
-    ever adds time, and alternating spreads it over both). None (and a note) when one fails."""
+    """:func:`fastest_pair` after one untimed call of each; None (and a note) when one fails."""
     try:
         slow()
         fast()
-        t_slow = t_fast = float("inf")
-        for _ in range(repeats):
-            t_slow = min(t_slow, time_once(slow, cuda))
-            t_fast = min(t_fast, time_once(fast, cuda))
-        return t_slow, t_fast
+        return fastest_pair(slow, fast, cuda, repeats)
     except Exception as exc:  # noqa: BLE001 - a model that cannot run this way: the finding stays estimated
         finding.note = f"Not measured: {type(exc).__name__}: {exc}"
         return None
@@ -380,10 +372,8 @@ def _attention_trial(ctx, finding: Finding, budget: Budget) -> None:
     if not trial.get("per_step") or not budget.allows(3.0):
         return
     first, last = trial["lines"]
-    score_shape = None
-    for stat in ctx.site_stats("softmax"):
-        if stat.site.file == trial["softmax"].file and stat.site.line == trial["softmax"].line:
-            score_shape = stat.detail.get("shape")
+    softmax = ctx.stat_at("softmax", trial["softmax"])
+    score_shape = softmax.detail.get("shape") if softmax else None
     shapes = [(site, s) for site, s in ctx.matmul_shapes.items()
               if site.file == trial["file"] and first <= site.line <= last]
     qk = next(((a, b) for _, (a, b) in shapes if len(a) >= 3 and len(b) >= 3 and score_shape is not None

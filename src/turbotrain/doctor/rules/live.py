@@ -66,9 +66,7 @@ def no_mixed_precision(ctx):
 
 @rule("zero-grad-not-none", "live")
 def zero_grad_not_none(ctx):
-    for stat in ctx.site_stats("zero_grad_zeros"):
-        if stat.per_step <= 0:
-            continue
+    for stat in ctx.ran_sites("zero_grad_zeros"):
         f = Finding(
             "zero-grad-not-none", site=stat.site, category="optimizer", speedup=speedup_for_rule("zero-grad-not-none"),
             message="zero_grad(set_to_none=False) writes zeros into every gradient each step (a memset per "

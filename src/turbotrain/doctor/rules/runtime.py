@@ -131,7 +131,7 @@ def pin_memory(ctx):
 def non_blocking(ctx):
     if not ctx.on_gpu:
         return  # on the CPU there is no copy; the static rule notes GPU scripts
-    blocking = [s for s in ctx.site_stats("h2d") if not s.detail.get("non_blocking") and s.per_step > 0]
+    blocking = [s for s in ctx.ran_sites("h2d") if not s.detail.get("non_blocking")]
     total = sum(s.seconds_per_step for s in ctx.site_stats("h2d")) or 1e-12
     for stat in blocking[:3]:
         share = ctx.share("host_to_device") * stat.seconds_per_step / total
@@ -155,9 +155,7 @@ def non_blocking(ctx):
 @rule("host-sync-in-loop", "runtime")
 def host_sync(ctx):
     by_site: dict = defaultdict(lambda: {"kinds": set(), "per_step": 0.0, "seconds": 0.0})
-    for stat in ctx.site_stats("sync:"):
-        if stat.per_step <= 0:
-            continue
+    for stat in ctx.ran_sites("sync:"):
         entry = by_site[stat.site]
         entry["kinds"].add(stat.kind.split(":", 1)[1])
         entry["per_step"] = max(entry["per_step"], stat.per_step)
@@ -189,9 +187,8 @@ def host_sync(ctx):
 
 def _timed_sites(ctx, kind: str):
     """(per-site stats, share of step time) of events of ``kind`` that ran in the measured steps."""
-    for stat in ctx.site_stats(kind):
-        if stat.per_step > 0:
-            yield stat, (stat.seconds_per_step / ctx.step_s if ctx.step_s else 0.0)
+    for stat in ctx.ran_sites(kind):
+        yield stat, (stat.seconds_per_step / ctx.step_s if ctx.step_s else 0.0)
 
 
 @rule("tensor-from-numpy-copy", "runtime")
@@ -227,9 +224,7 @@ def save_in_loop(ctx):
 
 @rule("empty-cache-in-loop", "runtime")
 def empty_cache(ctx):
-    for stat in ctx.site_stats("empty_cache"):
-        if stat.per_step <= 0:
-            continue
+    for stat in ctx.ran_sites("empty_cache"):
         f = Finding(
             "empty-cache-in-loop", site=stat.site, category="compute",
             message=(f"torch.cuda.empty_cache() runs {stat.per_step:g}x per step: it hands the caching allocator's "

@@ -29,10 +29,8 @@ def _static(rule_id: str, index: SourceIndex, node: ast.AST, message: str, fix: 
 
 def _ran(ctx, kind: str, site) -> float:
     """Per-step count of events of ``kind`` recorded at ``site``'s line during the measured steps."""
-    for stat in ctx.site_stats(kind):
-        if stat.site.file == site.file and stat.site.line == site.line:
-            return stat.per_step
-    return 0.0
+    stat = ctx.stat_at(kind, site)
+    return stat.per_step if stat else 0.0
 
 
 @rule("jit-script", "static")
