@@ -28,7 +28,6 @@ os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="tt-ind
 
 import argparse  # noqa: E402
 import itertools  # noqa: E402
-import statistics  # noqa: E402
 import time  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 
@@ -40,7 +39,7 @@ from torch import nn  # noqa: E402
 import turbotrain as tt  # noqa: E402
 from turbotrain.bench.workloads import Workload, get_workload, image_dataset  # noqa: E402
 from turbotrain.hardware import detect  # noqa: E402
-from turbotrain.measure import run_trial  # noqa: E402
+from turbotrain.measure import Trial, run_trial  # noqa: E402
 from turbotrain.tune import tune_report  # noqa: E402
 
 
@@ -91,22 +90,19 @@ def grid(hw, conv: bool) -> list[tt.Plan]:
 @dataclass
 class Row:
     name: str
-    plan: tt.Plan
-    times: list[float]
-    samples_per_step: int
+    pooled: Trial         # every round's steady-state steps of this plan: its median and spread
 
     @property
-    def step_s(self) -> float:
-        return statistics.median(self.times)
+    def plan(self) -> tt.Plan:
+        return self.pooled.plan
 
     @property
     def throughput(self) -> float:
-        return self.samples_per_step / self.step_s
+        return self.pooled.samples_per_s
 
     @property
     def spread(self) -> float:
-        q = statistics.quantiles(self.times, n=10)
-        return (q[-1] - q[0]) / self.step_s
+        return self.pooled.spread
 
 
 def measure_plans(wl: Workload, plans: dict[str, tt.Plan], rounds: int) -> list[Row]:
@@ -114,13 +110,13 @@ def measure_plans(wl: Workload, plans: dict[str, tt.Plan], rounds: int) -> list[
     batches = [b for _, b in zip(range(4), wl.loader())]
     first = run_trial(model, wl.optimizer_fn, wl.loss_fn, batches, tt.Plan(), steps=5, warmup=2)
     steps = int(min(60, max(10, 2.0 / first.step_s)))
-    rows = {name: Row(name, plan, [], first.samples_per_step) for name, plan in plans.items()}
+    rows = {name: Row(name, Trial(plan, first.samples_per_step)) for name, plan in plans.items()}
     for _ in range(rounds):
         for row in rows.values():
             trial = run_trial(model, wl.optimizer_fn, wl.loss_fn, batches, row.plan, steps=steps, warmup=3)
             if not trial.ok:
                 raise RuntimeError(f"{wl.name}: {row.name} failed: {trial.error}")
-            row.times.extend(trial.step_times_s)
+            row.pooled.step_times_s.extend(trial.step_times_s)
     return list(rows.values())
 
 

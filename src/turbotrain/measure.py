@@ -155,20 +155,24 @@ def run_trial(model: nn.Module, optimizer_fn: Callable, loss_fn: Callable | None
     trial = Trial(plan=plan, samples_per_step=per_step)
 
     def steps_on(rt) -> None:
-        if loader is not None:
-            stream = _endless(lambda: rt.device_batches(rt.rebuild_loader(loader)))
+        if loader is None:
+            device_batches = [rt.to_device(b) for b in batches]
+
+            def micro(i: int) -> Iterable[Any]:
+                return _cycled(device_batches, i, rt.accum_steps)
+        else:
+            step_loader = rt.rebuild_loader(loader)  # once: persistent workers must outlive a pass
+            stream = _endless(lambda: rt.device_batches(step_loader))
             first = next(stream)
             trial.samples_per_step = batch_size_of(first) * rt.accum_steps
             stream = itertools.chain([first], stream)
-        else:
-            device_batches = [rt.to_device(b) for b in batches]
+
+            def micro(i: int) -> Iterable[Any]:
+                return itertools.islice(stream, rt.accum_steps)  # lazy: fetching is part of the step
         warm_start = time.perf_counter()
         for i in range(warmup + steps):
             started = time.perf_counter()
-            micro = (next(stream) if loader is not None
-                     else device_batches[(i * rt.accum_steps + j) % len(device_batches)]
-                     for j in range(rt.accum_steps))
-            trial.losses.append(_train_step(rt, micro, loss_fn, step_fn))
+            trial.losses.append(_train_step(rt, micro(i), loss_fn, step_fn))
             if i == warmup - 1:
                 trial.warmup_s = time.perf_counter() - warm_start
             elif i >= warmup:
@@ -221,8 +225,7 @@ def run_epochs(model: nn.Module, optimizer_fn: Callable, loss_fn: Callable | Non
         resident = [rt.to_device(b) for b in warmup_batches]
         started = time.perf_counter()
         for i in range(warmup if resident else 0):
-            _train_step(rt, (resident[(i * rt.accum_steps + j) % len(resident)] for j in range(rt.accum_steps)),
-                        loss_fn, step_fn)
+            _train_step(rt, _cycled(resident, i, rt.accum_steps), loss_fn, step_fn)
         trial.warmup_s = time.perf_counter() - started
         epoch_loader = rt.rebuild_loader(loader)  # once: persistent workers must outlive an epoch
         for _ in range(epochs):
@@ -260,13 +263,18 @@ def _train_step(rt: Any, micro_batches: Iterable[Any], loss_fn: Callable | None,
             loss = step_fn(rt.model, batch) if step_fn else loss_fn(rt.model(batch[0]), batch[1])
         with rt.no_sync(j + 1 < rt.accum_steps):
             rt.backward(loss / rt.accum_steps if rt.accum_steps > 1 else loss)
-        loss_sum += float(loss.detach())  # trials measure, a sync per step is intended
+        loss_sum += float(loss.detach())  # trials measure: a sync per micro-batch is accepted
     for opt in rt.optimizers:
         rt.optimizer_step(opt)
     rt.end_step()
     if rt.device.type == "cuda":
         torch.cuda.synchronize()
     return loss_sum / rt.accum_steps
+
+
+def _cycled(batches: Sequence[Any], step: int, accum_steps: int) -> Iterator[Any]:
+    """The micro-batches of optimizer step ``step`` when ``batches`` are reused cyclically."""
+    return (batches[(step * accum_steps + j) % len(batches)] for j in range(accum_steps))
 
 
 def _endless(make_epoch: Callable[[], Iterable]) -> Iterator[Any]:

@@ -7,9 +7,10 @@ import torch
 from torch import nn
 
 from turbotrain.plan import Plan
-from turbotrain.tune.batch_size import find_batch_size, resize_batch, split_effective_batch
+from turbotrain.data.transfer import resize_batch
+from turbotrain.tune.batch_size import find_batch_size, split_effective_batch
 
-from tune_helpers import adamw, fake_trial, loss_fn, tiny_loader, tiny_mlp
+from tune_helpers import adamw, fake_trial, loss_fn, tiny_loader
 
 MiB = 2**20
 

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import torch
 
-__all__ = ["move_batch", "tensors_in", "batch_size_of"]
+__all__ = ["move_batch", "tensors_in", "batch_size_of", "resize_batch"]
 
 
 def _move_tensor(t: torch.Tensor, device: torch.device, non_blocking: bool, channels_last: bool,
@@ -68,3 +69,22 @@ def batch_size_of(batch: Any) -> int:
     if isinstance(batch, dict) and batch:
         return batch_size_of(next(iter(batch.values())))
     return int(batch.shape[0]) if isinstance(batch, torch.Tensor) and batch.dim() else 1
+
+
+def resize_batch(batch: Any, size: int, rows: int | None = None) -> Any:
+    """``batch`` with every tensor whose first dimension is the batch (``rows``, by default the
+    batch's size) tiled (or cut) to ``size`` rows; other values pass through."""
+    rows = batch_size_of(batch) if rows is None else rows
+
+    def fit(t: Any) -> Any:
+        if isinstance(t, torch.Tensor) and t.dim() and t.shape[0] == rows:
+            reps = math.ceil(size / rows)
+            return t.repeat(reps, *([1] * (t.dim() - 1)))[:size] if reps > 1 else t[:size]
+        if isinstance(t, (list, tuple)):
+            items = [fit(x) for x in t]
+            return type(t)(*items) if hasattr(t, "_fields") else type(t)(items)
+        if isinstance(t, dict):
+            return type(t)((k, fit(v)) for k, v in t.items())
+        return t
+
+    return fit(batch)

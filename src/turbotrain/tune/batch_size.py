@@ -18,21 +18,20 @@ step needs (``tt.tune`` runs it with the chosen plan, compile included).
 from __future__ import annotations
 
 import gc
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 
-from ..data.transfer import batch_size_of
+from ..data.transfer import batch_size_of, resize_batch
 from ..hardware import resolve_device
 from ..measure import Trial, run_trial
 from ..plan import Plan
 from ..speedups.batch_size import round_to_multiple
 from .memory import host_memory_budget, release_host_memory
 
-__all__ = ["BatchSizeResult", "find_batch_size", "resize_batch", "split_effective_batch"]
+__all__ = ["BatchSizeResult", "find_batch_size", "split_effective_batch"]
 
 MARGIN = 0.1
 """Share of the memory limit kept free: allocator fragmentation, a longer sequence, the evaluation pass."""
@@ -57,24 +56,6 @@ class BatchSizeResult:
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
-
-
-def resize_batch(batch: Any, size: int) -> Any:
-    """``batch`` with every tensor whose first dimension is the batch tiled (or cut) to ``size`` rows."""
-    rows = batch_size_of(batch)
-
-    def fit(t: Any) -> Any:
-        if isinstance(t, torch.Tensor) and t.dim() and t.shape[0] == rows:
-            reps = math.ceil(size / rows)
-            return t.repeat(reps, *([1] * (t.dim() - 1)))[:size] if reps > 1 else t[:size]
-        if isinstance(t, (list, tuple)):
-            items = [fit(x) for x in t]
-            return type(t)(*items) if hasattr(t, "_fields") else type(t)(items)
-        if isinstance(t, dict):
-            return type(t)((k, fit(v)) for k, v in t.items())
-        return t
-
-    return fit(batch)
 
 
 def _release(cuda: bool) -> None:

@@ -22,6 +22,7 @@ the user's model in ``tt.tune``), which is also the seam tests use to inject res
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -162,6 +163,10 @@ class _Search:
     def _ratio(a: Trial, b: Trial) -> float:
         return a.step_s / b.step_s if a.ok and b.ok else 0.0
 
+    def _paired_ratio(self, against: Plan, plan: Plan) -> float:
+        """How many times faster ``plan`` is than ``against`` in one more pair (0 when either fails)."""
+        return self._ratio(*self._pair(against, plan))
+
     def _noisy(self, *trials: Trial) -> bool:
         return any(t.ok and t.spread > NOISY for t in trials)
 
@@ -193,13 +198,13 @@ class _Search:
         # What one more pair costs now: a compiled plan's graph is cached, so no second compile.
         need = self._estimate(against) + self._estimate(plan)
         if self._noisy(ref, trial) and self._can_pair_again(need):
-            ratios = [self._ratio(*self._pair(against, plan))]  # the first pair was measured through a load burst
+            ratios = [self._paired_ratio(against, plan)]  # the first pair was measured through a load burst
         # A win is measured again before it is believed, and so is a close loss.
         if ratios[0] >= UNSURE and self._can_pair_again(need):
-            ratios.append(self._ratio(*self._pair(against, plan)))
+            ratios.append(self._paired_ratio(against, plan))
             wins = [r >= 1 + self.min_gain for r in ratios]
             if wins[0] != wins[1] and self._can_pair_again(need):
-                ratios.append(self._ratio(*self._pair(against, plan)))  # the two disagree: a third decides
+                ratios.append(self._paired_ratio(against, plan))  # the two disagree: a third decides
         ratio, won = self._verdict(ratios)
         row.speedup = self.speedup_of.get(against, 1.0) * ratio
         if not won:
@@ -278,12 +283,10 @@ class _Search:
             current = self.best_of(switch, current, "compile")
         if current.compile is not False:
             for switch in (s for s in cheap if s.interacts_with_compile):
-                if getattr(current, switch.field) == getattr(self.base, switch.field):
-                    current = self.best_of(switch, current, "under-compile", " (under compile)")
-                else:
-                    plain = getattr(self.base, switch.field)
-                    flipped = Switch(switch.name, switch.field, (plain,), switch.order)
-                    current = self.best_of(flipped, current, "under-compile", " (under compile)")
+                plain = getattr(self.base, switch.field)
+                if getattr(current, switch.field) != plain:  # kept before compile: try it off again
+                    switch = dataclasses.replace(switch, values=(plain,))
+                current = self.best_of(switch, current, "under-compile", " (under compile)")
         return self.finish()
 
     def _final_ratio(self, plan: Plan) -> float:
@@ -291,7 +294,7 @@ class _Search:
         for _ in range(2):
             if ratios and self._estimate(self.base) + self._estimate(plan) > self.remaining():
                 break
-            ratios.append(self._ratio(*self._pair(self.base, plan)))
+            ratios.append(self._paired_ratio(self.base, plan))
         return statistics.geometric_mean(ratios) if min(ratios) > 0 else 0.0
 
     def finish(self) -> SearchResult:
