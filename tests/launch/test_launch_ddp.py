@@ -5,7 +5,6 @@ from __future__ import annotations
 import csv
 
 import pytest
-import torch
 
 import launch_tiny as tiny
 from conftest import WORKER, assert_same_weights, launch, read_rank
@@ -48,7 +47,6 @@ def test_only_rank_zero_writes_logs(ddp_run):
         rows = list(csv.DictReader(fh))
     # one row per logged step plus the validation row; a second writer would duplicate or interleave rows
     assert [int(r["step"]) for r in rows] == [1, 2, 3, 4, 4, 5, 6, 7]
-
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])

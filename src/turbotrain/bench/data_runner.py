@@ -26,7 +26,8 @@ from ..measure import EpochTrial, Trial, run_epochs
 from ..speedups.registry import get as get_speedup
 from .ablation import Candidate, candidates, tuned_candidate
 from .data_workload import CACHE, SOURCES, FilesWorkload, ServedFiles, ServerUnavailable, nginx_missing
-from .runner import BenchSettings, Progress, Row, WorkloadResult, _compare_rows, _row_of, _summarise
+from .runner import (BenchSettings, Progress, Row, WorkloadResult, _compare_rows, _insert_after_fast, _interleaved,
+                     _row_of, _summarise, _tuning_off)
 from .stats import compare
 from .workloads import get_workload
 
@@ -49,26 +50,21 @@ def run_data_workload(settings: BenchSettings, hw: Hardware, scale: str, progres
             with tempfile.TemporaryDirectory(prefix="turbotrain-bench-data-") as tmp:
                 progress(f"data: writing {wl.files} files and starting nginx")
                 with ServedFiles(wl, Path(tmp), settings.seed) as served:
-                    cands.insert(_after_fast(cands), _tuned(wl, model, served, Path(tmp), settings, progress, tune_fn))
+                    _insert_after_fast(cands, _tuned(wl, model, served, Path(tmp), settings, progress, tune_fn))
                     result.rows = _measure(wl, model, cands, served, Path(tmp), settings, progress)
                     return result
         except ServerUnavailable as exc:
             why = str(exc)
-    tuned = Candidate("tuned", "tuned", None)
-    cands.insert(_after_fast(cands), tuned)
+    _insert_after_fast(cands, Candidate("tuned", "tuned", None))
     result.skip = why
     result.rows = [_row_of(dataclasses.replace(c, skip=c.skip or why)) for c in cands]
     return result
 
 
-def _after_fast(cands: list[Candidate]) -> int:
-    return next(i for i, c in enumerate(cands) if c.kind == "fast") + 1
-
-
 def _tuned(wl: FilesWorkload, model: torch.nn.Module, served: ServedFiles, tmp: Path, settings: BenchSettings,
            progress: Progress, tune_fn: Callable | None) -> Candidate:
     if not settings.tune:
-        return Candidate("tuned", "tuned", None, skip="tuning is off for this run (--quick or --no-tune)")
+        return _tuning_off()
     progress(f"data: tuning (budget {settings.tune_budget_s:.0f} s)")
     # The tuner sees the loader the fast row reads through, and the tuned row reads the same way.
     loader = served.loader(CACHE, tmp / "tune-cache", settings.seed)
@@ -89,21 +85,16 @@ def _measure(wl: FilesWorkload, model: torch.nn.Module, cands: list[Candidate], 
     for source in dict.fromkeys(c.source for c in measured):
         next(iter(served.loader(source, tmp / "pilot-cache", settings.seed)))
     shutil.rmtree(tmp / "pilot-cache", ignore_errors=True)
-    trials: dict[int, list[EpochTrial]] = {id(c): [] for c in measured}
-    for rnd in range(settings.repeats):
-        for k, cand in enumerate(measured):
-            done = trials[id(cand)]
-            if done and not done[-1].ok:
-                continue  # a plan that failed once is reported, not retried
-            progress(f"data: round {rnd + 1}/{settings.repeats}, {cand.label}")
-            cache = tmp / f"cache-{rnd}-{k}" if cand.source == CACHE else None
-            if cand.plan.compile is not False:
-                torch.compiler.reset()  # each repeat compiles again: cold the first time, then from the disk cache
-            done.append(run_epochs(model, wl.optimizer_fn, wl.loss_fn, served.loader(cand.source, cache, settings.seed),
-                                   cand.plan, epochs=EPOCHS, warmup=settings.warmup, warmup_batches=warm,
-                                   seed=settings.seed))
-            if cache is not None:
-                shutil.rmtree(cache, ignore_errors=True)  # the next repeat's epoch 1 starts cold again
+
+    def run_one(rnd: int, k: int, cand: Candidate) -> EpochTrial:
+        cache = tmp / f"cache-{rnd}-{k}" if cand.source == CACHE else None
+        trial = run_epochs(model, wl.optimizer_fn, wl.loss_fn, served.loader(cand.source, cache, settings.seed),
+                           cand.plan, epochs=EPOCHS, warmup=settings.warmup, warmup_batches=warm, seed=settings.seed)
+        if cache is not None:
+            shutil.rmtree(cache, ignore_errors=True)  # the next repeat's epoch 1 starts cold again
+        return trial
+
+    trials: dict[int, list[EpochTrial]] = _interleaved("data", measured, settings.repeats, progress, run_one)
     by_epoch: list[list[Row]] = [[] for _ in range(EPOCHS)]
     unmeasured: list[Row] = []
     for cand in cands:

@@ -171,7 +171,6 @@ class TinyMLP(nn.Module):
         return self.net(x)
 
 
-
 class SmallConvNet(nn.Module):
     """Two strided convs and a linear head: so cheap that reading the samples, not the math, sets the pace."""
 

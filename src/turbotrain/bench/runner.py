@@ -202,8 +202,6 @@ def _trial(wl: Workload, model: nn.Module, cand: Candidate, settings: BenchSetti
            batches: Callable[[int], list[Any]], loader: Callable[[], Any]) -> Trial:
     plan = cand.plan
     assert plan is not None
-    if plan.compile is not False:
-        torch.compiler.reset()  # each repeat compiles again: cold the first time, then from the disk cache
     if cand.path == LOADER:
         return run_trial(model, wl.optimizer_fn, wl.loss_fn, [], plan, steps, settings.warmup,
                          seed=settings.seed, loader=loader())
@@ -222,6 +220,31 @@ def _calibrated_steps(wl: Workload, model: nn.Module, naive: Candidate, settings
         return settings.steps
     wanted = math.ceil(settings.min_trial_s / max(pilot.step_s, 1e-9))
     return max(settings.steps, min(settings.max_steps, wanted))
+
+
+def _tuning_off() -> Candidate:
+    return Candidate("tuned", "tuned", None, skip="tuning is off for this run (--quick or --no-tune)")
+
+
+def _insert_after_fast(cands: list[Candidate], tuned: Candidate) -> None:
+    """The tuned row goes right after the fast row."""
+    cands.insert(next(i for i, c in enumerate(cands) if c.kind == "fast") + 1, tuned)
+
+
+def _interleaved(name: str, measured: list[Candidate], repeats: int, progress: Progress,
+                 run_one: Callable[[int, int, Candidate], Any]) -> dict[int, list[Any]]:
+    """``run_one(round, index, cand)`` for round r of every plan before round r+1 of any; trials by ``id(cand)``."""
+    trials: dict[int, list[Any]] = {id(c): [] for c in measured}
+    for rnd in range(repeats):
+        for k, cand in enumerate(measured):
+            done = trials[id(cand)]
+            if done and not done[-1].ok:
+                continue  # a plan that failed once is reported, not retried
+            progress(f"{name}: round {rnd + 1}/{repeats}, {cand.label}")
+            if cand.plan.compile is not False:
+                torch.compiler.reset()  # each repeat compiles again: cold the first time, then from the disk cache
+            done.append(run_one(rnd, k, cand))
+    return trials
 
 
 def _row_of(cand: Candidate) -> Row:
@@ -295,9 +318,8 @@ def run_workload(name: str, settings: BenchSettings, hw: Hardware, progress: Pro
         progress(f"{name}: tuning (budget {settings.tune_budget_s:.0f} s)")
         tuned = tuned_candidate(wl, model, settings.device, settings.tune_budget_s, tune_fn, settings.compile)
     else:
-        tuned = Candidate("tuned", "tuned", None, skip="tuning is off for this run (--quick or --no-tune)")
-    fast_at = next(i for i, c in enumerate(cands) if c.kind == "fast") + 1
-    cands.insert(fast_at, tuned)
+        tuned = _tuning_off()
+    _insert_after_fast(cands, tuned)
 
     batch_cache: dict[int, list[Any]] = {}
 
@@ -316,14 +338,8 @@ def run_workload(name: str, settings: BenchSettings, hw: Hardware, progress: Pro
     measured = [c for c in cands if c.measured]
     progress(f"{name}: timing the naive plan to choose the number of steps")
     steps = _calibrated_steps(wl, model, cands[0], settings, batches)
-    trials: dict[int, list[Trial]] = {id(c): [] for c in measured}
-    for rnd in range(settings.repeats):
-        for cand in measured:
-            done = trials[id(cand)]
-            if done and not done[-1].ok:
-                continue  # a plan that failed once is reported, not retried
-            progress(f"{name}: round {rnd + 1}/{settings.repeats}, {cand.label}")
-            done.append(_trial(wl, model, cand, settings, steps, batches, loader))
+    trials = _interleaved(name, measured, settings.repeats, progress,
+                          lambda rnd, k, cand: _trial(wl, model, cand, settings, steps, batches, loader))
     rows = [_summarise(c, trials.get(id(c), []), wl, settings) for c in cands]
     _compare_rows(rows)
 

@@ -102,8 +102,7 @@ class FiniteGuard:
             self.agree(self.found)  # a collective on the device: still no host sync
         if self.on_device_skip or self.deferred:
             self._pending.add_(self.found)
-            self._first_bad = torch.where((self._first_bad < 0) & (self.found > 0),
-                                          torch.full_like(self._first_bad, step), self._first_bad)
+            self._first_bad.masked_fill_((self._first_bad < 0) & (self.found > 0), step)  # in place, no sync
             return True
         if self.found.item() == 0.0:  # the one sync per step of this path (said once at start)
             return True

@@ -137,7 +137,7 @@ class Trainer:
         # Chosen once, so the per-step path makes no call it does not need.
         self._manual = self.config.manual_optimization
         self._host = self.rt.device.type != "cuda"  # losses read as floats: no device to wait for
-        self._no_contexts = self.rt.ddp is None and self.rt.autocast_dtype is None
+        self._no_contexts = self.rt.ddp is None and self.rt.autocast_dtype is None and self.rt.scaler is None
         needs_wrapper = self.config.gradient_clip_val is not None or self.guard.on_device_skip
         self._step_one = self._step_optimizer if needs_wrapper else self.rt.optimizer_step
         self._per_step_schedulers = bool(self.schedulers) and self.config.scheduler_interval == "step"
@@ -316,12 +316,9 @@ class Trainer:
     def _step_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         if self.config.gradient_clip_val is not None:
             self.rt.clip_gradients(optimizer, self.config.gradient_clip_val)
-        if self.guard.on_device_skip:
-            self.guard.arm((optimizer,))
-            self.rt.optimizer_step(optimizer)
-            self.guard.disarm((optimizer,))
-        else:
-            self.rt.optimizer_step(optimizer)
+        self.guard.arm((optimizer,))  # fused optimizers on a GPU: the verdict skips the update there
+        self.rt.optimizer_step(optimizer)
+        self.guard.disarm((optimizer,))
 
     def _finish_step(self, loss: Any) -> bool:
         """Optimizer step(s) and the step-boundary bookkeeping. True when training must stop."""
@@ -337,8 +334,7 @@ class Trainer:
                 else:
                     zero_grad(opt, self.rt.set_to_none)
         if stepped:
-            if self.rt.scaler is not None:
-                self.rt.end_step()
+            self.rt.end_step()
             if self._per_step_schedulers:
                 self._step_schedulers()
         else:
