@@ -58,6 +58,18 @@ class Report:
     trace_path: str | None = None
     doctor_seconds: dict[str, float] = field(default_factory=dict)
     base: str | None = None
+    # How steps were delimited: "optimizer.step()", "loss.backward()" (no optimizer stepped) or "watch.step()".
+    step_delimiter: str = "optimizer.step()"
+    # The machine as the run saw it: usable cores (affinity, cgroup quota), torch's threads, DataLoader
+    # workers, other processes' load during the window, and the step-time dispersion (p90/p10).
+    machine: dict[str, Any] = field(default_factory=dict)
+    # Set when the window's dispersion or the machine's outside load is too high to trust small gains:
+    # {"level": "high", "reasons": [...], "min_gain": 1.4} (gains under min_gain cannot be told from noise).
+    noise: dict[str, Any] | None = None
+    # Work that recurs every N steps (validation, checkpoints, logging), amortised over its period:
+    # [{"kind": "validation", "every": 20, "cost_ms": 812.0, "share": 0.41, "where": "train.py:57",
+    #   "suggested_every": 160}]
+    periodic: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def exit_code(self) -> int:
@@ -97,6 +109,10 @@ class Report:
             out["step_time_ms"] = {"median": None, "p90": None}
             out["breakdown"] = dict.fromkeys(CATEGORIES, 0.0)
             out["bottleneck"] = None
+        out["step_delimiter"] = self.step_delimiter
+        out["machine"] = self.machine
+        out["noise"] = self.noise
+        out["periodic"] = self.periodic
         out["findings"] = [f.to_dict(self.base) for f in self.findings]
         out["syncs"], out["copies"], out["top_ops"] = self.syncs, self.copies, self.top_ops
         out["messages"] = self.messages
