@@ -39,8 +39,20 @@ def test_breakdown_adds_up_to_the_measured_mean_with_interference_apart():
     # The stall came out of compute, where it was: the step looks like its neighbours again.
     assert b.timeline[4]["compute"] == pytest.approx(b.timeline[0]["compute"])
     assert b.shares["data_loading"] == pytest.approx(0.2)
-    assert b.shares["python_overhead"] == pytest.approx(0.25 * 0.7)
+    # Dispatch overhead stays inside compute (its phase) and is reported as part of it.
+    assert b.shares["python_overhead"] == 0.0 and b.shares["compute"] == pytest.approx(0.7)
+    assert b.dispatch_of("compute") == pytest.approx(0.25)
+    assert b.dispatch_share == pytest.approx(0.25 * 0.7)
     assert b.bottleneck == "compute"
+
+
+def test_an_optimizer_loop_of_tiny_kernels_is_optimizer_bound():
+    """801 small tensors: the optimizer's time is nearly all per-op overhead, and it is still the optimizer."""
+    steps = [step(i, 0.064, {"forward": 0.012, "backward": 0.010, "optimizer": 0.042}) for i in range(6)]
+    b = compute_breakdown(steps, warmup=1, overhead=Overhead(method="measured", compute_share=0.5,
+                                                             optimizer_s=0.038))
+    assert b.bottleneck == "optimizer" and b.shares["optimizer"] == pytest.approx(42 / 64)
+    assert b.dispatch_of("optimizer") == pytest.approx(38 / 42)
 
 
 def test_a_long_step_loses_its_wait_in_proportion():

@@ -71,15 +71,17 @@ def batch_size_of(batch: Any) -> int:
     return int(batch.shape[0]) if isinstance(batch, torch.Tensor) and batch.dim() else 1
 
 
-def resize_batch(batch: Any, size: int, rows: int | None = None) -> Any:
-    """``batch`` with every tensor whose first dimension is the batch (``rows``, by default the
-    batch's size) tiled (or cut) to ``size`` rows; other values pass through."""
+def resize_batch(batch: Any, size: int, rows: int | None = None, dim: int = 0) -> Any:
+    """``batch`` with every tensor whose dimension ``dim`` is the batch (``rows``, by default the
+    batch's size) tiled (or cut) to ``size`` rows; other values pass through. ``dim=1`` is the
+    ``[seq, batch, ...]`` layout of an RNN without ``batch_first`` (its hidden state too)."""
     rows = batch_size_of(batch) if rows is None else rows
 
     def fit(t: Any) -> Any:
-        if isinstance(t, torch.Tensor) and t.dim() and t.shape[0] == rows:
+        if isinstance(t, torch.Tensor) and t.dim() > dim and t.shape[dim] == rows:
             reps = math.ceil(size / rows)
-            return t.repeat(reps, *([1] * (t.dim() - 1)))[:size] if reps > 1 else t[:size]
+            tiled = t.repeat(*[reps if d == dim else 1 for d in range(t.dim())]) if reps > 1 else t
+            return tiled.narrow(dim, 0, size)
         if isinstance(t, (list, tuple)):
             items = [fit(x) for x in t]
             return type(t)(*items) if hasattr(t, "_fields") else type(t)(items)

@@ -3,13 +3,14 @@
 The breakdown's categories add up to the measured step time: every second of every measured
 step is charged to exactly one category (see :meth:`StepRecord.categories`).
 
-``python_overhead`` is carved out of compute and optimizer time as measured by
-:mod:`turbotrain.doctor.overhead` (the part of forward+backward that does not grow with the
-batch; the optimizer's time beyond its memory traffic). When it dominates, the step is bound by
-per-op dispatch and interpreter time (tiny batches, tiny ops), not by the kernels' own work.
-On CUDA, compute and optimizer are the device's time (CUDA events around each phase); device
-idle time while the host was issuing the step's ops is python_overhead, and the rest of the
-step goes to what the host was doing (data, copies, syncs).
+Per-op dispatch and interpreter time stays with the phase it belongs to: a step whose optimizer
+loops over 800 small tensors is ``optimizer``-bound, and ``dispatch`` says how much of each phase
+is that overhead, as measured by :mod:`turbotrain.doctor.overhead` (the part of forward+backward
+that does not grow with the batch; the optimizer's time beyond its memory traffic). On CUDA,
+compute and optimizer are the device's time (CUDA events around each phase); device idle time
+while the host was issuing the step's ops is ``python_overhead`` (the device waits on Python),
+and the rest of the step goes to what the host was doing (data, copies, syncs). On the CPU the
+host *is* the device, so ``python_overhead`` stays 0 there.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 
 from .records import CATEGORIES, StepRecord
 
-__all__ = ["Breakdown", "Overhead", "compute_breakdown", "op_counts", "select_steps"]
+__all__ = ["Breakdown", "Overhead", "Periodic", "compute_breakdown", "find_periodic", "op_counts", "select_steps"]
 
 
 def op_counts(profiler: Any, steps: int) -> dict[str, Any]:
@@ -71,7 +72,21 @@ class Breakdown:
     warmup_included: bool = False            # too few steps ran: warm-up steps are in the numbers
     overhead: dict[str, Any] = field(default_factory=dict)
     interference_s: float = 0.0              # mean seconds per step lost to other processes (see below)
-    raw_shares: dict[str, float] = field(default_factory=dict)  # before python_overhead was carved out
+    raw_shares: dict[str, float] = field(default_factory=dict)  # as timed (before any stall was taken out)
+    dispatch: dict[str, float] = field(default_factory=dict)    # seconds per step of each phase that are overhead
+    periodic: list["Periodic"] = field(default_factory=list)     # recurring work, amortised into the numbers
+
+    @property
+    def dispatch_share(self) -> float:
+        """Share of step time that is per-op dispatch and interpreter overhead, whatever phase holds it."""
+        total = sum(self.seconds.values())
+        own = sum(self.dispatch.values()) + self.seconds.get("python_overhead", 0.0)
+        return own / total if total > 0 else 0.0
+
+    def dispatch_of(self, category: str) -> float:
+        """Share of ``category``'s own time that is overhead."""
+        seconds = self.seconds.get(category, 0.0)
+        return min(1.0, self.dispatch.get(category, 0.0) / seconds) if seconds > 0 else 0.0
 
     @property
     def median_s(self) -> float:
@@ -113,8 +128,8 @@ class Overhead:
     detail: dict[str, float] = field(default_factory=dict)
 
 
-def _carve_overhead(cats: dict[str, float], overhead: Overhead) -> None:
-    """Move the overhead out of compute and optimizer into python_overhead."""
+def _carve_overhead(cats: dict[str, float], overhead: Overhead) -> dict[str, float]:
+    """Seconds of compute and optimizer that are overhead (the model of :class:`Overhead`)."""
     if overhead.method == "measured":
         move = {"compute": cats["compute"] * overhead.compute_share,
                 "optimizer": min(overhead.optimizer_s, 0.95 * cats["optimizer"])}
@@ -123,10 +138,8 @@ def _carve_overhead(cats: dict[str, float], overhead: Overhead) -> None:
         take = min(overhead.estimate_s, 0.95 * pool)
         move = {k: take * cats[k] / pool for k in ("compute", "optimizer")} if pool > 0 else {}
     else:
-        return
-    for key, seconds in move.items():
-        cats[key] -= seconds
-        cats["python_overhead"] += seconds
+        return {}
+    return move
 
 
 def _gpu_categories(cats: dict[str, float], duration: float, device: dict[str, float]) -> dict[str, float]:
@@ -197,6 +210,70 @@ def _remove_stalls(per_step: list[dict[str, float]]) -> list[float]:
     return removed
 
 
+# Work that comes back every N steps (validation, checkpoints) shows as a few steps whose
+# outside_step time towers over the others'. (A new epoch's DataLoader start is persistent-workers'.)
+PERIODIC_CATEGORIES = ("outside_step",)
+
+
+@dataclass
+class Periodic:
+    """Work recurring every ``every`` steps in ``category``, amortised over its period."""
+
+    category: str
+    steps: list[int]                 # step indices where it happened
+    every: int | None                # steps between occurrences; None: seen once (the period is unknown)
+    cost_s: float                    # seconds each occurrence adds over an ordinary step
+    base_s: float                    # an ordinary step's seconds in that category (the median)
+
+    @property
+    def amortised_s(self) -> float:
+        return self.cost_s / self.every if self.every else 0.0
+
+
+def find_periodic(steps: list[StepRecord], first: int = 1) -> list[Periodic]:
+    """Recurring spikes per category over ``steps`` (from index ``first``: step 0 holds the script's setup).
+
+    A spike is a step whose category time exceeds 3x the median plus half an ordinary step (and
+    at least 2 ms): well past a scheduler hiccup, and a real cost. Its period is the median gap
+    between spikes.
+    """
+    chosen = [s for s in steps if s.index >= first]
+    if len(chosen) < 3:
+        return []
+    per_step = [s.categories() for s in chosen]
+    floor = max(PERIODIC_FLOOR_S, 0.5 * statistics.median(s.duration for s in chosen))
+    out = []
+    for category in PERIODIC_CATEGORIES:
+        # Time another process held the CPU is not the script's work; a long step loses it all along, so
+        # it comes out in proportion (a short stall in an ordinary step then stays under the threshold).
+        values = [c[category] * (1.0 - min(1.0, (s.preempted or 0.0) / s.duration)) if s.duration > 0 else 0.0
+                  for s, c in zip(chosen, per_step)]
+        med = statistics.median(values)
+        spikes = [(s.index, v) for s, v in zip(chosen, values) if v > 3 * med + floor]
+        if not spikes or len(spikes) > len(chosen) // 2:
+            continue  # none, or most steps: that is the step itself, not periodic work
+        indices = [i for i, _ in spikes]
+        gaps = [b - a for a, b in zip(indices, indices[1:])]
+        out.append(Periodic(category, indices, int(statistics.median(gaps)) if gaps else None,
+                            statistics.fmean(v - med for _, v in spikes), med))
+    return out
+
+
+PERIODIC_FLOOR_S = 0.002
+
+
+def _amortise(per_step: list[dict[str, float]], chosen: list[StepRecord], periodic: list[Periodic]) -> None:
+    """Replace each periodic spike in the window by its cost spread over its period (in place), so the
+    numbers do not depend on how many occurrences the window happened to hold."""
+    for p in periodic:
+        if not p.every:
+            continue
+        for step, cats in zip(chosen, per_step):
+            if step.index in p.steps:
+                cats[p.category] = p.base_s
+            cats[p.category] += p.amortised_s
+
+
 def _fractions(seconds: dict[str, float]) -> dict[str, float]:
     total = sum(seconds.values())
     return {k: (v / total if total > 0 else 0.0) for k, v in seconds.items()}
@@ -215,11 +292,11 @@ def compute_breakdown(steps: list[StepRecord], warmup: int, overhead: Overhead |
     overhead = overhead or Overhead()
     per_step = []
     raw = dict.fromkeys(CATEGORIES, 0.0)
+    dispatch = {"compute": 0.0, "optimizer": 0.0}
     for step in chosen:
         cats = step.categories()
         for key, value in cats.items():
             raw[key] += value
-        _carve_overhead(cats, overhead)
         if gpu_seconds and step.index in gpu_seconds:
             cats = _gpu_categories(cats, step.duration, gpu_seconds[step.index])
         per_step.append(cats)
@@ -227,6 +304,12 @@ def compute_breakdown(steps: list[StepRecord], warmup: int, overhead: Overhead |
         removed = _remove_preemption(per_step, [s.preempted for s in chosen])
     else:
         removed = _remove_stalls(per_step)
+    periodic = find_periodic(steps)
+    _amortise(per_step, chosen, periodic)
+    for step, cats in zip(chosen, per_step):
+        if not (gpu_seconds and step.index in gpu_seconds):  # on CUDA the idle device is python_overhead
+            for key, seconds in _carve_overhead(cats, overhead).items():
+                dispatch[key] += seconds
     totals = dict.fromkeys(CATEGORIES, 0.0)
     timeline = []
     for step, cats, lost in zip(chosen, per_step, removed):
@@ -242,7 +325,7 @@ def compute_breakdown(steps: list[StepRecord], warmup: int, overhead: Overhead |
         steps=[s.index for s in chosen], step_seconds=durations,
         seconds={k: v / n for k, v in totals.items()}, shares=shares, bottleneck=bottleneck,
         timeline=timeline, warmup_included=warm_included, interference_s=sum(removed) / n,
-        raw_shares=_fractions(raw),
+        raw_shares=_fractions(raw), dispatch={k: v / n for k, v in dispatch.items()}, periodic=periodic,
         overhead={"method": overhead.method, "compute_share": overhead.compute_share,
                   "optimizer_ms": overhead.optimizer_s * 1e3, "estimate_ms": overhead.estimate_s * 1e3,
                   **overhead.detail},

@@ -63,6 +63,7 @@ class Context:
     storage_stats: Any = None               # filled by the data layer (slow-storage); None when unknown
     step_records: list[StepRecord] = field(default_factory=list)
     gap_samples: dict[Site, int] = field(default_factory=dict)   # user lines running untimed before the forward
+    ran_code: set[Any] | None = None        # user code objects seen running (warm-up, profiler window); None: untraced
 
     def replace(self, **changes: Any) -> "Context":
         return dataclasses.replace(self, **changes)
@@ -81,8 +82,12 @@ class Context:
         return self.breakdown.shares.get(category, 0.0)
 
     def timed_share(self, category: str) -> float:
-        """The share a phase took as timed, before its dispatch overhead moved to python_overhead."""
+        """The share a phase took as timed, stalls from other processes included."""
         return self.breakdown.raw_shares.get(category, self.share(category))
+
+    def dispatch_share(self) -> float:
+        """Share of step time that is per-op dispatch and interpreter overhead, in whichever phase."""
+        return self.breakdown.dispatch_share
 
     def seconds(self, category: str) -> float:
         return self.breakdown.seconds.get(category, 0.0)
@@ -132,6 +137,20 @@ class Context:
         measured = set(self.measured_steps)
         chosen = [s for s in self.step_records if s.index in measured]
         return sum(getattr(s, attr) for s in chosen) / len(chosen) if chosen else 0.0
+
+    def function_ran(self, site: Site | None) -> bool | None:
+        """Whether the function holding ``site``'s line was seen running (during warm-up or the profiler
+        window, or with an event recorded at that very line); None when the run could not tell."""
+        if site is None or self.ran_code is None:
+            return None
+        if any(seen.file == site.file and seen.line == site.line for _, seen in self.tallies):
+            return True
+        # A line belongs to the innermost code object whose lines include it.
+        owners = [c for c in self.ran_code if c.co_filename == site.file
+                  and any(line == site.line for _, _, line in c.co_lines())]
+        if owners:
+            return True
+        return False if self.ran_code else None
 
     @property
     def written_for_gpu(self) -> bool:
@@ -238,4 +257,5 @@ def build_context(recorder: Any, script: str | None = None, device: str | None =
         profile=prof, matmul_shapes=dict(recorder.matmul_shapes), env=dict(os.environ),
         sources=load_sources(_user_files(script, recorder.tallies, module_sites)), world_size=world,
         step_records=list(recorder.steps), gap_samples=dict(recorder.gap_samples), storage_stats=storage_stats(recorder),
+        ran_code=set(recorder.ran_code) if getattr(recorder, "ran_code", None) is not None else None,
     )

@@ -12,6 +12,7 @@ from .context import Context, build_context
 from .recorder import Recorder
 from .report import Report
 from .rules import evaluate, order
+from .rules.runtime import periodic_table
 from .runner import ScriptRun, run_script
 from .sites import relative_where
 
@@ -35,7 +36,8 @@ def diagnose_script(script: str | os.PathLike, argv: list[str] | None = None,
                     options: DoctorOptions | None = None) -> Report:
     """Run ``script`` with ``argv`` under the doctor and return its report."""
     options = options or DoctorOptions()
-    recorder = Recorder(measure=options.steps, warmup=options.warmup, profile=options.profile_steps)
+    recorder = Recorder(measure=options.steps, warmup=options.warmup, profile=options.profile_steps,
+                        sees_construction=True)
     started = time.perf_counter()
     run = run_script(script, list(argv or []), recorder)
     return analyse(recorder, run, options, script=str(script), run_seconds=time.perf_counter() - started)
@@ -87,6 +89,12 @@ def _messages(recorder: Recorder, run: ScriptRun | None, ctx: Context | None, re
     if ctx is not None and ctx.breakdown.warmup_included:
         out.append("Too few steps ran to skip the warm-up: its steps are in the numbers (compile and cache effects "
                    "included).")
+    asked = getattr(recorder, "_measure_asked", None)
+    if ctx is not None and asked is not None and recorder.measure > asked:
+        every = [row for row in ctx.breakdown.periodic if row.every]
+        out.append(f"The window was extended from {asked} to {recorder.measure} steps to see the period of the work "
+                   "that recurs between steps" + (f" (every {every[0].every} steps)." if every else
+                                                  " (it did not come back within the extension)."))
     if recorder.profiler is None and done:
         out.append("No profiler window ran (the script stopped first): no op table or trace.")
     return out
@@ -100,9 +108,10 @@ def analyse(recorder: Recorder, run: ScriptRun | None, options: DoctorOptions, s
     base = os.path.dirname(script_path) if script_path else None
     timings = {"run": run_seconds}
     if not recorder.steps:
-        message = ("The script never called optimizer.step(), so there was no training step to measure. The doctor "
-                   "marks steps at the optimizer; for a custom update rule, put the loop inside "
-                   "`with turbotrain.doctor.watch() as w:` and call `w.step()` at the end of each step.")
+        message = ("The script never called optimizer.step() nor loss.backward(), so there was no training step to "
+                   "measure. The doctor marks steps at the optimizer, or at the backward when no optimizer steps; "
+                   "for anything else, put the loop inside `with turbotrain.doctor.watch() as w:` and call "
+                   "`w.step()` at the end of each step.")
         messages = _messages(recorder, run, None, requested) if run is not None and run.failed else []
         report = Report(status="error" if run is not None and run.failed else "no-steps", breakdown=None, findings=[],
                         script=relative_where(script_path) if script_path else None,
@@ -143,5 +152,6 @@ def analyse(recorder: Recorder, run: ScriptRun | None, options: DoctorOptions, s
         script=relative_where(script_path) if script_path else None, argv=run.argv if run else [], run=run,
         steps_requested=options.steps, warmup_steps=options.warmup, steps_completed=len(recorder.steps),
         messages=messages, syncs=_sync_table(ctx), copies=_copy_table(ctx), top_ops=_top_ops(recorder, profiled),
-        trace_path=trace, doctor_seconds=timings, base=base,
+        trace_path=trace, doctor_seconds=timings, base=base, step_delimiter=recorder.step_delimiter,
+        periodic=[{k: v for k, v in row.items() if k != "site"} for row in periodic_table(ctx)],
     )

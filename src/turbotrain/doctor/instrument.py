@@ -47,10 +47,11 @@ os.register_at_fork(after_in_child=_forget_in_child)
 
 # -- phases -----------------------------------------------------------------------------------------
 
-def _phase(phase: str, original: Callable, on_enter: Callable | None = None, untimed_ok: bool = False) -> Callable:
+def _phase(phase: str, original: Callable, on_enter: Callable | None = None, untimed_ok: bool = False,
+           on_exit: Callable | None = None) -> Callable:
     """Time ``original`` as ``phase``. With ``untimed_ok`` (the backward: its time is compute either way,
     as untimed time after the forward) only the bookkeeping runs, unless a trace range or device time
-    is wanted."""
+    is wanted. ``on_exit(rec)`` runs after a call that returned."""
 
     def wrapper(*args, **kwargs):
         rec = _live()
@@ -59,16 +60,20 @@ def _phase(phase: str, original: Callable, on_enter: Callable | None = None, unt
         if on_enter is not None:
             on_enter(rec)
         if untimed_ok and not rec._profiling and not rec.gpu and rec._open.marks and not rec._stack:
-            return original(*args, **kwargs)
-        rec.push(phase)
-        if rec.gpu:
-            rec.gpu_mark(phase, start=True)
-        try:
-            return original(*args, **kwargs)
-        finally:
+            out = original(*args, **kwargs)
+        else:
+            rec.push(phase)
             if rec.gpu:
-                rec.gpu_mark(phase, start=False)
-            rec.pop()
+                rec.gpu_mark(phase, start=True)
+            try:
+                out = original(*args, **kwargs)
+            finally:
+                if rec.gpu:
+                    rec.gpu_mark(phase, start=False)
+                rec.pop()
+        if on_exit is not None:
+            on_exit(rec)
+        return out
 
     wrapper.__name__ = getattr(original, "__name__", phase)
     wrapper.__doc__ = getattr(original, "__doc__", None)
@@ -209,6 +214,7 @@ def _loader_iter(original: Callable) -> Callable:
         rec = _live()
         if rec is None:
             return original(self)
+        rec.step_starts()
         it, seconds = _in_phase(rec, "data", original, self)
         _loader_record(rec, self)
         try:
@@ -226,6 +232,7 @@ def _iter_next(original: Callable) -> Callable:
         rec = _live()
         if rec is None:
             return original(self)
+        rec.step_starts()
         batch, seconds = _in_phase(rec, "data", original, self)
         record = rec.loaders.get(getattr(self, "_tt_loader", -1))
         if record is not None:
@@ -243,7 +250,13 @@ def _tensor_factory(original: Callable) -> Callable:
 
     def tensor(data, *args, **kwargs):
         rec = _live()
-        if rec is None or type(data).__module__ != "numpy" or not hasattr(data, "nbytes"):
+        if rec is None:
+            return original(data, *args, **kwargs)
+        if type(data).__module__ != "numpy" or not hasattr(data, "nbytes"):
+            # What the user's line really passes (a list, a scalar): the NumPy rule stays quiet there.
+            tally = rec.tally("tensor_other", caller_site(sys._getframe(1)))
+            if tally is not None:
+                tally.add(rec.step_index)
             return original(data, *args, **kwargs)
         site = caller_site(sys._getframe(1))
         started = _perf()
@@ -325,13 +338,18 @@ def _on_backward(rec: "_rec.Recorder") -> None:
     rec.on_backward()
 
 
+def _after_backward(rec: "_rec.Recorder") -> None:
+    rec.after_backward()
+
+
 def install(rec: "_rec.Recorder", patcher: Patcher) -> None:
     """Install every wrapper on ``patcher`` (restored when the recording ends)."""
     for name in _rec.SYNC_METHODS:
         patcher.replace(torch.Tensor, name, lambda orig, kind=name.strip("_"): _rec.wrap_sync(kind, orig))
     patcher.replace(torch.Tensor, "to", _copy)
     patcher.replace(torch.Tensor, "cuda", _copy)
-    patcher.replace(torch.autograd, "backward", lambda orig: _phase("backward", orig, _on_backward, untimed_ok=True))
+    patcher.replace(torch.autograd, "backward", lambda orig: _phase("backward", orig, _on_backward, untimed_ok=True,
+                                                                    on_exit=_after_backward))
     patcher.replace(torch.autograd, "grad", lambda orig: _phase("backward", orig))
     patcher.replace(torch.optim.Optimizer, "zero_grad", _zero_grad)
     patcher.replace(nn.Module, "zero_grad", _zero_grad)

@@ -19,6 +19,7 @@ import contextlib
 import logging
 import os
 import re
+import statistics
 import sys
 import threading
 import time
@@ -33,7 +34,7 @@ from torch import nn
 from ..data import stats as data_stats
 from .patching import Patcher
 from .records import Capture, ForwardFacts, LoaderRecord, StepRecord, Tally
-from .sites import _USER_FILES, Site, caller_site, user_site
+from .sites import _USER_FILES, Site, caller_site, is_user_file, user_site
 
 __all__ = ["Recorder", "Stop", "active_recorder"]
 
@@ -89,14 +90,25 @@ class Recorder:
     """
 
     def __init__(self, measure: int | None = 20, warmup: int = 3, profile: int = 2, stop: bool = True,
-                 capture: bool = True, trace_ranges: bool = True) -> None:
+                 capture: bool = True, trace_ranges: bool = True, sees_construction: bool = False) -> None:
         if warmup < 1:
             raise ValueError("warmup must be >= 1: the first step also holds the script's setup time")
         self.measure, self.warmup, self.profile_steps = measure, warmup, profile
         # With no end in sight (measure=None) the profiler window comes right after warm-up.
         self.profile_at = warmup if measure is None else warmup + measure
+        self._measure_asked = measure
+        self._extension_started: float | None = None
+        self._extension_limit = 0
         self.stop_after = warmup + measure + profile if stop and measure is not None else None
         self.manual_steps = False             # steps marked by mark_step(), not by optimizers
+        # Steps delimited by loss.backward(): no optimizer ever stepped (a hand-written update). With
+        # ``sees_construction`` (installed before the script ran) a script that built no optimizer is
+        # known at its first backward; otherwise a known optimizer may still step after accumulating.
+        self.backward_steps = False
+        self.sees_construction = sees_construction
+        self._backwards_unstepped = 0
+        self._optimizer_stepped = False
+        self._pending_update = False           # a backward ended; the step closes when the next one starts
         self.want_capture = capture
         self.trace_ranges = trace_ranges
 
@@ -148,6 +160,11 @@ class Recorder:
         self._sampler: _GapSampler | None = None
         self._top_ids: set[int] = set()
         self._wrapped_classes: set[type] = set()
+        # The user's functions seen running (warm-up and the profiler window: a trace hook costs a Python
+        # call per frame, too much for the measured steps). Static rules ask whether their line's
+        # function ran. None: not traced (another tracer, a debugger or coverage, was installed).
+        self.ran_code: set[Any] | None = set()
+        self._tracing = False
 
     # -- install / uninstall ------------------------------------------------------------------
 
@@ -171,6 +188,7 @@ class Recorder:
         except OSError:
             self._sched_fd = None
         self.started = perf_counter()
+        self._trace_functions(True)
         # Reads through turbotrain.data (any process: DataLoader workers count into a shared file).
         data_stats.share_with_workers()
         self.reads_at_start = self.reads_at_end = None
@@ -196,6 +214,7 @@ class Recorder:
         if _ACTIVE is not self:
             return
         self.finished = perf_counter()
+        self._trace_functions(False)
         if self._sampler is not None:
             self._sampler.stop()
         self._stop_profiler()
@@ -211,6 +230,23 @@ class Recorder:
             os.close(self._sched_fd)
             self._sched_fd = None
         _ACTIVE = None
+
+    def _trace_functions(self, on: bool) -> None:
+        if on and not self._tracing and self.ran_code is not None:
+            if sys.gettrace() is not None:
+                self.ran_code = None  # never displace a debugger's or coverage's tracer
+                return
+            sys.settrace(self._on_call)
+            self._tracing = True
+        elif not on and self._tracing:
+            sys.settrace(None)
+            self._tracing = False
+
+    def _on_call(self, frame: Any, event: str, arg: Any) -> None:
+        code = frame.f_code
+        if code not in self.ran_code and is_user_file(code.co_filename):
+            self.ran_code.add(code)
+        return None  # no line events: only which functions ran
 
     def runqueue_wait(self) -> int:
         """Nanoseconds this thread has waited for a CPU so far (0 where the kernel does not say)."""
@@ -230,7 +266,7 @@ class Recorder:
     def step_index(self) -> int:
         """The step an event now belongs to."""
         n = len(self.steps)
-        if not self._expected and self._open.snapshot is not None and not self.manual_steps:
+        if not self._expected and self._open.snapshot is not None and self._optimizer_delimits:
             # The first step ends at its last optimizer step, which is only known when an optimizer
             # steps a second time; until then, what follows an optimizer step counts as the next step.
             return n + 1
@@ -311,8 +347,9 @@ class Recorder:
             raise Stop()
         if id(optimizer) not in self._optimizer_ids:
             self.note_optimizer(optimizer, None)
+        self._optimizer_stepped = True
         opened = self._open
-        if id(optimizer) in opened.stepped and opened.snapshot is not None and not self.manual_steps:
+        if id(optimizer) in opened.stepped and opened.snapshot is not None and self._optimizer_delimits:
             # This optimizer already stepped since the last boundary: the previous step ended at
             # the last optimizer step (a loop with several optimizers, first steps).
             self._close_lazily()
@@ -331,7 +368,9 @@ class Recorder:
         opened.opt_steps += 1
         now = perf_counter()
         expected = self._expected
-        if expected and expected <= opened.stepped and not self.manual_steps:
+        if not self._optimizer_delimits:
+            return
+        if expected and expected <= opened.stepped:
             self._close(now)
             return
         # The step may go on (another optimizer) or may have ended (known at the next optimizer step).
@@ -345,6 +384,52 @@ class Recorder:
         if self._stopping:
             raise Stop()
         self.manual_steps = True
+        self._open.opt_steps = max(self._open.opt_steps, 1)
+        self._close(perf_counter())
+
+    @property
+    def step_delimiter(self) -> str:
+        if self.manual_steps:
+            return "watch.step()"
+        return "loss.backward()" if self.backward_steps else "optimizer.step()"
+
+    @property
+    def _optimizer_delimits(self) -> bool:
+        return not (self.manual_steps or self.backward_steps)
+
+    # Backwards before a script that built optimizers is taken to update weights by hand: gradient
+    # accumulation over more micro-batches than this is rare (nanoGPT's default is 40).
+    BACKWARDS_WITHOUT_STEP = 64
+
+    def after_backward(self) -> None:
+        """A backward ended. Without optimizer steps, it ends the step's compute: what follows until the
+        next step starts (a data fetch or a training forward) is the hand-written update."""
+        if self.manual_steps or self._optimizer_stepped:
+            return
+        if not self.backward_steps:
+            self._backwards_unstepped += 1
+            known = bool(self.optimizers) or not self.sees_construction
+            if known and self._backwards_unstepped < self.BACKWARDS_WITHOUT_STEP:
+                return
+            self.backward_steps = True
+            self._trained_ids = None  # trained now means "has trainable parameters"
+            self._trained_cache.clear()
+            log.info("turbotrain doctor: no optimizer step after %d backward(s): steps are delimited by "
+                     "loss.backward()", self._backwards_unstepped)
+        if self._pending_update:  # two backwards in a row (a second loss): the update comes after the last
+            self.pop()
+        self._pending_update = True
+        self.push("update")
+
+    def step_starts(self) -> None:
+        """A data fetch or a training forward: in backward-delimited steps, the previous step ends here."""
+        if not self._pending_update:
+            return
+        self._pending_update = False
+        while self._stack and self._stack[-1][0] != "update":
+            self.pop()  # defensive: phases opened inside the update (never left open by the wrappers)
+        if self._stack:
+            self.pop()
         self._open.opt_steps = max(self._open.opt_steps, 1)
         self._close(perf_counter())
 
@@ -415,16 +500,47 @@ class Recorder:
         self._last_wait, self._since_read = now, 0
         return min(waited, duration)
 
+    # A window holding a single occurrence of periodic work (validation every N steps) is extended until
+    # the second one shows its period, within these bounds.
+    MAX_EXTENSION_FACTOR = 4
+    MAX_EXTENSION_S = 60.0
+
+    def _extend_for_period(self, done: int) -> bool:
+        """At the window's end: one more step when periodic work was seen once and its period is unknown."""
+        from .breakdown import find_periodic
+
+        if self._extension_started is None:
+            self._extension_started, self._extension_limit = perf_counter(), self.MAX_EXTENSION_FACTOR * self.measure
+        if done - self.warmup - self._measure_asked >= self._extension_limit or \
+                perf_counter() - self._extension_started > self.MAX_EXTENSION_S:
+            return False
+        recent = self.steps[self.warmup:]
+        ordinary = statistics.median(s.duration for s in recent) if recent else 0.0
+        # Only validation/checkpoints (outside the step) big enough to move the verdict: under 5% of the
+        # window spread over it, its period does not matter.
+        seen_once = [p for p in find_periodic(self.steps) if p.every is None and p.category == "outside_step"
+                     and p.cost_s >= 0.05 * len(recent) * ordinary]
+        if not seen_once:
+            return False
+        self.measure += 1
+        self.profile_at += 1
+        if self.stop_after is not None:
+            self.stop_after += 1
+        return True
+
     def _finish_step(self, record: StepRecord) -> None:
         self.steps.append(record)
         if self.gpu:
             self._resolve_gpu_events(block=False)
         done = len(self.steps)
+        if self.measure is not None and done == self.warmup + self.measure and not self._profiling:
+            self._extend_for_period(done)
         if done == max(1, self.warmup - 1):
             self.module_calls_per_step = record.module_calls  # counted under the global hooks
             self._set_discovery(False)
         if done == self.warmup:
             self.reads_at_start = data_stats.snapshot()
+            self._trace_functions(False)
         if self.measure is not None and done == self.warmup + self.measure:
             self.reads_at_end = data_stats.snapshot()
         if done == self.warmup and record.gap_before_forward > 0.1 * record.duration:
@@ -435,6 +551,7 @@ class Recorder:
         if self.measure is not None and done == self.warmup + self.measure and self._sampler is not None:
             self._sampler.stop()
         if self.profile_steps and done == self.profile_at:
+            self._trace_functions(True)
             self._start_profiler()
         elif self._profiling:
             if done >= self.profile_at + self.profile_steps:
@@ -516,6 +633,8 @@ class Recorder:
     def call_enter(self, module: nn.Module, args: tuple, kwargs: dict) -> str | None:
         """An outermost module is called (measured steps): the phase to time it as, or None."""
         phase, trained = self._classify(module)
+        if self._pending_update and phase == "forward" and trained:
+            self.step_starts()
         # A forward inside another timed phase (Lightning runs it in optimizer.step's closure) is
         # timed itself; otherwise its time is the untimed compute after the mark.
         if phase == "forward" and not self._profiling and not self._stack:
@@ -544,6 +663,8 @@ class Recorder:
             return
         self.top_modules.setdefault(id(module), weakref.ref(module))
         phase, trained = self._classify(module)
+        if self._pending_update and phase == "forward" and trained:
+            self.step_starts()
         if phase == "eval":
             self._note_forward_site("eval_forward")
         self.push(phase)
@@ -589,7 +710,10 @@ class Recorder:
         if self._trained_ids is None:
             self._trained_ids = {id(p) for ref, _ in self.optimizers if ref() is not None
                                  for group in ref().param_groups for p in group["params"]}
-        trained = any(id(p) in self._trained_ids for p in module.parameters())
+        if self._trained_ids or self._optimizer_delimits:
+            trained = any(id(p) in self._trained_ids for p in module.parameters())
+        else:  # weights updated by hand: the model is whatever has trainable parameters
+            trained = any(p.requires_grad for p in module.parameters())
         self._trained_cache[key] = trained
         return trained
 
@@ -612,6 +736,7 @@ class Recorder:
         except (TypeError, RuntimeError, AttributeError):
             autocast, autocast_dtype = torch.is_autocast_enabled(), None
         images = [t for t in inputs if t.dim() == 4 and t.is_floating_point()]
+        dim = batch_dim(module)
         return ForwardFacts(
             module_type=type(module).__name__, device=device,
             param_dtype=str(param.dtype) if param is not None else "torch.float32",
@@ -620,7 +745,7 @@ class Recorder:
             input_shapes=[tuple(t.shape) for t in inputs[:4]],
             input_channels_last=bool(images) and images[0].is_contiguous(memory_format=torch.channels_last)
             and not images[0].is_contiguous(),
-            batch_size=int(inputs[0].shape[0]) if inputs and inputs[0].dim() else None,
+            batch_size=int(inputs[0].shape[dim]) if inputs and inputs[0].dim() > dim else None, batch_dim=dim,
             cudnn_benchmark=bool(torch.backends.cudnn.benchmark),
         )
 
@@ -636,11 +761,13 @@ class Recorder:
                 return {k: keep(v) for k, v in x.items()}
             return x
 
+        dim = self.facts.batch_dim if self.facts else 0
         try:
             with torch.no_grad():
                 self.capture = Capture(module=module, args=keep(tuple(args)), kwargs=keep(dict(kwargs or {})),
-                                       batch_size=batch_size_of(list(args) or list((kwargs or {}).values())),
-                                       site=user_site(sys._getframe(1)))
+                                       batch_size=self.facts.batch_size if dim and self.facts else
+                                       batch_size_of(list(args) or list((kwargs or {}).values())),
+                                       site=user_site(sys._getframe(1)), batch_dim=dim)
         except Exception as exc:  # noqa: BLE001 - an uncopyable input only costs the what-ifs
             log.info("turbotrain doctor: could not capture the model's inputs: %s", exc)
 
@@ -744,6 +871,13 @@ class Recorder:
             warnings.filters.remove(self._warning_filter)
 
 
+def batch_dim(module: nn.Module) -> int:
+    """Where the batch is in the model's inputs: 1 when its recurrent layers take ``[seq, batch, ...]``
+    (``batch_first=False``, torch's default for nn.RNN/LSTM/GRU), else 0."""
+    rnns = [m for m in module.modules() if isinstance(m, nn.RNNBase)]
+    return 1 if rnns and not any(m.batch_first for m in rnns) else 0
+
+
 class _GapSampler(threading.Thread):
     """Which user line runs while no hook is timing anything before the step's forward.
 
@@ -760,12 +894,18 @@ class _GapSampler(threading.Thread):
     def run(self) -> None:
         rec = self.recorder
         while not self._done.wait(self.interval_s):
-            if rec._stack or rec._open.marks or len(rec.steps) < rec.warmup:
+            opened = rec._open
+            if self._busy(rec, opened):
                 continue  # a phase is timing this moment, the forward already started, or still warming up
-            frame = sys._current_frames().get(rec._thread)
-            site = user_site(frame)
-            if site is not None:
+            site = user_site(sys._current_frames().get(rec._thread))
+            # The script thread may have run on between the test and the frame read (this thread can lose
+            # the GIL in between): the line counts only if the same step is still in its untimed gap.
+            if site is not None and not self._busy(rec, opened):
                 rec.gap_samples[site] += 1
+
+    @staticmethod
+    def _busy(rec: "Recorder", opened: _OpenStep) -> bool:
+        return bool(rec._stack or opened.marks or len(rec.steps) < rec.warmup or rec._open is not opened)
 
     def stop(self) -> None:
         self._done.set()

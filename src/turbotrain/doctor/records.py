@@ -24,6 +24,7 @@ PHASE_CATEGORY = {
     "forward": "compute",          # the outermost module calls of the training step
     "backward": "compute",         # torch.autograd.backward / grad
     "optimizer": "optimizer",      # optimizer.step and zero_grad
+    "update": "optimizer",         # no optimizer: from the end of the backward to the next step (the update)
     "sync": "host_sync",           # .item(), .cpu(), .tolist(), print/format of a tensor, bool(tensor)
     "eval": "outside_step",        # forward of the trained model under no_grad or in eval mode
     "eval_grad": "outside_step",   # eval-mode forward with autograd on that no backward followed
@@ -133,6 +134,7 @@ class ForwardFacts:
     input_shapes: list[tuple[int, ...]] = field(default_factory=list)
     input_channels_last: bool = False
     batch_size: int | None = None
+    batch_dim: int = 0                  # 1 for an RNN fed [seq, batch, ...] (no batch_first)
     cudnn_benchmark: bool = False
 
 
@@ -145,3 +147,4 @@ class Capture:
     kwargs: dict
     batch_size: int
     site: Site | None = None
+    batch_dim: int = 0

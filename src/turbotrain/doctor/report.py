@@ -103,6 +103,9 @@ class Report:
             out["interference_ms"] = round(b.interference_s * 1e3, 4)
             out["bottleneck"] = b.bottleneck
             out["python_overhead"] = {k: round(v, 4) if isinstance(v, float) else v for k, v in b.overhead.items()}
+            # Dispatch/interpreter overhead inside each phase (share of that phase), and of the whole step.
+            out["dispatch"] = {**{k: round(b.dispatch_of(k), 4) for k in b.dispatch},
+                               "step_share": round(b.dispatch_share, 4)}
             out["warmup_included"] = b.warmup_included
             out["timeline"] = b.timeline
         else:

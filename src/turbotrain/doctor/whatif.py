@@ -234,7 +234,7 @@ def _entry_for_field(field: str) -> str:
 def repeat_batch(capture, k: int) -> tuple:
     """The captured (args, kwargs) with every batch-sized tensor repeated ``k`` times along dim 0."""
     n = capture.batch_size
-    return resize_batch((capture.args, capture.kwargs), n * k, rows=n)
+    return resize_batch((capture.args, capture.kwargs), n * k, rows=n, dim=capture.batch_dim)
 
 
 def _batch_trial(ctx, finding: Finding, budget: Budget) -> None:

@@ -22,7 +22,7 @@ RULE_IDS = (
     "batch-size-not-multiple-of-8", "small-batch", "no-mixed-precision", "zero-grad-not-none",
     "grad-in-validation", "cudnn-benchmark-off", "channels-last", "conv-bias-before-bn", "data-parallel",
     "syncbn-with-compile", "empty-cache-in-loop", "jit-script", "manual-attention", "non-foreach-optimizer",
-    "save-in-loop", "accumulation-syncs", "nccl-env", "slow-storage",
+    "save-in-loop", "accumulation-syncs", "nccl-env", "slow-storage", "periodic-work", "cpu-oversubscribed",
 )
 
 RULES: list[tuple[str, str, Callable]] = []   # (rule id, source, function)
@@ -74,7 +74,20 @@ def evaluate(ctx, only: Iterable[str] | None = None) -> list[Finding]:
                 found.append(finding)
         except Exception as exc:  # noqa: BLE001 - one broken rule must not cost the whole report
             log.warning("turbotrain doctor: rule %s failed: %s: %s", rule_id, type(exc).__name__, exc)
-    return order(_merge(found))
+    return order(_merge([f for f in found if _confirmed(ctx, f)]))
+
+
+def _confirmed(ctx, finding: Finding) -> bool:
+    """A static finding on a line the run could have executed: kept only if its function ran; when the run
+    saw it never run, it stays at ``low`` and says so."""
+    if finding.source != "static" or finding.site is None:
+        return True
+    ran = ctx.function_ran(finding.site)
+    if ran is False:
+        finding.cap("low", "This line did not run while the doctor watched (the warm-up and profiled steps); "
+                           "it matters only if this code runs during training.")
+        finding.evidence["ran"] = False
+    return True
 
 
 def order(findings: list[Finding]) -> list[Finding]:

@@ -20,11 +20,11 @@ def _precision_for(hw) -> str | None:
 @rule("small-batch", "live")
 def small_batch(ctx):
     batch = ctx.facts.batch_size or (ctx.capture.batch_size if ctx.capture else None)
-    overhead = ctx.share("python_overhead")
+    overhead = ctx.dispatch_share()
     if not batch or ctx.capture is None or batch > 32 or overhead < 0.25:
         return
     f = Finding(
-        "small-batch", site=ctx.main_loader.site if ctx.main_loader else ctx.capture.site, category="python_overhead",
+        "small-batch", site=ctx.main_loader.site if ctx.main_loader else ctx.capture.site, category="compute",
         speedup=speedup_for_rule("small-batch"),
         message=(f"Batches of {batch} sample(s) leave the step bound by per-op overhead ({overhead:.0%} of step "
                  "time is dispatching ops, not computing): a larger batch does more work per op."),

@@ -291,7 +291,7 @@ def accumulation_syncs(ctx):
 def fuse_with_compile(ctx):
     if ctx.facts.compiled or ctx.seen("compile") or ctx.model is None:
         return
-    overhead, compute = ctx.share("python_overhead"), ctx.share("compute")
+    overhead, compute = ctx.dispatch_share(), ctx.share("compute")
     pointwise = ctx.profile.get("pointwise_share", 0.0)
     if not (overhead >= 0.3 or (compute >= 0.4 and pointwise >= 0.3)):
         return
@@ -330,3 +330,77 @@ def slow_storage(ctx):
     f.set_gain(1.0 - 1.0 / est if est else None, measured=bool(found.get("measured")))
     f.severity = found.get("severity", f.severity)
     yield f
+
+
+# What recurring work may cost of training time before the doctor calls it out, and aims at.
+PERIODIC_TARGET_SHARE = 0.05
+_PERIODIC_KINDS = {"eval": "validation", "eval_grad": "validation", "save": "checkpoint"}
+_PERIODIC_SITES = {"validation": ("eval_forward", "eval_grad_forward"), "checkpoint": ("save",)}
+
+
+def periodic_kind(ctx, periodic) -> str:
+    """What the spikes were: validation, a checkpoint, or a DataLoader starting a new epoch."""
+    spent: dict[str, float] = defaultdict(float)
+    for step in ctx.step_records:
+        if step.index in periodic.steps:
+            for phase, seconds in step.phases.items():
+                if phase in _PERIODIC_KINDS:
+                    spent[_PERIODIC_KINDS[phase]] += seconds
+    return max(spent, key=spent.get) if spent else "work between steps"
+
+
+def periodic_site(ctx, kind: str, periodic):
+    """The user's line where the recurring work ran most (its validation forward, its torch.save)."""
+    best, best_n = None, 0
+    for (tally_kind, site), tally in ctx.tallies.items():
+        if tally_kind in _PERIODIC_SITES.get(kind, ()):
+            n = sum(tally.by_step[i][0] for i in periodic.steps if i in tally.by_step)
+            if n > best_n:
+                best, best_n = site, n
+    return best
+
+
+def suggested_every(cost_s: float, base_step_s: float, every: int, target: float = PERIODIC_TARGET_SHARE) -> int:
+    """The smallest cadence (a multiple of the current one) at which the work costs under ``target``."""
+    if base_step_s <= 0:
+        return every
+    need = cost_s * (1 - target) / (target * base_step_s)
+    return max(every, every * max(1, -(-int(need) // every)))
+
+
+def periodic_table(ctx) -> list[dict]:
+    """The report's rows: each recurring piece of work, what it costs amortised, and a cadence under 5%."""
+    rows = []
+    step_s = sum(ctx.breakdown.seconds.values())  # the amortised step (what training really spends per step)
+    for p in ctx.breakdown.periodic:
+        kind = periodic_kind(ctx, p)
+        site = periodic_site(ctx, kind, p)
+        share = p.amortised_s / step_s if step_s and p.every else None
+        base_step = max(step_s - p.amortised_s, 1e-9)
+        rows.append({"kind": kind, "category": p.category, "every": p.every, "steps": p.steps,
+                     "cost_ms": round(p.cost_s * 1e3, 3), "share": round(share, 4) if share is not None else None,
+                     "where": ctx.where(site), "site": site,
+                     "suggested_every": suggested_every(p.cost_s, base_step, p.every) if p.every else None})
+    return rows
+
+
+@rule("periodic-work", "runtime")
+def periodic_work(ctx):
+    for row in periodic_table(ctx):
+        share = row["share"]
+        if share is None or share < PERIODIC_TARGET_SHARE:
+            continue  # seen once (its period unknown), or cheap enough
+        kind, every, better = row["kind"], row["every"], row["suggested_every"]
+        f = Finding(
+            "periodic-work", site=row["site"], category="outside_step",
+            message=(f"{kind.capitalize()} every {every} steps costs {_ms(row['cost_ms'] / 1e3)} each time: "
+                     f"{share:.0%} of training time."),
+            fix=Fix(f"run the {kind} every {better} steps (under {PERIODIC_TARGET_SHARE:.0%} of training time)"
+                    + (", and under torch.inference_mode()" if kind == "validation" else ""),
+                    lightning=f"Trainer(val_check_interval={better})" if kind == "validation" else None),
+            evidence={k: row[k] for k in ("every", "cost_ms", "share", "steps")})
+        # Moving to the suggested cadence saves all but its own (under 5%) share.
+        saved = share * (1 - every / better) if better else 0.0
+        f.set_gain(max(0.0, saved), measured=True)
+        f.note = f"Measured over {len(row['steps'])} occurrence(s); the numbers above spread it over its period."
+        yield f

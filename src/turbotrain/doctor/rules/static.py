@@ -138,8 +138,9 @@ def numpy_copy_static(ctx):
             if not index.runs_per_step(call):
                 continue
             site = index.site(call)
-            if _ran(ctx, "tensor_copy", site):
-                continue  # the runtime rule measured it
+            if _ran(ctx, "tensor_copy", site) or any(
+                    seen.file == site.file and seen.line == site.line for _, seen, _ in ctx.seen("tensor_")):
+                continue  # the runtime rule measured it, or the run saw what this line passes (not an array)
             yield _static("tensor-from-numpy-copy", index, call,
                           "torch.tensor(...) always copies its input; for a NumPy array torch.from_numpy shares "
                           "the memory.", Fix("torch.from_numpy(array) or torch.as_tensor(array)"))
