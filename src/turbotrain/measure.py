@@ -27,9 +27,91 @@ from .data import stats as read_stats
 from .data.transfer import batch_size_of
 from .train import rng
 
-__all__ = ["Trial", "run_trial", "EpochTrial", "run_epochs", "time_loader", "preserved_state", "peak_host_memory"]
+__all__ = ["Trial", "run_trial", "EpochTrial", "run_epochs", "time_loader", "preserved_state", "peak_host_memory",
+           "Comparison", "judge", "relative_spread", "MIN_GAIN", "HOPELESS", "FASTER", "SLOWER", "NOISE", "UNVERIFIED"]
 
 log = logging.getLogger("turbotrain")
+
+
+# -- when a measured ratio is a gain: the one definition doctor, tune and bench share -----------------
+
+FASTER, SLOWER, NOISE, UNVERIFIED = "faster", "slower", "within noise", "unverified"
+
+MIN_GAIN = 0.03
+"""The smallest gain called a gain, as a fraction (3%): below it is timing noise even on a quiet machine."""
+
+HOPELESS = 3.0
+"""A candidate whose steps take this many times its baseline's is stopped: it cannot win, and a 0.06x
+trial would spend the whole budget (bf16 on a CPU without native bf16)."""
+
+
+HOPELESS_FLOOR_S = 0.2
+"""Steps shorter than this are never stopped early: a one-off cost (a kernel's first use) can make a
+sub-millisecond step 30x slower once, and letting such a trial finish costs next to nothing."""
+
+
+@dataclass(frozen=True)
+class Comparison:
+    speedup: float       # candidate speed / baseline speed, over paired rounds (> 1: faster)
+    noise: float         # the margin a speed-up had to clear: the larger of the given floor and the ratios' spread
+    verdict: str         # FASTER, SLOWER, NOISE, or UNVERIFIED (fewer rounds than asked for)
+
+    @property
+    def called(self) -> bool:
+        return self.verdict in (FASTER, SLOWER)
+
+    @property
+    def faster(self) -> bool:
+        return self.verdict == FASTER
+
+
+def relative_spread(values: Sequence[float]) -> float:
+    """(max - min) / median of repeated measurements; 0 for fewer than two."""
+    if len(values) < 2:
+        return 0.0
+    mid = statistics.median(values)
+    return (max(values) - min(values)) / mid if mid > 0 else float("inf")
+
+
+def robust_spread(values: Sequence[float]) -> float:
+    """Twice the median absolute deviation over the median (0 for fewer than three values)."""
+    if len(values) < 3:
+        return 0.0
+    mid = statistics.median(values)
+    return 2 * statistics.median(abs(v - mid) for v in values) / mid if mid > 0 else float("inf")
+
+
+def judge(ratios: Sequence[float], min_gain: float = MIN_GAIN, noise_floor: float = 0.0,
+          min_rounds: int = 1) -> Comparison:
+    """Whether a candidate is faster than its baseline, from per-round speed ratios (candidate / baseline).
+
+    The noise model. Each ratio comes from one round in which the baseline and the candidate ran back
+    to back (A/B, then A/B again), so load that comes and goes hits both sides of a round alike and
+    the ratio keeps only what is left of it. What is left shows as the rounds disagreeing: their
+    relative spread: ``(max - min) / median`` of one or two rounds, and from three rounds on twice the
+    median absolute deviation over the median (robust: one round caught by a load burst does not set
+    the margin for the others, which is what a third round is for). Outside knowledge of the machine (another process busy
+    during the window, two baselines apart) comes in as ``noise_floor``. The speed-up is the median
+    ratio (the geometric mean of two); it is a gain only when it clears ``1 + max(min_gain, noise)``,
+    and with two rounds only when both say faster. Slower mirrors that on a log scale (2x faster and
+    2x slower are the same distance from 1). Fewer than ``min_rounds`` rounds are never called.
+    """
+    if not ratios:
+        raise ValueError("judge needs at least one paired ratio")
+    if min(ratios) <= 0:
+        return Comparison(0.0, noise_floor, SLOWER if len(ratios) >= min_rounds else UNVERIFIED)
+    speedup = statistics.geometric_mean(ratios) if len(ratios) == 2 else statistics.median(ratios)
+    noise = max(noise_floor, robust_spread(ratios) if len(ratios) >= 3 else relative_spread(ratios))
+    margin = 1.0 + max(min_gain, noise)
+    if len(ratios) < min_rounds:
+        verdict = UNVERIFIED
+    elif speedup >= margin and (len(ratios) != 2 or min(ratios) > 1.0):
+        verdict = FASTER
+    elif speedup <= 1.0 / margin and (len(ratios) != 2 or max(ratios) < 1.0):
+        verdict = SLOWER
+    else:
+        verdict = NOISE
+    return Comparison(speedup, noise, verdict)
 
 
 @dataclass(kw_only=True)
@@ -40,6 +122,7 @@ class _Outcome:
     applied: list[str] = field(default_factory=list)
     skipped: list[tuple[str, str]] = field(default_factory=list)
     error: str | None = None
+    stopped_early: bool = False       # hopeless: its steps took over HOPELESS times the baseline's
 
 
 @dataclass
@@ -138,7 +221,7 @@ def _on_a_copy(trial: _Outcome, model: nn.Module, optimizer_fn: Callable, plan: 
 
 def run_trial(model: nn.Module, optimizer_fn: Callable, loss_fn: Callable | None, batches: Sequence[Any],
               plan: Plan, steps: int = 10, warmup: int = 3, step_fn: Callable | None = None,
-              seed: int = 0, loader: Iterable | None = None) -> Trial:
+              seed: int = 0, loader: Iterable | None = None, give_up_s: float | None = None) -> Trial:
     """Train a deep copy of ``model`` for ``warmup + steps`` optimizer steps under ``plan``.
 
     ``batches`` are reused cyclically (``(inputs, targets)`` for ``loss_fn``, anything for
@@ -148,6 +231,10 @@ def run_trial(model: nn.Module, optimizer_fn: Callable, loss_fn: Callable | None
     With ``loader`` (``batches`` is then ignored) every micro-batch comes from the loader rebuilt
     with the plan's loader switches and moved as the plan says (pinning, non_blocking, prefetch),
     so the data path is timed too; the loader starts over when it runs out.
+
+    ``give_up_s``: a hopeless eager candidate is stopped (``Trial.stopped_early``, and
+    ``Trial.error`` says why) as soon as one step from the second on (the first holds one-time
+    costs) takes longer than that and than :data:`HOPELESS_FLOOR_S`.
     """
     if not batches and loader is None:
         raise ValueError("run_trial needs at least one batch (or a loader)")
@@ -170,13 +257,23 @@ def run_trial(model: nn.Module, optimizer_fn: Callable, loss_fn: Callable | None
             def micro(i: int) -> Iterable[Any]:
                 return itertools.islice(stream, rt.accum_steps)  # lazy: fetching is part of the step
         warm_start = time.perf_counter()
+        # Compiled plans are never stopped: a recompile (dynamic shapes marked on a later call) can make
+        # any early step slow once, and their cost is bounded by the callers' compile budgets.
+        judged_from = 1 if plan.compile is False else warmup + steps
         for i in range(warmup + steps):
             started = time.perf_counter()
             trial.losses.append(_train_step(rt, micro(i), loss_fn, step_fn))
+            took = time.perf_counter() - started
             if i == warmup - 1:
                 trial.warmup_s = time.perf_counter() - warm_start
             elif i >= warmup:
-                trial.step_times_s.append(time.perf_counter() - started)
+                trial.step_times_s.append(took)
+            if give_up_s is not None and i >= judged_from and took > max(give_up_s, HOPELESS_FLOOR_S):
+                trial.error = (f"stopped early: a step took {took:.3g} s, over {give_up_s:.3g} s "
+                               f"({HOPELESS:g}x the baseline's step): it cannot be faster")
+                trial.step_times_s.clear()
+                trial.stopped_early = True
+                return
 
     _on_a_copy(trial, model, optimizer_fn, plan, seed, steps_on)
     return trial

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import inspect
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Literal
@@ -98,11 +99,15 @@ def _status_measure(measure: Callable[[Plan, int, int], Trial], console: Console
     if console is None:
         return measure
 
-    def shown(plan: Plan, steps: int, warmup: int) -> Trial:
+    gives_up = "give_up_s" in inspect.signature(measure).parameters
+
+    def shown(plan: Plan, steps: int, warmup: int, give_up_s: float | None = None) -> Trial:
         # One line per trial, no live spinner: a refresh thread competes with the timed steps
         # for the cores (on 2 cores that alone slows OpenMP kernels measurably).
         left = max(0.0, deadline - time.monotonic())
         console.print(f"[dim]tuning: timing {plan.describe()} ({left:.0f}s of the budget left)[/]")
+        if gives_up and give_up_s is not None:
+            return measure(plan, steps, warmup, give_up_s=give_up_s)
         return measure(plan, steps, warmup)
 
     return shown
@@ -170,8 +175,9 @@ def _tune(model, loss_fn, optimizer_fn, loader, sample, base: Plan, hw, budget_s
     deadline = started + budget_s
     search_budget = max(0.0, deadline - reserve - time.monotonic())
 
-    def real_measure(plan: Plan, steps: int, warmup: int) -> Trial:
-        return run_trial(model, optimizer_fn, loss_fn, sample, plan, steps=steps, warmup=warmup, step_fn=step_fn)
+    def real_measure(plan: Plan, steps: int, warmup: int, give_up_s: float | None = None) -> Trial:
+        return run_trial(model, optimizer_fn, loss_fn, sample, plan, steps=steps, warmup=warmup, step_fn=step_fn,
+                         give_up_s=give_up_s)
 
     found = search_plan(_status_measure(measure or real_measure, console, deadline - reserve), candidates, base,
                         time_budget_s=search_budget, tolerance=tolerance, min_gain=min_gain,

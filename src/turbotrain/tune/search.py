@@ -23,12 +23,13 @@ the user's model in ``tt.tune``), which is also the seam tests use to inject res
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..measure import Trial
+from ..measure import HOPELESS, MIN_GAIN, Trial, judge
 from ..plan import Plan
 from .candidates import Candidates, Switch
 from .guard import DEFAULT_TOLERANCE, check_losses
@@ -36,9 +37,6 @@ from .guard import DEFAULT_TOLERANCE, check_losses
 __all__ = ["Attempt", "SearchResult", "TuneError", "search_plan", "Measure"]
 
 Measure = Callable[[Plan, int, int], Trial]
-
-MIN_GAIN = 0.03
-"""A switch is kept only when it makes steps at least 3% faster (below that is timing noise here)."""
 
 NOISY = 0.5
 """A trial whose step times spread (p10..p90) over half their median was measured through a load burst."""
@@ -121,6 +119,7 @@ class _Search:
         self.speedup_of: dict[Plan, float] = {base: 1.0}   # against naive, chained through paired ratios
         self.accepted: list[Plan] = []                     # the best plan after each step of the search
         self.recent_step_s: float | None = None            # the latest eager trial's step time
+        self._measure_gives_up = "give_up_s" in inspect.signature(measure).parameters
 
     # -- measuring -------------------------------------------------------------------------
 
@@ -136,8 +135,11 @@ class _Search:
             return eager + (max(self.compile_seen) * 1.3 if self.compile_seen else self.compile_guess)
         return eager
 
-    def _run(self, plan: Plan) -> Trial:
-        trial = self.measure(plan, self.steps, self.warmup)
+    def _run(self, plan: Plan, give_up_s: float | None = None) -> Trial:
+        if give_up_s is not None and self._measure_gives_up:
+            trial = self.measure(plan, self.steps, self.warmup, give_up_s=give_up_s)
+        else:
+            trial = self.measure(plan, self.steps, self.warmup)
         if trial.ok:
             self.times.setdefault(plan, []).extend(trial.step_times_s)
             if plan.compile is False:
@@ -156,8 +158,10 @@ class _Search:
     # -- one candidate ---------------------------------------------------------------------
 
     def _pair(self, against: Plan, plan: Plan) -> tuple[Trial, Trial]:
-        """``against`` then ``plan``, back to back: their ratio sees the same machine load."""
-        return self._run(against), self._run(plan)
+        """``against`` then ``plan``, back to back: their ratio sees the same machine load. A candidate
+        whose steps take HOPELESS times ``against``'s is stopped there (it cannot win)."""
+        ref = self._run(against)
+        return ref, self._run(plan, give_up_s=HOPELESS * ref.step_s if ref.ok else None)
 
     @staticmethod
     def _ratio(a: Trial, b: Trial) -> float:
@@ -179,14 +183,16 @@ class _Search:
         left = self.remaining() - self._estimate(self.base) - self._estimate(against)
         if need > left:
             row.status = "skipped"
-            row.reason = f"time budget (~{need:.0f}s needed, {max(0.0, left):.0f}s left)"
+            row.reason = (f"time budget (~{need:.0f}s needed; {max(0.0, self.remaining()):.0f}s of the budget left, "
+                          f"{max(0.0, self.remaining() - max(0.0, left)):.0f}s of it kept for the final check)")
             return row
         ref, trial = self._pair(against, plan)
         row.peak_memory_bytes = trial.peak_memory_bytes
         if plan.compile is not False and trial.ok:
             row.compile_s = self._compile_s(trial)
         if not trial.ok:
-            row.reason = f"failed: {trial.error or 'no steps completed'}"
+            row.reason = (f"not faster ({trial.error})" if trial.stopped_early
+                          else f"failed: {trial.error or 'no steps completed'}")
             return row
         row.step_s, row.samples_per_s = trial.step_s, trial.samples_per_s
         verdict = check_losses(self.reference, trial.losses, self.tolerance)
@@ -220,14 +226,9 @@ class _Search:
         return need <= self.remaining() - self._estimate(self.base)
 
     def _verdict(self, ratios: list[float]) -> tuple[float, bool]:
-        """(speed-up, kept?) from the paired ratios: two must both win, of three the median decides."""
-        if min(ratios) <= 0:
-            return 0.0, False
-        if len(ratios) == 3:
-            ratio = statistics.median(ratios)
-            return ratio, ratio >= 1 + self.min_gain
-        ratio = statistics.geometric_mean(ratios)
-        return ratio, ratio >= 1 + self.min_gain and min(ratios) > 1.0
+        """(speed-up, kept?) from the paired ratios, by the project's one noise model (measure.judge)."""
+        verdict = judge(ratios, min_gain=self.min_gain)
+        return verdict.speedup, verdict.faster
 
     def best_of(self, switch: Switch, current: Plan, stage: str, suffix: str = "") -> Plan:
         """Try each value of ``switch`` on top of ``current``; the fastest accepted one wins."""
