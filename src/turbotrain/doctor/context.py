@@ -19,6 +19,7 @@ from ..data import stats as data_stats
 from ..hardware import Hardware, detect
 from ..speedups.model_info import ModelInfo, inspect_model
 from .breakdown import Breakdown, Overhead, compute_breakdown, op_counts
+from .machine import machine_facts
 from .records import Capture, ForwardFacts, LoaderRecord, StepRecord, Tally
 from .sites import Site
 from .source import SourceIndex, load_sources
@@ -64,6 +65,14 @@ class Context:
     step_records: list[StepRecord] = field(default_factory=list)
     gap_samples: dict[Site, int] = field(default_factory=dict)   # user lines running untimed before the forward
     ran_code: set[Any] | None = None        # user code objects seen running (warm-up, profiler window); None: untraced
+    machine: dict[str, Any] = field(default_factory=dict)   # cores, threads, workers, other load (doctor.machine)
+
+    @property
+    def noise_floor(self) -> float:
+        """The least relative gain this window can tell from noise (:func:`turbotrain.doctor.machine.noise_floor`)."""
+        from .machine import noise_floor
+
+        return noise_floor(self.machine) if self.machine else 0.0
 
     def replace(self, **changes: Any) -> "Context":
         return dataclasses.replace(self, **changes)
@@ -248,9 +257,10 @@ def build_context(recorder: Any, script: str | None = None, device: str | None =
     except Exception:  # noqa: BLE001
         world = int(os.environ.get("WORLD_SIZE", 1))
     script = os.path.realpath(script) if script else None
+    hw = detect(device if device in ("cpu", "cuda") else "auto")
     return Context(
         script=script, base=os.path.dirname(script) if script else None,
-        hw=detect(device if device in ("cpu", "cuda") else "auto"), device=device, breakdown=breakdown,
+        hw=hw, device=device, breakdown=breakdown,
         measured_steps=breakdown.steps, tallies=dict(recorder.tallies), loaders=list(recorder.loaders.values()),
         optimizers=optimizers,
         module_sites=module_sites, model=model, modules=modules, info=info, facts=facts, capture=capture,
@@ -258,4 +268,9 @@ def build_context(recorder: Any, script: str | None = None, device: str | None =
         sources=load_sources(_user_files(script, recorder.tallies, module_sites)), world_size=world,
         step_records=list(recorder.steps), gap_samples=dict(recorder.gap_samples), storage_stats=storage_stats(recorder),
         ran_code=set(recorder.ran_code) if getattr(recorder, "ran_code", None) is not None else None,
+        machine=machine_facts(hw, breakdown.step_seconds,
+                              breakdown.interference_s / breakdown.mean_s if breakdown.mean_s else 0.0,
+                              list(recorder.loaders.values()),
+                              (getattr(recorder, "load_start", None), getattr(recorder, "load_end", None)),
+                              getattr(recorder, "threads_seen", None)),
     )

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .context import Context, build_context
+from .machine import noise_state
 from .recorder import Recorder
 from .report import Report
 from .rules import evaluate, order
@@ -154,4 +155,5 @@ def analyse(recorder: Recorder, run: ScriptRun | None, options: DoctorOptions, s
         messages=messages, syncs=_sync_table(ctx), copies=_copy_table(ctx), top_ops=_top_ops(recorder, profiled),
         trace_path=trace, doctor_seconds=timings, base=base, step_delimiter=recorder.step_delimiter,
         periodic=[{k: v for k, v in row.items() if k != "site"} for row in periodic_table(ctx)],
+        machine=ctx.machine, noise=noise_state(ctx.machine),
     )

@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from ..data import stats as data_stats
+from .machine import sample_load
 from .patching import Patcher
 from .records import Capture, ForwardFacts, LoaderRecord, StepRecord, Tally
 from .sites import _USER_FILES, Site, caller_site, is_user_file, user_site
@@ -164,6 +165,9 @@ class Recorder:
         # call per frame, too much for the measured steps). Static rules ask whether their line's
         # function ran. None: not traced (another tracer, a debugger or coverage, was installed).
         self.ran_code: set[Any] | None = set()
+        # Machine load over the measured steps (other processes' CPU time), and torch's threads then.
+        self.load_start = self.load_end = None
+        self.threads_seen: int | None = None
         self._tracing = False
 
     # -- install / uninstall ------------------------------------------------------------------
@@ -215,6 +219,8 @@ class Recorder:
             return
         self.finished = perf_counter()
         self._trace_functions(False)
+        if self.load_end is None and self.load_start is not None:
+            self.load_end = sample_load()  # the script ended before the window did
         if self._sampler is not None:
             self._sampler.stop()
         self._stop_profiler()
@@ -541,8 +547,10 @@ class Recorder:
         if done == self.warmup:
             self.reads_at_start = data_stats.snapshot()
             self._trace_functions(False)
+            self.load_start, self.threads_seen = sample_load(), torch.get_num_threads()
         if self.measure is not None and done == self.warmup + self.measure:
             self.reads_at_end = data_stats.snapshot()
+            self.load_end = sample_load()
         if done == self.warmup and record.gap_before_forward > 0.1 * record.duration:
             # The script builds batches itself, untimed: find which line (the sampler costs a
             # little GIL traffic, so only scripts that need it get it).
