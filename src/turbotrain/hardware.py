@@ -175,7 +175,7 @@ def thread_env() -> dict[str, str]:
 def load_average() -> tuple[float, float, float] | None:
     """/proc/loadavg's 1, 5 and 15 minute averages (runnable threads, this process's included)."""
     try:
-        return os.getloadavg()
+        return tuple(round(x, 2) for x in os.getloadavg())  # type: ignore[return-value]
     except (OSError, AttributeError):
         return None
 

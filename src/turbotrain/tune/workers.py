@@ -21,7 +21,6 @@ from ..data.loader import rebuild_loader
 from ..data.transfer import tensors_in
 from ..hardware import detect
 from ..measure import time_loader
-from ..speedups.cpu_threads import max_workers_for
 from .memory import available_bytes
 from .report import format_rate
 
@@ -76,8 +75,6 @@ def find_num_workers(loader: DataLoader, *, device_type: str | None = None, max_
     hw = detect(device_type or "auto")
     pin = hw.is_cuda
     bound, bound_by = hw.cpu_cores, f"{hw.cpu_cores} CPU cores"
-    if not hw.is_cuda:  # CPU training computes on the same cores: half of them stay for its threads
-        bound, bound_by = max_workers_for(hw.cpu_cores), f"half of {hw.cpu_cores} usable CPU cores (the rest train)"
     if memory_budget_bytes is None:
         memory_budget_bytes = available_bytes() // 2
     if sample_batch is None:
