@@ -104,3 +104,17 @@ def test_tuner_values_leave_out_the_current_count():
     assert thread_values(8, 8) == (4, 1)
     assert thread_values(1, 64) == (1,)
     assert thread_values(1, 1) == ()
+
+
+def test_setup_applies_it_and_exports_name_the_line():
+    from turbotrain.tune.export import code_changes
+
+    before = torch.get_num_threads()
+    target = _other_than(before)
+    try:
+        tt.setup(make_mlp(), torch.optim.SGD(make_mlp().parameters(), lr=0.1), None,
+                 tt.Plan(device="cpu", intra_op_threads=target))
+        assert torch.get_num_threads() == target
+    finally:
+        torch.set_num_threads(before)
+    assert f"torch.set_num_threads({target})" in "\n".join(code_changes(tt.Plan(intra_op_threads=target), "lightning"))
