@@ -83,6 +83,9 @@ def test_fast_plan_fits_fake_hardware(monkeypatch, usable):
     monkeypatch.setattr("turbotrain.hardware.detect", lambda device="auto": fake)
     plan = tt.Plan.fast(make_mlp(), device="cpu")
     assert plan.intra_op_threads == usable
+    # A count that already fits (OMP_NUM_THREADS=1, or torch's default on a quiet machine) is left alone.
+    monkeypatch.setattr("turbotrain.hardware.detect", lambda device="auto": dataclasses.replace(fake, intra_op_threads=1))
+    assert tt.Plan.fast(make_mlp(), device="cpu").intra_op_threads is None
     # With the loader's 4 workers the tuner (and the doctor) fit both into the same cores.
     fitted = fit_plan(plan.replace(num_workers=4), usable, fake.intra_op_threads)
     assert fitted.intra_op_threads + fitted.num_workers <= usable

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 
-from torch.utils.data import DataLoader
-
 from turbotrain.hardware import detect
 from turbotrain.plan import Plan
 from turbotrain.speedups.model_info import inspect_model
@@ -27,6 +25,11 @@ def test_thread_counts_are_timed_on_the_cpu_only():
     assert "CPU training" in left_out["cpu_threads"]
 
 
+class _FourWorkers(list):
+    """A loader's batches and its worker count, without starting four processes."""
+    num_workers = 4
+
+
 def _tune(monkeypatch, loader, faster_threads: int | None):
     monkeypatch.setattr(api, "detect", lambda device="auto": CONTAINER)
 
@@ -39,7 +42,7 @@ def _tune(monkeypatch, loader, faster_threads: int | None):
 
 
 def test_a_faster_thread_count_is_kept_and_the_loaders_workers_are_fitted(monkeypatch):
-    loader = DataLoader(tiny_loader().dataset, batch_size=32, num_workers=4)
+    loader = _FourWorkers(tiny_loader())
     result = _tune(monkeypatch, loader, faster_threads=1)
     assert result.plan.intra_op_threads == 1
     assert result.plan.num_workers == 1                 # 4 workers on 2 cores: half of them

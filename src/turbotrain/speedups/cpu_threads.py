@@ -85,8 +85,12 @@ def _requires(hw, plan) -> str | None:
 
 
 def _recommend(hw, info):
-    """All usable cores (quota and affinity, not the host's count) for CPU training."""
-    return None if hw.is_cuda else fit_to_cores(hw.usable_cores)[0]
+    """For CPU training, torch's thread count lowered to the usable cores (quota and affinity) where it
+    exceeds them; a count that already fits (OMP_NUM_THREADS=1, say) is left alone."""
+    if hw.is_cuda:
+        return None
+    threads = fit_to_cores(hw.usable_cores, threads=hw.intra_op_threads or None)[0]
+    return threads if threads != hw.intra_op_threads else None
 
 
 ENTRY = register(Speedup(
