@@ -108,3 +108,15 @@ def test_tiny_models_get_no_bf16_on_cpu():
 
     plan = tt.Plan.fast(TinyMLP(), device="cpu")
     assert plan.precision == "fp32" and plan.fused_optimizer  # autocast's casts would only add overhead
+
+
+def test_intra_op_threads_round_trips_and_is_validated(tmp_path):
+    plan = tt.Plan(intra_op_threads=3, num_workers=1)
+    assert tt.Plan.from_yaml(plan.to_yaml()) == plan and "intra_op_threads: 3" in plan.to_yaml()
+    assert tt.Plan.from_dict(plan.to_dict()) == plan
+    assert tt.Plan().intra_op_threads is None  # naive: torch's own thread count
+    for bad, expected in ((0, ">= 1"), (2.5, "an integer"), ("four", "an integer")):
+        with pytest.raises(ConfigError, match=f"intra_op_threads.*{expected}"):
+            tt.Plan(intra_op_threads=bad)
+    with pytest.raises(ConfigError, match="unknown key 'intra_op_thread'.*Did you mean 'intra_op_threads'"):
+        tt.Plan.from_yaml("intra_op_thread: 2\n")

@@ -179,6 +179,7 @@ def preserved_state(*modules_and_optimizers: Any, generators: Sequence[torch.Gen
     state dicts on exit."""
     saved_rng = rng.capture(generators)
     flags = (torch.backends.cudnn.benchmark, torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    threads = torch.get_num_threads()  # Plan.intra_op_threads sets it process-wide
     saved = [(obj, copy.deepcopy(obj.state_dict())) for obj in modules_and_optimizers]
     try:
         yield
@@ -186,6 +187,8 @@ def preserved_state(*modules_and_optimizers: Any, generators: Sequence[torch.Gen
         for obj, state in saved:
             obj.load_state_dict(state)
         torch.backends.cudnn.benchmark, torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = flags
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
         rng.restore(saved_rng, generators)
 
 

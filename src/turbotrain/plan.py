@@ -59,6 +59,8 @@ class Plan:
     """Copy the next batch to the device on a side stream while the current one computes."""
     num_workers: int | None = None
     """DataLoader worker processes. None keeps the loader's setting."""
+    intra_op_threads: int | None = None
+    """torch's intra-op CPU threads (torch.set_num_threads). None keeps torch's (and OMP_NUM_THREADS's) setting."""
     persistent_workers: bool | None = None
     """Keep DataLoader workers alive between epochs. None keeps the loader's setting."""
     batch_size: int | None = None
@@ -73,6 +75,8 @@ class Plan:
             raise ConfigError(f"Plan.grad_accum_steps: {self.grad_accum_steps} is not allowed; expected an integer >= 1.")
         if self.num_workers is not None and self.num_workers < 0:
             raise ConfigError(f"Plan.num_workers: {self.num_workers} is not allowed; expected an integer >= 0 or null.")
+        if self.intra_op_threads is not None and self.intra_op_threads < 1:
+            raise ConfigError(f"Plan.intra_op_threads: {self.intra_op_threads} is not allowed; expected an integer >= 1 or null.")
         if self.batch_size is not None and self.batch_size < 1:
             raise ConfigError(f"Plan.batch_size: {self.batch_size} is not allowed; expected an integer >= 1 or null.")
         if self.persistent_workers and self.num_workers == 0:

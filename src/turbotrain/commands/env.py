@@ -1,4 +1,5 @@
-"""``turbotrain env``: what this machine can do: devices, interconnect, NCCL, precisions, compile."""
+"""``turbotrain env``: what this machine can do: devices, interconnect, NCCL, precisions, compile,
+and the CPU cores this process may really use (affinity, cgroup quota) against torch's threads."""
 
 from __future__ import annotations
 
@@ -51,7 +52,7 @@ def collect() -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
-    from ..hardware import detect
+    from ..hardware import cpu_facts, detect
     from ..launch.nccl import check_environment
     from ..launch.topology import detect_topology, infiniband_devices
 
@@ -61,6 +62,7 @@ def collect() -> dict[str, Any]:
     info: dict[str, Any] = {
         "torch": torch.__version__, "cuda": torch.version.cuda, "device": hw.device_type, "device_name": hw.device_name,
         "gpu_count": len(gpus), "gpus": gpus, "cpu_cores": hw.cpu_cores,
+        **cpu_facts(hw),  # usable cores (affinity, quota), torch's threads, OMP_/MKL_NUM_THREADS, load
         "memory_gib": round(hw.memory_bytes / 2**30, 1),
         "compute_capability": ".".join(map(str, hw.capability)) if hw.capability else None,
         "precision": {"fp32": True, "bf16": hw.bf16, "fp16": hw.fp16, "tf32": hw.tf32, "fp8": hw.fp8},
@@ -85,7 +87,7 @@ def collect() -> dict[str, Any]:
 def _cell(value: Any) -> str:
     if isinstance(value, dict):
         return ", ".join(f"{k}={_cell(v)}" for k, v in value.items()) or "-"
-    if isinstance(value, list):
+    if isinstance(value, (list, tuple)):
         return ", ".join(map(str, value)) or "-"
     return "-" if value is None else str(value)
 
@@ -102,6 +104,6 @@ def run(args) -> int:
 
     table = Table(title="turbotrain env", show_header=False)
     for key, value in info.items():
-        table.add_row(key, _cell(value))
+        table.add_row(key, "none" if key == "cpu_quota" and value is None else _cell(value))
     Console().print(table)
     return 0

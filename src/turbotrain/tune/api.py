@@ -26,6 +26,7 @@ from ..data.transfer import batch_size_of
 from ..hardware import detect
 from ..measure import Trial, preserved_state, run_trial
 from ..plan import Plan
+from ..speedups.cpu_threads import fit_plan
 from ..speedups.model_info import inspect_model
 from ..train import rng
 from . import cache as tune_cache
@@ -200,6 +201,8 @@ def _tune(model, loss_fn, optimizer_fn, loader, sample, base: Plan, hw, budget_s
         workers_result = workers_finder.find_num_workers(timed_loader, device_type=hw.device_type, sample_batch=sample[0],
                                                           needed_batches_per_s=found.samples_per_s / rows)
         chosen = chosen.replace(**workers_result.plan_changes())
+    if not hw.is_cuda:  # threads and workers share the usable cores (quota and affinity)
+        chosen = fit_plan(chosen, hw.usable_cores, hw.intra_op_threads, getattr(loader, "num_workers", None))
     return TuneResult(plan=chosen, search=found, hardware=hw.summary(), budget_s=budget_s,
                       elapsed_s=time.monotonic() - started, by_rule=dict(candidates.by_rule),
                       workers=workers_result, batch_size=batch_result)

@@ -66,7 +66,7 @@ def cache_key(model: nn.Module, batch: Any, optimizer_fn: Callable, loss_fn: Any
         "batch": batch_signature(batch),
         "optimizer": _optimizer_signature(optimizer_fn),
         "loss": _name(loss_fn),
-        "hardware": [hw.device_type, hw.device_name, hw.device_count, hw.cpu_cores,
+        "hardware": [hw.device_type, hw.device_name, hw.device_count, hw.cpu_cores, hw.intra_op_threads,
                      round(hw.memory_bytes / 2**30), hw.capability, torch.__version__],
         "options": options,
     }

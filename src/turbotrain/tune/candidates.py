@@ -18,6 +18,7 @@ from typing import Any, Iterable
 
 from ..hardware import Hardware
 from ..plan import Plan
+from ..speedups.cpu_threads import thread_values
 from ..speedups.model_info import ModelInfo
 from ..speedups.registry import Order, Speedup, all_speedups
 
@@ -75,9 +76,12 @@ class Candidates:
     left_out: list[tuple[str, str]] = field(default_factory=list)  # (name, why), shown in the report
 
 
-def _values(entry: Speedup, hw: Hardware, info: ModelInfo) -> tuple[tuple[Any, ...], str | None]:
+def _values(entry: Speedup, hw: Hardware, info: ModelInfo, base: Plan) -> tuple[tuple[Any, ...], str | None]:
     """The values to time for ``entry`` (empty with a reason when there is nothing to try)."""
     name = entry.name
+    if entry.field == "intra_op_threads":  # the usable cores, half, one: whichever torch does not use now
+        current = base.intra_op_threads or hw.intra_op_threads
+        return thread_values(hw.usable_cores, current), f"torch already runs 1 thread on {hw.usable_cores} usable core"
     if name in _CONV_ONLY and not info.n_conv2d:
         return (), "the model has no 2D convolutions"
     if name == "drop_conv_bias" and not info.conv_bn_pairs:
@@ -122,7 +126,7 @@ def build_candidates(hw: Hardware, info: ModelInfo, base: Plan, include: Iterabl
             else:
                 out.left_out.append((entry.name, reason or "its rule does not recommend it here"))
             continue
-        values, why = _values(entry, hw, info)
+        values, why = _values(entry, hw, info, base)
         # The registry's own hardware check, asked value by value (fp16 needs CUDA, TF32 Ampere, ...).
         allowed = []
         for value in values:

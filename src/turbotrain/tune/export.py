@@ -39,6 +39,9 @@ def code_changes(plan: Plan, framework: str) -> list[str]:
     lines = []
     if plan.tf32:
         lines.append('torch.set_float32_matmul_precision("high")  # TF32 matmuls')
+    if plan.intra_op_threads is not None:
+        lines.append(f"torch.set_num_threads({plan.intra_op_threads})  # intra-op CPU threads; or "
+                     f"OMP_NUM_THREADS={plan.intra_op_threads} in the environment")
     if plan.drop_conv_bias:
         lines.append("from turbotrain.speedups.drop_conv_bias import drop_conv_bias_before_bn; "
                      "drop_conv_bias_before_bn(model)  # before building the optimizer")
