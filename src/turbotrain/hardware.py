@@ -207,36 +207,69 @@ def busy_cores(before: tuple[int, int], after: tuple[int, int], cpus: int) -> fl
     return cpus * busy / total if total > 0 else 0.0
 
 
+def _child_pids() -> list[str]:
+    """This process's children (DataLoader workers), from each of its threads' ``children`` list: a few
+    small reads, where scanning every process's stat would cost milliseconds on a busy machine."""
+    pids: list[str] = []
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return pids
+    for tid in tasks:
+        pids += (_read(Path(f"/proc/self/task/{tid}/children")) or "").split()
+    return pids
+
+
 def _own_cpu_s(children: bool) -> float:
     """CPU seconds used so far by this process (every thread), and by its live children when asked."""
     t = os.times()
     seconds = t.user + t.system
     if children:
-        ticks, me = os.sysconf("SC_CLK_TCK"), str(os.getpid())
-        for stat in Path("/proc").glob("[0-9]*/stat"):
-            fields = (_read(stat) or "").rpartition(")")[2].split()
-            if len(fields) > 12 and fields[1] == me:  # ppid; then utime, stime at 11, 12
+        ticks = os.sysconf("SC_CLK_TCK")
+        for pid in _child_pids():
+            fields = (_read(Path(f"/proc/{pid}/stat")) or "").rpartition(")")[2].split()
+            if len(fields) > 12:  # utime, stime at 11, 12 after the command name
                 seconds += (int(fields[11]) + int(fields[12])) / ticks
     return seconds
 
 
-def other_load(window_s: float = 0.25, children_are_own: bool = True) -> float:
-    """Cores that *other* processes kept busy over the next ``window_s`` seconds, on the CPUs this
-    process may run on: /proc/stat's busy time minus this process's own CPU time (and its
-    children's, such as DataLoader workers, unless ``children_are_own`` is False). 0.0 where
-    /proc is not readable. Blocks for ``window_s``."""
+@dataclass(frozen=True)
+class LoadSample:
+    """One reading of the machine's CPU time, to difference against a later one (:func:`other_busy_cores`)."""
+
+    at: float                      # time.monotonic()
+    cpu_times: tuple[int, int]     # (busy, total) jiffies over ``cpus``
+    own_s: float                   # this process's CPU seconds (and its live children's)
+    cpus: int                      # how many CPUs ``cpu_times`` covers
+
+
+def sample_load(children_are_own: bool = True) -> LoadSample:
+    """Read the CPU time of the CPUs this process may run on, and its own (children included by default:
+    DataLoader workers are the script's own load)."""
     try:
         cpus = os.sched_getaffinity(0)
     except (AttributeError, OSError):
         cpus = None
-    before, own_before, started = read_cpu_times(cpus=cpus), _own_cpu_s(children_are_own), time.monotonic()
-    time.sleep(window_s)
-    after, own_after, wall = read_cpu_times(cpus=cpus), _own_cpu_s(children_are_own), time.monotonic() - started
-    if after[1] <= before[1]:
-        return 0.0
     count = len(cpus) if cpus is not None else (os.cpu_count() or 1)
-    own = (own_after - own_before) / wall if wall > 0 else 0.0
-    return round(max(0.0, busy_cores(before, after, count) - own), 2)
+    return LoadSample(time.monotonic(), read_cpu_times(cpus=cpus), _own_cpu_s(children_are_own), count)
+
+
+def other_busy_cores(before: LoadSample | None, after: LoadSample | None) -> float | None:
+    """Cores *other* processes kept busy between two samples: /proc/stat's busy time minus this process's
+    own (a child that started or ended in between counts approximately). None when unknown."""
+    if before is None or after is None or after.cpu_times[1] <= before.cpu_times[1]:
+        return None
+    wall = after.at - before.at
+    own = (after.own_s - before.own_s) / wall if wall > 0 else 0.0
+    return round(max(0.0, busy_cores(before.cpu_times, after.cpu_times, after.cpus) - own), 2)
+
+
+def other_load(window_s: float = 0.25, children_are_own: bool = True) -> float:
+    """Cores that *other* processes kept busy over the next ``window_s`` seconds, on the CPUs this
+    process may run on (:func:`other_busy_cores`); 0.0 where /proc is not readable. Blocks for ``window_s``."""
+    before = sample_load(children_are_own)
+    time.sleep(window_s)
+    return other_busy_cores(before, sample_load(children_are_own)) or 0.0
 
 
 @dataclass(frozen=True)

@@ -78,7 +78,9 @@ def test_periodic_validation_stays_in_the_numbers():
         steps[i] = step(i, 0.060, {"forward": 0.006, "optimizer": 0.004, "eval": 0.050}, preempted=0.0)
     b = compute_breakdown(steps, warmup=1)
     assert b.interference_s == 0
-    assert b.seconds["outside_step"] == pytest.approx(0.100 / 9)
+    # Every 4 steps, 50 ms each time: spread over its period, whatever the window holds.
+    assert [p.every for p in b.periodic] == [4] and b.periodic[0].cost_s == pytest.approx(0.050)
+    assert b.seconds["outside_step"] == pytest.approx(0.050 / 4)
 
 
 def test_on_cuda_compute_is_device_time_and_idle_time_goes_to_the_host():

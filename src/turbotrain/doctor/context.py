@@ -227,6 +227,12 @@ def storage_stats(recorder: Any) -> Any:
     return reads if reads.schemes else None
 
 
+def _ordinary_steps(breakdown: Breakdown) -> list[float]:
+    """Step times without the steps holding periodic work (validation every N steps is the script, not noise)."""
+    periodic = {i for p in breakdown.periodic for i in p.steps}
+    return [t for i, t in zip(breakdown.steps, breakdown.step_seconds) if i not in periodic]
+
+
 def build_context(recorder: Any, script: str | None = None, device: str | None = None) -> Context:
     """The rules' view of a finished recording."""
     profiled = [i for i in recorder.profiled_steps if i < len(recorder.steps)]
@@ -268,7 +274,7 @@ def build_context(recorder: Any, script: str | None = None, device: str | None =
         sources=load_sources(_user_files(script, recorder.tallies, module_sites)), world_size=world,
         step_records=list(recorder.steps), gap_samples=dict(recorder.gap_samples), storage_stats=storage_stats(recorder),
         ran_code=set(recorder.ran_code) if getattr(recorder, "ran_code", None) is not None else None,
-        machine=machine_facts(hw, breakdown.step_seconds,
+        machine=machine_facts(hw, _ordinary_steps(breakdown),
                               breakdown.interference_s / breakdown.mean_s if breakdown.mean_s else 0.0,
                               list(recorder.loaders.values()),
                               (getattr(recorder, "load_start", None), getattr(recorder, "load_end", None)),

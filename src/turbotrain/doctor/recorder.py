@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from ..data import stats as data_stats
-from .machine import sample_load
+from ..hardware import sample_load
 from .patching import Patcher
 from .records import Capture, ForwardFacts, LoaderRecord, StepRecord, Tally
 from .sites import _USER_FILES, Site, caller_site, is_user_file, user_site
@@ -450,8 +450,10 @@ class Recorder:
         record = self._record(opened, now, opened.acc, opened.forwards, opened.backwards, opened.opt_steps,
                               opened.marks, opened.pending_eval_grad, opened.module_calls)
         self._expected = set(opened.stepped)
-        self._open = _OpenStep(now)
+        self._open = fresh = _OpenStep(now)
         self._finish_step(record)
+        if self._open is fresh and not fresh.acc:
+            fresh.start = perf_counter()  # the doctor's own bookkeeping above is not the next step's time
 
     def _close_lazily(self) -> None:
         opened = self._open

@@ -30,15 +30,13 @@ from typing import Any, Callable
 import torch
 
 from ..data.transfer import resize_batch, tensors_in
-from ..measure import Trial, run_trial, time_loader
+from ..measure import HOPELESS, MIN_GAIN, Comparison, Trial, judge, run_trial, time_loader
 from ..plan import Plan
 from .findings import Finding, severity_for
 
 __all__ = ["run_what_ifs", "Budget"]
 
 log = logging.getLogger("turbotrain")
-
-MIN_GAIN = 1.03     # below this ratio a trial shows "no measurable gain"
 
 
 @dataclass
@@ -112,27 +110,31 @@ def _inexact(finding: Finding) -> bool:
         return False
 
 
-def _apply_ratio(finding: Finding, ctx, ratio: float, what_if: dict, unit: str = "step time",
-                 noise: float = 0.0) -> None:
-    """Turn a measured speed ratio of the model's step into the finding's share of the whole step.
+def _apply_ratio(finding: Finding, ctx, verdict: Comparison, what_if: dict, unit: str = "step time",
+                 applies_to: float | None = None) -> None:
+    """Turn a judged speed ratio of the model's step (:func:`turbotrain.measure.judge`) into the finding's
+    share of the whole step.
 
-    A ratio within the machine's noise (``noise``: how far two baselines of the same run apart
-    were) or below :data:`MIN_GAIN` counts as no gain; a switch that changes numerics must buy
-    at least 10% to rate above ``low``.
+    A ratio the noise model cannot separate from 1.0 (the rounds' own spread, or this window's noise
+    floor: another process busy, steps spread wide) counts as no gain and rates ``low``, whatever it
+    reads; a switch that changes numerics must buy at least 10% to rate above ``low``.
     """
-    share = _model_share(ctx) * (1.0 - 1.0 / ratio) if ratio > 0 else 0.0
+    ratio = verdict.speedup
+    part = _model_share(ctx) if applies_to is None else applies_to
+    share = part * (1.0 - 1.0 / ratio) if ratio > 0 else 0.0
     what_if["ratio"] = round(ratio, 3)
-    if noise:
-        what_if["noise"] = round(noise, 3)
+    what_if["noise"] = round(verdict.noise, 3)
+    what_if["verdict"] = verdict.verdict
     finding.what_if = what_if
     finding.measured = True
     finding.gain_share = share
     finding.est_speedup = round(1.0 / (1.0 - min(share, 0.95)), 3)
     finding.severity = severity_for(share)
-    if ratio < max(MIN_GAIN, 1.0 + 2 * noise):
+    if not verdict.faster:
         finding.severity = "low"
-        why = f"within this machine's noise ({noise:.0%} between baselines)" if ratio >= MIN_GAIN else "no gain"
-        finding.note = f"Measured on this machine: {why} (x{ratio:.2f} on the model's {unit}). {finding.note or ''}"
+        why = (f"not separable from noise here (x{ratio:.2f}, needs over x{1 + max(MIN_GAIN, verdict.noise):.2f})"
+               if ratio >= 1 + MIN_GAIN else f"no gain (x{ratio:.2f} on the model's {unit})")
+        finding.note = f"Measured on this machine: {why}. {finding.note or ''}"
     elif _inexact(finding) and share < 0.10 and finding.severity != "low":
         finding.severity = "low"
         finding.note = f"It changes numerics and buys under 10% here. {finding.note or ''}"
@@ -154,9 +156,9 @@ class _ModelTrials:
         self.cost = (self.steps + self.warmup) * model_s * 1.5 + 0.05
         self.baselines: list[Trial] = []
 
-    def trial(self, plan: Plan, batches=None, warmup: int | None = None) -> Trial:
+    def trial(self, plan: Plan, batches=None, warmup: int | None = None, give_up_s: float | None = None) -> Trial:
         return run_trial(self.model, self.optimizer_fn, None, batches or self.batches, plan, steps=self.steps,
-                         warmup=warmup or self.warmup, step_fn=surrogate_step)
+                         warmup=warmup or self.warmup, step_fn=surrogate_step, give_up_s=give_up_s)
 
     def baseline(self) -> Trial | None:
         if not self.budget.allows(self.cost):
@@ -170,6 +172,24 @@ class _ModelTrials:
     def base_s(self) -> float:
         # The faster baseline: a gain is never credited to the machine getting busier meanwhile.
         return min(typical_s(t) for t in self.baselines) if self.baselines else float("inf")
+
+
+def _rounds(ctx, budget: Budget, cost: float, first: tuple[float, float] | None,
+            pair: Callable[[], tuple[float, float] | None]) -> list[float]:
+    """Per-round speed ratios (baseline seconds / candidate seconds), A/B interleaved: two rounds, and a
+    third when the two disagree about the direction and the budget allows."""
+    times = [first] if first is not None else []
+    while len(times) < 2 and budget.allows(cost):
+        got = pair()
+        if got is None:
+            break
+        times.append(got)
+    ratios = [b / c for b, c in times if c > 0]
+    if len(ratios) == 2 and (ratios[0] > 1) != (ratios[1] > 1) and budget.allows(cost):
+        got = pair()
+        if got is not None and got[1] > 0:
+            ratios.append(got[0] / got[1])
+    return ratios
 
 
 def _plan_trials(ctx, findings: list[Finding], budget: Budget, allow_compile: bool) -> None:
@@ -188,38 +208,49 @@ def _plan_trials(ctx, findings: list[Finding], budget: Budget, allow_compile: bo
         changes = dict(f.trial["changes"])
         base = trials.base_plan.replace(**f.trial.get("baseline", {}))
         plan = base.replace(**changes)
-        warmup = 3 if changes.get("compile") else None
-        cost = trials.cost * (8 if changes.get("compile") else 1)
+        compiling = bool(changes.get("compile"))
+        cost = trials.cost * (8 if compiling else 2)
         if not budget.allows(cost):
             f.note = f"Not measured: the what-if time budget is spent. {f.note or ''}".strip()
             continue
-        own_base = trials.trial(base) if f.trial.get("baseline") else None
-        trial = trials.trial(plan, warmup=warmup)
-        base_s = None if own_base is None else (typical_s(own_base) if own_base.ok else trials.base_s)
+        seen: dict[str, Any] = {}
+
+        def pair(base=base, plan=plan, compiling=compiling, seen=seen) -> tuple[float, float] | None:
+            """One round: the baseline, then the candidate right after it (the same machine load)."""
+            ref = trials.trial(base)
+            if not ref.ok:
+                return None
+            trial = trials.trial(plan, warmup=3 if compiling else None,
+                                 give_up_s=None if compiling else HOPELESS * typical_s(ref))
+            seen.setdefault("first", trial)
+            seen["last"] = trial
+            if not trial.ok:
+                return None
+            return typical_s(ref), typical_s(trial)
+
+        first_round = pair()
+        trial = seen.get("first")
         entries = {_entry_for_field(k) for k in changes}
-        skipped = [name for name, _ in trial.skipped if name in entries]
-        if not trial.ok or skipped:
-            why = trial.error or "; ".join(why for name, why in trial.skipped)
-            f.note = f"Not measured: {why}. {f.note or ''}".strip()
+        skipped = [name for name, _ in trial.skipped if name in entries] if trial is not None else []
+        if trial is None or skipped or (first_round is None and not trial.stopped_early):
+            why = (trial.error if trial is not None else None) or "; ".join(w for _, w in (trial.skipped if trial else []))
+            f.note = f"Not measured: {why or 'the baseline failed'}. {f.note or ''}".strip()
             continue
-        f.what_if = {"kind": "plan", "changes": changes, "candidate_ms": round(typical_s(trial) * 1e3, 3),
-                     "steps": trials.steps, "losses_finite": all(map(math.isfinite, trial.losses))}
-        if changes.get("compile"):
+        if trial.stopped_early:
+            ratios = [1.0 / HOPELESS]  # slower than HOPELESS times the baseline: no need for more rounds
+        else:
+            # Compile: one round (the graph compiles once per trial).
+            ratios = [first_round[0] / first_round[1]] if compiling else _rounds(
+                ctx, budget, trials.cost * 2, first_round, pair)
+        f.what_if = {"kind": "plan", "changes": changes, "steps": trials.steps,
+                     "rounds": [round(r, 3) for r in ratios],
+                     "losses_finite": all(map(math.isfinite, trial.losses))}
+        if trial.ok:
+            f.what_if["candidate_ms"] = round(typical_s(trial) * 1e3, 3)
+        if compiling:
             f.what_if["compile_s"] = round(trial.warmup_s, 2)
             f.note = f"Compiling took {trial.warmup_s:.1f} s (once per run)."
-        f.trial["_result"] = (trial, base_s)
-    # A second baseline after the candidates: the machine's state at both ends.
-    trials.baseline()
-    typical = [typical_s(t) for t in trials.baselines]
-    noise = (max(typical) - min(typical)) / min(typical) if len(typical) > 1 else 0.0
-    for f in wanted:
-        result = f.trial.pop("_result", None)
-        if result is None:
-            continue
-        trial, own_base = result
-        base_s = own_base if own_base is not None else trials.base_s
-        f.what_if["baseline_ms"] = round(base_s * 1e3, 3)
-        _apply_ratio(f, ctx, base_s / typical_s(trial), f.what_if, noise=noise)
+        _apply_ratio(f, ctx, judge(ratios, noise_floor=ctx.noise_floor), f.what_if)
 
 
 def _entry_for_field(field: str) -> str:
@@ -245,16 +276,118 @@ def _batch_trial(ctx, finding: Finding, budget: Budget) -> None:
     trials = _ModelTrials(ctx, budget)
     if not budget.allows(trials.cost * 3):
         return
-    base = trials.trial(trials.base_plan)
-    big = trials.trial(trials.base_plan, batches=[repeat_batch(ctx.capture, k)])
-    if not (base.ok and big.ok):
-        finding.note = f"Not measured: {base.error or big.error}. {finding.note or ''}".strip()
+    bigger = [repeat_batch(ctx.capture, k)]
+    seen: dict[str, Trial] = {}
+
+    def pair() -> tuple[float, float] | None:
+        """One round: the captured batch, then k times it; seconds per sample of each."""
+        base = trials.trial(trials.base_plan)
+        big = trials.trial(trials.base_plan, batches=bigger)
+        seen["base"], seen["big"] = base, big
+        if not (base.ok and big.ok):
+            return None
+        return typical_s(base) / base.samples_per_step, typical_s(big) / big.samples_per_step
+
+    first = pair()
+    if first is None:
+        finding.note = f"Not measured: {seen['base'].error or seen['big'].error}. {finding.note or ''}".strip()
         return
-    gain = (big.samples_per_step / typical_s(big)) / (base.samples_per_step / typical_s(base))
+    ratios = _rounds(ctx, budget, trials.cost * 3, first, pair)
+    base, big = seen["base"], seen["big"]
     finding.fix.plan = {"batch_size": batch * k}
-    _apply_ratio(finding, ctx, gain, {"kind": "batch", "batch_size": batch, "candidate_batch_size": batch * k,
-                                      "baseline_samples_per_s": round(base.samples_per_step / typical_s(base), 1),
-                                      "candidate_samples_per_s": round(big.samples_per_step / typical_s(big), 1)}, unit="samples/s")
+    _apply_ratio(finding, ctx, judge(ratios, noise_floor=ctx.noise_floor),
+                 {"kind": "batch", "batch_size": batch, "candidate_batch_size": batch * k,
+                  "rounds": [round(r, 3) for r in ratios],
+                  "baseline_samples_per_s": round(base.samples_per_step / typical_s(base), 1),
+                  "candidate_samples_per_s": round(big.samples_per_step / typical_s(big), 1)}, unit="samples/s")
+
+
+def _threads_trial(ctx, finding: Finding, budget: Budget) -> None:
+    """The script's intra-op threads and DataLoader workers against the recommended ones, on a copy of its
+    model, each step also pulling a batch from its own loader (so workers compete for the cores as they
+    do in the script), A/B interleaved. Medians, not fastest steps: contention slows every step."""
+    from ..data.loader import rebuild_loader
+
+    if ctx.capture is None:
+        return
+    trials = _ModelTrials(ctx, budget)
+    record = ctx.main_loader
+    now = (ctx.machine.get("intra_op_threads") or torch.get_num_threads(), finding.evidence.get("workers", 0))
+    options = [tuple(c) for c in finding.trial["candidates"]]
+    if not options:
+        return
+    streams: dict[int, Any] = {}
+
+    def pull(workers: int) -> None:
+        if record is None:
+            return
+        if workers not in streams:
+            streams[workers] = iter(rebuild_loader(record.loader, num_workers=workers))
+        try:
+            next(streams[workers])
+        except StopIteration:
+            streams[workers] = iter(rebuild_loader(record.loader, num_workers=workers))
+            next(streams[workers])
+
+    def timed(threads: int, workers: int) -> Trial:
+        def step(model, batch):
+            pull(workers)  # the loader's work is part of the step, as in the script
+            return surrogate_step(model, batch)
+
+        return run_trial(trials.model, trials.optimizer_fn, None, trials.batches,
+                         trials.base_plan.replace(intra_op_threads=threads), steps=trials.steps,
+                         warmup=trials.warmup, step_fn=step)
+
+    seen: dict[str, Trial] = {}
+
+    def pair(fix: tuple[int, int]) -> tuple[float, float] | None:
+        a, b = timed(*now), timed(*fix)
+        seen["now"], seen["fix"] = a, b
+        return (a.step_s, b.step_s) if a.ok and b.ok else None
+
+    try:
+        if not budget.allows(trials.cost * (1 + len(options)) + 2.0):
+            return
+        # Round one times every candidate next to the script's setting; the best goes on to more rounds.
+        firsts = {fix: pair(fix) for fix in options}
+        timed_ok = {fix: t for fix, t in firsts.items() if t is not None}
+        if not timed_ok:
+            finding.note = f"Not measured: {seen['now'].error or seen['fix'].error}."
+            return
+        fix = max(timed_ok, key=lambda c: timed_ok[c][0] / timed_ok[c][1])
+        ratios = _rounds(ctx, budget, trials.cost * 2, timed_ok[fix], lambda: pair(fix))
+    finally:
+        streams.clear()  # worker processes end with their iterators
+    _name_the_fix(finding, now, fix)
+    applies = _model_share(ctx) + ctx.share("data_loading")
+    _apply_ratio(finding, ctx, judge(ratios, noise_floor=ctx.noise_floor),
+                 {"kind": "threads", "now": {"threads": now[0], "workers": now[1]}, "tried": options,
+                  "candidate": {"threads": fix[0], "workers": fix[1]}, "rounds": [round(r, 3) for r in ratios],
+                  "baseline_ms": round(seen["now"].step_s * 1e3, 3), "candidate_ms": round(seen["fix"].step_s * 1e3, 3)},
+                 applies_to=min(1.0, applies))
+
+
+def _name_the_fix(finding: Finding, now: tuple[int, int], fix: tuple[int, int]) -> None:
+    """Say the measured setting: the exact line and environment variable."""
+    threads, workers = fix
+    text = f"torch.set_num_threads({threads}) at the top of the script (or OMP_NUM_THREADS={threads})"
+    plan: dict[str, Any] = {"intra_op_threads": threads}
+    if workers != now[1]:
+        text += f", and DataLoader(..., num_workers={workers})"
+        plan["num_workers"] = workers
+    finding.fix.pytorch, finding.fix.plan = text, plan
+    finding.evidence.update(recommended_threads=threads, recommended_workers=workers)
+
+
+def _cap_to_noise(finding: Finding, ctx) -> None:
+    """A gain measured by a single pair of timings (loader rates, a forward with and without autograd) is
+    held to this window's noise floor: one it cannot be told from rates ``low``."""
+    if finding.est_speedup is None or not ctx.noise_floor:
+        return
+    verdict = judge([finding.est_speedup], noise_floor=ctx.noise_floor)
+    if not verdict.faster and finding.severity != "low":
+        finding.cap("low", f"This machine was too noisy during the run to tell x{finding.est_speedup:.2f} from no "
+                           f"gain (it needs over x{1 + verdict.noise:.2f}).")
 
 
 def _loader_trial(ctx, finding: Finding, budget: Budget) -> None:
@@ -427,6 +560,8 @@ def run_what_ifs(ctx, findings: list[Finding], budget_s: float = 30.0, allow_com
         if f.trial:
             by_kind.setdefault(f.trial["kind"], []).append(f)
     steps: list[tuple[str, Callable]] = []
+    for f in by_kind.get("threads", []):  # first: on a contended machine every other trial is skewed by it
+        steps.append(("threads", lambda f=f: _threads_trial(ctx, f, budget)))
     for f in by_kind.get("loader", []):
         steps.append(("num_workers", lambda f=f: _loader_trial(ctx, f, budget)))
     for f in by_kind.get("batch", []):
@@ -444,3 +579,6 @@ def run_what_ifs(ctx, findings: list[Finding], budget_s: float = 30.0, allow_com
             fn()
         except Exception as exc:  # noqa: BLE001 - a failed what-if leaves the finding estimated
             log.warning("turbotrain doctor: what-if %s failed: %s: %s", name, type(exc).__name__, exc)
+    for f in findings:
+        if f.measured and (f.what_if or {}).get("kind") in ("num_workers", "eval_grad", "attention"):
+            _cap_to_noise(f, ctx)

@@ -40,7 +40,7 @@ def rule(rule_id: str, source: str) -> Callable[[Callable], Callable]:
 
 
 def _load() -> None:
-    from . import live, runtime, static  # noqa: F401 - registering
+    from . import live, runtime, static, threads  # noqa: F401 - registering
 
 
 def _merge(findings: list[Finding]) -> list[Finding]:

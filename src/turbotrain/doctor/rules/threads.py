@@ -1,0 +1,68 @@
+"""CPU threads and DataLoader workers against the cores really free: the oversubscription rule.
+
+torch sizes its intra-op pool to the cores it sees. When another process holds one of them, or
+the DataLoader's workers take them, every parallel op waits at a barrier for a thread that has
+no core: a 15-22x slower step on a 2-core machine with one other busy process. The fix is
+measured on the user's own model (:func:`turbotrain.doctor.whatif.run_what_ifs`, trial kind
+``threads``): the current threads and workers against the recommended ones, interleaved.
+"""
+
+from __future__ import annotations
+
+from ...speedups.cpu_threads import fit_to_cores
+from ..findings import Finding, Fix, speedup_for_rule
+from . import rule
+
+
+def recommended(ctx) -> tuple[int, int, int, int, float] | None:
+    """(threads now, workers now, threads to use, workers to use, other processes' busy cores), or None
+    when the run's threads and workers fit the cores that were free."""
+    m = ctx.machine
+    if ctx.on_gpu or not m:
+        return None
+    usable, threads = m.get("usable_cores") or 1, m.get("intra_op_threads") or 1
+    record = ctx.main_loader
+    workers = record.settings.get("num_workers", 0) if record is not None else 0
+    others = m.get("other_load") or 0.0
+    free = max(1, usable - int(others + 0.5))   # a core another process keeps busy half the time is not free
+    if threads <= free and threads + workers <= usable:
+        return None
+    k, w = fit_to_cores(free, workers, threads)
+    return threads, workers, k, w or 0, others
+
+
+def candidates(ctx, found) -> list[tuple[int, int]]:
+    """The (threads, workers) settings the what-if times against the script's: the fitted one, and with
+    workers none at all (cheap batches cost less in the training process than an inter-process hand-off)."""
+    threads, workers, k, w, others = found
+    free = max(1, (ctx.machine.get("usable_cores") or 1) - int(others + 0.5))
+    out = [(k, w), (fit_to_cores(free, 0, threads)[0], 0)]
+    return [c for i, c in enumerate(out) if c not in out[:i] and c != (threads, workers)]
+
+
+@rule("cpu-oversubscribed", "runtime")
+def cpu_oversubscribed(ctx):
+    found = recommended(ctx)
+    if found is None or ctx.capture is None:
+        return
+    threads, workers, k, w, others = found
+    usable = ctx.machine.get("usable_cores")
+    busy = f"; other processes kept {others:.1f} of them busy" if others >= 0.5 else ""
+    env = f"OMP_NUM_THREADS={k}"
+    fix = f"torch.set_num_threads({k}) at the top of the script (or {env} in its environment)"
+    if w != workers:
+        fix += f", and DataLoader(..., num_workers={w})"
+    f = Finding(
+        "cpu-oversubscribed", site=ctx.main_loader.site if ctx.main_loader and w != workers else None,
+        where=None, category="compute", speedup=speedup_for_rule("cpu-oversubscribed"),
+        message=(f"torch runs {threads} intra-op thread(s) and the DataLoader {workers} worker(s) on {usable} usable "
+                 f"core(s){busy}: parallel ops wait at a barrier for threads that have no core."),
+        fix=Fix(fix, plan={"intra_op_threads": k, **({"num_workers": w} if w != workers else {})},
+                lightning=f"{env} in the environment (Lightning does not set torch's threads)",
+                accelerate=f"{env} in the environment, or torch.set_num_threads({k}) before accelerator.prepare"),
+        evidence={"threads": threads, "workers": workers, "usable_cores": usable, "other_load": others,
+                  "recommended_threads": k, "recommended_workers": w},
+        trial={"kind": "threads", "candidates": candidates(ctx, found)})
+    f.provisional("medium")
+    f.note = "Threads and workers are timed on your model and DataLoader, interleaved with what the script uses."
+    yield f
