@@ -8,19 +8,13 @@ on what the doctor really prints.
 from __future__ import annotations
 
 import html
-import os
 import re
-import shutil
-import subprocess
-import sys
-import tempfile
-import time
-import uuid
 from pathlib import Path
 
 import pytest
 
 from doctor_helpers import script
+from pseudo_terminal import check_layout, in_terminal
 from turbotrain.doctor.breakdown import Breakdown
 from turbotrain.doctor.findings import Finding, Fix
 from turbotrain.doctor.html_report import render_html
@@ -95,48 +89,8 @@ def _render(report: Report, width: int) -> str:
 
 # -- in a real pseudo-terminal ------------------------------------------------------------------------
 
-def _tmux() -> str:
-    exe = shutil.which("tmux")
-    if exe is None:
-        pytest.fail("tmux is not installed: run scripts/ci-deps.sh (apt-get install tmux)")
-    return exe
-
-
-def in_terminal(code: str, columns: int, timeout_s: float = 120.0) -> list[str]:
-    """Run ``python -c code`` in a detached tmux session ``columns`` wide; its screen, wrapped lines joined."""
-    tmux, done, sockets = _tmux(), f"__done_{uuid.uuid4().hex[:6]}__", tempfile.mkdtemp(prefix="tt-tmux-")
-    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES", "TMUX")}
-    env["PYTHONPATH"] = os.pathsep.join([str(HERE), env.get("PYTHONPATH", "")])
-    command = f"{sys.executable} -c {code!r}; echo {done}; sleep 600"
-    base = [tmux, "-S", os.path.join(sockets, "socket"), "-f", "/dev/null", "-u"]
-    try:
-        subprocess.run([*base, "new-session", "-d", "-x", str(columns), "-y", "200", "-c", os.getcwd(),
-                        command], check=True, env=env, timeout=30)
-        deadline = time.monotonic() + timeout_s
-        while True:
-            # -J joins what the terminal wrapped: a line wider than the pane comes back whole.
-            screen = subprocess.run([*base, "capture-pane", "-p", "-J", "-S", "-", "-t", "0"], capture_output=True,
-                                    text=True, check=True, timeout=30).stdout
-            if done in screen or time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
-        width = subprocess.run([*base, "display-message", "-p", "-t", "0", "#{pane_width}"], capture_output=True,
-                               text=True, timeout=30).stdout.strip()
-    finally:
-        subprocess.run([*base, "kill-server"], capture_output=True, timeout=30)  # the session's processes too
-        shutil.rmtree(sockets, ignore_errors=True)
-    assert width == str(columns), width
-    assert done in screen, f"the command did not finish in {timeout_s}s:\n{screen}"
-    lines = [line.rstrip() for line in screen.splitlines()]
-    return lines[:next(i for i, line in enumerate(lines) if done in line)]
-
-
-def _check_layout(lines: list[str], columns: int) -> None:
-    wide = [line for line in lines if len(line) > columns]
-    assert not wide, f"wider than {columns} columns: {wide}"
-    # A table column squeezed to one word: two one-word lines in a row.
-    for a, b in zip(lines, lines[1:]):
-        assert not (len(a.split()) == 1 and len(b.split()) == 1 and "█" not in a), (a, b)
+def _check_layout(lines: list[str], columns: int, tokens: tuple[str, ...] = ()) -> None:
+    check_layout(lines, columns, tokens)
     starts = [i for i, line in enumerate(lines) if re.match(r"(HIGH|MEDIUM|LOW)\s+\S", line)]
     for i in starts:
         block = []
@@ -147,22 +101,17 @@ def _check_layout(lines: list[str], columns: int) -> None:
         assert len(block) <= FINDING_LINES, "\n".join(block)
 
 
-def _check_tokens(lines: list[str], text_tokens: tuple[str, ...]) -> None:
-    for token in text_tokens:
-        assert any(token in line for line in lines), f"{token!r} split or missing"
-
-
 @pytest.mark.parametrize("columns", [80, 120])
 def test_hand_built_report_reads_well_in_a_terminal(columns):
     lines = in_terminal("from test_terminal_width import sample_report; "
-                        "from turbotrain.doctor.terminal import print_report; print_report(sample_report())", columns)
+                        "from turbotrain.doctor.terminal import print_report; print_report(sample_report())", columns,
+                        path=str(HERE))
     text = "\n".join(lines)
-    _check_layout(lines, columns)
-    _check_tokens(lines, TOKENS)
+    _check_layout(lines, columns, TOKENS)
     assert sum(bool(re.match(r"(HIGH|MEDIUM|LOW)\s", line)) for line in lines) == 3
     assert "x5.84 measured" in text and "x1.20 estimated" in text
     # The noise warning comes right after the header, before the machine line and the breakdown.
-    noise = next(i for i, line in enumerate(lines) if NOISE_HEAD in " ".join(lines[i:i + 2]))
+    noise = next(i for i, line in enumerate(lines) if NOISE_HEAD in " ".join(" ".join(lines[i:i + 2]).split()))
     machine = next(i for i, line in enumerate(lines) if "2 usable of 4" in line)
     bar = next(i for i, line in enumerate(lines) if "█" in line)
     assert noise < machine < bar and noise <= 3
