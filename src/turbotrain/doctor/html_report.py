@@ -137,14 +137,14 @@ def render_html(report: Report) -> str:
         body.append(f"<p>{esc(before)}<b>{esc(median)}</b>{esc(after)}. Bottleneck: "
                     f"<b id=\"bottleneck\">{esc(CATEGORY_LABELS[b.bottleneck])}</b> "
                     f"({b.shares[b.bottleneck]:.0%} of step time).</p>")
-        if report.periodic:
-            items = "".join(f"<li>{esc(periodic_text(e))}</li>" for e in report.periodic)
-            body.append(f'<h2>Recurring work</h2><ul id="periodic">{items}</ul>')
         segments = "".join(f'<div title="{esc(CATEGORY_LABELS[k])}" style="width:{b.shares[k] * 100:.2f}%;'
                            f'background:{COLORS[k]}"></div>' for k in CATEGORIES if b.shares[k] > 0)
         legend = "".join(f'<span><i style="background:{COLORS[k]}"></i>{esc(CATEGORY_LABELS[k])} '
                          f"{b.shares[k]:.1%} ({b.seconds[k] * 1e3:.2f} ms)</span>" for k in CATEGORIES)
         body.append(f'<div class="bar" id="breakdown">{segments}</div><div class="legend">{legend}</div>')
+        if report.periodic:
+            items = "".join(f"<li>{esc(periodic_text(e))}</li>" for e in report.periodic)
+            body.append(f'<h2>Recurring work</h2><ul id="periodic">{items}</ul>')
         for title, uri in _plots(report):
             body.append(f"<h2>{esc(title)}</h2><img alt=\"{esc(title)}\" src=\"{uri}\">")
     body.append(f"<h2>Findings ({len(data['findings'])})</h2>")
