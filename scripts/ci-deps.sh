@@ -7,6 +7,7 @@ PACKAGES=(
   "nginx-light       nginx"      # data: remote files behind a real HTTP server
   "iproute2          ip"         # launch: two network namespaces act as two nodes
   "chromium          chromium"   # doctor: the HTML report is opened in a real headless browser
+  "tmux              tmux"       # doctor: the terminal report is read in a real 80- and 120-column terminal
 )
 
 SUDO=""

@@ -10,14 +10,16 @@ from typing import Any
 
 from .records import CATEGORIES
 from .report import CATEGORY_LABELS, Report
-from .terminal import COLORS
+from .terminal import COLORS, gain_text, machine_items, noise_text, periodic_text, steps_text
 
 __all__ = ["render_html", "write_html"]
 
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em auto;max-width:1100px;color:#222}
 h1{font-size:1.5em;margin-bottom:.2em} h2{font-size:1.2em;margin-top:1.6em;border-bottom:1px solid #ddd}
-.meta{color:#666} .msg{background:#fff4e0;border-left:4px solid #f3a712;padding:.4em .8em;margin:.4em 0}
+.meta{color:#666} .machine{color:#555;font-size:.9em}
+.noise{background:#fdecea;border-left:4px solid #c0392b;padding:.4em .8em;margin:.6em 0}
+.noise ul{margin:.2em 0} .msg{background:#fff4e0;border-left:4px solid #f3a712;padding:.4em .8em;margin:.4em 0}
 .bar{display:flex;height:28px;border-radius:4px;overflow:hidden;margin:.6em 0}
 .bar div{height:100%} .legend span{display:inline-block;margin-right:1.2em;font-size:.9em}
 .legend i{display:inline-block;width:.9em;height:.9em;margin-right:.3em;vertical-align:middle}
@@ -60,7 +62,7 @@ def _plots(report: Report) -> list[tuple[str, str]]:
         ax.barh([0], [ms], left=left, color=COLORS[key], label=f"{CATEGORY_LABELS[key]} {b.shares[key]:.0%}")
         left += ms
     ax.set_yticks([])
-    ax.set_xlabel("ms per optimizer step (mean)")
+    ax.set_xlabel(f"ms per step (mean; delimited by {report.step_delimiter})")
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.55), ncol=4, fontsize=8, frameon=False)
     out.append(("Where a step's time goes", _png(fig)))
     plt.close(fig)
@@ -78,7 +80,7 @@ def _plots(report: Report) -> list[tuple[str, str]]:
     if any(lost):
         ax.bar(steps, lost, bottom=bottom, color="white", edgecolor="#bbbbbb", hatch="///", width=0.8,
                label="other processes (not the script)")
-    ax.set_xlabel("optimizer step")
+    ax.set_xlabel("step")
     ax.set_ylabel("ms")
     ax.legend(fontsize=7, ncol=4, frameon=False)
     out.append(("Per-step timeline", _png(fig)))
@@ -94,8 +96,7 @@ def _table(rows: list[dict[str, Any]], columns: list[str]) -> str:
 
 
 def _finding(f: dict[str, Any]) -> str:
-    buys = "" if f["est_speedup"] is None else (
-        f"x{f['est_speedup']:.2f} {'measured' if f['measured'] else 'estimated'}")
+    buys = gain_text(f["est_speedup"], f["measured"])
     parts = [f'<div class="finding" data-rule="{html.escape(f["rule"])}">',
              f'<span class="sev {f["severity"]}">{f["severity"]}</span>'
              f'<span class="rule">{html.escape(f["rule"])}</span>'
@@ -123,11 +124,17 @@ def render_html(report: Report) -> str:
     body = [f"<h1>turbotrain doctor: {esc(str(data['script']))}</h1>",
             f'<p class="meta">{esc(" ".join(data["argv"]))} &middot; {esc(data["device"])}: {esc(data["hardware"])} '
             f"&middot; torch {esc(data['torch'])} &middot; status <b>{esc(data['status'])}</b></p>"]
+    if report.noise:
+        head, reasons = noise_text(report.noise)
+        items = "".join(f"<li>{esc(r)}</li>" for r in reasons)
+        body.append(f'<div class="noise" id="noise"><b>{esc(head)}</b>{f"<ul>{items}</ul>" if items else ""}</div>')
+    if report.machine:
+        body.append(f'<p class="machine" id="machine">{" &middot; ".join(esc(i) for i in machine_items(report.machine))}'
+                    "</p>")
     body += [f'<div class="msg">{esc(m)}</div>' for m in data["messages"]]
     if b is not None and b.steps:
-        st = data["step_time_ms"]
-        body.append(f"<p>{data['steps_measured']} steps measured after {data['warmup_steps']} warm-up: median "
-                    f"<b>{st['median']:.2f} ms</b>, p90 {st['p90']:.2f} ms per optimizer step. Bottleneck: "
+        before, median, after = steps_text(report)
+        body.append(f"<p>{esc(before)}<b>{esc(median)}</b>{esc(after)}. Bottleneck: "
                     f"<b id=\"bottleneck\">{esc(CATEGORY_LABELS[b.bottleneck])}</b> "
                     f"({b.shares[b.bottleneck]:.0%} of step time).</p>")
         segments = "".join(f'<div title="{esc(CATEGORY_LABELS[k])}" style="width:{b.shares[k] * 100:.2f}%;'
@@ -135,6 +142,9 @@ def render_html(report: Report) -> str:
         legend = "".join(f'<span><i style="background:{COLORS[k]}"></i>{esc(CATEGORY_LABELS[k])} '
                          f"{b.shares[k]:.1%} ({b.seconds[k] * 1e3:.2f} ms)</span>" for k in CATEGORIES)
         body.append(f'<div class="bar" id="breakdown">{segments}</div><div class="legend">{legend}</div>')
+        if report.periodic:
+            items = "".join(f"<li>{esc(periodic_text(e))}</li>" for e in report.periodic)
+            body.append(f'<h2>Recurring work</h2><ul id="periodic">{items}</ul>')
         for title, uri in _plots(report):
             body.append(f"<h2>{esc(title)}</h2><img alt=\"{esc(title)}\" src=\"{uri}\">")
     body.append(f"<h2>Findings ({len(data['findings'])})</h2>")

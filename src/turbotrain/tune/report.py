@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from rich import box
 from rich.console import Console
+from rich.markup import escape
+from rich.padding import Padding
 from rich.table import Table
+from rich.text import Text
 
 if TYPE_CHECKING:  # pragma: no cover
     from .api import TuneResult
@@ -23,25 +27,46 @@ def _mib(n: int | None) -> str:
     return f"{n / 2**20:,.0f} MiB" if n else "-"
 
 
+def _candidate(label: str) -> list[str]:
+    """One switch per line (the chosen row lists the whole plan): a switch such as
+    ``precision=bf16-mixed`` is never broken across lines."""
+    return label.removeprefix("chosen: ").split(", ")
+
+
 def attempts_table(result: "TuneResult") -> Table:
+    """What was tried, readable at 80 columns: why a candidate was rejected goes under its name
+    (the candidate column is the one that wraps, never narrower than its longest switch)."""
     search = result.search
     title = f"turbotrain tune on {result.hardware}" + (" (cached)" if result.from_cache else "")
-    table = Table(title=title, title_justify="left")
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
+                  collapse_padding=True)
+    switches = [_candidate(row.label) for row in search.attempts]
+    longest = max((len(word) for lines in switches for line in lines for word in line.split()), default=8)
     for name, justify in (("#", "right"), ("candidate", "left"), ("samples/s", "right"),
                           ("vs naive", "right"), ("peak mem", "right"), ("compile s", "right"),
                           ("verdict", "left")):
-        table.add_column(name, justify=justify, overflow="fold", no_wrap=name not in ("candidate", "verdict"))
-    for i, row in enumerate(search.attempts):
+        wraps = name == "candidate"
+        table.add_column(name, justify=justify, overflow="fold", no_wrap=not wraps,
+                         min_width=longest if wraps else None)
+    for i, (row, lines) in enumerate(zip(search.attempts, switches)):
         style = _STYLE.get(row.status, "")
+        candidate = Text("\n".join(lines))
+        if row.reason:
+            candidate.append("\n" + row.reason, style="dim")
         table.add_row(
-            str(i), row.label,
+            str(i), candidate,
             format_rate(row.samples_per_s) if row.samples_per_s else "-",
             f"{row.speedup:.2f}x" if row.speedup else "-",
             _mib(row.peak_memory_bytes),
             f"{row.compile_s:.1f}" if row.compile_s is not None else "-",
-            f"[{style}]{row.status}[/]" + (f": {row.reason}" if row.reason else ""),
+            Text(row.status, style=style),
         )
     return table
+
+
+def _say(console: Console, markup: str) -> None:
+    """A line under the table, indented by two; wrapped lines keep the indent."""
+    console.print(Padding(Text.from_markup(markup), (0, 0, 0, 2), expand=False))
 
 
 def render(result: "TuneResult", console: Console | None = None) -> None:
@@ -49,22 +74,23 @@ def render(result: "TuneResult", console: Console | None = None) -> None:
     search = result.search
     console.print(attempts_table(result))
     for name, why in search.left_out:
-        console.print(f"  not tried: [bold]{name}[/]: {why}")
+        _say(console, f"not tried: [bold]{name}[/]: {escape(why)}")
     for field, value in result.by_rule.items():
-        console.print(f"  by rule: [bold]{field}={value}[/] (exact; acts on the host-to-device copy, "
+        _say(console, f"by rule: [bold]{field}={value}[/] (exact; acts on the host-to-device copy, "
                       "which a step trial cannot time)")
     if result.workers is not None:
         w = result.workers
         tried = ", ".join(f"{n}: {format_rate(rate)}" for n, rate in w.tried)
-        console.print(f"  num_workers finder: [bold]{w.num_workers}[/] (batches/s by workers: {tried}; "
+        _say(console, f"num_workers finder: [bold]{w.num_workers}[/] (batches/s by workers: {tried}; "
                       f"stopped: {w.stopped_by}; bound {w.bound} by {w.bound_by})")
     if result.batch_size is not None:
         b = result.batch_size
         tried = ", ".join(f"{n}: {out}" for n, _, out in b.tried)
         accum = f" x {b.grad_accum_steps} accumulation steps" if b.grad_accum_steps > 1 else ""
-        console.print(f"  batch-size finder{' (under compile)' if b.under_compile else ''}: "
+        _say(console, f"batch-size finder{' (under compile)' if b.under_compile else ''}: "
                       f"[bold]{b.batch_size}{accum}[/] at {_mib(b.peak_memory_bytes)} of {_mib(b.limit_bytes)} "
                       f"less {b.margin:.0%} ({tried}; stopped: {b.stopped_by})")
     spent = (f"tuning took {result.elapsed_s:.1f}s of a {result.budget_s:.0f}s budget "
              f"({search.compile_s:.1f}s compiling; {search.steps} timed steps per trial)")
-    console.print(f"[bold]{search.message}[/]\n  {spent}")
+    console.print(Text(search.message, style="bold"))
+    _say(console, spent)
