@@ -90,8 +90,10 @@ def judge(ratios: Sequence[float], min_gain: float = MIN_GAIN, noise_floor: floa
     the ratio keeps only what is left of it. What is left shows as the rounds disagreeing: their
     relative spread: ``(max - min) / median`` of one or two rounds, and from three rounds on twice the
     median absolute deviation over the median (robust: one round caught by a load burst does not set
-    the margin for the others, which is what a third round is for). Outside knowledge of the machine (another process busy
-    during the window, two baselines apart) comes in as ``noise_floor``. The speed-up is the median
+    the margin for the others, which is what a third round is for). Outside knowledge
+    of the machine (another process busy during the window, steps spread wide) comes in as
+    ``noise_floor``; it weighs less as interleaved rounds accumulate (divided by their number), since
+    rounds that agree are themselves evidence taken under that very load. The speed-up is the median
     ratio (the geometric mean of two); it is a gain only when it clears ``1 + max(min_gain, noise)``,
     and with two rounds only when both say faster. Slower mirrors that on a log scale (2x faster and
     2x slower are the same distance from 1). Fewer than ``min_rounds`` rounds are never called.
@@ -101,7 +103,7 @@ def judge(ratios: Sequence[float], min_gain: float = MIN_GAIN, noise_floor: floa
     if min(ratios) <= 0:
         return Comparison(0.0, noise_floor, SLOWER if len(ratios) >= min_rounds else UNVERIFIED)
     speedup = statistics.geometric_mean(ratios) if len(ratios) == 2 else statistics.median(ratios)
-    noise = max(noise_floor, robust_spread(ratios) if len(ratios) >= 3 else relative_spread(ratios))
+    noise = max(noise_floor / len(ratios), robust_spread(ratios) if len(ratios) >= 3 else relative_spread(ratios))
     margin = 1.0 + max(min_gain, noise)
     if len(ratios) < min_rounds:
         verdict = UNVERIFIED

@@ -53,11 +53,16 @@ def machine_facts(hw: Any, step_seconds: list[float], interference_share: float,
     return facts
 
 
+NOISE_FLOOR_CAP = 1.0
+
+
 def noise_floor(machine: dict[str, Any]) -> float:
-    """The least relative gain this window can tell from noise: half the p10..p90 spread of its steps,
-    or the share of the step lost to other processes, whichever is larger."""
+    """The least relative gain one timing pair taken in this window can tell from noise: half the p10..p90
+    spread of its steps, or the share of the step lost to other processes, whichever is larger; at most
+    1.0 (x2), since what spreads steps 20x (threads fighting for a core) is often what the fix removes,
+    and interleaved rounds that agree are evidence of their own (:func:`turbotrain.measure.judge`)."""
     spread = ((machine.get("dispersion") or 1.0) - 1.0) / 2
-    return max(0.0, spread, machine.get("interference_share") or 0.0)
+    return min(NOISE_FLOOR_CAP, max(0.0, spread, machine.get("interference_share") or 0.0))
 
 
 def noise_state(machine: dict[str, Any]) -> dict[str, Any] | None:
