@@ -632,7 +632,8 @@ class Recorder:
             self._gpu_forward_open = True
         # Facts and a captured batch: first seen at once (a script may end early), then again in
         # the last warm-up step (under the hooks the measured steps use, which also see kwargs).
-        late = self.step_index >= self.warmup - 1
+        # Not under the global hooks of discovery: those do not see keyword arguments (model(**batch)).
+        late = self.step_index >= self.warmup - 1 and not self._discovery
         if self.facts is None or (not self._facts_final and late):
             self._facts_final = late
             self.facts = self._forward_facts(module, args, kwargs)

@@ -1,0 +1,71 @@
+"""Scripts in the styles public training code is written in: no optimizer, closures, [seq, batch] RNNs,
+periodic validation, the Hugging Face Trainer. Each asserts the bottleneck, the rule and the line."""
+
+from __future__ import annotations
+
+import pytest
+
+from doctor_helpers import cached_report, marked_lines, run_doctor
+
+
+def test_manual_sgd_without_an_optimizer_is_measured_by_its_backward():
+    report = cached_report("rnn_lm_manual_sgd")
+    data = report.to_dict()
+    assert report.status == "ok" and data["step_delimiter"] == "loss.backward()"
+    assert data["steps_measured"] >= 4 and report.run.status == "stopped"   # ended after its budget, not its epochs
+    # The hand-written update (p.data.add_) is the optimizer phase of a backward-delimited step.
+    assert data["breakdown_ms"]["optimizer"] > 0 and report.bottleneck == "compute"
+
+
+def test_an_rnn_fed_seq_batch_reads_the_batch_from_dim_1():
+    report = cached_report("rnn_lm_manual_sgd")
+    found = [f for f in report.findings if f.rule == "batch-size-not-multiple-of-8"]
+    assert found and found[0].evidence["batch_size"] == 20   # not the sequence length, 35
+
+
+def test_a_function_that_never_ran_gets_no_serious_finding():
+    """export_onnx() calls model.eval() with autograd on, but the run never calls export_onnx."""
+    report = cached_report("rnn_lm_manual_sgd")
+    eval_lines = [f for f in report.findings if f.rule == "grad-in-validation"]
+    assert all(f.severity == "low" and f.evidence.get("ran") is False for f in eval_lines), \
+        [f.to_dict() for f in eval_lines]
+
+
+def test_lbfgs_with_a_closure_is_one_step_per_optimizer_step():
+    report = cached_report("lbfgs_closure")
+    data = report.to_dict()
+    assert report.status == "ok" and data["step_delimiter"] == "optimizer.step()"
+    # Several forward/backward passes run inside each step, timed as compute inside the optimizer call.
+    assert report.breakdown.seconds["compute"] > 0 and report.breakdown.seconds["optimizer"] > 0
+
+
+@pytest.mark.parametrize("steps", [20, 25, 30])
+def test_periodic_validation_names_the_same_bottleneck_whatever_the_window(steps):
+    report = run_doctor("periodic_validation", steps=steps, warmup=3, what_if_budget_s=4.0)
+    assert report.bottleneck == "outside_step", report.breakdown.shares
+    rows = report.to_dict()["periodic"]
+    assert [r["every"] for r in rows] == [20] and rows[0]["kind"] == "validation"
+    assert rows[0]["suggested_every"] > 20 and rows[0]["share"] > 0.05
+    finding = next(f for f in report.findings if f.rule == "periodic-work")
+    (rule, line), = marked_lines("periodic_validation")
+    assert finding.to_dict(report.base)["where"] == f"periodic_validation.py:{line}"
+    assert f"every {rows[0]['suggested_every']} steps" in finding.fix.pytorch
+
+
+def test_torch_tensor_of_a_python_list_is_not_a_numpy_copy():
+    report = cached_report("tensor_from_list")
+    assert report.status == "ok"
+    assert "tensor-from-numpy-copy" not in report.rules(), [f.to_dict() for f in report.findings]
+
+
+def test_a_hugging_face_trainer_on_a_tiny_gpt2():
+    pytest.importorskip("transformers", reason="transformers is in the test extra: pip install -e '.[test]'")
+    report = cached_report("hf_trainer_tiny_gpt2")
+    data = report.to_dict()
+    assert report.status == "ok" and data["steps_measured"] >= 4, report.messages
+    assert report.bottleneck == "compute", report.breakdown.shares
+    # The model is called with keyword arguments (model(**batch)): the what-ifs can re-run it.
+    precision = [f for f in report.findings if f.rule == "no-mixed-precision"]
+    assert not precision or precision[0].measured, precision[0].to_dict()
+    for f in data["findings"]:
+        assert f["where"] is None or f["where"].startswith("hf_trainer_tiny_gpt2.py"), f
