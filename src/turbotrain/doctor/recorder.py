@@ -50,6 +50,10 @@ SYNC_METHODS = ("item", "tolist", "numpy", "cpu", "nonzero", "__bool__", "__floa
 _SYNC_WARNING = re.compile(r"called a synchronizing CUDA operation")
 
 
+# Under a millisecond of untimed batch building per step, no finding names a line (num-workers needs 1 ms).
+GAP_WORTH_SAMPLING_S = 1e-3
+
+
 class Stop(BaseException):
     """Ends the user's script once enough steps were measured (a BaseException, so ``except Exception`` in the
     script does not swallow it)."""
@@ -553,9 +557,10 @@ class Recorder:
         if self.measure is not None and done == self.warmup + self.measure:
             self.reads_at_end = data_stats.snapshot()
             self.load_end = sample_load()
-        if done == self.warmup and record.gap_before_forward > 0.1 * record.duration:
-            # The script builds batches itself, untimed: find which line (the sampler costs a
-            # little GIL traffic, so only scripts that need it get it).
+        if done == self.warmup and record.gap_before_forward > max(0.1 * record.duration, GAP_WORTH_SAMPLING_S):
+            # The script builds batches itself, untimed: find which line. The sampler costs GIL
+            # traffic (on a loaded machine, a descheduled sampler holding the GIL stalls the script,
+            # inside the very gap it samples), so only a gap worth a finding gets it.
             self._sampler = _GapSampler(self)
             self._sampler.start()
         if self.measure is not None and done == self.warmup + self.measure and self._sampler is not None:

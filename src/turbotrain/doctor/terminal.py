@@ -110,7 +110,7 @@ def machine_items(machine: dict[str, Any]) -> list[str]:
     if load:
         items.append(f"other processes: {', '.join(load)}")
     if m.get("dispersion") is not None:
-        items.append(f"step time p90/p10: {m['dispersion']:.2f}")
+        items.append(f"step time p90/p10: {m['dispersion']:.1f}")
     return items
 
 
@@ -139,9 +139,7 @@ def periodic_text(entry: dict[str, Any]) -> str:
         text += f" at {entry['where']}"
     suggested = entry.get("suggested_every")
     if suggested:
-        text += f"; every {suggested} steps"
-        if entry.get("share") is not None and entry.get("every"):
-            text += f" brings it to about {entry['share'] * entry['every'] / suggested:.0%}"
+        text += f"; every {suggested} steps keeps it under {entry.get('target_share', 0.05):.0%}"
     return text
 
 

@@ -380,7 +380,8 @@ def periodic_table(ctx) -> list[dict]:
         rows.append({"kind": kind, "category": p.category, "every": p.every, "steps": p.steps,
                      "cost_ms": round(p.cost_s * 1e3, 3), "share": round(share, 4) if share is not None else None,
                      "where": ctx.where(site), "site": site,
-                     "suggested_every": suggested_every(p.cost_s, base_step, p.every) if p.every else None})
+                     "suggested_every": suggested_every(p.cost_s, base_step, p.every) if p.every else None,
+                     "target_share": PERIODIC_TARGET_SHARE})
     return rows
 
 
