@@ -250,7 +250,7 @@ def build_context(recorder: Any, script: str | None = None, device: str | None =
     capture = unwrapped(recorder.capture)
     model = capture.module if capture is not None else None
     if model is None:
-        trained = [m for m in modules if recorder._is_trained(m)]
+        trained = [m for m in modules if recorder.is_trained(m)]
         model = trained[0] if trained else None
     module_sites = {key: site for key, (ref, site) in recorder.module_sites.items()
                     if ref() is not None and id(ref()) == key}

@@ -6,11 +6,10 @@ thread, not inside torch.compile's tracing) and otherwise calls the original unc
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
 import weakref
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -18,31 +17,30 @@ from torch import nn
 from torch.utils.data import DataLoader
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
-from . import recorder as _rec
+from . import active
 from .patching import Patcher
 from .records import LoaderRecord
-from .sites import caller_site, user_site
+from .sites import _USER_FILES, caller_site, user_site
 
-__all__ = ["install"]
+__all__ = ["install", "measured_call", "wrap_sync", "SYNC_METHODS"]
+
+if TYPE_CHECKING:
+    from .recorder import Recorder
+
+SYNC_METHODS = ("item", "tolist", "numpy", "cpu", "nonzero", "__bool__", "__float__", "__int__", "__repr__",
+                "__format__")
 
 _get_ident = threading.get_ident
-_perf = _rec.perf_counter
-_compiling = _rec._compiling
+_perf = active.perf_counter
+_compiling = active.compiling
 
 
-def _live() -> "_rec.Recorder | None":
+def _live() -> "Recorder | None":
     """The active recorder when this call should be recorded, else None."""
-    rec = _rec._ACTIVE
-    if rec is None or rec._busy or _get_ident() != rec._thread or _compiling():
+    rec = active.current
+    if rec is None or rec.busy or _get_ident() != rec.thread or _compiling():
         return None
     return rec
-
-
-def _forget_in_child() -> None:
-    _rec._ACTIVE = None  # DataLoader workers and other forks record nothing
-
-
-os.register_at_fork(after_in_child=_forget_in_child)
 
 
 # -- phases -----------------------------------------------------------------------------------------
@@ -59,7 +57,7 @@ def _phase(phase: str, original: Callable, on_enter: Callable | None = None, unt
             return original(*args, **kwargs)
         if on_enter is not None:
             on_enter(rec)
-        if untimed_ok and not rec._profiling and not rec.gpu and rec._open.marks and not rec._stack:
+        if untimed_ok and not rec.profiling and not rec.gpu and rec.open_step.marks and not rec.stack:
             out = original(*args, **kwargs)
         else:
             rec.push(phase)
@@ -164,7 +162,7 @@ def _timed_site(kind: str, phase: str | None, original: Callable) -> Callable:
 
 # -- data ----------------------------------------------------------------------------------------------
 
-def _in_phase(rec: "_rec.Recorder", phase: str, fn: Callable, *args: Any) -> tuple[Any, float]:
+def _in_phase(rec: "Recorder", phase: str, fn: Callable, *args: Any) -> tuple[Any, float]:
     """``fn(*args)`` timed as ``phase``: its result and its own seconds."""
     rec.push(phase)
     try:
@@ -191,7 +189,7 @@ def _loader_settings(loader: DataLoader) -> dict[str, Any]:
             "dataset_len": length, "batches_per_epoch": batches, "drop_last": loader.drop_last}
 
 
-def _loader_record(rec: "_rec.Recorder", loader: DataLoader, site=None) -> LoaderRecord:
+def _loader_record(rec: "Recorder", loader: DataLoader, site=None) -> LoaderRecord:
     record = rec.loaders.get(id(loader))
     if record is None or record.loader is not loader:
         record = rec.loaders[id(loader)] = LoaderRecord(loader, site, _loader_settings(loader))
@@ -278,11 +276,11 @@ def _softmax(original: Callable) -> Callable:
         rec = _live()
         if rec is None:
             return original(*args, **kwargs)
-        rec._busy = True  # F.softmax calls Tensor.softmax: count the user's call once
+        rec.busy = True  # F.softmax calls Tensor.softmax: count the user's call once
         try:
             return original(*args, **kwargs)
         finally:
-            rec._busy = False
+            rec.busy = False
             tally = rec.tally("softmax", user_site(sys._getframe(1)))
             if tally is not None:
                 tally.add(rec.step_index)
@@ -298,7 +296,7 @@ def _matmul(original: Callable) -> Callable:
 
     def matmul(a, b, *args, **kwargs):
         rec = _live()
-        if rec is not None and rec._discovery and isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        if rec is not None and rec.discovery and isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
             site = caller_site(sys._getframe(1))
             if site is not None:
                 rec.matmul_shapes.setdefault(site, (tuple(a.shape), tuple(b.shape)))
@@ -311,10 +309,10 @@ def _matmul(original: Callable) -> Callable:
 def _module_init(original: Callable) -> Callable:
     def __init__(self, *args, **kwargs):
         original(self, *args, **kwargs)
-        rec = _rec._ACTIVE
+        rec = active.current
         # Keyed by id, never by the module: a subclass may define __hash__ on attributes its own
         # __init__ has not set yet (torchmetrics does), and this runs inside that __init__.
-        if rec is not None and _get_ident() == rec._thread and id(self) not in rec.module_sites:
+        if rec is not None and _get_ident() == rec.thread and id(self) not in rec.module_sites:
             site = user_site(sys._getframe(1))
             if site is not None:
                 rec.module_sites[id(self)] = (weakref.ref(self), site)
@@ -326,26 +324,26 @@ def _module_init(original: Callable) -> Callable:
 def _optimizer_init(original: Callable) -> Callable:
     def __init__(self, *args, **kwargs):
         original(self, *args, **kwargs)
-        rec = _rec._ACTIVE
-        if rec is not None and _get_ident() == rec._thread:
+        rec = active.current
+        if rec is not None and _get_ident() == rec.thread:
             rec.note_optimizer(self, user_site(sys._getframe(1)))
 
     __init__.__doc__ = original.__doc__
     return __init__
 
 
-def _on_backward(rec: "_rec.Recorder") -> None:
+def _on_backward(rec: "Recorder") -> None:
     rec.on_backward()
 
 
-def _after_backward(rec: "_rec.Recorder") -> None:
+def _after_backward(rec: "Recorder") -> None:
     rec.after_backward()
 
 
-def install(rec: "_rec.Recorder", patcher: Patcher) -> None:
+def install(rec: "Recorder", patcher: Patcher) -> None:
     """Install every wrapper on ``patcher`` (restored when the recording ends)."""
-    for name in _rec.SYNC_METHODS:
-        patcher.replace(torch.Tensor, name, lambda orig, kind=name.strip("_"): _rec.wrap_sync(kind, orig))
+    for name in SYNC_METHODS:
+        patcher.replace(torch.Tensor, name, lambda orig, kind=name.strip("_"): wrap_sync(kind, orig))
     patcher.replace(torch.Tensor, "to", _copy)
     patcher.replace(torch.Tensor, "cuda", _copy)
     patcher.replace(torch.autograd, "backward", lambda orig: _phase("backward", orig, _on_backward, untimed_ok=True,
@@ -372,3 +370,89 @@ def install(rec: "_rec.Recorder", patcher: Patcher) -> None:
     from torch.nn.parallel import DistributedDataParallel
 
     patcher.replace(DistributedDataParallel, "no_sync", lambda orig: _timed_site("no_sync", None, orig))
+
+
+# -- outermost modules and host syncs -------------------------------------------------------------
+
+def measured_call(original: Callable) -> Callable:
+    """``__call__`` for the class of an outermost module: see :meth:`Recorder._set_discovery`."""
+
+    def __call__(self, *args, **kwargs):
+        rec = active.current
+        if rec is None or id(self) not in rec.top_ids or _get_ident() != rec.thread:
+            return original(self, *args, **kwargs)
+        phase = rec.call_enter(self, args, kwargs)
+        if phase is None:
+            return original(self, *args, **kwargs)
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            if rec is active.current:
+                rec.call_exit(phase)
+
+    return __call__
+
+
+def wrap_sync(kind: str, original: Callable) -> Callable:
+    """A tensor method that records a host sync at the user's line (see module docstring)."""
+    if kind in _NO_ARG_SYNCS:
+        return _wrap_sync_no_args(kind, original)
+
+    def method(self, *args, **kwargs):
+        rec = active.current
+        if rec is None or rec.busy:
+            return original(self, *args, **kwargs)
+        frame = sys._getframe(1)
+        if _USER_FILES.get(frame.f_code.co_filename) is False and not rec.gpu:
+            return original(self, *args, **kwargs)  # torch's own call (an optimizer reading its step count)
+        if rec.gpu:
+            site = user_site(frame) if self.is_cuda else None
+        else:
+            # Cheapest test first: torch's own calls (an optimizer reading its step count) are not syncs.
+            site = caller_site(frame)
+        if site is None or _get_ident() != rec.thread or _compiling():
+            return original(self, *args, **kwargs)
+        rec.busy = True
+        rec.push("sync")
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            seconds = rec.pop()
+            rec.busy = False
+            tally = rec.tally(f"sync:{kind}", site)
+            tally.add(rec.step_index, seconds)
+
+    method.__name__ = getattr(original, "__name__", kind)
+    method.__doc__ = getattr(original, "__doc__", None)
+    return method
+
+
+_NO_ARG_SYNCS = frozenset({"item", "tolist", "bool", "float", "int"})
+
+
+def _wrap_sync_no_args(kind: str, original: Callable) -> Callable:
+    """:func:`wrap_sync` for methods without arguments: ``.item()`` runs inside torch's own optimizers for
+    every parameter, so the path that lets those calls through is kept as short as it can be."""
+
+    def method(self):
+        rec = active.current
+        if rec is None or rec.busy:
+            return original(self)
+        frame = sys._getframe(1)
+        if not rec.gpu and _USER_FILES.get(frame.f_code.co_filename) is False:
+            return original(self)
+        site = (user_site(frame) if self.is_cuda else None) if rec.gpu else caller_site(frame)
+        if site is None or _get_ident() != rec.thread or _compiling():
+            return original(self)
+        rec.busy = True
+        rec.push("sync")
+        try:
+            return original(self)
+        finally:
+            seconds = rec.pop()
+            rec.busy = False
+            rec.tally(f"sync:{kind}", site).add(rec.step_index, seconds)
+
+    method.__name__ = getattr(original, "__name__", kind)
+    method.__doc__ = getattr(original, "__doc__", None)
+    return method

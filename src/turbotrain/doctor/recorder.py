@@ -15,27 +15,30 @@ calls them, since they would stall a GPU.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import re
 import statistics
 import sys
 import threading
 import time
-import warnings
 import weakref
 from collections import Counter, defaultdict
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
 
 from ..data import stats as data_stats
 from ..hardware import sample_load
+from . import active, instrument
+from .forward_facts import capture_inputs, forward_facts
+from .function_trace import FunctionTracer
+from .gap_sampler import GapSampler
+from .gpu_timing import GpuTimer
 from .patching import Patcher
+from .profiling import ProfilerWindow
 from .records import Capture, ForwardFacts, LoaderRecord, StepRecord, Tally
-from .sites import _USER_FILES, Site, caller_site, is_user_file, user_site
+from .sites import Site, user_site
 
 __all__ = ["Recorder", "Stop", "active_recorder"]
 
@@ -43,11 +46,6 @@ log = logging.getLogger("turbotrain")
 
 perf_counter = time.perf_counter
 get_ident = threading.get_ident
-_ACTIVE: "Recorder | None" = None
-
-SYNC_METHODS = ("item", "tolist", "numpy", "cpu", "nonzero", "__bool__", "__float__", "__int__", "__repr__",
-                "__format__")
-_SYNC_WARNING = re.compile(r"called a synchronizing CUDA operation")
 
 
 # Under a millisecond of untimed batch building per step, no finding names a line (num-workers needs 1 ms).
@@ -60,14 +58,7 @@ class Stop(BaseException):
 
 
 def active_recorder() -> "Recorder | None":
-    return _ACTIVE
-
-
-try:
-    _compiling = torch.compiler.is_compiling
-except AttributeError:  # pragma: no cover - older torch: never compiling through us
-    def _compiling() -> bool:
-        return False
+    return active.current
 
 
 class _OpenStep:
@@ -126,7 +117,8 @@ class Recorder:
         self.module_calls_per_step = 0
         self.facts: ForwardFacts | None = None
         self.capture: Capture | None = None
-        self.profiler: Any = None            # torch.profiler.profile once the window ran
+        self.window = ProfilerWindow(torch.cuda.is_available())
+        self.gpu_timer = GpuTimer()
         self.profiled_steps: list[int] = []
         self.matmul_shapes: dict[Site, tuple] = {}
         self.gpu = torch.cuda.is_available()
@@ -138,14 +130,14 @@ class Recorder:
 
         self._patcher = Patcher()
         self._handles: list[Any] = []
-        self._thread = threading.get_ident()
-        self._stack: list[list] = []          # [phase, resume_time, record_function or None]
-        self._open = _OpenStep(0.0)
+        self.thread = threading.get_ident()
+        self.stack: list[list] = []          # [phase, resume_time, record_function or None]
+        self.open_step = _OpenStep(0.0)
         self._depth = 0
         self._top_phases: list[str] = []
-        self._busy = False
+        self.busy = False
         self._stopping = False
-        self._discovery = True
+        self.discovery = True
         self._trained_ids: set[int] | None = None
         self._optimizer_ids: set[int] = set()
         self._facts_final = self._capture_final = False
@@ -153,26 +145,18 @@ class Recorder:
         self._gpu_forward_open = False
         self._expected: set[int] = set()
         self._trained_cache: dict[int, bool] = {}
-        self._profiling = False
-        self._nvtx = False
-        self._step_range: Any = None
-        self._gpu_events: list[tuple[int, str, Any, Any]] = []
-        self._gpu_phase_events: list[Any] = []
-        self.gpu_phase_seconds: dict[int, dict[str, float]] = {}
-        self._saved_sync_mode: Any = None
-        self._warning_filter: tuple | None = None
+        self.profiling = False
         self.gap_samples: Counter = Counter()   # user lines seen running between steps, before the forward
-        self._sampler: _GapSampler | None = None
-        self._top_ids: set[int] = set()
+        self._sampler: GapSampler | None = None
+        self.top_ids: set[int] = set()
         self._wrapped_classes: set[type] = set()
         # The user's functions seen running (warm-up and the profiler window: a trace hook costs a Python
         # call per frame, too much for the measured steps). Static rules ask whether their line's
         # function ran. None: not traced (another tracer, a debugger or coverage, was installed).
-        self.ran_code: set[Any] | None = set()
+        self.functions = FunctionTracer()
         # Machine load over the measured steps (other processes' CPU time), and torch's threads then.
         self.load_start = self.load_end = None
         self.threads_seen: int | None = None
-        self._tracing = False
 
     # -- install / uninstall ------------------------------------------------------------------
 
@@ -184,11 +168,10 @@ class Recorder:
         self.uninstall()
 
     def install(self) -> None:
-        global _ACTIVE
-        if _ACTIVE is not None:
+        if active.current is not None:
             raise RuntimeError("a turbotrain doctor recording is already active in this process")
-        _ACTIVE = self
-        self._thread = threading.get_ident()
+        active.current = self
+        self.thread = threading.get_ident()
         try:
             # Run-queue wait of this thread (Linux schedstat): time it was ready to run but another
             # process had the core. Read per step, it tells machine noise from the script's own time.
@@ -196,11 +179,11 @@ class Recorder:
         except OSError:
             self._sched_fd = None
         self.started = perf_counter()
-        self._trace_functions(True)
+        self.functions.trace(True)
         # Reads through turbotrain.data (any process: DataLoader workers count into a shared file).
         data_stats.share_with_workers()
         self.reads_at_start = self.reads_at_end = None
-        self._open = _OpenStep(self.started)
+        self.open_step = _OpenStep(self.started)
         self._last_wait = self.runqueue_wait()
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
@@ -208,21 +191,18 @@ class Recorder:
                           register_optimizer_step_post_hook(self._on_opt_post)]
         try:
             self._set_discovery(True)
-            from . import instrument
-
             instrument.install(self, self._patcher)
             if self.gpu:
-                self._install_sync_debug()
+                self.gpu_timer.install_sync_debug(self._patcher, self._on_cuda_sync)
         except BaseException:
             self.uninstall()  # never leave torch half-patched
             raise
 
     def uninstall(self) -> None:
-        global _ACTIVE
-        if _ACTIVE is not self:
+        if active.current is not self:
             return
         self.finished = perf_counter()
-        self._trace_functions(False)
+        self.functions.trace(False)
         if self.load_end is None and self.load_start is not None:
             self.load_end = sample_load()  # the script ended before the window did
         if self._sampler is not None:
@@ -234,29 +214,12 @@ class Recorder:
         self._set_discovery(False, attach=False)
         self._patcher.restore()
         if self.gpu:
-            self._remove_sync_debug()
-            self._resolve_gpu_events(block=True)
+            self.gpu_timer.remove_sync_debug()
+            self.gpu_timer.resolve(block=True)
         if self._sched_fd is not None:
             os.close(self._sched_fd)
             self._sched_fd = None
-        _ACTIVE = None
-
-    def _trace_functions(self, on: bool) -> None:
-        if on and not self._tracing and self.ran_code is not None:
-            if sys.gettrace() is not None:
-                self.ran_code = None  # never displace a debugger's or coverage's tracer
-                return
-            sys.settrace(self._on_call)
-            self._tracing = True
-        elif not on and self._tracing:
-            sys.settrace(None)
-            self._tracing = False
-
-    def _on_call(self, frame: Any, event: str, arg: Any) -> None:
-        code = frame.f_code
-        if code not in self.ran_code and is_user_file(code.co_filename):
-            self.ran_code.add(code)
-        return None  # no line events: only which functions ran
+        active.current = None
 
     def runqueue_wait(self) -> int:
         """Nanoseconds this thread has waited for a CPU so far (0 where the kernel does not say)."""
@@ -270,13 +233,13 @@ class Recorder:
     # -- the phase stack ------------------------------------------------------------------------
 
     def on_main_thread(self) -> bool:
-        return threading.get_ident() == self._thread
+        return threading.get_ident() == self.thread
 
     @property
     def step_index(self) -> int:
         """The step an event now belongs to."""
         n = len(self.steps)
-        if not self._expected and self._open.snapshot is not None and self._optimizer_delimits:
+        if not self._expected and self.open_step.snapshot is not None and self._optimizer_delimits:
             # The first step ends at its last optimizer step, which is only known when an optimizer
             # steps a second time; until then, what follows an optimizer step counts as the next step.
             return n + 1
@@ -284,16 +247,16 @@ class Recorder:
 
     def push(self, phase: str) -> None:
         now = perf_counter()
-        stack = self._stack
+        stack = self.stack
         if stack:
             top = stack[-1]
-            self._open.acc[top[0]] += now - top[1]
+            self.open_step.acc[top[0]] += now - top[1]
             top[4] += now - top[1]
         rf = None
-        if self._profiling and self.trace_ranges:
+        if self.profiling and self.trace_ranges:
             rf = torch.autograd.profiler.record_function(f"turbotrain/{phase}")
             rf.__enter__()
-            if self._nvtx:
+            if self.window.nvtx:
                 torch.cuda.nvtx.range_push(f"turbotrain/{phase}")
         stack.append([phase, now, rf, now, 0.0])  # phase, running since, range, started, own seconds so far
 
@@ -304,15 +267,15 @@ class Recorder:
         None gives the time back to the enclosing phase (a ``.to(dtype)`` that copied nothing).
         """
         now = perf_counter()
-        stack = self._stack
+        stack = self.stack
         if not stack:
             return 0.0
         phase, running, rf, _, own = stack.pop()
         if rf is not None:
             rf.__exit__(None, None, None)
-            if self._nvtx:
+            if self.window.nvtx:
                 torch.cuda.nvtx.range_pop()
-        acc = self._open.acc
+        acc = self.open_step.acc
         own_total = own + (now - running)
         if record_as is None:
             acc[phase] -= own
@@ -331,13 +294,13 @@ class Recorder:
 
     def timed_so_far(self) -> float:
         """Seconds of the open step charged to phases up to now (flushing the running phase)."""
-        if self._stack:
-            top = self._stack[-1]
+        if self.stack:
+            top = self.stack[-1]
             now = perf_counter()
-            self._open.acc[top[0]] += now - top[1]
+            self.open_step.acc[top[0]] += now - top[1]
             top[4] += now - top[1]
             top[1] = now
-        return sum(self._open.acc.values())
+        return sum(self.open_step.acc.values())
 
     def tally(self, kind: str, site: Site | None) -> Tally | None:
         if site is None:
@@ -351,30 +314,30 @@ class Recorder:
     # -- optimizer steps: the step boundaries ---------------------------------------------------
 
     def _on_opt_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if get_ident() != self._thread:
+        if get_ident() != self.thread:
             return
         if self._stopping:
             raise Stop()
         if id(optimizer) not in self._optimizer_ids:
             self.note_optimizer(optimizer, None)
         self._optimizer_stepped = True
-        opened = self._open
+        opened = self.open_step
         if id(optimizer) in opened.stepped and opened.snapshot is not None and self._optimizer_delimits:
             # This optimizer already stepped since the last boundary: the previous step ended at
             # the last optimizer step (a loop with several optimizers, first steps).
             self._close_lazily()
         self.push("optimizer")
-        self._open.stepped.add(id(optimizer))
+        self.open_step.stepped.add(id(optimizer))
         if self.gpu:
-            self._gpu_mark("optimizer", start=True)
+            self.gpu_mark("optimizer", start=True)
 
     def _on_opt_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if get_ident() != self._thread:
+        if get_ident() != self.thread:
             return
         if self.gpu:
-            self._gpu_mark("optimizer", start=False)
+            self.gpu_mark("optimizer", start=False)
         self.pop()
-        opened = self._open
+        opened = self.open_step
         opened.opt_steps += 1
         now = perf_counter()
         expected = self._expected
@@ -394,7 +357,7 @@ class Recorder:
         if self._stopping:
             raise Stop()
         self.manual_steps = True
-        self._open.opt_steps = max(self._open.opt_steps, 1)
+        self.open_step.opt_steps = max(self.open_step.opt_steps, 1)
         self._close(perf_counter())
 
     @property
@@ -436,31 +399,31 @@ class Recorder:
         if not self._pending_update:
             return
         self._pending_update = False
-        while self._stack and self._stack[-1][0] != "update":
+        while self.stack and self.stack[-1][0] != "update":
             self.pop()  # defensive: phases opened inside the update (never left open by the wrappers)
-        if self._stack:
+        if self.stack:
             self.pop()
-        self._open.opt_steps = max(self._open.opt_steps, 1)
+        self.open_step.opt_steps = max(self.open_step.opt_steps, 1)
         self._close(perf_counter())
 
     def _close(self, now: float) -> None:
-        opened = self._open
-        if self._stack:  # a phase still running (a step inside a forward): split it at the boundary
-            top = self._stack[-1]
+        opened = self.open_step
+        if self.stack:  # a phase still running (a step inside a forward): split it at the boundary
+            top = self.stack[-1]
             opened.acc[top[0]] += now - top[1]
             top[1] = now
-            for entry in self._stack:
+            for entry in self.stack:
                 entry[4] = 0.0  # what it ran so far stays in the closed step
         record = self._record(opened, now, opened.acc, opened.forwards, opened.backwards, opened.opt_steps,
                               opened.marks, opened.pending_eval_grad, opened.module_calls)
         self._expected = set(opened.stepped)
-        self._open = fresh = _OpenStep(now)
+        self.open_step = fresh = _OpenStep(now)
         self._finish_step(record)
-        if self._open is fresh and not fresh.acc:
+        if self.open_step is fresh and not fresh.acc:
             fresh.start = perf_counter()  # the doctor's own bookkeeping above is not the next step's time
 
     def _close_lazily(self) -> None:
-        opened = self._open
+        opened = self.open_step
         t, acc, forwards, backwards, opt_steps, n_marks, pending, calls = opened.snapshot
         record = self._record(opened, t, acc, forwards, backwards, opt_steps, opened.marks[:n_marks], pending,
                               calls)
@@ -470,7 +433,7 @@ class Recorder:
         rest.forwards, rest.backwards = opened.forwards - forwards, opened.backwards - backwards
         rest.module_calls = opened.module_calls - calls
         rest.pending_eval_grad = opened.pending_eval_grad[len(pending):]
-        self._open = rest
+        self.open_step = rest
         self._finish_step(record)
 
     def _record(self, opened: _OpenStep, end: float, acc: dict, forwards: int, backwards: int, opt_steps: int,
@@ -486,7 +449,7 @@ class Recorder:
             gap = max(0.0, (t - opened.start) - timed)
         return StepRecord(index=index, start=opened.start, end=end, phases={k: v for k, v in acc.items() if v},
                           gap_before_forward=gap, forwards=forwards, backwards=backwards, optimizers=opt_steps,
-                          module_calls=module_calls, profiled=self._profiling,
+                          module_calls=module_calls, profiled=self.profiling,
                           preempted=self._preemption(end - opened.start))
 
     def _preemption(self, duration: float) -> float | None:
@@ -543,16 +506,16 @@ class Recorder:
     def _finish_step(self, record: StepRecord) -> None:
         self.steps.append(record)
         if self.gpu:
-            self._resolve_gpu_events(block=False)
+            self.gpu_timer.resolve(block=False)
         done = len(self.steps)
-        if self.measure is not None and done == self.warmup + self.measure and not self._profiling:
+        if self.measure is not None and done == self.warmup + self.measure and not self.profiling:
             self._extend_for_period(done)
         if done == max(1, self.warmup - 1):
             self.module_calls_per_step = record.module_calls  # counted under the global hooks
             self._set_discovery(False)
         if done == self.warmup:
             self.reads_at_start = data_stats.snapshot()
-            self._trace_functions(False)
+            self.functions.trace(False)
             self.load_start, self.threads_seen = sample_load(), torch.get_num_threads()
         if self.measure is not None and done == self.warmup + self.measure:
             self.reads_at_end = data_stats.snapshot()
@@ -561,19 +524,19 @@ class Recorder:
             # The script builds batches itself, untimed: find which line. The sampler costs GIL
             # traffic (on a loaded machine, a descheduled sampler holding the GIL stalls the script,
             # inside the very gap it samples), so only a gap worth a finding gets it.
-            self._sampler = _GapSampler(self)
+            self._sampler = GapSampler(self)
             self._sampler.start()
         if self.measure is not None and done == self.warmup + self.measure and self._sampler is not None:
             self._sampler.stop()
         if self.profile_steps and done == self.profile_at:
-            self._trace_functions(True)
+            self.functions.trace(True)
             self._start_profiler()
-        elif self._profiling:
+        elif self.profiling:
             if done >= self.profile_at + self.profile_steps:
                 self._stop_profiler()
             else:
                 self.profiled_steps.append(done)
-                self._open_step_range(done)
+                self.window.open_step_range(done)
         if self.stop_after is not None and done >= self.stop_after:
             self._stopping = True
             raise Stop()
@@ -595,7 +558,7 @@ class Recorder:
         for handle in getattr(self, "_module_handles", []):
             handle.remove()
         self._module_handles: list[Any] = []
-        self._discovery = on
+        self.discovery = on
         if on:
             self._module_handles = [
                 register_module_forward_pre_hook(self._forward_pre),
@@ -606,21 +569,21 @@ class Recorder:
                 module = ref()
                 if module is None:
                     continue
-                self._top_ids.add(id(module))
+                self.top_ids.add(id(module))
                 cls = type(module)
                 if cls not in self._wrapped_classes:
                     self._wrapped_classes.add(cls)
-                    self._patcher.replace(cls, "__call__", _measured_call)
+                    self._patcher.replace(cls, "__call__", instrument.measured_call)
         self._depth = 0
         self._top_phases.clear()
 
     def _forward_pre(self, module: nn.Module, args: tuple) -> None:
-        if self._discovery:
-            self._open.module_calls += 1
+        if self.discovery:
+            self.open_step.module_calls += 1
         self._forward_enter(module, args, None)
 
     def _classify(self, module: nn.Module) -> tuple[str, bool]:
-        trained = self._is_trained(module)
+        trained = self.is_trained(module)
         if trained and (not torch.is_grad_enabled() or torch.is_inference_mode_enabled()):
             return "eval", trained
         if trained and not module.training:
@@ -628,23 +591,24 @@ class Recorder:
         return "forward", trained
 
     def _training_forward(self, module: nn.Module, args: tuple, kwargs: dict | None, at: float) -> None:
-        opened = self._open
+        opened = self.open_step
         if not opened.marks:
             opened.marks.append((at, self.timed_so_far()))
         opened.forwards += 1
         if self.gpu and not self._gpu_forward_open:
-            self._gpu_mark("forward", start=True)
+            self.gpu_mark("forward", start=True)
             self._gpu_forward_open = True
         # Facts and a captured batch: first seen at once (a script may end early), then again in
         # the last warm-up step (under the hooks the measured steps use, which also see kwargs).
         # Not under the global hooks of discovery: those do not see keyword arguments (model(**batch)).
-        late = self.step_index >= self.warmup - 1 and not self._discovery
+        late = self.step_index >= self.warmup - 1 and not self.discovery
         if self.facts is None or (not self._facts_final and late):
             self._facts_final = late
-            self.facts = self._forward_facts(module, args, kwargs)
+            self.facts = forward_facts(module, args, kwargs)
         if self.want_capture and (self.capture is None or (not self._capture_final and late)):
             self._capture_final = late
-            self._capture(module, args, kwargs)
+            captured = capture_inputs(module, args, kwargs, self.facts, user_site(sys._getframe(1)))
+            self.capture = captured or self.capture
 
     def call_enter(self, module: nn.Module, args: tuple, kwargs: dict) -> str | None:
         """An outermost module is called (measured steps): the phase to time it as, or None."""
@@ -653,7 +617,7 @@ class Recorder:
             self.step_starts()
         # A forward inside another timed phase (Lightning runs it in optimizer.step's closure) is
         # timed itself; otherwise its time is the untimed compute after the mark.
-        if phase == "forward" and not self._profiling and not self._stack:
+        if phase == "forward" and not self.profiling and not self.stack:
             if trained:
                 self._training_forward(module, args, kwargs, perf_counter())
             self._last_top_phase = "forward"
@@ -662,17 +626,17 @@ class Recorder:
             self._note_forward_site("eval_forward")
         self.push(phase)  # a validation forward, or any forward in the profiler window (its trace range)
         if phase == "forward" and trained:
-            self._training_forward(module, args, kwargs, self._stack[-1][1])
+            self._training_forward(module, args, kwargs, self.stack[-1][1])
         return phase
 
     def call_exit(self, phase: str) -> None:
         seconds = self.pop()
         if phase == "eval_grad":
-            self._open.pending_eval_grad.append((user_site(sys._getframe(2)), seconds))
+            self.open_step.pending_eval_grad.append((user_site(sys._getframe(2)), seconds))
         self._last_top_phase = phase
 
     def _forward_enter(self, module: nn.Module, args: tuple, kwargs: dict | None) -> None:
-        if _ACTIVE is not self or get_ident() != self._thread or _compiling():
+        if active.current is not self or get_ident() != self.thread or active.compiling():
             return
         self._depth += 1
         if self._depth != 1:
@@ -686,10 +650,10 @@ class Recorder:
         self.push(phase)
         self._top_phases.append(phase)
         if phase == "forward" and trained:
-            self._training_forward(module, args, kwargs, self._stack[-1][1])
+            self._training_forward(module, args, kwargs, self.stack[-1][1])
 
     def _forward_post(self, module: nn.Module, args: tuple, output: Any) -> None:
-        if self._depth == 0 or get_ident() != self._thread or _compiling():
+        if self._depth == 0 or get_ident() != self.thread or active.compiling():
             return
         self._depth -= 1
         if self._depth != 0 or not self._top_phases:
@@ -697,7 +661,7 @@ class Recorder:
         phase = self._top_phases.pop()
         seconds = self.pop()
         if phase == "eval_grad":
-            self._open.pending_eval_grad.append((user_site(sys._getframe(1)), seconds))
+            self.open_step.pending_eval_grad.append((user_site(sys._getframe(1)), seconds))
         self._last_top_phase = phase
 
     def _note_forward_site(self, kind: str) -> None:
@@ -707,10 +671,10 @@ class Recorder:
 
     def on_backward(self) -> None:
         """Called at the start of a backward: an eval-mode forward just before it was training after all."""
-        opened = self._open
+        opened = self.open_step
         opened.backwards += 1
         if self._gpu_forward_open:
-            self._gpu_mark("forward", start=False)
+            self.gpu_mark("forward", start=False)
             self._gpu_forward_open = False
         if self._last_top_phase == "eval_grad" and opened.pending_eval_grad:
             _, seconds = opened.pending_eval_grad.pop()
@@ -718,7 +682,7 @@ class Recorder:
             opened.acc["forward"] += seconds
         self._last_top_phase = "backward"
 
-    def _is_trained(self, module: nn.Module) -> bool:
+    def is_trained(self, module: nn.Module) -> bool:
         key = id(module)
         cached = self._trained_cache.get(key)
         if cached is not None:
@@ -740,272 +704,38 @@ class Recorder:
         self._trained_ids = None
         self._trained_cache.clear()
 
-    def _forward_facts(self, module: nn.Module, args: tuple, kwargs: dict | None) -> ForwardFacts:
-        from ..data.transfer import tensors_in
 
-        param = next(module.parameters(), None)
-        device = param.device.type if param is not None else "cpu"
-        inputs = tensors_in(list(args) + list((kwargs or {}).values()))
-        try:
-            autocast = torch.is_autocast_enabled(device)
-            autocast_dtype = str(torch.get_autocast_dtype(device)) if autocast else None
-        except (TypeError, RuntimeError, AttributeError):
-            autocast, autocast_dtype = torch.is_autocast_enabled(), None
-        images = [t for t in inputs if t.dim() == 4 and t.is_floating_point()]
-        dim = batch_dim(module)
-        return ForwardFacts(
-            module_type=type(module).__name__, device=device,
-            param_dtype=str(param.dtype) if param is not None else "torch.float32",
-            autocast=bool(autocast), autocast_dtype=autocast_dtype,
-            compiled=type(module).__name__ == "OptimizedModule",
-            input_shapes=[tuple(t.shape) for t in inputs[:4]],
-            input_channels_last=bool(images) and images[0].is_contiguous(memory_format=torch.channels_last)
-            and not images[0].is_contiguous(),
-            batch_size=int(inputs[0].shape[dim]) if inputs and inputs[0].dim() > dim else None, batch_dim=dim,
-            cudnn_benchmark=bool(torch.backends.cudnn.benchmark),
-        )
+    @property
+    def profiler(self) -> Any:
+        """torch.profiler.profile of the profiler window, once it ran (None before, or if it could not start)."""
+        return self.window.profiler
 
-    def _capture(self, module: nn.Module, args: tuple, kwargs: dict | None) -> None:
-        from ..data.transfer import batch_size_of
+    @property
+    def ran_code(self) -> set[Any] | None:
+        """The user's code objects seen running (warm-up and the profiler window); None: not traced."""
+        return self.functions.ran_code
 
-        def keep(x: Any) -> Any:
-            if isinstance(x, torch.Tensor):
-                return x.detach().clone()
-            if isinstance(x, (list, tuple)):
-                return type(x)(keep(v) for v in x) if not hasattr(x, "_fields") else type(x)(*[keep(v) for v in x])
-            if isinstance(x, dict):
-                return {k: keep(v) for k, v in x.items()}
-            return x
-
-        dim = self.facts.batch_dim if self.facts else 0
-        try:
-            with torch.no_grad():
-                self.capture = Capture(module=module, args=keep(tuple(args)), kwargs=keep(dict(kwargs or {})),
-                                       batch_size=self.facts.batch_size if dim and self.facts else
-                                       batch_size_of(list(args) or list((kwargs or {}).values())),
-                                       site=user_site(sys._getframe(1)), batch_dim=dim)
-        except Exception as exc:  # noqa: BLE001 - an uncopyable input only costs the what-ifs
-            log.info("turbotrain doctor: could not capture the model's inputs: %s", exc)
-
-    # -- the profiler window ---------------------------------------------------------------------
+    @property
+    def gpu_phase_seconds(self) -> dict[int, dict[str, float]]:
+        return self.gpu_timer.phase_seconds
 
     def _start_profiler(self) -> None:
-        from torch.profiler import ProfilerActivity, profile
-
-        # kineto prints "USDT: ... profiler_start/stop" banners on stderr at its highest level (5) in
-        # torch 2.13, so only 6 silences them; read when the first profiler starts, a user's value wins.
-        os.environ.setdefault("KINETO_LOG_LEVEL", "6")
-        activities = [ProfilerActivity.CPU]
-        if self.gpu:
-            activities.append(ProfilerActivity.CUDA)
-        try:
-            self.profiler = profile(activities=activities, record_shapes=False, with_stack=False)
-            self.profiler.__enter__()
-        except Exception as exc:  # noqa: BLE001 - a profiler that cannot start costs the trace, not the run
-            log.warning("turbotrain doctor: torch.profiler did not start (%s); no trace or op table", exc)
-            self.profiler = None
-            return
-        self._profiling = True
-        self._nvtx = self.gpu
-        self.profiled_steps.append(len(self.steps))
-        self._open_step_range(len(self.steps))
-
-    def _open_step_range(self, index: int) -> None:
-        if self._step_range is not None:
-            self._step_range.__exit__(None, None, None)
-        self._step_range = torch.autograd.profiler.record_function(f"turbotrain/step#{index}")
-        self._step_range.__enter__()
+        if self.window.start(len(self.steps)):
+            self.profiling = True
+            self.profiled_steps.append(len(self.steps))
 
     def _stop_profiler(self) -> None:
-        if not self._profiling:
-            return
-        self._profiling = False
-        if self._step_range is not None:
-            self._step_range.__exit__(None, None, None)
-            self._step_range = None
-        for entry in self._stack:  # phases opened under the profiler: their ranges end with it
-            if entry[2] is not None:
-                entry[2].__exit__(None, None, None)
-                entry[2] = None
-        try:
-            self.profiler.__exit__(None, None, None)
-        except Exception as exc:  # noqa: BLE001
-            log.warning("turbotrain doctor: torch.profiler failed to stop (%s)", exc)
-            self.profiler = None
-
-    # -- CUDA: device time per phase, and every synchronizing call ----------------------------------
-
-    def _gpu_mark(self, phase: str, start: bool) -> None:
-        if self.step_index < self.warmup:
-            return
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()
-        if start:
-            self._gpu_phase_events.append((phase, event))
-        elif self._gpu_phase_events:
-            phase, begin = self._gpu_phase_events.pop()
-            self._gpu_events.append((self.step_index, phase, begin, event))
+        if self.profiling:
+            self.profiling = False
+            self.window.stop(self.stack)
 
     def gpu_mark(self, phase: str, start: bool) -> None:
-        if self.gpu:
-            self._gpu_mark(phase, start)
+        """CUDA events around a phase of a measured step (device time per phase)."""
+        if self.gpu and self.step_index >= self.warmup:
+            self.gpu_timer.mark(phase, start, self.step_index)
 
-    def _resolve_gpu_events(self, block: bool) -> None:
-        """Device seconds per phase per step, read from CUDA events once they completed (no sync)."""
-        pending = []
-        for step, phase, begin, end in self._gpu_events:
-            if block:
-                end.synchronize()
-            elif not end.query():
-                pending.append((step, phase, begin, end))
-                continue
-            per = self.gpu_phase_seconds.setdefault(step, defaultdict(float))
-            per[phase] += begin.elapsed_time(end) / 1000.0
-        self._gpu_events = pending
-
-    def _install_sync_debug(self) -> None:
-        self._saved_sync_mode = torch.cuda.get_sync_debug_mode()
-        torch.cuda.set_sync_debug_mode("warn")
-        warnings.filterwarnings("always", message=".*called a synchronizing CUDA operation.*")
-        self._warning_filter = warnings.filters[0]
-        original = warnings.showwarning
-
-        def showwarning(message, category, filename, lineno, file=None, line=None):
-            if _SYNC_WARNING.search(str(message)):
-                if not self._busy and self.on_main_thread():
-                    tally = self.tally("sync:cuda", user_site(sys._getframe(1)))
-                    if tally is not None:
-                        tally.add(self.step_index)
-                return
-            original(message, category, filename, lineno, file, line)
-
-        self._patcher.replace(warnings, "showwarning", lambda _: showwarning)
-
-    def _remove_sync_debug(self) -> None:
-        torch.cuda.set_sync_debug_mode(self._saved_sync_mode or 0)
-        with contextlib.suppress(ValueError):
-            warnings.filters.remove(self._warning_filter)
-
-
-def batch_dim(module: nn.Module) -> int:
-    """Where the batch is in the model's inputs: 1 when its recurrent layers take ``[seq, batch, ...]``
-    (``batch_first=False``, torch's default for nn.RNN/LSTM/GRU), else 0."""
-    rnns = [m for m in module.modules() if isinstance(m, nn.RNNBase)]
-    return 1 if rnns and not any(m.batch_first for m in rnns) else 0
-
-
-class _GapSampler(threading.Thread):
-    """Which user line runs while no hook is timing anything before the step's forward.
-
-    That untimed time is charged to data loading (a generator or indexing building the next
-    batch); the samples say which line it is. One look at the script thread's stack every few
-    milliseconds, during the measured steps only.
-    """
-
-    def __init__(self, recorder: "Recorder", interval_s: float = 0.01) -> None:
-        super().__init__(name="turbotrain-doctor-sampler", daemon=True)
-        self.recorder, self.interval_s = recorder, interval_s
-        self._done = threading.Event()
-
-    def run(self) -> None:
-        rec = self.recorder
-        while not self._done.wait(self.interval_s):
-            opened = rec._open
-            if self._busy(rec, opened):
-                continue  # a phase is timing this moment, the forward already started, or still warming up
-            site = user_site(sys._current_frames().get(rec._thread))
-            # The script thread may have run on between the test and the frame read (this thread can lose
-            # the GIL in between): the line counts only if the same step is still in its untimed gap.
-            if site is not None and not self._busy(rec, opened):
-                rec.gap_samples[site] += 1
-
-    @staticmethod
-    def _busy(rec: "Recorder", opened: _OpenStep) -> bool:
-        return bool(rec._stack or opened.marks or len(rec.steps) < rec.warmup or rec._open is not opened)
-
-    def stop(self) -> None:
-        self._done.set()
-
-
-def _measured_call(original: Callable) -> Callable:
-    """``__call__`` for the class of an outermost module: see :meth:`Recorder._set_discovery`."""
-
-    def __call__(self, *args, **kwargs):
-        rec = _ACTIVE
-        if rec is None or id(self) not in rec._top_ids or get_ident() != rec._thread:
-            return original(self, *args, **kwargs)
-        phase = rec.call_enter(self, args, kwargs)
-        if phase is None:
-            return original(self, *args, **kwargs)
-        try:
-            return original(self, *args, **kwargs)
-        finally:
-            if rec is _ACTIVE:
-                rec.call_exit(phase)
-
-    return __call__
-
-
-def wrap_sync(kind: str, original: Callable) -> Callable:
-    """A tensor method that records a host sync at the user's line (see module docstring)."""
-    if kind in _NO_ARG_SYNCS:
-        return _wrap_sync_no_args(kind, original)
-
-    def method(self, *args, **kwargs):
-        rec = _ACTIVE
-        if rec is None or rec._busy:
-            return original(self, *args, **kwargs)
-        frame = sys._getframe(1)
-        if _USER_FILES.get(frame.f_code.co_filename) is False and not rec.gpu:
-            return original(self, *args, **kwargs)  # torch's own call (an optimizer reading its step count)
-        if rec.gpu:
-            site = user_site(frame) if self.is_cuda else None
-        else:
-            # Cheapest test first: torch's own calls (an optimizer reading its step count) are not syncs.
-            site = caller_site(frame)
-        if site is None or get_ident() != rec._thread or _compiling():
-            return original(self, *args, **kwargs)
-        rec._busy = True
-        rec.push("sync")
-        try:
-            return original(self, *args, **kwargs)
-        finally:
-            seconds = rec.pop()
-            rec._busy = False
-            tally = rec.tally(f"sync:{kind}", site)
-            tally.add(rec.step_index, seconds)
-
-    method.__name__ = getattr(original, "__name__", kind)
-    method.__doc__ = getattr(original, "__doc__", None)
-    return method
-
-
-_NO_ARG_SYNCS = frozenset({"item", "tolist", "bool", "float", "int"})
-
-
-def _wrap_sync_no_args(kind: str, original: Callable) -> Callable:
-    """:func:`wrap_sync` for methods without arguments: ``.item()`` runs inside torch's own optimizers for
-    every parameter, so the path that lets those calls through is kept as short as it can be."""
-
-    def method(self):
-        rec = _ACTIVE
-        if rec is None or rec._busy:
-            return original(self)
-        frame = sys._getframe(1)
-        if not rec.gpu and _USER_FILES.get(frame.f_code.co_filename) is False:
-            return original(self)
-        site = (user_site(frame) if self.is_cuda else None) if rec.gpu else caller_site(frame)
-        if site is None or get_ident() != rec._thread or _compiling():
-            return original(self)
-        rec._busy = True
-        rec.push("sync")
-        try:
-            return original(self)
-        finally:
-            seconds = rec.pop()
-            rec._busy = False
-            rec.tally(f"sync:{kind}", site).add(rec.step_index, seconds)
-
-    method.__name__ = getattr(original, "__name__", kind)
-    method.__doc__ = getattr(original, "__doc__", None)
-    return method
+    def _on_cuda_sync(self, frame: Any) -> None:
+        if not self.busy and self.on_main_thread():
+            tally = self.tally("sync:cuda", user_site(frame))
+            if tally is not None:
+                tally.add(self.step_index)

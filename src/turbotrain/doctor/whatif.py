@@ -384,7 +384,10 @@ def _cap_to_noise(finding: Finding, ctx) -> None:
     held to this window's noise floor: one it cannot be told from rates ``low``."""
     if finding.est_speedup is None or not ctx.noise_floor:
         return
-    verdict = judge([finding.est_speedup], noise_floor=ctx.noise_floor)
+    # Forwards timed alternately (fastest_pair: 7 alternations) count as interleaved rounds; loader rates
+    # are one timing per setting.
+    rounds = 1 if finding.what_if.get("kind") == "num_workers" else 2
+    verdict = judge([finding.est_speedup] * rounds, noise_floor=ctx.noise_floor)
     if not verdict.faster and finding.severity != "low":
         finding.cap("low", f"This machine was too noisy during the run to tell x{finding.est_speedup:.2f} from no "
                            f"gain (it needs over x{1 + verdict.noise:.2f}).")

@@ -1,0 +1,39 @@
+"""Which of the user's functions ran: a trace hook on calls only (no line events).
+
+Static rules ask whether their line's function ran (:meth:`Context.function_ran`). A trace hook
+costs a Python call per frame, too much for measured steps, so the recorder turns it on for the
+warm-up and the profiler window only. Another tracer (a debugger, coverage) is never displaced:
+then nothing is known (``ran_code`` is None).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from .sites import is_user_file
+
+__all__ = ["FunctionTracer"]
+
+
+class FunctionTracer:
+    def __init__(self) -> None:
+        self.ran_code: set[Any] | None = set()
+        self._on = False
+
+    def trace(self, on: bool) -> None:
+        if on and not self._on and self.ran_code is not None:
+            if sys.gettrace() is not None:
+                self.ran_code = None
+                return
+            sys.settrace(self._on_call)
+            self._on = True
+        elif not on and self._on:
+            sys.settrace(None)
+            self._on = False
+
+    def _on_call(self, frame: Any, event: str, arg: Any) -> None:
+        code = frame.f_code
+        if code not in self.ran_code and is_user_file(code.co_filename):
+            self.ran_code.add(code)
+        return None

@@ -1,0 +1,44 @@
+"""Which user line runs while no hook is timing anything before the step's forward.
+
+That untimed time is charged to data loading (a generator or indexing building the next batch);
+the samples say which line it is. One look at the script thread's stack every few milliseconds,
+during the measured steps only, and only for a gap worth a finding.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from typing import Any
+
+from .sites import user_site
+
+__all__ = ["GapSampler"]
+
+
+class GapSampler(threading.Thread):
+    """Counts ``recorder.gap_samples[site]`` while the recorder's open step is in its untimed gap."""
+
+    def __init__(self, recorder: Any, interval_s: float = 0.01) -> None:
+        super().__init__(name="turbotrain-doctor-sampler", daemon=True)
+        self.recorder, self.interval_s = recorder, interval_s
+        self._done = threading.Event()
+
+    def run(self) -> None:
+        rec = self.recorder
+        while not self._done.wait(self.interval_s):
+            opened = rec.open_step
+            if self.busy(rec, opened):
+                continue  # a phase is timing this moment, the forward already started, or still warming up
+            site = user_site(sys._current_frames().get(rec.thread))
+            # The script thread may have run on between the test and the frame read (this thread can lose
+            # the GIL in between): the line counts only if the same step is still in its untimed gap.
+            if site is not None and not self.busy(rec, opened):
+                rec.gap_samples[site] += 1
+
+    @staticmethod
+    def busy(rec: Any, opened: Any) -> bool:
+        return bool(rec.stack or opened.marks or len(rec.steps) < rec.warmup or rec.open_step is not opened)
+
+    def stop(self) -> None:
+        self._done.set()
