@@ -1,17 +1,17 @@
 """Calibration pair attention: a two-layer causal transformer whose attention is written by hand
-(matmul, mask, softmax, matmul) over 256 tokens.
+(matmul, mask, softmax, matmul) over 128 tokens.
 
 slow: the hand-written attention; fixed: torch.nn.functional.scaled_dot_product_attention.
 """
 # calibrates: manual-attention
-# expect: measured (the fused CPU kernel never writes the 256x256 score matrix)
+# expect: measured (the fused CPU kernel never writes the 128x128 score matrix)
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 from calib_clock import steps_from_argv, timed_steps
 
-SEQ, DIM, HEADS = 256, 128, 4
+SEQ, DIM, HEADS = 128, 128, 4
 
 
 def attend(q, k, v):

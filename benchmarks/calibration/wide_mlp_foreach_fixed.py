@@ -12,9 +12,9 @@ from calib_clock import steps_from_argv, timed_steps
 
 steps = steps_from_argv()
 torch.manual_seed(0)
-model = nn.Sequential(*[layer for _ in range(12) for layer in (nn.Linear(384, 384), nn.ReLU())])
+model = nn.Sequential(*[layer for _ in range(12) for layer in (nn.Linear(256, 256), nn.ReLU())])
 opt = torch.optim.Adam(model.parameters(), lr=1e-4, foreach=True)
-x = torch.randn(128, 384)
+x = torch.randn(128, 256)
 for step in timed_steps(steps, samples=len(x)):
     loss = model(x).pow(2).mean()
     opt.zero_grad()
