@@ -198,7 +198,8 @@ def _x(value: float | None, missing: str = "-") -> str:
 def _row(r: dict) -> list[str]:
     pred, real = r.get("predicted"), r.get("real")
     ratio = f"{pred / real:.2f}" if pred and real else "-"
-    return [r["pair"], r["rule"], _x(pred, "not found"), _x(real), ratio, r["target"], _x(r.get("real_median"))]
+    missing = "unmeasured" if r.get("severity") else "not found"  # the finding is there without a figure
+    return [r["pair"], r["rule"], _x(pred, missing), _x(real), ratio, r["target"], _x(r.get("real_median"))]
 
 
 def table(rows: list[dict]) -> str:
