@@ -35,7 +35,10 @@ def steps_from_argv(default: int = 60) -> int:
 
 
 def timed_steps(steps: int, warmup: int = 5, samples: int = 1) -> Iterator[int]:
-    """Yield ``warmup + steps`` step indices; time each iteration after the warm-up; print the summary line."""
+    """Yield ``warmup + steps`` step indices; time each iteration after the warm-up; print the summary line.
+
+    A smoke run (``--steps 2``) warms up for no more steps than it times."""
+    warmup = min(warmup, steps)
     times = []
     for step in range(warmup + steps):
         started = time.perf_counter()
