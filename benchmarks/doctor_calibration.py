@@ -1,0 +1,281 @@
+"""The doctor's what-ifs against reality: predicted against real speed-up on the calibration corpus.
+
+Each pair in ``benchmarks/calibration`` is a slow script ``<name>_slow.py`` and its twin
+``<name>_fixed.py`` that differ only by the fix of one doctor rule, which the slow script names in a
+header comment (``# calibrates: RULE``; optional ``# doctor-args: ...`` for the doctor, e.g.
+``--compile``, and ``# fixed-every: N`` for a cadence fix). For each pair this
+
+1. runs ``turbotrain doctor --json`` on the slow script and reads the finding of that rule: its
+   ``est_speedup`` is the prediction ("not found" when the doctor reports none). A periodic-work rule
+   the doctor reports only under ``periodic`` (validation every N steps) is predicted from that
+   entry's share of the run, with the cadence changed to the fixed script's;
+2. times both scripts for real, each as its own ``python script.py`` process, interleaved in rounds
+   (slow, fixed, slow, fixed, ...). Each script times itself: ``calibration/calib_clock.py`` wraps its
+   loop, times every iteration after a warm-up with ``time.perf_counter`` and prints, on a
+   ``STEP_MS ... SAMPLES n`` line, the median over 10-step blocks of each block's mean step time.
+   Timing inside the script, rather than from outside or under the doctor with what-ifs off, leaves
+   out what is not steady-state training (interpreter start, imports, worker start-up, compiling) and
+   adds no instrumentation of ours to either twin; a block holds whole periods of the validation or
+   checkpoint work a fix removes, and the median over blocks is not moved by a neighbour's burst of
+   load (this benchmark runs on shared machines). The pair's real gain is the fastest slow run's time
+   per sample over the fastest fixed run's (samples differ only for a batch-size fix): other
+   processes only ever add time, so each twin's least-disturbed run is its best estimate, and the
+   interleaving gives both twins the same chances at a quiet moment. The median of the rounds'
+   own slow/fixed ratios is kept as well (``real_median``; the JSON has every run): on a quiet
+   machine the two agree, and where they do not, the machine was too busy to trust the row;
+3. prints a table: pair, rule, predicted, real, predicted/real, and the target verdict: a pair whose
+   real gain is >= 1.2x must be predicted within 0.8x-1.25x of it; a pair whose real gain is < 1.05x
+   must not be predicted above 1.2x; between the two there is no target.
+
+    python benchmarks/doctor_calibration.py [--pairs a,b] [--rounds 3] [--json PATH] [--markdown PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CORPUS = ROOT / "benchmarks" / "calibration"
+STEP_LINE = re.compile(r"^STEP_MS ([\d.]+) MEAN_MS [\d.]+ SAMPLES (\d+)$", re.M)
+HEADER = re.compile(r"^# (?P<key>[a-z-]+): (?P<value>.+)$", re.M)
+
+# The targets of issue 13.
+BIG_GAIN, SMALL_GAIN, PREDICT_CAP = 1.2, 1.05, 1.2
+LOW, HIGH = 0.8, 1.25
+
+
+@dataclass
+class Pair:
+    name: str
+    rule: str
+    expect: str = ""
+    doctor_args: list[str] = field(default_factory=list)
+    fixed_every: int | None = None
+
+    @property
+    def slow(self) -> Path:
+        return CORPUS / f"{self.name}_slow.py"
+
+    @property
+    def fixed(self) -> Path:
+        return CORPUS / f"{self.name}_fixed.py"
+
+
+def load_pairs(only: list[str] | None = None) -> list[Pair]:
+    """Every ``<name>_slow.py`` of the corpus with its header (``only``: these names, in this order)."""
+    names = only or sorted(p.name[:-len("_slow.py")] for p in CORPUS.glob("*_slow.py"))
+    pairs = []
+    for name in names:
+        path = CORPUS / f"{name}_slow.py"
+        if not path.is_file():
+            raise SystemExit(f"doctor_calibration: no pair {name!r} ({path} is missing)")
+        header = {m["key"]: m["value"].strip() for m in HEADER.finditer(path.read_text())}
+        if "calibrates" not in header:
+            raise SystemExit(f"doctor_calibration: {path} declares no '# calibrates: RULE'")
+        pairs.append(Pair(name, header["calibrates"], header.get("expect", ""),
+                          shlex.split(header.get("doctor-args", "")),
+                          int(header["fixed-every"]) if "fixed-every" in header else None))
+    return pairs
+
+
+def _turbotrain() -> list[str]:
+    return [sys.executable, "-m", "turbotrain"]
+
+
+def predict(pair: Pair, doctor_steps: int, budget_s: float, script_args: list[str]) -> dict:
+    """Run the doctor on the slow script: ``{"predicted": x or None, "severity", "measured", "bottleneck", ...}``."""
+    with tempfile.TemporaryDirectory(prefix="calib-doctor-") as tmp:
+        out = Path(tmp) / "report.json"
+        cmd = [*_turbotrain(), "doctor", "--quiet", "--json", str(out), "--steps", str(doctor_steps),
+               "--what-if-budget", str(budget_s), *pair.doctor_args, str(pair.slow), *script_args]
+        started = time.perf_counter()
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=CORPUS)
+        took = time.perf_counter() - started
+        if not out.is_file():
+            return {"predicted": None, "doctor_s": round(took, 1),
+                    "error": (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no report"]}
+        report = json.loads(out.read_text())
+    found = [f for f in report.get("findings", []) if f.get("rule") == pair.rule]
+    result = {"predicted": None, "doctor_s": round(took, 1), "bottleneck": report.get("bottleneck"),
+              "doctor_step_ms": (report.get("step_time_ms") or {}).get("median")}
+    if found:
+        best = max(found, key=lambda f: f.get("est_speedup") or 0.0)
+        result.update(predicted=best.get("est_speedup"), severity=best.get("severity"),
+                      measured=best.get("measured"), where=best.get("where"))
+    elif pair.fixed_every:
+        result.update(_from_periodic(report.get("periodic") or [], pair))
+    return result
+
+
+def _from_periodic(entries: list[dict], pair: Pair) -> dict:
+    """A cadence fix predicted from the report's periodic entry: its share shrinks by every / fixed_every."""
+    kind = pair.rule.split("-", 1)[-1]  # periodic-validation -> validation
+    entry = next((e for e in entries if e.get("kind") == kind and e.get("share") is not None), None)
+    if entry is None or not entry.get("every"):
+        return {}
+    left = entry["share"] * min(1.0, entry["every"] / pair.fixed_every)
+    return {"predicted": round(1.0 / max(1e-6, 1.0 - entry["share"] + left), 3), "where": entry.get("where"),
+            "from": "periodic"}
+
+
+def time_script(path: Path, script_args: list[str]) -> float | None:
+    """Milliseconds per sample of one plain run of ``path`` (its own STEP_MS line), None when it failed."""
+    proc = subprocess.run([sys.executable, str(path), *script_args], capture_output=True, text=True, cwd=CORPUS)
+    lines = STEP_LINE.findall(proc.stdout)
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:]
+        print(f"    {path.name} failed (exit {proc.returncode}): {' '.join(tail)}", file=sys.stderr)
+        return None
+    mean, samples = lines[-1]
+    return float(mean) / int(samples)
+
+
+def measure(pair: Pair, rounds: int, script_args: list[str]) -> dict:
+    """Both scripts in interleaved rounds; the real gain is the fastest slow run over the fastest fixed run."""
+    slow, fixed = [], []
+    for _ in range(rounds):
+        s, f = time_script(pair.slow, script_args), time_script(pair.fixed, script_args)
+        if s is None or f is None:
+            continue
+        slow.append(s)
+        fixed.append(f)
+    return gains(slow, fixed)
+
+
+def gains(slow: list[float], fixed: list[float]) -> dict:
+    """The real gain from paired per-sample times: min over min, with the rounds' median ratio beside it."""
+    if not slow:
+        return {"real": None}
+    ratios = [s / f for s, f in zip(slow, fixed)]
+    return {"real": round(min(slow) / min(fixed), 3), "real_median": round(statistics.median(ratios), 3),
+            "ratios": [round(r, 3) for r in ratios], "slow_ms_per_sample": [round(v, 4) for v in slow],
+            "fixed_ms_per_sample": [round(v, 4) for v in fixed]}
+
+
+def verdict(predicted: float | None, real: float | None) -> str:
+    """``ok`` / ``MISS`` against the issue's targets, ``-`` where no target applies."""
+    if real is None:
+        return "no timing"
+    if real >= BIG_GAIN:
+        return "ok" if predicted and LOW <= predicted / real <= HIGH else "MISS"
+    if real < SMALL_GAIN:
+        return "MISS" if predicted and predicted > PREDICT_CAP else "ok"
+    return "-"
+
+
+def machine() -> dict:
+    import torch
+
+    model = platform.processor() or platform.machine()
+    try:
+        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+        model = next(line.split(":", 1)[1].strip() for line in lscpu.splitlines() if line.startswith("Model name"))
+    except (OSError, StopIteration):
+        pass
+    return {"cpu": model, "cores": len(os.sched_getaffinity(0)), "torch": torch.__version__,
+            "python": platform.python_version(), "load_avg_at_start": [round(x, 2) for x in os.getloadavg()]}
+
+
+COLUMNS = ("pair", "rule", "predicted", "real", "pred/real", "target", "rounds' median")
+
+
+def _x(value: float | None, missing: str = "-") -> str:
+    return f"x{value:.2f}" if value else missing
+
+
+def _row(r: dict) -> list[str]:
+    pred, real = r.get("predicted"), r.get("real")
+    ratio = f"{pred / real:.2f}" if pred and real else "-"
+    missing = "unmeasured" if r.get("severity") else "not found"  # the finding is there without a figure
+    return [r["pair"], r["rule"], _x(pred, missing), _x(real), ratio, r["target"], _x(r.get("real_median"))]
+
+
+def table(rows: list[dict]) -> str:
+    cells = [list(COLUMNS)] + [_row(r) for r in rows]
+    widths = [max(len(c[i]) for c in cells) for i in range(len(COLUMNS))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths)) for line in cells)
+
+
+def markdown(rows: list[dict], info: dict) -> str:
+    head = (f"Machine: {info['cpu']}, {info['cores']} cores, torch {info['torch']} "
+            f"(load average at start {info['load_avg_at_start']}).\n\n")
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + " --- |" * len(COLUMNS)]
+    lines += ["| " + " | ".join(_row(r)) + " |" for r in rows]
+    return head + "\n".join(lines) + "\n\n" + summary(rows) + "\n"
+
+
+def summary(rows: list[dict]) -> str:
+    judged = [r for r in rows if r["target"] in ("ok", "MISS")]
+    misses = [r["pair"] for r in judged if r["target"] == "MISS"]
+    return (f"{len(judged) - len(misses)}/{len(judged)} pairs with a target meet it"
+            + (f"; missed: {', '.join(misses)}" if misses else "") + ".")
+
+
+def report(rows: list[dict], info: dict, args: argparse.Namespace) -> int:
+    for row in rows:
+        row["target"] = verdict(row.get("predicted"), row.get("real"))
+    print()
+    print(table(rows))
+    print(summary(rows))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"machine": info, "pairs": rows}, indent=2))
+    if args.markdown:
+        Path(args.markdown).write_text(markdown(rows, info))
+    return 0
+
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pairs", help="comma-separated pair names (default: every pair in the corpus)")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved slow/fixed rounds per pair (default 3)")
+    parser.add_argument("--doctor-steps", type=int, default=20, help="the doctor's --steps (default 20)")
+    parser.add_argument("--what-if-budget", type=float, default=20.0, help="the doctor's --what-if-budget (default 20)")
+    parser.add_argument("--steps", type=int, help="the scripts' own --steps (default: each script's default)")
+    parser.add_argument("--no-doctor", action="store_true", help="time the pairs only")
+    parser.add_argument("--json", metavar="PATH", help="write every figure as JSON")
+    parser.add_argument("--markdown", metavar="PATH", help="write the table as Markdown")
+    parser.add_argument("--from-json", metavar="PATH", help="rescore an earlier run's JSON; run nothing")
+    args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
+    if args.from_json:
+        saved = json.loads(Path(args.from_json).read_text())
+        rows = [dict(r, **gains(r.get("slow_ms_per_sample", []), r.get("fixed_ms_per_sample", [])))
+                for r in saved["pairs"]]
+        return report(rows, saved["machine"], args)
+    pairs = load_pairs(args.pairs.split(",") if args.pairs else None)
+    script_args = ["--steps", str(args.steps)] if args.steps else []
+    info = machine()
+    print(f"machine: {info['cpu']}; {info['cores']} cores; torch {info['torch']}; python {info['python']}; "
+          f"load average {info['load_avg_at_start']}")
+    print(f"{len(pairs)} pairs, {args.rounds} interleaved rounds each; doctor --steps {args.doctor_steps} "
+          f"--what-if-budget {args.what_if_budget:g}")
+    rows = []
+    for pair in pairs:
+        row = {"pair": pair.name, "rule": pair.rule, "expect": pair.expect}
+        if not args.no_doctor:
+            row.update(predict(pair, args.doctor_steps, args.what_if_budget, script_args))
+        row.setdefault("predicted", None)
+        row.update(measure(pair, args.rounds, script_args))
+        row["target"] = verdict(row["predicted"], row["real"])
+        rows.append(row)
+        print(f"  {'  '.join(_row(row))}   (rounds {row.get('ratios')}, doctor {row.get('doctor_s', '-')} s)",
+              flush=True)
+    return report(rows, info, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

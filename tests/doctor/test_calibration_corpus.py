@@ -1,0 +1,76 @@
+"""The doctor's calibration corpus (benchmarks/calibration): its pairs are well-formed and run.
+
+No doctor runs and no timing here (benchmarks/doctor_calibration.py does both): each pair exists,
+both scripts compile, the twins differ only by the fix, every timed rule has a pair, and every
+script runs two steps as a plain script and prints its STEP_MS line.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib.util
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("doctor_calibration", ROOT / "benchmarks" / "doctor_calibration.py")
+calibration = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = calibration  # dataclasses look their module up there
+_spec.loader.exec_module(calibration)
+
+PAIRS = calibration.load_pairs()
+# Every rule whose fix the doctor times (a what-if), plus the thread-oversubscription and cadence rules.
+TIMED_RULES = {"no-mixed-precision", "channels-last", "non-foreach-optimizer", "zero-grad-not-none",
+               "conv-bias-before-bn", "jit-script", "small-batch", "num-workers", "grad-in-validation",
+               "manual-attention", "save-in-loop", "host-sync-in-loop", "cpu-oversubscribed", "periodic-validation"}
+# Compiling on a CPU takes tens of seconds: the compiled twin is only compiled to bytecode here.
+NOT_RUN = {"compile_pointwise_fixed.py"}
+
+
+def _changed_lines(pair) -> list[str]:
+    """The lines the fix changes; indentation is not a change (a fix may wrap a block in ``with``)."""
+    slow, fixed = ([line.strip() for line in p.read_text().splitlines()] for p in (pair.slow, pair.fixed))
+    return [line for line in difflib.unified_diff(slow, fixed, lineterm="", n=0)
+            if line[:1] in "+-" and not line.startswith(("+++", "---"))]
+
+
+def test_the_corpus_has_twelve_pairs_covering_every_timed_rule():
+    assert len(PAIRS) >= 12
+    assert TIMED_RULES <= {p.rule for p in PAIRS}
+    assert len({p.name for p in PAIRS}) == len(PAIRS)
+
+
+@pytest.mark.parametrize("pair", PAIRS, ids=lambda p: p.name)
+def test_pair_compiles_and_differs_only_by_the_fix(pair):
+    for path in (pair.slow, pair.fixed):
+        compile(path.read_text(), str(path), "exec")
+    changed = _changed_lines(pair)
+    assert 1 <= len(changed) <= 4, "\n".join(changed)
+    assert "timed_steps(" in pair.slow.read_text()
+    assert pair.expect, f"{pair.slow.name} says nothing about the gain it expects (# expect: ...)"
+
+
+def test_every_script_runs_two_steps_as_a_plain_script():
+    """All scripts in one interpreter (torch imported once), each run as `python script.py --steps 2` would."""
+    scripts = [p for pair in PAIRS for p in (pair.slow, pair.fixed) if p.name not in NOT_RUN]
+    driver = textwrap.dedent("""
+        import runpy, sys, torch
+        sys.path.insert(0, sys.argv[1])
+        threads = torch.get_num_threads()
+        for path in sys.argv[2:]:
+            sys.argv = [path, "--steps", "2"]
+            print("RUN", path, flush=True)
+            runpy.run_path(path, run_name="__main__")
+            torch.set_num_threads(threads)  # a script may change it; the next one starts as a fresh process would
+    """)
+    proc = subprocess.run([sys.executable, "-c", driver, str(calibration.CORPUS), *map(str, scripts)],
+                          capture_output=True, text=True, cwd=calibration.CORPUS, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs = proc.stdout.split("RUN ")[1:]
+    assert len(runs) == len(scripts)
+    for run in runs:
+        assert calibration.STEP_LINE.search(run), run
