@@ -121,8 +121,7 @@ def predict(pair: Pair, doctor_steps: int, budget_s: float, script_args: list[st
 
 def _from_periodic(entries: list[dict], pair: Pair) -> dict:
     """A cadence fix predicted from the report's periodic entry: its share shrinks by every / fixed_every."""
-    kind = pair.rule.split("-", 1)[-1]  # periodic-validation -> validation
-    entry = next((e for e in entries if e.get("kind") == kind and e.get("share") is not None), None)
+    entry = next((e for e in entries if e.get("share") is not None), None)
     if entry is None or not entry.get("every"):
         return {}
     left = entry["share"] * min(1.0, entry["every"] / pair.fixed_every)

@@ -2,7 +2,7 @@
 
 slow: validation every 5 steps; fixed: every 50 steps.
 """
-# calibrates: periodic-validation
+# calibrates: periodic-work
 # fixed-every: 50
 # expect: large (validation is most of the run)
 import torch

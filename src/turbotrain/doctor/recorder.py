@@ -140,6 +140,7 @@ class Recorder:
         self.discovery = True
         self._trained_ids: set[int] | None = None
         self._optimizer_ids: set[int] = set()
+        self._kept: dict[int, Any] = {}
         self._facts_final = self._capture_final = False
         self._last_top_phase = ""
         self._gpu_forward_open = False
@@ -321,6 +322,10 @@ class Recorder:
         if id(optimizer) not in self._optimizer_ids:
             self.note_optimizer(optimizer, None)
         self._optimizer_stepped = True
+        if id(optimizer) not in self._kept:
+            # Held until the report is built: the script's namespace (and its last reference) goes when the
+            # doctor ends it, and the optimizer rules and what-ifs read these objects after.
+            self._kept[id(optimizer)] = optimizer
         opened = self.open_step
         if id(optimizer) in opened.stepped and opened.snapshot is not None and self._optimizer_delimits:
             # This optimizer already stepped since the last boundary: the previous step ended at
@@ -703,7 +708,6 @@ class Recorder:
             self.optimizers.append((weakref.ref(optimizer), site))
         self._trained_ids = None
         self._trained_cache.clear()
-
 
     @property
     def profiler(self) -> Any:

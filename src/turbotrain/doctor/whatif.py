@@ -19,13 +19,16 @@ trial models gets faster), which sets the finding's severity and ``est_speedup``
 
 from __future__ import annotations
 
-import math
+import contextlib
 import copy
 import logging
+import math
+import sys
+import types
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -555,8 +558,35 @@ def _attention_trial(ctx, finding: Finding, budget: Budget) -> None:
                     + (" with a causal mask" if causal else "") + " against scaled_dot_product_attention.")
 
 
+@contextlib.contextmanager
+def _script_as_main(ctx) -> Iterator[None]:
+    """The user's script back as ``__main__`` while its model is re-run: runpy restored the doctor's own
+    ``__main__`` when the script ended, and torch.compile resolves a class defined in the script
+    through ``sys.modules["__main__"]``."""
+    model = ctx.capture.module if ctx.capture is not None else None
+    forward = getattr(type(model), "forward", None) if model is not None else None
+    script_globals = getattr(forward, "__globals__", None)
+    if type(model).__module__ != "__main__" or not script_globals:
+        yield
+        return
+    saved = sys.modules.get("__main__")
+    stand_in = types.ModuleType("__main__")
+    stand_in.__dict__.update(script_globals)
+    sys.modules["__main__"] = stand_in
+    try:
+        yield
+    finally:
+        if saved is not None:
+            sys.modules["__main__"] = saved
+
+
 def run_what_ifs(ctx, findings: list[Finding], budget_s: float = 30.0, allow_compile: bool = False) -> None:
     """Measure what the findings' fixes buy (in place), within ``budget_s`` seconds."""
+    with _script_as_main(ctx):
+        _run_what_ifs(ctx, findings, budget_s, allow_compile)
+
+
+def _run_what_ifs(ctx, findings: list[Finding], budget_s: float, allow_compile: bool) -> None:
     budget = Budget(budget_s)
     by_kind: dict[str, list[Finding]] = {}
     for f in findings:
