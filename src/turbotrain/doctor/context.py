@@ -85,7 +85,9 @@ class Context:
 
     @property
     def step_s(self) -> float:
-        return self.breakdown.mean_s
+        """The script's own mean step: time other processes took is out, periodic work spread over its period
+        (what shares of "the step" are shares of; the breakdown's seconds add up to it)."""
+        return sum(self.breakdown.seconds.values()) or self.breakdown.mean_s
 
     def share(self, category: str) -> float:
         return self.breakdown.shares.get(category, 0.0)

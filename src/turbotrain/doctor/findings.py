@@ -7,9 +7,12 @@ at least 5% ``medium``, anything less (or unmeasured and unproven on this hardwa
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .sites import Site, source_lines
+
+if TYPE_CHECKING:
+    from .trials import TrialRequest
 
 __all__ = ["Finding", "Fix", "severity_for", "speedup_from_share", "speedup_for_rule", "SEVERITIES"]
 
@@ -83,7 +86,7 @@ class Finding:
     evidence: dict[str, Any] = field(default_factory=dict)
     what_if: dict[str, Any] | None = None    # the measured trial behind est_speedup
     source: str = "runtime"                  # "runtime", "live" (objects) or "static" (source code)
-    trial: dict[str, Any] | None = None      # the what-if that can measure this finding's gain
+    trial: "TrialRequest | None" = None      # the what-if that can measure this finding's gain (doctor.trials)
 
     def provisional(self, severity: str) -> None:
         """A severity before (or without) a measurement; est_speedup stays unknown."""

@@ -36,6 +36,7 @@ from ..data.transfer import resize_batch, tensors_in
 from ..measure import HOPELESS, MIN_GAIN, Comparison, Trial, judge, run_trial, time_loader
 from ..plan import Plan
 from .findings import Finding, severity_for
+from .trials import AttentionTrial, BatchTrial, EvalGradTrial, LoaderTrial, PlanTrial, ThreadsTrial
 
 __all__ = ["run_what_ifs", "Budget"]
 
@@ -196,8 +197,7 @@ def _rounds(ctx, budget: Budget, cost: float, first: tuple[float, float] | None,
 
 
 def _plan_trials(ctx, findings: list[Finding], budget: Budget, allow_compile: bool) -> None:
-    wanted = [f for f in findings if f.trial and f.trial.get("kind") == "plan"
-              and (allow_compile or not f.trial.get("compile"))]
+    wanted = [f for f in findings if isinstance(f.trial, PlanTrial) and (allow_compile or not f.trial.compile)]
     if not wanted or ctx.capture is None or ctx.facts.compiled:
         return
     trials = _ModelTrials(ctx, budget)
@@ -207,9 +207,9 @@ def _plan_trials(ctx, findings: list[Finding], budget: Budget, allow_compile: bo
         for f in wanted:
             f.note = f"Not measured: {reason}. {f.note or ''}".strip()
         return
-    for f in sorted(wanted, key=lambda f: f.trial.get("compile", False)):
-        changes = dict(f.trial["changes"])
-        base = trials.base_plan.replace(**f.trial.get("baseline", {}))
+    for f in sorted(wanted, key=lambda f: f.trial.compile):
+        changes = dict(f.trial.changes)
+        base = trials.base_plan.replace(**f.trial.baseline)
         plan = base.replace(**changes)
         compiling = bool(changes.get("compile"))
         cost = trials.cost * (8 if compiling else 2)
@@ -316,7 +316,7 @@ def _threads_trial(ctx, finding: Finding, budget: Budget) -> None:
     trials = _ModelTrials(ctx, budget)
     record = ctx.main_loader
     now = (ctx.machine.get("intra_op_threads") or torch.get_num_threads(), finding.evidence.get("workers", 0))
-    options = [tuple(c) for c in finding.trial["candidates"]]
+    options = list(finding.trial.candidates)
     if not options:
         return
     streams: dict[int, Any] = {}
@@ -500,7 +500,7 @@ def _eval_grad_trial(ctx, finding: Finding, budget: Budget) -> None:
         return
     with_grad, without = pair
     saving = max(0.0, 1.0 - without / with_grad) if with_grad > 0 else 0.0
-    share = finding.trial.get("share", 0.0) * saving
+    share = finding.trial.share * saving
     finding.what_if = {"kind": "eval_grad", "forward_ms_with_grad": round(with_grad * 1e3, 3),
                        "forward_ms_inference_mode": round(without * 1e3, 3)}
     finding.set_gain(share, measured=True)
@@ -508,13 +508,13 @@ def _eval_grad_trial(ctx, finding: Finding, budget: Budget) -> None:
 
 def _attention_trial(ctx, finding: Finding, budget: Budget) -> None:
     trial = finding.trial
-    if not trial.get("per_step") or not budget.allows(3.0):
+    if not trial.per_step or not budget.allows(3.0):
         return
-    first, last = trial["lines"]
-    softmax = ctx.stat_at("softmax", trial["softmax"])
+    first, last = trial.lines
+    softmax = ctx.stat_at("softmax", trial.softmax)
     score_shape = softmax.detail.get("shape") if softmax else None
     shapes = [(site, s) for site, s in ctx.matmul_shapes.items()
-              if site.file == trial["file"] and first <= site.line <= last]
+              if site.file == trial.file and first <= site.line <= last]
     qk = next(((a, b) for _, (a, b) in shapes if len(a) >= 3 and len(b) >= 3 and score_shape is not None
                and tuple(a[:-1]) + (b[-1],) == tuple(score_shape)), None)
     if qk is None:
@@ -530,7 +530,7 @@ def _attention_trial(ctx, finding: Finding, budget: Budget) -> None:
         return torch.randn(*shape, generator=gen).to(device, dtype).requires_grad_()
 
     q, k, v = make(*lead, length, dim), make(*lead, keys, dim), make(*lead, keys, dim)
-    causal = bool(trial.get("causal")) and length == keys
+    causal = trial.causal and length == keys
     mask = torch.ones(length, keys, dtype=torch.bool, device=device).triu(1) if causal else None
 
     def manual():
@@ -548,11 +548,11 @@ def _attention_trial(ctx, finding: Finding, budget: Budget) -> None:
     if pair is None:
         return
     t_manual, t_fused = pair
-    saved = trial["per_step"] * max(0.0, t_manual - t_fused)
+    saved = trial.per_step * max(0.0, t_manual - t_fused)
     share = min(saved / ctx.step_s, _model_share(ctx)) if ctx.step_s else 0.0
     finding.what_if = {"kind": "attention", "q_shape": list(q_shape), "keys": keys, "causal": causal,
                        "manual_ms": round(t_manual * 1e3, 3), "sdpa_ms": round(t_fused * 1e3, 3),
-                       "calls_per_step": trial["per_step"]}
+                       "calls_per_step": trial.per_step}
     finding.set_gain(share, measured=True)
     finding.note = ("Timed forward+backward at your attention's shapes, hand-written"
                     + (" with a causal mask" if causal else "") + " against scaled_dot_product_attention.")
@@ -588,22 +588,21 @@ def run_what_ifs(ctx, findings: list[Finding], budget_s: float = 30.0, allow_com
 
 def _run_what_ifs(ctx, findings: list[Finding], budget_s: float, allow_compile: bool) -> None:
     budget = Budget(budget_s)
-    by_kind: dict[str, list[Finding]] = {}
-    for f in findings:
-        if f.trial:
-            by_kind.setdefault(f.trial["kind"], []).append(f)
+    def of(kind: type) -> list[Finding]:
+        return [f for f in findings if isinstance(f.trial, kind)]
+
     steps: list[tuple[str, Callable]] = []
-    for f in by_kind.get("threads", []):  # first: on a contended machine every other trial is skewed by it
+    for f in of(ThreadsTrial):  # first: on a contended machine every other trial is skewed by it
         steps.append(("threads", lambda f=f: _threads_trial(ctx, f, budget)))
-    for f in by_kind.get("loader", []):
+    for f in of(LoaderTrial):
         steps.append(("num_workers", lambda f=f: _loader_trial(ctx, f, budget)))
-    for f in by_kind.get("batch", []):
+    for f in of(BatchTrial):
         steps.append(("batch", lambda f=f: _batch_trial(ctx, f, budget)))
-    if by_kind.get("plan"):
-        steps.append(("plan", lambda: _plan_trials(ctx, by_kind["plan"], budget, allow_compile)))
-    for f in by_kind.get("attention", []):
+    if of(PlanTrial):
+        steps.append(("plan", lambda: _plan_trials(ctx, of(PlanTrial), budget, allow_compile)))
+    for f in of(AttentionTrial):
         steps.append(("attention", lambda f=f: _attention_trial(ctx, f, budget)))
-    for f in by_kind.get("eval_grad", []):
+    for f in of(EvalGradTrial):
         steps.append(("eval_grad", lambda f=f: _eval_grad_trial(ctx, f, budget)))
     for name, fn in steps:
         if budget.left <= 0:

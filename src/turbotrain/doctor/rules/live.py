@@ -6,6 +6,7 @@ from torch import nn
 
 from ..findings import Finding, Fix, speedup_for_rule
 from . import rule
+from ..trials import BatchTrial, PlanTrial
 from .nccl import check_nccl_env
 
 
@@ -33,7 +34,7 @@ def small_batch(ctx):
                 lightning="DataLoader(batch_size=...); Trainer(accumulate_grad_batches=k) keeps the effective size",
                 accelerate="DataLoader(batch_size=...)"),
         evidence={"batch_size": batch, "python_overhead_share": round(overhead, 3)},
-        trial={"kind": "batch"})
+        trial=BatchTrial())
     f.provisional("medium")
     f.note = "A larger batch changes the optimisation (rescale the learning rate); est_speedup is samples/s."
     yield f
@@ -58,7 +59,7 @@ def no_mixed_precision(ctx):
                 plan={"precision": precision},
                 lightning=f"Trainer(precision='{'bf16-mixed' if precision == 'bf16-mixed' else '16-mixed'}')",
                 accelerate=f"Accelerator(mixed_precision='{'bf16' if precision == 'bf16-mixed' else 'fp16'}')"),
-        trial={"kind": "plan", "changes": {"precision": precision}})
+        trial=PlanTrial({"precision": precision}))
     f.provisional("medium" if ctx.on_gpu else "low")
     f.note = "Changes numerics slightly (bf16 keeps fp32's range); check the loss curve."
     yield f
@@ -74,7 +75,7 @@ def zero_grad_not_none(ctx):
             fix=Fix("optimizer.zero_grad() (set_to_none=True is the default since torch 2.0)",
                     plan={"set_to_none": True}),
             evidence={"per_step": stat.per_step},
-            trial={"kind": "plan", "changes": {"set_to_none": True}, "baseline": {"set_to_none": False}})
+            trial=PlanTrial({"set_to_none": True}, baseline={"set_to_none": False}))
         f.provisional("low")
         yield f
 
@@ -113,7 +114,7 @@ def non_foreach_optimizer(ctx):
             fix=Fix(f"{type(opt).__name__}(..., {'fused=True' if fused else 'foreach=True'})",
                     plan={"fused_optimizer": True}),
             evidence={"param_tensors": n, "implementation": impl, "optimizer_share": round(share, 3)},
-            trial={"kind": "plan", "changes": {"fused_optimizer": True}})
+            trial=PlanTrial({"fused_optimizer": True}))
         f.provisional("medium" if share >= 0.2 and n >= 100 else "low")
         yield f
 
@@ -179,7 +180,7 @@ def _switch_finding(ctx, rule_id: str, message: str, fix: Fix, measurable: bool 
     field = next(iter(fix.plan))
     return Finding(rule_id, site=ctx.capture.site if ctx.capture else None, category="compute", message=message,
                    fix=fix, speedup=speedup_for_rule(rule_id, field),
-                   trial={"kind": "plan", "changes": dict(fix.plan)} if measurable else None)
+                   trial=PlanTrial(dict(fix.plan)) if measurable else None)
 
 
 @rule("cudnn-benchmark-off", "live")
@@ -229,7 +230,7 @@ def conv_bias_before_bn(ctx):
                  f"{', ...' if len(pairs) > 4 else ''})."),
         fix=Fix("nn.Conv2d(..., bias=False) before each BatchNorm", plan={"drop_conv_bias": True}),
         evidence={"pairs": [list(p) for p in pairs]},
-        trial={"kind": "plan", "changes": {"drop_conv_bias": True}})
+        trial=PlanTrial({"drop_conv_bias": True}))
     f.provisional("low")
     yield f
 

@@ -8,6 +8,7 @@ from collections import defaultdict
 from ...data import stats as data_stats
 from ..findings import Finding, Fix, speedup_for_rule
 from . import rule
+from ..trials import CopyTrial, EvalGradTrial, LoaderTrial, PlanTrial
 
 _SYNC_NAMES = {"item": ".item()", "tolist": ".tolist()", "numpy": ".numpy()", "cpu": ".cpu()",
                "nonzero": ".nonzero()", "bool": "bool()/if on a tensor", "float": "float(tensor)",
@@ -63,7 +64,7 @@ def num_workers(ctx):
                 lightning=f"DataLoader(..., num_workers={suggest}) (Lightning passes your loader through)",
                 accelerate=f"DataLoader(..., num_workers={suggest}) before accelerator.prepare(...)"),
         evidence={"data_ms_per_step": round(data_s * 1e3, 3), "num_workers": workers},
-        trial={"kind": "loader"})
+        trial=LoaderTrial())
     f.set_gain(share, measured=False)
     f.note = "est_speedup is the upper bound until the worker counts are timed."
     if data_s < 1e-3:
@@ -120,7 +121,7 @@ def pin_memory(ctx):
         fix=Fix("DataLoader(..., pin_memory=True), then batch.to(device, non_blocking=True)",
                 plan={"pin_memory": True}, lightning="DataLoader(..., pin_memory=True)",
                 accelerate="DataLoader(..., pin_memory=True) before accelerator.prepare(...)"),
-        trial={"kind": "copy"} if share else None)
+        trial=CopyTrial() if share else None)
     if share:
         f.set_gain(share, measured=False)
         f.note = "est_speedup is the upper bound: all copy time hidden."
@@ -253,7 +254,7 @@ def grad_in_validation(ctx):
                     lightning="automatic: validation_step already runs under inference_mode",
                     accelerate="`with torch.no_grad():` around the evaluation loop"),
             evidence={"forwards": all_count, "ms_total": round(all_seconds * 1e3, 2), "share_of_run": share},
-            trial={"kind": "eval_grad", "share": share})
+            trial=EvalGradTrial(share))
         f.provisional("low")  # what autograd costs here is measured by the what-if
         yield f
 
@@ -306,7 +307,7 @@ def fuse_with_compile(ctx):
                 plan={"compile": mode}, lightning="model = torch.compile(model) before trainer.fit(model)",
                 accelerate='Accelerator(dynamo_backend="inductor")'),
         evidence={"python_overhead_share": round(overhead, 3), "pointwise_share": round(pointwise, 3)},
-        trial={"kind": "plan", "changes": {"compile": mode}, "compile": True})
+        trial=PlanTrial({"compile": mode}, compile=True))
     f.provisional("low")
     f.note = "Not measured by default (compiling takes a while); run the doctor with --compile to time it."
     yield f
@@ -371,7 +372,7 @@ def suggested_every(cost_s: float, base_step_s: float, every: int, target: float
 def periodic_table(ctx) -> list[dict]:
     """The report's rows: each recurring piece of work, what it costs amortised, and a cadence under 5%."""
     rows = []
-    step_s = sum(ctx.breakdown.seconds.values())  # the amortised step (what training really spends per step)
+    step_s = ctx.step_s
     for p in ctx.breakdown.periodic:
         kind = periodic_kind(ctx, p)
         site = periodic_site(ctx, kind, p)

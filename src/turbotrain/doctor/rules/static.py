@@ -11,6 +11,7 @@ import ast
 from ..findings import Finding, Fix, speedup_for_rule
 from ..source import SourceIndex, dotted_name, is_const, keyword
 from . import rule
+from ..trials import AttentionTrial
 from .nccl import check_nccl_env
 
 FACTORIES = ("zeros", "ones", "empty", "full", "rand", "randn", "randint", "arange", "eye", "linspace", "tensor",
@@ -238,8 +239,7 @@ def manual_attention(ctx):
                 fix=Fix("torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=..., "
                         "is_causal=...)"),
                 evidence={"function": func.name, "per_step": per_step},
-                trial={"kind": "attention", "file": index.path, "lines": lines, "softmax": site,
-                       "per_step": per_step, "causal": causal})
+                trial=AttentionTrial(index.path, tuple(lines), site, per_step, bool(causal)))
             f.provisional("medium" if per_step else "low")
             if not per_step:
                 f.note = "Not seen running during the measured steps."

@@ -12,6 +12,7 @@ from __future__ import annotations
 from ...speedups.cpu_threads import fit_to_cores
 from ..findings import Finding, Fix, speedup_for_rule
 from . import rule
+from ..trials import ThreadsTrial
 
 
 def recommended(ctx) -> tuple[int, int, int, int, float] | None:
@@ -62,7 +63,7 @@ def cpu_oversubscribed(ctx):
                 accelerate=f"{env} in the environment, or torch.set_num_threads({k}) before accelerator.prepare"),
         evidence={"threads": threads, "workers": workers, "usable_cores": usable, "other_load": others,
                   "recommended_threads": k, "recommended_workers": w},
-        trial={"kind": "threads", "candidates": candidates(ctx, found)})
+        trial=ThreadsTrial(tuple(candidates(ctx, found))))
     f.provisional("medium")
     f.note = "Threads and workers are timed on your model and DataLoader, interleaved with what the script uses."
     yield f
