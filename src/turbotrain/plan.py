@@ -18,6 +18,7 @@ from typing import Any, Literal
 import yaml
 
 from .config import ConfigError, from_mapping, strict, to_mapping
+from .yaml_io import load_yaml
 
 __all__ = ["Plan", "Precision", "CompileMode", "Strategy"]
 
@@ -142,7 +143,6 @@ class Plan:
     @classmethod
     def from_yaml(cls, path_or_text: str | os.PathLike) -> "Plan":
         """Load a plan from a YAML file (or YAML text). Unknown keys and bad values are errors."""
-        from .recipe import load_yaml  # one safe YAML reader for plans and recipes
 
         data, where = load_yaml(path_or_text)
         if data is None:

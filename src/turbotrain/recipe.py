@@ -19,59 +19,15 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
-import yaml
 
 from .config import ConfigError, from_mapping, strict
+from .yaml_io import load_yaml
 from .plan import CompileMode, Plan
 from .train.config import TrainerConfig
 
 __all__ = ["Recipe", "load_yaml", "load_recipe", "TrainingHyperparams"]
-
-
-class _StrictLoader(yaml.SafeLoader):
-    """``yaml.safe_load``, except that a key given twice is an error (PyYAML keeps the last one)."""
-
-
-def _mapping_without_duplicates(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
-    seen: set = set()
-    for key_node, _ in node.value:
-        if key_node.tag == "tag:yaml.org,2002:merge":
-            continue  # `<<: *defaults` then overriding a key is how merges are meant to be used
-        key = loader.construct_object(key_node, deep=deep)
-        try:
-            duplicate = key in seen
-        except TypeError:
-            continue  # unhashable: construct_mapping reports it
-        if duplicate:
-            raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
-        seen.add(key)
-    return loader.construct_mapping(node, deep=deep)
-
-
-_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_duplicates)
-
-
-def load_yaml(path_or_text: str | os.PathLike) -> tuple[Any, str]:
-    """Parse a YAML file (or YAML text) safely; returns (data, a name for error messages)."""
-    text, where = None, "<yaml>"
-    candidate = Path(path_or_text)
-    if isinstance(path_or_text, os.PathLike) or ("\n" not in str(path_or_text) and candidate.suffix in (".yaml", ".yml")):
-        if not candidate.is_file():
-            raise ConfigError(f"{candidate}: no such file.")
-        text, where = candidate.read_text(), str(candidate)
-    else:
-        text = str(path_or_text)
-    try:
-        return yaml.load(text, Loader=_StrictLoader), where  # noqa: S506 - a SafeLoader subclass
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise ConfigError(f"{where}{at}: not valid YAML for turbotrain: {problem}. "
-                          "Only plain mappings, lists, strings and numbers are accepted.") from None
 
 
 @strict

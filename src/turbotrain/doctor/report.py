@@ -1,6 +1,6 @@
 """The doctor's report: what was measured, the bottleneck, the findings; as a dict for JSON.
 
-The JSON keys DESIGN.md fixes (``device``, ``steps_measured``, ``step_time_ms``, ``breakdown``,
+The JSON keys the stable surface fixes (docs/doctor.md, Reports) (``device``, ``steps_measured``, ``step_time_ms``, ``breakdown``,
 ``bottleneck``, ``findings`` with ``rule``/``severity``/``where``/``message``/``fix``/
 ``est_speedup``/``measured``) are always present; the rest adds detail.
 """

@@ -38,10 +38,6 @@ class Watch:
         """Mark the end of a training step (only for loops that do not call a torch optimizer)."""
         self.recorder.mark_step()
 
-    @property
-    def steps_done(self) -> int:
-        return len(self.recorder.steps)
-
 
 def _caller_file() -> str | None:
     frame = sys._getframe(2)

@@ -2,7 +2,7 @@
 
 Three sources, one module each: ``runtime`` (the measured breakdown and per-site events),
 ``live`` (the model, loader, optimizer and hardware objects the script built) and ``static``
-(the script's source). Rule ids are DESIGN.md's catalogue; :data:`RULE_IDS` lists them all.
+(the script's source). Rule ids are the catalogue in docs/doctor.md; :data:`RULE_IDS` lists them all.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ RULES: list[tuple[str, str, Callable]] = []   # (rule id, source, function)
 
 def rule(rule_id: str, source: str) -> Callable[[Callable], Callable]:
     if rule_id not in RULE_IDS:
-        raise ValueError(f"unknown doctor rule id {rule_id!r}; add it to RULE_IDS (DESIGN.md's catalogue)")
+        raise ValueError(f"unknown doctor rule id {rule_id!r}; add it to RULE_IDS (and to the rule table in docs/doctor.md)")
 
     def register(fn: Callable) -> Callable:
         RULES.append((rule_id, source, fn))
