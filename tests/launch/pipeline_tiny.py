@@ -43,6 +43,23 @@ class Net(nn.Module):
         return self.head(x)
 
 
+class Stack(nn.Module):
+    """Identical blocks only: every stage of an even split holds exactly its share of the bytes."""
+
+    def __init__(self, width: int = 8, blocks: int = 4):
+        super().__init__()
+        self.blocks = nn.ModuleList(Block(width) for _ in range(blocks))
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+def stack_loss(out, y):
+    return F.mse_loss(out[:, :4], y)
+
+
 def make_model() -> Net:
     torch.manual_seed(SEED)
     return Net()
@@ -65,33 +82,95 @@ def loader(batch: int = BATCH, n: int = SAMPLES) -> DataLoader:
 loss_fn = F.mse_loss
 
 
-def reference(microbatches: int, steps: int = STEPS):
-    """One process, gradient accumulation as the schedule does it: the micro-batches' gradients summed, then
-    divided by their number; the step's loss the mean of theirs (summed, then divided)."""
-    torch.use_deterministic_algorithms(True)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as torchrun's workers (OMP_NUM_THREADS=1): the same reduction order in each kernel
-    try:
-        return _reference(microbatches, steps)
-    finally:
-        torch.set_num_threads(threads)
+STAGE_GROUPS = (("embed.", "blocks.0.", "blocks.1."), ("blocks.2.", "blocks.3.", "head."))  # 2 stages
 
 
-def _reference(microbatches: int, steps: int):
+def _single_thread(fn):
+    """As torchrun's workers (OMP_NUM_THREADS=1): the same reduction order in each kernel, deterministic."""
+    def wrapped(*args, **kwargs):
+        torch.use_deterministic_algorithms(True)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            torch.set_num_threads(threads)
+    return wrapped
+
+
+def _accumulate(model, x, y, microbatches: int) -> torch.Tensor:
+    """The schedule's arithmetic: each micro-batch's loss backward, the gradients then divided by their number;
+    the step's loss is the micro-batch losses summed, then divided."""
+    losses = []
+    for xm, ym in zip(torch.tensor_split(x, microbatches), torch.tensor_split(y, microbatches)):
+        loss = loss_fn(model(xm), ym)
+        loss.backward()
+        losses.append(loss.detach())
+    for p in model.parameters():
+        p.grad.div_(microbatches)
+    return torch.stack(losses).sum() / microbatches
+
+
+def _clip(model, clip, groups) -> None:
+    if groups is None:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), clip, foreach=True)
+        return
+    for prefixes in groups:
+        torch.nn.utils.clip_grad_norm_([p for n, p in model.named_parameters() if n.startswith(prefixes)], clip,
+                                       foreach=True)
+
+
+@_single_thread
+def reference(microbatches: int, steps: int = STEPS, clip: float | None = None, clip_groups=None):
+    """One process, gradient accumulation over the same micro-batches: final weights and per-step losses."""
     model = make_model()
     optimizer = make_optimizer(model)
     losses = []
     for step, (x, y) in enumerate(loader()):
         if step == steps:
             break
-        mb_losses = []
-        for xm, ym in zip(torch.tensor_split(x, microbatches), torch.tensor_split(y, microbatches)):
-            loss = loss_fn(model(xm), ym)
-            loss.backward()
-            mb_losses.append(loss.detach())
-        for p in model.parameters():
-            p.grad.div_(microbatches)
+        loss = _accumulate(model, x, y, microbatches)
+        if clip is not None:
+            _clip(model, clip, clip_groups)
         optimizer.step()
         optimizer.zero_grad()
-        losses.append((torch.stack(mb_losses).sum() / microbatches).item())
+        losses.append(loss.item())
     return {k: v.detach().clone() for k, v in model.state_dict().items()}, losses
+
+
+@_single_thread
+def reference_data_parallel(microbatches: int, replicas: int, steps: int):
+    """Pipeline x data parallel in one process: each replica's batch (DistributedSampler order, unshuffled)
+    accumulated as above, the replicas' gradients and logged losses averaged."""
+    model = make_model()
+    optimizer = make_optimizer(model)
+    data = dataset()
+    losses = []
+    for step in range(steps):
+        grads, step_losses = [], []
+        for r in range(replicas):
+            idx = torch.arange(r, SAMPLES, replicas)[step * BATCH:(step + 1) * BATCH]
+            step_losses.append(_accumulate(model, data.tensors[0][idx], data.tensors[1][idx], microbatches).item())
+            grads.append([p.grad.clone() for p in model.parameters()])
+            optimizer.zero_grad()
+        for p, *gs in zip(model.parameters(), *grads):
+            p.grad = torch.stack(gs).mean(0)
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(sum(step_losses) / replicas)
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}, losses
+
+
+@_single_thread
+@torch.no_grad()
+def validation_loss(weights: dict[str, torch.Tensor], microbatches: int, n: int = 32) -> float:
+    """The Trainer's validation: each batch's mean micro-batch loss, weighted by the batch's samples."""
+    model = make_model()
+    model.load_state_dict(weights)
+    total, count = torch.zeros((), dtype=torch.float64), 0
+    for x, y in loader(n=n):
+        losses = [loss_fn(model(xm), ym) for xm, ym in zip(torch.tensor_split(x, microbatches),
+                                                            torch.tensor_split(y, microbatches))]
+        total += (torch.stack(losses).sum() / microbatches).double() * x.shape[0]
+        count += x.shape[0]
+    return float(total) / count

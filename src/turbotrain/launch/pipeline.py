@@ -516,15 +516,27 @@ class PipelineCoordinator(RankCoordinator):
             out["samples_per_s"] = sums[2] * self.pipeline.layout.dp / sums[3]
         return out
 
+    def save_checkpoint(self, state, directory, step, keep):
+        # torch.distributed.checkpoint drops some param-group settings (lr, betas, ...) of optimizers whose
+        # parameters differ between ranks (torch 2.13): every rank's groups have the same settings, kept here.
+        groups = [[{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups] for opt in self.optimizers]
+        return super().save_checkpoint({**state, "param_group_settings": groups}, directory, step, keep)
+
+    def _load(self, path, state) -> None:
+        super().load_weights(path, state)
+        for opt, groups in zip(self.optimizers, state.get("param_group_settings") or [], strict=False):
+            for group, settings in zip(opt.param_groups, groups, strict=True):
+                group.update(settings)
+
     def load_weights(self, path, state) -> None:
         runner = self.pipeline
         if runner.launched and not runner.built:
             if not state.get("sharded"):
                 raise ConfigError(f"checkpoint {path} was not written by a pipeline; resume it with the strategy that "
                                   "wrote it.")
-            runner.pending_load = (lambda: super(PipelineCoordinator, self).load_weights(path, state))
+            runner.pending_load = lambda: self._load(path, state)
             return
-        super().load_weights(path, state)
+        self._load(path, state)
 
 
 def apply_to_runtime(rt) -> None:
