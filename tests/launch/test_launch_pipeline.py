@@ -6,6 +6,7 @@ accumulation over the same micro-batches as the schedule does it (pipeline_tiny.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -160,3 +161,19 @@ def test_a_batch_that_does_not_divide_into_the_microbatches_fails_every_process_
                           cwd=ROOT, env=cli_env(), capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
     assert "batch of 6 samples does not divide into Plan.microbatches=4" in proc.stderr
+
+
+# -- the documentation's example ------------------------------------------------------------------
+
+def test_the_docs_pipeline_examples_run_as_is_on_two_processes(tmp_path):
+    """docs/launch.md, 'Pipeline parallelism': the Trainer example, then the own-loop one, under launch."""
+    text = (ROOT / "docs" / "launch.md").read_text()
+    section = text[text.index("## Pipeline parallelism"):]
+    section = section[:section.index("\n## ", 10)]
+    blocks = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    assert len(blocks) == 2
+    script = tmp_path / "train.py"
+    script.write_text("\n".join(blocks))
+    proc = launch_cli("--nproc-per-node", "2", str(script))
+    # printed by both processes (their lines may interleave): 2 epochs of 8 steps
+    assert proc.stdout.count("max_epochs") == 2 and proc.stdout.count("16") >= 2

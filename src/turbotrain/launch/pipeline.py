@@ -152,6 +152,22 @@ def _set_tensor(module: nn.Module, fqn: str, value: torch.Tensor) -> None:
         owner._buffers[leaf] = value
 
 
+def _materialise_modules(model: nn.Module, names: set[str], device: torch.device) -> None:
+    """The named modules' own parameters real and on ``device``: moved, or (built on meta) made and initialised
+    by the module's ``reset_parameters()``."""
+    for module_name in sorted(names):
+        module = model.get_submodule(module_name)
+        own = list(module.parameters(recurse=False))
+        if any(p.is_meta for p in own):
+            module.to_empty(device=device, recurse=False)
+            if not hasattr(module, "reset_parameters"):
+                raise ConfigError(f"{module_name or type(model).__name__} was built on the meta device and "
+                                  f"{type(module).__name__} has no reset_parameters() to initialise it on its stage.")
+            module.reset_parameters()
+        elif any(p.device != device for p in own):
+            module.to(device)  # these layers only
+
+
 def _batch_parts(batch: Any) -> tuple[tuple[torch.Tensor, ...], Any]:
     try:
         inputs, targets = batch
@@ -196,10 +212,7 @@ class PipelineRunner:
                         "stages run as one model, each batch as %d accumulated micro-batches (the same numbers); "
                         "run it with `turbotrain launch --nproc-per-node %d ...` to split it", stages,
                         self.microbatches, stages)
-            if any(t.is_meta for t in [*rt.module.parameters(), *rt.module.buffers()]):
-                raise ConfigError("a model built on the meta device needs the pipeline's processes to materialise "
-                                  "its stages: run the script with `turbotrain launch`.")
-            rt.module.to(rt.device)
+            self._materialise_all(rt)
             return
         tdist.init_process_group(rt.device)
         self.rank = tdist.rank()
@@ -208,6 +221,23 @@ class PipelineRunner:
         self.stage_ids = self.layout.stage_ids(self.pp_rank)
         self._make_groups()
         self._skeleton = _meta_copy(rt.module)
+
+    @staticmethod
+    def _materialise_all(rt) -> None:
+        """One process: every layer real (initialised like a stage's when built on meta), the optimizer following."""
+        model = rt.module
+        old = dict(model.named_parameters())
+        _materialise_modules(model, {name.rpartition(".")[0] for name in old}, rt.device)
+        for name, buffer in model.named_buffers():
+            if buffer.is_meta:
+                raise ConfigError(f"buffer {name!r} was built on the meta device and nothing can recompute it; compute "
+                                  "it in forward, or build the model for real.")
+        model.to(rt.device)
+        new = dict(model.named_parameters())
+        replaced = {old[n]: new[n] for n in old if new[n] is not old[n]}
+        for opt in rt.optimizers:
+            for group in opt.param_groups:
+                group["params"][:] = [replaced.get(p, p) for p in group["params"]]
 
     # -- processes -------------------------------------------------------------------------
 
@@ -278,17 +308,7 @@ class PipelineRunner:
         mine = {name for name, i in owner.items() if i in self.stage_ids}
         stage_tensors = {name for i in self.stage_ids for name, _ in pipe.get_stage_module(i).named_buffers()}
         old = dict(model.named_parameters())
-        for module_name in sorted({name.rpartition(".")[0] for name in mine}):
-            module = model.get_submodule(module_name)
-            own = [p for p in module.parameters(recurse=False)]
-            if any(p.is_meta for p in own):
-                module.to_empty(device=device, recurse=False)
-                if not hasattr(module, "reset_parameters"):
-                    raise ConfigError(f"{module_name} was built on the meta device and {type(module).__name__} has no "
-                                      "reset_parameters() to initialise it on its stage.")
-                module.reset_parameters()
-            elif any(p.device != device for p in own):
-                module.to(device)  # this stage's layers only
+        _materialise_modules(model, {name.rpartition(".")[0] for name in mine}, device)
         for name in stage_tensors:
             buffer = model.get_buffer(name)
             if buffer.is_meta:
