@@ -98,7 +98,7 @@ def test_a_model_built_on_meta_materialises_half_per_process(tmp_path):
 def test_checkpoints_resume_exactly_and_validation_runs_through_the_schedule(tmp_path):
     """Train to step 10 with checkpoints, resume in a new Trainer to 20: bitwise the uninterrupted run."""
     out = run_pipeline(tmp_path, "--config", "1f1b", "--checkpoint-dir", str(tmp_path / "ckpt"), "--stop-at", "10",
-                       "--validate")
+                       "--validate", "--val-batch", "16")  # validation batches of another shape: their own trace
     weights, losses = tiny.reference(4)
     got = merged_weights(out, "1f1b")
     for name in weights:
@@ -110,7 +110,7 @@ def test_checkpoints_resume_exactly_and_validation_runs_through_the_schedule(tmp
     assert len(list((tmp_path / "ckpt" / "1f1b" / shards[-1]).glob("*.distcp"))) == 2  # each stage its own part
     val = [row["val_loss"] for row in rank0["history"] if "val_loss" in row]
     assert len(val) == 2  # steps 15 and 20
-    assert val[-1] == pytest.approx(tiny.validation_loss(weights, microbatches=4), rel=1e-6)
+    assert val[-1] == pytest.approx(tiny.validation_loss(weights, microbatches=4, batch=16), rel=1e-6)
 
 
 def test_gradient_clipping_uses_the_global_norm_over_the_stages(tmp_path):
@@ -161,6 +161,16 @@ def test_a_batch_that_does_not_divide_into_the_microbatches_fails_every_process_
                           cwd=ROOT, env=cli_env(), capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
     assert "batch of 6 samples does not divide into Plan.microbatches=4" in proc.stderr
+
+
+def test_a_stage_that_fails_alone_fails_every_process_instead_of_hanging(tmp_path):
+    """Only the last stage holds the meta buffer it cannot recreate; the first stage must not wait for it."""
+    proc = subprocess.run([sys.executable, "-m", "turbotrain", "launch", "--nproc-per-node", "2", str(WORKER),
+                           "--out", str(tmp_path), "--config", "1f1b", "--meta", "--meta-buffer"],
+                          cwd=ROOT, env=cli_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "buffer 'scale' was built on the meta device" in proc.stderr
+    assert "another process of the pipeline failed to build its stage" in proc.stderr
 
 
 # -- the documentation's example ------------------------------------------------------------------

@@ -378,6 +378,25 @@ class PipelineRunner:
         del before
 
     def _build(self, key: Any, inputs: tuple[torch.Tensor, ...], training: bool) -> _Built:
+        """Trace and build; every process learns whether every other one succeeded before any stage communicates
+        (a process that failed alone would leave the others waiting for its activations forever)."""
+        failed: BaseException | None = None
+        try:
+            built = self._build_here(key, inputs, training)
+        except Exception as exc:  # re-raised below, on every process
+            failed = exc
+        flag = torch.tensor(float(failed is not None), device=self.rt.device)
+        tdist.all_reduce_max_(flag)
+        if failed is not None:
+            raise failed
+        if flag.item():
+            raise ConfigError("another process of the pipeline failed to build its stage (its error is above)")
+        if self.pending_load is not None:  # resuming: every stage loads its part (collectively)
+            load, self.pending_load = self.pending_load, None
+            load()
+        return built
+
+    def _build_here(self, key: Any, inputs: tuple[torch.Tensor, ...], training: bool) -> _Built:
         first = self._train is None
         if not first and self.layout.dp > 1:
             raise ConfigError(
@@ -402,9 +421,6 @@ class PipelineRunner:
             self.rt.module = self.rt.model = self.stage_modules
             for hook in self.after_build:
                 hook()
-            if self.pending_load is not None:
-                load, self.pending_load = self.pending_load, None
-                load()
         return built
 
     # -- the step ------------------------------------------------------------------------------

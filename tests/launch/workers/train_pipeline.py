@@ -29,6 +29,8 @@ parser.add_argument("--validate", action="store_true")
 parser.add_argument("--early-stop", action="store_true")
 parser.add_argument("--nan-at-step", type=int, default=None)
 parser.add_argument("--batch", type=int, default=tiny.BATCH)
+parser.add_argument("--val-batch", type=int, default=tiny.BATCH)
+parser.add_argument("--meta-buffer", action="store_true", help="a buffer on the meta device in the last stage")
 args = parser.parse_args()
 
 rank = int(os.environ["RANK"])
@@ -39,7 +41,10 @@ def build():
     factory = tiny.Stack if args.balanced else tiny.Net
     if args.meta:
         with torch.device("meta"):
-            return factory()
+            model = factory()
+            if args.meta_buffer:
+                model.register_buffer("scale", torch.ones(4))
+            return model
     torch.manual_seed(tiny.SEED)
     return factory()
 
@@ -79,7 +84,7 @@ def train(config, max_steps, resume):
         val_check_interval=5 if args.validate else None, on_nonfinite="skip" if args.nan_at_step else "stop",
         early_stopping=tt.EarlyStopping(patience=0, min_delta=1e9) if args.early_stop else None,
         callbacks=[StepSeen()])
-    val = tiny.loader(n=32) if args.validate else None
+    val = tiny.loader(batch=args.val_batch, n=32) if args.validate else None
     result = trainer.fit(tiny.loader(batch=args.batch), val, resume=resume)
     return trainer, model, optimizer, result, grad_bytes[0]
 
