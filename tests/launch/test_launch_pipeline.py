@@ -42,8 +42,8 @@ def logged_losses(record: dict) -> list[float]:
 
 @pytest.fixture(scope="module", params=sorted(tiny.CONFIGS))
 def trained(request, tmp_path_factory):
-    config = request.param
-    return config, run_pipeline(tmp_path_factory.mktemp(f"pipeline-{config}"), "--config", config)
+    config = request.param  # validation every 5 steps too: it must not change what training computes
+    return config, run_pipeline(tmp_path_factory.mktemp(f"pipeline-{config}"), "--config", config, "--validate")
 
 
 def test_pipeline_equals_gradient_accumulation_bitwise(trained):
@@ -59,6 +59,9 @@ def test_pipeline_equals_gradient_accumulation_bitwise(trained):
     assert rank0["steps"] == tiny.STEPS
     # rank 0 holds the first stage; the logged loss is the last stage's, brought to rank 0
     assert logged_losses(rank0) == losses
+    # the schedule's eval, on stages traced in eval mode, at steps 5, 10, 15 and 20
+    val = [row["val_loss"] for row in rank0["history"] if "val_loss" in row]
+    assert len(val) == 4 and val[-1] == pytest.approx(tiny.validation_loss(weights, microbatches=4), rel=1e-6)
 
 
 def test_each_process_holds_only_its_stages_and_the_optimizer_keeps_its_settings(trained):
@@ -155,20 +158,23 @@ def test_pipeline_times_fsdp_on_a_dp_pp_mesh(tmp_path):
 
 # -- clear errors, before any process hangs -------------------------------------------------------
 
-def test_a_batch_that_does_not_divide_into_the_microbatches_fails_every_process_fast(tmp_path):
+def failing_launch(tmp_path, *args: str) -> subprocess.CompletedProcess:
+    """A launch that must fail on every process (the timeout catches a hang)."""
     proc = subprocess.run([sys.executable, "-m", "turbotrain", "launch", "--nproc-per-node", "2", str(WORKER),
-                           "--out", str(tmp_path), "--config", "1f1b", "--batch", "6"],
+                           "--out", str(tmp_path), "--config", "1f1b", *args],
                           cwd=ROOT, env=cli_env(), capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
+    return proc
+
+
+def test_a_batch_that_does_not_divide_into_the_microbatches_fails_every_process_fast(tmp_path):
+    proc = failing_launch(tmp_path, "--batch", "6")
     assert "batch of 6 samples does not divide into Plan.microbatches=4" in proc.stderr
 
 
 def test_a_stage_that_fails_alone_fails_every_process_instead_of_hanging(tmp_path):
     """Only the last stage holds the meta buffer it cannot recreate; the first stage must not wait for it."""
-    proc = subprocess.run([sys.executable, "-m", "turbotrain", "launch", "--nproc-per-node", "2", str(WORKER),
-                           "--out", str(tmp_path), "--config", "1f1b", "--meta", "--meta-buffer"],
-                          cwd=ROOT, env=cli_env(), capture_output=True, text=True, timeout=120)
-    assert proc.returncode != 0
+    proc = failing_launch(tmp_path, "--meta", "--meta-buffer")
     assert "buffer 'scale' was built on the meta device" in proc.stderr
     assert "another process of the pipeline failed to build its stage" in proc.stderr
 
