@@ -142,18 +142,24 @@ def test_nan_guard_skips_the_step_on_every_stage_and_early_stopping_stops_all(tm
 # -- pipeline x FSDP -------------------------------------------------------------------------------
 
 def test_pipeline_times_fsdp_on_a_dp_pp_mesh(tmp_path):
-    """4 processes, 2 stages: 2 pipelines whose stages FSDP shards across them; matches one process."""
-    out = run_pipeline(tmp_path, "--config", "1f1b", "--steps", "6", nproc=4)
+    """4 processes, 2 stages: 2 pipelines whose stages FSDP shards across them; checkpointed at step 3 and
+    resumed in a new Trainer to step 6, validating at step 5: matches one process doing the same arithmetic."""
+    out = run_pipeline(tmp_path, "--config", "1f1b", "--steps", "6", "--checkpoint-dir", str(tmp_path / "ckpt"),
+                       "--stop-at", "3", "--validate", nproc=4)
     weights, losses = tiny.reference_data_parallel(4, replicas=2, steps=6)
     got: dict[str, torch.Tensor] = {}
-    for rank in (0, 1):  # dp replica 0's two stages hold the full (gathered) weights
+    for rank in (0, 1):  # replica 0's two stages, gathered from their shards
         got.update(read_rank(out, "1f1b", rank)["weights"])
     for name in weights:
         torch.testing.assert_close(got[name], weights[name], rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(logged_losses(read_rank(out, "1f1b", 0)), losses, rtol=1e-5, atol=1e-6)
-    # FSDP: each process holds half of its stage's parameters
+    rank0 = read_rank(out, "1f1b", 0)
+    torch.testing.assert_close(logged_losses(rank0), losses[3:], rtol=1e-5, atol=1e-6)  # the resumed steps
+    assert [row["step"] for row in rank0["history"] if "val_loss" in row] == [5]
+    # each process holds half of its stage's parameters: stage 0 is on processes 0 and 2, stage 1 on 1 and 3
     records = [read_rank(out, "1f1b", rank) for rank in range(4)]
-    assert records[0]["param_bytes"] + records[2]["param_bytes"] == records[0]["stage_param_bytes"]
+    for a, b in ((0, 2), (1, 3)):
+        assert records[a]["param_bytes"] + records[b]["param_bytes"] == records[a]["stage_param_bytes"]
+        assert records[a]["grad_bytes"] == records[a]["param_bytes"]
 
 
 # -- clear errors, before any process hangs -------------------------------------------------------

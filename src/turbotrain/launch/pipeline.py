@@ -426,9 +426,23 @@ class PipelineRunner:
     # -- the step ------------------------------------------------------------------------------
 
     def _pipe_for(self, inputs: tuple[torch.Tensor, ...], training: bool) -> _Built:
-        key = (training, tuple(t.shape for t in inputs))
+        shapes = tuple(t.shape for t in inputs)
+        key = (training, shapes)
         built = self._pipes.get(key)
+        if built is None and not training and self.layout.dp > 1 and (True, shapes) in self._pipes:
+            built = self._pipes[key] = self._eval_on_training_stages()
         return built if built is not None else self._build(key, inputs, training)
+
+    def _eval_on_training_stages(self) -> _Built:
+        """Pipeline x FSDP validates through the training stages (FSDP owns their parameters; stages traced in
+        eval mode cannot share them), whose traced graph keeps training-mode dropout and batch statistics."""
+        modes = sorted({type(m).__name__ for m in self.user_model.modules()
+                        if isinstance(m, (nn.modules.dropout._DropoutNd, nn.modules.batchnorm._BatchNorm))
+                        and getattr(m, "p", 1) > 0})
+        if modes:
+            log.warning("turbotrain: pipeline x FSDP validates on the training stages: their %s layers act as in "
+                        "training during validation", ", ".join(modes))
+        return self._train
 
     def _run(self, built: _Built, inputs, targets, training: bool) -> list[torch.Tensor]:
         losses: list[torch.Tensor] = []
