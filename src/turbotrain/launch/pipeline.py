@@ -168,6 +168,41 @@ def _materialise_modules(model: nn.Module, names: set[str], device: torch.device
             module.to(device)  # these layers only
 
 
+def _real_buffers(model: nn.Module, names: list[str], device: torch.device) -> None:
+    """These buffers on ``device``; one built on the meta device is refused (nothing can recompute its values)."""
+    for name in names:
+        buffer = model.get_buffer(name)
+        if buffer.is_meta:
+            raise ConfigError(f"buffer {name!r} was built on the meta device and nothing can recompute it on its "
+                              "stage; compute it in forward, or build the model for real.")
+        if buffer.device != device:
+            _set_tensor(model, name, buffer.to(device))
+
+
+def _repoint(optimizers: list[torch.optim.Optimizer], replaced: dict[nn.Parameter, nn.Parameter]) -> None:
+    """Each group keeps only the parameters in ``replaced``, as their replacements: in place, so the groups'
+    settings and any LR scheduler built on the optimizer stay valid."""
+    for opt in optimizers:
+        for group in opt.param_groups:
+            group["params"][:] = [replaced[p] for p in group["params"] if p in replaced]
+
+
+def _shard_units(stage: nn.Module) -> list[nn.Module]:
+    """A traced stage's FSDP units: its children with parameters, or their children for a child that only
+    groups others (the traced ``blocks`` of a ModuleList holds ``blocks.4``, ``blocks.5``, ...)."""
+    def has_params(m: nn.Module) -> bool:
+        return any(True for _ in m.parameters())
+
+    units = []
+    for child in stage.children():
+        grouped = [c for c in child.children() if has_params(c)]
+        if not any(True for _ in child.parameters(recurse=False)) and len(grouped) > 1:
+            units += grouped
+        elif has_params(child):
+            units.append(child)
+    return units
+
+
 def _batch_parts(batch: Any) -> tuple[tuple[torch.Tensor, ...], Any]:
     try:
         inputs, targets = batch
@@ -201,7 +236,7 @@ class PipelineRunner:
         self.split_points: list[str] = []
         self.loss_fn: Callable | None = None
         self.after_build: list[Callable[[], None]] = []   # the Trainer re-reads the optimizers' parameters
-        self.pending_load: tuple[Any, Any] | None = None  # a checkpoint to load once the stages exist
+        self.pending_load: Callable[[], None] | None = None  # a checkpoint to load once the stages exist
         self.stage_modules = nn.ModuleDict()              # this process's stages, what checkpoints hold
         self._pipes: dict[Any, _Built] = {}
         self._train_key: Any = None
@@ -228,16 +263,9 @@ class PipelineRunner:
         model = rt.module
         old = dict(model.named_parameters())
         _materialise_modules(model, {name.rpartition(".")[0] for name in old}, rt.device)
-        for name, buffer in model.named_buffers():
-            if buffer.is_meta:
-                raise ConfigError(f"buffer {name!r} was built on the meta device and nothing can recompute it; compute "
-                                  "it in forward, or build the model for real.")
-        model.to(rt.device)
+        _real_buffers(model, [name for name, _ in model.named_buffers()], rt.device)
         new = dict(model.named_parameters())
-        replaced = {old[n]: new[n] for n in old if new[n] is not old[n]}
-        for opt in rt.optimizers:
-            for group in opt.param_groups:
-                group["params"][:] = [replaced.get(p, p) for p in group["params"]]
+        _repoint(rt.optimizers, {old[n]: new[n] for n in old})
 
     # -- processes -------------------------------------------------------------------------
 
@@ -304,35 +332,27 @@ class PipelineRunner:
     def _materialise(self, pipe) -> None:
         """This process's parameters and buffers, real and on the device; the user's optimizer moved onto them."""
         device, model = self.rt.device, self.user_model
-        owner = self._owners(pipe)
-        mine = {name for name, i in owner.items() if i in self.stage_ids}
-        stage_tensors = {name for i in self.stage_ids for name, _ in pipe.get_stage_module(i).named_buffers()}
-        old = dict(model.named_parameters())
-        _materialise_modules(model, {name.rpartition(".")[0] for name in mine}, device)
-        for name in stage_tensors:
-            buffer = model.get_buffer(name)
-            if buffer.is_meta:
-                raise ConfigError(f"buffer {name!r} was built on the meta device and nothing can recompute it on its "
-                                  "stage; compute it in forward, or build the model for real.")
-            if buffer.device != device:
-                _set_tensor(model, name, buffer.to(device))
-        new = dict(model.named_parameters())
-        for name, param in old.items():  # the other stages' layers leave this process
-            if name not in mine:
-                _set_tensor(model, name, nn.Parameter(torch.empty_like(param, device="meta"), param.requires_grad))
-        replaced = {old[name]: new[name] for name in mine}
         for opt in self.rt.optimizers:
             if any(opt.state.values()):
                 raise ConfigError(f"{type(opt).__name__} has already stepped (it holds state), and a pipeline keeps "
                                   "only its stage's parameters: build the Trainer before the first optimizer step, or "
                                   "resume the state from a checkpoint with fit(resume=True).")
+        owner = self._owners(pipe)
+        mine = {name for name, i in owner.items() if i in self.stage_ids}
+        old = dict(model.named_parameters())
+        _materialise_modules(model, {name.rpartition(".")[0] for name in mine}, device)
+        _real_buffers(model, [name for i in self.stage_ids for name, _ in pipe.get_stage_module(i).named_buffers()],
+                      device)
+        new = dict(model.named_parameters())
+        for name, param in old.items():  # the other stages' layers leave this process
+            if name not in mine:
+                _set_tensor(model, name, nn.Parameter(torch.empty_like(param, device="meta"), param.requires_grad))
+        for opt in self.rt.optimizers:
             total = sum(len(g["params"]) for g in opt.param_groups)
-            for group in opt.param_groups:  # in place: the groups' settings and any scheduler stay valid
-                group["params"][:] = [replaced[p] for p in group["params"] if p in replaced]
-            kept = sum(len(g["params"]) for g in opt.param_groups)
+            _repoint([opt], {old[name]: new[name] for name in mine})
             log.info("turbotrain: pipeline stage(s) %s of %d: %s rebuilt over this stage's %d of %d parameter tensors "
                      "(same class, param groups and settings)", self.stage_ids, self.layout.stages,
-                     type(opt).__name__, kept, total)
+                     type(opt).__name__, sum(len(g["params"]) for g in opt.param_groups), total)
 
     def _stages_of(self, pipe) -> list[Any]:
         """This process's PipelineStages of ``pipe``, running the user's (materialised) tensors."""
@@ -362,20 +382,22 @@ class PipelineRunner:
         return cls(stages[0], n_microbatches=self.microbatches, loss_fn=self.loss_fn)
 
     def _shard(self, stages: list[Any]) -> None:
-        """Pipeline x FSDP: each stage sharded over the dp dimension; the optimizer follows the shards."""
+        """Pipeline x FSDP: each stage's blocks, then the stage, sharded over the dp dimension (one block's
+        parameters gathered at a time); the optimizer and the user's model follow the shards."""
         from torch.distributed.fsdp import fully_shard
 
         from .fsdp import rebind_optimizer
 
-        before = {p: None for s in stages for p in s.submod.parameters()}
         for stage in stages:
-            before_names = dict(stage.submod.named_parameters())
+            before = dict(stage.submod.named_parameters())
+            for unit in _shard_units(stage.submod):
+                fully_shard(unit, mesh=self.mesh["dp"])
             fully_shard(stage.submod, mesh=self.mesh["dp"])
             after = dict(stage.submod.named_parameters())
-            replaced = {before_names[n]: after[n] for n in before_names}
             for opt in self.rt.optimizers:
-                rebind_optimizer(opt, replaced)
-        del before
+                rebind_optimizer(opt, {before[n]: after[n] for n in before})
+            for name, param in after.items():  # the full tensors must not stay alive in the user's model
+                _set_tensor(self.user_model, name, param)
 
     def _build(self, key: Any, inputs: tuple[torch.Tensor, ...], training: bool) -> _Built:
         """Trace and build; every process learns whether every other one succeeded before any stage communicates
