@@ -187,22 +187,6 @@ def _repoint(optimizers: list[torch.optim.Optimizer], replaced: dict[nn.Paramete
             group["params"][:] = [replaced[p] for p in group["params"] if p in replaced]
 
 
-def _shard_units(stage: nn.Module) -> list[nn.Module]:
-    """A traced stage's FSDP units: its children with parameters, or their children for a child that only
-    groups others (the traced ``blocks`` of a ModuleList holds ``blocks.4``, ``blocks.5``, ...)."""
-    def has_params(m: nn.Module) -> bool:
-        return any(True for _ in m.parameters())
-
-    units = []
-    for child in stage.children():
-        grouped = [c for c in child.children() if has_params(c)]
-        if not any(True for _ in child.parameters(recurse=False)) and len(grouped) > 1:
-            units += grouped
-        elif has_params(child):
-            units.append(child)
-    return units
-
-
 def _batch_parts(batch: Any) -> tuple[tuple[torch.Tensor, ...], Any]:
     try:
         inputs, targets = batch
@@ -382,16 +366,16 @@ class PipelineRunner:
         return cls(stages[0], n_microbatches=self.microbatches, loss_fn=self.loss_fn)
 
     def _shard(self, stages: list[Any]) -> None:
-        """Pipeline x FSDP: each stage's blocks, then the stage, sharded over the dp dimension (one block's
-        parameters gathered at a time); the optimizer and the user's model follow the shards."""
+        """Pipeline x FSDP: each stage one FSDP unit over the dp dimension; the optimizer and the user's model
+        follow the shards. One unit per stage, not per block: the schedule keeps a stage's parameters gathered
+        across its micro-batches anyway (no resharding between backward passes), and per-block units peaked
+        about 150 MiB higher per process, and ran slower, in benchmarks/pipeline.py on the CPU."""
         from torch.distributed.fsdp import fully_shard
 
         from .fsdp import rebind_optimizer
 
         for stage in stages:
             before = dict(stage.submod.named_parameters())
-            for unit in _shard_units(stage.submod):
-                fully_shard(unit, mesh=self.mesh["dp"])
             fully_shard(stage.submod, mesh=self.mesh["dp"])
             after = dict(stage.submod.named_parameters())
             for opt in self.rt.optimizers:
