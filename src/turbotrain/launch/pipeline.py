@@ -44,9 +44,6 @@ __all__ = ["Layout", "layout_for", "default_split_points", "PipelineRunner", "Pi
 
 log = logging.getLogger("turbotrain")
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
-
-
 # -- how the processes divide ------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -277,6 +274,11 @@ class PipelineRunner:
     # -- building (at the first batch: the trace needs its micro-batch shape) ----------------
 
     def _microbatch(self, inputs: tuple[torch.Tensor, ...], training: bool) -> tuple[torch.Tensor, ...]:
+        """The first micro-batch, on the meta device: what the trace needs."""
+        n = self._check_divides(inputs, training)
+        return tuple(t.detach()[: n // self.microbatches].to("meta") for t in inputs)
+
+    def _check_divides(self, inputs: tuple[torch.Tensor, ...], training: bool) -> int:
         n = inputs[0].shape[0]
         if n % self.microbatches:
             raise ConfigError(
@@ -284,7 +286,7 @@ class PipelineRunner:
                 f"Plan.microbatches={self.microbatches}: the stages' receive buffers keep the first micro-batch's "
                 "shape, so every batch must hold a multiple of microbatches samples. Choose a batch size that "
                 "divides (and drop_last=True in the DataLoader when the data set does not divide either).")
-        return tuple(t.detach()[: n // self.microbatches].to("meta") for t in inputs)
+        return n
 
     def _trace(self, example: tuple[torch.Tensor, ...], training: bool):
         from torch.distributed.pipelining import SplitPoint, pipeline
@@ -480,16 +482,22 @@ class PipelineRunner:
         loss = torch.stack([loss.detach() for loss in losses]).sum() / len(losses)
         return loss.item() if self.rt.device.type != "cuda" else loss
 
-    def _local_step(self, inputs, targets) -> Any:
-        """One process, no launcher: the whole model, the schedule's arithmetic (sum of micro-batch gradients / M)."""
+    def _local_losses(self, inputs, targets, training: bool) -> list[torch.Tensor]:
+        """One process, no launcher: the whole model on the same micro-batches, each loss's backward in training."""
+        self._check_divides(inputs, training)
         chunks = [torch.tensor_split(t, self.microbatches) for t in inputs]
-        target_chunks = torch.tensor_split(targets, self.microbatches)
         losses = []
-        for i in range(self.microbatches):
+        for i, target in enumerate(torch.tensor_split(targets, self.microbatches)):
             with self.rt.autocast():
-                loss = self.loss_fn(self.user_model(*(c[i] for c in chunks)), target_chunks[i])
-            loss.backward()
+                loss = self.loss_fn(self.user_model(*(c[i] for c in chunks)), target)
+            if training:
+                loss.backward()
             losses.append(loss)
+        return losses
+
+    def _local_step(self, inputs, targets) -> Any:
+        """The schedule's arithmetic in one process: the micro-batches' gradients summed, then divided by M."""
+        losses = self._local_losses(inputs, targets, True)
         for opt in self.rt.optimizers:
             for group in opt.param_groups:
                 for p in group["params"]:
@@ -498,14 +506,15 @@ class PipelineRunner:
         return self._mean(losses, True)
 
     def eval_step(self, batch: Any) -> tuple[torch.Tensor, int]:
-        """Mean loss of a validation batch and its sample count (0 samples off the last stage)."""
+        """Mean micro-batch loss of a validation batch and its sample count (0 samples off the last stage)."""
         inputs, targets = _batch_parts(batch)
-        if not self.launched:
-            return self.loss_fn(self.user_model(*inputs), targets), inputs[0].shape[0]
-        built = self._pipe_for(inputs, False)
-        losses = self._run(built, inputs, targets, False)
-        if not built.has_last:
-            return torch.zeros((), device=self.rt.device), 0
+        if self.launched:
+            built = self._pipe_for(inputs, False)
+            losses = self._run(built, inputs, targets, False)
+            if not built.has_last:
+                return torch.zeros((), device=self.rt.device), 0
+        else:
+            losses = self._local_losses(inputs, targets, False)
         return torch.stack([loss.detach() for loss in losses]).sum() / len(losses), inputs[0].shape[0]
 
     # -- gradient clipping by the global norm ------------------------------------------------------
