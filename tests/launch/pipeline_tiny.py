@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -86,16 +89,25 @@ loss_fn = F.mse_loss
 STAGE_GROUPS = (("embed.", "blocks.0.", "blocks.1."), ("blocks.2.", "blocks.3.", "head."))  # 2 stages
 
 
+@contextlib.contextmanager
+def like_a_worker():
+    """As torchrun's workers run the tests' scripts: one thread (OMP_NUM_THREADS=1, so the same reduction order
+    in each kernel) and deterministic algorithms; both restored afterwards."""
+    threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(deterministic)
+
+
 def _single_thread(fn):
-    """As torchrun's workers (OMP_NUM_THREADS=1): the same reduction order in each kernel, deterministic."""
+    @functools.wraps(fn)
     def wrapped(*args, **kwargs):
-        torch.use_deterministic_algorithms(True)
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
+        with like_a_worker():
             return fn(*args, **kwargs)
-        finally:
-            torch.set_num_threads(threads)
     return wrapped
 
 

@@ -96,17 +96,13 @@ def test_a_split_point_that_names_no_module_is_refused_at_construction(alone, po
 def test_one_process_without_a_launcher_trains_the_same_numbers(alone, caplog):
     """The same script runs without `turbotrain launch`: the stages as one model, the schedule's arithmetic."""
     weights, losses = tiny.reference(4, steps=6)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with tiny.like_a_worker():
         model = tiny.make_model()
         with caplog.at_level(logging.WARNING, logger="turbotrain"):
             trainer = tt.Trainer(model, tiny.make_optimizer(model), tiny.loss_fn,
                                  plan=pipeline_plan(pipeline_stages=2, microbatches=4), max_steps=6,
                                  log_every_n_steps=1, progress=False, warmup_steps=0, val_check_interval=6)
             result = trainer.fit(tiny.loader(), tiny.loader(n=32))
-    finally:
-        torch.set_num_threads(threads)
     assert "run it with `turbotrain launch --nproc-per-node 2" in caplog.text
     assert [row["train_loss"] for row in result.history if "train_loss" in row] == losses
     assert result.metrics["val_loss"] == pytest.approx(tiny.validation_loss(weights, microbatches=4), rel=1e-6)
