@@ -139,6 +139,14 @@ def test_nan_guard_skips_the_step_on_every_stage_and_early_stopping_stops_all(tm
         assert record["stopped_by"] == "early_stopping" and record["steps"] == 10
 
 
+def test_bf16_autocast_runs_inside_the_schedule(tmp_path):
+    out = run_pipeline(tmp_path, "--config", "1f1b", "--precision", "bf16-mixed", "--steps", "5")
+    _, losses = tiny.reference(4, steps=5)
+    got = logged_losses(read_rank(out, "1f1b", 0))
+    assert got != losses  # bf16 matmuls: not the fp32 numbers...
+    torch.testing.assert_close(got, losses, rtol=2e-2, atol=0)  # ...but close to them
+
+
 # -- pipeline x FSDP -------------------------------------------------------------------------------
 
 def test_pipeline_times_fsdp_on_a_dp_pp_mesh(tmp_path):

@@ -30,6 +30,7 @@ parser.add_argument("--early-stop", action="store_true")
 parser.add_argument("--nan-at-step", type=int, default=None)
 parser.add_argument("--batch", type=int, default=tiny.BATCH)
 parser.add_argument("--val-batch", type=int, default=tiny.BATCH)
+parser.add_argument("--precision", default="fp32")
 parser.add_argument("--meta-buffer", action="store_true", help="a buffer on the meta device in the last stage")
 args = parser.parse_args()
 
@@ -78,7 +79,8 @@ def train(config, max_steps, resume):
     optimizer.register_step_pre_hook(count_grads)
     ckpt_dir = args.checkpoint_dir and os.path.join(args.checkpoint_dir, config)
     trainer = tt.Trainer(
-        model, optimizer, loss_fn, plan=tt.Plan(strategy="pipeline", **settings), split_points=split_points,
+        model, optimizer, loss_fn, plan=tt.Plan(strategy="pipeline", precision=args.precision, **settings),
+        split_points=split_points,
         max_steps=max_steps, log_every_n_steps=1, progress=False, warmup_steps=0, gradient_clip_val=args.clip,
         checkpoint_dir=ckpt_dir, checkpoint_every_n_steps=5 if ckpt_dir else None,
         val_check_interval=5 if args.validate else None, on_nonfinite="skip" if args.nan_at_step else "stop",
