@@ -82,8 +82,12 @@ def test_each_process_holds_only_its_stages_and_the_optimizer_keeps_its_settings
 
 def test_a_model_built_on_meta_materialises_half_per_process(tmp_path):
     """Parameter, gradient and optimizer-state bytes per process: exactly 1/2 of the whole (2 equal stages)."""
-    out = run_pipeline(tmp_path, "--config", "1f1b", "--meta", "--balanced", "--steps", "2")
-    records = [read_rank(out, "1f1b", rank) for rank in (0, 1)]
+    proc = launch_cli("--nproc-per-node", "2", str(WORKER), "--out", str(tmp_path), "--config", "1f1b", "--meta",
+                      "--balanced", "--steps", "2")
+    records = [read_rank(tmp_path, "1f1b", rank) for rank in (0, 1)]
+    for rank, stages in ((0, [0]), (1, [1])):  # the user's optimizer, rebuilt over each stage's tensors: logged
+        assert (f"rank {rank}: turbotrain: pipeline stage(s) {stages} of 2: AdamW rebuilt over this stage's 8 of 16 "
+                "parameter tensors (same class, param groups and settings)") in proc.stderr
     whole = records[0]["whole_param_bytes"]
     for rank, record in enumerate(records):
         assert record["param_bytes"] == whole // 2
@@ -168,6 +172,16 @@ def test_pipeline_times_fsdp_on_a_dp_pp_mesh(tmp_path):
     for a, b in ((0, 2), (1, 3)):
         assert records[a]["param_bytes"] + records[b]["param_bytes"] == records[a]["stage_param_bytes"]
         assert records[a]["grad_bytes"] == records[a]["param_bytes"]
+
+
+def test_interleaved_pipeline_times_fsdp(tmp_path):
+    """4 stages at 2 per process, x 2 replicas: 4 processes; process r holds stages r % 2 and r % 2 + 2."""
+    out = run_pipeline(tmp_path, "--config", "interleaved", "--steps", "4", nproc=4)
+    weights, losses = tiny.reference_data_parallel(4, replicas=2, steps=4)
+    got = merged_weights(out, "interleaved")
+    for name in weights:
+        torch.testing.assert_close(got[name], weights[name], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(logged_losses(read_rank(out, "interleaved", 0)), losses, rtol=1e-5, atol=1e-6)
 
 
 # -- clear errors, before any process hangs -------------------------------------------------------

@@ -5,6 +5,7 @@ and what it held (parameter, gradient and optimizer-state bytes).
 """
 
 import argparse
+import logging
 import os
 import sys
 from pathlib import Path
@@ -36,6 +37,7 @@ args = parser.parse_args()
 
 rank = int(os.environ["RANK"])
 torch.use_deterministic_algorithms(True)
+logging.basicConfig(level=logging.INFO, format=f"rank {rank}: %(message)s")  # turbotrain's log on stderr
 
 
 def build():
