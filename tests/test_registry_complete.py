@@ -31,6 +31,6 @@ def test_every_speedup_declares_what_others_need(entry):
 
 def test_every_plan_switch_has_exactly_one_entry():
     fields = {f.name for f in dataclasses.fields(tt.Plan)} - {"device"}
-    owners = [e.field for e in ENTRIES]
+    owners = [name for e in ENTRIES for name in (e.field, *e.settings)]  # a switch, or a setting of one
     assert sorted(owners) == sorted(set(owners)), "two entries switch the same Plan field"
     assert fields == set(owners), f"Plan fields without a registry entry: {sorted(fields - set(owners))}"

@@ -20,11 +20,13 @@ import yaml
 from .config import ConfigError, from_mapping, strict, to_mapping
 from .yaml_io import load_yaml
 
-__all__ = ["Plan", "Precision", "CompileMode", "Strategy"]
+__all__ = ["Plan", "Precision", "CompileMode", "Strategy", "PipelineSchedule"]
 
 Precision = Literal["fp32", "bf16-mixed", "fp16-mixed", "bf16-true"]
 CompileMode = Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
-Strategy = Literal["auto", "ddp", "fsdp"]
+Strategy = Literal["auto", "ddp", "fsdp", "pipeline"]
+PipelineSchedule = Literal["gpipe", "1f1b", "interleaved-1f1b"]
+_PIPELINE_SETTINGS = ("pipeline_stages", "microbatches", "schedule", "stages_per_process")
 
 
 @strict
@@ -67,7 +69,16 @@ class Plan:
     batch_size: int | None = None
     """Samples per micro-batch. None keeps the loader's setting."""
     strategy: Strategy = "auto"
-    """'auto' (DDP when launched with several processes), 'ddp' or 'fsdp'."""
+    """'auto' (DDP when launched with several processes), 'ddp', 'fsdp' or 'pipeline' (x FSDP when the
+    processes outnumber the pipeline's)."""
+    pipeline_stages: int | None = None
+    """strategy='pipeline': stages the model is split into (None: one per process, two with interleaved-1f1b)."""
+    microbatches: int | None = None
+    """strategy='pipeline': micro-batches each batch is split into (None: as many as stages); >= stages."""
+    schedule: PipelineSchedule | None = None
+    """strategy='pipeline': 'gpipe', '1f1b' or 'interleaved-1f1b' (None: '1f1b')."""
+    stages_per_process: int | None = None
+    """strategy='pipeline': stages each process runs (None: 1; 2 with 'interleaved-1f1b', which needs >= 2)."""
     sync_batchnorm: bool | Literal["force"] = False
     """Convert BatchNorm to SyncBatchNorm under DDP/FSDP; refused with compile unless 'force'."""
 
@@ -82,6 +93,31 @@ class Plan:
             raise ConfigError(f"Plan.batch_size: {self.batch_size} is not allowed; expected an integer >= 1 or null.")
         if self.persistent_workers and self.num_workers == 0:
             raise ConfigError("Plan.persistent_workers: true needs num_workers > 0 (there are no workers to keep).")
+        self._check_pipeline()
+
+    def _check_pipeline(self) -> None:
+        given = [name for name in _PIPELINE_SETTINGS if getattr(self, name) is not None]
+        if self.strategy != "pipeline":
+            if given:
+                raise ConfigError(f"Plan.{given[0]}: a pipeline setting, and strategy is {self.strategy!r}; "
+                                  "set strategy='pipeline' to split the model into stages.")
+            return
+        for name in ("pipeline_stages", "microbatches", "stages_per_process"):
+            value = getattr(self, name)
+            if value is not None and value < (2 if name == "pipeline_stages" else 1):
+                raise ConfigError(f"Plan.{name}: {value} is not allowed; expected an integer >= "
+                                  f"{2 if name == 'pipeline_stages' else 1} or null.")
+        if self.pipeline_stages and self.microbatches and self.microbatches < self.pipeline_stages:
+            raise ConfigError(f"Plan.microbatches: {self.microbatches} micro-batches for {self.pipeline_stages} stages; "
+                              "a pipeline needs at least one micro-batch per stage (more shrinks the bubble).")
+        interleaved = self.schedule == "interleaved-1f1b"
+        if self.stages_per_process is not None and (self.stages_per_process > 1) != interleaved:
+            raise ConfigError(f"Plan.stages_per_process: {self.stages_per_process} with schedule "
+                              f"{self.schedule or '1f1b'!r}; several stages per process need "
+                              "schedule='interleaved-1f1b', which needs at least 2.")
+        if self.grad_accum_steps > 1:
+            raise ConfigError("Plan.grad_accum_steps: a pipeline accumulates over its micro-batches; "
+                              "set microbatches instead of grad_accum_steps.")
 
     # -- derived views ---------------------------------------------------------------------
 

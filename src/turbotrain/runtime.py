@@ -50,6 +50,7 @@ class Runtime:
     device_prefetch: bool = False
     loader_overrides: dict[str, Any] = field(default_factory=dict)
     ddp: Any = None                                  # the DistributedDataParallel wrapper, if any
+    pipeline: Any = None                             # strategy='pipeline': launch.pipeline.PipelineRunner
     applied: list[str] = field(default_factory=list)
     skipped: list[tuple[str, str]] = field(default_factory=list)
 
@@ -149,7 +150,8 @@ def prepare(model: nn.Module, optimizers=None, plan: Plan | None = None,
     plan = plan or Plan()
     device = resolve_device(plan.device)
     hw = detect(device)
-    model.to(device)  # in place: the optimizer's Parameter objects stay valid
+    if plan.strategy != "pipeline":  # a pipeline materialises each stage's layers on its own process only
+        model.to(device)  # in place: the optimizer's Parameter objects stay valid
     rt = Runtime(plan=plan, hardware=hw, device=device, module=model, model=model,
                  optimizers=_as_list(optimizers), accum_steps=plan.grad_accum_steps,
                  set_to_none=plan.set_to_none)

@@ -19,6 +19,7 @@ from typing import Any, Iterable
 import torch
 from torch import nn
 
+from .config import ConfigError
 from .plan import Plan
 from .runtime import Runtime, prepare
 from .speedups.set_to_none import zero_grad
@@ -83,6 +84,13 @@ def setup(model: nn.Module, optimizer: torch.optim.Optimizer, loader: Iterable |
           plan: Plan | None = None) -> tuple[SetupModel, SetupOptimizer, Iterable | None]:
     """Apply ``plan`` to the model, the optimizer and the loader of a hand-written loop."""
     rt = prepare(model, optimizer, plan)
+    if rt.pipeline is not None:
+        raise ConfigError(
+            "tt.setup: under strategy='pipeline' a schedule runs the forward and backward of every micro-batch, so "
+            "a loop of your own calls it instead of model(inputs): runtime = tt.prepare(model, optimizer, plan); "
+            "runtime.pipeline.configure(loss_fn, split_points); then per batch loss = "
+            "runtime.pipeline.train_step((inputs, targets)); optimizer.step(); optimizer.zero_grad() "
+            "(docs/launch.md, 'Pipeline parallelism').")
     prepared_loader = None
     if loader is not None:
         prepared_loader = rt.device_batches(rt.rebuild_loader(loader))

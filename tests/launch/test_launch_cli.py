@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -103,3 +104,34 @@ def test_a_failing_script_fails_the_launch(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1
     assert "fails.py FAILED" in proc.stderr and "exitcode  : 3" in proc.stderr
+
+
+ECHO_ARGS = """import json, os, sys
+from pathlib import Path
+Path(os.environ["ECHO_OUT"]).write_text(json.dumps(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("script_args", [
+    ["--log", "5"],                      # a prefix of torchrun's --log-dir, --log-line-prefix-template, ...
+    ["--d", "5"],                        # of launch's --dry-run and torchrun's --daemon... options
+    ["--rdzv", "x"],                     # of --rdzv-endpoint, --rdzv-backend, --rdzv-id, --rdzv-conf
+    ["--", "--d", "5"],                  # a `--` after the script is the script's too
+    ["--n", "3", "--nproc-per-node", "7", "-h"],
+], ids=lambda a: " ".join(a))
+def test_everything_after_the_script_reaches_it_untouched(tmp_path, script_args):
+    script = tmp_path / "echo_args.py"
+    script.write_text(ECHO_ARGS)
+    out = tmp_path / "argv.json"
+    proc = subprocess.run([sys.executable, "-m", "turbotrain", "launch", "--nproc-per-node", "1", str(script),
+                           *script_args], cwd=ROOT, env=cli_env(ECHO_OUT=str(out)), capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(out.read_text()) == script_args
+
+
+def test_a_double_dash_before_the_script_only_ends_launch_options():
+    proc = subprocess.run([sys.executable, "-m", "turbotrain", "launch", "--dry-run", "--", SCRIPT, "--", "--d", "5"],
+                          cwd=ROOT, env=cli_env(), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().endswith(f"--max-restarts 0 {SCRIPT} -- --d 5")

@@ -123,8 +123,13 @@ def launch(opts: LaunchOptions, nccl: NcclSettings | None = None) -> int:
         # opt-out, rank 0 of each attempt starts a fresh store.
         os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     log.info("turbotrain launch: torchrun %s", shlex.join(argv))
+    # torchrun's parser would read the script's own options too (``--log`` is an ambiguous prefix of its
+    # ``--log-dir`` ...): it parses up to the script's name, and the script's arguments are set untouched.
+    n_script_args = len(opts.script_args)
+    args = get_args_parser().parse_args(argv[:len(argv) - n_script_args])
+    args.training_script_args = list(opts.script_args)
     try:
-        torchrun(get_args_parser().parse_args(argv))
+        torchrun(args)
     except ChildFailedError as exc:
         print(exc.format_msg(), file=sys.stderr)
         return 1
@@ -134,6 +139,9 @@ def launch(opts: LaunchOptions, nccl: NcclSettings | None = None) -> int:
 # -- the command line ------------------------------------------------------------------------
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    # No prefix matching: a script option such as ``--n 5`` after the script's name is the script's, never an
+    # ambiguous abbreviation of ``--nnodes`` / ``--nproc-per-node`` (everything after SCRIPT is passed untouched).
+    parser.allow_abbrev = False
     parser.add_argument("--nproc-per-node", default="1", help="processes on this node: a number, or auto/gpu/cpu "
                                                                "(default 1)")
     parser.add_argument("--nnodes", default="1", help="number of nodes, or MIN:MAX for an elastic range (default 1)")
@@ -162,13 +170,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="any other NCCL variable (repeatable)")
     parser.add_argument("--dry-run", action="store_true",
                         help="print the torchrun command and environment, run nothing")
-    parser.add_argument("script", help="training script (or module with -m)")
-    parser.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
+    # One REMAINDER for the script and its arguments: argparse hands it over untouched (a separate
+    # ``script`` positional would make it drop the first ``--`` of the script's own arguments).
+    parser.add_argument("command", nargs=argparse.REMAINDER, metavar="SCRIPT [ARGS ...]",
+                        help="training script (or module with -m), then its own arguments, passed untouched")
+
+
+def split_command(command: list[str]) -> tuple[str, tuple[str, ...]]:
+    """(script, its arguments) from what follows launch's options; a leading ``--`` only ends those options."""
+    if command[:1] == ["--"]:
+        command = command[1:]
+    if not command:
+        raise ConfigError("launch: name the training script to run (turbotrain launch [options] SCRIPT [ARGS ...]).")
+    return command[0], tuple(command[1:])
 
 
 def options_from_args(args) -> tuple[LaunchOptions, NcclSettings]:
+    script, script_args = split_command(args.command)
     opts = LaunchOptions(
-        script=args.script, script_args=tuple(args.script_args), nproc_per_node=str(args.nproc_per_node),
+        script=script, script_args=script_args, nproc_per_node=str(args.nproc_per_node),
         nnodes=str(args.nnodes), node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint,
         rdzv_backend=args.rdzv_backend, rdzv_id=args.rdzv_id, local_addr=args.local_addr,
         max_restarts=args.max_restarts, monitor_interval=args.monitor_interval, module=args.module)

@@ -47,14 +47,15 @@ def _seed_of(loader: DataLoader) -> int:
     return seed % 2**63  # DistributedSampler adds the epoch to it
 
 
-def shard_loader(loader: Any) -> Any:
+def shard_loader(loader: Any, replicas: int | None = None, index: int | None = None) -> Any:
     """``loader`` with each rank reading its own 1/world_size of the data (map-style DataLoaders).
 
     Already-distributed samplers, iterable datasets (they shard themselves) and loaders that are
     not DataLoaders are returned as they are. Each rank keeps the loader's batch size, so the
-    global batch is ``world_size * batch_size``.
+    global batch is ``world_size * batch_size``. ``replicas`` and ``index`` split it among fewer
+    readers instead (a pipeline's data-parallel replicas: every stage of one reads the same batches).
     """
-    world = tdist.world_size()
+    world = tdist.world_size() if replicas is None else replicas
     if world == 1 or not isinstance(loader, DataLoader) or isinstance(loader.dataset, IterableDataset):
         return loader
     sampler = loader.sampler
@@ -71,7 +72,7 @@ def shard_loader(loader: Any) -> Any:
 
     # Every rank must draw the same permutation: rank 0's seed decides.
     seed = tdist.broadcast_object(_seed_of(loader))
-    distributed = DistributedSampler(loader.dataset, num_replicas=world, rank=tdist.rank(),
+    distributed = DistributedSampler(loader.dataset, num_replicas=world, rank=tdist.rank() if index is None else index,
                                      shuffle=plain_shuffle, seed=seed)
     return rebuild_loader(loader, sampler=distributed)
 
@@ -128,6 +129,10 @@ class RankCoordinator:
 
     @classmethod
     def for_runtime(cls, rt) -> "RankCoordinator":
+        if rt.pipeline is not None:
+            from .pipeline import PipelineCoordinator
+
+            return PipelineCoordinator(rt)
         return cls(rt.module, rt.optimizers, rt.device)
 
     # -- data and metrics ----------------------------------------------------------------

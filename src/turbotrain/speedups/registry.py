@@ -73,6 +73,8 @@ class Speedup:
     """The value ``Plan.fast()`` picks for this hardware and model (None keeps the default)."""
     is_active: Callable[[Plan], bool] | None = None
     """Override of :meth:`active` for switches whose default still does work ('auto')."""
+    settings: tuple[str, ...] = ()
+    """Other Plan fields that only tune this switch (the pipeline's stages, micro-batches, schedule)."""
 
     def active(self, plan: Plan) -> bool:
         """Whether ``plan`` asks for this switch (by default: its value differs from the naive plan's)."""
@@ -109,8 +111,9 @@ _OWNERS: dict[str, str] = {}
 
 def register(entry: Speedup) -> Speedup:
     """Register ``entry`` once; a second module registering the same name is an error."""
-    if entry.field not in _PLAN_FIELDS:
-        raise ValueError(f"speed-up {entry.name!r} switches unknown Plan field {entry.field!r}")
+    for name in (entry.field, *entry.settings):
+        if name not in _PLAN_FIELDS:
+            raise ValueError(f"speed-up {entry.name!r} switches unknown Plan field {name!r}")
     module = sys._getframe(1).f_globals.get("__name__", "?")
     owner = _OWNERS.setdefault(entry.name, module)
     if owner != module:

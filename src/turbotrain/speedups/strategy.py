@@ -11,9 +11,12 @@ from .registry import BenchEntry, Order, Speedup, register
 
 
 def resolve_strategy(strategy: str) -> str:
-    """'auto' -> 'ddp' when launched with several processes, else 'none'."""
+    """'auto' -> 'ddp' when launched with several processes, else 'none'. A pipeline also runs in one process
+    started alone (as one stage: the same numbers), so a script runs unchanged with and without a launcher."""
     if strategy == "auto":
         return "ddp" if tdist.world_size() > 1 else "none"
+    if strategy == "pipeline":
+        return strategy
     if not tdist.is_launched():
         raise ConfigError(
             f"Plan.strategy='{strategy}' needs several processes started by a launcher, and this "
@@ -33,7 +36,8 @@ def _device_of_this_rank(rt) -> None:
     """Plan(device='cuda') names no index: under a launcher each process takes the GPU of its local rank."""
     if rt.device.type == "cuda" and rt.device.index is None:
         rt.device = torch.device("cuda", tdist.local_rank() % torch.cuda.device_count())
-        rt.module.to(rt.device)  # in place: parameters (and the optimizers' references) stay the same objects
+        if rt.plan.strategy != "pipeline":  # a pipeline moves only its own stages' layers
+            rt.module.to(rt.device)  # in place: parameters (and the optimizers' references) stay the same objects
 
 
 def _apply(rt) -> None:
@@ -48,6 +52,10 @@ def _apply(rt) -> None:
         from ..launch.fsdp import apply_to_runtime
 
         apply_to_runtime(rt)
+    elif strategy == "pipeline":
+        from ..launch.pipeline import apply_to_runtime as apply_pipeline
+
+        apply_pipeline(rt)
 
 
 def _is_active(plan) -> bool:
@@ -57,6 +65,8 @@ def _is_active(plan) -> bool:
 ENTRY = register(Speedup(
     name="strategy", field="strategy", order=Order.MODEL_WRAP, apply=_apply, is_active=_is_active, exact=True,
     doctor_rules=("data-parallel", "nccl-env"),
-    summary="one process per GPU with overlapped gradient all-reduce (DDP) or sharded state (FSDP)",
+    summary="one process per GPU with overlapped gradient all-reduce (DDP), sharded state (FSDP), or the model "
+            "split into stages across processes (pipeline, alone or x FSDP)",
+    settings=("pipeline_stages", "microbatches", "schedule", "stages_per_process"),
     bench=BenchEntry(("mlp",), {"strategy": "ddp"}, script="benchmarks/ddp.py"),
 ))

@@ -55,10 +55,7 @@ class FiniteGuard:
     def __init__(self, optimizers, device: torch.device, mode: str, scaler=None):
         self.mode = mode
         self.scaler = scaler
-        params = [p for opt in optimizers for g in opt.param_groups for p in g["params"]]
-        # Gradients share their parameter's dtype: group once here, not on every step.
-        dtypes = sorted({p.dtype for p in params}, key=str)
-        self.param_groups = [[p for p in params if p.dtype == dt] for dt in dtypes]
+        self.watch(optimizers)
         all_fused = bool(optimizers) and all(getattr(opt, "_step_supports_amp_scaling", False) for opt in optimizers)
         self.on_host, self.on_device_skip, self.deferred = verdict_paths(device.type, all_fused, mode,
                                                                          scaler is not None)
@@ -75,6 +72,13 @@ class FiniteGuard:
         if scaler is None and not self.on_host and not self.on_device_skip and mode == "skip":
             log.info("turbotrain: on_nonfinite='skip' reads one flag per step on the host (a device sync) "
                      "because an optimizer is not fused; fused_optimizer=True keeps it on the device")
+
+    def watch(self, optimizers) -> None:
+        """Check these optimizers' parameters (again when a pipeline or FSDP replaced them)."""
+        params = [p for opt in optimizers for g in opt.param_groups for p in g["params"]]
+        # Gradients share their parameter's dtype: group once here, not on every step.
+        dtypes = sorted({p.dtype for p in params}, key=str)
+        self.param_groups = [[p for p in params if p.dtype == dt] for dt in dtypes]
 
     def check(self, loss: torch.Tensor | float | None, step: int) -> bool:
         """Whether this step may update the weights. Raises NonFiniteError in 'stop' mode.

@@ -112,7 +112,8 @@ class Trainer:
 
     def __init__(self, model: nn.Module, optimizer, loss_fn: Callable | None = None, plan: Plan | None = None, *,
                  step_fn: Callable | None = None, val_step_fn: Callable | None = None, schedulers=None,
-                 early_stopping: EarlyStopping | None = None, callbacks: Iterable = (), **limits: Any):
+                 early_stopping: EarlyStopping | None = None, callbacks: Iterable = (),
+                 split_points: list[str] | None = None, **limits: Any):
         try:
             self.config = TrainerConfig(**limits)
         except ConfigError as exc:
@@ -143,6 +144,12 @@ class Trainer:
         self._per_step_schedulers = bool(self.schedulers) and self.config.scheduler_interval == "step"
         self.is_rank_zero = tdist.is_rank_zero()
         self.ranks = RankCoordinator.for_runtime(self.rt)  # distributed: sharding, reductions, checkpoints
+        self.pipeline = self.rt.pipeline  # strategy='pipeline': its schedule runs each batch (launch/pipeline.py)
+        if self.pipeline is not None:
+            self.pipeline.configure(loss_fn if step_fn is None else None, split_points)
+            self.pipeline.after_build.append(lambda: self.guard.watch(self.rt.optimizers))
+        elif split_points is not None:
+            raise ConfigError("Trainer: split_points cut a pipeline; set Plan(strategy='pipeline').")
         if self.ranks.world > 1:
             self.guard.agree = self.ranks.agree_on_flag  # distributed: one verdict for every rank
         self._last_checkpoint_step = -1
@@ -231,6 +238,11 @@ class Trainer:
             for i, batch in enumerate(rt.device_batches(loader)):
                 if limit is not None and i >= limit:
                     break
+                if self.pipeline is not None:  # the schedule's eval; no samples off the last stage
+                    loss, n = self.pipeline.eval_step(batch)
+                    total += loss.detach().double() * n
+                    count += n
+                    continue
                 n = batch_size_of(batch)
                 with rt.autocast():
                     loss = self._val_loss(batch)
@@ -272,6 +284,8 @@ class Trainer:
     def _train_micro_batch(self, batch: Any, last: bool) -> Any:
         """Forward and backward of one micro-batch; its loss as a float (host) or detached tensor (GPU)."""
         rt, ctx = self.rt, self.ctx
+        if self.pipeline is not None:  # one batch is one optimizer step: the schedule splits it
+            return self.pipeline.train_step(batch)
         ctx.is_last_micro_batch = last
         if self._manual:
             loss = _loss_of(self.step_fn(ctx, batch))

@@ -38,7 +38,8 @@ FINDER_FIELDS = {
 BY_RULE_FIELDS = {"non_blocking", "device_prefetch"}
 
 NOT_TUNED = {
-    "strategy": "decided by how the job is launched (one process or torchrun), not per model",
+    "strategy": "decided by how the job is launched (one process or torchrun), not per model: DDP, FSDP and a "
+                "pipeline need several processes, so one device never gets them",
     "sync_batchnorm": "changes batch statistics across processes (accuracy, not speed)",
     "set_to_none": "the naive plan already drops gradients (torch's default)",
 }
