@@ -1,7 +1,10 @@
 """The local cache between training and remote storage: a directory, /dev/shm, or this process's RAM.
 
-Entries are whole files keyed by the SHA-256 of their URL and never change once written: to see
-new versions of remote files, clear the cache (``clear_cache(dir)``) or use another directory.
+Entries are whole files keyed by the SHA-256 of their URL. A directory cache outlives the run, so
+each entry carries the version of the file it holds (``<key>.v``: the ETag, or size and
+modification time, as the store's listing gave them when it was fetched); a later run lists each
+directory once and :meth:`DiskCache.validate` drops the entries whose file has another version
+now (or whose version was never recorded), so they are fetched again instead of served stale.
 
 A disk entry is written to a temporary name in the same directory and renamed into place, so a
 reader (another worker, another training process on the machine) sees either nothing or the
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import json
 import logging
 import os
 import re
@@ -33,7 +37,8 @@ __all__ = ["MemoryCache", "DiskCache", "CacheFullError", "open_cache", "clear_ca
 log = logging.getLogger("turbotrain")
 
 MARKER = ".turbotrain-cache"
-_ENTRY = re.compile(r"^[0-9a-f]{64}$")
+_ENTRY = re.compile(r"^[0-9a-f]{64}(\.v)?$")
+_VERSION_SUFFIX = ".v"
 _SUBDIR = re.compile(r"^[0-9a-f]{2}$")
 _TMP_PREFIX = ".tmp-"
 STALE_TMP_S = 3600.0  # a temp file this old belongs to a writer that died
@@ -69,8 +74,8 @@ class MemoryCache:
     def __contains__(self, url: str) -> bool:
         return url in self._entries
 
-    def put(self, url: str, data: bytes) -> None:
-        self._entries[url] = data
+    def put(self, url: str, data: bytes, version: Any = None) -> None:
+        self._entries[url] = data  # lives as long as this process: no version to keep
 
     def local_path(self, url: str) -> str | None:
         return None
@@ -124,10 +129,50 @@ class DiskCache:
         stats.record(stats.CACHE_SCHEME, len(data), time.perf_counter() - t0)
         return data
 
-    def put(self, url: str, data: bytes) -> None:
+    def version_path(self, url: str) -> Path:
+        return self.entry_path(url).with_suffix(_VERSION_SUFFIX)
+
+    def recorded_version(self, url: str) -> Any:
+        """The version recorded with ``url``'s entry (None when there is none)."""
+        try:
+            record = json.loads(self.version_path(url).read_text())
+        except (OSError, ValueError):
+            return None
+        return record.get("version") if record.get("url") == url else None
+
+    def validate(self, versions: dict[str, Any]) -> int:
+        """Drop the entries of ``versions``' URLs whose recorded version differs from the current one.
+
+        ``versions`` maps URL to its version now (from a listing); an entry without a recorded version
+        is dropped as well, since nothing says it is current. Returns how many entries went.
+        """
+        from .versions import same_version
+
+        dropped = 0
+        for url, now in versions.items():
+            entry = self.entry_path(url)
+            if not entry.exists():
+                continue
+            if now is not None and same_version(self.recorded_version(url), now):
+                continue
+            for path in (entry, self.version_path(url)):
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:
+                    pass
+            dropped += 1
+        return dropped
+
+    def put(self, url: str, data: bytes, version: Any = None) -> None:
+        """Store ``url``'s bytes (and, for a later run's check, the ``version`` they are)."""
         final = self.entry_path(url)
         if final.exists():
-            return  # another process already wrote it; entries never change
+            return  # another process already wrote it: the same file, fetched in this run
+        if version is not None:  # first, so an entry is never there without its version
+            self._write(self.version_path(url), json.dumps({"url": url, "version": version}).encode(), url)
+        self._write(final, data, url)
+
+    def _write(self, final: Path, data: bytes, url: str) -> None:
         tmp = None
         try:
             final.parent.mkdir(exist_ok=True)
@@ -194,7 +239,8 @@ class DiskCache:
         return removed
 
     def size_bytes(self) -> int:
-        return sum(entry.stat().st_size for entry, is_temp in self._our_files() if not is_temp)
+        return sum(entry.stat().st_size for entry, is_temp in self._our_files()
+                   if not is_temp and not entry.name.endswith(_VERSION_SUFFIX))
 
 
 def shm_dir() -> Path:
