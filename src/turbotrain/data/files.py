@@ -48,9 +48,10 @@ class FileDataset(Dataset):
         self.fetcher = Fetcher(self.storage_options, max_in_flight=max_in_flight, retry=retry)
         self._warned_memory = False
         self.versions: dict[str, Any] = {}
-        self._states: torch.Tensor | None = None
-        self._states_view: Any = None
+        self.plan: readahead.SharedPlan | None = None
         self._stream: readahead.ReadAheadStream | None = None
+        self._pump: readahead.WorkerPump | None = None
+        self._writer: readahead.CacheWriter | None = None
         if isinstance(self.cache, DiskCache):
             self.versions = listed_versions(self.urls, self.fetcher, self.cache.recorded_version)
             dropped = self.cache.validate(self.versions)
@@ -60,33 +61,27 @@ class FileDataset(Dataset):
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_stream"], state["_states_view"] = None, None  # the stream belongs to the main process
+        state["_stream"], state["_pump"], state["_writer"] = None, None, None  # each belongs to its process
         return state
 
     # -- read-ahead ---------------------------------------------------------------------------
 
     def enable_read_ahead(self) -> None:
-        """Create the per-index state the read-ahead stream shares with DataLoader workers."""
-        if self._states is None:
-            self._states = readahead.shared_states(len(self.urls))
+        """Create the plan and per-index states the read-ahead shares with DataLoader workers."""
+        if self.plan is None:
+            self.plan = readahead.SharedPlan(len(self.urls))
 
-    @property
-    def read_states(self) -> Any:
-        if self._states_view is None and self._states is not None:
-            self._states_view = self._states.numpy()
-        return self._states_view
-
-    def start_read_ahead(self, keep_bytes: bool) -> readahead.ReadAheadStream:
+    def start_read_ahead(self) -> readahead.ReadAheadStream:
         """A new read-ahead stream in this process (the previous one keeps finishing what it started)."""
         self.enable_read_ahead()
-        self._stream = readahead.ReadAheadStream(self, keep_bytes)
+        self._stream = readahead.ReadAheadStream(self)
         return self._stream
 
-    def fetch_into_cache(self, url: str) -> bytes:
-        """Read ``url`` from the store and store it in the cache (on the calling fetch thread)."""
-        data = self.fetcher.read(url)
-        self._store(url, data)
-        return data
+    def cache_writer(self) -> readahead.CacheWriter:
+        """This process's cache writer (threads of its own: made again in a new process)."""
+        if self._writer is None or self._writer.pid != os.getpid():
+            self._writer = readahead.CacheWriter(self)
+        return self._writer
 
     def __len__(self) -> int:
         return len(self.urls)
@@ -113,10 +108,13 @@ class FileDataset(Dataset):
         stream = self._stream
         if stream is not None and stream.pid == os.getpid():
             found.update((self.urls[i], data) for i, data in stream.take(indices).items())
-        elif self._states is not None and self.cache is not None:
-            # A DataLoader worker: the main process's stream may be reading these files already.
+        elif self.plan is not None and isinstance(self.cache, DiskCache) and get_worker_info() is not None:
+            # A DataLoader worker: the workers fetch the plan the main process writes; wait for our files.
+            if self._pump is None or self._pump.pid != os.getpid():
+                info = get_worker_info()
+                self._pump = readahead.WorkerPump(self, info.id, info.num_workers)
             policy = self.fetcher.retry
-            readahead.wait_for_claimed(self, indices, policy.attempts * (policy.timeout_s + policy.max_backoff_s))
+            readahead.wait_for_plan(self, indices, policy.attempts * (policy.timeout_s + policy.max_backoff_s))
         if self.cache is not None:
             for url in urls:
                 if url not in found:
@@ -162,7 +160,7 @@ class FileDataset(Dataset):
         clone.__dict__.update(self.__dict__)
         clone.cache = open_cache(cache)
         clone._warned_memory = False
-        clone._stream, clone._states, clone._states_view = None, None, None
+        clone._stream, clone._pump, clone._writer, clone.plan = None, None, None, None
         if isinstance(clone.cache, DiskCache):
             clone.versions = clone.versions or listed_versions(clone.urls, clone.fetcher,
                                                                 clone.cache.recorded_version)

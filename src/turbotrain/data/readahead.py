@@ -8,14 +8,16 @@ the main process, which keeps ``max_in_flight`` reads outstanding, writes each f
 from the fetch thread, and starts the next read as soon as one ends. A batch then waits only for
 its own files.
 
-With DataLoader workers the stream still runs once, in the main process (the process that
-iterates the sampler), and fills a cache every process sees (a directory or ``"shm"``); a worker
-asked for a file the stream has claimed waits for that file (a shared state per index says
-claimed, done or failed) instead of fetching it a second time. Without such a cache, workers
-fetch their own batches as before.
+With DataLoader workers there is still one stream, in one order, but the fetching is spread over
+the worker processes: the main process (which iterates the sampler) writes the epoch's order into
+a shared plan, and worker ``w`` of ``W`` fetches plan positions ``w, w+W, w+2W, ...`` with
+``ceil(max_in_flight / W)`` requests in flight, into a cache every process sees (a directory or
+``"shm"``). A shared state per index (claimed, done, failed) keeps a file from being fetched twice:
+a worker whose batch holds a file another worker is reading waits for that file only. Without
+such a cache, workers fetch their own batches as before.
 
-Memory stays bounded: the stream holds indices for a window ahead, and bytes only for files
-fetched but not yet taken when the main process itself consumes them (``num_workers=0``).
+Memory stays bounded: the plan is one integer per file, and bytes are held only for files fetched
+but not yet taken when the main process itself consumes them (``num_workers=0``).
 """
 
 from __future__ import annotations
@@ -25,8 +27,8 @@ import os
 import threading
 import time
 from collections import deque
-from concurrent.futures import Future
-from typing import Any, Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
 from torch.utils.data import DataLoader, Sampler
@@ -42,20 +44,60 @@ NONE, CLAIMED, DONE, FAILED = 0, 1, 2, 3
 _POLL_S = 0.002
 
 
-class ReadAheadStream:
-    """Up to ``dataset.fetcher.max_in_flight`` reads outstanding, in the order indices are fed."""
+class CacheWriter:
+    """Cache writes on threads of their own, so a slow disk never holds one of the request slots.
 
-    def __init__(self, dataset: Any, keep_bytes: bool):
+    A file counts as in flight while its request runs; once its bytes are here, writing them is
+    this writer's job, and ``pending`` (bounded by the callers) says how many wait for the disk.
+    """
+
+    def __init__(self, dataset: Any, threads: int = 16):
         self.ds = dataset
-        self.keep_bytes = keep_bytes  # this process consumes the files (no workers): hold them until taken
-        self.in_flight = dataset.fetcher.max_in_flight
-        self.window = 2 * self.in_flight  # files held (running + fetched, not taken) with keep_bytes
+        self.pool = ThreadPoolExecutor(threads, thread_name_prefix="turbotrain-cache-write")
+        self.pending = 0
         self.pid = os.getpid()
+        self._lock = threading.Lock()
+        self._warned = False
+
+    def write(self, url: str, data: bytes, then: Callable[[bool], None]) -> None:
+        """Store ``url`` in the dataset's cache, then call ``then(stored)``."""
+        with self._lock:
+            self.pending += 1
+
+        def job() -> None:
+            stored = False
+            try:
+                self.ds._store(url, data)
+                stored = True
+            except Exception as exc:  # noqa: BLE001 - a worker re-reads the file and raises it there
+                if not self._warned:
+                    self._warned = True
+                    log.warning("turbotrain: read-ahead could not cache %s: %s", url, exc)
+            finally:
+                with self._lock:
+                    self.pending -= 1
+            then(stored)
+
+        self.pool.submit(job)
+
+
+class ReadAheadStream:
+    """Up to ``dataset.fetcher.max_in_flight`` reads outstanding, in the order indices are fed.
+
+    The main process's stream when it consumes the files itself (``num_workers=0``): it holds the
+    bytes of files read ahead until their batch takes them, at most ``window`` files.
+    """
+
+    def __init__(self, dataset: Any):
+        self.ds = dataset
+        self.in_flight = dataset.fetcher.max_in_flight
+        self.window = 2 * self.in_flight
+        self.pid = os.getpid()
+        self._writer = dataset.cache_writer() if isinstance(dataset.cache, DiskCache) else None
         self._lock = threading.RLock()  # a future that is already done runs its callback inside _pump
         self._planned: deque[int] = deque()
         self._running: dict[int, Future] = {}
         self._ready: dict[int, bytes] = {}
-        self._errors: dict[int, BaseException] = {}
         self._closed = False
 
     def feed(self, indices: Iterable[int]) -> None:
@@ -63,35 +105,34 @@ class ReadAheadStream:
             self._planned.extend(indices)
             self._pump()
 
+    def _room(self) -> bool:
+        writes = self._writer.pending if self._writer is not None else 0
+        return (len(self._running) < self.in_flight
+                and len(self._running) + len(self._ready) + writes < self.window + self.in_flight)
+
     def _pump(self) -> None:
-        ds, states = self.ds, self.ds.read_states
-        while (self._planned and not self._closed and len(self._running) < self.in_flight
-               and (not self.keep_bytes or len(self._running) + len(self._ready) < self.window)):
+        ds = self.ds
+        while self._planned and not self._closed and self._room():
             i = self._planned.popleft()
             if i in self._running or i in self._ready:
                 continue
             if ds.cache is not None and ds.urls[i] in ds.cache:
-                states[i] = DONE
                 continue
-            states[i] = CLAIMED
-            fut = ds.fetcher.pool().submit(ds.fetch_into_cache, ds.urls[i])
+            fut = ds.fetcher.pool().submit(ds.fetcher.read, ds.urls[i])
             self._running[i] = fut
             fut.add_done_callback(lambda f, i=i: self._done(i, f))
 
     def _done(self, i: int, fut: Future) -> None:
         with self._lock:
             self._running.pop(i, None)
-            states = self.ds.read_states
-            if fut.cancelled():
-                states[i] = NONE
-            elif fut.exception() is not None:
-                states[i] = FAILED
-                if self.keep_bytes:
-                    self._errors[i] = fut.exception()
-            else:
-                states[i] = DONE
-                if self.keep_bytes:
-                    self._ready[i] = fut.result()
+            if not fut.cancelled() and fut.exception() is None:
+                data = fut.result()
+                self._ready[i] = data
+                url = self.ds.urls[i]
+                if self._writer is not None:
+                    self._writer.write(url, data, lambda stored: self.feed(()))
+                elif self.ds.cache is not None:
+                    self.ds._store(url, data)
             self._pump()
 
     def take(self, indices: Sequence[int]) -> dict[int, bytes]:
@@ -108,41 +149,133 @@ class ReadAheadStream:
                     out[i] = self._ready.pop(i)
                 elif i in self._running:
                     waits.append((i, self._running[i]))
-                else:
-                    self._errors.pop(i, None)
-            self._pump()
         for i, fut in waits:
             try:
                 out[i] = fut.result()
             except Exception:  # noqa: BLE001 - re-read by the caller, which names the URL
                 pass
-        if waits:
-            with self._lock:
-                for i, _ in waits:
-                    self._ready.pop(i, None)
-                    self._errors.pop(i, None)
-                self._pump()
+        with self._lock:
+            for i, _ in waits:
+                self._ready.pop(i, None)
+            self._pump()
         return out
 
     def close(self) -> None:
-        """Stop: reads not started are cancelled (their indices go back to unclaimed), held bytes dropped."""
+        """Stop: reads not started are cancelled, held bytes dropped."""
         with self._lock:
             self._closed = True
             self._planned.clear()
             for fut in list(self._running.values()):
                 fut.cancel()
             self._ready.clear()
-            self._errors.clear()
 
 
-def wait_for_claimed(dataset: Any, indices: Sequence[int], patience_s: float) -> None:
-    """In a DataLoader worker: wait until the main process's stream is done with the claimed ``indices``."""
-    states = dataset.read_states
-    deadline = time.monotonic() + patience_s
-    pending = [i for i in indices if states[i] == CLAIMED]
-    while pending and time.monotonic() < deadline:
+class SharedPlan:
+    """The epoch's order, written by the main process and read by the workers' pumps (shared memory).
+
+    ``control`` holds [generation, planned]: a new epoch bumps the generation and restarts the plan.
+    """
+
+    def __init__(self, n: int):
+        self.n = n
+        self.states = torch.zeros(n, dtype=torch.uint8).share_memory_()
+        self.order = torch.zeros(max(n, 1), dtype=torch.int64).share_memory_()
+        self.control = torch.zeros(2, dtype=torch.int64).share_memory_()
+        self._views: tuple | None = None
+        self._pid = -1
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_views"], state["_pid"] = None, -1
+        return state
+
+    def views(self) -> tuple[Any, Any, Any]:
+        """(states, order, control) as numpy arrays over the shared memory."""
+        if self._views is None or self._pid != os.getpid():
+            self._views = (self.states.numpy(), self.order.numpy(), self.control.numpy())
+            self._pid = os.getpid()
+        return self._views
+
+    def restart(self) -> None:
+        _, _, control = self.views()
+        control[1] = 0
+        control[0] += 1
+
+    def extend(self, indices: Sequence[int]) -> None:
+        _, order, control = self.views()
+        start = int(control[1])
+        take = list(indices)[: max(0, self.n - start)]  # a sampler drawing more than the dataset: the rest is read per batch
+        if take:
+            order[start:start + len(take)] = take
+            control[1] = start + len(take)
+
+
+class WorkerPump:
+    """In DataLoader worker ``worker`` of ``workers``: fetch this worker's share of the plan, in order."""
+
+    def __init__(self, dataset: Any, worker: int, workers: int):
+        self.ds, self.worker, self.workers = dataset, worker, workers
+        self.quota = max(1, -(-dataset.fetcher.max_in_flight // workers))
+        self.pid = os.getpid()
+        self._writer = dataset.cache_writer()
+        self._running = 0
+        self._wake = threading.Event()
+        self._lock = threading.Lock()
+        threading.Thread(target=self._loop, name="turbotrain-read-ahead", daemon=True).start()
+
+    def _done(self, i: int, fut: Future) -> None:
+        states, _, _ = self.ds.plan.views()
+        with self._lock:
+            self._running -= 1
+        if fut.cancelled() or fut.exception() is not None:
+            states[i] = FAILED
+        else:
+            self._writer.write(self.ds.urls[i], fut.result(), lambda stored: self._written(i, stored))
+        self._wake.set()
+
+    def _written(self, i: int, stored: bool) -> None:
+        self.ds.plan.views()[0][i] = DONE if stored else FAILED
+        self._wake.set()
+
+    def _loop(self) -> None:
+        states, order, control = self.ds.plan.views()
+        generation, cursor = -1, self.worker
+        pool = self.ds.fetcher.pool()
+        while True:
+            if control[0] != generation:
+                generation, cursor = int(control[0]), self.worker
+            planned = int(control[1])
+            while cursor < planned and self._running < self.quota and self._writer.pending < 2 * self.quota:
+                i = int(order[cursor])
+                cursor += self.workers
+                if states[i] != NONE:
+                    continue
+                if self.ds.urls[i] in self.ds.cache:
+                    states[i] = DONE
+                    continue
+                states[i] = CLAIMED
+                with self._lock:
+                    self._running += 1
+                pool.submit(self.ds.fetcher.read, self.ds.urls[i]).add_done_callback(
+                    lambda f, i=i: self._done(i, f))
+            self._wake.wait(_POLL_S)
+            self._wake.clear()
+
+
+def wait_for_plan(dataset: Any, indices: Sequence[int], patience_s: float, grace_s: float = 0.25) -> None:
+    """In a DataLoader worker: wait while the read-ahead is reading ``indices`` (claimed by any worker).
+
+    Files nobody has claimed within ``grace_s`` (not in the plan, or far behind it) are left to the
+    caller, which fetches them itself; a claimed file is waited for up to ``patience_s``.
+    """
+    states, _, _ = dataset.plan.views()
+    start = time.monotonic()
+    while True:
+        now = time.monotonic() - start
+        pending = [i for i in indices if states[i] == CLAIMED or (states[i] == NONE and now < grace_s)]
+        if not pending or now > patience_s:
+            return
         time.sleep(_POLL_S)
-        pending = [i for i in pending if states[i] == CLAIMED]
 
 
 class ReadAheadBatches(Sampler):
@@ -167,7 +300,10 @@ class ReadAheadBatches(Sampler):
         return len(self.batches)  # type: ignore[arg-type]
 
     def __iter__(self) -> Iterator[list[int]]:
-        stream = self.dataset.start_read_ahead(self.keep_bytes)
+        if self.keep_bytes:  # the main process reads: it runs the stream itself
+            stream: Any = self.dataset.start_read_ahead()
+        else:  # the workers read: they fetch the plan written here
+            stream = _PlanWriter(self.dataset.plan)
         it = iter(self.batches)
         pending: deque[list[int]] = deque()
         pulled, exhausted, finished = 0, False, False
@@ -190,6 +326,20 @@ class ReadAheadBatches(Sampler):
         finally:
             if not finished:  # abandoned mid-epoch: nobody will ask for what is still planned
                 stream.close()
+
+
+class _PlanWriter:
+    """The main process's side with workers: the order goes to the shared plan."""
+
+    def __init__(self, plan: SharedPlan):
+        self.plan = plan
+        plan.restart()
+
+    def feed(self, indices: Sequence[int]) -> None:
+        self.plan.extend(indices)
+
+    def close(self) -> None:
+        pass  # the workers are stopped with the loader's iterator
 
 
 def read_ahead(loader: Any) -> Any:
@@ -216,7 +366,3 @@ def read_ahead(loader: Any) -> Any:
     ds.enable_read_ahead()
     return rebuild_loader(loader, batch_sampler=ReadAheadBatches(inner, ds, keep_bytes=loader.num_workers == 0))
 
-
-def shared_states(n: int) -> torch.Tensor:
-    """One byte per index in shared memory, so forked or spawned workers see the main process's writes."""
-    return torch.zeros(n, dtype=torch.uint8).share_memory_()
