@@ -12,7 +12,7 @@ from torch.utils.data import Dataset, get_worker_info
 from . import readahead, stats
 from .cache import DiskCache, MemoryCache, open_cache
 from .fetch import Fetcher, RetryPolicy, expand_urls
-from .versions import listed_versions
+from .versions import checked_versions
 
 __all__ = ["FileDataset"]
 
@@ -47,17 +47,11 @@ class FileDataset(Dataset):
         stats.share_with_workers()
         self.fetcher = Fetcher(self.storage_options, max_in_flight=max_in_flight, retry=retry)
         self._warned_memory = False
-        self.versions: dict[str, Any] = {}
         self.plan: readahead.SharedPlan | None = None
         self._stream: readahead.ReadAheadStream | None = None
         self._pump: readahead.WorkerPump | None = None
         self._writer: readahead.CacheWriter | None = None
-        if isinstance(self.cache, DiskCache):
-            self.versions = listed_versions(self.urls, self.fetcher, self.cache.recorded_version)
-            dropped = self.cache.validate(self.versions)
-            if dropped:
-                log.info("turbotrain: %d cached file(s) changed on the store since they were cached; they are "
-                         "fetched again", dropped)
+        self.versions: dict[str, Any] = checked_versions(self.urls, self.fetcher, self.cache)
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -161,10 +155,7 @@ class FileDataset(Dataset):
         clone.cache = open_cache(cache)
         clone._warned_memory = False
         clone._stream, clone._pump, clone._writer, clone.plan = None, None, None, None
-        if isinstance(clone.cache, DiskCache):
-            clone.versions = clone.versions or listed_versions(clone.urls, clone.fetcher,
-                                                                clone.cache.recorded_version)
-            clone.cache.validate(clone.versions)
+        clone.versions = checked_versions(clone.urls, clone.fetcher, clone.cache)
         return clone
 
     @property
