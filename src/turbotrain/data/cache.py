@@ -236,6 +236,40 @@ class DiskCache:
                 except OSError:
                     pass
 
+    def _claim_path(self, url: str) -> str:
+        sub, name = self._entry(url).rsplit("/", 1)
+        return f"{sub}/{_TMP_PREFIX}claim-{name}"
+
+    def claim(self, url: str) -> bool:
+        """Take the job of fetching ``url`` for every process using this cache; False if another has it.
+
+        The claim is a file created exclusively next to where the entry goes; a claim older than
+        ``STALE_TMP_S`` (its owner died) is taken over. ``release`` ends it.
+        """
+        path = self._claim_path(url)
+        os.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+        try:
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+            return True
+        except FileExistsError:
+            try:
+                stale = time.time() - os.stat(path).st_mtime > STALE_TMP_S
+            except FileNotFoundError:
+                return self.claim(url)
+            if stale:
+                os.unlink(path)
+                return self.claim(url)
+            return False
+
+    def claimed(self, url: str) -> bool:
+        return os.path.exists(self._claim_path(url))
+
+    def release(self, url: str) -> None:
+        try:
+            os.unlink(self._claim_path(url))
+        except FileNotFoundError:
+            pass
+
     def _our_files(self):
         """(path, is_temp) for every file turbotrain wrote here; nothing else is ever listed."""
         if not (self.root / MARKER).exists():

@@ -17,6 +17,7 @@ slow, and a file larger than a part never waits on a single stream.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -126,46 +127,72 @@ class _Batcher:
 
 
 class _Reader:
-    """Opens this process's files (cache, local, or remote ranges) and reads row groups from them."""
+    """Opens this process's files (cache, local, or remote ranges) and reads row groups from them.
+
+    With a cache, files are fetched ahead in reading order as parts; a joiner thread writes each file
+    to the cache as soon as its parts are in (not when it is read), so a file another process waits
+    for is never held up by what this one reads first.
+    """
 
     def __init__(self, ds: "ParquetDataset", files_in_order: list[int]):
         self.ds = ds
         self.files_in_order = files_in_order
-        self.next_file = 0                       # the next file whose parts are not yet asked for
-        self.parts: dict[int, list[Future]] = {}  # asked for, not yet joined into the cache
+        self.next_file = 0                        # the next file whose parts are not yet asked for
+        self.parts: dict[int, list[Future]] = {}  # asked for, not yet in the cache
+        self.joined: dict[int, Future] = {}       # done when the file is in the cache
+        self.elsewhere: set[int] = set()          # being fetched by another process sharing the cache
         self.open_files: dict[int, Any] = {}
-
-    def _outstanding(self) -> int:
-        return sum(len(p) for p in self.parts.values())
+        self._lock = threading.Lock()
+        self._joiner = ThreadPoolExecutor(2, thread_name_prefix="turbotrain-parquet-join")
 
     def _fetch_ahead(self) -> None:
         """Ask for the parts of the next files, in reading order, while fewer than 2 x max_in_flight are held."""
         ds = self.ds
         budget = 2 * ds.fetcher.max_in_flight
-        while self.next_file < len(self.files_in_order):
-            file = self.files_in_order[self.next_file]
-            url = ds.urls[file]
-            if url in ds.cache:
+        with self._lock:
+            while self.next_file < len(self.files_in_order):
+                file = self.files_in_order[self.next_file]
+                url = ds.urls[file]
+                if url in ds.cache:
+                    self.next_file += 1
+                    continue
+                spans = ds.spans(file)
+                if self.parts and sum(map(len, self.parts.values())) + len(spans) > budget:
+                    return
+                if isinstance(ds.cache, DiskCache) and not ds.cache.claim(url):
+                    self.elsewhere.add(file)  # another worker or rank fetches it: wait for its entry instead
+                    self.next_file += 1
+                    continue
+                pool = ds.fetcher.pool()
+                self.parts[file] = [pool.submit(ds.fetch_range, url, a, b) for a, b in spans]
+                self.joined[file] = self._joiner.submit(self._join, file)
                 self.next_file += 1
-                continue
-            spans = ds.spans(file)
-            if self.parts and self._outstanding() + len(spans) > budget:
-                return
-            pool = ds.fetcher.pool()
-            self.parts[file] = [pool.submit(ds.fetch_range, url, start, end) for start, end in spans]
-            self.next_file += 1
+
+    def _join(self, file: int) -> None:
+        url = self.ds.urls[file]
+        try:
+            self.ds.cache.put(url, b"".join(f.result() for f in self.parts[file]), self.ds.versions.get(url))
+        finally:
+            if isinstance(self.ds.cache, DiskCache):
+                self.ds.cache.release(url)
+            with self._lock:
+                self.parts.pop(file, None)
+            self._fetch_ahead()
 
     def parquet_file(self, file: int):
         pf = self.open_files.get(file)
         if pf is None:
             if self.ds.cache is not None:
                 self._fetch_ahead()
-                parts = self.parts.pop(file, None)
-                if parts is not None:
-                    data = b"".join(f.result() for f in parts)
-                    url = self.ds.urls[file]
-                    self.ds.cache.put(url, data, self.ds.versions.get(url))
-                    self._fetch_ahead()
+                url = self.ds.urls[file]
+                joined = self.joined.pop(file, None)
+                if joined is not None:
+                    joined.result()
+                elif file in self.elsewhere:
+                    self.elsewhere.discard(file)
+                    while self.ds.cache.claimed(url) and url not in self.ds.cache:
+                        time.sleep(0.005)  # its owner joins the parts and renames the entry into place
+                    # Entry there, or the owner failed: _open fetches it whole then (and names any error).
             for old in list(self.open_files)[:-2]:  # keep a few open: units of a file usually come together
                 self.open_files.pop(old)
             pf = self.open_files[file] = self.ds._open(file)
@@ -187,9 +214,12 @@ class _Reader:
         return table
 
     def close(self) -> None:
-        for parts in self.parts.values():
-            for fut in parts:
-                fut.cancel()
+        with self._lock:
+            self.next_file = len(self.files_in_order)  # ask for nothing more
+            for parts in self.parts.values():
+                for fut in parts:
+                    fut.cancel()  # a joiner then fails on a cancelled part and releases the claim
+        self._joiner.shutdown(wait=True)
         self.open_files.clear()
 
 
