@@ -19,6 +19,7 @@ from typing import Any, Iterable
 import torch
 from torch import nn
 
+from .data.readahead import read_ahead
 from .plan import Plan
 from .runtime import Runtime, prepare
 from .speedups.set_to_none import zero_grad
@@ -85,5 +86,5 @@ def setup(model: nn.Module, optimizer: torch.optim.Optimizer, loader: Iterable |
     rt = prepare(model, optimizer, plan)
     prepared_loader = None
     if loader is not None:
-        prepared_loader = rt.device_batches(rt.rebuild_loader(loader))
+        prepared_loader = rt.device_batches(read_ahead(rt.rebuild_loader(loader)))  # data/pipeline.py's order
     return SetupModel(rt), SetupOptimizer(optimizer, rt), prepared_loader
