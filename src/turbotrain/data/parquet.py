@@ -190,8 +190,10 @@ class _Reader:
                     joined.result()
                 elif file in self.elsewhere:
                     self.elsewhere.discard(file)
+                    pause = 0.002
                     while self.ds.cache.claimed(url) and url not in self.ds.cache:
-                        time.sleep(0.005)  # its owner joins the parts and renames the entry into place
+                        time.sleep(pause)  # its owner joins the parts and renames the entry into place
+                        pause = min(0.02, pause * 1.5)
                     # Entry there, or the owner failed: _open fetches it whole then (and names any error).
             for old in list(self.open_files)[:-2]:  # keep a few open: units of a file usually come together
                 self.open_files.pop(old)
@@ -375,13 +377,26 @@ class ParquetDataset(IterableDataset):
         """Use ``epoch``'s order (row-group permutation and row shuffle) from the next iteration on."""
         self._epoch, self._iterations = int(epoch), 0
 
-    def assigned_units(self, worker: int = 0, num_workers: int = 1, epoch: int | None = None) -> list[_Unit]:
-        """The row groups this rank's ``worker`` of ``num_workers`` reads in ``epoch``."""
+    def _order(self, epoch: int | None) -> list[int]:
+        """The epoch's permutation of all row groups, the same in every process."""
         order = list(range(len(self.units)))
         if self.shuffle:
             np.random.default_rng([self.seed, self._epoch if epoch is None else epoch]).shuffle(order)
+        return order
+
+    def assigned_units(self, worker: int = 0, num_workers: int = 1, epoch: int | None = None) -> list[_Unit]:
+        """The row groups this rank's ``worker`` of ``num_workers`` reads in ``epoch``."""
         stride = self.world_size * num_workers
-        return [self.units[k] for k in order[self.rank * num_workers + worker::stride]]
+        return [self.units[k] for k in self._order(epoch)[self.rank * num_workers + worker::stride]]
+
+    def fetch_order(self, units: list[_Unit], epoch: int) -> list[int]:
+        """The files ``units`` need, in the order the whole epoch first needs them (all processes alike).
+
+        Processes sharing a cache then claim files in one order: the first files each of them needs are
+        fetched first, whichever process fetches them.
+        """
+        needed = {u.file for u in units}
+        return [f for f in dict.fromkeys(self.units[k].file for k in self._order(epoch)) if f in needed]
 
     def __iter__(self) -> Iterator[Any]:
         info = get_worker_info()
@@ -392,7 +407,7 @@ class ParquetDataset(IterableDataset):
         units = self.assigned_units(worker, num_workers, epoch)
         rng = np.random.default_rng([self.seed, epoch, self.rank, worker]) if self.shuffle else None
         batcher = _Batcher(self.batch_rows, self.shuffle_buffer_rows, rng, self.drop_last)
-        reader = _Reader(self, list(dict.fromkeys(u.file for u in units)))
+        reader = _Reader(self, self.fetch_order(units, epoch))
         pool = ThreadPoolExecutor(1, thread_name_prefix="turbotrain-parquet")
         try:
             ahead: deque[Future] = deque()

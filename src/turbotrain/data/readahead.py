@@ -41,7 +41,11 @@ __all__ = ["read_ahead", "ReadAheadBatches", "ReadAheadStream"]
 log = logging.getLogger("turbotrain")
 
 NONE, CLAIMED, DONE, FAILED = 0, 1, 2, 3
-_POLL_S = 0.002
+# Polls are for what another process does (its plan, its workers' files); waits in this process are
+# woken by the reads themselves. Short enough not to matter next to a request, long enough that the
+# polling threads do not take the GIL from the ones doing the work.
+_PUMP_IDLE_S = 0.02
+_WAIT_POLL_S = (0.001, 0.01)
 
 
 class CacheWriter:
@@ -258,7 +262,7 @@ class WorkerPump:
                     self._running += 1
                 pool.submit(self.ds.fetcher.read, self.ds.urls[i]).add_done_callback(
                     lambda f, i=i: self._done(i, f))
-            self._wake.wait(_POLL_S)
+            self._wake.wait(_PUMP_IDLE_S)  # set by each read that ends; the timeout notices new plan entries
             self._wake.clear()
 
 
@@ -270,12 +274,15 @@ def wait_for_plan(dataset: Any, indices: Sequence[int], patience_s: float, grace
     """
     states, _, _ = dataset.plan.views()
     start = time.monotonic()
+    pause, longest = _WAIT_POLL_S
+    pending = list(indices)
     while True:
         now = time.monotonic() - start
-        pending = [i for i in indices if states[i] == CLAIMED or (states[i] == NONE and now < grace_s)]
+        pending = [i for i in pending if states[i] == CLAIMED or (states[i] == NONE and now < grace_s)]
         if not pending or now > patience_s:
             return
-        time.sleep(_POLL_S)
+        time.sleep(pause)
+        pause = min(longest, pause * 1.5)
 
 
 class ReadAheadBatches(Sampler):
