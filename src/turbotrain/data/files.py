@@ -108,7 +108,8 @@ class FileDataset(Dataset):
                 info = get_worker_info()
                 self._pump = readahead.WorkerPump(self, info.id, info.num_workers)
             policy = self.fetcher.retry
-            readahead.wait_for_plan(self, indices, policy.attempts * (policy.timeout_s + policy.max_backoff_s))
+            patience = policy.attempts * (policy.timeout_s + policy.max_backoff_s)
+            found.update((self.urls[i], data) for i, data in readahead.read_in_worker(self, indices, patience).items())
         if self.cache is not None:
             for url in urls:
                 if url not in found:

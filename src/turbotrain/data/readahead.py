@@ -129,7 +129,7 @@ class ReadAheadStream:
     def _done(self, i: int, fut: Future) -> None:
         with self._lock:
             self._running.pop(i, None)
-            if not fut.cancelled() and fut.exception() is None:
+            if not self._closed and not fut.cancelled() and fut.exception() is None:
                 data = fut.result()
                 self._ready[i] = data
                 url = self.ds.urls[i]
@@ -266,23 +266,39 @@ class WorkerPump:
             self._wake.clear()
 
 
-def wait_for_plan(dataset: Any, indices: Sequence[int], patience_s: float, grace_s: float = 0.25) -> None:
-    """In a DataLoader worker: wait while the read-ahead is reading ``indices`` (claimed by any worker).
+def read_in_worker(dataset: Any, indices: Sequence[int], patience_s: float) -> dict[int, bytes]:
+    """In a DataLoader worker: this batch's files through the shared read-ahead; returns those read here.
 
-    Files nobody has claimed within ``grace_s`` (not in the plan, or far behind it) are left to the
-    caller, which fetches them itself; a claimed file is waited for up to ``patience_s``.
+    Files no process has claimed yet (the pumps are behind, or the file is not in the plan) are
+    claimed here and read at once, as the most urgent reads there are; files another worker (or this
+    one's pump) is reading are waited for, up to ``patience_s``. The caller takes everything else
+    from the cache, and reads itself what is still missing (a failed read raises there, naming it).
     """
     states, _, _ = dataset.plan.views()
+    pool = dataset.fetcher.pool()
+    mine: dict[int, Future] = {}
+    for i in dict.fromkeys(indices):
+        if states[i] == NONE:
+            states[i] = CLAIMED
+            mine[i] = pool.submit(dataset.fetcher.read, dataset.urls[i])
     start = time.monotonic()
     pause, longest = _WAIT_POLL_S
-    pending = list(indices)
+    others = [i for i in indices if i not in mine]
     while True:
-        now = time.monotonic() - start
-        pending = [i for i in pending if states[i] == CLAIMED or (states[i] == NONE and now < grace_s)]
-        if not pending or now > patience_s:
-            return
+        others = [i for i in others if states[i] == CLAIMED]
+        if not others or time.monotonic() - start > patience_s:
+            break
         time.sleep(pause)
         pause = min(longest, pause * 1.5)
+    out: dict[int, bytes] = {}
+    for i, fut in mine.items():
+        try:
+            out[i] = fut.result()
+            dataset._store(dataset.urls[i], out[i])
+            states[i] = DONE
+        except Exception:  # noqa: BLE001 - the caller reads it again and raises with the URL
+            states[i] = FAILED
+    return out
 
 
 class ReadAheadBatches(Sampler):
