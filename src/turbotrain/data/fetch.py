@@ -281,31 +281,78 @@ class Fetcher:
                 fs, path = self.filesystem(url)
                 limit = self.attempt_timeout(attempt) if isinstance(fs, AsyncFileSystem) else None
                 result = op(fs, path, {"timeout": limit} if limit is not None else {})
-            except Exception as exc:  # noqa: BLE001 - classified below, re-raised with the URL
-                if isinstance(exc, FileNotFoundError) and not policy.retry_missing:
-                    raise FileNotFoundError(f"{url}: no such file (HTTP 404 or missing object). Check the URL, "
-                                            "or the list or glob given to the dataset.") from exc
-                if _permanent(exc, policy) or attempt == policy.attempts:
-                    raise FetchError(url, f"could not read {url}: {_describe(exc)} (attempt {attempt} of "
-                                          f"{policy.attempts}, {time.perf_counter() - started:.1f} s). Check "
-                                          "that the server is up and the URL right; RetryPolicy(attempts=..., "
-                                          "timeout_s=...) sets how hard to try.") from exc
-                wait = policy.delay(attempt)
-                log.debug("turbotrain: retrying %s in %.2f s after %s", url, wait, _describe(exc))
-                time.sleep(wait)
+            except Exception as exc:  # noqa: BLE001 - classified, re-raised with the URL
+                time.sleep(self._retry_wait(url, exc, attempt, started))
                 continue
-            took = time.perf_counter() - t0
-            self.latencies.add(took)
-            stats.record(scheme_of(url), nbytes(result), took)
-            return result
+            return self._count(url, nbytes(result), t0, result)
+        raise AssertionError("unreachable")
+
+    def _retry_wait(self, url: str, exc: Exception, attempt: int, started: float) -> float:
+        """How long to wait before the next attempt after ``exc``; raises when there is none to make."""
+        policy = self.retry
+        if isinstance(exc, FileNotFoundError) and not policy.retry_missing:
+            raise FileNotFoundError(f"{url}: no such file (HTTP 404 or missing object). Check the URL, "
+                                    "or the list or glob given to the dataset.") from exc
+        if _permanent(exc, policy) or attempt == policy.attempts:
+            raise FetchError(url, f"could not read {url}: {_describe(exc)} (attempt {attempt} of "
+                                  f"{policy.attempts}, {time.perf_counter() - started:.1f} s). Check "
+                                  "that the server is up and the URL right; RetryPolicy(attempts=..., "
+                                  "timeout_s=...) sets how hard to try.") from exc
+        wait = policy.delay(attempt)
+        log.debug("turbotrain: retrying %s in %.2f s after %s", url, wait, _describe(exc))
+        return wait
+
+    def _count(self, url: str, nbytes: int, t0: float, result: Any) -> Any:
+        took = time.perf_counter() - t0
+        self.latencies.add(took)
+        stats.record(scheme_of(url), nbytes, took)
+        return result
+
+    def _slots(self) -> asyncio.Semaphore:
+        """This process's bound on requests in flight on the event loop (made there, on first use)."""
+        local = self._local()
+        slots = local.get("slots")
+        if slots is None:
+            slots = local["slots"] = asyncio.Semaphore(self.max_in_flight)
+        return slots
+
+    async def _read_async(self, fs: Any, url: str, path: str, start: int | None, end: int | None) -> bytes:
+        """``read`` (of bytes ``[start, end)`` when given) as a coroutine on the filesystem's event loop."""
+        started = time.perf_counter()
+        for attempt in range(1, self.retry.attempts + 1):
+            try:
+                async with self._slots():  # max_in_flight requests at once, as the thread pool bounds reads
+                    t0 = time.perf_counter()
+                    data = await asyncio.wait_for(fs._cat_file(path, start=start, end=end), self.attempt_timeout(attempt))
+            except Exception as exc:  # noqa: BLE001 - classified, re-raised with the URL
+                await asyncio.sleep(self._retry_wait(url, exc, attempt, started))
+                continue
+            return self._count(url, len(data), t0, bytes(data))
         raise AssertionError("unreachable")
 
     def read(self, url: str) -> bytes:
         """All bytes of ``url``, retried per the policy; raises FetchError or FileNotFoundError naming it."""
         return bytes(self.call(url, lambda fs, path, kw: fs.cat_file(path, **kw), len))
 
-    def submit(self, url: str) -> Future:
-        return self.pool().submit(self.read, url)
+    def read_range(self, url: str, start: int, end: int) -> bytes:
+        """Bytes ``[start, end)`` of ``url``, retried like ``read``."""
+        return bytes(self.call(url, lambda fs, path, kw: fs.cat_file(path, start=start, end=end, **kw), len))
+
+    def submit(self, url: str, start: int | None = None, end: int | None = None) -> Future:
+        """Start reading ``url`` (bytes ``[start, end)`` when given); the Future's result is the bytes.
+
+        On async filesystems (http, s3, gcs) the read runs as a coroutine on fsspec's event loop, so
+        ``max_in_flight`` requests cost no threads (and no thread switches); other filesystems use the
+        thread pool. Callbacks added to the Future may then run on the event loop's thread: keep them short.
+        """
+        from fsspec.asyn import AsyncFileSystem
+
+        fs, path = self.filesystem(url)
+        if isinstance(fs, AsyncFileSystem) and not fs.asynchronous and getattr(fs, "loop", None) is not None:
+            return asyncio.run_coroutine_threadsafe(self._read_async(fs, url, path, start, end), fs.loop)
+        if start is None:
+            return self.pool().submit(self.read, url)
+        return self.pool().submit(self.read_range, url, start, end)
 
     def read_many(self, urls: Iterable[str]) -> Iterator[tuple[str, bytes]]:
         """(url, bytes) for each URL in order, with up to ``max_in_flight`` reads running ahead.

@@ -163,8 +163,7 @@ class _Reader:
                     self.elsewhere.add(file)  # another worker or rank fetches it: wait for its entry instead
                     self.next_file += 1
                     continue
-                pool = ds.fetcher.pool()
-                self.parts[file] = [pool.submit(ds.fetch_range, url, a, b) for a, b in spans]
+                self.parts[file] = [ds.fetcher.submit(url, a, b) for a, b in spans]
                 self.joined[file] = self._joiner.submit(self._join, file)
                 self.next_file += 1
 
@@ -283,18 +282,14 @@ class ParquetDataset(IterableDataset):
         if url not in self.cache:
             self.cache.put(url, self.fetcher.read(url), self.versions.get(url))
 
-    def spans(self, file: int) -> list[tuple[int, int]]:
-        """The byte ranges ``file`` is fetched in: parts of ``part_bytes`` (one for a file of unknown size)."""
+    def spans(self, file: int) -> list[tuple[int | None, int | None]]:
+        """The byte ranges ``file`` is fetched in: parts of ``part_bytes`` (the whole of a file of unknown size)."""
         size = self.sizes.get(file)
         if not size:
-            return [(0, -1)]
+            return [(None, None)]
         return [(start, min(start + self.part_bytes, size)) for start in range(0, size, self.part_bytes)]
 
-    def fetch_range(self, url: str, start: int, end: int) -> bytes:
-        """Bytes ``[start, end)`` of ``url`` (the whole file for end == -1), retried like any read."""
-        if end < 0:
-            return self.fetcher.read(url)
-        return self.fetcher.call(url, lambda fs, path, kw: fs.cat_file(path, start=start, end=end, **kw), len)
+
 
     def _where(self, url: str) -> str:
         path = self.cache.local_path(url) if self.cache is not None else None

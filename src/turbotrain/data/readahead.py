@@ -122,7 +122,7 @@ class ReadAheadStream:
                 continue
             if ds.cache is not None and ds.urls[i] in ds.cache:
                 continue
-            fut = ds.fetcher.pool().submit(ds.fetcher.read, ds.urls[i])
+            fut = ds.fetcher.submit(ds.urls[i])
             self._running[i] = fut
             fut.add_done_callback(lambda f, i=i: self._done(i, f))
 
@@ -244,7 +244,6 @@ class WorkerPump:
     def _loop(self) -> None:
         states, order, control = self.ds.plan.views()
         generation, cursor = -1, self.worker
-        pool = self.ds.fetcher.pool()
         while True:
             if control[0] != generation:
                 generation, cursor = int(control[0]), self.worker
@@ -260,7 +259,7 @@ class WorkerPump:
                 states[i] = CLAIMED
                 with self._lock:
                     self._running += 1
-                pool.submit(self.ds.fetcher.read, self.ds.urls[i]).add_done_callback(
+                self.ds.fetcher.submit(self.ds.urls[i]).add_done_callback(
                     lambda f, i=i: self._done(i, f))
             self._wake.wait(_PUMP_IDLE_S)  # set by each read that ends; the timeout notices new plan entries
             self._wake.clear()
@@ -275,12 +274,11 @@ def read_in_worker(dataset: Any, indices: Sequence[int], patience_s: float) -> d
     from the cache, and reads itself what is still missing (a failed read raises there, naming it).
     """
     states, _, _ = dataset.plan.views()
-    pool = dataset.fetcher.pool()
     mine: dict[int, Future] = {}
     for i in dict.fromkeys(indices):
         if states[i] == NONE:
             states[i] = CLAIMED
-            mine[i] = pool.submit(dataset.fetcher.read, dataset.urls[i])
+            mine[i] = dataset.fetcher.submit(dataset.urls[i])
     start = time.monotonic()
     pause, longest = _WAIT_POLL_S
     others = [i for i in indices if i not in mine]
