@@ -5,9 +5,10 @@ object and the thread pool are made lazily per process id, so a DataLoader worke
 fork or spawn builds its own (an aiohttp session or a thread pool inherited through fork is
 unusable in the child).
 
-Concurrency uses a thread pool for every filesystem: async ones (http, s3) funnel the calls
-into fsspec's event loop, sync ones (local, alluxiofs, ...) run in parallel threads; either way
-``max_in_flight`` requests are outstanding at once, and each file keeps its own retry count.
+Concurrency: on async filesystems (http, s3, gcs) ``submit`` runs each read as a coroutine on
+fsspec's event loop, at most ``max_in_flight`` at once (a semaphore), with no thread per request;
+sync ones (local, alluxiofs, ...) run in a thread pool of ``max_in_flight`` threads. Either way each
+file keeps its own retry count, and ``read`` (blocking, on the calling thread) retries the same way.
 
 Fork and the parent's event loop. fsspec runs every async filesystem of a process on one event
 loop thread, whose epoll instance a forked child shares (an epoll file descriptor refers to one
