@@ -189,11 +189,13 @@ class _Reader:
                     joined.result()
                 elif file in self.elsewhere:
                     self.elsewhere.discard(file)
+                    policy = self.ds.fetcher.retry
+                    give_up = time.monotonic() + policy.attempts * (policy.timeout_s + policy.max_backoff_s)
                     pause = 0.002
-                    while self.ds.cache.claimed(url) and url not in self.ds.cache:
+                    while self.ds.cache.claimed(url) and url not in self.ds.cache and time.monotonic() < give_up:
                         time.sleep(pause)  # its owner joins the parts and renames the entry into place
                         pause = min(0.02, pause * 1.5)
-                    # Entry there, or the owner failed: _open fetches it whole then (and names any error).
+                    # Entry there, or the owner failed or died: _open fetches it whole (and names any error).
             for old in list(self.open_files)[:-2]:  # keep a few open: units of a file usually come together
                 self.open_files.pop(old)
             pf = self.open_files[file] = self.ds._open(file)
