@@ -17,8 +17,8 @@ from typing import Any, Callable, Iterable
 import torch
 from torch import nn
 
+from .data import pipeline
 from .data.loader import rebuild_loader
-from .data.prefetch import DeviceLoader
 from .data.transfer import move_batch
 from .hardware import Hardware, detect, resolve_device
 from .plan import Plan
@@ -105,9 +105,8 @@ class Runtime:
 
     def device_batches(self, loader: Iterable) -> Iterable:
         """Iterate ``loader`` with batches already on the device (prefetched when planned)."""
-        if not self.moves_batches:
-            return loader
-        return DeviceLoader(loader, self.to_device, self.device, prefetch=self.device_prefetch)
+        return pipeline.device_batches(loader, self.to_device, self.device, moves=self.moves_batches,
+                                       prefetch=self.device_prefetch)
 
     def rebuild_loader(self, loader: Any, **extra: Any) -> Any:
         """The loader with the plan's loader switches (workers, pinning, batch size) applied."""

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from .config import ConfigError
+from .data.readahead import read_ahead
 from .plan import Plan
 from .runtime import Runtime, prepare
 from .speedups.set_to_none import zero_grad
@@ -93,5 +94,5 @@ def setup(model: nn.Module, optimizer: torch.optim.Optimizer, loader: Iterable |
             "(docs/launch.md, 'Pipeline parallelism').")
     prepared_loader = None
     if loader is not None:
-        prepared_loader = rt.device_batches(rt.rebuild_loader(loader))
+        prepared_loader = rt.device_batches(read_ahead(rt.rebuild_loader(loader)))  # data/pipeline.py's order
     return SetupModel(rt), SetupOptimizer(optimizer, rt), prepared_loader

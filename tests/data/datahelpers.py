@@ -18,7 +18,11 @@ def content_for(name: str, size: int = 4096) -> bytes:
 
 
 class FaultHandler(socketserver.BaseRequestHandler):
-    """GET /<mode>/<name>: ok, reset, stall, truncate, or flaky-N (the first N requests for a path fail with 500)."""
+    """GET /<mode>/<name>: ok, reset, stall, truncate, or flaky-N (the first N requests for a path fail with 500).
+
+    Only GETs count and answer; anything else (a directory listing, a HEAD for a file's version) gets 405,
+    like a store that cannot list, so the counts are the reads of the file itself.
+    """
 
     counts: dict[str, int] = {}
     lock = threading.Lock()
@@ -30,8 +34,12 @@ class FaultHandler(socketserver.BaseRequestHandler):
             if not chunk:
                 return
             data += chunk
-        path = data.split(b" ", 2)[1].decode()
+        method, path = data.split(b" ", 2)[:2]
+        path = path.decode()
         _, mode, name = path.split("/", 2)
+        if method != b"GET" or not name:
+            self.request.sendall(b"HTTP/1.1 405 Method Not Allowed\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+            return
         with self.lock:
             self.counts[path] = seen = self.counts.get(path, 0) + 1
         body = content_for(name)

@@ -142,3 +142,47 @@ def test_null_values_in_a_numeric_column_are_an_error_naming_it(tmp_path):
     pq.write_table(pa.table({"v": pa.array([1.0, None, 3.0])}), path)
     with pytest.raises(ValueError, match="column 'v' has 1 null"):
         list(tt.data.ParquetDataset([str(path)]))
+
+
+def test_remote_files_are_fetched_as_many_ranges_in_flight(parquet_dir, tmp_path, all_ids, monkeypatch):
+    """Several files and their parts in flight at once, joined whole into the cache."""
+    import asyncio
+
+    from fsspec.implementations.http import HTTPFileSystem
+
+    state = {"now": 0, "peak": 0, "ranges": 0}
+    original = HTTPFileSystem._cat_file
+
+    async def counting_cat_file(self, url, start=None, end=None, **kwargs):
+        state["now"] += 1
+        state["peak"] = max(state["peak"], state["now"])
+        state["ranges"] += start is not None
+        try:
+            await asyncio.sleep(0.01)
+            return await original(self, url, start=start, end=end, **kwargs)
+        finally:
+            state["now"] -= 1
+
+    monkeypatch.setattr(HTTPFileSystem, "_cat_file", counting_cat_file)
+    cache = tmp_path / "cache"
+    with LocalNginx(parquet_dir, latency_s=0.002) as server:
+        urls = [f"{server.url}/part-{k}.parquet" for k in range(3)]
+        ds = tt.data.ParquetDataset(urls, batch_rows=64, cache=cache, part_bytes=2048, max_in_flight=8,
+                                    storage_options={"headers": {"X-Test": "parts"}})
+        assert sorted(ids_of(ds)) == all_ids
+    sizes = [(parquet_dir / f"part-{k}.parquet").stat().st_size for k in range(3)]
+    assert state["ranges"] >= sum(-(-s // 2048) for s in sizes)  # every part a range request
+    assert state["peak"] > 4  # many parts in flight, not one file at a time
+    assert [ds.cache.get(u) for u in urls] == [(parquet_dir / f"part-{k}.parquet").read_bytes() for k in range(3)]
+
+
+def test_a_parquet_file_changed_between_two_runs_is_read_anew(tmp_path):
+    root = tmp_path / "served"
+    root.mkdir()
+    write_table(root / "p.parquet", start=0, groups=2)
+    cache = tmp_path / "cache"
+    with LocalNginx(root, latency_s=0.002) as server:
+        url = f"{server.url}/p.parquet"
+        assert ids_of(tt.data.ParquetDataset([url], batch_rows=64, cache=cache))[:1] == [0]
+        write_table(root / "p.parquet", start=5000, groups=2)
+        assert ids_of(tt.data.ParquetDataset([url], batch_rows=64, cache=cache))[:1] == [5000]

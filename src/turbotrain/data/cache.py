@@ -1,7 +1,12 @@
 """The local cache between training and remote storage: a directory, /dev/shm, or this process's RAM.
 
-Entries are whole files keyed by the SHA-256 of their URL and never change once written: to see
-new versions of remote files, clear the cache (``clear_cache(dir)``) or use another directory.
+Entries are whole files keyed by the SHA-256 of their URL. A directory cache outlives the run, so
+each entry carries the version of the file it holds (the ETag, or size and modification time, as
+the store's listing gave them when it was fetched), in an extended attribute set before the entry
+is renamed into place (so the two appear together), or in a ``<key>.v`` file beside it where the
+filesystem has no user xattrs. A later run lists each directory once and
+:meth:`DiskCache.validate` drops the entries whose file has another version now (or whose version
+was never recorded), so they are fetched again instead of served stale.
 
 A disk entry is written to a temporary name in the same directory and renamed into place, so a
 reader (another worker, another training process on the machine) sees either nothing or the
@@ -17,11 +22,13 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import json
 import logging
 import os
 import re
 import shutil
-import tempfile
+import itertools
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -33,10 +40,13 @@ __all__ = ["MemoryCache", "DiskCache", "CacheFullError", "open_cache", "clear_ca
 log = logging.getLogger("turbotrain")
 
 MARKER = ".turbotrain-cache"
-_ENTRY = re.compile(r"^[0-9a-f]{64}$")
+_ENTRY = re.compile(r"^[0-9a-f]{64}(\.v)?$")
+_VERSION_SUFFIX = ".v"
+_XATTR = "user.turbotrain.version"
 _SUBDIR = re.compile(r"^[0-9a-f]{2}$")
 _TMP_PREFIX = ".tmp-"
 STALE_TMP_S = 3600.0  # a temp file this old belongs to a writer that died
+_seq = itertools.count()
 
 
 class CacheFullError(OSError):
@@ -69,8 +79,8 @@ class MemoryCache:
     def __contains__(self, url: str) -> bool:
         return url in self._entries
 
-    def put(self, url: str, data: bytes) -> None:
-        self._entries[url] = data
+    def put(self, url: str, data: bytes, version: Any = None) -> None:
+        self._entries[url] = data  # lives as long as this process: no version to keep
 
     def local_path(self, url: str) -> str | None:
         return None
@@ -98,17 +108,22 @@ class DiskCache:
         except OSError as exc:
             raise OSError(f"cannot use {self.root} as a cache directory: {exc}. Pass cache= a writable "
                           "local directory, 'memory', 'shm' or None.") from exc
+        self._root = str(self.root)
+        self._made: set[str] = set()  # entry subdirectories known to exist
         self._sweep_stale_temps()
 
     def __repr__(self) -> str:
         return f"DiskCache({str(self.root)!r})"
 
     def entry_path(self, url: str) -> Path:
-        key = _key(url)
-        return self.root / key[:2] / key
+        return Path(self._entry(url))
+
+    def _entry(self, url: str) -> str:
+        key = _key(url)  # plain strings: this runs for every file of every epoch
+        return f"{self._root}/{key[:2]}/{key}"
 
     def __contains__(self, url: str) -> bool:
-        return self.entry_path(url).exists()
+        return os.path.exists(self._entry(url))
 
     def local_path(self, url: str) -> str | None:
         path = self.entry_path(url)
@@ -117,25 +132,95 @@ class DiskCache:
     def get(self, url: str) -> bytes | None:
         t0 = time.perf_counter()
         try:
-            with open(self.entry_path(url), "rb") as f:
+            with open(self._entry(url), "rb") as f:
                 data = f.read()
         except FileNotFoundError:
             return None
         stats.record(stats.CACHE_SCHEME, len(data), time.perf_counter() - t0)
         return data
 
-    def put(self, url: str, data: bytes) -> None:
-        final = self.entry_path(url)
-        if final.exists():
-            return  # another process already wrote it; entries never change
+    def version_path(self, url: str) -> Path:
+        return self.entry_path(url).with_suffix(_VERSION_SUFFIX)
+
+    def recorded_version(self, url: str) -> Any:
+        """The version recorded with ``url``'s entry (None when there is none)."""
+        try:
+            raw = os.getxattr(self.entry_path(url), _XATTR)
+        except OSError:
+            try:
+                raw = self.version_path(url).read_bytes()
+            except OSError:
+                return None
+        try:
+            record = json.loads(raw)
+        except ValueError:
+            return None
+        return record.get("version") if record.get("url") == url else None
+
+    def _record_version(self, fd: int, url: str, version: Any) -> None:
+        raw = json.dumps({"url": url, "version": version}).encode()
+        try:
+            os.setxattr(fd, _XATTR, raw)
+            return
+        except OSError as exc:
+            if exc.errno not in (errno.ENOTSUP, errno.EOPNOTSUPP, errno.EPERM, errno.E2BIG):
+                raise
+        # No user xattrs here: a file beside the entry. A torn one (a crash while writing these
+        # few bytes) reads as no version, and the entry is fetched again.
+        side = os.open(self.version_path(url), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.write(side, raw)
+        finally:
+            os.close(side)
+
+    def validate(self, versions: dict[str, Any]) -> int:
+        """Drop the entries of ``versions``' URLs whose recorded version differs from the current one.
+
+        ``versions`` maps URL to its version now (from a listing); an entry without a recorded version
+        is dropped as well, since nothing says it is current. Returns how many entries went.
+        """
+        from .versions import same_version
+
+        dropped = 0
+        for url, now in versions.items():
+            entry = self.entry_path(url)
+            if not entry.exists():
+                continue
+            if now is not None and same_version(self.recorded_version(url), now):
+                continue
+            for path in (entry, self.version_path(url)):
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:
+                    pass
+            dropped += 1
+        return dropped
+
+    def put(self, url: str, data: bytes, version: Any = None) -> None:
+        """Store ``url``'s bytes (and, for a later run's check, the ``version`` they are)."""
+        final = self._entry(url)
+        if os.path.exists(final):
+            return  # another process already wrote it: the same file, fetched in this run
+        sub, name = final.rsplit("/", 1)
         tmp = None
         try:
-            final.parent.mkdir(exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=final.parent, prefix=_TMP_PREFIX)
+            if name[:2] not in self._made:
+                os.makedirs(sub, exist_ok=True)
+                self._made.add(name[:2])
+            # A name no other writer (process or thread) uses, without mkstemp's cost per file.
+            tmp = f"{sub}/{_TMP_PREFIX}{name[:16]}-{os.getpid()}-{threading.get_ident()}-{next(_seq)}"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
+                if version is not None:  # before the rename: the entry never appears without it
+                    self._record_version(f.fileno(), url, version)
             os.replace(tmp, final)  # atomic: readers see no file or the whole file
             tmp = None
+        except FileNotFoundError:
+            if name[:2] not in self._made:
+                raise
+            self._made.discard(name[:2])  # removed since (clear_cache in another process)
+            self.put(url, data, version)
         except OSError as exc:
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):
                 free = shutil.disk_usage(self.root).free
@@ -150,6 +235,40 @@ class DiskCache:
                     os.unlink(tmp)
                 except OSError:
                     pass
+
+    def _claim_path(self, url: str) -> str:
+        sub, name = self._entry(url).rsplit("/", 1)
+        return f"{sub}/{_TMP_PREFIX}claim-{name}"
+
+    def claim(self, url: str) -> bool:
+        """Take the job of fetching ``url`` for every process using this cache; False if another has it.
+
+        The claim is a file created exclusively next to where the entry goes; a claim older than
+        ``STALE_TMP_S`` (its owner died) is taken over. ``release`` ends it.
+        """
+        path = self._claim_path(url)
+        os.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+        try:
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+            return True
+        except FileExistsError:
+            try:
+                stale = time.time() - os.stat(path).st_mtime > STALE_TMP_S
+            except FileNotFoundError:
+                return self.claim(url)
+            if stale:
+                os.unlink(path)
+                return self.claim(url)
+            return False
+
+    def claimed(self, url: str) -> bool:
+        return os.path.exists(self._claim_path(url))
+
+    def release(self, url: str) -> None:
+        try:
+            os.unlink(self._claim_path(url))
+        except FileNotFoundError:
+            pass
 
     def _our_files(self):
         """(path, is_temp) for every file turbotrain wrote here; nothing else is ever listed."""
@@ -194,7 +313,8 @@ class DiskCache:
         return removed
 
     def size_bytes(self) -> int:
-        return sum(entry.stat().st_size for entry, is_temp in self._our_files() if not is_temp)
+        return sum(entry.stat().st_size for entry, is_temp in self._our_files()
+                   if not is_temp and not entry.name.endswith(_VERSION_SUFFIX))
 
 
 def shm_dir() -> Path:

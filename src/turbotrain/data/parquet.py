@@ -7,12 +7,17 @@ then shuffled within a buffer of ``shuffle_buffer_rows`` and cut into batches of
 
 Footers are read when the dataset is built (concurrently; through the cache when it holds the
 file). Row groups are read one step ahead on a background thread (PyArrow decodes without the
-GIL), and with a cache the whole files this process needs are fetched ahead, many at once.
+GIL). With a cache, the files this process needs are fetched ahead in the order it reads them,
+each as coalesced range requests of ``part_bytes`` (several files and their row groups in flight,
+``max_in_flight`` requests at once, at most ``2 * max_in_flight`` parts held in memory), then
+joined and written to the cache: epoch 1 reads at the store's speed even when one connection is
+slow, and a file larger than a part never waits on a single stream.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -26,6 +31,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from . import stats
 from .cache import DiskCache, open_cache
 from .fetch import FetchError, Fetcher, RetryPolicy, expand_urls, scheme_of
+from .versions import checked_versions
 
 __all__ = ["ParquetDataset", "ParquetFileError"]
 
@@ -121,31 +127,75 @@ class _Batcher:
 
 
 class _Reader:
-    """Opens this process's files (cache, local, or remote ranges) and reads row groups from them."""
+    """Opens this process's files (cache, local, or remote ranges) and reads row groups from them.
+
+    With a cache, files are fetched ahead in reading order as parts; a joiner thread writes each file
+    to the cache as soon as its parts are in (not when it is read), so a file another process waits
+    for is never held up by what this one reads first.
+    """
 
     def __init__(self, ds: "ParquetDataset", files_in_order: list[int]):
         self.ds = ds
         self.files_in_order = files_in_order
-        self.position = {f: k for k, f in enumerate(files_in_order)}
-        self.fetches: dict[int, Future] = {}
+        self.next_file = 0                        # the next file whose parts are not yet asked for
+        self.parts: dict[int, list[Future]] = {}  # asked for, not yet in the cache
+        self.joined: dict[int, Future] = {}       # done when the file is in the cache
+        self.elsewhere: set[int] = set()          # being fetched by another process sharing the cache
         self.open_files: dict[int, Any] = {}
+        self._lock = threading.Lock()
+        self._joiner = ThreadPoolExecutor(2, thread_name_prefix="turbotrain-parquet-join")
 
-    def _fetch_ahead(self, file: int) -> None:
-        """Start whole-file fetches into the cache for the next files this process will read."""
-        start = self.position.get(file, 0)
-        for f in self.files_in_order[start:start + self.ds.fetcher.max_in_flight]:
-            url = self.ds.urls[f]
-            if f not in self.fetches and url not in self.ds.cache:
-                self.fetches[f] = self.ds.fetcher.pool().submit(self.ds._cache_file, url)
+    def _fetch_ahead(self) -> None:
+        """Ask for the parts of the next files, in reading order, while fewer than 2 x max_in_flight are held."""
+        ds = self.ds
+        budget = 2 * ds.fetcher.max_in_flight
+        with self._lock:
+            while self.next_file < len(self.files_in_order):
+                file = self.files_in_order[self.next_file]
+                url = ds.urls[file]
+                if url in ds.cache:
+                    self.next_file += 1
+                    continue
+                spans = ds.spans(file)
+                if self.parts and sum(map(len, self.parts.values())) + len(spans) > budget:
+                    return
+                if isinstance(ds.cache, DiskCache) and not ds.cache.claim(url):
+                    self.elsewhere.add(file)  # another worker or rank fetches it: wait for its entry instead
+                    self.next_file += 1
+                    continue
+                self.parts[file] = [ds.fetcher.submit(url, a, b) for a, b in spans]
+                self.joined[file] = self._joiner.submit(self._join, file)
+                self.next_file += 1
+
+    def _join(self, file: int) -> None:
+        url = self.ds.urls[file]
+        try:
+            self.ds.cache.put(url, b"".join(f.result() for f in self.parts[file]), self.ds.versions.get(url))
+        finally:
+            if isinstance(self.ds.cache, DiskCache):
+                self.ds.cache.release(url)
+            with self._lock:
+                self.parts.pop(file, None)
+            self._fetch_ahead()
 
     def parquet_file(self, file: int):
         pf = self.open_files.get(file)
         if pf is None:
             if self.ds.cache is not None:
-                self._fetch_ahead(file)
-                fut = self.fetches.pop(file, None)
-                if fut is not None:
-                    fut.result()
+                self._fetch_ahead()
+                url = self.ds.urls[file]
+                joined = self.joined.pop(file, None)
+                if joined is not None:
+                    joined.result()
+                elif file in self.elsewhere:
+                    self.elsewhere.discard(file)
+                    policy = self.ds.fetcher.retry
+                    give_up = time.monotonic() + policy.attempts * (policy.timeout_s + policy.max_backoff_s)
+                    pause = 0.002
+                    while self.ds.cache.claimed(url) and url not in self.ds.cache and time.monotonic() < give_up:
+                        time.sleep(pause)  # its owner joins the parts and renames the entry into place
+                        pause = min(0.02, pause * 1.5)
+                    # Entry there, or the owner failed or died: _open fetches it whole (and names any error).
             for old in list(self.open_files)[:-2]:  # keep a few open: units of a file usually come together
                 self.open_files.pop(old)
             pf = self.open_files[file] = self.ds._open(file)
@@ -167,8 +217,12 @@ class _Reader:
         return table
 
     def close(self) -> None:
-        for fut in self.fetches.values():
-            fut.cancel()
+        with self._lock:
+            self.next_file = len(self.files_in_order)  # ask for nothing more
+            for parts in self.parts.values():
+                for fut in parts:
+                    fut.cancel()  # a joiner then fails on a cancelled part and releases the claim
+        self._joiner.shutdown(wait=True)
         self.open_files.clear()
 
 
@@ -182,15 +236,19 @@ class ParquetDataset(IterableDataset):
     num_workers=...)``. ``shuffle=True`` permutes row groups per epoch and rows within a buffer of
     ``shuffle_buffer_rows``; call ``set_epoch(e)`` each epoch (the Trainer does) for a new order.
     ``rank``/``world_size`` default to torch.distributed's, or the RANK/WORLD_SIZE variables.
+    With a cache, files are fetched ahead as range requests of ``part_bytes`` (default
+    ``PART_BYTES``, 1 MiB), ``max_in_flight`` at once.
     """
+
+    PART_BYTES = 1 << 20
 
     def __init__(self, urls: str | os.PathLike | Iterable[str], columns: list[str] | None = None,
                  batch_rows: int = 1024, *, shuffle: bool = False, shuffle_buffer_rows: int | None = None,
                  seed: int = 0, drop_last: bool = False, cache: Any = None,
                  storage_options: dict[str, Any] | None = None, rank: int | None = None,
                  world_size: int | None = None, format: str = "torch",
-                 transform: Callable[[Any], Any] | None = None, read_ahead: int = 2, max_in_flight: int = 16,
-                 retry: RetryPolicy | None = None):
+                 transform: Callable[[Any], Any] | None = None, read_ahead: int = 2, max_in_flight: int = 64,
+                 retry: RetryPolicy | None = None, part_bytes: int | None = None):
         if batch_rows < 1:
             raise ValueError(f"batch_rows must be at least 1, got {batch_rows}")
         if format not in ("torch", "arrow"):
@@ -205,6 +263,11 @@ class ParquetDataset(IterableDataset):
         self.cache = open_cache(cache)
         stats.share_with_workers()
         self.fetcher = Fetcher(storage_options, max_in_flight=max_in_flight, retry=retry)
+        self.part_bytes = int(part_bytes or self.PART_BYTES)
+        if self.part_bytes < 1:
+            raise ValueError(f"part_bytes must be positive, got {part_bytes}")
+        self.versions = checked_versions(self.urls, self.fetcher, self.cache)
+        self.sizes: dict[int, int] = {}
         self.rank, self.world_size = _rank_world(rank, world_size)
         self._epoch = 0
         self._iterations = 0
@@ -219,7 +282,16 @@ class ParquetDataset(IterableDataset):
 
     def _cache_file(self, url: str) -> None:
         if url not in self.cache:
-            self.cache.put(url, self.fetcher.read(url))
+            self.cache.put(url, self.fetcher.read(url), self.versions.get(url))
+
+    def spans(self, file: int) -> list[tuple[int | None, int | None]]:
+        """The byte ranges ``file`` is fetched in: parts of ``part_bytes`` (the whole of a file of unknown size)."""
+        size = self.sizes.get(file)
+        if not size:
+            return [(None, None)]
+        return [(start, min(start + self.part_bytes, size)) for start in range(0, size, self.part_bytes)]
+
+
 
     def _where(self, url: str) -> str:
         path = self.cache.local_path(url) if self.cache is not None else None
@@ -241,7 +313,9 @@ class ParquetDataset(IterableDataset):
         if scheme_of(url) == "file":
             return url
         fs, path = self.fetcher.filesystem(url)
-        return fs.open(path, "rb")  # ranged reads: only the footer and the row groups asked for
+        handle = fs.open(path, "rb")  # ranged reads: only the footer and the row groups asked for
+        self.sizes[file] = handle.size
+        return handle
 
     def _open(self, file: int, whole: bool = True):
         """The ParquetFile for ``file``; ``whole=False`` reads just what is asked (ranges) when not cached."""
@@ -269,6 +343,9 @@ class ParquetDataset(IterableDataset):
             return units, pf.schema_arrow
 
         results = list(self.fetcher.pool().map(footer, range(len(self.urls))))
+        for file, url in enumerate(self.urls):
+            if file not in self.sizes and scheme_of(url) == "file":
+                self.sizes[file] = os.path.getsize(url)
         schema = results[0][1]
         if self.columns is not None:
             missing = [c for c in self.columns if c not in schema.names]
@@ -283,26 +360,40 @@ class ParquetDataset(IterableDataset):
         clone = object.__new__(ParquetDataset)
         clone.__dict__.update(self.__dict__)
         clone.cache = open_cache(cache)
+        clone.versions = checked_versions(clone.urls, clone.fetcher, clone.cache)
         return clone
 
     def fill(self) -> "ParquetDataset":
         """Fetch every file not yet cached into the cache, many at once; returns self."""
         if self.cache is None:
             raise ValueError("fill() needs a cache: ParquetDataset(..., cache='memory' | 'shm' | '/local/dir')")
-        self.fetcher.fill(self.cache, self.urls)
+        self.fetcher.fill(self.cache, self.urls, self.versions)
         return self
 
     def set_epoch(self, epoch: int) -> None:
         """Use ``epoch``'s order (row-group permutation and row shuffle) from the next iteration on."""
         self._epoch, self._iterations = int(epoch), 0
 
-    def assigned_units(self, worker: int = 0, num_workers: int = 1, epoch: int | None = None) -> list[_Unit]:
-        """The row groups this rank's ``worker`` of ``num_workers`` reads in ``epoch``."""
+    def _order(self, epoch: int | None) -> list[int]:
+        """The epoch's permutation of all row groups, the same in every process."""
         order = list(range(len(self.units)))
         if self.shuffle:
             np.random.default_rng([self.seed, self._epoch if epoch is None else epoch]).shuffle(order)
+        return order
+
+    def assigned_units(self, worker: int = 0, num_workers: int = 1, epoch: int | None = None) -> list[_Unit]:
+        """The row groups this rank's ``worker`` of ``num_workers`` reads in ``epoch``."""
         stride = self.world_size * num_workers
-        return [self.units[k] for k in order[self.rank * num_workers + worker::stride]]
+        return [self.units[k] for k in self._order(epoch)[self.rank * num_workers + worker::stride]]
+
+    def fetch_order(self, units: list[_Unit], epoch: int) -> list[int]:
+        """The files ``units`` need, in the order the whole epoch first needs them (all processes alike).
+
+        Processes sharing a cache then claim files in one order: the first files each of them needs are
+        fetched first, whichever process fetches them.
+        """
+        needed = {u.file for u in units}
+        return [f for f in dict.fromkeys(self.units[k].file for k in self._order(epoch)) if f in needed]
 
     def __iter__(self) -> Iterator[Any]:
         info = get_worker_info()
@@ -313,7 +404,7 @@ class ParquetDataset(IterableDataset):
         units = self.assigned_units(worker, num_workers, epoch)
         rng = np.random.default_rng([self.seed, epoch, self.rank, worker]) if self.shuffle else None
         batcher = _Batcher(self.batch_rows, self.shuffle_buffer_rows, rng, self.drop_last)
-        reader = _Reader(self, list(dict.fromkeys(u.file for u in units)))
+        reader = _Reader(self, self.fetch_order(units, epoch))
         pool = ThreadPoolExecutor(1, thread_name_prefix="turbotrain-parquet")
         try:
             ahead: deque[Future] = deque()

@@ -23,11 +23,10 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler
-from torch.utils.data.distributed import DistributedSampler
 
 from .. import distributed as tdist
 from ..config import ConfigError
+from ..data import pipeline
 from ..train import checkpoint as ckpt
 from . import fsdp
 
@@ -40,6 +39,7 @@ _SHARDED_NAME = re.compile(r"^step-(\d{9})\.dcp$")
 
 # -- data --------------------------------------------------------------------------------------
 
+<<<<<<< HEAD
 def _seed_of(loader: DataLoader) -> int:
     """The seed the user's shuffling is governed by (their generator's, else torch's global one)."""
     generator = getattr(loader.sampler, "generator", None) or loader.generator
@@ -75,6 +75,10 @@ def shard_loader(loader: Any, replicas: int | None = None, index: int | None = N
     distributed = DistributedSampler(loader.dataset, num_replicas=world, rank=tdist.rank() if index is None else index,
                                      shuffle=plain_shuffle, seed=seed)
     return rebuild_loader(loader, sampler=distributed)
+=======
+# Sharding is the sampler stage of the one loader pipeline (data/pipeline.py).
+shard_loader = pipeline.shard
+>>>>>>> data-remote
 
 
 # -- positions: where each rank stands in its data stream ---------------------------------------

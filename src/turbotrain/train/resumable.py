@@ -19,7 +19,6 @@ reproduced when they derive their randomness from the sample index.
 
 from __future__ import annotations
 
-import functools
 import itertools
 import logging
 import signal
@@ -28,7 +27,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 from torch.utils.data import DataLoader, Sampler
 
-from ..data.loader import batch_sampler_of
+from ..data import pipeline
 from . import rng
 
 __all__ = ["ResumableBatches", "EpochSource", "Position", "WorkerDied"]
@@ -132,17 +131,9 @@ class EpochSource:
     def __init__(self, loader: Any, rebuild: Callable[..., Any]):
         """``rebuild(loader, **extra)`` applies the plan's loader switches (``Runtime.rebuild_loader``)."""
         self.user_loader = loader
-        self.batches: ResumableBatches | None = None
-        planned = rebuild(loader)
-        extra: dict[str, Any] = {}
-        if isinstance(planned, DataLoader) and planned.num_workers > 0:
-            extra["worker_init_fn"] = functools.partial(_worker_ignoring_sigterm, planned.worker_init_fn)
-        inner = batch_sampler_of(planned) if isinstance(planned, DataLoader) else None
-        if inner is not None:
-            self.batches = ResumableBatches(inner)
-            extra["batch_sampler"] = self.batches
-        if extra:
-            planned = rebuild(planned, **extra)
+        # The pipeline (data/pipeline.py) composes shard -> plan settings -> these batches -> read-ahead.
+        planned, self.batches = pipeline.training_loader(loader, rebuild, resumable=ResumableBatches,
+                                                         worker_init=_worker_ignoring_sigterm)
         self.loader = planned
         self.generators = rng.generators_of(planned) if isinstance(planned, DataLoader) else []
         self._persistent = isinstance(planned, DataLoader) and planned.persistent_workers
