@@ -42,16 +42,17 @@ def _seed_of(loader: DataLoader) -> int:
     return seed % 2**63  # DistributedSampler adds the epoch to it
 
 
-def shard(loader: Any) -> Any:
+def shard(loader: Any, replicas: int | None = None, index: int | None = None) -> Any:
     """``loader`` with each rank reading its own 1/world_size of the data (map-style DataLoaders).
 
     Already-distributed samplers, iterable datasets (they shard themselves) and loaders that are
     not DataLoaders are returned as they are. Each rank keeps the loader's batch size, so the
-    global batch is ``world_size * batch_size``.
+    global batch is ``world_size * batch_size``. ``replicas`` and ``index`` split it among fewer
+    readers instead (a pipeline's data-parallel replicas: every stage of one reads the same batches).
     """
     from .. import distributed as tdist
 
-    world = tdist.world_size()
+    world = tdist.world_size() if replicas is None else replicas
     if world == 1 or not isinstance(loader, DataLoader) or isinstance(loader.dataset, IterableDataset):
         return loader
     sampler = loader.sampler
@@ -66,7 +67,7 @@ def shard(loader: Any) -> Any:
         return loader
     # Every rank must draw the same permutation: rank 0's seed decides.
     seed = tdist.broadcast_object(_seed_of(loader))
-    distributed = DistributedSampler(loader.dataset, num_replicas=world, rank=tdist.rank(),
+    distributed = DistributedSampler(loader.dataset, num_replicas=world, rank=tdist.rank() if index is None else index,
                                      shuffle=plain_shuffle, seed=seed)
     return rebuild_loader(loader, sampler=distributed)
 

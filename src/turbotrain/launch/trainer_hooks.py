@@ -39,46 +39,8 @@ _SHARDED_NAME = re.compile(r"^step-(\d{9})\.dcp$")
 
 # -- data --------------------------------------------------------------------------------------
 
-<<<<<<< HEAD
-def _seed_of(loader: DataLoader) -> int:
-    """The seed the user's shuffling is governed by (their generator's, else torch's global one)."""
-    generator = getattr(loader.sampler, "generator", None) or loader.generator
-    seed = generator.initial_seed() if generator is not None else torch.initial_seed()
-    return seed % 2**63  # DistributedSampler adds the epoch to it
-
-
-def shard_loader(loader: Any, replicas: int | None = None, index: int | None = None) -> Any:
-    """``loader`` with each rank reading its own 1/world_size of the data (map-style DataLoaders).
-
-    Already-distributed samplers, iterable datasets (they shard themselves) and loaders that are
-    not DataLoaders are returned as they are. Each rank keeps the loader's batch size, so the
-    global batch is ``world_size * batch_size``. ``replicas`` and ``index`` split it among fewer
-    readers instead (a pipeline's data-parallel replicas: every stage of one reads the same batches).
-    """
-    world = tdist.world_size() if replicas is None else replicas
-    if world == 1 or not isinstance(loader, DataLoader) or isinstance(loader.dataset, IterableDataset):
-        return loader
-    sampler = loader.sampler
-    if isinstance(sampler, DistributedSampler) or isinstance(getattr(loader.batch_sampler, "sampler", None),
-                                                             DistributedSampler):
-        return loader
-    plain_shuffle = isinstance(sampler, RandomSampler) and not sampler.replacement and sampler._num_samples is None
-    if loader.batch_size is None or not (plain_shuffle or isinstance(sampler, SequentialSampler)):
-        log.warning("turbotrain: the loader's %s is left as it is, so every one of the %d processes reads all of the "
-                    "data; shard it yourself (e.g. torch.utils.data.DistributedSampler) to split it",
-                    type(loader.batch_sampler if loader.batch_size is None else sampler).__name__, world)
-        return loader
-    from ..data.loader import rebuild_loader
-
-    # Every rank must draw the same permutation: rank 0's seed decides.
-    seed = tdist.broadcast_object(_seed_of(loader))
-    distributed = DistributedSampler(loader.dataset, num_replicas=world, rank=tdist.rank() if index is None else index,
-                                     shuffle=plain_shuffle, seed=seed)
-    return rebuild_loader(loader, sampler=distributed)
-=======
 # Sharding is the sampler stage of the one loader pipeline (data/pipeline.py).
 shard_loader = pipeline.shard
->>>>>>> data-remote
 
 
 # -- positions: where each rank stands in its data stream ---------------------------------------
