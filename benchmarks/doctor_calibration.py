@@ -48,7 +48,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT / "benchmarks" / "calibration"
-STEP_LINE = re.compile(r"^STEP_MS ([\d.]+) MEAN_MS [\d.]+ SAMPLES (\d+)$", re.M)
+STEP_LINE = re.compile(r"^STEP_MS ([\d.]+) MEAN_MS ([\d.]+) SAMPLES (\d+)$", re.M)
 HEADER = re.compile(r"^# (?P<key>[a-z-]+): (?P<value>.+)$", re.M)
 
 # The targets of issue 13.
@@ -110,12 +110,15 @@ def predict(pair: Pair, doctor_steps: int, budget_s: float, script_args: list[st
     found = [f for f in report.get("findings", []) if f.get("rule") == pair.rule]
     result = {"predicted": None, "doctor_s": round(took, 1), "bottleneck": report.get("bottleneck"),
               "doctor_step_ms": (report.get("step_time_ms") or {}).get("median")}
-    if found:
+    if pair.fixed_every:
+        # The doctor's finding is for the cadence it suggests; the twin has its own: predict that one from
+        # the recurring work's measured share and period.
+        result.update(_from_periodic(report.get("periodic") or [], pair), severity=found[0].get("severity")
+                      if found else None, measured=True)
+    elif found:
         best = max(found, key=lambda f: f.get("est_speedup") or 0.0)
         result.update(predicted=best.get("est_speedup"), severity=best.get("severity"),
                       measured=best.get("measured"), where=best.get("where"))
-    elif pair.fixed_every:
-        result.update(_from_periodic(report.get("periodic") or [], pair))
     return result
 
 
@@ -129,23 +132,30 @@ def _from_periodic(entries: list[dict], pair: Pair) -> dict:
             "from": "periodic"}
 
 
-def time_script(path: Path, script_args: list[str]) -> float | None:
-    """Milliseconds per sample of one plain run of ``path`` (its own STEP_MS line), None when it failed."""
+def time_script(path: Path, script_args: list[str], whole_periods: bool = False) -> float | None:
+    """Milliseconds per sample of one plain run of ``path`` (its own STEP_MS line), None when it failed.
+
+    ``whole_periods``: the plain mean (MEAN_MS) instead, for a cadence pair run over whole periods of its
+    fixed twin (a block median would leave the twin's remaining validations out, and the prediction
+    counts them)."""
     proc = subprocess.run([sys.executable, str(path), *script_args], capture_output=True, text=True, cwd=CORPUS)
     lines = STEP_LINE.findall(proc.stdout)
     if proc.returncode != 0 or not lines:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:]
         print(f"    {path.name} failed (exit {proc.returncode}): {' '.join(tail)}", file=sys.stderr)
         return None
-    mean, samples = lines[-1]
-    return float(mean) / int(samples)
+    blocks, mean, samples = lines[-1]
+    return float(mean if whole_periods else blocks) / int(samples)
 
 
 def measure(pair: Pair, rounds: int, script_args: list[str]) -> dict:
     """Both scripts in interleaved rounds; the real gain is the fastest slow run over the fastest fixed run."""
     slow, fixed = [], []
+    whole = bool(pair.fixed_every)
+    if whole and "--steps" not in script_args:
+        script_args = [*script_args, "--steps", str(2 * pair.fixed_every)]
     for _ in range(rounds):
-        s, f = time_script(pair.slow, script_args), time_script(pair.fixed, script_args)
+        s, f = time_script(pair.slow, script_args, whole), time_script(pair.fixed, script_args, whole)
         if s is None or f is None:
             continue
         slow.append(s)

@@ -28,7 +28,12 @@ def imports(path: Path) -> set[str]:
     name = module_name(path)
     package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
+                   and ast.unparse(block.test).endswith("TYPE_CHECKING") for n in ast.walk(block)}
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue  # imports for type annotations only: no dependency at run time
         if isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
@@ -125,7 +130,7 @@ def plot(edges: dict[str, set[str]], path: str) -> None:
     ax.set_xlim(-2, 2)
     ax.set_ylim(-len(LAYERS) + 0.5, 0.5)
     ax.axis("off")
-    ax.set_title("turbotrain: who imports whom (arrows point at what is imported; layers from the bottom up)")
+    ax.set_title("turbotrain: who imports whom (foundations on top; dark arrows go against the layers)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 

@@ -1,7 +1,7 @@
 """Calibration pair amsgrad_foreach: 400 small parameter tensors under AdamW(amsgrad=True) with the
 per-tensor loop: the optimizer's Python loop of tiny kernels is most of the step.
 
-slow: AdamW(..., amsgrad=True, foreach=True); fixed: the same with foreach=True.
+slow: AdamW(..., amsgrad=True, foreach=False); fixed: AdamW(..., amsgrad=True, fused=True), the doctor's fix.
 """
 # calibrates: non-foreach-optimizer
 # expect: large (the optimizer is most of the step)
@@ -24,7 +24,7 @@ class ManySmall(nn.Module):
 steps = steps_from_argv()
 torch.manual_seed(0)
 model = ManySmall()
-opt = torch.optim.AdamW(model.parameters(), lr=1e-3, amsgrad=True, foreach=True)
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3, amsgrad=True, fused=True)
 x, y = torch.randn(64, 16), torch.randn(64, 1)
 for step in timed_steps(steps, samples=len(x)):
     loss = nn.functional.mse_loss(model(x), y)

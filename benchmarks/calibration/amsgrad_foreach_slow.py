@@ -1,7 +1,7 @@
 """Calibration pair amsgrad_foreach: 400 small parameter tensors under AdamW(amsgrad=True) with the
 per-tensor loop: the optimizer's Python loop of tiny kernels is most of the step.
 
-slow: AdamW(..., amsgrad=True, foreach=False); fixed: the same with foreach=True.
+slow: AdamW(..., amsgrad=True, foreach=False); fixed: AdamW(..., amsgrad=True, fused=True), the doctor's fix.
 """
 # calibrates: non-foreach-optimizer
 # expect: large (the optimizer is most of the step)

@@ -1,7 +1,7 @@
 """Calibration pair oversub_workers: four DataLoader workers on a two-core machine, beside a model that
 already keeps both cores busy with its own intra-op threads.
 
-slow: DataLoader(num_workers=4); fixed: DataLoader(num_workers=1).
+slow: DataLoader(num_workers=4); fixed: DataLoader(num_workers=0), the doctor's fix on this 2-core machine.
 """
 # calibrates: cpu-oversubscribed
 # expect: small to moderate (the workers' total work is the same; only the contention differs)

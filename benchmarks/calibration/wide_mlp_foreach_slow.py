@@ -1,7 +1,7 @@
 """Calibration pair wide_mlp_foreach: Adam's per-tensor loop over 24 large tensors of a compute-bound
 MLP: the loop is a handful of big kernels, so foreach has little to win.
 
-slow: Adam(..., foreach=False); fixed: Adam(..., foreach=True).
+slow: Adam(..., foreach=False); fixed: Adam(..., fused=True), the doctor's fix.
 """
 # calibrates: non-foreach-optimizer
 # expect: small (the matmuls dominate the step)

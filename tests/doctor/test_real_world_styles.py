@@ -69,3 +69,16 @@ def test_a_hugging_face_trainer_on_a_tiny_gpt2():
     assert not precision or precision[0].measured, precision[0].to_dict()
     for f in data["findings"]:
         assert f["where"] is None or f["where"].startswith("hf_trainer_tiny_gpt2.py"), f
+
+
+def test_what_ifs_rebuild_the_scripts_own_optimizer():
+    """torch's AdamW keeps a default its constructor does not take; the rebuild must still be an AdamW
+    with the script's settings (it silently fell back to SGD before)."""
+    import torch
+
+    from turbotrain.doctor.whatif import constructor_defaults
+
+    opt = torch.optim.AdamW([torch.zeros(3, requires_grad=True)], lr=3e-4, amsgrad=True, foreach=False)
+    rebuilt = torch.optim.AdamW([torch.zeros(3, requires_grad=True)], **constructor_defaults(opt))
+    assert rebuilt.defaults["amsgrad"] is True and rebuilt.defaults["foreach"] is False
+    assert rebuilt.defaults["lr"] == 3e-4

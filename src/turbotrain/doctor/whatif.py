@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import inspect
 import logging
 import math
 import sys
@@ -75,13 +76,25 @@ def _optimizer_fn(ctx) -> Callable:
                    if any(id(p) in model_params for g in opt.param_groups for p in g["params"])), None)
     if chosen is None:
         return lambda params: torch.optim.SGD(params, lr=1e-3)
-    cls, defaults = type(chosen), dict(chosen.defaults)
+    cls, defaults = type(chosen), constructor_defaults(chosen)
     try:
         cls([torch.zeros(1, requires_grad=True)], **defaults)
     except Exception:  # noqa: BLE001 - a custom optimizer whose defaults are not constructor arguments
         lr = defaults.get("lr", 1e-3)
+        log.warning("turbotrain doctor: %s cannot be rebuilt from its defaults; the what-ifs time SGD instead",
+                    cls.__name__)
         return lambda params: torch.optim.SGD(params, lr=float(lr) if not torch.is_tensor(lr) else lr.item())
     return lambda params: cls(params, **defaults)
+
+
+def constructor_defaults(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The optimizer's ``defaults`` that its constructor accepts. torch's own AdamW keeps a
+    ``decoupled_weight_decay`` entry it does not take as an argument (torch 2.13): passing every
+    default would make the rebuild fail and the what-ifs time some other optimizer."""
+    params = inspect.signature(type(optimizer).__init__).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return dict(optimizer.defaults)
+    return {k: v for k, v in optimizer.defaults.items() if k in params}
 
 
 def _baseline_plan(ctx) -> Plan:
@@ -305,20 +318,16 @@ def _batch_trial(ctx, finding: Finding, budget: Budget) -> None:
                   "candidate_samples_per_s": round(big.samples_per_step / typical_s(big), 1)}, unit="samples/s")
 
 
-def _threads_trial(ctx, finding: Finding, budget: Budget) -> None:
-    """The script's intra-op threads and DataLoader workers against the recommended ones, on a copy of its
-    model, each step also pulling a batch from its own loader (so workers compete for the cores as they
-    do in the script), A/B interleaved. Medians, not fastest steps: contention slows every step."""
+def _setting_rounds(ctx, budget: Budget, now: tuple[int, int], options: list[tuple[int, int]]
+                    ) -> tuple[tuple[int, int], list[float], dict[str, Trial]] | str:
+    """(intra-op threads, DataLoader workers) settings timed against the script's own ``now`` on a copy of its
+    model, each step also pulling a batch from its own loader (so workers compete for the cores as they do
+    in the script), A/B interleaved: the best option, its per-round ratios and the last trials; or why not.
+    Medians, not fastest steps: contention slows every step."""
     from ..data.loader import rebuild_loader
 
-    if ctx.capture is None:
-        return
     trials = _ModelTrials(ctx, budget)
     record = ctx.main_loader
-    now = (ctx.machine.get("intra_op_threads") or torch.get_num_threads(), finding.evidence.get("workers", 0))
-    options = list(finding.trial.candidates)
-    if not options:
-        return
     streams: dict[int, Any] = {}
 
     def pull(workers: int) -> None:
@@ -350,17 +359,29 @@ def _threads_trial(ctx, finding: Finding, budget: Budget) -> None:
 
     try:
         if not budget.allows(trials.cost * (1 + len(options)) + 2.0):
-            return
-        # Round one times every candidate next to the script's setting; the best goes on to more rounds.
+            return "the what-if time budget is spent"
+        # Round one times every option next to the script's setting; the best goes on to more rounds.
         firsts = {fix: pair(fix) for fix in options}
         timed_ok = {fix: t for fix, t in firsts.items() if t is not None}
         if not timed_ok:
-            finding.note = f"Not measured: {seen['now'].error or seen['fix'].error}."
-            return
+            return seen["now"].error or seen["fix"].error or "the trials failed"
         fix = max(timed_ok, key=lambda c: timed_ok[c][0] / timed_ok[c][1])
-        ratios = _rounds(ctx, budget, trials.cost * 2, timed_ok[fix], lambda: pair(fix))
+        return fix, _rounds(ctx, budget, trials.cost * 2, timed_ok[fix], lambda: pair(fix)), seen
     finally:
         streams.clear()  # worker processes end with their iterators
+
+
+def _threads_trial(ctx, finding: Finding, budget: Budget) -> None:
+    """The script's threads and workers against the recommended settings (:func:`_setting_rounds`)."""
+    if ctx.capture is None or not finding.trial.candidates:
+        return
+    now = (ctx.machine.get("intra_op_threads") or torch.get_num_threads(), finding.evidence.get("workers", 0))
+    options = list(finding.trial.candidates)
+    got = _setting_rounds(ctx, budget, now, options)
+    if isinstance(got, str):
+        finding.note = f"Not measured: {got}."
+        return
+    fix, ratios, seen = got
     _name_the_fix(finding, now, fix)
     applies = _model_share(ctx) + ctx.share("data_loading")
     _apply_ratio(finding, ctx, judge(ratios, noise_floor=ctx.noise_floor),
@@ -448,6 +469,24 @@ def _loader_trial(ctx, finding: Finding, budget: Budget) -> None:
     finding.set_gain(share, measured=True)
     finding.note = (f"Loader rates measured for num_workers {', '.join(map(str, rates))}; the step is projected as "
                     "max(the rest of the step, one batch's loading time). Workers share the CPU with training.")
+    if best != current and ctx.capture is not None:
+        _verify_workers(ctx, finding, budget, current, best)
+
+
+def _verify_workers(ctx, finding: Finding, budget: Budget, current: int, best: int) -> None:
+    """The projection leaves out that workers take cores from training: time the model training beside the
+    loader, with the script's workers and with ``best``, interleaved (:func:`_setting_rounds`)."""
+    threads = ctx.machine.get("intra_op_threads") or torch.get_num_threads()
+    got = _setting_rounds(ctx, budget, (threads, current), [(threads, best)])
+    if isinstance(got, str):
+        return  # the projection stands
+    _, ratios, seen = got
+    finding.what_if.update(rounds=[round(r, 3) for r in ratios], baseline_ms=round(seen["now"].step_s * 1e3, 3),
+                           candidate_ms=round(seen["fix"].step_s * 1e3, 3))
+    _apply_ratio(finding, ctx, judge(ratios, noise_floor=ctx.noise_floor), finding.what_if,
+                 applies_to=min(1.0, _model_share(ctx) + ctx.share("data_loading")))
+    finding.note = (f"num_workers={best} had the best loader rate alone; timed with your model training beside the "
+                    "loader (workers share the cores with training), interleaved with your setting.")
 
 
 def time_once(fn: Callable[[], None], cuda: bool) -> float:
