@@ -1,7 +1,7 @@
 """Calibration pair loader_workers: every sample is read (0.4 ms of storage latency) and jittered in
 Python, in the training process.
 
-slow: DataLoader(num_workers=2, persistent_workers=True); fixed: DataLoader(num_workers=2, persistent_workers=True).
+slow: DataLoader(num_workers=0); fixed: DataLoader(num_workers=4, persistent_workers=True), the doctor's fix.
 """
 # calibrates: num-workers
 # expect: large (the batch takes longer to build than the model takes to train on it)
@@ -39,7 +39,7 @@ steps = steps_from_argv()
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(1024, 128), nn.ReLU(), nn.Linear(128, 10))
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
-loader = DataLoader(Augmented(BATCH * (steps + 10)), batch_size=BATCH, num_workers=2, persistent_workers=True)
+loader = DataLoader(Augmented(BATCH * (steps + 10)), batch_size=BATCH, num_workers=4, persistent_workers=True)
 for step, (x, y) in zip(timed_steps(steps, samples=BATCH), loader):
     loss = nn.functional.cross_entropy(model(x), y)
     opt.zero_grad()

@@ -1,7 +1,7 @@
 """Calibration pair loader_workers: every sample is read (0.4 ms of storage latency) and jittered in
 Python, in the training process.
 
-slow: DataLoader(num_workers=0); fixed: DataLoader(num_workers=2, persistent_workers=True).
+slow: DataLoader(num_workers=0); fixed: DataLoader(num_workers=4, persistent_workers=True), the doctor's fix.
 """
 # calibrates: num-workers
 # expect: large (the batch takes longer to build than the model takes to train on it)

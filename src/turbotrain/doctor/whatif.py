@@ -346,9 +346,12 @@ def _setting_rounds(ctx, budget: Budget, now: tuple[int, int], options: list[tup
             pull(workers)  # the loader's work is part of the step, as in the script
             return surrogate_step(model, batch)
 
+        # Idle workers fill their queues (workers x prefetch_factor batches) while the other setting is
+        # timed: those come for free, so they are drained in the warm-up and the timed steps outnumber them.
+        buffered = workers * (getattr(record.loader, "prefetch_factor", None) or 2) if record is not None else 0
         return run_trial(trials.model, trials.optimizer_fn, None, trials.batches,
-                         trials.base_plan.replace(intra_op_threads=threads), steps=trials.steps,
-                         warmup=trials.warmup, step_fn=step)
+                         trials.base_plan.replace(intra_op_threads=threads), steps=max(trials.steps, 2 * buffered),
+                         warmup=trials.warmup + buffered, step_fn=step)
 
     seen: dict[str, Trial] = {}
 
