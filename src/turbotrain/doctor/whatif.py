@@ -315,7 +315,10 @@ def _batch_trial(ctx, finding: Finding, budget: Budget) -> None:
                  {"kind": "batch", "batch_size": batch, "candidate_batch_size": batch * k,
                   "rounds": [round(r, 3) for r in ratios],
                   "baseline_samples_per_s": round(base.samples_per_step / typical_s(base), 1),
-                  "candidate_samples_per_s": round(big.samples_per_step / typical_s(big), 1)}, unit="samples/s")
+                  "candidate_samples_per_s": round(big.samples_per_step / typical_s(big), 1)}, unit="samples/s",
+                 # A DataLoader's per-batch cost (fetching, collating, the iterator) is paid per batch as the
+                 # model's dispatch is: a batch k times larger spreads both over k times the samples.
+                 applies_to=min(1.0, _model_share(ctx) + (ctx.share("data_loading") if ctx.main_loader else 0.0)))
 
 
 def _setting_rounds(ctx, budget: Budget, now: tuple[int, int], options: list[tuple[int, int]]
