@@ -107,20 +107,35 @@ def test_busy_cores_from_two_proc_stat_samples():
     assert busy_cores(read_cpu_times(STAT, {1}), read_cpu_times(STAT_LATER, {1}), 1) == pytest.approx(0.9)
 
 
+def _spin(seconds: float) -> None:
+    end = time.time() + seconds
+    while time.time() < end:
+        pass
+
+
 def test_other_load_sees_a_busy_process_and_not_this_one():
+    """Another program spinning is other load, even when this process started it; a forked worker of this
+    program (a DataLoader worker) is this job's own."""
+    import multiprocessing
+
     cpu = sorted(os.sched_getaffinity(0))[0]
     spin = "import os,time\nos.sched_setaffinity(0,{%d})\nend=time.time()+20\nwhile time.time()<end: pass\n" % cpu
     child = subprocess.Popen([sys.executable, "-c", spin], start_new_session=True)
     try:
         time.sleep(0.2)
-        busy = other_load(0.5, children_are_own=False)
-        # With children_are_own (the default: DataLoader workers are this job's), the child's CPU
-        # time counts as this process's own and is taken out of "other" load.
-        children_before = hardware._own_cpu_s(True) - hardware._own_cpu_s(False)
-        time.sleep(0.3)
-        children_after = hardware._own_cpu_s(True) - hardware._own_cpu_s(False)
+        busy = other_load(0.5)   # children_are_own, but this child runs another program
     finally:
         child.kill()
         child.wait()
     assert busy >= 0.5, busy          # one core spinning (others may add to it, never subtract)
-    assert children_after - children_before > 0.05
+    worker = multiprocessing.get_context("fork").Process(target=_spin, args=(3.0,))
+    worker.start()
+    try:
+        time.sleep(0.2)
+        before = hardware._own_cpu_s(True) - hardware._own_cpu_s(False)
+        time.sleep(0.5)
+        after = hardware._own_cpu_s(True) - hardware._own_cpu_s(False)
+    finally:
+        worker.terminate()
+        worker.join()
+    assert after - before > 0.1       # the forked worker's CPU time is counted as this process's own

@@ -208,15 +208,21 @@ def busy_cores(before: tuple[int, int], after: tuple[int, int], cpus: int) -> fl
 
 
 def _child_pids() -> list[str]:
-    """This process's children (DataLoader workers), from each of its threads' ``children`` list: a few
-    small reads, where scanning every process's stat would cost milliseconds on a busy machine."""
+    """This process's workers: its children (from each of its threads' ``children`` list: a few small reads,
+    where scanning every process's stat would cost milliseconds on a busy machine) that run this very
+    program, as forked DataLoader workers do, or multiprocessing's spawned ones. A child running
+    something else (a subprocess.Popen job) is another process's load."""
     pids: list[str] = []
     try:
         tasks = os.listdir("/proc/self/task")
     except OSError:
         return pids
+    ours = _read(Path("/proc/self/cmdline"))
     for tid in tasks:
-        pids += (_read(Path(f"/proc/self/task/{tid}/children")) or "").split()
+        for pid in (_read(Path(f"/proc/self/task/{tid}/children")) or "").split():
+            cmdline = _read(Path(f"/proc/{pid}/cmdline")) or ""
+            if cmdline == ours or "multiprocessing" in cmdline:
+                pids.append(pid)
     return pids
 
 

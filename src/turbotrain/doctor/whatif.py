@@ -323,6 +323,14 @@ def _batch_trial(ctx, finding: Finding, budget: Budget) -> None:
 
 def _setting_rounds(ctx, budget: Budget, now: tuple[int, int], options: list[tuple[int, int]]
                     ) -> tuple[tuple[int, int], list[float], dict[str, Trial]] | str:
+    """:func:`_timed_settings` without torch's "more workers than cores" advice (the trial means it)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return _timed_settings(ctx, budget, now, options)
+
+
+def _timed_settings(ctx, budget: Budget, now: tuple[int, int], options: list[tuple[int, int]]
+                    ) -> tuple[tuple[int, int], list[float], dict[str, Trial]] | str:
     """(intra-op threads, DataLoader workers) settings timed against the script's own ``now`` on a copy of its
     model, each step also pulling a batch from its own loader (so workers compete for the cores as they do
     in the script), A/B interleaved: the best option, its per-round ratios and the last trials; or why not.
