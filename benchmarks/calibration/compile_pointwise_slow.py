@@ -4,7 +4,7 @@ kernel) at a batch small enough that per-op overhead rules.
 slow: eager; fixed: model = torch.compile(model).
 """
 # calibrates: jit-script
-# doctor-args: --compile
+# doctor-args: --compile --what-if-budget 90
 # expect: measured (inductor fuses the pointwise chains; compiling takes seconds once)
 import torch
 from torch import nn
