@@ -83,11 +83,10 @@ def training_loader(loader: Any, rebuild: Callable[..., Any],
     ``rebuild(loader, **extra)`` applies the plan's DataLoader settings (``Runtime.rebuild_loader``);
     ``resumable(batch_sampler)`` wraps the batch sampler so an epoch can start at any batch;
     ``worker_init(user_init, worker_id)`` runs first in every DataLoader worker.
-    """
-    from .. import distributed as tdist
 
-    if tdist.is_initialized():
-        loader = shard(loader)                          # sampler: this rank's share (once: idempotent)
+    ``loader`` comes sharded already (the sampler stage): the launch's coordinator calls :func:`shard`,
+    since only it knows which ranks read the same data (a pipeline's stages of one replica do).
+    """
     planned = rebuild(loader)                           # DataLoader: the plan's settings
     extra: dict[str, Any] = {}
     if worker_init is not None and isinstance(planned, DataLoader) and planned.num_workers > 0:

@@ -131,7 +131,8 @@ class EpochSource:
     def __init__(self, loader: Any, rebuild: Callable[..., Any]):
         """``rebuild(loader, **extra)`` applies the plan's loader switches (``Runtime.rebuild_loader``)."""
         self.user_loader = loader
-        # The pipeline (data/pipeline.py) composes shard -> plan settings -> these batches -> read-ahead.
+        # The pipeline (data/pipeline.py) composes plan settings -> these batches -> read-ahead; the loader
+        # arrives sharded by the launch's coordinator (Trainer.fit), the sampler stage.
         planned, self.batches = pipeline.training_loader(loader, rebuild, resumable=ResumableBatches,
                                                          worker_init=_worker_ignoring_sigterm)
         self.loader = planned
