@@ -20,9 +20,10 @@ from ..hardware import LoadSample, other_busy_cores, thread_env
 
 __all__ = ["machine_facts", "noise_state", "noise_floor"]
 
-# A window is "noisy" past these: another process kept half a core busy, steps spread 1.5x from p10 to
-# p90, or a tenth of the step went to waiting for a CPU another process held.
-BUSY_OTHERS_CORES = 0.5
+# A window is "noisy" past these: another process kept a quarter of a core busy (a neighbour pinned to
+# one of our cores gets only about half of it while our threads want it too), steps spread 1.5x from p10
+# to p90, or a tenth of the step went to waiting for a CPU another process held.
+BUSY_OTHERS_CORES = 0.25
 DISPERSION = 1.5
 INTERFERENCE_SHARE = 0.10
 

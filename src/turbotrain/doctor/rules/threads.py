@@ -15,6 +15,16 @@ from . import rule
 from ..trials import ThreadsTrial
 
 
+# Background load below a quarter of a core (a shell, a logger) leaves a core free. A neighbour pinned to one
+# core gets only about half of it while our own threads also want it, so half a core busy is a taken core.
+BACKGROUND_CORES = 0.25
+
+
+def free_cores(usable: int, others: float) -> int:
+    """Whole cores left to this job when other processes keep ``others`` cores busy (at least 1)."""
+    return max(1, int(usable - others + BACKGROUND_CORES))
+
+
 def recommended(ctx) -> tuple[int, int, int, int, float] | None:
     """(threads now, workers now, threads to use, workers to use, other processes' busy cores), or None
     when the run's threads and workers fit the cores that were free."""
@@ -25,10 +35,9 @@ def recommended(ctx) -> tuple[int, int, int, int, float] | None:
     record = ctx.main_loader
     workers = record.settings.get("num_workers", 0) if record is not None else 0
     others = m.get("other_load") or 0.0
-    free = max(1, usable - int(others + 0.5))   # a core another process keeps busy half the time is not free
-    if threads <= free and threads + workers <= usable:
+    if threads <= usable - others + BACKGROUND_CORES and threads + workers <= usable:
         return None
-    k, w = fit_to_cores(free, workers, threads)
+    k, w = fit_to_cores(free_cores(usable, others), workers, threads)
     return threads, workers, k, w or 0, others
 
 
@@ -36,7 +45,7 @@ def candidates(ctx, found) -> list[tuple[int, int]]:
     """The (threads, workers) settings the what-if times against the script's: the fitted one, and with
     workers none at all (cheap batches cost less in the training process than an inter-process hand-off)."""
     threads, workers, k, w, others = found
-    free = max(1, (ctx.machine.get("usable_cores") or 1) - int(others + 0.5))
+    free = free_cores(ctx.machine.get("usable_cores") or 1, others)
     out = [(k, w), (fit_to_cores(free, 0, threads)[0], 0)]
     return [c for i, c in enumerate(out) if c not in out[:i] and c != (threads, workers)]
 
