@@ -418,16 +418,16 @@ def _name_the_fix(finding: Finding, now: tuple[int, int], fix: tuple[int, int]) 
 
 
 def _cap_to_noise(finding: Finding, ctx) -> None:
-    """A gain measured by a single pair of timings (loader rates, a forward with and without autograd) is
-    held to this window's noise floor: one it cannot be told from rates ``low``."""
-    if finding.est_speedup is None or not ctx.noise_floor:
-        return
-    # Forwards timed alternately (fastest_pair: 7 alternations) count as interleaved rounds; loader rates
-    # are one timing per setting.
-    rounds = 1 if finding.what_if.get("kind") == "num_workers" else 2
-    verdict = judge([finding.est_speedup] * rounds, noise_floor=ctx.noise_floor)
+    """A gain measured by a single timed comparison (loader rates, a forward with and without autograd, an
+    attention by hand and fused) is held to this window's noise floor: one it cannot be told from rates
+    ``low``. What is judged is the comparison's own ratio (``pair_ratio``): a 1.6x faster attention
+    is not noise because attention is a sixth of the step; the step-level figure is arithmetic on it."""
+    pair = finding.what_if.get("pair_ratio")
+    if pair is None or "verdict" in finding.what_if or not ctx.noise_floor:
+        return  # a finding judged from interleaved rounds already carries its verdict
+    verdict = judge([pair] * finding.what_if.get("pair_rounds", 1), noise_floor=ctx.noise_floor)
     if not verdict.faster and finding.severity != "low":
-        finding.cap("low", f"This machine was too noisy during the run to tell x{finding.est_speedup:.2f} from no "
+        finding.cap("low", f"This machine was too noisy during the run to tell the measured x{pair:.2f} from no "
                            f"gain (it needs over x{1 + verdict.noise:.2f}).")
 
 
@@ -474,7 +474,9 @@ def _loader_trial(ctx, finding: Finding, budget: Budget) -> None:
     share = max(0.0, 1.0 - projected(best) / now) if now else 0.0
     finding.what_if = {"kind": "num_workers", "batches_per_s": {str(k): round(v, 2) for k, v in rates.items()},
                        "best_num_workers": best, "projected_step_ms": round(projected(best) * 1e3, 3),
-                       "current_projected_step_ms": round(now * 1e3, 3), "step_ms": round(step * 1e3, 3)}
+                       "current_projected_step_ms": round(now * 1e3, 3), "step_ms": round(step * 1e3, 3),
+                       # one timing per setting
+                       "pair_ratio": round(now / projected(best), 3) if projected(best) > 0 else 1.0, "pair_rounds": 1}
     if best != current:
         finding.fix.plan = {"num_workers": best}
         finding.fix.pytorch = f"DataLoader(..., num_workers={best}, persistent_workers=True)"
@@ -524,6 +526,12 @@ def fastest_pair(a: Callable[[], None], b: Callable[[], None], cuda: bool, repea
     return t_a, t_b
 
 
+def _pair_ratio(slow_s: float, fast_s: float) -> dict[str, Any]:
+    """The what-if keys :func:`_cap_to_noise` judges: :func:`fastest_pair`'s 7 alternations count as two
+    interleaved rounds."""
+    return {"pair_ratio": round(slow_s / fast_s, 3) if fast_s > 0 else 1.0, "pair_rounds": 2}
+
+
 def _time_pair(finding: Finding, slow: Callable[[], None], fast: Callable[[], None],
                cuda: bool, repeats: int = 7) -> tuple[float, float] | None:
     """:func:`fastest_pair` after one untimed call of each; None (and a note) when one fails."""
@@ -555,7 +563,8 @@ def _eval_grad_trial(ctx, finding: Finding, budget: Budget) -> None:
     saving = max(0.0, 1.0 - without / with_grad) if with_grad > 0 else 0.0
     share = finding.trial.share * saving
     finding.what_if = {"kind": "eval_grad", "forward_ms_with_grad": round(with_grad * 1e3, 3),
-                       "forward_ms_inference_mode": round(without * 1e3, 3)}
+                       "forward_ms_inference_mode": round(without * 1e3, 3),
+                       **_pair_ratio(with_grad, without)}
     finding.set_gain(share, measured=True)
 
 
@@ -605,7 +614,7 @@ def _attention_trial(ctx, finding: Finding, budget: Budget) -> None:
     share = min(saved / ctx.step_s, _model_share(ctx)) if ctx.step_s else 0.0
     finding.what_if = {"kind": "attention", "q_shape": list(q_shape), "keys": keys, "causal": causal,
                        "manual_ms": round(t_manual * 1e3, 3), "sdpa_ms": round(t_fused * 1e3, 3),
-                       "calls_per_step": trial.per_step}
+                       "calls_per_step": trial.per_step, **_pair_ratio(t_manual, t_fused)}
     finding.set_gain(share, measured=True)
     finding.note = ("Timed forward+backward at your attention's shapes, hand-written"
                     + (" with a causal mask" if causal else "") + " against scaled_dot_product_attention.")
@@ -665,5 +674,5 @@ def _run_what_ifs(ctx, findings: list[Finding], budget_s: float, allow_compile: 
         except Exception as exc:  # noqa: BLE001 - a failed what-if leaves the finding estimated
             log.warning("turbotrain doctor: what-if %s failed: %s: %s", name, type(exc).__name__, exc)
     for f in findings:
-        if f.measured and (f.what_if or {}).get("kind") in ("num_workers", "eval_grad", "attention"):
+        if f.measured and f.what_if:
             _cap_to_noise(f, ctx)
