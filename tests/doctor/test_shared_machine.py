@@ -91,3 +91,17 @@ def test_threads_that_fit_the_cores_raise_nothing():
     report = _doctor("clean", threads=1, what_if=False)
     assert "cpu-oversubscribed" not in report.rules()
     assert report.to_dict()["machine"]["intra_op_threads"] == 1
+
+
+def test_one_thread_and_no_workers_on_a_busy_machine_has_nothing_to_reduce():
+    """Other processes keep 1.4 of 2 cores busy while the script runs one thread and no workers: no fewer
+    threads exist, so there is no oversubscription finding (the busy machine is the noise warning's job)."""
+    from types import SimpleNamespace
+
+    from turbotrain.doctor.rules.threads import recommended
+
+    ctx = SimpleNamespace(on_gpu=False, main_loader=None,
+                          machine={"usable_cores": 2, "intra_op_threads": 1, "other_load": 1.4})
+    assert recommended(ctx) is None
+    ctx.machine["intra_op_threads"] = 2
+    assert recommended(ctx)[2] == 1  # two threads on the same machine: fit to one

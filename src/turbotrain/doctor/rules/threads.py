@@ -38,6 +38,8 @@ def recommended(ctx) -> tuple[int, int, int, int, float] | None:
     if threads <= usable - others + BACKGROUND_CORES and threads + workers <= usable:
         return None
     k, w = fit_to_cores(free_cores(usable, others), workers, threads)
+    if (k, w or 0) == (threads, workers):
+        return None  # already as few as can be (one thread, no workers): a busy machine is noise, told at the top
     return threads, workers, k, w or 0, others
 
 
