@@ -626,9 +626,10 @@ def _script_as_main(ctx) -> Iterator[None]:
     ``__main__`` when the script ended, and torch.compile resolves a class defined in the script
     through ``sys.modules["__main__"]``."""
     model = ctx.capture.module if ctx.capture is not None else None
-    forward = getattr(type(model), "forward", None) if model is not None else None
-    script_globals = getattr(forward, "__globals__", None)
-    if type(model).__module__ != "__main__" or not script_globals:
+    # Any layer the script defined counts: an nn.Sequential (torch's class) of the script's own modules too.
+    mine = next((m for m in (model.modules() if model is not None else ()) if type(m).__module__ == "__main__"), None)
+    script_globals = getattr(getattr(type(mine), "forward", None), "__globals__", None)
+    if mine is None or not script_globals:
         yield
         return
     saved = sys.modules.get("__main__")
