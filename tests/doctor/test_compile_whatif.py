@@ -34,10 +34,10 @@ def test_the_scripts_globals_are_main_while_its_layers_rerun():
     outermost module is torch's own (an nn.Sequential of the script's layers)."""
     from types import SimpleNamespace
 
-    from turbotrain.doctor.whatif import _script_as_main
+    from turbotrain.doctor.whatif import script_as_main
 
     model = torch.nn.Sequential(torch.nn.Linear(2, 2), _ScriptLayer())
     before = sys.modules["__main__"]
-    with _script_as_main(SimpleNamespace(capture=SimpleNamespace(module=model))):
+    with script_as_main(SimpleNamespace(capture=SimpleNamespace(module=model))):
         assert sys.modules["__main__"].__dict__.get("_ScriptLayer") is _ScriptLayer
     assert sys.modules["__main__"] is before

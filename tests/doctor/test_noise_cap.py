@@ -6,7 +6,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from turbotrain.doctor.findings import Finding, Fix
-from turbotrain.doctor.whatif import _cap_to_noise
+from turbotrain.doctor.whatif.single import cap_to_noise
 
 
 def _finding(pair_ratio: float, share: float, rounds: int = 2) -> Finding:
@@ -18,13 +18,13 @@ def _finding(pair_ratio: float, share: float, rounds: int = 2) -> Finding:
 
 def test_a_clear_component_gain_stands_on_a_noisy_window():
     f = _finding(pair_ratio=1.65, share=0.155)   # x1.18 on the step, under a 0.185 noise floor
-    _cap_to_noise(f, SimpleNamespace(noise_floor=0.37))
+    cap_to_noise(f, SimpleNamespace(noise_floor=0.37))
     assert f.severity == "medium" and f.note is None
 
 
 def test_a_component_gain_inside_the_noise_rates_low():
     f = _finding(pair_ratio=1.12, share=0.155)
-    _cap_to_noise(f, SimpleNamespace(noise_floor=0.37))
+    cap_to_noise(f, SimpleNamespace(noise_floor=0.37))
     assert f.severity == "low" and "x1.12" in f.note
 
 
@@ -32,12 +32,12 @@ def test_a_single_timing_per_side_gets_the_whole_floor():
     """Loader rates are one timing per setting: the same ratio that two rounds would carry is noise here."""
     two, one = _finding(1.25, 0.2, rounds=2), _finding(1.25, 0.2, rounds=1)
     for f in (two, one):
-        _cap_to_noise(f, SimpleNamespace(noise_floor=0.3))
+        cap_to_noise(f, SimpleNamespace(noise_floor=0.3))
     assert two.severity != "low" and one.severity == "low"
 
 
 def test_a_finding_judged_from_rounds_keeps_its_verdict():
     f = _finding(pair_ratio=1.01, share=0.3)
     f.what_if["verdict"] = "faster"
-    _cap_to_noise(f, SimpleNamespace(noise_floor=0.5))
+    cap_to_noise(f, SimpleNamespace(noise_floor=0.5))
     assert f.severity == "high"

@@ -76,7 +76,7 @@ def test_what_ifs_rebuild_the_scripts_own_optimizer():
     with the script's settings (it silently fell back to SGD before)."""
     import torch
 
-    from turbotrain.doctor.whatif import constructor_defaults
+    from turbotrain.doctor.whatif.common import constructor_defaults
 
     opt = torch.optim.AdamW([torch.zeros(3, requires_grad=True)], lr=3e-4, amsgrad=True, foreach=False)
     rebuilt = torch.optim.AdamW([torch.zeros(3, requires_grad=True)], **constructor_defaults(opt))

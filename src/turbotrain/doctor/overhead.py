@@ -46,7 +46,7 @@ def dispatch_floor() -> tuple[float, float]:
 @functools.lru_cache(maxsize=4)
 def bandwidth(device: str = "cpu") -> float:
     """Bytes per second of a large copy on ``device`` (read + write), best of a few."""
-    from .whatif import time_once
+    from .whatif.common import time_once
 
     n = 8 * 2**20  # 32 MiB of float32: past the CPU's caches
     src = torch.randn(n, device=device)
@@ -77,7 +77,8 @@ def optimizer_overhead_s(optimizers: list[Any], optimizer_s: float, device: str)
 
 def fixed_cost_share(capture: Any, budget_s: float = 3.0) -> dict[str, float] | None:
     """Share of forward+backward time that does not grow with the batch, measured on a model copy."""
-    from .whatif import fastest_pair, repeat_batch, surrogate_step, time_once
+    from .whatif.common import fastest_pair, surrogate_step, time_once
+    from .whatif.plan_trials import repeat_batch
 
     model = copy.deepcopy(capture.module)
     cuda = any(p.is_cuda for p in model.parameters())

@@ -1,0 +1,100 @@
+"""Measured, not guessed: short what-if trials on the user's own model, batch and DataLoader.
+
+* Plan switches (mixed precision, channels_last, foreach/fused optimizer, set_to_none, conv bias
+  removal, cudnn.benchmark, compile) run through :func:`turbotrain.measure.run_trial` on a copy
+  of the captured model and batch, against a baseline that reproduces the script's own
+  settings, timed before and after the candidates (the slower machine state is not credited).
+  The loss is a surrogate (the mean square of the model's float outputs: bounded, so a few
+  steps of it never diverge): the model's forward and backward are what is timed, not the
+  user's loss.
+* A larger batch: samples/s at a multiple of the captured batch.
+* ``num_workers`` 0, 1, 2, ... with :func:`turbotrain.measure.time_loader` until it stops improving.
+* Validation with autograd on: the captured model's eval forward with and without autograd.
+* Hand-written attention: the user's attention shapes timed by hand and as
+  ``scaled_dot_product_attention``.
+
+A trial's gain is turned into a share of the user's step (Amdahl: only the part of the step the
+trial models gets faster), which sets the finding's severity and ``est_speedup``.
+
+The package: ``common`` (budget, surrogate step, interleaved rounds, ratio to share), ``plan_trials``
+(Plan switches, batch size), ``settings`` (threads, workers), ``single`` (one part of the step timed
+two ways); this module runs them in order.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+import types
+from typing import Callable, Iterator
+
+from ..findings import Finding
+from ..trials import AttentionTrial, BatchTrial, EvalGradTrial, LoaderTrial, PlanTrial, ThreadsTrial
+from .common import Budget
+from .plan_trials import batch_trial, plan_trials
+from .settings import loader_trial, threads_trial
+from .single import attention_trial, cap_to_noise, eval_grad_trial
+
+__all__ = ["run_what_ifs", "script_as_main", "Budget"]
+
+log = logging.getLogger("turbotrain")
+
+
+@contextlib.contextmanager
+def script_as_main(ctx) -> Iterator[None]:
+    """The user's script back as ``__main__`` while its model is re-run: runpy restored the doctor's own
+    ``__main__`` when the script ended, and torch.compile resolves a class defined in the script
+    through ``sys.modules["__main__"]``."""
+    model = ctx.capture.module if ctx.capture is not None else None
+    # Any layer the script defined counts: an nn.Sequential (torch's class) of the script's own modules too.
+    mine = next((m for m in (model.modules() if model is not None else ()) if type(m).__module__ == "__main__"), None)
+    script_globals = getattr(getattr(type(mine), "forward", None), "__globals__", None)
+    if mine is None or not script_globals:
+        yield
+        return
+    saved = sys.modules.get("__main__")
+    stand_in = types.ModuleType("__main__")
+    stand_in.__dict__.update(script_globals)
+    sys.modules["__main__"] = stand_in
+    try:
+        yield
+    finally:
+        if saved is not None:
+            sys.modules["__main__"] = saved
+
+
+def run_what_ifs(ctx, findings: list[Finding], budget_s: float = 30.0, allow_compile: bool = False) -> None:
+    """Measure what the findings' fixes buy (in place), within ``budget_s`` seconds."""
+    with script_as_main(ctx):
+        _run_what_ifs(ctx, findings, budget_s, allow_compile)
+
+
+def _run_what_ifs(ctx, findings: list[Finding], budget_s: float, allow_compile: bool) -> None:
+    budget = Budget(budget_s)
+    def of(kind: type) -> list[Finding]:
+        return [f for f in findings if isinstance(f.trial, kind)]
+
+    steps: list[tuple[str, Callable]] = []
+    for f in of(ThreadsTrial):  # first: on a contended machine every other trial is skewed by it
+        steps.append(("threads", lambda f=f: threads_trial(ctx, f, budget)))
+    for f in of(LoaderTrial):
+        steps.append(("num_workers", lambda f=f: loader_trial(ctx, f, budget)))
+    for f in of(BatchTrial):
+        steps.append(("batch", lambda f=f: batch_trial(ctx, f, budget)))
+    if of(PlanTrial):
+        steps.append(("plan", lambda: plan_trials(ctx, of(PlanTrial), budget, allow_compile)))
+    for f in of(AttentionTrial):
+        steps.append(("attention", lambda f=f: attention_trial(ctx, f, budget)))
+    for f in of(EvalGradTrial):
+        steps.append(("eval_grad", lambda f=f: eval_grad_trial(ctx, f, budget)))
+    for name, fn in steps:
+        if budget.left <= 0:
+            break
+        try:
+            fn()
+        except Exception as exc:  # noqa: BLE001 - a failed what-if leaves the finding estimated
+            log.warning("turbotrain doctor: what-if %s failed: %s: %s", name, type(exc).__name__, exc)
+    for f in findings:
+        if f.measured and f.what_if:
+            cap_to_noise(f, ctx)

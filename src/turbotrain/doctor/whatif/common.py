@@ -1,0 +1,206 @@
+"""What every what-if shares: the time budget, the surrogate step on a copy of the user's model, the
+rebuilt optimizer, interleaved rounds and turning a judged ratio into the finding's share of the step."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from ...data.transfer import tensors_in
+from ...measure import MIN_GAIN, Comparison, Trial, run_trial
+from ...plan import Plan
+from ..findings import Finding, severity_for
+
+
+log = logging.getLogger("turbotrain")
+
+
+@dataclass
+class Budget:
+    seconds: float
+
+    def __post_init__(self) -> None:
+        self.deadline = time.perf_counter() + self.seconds
+
+    @property
+    def left(self) -> float:
+        return self.deadline - time.perf_counter()
+
+    def allows(self, cost_s: float) -> bool:
+        return self.left >= cost_s
+
+
+def surrogate_step(model: torch.nn.Module, batch: Any) -> torch.Tensor:
+    """Forward the captured ``(args, kwargs)``; the loss is the mean square of the differentiable outputs."""
+    args, kwargs = batch
+    out = model(*args, **kwargs)
+    parts = [t.float().pow(2).mean() for t in tensors_in(out) if t.is_floating_point() and t.requires_grad]
+    if not parts:
+        raise ValueError("the model's output holds no differentiable tensor to build a loss from")
+    return torch.stack(parts).sum() if len(parts) > 1 else parts[0]
+
+
+def rebuilt_optimizer_fn(ctx) -> Callable:
+    """Rebuild the user's optimizer (same class and hyper-parameters) for a copy of the model."""
+    model_params = {id(p) for p in ctx.model.parameters()}
+    chosen = next((opt for opt, _ in ctx.optimizers
+                   if any(id(p) in model_params for g in opt.param_groups for p in g["params"])), None)
+    if chosen is None:
+        return lambda params: torch.optim.SGD(params, lr=1e-3)
+    cls, defaults = type(chosen), constructor_defaults(chosen)
+    try:
+        cls([torch.zeros(1, requires_grad=True)], **defaults)
+    except Exception:  # noqa: BLE001 - a custom optimizer whose defaults are not constructor arguments
+        lr = defaults.get("lr", 1e-3)
+        log.warning("turbotrain doctor: %s cannot be rebuilt from its defaults; the what-ifs time SGD instead",
+                    cls.__name__)
+        return lambda params: torch.optim.SGD(params, lr=float(lr) if not torch.is_tensor(lr) else lr.item())
+    return lambda params: cls(params, **defaults)
+
+
+def constructor_defaults(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The optimizer's ``defaults`` that its constructor accepts. torch's own AdamW keeps a
+    ``decoupled_weight_decay`` entry it does not take as an argument (torch 2.13): passing every
+    default would make the rebuild fail and the what-ifs time some other optimizer."""
+    params = inspect.signature(type(optimizer).__init__).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return dict(optimizer.defaults)
+    return {k: v for k, v in optimizer.defaults.items() if k in params}
+
+
+def baseline_plan(ctx) -> Plan:
+    facts = ctx.facts
+    precision = "fp32"
+    if facts.autocast:
+        precision = "fp16-mixed" if "float16" in str(facts.autocast_dtype) and "b" not in str(
+            facts.autocast_dtype) else "bf16-mixed"
+    zeros = bool(ctx.ran_sites("zero_grad_zeros"))
+    return Plan(device=ctx.device, precision=precision, set_to_none=not zeros,
+                channels_last=bool(facts.input_channels_last), cudnn_benchmark=bool(facts.cudnn_benchmark))
+
+
+def typical_s(trial: Trial) -> float:
+    """A trial's step time robust to interference: its fastest step (other processes only ever add time,
+    and on a busy machine most steps of a short trial may carry some)."""
+    return min(trial.step_times_s) if trial.step_times_s else float("inf")
+
+
+def model_share(ctx) -> float:
+    return ctx.share("compute") + ctx.share("optimizer") + ctx.share("python_overhead")
+
+
+def changes_numerics(finding: Finding) -> bool:
+    from ...speedups.registry import get
+
+    try:
+        return finding.speedup is not None and not get(finding.speedup).exact
+    except KeyError:
+        return False
+
+
+def apply_ratio(finding: Finding, ctx, verdict: Comparison, what_if: dict, unit: str = "step time",
+                 applies_to: float | None = None) -> None:
+    """Turn a judged speed ratio of the model's step (:func:`turbotrain.measure.judge`) into the finding's
+    share of the whole step.
+
+    A ratio the noise model cannot separate from 1.0 (the rounds' own spread, or this window's noise
+    floor: another process busy, steps spread wide) counts as no gain and rates ``low``, whatever it
+    reads; a switch that changes numerics must buy at least 10% to rate above ``low``.
+    """
+    ratio = verdict.speedup
+    part = model_share(ctx) if applies_to is None else applies_to
+    share = part * (1.0 - 1.0 / ratio) if ratio > 0 else 0.0
+    what_if["ratio"] = round(ratio, 3)
+    what_if["noise"] = round(verdict.noise, 3)
+    what_if["verdict"] = verdict.verdict
+    finding.what_if = what_if
+    finding.measured = True
+    finding.gain_share = share
+    finding.est_speedup = round(1.0 / (1.0 - min(share, 0.95)), 3)
+    finding.severity = severity_for(share)
+    if not verdict.faster:
+        finding.severity = "low"
+        why = (f"not separable from noise here (x{ratio:.2f}, needs over x{1 + max(MIN_GAIN, verdict.noise):.2f})"
+               if ratio >= 1 + MIN_GAIN else f"no gain (x{ratio:.2f} on the model's {unit})")
+        finding.note = f"Measured on this machine: {why}. {finding.note or ''}"
+    elif changes_numerics(finding) and share < 0.10 and finding.severity != "low":
+        finding.severity = "low"
+        finding.note = f"It changes numerics and buys under 10% here. {finding.note or ''}"
+    finding.note = (finding.note or "").strip() or None
+
+
+class ModelTrials:
+    """Baseline and candidate trials on one captured model and batch."""
+
+    def __init__(self, ctx, budget: Budget):
+        self.ctx, self.budget = ctx, budget
+        self.model = ctx.capture.module
+        self.batches = [(ctx.capture.args, ctx.capture.kwargs)]
+        self.optimizer_fn = rebuilt_optimizer_fn(ctx)
+        self.base_plan = baseline_plan(ctx)
+        model_s = max(1e-4, ctx.seconds("compute") + ctx.seconds("optimizer") + ctx.seconds("python_overhead"))
+        self.steps = int(min(10, max(3, 0.8 / model_s)))
+        self.warmup = 2
+        self.cost = (self.steps + self.warmup) * model_s * 1.5 + 0.05
+        self.baselines: list[Trial] = []
+
+    def trial(self, plan: Plan, batches=None, warmup: int | None = None, give_up_s: float | None = None) -> Trial:
+        return run_trial(self.model, self.optimizer_fn, None, batches or self.batches, plan, steps=self.steps,
+                         warmup=warmup or self.warmup, step_fn=surrogate_step, give_up_s=give_up_s)
+
+    def baseline(self) -> Trial | None:
+        if not self.budget.allows(self.cost):
+            return None
+        trial = self.trial(self.base_plan)
+        if trial.ok:
+            self.baselines.append(trial)
+        return trial
+
+    @property
+    def base_s(self) -> float:
+        # The faster baseline: a gain is never credited to the machine getting busier meanwhile.
+        return min(typical_s(t) for t in self.baselines) if self.baselines else float("inf")
+
+
+def interleaved_rounds(ctx, budget: Budget, cost: float, first: tuple[float, float] | None,
+            pair: Callable[[], tuple[float, float] | None]) -> list[float]:
+    """Per-round speed ratios (baseline seconds / candidate seconds), A/B interleaved: two rounds, and a
+    third when the two disagree about the direction and the budget allows."""
+    times = [first] if first is not None else []
+    while len(times) < 2 and budget.allows(cost):
+        got = pair()
+        if got is None:
+            break
+        times.append(got)
+    ratios = [b / c for b, c in times if c > 0]
+    if len(ratios) == 2 and (ratios[0] > 1) != (ratios[1] > 1) and budget.allows(cost):
+        got = pair()
+        if got is not None and got[1] > 0:
+            ratios.append(got[0] / got[1])
+    return ratios
+
+
+def time_once(fn: Callable[[], None], cuda: bool) -> float:
+    """Seconds for one call of ``fn``, the device's queued work included."""
+    if cuda:
+        torch.cuda.synchronize()
+    started = time.perf_counter()
+    fn()
+    if cuda:
+        torch.cuda.synchronize()
+    return time.perf_counter() - started
+
+
+def fastest_pair(a: Callable[[], None], b: Callable[[], None], cuda: bool, repeats: int) -> tuple[float, float]:
+    """Seconds per call of ``a`` and ``b``, timed alternately, the fastest of ``repeats`` each (another
+    process only ever adds time, and alternating spreads it over both)."""
+    t_a = t_b = float("inf")
+    for _ in range(repeats):
+        t_a = min(t_a, time_once(a, cuda))
+        t_b = min(t_b, time_once(b, cuda))
+    return t_a, t_b

@@ -1,0 +1,126 @@
+"""What-ifs that run a Plan switch or a larger batch on a copy of the captured model and batch
+(:func:`turbotrain.measure.run_trial`), interleaved with a baseline that reproduces the script's settings."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+
+from ...data.transfer import resize_batch
+from ...measure import HOPELESS, Trial, judge
+from ..findings import Finding
+from ..trials import PlanTrial
+from .common import Budget, ModelTrials, apply_ratio, interleaved_rounds, model_share, typical_s
+
+
+def plan_trials(ctx, findings: list[Finding], budget: Budget, allow_compile: bool) -> None:
+    wanted = [f for f in findings if isinstance(f.trial, PlanTrial) and (allow_compile or not f.trial.compile)]
+    if not wanted or ctx.capture is None or ctx.facts.compiled:
+        return
+    trials = ModelTrials(ctx, budget)
+    first = trials.baseline()
+    if first is None or not first.ok:
+        reason = first.error if first is not None else "the what-if time budget is spent"
+        for f in wanted:
+            f.note = f"Not measured: {reason}. {f.note or ''}".strip()
+        return
+    for f in sorted(wanted, key=lambda f: f.trial.compile):
+        changes = dict(f.trial.changes)
+        base = trials.base_plan.replace(**f.trial.baseline)
+        plan = base.replace(**changes)
+        compiling = bool(changes.get("compile"))
+        cost = trials.cost * (8 if compiling else 2)
+        if not budget.allows(cost):
+            f.note = f"Not measured: the what-if time budget is spent. {f.note or ''}".strip()
+            continue
+        seen: dict[str, Any] = {}
+
+        def pair(base=base, plan=plan, compiling=compiling, seen=seen) -> tuple[float, float] | None:
+            """One round: the baseline, then the candidate right after it (the same machine load)."""
+            ref = trials.trial(base)
+            if not ref.ok:
+                return None
+            trial = trials.trial(plan, warmup=3 if compiling else None,
+                                 give_up_s=None if compiling else HOPELESS * typical_s(ref))
+            seen.setdefault("first", trial)
+            seen["last"] = trial
+            if not trial.ok:
+                return None
+            return typical_s(ref), typical_s(trial)
+
+        first_round = pair()
+        trial = seen.get("first")
+        entries = {_entry_for_field(k) for k in changes}
+        skipped = [name for name, _ in trial.skipped if name in entries] if trial is not None else []
+        if trial is None or skipped or (first_round is None and not trial.stopped_early):
+            why = (trial.error if trial is not None else None) or "; ".join(w for _, w in (trial.skipped if trial else []))
+            f.note = f"Not measured: {why or 'the baseline failed'}. {f.note or ''}".strip()
+            continue
+        if trial.stopped_early:
+            ratios = [1.0 / HOPELESS]  # slower than HOPELESS times the baseline: no need for more rounds
+        else:
+            # Compile: one round (the graph compiles once per trial).
+            ratios = [first_round[0] / first_round[1]] if compiling else interleaved_rounds(
+                ctx, budget, trials.cost * 2, first_round, pair)
+        f.what_if = {"kind": "plan", "changes": changes, "steps": trials.steps,
+                     "rounds": [round(r, 3) for r in ratios],
+                     "losses_finite": all(map(math.isfinite, trial.losses))}
+        if trial.ok:
+            f.what_if["candidate_ms"] = round(typical_s(trial) * 1e3, 3)
+        if compiling:
+            f.what_if["compile_s"] = round(trial.warmup_s, 2)
+            f.note = f"Compiling took {trial.warmup_s:.1f} s (once per run)."
+        apply_ratio(f, ctx, judge(ratios, noise_floor=ctx.noise_floor), f.what_if)
+
+
+def _entry_for_field(field: str) -> str:
+    from ...speedups.registry import by_field
+
+    try:
+        return by_field(field).name
+    except KeyError:
+        return field
+
+
+def repeat_batch(capture, k: int) -> tuple:
+    """The captured (args, kwargs) with every batch-sized tensor repeated ``k`` times along dim 0."""
+    n = capture.batch_size
+    return resize_batch((capture.args, capture.kwargs), n * k, rows=n, dim=capture.batch_dim)
+
+
+def batch_trial(ctx, finding: Finding, budget: Budget) -> None:
+    if ctx.capture is None or ctx.facts.compiled:
+        return
+    batch = ctx.capture.batch_size
+    k = max(2, min(8, 64 // max(1, batch)))
+    trials = ModelTrials(ctx, budget)
+    if not budget.allows(trials.cost * 3):
+        return
+    bigger = [repeat_batch(ctx.capture, k)]
+    seen: dict[str, Trial] = {}
+
+    def pair() -> tuple[float, float] | None:
+        """One round: the captured batch, then k times it; seconds per sample of each."""
+        base = trials.trial(trials.base_plan)
+        big = trials.trial(trials.base_plan, batches=bigger)
+        seen["base"], seen["big"] = base, big
+        if not (base.ok and big.ok):
+            return None
+        return typical_s(base) / base.samples_per_step, typical_s(big) / big.samples_per_step
+
+    first = pair()
+    if first is None:
+        finding.note = f"Not measured: {seen['base'].error or seen['big'].error}. {finding.note or ''}".strip()
+        return
+    ratios = interleaved_rounds(ctx, budget, trials.cost * 3, first, pair)
+    base, big = seen["base"], seen["big"]
+    finding.fix.plan = {"batch_size": batch * k}
+    apply_ratio(finding, ctx, judge(ratios, noise_floor=ctx.noise_floor),
+                 {"kind": "batch", "batch_size": batch, "candidate_batch_size": batch * k,
+                  "rounds": [round(r, 3) for r in ratios],
+                  "baseline_samples_per_s": round(base.samples_per_step / typical_s(base), 1),
+                  "candidate_samples_per_s": round(big.samples_per_step / typical_s(big), 1)}, unit="samples/s",
+                 # A DataLoader's per-batch cost (fetching, collating, the iterator) is paid per batch as the
+                 # model's dispatch is: a batch k times larger spreads both over k times the samples.
+                 applies_to=min(1.0, model_share(ctx) + (ctx.share("data_loading") if ctx.main_loader else 0.0)))

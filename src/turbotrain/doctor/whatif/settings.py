@@ -1,0 +1,183 @@
+"""What-ifs of process settings: intra-op threads and DataLoader workers, timed on the user's model
+training beside its own loader (workers compete for the cores as they do in the script)."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import torch
+
+from ...measure import Trial, judge, run_trial, time_loader
+from ..findings import Finding
+from .common import Budget, ModelTrials, apply_ratio, interleaved_rounds, model_share, surrogate_step
+
+
+def setting_rounds(ctx, budget: Budget, now: tuple[int, int], options: list[tuple[int, int]]
+                    ) -> tuple[tuple[int, int], list[float], dict[str, Trial]] | str:
+    """:func:`_timed_settings` without torch's "more workers than cores" advice (the trial means it)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return _timed_settings(ctx, budget, now, options)
+
+
+def _timed_settings(ctx, budget: Budget, now: tuple[int, int], options: list[tuple[int, int]]
+                    ) -> tuple[tuple[int, int], list[float], dict[str, Trial]] | str:
+    """(intra-op threads, DataLoader workers) settings timed against the script's own ``now`` on a copy of its
+    model, each step also pulling a batch from its own loader (so workers compete for the cores as they do
+    in the script), A/B interleaved: the best option, its per-round ratios and the last trials; or why not.
+    Medians, not fastest steps: contention slows every step."""
+    from ...data.loader import rebuild_loader
+
+    trials = ModelTrials(ctx, budget)
+    record = ctx.main_loader
+    streams: dict[int, Any] = {}
+
+    def pull(workers: int) -> None:
+        if record is None:
+            return
+        if workers not in streams:
+            streams[workers] = iter(rebuild_loader(record.loader, num_workers=workers))
+        try:
+            next(streams[workers])
+        except StopIteration:
+            streams[workers] = iter(rebuild_loader(record.loader, num_workers=workers))
+            next(streams[workers])
+
+    def timed(threads: int, workers: int) -> Trial:
+        def step(model, batch):
+            pull(workers)  # the loader's work is part of the step, as in the script
+            return surrogate_step(model, batch)
+
+        # Idle workers fill their queues (workers x prefetch_factor batches) while the other setting is
+        # timed: those come for free, so they are drained in the warm-up and the timed steps outnumber them.
+        buffered = workers * (getattr(record.loader, "prefetch_factor", None) or 2) if record is not None else 0
+        return run_trial(trials.model, trials.optimizer_fn, None, trials.batches,
+                         trials.base_plan.replace(intra_op_threads=threads), steps=max(trials.steps, 2 * buffered),
+                         warmup=trials.warmup + buffered, step_fn=step)
+
+    seen: dict[str, Trial] = {}
+
+    def pair(fix: tuple[int, int]) -> tuple[float, float] | None:
+        a, b = timed(*now), timed(*fix)
+        seen["now"], seen["fix"] = a, b
+        return (a.step_s, b.step_s) if a.ok and b.ok else None
+
+    try:
+        if not budget.allows(trials.cost * (1 + len(options)) + 2.0):
+            return "the what-if time budget is spent"
+        # Round one times every option next to the script's setting; the best goes on to more rounds.
+        firsts = {fix: pair(fix) for fix in options}
+        timed_ok = {fix: t for fix, t in firsts.items() if t is not None}
+        if not timed_ok:
+            return seen["now"].error or seen["fix"].error or "the trials failed"
+        fix = max(timed_ok, key=lambda c: timed_ok[c][0] / timed_ok[c][1])
+        return fix, interleaved_rounds(ctx, budget, trials.cost * 2, timed_ok[fix], lambda: pair(fix)), seen
+    finally:
+        streams.clear()  # worker processes end with their iterators
+
+
+def threads_trial(ctx, finding: Finding, budget: Budget) -> None:
+    """The script's threads and workers against the recommended settings (:func:`setting_rounds`)."""
+    if ctx.capture is None or not finding.trial.candidates:
+        return
+    now = (ctx.machine.get("intra_op_threads") or torch.get_num_threads(), finding.evidence.get("workers", 0))
+    options = list(finding.trial.candidates)
+    got = setting_rounds(ctx, budget, now, options)
+    if isinstance(got, str):
+        finding.note = f"Not measured: {got}."
+        return
+    fix, ratios, seen = got
+    _name_the_fix(finding, now, fix)
+    applies = model_share(ctx) + ctx.share("data_loading")
+    apply_ratio(finding, ctx, judge(ratios, noise_floor=ctx.noise_floor),
+                 {"kind": "threads", "now": {"threads": now[0], "workers": now[1]}, "tried": options,
+                  "candidate": {"threads": fix[0], "workers": fix[1]}, "rounds": [round(r, 3) for r in ratios],
+                  "baseline_ms": round(seen["now"].step_s * 1e3, 3), "candidate_ms": round(seen["fix"].step_s * 1e3, 3)},
+                 applies_to=min(1.0, applies))
+
+
+def _name_the_fix(finding: Finding, now: tuple[int, int], fix: tuple[int, int]) -> None:
+    """Say the measured setting: the exact line and environment variable."""
+    threads, workers = fix
+    text = f"torch.set_num_threads({threads}) at the top of the script (or OMP_NUM_THREADS={threads})"
+    plan: dict[str, Any] = {"intra_op_threads": threads}
+    if workers != now[1]:
+        text += f", and DataLoader(..., num_workers={workers})"
+        plan["num_workers"] = workers
+    finding.fix.pytorch, finding.fix.plan = text, plan
+    finding.evidence.update(recommended_threads=threads, recommended_workers=workers)
+
+
+def loader_trial(ctx, finding: Finding, budget: Budget) -> None:
+    record = ctx.main_loader
+    if record is None:
+        return
+    loader = record.loader
+    current = record.settings["num_workers"]
+    data_s = max(ctx.seconds("data_loading"), 1e-6)
+    step = ctx.step_s
+    other = max(step - data_s, 0.0)
+    batches = int(min(30, max(4, 1.0 / data_s)))
+    rates: dict[int, float] = {}
+    # The run itself timed the current setting; re-time it here too so every count is measured alike.
+    limit = max(2, min(8, 2 * ctx.hw.cpu_cores))
+    candidates = sorted({current, 0, 1, 2, 3, 4, 6, 8} - {w for w in (6, 8) if w > limit})
+    best, best_rate, worse = current, 0.0, 0
+    for workers in candidates:
+        if workers > limit or not budget.allows((batches + 2) * data_s / max(1, workers) + 1.0):
+            break
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)  # torch's "more workers than cores" advice
+                rate = time_loader(loader, batches=batches, warmup=2, num_workers=workers)
+        except Exception as exc:  # noqa: BLE001 - a dataset that cannot go to workers (unpicklable, ...)
+            finding.note = f"num_workers={workers} failed: {type(exc).__name__}: {exc}"
+            break
+        rates[workers] = rate
+        if rate > best_rate * 1.10:
+            best, best_rate, worse = workers, rate, 0
+        else:
+            worse += 1
+            if worse >= 2 and workers > current:
+                break  # stopped improving
+    if not rates or best_rate <= 0:
+        return
+    def projected(workers: int) -> float:
+        rate = rates[workers]
+        return max(other, 1.0 / rate) if workers > 0 else other + 1.0 / rate
+
+    # Both ends from this trial's own timings: the current setting re-timed, against the best.
+    now = projected(current) if current in rates else step
+    share = max(0.0, 1.0 - projected(best) / now) if now else 0.0
+    finding.what_if = {"kind": "num_workers", "batches_per_s": {str(k): round(v, 2) for k, v in rates.items()},
+                       "best_num_workers": best, "projected_step_ms": round(projected(best) * 1e3, 3),
+                       "current_projected_step_ms": round(now * 1e3, 3), "step_ms": round(step * 1e3, 3),
+                       # one timing per setting
+                       "pair_ratio": round(now / projected(best), 3) if projected(best) > 0 else 1.0, "pair_rounds": 1}
+    if best != current:
+        finding.fix.plan = {"num_workers": best}
+        finding.fix.pytorch = f"DataLoader(..., num_workers={best}, persistent_workers=True)"
+        finding.fix.lightning = f"DataLoader(..., num_workers={best})"
+        finding.fix.accelerate = f"DataLoader(..., num_workers={best}) before accelerator.prepare(...)"
+    finding.set_gain(share, measured=True)
+    finding.note = (f"Loader rates measured for num_workers {', '.join(map(str, rates))}; the step is projected as "
+                    "max(the rest of the step, one batch's loading time). Workers share the CPU with training.")
+    if best != current and ctx.capture is not None:
+        _verify_workers(ctx, finding, budget, current, best)
+
+
+def _verify_workers(ctx, finding: Finding, budget: Budget, current: int, best: int) -> None:
+    """The projection leaves out that workers take cores from training: time the model training beside the
+    loader, with the script's workers and with ``best``, interleaved (:func:`setting_rounds`)."""
+    threads = ctx.machine.get("intra_op_threads") or torch.get_num_threads()
+    got = setting_rounds(ctx, budget, (threads, current), [(threads, best)])
+    if isinstance(got, str):
+        return  # the projection stands
+    _, ratios, seen = got
+    finding.what_if.update(rounds=[round(r, 3) for r in ratios], baseline_ms=round(seen["now"].step_s * 1e3, 3),
+                           candidate_ms=round(seen["fix"].step_s * 1e3, 3))
+    apply_ratio(finding, ctx, judge(ratios, noise_floor=ctx.noise_floor), finding.what_if,
+                 applies_to=min(1.0, model_share(ctx) + ctx.share("data_loading")))
+    finding.note = (f"num_workers={best} had the best loader rate alone; timed with your model training beside the "
+                    "loader (workers share the cores with training), interleaved with your setting.")

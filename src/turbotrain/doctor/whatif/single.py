@@ -1,0 +1,121 @@
+"""What-ifs that time one part of the step two ways, alternately (a forward with and without
+autograd, an attention by hand and fused), and hold that single comparison to the window's noise."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Callable
+
+import torch
+
+from ...measure import judge
+from ..findings import Finding
+from .common import Budget, fastest_pair, model_share
+
+
+def _pair_ratio(slow_s: float, fast_s: float) -> dict[str, Any]:
+    """The what-if keys :func:`cap_to_noise` judges: :func:`fastest_pair`'s 7 alternations count as two
+    interleaved rounds."""
+    return {"pair_ratio": round(slow_s / fast_s, 3) if fast_s > 0 else 1.0, "pair_rounds": 2}
+
+
+def _time_pair(finding: Finding, slow: Callable[[], None], fast: Callable[[], None],
+               cuda: bool, repeats: int = 7) -> tuple[float, float] | None:
+    """:func:`fastest_pair` after one untimed call of each; None (and a note) when one fails."""
+    try:
+        slow()
+        fast()
+        return fastest_pair(slow, fast, cuda, repeats)
+    except Exception as exc:  # noqa: BLE001 - a model that cannot run this way: the finding stays estimated
+        finding.note = f"Not measured: {type(exc).__name__}: {exc}"
+        return None
+
+
+def eval_grad_trial(ctx, finding: Finding, budget: Budget) -> None:
+    if ctx.capture is None or not budget.allows(2.0):
+        return
+    model = copy.deepcopy(ctx.capture.module).eval()
+    args, kwargs = ctx.capture.args, ctx.capture.kwargs
+
+    def forward(grad: bool) -> Callable[[], None]:
+        def run() -> None:
+            with torch.enable_grad() if grad else torch.inference_mode():
+                model(*args, **kwargs)
+        return run
+
+    pair = _time_pair(finding, forward(True), forward(False), cuda=ctx.device == "cuda")
+    if pair is None:
+        return
+    with_grad, without = pair
+    saving = max(0.0, 1.0 - without / with_grad) if with_grad > 0 else 0.0
+    share = finding.trial.share * saving
+    finding.what_if = {"kind": "eval_grad", "forward_ms_with_grad": round(with_grad * 1e3, 3),
+                       "forward_ms_inference_mode": round(without * 1e3, 3),
+                       **_pair_ratio(with_grad, without)}
+    finding.set_gain(share, measured=True)
+
+
+def attention_trial(ctx, finding: Finding, budget: Budget) -> None:
+    trial = finding.trial
+    if not trial.per_step or not budget.allows(3.0):
+        return
+    first, last = trial.lines
+    softmax = ctx.stat_at("softmax", trial.softmax)
+    score_shape = softmax.detail.get("shape") if softmax else None
+    shapes = [(site, s) for site, s in ctx.matmul_shapes.items()
+              if site.file == trial.file and first <= site.line <= last]
+    qk = next(((a, b) for _, (a, b) in shapes if len(a) >= 3 and len(b) >= 3 and score_shape is not None
+               and tuple(a[:-1]) + (b[-1],) == tuple(score_shape)), None)
+    if qk is None:
+        finding.note = "Not measured: the attention's operand shapes were not seen during warm-up."
+        return
+    (q_shape, kt_shape) = qk
+    lead, length, dim, keys = q_shape[:-2], q_shape[-2], q_shape[-1], kt_shape[-1]
+    device = ctx.device if ctx.device in ("cpu", "cuda") else "cpu"
+    dtype = next(ctx.model.parameters()).dtype
+    gen = torch.Generator(device="cpu").manual_seed(0)
+
+    def make(*shape):
+        return torch.randn(*shape, generator=gen).to(device, dtype).requires_grad_()
+
+    q, k, v = make(*lead, length, dim), make(*lead, keys, dim), make(*lead, keys, dim)
+    causal = trial.causal and length == keys
+    mask = torch.ones(length, keys, dtype=torch.bool, device=device).triu(1) if causal else None
+
+    def manual():
+        scores = (q @ k.transpose(-2, -1)) * dim ** -0.5
+        if mask is not None:
+            scores = scores.masked_fill(mask, float("-inf"))
+        out = scores.softmax(-1) @ v
+        out.sum().backward()
+
+    def fused():
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        out.sum().backward()
+
+    pair = _time_pair(finding, manual, fused, cuda=device == "cuda")
+    if pair is None:
+        return
+    t_manual, t_fused = pair
+    saved = trial.per_step * max(0.0, t_manual - t_fused)
+    share = min(saved / ctx.step_s, model_share(ctx)) if ctx.step_s else 0.0
+    finding.what_if = {"kind": "attention", "q_shape": list(q_shape), "keys": keys, "causal": causal,
+                       "manual_ms": round(t_manual * 1e3, 3), "sdpa_ms": round(t_fused * 1e3, 3),
+                       "calls_per_step": trial.per_step, **_pair_ratio(t_manual, t_fused)}
+    finding.set_gain(share, measured=True)
+    finding.note = ("Timed forward+backward at your attention's shapes, hand-written"
+                    + (" with a causal mask" if causal else "") + " against scaled_dot_product_attention.")
+
+
+def cap_to_noise(finding: Finding, ctx) -> None:
+    """A gain measured by a single timed comparison (loader rates, a forward with and without autograd, an
+    attention by hand and fused) is held to this window's noise floor: one it cannot be told from rates
+    ``low``. What is judged is the comparison's own ratio (``pair_ratio``): a 1.6x faster attention
+    is not noise because attention is a sixth of the step; the step-level figure is arithmetic on it."""
+    pair = finding.what_if.get("pair_ratio")
+    if pair is None or "verdict" in finding.what_if or not ctx.noise_floor:
+        return  # a finding judged from interleaved rounds already carries its verdict
+    verdict = judge([pair] * finding.what_if.get("pair_rounds", 1), noise_floor=ctx.noise_floor)
+    if not verdict.faster and finding.severity != "low":
+        finding.cap("low", f"This machine was too noisy during the run to tell the measured x{pair:.2f} from no "
+                           f"gain (it needs over x{1 + verdict.noise:.2f}).")
