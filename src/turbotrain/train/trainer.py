@@ -22,7 +22,7 @@ from torch import nn
 from .. import distributed as tdist
 from ..config import ConfigError
 from ..data.transfer import batch_size_of
-from ..launch.trainer_hooks import RankCoordinator
+from ..launch.coordinators import coordinator_for
 from ..plan import Plan
 from ..runtime import Runtime, prepare
 from ..speedups.set_to_none import zero_grad
@@ -81,7 +81,7 @@ class Trainer:
         self._step_one = self._step_optimizer if needs_wrapper else self.rt.optimizer_step
         self._per_step_schedulers = bool(self.schedulers) and self.config.scheduler_interval == "step"
         self.is_rank_zero = tdist.is_rank_zero()
-        self.ranks = RankCoordinator.for_runtime(self.rt)  # distributed: sharding, reductions, checkpoints
+        self.ranks = coordinator_for(self.rt)  # distributed: sharding, reductions, checkpoints
         self.pipeline = self.rt.pipeline  # strategy='pipeline': its schedule runs each batch (launch/pipeline.py)
         if self.pipeline is not None:
             self.pipeline.configure(loss_fn if step_fn is None else None, split_points)

@@ -37,7 +37,8 @@ class TrainerCheckpoints:
         self.last_step = -1               # the step of the last checkpoint written or resumed from
         self.last_path: str | None = None
 
-    def state_dict(self, state: TrainState, source: EpochSource, elapsed_s: float, at_epoch_end: bool) -> dict[str, Any]:
+    def state_dict(self, state: TrainState, source: EpochSource, elapsed_s: float,
+                   at_epoch_end: bool) -> dict[str, Any]:
         """Everything resuming needs; ``elapsed_s`` is the training time up to now, earlier runs included."""
         gens = source.generators
         if at_epoch_end:
