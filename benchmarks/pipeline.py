@@ -61,7 +61,7 @@ def worker(args) -> None:
 
     import turbotrain as tt
     from turbotrain.bench.models import lm_loss
-    from turbotrain.bench.workloads import text_dataset
+    from turbotrain.bench.datasets import text_dataset
 
     rank = int(os.environ.get("RANK", 0))
     pipeline = args.schedule != "none"

@@ -37,7 +37,9 @@ import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
 import turbotrain as tt  # noqa: E402
-from turbotrain.bench.workloads import Workload, get_workload, image_dataset  # noqa: E402
+from turbotrain.bench.datasets import image_dataset  # noqa: E402
+from turbotrain.bench.workload import Workload  # noqa: E402
+from turbotrain.bench.workloads import get_workload  # noqa: E402
 from turbotrain.hardware import detect  # noqa: E402
 from turbotrain.measure import Trial, run_trial  # noqa: E402
 from turbotrain.tune import tune_report  # noqa: E402

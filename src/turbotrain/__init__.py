@@ -21,7 +21,7 @@ from .train.nonfinite import NonFiniteError
 from .train.preemption import PREEMPTED_EXIT_CODE, Preempted
 from .train.trainer import FitResult, Trainer
 from . import doctor  # noqa: E402 - tt.doctor.watch(); after the core it builds on
-from .tune import tune  # after this line `tt.tune` is the function; its package is turbotrain.tune.*
+from .tune import tune  # from here on `tt.tune` is the function; see docs/architecture.md for the package
 
 __version__ = "0.1.0"
 

@@ -42,7 +42,7 @@ def test_the_trainer_reads_remote_files_ahead_and_trains(served_urls, cache_dir)
     trainer = tt.Trainer(model, torch.optim.SGD(model.parameters(), lr=0.01),
                          lambda out, y: ((out.squeeze(-1) - y) ** 2).mean(), max_epochs=2, progress=False)
     result = trainer.fit(DataLoader(ds, batch_size=8, shuffle=True))
-    assert isinstance(trainer.source.loader.batch_sampler, ReadAheadBatches)
+    assert isinstance(trainer.fit_state.source.loader.batch_sampler, ReadAheadBatches)
     assert result.metrics["train_loss"] == result.metrics["train_loss"]  # finite, trained
     assert ds.cached_fraction() == 1.0
 

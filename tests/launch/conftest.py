@@ -1,55 +1,9 @@
-"""Helpers for the launch tests: run `turbotrain launch` as a user would, read what the ranks wrote."""
+"""Fixtures for the launch tests (helpers live in launch_helpers.py)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
-import torch
-
-ROOT = Path(__file__).resolve().parents[2]
-WORKER = Path(__file__).resolve().parent / "workers" / "train_tiny.py"
-
-
-def cli_env(**extra: str) -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), env.get("PYTHONPATH")]))
-    env.pop("WORLD_SIZE", None)
-    env.pop("RANK", None)
-    env.update(extra)
-    return env
-
-
-def launch(*args: str, timeout: float = 180, prefix: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
-    """``turbotrain launch ARGS`` in a fresh interpreter; fails the test with its output if it fails."""
-    proc = subprocess.run([*prefix, sys.executable, "-m", "turbotrain", "launch", *args], cwd=ROOT, env=cli_env(),
-                          capture_output=True, text=True, timeout=timeout)
-    if proc.returncode != 0:
-        pytest.fail(f"turbotrain launch {' '.join(args)} exited {proc.returncode}\n"
-                    f"{proc.stdout}\n{proc.stderr[-6000:]}")
-    return proc
-
-
-def run_worker(out: Path, *worker_args: str, launch_args: tuple[str, ...] = ("--nproc-per-node", "2")) -> Path:
-    """Launch tests/launch/workers/train_tiny.py writing into ``out``; returns ``out``."""
-    launch(*launch_args, str(WORKER), "--out", str(out), *worker_args)
-    return out
-
-
-def read_rank(out: Path, config: str, rank: int) -> dict:
-    return torch.load(out / f"{config}-rank{rank}.pt", weights_only=False)
-
-
-def assert_same_weights(a: dict, b: dict, exact: bool = False) -> None:
-    assert a.keys() == b.keys()
-    for key in a:
-        if exact:
-            assert torch.equal(a[key], b[key]), f"{key} differs by {(a[key] - b[key]).abs().max().item():.3g}"
-        else:
-            torch.testing.assert_close(a[key], b[key], rtol=1e-5, atol=1e-6, msg=lambda m: f"{key}: {m}")
+from launch_helpers import run_worker
 
 
 @pytest.fixture(scope="session")

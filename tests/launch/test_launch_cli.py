@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, WORKER, cli_env
+from launch_helpers import ROOT, WORKER, cli_env
 from turbotrain.config import ConfigError
 from turbotrain.launch.cli import LaunchOptions, torchrun_argv
 from turbotrain.launch.nccl import NcclSettings, check_environment, parse_size

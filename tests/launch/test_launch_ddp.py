@@ -7,7 +7,7 @@ import csv
 import pytest
 
 import launch_tiny as tiny
-from conftest import WORKER, assert_same_weights, launch, read_rank
+from launch_helpers import WORKER, assert_same_weights, launch, read_rank
 
 
 def test_ddp_equals_one_process_with_the_same_global_batch(ddp_run, single_process_reference):

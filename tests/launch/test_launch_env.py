@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-from conftest import ROOT, cli_env
+from launch_helpers import ROOT, cli_env
 from turbotrain.launch.topology import parse_topology
 
 # An 8-GPU HGX board: every pair on NVLink, NICs across the CPU interconnect.

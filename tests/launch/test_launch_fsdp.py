@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import launch_tiny as tiny
-from conftest import assert_same_weights, read_rank, run_worker
+from launch_helpers import assert_same_weights, read_rank, run_worker
 
 
 @pytest.fixture(scope="module")

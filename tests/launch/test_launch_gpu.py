@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from conftest import ROOT, cli_env, read_rank, run_worker
+from launch_helpers import ROOT, cli_env, read_rank, run_worker
 
 pytestmark = pytest.mark.gpu
 

@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, WORKER, assert_same_weights, cli_env, read_rank
+from launch_helpers import ROOT, WORKER, assert_same_weights, cli_env, read_rank
 
 
 def _can_make_namespaces() -> str | None:

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import pipeline_tiny as tiny
-from conftest import ROOT, cli_env, read_rank
-from conftest import launch as launch_cli
+from launch_helpers import ROOT, cli_env, read_rank
+from launch_helpers import launch as launch_cli
 
 WORKER = ROOT / "tests" / "launch" / "workers" / "train_pipeline.py"
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from conftest import assert_same_weights, read_rank, run_worker
+from launch_helpers import assert_same_weights, read_rank, run_worker
 
 
 def test_killed_rank_restarts_and_finishes_with_the_uninterrupted_weights(ddp_run, tmp_path):

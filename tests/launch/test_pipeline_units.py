@@ -12,7 +12,7 @@ from torch import nn
 
 import pipeline_tiny as tiny
 import turbotrain as tt
-from conftest import ROOT, cli_env
+from launch_helpers import ROOT, cli_env
 from turbotrain.config import ConfigError
 from turbotrain.launch.pipeline import Layout, bubble_fraction, default_split_points, layout_for
 

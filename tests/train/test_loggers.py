@@ -31,11 +31,11 @@ def test_quiet_lines_when_not_on_a_terminal(capsys):
 
 def test_losses_are_read_only_at_the_logging_cadence(monkeypatch):
     """Losses stay tensors between logs: no per-step read beyond the CPU finite check."""
-    from turbotrain.train import trainer as trainer_module
+    from turbotrain.train.meters import LossMeter
 
     pops = []
-    real = trainer_module._LossMeter.pop_mean
-    monkeypatch.setattr(trainer_module._LossMeter, "pop_mean", lambda self: pops.append(self.count) or real(self))
+    real = LossMeter.pop_mean
+    monkeypatch.setattr(LossMeter, "pop_mean", lambda self: pops.append(self.count) or real(self))
     model = make_mlp()
     tt.Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), F.cross_entropy, max_steps=16,
                log_every_n_steps=8, progress=False).fit(make_loader(n=128, batch_size=8))

@@ -28,9 +28,10 @@ from ..hardware import Hardware
 from ..plan import Plan
 from ..speedups.registry import Speedup, all_speedups
 from .data_workload import CACHE, FILES, LOCAL, PLAIN, SOURCES
-from .workloads import Workload
+from .workload import Workload
 
-__all__ = ["Candidate", "candidates", "tuned_candidate", "DATA_PATH_FIELDS", "RESIDENT", "LOADER"]
+__all__ = ["Candidate", "candidates", "tuned_candidate", "tuning_off", "insert_after_fast", "DATA_PATH_FIELDS",
+           "RESIDENT", "LOADER"]
 
 RESIDENT, LOADER = "resident", "loader"
 
@@ -165,3 +166,13 @@ def tuned_candidate(workload: Workload, model: nn.Module, device: str, budget_s:
     if plan.device != device:
         plan = plan.replace(device=device)
     return Candidate("tuned", "tuned", plan, note=f"plan: {plan.describe()}; tuned within {budget_s:.0f} s")
+
+
+def tuning_off() -> Candidate:
+    """The tuned row of a run that does not tune: listed, with the reason."""
+    return Candidate("tuned", "tuned", None, skip="tuning is off for this run (--quick or --no-tune)")
+
+
+def insert_after_fast(cands: list[Candidate], tuned: Candidate) -> None:
+    """The tuned row goes right after the fast row."""
+    cands.insert(next(i for i, c in enumerate(cands) if c.kind == "fast") + 1, tuned)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .runner import BenchResult, Row
+    from .results import BenchResult, Row
 
 __all__ = ["Anchor", "ANCHORS", "compare_to_anchors"]
 

@@ -42,7 +42,7 @@ def add_arguments(parser) -> None:
 
 
 def settings_from_args(args):
-    from .runner import BenchSettings
+    from .settings import BenchSettings
 
     chosen = {k: v for k, v in (("steps", args.steps), ("warmup", args.warmup), ("repeats", args.repeats),
                                 ("min_trial_s", args.min_time)) if v is not None}

@@ -24,10 +24,12 @@ import torch
 from ..hardware import Hardware
 from ..measure import EpochTrial, Trial, run_epochs
 from ..speedups.registry import get as get_speedup
-from .ablation import Candidate, candidates, tuned_candidate
+from .ablation import Candidate, candidates, insert_after_fast, tuned_candidate, tuning_off
 from .data_workload import CACHE, SOURCES, FilesWorkload, ServedFiles, ServerUnavailable, nginx_missing
-from .runner import (BenchSettings, Progress, Row, WorkloadResult, _compare_rows, _insert_after_fast, _interleaved,
-                     _row_of, _summarise, _tuning_off)
+from .interleave import Progress, run_interleaved
+from .results import Row, WorkloadResult
+from .rows import compare_rows, planned_row, summarise
+from .settings import BenchSettings
 from .stats import compare
 from .workloads import get_workload
 
@@ -50,21 +52,21 @@ def run_data_workload(settings: BenchSettings, hw: Hardware, scale: str, progres
             with tempfile.TemporaryDirectory(prefix="turbotrain-bench-data-") as tmp:
                 progress(f"data: writing {wl.files} files and starting nginx")
                 with ServedFiles(wl, Path(tmp), settings.seed) as served:
-                    _insert_after_fast(cands, _tuned(wl, model, served, Path(tmp), settings, progress, tune_fn))
+                    insert_after_fast(cands, _tuned(wl, model, served, Path(tmp), settings, progress, tune_fn))
                     result.rows = _measure(wl, model, cands, served, Path(tmp), settings, progress)
                     return result
         except ServerUnavailable as exc:
             why = str(exc)
-    _insert_after_fast(cands, Candidate("tuned", "tuned", None))
+    insert_after_fast(cands, Candidate("tuned", "tuned", None))
     result.skip = why
-    result.rows = [_row_of(dataclasses.replace(c, skip=c.skip or why)) for c in cands]
+    result.rows = [planned_row(dataclasses.replace(c, skip=c.skip or why)) for c in cands]
     return result
 
 
 def _tuned(wl: FilesWorkload, model: torch.nn.Module, served: ServedFiles, tmp: Path, settings: BenchSettings,
            progress: Progress, tune_fn: Callable | None) -> Candidate:
     if not settings.tune:
-        return _tuning_off()
+        return tuning_off()
     progress(f"data: tuning (budget {settings.tune_budget_s:.0f} s)")
     # The tuner sees the loader the fast row reads through, and the tuned row reads the same way.
     loader = served.loader(CACHE, tmp / "tune-cache", settings.seed)
@@ -94,13 +96,13 @@ def _measure(wl: FilesWorkload, model: torch.nn.Module, cands: list[Candidate], 
             shutil.rmtree(cache, ignore_errors=True)  # the next repeat's epoch 1 starts cold again
         return trial
 
-    trials: dict[int, list[EpochTrial]] = _interleaved("data", measured, settings.repeats, progress, run_one)
+    trials: dict[int, list[EpochTrial]] = run_interleaved("data", measured, settings.repeats, progress, run_one)
     by_epoch: list[list[Row]] = [[] for _ in range(EPOCHS)]
     unmeasured: list[Row] = []
     for cand in cands:
         done = trials.get(id(cand), [])
         if not done:
-            unmeasured.append(_row_of(cand))
+            unmeasured.append(planned_row(cand))
             continue
         for epoch in range(1, EPOCHS + 1):
             row = _epoch_row(cand, done, epoch, wl, settings)
@@ -108,7 +110,7 @@ def _measure(wl: FilesWorkload, model: torch.nn.Module, cands: list[Candidate], 
             if not row.measured:
                 break  # a failed plan is one error row, not one per epoch
     rows = [row for epoch_rows in by_epoch for row in epoch_rows]
-    _compare_rows(rows)
+    compare_rows(rows)
     _note_against_what_it_needs(rows)
     return rows + unmeasured
 
@@ -127,7 +129,7 @@ def _epoch_view(t: EpochTrial, epoch: int) -> Trial:
 
 def _epoch_row(cand: Candidate, trials: list[EpochTrial], epoch: int, wl: FilesWorkload,
                settings: BenchSettings) -> Row:
-    row = _summarise(cand, [_epoch_view(t, epoch) for t in trials], wl, settings)
+    row = summarise(cand, [_epoch_view(t, epoch) for t in trials], wl, settings.warmup)
     if not row.measured:
         return row
     row.label, row.path = f"{cand.label} (epoch {epoch})", f"epoch {epoch}"

@@ -31,8 +31,9 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 from ..data import servers, stats
 from ..data.fetch import scheme_of
 from ..data.files import FileDataset
+from .datasets import image_dataset
 from .models import SmallConvNet
-from .workloads import Workload, image_dataset
+from .workload import Workload
 
 __all__ = ["FilesWorkload", "files_workload", "ServedFiles", "ServerUnavailable", "PlainReads", "decode_sample",
            "nginx_missing", "SOURCES", "PLAIN", "FILES", "CACHE", "LOCAL"]

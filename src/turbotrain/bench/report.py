@@ -8,7 +8,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from .runner import BenchResult, Row, WorkloadResult
+from .results import BenchResult, Row, WorkloadResult
 from .stats import FASTER, NOISE, SLOWER, UNVERIFIED
 
 __all__ = ["print_tables", "write_json", "markdown", "write_markdown", "write_plot", "summary_lines", "COLUMNS"]

@@ -312,10 +312,6 @@ class DiskCache:
                     pass
         return removed
 
-    def size_bytes(self) -> int:
-        return sum(entry.stat().st_size for entry, is_temp in self._our_files()
-                   if not is_temp and not entry.name.endswith(_VERSION_SUFFIX))
-
 
 def shm_dir() -> Path:
     """The shared-memory cache directory (/dev/shm/turbotrain-cache-<uid>)."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import re
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Literal, Mapping
 
 from ..config import ConfigError, strict
@@ -114,10 +114,6 @@ class NcclSettings:
             key, _, value = item.partition("=")
             env[key] = value
         return env
-
-    @property
-    def is_empty(self) -> bool:
-        return all(getattr(self, f.name) in (None, ()) for f in fields(self))
 
 
 def check_environment(env: Mapping[str, str]) -> list[str]:

@@ -27,7 +27,6 @@ a split point that names no module, more stages than the processes allow.
 
 from __future__ import annotations
 
-import copy
 import logging
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -37,88 +36,17 @@ from torch import nn
 
 from .. import distributed as tdist
 from ..config import ConfigError
-from .trainer_hooks import RankCoordinator, shard_loader
+from .pipeline_layout import Layout, bubble_fraction, layout_for, make_schedule
+from .pipeline_split import (check_split_points, default_split_points, meta_copy, stage_of_each_parameter,
+                             trace_stages)
+from .pipeline_tensors import materialise_modules, real_buffers, repoint_optimizers, set_tensor
 
-__all__ = ["Layout", "layout_for", "default_split_points", "PipelineRunner", "PipelineCoordinator", "apply_to_runtime",
-           "bubble_fraction", "refuse_ddp"]
+# Layout, layout_for, bubble_fraction (pipeline_layout.py) and default_split_points (pipeline_split.py)
+# were defined here first: still importable from here.
+__all__ = ["Layout", "layout_for", "default_split_points", "PipelineRunner", "apply_to_runtime", "bubble_fraction",
+           "refuse_ddp"]
 
 log = logging.getLogger("turbotrain")
-
-# -- how the processes divide ------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Layout:
-    """Stages, processes per pipeline (pp) and pipelines (dp, the FSDP replicas)."""
-
-    stages: int
-    per_process: int
-    pp: int
-    dp: int
-    microbatches: int
-    schedule: str
-
-    @property
-    def interleaved(self) -> bool:
-        return self.per_process > 1
-
-    def stage_ids(self, pp_rank: int) -> list[int]:
-        """The stages a process of the pipeline runs: ``pp_rank``, ``pp_rank + pp``, ... (torch's layout)."""
-        return [pp_rank + k * self.pp for k in range(self.per_process)]
-
-
-def layout_for(plan, world: int) -> Layout:
-    """The layout ``plan`` asks for on ``world`` processes; a ConfigError saying why it cannot be."""
-    schedule = plan.schedule or "1f1b"
-    per = plan.stages_per_process or (2 if schedule == "interleaved-1f1b" else 1)
-    stages = plan.pipeline_stages or per * world
-    if stages % per:
-        raise ConfigError(f"Plan.pipeline_stages={stages} with {per} stages per process: the stages must divide "
-                          "evenly among the processes of a pipeline.")
-    pp = stages // per
-    if pp > world or world % pp:
-        raise ConfigError(
-            f"Plan.pipeline_stages={stages} at {per} per process needs {pp} processes per pipeline "
-            f"(or a multiple of {pp} for pipeline x FSDP), and this run has {world}: launch with "
-            f"`turbotrain launch --nproc-per-node {pp} ...`, or change pipeline_stages.")
-    microbatches = plan.microbatches or stages
-    if microbatches < stages:
-        raise ConfigError(f"Plan.microbatches: {microbatches} micro-batches for {stages} stages; a pipeline needs at "
-                          "least one micro-batch per stage (more shrinks the bubble).")
-    if per > 1 and microbatches % pp:
-        raise ConfigError(f"Plan.microbatches: the interleaved schedule runs micro-batches in rounds of {pp} (one per "
-                          f"process); {microbatches} is not a multiple of {pp}.")
-    return Layout(stages, per, pp, world // pp, microbatches, schedule)
-
-
-def bubble_fraction(layout: Layout) -> float:
-    """The idle share of a step on each process: ``(p - 1) / (v * m + p - 1)`` (v stages per process)."""
-    p, m, v = layout.pp, layout.microbatches, layout.per_process
-    return (p - 1) / (v * m + p - 1)
-
-
-def default_split_points(model: nn.Module, stages: int) -> list[str]:
-    """The largest ``nn.ModuleList`` (a transformer's blocks) cut into ``stages`` runs as even as can be."""
-    lists = [(len(m), name) for name, m in model.named_modules() if isinstance(m, nn.ModuleList) and name]
-    if not lists or max(lists)[0] < stages:
-        raise ConfigError(
-            f"strategy='pipeline': no split points given, and the model has no nn.ModuleList of at least {stages} "
-            "blocks to cut evenly; give Trainer(..., split_points=['name.of.first.module.of.stage.2', ...]) with "
-            f"{stages - 1} module names (see model.named_modules()).")
-    length, name = max(lists)
-    return [f"{name}.{(i * length) // stages}" for i in range(1, stages)]
-
-
-def check_split_points(model: nn.Module, split_points: list[str], stages: int) -> None:
-    if len(split_points) != stages - 1:
-        raise ConfigError(f"split_points: {len(split_points)} given for {stages} stages; give {stages - 1} (each the "
-                          "first module of the next stage).")
-    names = {name for name, _ in model.named_modules()}
-    for point in split_points:
-        if point not in names or not point:
-            near = sorted(n for n in names if n and n.split(".")[0] == point.split(".")[0])[:8]
-            raise ConfigError(f"split point {point!r} names no module of {type(model).__name__}"
-                              + (f"; modules nearby: {', '.join(near)}" if near else
-                                 f"; its top-level modules: {', '.join(n for n in names if n and '.' not in n)}"))
 
 
 def refuse_ddp() -> ConfigError:
@@ -127,61 +55,6 @@ def refuse_ddp() -> ConfigError:
         "schedule runs several (GPipe crashes in reducer.cpp; static_graph=True trains silently wrong). Use "
         "strategy='pipeline' alone: with more processes than stages it shards each stage with FSDP over the "
         "extra processes (a (dp, pp) DeviceMesh).")
-
-
-# -- the model: a meta copy to trace, the user's tensors to train ---------------------------------
-
-def _meta_copy(model: nn.Module) -> nn.Module:
-    """The same module tree with every parameter and buffer on the meta device (copies no data)."""
-    memo: dict[int, Any] = {}
-    for t in [*model.parameters(), *model.buffers()]:
-        meta = t.detach().to("meta")
-        memo[id(t)] = nn.Parameter(meta, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) else meta
-    return copy.deepcopy(model, memo)
-
-
-def _set_tensor(module: nn.Module, fqn: str, value: torch.Tensor) -> None:
-    owner_name, _, leaf = fqn.rpartition(".")
-    owner = module.get_submodule(owner_name)
-    if leaf in owner._parameters:
-        owner._parameters[leaf] = value
-    else:
-        owner._buffers[leaf] = value
-
-
-def _materialise_modules(model: nn.Module, names: set[str], device: torch.device) -> None:
-    """The named modules' own parameters real and on ``device``: moved, or (built on meta) made and initialised
-    by the module's ``reset_parameters()``."""
-    for module_name in sorted(names):
-        module = model.get_submodule(module_name)
-        own = list(module.parameters(recurse=False))
-        if any(p.is_meta for p in own):
-            module.to_empty(device=device, recurse=False)
-            if not hasattr(module, "reset_parameters"):
-                raise ConfigError(f"{module_name or type(model).__name__} was built on the meta device and "
-                                  f"{type(module).__name__} has no reset_parameters() to initialise it on its stage.")
-            module.reset_parameters()
-        elif any(p.device != device for p in own):
-            module.to(device)  # these layers only
-
-
-def _real_buffers(model: nn.Module, names: list[str], device: torch.device) -> None:
-    """These buffers on ``device``; one built on the meta device is refused (nothing can recompute its values)."""
-    for name in names:
-        buffer = model.get_buffer(name)
-        if buffer.is_meta:
-            raise ConfigError(f"buffer {name!r} was built on the meta device and nothing can recompute it on its "
-                              "stage; compute it in forward, or build the model for real.")
-        if buffer.device != device:
-            _set_tensor(model, name, buffer.to(device))
-
-
-def _repoint(optimizers: list[torch.optim.Optimizer], replaced: dict[nn.Parameter, nn.Parameter]) -> None:
-    """Each group keeps only the parameters in ``replaced``, as their replacements: in place, so the groups'
-    settings and any LR scheduler built on the optimizer stay valid."""
-    for opt in optimizers:
-        for group in opt.param_groups:
-            group["params"][:] = [replaced[p] for p in group["params"] if p in replaced]
 
 
 def _batch_parts(batch: Any) -> tuple[tuple[torch.Tensor, ...], Any]:
@@ -236,17 +109,17 @@ class PipelineRunner:
         self.dp_rank = self.rank // self.layout.pp
         self.stage_ids = self.layout.stage_ids(self.pp_rank)
         self._make_groups()
-        self._skeleton = _meta_copy(rt.module)
+        self._skeleton = meta_copy(rt.module)
 
     @staticmethod
     def _materialise_all(rt) -> None:
         """One process: every layer real (initialised like a stage's when built on meta), the optimizer following."""
         model = rt.module
         old = dict(model.named_parameters())
-        _materialise_modules(model, {name.rpartition(".")[0] for name in old}, rt.device)
-        _real_buffers(model, [name for name, _ in model.named_buffers()], rt.device)
+        materialise_modules(model, {name.rpartition(".")[0] for name in old}, rt.device)
+        real_buffers(model, [name for name, _ in model.named_buffers()], rt.device)
         new = dict(model.named_parameters())
-        _repoint(rt.optimizers, {old[n]: new[n] for n in old})
+        repoint_optimizers(rt.optimizers, {old[n]: new[n] for n in old})
 
     # -- processes -------------------------------------------------------------------------
 
@@ -288,33 +161,6 @@ class PipelineRunner:
                 "divides (and drop_last=True in the DataLoader when the data set does not divide either).")
         return n
 
-    def _trace(self, example: tuple[torch.Tensor, ...], training: bool):
-        from torch.distributed.pipelining import SplitPoint, pipeline
-
-        skeleton = self._skeleton.train(training)
-        try:
-            pipe = pipeline(skeleton, example, split_spec={p: SplitPoint.BEGINNING for p in self.split_points})
-        finally:
-            for point in self.split_points:  # pipeline() wraps their forward in place: unwrap for the next trace
-                module = skeleton.get_submodule(point)
-                module.__dict__.pop("forward", None)
-                module.__dict__.pop("_orig_forward", None)
-        if pipe.num_stages != self.layout.stages:
-            raise ConfigError(f"split_points {self.split_points} cut the traced model into {pipe.num_stages} stages, "
-                              f"not {self.layout.stages}: a split point that forward never calls, or calls out of "
-                              "order, cuts nothing.")
-        return pipe
-
-    def _owners(self, pipe) -> dict[str, int]:
-        owner: dict[str, int] = {}
-        for i in range(pipe.num_stages):
-            for name, _ in pipe.get_stage_module(i).named_parameters():
-                if name in owner:
-                    raise ConfigError(f"parameter {name!r} is used by stages {owner[name]} and {i} (tied weights): each "
-                                      "stage would update its own copy. Untie it, or put its users in one stage.")
-                owner[name] = i
-        return owner
-
     def _materialise(self, pipe) -> None:
         """This process's parameters and buffers, real and on the device; the user's optimizer moved onto them."""
         device, model = self.rt.device, self.user_model
@@ -323,19 +169,19 @@ class PipelineRunner:
                 raise ConfigError(f"{type(opt).__name__} has already stepped (it holds state), and a pipeline keeps "
                                   "only its stage's parameters: build the Trainer before the first optimizer step, or "
                                   "resume the state from a checkpoint with fit(resume=True).")
-        owner = self._owners(pipe)
+        owner = stage_of_each_parameter(pipe)
         mine = {name for name, i in owner.items() if i in self.stage_ids}
         old = dict(model.named_parameters())
-        _materialise_modules(model, {name.rpartition(".")[0] for name in mine}, device)
-        _real_buffers(model, [name for i in self.stage_ids for name, _ in pipe.get_stage_module(i).named_buffers()],
+        materialise_modules(model, {name.rpartition(".")[0] for name in mine}, device)
+        real_buffers(model, [name for i in self.stage_ids for name, _ in pipe.get_stage_module(i).named_buffers()],
                       device)
         new = dict(model.named_parameters())
         for name, param in old.items():  # the other stages' layers leave this process
             if name not in mine:
-                _set_tensor(model, name, nn.Parameter(torch.empty_like(param, device="meta"), param.requires_grad))
+                set_tensor(model, name, nn.Parameter(torch.empty_like(param, device="meta"), param.requires_grad))
         for opt in self.rt.optimizers:
             total = sum(len(g["params"]) for g in opt.param_groups)
-            _repoint([opt], {old[name]: new[name] for name in mine})
+            repoint_optimizers([opt], {old[name]: new[name] for name in mine})
             log.info("turbotrain: pipeline stage(s) %s of %d: %s rebuilt over this stage's %d of %d parameter tensors "
                      "(same class, param groups and settings)", self.stage_ids, self.layout.stages,
                      type(opt).__name__, sum(len(g["params"]) for g in opt.param_groups), total)
@@ -353,19 +199,11 @@ class PipelineRunner:
         for i in self.stage_ids:
             module = pipe.get_stage_module(i)
             for name, _ in [*module.named_parameters(), *module.named_buffers()]:
-                _set_tensor(module, name, tensors[name])
+                set_tensor(module, name, tensors[name])
             if _modify_graph_op_device is not None and isinstance(module, torch.fx.GraphModule):
                 _modify_graph_op_device(module, self.rt.device)
             stages.append(PipelineStage(module, i, self.layout.stages, self.rt.device, group=self.pp_group))
         return stages
-
-    def _schedule(self, stages: list[Any]):
-        from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
-
-        if self.layout.interleaved:
-            return ScheduleInterleaved1F1B(stages, n_microbatches=self.microbatches, loss_fn=self.loss_fn)
-        cls = ScheduleGPipe if self.layout.schedule == "gpipe" else Schedule1F1B
-        return cls(stages[0], n_microbatches=self.microbatches, loss_fn=self.loss_fn)
 
     def _shard(self, stages: list[Any]) -> None:
         """Pipeline x FSDP: each stage one FSDP unit over the dp dimension; the optimizer and the user's model
@@ -383,7 +221,7 @@ class PipelineRunner:
             for opt in self.rt.optimizers:
                 rebind_optimizer(opt, {before[n]: after[n] for n in before})
             for name, param in after.items():  # the full tensors must not stay alive in the user's model
-                _set_tensor(self.user_model, name, param)
+                set_tensor(self.user_model, name, param)
 
     def _build(self, key: Any, inputs: tuple[torch.Tensor, ...], training: bool) -> _Built:
         """Trace and build; every process learns whether every other one succeeded before any stage communicates
@@ -413,7 +251,8 @@ class PipelineRunner:
                 "have the training batch's shape (drop_last=True, the same batch size for validation).")
         if first and not training:
             raise ConfigError("a pipeline is built at the first training batch; validate after fit() has started.")
-        pipe = self._trace(self._microbatch(inputs, training), training)
+        pipe = trace_stages(self._skeleton, self._microbatch(inputs, training), self.split_points,
+                            self.layout.stages, training)
         if first:
             self._materialise(pipe)
         stages = self._stages_of(pipe)
@@ -422,7 +261,7 @@ class PipelineRunner:
                 self.stage_modules[f"stage{stage.stage_index}"] = stage.submod
             if self.layout.dp > 1:
                 self._shard(stages)
-        built = _Built(stages, self._schedule(stages), has_first=0 in self.stage_ids,
+        built = _Built(stages, make_schedule(self.layout, stages, self.loss_fn), has_first=0 in self.stage_ids,
                        has_last=self.layout.stages - 1 in self.stage_ids)
         self._pipes[key] = built
         if first:
@@ -532,76 +371,6 @@ class PipelineRunner:
         total = squared.sqrt().to(local.dtype)
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, total, foreach=True)
         return total
-
-
-# -- what the Trainer does differently under a pipeline --------------------------------------------
-
-class PipelineCoordinator(RankCoordinator):
-    """RankCoordinator for a pipeline: data sharded over the dp replicas only, the loss and throughput
-    from the last stage, checkpoints of each process's stages through torch.distributed.checkpoint."""
-
-    def __init__(self, rt):
-        self.pipeline: PipelineRunner = rt.pipeline
-        super().__init__(rt.module, rt.optimizers, rt.device)
-        self.sharded = self.pipeline.launched
-
-    @property
-    def module(self) -> nn.Module:
-        return self.pipeline.stage_modules if self.pipeline.launched else self.pipeline.user_model
-
-    @module.setter
-    def module(self, value) -> None:  # RankCoordinator.__init__ sets it; the stages decide
-        pass
-
-    def shard_loader(self, loader: Any) -> Any:
-        runner = self.pipeline
-        if loader is None or not runner.launched or runner.layout.dp == 1:
-            return loader  # every process of a pipeline reads the same batches
-        return shard_loader(loader, replicas=runner.layout.dp, index=runner.dp_rank)
-
-    def _is_last(self) -> bool:
-        runner = self.pipeline
-        return not runner.launched or runner.layout.stages - 1 in runner.stage_ids
-
-    def reduce_logged(self, metrics: dict[str, Any]) -> dict[str, Any]:
-        """Mean loss over the last stage's replicas; samples/s summed over them (one rank per pipeline)."""
-        if self.world == 1:
-            return metrics
-        last = self._is_last()
-        loss, rate = metrics.get("train_loss"), metrics.get("samples_per_s")
-        has_loss, has_rate = last and loss is not None, last and rate is not None
-        sums = tdist.all_reduce_sum([loss if has_loss else 0.0, has_loss, rate if has_rate else 0.0, has_rate],
-                                    self.device)
-        out = dict(metrics)
-        out.pop("train_loss", None)
-        out.pop("samples_per_s", None)
-        if sums[1]:
-            out["train_loss"] = sums[0] / sums[1]
-        if sums[3]:
-            out["samples_per_s"] = sums[2] * self.pipeline.layout.dp / sums[3]
-        return out
-
-    def save_checkpoint(self, state, directory, step, keep):
-        # torch.distributed.checkpoint drops some param-group settings (lr, betas, ...) of optimizers whose
-        # parameters differ between ranks (torch 2.13): every rank's groups have the same settings, kept here.
-        groups = [[{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups] for opt in self.optimizers]
-        return super().save_checkpoint({**state, "param_group_settings": groups}, directory, step, keep)
-
-    def _load(self, path, state) -> None:
-        super().load_weights(path, state)
-        for opt, groups in zip(self.optimizers, state.get("param_group_settings") or [], strict=False):
-            for group, settings in zip(opt.param_groups, groups, strict=True):
-                group.update(settings)
-
-    def load_weights(self, path, state) -> None:
-        runner = self.pipeline
-        if runner.launched and not runner.built:
-            if not state.get("sharded"):
-                raise ConfigError(f"checkpoint {path} was not written by a pipeline; resume it with the strategy that "
-                                  "wrote it.")
-            runner.pending_load = lambda: self._load(path, state)
-            return
-        self._load(path, state)
 
 
 def apply_to_runtime(rt) -> None:

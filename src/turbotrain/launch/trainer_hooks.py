@@ -93,14 +93,6 @@ class RankCoordinator:
         self.rank = tdist.rank() if tdist.is_initialized() else 0
         self.sharded = fsdp.is_sharded(module)
 
-    @classmethod
-    def for_runtime(cls, rt) -> "RankCoordinator":
-        if rt.pipeline is not None:
-            from .pipeline import PipelineCoordinator
-
-            return PipelineCoordinator(rt)
-        return cls(rt.module, rt.optimizers, rt.device)
-
     # -- data and metrics ----------------------------------------------------------------
 
     def shard_loader(self, loader: Any) -> Any:

@@ -1,19 +1,19 @@
 """The Trainer: a Plan applied, a short hot loop, stopping rules, validation, exact resume.
 
-The per-step path is ``_run_epoch`` -> ``_train_micro_batch`` -> ``_finish_step``. It makes
-no host-device synchronization: losses stay on the device (on the CPU reading them is
-free) and are read every ``log_every_n_steps``, as is the non-finite guard's verdict (the
-one exception: ``on_nonfinite="skip"`` with unfused optimizers on a GPU, see nonfinite.py).
-Everything else (logging, validation, checkpoints, stopping) is decided by integer
-comparisons at step boundaries.
+The per-step path is ``_run_epoch`` -> ``_train_micro_batch`` -> ``_finish_step`` ->
+``_step_boundary``, in that order below. It makes no host-device synchronization: losses stay
+on the device (on the CPU reading them is free) and are read every ``log_every_n_steps``, as is
+the non-finite guard's verdict (the one exception: ``on_nonfinite="skip"`` with unfused
+optimizers on a GPU, see nonfinite.py). Everything else (logging, validation, checkpoints,
+stopping) is decided by integer comparisons at step boundaries.
+
+What lasts across ``fit`` calls is ``self.state`` (a ``TrainState``, the part checkpoints hold);
+what one ``fit`` call creates is ``self.fit_state`` (a ``FitState``); both are in state.py.
 """
 
 from __future__ import annotations
 
-import logging
-import math
 import time
-from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 import torch
@@ -22,83 +22,20 @@ from torch import nn
 from .. import distributed as tdist
 from ..config import ConfigError
 from ..data.transfer import batch_size_of
-from ..launch.trainer_hooks import RankCoordinator
+from ..launch.coordinators import coordinator_for
 from ..plan import Plan
 from ..runtime import Runtime, prepare
 from ..speedups.set_to_none import zero_grad
-from . import checkpoint as ckpt
-from . import rng
 from .config import TrainerConfig
 from .context import StepContext
 from .early_stopping import EarlyStopping
-from .loggers import make_loggers
 from .nonfinite import FiniteGuard
-from .preemption import Preempted, SignalWatch
-from .progress import make_progress
+from .preemption import Preempted
 from .resumable import EpochSource, Position
+from .state import FitResult, FitState, TrainState
+from .trainer_checkpoints import TrainerCheckpoints
 
 __all__ = ["Trainer", "FitResult"]
-
-log = logging.getLogger("turbotrain")
-
-
-@dataclass
-class TrainState:
-    step: int = 0                 # optimizer steps done
-    epoch: int = 0                # current epoch (0-based)
-    batches_done: int = 0         # micro-batches consumed in the current epoch
-    samples: int = 0
-    skipped_steps: int = 0
-    elapsed_s: float = 0.0        # wall time of earlier (resumed-from) runs
-    history: list[dict[str, Any]] = field(default_factory=list)
-
-
-@dataclass
-class FitResult:
-    """What ``fit`` returns: where training ended and how fast it ran."""
-
-    steps: int
-    epochs: int
-    samples: int
-    samples_per_s: float          # steady state: after warm-up, without validation and checkpoints
-    train_time_s: float
-    metrics: dict[str, float]     # the last value of every logged metric
-    history: list[dict[str, Any]]
-    stopped_by: str
-    skipped_steps: int
-    checkpoint: str | None
-    plan: Plan
-    applied: list[str]
-    skipped: list[tuple[str, str]]
-
-
-class _LossMeter:
-    """Mean training loss over a logging window, kept where reading it is free.
-
-    On the host, step losses arrive as floats (reading a CPU tensor waits for nothing); on a
-    GPU they stay device tensors, summed on the device and read once per window.
-    """
-
-    def __init__(self, device: torch.device):
-        self.on_host = device.type != "cuda"
-        self.total: Any = 0.0 if self.on_host else torch.zeros((), device=device)
-        self.count = 0
-
-    def add(self, loss: Any) -> None:
-        if self.on_host:
-            self.total += loss
-        else:
-            self.total.add_(loss)
-        self.count += 1
-
-    def pop_mean(self) -> float | None:
-        if not self.count:
-            return None
-        total = self.total if self.on_host else float(self.total.item())  # the window's one sync
-        mean = total / self.count
-        self.total = 0.0 if self.on_host else self.total.zero_()
-        self.count = 0
-        return mean
 
 
 class Trainer:
@@ -132,6 +69,7 @@ class Trainer:
         self.schedulers = [] if schedulers is None else (
             list(schedulers) if isinstance(schedulers, (list, tuple)) else [schedulers])
         self.state = TrainState()
+        self.fit_state: FitState | None = None  # the running (or last) fit() call's
         self.rt: Runtime = prepare(model, optimizer, self.plan)
         self.ctx = StepContext(self, self.rt)
         self.guard = FiniteGuard(self.rt.optimizers, self.rt.device, self.config.on_nonfinite, self.rt.scaler)
@@ -143,7 +81,7 @@ class Trainer:
         self._step_one = self._step_optimizer if needs_wrapper else self.rt.optimizer_step
         self._per_step_schedulers = bool(self.schedulers) and self.config.scheduler_interval == "step"
         self.is_rank_zero = tdist.is_rank_zero()
-        self.ranks = RankCoordinator.for_runtime(self.rt)  # distributed: sharding, reductions, checkpoints
+        self.ranks = coordinator_for(self.rt)  # distributed: sharding, reductions, checkpoints
         self.pipeline = self.rt.pipeline  # strategy='pipeline': its schedule runs each batch (launch/pipeline.py)
         if self.pipeline is not None:
             self.pipeline.configure(loss_fn if step_fn is None else None, split_points)
@@ -152,11 +90,8 @@ class Trainer:
             raise ConfigError("Trainer: split_points cut a pipeline; set Plan(strategy='pipeline').")
         if self.ranks.world > 1:
             self.guard.agree = self.ranks.agree_on_flag  # distributed: one verdict for every rank
-        self._last_checkpoint_step = -1
-        self._last_checkpoint: str | None = None
-        self._early_stop = False
-        self._clock: _Clock | None = None  # exists while fit() runs
-        self._signals = SignalWatch()
+        self.checkpoints = TrainerCheckpoints(self.rt, self.ranks, self.plan, self.schedulers, early_stopping,
+                                              self.config)
 
     # -- public -----------------------------------------------------------------------------
 
@@ -166,59 +101,41 @@ class Trainer:
         return self.rt.module
 
     def fit(self, train_loader: Iterable, val_loader: Iterable | None = None, *, resume: bool = False) -> FitResult:
-        cfg = self.config
+        """Train until a limit (steps, epochs, time, early stopping, preemption) or the end of the data."""
         train_loader, val_loader = self.ranks.shard_loader(train_loader), self.ranks.shard_loader(val_loader)
-        self.source = EpochSource(train_loader, self.rt.rebuild_loader)
-        self.val_loader = self.rt.rebuild_loader(val_loader) if val_loader is not None else None
+        source = EpochSource(train_loader, self.rt.rebuild_loader)
+        val_loader = self.rt.rebuild_loader(val_loader) if val_loader is not None else None
         position = self._resume() if resume else None
-        self.max_epochs = cfg.max_epochs or (None if (cfg.max_steps or cfg.max_time) else 1)
-        self.epoch_len = len(self.source) if self.source.has_length else None
-        self.steps_per_epoch = math.ceil(self.epoch_len / self.rt.accum_steps) if self.epoch_len else None
-        self.val_every = self._val_interval_steps()
-        self.loss_meter = _LossMeter(self.rt.device)
-        self.loggers = make_loggers(cfg.log_dir, cfg.loggers) if self.is_rank_zero else []
-        self.progress = make_progress(cfg.progress, self._total_steps(), enabled=self.is_rank_zero)
-        self.stop_reason: str | None = None
-        self._clock = _Clock(self.rt.device, cfg.warmup_steps, self.state.step, self.state.samples)
-        self._next_event = self._next_event_after(self.state.step)
-        self._step_limit = cfg.max_steps if cfg.max_steps is not None else math.inf
-        deadline_s = cfg.max_time_s
-        self.deadline = None if deadline_s is None else time.monotonic() + deadline_s - self.state.elapsed_s
-        self._fit_start = time.monotonic()
+        run = self.fit_state = FitState.start(self.config, self.state, source, val_loader, self.rt.device,
+                                              self.rt.accum_steps, self.is_rank_zero)
+        run.next_event = self._next_event_after(self.state.step, run)
         self.rt.module.train()
-        self._signals = SignalWatch()
         try:
             try:
-                self._signals.__enter__()
-                self.stop_reason = self._limits_reached()
-                while self.stop_reason is None:
-                    batches = self.rt.device_batches(self.source.epoch(self.state.epoch, position))
-                    position = None
-                    if self._run_epoch(batches):
-                        break
-                    self._end_epoch()
+                run.signals.__enter__()
+                self._train(run, position)
             except RuntimeError as exc:  # outside the per-batch loop: costs nothing per step
                 # PyTorch's SIGCHLD handler raises wherever the loop is: say "after N steps".
-                clearer = self.source.worker_death(exc, f"after {self.state.step} optimizer steps "
-                                                        f"(epoch {self.state.epoch})")
+                clearer = source.worker_death(exc, f"after {self.state.step} optimizer steps "
+                                                   f"(epoch {self.state.epoch})")
                 if clearer is None:
                     raise
                 raise clearer from exc
             finally:
-                self._signals.__exit__()
+                run.signals.__exit__()
                 now = time.monotonic()
-                self.state.elapsed_s += now - self._fit_start
-                self._fit_start = now  # later checkpoints add nothing twice
-                self.progress.close()
+                self.state.elapsed_s += now - run.started
+                run.started = now  # later checkpoints add nothing twice
+                run.progress.close()
             self._log_metrics()
-            if cfg.checkpoint_dir and self.state.step != self._last_checkpoint_step:
+            if self.config.checkpoint_dir and self.state.step != self.checkpoints.last_step:
                 self._save_checkpoint(at_epoch_end=self.state.batches_done == 0)
         finally:
-            self.source.close()  # after the last checkpoint, which records whether workers persist
-            for logger in self.loggers:
+            source.close()  # after the last checkpoint, which records whether workers persist
+            for logger in run.loggers:
                 logger.close()
-        if self.stop_reason == "preempted":
-            raise Preempted(self.state.step, self._last_checkpoint)
+        if run.stop_reason == "preempted":
+            raise Preempted(self.state.step, self.checkpoints.last_path)
         result = self._result()
         self._callback("on_fit_end", result)
         return result
@@ -226,7 +143,11 @@ class Trainer:
     @torch.no_grad()
     def validate(self, val_loader: Iterable | None = None) -> dict[str, float]:
         """Mean validation loss under ``torch.inference_mode()``; one host read at the end."""
-        loader = self.ranks.shard_loader(val_loader) if val_loader is not None else self.val_loader
+        run = self.fit_state
+        if val_loader is not None:
+            loader = self.ranks.shard_loader(val_loader)
+        else:
+            loader = run.val_loader if run is not None else None
         if loader is None:
             raise ValueError("validate(): no validation loader given to fit() or validate().")
         started = time.monotonic()
@@ -251,16 +172,32 @@ class Trainer:
         module.train()
         total, count = self.ranks.sum_validation(total, count)  # distributed: every rank's shard
         metrics = {"val_loss": float(total.item()) / max(count, 1)}  # one read per validation
-        if self._clock is not None:
-            self._clock.exclude(time.monotonic() - started)
+        if run is not None:
+            run.clock.exclude(time.monotonic() - started)
         self._callback("on_validation_end", metrics)
         return metrics
 
+    def state_dict(self, at_epoch_end: bool) -> dict[str, Any]:
+        """The checkpoint of this moment of ``fit`` (see trainer_checkpoints.py for what it holds)."""
+        run = self.fit_state
+        elapsed_s = self.state.elapsed_s + time.monotonic() - run.started
+        return self.checkpoints.state_dict(self.state, run.source, elapsed_s, at_epoch_end)
+
     # -- the hot loop -----------------------------------------------------------------------
+
+    def _train(self, run: FitState, position: Position | None) -> None:
+        """Epochs until a limit stops training; ``position``: where a resumed first epoch starts."""
+        run.stop_reason = self._limits_reached()
+        while run.stop_reason is None:
+            batches = self.rt.device_batches(run.source.epoch(self.state.epoch, position))
+            position = None  # the next epochs start at their beginning
+            if self._run_epoch(batches):
+                break
+            self._end_epoch()
 
     def _run_epoch(self, batches: Iterable) -> bool:
         """Train one epoch (or what is left of it). True when a limit stopped training."""
-        accum, total = self.rt.accum_steps, self.epoch_len
+        accum, total = self.rt.accum_steps, self.fit_state.epoch_len
         micro = self.state.batches_done
         step_loss = None
         for batch in batches:
@@ -309,31 +246,6 @@ class Trainer:
                             "pass step_fn=lambda ctx, batch: loss to handle other batches.") from None
         return self.loss_fn(self.rt.model(inputs), targets)
 
-    def _val_loss(self, batch: Any) -> torch.Tensor:
-        if self.val_step_fn is not None:
-            return _loss_of(self.val_step_fn(self.ctx, batch))
-        if self.step_fn is not None and not self.config.manual_optimization:
-            return _loss_of(self.step_fn(self.ctx, batch))
-        if self.loss_fn is None:
-            raise ValueError("validation needs loss_fn or val_step_fn(ctx, batch) -> loss.")
-        inputs, targets = batch
-        return self.loss_fn(self.rt.model(inputs), targets)
-
-    def _apply_optimizer(self, optimizer: torch.optim.Optimizer) -> bool:
-        """Manual optimization's ``ctx.step``: guard, then step. False when the guard skipped it."""
-        if not self.guard.check(None, self.state.step + 1):
-            zero_grad(optimizer, self.rt.set_to_none)
-            return False
-        self._step_optimizer(optimizer)
-        return True
-
-    def _step_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
-        if self.config.gradient_clip_val is not None:
-            self.rt.clip_gradients(optimizer, self.config.gradient_clip_val)
-        self.guard.arm((optimizer,))  # fused optimizers on a GPU: the verdict skips the update there
-        self.rt.optimizer_step(optimizer)
-        self.guard.disarm((optimizer,))
-
     def _finish_step(self, loss: Any) -> bool:
         """Optimizer step(s) and the step-boundary bookkeeping. True when training must stop."""
         if self._manual:
@@ -354,51 +266,75 @@ class Trainer:
         else:
             self.state.skipped_steps += 1
         self.state.step += 1
-        self.loss_meter.add(loss)
+        self.fit_state.loss_meter.add(loss)
         return self._step_boundary()
 
     def _step_boundary(self) -> bool:
         """Per step: a few integer comparisons; the rare events run only when one is due."""
-        step = self.state.step
-        if step >= self._next_event:
+        run, step = self.fit_state, self.state.step
+        if step >= run.next_event:
             self._events(step)
-        if (step >= self._step_limit or self._signals.requested or self._early_stop
-                or (self.deadline is not None and time.monotonic() >= self.deadline)):
-            self.stop_reason = self._limits_reached()
-        return self.stop_reason is not None
+        if (step >= run.step_limit or run.signals.requested or self.state.early_stop
+                or (run.deadline is not None and time.monotonic() >= run.deadline)):
+            run.stop_reason = self._limits_reached()
+        return run.stop_reason is not None
+
+    # -- optimizer steps (the hot loop's, and manual optimization's ctx.step) -------------------
+
+    def _step_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        if self.config.gradient_clip_val is not None:
+            self.rt.clip_gradients(optimizer, self.config.gradient_clip_val)
+        self.guard.arm((optimizer,))  # fused optimizers on a GPU: the verdict skips the update there
+        self.rt.optimizer_step(optimizer)
+        self.guard.disarm((optimizer,))
+
+    def _apply_optimizer(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Manual optimization's ``ctx.step``: guard, then step. False when the guard skipped it."""
+        if not self.guard.check(None, self.state.step + 1):
+            zero_grad(optimizer, self.rt.set_to_none)
+            return False
+        self._step_optimizer(optimizer)
+        return True
+
+    def _step_schedulers(self) -> None:
+        for sched in self.schedulers:
+            if not isinstance(sched, torch.optim.lr_scheduler.ReduceLROnPlateau):
+                sched.step()
+
+    # -- events at step boundaries: warm-up's end, logging, validation, checkpoints ----------
 
     def _events(self, step: int) -> None:
         """End of warm-up, logging, validation and checkpoints that fall on this step."""
-        cfg = self.config
-        self._clock.at_step(step, self.state.samples)
+        cfg, run = self.config, self.fit_state
+        run.clock.at_step(step, self.state.samples)
         if step % cfg.log_every_n_steps == 0:
             self._log_metrics()
-        if self.val_every and step % self.val_every == 0 and self.val_loader is not None and not self._epoch_validates():
+        if run.val_every and step % run.val_every == 0 and run.val_loader is not None and not self._epoch_validates():
             self._run_validation()
         if cfg.checkpoint_every_n_steps and step % cfg.checkpoint_every_n_steps == 0:
             self._save_checkpoint(at_epoch_end=False)
-        self._next_event = self._next_event_after(step)
+        run.next_event = self._next_event_after(step, run)
 
-    def _next_event_after(self, step: int) -> int:
+    def _next_event_after(self, step: int, run: FitState) -> int:
         cfg = self.config
-        periods = [p for p in (cfg.log_every_n_steps, self.val_every, cfg.checkpoint_every_n_steps) if p]
+        periods = [p for p in (cfg.log_every_n_steps, run.val_every, cfg.checkpoint_every_n_steps) if p]
         upcoming = min((step // p + 1) * p for p in periods)
-        if self._clock.t0 is None and self._clock.warmup_until > step:
-            upcoming = min(upcoming, self._clock.warmup_until)
+        if run.clock.warming_up and run.clock.warmup_until > step:
+            upcoming = min(upcoming, run.clock.warmup_until)
         return upcoming
 
     # -- epoch boundary, validation, limits --------------------------------------------------
 
     def _epoch_validates(self) -> bool:
         """Whether this step ends an epoch whose end-of-epoch validation is about to run anyway."""
-        return (isinstance(self.config.val_check_interval, float) and self.epoch_len is not None
-                and self.state.batches_done == self.epoch_len)
+        return (isinstance(self.config.val_check_interval, float) and self.fit_state.epoch_len is not None
+                and self.state.batches_done == self.fit_state.epoch_len)
 
     def _end_epoch(self) -> None:
         self._read_guard()
-        cfg = self.config
+        cfg, run = self.config, self.fit_state
         epoch = self.state.epoch
-        if (self.val_loader is not None and not isinstance(cfg.val_check_interval, int)
+        if (run.val_loader is not None and not isinstance(cfg.val_check_interval, int)
                 and (epoch + 1) % cfg.check_val_every_n_epoch == 0):
             self._run_validation()
         if cfg.scheduler_interval == "epoch":
@@ -409,7 +345,7 @@ class Trainer:
         every = cfg.checkpoint_every_n_epochs or (1 if cfg.checkpoint_dir and not cfg.checkpoint_every_n_steps else None)
         if cfg.checkpoint_dir and every and self.state.epoch % every == 0:
             self._save_checkpoint(at_epoch_end=True)
-        self.stop_reason = self._limits_reached()
+        run.stop_reason = self._limits_reached()
 
     def _run_validation(self) -> None:
         self._read_guard()
@@ -419,7 +355,17 @@ class Trainer:
             if isinstance(sched, torch.optim.lr_scheduler.ReduceLROnPlateau):
                 sched.step(metrics["val_loss"])
         if self.early_stopping is not None and self.early_stopping.update(metrics):
-            self._early_stop = True
+            self.state.early_stop = True
+
+    def _val_loss(self, batch: Any) -> torch.Tensor:
+        if self.val_step_fn is not None:
+            return _loss_of(self.val_step_fn(self.ctx, batch))
+        if self.step_fn is not None and not self.config.manual_optimization:
+            return _loss_of(self.step_fn(self.ctx, batch))
+        if self.loss_fn is None:
+            raise ValueError("validation needs loss_fn or val_step_fn(ctx, batch) -> loss.")
+        inputs, targets = batch
+        return self.loss_fn(self.rt.model(inputs), targets)
 
     def _read_guard(self) -> None:
         """Read the guard's device-side verdicts (stop mode raises here) before anything acts on the
@@ -427,46 +373,25 @@ class Trainer:
         self.state.skipped_steps = max(self.state.skipped_steps, self.guard.report())
 
     def _limits_reached(self) -> str | None:
-        cfg, s = self.config, self.state
-        if self._signals.requested:
+        cfg, s, run = self.config, self.state, self.fit_state
+        if run.signals.requested:
             return "preempted"
         if cfg.max_steps is not None and s.step >= cfg.max_steps:
             return "max_steps"
-        if self.max_epochs is not None and s.epoch >= self.max_epochs:
+        if run.max_epochs is not None and s.epoch >= run.max_epochs:
             return "max_epochs"
-        if self.deadline is not None and time.monotonic() >= self.deadline:
+        if run.deadline is not None and time.monotonic() >= run.deadline:
             return "max_time"
-        if self._early_stop and s.epoch >= cfg.min_epochs and s.step >= cfg.min_steps:
+        if s.early_stop and s.epoch >= cfg.min_epochs and s.step >= cfg.min_steps:
             return "early_stopping"
         return None
-
-    def _val_interval_steps(self) -> int | None:
-        v = self.config.val_check_interval
-        if isinstance(v, int):
-            return v
-        if isinstance(v, float) and v < 1.0:
-            if self.steps_per_epoch is None:
-                raise ConfigError("Trainer.val_check_interval: a fraction of an epoch needs a loader with a length; "
-                                  "give a number of steps instead.")
-            return max(1, round(self.steps_per_epoch * v))
-        return None
-
-    def _total_steps(self) -> int | None:
-        candidates = [self.config.max_steps] if self.config.max_steps else []
-        if self.max_epochs and self.steps_per_epoch:
-            candidates.append(self.max_epochs * self.steps_per_epoch)
-        return min(candidates) if candidates else None
-
-    def _step_schedulers(self) -> None:
-        for sched in self.schedulers:
-            if not isinstance(sched, torch.optim.lr_scheduler.ReduceLROnPlateau):
-                sched.step()
 
     # -- logging -----------------------------------------------------------------------------
 
     def _log_metrics(self, extra: dict[str, float] | None = None) -> None:
+        run = self.fit_state
         metrics: dict[str, Any] = {"step": self.state.step, "epoch": self.state.epoch}
-        train_loss = self.loss_meter.pop_mean()
+        train_loss = run.loss_meter.pop_mean()
         if train_loss is not None:
             metrics["train_loss"] = train_loss
         if extra:
@@ -479,14 +404,14 @@ class Trainer:
             self.state.skipped_steps = max(self.state.skipped_steps, skipped)
         if self.rt.optimizers:
             metrics["lr"] = float(self.rt.optimizers[0].param_groups[0]["lr"])
-        rate = self._clock.rate(self.state.samples)
+        rate = run.clock.rate(self.state.samples)
         if rate:
             metrics["samples_per_s"] = rate
         metrics = self.ranks.reduce_logged(metrics)  # distributed: mean loss, summed rate (at log time only)
         self.state.history.append(metrics)
-        for logger in self.loggers:
+        for logger in run.loggers:
             logger.log(metrics)
-        self.progress.update(self.state.step, metrics)
+        run.progress.update(self.state.step, metrics)
         self._callback("on_log", metrics)
 
     def _callback(self, hook: str, *args: Any) -> None:
@@ -495,80 +420,32 @@ class Trainer:
             if fn is not None:
                 fn(self, *args)
 
-    # -- checkpoints -------------------------------------------------------------------------
-
-    def state_dict(self, at_epoch_end: bool) -> dict[str, Any]:
-        s, source = self.state, self.source
-        gens = source.generators
-        if at_epoch_end:
-            position = Position(epoch=s.epoch, batches_done=0, rng=rng.capture(gens), epoch_rng=None,
-                                iterator_reused=source.next_epoch_reuses_iterator())
-        else:
-            position = Position(epoch=s.epoch, batches_done=s.batches_done, rng=rng.capture(gens),
-                                epoch_rng=source.epoch_rng, iterator_reused=source.epoch_reused)
-        return {
-            "format": ckpt.FORMAT,
-            "step": s.step,
-            "position": vars(position),
-            "model": self.rt.module.state_dict(),
-            "optimizers": [opt.state_dict() for opt in self.rt.optimizers],
-            "schedulers": [sched.state_dict() for sched in self.schedulers],
-            "runtime": self.rt.state_dict(),
-            "early_stopping": self.early_stopping.state_dict() if self.early_stopping else None,
-            "trainer": {"samples": s.samples, "skipped_steps": s.skipped_steps, "elapsed_s": s.elapsed_s +
-                        time.monotonic() - self._fit_start, "early_stop": self._early_stop},
-            "plan": self.plan.to_dict(),
-        }
+    # -- checkpoints and the result -------------------------------------------------------------
 
     def _save_checkpoint(self, at_epoch_end: bool) -> None:
         started = time.monotonic()
         self._read_guard()
-        state = self.state_dict(at_epoch_end)
-        # distributed: every rank calls it (positions, FSDP shards); rank 0 commits; all wait for the commit
-        path = self.ranks.save_checkpoint(state, self.config.checkpoint_dir, self.state.step,
-                                          self.config.keep_checkpoints)
-        if path is not None:
-            self._last_checkpoint = str(path)
-        self._last_checkpoint_step = self.state.step
-        self._clock.exclude(time.monotonic() - started)
+        self.checkpoints.save(self.state_dict(at_epoch_end), self.state.step)
+        self.fit_state.clock.exclude(time.monotonic() - started)
 
     def _resume(self) -> Position | None:
-        directory = self.config.checkpoint_dir
-        if not directory:
-            raise ConfigError("fit(resume=True) needs Trainer(checkpoint_dir=...) to know where checkpoints are.")
-        found = self.ranks.find_checkpoint(directory)  # distributed: rank 0 chooses, every rank loads the same
-        if found is None:
-            log.info("turbotrain: no complete checkpoint in %s; starting from scratch", directory)
+        resumed = self.checkpoints.resume()
+        if resumed is None:
             return None
-        path, state = found
-        self.ranks.load_weights(path, state)  # distributed: FSDP shards via torch.distributed.checkpoint
-        for sched, sched_state in zip(self.schedulers, state["schedulers"], strict=True):
-            sched.load_state_dict(sched_state)
-        self.rt.load_state_dict(state["runtime"])
-        if self.early_stopping is not None and state["early_stopping"]:
-            self.early_stopping.load_state_dict(state["early_stopping"])
-        pos = Position(**self.ranks.position(state))  # distributed: this rank's own stream
-        extra = state["trainer"]
-        self.state = TrainState(step=state["step"], epoch=pos.epoch, batches_done=pos.batches_done,
-                                samples=extra["samples"], skipped_steps=extra["skipped_steps"],
-                                elapsed_s=extra["elapsed_s"])
-        self._early_stop = extra["early_stop"]
+        self.state, position = resumed
         self.guard.resume(self.state.skipped_steps)
-        self._last_checkpoint_step, self._last_checkpoint = state["step"], str(path)
-        log.info("turbotrain: resumed from %s (step %d, epoch %d, batch %d)", path, self.state.step, pos.epoch,
-                 pos.batches_done)
-        return pos
+        return position
 
     def _result(self) -> FitResult:
+        run, s = self.fit_state, self.state
         metrics: dict[str, float] = {}
-        for row in self.state.history:
+        for row in s.history:
             metrics.update({k: v for k, v in row.items() if isinstance(v, float)})
-        rate = self.ranks.global_rate(self._clock.rate(self.state.samples))  # distributed: all ranks' samples/s together
+        rate = self.ranks.global_rate(run.clock.rate(s.samples))  # distributed: all ranks' samples/s together
         return FitResult(
-            steps=self.state.step, epochs=self.state.epoch, samples=self.state.samples,
-            samples_per_s=rate or 0.0, train_time_s=self.state.elapsed_s, metrics=metrics,
-            history=self.state.history, stopped_by=self.stop_reason or "end_of_data",
-            skipped_steps=self.state.skipped_steps, checkpoint=self._last_checkpoint, plan=self.plan,
+            steps=s.step, epochs=s.epoch, samples=s.samples, samples_per_s=rate or 0.0, train_time_s=s.elapsed_s,
+            metrics=metrics, history=s.history, stopped_by=run.stop_reason or "end_of_data",
+            skipped_steps=s.skipped_steps, checkpoint=self.checkpoints.last_path, plan=self.plan,
             applied=list(self.rt.applied), skipped=list(self.rt.skipped))
 
 
@@ -578,36 +455,3 @@ def _loss_of(out: Any) -> torch.Tensor:
     if not isinstance(out, torch.Tensor):
         raise TypeError(f"step_fn must return the loss tensor (or a dict with 'loss'), got {type(out).__name__}.")
     return out
-
-
-class _Clock:
-    """Steady-state throughput: from the end of the warm-up steps, minus validation and checkpoints."""
-
-    def __init__(self, device: torch.device, warmup_steps: int, start_step: int, start_samples: int):
-        self.cuda = device.type == "cuda"
-        self.warmup_until = start_step + warmup_steps
-        self.t0: float | None = None
-        self.samples0 = start_samples
-        self.excluded = 0.0
-        if warmup_steps == 0:
-            self.t0 = time.perf_counter()
-
-    def at_step(self, step: int, samples: int) -> None:
-        """Called at step events; starts the clock once the warm-up steps are done."""
-        if step >= self.warmup_until and self.t0 is None:
-            if self.cuda:
-                torch.cuda.synchronize()  # once: the warm-up's queued work must not count
-            self.t0, self.samples0, self.excluded = time.perf_counter(), samples, 0.0
-
-    def exclude(self, seconds: float) -> None:
-        if self.t0 is not None:
-            self.excluded += seconds
-
-    def rate(self, samples: int) -> float | None:
-        """Samples per second since the warm-up ended, given the samples seen so far."""
-        if self.t0 is None or samples == self.samples0:
-            return None
-        if self.cuda:
-            torch.cuda.synchronize()  # only at the logging cadence
-        elapsed = time.perf_counter() - self.t0 - self.excluded
-        return (samples - self.samples0) / elapsed if elapsed > 0 else None
