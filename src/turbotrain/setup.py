@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from .config import ConfigError
-from .data.readahead import read_ahead
+from .data.pipeline import read_ahead
 from .plan import Plan
 from .runtime import Runtime, prepare
 from .speedups.set_to_none import zero_grad

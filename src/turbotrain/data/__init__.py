@@ -20,7 +20,7 @@ from .files import FileDataset
 from .parquet import ParquetDataset, ParquetFileError
 from .prefetch import DeviceLoader
 from .preloading import preload
-from .readahead import read_ahead
+from .pipeline import read_ahead
 
 __all__ = ["FileDataset", "ParquetDataset", "preload", "read_ahead", "DeviceLoader", "RetryPolicy", "FetchError",
            "CacheFullError", "ParquetFileError", "clear_cache", "stats", "loader", "transfer", "prefetch",

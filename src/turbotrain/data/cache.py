@@ -34,6 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from . import stats
+from .fetch import Fetcher
+from .versions import listed_versions, same_version
 
 __all__ = ["MemoryCache", "DiskCache", "CacheFullError", "open_cache", "clear_cache", "shm_dir"]
 
@@ -179,8 +181,6 @@ class DiskCache:
         ``versions`` maps URL to its version now (from a listing); an entry without a recorded version
         is dropped as well, since nothing says it is current. Returns how many entries went.
         """
-        from .versions import same_version
-
         dropped = 0
         for url, now in versions.items():
             entry = self.entry_path(url)
@@ -349,3 +349,18 @@ def clear_cache(directory: str | os.PathLike | None = None) -> int:
     if not (root / MARKER).exists():
         raise ValueError(f"{root} is not a turbotrain cache (no {MARKER} marker): nothing deleted")
     return DiskCache(root).clear()
+
+
+def checked_versions(urls: list[str], fetcher: Fetcher, cache: Any) -> dict[str, Any]:
+    """The files' versions now, with ``cache``'s entries of older versions dropped (a directory cache only).
+
+    A RAM cache lives no longer than the run, so it needs none: an empty dict then.
+    """
+    if not isinstance(cache, DiskCache):
+        return {}
+    versions = listed_versions(urls, fetcher, cache.recorded_version)
+    dropped = cache.validate(versions)
+    if dropped:
+        log.info("turbotrain: %d cached file(s) changed on the store since they were cached; they are fetched "
+                 "again", dropped)
+    return versions

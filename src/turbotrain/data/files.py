@@ -6,13 +6,11 @@ import logging
 import os
 from typing import Any, Callable, Iterable, Sequence
 
-import torch
 from torch.utils.data import Dataset, get_worker_info
 
 from . import readahead, stats
-from .cache import DiskCache, MemoryCache, open_cache
+from .cache import DiskCache, MemoryCache, checked_versions, open_cache
 from .fetch import Fetcher, RetryPolicy, expand_urls
-from .versions import checked_versions
 
 __all__ = ["FileDataset"]
 

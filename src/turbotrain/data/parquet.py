@@ -31,7 +31,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from . import stats
 from .cache import DiskCache, open_cache
 from .fetch import FetchError, Fetcher, RetryPolicy, expand_urls, scheme_of
-from .versions import checked_versions
+from .cache import checked_versions
 
 __all__ = ["ParquetDataset", "ParquetFileError"]
 

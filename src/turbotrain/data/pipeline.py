@@ -26,7 +26,9 @@ from torch.utils.data.distributed import DistributedSampler
 
 from .loader import batch_sampler_of, rebuild_loader
 from .prefetch import DeviceLoader
-from .readahead import read_ahead
+from .cache import DiskCache
+from .files import FileDataset
+from .readahead import ReadAheadBatches
 
 __all__ = ["shard", "training_loader", "device_batches"]
 
@@ -108,3 +110,26 @@ def device_batches(loader: Iterable, to_device: Callable[[Any], Any], device: to
     if not moves:
         return loader
     return DeviceLoader(loader, to_device, device, prefetch=prefetch)
+
+
+def read_ahead(loader: Any) -> Any:
+    """``loader`` rebuilt so its FileDataset's files are fetched ahead, in its sampler's order.
+
+    Returns the loader unchanged when there is nothing to read ahead: not a DataLoader, not over a
+    :class:`~turbotrain.data.FileDataset`, no batch sampler, already reading ahead, or workers
+    without a cache all processes share (a directory or ``"shm"``; then each worker fetches its own
+    batches, many at once).
+    """
+    if not isinstance(loader, DataLoader) or not isinstance(loader.dataset, FileDataset):
+        return loader
+    inner = batch_sampler_of(loader)
+    if inner is None or isinstance(inner, ReadAheadBatches):
+        return loader
+    ds = loader.dataset
+    if loader.num_workers > 0 and not isinstance(ds.cache, DiskCache):
+        log.info("turbotrain: no read-ahead for %r with %d DataLoader workers: it needs a cache every process "
+                 "sees (cache='/local/dir' or 'shm'); each worker fetches its own batches instead",
+                 ds, loader.num_workers)
+        return loader
+    ds.enable_read_ahead()
+    return rebuild_loader(loader, batch_sampler=ReadAheadBatches(inner, ds, keep_bytes=loader.num_workers == 0))

@@ -2,7 +2,7 @@
 
 Without it a batching DataLoader fetches each batch as one burst and waits for its slowest file
 before the next burst starts, so the store idles between batches. With it, the loader's batch
-sampler is wrapped (:func:`read_ahead`): as the DataLoader pulls batch k, the wrapper pulls
+sampler is wrapped (:func:`turbotrain.data.pipeline.read_ahead`): as the DataLoader pulls batch k, the wrapper pulls
 indices further ahead from the user's sampler and hands them to one :class:`ReadAheadStream` in
 the main process, which keeps ``max_in_flight`` reads outstanding, writes each file to the cache
 from the fetch thread, and starts the next read as soon as one ends. A batch then waits only for
@@ -31,12 +31,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
-from torch.utils.data import DataLoader, Sampler
+from torch.utils.data import Sampler
 
 from .cache import DiskCache
-from .loader import batch_sampler_of, rebuild_loader
 
-__all__ = ["read_ahead", "ReadAheadBatches", "ReadAheadStream"]
+__all__ = ["ReadAheadBatches", "ReadAheadStream"]
 
 log = logging.getLogger("turbotrain")
 
@@ -361,29 +360,3 @@ class _PlanWriter:
 
     def close(self) -> None:
         pass  # the workers are stopped with the loader's iterator
-
-
-def read_ahead(loader: Any) -> Any:
-    """``loader`` rebuilt so its FileDataset's files are fetched ahead, in its sampler's order.
-
-    Returns the loader unchanged when there is nothing to read ahead: not a DataLoader, not over a
-    :class:`~turbotrain.data.FileDataset`, no batch sampler, already reading ahead, or workers
-    without a cache all processes share (a directory or ``"shm"``; then each worker fetches its own
-    batches, many at once).
-    """
-    from .files import FileDataset
-
-    if not isinstance(loader, DataLoader) or not isinstance(loader.dataset, FileDataset):
-        return loader
-    inner = batch_sampler_of(loader)
-    if inner is None or isinstance(inner, ReadAheadBatches):
-        return loader
-    ds = loader.dataset
-    if loader.num_workers > 0 and not isinstance(ds.cache, DiskCache):
-        log.info("turbotrain: no read-ahead for %r with %d DataLoader workers: it needs a cache every process "
-                 "sees (cache='/local/dir' or 'shm'); each worker fetches its own batches instead",
-                 ds, loader.num_workers)
-        return loader
-    ds.enable_read_ahead()
-    return rebuild_loader(loader, batch_sampler=ReadAheadBatches(inner, ds, keep_bytes=loader.num_workers == 0))
-

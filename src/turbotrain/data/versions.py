@@ -138,20 +138,3 @@ def listed_versions(urls: list[str], fetcher: Fetcher,
         else:
             versions[url] = {**(versions[url] or {}), **precise}
     return versions
-
-
-def checked_versions(urls: list[str], fetcher: Fetcher, cache: Any) -> dict[str, Any]:
-    """The files' versions now, with ``cache``'s entries of older versions dropped (a directory cache only).
-
-    A RAM cache lives no longer than the run, so it needs none: an empty dict then.
-    """
-    from .cache import DiskCache
-
-    if not isinstance(cache, DiskCache):
-        return {}
-    versions = listed_versions(urls, fetcher, cache.recorded_version)
-    dropped = cache.validate(versions)
-    if dropped:
-        log.info("turbotrain: %d cached file(s) changed on the store since they were cached; they are fetched "
-                 "again", dropped)
-    return versions
