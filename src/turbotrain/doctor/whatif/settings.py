@@ -49,12 +49,18 @@ def _timed_settings(ctx, budget: Budget, now: tuple[int, int], options: list[tup
             pull(workers)  # the loader's work is part of the step, as in the script
             return surrogate_step(model, batch)
 
-        # Idle workers fill their queues (workers x prefetch_factor batches) while the other setting is
-        # timed: those come for free, so they are drained in the warm-up and the timed steps outnumber them.
+        # Each trial starts its own loader and ends it: workers left alive between trials would go on filling
+        # their queues during the other setting's trial, timing the script's setting under their load (the
+        # fix then reads faster than it is). The warm-up covers the workers' start; the timed steps outnumber
+        # the batches they queue during it (workers x prefetch_factor).
         buffered = workers * (getattr(record.loader, "prefetch_factor", None) or 2) if record is not None else 0
-        return run_trial(trials.model, trials.optimizer_fn, None, trials.batches,
-                         trials.base_plan.replace(intra_op_threads=threads), steps=max(trials.steps, 2 * buffered),
-                         warmup=trials.warmup + buffered, step_fn=step)
+        streams.pop(workers, None)
+        try:
+            return run_trial(trials.model, trials.optimizer_fn, None, trials.batches,
+                             trials.base_plan.replace(intra_op_threads=threads),
+                             steps=max(trials.steps, 2 * buffered), warmup=trials.warmup + workers, step_fn=step)
+        finally:
+            streams.pop(workers, None)  # its worker processes end with the iterator
 
     seen: dict[str, Trial] = {}
 
