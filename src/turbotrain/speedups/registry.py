@@ -26,7 +26,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .model_info import ModelInfo
 
 __all__ = ["Speedup", "BenchEntry", "register", "all_speedups", "get", "by_field", "recommend_plan", "Order",
-           "undeclared", "DECLARATIONS"]
+           "undeclared", "DECLARATIONS", "UNDECLARED"]
 
 
 class Order:
