@@ -73,7 +73,7 @@ def sample_report(script_path: str = "train.py") -> Report:
                  "dispersion": 6.1},
         noise={"level": "high", "reasons": ["other processes kept 1.0 cores busy during the window",
                                             "step time p90/p10 is 6.1 (a quiet machine stays under 1.3)"],
-               "min_gain": 1.4},
+               "min_speedup": 1.4},
         periodic=[{"kind": "validation", "every": 20, "cost_ms": 812.0, "share": 0.41, "where": "train.py:57",
                    "suggested_every": 160}],
     )

@@ -40,3 +40,29 @@ def test_fused_kernel_is_what_runs(monkeypatch):
     monkeypatch.setattr(torch, "_fused_adam_", lambda *a, **k: called.append(1) or real(*a, **k))
     _step(opt, model)
     assert called
+
+
+def test_implementation_reads_what_step_runs_and_make_fused_changes_it():
+    from turbotrain.speedups.fused_optimizer import best_implementation, implementation, takes_found_inf
+
+    loop = torch.optim.AdamW(make_mlp().parameters(), foreach=False)
+    assert implementation(loop) == "for-loop" and not takes_found_inf(loop)
+    assert best_implementation(loop) == "fused"
+    assert implementation(loop) == "for-loop"          # asking changes nothing
+    assert make_fused(loop) == "fused"
+    assert implementation(loop) == "fused" and takes_found_inf(loop)
+
+    built_fused = torch.optim.AdamW(make_mlp().parameters(), fused=True)
+    assert implementation(built_fused) == "fused" and takes_found_inf(built_fused)
+
+    rms = torch.optim.RMSprop(make_mlp().parameters(), foreach=False)
+    assert best_implementation(rms) == "foreach" and make_fused(rms) == "foreach"
+    assert implementation(rms) == "foreach" and not takes_found_inf(rms)   # foreach kernels take no found_inf
+
+
+def test_differentiable_optimizers_are_left_alone():
+    from turbotrain.speedups.fused_optimizer import best_implementation
+
+    opt = torch.optim.SGD(make_mlp().parameters(), lr=0.1, differentiable=True)
+    assert best_implementation(opt) == "none" and make_fused(opt) == "none"
+    assert not opt.param_groups[0].get("fused") and not opt.param_groups[0].get("foreach")

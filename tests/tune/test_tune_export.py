@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 import turbotrain as tt
-from turbotrain.tune.export import accelerate_yaml, lightning_flags, lightning_snippet, plan_yaml
+from turbotrain.tune.export import (ExportError, accelerate_config, accelerate_yaml, code_changes, lightning_flags,
+                                     lightning_snippet, plan_yaml)
 
 TUNED = tt.Plan(device="cpu", precision="bf16-mixed", compile=True, channels_last=True, fused_optimizer=True,
                 grad_accum_steps=2, num_workers=2, persistent_workers=True, pin_memory=False)
@@ -62,3 +63,29 @@ def test_naive_plan_exports_plain_settings():
     assert "dynamo_config" not in accelerate_yaml(tt.Plan())
     assert "mixed_precision: 'no'" in accelerate_yaml(tt.Plan())
     assert lightning_flags(tt.Plan())["precision"] == "32-true"
+
+
+@pytest.mark.parametrize("export", [accelerate_yaml, accelerate_config, lightning_flags, lightning_snippet],
+                         ids=lambda f: f.__name__)
+def test_a_pipeline_plan_is_refused_with_what_to_do_instead(export):
+    """Neither framework runs torch.distributed.pipelining stages: no file that fails later, an error now."""
+    plan = tt.Plan(strategy="pipeline", pipeline_stages=2)
+    with pytest.raises(ExportError, match=r"strategy='pipeline'.*turbotrain launch --nproc-per-node N train.py"):
+        export(plan)
+
+
+def test_each_switch_writes_its_own_flag_config_key_or_line():
+    """What the registry entries declare, gathered: every flag and line of one plan that sets them all."""
+    plan = tt.Plan(device="cuda:1", precision="bf16-true", cudnn_benchmark=True, tf32=True, strategy="fsdp",
+                   sync_batchnorm=True, set_to_none=False, intra_op_threads=3, batch_size=64)
+    assert lightning_flags(plan) == {"accelerator": "gpu", "devices": [1], "benchmark": True, "precision": "bf16-true",
+                                     "sync_batchnorm": True, "strategy": "fsdp", "accumulate_grad_batches": 1}
+    config = accelerate_config(plan)
+    assert config["distributed_type"] == "FSDP" and "num_processes" not in config and config["mixed_precision"] == "bf16"
+    assert accelerate_config(tt.Plan(device="cpu", strategy="ddp"))["distributed_type"] == "MULTI_CPU"
+    assert accelerate_config(tt.Plan())["num_processes"] == 1
+    code = code_changes(plan, "accelerate")
+    assert code[0].startswith("torch.set_num_threads(3)") and code[-1] == "DataLoader(dataset, batch_size=64)"
+    assert "model = model.to(torch.bfloat16)  # bf16 weights (the config's bf16 is autocast)" in code
+    assert "optimizer.zero_grad(set_to_none=False)" in code
+    assert not any("bfloat16" in line for line in code_changes(plan, "lightning"))   # Lightning has the flag

@@ -9,12 +9,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ..plan import Plan
+from ..speedups.policy import call_text
+from ..speedups.registry import by_field
 from .sites import Site, source_lines
 
 if TYPE_CHECKING:
     from .trials import TrialRequest
 
-__all__ = ["Finding", "Fix", "severity_for", "speedup_from_share", "speedup_for_rule", "SEVERITIES"]
+__all__ = ["Finding", "Fix", "severity_for", "speedup_from_share", "speedup_for_rule", "lightning_call", "SEVERITIES"]
 
 SEVERITIES = ("high", "medium", "low")
 HIGH_SHARE, MEDIUM_SHARE = 0.20, 0.05
@@ -45,6 +48,14 @@ def speedup_for_rule(rule: str, field: str | None = None) -> str | None:
     if field is not None:
         matches = [s for s in matches if s.field == field] or matches
     return matches[0].name if matches else None
+
+
+def lightning_call(**changes: Any) -> str:
+    """``Trainer(benchmark=True)``: the Lightning flags for these Plan switches, as each speed-up's export
+    declares them (so a finding's fix and ``tune/export.py`` never say it two ways)."""
+    plan = Plan(**changes)
+    flags = {k: v for field in changes for k, v in by_field(field).export.lightning_flags(plan).items()}
+    return call_text("Trainer", flags)
 
 
 @dataclass

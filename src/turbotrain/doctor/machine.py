@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from ..hardware import LoadSample, other_busy_cores, thread_env
+from ..measure import MIN_GAIN
 
 __all__ = ["machine_facts", "noise_state", "noise_floor"]
 
@@ -80,4 +81,5 @@ def noise_state(machine: dict[str, Any]) -> dict[str, Any] | None:
                        "process held")
     if not reasons:
         return None
-    return {"level": "high", "reasons": reasons, "min_gain": round(1.0 + max(0.03, noise_floor(machine)), 2)}
+    # A speed-up ratio (x1.4), not a gain fraction like measure.MIN_GAIN (0.03): one name, one meaning.
+    return {"level": "high", "reasons": reasons, "min_speedup": round(1.0 + max(MIN_GAIN, noise_floor(machine)), 2)}

@@ -118,8 +118,8 @@ def noise_text(noise: dict[str, Any]) -> tuple[str, list[str]]:
     """(headline, reasons) of the noise warning."""
     level = noise.get("level")
     head = f"Noisy measurement{f' ({level})' if level else ''}"
-    if noise.get("min_gain") is not None:
-        head += f": gains under x{noise['min_gain']:g} cannot be told from noise on this machine now."
+    if noise.get("min_speedup") is not None:
+        head += f": gains under x{noise['min_speedup']:g} cannot be told from noise on this machine now."
     else:
         head += ": small gains cannot be told from noise on this machine now."
     return head, [str(r) for r in noise.get("reasons") or []]

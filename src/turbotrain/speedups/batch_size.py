@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from .model_info import ANY_MODEL
+from .policy import Export, by_finder
 from .registry import BenchEntry, Order, Speedup, loader_setting, register
 
 
@@ -15,4 +17,5 @@ ENTRY = register(Speedup(
     doctor_rules=("batch-size-not-multiple-of-8", "small-batch"),
     summary="fewer, larger steps use the hardware's width",
     bench=BenchEntry(("cnn",), {"batch_size": 128}),
+    applies_to=ANY_MODEL, tune=by_finder("batch-size finder"), export=Export(dataloader="batch_size"),
 ))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from .model_info import CONV_NET
+from .policy import Export, timed
 from .registry import BenchEntry, Order, Speedup, register
 
 
@@ -17,13 +19,19 @@ def _apply(rt) -> None:
     rt.channels_last_inputs = True
 
 
-def _recommend(hw, info):
-    return True if info.n_conv2d else None
+def _code(plan, framework: str) -> list[str]:
+    # Neither Lightning nor Accelerate has a layout flag: the model and its images are converted in code.
+    if not plan.channels_last:
+        return []
+    return ["model = model.to(memory_format=torch.channels_last)  # and images: "
+            "x.contiguous(memory_format=torch.channels_last)"]
 
 
 ENTRY = register(Speedup(
     name="channels_last", field="channels_last", order=Order.MODEL_LAYOUT, apply=_apply,
-    recommend=_recommend, exact=True, doctor_rules=("channels-last",),
+    recommend=lambda hw, info: True, exact=True, doctor_rules=("channels-last",),
     summary="NHWC layout lets convolution kernels (and tensor cores) read contiguous channels",
     bench=BenchEntry(("cnn",), {"channels_last": True}),
+    # NHWC only changes how 4D activations are laid out: a model that is not a conv net has little to gain.
+    applies_to=CONV_NET, tune=timed(), export=Export(code=_code),
 ))

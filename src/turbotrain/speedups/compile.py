@@ -6,6 +6,8 @@ import shutil
 
 import torch
 
+from .model_info import ANY_MODEL
+from .policy import Export, timed
 from .registry import BenchEntry, Order, Speedup, register
 
 
@@ -32,9 +34,32 @@ def _recommend(hw, info):
     return True if info.is_conv_net else None
 
 
+# On a GPU the tuner also times the modes that autotune kernels; CPU inductor has no such modes worth a compile.
+CUDA_MODES = ("max-autotune-no-cudagraphs", "reduce-overhead")
+
+
+def _values(hw, base) -> tuple:
+    return (True, *CUDA_MODES) if hw.is_cuda else (True,)
+
+
+def _code(plan, framework: str) -> list[str]:
+    # Accelerate compiles from its config (dynamo_config); Lightning compiles the model the user passes.
+    if plan.compile is False or framework != "lightning":
+        return []
+    return [f'model = torch.compile(model, mode="{plan.compile_mode}")  # before trainer.fit']
+
+
+def _accelerate(plan) -> dict:
+    if plan.compile is False:
+        return {}
+    return {"dynamo_config": {"dynamo_backend": "INDUCTOR", "dynamo_mode": plan.compile_mode,
+                              "dynamo_use_dynamic": False, "dynamo_use_fullgraph": False}}
+
+
 ENTRY = register(Speedup(
     name="compile", field="compile", order=Order.MODEL_COMPILE, apply=_apply, requires=_requires,
     recommend=_recommend, exact=True, doctor_rules=("jit-script",),
     summary="torch.compile fuses kernels and removes per-op Python overhead",
     bench=BenchEntry(("gpt", "cnn"), {"compile": True}),
+    applies_to=ANY_MODEL, tune=timed(_values, expensive=True), export=Export(accelerate=_accelerate, code=_code),
 ))

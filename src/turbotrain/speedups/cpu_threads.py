@@ -16,6 +16,8 @@ from __future__ import annotations
 import torch
 
 from ..plan import Plan
+from .model_info import ANY_MODEL
+from .policy import Export, timed
 from .registry import BenchEntry, Order, Speedup, register
 
 __all__ = ["set_intra_op_threads", "fit_to_cores", "fit_plan", "max_workers_for", "thread_values"]
@@ -93,9 +95,23 @@ def _recommend(hw, info):
     return threads if threads != hw.intra_op_threads else None
 
 
+def _tune_values(hw, base: Plan) -> tuple[int, ...]:
+    """The usable cores, half, one: whichever torch does not run now."""
+    return thread_values(hw.usable_cores, base.intra_op_threads or hw.intra_op_threads)
+
+
+def _code(plan: Plan, framework: str) -> list[str]:
+    if plan.intra_op_threads is None:
+        return []
+    return [f"torch.set_num_threads({plan.intra_op_threads})  # intra-op CPU threads; or "
+            f"OMP_NUM_THREADS={plan.intra_op_threads} in the environment"]
+
+
 ENTRY = register(Speedup(
     name="cpu_threads", field="intra_op_threads", order=Order.GLOBAL, apply=_apply, requires=_requires,
     recommend=_recommend, exact=True, doctor_rules=("cpu-oversubscribed",),
     summary="torch's intra-op threads sized to the cores this process may really use",
     bench=BenchEntry(("mlp", "gpt"), {"intra_op_threads": 1}),
+    applies_to=ANY_MODEL, export=Export(code=_code),
+    tune=timed(_tune_values, nothing_to_try="torch already runs 1 thread on {hw.usable_cores} usable core"),
 ))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from .model_info import CONV_NET
+from .policy import Export, timed
 from .registry import BenchEntry, Order, Speedup, register
 
 
@@ -21,7 +23,7 @@ def _requires(hw, plan) -> str | None:
 
 
 def _recommend(hw, info):
-    return True if hw.cudnn and info.n_conv2d else None
+    return True if hw.cudnn else None
 
 
 ENTRY = register(Speedup(
@@ -29,4 +31,6 @@ ENTRY = register(Speedup(
     recommend=_recommend, exact=True, doctor_rules=("cudnn-benchmark-off",),
     summary="cuDNN autotunes convolution algorithms for static shapes",
     bench=BenchEntry(("cnn",), {"cudnn_benchmark": True}),
+    # cuDNN's algorithm search is for convolutions: other models have nothing for it to time.
+    applies_to=CONV_NET, tune=timed(), export=Export(lightning=lambda plan: {"benchmark": plan.cudnn_benchmark}),
 ))

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from ..data.prefetch import DeviceLoader
+from .model_info import ANY_MODEL
+from .policy import Export, by_rule
 from .registry import BenchEntry, Order, Speedup, gpu_only, on_gpu, register
 
 __all__ = ["DeviceLoader"]
@@ -19,4 +21,7 @@ ENTRY = register(Speedup(
     recommend=on_gpu(), exact=True, doctor_rules=("non-blocking",),
     summary="the next batch is already on the GPU when the step starts",
     bench=BenchEntry(("cnn",), {"device_prefetch": True, "pin_memory": True}),
+    applies_to=ANY_MODEL, tune=by_rule(),
+    export=Export(unexported="neither Lightning nor Accelerate has a flag for a side-stream copy of the next batch, "
+                             "and no code line is written for it yet (turbotrain.data.DeviceLoader does it)"),
 ))

@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .model_info import find_conv_bn_pairs
+from .model_info import CONV_BN_PAIRS, find_conv_bn_pairs
+from .policy import Export, timed
 from .registry import BenchEntry, Order, Speedup, register
 
 
@@ -40,13 +41,17 @@ def _apply(rt) -> None:
     drop_conv_bias_before_bn(rt.module, rt.optimizers)
 
 
-def _recommend(hw, info):
-    return True if info.conv_bn_pairs else None
+def _code(plan, framework: str) -> list[str]:
+    if not plan.drop_conv_bias:
+        return []
+    return ["from turbotrain.speedups.drop_conv_bias import drop_conv_bias_before_bn; "
+            "drop_conv_bias_before_bn(model)  # before building the optimizer"]
 
 
 ENTRY = register(Speedup(
     name="drop_conv_bias", field="drop_conv_bias", order=Order.MODEL_REWRITE, apply=_apply,
-    recommend=_recommend, exact=True, doctor_rules=("conv-bias-before-bn",),
+    recommend=lambda hw, info: True, exact=True, doctor_rules=("conv-bias-before-bn",),
     summary="no wasted bias add (and its gradient) before each BatchNorm",
     bench=BenchEntry(("cnn",), {"drop_conv_bias": True}),
+    applies_to=CONV_BN_PAIRS, tune=timed(), export=Export(code=_code),
 ))

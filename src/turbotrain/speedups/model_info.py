@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 from torch import nn
 
-__all__ = ["ModelInfo", "inspect_model", "find_conv_bn_pairs"]
+__all__ = ["ModelInfo", "inspect_model", "find_conv_bn_pairs", "ModelPredicate", "ANY_MODEL", "CONV_NET",
+           "CONV_BN_PAIRS", "CONV_NET_SHARE"]
 
 _CONV = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
 _BN = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
@@ -25,9 +27,37 @@ class ModelInfo:
 
     @property
     def is_conv_net(self) -> bool:
+        """The project's one "conv net" test: every rule, tuner filter and doctor rule about convolutions asks it
+        (through :data:`CONV_NET`), so a model is never a conv net to one and not to another."""
         # Parameters undercount convolutions' share of the compute (a linear head holds many
         # weights and little work), so a conv net is one with 30% or more of its weights in convs.
-        return self.n_conv2d > 0 and self.conv_param_share >= 0.3
+        # A lone Conv2d stem in front of a transformer (a ViT's patch embedding) is not one.
+        return self.n_conv2d > 0 and self.conv_param_share >= CONV_NET_SHARE
+
+
+CONV_NET_SHARE = 0.3
+"""The least share of a model's weights in convolutions that makes it a conv net (:attr:`ModelInfo.is_conv_net`)."""
+
+
+@dataclass(frozen=True)
+class ModelPredicate:
+    """Which models a speed-up is for (``Speedup.applies_to``): Plan.fast recommends it, the tuner times it and its
+    doctor rules fire only where ``holds`` is true; ``unmet`` says why not, in the tuner's report."""
+
+    name: str
+    holds: Callable[[ModelInfo], bool]
+    unmet: str
+
+    def __call__(self, info: ModelInfo) -> bool:
+        return self.holds(info)
+
+
+ANY_MODEL = ModelPredicate("any model", lambda info: True, "")
+CONV_NET = ModelPredicate(
+    "conv net", lambda info: info.is_conv_net,
+    f"the model is not a convolutional net (under {CONV_NET_SHARE:.0%} of its weights in 2D convolutions)")
+CONV_BN_PAIRS = ModelPredicate(
+    "conv feeding a BatchNorm", lambda info: bool(info.conv_bn_pairs), "no convolution with a bias feeds a BatchNorm")
 
 
 def find_conv_bn_pairs(model: nn.Module) -> list[tuple[str, str]]:

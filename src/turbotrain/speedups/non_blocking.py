@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from .model_info import ANY_MODEL
+from .policy import Export, by_rule
 from .registry import BenchEntry, Order, Speedup, gpu_only, on_gpu, register
 
 
@@ -15,4 +17,7 @@ ENTRY = register(Speedup(
     recommend=on_gpu(), exact=True, doctor_rules=("non-blocking",),
     summary="copies overlap with work already queued on the GPU",
     bench=BenchEntry(("cnn",), {"non_blocking": True, "pin_memory": True}),
+    applies_to=ANY_MODEL, tune=by_rule(),
+    export=Export(unexported="Lightning already copies CUDA batches with non_blocking=True; Accelerate's "
+                             "DataLoaderConfiguration(non_blocking=True) is not written yet"),
 ))

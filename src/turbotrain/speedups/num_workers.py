@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from .model_info import ANY_MODEL
+from .policy import Export, by_finder
 from .registry import BenchEntry, Order, Speedup, loader_setting, register
 
 # No rule picks a worker count without seeing the data: the tuner's num_workers finder
@@ -11,4 +13,5 @@ ENTRY = register(Speedup(
     doctor_rules=("num-workers",),
     summary="batches are prepared in parallel processes while the model trains",
     bench=BenchEntry(("data",), {"num_workers": 2}),
+    applies_to=ANY_MODEL, tune=by_finder("num_workers finder"), export=Export(dataloader="num_workers"),
 ))

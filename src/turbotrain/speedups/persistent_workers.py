@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from .model_info import ANY_MODEL
+from .policy import Export, by_finder
 from .registry import BenchEntry, Order, Speedup, loader_setting, register
 
 ENTRY = register(Speedup(
@@ -9,4 +11,6 @@ ENTRY = register(Speedup(
     apply=loader_setting("persistent_workers"), exact=True, doctor_rules=("persistent-workers",),
     summary="worker processes survive between epochs",
     bench=BenchEntry(("data",), {"persistent_workers": True, "num_workers": 2}),
+    applies_to=ANY_MODEL, tune=by_finder("num_workers finder (on with workers)"),
+    export=Export(dataloader="persistent_workers"),
 ))

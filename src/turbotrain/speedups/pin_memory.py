@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from .model_info import ANY_MODEL
+from .policy import Export, by_finder
 from .registry import BenchEntry, Order, Speedup, gpu_only, loader_setting, on_gpu, register
 
 _needs_gpu = gpu_only("pinned memory only speeds up copies to a GPU and this run is on the CPU")
@@ -13,4 +15,5 @@ ENTRY = register(Speedup(
     recommend=on_gpu(), exact=True, doctor_rules=("pin-memory",),
     summary="DMA copies from page-locked memory, no staging copy",
     bench=BenchEntry(("cnn",), {"pin_memory": True}),
+    applies_to=ANY_MODEL, tune=by_finder("num_workers finder (on for a GPU)"), export=Export(dataloader="pin_memory"),
 ))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from .model_info import ANY_MODEL
+from .policy import Export, timed
 from .registry import BenchEntry, Order, Speedup, register
 
 AUTOCAST_DTYPES = {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}
@@ -58,9 +60,27 @@ def _recommend(hw, info):
     return None
 
 
+# bf16-true trains bf16 *weights*: small updates round away over a long run, which a trial of a few
+# steps cannot show, so it is a memory choice the user makes and the tuner never times it.
+TUNED_PRECISIONS = ("bf16-mixed", "fp16-mixed")
+
+LIGHTNING_PRECISION = {"fp32": "32-true", "bf16-mixed": "bf16-mixed", "fp16-mixed": "16-mixed", "bf16-true": "bf16-true"}
+ACCELERATE_PRECISION = {"fp32": "no", "bf16-mixed": "bf16", "fp16-mixed": "fp16", "bf16-true": "bf16"}
+
+
+def _code(plan, framework: str) -> list[str]:
+    # Accelerate's bf16 is autocast only: bf16 weights are a cast in code.
+    if plan.precision != "bf16-true" or framework != "accelerate":
+        return []
+    return ["model = model.to(torch.bfloat16)  # bf16 weights (the config's bf16 is autocast)"]
+
+
 ENTRY = register(Speedup(
     name="precision", field="precision", order=Order.MODEL_DTYPE, apply=_apply, requires=_requires,
     recommend=_recommend, exact=False, doctor_rules=("no-mixed-precision",),
     summary="bf16/fp16 autocast runs matmuls and convolutions on low-precision units",
     bench=BenchEntry(("gpt", "cnn"), {"precision": "bf16-mixed"}),
+    applies_to=ANY_MODEL, tune=timed(lambda hw, base: TUNED_PRECISIONS),
+    export=Export(lightning=lambda plan: {"precision": LIGHTNING_PRECISION[plan.precision]},
+                  accelerate=lambda plan: {"mixed_precision": ACCELERATE_PRECISION[plan.precision]}, code=_code),
 ))

@@ -1,7 +1,10 @@
 """The speed-up registry: every switch of the Plan, registered once by its own module.
 
-The Trainer (``prepare``), ``Plan.fast()``, the doctor, the tuner and the benchmark all walk
-this registry, so a new tip is one module in this package plus its test and bench entry.
+The Trainer (``prepare``), ``Plan.fast()``, the doctor, the tuner, the exports and the benchmark
+all walk this registry, so a new tip is one module in this package plus its test. An entry owns
+its policy: which models it is for (``applies_to``), how the tuner decides it (``tune``), how it
+is exported (``export``) and the doctor rules that answer to it (``doctor_rules``);
+:func:`register` refuses an entry that leaves one of them undeclared.
 """
 
 from __future__ import annotations
@@ -14,13 +17,16 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..plan import Plan
+from .model_info import ModelPredicate
+from .policy import Export, Tuning
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..hardware import Hardware
     from ..runtime import Runtime
     from .model_info import ModelInfo
 
-__all__ = ["Speedup", "BenchEntry", "register", "all_speedups", "get", "recommend_plan", "Order"]
+__all__ = ["Speedup", "BenchEntry", "register", "all_speedups", "get", "by_field", "recommend_plan", "Order",
+           "undeclared", "DECLARATIONS", "UNDECLARED"]
 
 
 class Order:
@@ -55,6 +61,25 @@ def _no_recommendation(hw: "Hardware", info: "ModelInfo") -> Any:
     return None
 
 
+class _Undeclared:
+    """The default of a declaration every entry must make: :func:`register` refuses an entry that keeps it."""
+
+    def __repr__(self) -> str:
+        return "UNDECLARED"
+
+
+UNDECLARED: Any = _Undeclared()
+
+# The declarations an entry must make, the type each must have, and what to write (the error says it).
+DECLARATIONS: dict[str, tuple[type, str]] = {
+    "applies_to": (ModelPredicate, "the models it is for: ANY_MODEL, CONV_NET or CONV_BN_PAIRS (speedups.model_info)"),
+    "tune": (Tuning, "how the tuner decides it: timed(...), by_finder(...), by_rule() or not_tuned(why) "
+                     "(speedups.policy)"),
+    "export": (Export, "how it is written for Lightning, Accelerate and plain PyTorch: Export(lightning=..., "
+                       "accelerate=..., code=..., dataloader=...) or Export(unexported=why) (speedups.policy)"),
+}
+
+
 @dataclass(frozen=True)
 class Speedup:
     """One tip of the catalogue, as code."""
@@ -75,6 +100,16 @@ class Speedup:
     """Override of :meth:`active` for switches whose default still does work ('auto')."""
     settings: tuple[str, ...] = ()
     """Other Plan fields that only tune this switch (the pipeline's stages, micro-batches, schedule)."""
+    applies_to: ModelPredicate = UNDECLARED
+    """The models it is for: Plan.fast recommends it, the tuner times it and its doctor rules fire only there."""
+    tune: Tuning = UNDECLARED
+    """How ``tt.tune`` decides it (timed and which values, a finder, by rule, or not tuned and why)."""
+    export: Export = UNDECLARED
+    """How ``tune/export.py`` writes it: Lightning flags, Accelerate config keys, plain PyTorch lines."""
+
+    def recommendation(self, hw: "Hardware", info: "ModelInfo") -> Any:
+        """The value the rule picks for this hardware and model; None where the model is not one it is for."""
+        return self.recommend(hw, info) if self.applies_to(info) else None
 
     def active(self, plan: Plan) -> bool:
         """Whether ``plan`` asks for this switch (by default: its value differs from the naive plan's)."""
@@ -109,8 +144,28 @@ _PLAN_FIELDS = {f.name for f in dataclasses.fields(Plan)}
 _OWNERS: dict[str, str] = {}
 
 
+def undeclared(entry: Speedup) -> list[str]:
+    """What ``entry`` leaves undeclared, each with what to write (empty when complete)."""
+    missing = []
+    for name, (kind, what) in DECLARATIONS.items():
+        if not isinstance(getattr(entry, name), kind):
+            missing.append(f"{name}: {what}")
+    if not entry.doctor_rules:
+        missing.append("doctor_rules: the ids of the doctor rules that recommend it (docs/doctor.md)")
+    tuning = entry.tune
+    if isinstance(tuning, Tuning) and tuning.kind == "timed" and tuning.values is None \
+            and not isinstance(getattr(Plan(), entry.field), bool):
+        missing.append(f"tune: timed() without values only flips a boolean switch, and Plan.{entry.field} is not "
+                       "one; pass values=lambda hw, base: (...)")
+    return missing
+
+
 def register(entry: Speedup) -> Speedup:
-    """Register ``entry`` once; a second module registering the same name is an error."""
+    """Register ``entry`` once; a second module registering the same name, or an entry that leaves a
+    declaration out, is an error."""
+    missing = undeclared(entry)
+    if missing:
+        raise ValueError(f"speed-up {entry.name!r} leaves undeclared: " + "; ".join(missing))
     for name in (entry.field, *entry.settings):
         if name not in _PLAN_FIELDS:
             raise ValueError(f"speed-up {entry.name!r} switches unknown Plan field {name!r}")
@@ -126,7 +181,7 @@ def _load_all() -> None:
     from .. import speedups as package
 
     for mod in pkgutil.iter_modules(package.__path__):
-        if mod.name not in ("registry", "model_info"):
+        if mod.name not in ("registry", "model_info", "policy"):  # the registry's own parts register nothing
             importlib.import_module(f"{package.__name__}.{mod.name}")
 
 
@@ -160,7 +215,7 @@ def recommend_plan(model=None, device: str = "auto") -> Plan:
     info = inspect_model(model)
     changes: dict[str, Any] = {"device": device}
     for entry in all_speedups():
-        value = entry.recommend(hw, info)
+        value = entry.recommendation(hw, info)
         if value is not None:
             changes[entry.field] = value
     plan = Plan(**changes)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from .model_info import ANY_MODEL
+from .policy import Export, not_tuned
 from .registry import BenchEntry, Order, Speedup, register
 
 _TORCH_ZERO_GRAD = torch.optim.Optimizer.zero_grad
@@ -39,4 +41,6 @@ ENTRY = register(Speedup(
     doctor_rules=("zero-grad-not-none",),
     summary="no memset of every gradient each step",
     bench=BenchEntry(("mlp",), {"set_to_none": False}),
+    applies_to=ANY_MODEL, tune=not_tuned("the naive plan already drops gradients (torch's default)"),
+    export=Export(code=lambda plan, framework: [] if plan.set_to_none else ["optimizer.zero_grad(set_to_none=False)"]),
 ))

@@ -7,6 +7,8 @@ from torch import nn
 
 from .. import distributed as tdist
 from ..config import ConfigError
+from .model_info import ANY_MODEL
+from .policy import Export, ExportError, not_tuned
 from .registry import BenchEntry, Order, Speedup, register
 
 
@@ -62,6 +64,29 @@ def _is_active(plan) -> bool:
     return plan.strategy != "auto" or tdist.world_size() > 1
 
 
+def _no_pipeline_export(plan, framework: str) -> None:
+    if plan.strategy == "pipeline":
+        raise ExportError(
+            f"Plan.strategy='pipeline' has no {framework} equivalent: {framework} has no strategy that splits "
+            "a model into torch.distributed.pipelining stages (Accelerate's pipeline parallelism goes through "
+            "Megatron-LM or DeepSpeed). Run this plan with turbotrain itself (save it with plan_yaml(plan) and "
+            "start `turbotrain launch --nproc-per-node N train.py`), or export a plan with strategy='ddp' or 'fsdp'.")
+
+
+def _lightning(plan) -> dict:
+    _no_pipeline_export(plan, "Lightning")
+    return {"strategy": plan.strategy}
+
+
+def _accelerate(plan) -> dict:
+    _no_pipeline_export(plan, "Accelerate")
+    if plan.strategy == "auto":
+        return {"distributed_type": "NO", "num_processes": 1}
+    # No num_processes: one per device, chosen at launch (--num_processes).
+    multi = "MULTI_CPU" if plan.device == "cpu" else "MULTI_GPU"
+    return {"distributed_type": {"ddp": multi, "fsdp": "FSDP"}[plan.strategy]}
+
+
 ENTRY = register(Speedup(
     name="strategy", field="strategy", order=Order.MODEL_WRAP, apply=_apply, is_active=_is_active, exact=True,
     doctor_rules=("data-parallel", "nccl-env"),
@@ -69,4 +94,7 @@ ENTRY = register(Speedup(
             "split into stages across processes (pipeline, alone or x FSDP)",
     settings=("pipeline_stages", "microbatches", "schedule", "stages_per_process"),
     bench=BenchEntry(("mlp",), {"strategy": "ddp"}, script="benchmarks/ddp.py"),
+    applies_to=ANY_MODEL, export=Export(lightning=_lightning, accelerate=_accelerate),
+    tune=not_tuned("decided by how the job is launched (one process or torchrun), not per model: DDP, FSDP and a "
+                   "pipeline need several processes, so one device never gets them"),
 ))

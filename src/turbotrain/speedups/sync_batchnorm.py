@@ -6,6 +6,8 @@ from torch import nn
 
 from .. import distributed as tdist
 from ..config import ConfigError
+from .model_info import ANY_MODEL
+from .policy import Export, not_tuned
 from .registry import BenchEntry, Order, Speedup, register
 
 # PyTorch's SyncBatchNorm raises in forward for any other device type.
@@ -46,4 +48,6 @@ ENTRY = register(Speedup(
     exact=False, doctor_rules=("syncbn-with-compile",),
     summary="global batch statistics for small per-GPU batches (accuracy, not speed)",
     bench=BenchEntry(("cnn",), {"sync_batchnorm": True, "strategy": "ddp"}, script="benchmarks/ddp.py"),
+    applies_to=ANY_MODEL, tune=not_tuned("changes batch statistics across processes (accuracy, not speed)"),
+    export=Export(lightning=lambda plan: {"sync_batchnorm": bool(plan.sync_batchnorm)}),
 ))

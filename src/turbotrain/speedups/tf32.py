@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from .model_info import ANY_MODEL
+from .policy import Export, timed
 from .registry import BenchEntry, Order, Speedup, register
 
 
@@ -30,4 +32,7 @@ ENTRY = register(Speedup(
     exact=False, doctor_rules=("no-mixed-precision",),
     summary="TF32 tensor cores for whatever still runs in fp32",
     bench=BenchEntry(("gpt", "cnn"), {"tf32": True}),
+    applies_to=ANY_MODEL, tune=timed(),
+    export=Export(code=lambda plan, framework: ['torch.set_float32_matmul_precision("high")  # TF32 matmuls']
+                  if plan.tf32 else []),
 ))

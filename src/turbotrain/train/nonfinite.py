@@ -23,6 +23,8 @@ from typing import Callable
 
 import torch
 
+from ..speedups.fused_optimizer import takes_found_inf
+
 __all__ = ["NonFiniteError", "FiniteGuard"]
 
 log = logging.getLogger("turbotrain")
@@ -56,7 +58,7 @@ class FiniteGuard:
         self.mode = mode
         self.scaler = scaler
         self.watch(optimizers)
-        all_fused = bool(optimizers) and all(getattr(opt, "_step_supports_amp_scaling", False) for opt in optimizers)
+        all_fused = bool(optimizers) and all(takes_found_inf(opt) for opt in optimizers)
         self.on_host, self.on_device_skip, self.deferred = verdict_paths(device.type, all_fused, mode,
                                                                          scaler is not None)
         self.found = torch.zeros((), device=device)

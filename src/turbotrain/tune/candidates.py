@@ -1,7 +1,8 @@
 """What the tuner may try: the registry's switches, filtered by this hardware and this model.
 
-Every registry entry ends up in exactly one of four groups, and a test fails when a new
-entry is in none, so adding a speed-up forces a decision here:
+Each registry entry declares how the tuner decides it (``Speedup.tune``, see
+:mod:`turbotrain.speedups.policy`) and which models it is for (``Speedup.applies_to``); this
+module reads those declarations and keeps no list of switches of its own. The four kinds:
 
 * **timed**: tried on the user's own model in a step trial (precision, compile, layout, ...);
 * **finder**: decided by the batch-size or num_workers finder (loader switches);
@@ -18,40 +19,22 @@ from typing import Any, Iterable
 
 from ..hardware import Hardware
 from ..plan import Plan
-from ..speedups.cpu_threads import thread_values
 from ..speedups.model_info import ModelInfo
 from ..speedups.registry import Order, Speedup, all_speedups
 
-__all__ = ["Switch", "Candidates", "build_candidates", "FINDER_FIELDS", "BY_RULE_FIELDS", "NOT_TUNED"]
+__all__ = ["Switch", "Candidates", "build_candidates", "finder_fields", "FINDER_FIELDS"]
 
-# Plan fields the finders own (see batch_size.py and workers.py).
-FINDER_FIELDS = {
-    "batch_size": "batch-size finder",
-    "grad_accum_steps": "batch-size finder (keeps the effective batch when asked)",
-    "num_workers": "num_workers finder",
-    "persistent_workers": "num_workers finder (on with workers)",
-    "pin_memory": "num_workers finder (on for a GPU)",
-}
 
-# Exact switches that only act on the host-to-device copy, which a step trial makes once,
-# before the timed steps: they cannot be timed there, and the registry's rule applies them.
-BY_RULE_FIELDS = {"non_blocking", "device_prefetch"}
+def finder_fields() -> dict[str, str]:
+    """Plan field -> the finder that decides it (the entries declared ``by_finder``)."""
+    return {e.field: e.tune.why for e in all_speedups() if e.tune.kind == "finder"}
 
-NOT_TUNED = {
-    "strategy": "decided by how the job is launched (one process or torchrun), not per model: DDP, FSDP and a "
-                "pipeline need several processes, so one device never gets them",
-    "sync_batchnorm": "changes batch statistics across processes (accuracy, not speed)",
-    "set_to_none": "the naive plan already drops gradients (torch's default)",
-}
+
+FINDER_FIELDS = finder_fields()
+
 
 # Switches whose effect changes once the model is compiled: re-tried under compile.
 INTERACTS_WITH_COMPILE = (Order.MODEL_REWRITE, Order.MODEL_DTYPE, Order.MODEL_LAYOUT)
-
-_CONV_ONLY = {"channels_last", "cudnn_benchmark"}
-# bf16-true trains bf16 *weights*: small updates round away over a long run, which a trial
-# of a few steps cannot show, so it is a memory choice the user makes, not one we measure.
-_PRECISIONS = ("bf16-mixed", "fp16-mixed")
-_CUDA_COMPILE_MODES = ("max-autotune-no-cudagraphs", "reduce-overhead")
 
 
 @dataclass(frozen=True)
@@ -79,22 +62,15 @@ class Candidates:
 
 def _values(entry: Speedup, hw: Hardware, info: ModelInfo, base: Plan) -> tuple[tuple[Any, ...], str | None]:
     """The values to time for ``entry`` (empty with a reason when there is nothing to try)."""
-    name = entry.name
-    if entry.field == "intra_op_threads":  # the usable cores, half, one: whichever torch does not use now
-        current = base.intra_op_threads or hw.intra_op_threads
-        return thread_values(hw.usable_cores, current), f"torch already runs 1 thread on {hw.usable_cores} usable core"
-    if name in _CONV_ONLY and not info.n_conv2d:
-        return (), "the model has no 2D convolutions"
-    if name == "drop_conv_bias" and not info.conv_bn_pairs:
-        return (), "no convolution with a bias feeds a BatchNorm"
-    if entry.field == "precision":
-        return _PRECISIONS, None
-    if entry.field == "compile":
-        return ((True, *_CUDA_COMPILE_MODES) if hw.is_cuda else (True,)), None
-    default = getattr(Plan(), entry.field)
-    if isinstance(default, bool):
-        return (not default,), None
-    return (), f"no values to try for Plan.{entry.field}"
+    if not entry.applies_to(info):
+        return (), entry.applies_to.unmet
+    tuning = entry.tune
+    if tuning.values is None:  # registration made sure the field is a boolean: try the other value
+        return (not getattr(Plan(), entry.field),), None
+    values = tuple(tuning.values(hw, base))
+    if not values:
+        return (), tuning.nothing_to_try.format(hw=hw) or f"no values to try for Plan.{entry.field}"
+    return values, None
 
 
 def build_candidates(hw: Hardware, info: ModelInfo, base: Plan, include: Iterable[str] | None = None,
@@ -111,16 +87,17 @@ def build_candidates(hw: Hardware, info: ModelInfo, base: Plan, include: Iterabl
         raise ValueError(f"tune: unknown speed-up name(s) {sorted(unknown)}; known: {', '.join(sorted(known))}")
     out = Candidates()
     for entry in all_speedups():
-        if entry.field in FINDER_FIELDS:
+        kind = entry.tune.kind
+        if kind == "finder":
             continue  # reported by the finders themselves
         if entry.name in exclude or (include is not None and entry.name not in include):
             out.left_out.append((entry.name, "excluded by the caller"))
             continue
-        if entry.field in NOT_TUNED:
-            out.left_out.append((entry.name, NOT_TUNED[entry.field]))
+        if kind == "not_tuned":
+            out.left_out.append((entry.name, entry.tune.why))
             continue
-        if entry.field in BY_RULE_FIELDS:
-            value = entry.recommend(hw, info)
+        if kind == "by_rule":
+            value = entry.recommendation(hw, info)
             reason = entry.requires(hw, base.replace(**{entry.field: value if value is not None else True}))
             if value is not None and reason is None:
                 out.by_rule[entry.field] = value
@@ -137,9 +114,8 @@ def build_candidates(hw: Hardware, info: ModelInfo, base: Plan, include: Iterabl
             else:
                 why = reason
         if allowed:
-            out.timed.append(Switch(entry.name, entry.field, tuple(allowed), entry.order,
-                                    expensive=entry.field == "compile",
-                                    recommended=entry.recommend(hw, info) not in (None, getattr(Plan(), entry.field))))
+            out.timed.append(Switch(entry.name, entry.field, tuple(allowed), entry.order, expensive=entry.tune.expensive,
+                                    recommended=entry.recommendation(hw, info) not in (None, getattr(Plan(), entry.field))))
         else:
             out.left_out.append((entry.name, why or "not supported here"))
     return out

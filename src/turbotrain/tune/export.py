@@ -3,7 +3,10 @@
 Each framework has flags for some switches (precision, accumulation, cudnn.benchmark,
 strategy, compile in Accelerate) and none for others (channels_last, fused optimizers,
 DataLoader settings): those come out as the lines of code that do the same, so nothing
-the tuner found is silently dropped.
+the tuner found is silently dropped. What each switch writes is declared by its own
+registry entry (``Speedup.export``, see :mod:`turbotrain.speedups.policy`); this module
+only adds the device and the frameworks' boilerplate, walking the registry in order.
+A plan a framework cannot express raises :class:`ExportError`, saying what to do instead.
 """
 
 from __future__ import annotations
@@ -13,13 +16,11 @@ from typing import Any
 import yaml
 
 from ..plan import Plan
+from ..speedups.policy import ExportError
+from ..speedups.registry import all_speedups
 
 __all__ = ["plan_yaml", "lightning_flags", "lightning_snippet", "accelerate_config", "accelerate_yaml",
-           "code_changes", "dataloader_kwargs"]
-
-_LIGHTNING_PRECISION = {"fp32": "32-true", "bf16-mixed": "bf16-mixed", "fp16-mixed": "16-mixed",
-                        "bf16-true": "bf16-true"}
-_ACCELERATE_PRECISION = {"fp32": "no", "bf16-mixed": "bf16", "fp16-mixed": "fp16", "bf16-true": "bf16"}
+           "code_changes", "dataloader_kwargs", "ExportError"]
 
 
 def plan_yaml(plan: Plan, header: str | None = None) -> str:
@@ -30,35 +31,14 @@ def plan_yaml(plan: Plan, header: str | None = None) -> str:
 
 def dataloader_kwargs(plan: Plan) -> dict[str, Any]:
     """The DataLoader arguments the plan sets (those left as None keep the user's)."""
-    keys = ("batch_size", "num_workers", "pin_memory", "persistent_workers")
-    return {k: getattr(plan, k) for k in keys if getattr(plan, k) is not None}
+    keys = {e.export.dataloader: e.field for e in all_speedups() if e.export.dataloader}
+    return {k: getattr(plan, f) for k, f in keys.items() if getattr(plan, f) is not None}
 
 
 def code_changes(plan: Plan, framework: str) -> list[str]:
-    """Lines of code for the switches a framework has no flag for."""
-    lines = []
-    if plan.tf32:
-        lines.append('torch.set_float32_matmul_precision("high")  # TF32 matmuls')
-    if plan.intra_op_threads is not None:
-        lines.append(f"torch.set_num_threads({plan.intra_op_threads})  # intra-op CPU threads; or "
-                     f"OMP_NUM_THREADS={plan.intra_op_threads} in the environment")
-    if plan.drop_conv_bias:
-        lines.append("from turbotrain.speedups.drop_conv_bias import drop_conv_bias_before_bn; "
-                     "drop_conv_bias_before_bn(model)  # before building the optimizer")
-    if plan.channels_last:
-        lines.append("model = model.to(memory_format=torch.channels_last)  # and images: "
-                     "x.contiguous(memory_format=torch.channels_last)")
-    if plan.precision == "bf16-true" and framework == "accelerate":
-        lines.append("model = model.to(torch.bfloat16)  # bf16 weights (the config's bf16 is autocast)")
-    if plan.compile is not False and framework == "lightning":
-        lines.append(f'model = torch.compile(model, mode="{plan.compile_mode}")  # before trainer.fit')
-    if plan.fused_optimizer:
-        lines.append("optimizer = torch.optim.AdamW(params, ..., fused=True)  # or foreach=True where "
-                     "there is no fused kernel")
-    if not plan.set_to_none:
-        lines.append("optimizer.zero_grad(set_to_none=False)")
-    if plan.grad_accum_steps > 1 and framework == "accelerate":
-        lines.append(f"accelerator = Accelerator(gradient_accumulation_steps={plan.grad_accum_steps})")
+    """Lines of code for the switches a framework has no flag for, in the order ``prepare`` applies them,
+    the DataLoader's arguments last."""
+    lines = [line for entry in all_speedups() for line in entry.export.code_lines(plan, framework)]
     loader = dataloader_kwargs(plan)
     if loader:
         lines.append("DataLoader(dataset, " + ", ".join(f"{k}={v!r}" for k, v in loader.items()) + ")")
@@ -77,15 +57,10 @@ def _device(plan: Plan) -> tuple[str, Any]:
 def lightning_flags(plan: Plan) -> dict[str, Any]:
     """Keyword arguments for ``lightning.pytorch.Trainer`` equivalent to the plan's Trainer-level switches."""
     accelerator, devices = _device(plan)
-    return {
-        "accelerator": accelerator,
-        "devices": devices,
-        "strategy": plan.strategy,
-        "precision": _LIGHTNING_PRECISION[plan.precision],
-        "accumulate_grad_batches": plan.grad_accum_steps,
-        "benchmark": plan.cudnn_benchmark,
-        "sync_batchnorm": bool(plan.sync_batchnorm),
-    }
+    flags: dict[str, Any] = {"accelerator": accelerator, "devices": devices}
+    for entry in all_speedups():
+        flags.update(entry.export.lightning_flags(plan))
+    return flags
 
 
 def lightning_snippet(plan: Plan) -> str:
@@ -100,28 +75,21 @@ def lightning_snippet(plan: Plan) -> str:
 def accelerate_config(plan: Plan) -> dict[str, Any]:
     """An ``accelerate config`` file's content (what ``accelerate launch --config_file`` reads)."""
     cpu = plan.device == "cpu"
-    distributed = {"auto": "NO", "ddp": "MULTI_CPU" if cpu else "MULTI_GPU", "fsdp": "FSDP"}[plan.strategy]
     config: dict[str, Any] = {
         "compute_environment": "LOCAL_MACHINE",
         "debug": False,
-        "distributed_type": distributed,
         "downcast_bf16": "no",
         "enable_cpu_affinity": False,
         "gpu_ids": "all",
         "machine_rank": 0,
         "main_training_function": "main",
-        "mixed_precision": _ACCELERATE_PRECISION[plan.precision],
         "num_machines": 1,
-        "num_processes": 1,
         "rdzv_backend": "static",
         "same_network": True,
         "use_cpu": cpu,
     }
-    if plan.compile is not False:
-        config["dynamo_config"] = {"dynamo_backend": "INDUCTOR", "dynamo_mode": plan.compile_mode,
-                                   "dynamo_use_dynamic": False, "dynamo_use_fullgraph": False}
-    if plan.strategy != "auto":
-        del config["num_processes"]  # one per device, chosen at launch (--num_processes)
+    for entry in all_speedups():  # distributed_type and num_processes, mixed_precision, dynamo_config
+        config.update(entry.export.accelerate_keys(plan))
     return config
 
 

@@ -2,7 +2,9 @@
 
 Three sources, one module each: ``runtime`` (the measured breakdown and per-site events),
 ``live`` (the model, loader, optimizer and hardware objects the script built) and ``static``
-(the script's source). Rule ids are the catalogue in docs/doctor.md; :data:`RULE_IDS` lists them all.
+(the script's source). Rule ids are the catalogue in docs/doctor.md; :data:`RULE_IDS` lists them all:
+the ones a speed-up declares next to its registry entry (``Speedup.doctor_rules``), read from the
+registry, and :data:`HABIT_RULES`, the habits no Plan switch answers.
 """
 
 from __future__ import annotations
@@ -10,27 +12,29 @@ from __future__ import annotations
 import logging
 from typing import Callable, Iterable
 
+from ...speedups.registry import all_speedups
 from ..findings import SEVERITIES, Finding
 
-__all__ = ["rule", "evaluate", "RULES", "RULE_IDS"]
+__all__ = ["rule", "evaluate", "RULES", "RULE_IDS", "HABIT_RULES"]
 
 log = logging.getLogger("turbotrain")
 
-RULE_IDS = (
-    "num-workers", "persistent-workers", "pin-memory", "non-blocking", "host-sync-in-loop",
-    "tensor-from-numpy-copy", "tensor-created-off-device", "dims-not-multiple-of-8",
-    "batch-size-not-multiple-of-8", "small-batch", "no-mixed-precision", "zero-grad-not-none",
-    "grad-in-validation", "cudnn-benchmark-off", "channels-last", "conv-bias-before-bn", "data-parallel",
-    "syncbn-with-compile", "empty-cache-in-loop", "jit-script", "manual-attention", "non-foreach-optimizer",
-    "save-in-loop", "accumulation-syncs", "nccl-env", "slow-storage", "periodic-work", "cpu-oversubscribed",
+# Habits in the script that no Plan switch answers (the fix is a change to the user's code).
+HABIT_RULES = (
+    "host-sync-in-loop", "tensor-from-numpy-copy", "tensor-created-off-device", "dims-not-multiple-of-8",
+    "grad-in-validation", "empty-cache-in-loop", "manual-attention", "save-in-loop", "slow-storage", "periodic-work",
 )
+
+RULE_IDS = tuple(dict.fromkeys(rule_id for entry in all_speedups() for rule_id in entry.doctor_rules)) + HABIT_RULES
 
 RULES: list[tuple[str, str, Callable]] = []   # (rule id, source, function)
 
 
 def rule(rule_id: str, source: str) -> Callable[[Callable], Callable]:
     if rule_id not in RULE_IDS:
-        raise ValueError(f"unknown doctor rule id {rule_id!r}; add it to RULE_IDS (and to the rule table in docs/doctor.md)")
+        raise ValueError(f"unknown doctor rule id {rule_id!r}: declare it in its speed-up's doctor_rules "
+                         "(or, for a habit no Plan switch answers, in HABIT_RULES), and add it to the rule table "
+                         "in docs/doctor.md")
 
     def register(fn: Callable) -> Callable:
         RULES.append((rule_id, source, fn))

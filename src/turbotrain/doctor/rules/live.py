@@ -4,10 +4,19 @@ from __future__ import annotations
 
 from torch import nn
 
-from ..findings import Finding, Fix, speedup_for_rule
+from ...plan import Plan
+from ...speedups import fused_optimizer
+from ...speedups.policy import call_text
+from ...speedups.registry import by_field
+from ..findings import Finding, Fix, lightning_call, speedup_for_rule
 from . import rule
 from ..trials import BatchTrial, PlanTrial
 from .nccl import check_nccl_env
+
+
+def _for_this_model(ctx, field: str) -> bool:
+    """Whether the speed-up switching Plan.``field`` is for this model (its declared ``applies_to``)."""
+    return by_field(field).applies_to(ctx.info)
 
 
 def _precision_for(hw) -> str | None:
@@ -57,8 +66,9 @@ def no_mixed_precision(ctx):
         fix=Fix(f"with torch.autocast('{ctx.device}', dtype={dtype}): around forward and loss"
                 + (" plus torch.amp.GradScaler for float16" if precision == "fp16-mixed" else ""),
                 plan={"precision": precision},
-                lightning=f"Trainer(precision='{'bf16-mixed' if precision == 'bf16-mixed' else '16-mixed'}')",
-                accelerate=f"Accelerator(mixed_precision='{'bf16' if precision == 'bf16-mixed' else 'fp16'}')"),
+                lightning=lightning_call(precision=precision),
+                accelerate=call_text("Accelerator", by_field("precision").export.accelerate_keys(
+                    Plan(precision=precision)))),
         trial=PlanTrial({"precision": precision}))
     f.provisional("medium" if ctx.on_gpu else "low")
     f.note = "Changes numerics slightly (bf16 keeps fp32's range); check the loss curve."
@@ -80,32 +90,16 @@ def zero_grad_not_none(ctx):
         yield f
 
 
-def _effective_impl(opt) -> str:
-    from torch.optim.optimizer import _default_to_fused_or_foreach
-
-    group = opt.param_groups[0]
-    if group.get("fused"):
-        return "fused"
-    if group.get("foreach") is not None:
-        return "foreach" if group["foreach"] else "for-loop"
-    params = [p for g in opt.param_groups for p in g["params"]]
-    try:
-        _, foreach = _default_to_fused_or_foreach(params, bool(group.get("differentiable")), use_fused=False)
-    except Exception:  # noqa: BLE001 - an optimizer torch cannot classify: assume the loop
-        foreach = False
-    return "foreach" if foreach else "for-loop"
-
-
 @rule("non-foreach-optimizer", "live")
 def non_foreach_optimizer(ctx):
     for opt, site in ctx.optimizers:
         if "foreach" not in opt.defaults and "fused" not in opt.defaults:
             continue  # not a torch optimizer with vectorised kernels
-        impl = _effective_impl(opt)
+        impl = fused_optimizer.implementation(opt)
         n = sum(len(g["params"]) for g in opt.param_groups)
         if impl != "for-loop" or n < 16:
             continue
-        fused = "fused" in opt.defaults
+        fused = fused_optimizer.best_implementation(opt) == "fused"   # what Plan.fused_optimizer would switch to
         share = ctx.timed_share("optimizer")
         f = Finding(
             "non-foreach-optimizer", site=site, category="optimizer", speedup=speedup_for_rule("non-foreach-optimizer"),
@@ -185,7 +179,7 @@ def _switch_finding(ctx, rule_id: str, message: str, fix: Fix, measurable: bool 
 
 @rule("cudnn-benchmark-off", "live")
 def cudnn_benchmark_off(ctx):
-    if not ctx.info.is_conv_net or ctx.facts.cudnn_benchmark:
+    if not _for_this_model(ctx, "cudnn_benchmark") or ctx.facts.cudnn_benchmark:
         return
     if not ctx.on_gpu and not ctx.written_for_gpu:
         return
@@ -194,14 +188,14 @@ def cudnn_benchmark_off(ctx):
         "torch.backends.cudnn.benchmark is off for a convolutional net: cuDNN uses a heuristic algorithm "
         "instead of timing the candidates once per input shape.",
         Fix("torch.backends.cudnn.benchmark = True (input shapes fixed from step to step)",
-            plan={"cudnn_benchmark": True}, lightning="Trainer(benchmark=True)"), measurable=ctx.on_gpu)
+            plan={"cudnn_benchmark": True}, lightning=lightning_call(cudnn_benchmark=True)), measurable=ctx.on_gpu)
     f.provisional("medium" if ctx.on_gpu else "low")
     yield f.on_cpu(ctx)
 
 
 @rule("channels-last", "live")
 def channels_last(ctx):
-    if not ctx.info.is_conv_net or ctx.facts.input_channels_last:
+    if not _for_this_model(ctx, "channels_last") or ctx.facts.input_channels_last:
         return
     if not any(len(s) == 4 for s in ctx.facts.input_shapes):
         return
@@ -218,7 +212,7 @@ def channels_last(ctx):
 @rule("conv-bias-before-bn", "live")
 def conv_bias_before_bn(ctx):
     pairs = ctx.info.conv_bn_pairs
-    if not pairs or ctx.model is None:
+    if not _for_this_model(ctx, "drop_conv_bias") or ctx.model is None:
         return
     modules = dict(ctx.model.named_modules())
     first = modules.get(pairs[0][0])

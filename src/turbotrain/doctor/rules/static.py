@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import ast
 
-from ..findings import Finding, Fix, speedup_for_rule
+from ..findings import Finding, Fix, lightning_call, speedup_for_rule
 from ..source import SourceIndex, dotted_name, is_const, keyword
 from . import rule
 from ..trials import AttentionTrial
@@ -317,5 +317,5 @@ def cudnn_static(ctx):
                 yield _static("cudnn-benchmark-off", index, node,
                               "cudnn.benchmark is switched off explicitly.",
                               Fix("torch.backends.cudnn.benchmark = True (fixed input shapes)",
-                                  plan={"cudnn_benchmark": True}, lightning="Trainer(benchmark=True)"),
+                                  plan={"cudnn_benchmark": True}, lightning=lightning_call(cudnn_benchmark=True)),
                               speedup=speedup_for_rule("cudnn-benchmark-off")).on_cpu(ctx)
