@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-UNTANGLED = ("bench", "train", "launch", "data")  # packages whose modules no longer import each other in a circle
+UNTANGLED = ("bench", "train", "launch", "data", "doctor")  # packages whose modules no longer import each other in a circle
 
 
 def _package_graph():

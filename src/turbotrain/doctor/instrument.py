@@ -20,7 +20,7 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter
 from . import active
 from .patching import Patcher
 from .records import LoaderRecord
-from .sites import _USER_FILES, caller_site, user_site
+from .sites import USER_FILES, caller_site, user_site
 
 __all__ = ["install", "measured_call", "wrap_sync", "SYNC_METHODS"]
 
@@ -403,7 +403,7 @@ def wrap_sync(kind: str, original: Callable) -> Callable:
         if rec is None or rec.busy:
             return original(self, *args, **kwargs)
         frame = sys._getframe(1)
-        if _USER_FILES.get(frame.f_code.co_filename) is False and not rec.gpu:
+        if USER_FILES.get(frame.f_code.co_filename) is False and not rec.gpu:
             return original(self, *args, **kwargs)  # torch's own call (an optimizer reading its step count)
         if rec.gpu:
             site = user_site(frame) if self.is_cuda else None
@@ -439,7 +439,7 @@ def _wrap_sync_no_args(kind: str, original: Callable) -> Callable:
         if rec is None or rec.busy:
             return original(self)
         frame = sys._getframe(1)
-        if not rec.gpu and _USER_FILES.get(frame.f_code.co_filename) is False:
+        if not rec.gpu and USER_FILES.get(frame.f_code.co_filename) is False:
             return original(self)
         site = (user_site(frame) if self.is_cuda else None) if rec.gpu else caller_site(frame)
         if site is None or _get_ident() != rec.thread or _compiling():

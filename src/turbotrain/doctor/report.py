@@ -64,7 +64,7 @@ class Report:
     # workers, other processes' load during the window, and the step-time dispersion (p90/p10).
     machine: dict[str, Any] = field(default_factory=dict)
     # Set when the window's dispersion or the machine's outside load is too high to trust small gains:
-    # {"level": "high", "reasons": [...], "min_speedup": 1.4} (gains under min_gain cannot be told from noise).
+    # {"level": "high", "reasons": [...], "min_speedup": 1.4} (gains under min_speedup cannot be told from noise).
     noise: dict[str, Any] | None = None
     # Work that recurs every N steps (validation, checkpoints, logging), amortised over its period:
     # [{"kind": "validation", "every": 20, "cost_ms": 812.0, "share": 0.41, "where": "train.py:57",

@@ -37,7 +37,7 @@ class ScriptRun:
         return self.status in ("error", "exit")
 
 
-def _error_site(tb) -> Site | None:
+def error_site_of(tb) -> Site | None:
     """The innermost frame of the traceback that is the user's code."""
     site = None
     for frame, lineno in traceback.walk_tb(tb):
@@ -68,13 +68,13 @@ def run_script(script: str | os.PathLike, argv: list[str], recorder: Recorder) -
                 if code not in (None, 0):
                     run.status, run.exit_code = "exit", code if isinstance(code, int) else 1
                     run.error = f"the script called sys.exit({code!r})"
-                    run.error_site = _error_site(exc.__traceback__)
+                    run.error_site = error_site_of(exc.__traceback__)
             except KeyboardInterrupt:
                 run.status, run.exit_code, run.error = "error", 130, "interrupted (KeyboardInterrupt)"
             except Exception as exc:  # noqa: BLE001 - the user's failure is reported, not re-raised
                 run.status, run.exit_code = "error", 1
                 run.error = f"{type(exc).__name__}: {exc}"
-                run.error_site = _error_site(exc.__traceback__)
+                run.error_site = error_site_of(exc.__traceback__)
                 run.traceback = "".join(traceback.format_exception(exc))
     finally:
         run.seconds = time.perf_counter() - started

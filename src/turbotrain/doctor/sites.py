@@ -33,12 +33,12 @@ def _library_roots() -> tuple[str, ...]:
 
 
 _ROOTS: tuple[str, ...] | None = None
-_USER_FILES: dict[str, bool] = {}   # filename -> user code? (a dict: this sits on hot paths)
+USER_FILES: dict[str, bool] = {}   # filename -> user code? (a dict: this sits on hot paths)
 
 
 def is_user_file(filename: str) -> bool:
     """Whether ``filename`` (a code object's co_filename) is the user's code."""
-    known = _USER_FILES.get(filename)
+    known = USER_FILES.get(filename)
     if known is not None:
         return known
     global _ROOTS
@@ -49,7 +49,7 @@ def is_user_file(filename: str) -> bool:
             _ROOTS = _library_roots()
         path = os.path.realpath(filename)
         answer = not any(path == root or path.startswith(root + os.sep) for root in _ROOTS)
-    _USER_FILES[filename] = answer
+    USER_FILES[filename] = answer
     return answer
 
 
@@ -85,7 +85,7 @@ def caller_site(frame: FrameType | None) -> Site | None:
     """``frame`` itself when it is user code, else None (the call came from a library)."""
     if frame is None:
         return None
-    known = _USER_FILES.get(frame.f_code.co_filename)
+    known = USER_FILES.get(frame.f_code.co_filename)
     if known is False or (known is None and not is_user_file(frame.f_code.co_filename)):
         return None
     return Site(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)

@@ -22,7 +22,7 @@ from typing import Iterator
 from .diagnose import DoctorOptions, analyse
 from .recorder import Recorder, Stop
 from .report import Report
-from .runner import ScriptRun, _error_site
+from .runner import ScriptRun, error_site_of
 from .sites import is_user_file
 
 __all__ = ["watch", "Watch"]
@@ -76,7 +76,7 @@ def watch(steps: int | None = None, warmup: int = 2, profile_steps: int = 2, wha
         error = exc
         run.status, run.exit_code = "error", 1
         run.error = f"{type(exc).__name__}: {exc}"
-        run.error_site = _error_site(exc.__traceback__)
+        run.error_site = error_site_of(exc.__traceback__)
     finally:
         recorder.uninstall()
         run.seconds = time.perf_counter() - started

@@ -9,7 +9,7 @@ from ...speedups import fused_optimizer
 from ...speedups.policy import call_text
 from ...speedups.registry import by_field
 from ..findings import Finding, Fix, lightning_call, speedup_for_rule
-from . import rule
+from .registry import rule
 from ..trials import BatchTrial, PlanTrial
 from .nccl import check_nccl_env
 

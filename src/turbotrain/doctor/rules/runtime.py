@@ -7,7 +7,7 @@ from collections import defaultdict
 
 from ...data import stats as data_stats
 from ..findings import Finding, Fix, speedup_for_rule
-from . import rule
+from .registry import rule
 from ..trials import CopyTrial, EvalGradTrial, LoaderTrial, PlanTrial
 
 _SYNC_NAMES = {"item": ".item()", "tolist": ".tolist()", "numpy": ".numpy()", "cpu": ".cpu()",

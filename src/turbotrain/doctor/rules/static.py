@@ -10,7 +10,7 @@ import ast
 
 from ..findings import Finding, Fix, lightning_call, speedup_for_rule
 from ..source import SourceIndex, dotted_name, is_const, keyword
-from . import rule
+from .registry import rule
 from ..trials import AttentionTrial
 from .nccl import check_nccl_env
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from ...speedups.cpu_threads import fit_to_cores
 from ..findings import Finding, Fix, speedup_for_rule
-from . import rule
+from .registry import rule
 from ..trials import ThreadsTrial
 
 

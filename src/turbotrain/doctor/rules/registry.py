@@ -1,0 +1,36 @@
+"""The rule registry: every rule id the doctor knows and the decorator that registers a rule's function.
+
+Its own module so the rule modules (``live``, ``runtime``, ``static``, ``threads``) import it and not the
+package that loads them.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from ...speedups.registry import all_speedups
+
+__all__ = ["rule", "RULES", "RULE_IDS", "HABIT_RULES"]
+
+# Habits in the script that no Plan switch answers (the fix is a change to the user's code).
+HABIT_RULES = (
+    "host-sync-in-loop", "tensor-from-numpy-copy", "tensor-created-off-device", "dims-not-multiple-of-8",
+    "grad-in-validation", "empty-cache-in-loop", "manual-attention", "save-in-loop", "slow-storage", "periodic-work",
+)
+
+RULE_IDS = tuple(dict.fromkeys(rule_id for entry in all_speedups() for rule_id in entry.doctor_rules)) + HABIT_RULES
+
+RULES: list[tuple[str, str, Callable]] = []   # (rule id, source, function)
+
+
+def rule(rule_id: str, source: str) -> Callable[[Callable], Callable]:
+    if rule_id not in RULE_IDS:
+        raise ValueError(f"unknown doctor rule id {rule_id!r}: declare it in its speed-up's doctor_rules "
+                         "(or, for a habit no Plan switch answers, in HABIT_RULES), and add it to the rule table "
+                         "in docs/doctor.md")
+
+    def register(fn: Callable) -> Callable:
+        RULES.append((rule_id, source, fn))
+        return fn
+
+    return register
