@@ -25,6 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="run the original and the patched script interleaved: verified speed-up and losses")
     parser.add_argument("--verify-budget", type=float, default=120.0, metavar="SECONDS",
                         help="time for verifying fixes one at a time (default 120); together always runs")
+    parser.add_argument("--fix-only", metavar="RULES",
+                        help="comma-separated rule ids: patch only their findings (default: every fixable one)")
     parser.add_argument("--verify-rounds", type=int, default=2, metavar="N",
                         help="interleaved original/patched rounds per comparison (default 2)")
     parser.add_argument("script", help="the training script, run unmodified as __main__")
@@ -51,13 +53,18 @@ def run(args: argparse.Namespace) -> int:
         from .fixes import require_libcst
 
         require_libcst()
+        if args.fix_only:
+            from .fixes.plan import check_rules
+
+            check_rules(args.fix_only.split(","))
         if args.fix and Path(args.fix).is_dir():
             raise ConfigError(f"doctor --fix {args.fix}: that is a folder; give the patch file's path, "
                               "e.g. --fix fixes.patch")
     options = DoctorOptions(steps=args.steps, warmup=args.warmup, what_if=not args.no_what_if,
                             what_if_budget_s=args.what_if_budget, compile=args.compile, trace_path=args.trace,
                             fix=args.fix, verify=args.verify, verify_budget_s=args.verify_budget,
-                            verify_rounds=args.verify_rounds)
+                            verify_rounds=args.verify_rounds,
+                            fix_rules=tuple(args.fix_only.split(",")) if args.fix_only else None)
     report = diagnose_script(args.script, list(args.script_args), options)
     if args.json:
         report.write_json(args.json)

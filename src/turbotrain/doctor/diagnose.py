@@ -35,6 +35,7 @@ class DoctorOptions:
     verify: bool = False            # run original and patched interleaved, per fix and together
     verify_budget_s: float = 120.0  # time for verifying fixes one at a time (together always runs)
     verify_rounds: int = 2          # interleaved original/patched rounds per comparison
+    fix_rules: tuple[str, ...] | None = None   # only these rules' fixes (None: every fixable finding)
 
 
 def diagnose_script(script: str | os.PathLike, argv: list[str] | None = None,

@@ -107,8 +107,8 @@ def _header(report: Any, fix_report: FixReport, patch_name: str, base: str, veri
     kept, fixes = fix_report.kept, fix_report.fixes
     by_hand = [f for f in fixes if f.by_hand]
     left_out = [f for f in fixes if f.edit and f.dropped]
-    lines = [f"turbotrain doctor --fix{' --verify' if verified else ''}: {report.script} {' '.join(report.argv)}"
-             .rstrip(),
+    script = os.path.relpath(report.run.script, base) if report.run else report.script
+    lines = [f"turbotrain doctor --fix{' --verify' if verified else ''}: {script} {' '.join(report.argv)}".rstrip(),
              f"Apply in the script's folder ({base}): git apply {patch_name}",
              f"{len(kept)} edit(s), {len(by_hand)} by hand, {len(left_out)} left out."]
     if fix_report.predicted_together or fix_report.together:
@@ -124,7 +124,7 @@ def attach_fixes(report: Any, ctx: Any, findings: list, options: Any, script_pat
     """Plan, diff, (verify,) and write the patch of ``report``'s findings; the outcome as a :class:`FixReport`."""
     base = os.path.dirname(script_path)
     fix_report = FixReport()
-    results = plan_fixes(ctx, findings, base)
+    results = plan_fixes(ctx, findings, base, options.fix_rules)
     fix_report.fixes = results
     originals = make_diffs(results, base)
     if options.verify and any(r.in_patch for r in results) and report.run is not None:

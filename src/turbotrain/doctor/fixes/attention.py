@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from .cst_tools import Source, code_of, dotted, replace
+from .cst_tools import Source, callee, code_of, dotted, replace
 from .model import ByHand, EditRequest
 
 __all__ = ["sdpa"]
@@ -103,8 +103,7 @@ def _args(call: cst.Call) -> list[str]:
 
 def _softmax_input(chain: _Chain, expr: cst.BaseExpression) -> cst.BaseExpression:
     expr = chain.resolve(expr)
-    if not isinstance(expr, cst.Call) or dotted(expr.func).split(".")[-1] != "softmax" and not (
-            isinstance(expr.func, cst.Attribute) and expr.func.attr.value == "softmax"):
+    if not isinstance(expr, cst.Call) or callee(expr) != "softmax":
         raise _NoMatch("the weights are not a softmax's output")
     args = list(expr.args)
     if isinstance(expr.func, cst.Attribute) and not dotted(expr.func).endswith(("torch.softmax", "functional.softmax",
@@ -268,11 +267,12 @@ def sdpa(source: Source, req: EditRequest) -> str:
     function = min(functions, key=lambda f: source.lines(f)[1] - source.lines(f)[0])
     reasons = []
     candidates = [n for n in source.nodes(cst.BaseExpression) if _is_matmul(n) and source.function_of(n) is function]
-    for matmul in candidates:
+    # The output (weights @ v) comes after the scores (q @ k^T): the last matmul first, and its reason.
+    for matmul in sorted(candidates, key=lambda n: source.lines(n), reverse=True):
         try:
             return _attempt(source, matmul, req)
         except _NoMatch as exc:
             reasons.append(str(exc))
-    why = reasons[-1] if reasons else "no matmul by the values"
+    why = reasons[0] if reasons else "no matmul by the values"
     raise ByHand(f"{req.where}: the attention in {function.name.value}() cannot be rewritten safely ({why}); "
                  "use F.scaled_dot_product_attention(q, k, v, ...) by hand")

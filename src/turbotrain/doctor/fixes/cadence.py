@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from .cst_tools import Source, code_of, dotted, replace
+from .cst_tools import Source, callee, code_of, dotted, replace
 from .model import ByHand, EditRequest
 
 __all__ = ["periodic", "save_every"]
@@ -44,7 +44,7 @@ def _runs_there(source: Source, node: cst.If, req: EditRequest) -> bool:
 
     class _Find(cst.CSTVisitor):
         def visit_Call(self, call: cst.Call) -> None:
-            name = dotted(call.func).split(".")[-1]
+            name = callee(call)
             if (wanted and name == wanted) or (req.params.get("kind") == "checkpoint" and name == "save"):
                 found.append(call)
 
@@ -63,13 +63,13 @@ def periodic(source: Source, req: EditRequest) -> str:
         for divisor in _divisors(source, node.test):
             if isinstance(divisor, cst.Integer) and int(divisor.value) == every:
                 candidates.append((node, divisor))
-            elif isinstance(divisor, cst.Name):
-                constant = _constant(source, divisor.value)
-                if constant is not None and int(constant.value.value) == every:
-                    candidates.append((node, constant.value))
-                else:
+            elif not isinstance(divisor, cst.Integer):
+                constant = _constant(source, divisor.value) if isinstance(divisor, cst.Name) else None
+                if constant is None or int(constant.value.value) != every:
                     raise ByHand(f"{source.name}:{source.lines(node)[0]}: `{code_of(node.test)}` takes its period "
-                                 f"from `{divisor.value}`, which is not one top-level integer; set it to {new_every}")
+                                 f"from `{code_of(divisor)}`, which is not one top-level integer; set it to "
+                                 f"{new_every} where it is made")
+                candidates.append((node, constant.value))
     if len({id(c[1]) for c in candidates}) != 1:
         why = "no" if not candidates else "more than one"
         raise ByHand(f"{req.where}: {why} `if step % {every} ...` runs this {req.params.get('kind', 'work')}; "

@@ -14,7 +14,7 @@ from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvide
 
 from .model import ByHand
 
-__all__ = ["Source", "dotted", "is_literal", "set_keyword", "keyword_value", "with_block", "Replacer",
+__all__ = ["Source", "dotted", "callee", "is_literal", "set_keyword", "keyword_value", "with_block", "Replacer",
            "code_of", "STATEMENTS"]
 
 STATEMENTS = (cst.SimpleStatementLine, cst.BaseCompoundStatement)
@@ -35,6 +35,14 @@ def dotted(node: cst.BaseExpression) -> str:
         return ""
     parts.append(node.value)
     return ".".join(reversed(parts))
+
+
+def callee(call: cst.Call) -> str:
+    """The called function's or method's own name: ``backward`` for ``loss_fn(out, y).backward()``."""
+    func = call.func
+    if isinstance(func, cst.Attribute):
+        return func.attr.value
+    return func.value if isinstance(func, cst.Name) else ""
 
 
 def is_literal(node: cst.BaseExpression) -> bool:

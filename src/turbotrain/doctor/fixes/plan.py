@@ -18,7 +18,7 @@ from ..sites import relative_where
 from ..trials import AttentionTrial, LoaderTrial
 from .model import EXACT, PRECISION, REINITIALISED, ByHand, EditRequest, FixResult
 
-__all__ = ["plan_fixes", "FIXABLE_RULES"]
+__all__ = ["plan_fixes", "FIXABLE_RULES", "check_rules"]
 
 _CONVS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
 
@@ -139,16 +139,30 @@ _PLANNERS: dict[str, Callable[[Any, Finding], dict[str, Any]]] = {
 FIXABLE_RULES = frozenset(_PLANNERS)
 
 
+def check_rules(rules: list[str] | tuple[str, ...]) -> None:
+    """Every rule named is one whose fix is an edit; the error names the rest and lists the fixable ones."""
+    from ...config import ConfigError
+
+    unknown = [r for r in rules if r not in FIXABLE_RULES]
+    if unknown:
+        raise ConfigError(f"doctor --fix-only: {', '.join(unknown)} is not a rule whose fix the doctor can edit; "
+                          f"fixable rules: {', '.join(sorted(FIXABLE_RULES))}")
+
+
 def _inside(path: str, base: str) -> bool:
     return os.path.commonpath([os.path.realpath(path), os.path.realpath(base)]) == os.path.realpath(base)
 
 
-def plan_fixes(ctx, findings: list[Finding], base: str) -> list[FixResult]:
-    """One :class:`FixResult` per finding whose rule has an edit kind: with its request, or why it is by hand,
-    or why it is left out (the what-if measured it slower)."""
+def plan_fixes(ctx, findings: list[Finding], base: str, rules: tuple[str, ...] | None = None) -> list[FixResult]:
+    """One :class:`FixResult` per finding whose rule has an edit kind (of ``rules``, when given): with its
+    request, or why it is by hand."""
+    if rules is not None:
+        check_rules(rules)
     out = []
     for f in findings:
         planner = _PLANNERS.get(f.rule)
+        if rules is not None and f.rule not in rules:
+            continue
         if planner is None or (f.site is None and f.rule != "cudnn-benchmark-off"):
             continue
         where = f.where or (f.site.where(base) if f.site else "")

@@ -13,7 +13,7 @@ from .model import FixReport, FixResult, Verification
 __all__ = ["fix_line", "loss_text", "print_fixes", "fixes_html", "DIFF_LINES"]
 
 DIFF_LINES = 12            # the most diff lines one fix shows in the terminal (the patch file has them all)
-_DIFF_STYLE = {"+": "green", "-": "red", "@": "cyan"}
+_DIFF_STYLE = {"+": "green", "-": "red"}
 
 
 def loss_text(match: dict[str, Any] | None) -> str:
@@ -31,7 +31,7 @@ def loss_text(match: dict[str, Any] | None) -> str:
 
 def fix_line(predicted: float | None, check: Verification | None) -> str:
     """``predicted x1.80, verified x1.75 (faster), losses bitwise equal``."""
-    parts = [f"predicted x{predicted:.2f}" if predicted else "predicted -"]
+    parts = [f"predicted x{predicted:.2f}" if predicted else "predicted: not measured"]
     if check is not None:
         if check.error:
             parts.append(f"not verified: {check.error}")
@@ -68,10 +68,10 @@ def print_fixes(console: Console, fixes: FixReport, width: int) -> None:
             console.print(Text(f"  {detail}", style="dim"), overflow="fold")
         if f.edit and not f.by_hand:
             console.print(Text(f"  {fix_line(f.predicted, f.verification)}"), overflow="fold")
-            lines = [line for line in f.diff.splitlines() if not line.startswith(("---", "+++"))]
+            # The changed lines only, wrapped rather than cut: the change is what a reader looks for here.
+            lines = [line for line in f.diff.splitlines() if line[:1] in "+-" and not line.startswith(("---", "+++"))]
             for line in lines[:DIFF_LINES]:
-                console.print(Text(f"  {line}", style=_DIFF_STYLE.get(line[:1], "")), no_wrap=True,
-                              overflow="ellipsis")
+                console.print(Text(f"  {line}", style=_DIFF_STYLE.get(line[:1], "")), overflow="fold")
             if len(lines) > DIFF_LINES:
                 console.print(Text(f"  ... {len(lines) - DIFF_LINES} more line(s) in the patch", style="dim"))
     for message in fixes.messages:

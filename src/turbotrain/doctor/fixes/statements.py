@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from .cst_tools import STATEMENTS, Source, code_of, dotted, replace, wrap
+from .cst_tools import STATEMENTS, Source, callee, code_of, dotted, replace, wrap
 from .model import ByHand, EditRequest
 
 __all__ = ["inference_mode", "autocast", "cudnn_benchmark", "trains"]
@@ -21,7 +21,7 @@ def trains(node: cst.CSTNode) -> bool:
 
     class _Find(cst.CSTVisitor):
         def visit_Call(self, call: cst.Call) -> None:
-            if dotted(call.func).split(".")[-1] in _TRAINING_CALLS:
+            if callee(call) in _TRAINING_CALLS:
                 found.append(call)
 
     node.visit(_Find())
