@@ -28,11 +28,16 @@ _MAX_VERIFY_STEPS = 2000
 
 
 def predicted_together(fixes: list[FixResult]) -> float | None:
-    """The fixes' predicted speed-ups combined as the shares of the step each saves (they save different parts)."""
-    shares = [1.0 - 1.0 / f.predicted for f in fixes if f.predicted]
-    if not shares:
+    """The fixes' predicted speed-ups combined through the share of the step each saves: shares of different
+    categories add up; within one category (two loader fixes on the same data wait) only the largest counts."""
+    by_category: dict[str, float] = {}
+    for i, f in enumerate(fixes):
+        if f.predicted:
+            key = (f.request.category if f.request else None) or f"fix {i}"
+            by_category[key] = max(by_category.get(key, 0.0), 1.0 - 1.0 / f.predicted)
+    if not by_category:
         return None
-    return round(1.0 / (1.0 - min(0.95, max(-10.0, sum(shares)))), 3)
+    return round(1.0 / (1.0 - min(0.95, max(-10.0, sum(by_category.values())))), 3)
 
 
 def _steps(fixes: list[FixResult], steps: int) -> int:

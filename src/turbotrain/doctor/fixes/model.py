@@ -33,6 +33,7 @@ class EditRequest:
     lines: tuple[int, ...] = ()    # further lines the same fix edits (every conv a BatchNorm follows)
     predicted: float | None = None
     gain_share: float | None = None
+    category: str | None = None    # the breakdown category the finding's time is in
 
 
 @dataclass

@@ -178,7 +178,7 @@ def plan_fixes(ctx, findings: list[Finding], base: str, rules: tuple[str, ...] |
                 rule=f.rule, kind=spec["kind"], file=os.path.realpath(path), line=line,
                 where=f"{relative_where(path, base)}:{line}" if line else relative_where(path, base),
                 label=spec["label"], numerics=spec.get("numerics", EXACT), params=spec.get("params", {}),
-                lines=spec.get("lines", ()), predicted=f.est_speedup, gain_share=f.gain_share)
+                lines=spec.get("lines", ()), predicted=f.est_speedup, gain_share=f.gain_share, category=f.category)
             result.label, result.numerics = spec["label"], result.request.numerics
         except ByHand as exc:
             result.by_hand = str(exc)
