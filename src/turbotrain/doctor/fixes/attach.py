@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ...measure import SLOWER
+from ...measure import FASTER, SLOWER
 from .losses import weakest
 from .model import FixReport, FixResult, Verification
 from .patch import PatchError, combine, make_diffs, render_patch, write_patch
@@ -60,35 +60,45 @@ def _verify_one(verifier: Verifier, results: list[FixResult], originals: dict[st
     return verifier.compare(folder, _steps(results, steps), weakest([r.numerics for r in results]))
 
 
+def _by_rule(results: list[FixResult]) -> list[list[FixResult]]:
+    """The fixes grouped by rule (one rule at two lines is one fix to verify), the biggest promise first."""
+    groups: dict[str, list[FixResult]] = {}
+    for result in results:
+        groups.setdefault(result.rule, []).append(result)
+    return sorted(groups.values(), key=lambda g: -max(r.predicted or 1.0 for r in g))
+
+
 def _verify(fix_report: FixReport, results: list[FixResult], originals: dict[str, str], base: str,
             verifier: Verifier, steps: int, run_s: float) -> None:
     candidates = [r for r in results if r.in_patch]
-    if not candidates:
-        return
-    if len(candidates) > 1:
-        for result in sorted(candidates, key=lambda r: -(r.predicted or 1.0)):
+    groups = _by_rule(candidates)
+    if len(groups) > 1:
+        for members in groups:
             if not verifier.affords(2, run_s):
                 fix_report.messages.append(
-                    f"The verify budget ({verifier.options.budget_s:g} s) left no time to verify "
-                    f"{result.rule} alone; it was verified only with the others.")
+                    f"The verify budget ({verifier.options.budget_s:g} s) left no time to verify {members[0].rule} "
+                    "alone; it was verified only with the others.")
                 continue
-            result.verification = _verify_one(verifier, [result], originals, base, steps)
-            _judge_alone(result)
+            check = _verify_one(verifier, members, originals, base, steps)
+            for result in members:
+                result.verification = check
+                _judge_alone(result)
         for result in candidates:
-            if result.measured_slower and result.verification is None:
-                result.dropped = (f"the what-if measured it slower ({result.measured_slower}) and the budget left "
-                                  "no time to verify it alone")
+            if result.doubt and result.verification is None:
+                result.dropped = f"{result.doubt}, and the budget left no time to verify it alone"
     kept = [r for r in candidates if r.in_patch]
-    if len(kept) == 1 and kept[0].verification is not None:
-        fix_report.together = kept[0].verification  # the same comparison: not run twice
-        return
     if not kept:
+        return
+    alone = len({r.rule for r in kept}) == 1
+    if alone and kept[0].verification is not None:
+        fix_report.together = kept[0].verification  # the same comparison: not run twice
         return
     together = _verify_one(verifier, kept, originals, base, steps)
     fix_report.together = together
-    if len(kept) == 1:
-        kept[0].verification = together
-        _judge_alone(kept[0])
+    if alone:
+        for result in kept:
+            result.verification = together
+            _judge_alone(result)
     elif together.error:
         for result in kept:
             result.dropped = f"the fixes together broke the script ({together.error})"
@@ -101,9 +111,9 @@ def _judge_alone(result: FixResult) -> None:
         result.dropped = f"verifying it: {check.error}"
     elif check.verdict == SLOWER:
         result.dropped = f"verified slower (x{check.speedup:.2f} over {len(check.ratios)} round(s))"
-    elif result.measured_slower and check.speedup is not None and check.speedup < 1.0:
-        result.dropped = f"the what-if measured it slower ({result.measured_slower}) and so did verifying it " \
-                         f"(x{check.speedup:.2f})"
+    elif result.doubt and check.verdict != FASTER:
+        result.dropped = f"{result.doubt}, and verifying it showed no gain either (x{check.speedup:.2f}, " \
+                         f"{check.verdict})"
 
 
 def _header(report: Any, fix_report: FixReport, patch_name: str, base: str, verified: bool) -> list[str]:
@@ -143,9 +153,8 @@ def attach_fixes(report: Any, ctx: Any, findings: list, options: Any, script_pat
             fix_report.messages.append(str(exc))
     elif not options.verify:
         for result in results:
-            if result.in_patch and result.measured_slower:
-                result.dropped = (f"the what-if measured it slower here ({result.measured_slower}); left out "
-                                  "(--verify times it on the whole script)")
+            if result.in_patch and result.doubt:
+                result.dropped = f"{result.doubt}; left out (--verify times it on the whole script)"
     fix_report.predicted_together = predicted_together(fix_report.kept)
     texts = combine(fix_report.kept, originals, base)
     if not options.fix:

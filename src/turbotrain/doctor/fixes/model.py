@@ -76,7 +76,9 @@ class FixResult:
     by_hand: str | None = None             # not an edit: why, and the line to change
     dropped: str | None = None             # an edit left out of the final patch: why
     verification: Verification | None = None
-    measured_slower: str | None = None     # the what-if's ratio when it measured the fix slower ("x0.62")
+    # Why the what-if speaks against it ("the what-if measured it slower (x0.62)"): then only verifying it alone,
+    # faster, keeps it in the patch.
+    doubt: str | None = None
     request: EditRequest | None = field(default=None, repr=False)
 
     @property

@@ -183,6 +183,10 @@ def plan_fixes(ctx, findings: list[Finding], base: str, rules: tuple[str, ...] |
         except ByHand as exc:
             result.by_hand = str(exc)
             continue
-        if f.what_if and f.what_if.get("verdict") == "slower":
-            result.measured_slower = f"x{f.what_if.get('ratio', 0):.2f}"
+        verdict, ratio = (f.what_if or {}).get("verdict"), (f.what_if or {}).get("ratio", 0.0)
+        if verdict == "slower":
+            result.doubt = f"the what-if measured it slower here (x{ratio:.2f})"
+        elif verdict is not None and verdict != "faster" and result.numerics != EXACT:
+            # Changing numerics for no measured gain is not worth it (the what-ifs' own rule, doctor.whatif).
+            result.doubt = f"the what-if measured no gain for this change of numerics (x{ratio:.2f}, {verdict})"
     return out
