@@ -33,12 +33,48 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help="the script's own arguments")
 
 
+# The patch options may also follow the script's own arguments (`doctor train.py --lr 3e-4 --fix p.patch`);
+# anything after a literal `--` is the script's, for a script that has a `--verify` of its own.
+_TRAILING = {"--fix": "fix", "--verify": "verify", "--verify-budget": "verify_budget",
+             "--verify-rounds": "verify_rounds", "--fix-only": "fix_only"}
+_CONVERT = {"verify_budget": float, "verify_rounds": int}
+
+
+def take_trailing_options(args: argparse.Namespace) -> None:
+    """Move the patch options found among ``args.script_args`` onto ``args``."""
+    from ..config import ConfigError
+
+    rest, kept = list(args.script_args), []
+    while rest:
+        token = rest.pop(0)
+        if token == "--":
+            kept += rest
+            break
+        name, _, value = token.partition("=")
+        dest = _TRAILING.get(name)
+        if dest is None:
+            kept.append(token)
+        elif dest == "verify":
+            args.verify = True
+        else:
+            if not value:
+                if not rest:
+                    raise ConfigError(f"doctor {name}: expected a value after it")
+                value = rest.pop(0)
+            try:
+                setattr(args, dest, _CONVERT.get(dest, str)(value))
+            except ValueError:
+                raise ConfigError(f"doctor {name} {value!r}: expected a number") from None
+    args.script_args = kept
+
+
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from ..config import ConfigError
     from .diagnose import DoctorOptions, diagnose_script
 
+    take_trailing_options(args)
     if args.steps < 1:
         raise ConfigError(f"doctor --steps: {args.steps} is not allowed; expected an integer >= 1.")
     if args.warmup < 1:

@@ -40,10 +40,15 @@ def predicted_together(fixes: list[FixResult]) -> float | None:
     return round(1.0 / (1.0 - min(0.95, max(-10.0, sum(by_category.values())))), 3)
 
 
+def _periods(fixes: list[FixResult]) -> list[int]:
+    """The cadences ``fixes`` set (validation, checkpoints every N steps)."""
+    return [f.request.params.get("new_every") or f.request.params.get("every") for f in fixes
+            if f.request is not None and f.request.kind in ("cadence", "save_every")]
+
+
 def _steps(fixes: list[FixResult], steps: int) -> int:
     """Steps covering whole periods of every cadence in ``fixes`` (and of the ones they replace)."""
-    periods = [f.request.params.get("new_every") or f.request.params.get("every") for f in fixes
-               if f.request is not None and f.request.kind in ("cadence", "save_every")]
+    periods = _periods(fixes)
     if not periods:
         return steps
     period = math.lcm(*periods)
@@ -57,7 +62,8 @@ def _verify_one(verifier: Verifier, results: list[FixResult], originals: dict[st
     texts = combine(results, originals, base)
     changed = {path: text for path, text in texts.items() if text != originals[path]}
     folder = verifier.variant(changed)
-    return verifier.compare(folder, _steps(results, steps), weakest([r.numerics for r in results]))
+    return verifier.compare(folder, _steps(results, steps), weakest([r.numerics for r in results]),
+                            periodic=bool(_periods(results)))
 
 
 def _by_rule(results: list[FixResult]) -> list[list[FixResult]]:

@@ -3,8 +3,10 @@
 The script's folder is copied to a temporary place (once for the original, once per variant), the
 patched files are written into their copy, and both run under the doctor's recorder in their own
 processes (:mod:`.child`), on the same steps, alternating: original, patched; then patched, original;
-... so load that comes and goes falls on both. Each run's time is the mean of its own steps (what
-other processes took from a step is not counted); the speed-up per round is original / patched, and
+... so load that comes and goes falls on both. Each run's time is the median of its own steps (a
+burst of another process's load spoils a step, not the run), or, when a fix changes a cadence, the
+mean over whole periods of it (the median would leave the validation out); what other processes
+took from a step is not counted. The speed-up per round is original / patched, and
 ``turbotrain.measure.judge`` (the one definition of "faster") turns the rounds into a verdict.
 """
 
@@ -52,10 +54,13 @@ class VerifyOptions:
 
 @dataclass
 class _Run:
-    ms: float | None
+    step_ms: list[float] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)
     error: str | None = None
     wall_s: float = 0.0
+
+    def ms(self, periodic: bool) -> float:
+        return statistics.fmean(self.step_ms) if periodic else statistics.median(self.step_ms)
 
 
 def _copy(src: Path, dst: Path) -> None:
@@ -151,23 +156,24 @@ class Verifier:
             proc = subprocess.run(cmd, cwd=self._cwd(folder), env=env, capture_output=True, text=True,
                                   timeout=self.options.run_timeout_s)
         except subprocess.TimeoutExpired:
-            return _Run(None, error=f"did not finish within {self.options.run_timeout_s:.0f} s")
+            return _Run(error=f"did not finish within {self.options.run_timeout_s:.0f} s")
         wall = time.perf_counter() - started
         self.run_s = max(self.run_s, wall)
         if not out.is_file():
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or [f"exit code {proc.returncode}"]
-            return _Run(None, error=tail[0], wall_s=wall)
+            return _Run(error=tail[0], wall_s=wall)
         data = json.loads(out.read_text())
         losses = [float.fromhex(v) for v in data["losses"]]
         if data["status"] in ("error", "exit"):
-            return _Run(None, losses, error=data["error"] or "the script failed", wall_s=wall)
+            return _Run(losses=losses, error=data["error"] or "the script failed", wall_s=wall)
         if not data["step_s"]:
-            return _Run(None, losses, error="no step was measured (the script ended before the warm-up was over)",
+            return _Run(losses=losses, error="no step was measured (the script ended before the warm-up was over)",
                         wall_s=wall)
-        return _Run(statistics.fmean(data["step_s"]) * 1e3, losses, wall_s=wall)
+        return _Run([v * 1e3 for v in data["step_s"]], losses, wall_s=wall)
 
-    def compare(self, folder: Path, steps: int, numerics: str) -> Verification:
-        """Original against ``folder``'s patched copy, ``rounds`` interleaved rounds of ``steps`` steps."""
+    def compare(self, folder: Path, steps: int, numerics: str, periodic: bool = False) -> Verification:
+        """Original against ``folder``'s patched copy, ``rounds`` interleaved rounds of ``steps`` steps;
+        ``periodic``: a fix changes a cadence, so each run counts as its mean over whole periods."""
         result = Verification(steps=steps)
         originals: list[_Run] = []
         patched: list[_Run] = []
@@ -179,8 +185,8 @@ class Verifier:
                 if run.error:
                     result.error = f"the {side} script failed: {run.error}"
                     return result
-        result.original_ms = [r.ms for r in originals]
-        result.patched_ms = [r.ms for r in patched]
+        result.original_ms = [r.ms(periodic) for r in originals]
+        result.patched_ms = [r.ms(periodic) for r in patched]
         result.ratios = [o / p for o, p in zip(result.original_ms, result.patched_ms)]
         verdict = judge(result.ratios, noise_floor=self.options.noise_floor)
         result.speedup, result.verdict = verdict.speedup, verdict.verdict
