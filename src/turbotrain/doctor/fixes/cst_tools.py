@@ -6,7 +6,6 @@ come out exactly as they went in (a regex on the source would not know a call fr
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
 import libcst as cst
@@ -14,8 +13,8 @@ from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvide
 
 from .model import ByHand
 
-__all__ = ["Source", "dotted", "callee", "is_literal", "set_keyword", "keyword_value", "with_block", "Replacer",
-           "code_of", "STATEMENTS"]
+__all__ = ["Source", "dotted", "callee", "is_literal", "set_keyword", "keyword_value", "with_block", "wrap",
+           "replace", "Replacer", "code_of", "STATEMENTS"]
 
 STATEMENTS = (cst.SimpleStatementLine, cst.BaseCompoundStatement)
 _EMPTY = cst.Module(body=[])
@@ -126,16 +125,6 @@ class Source:
             raise ByHand(f"no statement at {self.name}:{line}")
         return best
 
-    def names_bound(self, name: str) -> bool:
-        """Whether the module binds ``name`` at its top level (an import or an assignment)."""
-        for node in self.module.body:
-            for sub in _walk(node):
-                if isinstance(sub, cst.ImportAlias):
-                    bound = sub.asname.name.value if sub.asname else code_of(sub.name).split(".")[0]
-                    if bound == name:
-                        return True
-        return False
-
     def alias_of(self, module: str) -> str | None:
         """The name the file gives ``module`` (``F`` for ``import torch.nn.functional as F``), or None."""
         for node in self.nodes(cst.ImportAlias):
@@ -147,12 +136,6 @@ class Source:
                 return node.asname.name.value if node.asname else (full if isinstance(parent, cst.Import)
                                                                    else code_of(node.name))
         return None
-
-
-def _walk(node: cst.CSTNode) -> Iterable[cst.CSTNode]:
-    yield node
-    for child in node.children:
-        yield from _walk(child)
 
 
 class Replacer(cst.CSTTransformer):
