@@ -161,8 +161,8 @@ def attach_fixes(report: Any, ctx: Any, findings: list, options: Any, script_pat
         for result in results:
             if result.in_patch and result.doubt:
                 result.dropped = f"{result.doubt}; left out (--verify times it on the whole script)"
+    texts = combine(fix_report.kept, originals, base)  # may drop a fix that no longer applies on the others
     fix_report.predicted_together = predicted_together(fix_report.kept)
-    texts = combine(fix_report.kept, originals, base)
     if not options.fix:
         return fix_report
     header = _header(report, fix_report, os.path.basename(str(options.fix)), base, options.verify)
