@@ -23,11 +23,17 @@ header comment (``# calibrates: RULE``; optional ``# doctor-args: ...`` for the 
    interleaving gives both twins the same chances at a quiet moment. The median of the rounds'
    own slow/fixed ratios is kept as well (``real_median``; the JSON has every run): on a quiet
    machine the two agree, and where they do not, the machine was too busy to trust the row;
-3. prints a table: pair, rule, predicted, real, predicted/real, and the target verdict: a pair whose
-   real gain is >= 1.2x must be predicted within 0.8x-1.25x of it; a pair whose real gain is < 1.05x
-   must not be predicted above 1.2x; between the two there is no target.
+3. with ``--verify``, the doctor also writes its own fix of that rule as a patch and verifies it
+   (``turbotrain doctor --fix --fix-only RULE --verify``): the patched slow script against the slow
+   one, interleaved, under the doctor's recorder. Its ``verified`` speed-up, read from the JSON's
+   ``fixes``, is the ground truth where there is one (the doctor's own edit, not the hand-written
+   twin; the twin's ``real`` stays beside it);
+4. prints a table: pair, rule, predicted, real, predicted/real, and the target verdict: a pair whose
+   true gain (verified where it could be, else real) is >= 1.2x must be predicted within 0.8x-1.25x
+   of it; a pair whose true gain is < 1.05x must not be predicted above 1.2x; between the two there is
+   no target.
 
-    python benchmarks/doctor_calibration.py [--pairs a,b] [--rounds 3] [--json PATH] [--markdown PATH]
+    python benchmarks/doctor_calibration.py [--pairs a,b] [--rounds 3] [--verify] [--json PATH] [--markdown PATH]
 """
 
 from __future__ import annotations
@@ -94,12 +100,14 @@ def _turbotrain() -> list[str]:
     return [sys.executable, "-m", "turbotrain"]
 
 
-def predict(pair: Pair, doctor_steps: int, budget_s: float, script_args: list[str]) -> dict:
-    """Run the doctor on the slow script: ``{"predicted": x or None, "severity", "measured", "bottleneck", ...}``."""
+def predict(pair: Pair, doctor_steps: int, budget_s: float, script_args: list[str], verify: bool = False) -> dict:
+    """Run the doctor on the slow script: ``{"predicted": x or None, "severity", "measured", "bottleneck", ...}``;
+    with ``verify``, also its patch of that rule, verified (``verified``, ``fix_predicted``, ``loss_match``)."""
     with tempfile.TemporaryDirectory(prefix="calib-doctor-") as tmp:
         out = Path(tmp) / "report.json"
+        fix = ["--fix", str(Path(tmp) / "fixes.patch"), "--fix-only", pair.rule, "--verify"] if verify else []
         cmd = [*_turbotrain(), "doctor", "--quiet", "--json", str(out), "--steps", str(doctor_steps),
-               "--what-if-budget", str(budget_s), *pair.doctor_args, str(pair.slow), *script_args]
+               "--what-if-budget", str(budget_s), *pair.doctor_args, *fix, str(pair.slow), *script_args]
         started = time.perf_counter()
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=CORPUS)
         took = time.perf_counter() - started
@@ -119,7 +127,26 @@ def predict(pair: Pair, doctor_steps: int, budget_s: float, script_args: list[st
         best = max(found, key=lambda f: f.get("est_speedup") or 0.0)
         result.update(predicted=best.get("est_speedup"), severity=best.get("severity"),
                       measured=best.get("measured"), where=best.get("where"))
+    if verify:
+        result.update(verified_fix(report, pair.rule))
     return result
+
+
+def verified_fix(report: dict, rule: str) -> dict:
+    """What ``doctor --fix --verify`` measured for ``rule``'s fix: its own figure when it was verified alone,
+    else the fixes verified together (a rule found at two lines); why not, when it could not be."""
+    fixes = [f for f in report.get("fixes") or [] if f.get("rule") == rule]
+    together = report.get("patch") or {}
+    if not fixes:
+        return {"verified": None, "verify_note": "no fix of this rule"}
+    edits = [f for f in fixes if f.get("diff")]
+    if not edits:
+        return {"verified": None, "verify_note": "by hand: " + (fixes[0].get("by_hand") or "")}
+    alone = edits[0] if len(edits) == 1 and edits[0].get("verified") else None
+    verified = alone["verified"] if alone else together.get("verified")
+    return {"verified": verified, "fix_predicted": alone["predicted"] if alone else together.get("predicted"),
+            "loss_match": (alone or {}).get("loss_match") or together.get("loss_match"),
+            "verify_note": edits[0].get("dropped") or (edits[0].get("verification") or {}).get("error")}
 
 
 def _from_periodic(entries: list[dict], pair: Pair) -> dict:
@@ -197,7 +224,7 @@ def machine() -> dict:
             "python": platform.python_version(), "load_avg_at_start": [round(x, 2) for x in os.getloadavg()]}
 
 
-COLUMNS = ("pair", "rule", "predicted", "real", "pred/real", "target", "rounds' median")
+COLUMNS = ("pair", "rule", "predicted", "real", "pred/real", "target", "rounds' median", "verified", "pred/verified")
 
 
 def _x(value: float | None, missing: str = "-") -> str:
@@ -208,7 +235,10 @@ def _row(r: dict) -> list[str]:
     pred, real = r.get("predicted"), r.get("real")
     ratio = f"{pred / real:.2f}" if pred and real else "-"
     missing = "unmeasured" if r.get("severity") else "not found"  # the finding is there without a figure
-    return [r["pair"], r["rule"], _x(pred, missing), _x(real), ratio, r["target"], _x(r.get("real_median"))]
+    verified, fix_pred = r.get("verified"), r.get("fix_predicted")
+    versus = f"{fix_pred / verified:.2f}" if fix_pred and verified else "-"
+    return [r["pair"], r["rule"], _x(pred, missing), _x(real), ratio, r["target"], _x(r.get("real_median")),
+            _x(verified), versus]
 
 
 def table(rows: list[dict]) -> str:
@@ -232,9 +262,17 @@ def summary(rows: list[dict]) -> str:
             + (f"; missed: {', '.join(misses)}" if misses else "") + ".")
 
 
+def target(row: dict) -> str:
+    """The verdict against the ground truth: the doctor's verified fix against what the doctor predicted for
+    that very fix (its cadence, not the twin's) where it was verified; else the prediction against the twins."""
+    if row.get("verified"):
+        return verdict(row.get("fix_predicted") or row.get("predicted"), row["verified"])
+    return verdict(row.get("predicted"), row.get("real"))
+
+
 def report(rows: list[dict], info: dict, args: argparse.Namespace) -> int:
     for row in rows:
-        row["target"] = verdict(row.get("predicted"), row.get("real"))
+        row["target"] = target(row)
     print()
     print(table(rows))
     print(summary(rows))
@@ -254,6 +292,8 @@ def main() -> int:
     parser.add_argument("--what-if-budget", type=float, default=20.0, help="the doctor's --what-if-budget (default 20)")
     parser.add_argument("--steps", type=int, help="the scripts' own --steps (default: each script's default)")
     parser.add_argument("--no-doctor", action="store_true", help="time the pairs only")
+    parser.add_argument("--verify", action="store_true",
+                        help="also verify the doctor's own patch of each rule (doctor --fix --verify): the ground truth")
     parser.add_argument("--json", metavar="PATH", help="write every figure as JSON")
     parser.add_argument("--markdown", metavar="PATH", help="write the table as Markdown")
     parser.add_argument("--from-json", metavar="PATH", help="rescore an earlier run's JSON; run nothing")
@@ -276,10 +316,10 @@ def main() -> int:
     for pair in pairs:
         row = {"pair": pair.name, "rule": pair.rule, "expect": pair.expect}
         if not args.no_doctor:
-            row.update(predict(pair, args.doctor_steps, args.what_if_budget, script_args))
+            row.update(predict(pair, args.doctor_steps, args.what_if_budget, script_args, args.verify))
         row.setdefault("predicted", None)
         row.update(measure(pair, args.rounds, script_args))
-        row["target"] = verdict(row["predicted"], row["real"])
+        row["target"] = target(row)
         rows.append(row)
         print(f"  {'  '.join(_row(row))}   (rounds {row.get('ratios')}, doctor {row.get('doctor_s', '-')} s)",
               flush=True)

@@ -44,3 +44,17 @@ def cached_report(name: str, **options):
     if key not in _CACHE:
         _CACHE[key] = run_doctor(name, **options)
     return _CACHE[key]
+
+
+def git_apply(folder: Path, patch: Path) -> None:
+    """``git apply --check`` then ``git apply`` of ``patch`` in ``folder``, made a git repository first."""
+    import subprocess
+
+    def git(*args: str) -> None:
+        proc = subprocess.run(["git", *args], cwd=folder, capture_output=True, text=True)
+        assert proc.returncode == 0, f"git {' '.join(args)}: {proc.stderr}"
+
+    if not (folder / ".git").exists():
+        git("init", "-q")
+    git("apply", "--check", str(patch))
+    git("apply", str(patch))

@@ -1,4 +1,5 @@
-"""``turbotrain doctor [--steps N] [--json PATH] [--html PATH] [--trace PATH] script.py [args...]``."""
+"""``turbotrain doctor [--steps N] [--json PATH] [--html PATH] [--trace PATH] [--fix PATH [--verify]] script.py
+[args...]``."""
 
 from __future__ import annotations
 
@@ -18,8 +19,53 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="time allowed for measuring fixes (default 20)")
     parser.add_argument("--compile", action="store_true", help="also measure torch.compile (compiling takes a while)")
     parser.add_argument("--quiet", action="store_true", help="no terminal report")
+    parser.add_argument("--fix", metavar="PATH",
+                        help="write each finding's fix as one unified diff of your script (git apply PATH)")
+    parser.add_argument("--verify", action="store_true",
+                        help="run the original and the patched script interleaved: verified speed-up and losses")
+    parser.add_argument("--verify-budget", type=float, default=120.0, metavar="SECONDS",
+                        help="time for verifying fixes one at a time (default 120); together always runs")
+    parser.add_argument("--fix-only", metavar="RULES",
+                        help="comma-separated rule ids: patch only their findings (default: every fixable one)")
+    parser.add_argument("--verify-rounds", type=int, default=2, metavar="N",
+                        help="interleaved original/patched rounds per comparison (default 2)")
     parser.add_argument("script", help="the training script, run unmodified as __main__")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help="the script's own arguments")
+
+
+# The patch options may also follow the script's own arguments (`doctor train.py --lr 3e-4 --fix p.patch`);
+# anything after a literal `--` is the script's, for a script that has a `--verify` of its own.
+_TRAILING = {"--fix": "fix", "--verify": "verify", "--verify-budget": "verify_budget",
+             "--verify-rounds": "verify_rounds", "--fix-only": "fix_only"}
+_CONVERT = {"verify_budget": float, "verify_rounds": int}
+
+
+def take_trailing_options(args: argparse.Namespace) -> None:
+    """Move the patch options found among ``args.script_args`` onto ``args``."""
+    from ..config import ConfigError
+
+    rest, kept = list(args.script_args), []
+    while rest:
+        token = rest.pop(0)
+        if token == "--":
+            kept += rest
+            break
+        name, _, value = token.partition("=")
+        dest = _TRAILING.get(name)
+        if dest is None:
+            kept.append(token)
+        elif dest == "verify":
+            args.verify = True
+        else:
+            if not value:
+                if not rest:
+                    raise ConfigError(f"doctor {name}: expected a value after it")
+                value = rest.pop(0)
+            try:
+                setattr(args, dest, _CONVERT.get(dest, str)(value))
+            except ValueError:
+                raise ConfigError(f"doctor {name} {value!r}: expected a number") from None
+    args.script_args = kept
 
 
 def run(args: argparse.Namespace) -> int:
@@ -28,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
     from ..config import ConfigError
     from .diagnose import DoctorOptions, diagnose_script
 
+    take_trailing_options(args)
     if args.steps < 1:
         raise ConfigError(f"doctor --steps: {args.steps} is not allowed; expected an integer >= 1.")
     if args.warmup < 1:
@@ -35,8 +82,25 @@ def run(args: argparse.Namespace) -> int:
                           "time, so at least 1 warm-up step is needed.")
     if not Path(args.script).is_file():
         raise ConfigError(f"doctor: no such script: {args.script}")
+    if args.verify_rounds < 1 or args.verify_budget < 0:
+        raise ConfigError(f"doctor --verify-rounds {args.verify_rounds} / --verify-budget {args.verify_budget:g}: "
+                          "expected at least 1 round and a budget >= 0 seconds.")
+    if args.fix or args.verify:
+        from .fixes import require_libcst
+
+        require_libcst()
+        if args.fix_only:
+            from .fixes.plan import check_rules
+
+            check_rules(args.fix_only.split(","))
+        if args.fix and Path(args.fix).is_dir():
+            raise ConfigError(f"doctor --fix {args.fix}: that is a folder; give the patch file's path, "
+                              "e.g. --fix fixes.patch")
     options = DoctorOptions(steps=args.steps, warmup=args.warmup, what_if=not args.no_what_if,
-                            what_if_budget_s=args.what_if_budget, compile=args.compile, trace_path=args.trace)
+                            what_if_budget_s=args.what_if_budget, compile=args.compile, trace_path=args.trace,
+                            fix=args.fix, verify=args.verify, verify_budget_s=args.verify_budget,
+                            verify_rounds=args.verify_rounds,
+                            fix_rules=tuple(args.fix_only.split(",")) if args.fix_only else None)
     report = diagnose_script(args.script, list(args.script_args), options)
     if args.json:
         report.write_json(args.json)
@@ -51,6 +115,12 @@ def run(args: argparse.Namespace) -> int:
         for label, path in (("JSON", args.json), ("HTML", args.html)):
             if path:
                 print(f"{label} report: {path}")
+        if report.fixes is not None and report.fixes.path:
+            print(f"Patch: {report.fixes.path} (review it, then: git apply {report.fixes.path})")
     if report.run is not None and report.run.traceback and report.status == "error":
         print(report.run.traceback, file=sys.stderr, end="")
+    if args.fix and report.fixes is not None and report.fixes.path is None:
+        # Refused: the combined patch would not compile (each fix alone did). Nothing was written.
+        print(f"doctor --fix: no patch written to {args.fix}: {' '.join(report.fixes.messages)}", file=sys.stderr)
+        return 1
     return report.exit_code

@@ -31,6 +31,11 @@ class DoctorOptions:
     what_if_budget_s: float = 20.0
     compile: bool = False           # include a torch.compile what-if (slow to compile)
     trace_path: str | None = None   # Chrome/Perfetto trace of the profiled steps
+    fix: str | None = None          # write the fixes as one unified diff here (doctor.fixes)
+    verify: bool = False            # run original and patched interleaved, per fix and together
+    verify_budget_s: float = 120.0  # time for verifying fixes one at a time (together always runs)
+    verify_rounds: int = 2          # interleaved original/patched rounds per comparison
+    fix_rules: tuple[str, ...] | None = None   # only these rules' fixes (None: every fixable finding)
 
 
 def diagnose_script(script: str | os.PathLike, argv: list[str] | None = None,
@@ -148,7 +153,7 @@ def analyse(recorder: Recorder, run: ScriptRun | None, options: DoctorOptions, s
     messages = _messages(recorder, run, ctx, requested)
     if options.trace_path and trace is None:
         messages.append("No trace was written: the script stopped before the profiler window.")
-    return Report(
+    report = Report(
         status=status, breakdown=ctx.breakdown, findings=findings, device=ctx.device, hardware=ctx.hw.summary(),
         script=relative_where(script_path) if script_path else None, argv=run.argv if run else [], run=run,
         steps_requested=options.steps, warmup_steps=options.warmup, steps_completed=len(recorder.steps),
@@ -157,3 +162,10 @@ def analyse(recorder: Recorder, run: ScriptRun | None, options: DoctorOptions, s
         periodic=[{k: v for k, v in row.items() if k != "site"} for row in periodic_table(ctx)],
         machine=ctx.machine, noise=noise_state(ctx.machine),
     )
+    if (options.fix or options.verify) and script_path:
+        started = time.perf_counter()
+        from .fixes.attach import attach_fixes
+
+        report.fixes = attach_fixes(report, ctx, findings, options, script_path)
+        timings["fix"] = time.perf_counter() - started
+    return report

@@ -33,6 +33,7 @@ table{border-collapse:collapse;font-size:.85em} td,th{border:1px solid #ddd;padd
 .code .hl{background:#fff3b0;display:inline-block;width:100%} img{max-width:100%}
 dl.whatif{font-size:.85em;color:#555;margin:.3em 0} dl.whatif dt{display:inline;font-weight:bold}
 dl.whatif dd{display:inline;margin:0 1em 0 .3em}
+pre.diff .add{color:#1a7f37} pre.diff .del{color:#cf222e} pre.diff .hunk{color:#0969da} pre.diff .file{color:#666}
 """
 
 
@@ -149,6 +150,10 @@ def render_html(report: Report) -> str:
             body.append(f"<h2>{esc(title)}</h2><img alt=\"{esc(title)}\" src=\"{uri}\">")
     body.append(f"<h2>Findings ({len(data['findings'])})</h2>")
     body += [_finding(f) for f in data["findings"]] or ["<p>No findings.</p>"]
+    if report.fixes is not None:
+        from .fixes.render import fixes_html
+
+        body.append(fixes_html(report.fixes))
     if data["syncs"]:
         body.append("<h2>Host syncs per step</h2>" + _table(data["syncs"], ["where", "kind", "per_step", "ms_per_step",
                                                                         "code"]))

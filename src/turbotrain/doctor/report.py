@@ -16,6 +16,7 @@ import torch
 
 from .breakdown import Breakdown
 from .findings import Finding
+from .fixes.model import FixReport
 from .records import CATEGORIES
 from .runner import ScriptRun
 
@@ -70,6 +71,8 @@ class Report:
     # [{"kind": "validation", "every": 20, "cost_ms": 812.0, "share": 0.41, "where": "train.py:57",
     #   "suggested_every": 160}]
     periodic: list[dict[str, Any]] = field(default_factory=list)
+    # doctor --fix [--verify]: each fixable finding's diff, predicted and verified speed-up, the patch written.
+    fixes: FixReport | None = None
 
     @property
     def exit_code(self) -> int:
@@ -119,6 +122,9 @@ class Report:
         out["findings"] = [f.to_dict(self.base) for f in self.findings]
         out["syncs"], out["copies"], out["top_ops"] = self.syncs, self.copies, self.top_ops
         out["messages"] = self.messages
+        if self.fixes is not None:
+            out["fixes"] = [f.to_dict() for f in self.fixes.fixes]
+            out["patch"] = self.fixes.summary()
         if self.run is not None and self.run.failed:
             out["error"] = {"message": self.run.error,
                             "where": self.run.error_site.where(self.base) if self.run.error_site else None,

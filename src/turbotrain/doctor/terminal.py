@@ -257,6 +257,10 @@ def print_report(report: Report, file: IO[str] | None = None, width: int | None 
                            "the --html and --json reports.", style="dim"))
     else:
         console.print("[green]No findings: nothing this doctor knows of slows the step down.[/green]")
+    if report.fixes is not None:
+        from .fixes.render import print_fixes
+
+        print_fixes(console, report.fixes, width)
     if report.syncs:
         _rows(console, "Host syncs per step", ["where", "kind", "per step", "ms/step", "code"],
               [[shorten_left(r["where"], 32), r["kind"], f"{r['per_step']:g}", f"{r['ms_per_step']:.3f}", r["code"]]

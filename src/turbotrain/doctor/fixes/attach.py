@@ -1,0 +1,175 @@
+"""``doctor --fix [--verify]`` end to end: plan the edits, diff them, verify them, write the patch.
+
+Order of work: every fixable finding becomes an edit request (:mod:`.plan`); each is made alone on
+the original to get its own diff, and must compile (:mod:`.patch`); with ``verify``, each is timed
+alone against the original while the budget allows, then the ones kept together (:mod:`.verify`);
+a fix that verifies slower, or breaks the script, is dropped; the patch of what is left is written
+with a header that also lists what is by hand and what was left out, and why.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+import torch
+
+from ...measure import FASTER, SLOWER
+from .losses import weakest
+from .model import FixReport, FixResult, Verification
+from .patch import PatchError, combine, make_diffs, render_patch, write_patch
+from .plan import plan_fixes
+from .verify import Verifier, VerifyError, VerifyOptions
+
+__all__ = ["attach_fixes", "predicted_together"]
+
+_MAX_VERIFY_STEPS = 2000
+
+
+def predicted_together(fixes: list[FixResult]) -> float | None:
+    """The fixes' predicted speed-ups combined through the share of the step each saves: shares of different
+    categories add up; within one category (two loader fixes on the same data wait) only the largest counts."""
+    by_category: dict[str, float] = {}
+    for i, f in enumerate(fixes):
+        if f.predicted:
+            key = (f.request.category if f.request else None) or f"fix {i}"
+            by_category[key] = max(by_category.get(key, 0.0), 1.0 - 1.0 / f.predicted)
+    if not by_category:
+        return None
+    return round(1.0 / (1.0 - min(0.95, max(-10.0, sum(by_category.values())))), 3)
+
+
+def _periods(fixes: list[FixResult]) -> list[int]:
+    """The cadences ``fixes`` set (validation, checkpoints every N steps)."""
+    return [f.request.params.get("new_every") or f.request.params.get("every") for f in fixes
+            if f.request is not None and f.request.kind in ("cadence", "save_every")]
+
+
+def _steps(fixes: list[FixResult], steps: int) -> int:
+    """Steps covering whole periods of every cadence in ``fixes`` (and of the ones they replace)."""
+    periods = _periods(fixes)
+    if not periods:
+        return steps
+    period = math.lcm(*periods)
+    if period > _MAX_VERIFY_STEPS:
+        period = max(periods)
+    return min(max(period, -(-steps // period) * period), max(_MAX_VERIFY_STEPS, steps))
+
+
+def _verify_one(verifier: Verifier, results: list[FixResult], originals: dict[str, str], base: str,
+                steps: int) -> Verification:
+    texts = combine(results, originals, base)
+    changed = {path: text for path, text in texts.items() if text != originals[path]}
+    folder = verifier.variant(changed)
+    return verifier.compare(folder, _steps(results, steps), weakest([r.numerics for r in results]),
+                            periodic=bool(_periods(results)))
+
+
+def _by_rule(results: list[FixResult]) -> list[list[FixResult]]:
+    """The fixes grouped by rule (one rule at two lines is one fix to verify), the biggest promise first."""
+    groups: dict[str, list[FixResult]] = {}
+    for result in results:
+        groups.setdefault(result.rule, []).append(result)
+    return sorted(groups.values(), key=lambda g: -max(r.predicted or 1.0 for r in g))
+
+
+def _verify(fix_report: FixReport, results: list[FixResult], originals: dict[str, str], base: str,
+            verifier: Verifier, steps: int, run_s: float) -> None:
+    candidates = [r for r in results if r.in_patch]
+    groups = _by_rule(candidates)
+    if len(groups) > 1:
+        for members in groups:
+            if not verifier.affords(2, run_s):
+                fix_report.messages.append(
+                    f"The verify budget ({verifier.options.budget_s:g} s) left no time to verify {members[0].rule} "
+                    "alone; it was verified only with the others.")
+                continue
+            check = _verify_one(verifier, members, originals, base, steps)
+            for result in members:
+                result.verification = check
+                _judge_alone(result)
+        for result in candidates:
+            if result.doubt and result.verification is None:
+                result.dropped = f"{result.doubt}, and the budget left no time to verify it alone"
+    kept = [r for r in candidates if r.in_patch]
+    if not kept:
+        return
+    alone = len({r.rule for r in kept}) == 1
+    if alone and kept[0].verification is not None:
+        fix_report.together = kept[0].verification  # the same comparison: not run twice
+        return
+    together = _verify_one(verifier, kept, originals, base, steps)
+    fix_report.together = together
+    if alone:
+        for result in kept:
+            result.verification = together
+            _judge_alone(result)
+    elif together.error:
+        for result in kept:
+            result.dropped = f"the fixes together broke the script ({together.error})"
+        fix_report.messages.append(f"With all fixes together, {together.error}; the patch holds none of them.")
+
+
+def _judge_alone(result: FixResult) -> None:
+    check = result.verification
+    if check.error:
+        result.dropped = f"verifying it: {check.error}"
+    elif check.verdict == SLOWER:
+        result.dropped = f"verified slower (x{check.speedup:.2f} over {len(check.ratios)} round(s))"
+    elif result.doubt and check.verdict != FASTER:
+        result.dropped = f"{result.doubt}, and verifying it showed no gain either (x{check.speedup:.2f}, " \
+                         f"{check.verdict})"
+
+
+def _header(report: Any, fix_report: FixReport, patch_name: str, base: str, verified: bool) -> list[str]:
+    from .render import fix_line
+
+    kept, fixes = fix_report.kept, fix_report.fixes
+    by_hand = [f for f in fixes if f.by_hand]
+    left_out = [f for f in fixes if f.edit and f.dropped]
+    script = os.path.relpath(report.run.script, base) if report.run else report.script
+    lines = [f"turbotrain doctor --fix{' --verify' if verified else ''}: {script} {' '.join(report.argv)}".rstrip(),
+             f"Apply in the script's folder ({base}): git apply {patch_name}",
+             f"{len(kept)} edit(s), {len(by_hand)} by hand, {len(left_out)} left out."]
+    if fix_report.predicted_together or fix_report.together:
+        lines.append("Together: " + fix_line(fix_report.predicted_together, fix_report.together))
+    lines.append("")
+    lines += [f"edit      {f.rule}  {f.where}  {f.label}  {fix_line(f.predicted, f.verification)}" for f in kept]
+    lines += [f"by hand   {f.rule}  {f.where}  {f.by_hand}" for f in by_hand]
+    lines += [f"left out  {f.rule}  {f.where}  {f.label}: {f.dropped}" for f in left_out]
+    return [" ".join(line.split("\n")) for line in lines]
+
+
+def attach_fixes(report: Any, ctx: Any, findings: list, options: Any, script_path: str) -> FixReport:
+    """Plan, diff, (verify,) and write the patch of ``report``'s findings; the outcome as a :class:`FixReport`."""
+    base = os.path.dirname(script_path)
+    fix_report = FixReport()
+    results = plan_fixes(ctx, findings, base, options.fix_rules)
+    fix_report.fixes = results
+    originals = make_diffs(results, base)
+    if options.verify and any(r.in_patch for r in results) and report.run is not None:
+        verify_options = VerifyOptions(steps=options.steps, warmup=options.warmup, rounds=options.verify_rounds,
+                                       budget_s=options.verify_budget_s, threads=torch.get_num_threads(),
+                                       noise_floor=ctx.noise_floor)
+        try:
+            with Verifier(script_path, report.run.argv, base, verify_options) as verifier:
+                _verify(fix_report, results, originals, base, verifier, options.steps, ctx.step_s * options.steps)
+        except VerifyError as exc:
+            fix_report.messages.append(str(exc))
+    elif not options.verify:
+        for result in results:
+            if result.in_patch and result.doubt:
+                result.dropped = f"{result.doubt}; left out (--verify times it on the whole script)"
+    texts = combine(fix_report.kept, originals, base)  # may drop a fix that no longer applies on the others
+    fix_report.predicted_together = predicted_together(fix_report.kept)
+    if not options.fix:
+        return fix_report
+    header = _header(report, fix_report, os.path.basename(str(options.fix)), base, options.verify)
+    try:
+        fix_report.patch = render_patch(header, originals, texts, base)
+        write_patch(options.fix, fix_report.patch)
+        fix_report.path = str(options.fix)
+    except PatchError as exc:
+        fix_report.messages.append(f"The patch was not written: {exc}")
+    return fix_report

@@ -1,0 +1,278 @@
+"""``F.scaled_dot_product_attention(q, k, v, ...)`` for attention written by hand, where the code allows it.
+
+Recognised: ``softmax((q @ k.transpose(-2, -1)) * scale [masked], dim=-1) @ v``, the pieces written in one
+expression or through assignments in the same block (``scores = ...``; ``scores = scores.masked_fill(mask,
+float("-inf"))``; ``weights = scores.softmax(-1)``; ``weights @ v``). The scale is kept (``scale=`` unless it
+is SDPA's own ``1/sqrt(head dim)``); a ``triu(1)`` mask of ones over ``(t, t)`` becomes ``is_causal=True``,
+any other boolean mask ``attn_mask=mask.logical_not()``, an added mask ``attn_mask=mask``. Anything else
+(dropout on the weights, weights used elsewhere, a transpose whose dims the code does not spell as -2/-1)
+is by hand.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import libcst as cst
+
+from .cst_tools import Source, callee, code_of, dotted, replace
+from .model import ByHand, EditRequest
+
+__all__ = ["sdpa"]
+
+_NEG_INF = {"float('-inf')", 'float("-inf")', "-float('inf')", '-float("inf")', "-math.inf", "-torch.inf",
+            "-np.inf", "-numpy.inf"}
+_LAST_TWO = {("-2", "-1"), ("-1", "-2")}
+
+
+class _NoMatch(Exception):
+    pass
+
+
+@dataclass
+class _Chain:
+    """What resolving names back through the block met: the statements it used, in the block."""
+
+    block: list
+    before: int                                   # resolve among block[:before]
+    used: list = field(default_factory=list)      # statements whose assignment was followed
+
+    def probe(self) -> "_Chain":
+        """A resolver from the same place whose findings are taken over (adopt) only if they fit."""
+        return _Chain(self.block, self.before)
+
+    def adopt(self, probe: "_Chain") -> None:
+        self.before = probe.before
+        self.used.extend(probe.used)
+
+    def resolve(self, expr: cst.BaseExpression) -> cst.BaseExpression:
+        """``expr``, with a bare name replaced by the value of its latest assignment before (one level)."""
+        if not isinstance(expr, cst.Name):
+            return expr
+        for i in range(self.before - 1, -1, -1):
+            target = _assigned(self.block[i])
+            if target is not None and target[0] == expr.value:
+                self.before = i
+                self.used.append(self.block[i])
+                return target[1]
+            if expr.value in _bound_names(self.block[i]):
+                raise _NoMatch(f"`{expr.value}` is set by `{code_of(self.block[i]).strip()}`")
+        return expr
+
+
+def _assigned(statement: cst.CSTNode) -> tuple[str, cst.BaseExpression] | None:
+    """``(name, value)`` of a line that is just ``name = value``."""
+    if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1:
+        node = statement.body[0]
+        if isinstance(node, cst.Assign) and len(node.targets) == 1 and isinstance(node.targets[0].target, cst.Name):
+            return node.targets[0].target.value, node.value
+    return None
+
+
+def _bound_names(node: cst.CSTNode) -> set[str]:
+    names: set[str] = set()
+
+    class _Find(cst.CSTVisitor):
+        def visit_AssignTarget(self, t: cst.AssignTarget) -> None:
+            names.update(n.value for n in _names(t.target))
+
+        def visit_AugAssign(self, t: cst.AugAssign) -> None:
+            names.update(n.value for n in _names(t.target))
+
+        def visit_For(self, t: cst.For) -> None:
+            names.update(n.value for n in _names(t.target))
+
+    node.visit(_Find())
+    return names
+
+
+def _names(node: cst.CSTNode) -> list[cst.Name]:
+    found: list[cst.Name] = []
+
+    class _Find(cst.CSTVisitor):
+        def visit_Name(self, n: cst.Name) -> None:
+            found.append(n)
+
+    node.visit(_Find())
+    return found
+
+
+def _args(call: cst.Call) -> list[str]:
+    return [code_of(a.value) for a in call.args]
+
+
+def _softmax_input(chain: _Chain, expr: cst.BaseExpression) -> cst.BaseExpression:
+    expr = chain.resolve(expr)
+    if not isinstance(expr, cst.Call) or callee(expr) != "softmax":
+        raise _NoMatch("the weights are not a softmax's output")
+    args = list(expr.args)
+    if isinstance(expr.func, cst.Attribute) and not dotted(expr.func).endswith(("torch.softmax", "functional.softmax",
+                                                                                 "F.softmax")):
+        source = expr.func.value
+    else:
+        if not args:
+            raise _NoMatch("softmax of nothing")
+        source, args = args[0].value, args[1:]
+    if len(args) != 1 or code_of(args[0].value).replace(" ", "") != "-1" or (
+            args[0].keyword is not None and args[0].keyword.value != "dim"):
+        raise _NoMatch("softmax over another dimension than the last, or with a dtype")
+    return source
+
+
+def _mask(chain: _Chain, expr: cst.BaseExpression) -> tuple[cst.BaseExpression, str]:
+    """``(scores, mask argument)`` of a masked score matrix; the mask argument is '' for none."""
+    expr = chain.resolve(expr)
+    if isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and expr.func.attr.value == "masked_fill":
+        if len(expr.args) != 2 or code_of(expr.args[1].value).replace(" ", "") not in _NEG_INF:
+            raise _NoMatch("the scores are filled with something else than -inf")
+        mask = expr.args[0].value
+        return expr.func.value, _mask_argument(chain, mask)
+    if isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.Add):
+        return expr.left, f", attn_mask={code_of(expr.right)}"
+    return expr, ""
+
+
+def _mask_argument(chain: _Chain, mask: cst.BaseExpression) -> str:
+    """``is_causal=True`` for ``ones(t, t).triu(1)``; otherwise the mask, negated (SDPA's True means attend)."""
+    resolved = mask
+    if isinstance(mask, cst.Name):
+        probe = chain.probe()
+        resolved = probe.resolve(mask)
+        if probe.used and _causal(resolved):
+            chain.used.extend(probe.used)  # the mask's line goes too; the scores are still looked up from here
+            return ", is_causal=True"
+    if _causal(resolved):
+        return ", is_causal=True"
+    return f", attn_mask={code_of(mask)}.logical_not()"
+
+
+def _causal(expr: cst.BaseExpression) -> bool:
+    """``torch.ones(t, t, dtype=torch.bool).triu(1)`` or ``torch.triu(torch.ones(t, t), diagonal=1).bool()``."""
+    if isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and expr.func.attr.value == "bool" \
+            and not expr.args:
+        expr = expr.func.value
+    if not isinstance(expr, cst.Call):
+        return False
+    if isinstance(expr.func, cst.Attribute) and expr.func.attr.value == "triu" and dotted(expr.func) != "torch.triu":
+        ones, rest = expr.func.value, _args(expr)
+    elif dotted(expr.func) == "torch.triu" and expr.args:
+        ones, rest = expr.args[0].value, _args(expr)[1:]
+    else:
+        return False
+    if rest != ["1"] or not isinstance(ones, cst.Call) or dotted(ones.func).split(".")[-1] != "ones":
+        return False
+    dims = [a for a in ones.args if a.keyword is None]
+    return len(dims) == 2 and code_of(dims[0].value) == code_of(dims[1].value)
+
+
+def _scores(chain: _Chain, expr: cst.BaseExpression) -> tuple[cst.BaseExpression, cst.BaseExpression, str]:
+    """``(q, k, scale text)`` of ``(q @ k.transpose(-2, -1)) * scale`` (or ``/ d``, or no scale)."""
+    expr = chain.resolve(expr)
+    scale = "1.0"
+    if isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, (cst.Multiply, cst.Divide)):
+        # A product may be written either way round (scale * scores); a quotient only scores / d.
+        orders = [(expr.left, expr.right)] + ([(expr.right, expr.left)] if isinstance(expr.operator, cst.Multiply)
+                                              else [])
+        for product, factor in orders:
+            probe = chain.probe()
+            resolved = probe.resolve(product)
+            if _is_matmul(resolved):
+                chain.adopt(probe)
+                scale = code_of(factor) if isinstance(expr.operator, cst.Multiply) else f"1 / {code_of(factor)}"
+                expr = resolved
+                break
+    if not _is_matmul(expr):
+        raise _NoMatch("the scores are not q @ k.transpose(-2, -1)")
+    q, kt = _operands(expr)
+    return q, _untransposed(kt), scale
+
+
+def _is_matmul(expr: cst.BaseExpression) -> bool:
+    return (isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.MatrixMultiply)) or (
+        isinstance(expr, cst.Call) and dotted(expr.func) in ("torch.matmul", "torch.bmm") and len(expr.args) == 2)
+
+
+def _operands(expr: cst.BaseExpression) -> tuple[cst.BaseExpression, cst.BaseExpression]:
+    if isinstance(expr, cst.BinaryOperation):
+        return expr.left, expr.right
+    return expr.args[0].value, expr.args[1].value
+
+
+def _untransposed(kt: cst.BaseExpression) -> cst.BaseExpression:
+    if isinstance(kt, cst.Attribute) and kt.attr.value == "mT":
+        return kt.value
+    if isinstance(kt, cst.Call) and isinstance(kt.func, cst.Attribute) and kt.func.attr.value == "transpose" \
+            and tuple(a.replace(" ", "") for a in _args(kt)) in _LAST_TWO:
+        return kt.func.value
+    raise _NoMatch("the keys are not transposed over their last two dimensions (-2, -1)")
+
+
+def _default_scale(q: cst.BaseExpression, scale: str) -> bool:
+    """Whether ``scale`` is SDPA's own, ``1 / sqrt(q.size(-1))``."""
+    name = code_of(q)
+    dim = {f"{name}.shape[-1]", f"{name}.size(-1)"}
+    text = scale.replace(" ", "")
+    return any(text in (f"{d}**-0.5", f"1/math.sqrt({d})", f"1/{d}**0.5") for d in {d.replace(" ", "") for d in dim})
+
+
+def _functional(source: Source) -> str:
+    alias = source.alias_of("torch.nn.functional")
+    if alias:
+        return alias
+    torch = source.alias_of("torch")
+    if torch is None:
+        raise ByHand(f"{source.name} does not import torch; scaled_dot_product_attention needs it")
+    return f"{torch}.nn.functional"
+
+
+def _attempt(source: Source, matmul: cst.BaseExpression, req: EditRequest) -> str:
+    statement = source.statement(matmul)
+    _, body = source.block_of(statement)
+    block = list(body)
+    chain = _Chain(block, block.index(statement))
+    weights, v = _operands(matmul)
+    scores, mask = _mask(chain, _softmax_input(chain, weights))
+    q, k, scale = _scores(chain, scores)
+    keep_scale = "" if _default_scale(q, scale) else f", scale={scale}"
+    call = (f"{_functional(source)}.scaled_dot_product_attention({code_of(q)}, {code_of(k)}, {code_of(v)}"
+            f"{mask}{keep_scale})")
+    removed = set(map(id, chain.used))
+    moved = {n.value for part in (q, k) for n in _names(part)}
+    first = min((block.index(s) for s in chain.used), default=block.index(statement))
+    for node in block[first:block.index(statement)]:
+        if id(node) not in removed and moved & _bound_names(node):
+            raise _NoMatch(f"`{code_of(node).strip()}` changes q or k between the scores and the output")
+    dead = {_assigned(s)[0] for s in chain.used}
+    function = source.function_of(statement) or source.module
+    inside = {id(n) for s in [*chain.used] for n in _names(s)} | {id(n) for n in _names(weights)}
+    for name in _names(function):
+        if name.value in dead and id(name) not in inside and not _is_target(source, name):
+            raise _NoMatch(f"`{name.value}` is used elsewhere in the function")
+    edits = {matmul: lambda _: cst.parse_expression(call)}
+    for used in chain.used:
+        edits[used] = lambda _: cst.RemoveFromParent()
+    return replace(source, edits)
+
+
+def _is_target(source: Source, name: cst.Name) -> bool:
+    parent = source.parent(name)
+    return isinstance(parent, cst.AssignTarget)
+
+
+def sdpa(source: Source, req: EditRequest) -> str:
+    """The hand-written attention of the function holding the finding's softmax, as one SDPA call."""
+    functions = [f for f in source.nodes(cst.FunctionDef) if source.lines(f)[0] <= req.line <= source.lines(f)[1]]
+    if not functions:
+        raise ByHand(f"{req.where}: no function around the softmax")
+    function = min(functions, key=lambda f: source.lines(f)[1] - source.lines(f)[0])
+    reasons = []
+    candidates = [n for n in source.nodes(cst.BaseExpression) if _is_matmul(n) and source.function_of(n) is function]
+    # The output (weights @ v) comes after the scores (q @ k^T): the last matmul first, and its reason.
+    for matmul in sorted(candidates, key=lambda n: source.lines(n), reverse=True):
+        try:
+            return _attempt(source, matmul, req)
+        except _NoMatch as exc:
+            reasons.append(str(exc))
+    why = reasons[0] if reasons else "no matmul by the values"
+    raise ByHand(f"{req.where}: the attention in {function.name.value}() cannot be rewritten safely ({why}); "
+                 "use F.scaled_dot_product_attention(q, k, v, ...) by hand")

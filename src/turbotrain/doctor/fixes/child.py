@@ -1,0 +1,85 @@
+"""One run of a script for ``doctor --verify``: under the doctor's recorder, its step times and losses as JSON.
+
+``python -m turbotrain.doctor.fixes.child --steps N --warmup W --out run.json script.py [args...]``
+
+Each run is its own process, so nothing one script sets (``cudnn.benchmark``, torch's threads, a
+module-level cache) can leak into the other side of the comparison. The losses are the scalar
+tensors passed to ``backward`` (kept as tensors and read after the run: no sync added to a step).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+import torch
+
+from ..recorder import Recorder
+from ..runner import run_script
+
+__all__ = ["main", "LossTap"]
+
+
+class _FixedWindow(Recorder):
+    """The recorder with exactly ``warmup + measure`` steps: both sides of a comparison run the same steps,
+    so the window is never extended to find a period (the verifier picks whole periods itself)."""
+
+    def _extend_for_period(self, done: int) -> bool:
+        return False
+
+
+class LossTap:
+    """Keeps every scalar that ``torch.autograd.backward`` is called on (``loss.backward()`` goes through it)."""
+
+    def __init__(self) -> None:
+        self.losses: list[torch.Tensor] = []
+        self._original: Any = None
+
+    def __enter__(self) -> "LossTap":
+        self._original = original = torch.autograd.backward
+        kept = self.losses
+
+        def backward(tensors, *args, **kwargs):
+            if isinstance(tensors, torch.Tensor) and tensors.numel() == 1:
+                kept.append(tensors.detach().clone())
+            return original(tensors, *args, **kwargs)
+
+        torch.autograd.backward = backward
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        torch.autograd.backward = self._original
+
+    def values(self) -> list[float]:
+        return [float(t.float().item()) for t in self.losses]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m turbotrain.doctor.fixes.child")
+    parser.add_argument("--steps", type=int, required=True)
+    parser.add_argument("--warmup", type=int, required=True)
+    parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("script")
+    parser.add_argument("script_args", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)  # the thread count the doctor's own run had
+    recorder = _FixedWindow(measure=args.steps, warmup=args.warmup, profile=0, capture=False, trace_ranges=False,
+                            sees_construction=True)
+    with LossTap() as tap:
+        run = run_script(args.script, list(args.script_args), recorder)
+    steps = recorder.steps[args.warmup:args.warmup + args.steps]
+    out = {"status": run.status, "error": run.error, "warmup": args.warmup,
+           # Each step's own time: what another process took from it (run-queue wait) is not the script's.
+           "step_s": [s.duration - (s.preempted or 0.0) for s in steps],
+           "losses": [v.hex() for v in tap.values()]}
+    with open(args.out, "w") as fh:
+        json.dump(out, fh)
+    return 0 if not run.failed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,89 @@
+"""Edits of one call's arguments: the DataLoader's, the optimizer's, ``zero_grad``'s, a conv's, ``torch.tensor``."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from .cst_tools import Source, code_of, dotted, keyword_value, replace, set_keyword
+from .model import ByHand, EditRequest
+
+__all__ = ["loader", "optimizer", "zero_grad", "conv_bias", "from_numpy"]
+
+# Where an argument sits when passed positionally (torch's own signatures), so `DataLoader(ds, 32, True,
+# None, None, 0)` has its 0 replaced rather than a second num_workers added.
+_LOADER_POSITION = {"num_workers": 5, "pin_memory": 7}
+_CONV_BIAS_POSITION = 7
+
+
+def _one_call(source: Source, req: EditRequest, call: cst.Call, new: cst.Call) -> str:
+    if new.deep_equals(call):
+        raise ByHand(f"{req.where}: `{code_of(call)}` already has the fix")
+    return replace(source, {call: lambda _: new})
+
+
+def loader(source: Source, req: EditRequest) -> str:
+    """``DataLoader(..., num_workers=N, persistent_workers=True)`` / ``pin_memory=True`` at the loader's line."""
+    call = source.call_at(req.line, "DataLoader", what="DataLoader(...)")
+    new = call
+    for name, value in req.params.items():
+        new = set_keyword(new, name, repr(value), _LOADER_POSITION.get(name), req.where)
+    return _one_call(source, req, call, new)
+
+
+def optimizer(source: Source, req: EditRequest) -> str:
+    """``fused=True`` (or ``foreach=True``) in the optimizer's constructor; ``foreach=False`` gives way to
+    ``fused=True`` in place, since torch refuses both set to True."""
+    cls, switch = req.params["class"], req.params["switch"]
+    call = source.call_at(req.line, cls, what=f"{cls}(...)")
+    other = keyword_value(call, "foreach") if switch == "fused" else None
+    if other is not None and code_of(other.value) in ("False", "None"):
+        new = call.with_deep_changes(other, keyword=cst.Name("fused"), value=cst.Name("True"))
+    else:
+        new = set_keyword(call, switch, "True", None, req.where)
+    return _one_call(source, req, call, new)
+
+
+def zero_grad(source: Source, req: EditRequest) -> str:
+    """``zero_grad(set_to_none=True)``: gradients dropped, not filled with zeros."""
+    call = source.call_at(req.line, "zero_grad", what="zero_grad(...)")
+    return _one_call(source, req, call, set_keyword(call, "set_to_none", "True", 0, req.where))
+
+
+def conv_bias(source: Source, req: EditRequest) -> str:
+    """``bias=False`` in each convolution a BatchNorm follows (its mean subtraction cancels the bias)."""
+    names = tuple(req.params["classes"])
+    edits = {}
+    for line in (req.line, *req.lines):
+        calls = [c for c in source.calls_at(line, *names) if source.lines(c)[0] == line] or source.calls_at(line, *names)
+        if not calls:
+            raise ByHand(f"no {'/'.join(names)}(...) call at {source.name}:{line}")
+        for call in calls:
+            new = set_keyword(call, "bias", "False", _CONV_BIAS_POSITION, f"{source.name}:{line}")
+            if not new.deep_equals(call):
+                edits[call] = (lambda made: lambda _: made)(new)
+    if not edits:
+        raise ByHand(f"{req.where}: the convolutions already have bias=False")
+    return replace(source, edits)
+
+
+_AS_TENSOR_KEYWORDS = {"dtype", "device"}
+
+
+def from_numpy(source: Source, req: EditRequest) -> str:
+    """``torch.from_numpy(a)`` for ``torch.tensor(a)`` of a NumPy array (``torch.as_tensor(a, dtype=...)`` when
+    a dtype or device is given): the tensor shares the array's memory instead of copying it."""
+    torch_name = source.alias_of("torch") or "torch"
+    calls = [c for c in source.calls_at(req.line, "tensor") if dotted(c.func) == f"{torch_name}.tensor"]
+    if not calls:
+        raise ByHand(f"no torch.tensor(...) call at {req.where}")
+    call = calls[0]
+    positional = [a for a in call.args if a.keyword is None]
+    keywords = {a.keyword.value for a in call.args if a.keyword is not None}
+    if len(positional) != 1 or positional[0].star or keywords - _AS_TENSOR_KEYWORDS:
+        raise ByHand(f"{req.where}: `{code_of(call)}` passes {', '.join(sorted(keywords - _AS_TENSOR_KEYWORDS))}"
+                     " or more than the array; torch.as_tensor(array, ...) takes only dtype and device")
+    func = call.func
+    name = "as_tensor" if keywords else "from_numpy"
+    new_func = func.with_changes(attr=cst.Name(name))
+    args = call.args if keywords else [positional[0].with_changes(comma=cst.MaybeSentinel.DEFAULT)]
+    return _one_call(source, req, call, call.with_changes(func=new_func, args=args))

@@ -1,0 +1,37 @@
+"""The edit kinds: each a function from the parsed file and the request to the file's new text."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from . import attention, cadence, keywords, statements
+from .cst_tools import Source
+from .model import ByHand, EditRequest
+
+__all__ = ["EDIT_KINDS", "apply_edit"]
+
+EDIT_KINDS: dict[str, Callable[[Source, EditRequest], str]] = {
+    "loader": keywords.loader,                      # num_workers / persistent_workers / pin_memory
+    "optimizer": keywords.optimizer,                # fused=True / foreach=True
+    "zero_grad": keywords.zero_grad,                # set_to_none=True
+    "conv_bias": keywords.conv_bias,                # bias=False before a BatchNorm
+    "from_numpy": keywords.from_numpy,              # torch.from_numpy for torch.tensor(ndarray)
+    "inference_mode": statements.inference_mode,    # around validation run with autograd on
+    "autocast": statements.autocast,                # around the forward and the loss
+    "cudnn_benchmark": statements.cudnn_benchmark,  # after the imports
+    "cadence": cadence.periodic,                    # validation / checkpoint every N steps
+    "save_every": cadence.save_every,               # a per-step torch.save under a step test
+    "sdpa": attention.sdpa,                         # hand-written attention as one SDPA call
+}
+
+
+def apply_edit(text: str, request: EditRequest, name: str) -> str:
+    """``text`` (the file ``name``) with ``request`` made; :class:`ByHand` when it cannot be made safely."""
+    try:
+        edit = EDIT_KINDS[request.kind]
+    except KeyError:
+        raise ValueError(f"unknown edit kind {request.kind!r}; known: {', '.join(sorted(EDIT_KINDS))}") from None
+    new = edit(Source(text, name), request)
+    if new == text:
+        raise ByHand(f"{request.where}: the edit changed nothing (already fixed?)")
+    return new

@@ -1,0 +1,195 @@
+"""``doctor --verify``: the original and the patched script, run for real, interleaved in rounds.
+
+The script's folder is copied to a temporary place (once for the original, once per variant), the
+patched files are written into their copy, and both run under the doctor's recorder in their own
+processes (:mod:`.child`), on the same steps, alternating: original, patched; then patched, original;
+... so load that comes and goes falls on both. Each run's time is the median of its own steps (a
+burst of another process's load spoils a step, not the run), or, when a fix changes a cadence, the
+mean over whole periods of it (the median would leave the validation out); what other processes
+took from a step is not counted. The speed-up per round is original / patched, and
+``turbotrain.measure.judge`` (the one definition of "faster") turns the rounds into a verdict.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ...measure import judge
+from .losses import loss_match
+from .model import Verification
+
+__all__ = ["Verifier", "VerifyError", "VerifyOptions"]
+
+_SKIP = shutil.ignore_patterns(".git", "__pycache__", ".venv", "venv", "node_modules", ".tox", ".mypy_cache",
+                               ".pytest_cache", "*.pyc")
+LINK_ABOVE_BYTES = 16 * 2**20     # bigger files (data, checkpoints) are linked into the copy, not copied
+MAX_COPY_BYTES = 512 * 2**20
+MAX_COPY_FILES = 20_000
+_STARTUP_S = 4.0                  # a fresh interpreter importing torch, before the script's first line
+
+
+class VerifyError(RuntimeError):
+    """Verification cannot start: the message says why and what to do."""
+
+
+@dataclass
+class VerifyOptions:
+    steps: int = 20
+    warmup: int = 3
+    rounds: int = 2
+    budget_s: float = 120.0
+    threads: int = 0                 # torch threads for both sides (0: each script's default)
+    noise_floor: float = 0.0         # this machine's noise, from the doctor's own run
+    run_timeout_s: float = 600.0
+
+
+@dataclass
+class _Run:
+    step_ms: list[float] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)
+    error: str | None = None
+    wall_s: float = 0.0
+
+    def ms(self, periodic: bool) -> float:
+        return statistics.fmean(self.step_ms) if periodic else statistics.median(self.step_ms)
+
+
+def _copy(src: Path, dst: Path) -> None:
+    def copy(s: str, d: str) -> None:
+        if os.path.getsize(s) > LINK_ABOVE_BYTES:
+            os.symlink(os.path.realpath(s), d)  # read-only data stays where it is
+        else:
+            shutil.copy2(s, d)
+
+    shutil.copytree(src, dst, ignore=_SKIP, symlinks=True, copy_function=copy)
+
+
+def _check_size(base: Path) -> None:
+    files = size = 0
+    for root, dirs, names in os.walk(base):
+        dirs[:] = [d for d in dirs if not _SKIP(root, [d])]
+        for name in names:
+            files += 1
+            try:
+                small = os.path.getsize(os.path.join(root, name))
+            except OSError:
+                continue
+            size += small if small <= LINK_ABOVE_BYTES else 0
+        if files > MAX_COPY_FILES or size > MAX_COPY_BYTES:
+            raise VerifyError(f"doctor --verify copies the script's folder {base}, which holds over "
+                              f"{min(files, MAX_COPY_FILES)} files / {size / 2**20:.0f} MiB; put the script in a "
+                              "folder of its own (with what it imports) and run the doctor there")
+
+
+class Verifier:
+    """Copies of the script's folder and interleaved runs of original against patched."""
+
+    def __init__(self, script: str, argv: list[str], base: str, options: VerifyOptions) -> None:
+        self.script, self.argv, self.base, self.options = Path(script), list(argv), Path(base), options
+        self.started = time.perf_counter()
+        self.run_s = 0.0                      # the longest run so far: what a comparison will cost
+        self._tmp: tempfile.TemporaryDirectory | None = None
+        self._variants = 0
+
+    def __enter__(self) -> "Verifier":
+        _check_size(self.base)
+        self._tmp = tempfile.TemporaryDirectory(prefix="turbotrain-verify-")
+        self.original = Path(self._tmp.name) / "original"
+        _copy(self.base, self.original)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._tmp is not None:
+            self._tmp.cleanup()
+
+    # -- budget -----------------------------------------------------------------------------------
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.started
+
+    def comparison_s(self, estimate_run_s: float) -> float:
+        run = max(self.run_s, estimate_run_s + _STARTUP_S)
+        return 2 * self.options.rounds * run
+
+    def affords(self, comparisons: int, estimate_run_s: float) -> bool:
+        return self.elapsed() + comparisons * self.comparison_s(estimate_run_s) <= self.options.budget_s
+
+    # -- runs -------------------------------------------------------------------------------------
+
+    def variant(self, texts: dict[str, str]) -> Path:
+        """A copy of the folder with ``texts`` (absolute original path -> new text) written in."""
+        self._variants += 1
+        folder = Path(self._tmp.name) / f"patched-{self._variants}"
+        _copy(self.base, folder)
+        for path, text in texts.items():
+            (folder / os.path.relpath(path, self.base)).write_text(text, encoding="utf-8")
+        return folder
+
+    def _cwd(self, folder: Path) -> Path:
+        """The user's working directory inside the copy when it was inside the script's folder."""
+        here = Path.cwd().resolve()
+        try:
+            return folder / here.relative_to(self.base.resolve())
+        except ValueError:
+            return here
+
+    def run(self, folder: Path, steps: int) -> _Run:
+        out = folder / ".turbotrain-verify.json"
+        out.unlink(missing_ok=True)
+        script = folder / os.path.relpath(self.script, self.base)
+        package_root = str(Path(__file__).resolve().parents[3])
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([package_root, os.environ.get("PYTHONPATH", "")]))
+        cmd = [sys.executable, "-m", "turbotrain.doctor.fixes.child", "--steps", str(steps), "--warmup",
+               str(self.options.warmup), "--threads", str(self.options.threads), "--out", str(out), str(script),
+               *self.argv]
+        started = time.perf_counter()
+        try:
+            proc = subprocess.run(cmd, cwd=self._cwd(folder), env=env, capture_output=True, text=True,
+                                  timeout=self.options.run_timeout_s)
+        except subprocess.TimeoutExpired:
+            return _Run(error=f"did not finish within {self.options.run_timeout_s:.0f} s")
+        wall = time.perf_counter() - started
+        self.run_s = max(self.run_s, wall)
+        if not out.is_file():
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or [f"exit code {proc.returncode}"]
+            return _Run(error=tail[0], wall_s=wall)
+        data = json.loads(out.read_text())
+        losses = [float.fromhex(v) for v in data["losses"]]
+        if data["status"] in ("error", "exit"):
+            return _Run(losses=losses, error=data["error"] or "the script failed", wall_s=wall)
+        if not data["step_s"]:
+            return _Run(losses=losses, error="no step was measured (the script ended before the warm-up was over)",
+                        wall_s=wall)
+        return _Run([v * 1e3 for v in data["step_s"]], losses, wall_s=wall)
+
+    def compare(self, folder: Path, steps: int, numerics: str, periodic: bool = False) -> Verification:
+        """Original against ``folder``'s patched copy, ``rounds`` interleaved rounds of ``steps`` steps;
+        ``periodic``: a fix changes a cadence, so each run counts as its mean over whole periods."""
+        result = Verification(steps=steps)
+        originals: list[_Run] = []
+        patched: list[_Run] = []
+        for round_ in range(self.options.rounds):
+            order = [(self.original, originals), (folder, patched)]
+            for where, runs in order if round_ % 2 == 0 else reversed(order):
+                runs.append(self.run(where, steps))
+            for side, run in (("original", originals[-1]), ("patched", patched[-1])):
+                if run.error:
+                    result.error = f"the {side} script failed: {run.error}"
+                    return result
+        result.original_ms = [r.ms(periodic) for r in originals]
+        result.patched_ms = [r.ms(periodic) for r in patched]
+        result.ratios = [o / p for o, p in zip(result.original_ms, result.patched_ms)]
+        verdict = judge(result.ratios, noise_floor=self.options.noise_floor)
+        result.speedup, result.verdict = verdict.speedup, verdict.verdict
+        again = originals[1].losses if len(originals) > 1 else None
+        result.loss_match = loss_match(numerics, originals[0].losses, patched[0].losses, again)
+        return result

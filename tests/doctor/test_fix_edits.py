@@ -1,0 +1,219 @@
+"""doctor --fix: each edit kind on small sources (no doctor run): the exact edit, comments and layout kept,
+and "by hand" (never a guessed edit) where the value comes from a config or the call is built at run time."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+pytest.importorskip("libcst", reason="doctor --fix needs libcst: pip install -e '.[fix]'")
+
+from turbotrain.doctor.fixes.model import ByHand, EditRequest  # noqa: E402
+from turbotrain.doctor.fixes.table import apply_edit  # noqa: E402
+
+
+def edit(source: str, kind: str, marker: str = "# here", /, **params) -> str:
+    """``source`` with ``kind`` applied at the line holding ``marker``."""
+    source = textwrap.dedent(source)
+    line = next(i for i, text in enumerate(source.splitlines(), 1) if marker in text)
+    lines = tuple(i for i, text in enumerate(source.splitlines(), 1) if "# also" in text)
+    request = EditRequest(rule="r", kind=kind, file="train.py", line=line, where=f"train.py:{line}", label="",
+                          params=params, lines=lines)
+    new = apply_edit(source, request, "train.py")
+    compile(new, "train.py", "exec")
+    return new
+
+
+def changed(before: str, after: str) -> list[str]:
+    old = set(textwrap.dedent(before).splitlines())
+    return [line.strip() for line in after.splitlines() if line not in old]
+
+
+LOADER = """
+    from torch.utils.data import DataLoader
+    loader = DataLoader(ds, batch_size=32, shuffle=True)  # here: keep this comment
+"""
+
+
+def test_loader_keywords_are_added_and_the_comment_kept():
+    new = edit(LOADER, "loader", num_workers=4, persistent_workers=True)
+    assert changed(LOADER, new) == ["loader = DataLoader(ds, batch_size=32, shuffle=True, num_workers=4, "
+                                    "persistent_workers=True)  # here: keep this comment"]
+
+
+def test_loader_literal_is_replaced_in_place_and_a_layout_one_per_line_kept():
+    source = """
+        loader = DataLoader(  # here
+            ds,
+            num_workers=0,
+            batch_size=8,
+        )
+    """
+    new = edit(source, "loader", num_workers=2, pin_memory=True)
+    assert new.splitlines()[1:] == ["loader = DataLoader(  # here", "    ds,", "    num_workers=2,",
+                                    "    batch_size=8,", "    pin_memory=True,", ")"]
+
+
+@pytest.mark.parametrize("call, named", [
+    ("DataLoader(ds, num_workers=cfg.workers)", "cfg.workers"),
+    ("DataLoader(ds, **loader_kwargs)", "**kwargs"),
+    ("DataLoader(ds, 32, True, None, None, args.workers)", "args.workers"),
+])
+def test_a_value_from_a_config_or_built_at_run_time_is_by_hand(call, named):
+    with pytest.raises(ByHand, match=named.replace("*", r"\*")):
+        edit(f"loader = {call}  # here\n", "loader", num_workers=4)
+
+
+def test_optimizer_foreach_false_gives_way_to_fused_in_place():
+    source = "opt = torch.optim.AdamW(params, lr=1e-3, foreach=False)  # here\n"
+    assert edit(source, "optimizer", **{"class": "AdamW", "switch": "fused"}) == \
+        "opt = torch.optim.AdamW(params, lr=1e-3, fused=True)  # here\n"
+    assert edit("opt = SGD(params, lr=0.1)  # here\n", "optimizer", **{"class": "SGD", "switch": "foreach"}) == \
+        "opt = SGD(params, lr=0.1, foreach=True)  # here\n"
+
+
+@pytest.mark.parametrize("call", ["opt.zero_grad(set_to_none=False)", "opt.zero_grad(False)"])
+def test_zero_grad_sets_to_none(call):
+    new = edit(f"for b in data:\n    {call}  # here\n", "zero_grad")
+    assert "zero_grad(set_to_none=True)" in new or "zero_grad(True)" in new
+    assert "False" not in new
+
+
+def test_conv_bias_is_dropped_on_every_line_the_finding_names():
+    source = """
+        self.conv1 = nn.Conv2d(3, 16, 3, padding=1)  # here
+        self.bn1 = nn.BatchNorm2d(16)
+        self.conv2 = nn.Conv2d(16, 32, 3, bias=True)  # also
+    """
+    new = edit(source, "conv_bias", classes=["Conv2d"])
+    assert changed(source, new) == ["self.conv1 = nn.Conv2d(3, 16, 3, padding=1, bias=False)  # here",
+                                    "self.conv2 = nn.Conv2d(16, 32, 3, bias=False)  # also"]
+
+
+def test_from_numpy_and_as_tensor_when_a_dtype_is_given():
+    assert edit("import torch\nx = torch.tensor(a[i])  # here\n", "from_numpy").endswith(
+        "x = torch.from_numpy(a[i])  # here\n")
+    assert edit("import torch as th\nx = th.tensor(a, dtype=th.float16)  # here\n", "from_numpy").endswith(
+        "x = th.as_tensor(a, dtype=th.float16)  # here\n")
+    with pytest.raises(ByHand, match="requires_grad"):
+        edit("import torch\nx = torch.tensor(a, requires_grad=True)  # here\n", "from_numpy")
+
+
+VALIDATE = """
+    import torch
+
+    def validate(model, data):
+        model.eval()
+        total = 0.0
+        # the whole validation set
+        for x in data:
+            total += model(x).sum()  # here
+        model.train()
+        return total
+"""
+
+
+def test_inference_mode_goes_around_the_validation_loop_with_its_comment_above():
+    new = edit(VALIDATE, "inference_mode")
+    assert "    # the whole validation set\n    with torch.inference_mode():\n        for x in data:\n" \
+           "            total += model(x).sum()  # here\n    model.train()" in new
+
+
+def test_inference_mode_in_a_training_loop_wraps_only_the_validation_line():
+    source = """
+        import torch
+        for step in range(10):
+            loss = model(x).sum()
+            loss.backward()
+            opt.step()
+            val = model(v)  # here
+    """
+    assert changed(source, edit(source, "inference_mode")) == ["with torch.inference_mode():",
+                                                               "val = model(v)  # here"]
+
+
+def test_autocast_covers_the_forward_and_the_loss_not_the_backward():
+    source = """
+        import torch
+        for x, y in data:
+            out = model(x)  # here
+            loss = criterion(out, y)
+            loss.backward()
+    """
+    new = edit(source, "autocast", device="cpu", dtype="bfloat16")
+    assert "    with torch.autocast('cpu', dtype=torch.bfloat16):\n        out = model(x)  # here\n" \
+           "        loss = criterion(out, y)\n    loss.backward()" in new
+    with pytest.raises(ByHand, match="one statement"):
+        edit("import torch\nfor x in d:\n    loss_fn(model(x)).backward()  # here\n", "autocast", device="cpu",
+             dtype="bfloat16")
+
+
+def test_cudnn_benchmark_after_the_imports_or_flipped():
+    source = '"""Doc."""\nimport torch\nfrom torch import nn  # here\n\nmodel = nn.Linear(2, 2)\n'
+    assert edit(source, "cudnn_benchmark").startswith(
+        '"""Doc."""\nimport torch\nfrom torch import nn  # here\ntorch.backends.cudnn.benchmark = True\n')
+    flipped = edit("import torch\ntorch.backends.cudnn.benchmark = False  # here\n", "cudnn_benchmark")
+    assert flipped == "import torch\ntorch.backends.cudnn.benchmark = True  # here\n"
+
+
+LOOP = """
+    EVERY = 5
+    for step in range(100):
+        train()
+        if (step + 1) % {divisor} == 0:
+            validate()  # here
+"""
+
+
+def test_cadence_in_the_test_or_in_the_constant_it_names():
+    params = dict(every=5, new_every=50, function="validate", kind="validation")
+    assert "if (step + 1) % 50 == 0:" in edit(LOOP.format(divisor=5), "cadence", **params)
+    assert "EVERY = 50\n" in edit(LOOP.format(divisor="EVERY"), "cadence", **params)
+    with pytest.raises(ByHand, match="args.every"):
+        edit(LOOP.format(divisor="args.every"), "cadence", **params)
+
+
+def test_a_per_step_save_goes_under_the_loop_counter():
+    source = """
+        for i, batch in enumerate(loader):
+            step(batch)
+            torch.save(model.state_dict(), "last.pt")  # here
+    """
+    assert changed(source, edit(source, "save_every", every=25)) == [
+        "if (i + 1) % 25 == 0:", 'torch.save(model.state_dict(), "last.pt")  # here']
+    with pytest.raises(ByHand, match="counter"):
+        edit("while True:\n    torch.save(m, 'p')  # here\n", "save_every", every=25)
+
+
+ATTENTION = """
+    import math
+    import torch
+
+    def attend(q, k, v, mask):
+        scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))
+        weights = scores.masked_fill(mask, float("-inf")).softmax(dim=-1)  # here
+        {extra}return weights @ v
+"""
+
+
+def test_attention_with_a_mask_of_its_own_keeps_it():
+    new = edit(ATTENTION.format(extra=""), "sdpa")
+    assert "    return torch.nn.functional.scaled_dot_product_attention(q, k, v, " \
+           "attn_mask=mask.logical_not())\n" in new
+    assert "softmax" not in new and "scores" not in new
+
+
+@pytest.mark.parametrize("extra, why", [
+    ("weights = dropout(weights)\n        ", "not a softmax's output"),
+    ("log(weights)\n        ", "used elsewhere"),
+])
+def test_attention_that_cannot_be_rewritten_safely_is_by_hand(extra, why):
+    with pytest.raises(ByHand, match=why):
+        edit(ATTENTION.format(extra=extra), "sdpa")
+
+
+def test_a_file_that_does_not_parse_is_by_hand():
+    request = EditRequest(rule="r", kind="loader", file="t.py", line=1, where="t.py:1", label="")
+    with pytest.raises(ByHand, match="does not parse"):
+        apply_edit("loader = DataLoader(ds,\n", request, "t.py")

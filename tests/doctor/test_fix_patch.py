@@ -1,0 +1,67 @@
+"""doctor --fix's patch file: git-apply-able diffs (header skipped), fixes combined through each other's line
+shifts, by-hand entries naming the line, and no patch that does not compile."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+pytest.importorskip("libcst", reason="doctor --fix needs libcst: pip install -e '.[fix]'")
+
+from doctor_helpers import git_apply  # noqa: E402
+from turbotrain.doctor.fixes.model import EditRequest, FixResult  # noqa: E402
+from turbotrain.doctor.fixes.patch import (PatchError, check_compiles, combine, make_diffs,  # noqa: E402
+                                           render_patch, unified_diff)
+
+TRAIN = textwrap.dedent("""\
+    import torch
+    from torch.utils.data import DataLoader
+
+    loader = DataLoader(ds, batch_size=32, num_workers=cfg.workers)
+    for x, y in loader:
+        loss = model(x).mean()
+        opt.zero_grad(set_to_none=False)
+        loss.backward()
+        opt.step()""")  # no newline at the end: the diff must say so
+
+
+def _result(path, kind, line, rule, **params) -> FixResult:
+    request = EditRequest(rule=rule, kind=kind, file=str(path), line=line, where=f"train.py:{line}", label=rule,
+                          params=params)
+    return FixResult(rule=rule, where=request.where, label=rule, request=request)
+
+
+def test_fixes_combine_through_each_others_line_shifts_and_the_patch_applies(tmp_path):
+    path = tmp_path / "train.py"
+    path.write_text(TRAIN)
+    results = [_result(path, "autocast", 6, "no-mixed-precision", device="cpu", dtype="bfloat16"),
+               _result(path, "zero_grad", 7, "zero-grad-not-none"),
+               _result(path, "loader", 4, "num-workers", num_workers=2)]
+    originals = make_diffs(results, str(tmp_path))
+    assert [r.diff is not None for r in results] == [True, True, False]
+    assert "cfg.workers" in results[2].by_hand and "`loader = DataLoader(ds, batch_size=32, num_workers=cfg.workers)`" \
+        in results[2].by_hand
+    texts = combine(results, originals, str(tmp_path))
+    patch = tmp_path / "fixes.patch"
+    patch.write_text(render_patch(["turbotrain doctor --fix: train.py", "by hand  num-workers ..."], originals,
+                                  texts, str(tmp_path)))
+    git_apply(tmp_path, patch)
+    applied = path.read_text()
+    assert applied == texts[str(path)] and not applied.endswith("\n")
+    assert "    with torch.autocast('cpu', dtype=torch.bfloat16):\n        loss = model(x).mean()\n" \
+           "    opt.zero_grad(set_to_none=True)\n" in applied
+    check_compiles(applied, "train.py")
+
+
+def test_a_diff_of_a_file_without_a_final_newline_applies(tmp_path):
+    (tmp_path / "a.py").write_text("x = 1\ny = 2")
+    patch = tmp_path / "p.patch"
+    patch.write_text(unified_diff("x = 1\ny = 2", "x = 1\ny = 3", "a.py"))
+    git_apply(tmp_path, patch)
+    assert (tmp_path / "a.py").read_text() == "x = 1\ny = 3"
+
+
+def test_text_that_does_not_compile_is_refused():
+    with pytest.raises(PatchError, match="does not compile"):
+        check_compiles("def f(:\n", "train.py")
