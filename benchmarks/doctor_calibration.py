@@ -52,6 +52,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from turbotrain.doctor.fixes.plan import FIXABLE_RULES
+
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT / "benchmarks" / "calibration"
 STEP_LINE = re.compile(r"^STEP_MS ([\d.]+) MEAN_MS ([\d.]+) SAMPLES (\d+)$", re.M)
@@ -105,7 +107,9 @@ def predict(pair: Pair, doctor_steps: int, budget_s: float, script_args: list[st
     with ``verify``, also its patch of that rule, verified (``verified``, ``fix_predicted``, ``loss_match``)."""
     with tempfile.TemporaryDirectory(prefix="calib-doctor-") as tmp:
         out = Path(tmp) / "report.json"
-        fix = ["--fix", str(Path(tmp) / "fixes.patch"), "--fix-only", pair.rule, "--verify"] if verify else []
+        # Only a rule --fix can edit gets a patch (the others would make the doctor refuse the command).
+        editable = verify and pair.rule in FIXABLE_RULES
+        fix = ["--fix", str(Path(tmp) / "fixes.patch"), "--fix-only", pair.rule, "--verify"] if editable else []
         cmd = [*_turbotrain(), "doctor", "--quiet", "--json", str(out), "--steps", str(doctor_steps),
                "--what-if-budget", str(budget_s), *pair.doctor_args, *fix, str(pair.slow), *script_args]
         started = time.perf_counter()
@@ -127,8 +131,10 @@ def predict(pair: Pair, doctor_steps: int, budget_s: float, script_args: list[st
         best = max(found, key=lambda f: f.get("est_speedup") or 0.0)
         result.update(predicted=best.get("est_speedup"), severity=best.get("severity"),
                       measured=best.get("measured"), where=best.get("where"))
-    if verify:
+    if editable:
         result.update(verified_fix(report, pair.rule))
+    elif verify:
+        result.update(verified=None, verify_note="no edit for this rule (--fix lists it by hand or not at all)")
     return result
 
 

@@ -118,11 +118,12 @@ class FileDataset(Dataset):
         if missing:
             self._warn_memory_in_worker()
             for url, data in self.fetcher.read_many(missing):
-                self._store(url, data)
+                self.store(url, data)
                 found[url] = data
         return [found[u] for u in urls]
 
-    def _store(self, url: str, data: bytes) -> None:
+    def store(self, url: str, data: bytes) -> None:
+        """Keep ``data`` read from ``url`` in the cache (with the version it was read at)."""
         if self.cache is not None:
             self.cache.put(url, data, self.versions.get(url))
 

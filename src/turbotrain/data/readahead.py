@@ -70,7 +70,7 @@ class CacheWriter:
         def job() -> None:
             stored = False
             try:
-                self.ds._store(url, data)
+                self.ds.store(url, data)
                 stored = True
             except Exception as exc:  # noqa: BLE001 - a worker re-reads the file and raises it there
                 if not self._warned:
@@ -135,7 +135,7 @@ class ReadAheadStream:
                 if self._writer is not None:
                     self._writer.write(url, data, lambda stored: self.feed(()))
                 elif self.ds.cache is not None:
-                    self.ds._store(url, data)
+                    self.ds.store(url, data)
             self._pump()
 
     def take(self, indices: Sequence[int]) -> dict[int, bytes]:
@@ -291,7 +291,7 @@ def read_in_worker(dataset: Any, indices: Sequence[int], patience_s: float) -> d
     for i, fut in mine.items():
         try:
             out[i] = fut.result()
-            dataset._store(dataset.urls[i], out[i])
+            dataset.store(dataset.urls[i], out[i])
             states[i] = DONE
         except Exception:  # noqa: BLE001 - the caller reads it again and raises with the URL
             states[i] = FAILED

@@ -239,20 +239,20 @@ def build_context(recorder: Any, script: str | None = None, device: str | None =
     """The rules' view of a finished recording."""
     profiled = [i for i in recorder.profiled_steps if i < len(recorder.steps)]
     prof = op_counts(recorder.profiler, len(profiled))
-    facts = recorder.facts or ForwardFacts()
+    facts = recorder.modules.facts or ForwardFacts()
     device = device or facts.device or "cpu"
     optimizers = [(ref(), site) for ref, site in recorder.optimizers if ref() is not None]
     # Device time per phase only means something when the model trains on the GPU.
     gpu_seconds = recorder.gpu_phase_seconds if device == "cuda" and recorder.gpu_phase_seconds else None
     raw = compute_breakdown(recorder.steps, recorder.warmup, None, gpu_seconds)
-    overhead = measure_overhead(unwrapped(recorder.capture), [o for o, _ in optimizers], raw, prof,
+    overhead = measure_overhead(unwrapped(recorder.modules.capture), [o for o, _ in optimizers], raw, prof,
                                 recorder.module_calls_per_step, device)
     breakdown = compute_breakdown(recorder.steps, recorder.warmup, overhead, gpu_seconds)
-    modules = [m for m in (ref() for ref in recorder.top_modules.values()) if m is not None]
-    capture = unwrapped(recorder.capture)
+    modules = [m for m in (ref() for ref in recorder.modules.top_modules.values()) if m is not None]
+    capture = unwrapped(recorder.modules.capture)
     model = capture.module if capture is not None else None
     if model is None:
-        trained = [m for m in modules if recorder.is_trained(m)]
+        trained = [m for m in modules if recorder.modules.is_trained(m)]
         model = trained[0] if trained else None
     module_sites = {key: site for key, (ref, site) in recorder.module_sites.items()
                     if ref() is not None and id(ref()) == key}

@@ -296,7 +296,7 @@ def _matmul(original: Callable) -> Callable:
 
     def matmul(a, b, *args, **kwargs):
         rec = _live()
-        if rec is not None and rec.discovery and isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        if rec is not None and rec.modules.discovery and isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
             site = caller_site(sys._getframe(1))
             if site is not None:
                 rec.matmul_shapes.setdefault(site, (tuple(a.shape), tuple(b.shape)))
@@ -333,7 +333,7 @@ def _optimizer_init(original: Callable) -> Callable:
 
 
 def _on_backward(rec: "Recorder") -> None:
-    rec.on_backward()
+    rec.modules.on_backward()
 
 
 def _after_backward(rec: "Recorder") -> None:
@@ -375,20 +375,20 @@ def install(rec: "Recorder", patcher: Patcher) -> None:
 # -- outermost modules and host syncs -------------------------------------------------------------
 
 def measured_call(original: Callable) -> Callable:
-    """``__call__`` for the class of an outermost module: see :meth:`Recorder._set_discovery`."""
+    """``__call__`` for the class of an outermost module: see :mod:`turbotrain.doctor.discovery`."""
 
     def __call__(self, *args, **kwargs):
         rec = active.current
-        if rec is None or id(self) not in rec.top_ids or _get_ident() != rec.thread:
+        if rec is None or id(self) not in rec.modules.top_ids or _get_ident() != rec.thread:
             return original(self, *args, **kwargs)
-        phase = rec.call_enter(self, args, kwargs)
+        phase = rec.modules.call_enter(self, args, kwargs)
         if phase is None:
             return original(self, *args, **kwargs)
         try:
             return original(self, *args, **kwargs)
         finally:
             if rec is active.current:
-                rec.call_exit(phase)
+                rec.modules.call_exit(phase)
 
     return __call__
 

@@ -144,7 +144,7 @@ def tune_report(model: nn.Module, loss_fn: Callable | None, loader: Iterable, op
         options = {"budget": time_budget_s, "tolerance": tolerance, "min_gain": min_gain,
                    "include": sorted(include) if include is not None else None, "exclude": sorted(exclude),
                    "batch_size": find_batch_size, "workers": find_num_workers, "base": base.to_dict(),
-                   "batches": len(sample), "memory_limit": memory_limit_bytes, "step_fn": tune_cache._name(step_fn),
+                   "batches": len(sample), "memory_limit": memory_limit_bytes, "step_fn": tune_cache.function_name(step_fn),
                    "loader": [type(loader).__name__, getattr(loader, "num_workers", None),
                               getattr(loader, "batch_size", None)]}
         key = tune_cache.cache_key(model, sample[0], optimizer_fn, loss_fn, hw, options) if cache else None

@@ -53,7 +53,8 @@ def _optimizer_signature(optimizer_fn: Callable) -> list[Any]:
     return [type(opt).__qualname__, sorted((k, repr(v)) for k, v in opt.defaults.items())]
 
 
-def _name(fn: Any) -> str | None:
+def function_name(fn: Any) -> str | None:
+    """``module.qualname`` of a function (what a cache key records of it); None for None."""
     if fn is None:
         return None
     return f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', type(fn).__qualname__)}"
@@ -65,7 +66,7 @@ def cache_key(model: nn.Module, batch: Any, optimizer_fn: Callable, loss_fn: Any
         "model": model_signature(model),
         "batch": batch_signature(batch),
         "optimizer": _optimizer_signature(optimizer_fn),
-        "loss": _name(loss_fn),
+        "loss": function_name(loss_fn),
         "hardware": [hw.device_type, hw.device_name, hw.device_count, hw.cpu_cores, hw.intra_op_threads,
                      round(hw.memory_bytes / 2**30), hw.capability, torch.__version__],
         "options": options,
