@@ -102,14 +102,16 @@ def _turbotrain() -> list[str]:
     return [sys.executable, "-m", "turbotrain"]
 
 
-def predict(pair: Pair, doctor_steps: int, budget_s: float, script_args: list[str], verify: bool = False) -> dict:
+def predict(pair: Pair, doctor_steps: int, budget_s: float, script_args: list[str], verify: bool = False,
+            verify_rounds: int = 3) -> dict:
     """Run the doctor on the slow script: ``{"predicted": x or None, "severity", "measured", "bottleneck", ...}``;
     with ``verify``, also its patch of that rule, verified (``verified``, ``fix_predicted``, ``loss_match``)."""
     with tempfile.TemporaryDirectory(prefix="calib-doctor-") as tmp:
         out = Path(tmp) / "report.json"
         # Only a rule --fix can edit gets a patch (the others would make the doctor refuse the command).
         editable = verify and pair.rule in FIXABLE_RULES
-        fix = ["--fix", str(Path(tmp) / "fixes.patch"), "--fix-only", pair.rule, "--verify"] if editable else []
+        fix = ["--fix", str(Path(tmp) / "fixes.patch"), "--fix-only", pair.rule, "--verify",
+               "--verify-rounds", str(verify_rounds)] if editable else []
         cmd = [*_turbotrain(), "doctor", "--quiet", "--json", str(out), "--steps", str(doctor_steps),
                "--what-if-budget", str(budget_s), *pair.doctor_args, *fix, str(pair.slow), *script_args]
         started = time.perf_counter()
@@ -300,6 +302,9 @@ def main() -> int:
     parser.add_argument("--no-doctor", action="store_true", help="time the pairs only")
     parser.add_argument("--verify", action="store_true",
                         help="also verify the doctor's own patch of each rule (doctor --fix --verify): the ground truth")
+    parser.add_argument("--verify-rounds", type=int, default=3,
+                        help="the doctor's --verify-rounds with --verify (default 3: two rounds on a noisy machine can "
+                             "miss a x1.3 gain)")
     parser.add_argument("--json", metavar="PATH", help="write every figure as JSON")
     parser.add_argument("--markdown", metavar="PATH", help="write the table as Markdown")
     parser.add_argument("--from-json", metavar="PATH", help="rescore an earlier run's JSON; run nothing")
@@ -322,7 +327,8 @@ def main() -> int:
     for pair in pairs:
         row = {"pair": pair.name, "rule": pair.rule, "expect": pair.expect}
         if not args.no_doctor:
-            row.update(predict(pair, args.doctor_steps, args.what_if_budget, script_args, args.verify))
+            row.update(predict(pair, args.doctor_steps, args.what_if_budget, script_args, args.verify,
+                               args.verify_rounds))
         row.setdefault("predicted", None)
         row.update(measure(pair, args.rounds, script_args))
         row["target"] = target(row)

@@ -104,3 +104,20 @@ def test_two_optimizers_make_one_step():
     assert run.status == "stopped"
     assert [s.optimizers for s in recorder.steps] == [2] * 5
     assert all(s.forwards >= 1 and s.backwards == 2 for s in recorder.steps[1:])
+
+
+def test_the_validation_what_if_runs_on_the_validation_batch():
+    """Validation batches (128 here) are often larger than training's (64): the grad-in-validation what-if
+    times the forward on the inputs validation itself used, not on the captured training batch."""
+    from doctor_helpers import script
+    from turbotrain.doctor.context import build_context
+    from turbotrain.doctor.recorder import Recorder
+    from turbotrain.doctor.runner import run_script
+
+    recorder = Recorder(measure=3, warmup=2, profile=0)
+    run_script(script("grad_in_validation"), [], recorder)
+    ctx = build_context(recorder, script("grad_in_validation"))
+    assert ctx.capture is not None and ctx.capture.args[0].shape[0] == 64
+    assert ctx.eval_grad_inputs is not None
+    args, _ = ctx.eval_grad_inputs
+    assert args[0].shape == (128, 256)

@@ -56,6 +56,7 @@ class Context:
     info: ModelInfo = field(default_factory=ModelInfo)
     facts: ForwardFacts = field(default_factory=ForwardFacts)
     capture: Capture | None = None
+    eval_grad_inputs: tuple[tuple, dict] | None = None   # (args, kwargs) of a validation forward with autograd on
     profile: dict[str, Any] = field(default_factory=dict)
     matmul_shapes: dict[Site, tuple] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
@@ -272,6 +273,7 @@ def build_context(recorder: Any, script: str | None = None, device: str | None =
         measured_steps=breakdown.steps, tallies=dict(recorder.tallies), loaders=list(recorder.loaders.values()),
         optimizers=optimizers,
         module_sites=module_sites, model=model, modules=modules, info=info, facts=facts, capture=capture,
+        eval_grad_inputs=recorder.modules.eval_grad_inputs,
         profile=prof, matmul_shapes=dict(recorder.matmul_shapes), env=dict(os.environ),
         sources=load_sources(_user_files(script, recorder.tallies, module_sites)), world_size=world,
         step_records=list(recorder.steps), gap_samples=dict(recorder.gap_samples), storage_stats=storage_stats(recorder),

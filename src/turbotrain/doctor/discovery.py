@@ -47,6 +47,9 @@ class ModuleCalls:
         self.top_ids: set[int] = set()
         self.facts: ForwardFacts | None = None
         self.capture: Capture | None = None
+        # The inputs of the first eval-mode forward with autograd on (a validation batch): its what-if
+        # times the forward on them, since validation batches are often larger than training ones.
+        self.eval_grad_inputs: tuple[tuple, dict] | None = None
         self._facts_final = self._capture_final = False
         self._hook_handles: list[Any] = []
         self._wrapped_classes: set[type] = set()
@@ -129,6 +132,8 @@ class ModuleCalls:
             return None
         if phase == "eval":
             self._note_eval_site()
+        elif phase == "eval_grad" and self.eval_grad_inputs is None:
+            self.eval_grad_inputs = (args, dict(kwargs))
         rec.push(phase)  # a validation forward, or any forward in the profiler window (its trace range)
         if phase == "forward" and trained:
             self._training_forward(module, args, kwargs, rec.stack[-1][1])
@@ -171,6 +176,8 @@ class ModuleCalls:
             rec.step_starts()
         if phase == "eval":
             self._note_eval_site()
+        elif phase == "eval_grad" and self.eval_grad_inputs is None:
+            self.eval_grad_inputs = (args, {})
         rec.push(phase)
         self._top_phases.append(phase)
         if phase == "forward" and trained:

@@ -4,6 +4,12 @@
 ``turbotrain tune`` on the command line (:mod:`.cli`). The pieces are usable alone:
 :func:`find_batch_size`, :func:`find_num_workers`, :func:`search_plan` and the exports in
 :mod:`.export`.
+
+One name, two things: ``turbotrain/__init__.py`` binds ``tt.tune`` to the *function*
+:func:`turbotrain.tune.api.tune`, over this package's attribute. ``from turbotrain.tune import
+find_batch_size`` reaches this package; ``import turbotrain.tune.api as m`` does not (an attribute
+lookup finds the function): write ``from turbotrain.tune import api``. The table is in
+docs/architecture.md ("tt.tune, the function, and turbotrain.tune, the package").
 """
 
 from .api import TuneError, TuneResult, tune, tune_report

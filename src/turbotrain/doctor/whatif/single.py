@@ -35,7 +35,8 @@ def eval_grad_trial(ctx, finding: Finding, budget: Budget) -> None:
     if ctx.capture is None or not budget.allows(2.0):
         return
     model = copy.deepcopy(ctx.capture.module).eval()
-    args, kwargs = ctx.capture.args, ctx.capture.kwargs
+    # The validation forward's own inputs where they were seen (its batch is often larger than training's).
+    args, kwargs = ctx.eval_grad_inputs or (ctx.capture.args, ctx.capture.kwargs)
 
     def forward(grad: bool) -> Callable[[], None]:
         def run() -> None:
