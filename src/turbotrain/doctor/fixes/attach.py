@@ -41,9 +41,10 @@ def predicted_together(fixes: list[FixResult]) -> float | None:
 
 
 def _periods(fixes: list[FixResult]) -> list[int]:
-    """The cadences ``fixes`` set (validation, checkpoints every N steps)."""
-    return [f.request.params.get("new_every") or f.request.params.get("every") for f in fixes
-            if f.request is not None and f.request.kind in ("cadence", "save_every")]
+    """The cadences ``fixes`` set (validation, checkpoints every N steps) and the ones they replace."""
+    cadences = [f.request.params for f in fixes
+                if f.request is not None and f.request.kind in ("cadence", "save_every")]
+    return sorted({every for params in cadences for every in (params.get("new_every"), params.get("every")) if every})
 
 
 def _steps(fixes: list[FixResult], steps: int) -> int:
