@@ -44,6 +44,16 @@ def context():
     return _context
 
 
+def stop_forkserver() -> None:
+    """Stop the session's forkserver and wait for it to exit, so that none outlives the test run (on its own
+    it exits only after noticing its parent has gone). CPython has no public call for this; ``_stop`` is the
+    one its own tests use."""
+    if _context is not None:
+        from multiprocessing import forkserver
+
+        forkserver._forkserver._stop()
+
+
 @dataclass
 class Kill:
     """When to signal the child (SIGKILL unless ``signum`` says otherwise): after its ``after_steps``-th
