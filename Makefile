@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.turbotrain-installed
 
-.PHONY: demo test test-gpu bench overhead clean
+.PHONY: demo test test-gpu gpu-check bench overhead clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,12 @@ bench: $(STAMP)
 
 test-gpu: $(STAMP)
 	$(PY) -m pytest -m gpu
+
+# Every GPU check in one command for one call of the device tool (issue 16; docs/bench.md "The GPU run"):
+# the machine's own torch with CUDA, no venv, no network; pytest -m gpu, the GPT-2 and ResNet-50 bench,
+# nvidia-smi and turbotrain env, all under $OUT (default runs/gpu-check).
+gpu-check:
+	bash scripts/gpu_check.sh
 
 overhead: $(STAMP)
 	$(PY) benchmarks/overhead.py
