@@ -10,7 +10,11 @@ header comment (``# calibrates: RULE``; optional ``# doctor-args: ...`` for the 
    the doctor reports only under ``periodic`` (validation every N steps) is predicted from that
    entry's share of the run, with the cadence changed to the fixed script's;
 2. times both scripts for real, each as its own ``python script.py`` process, interleaved in rounds
-   (slow, fixed, slow, fixed, ...). Each script times itself: ``calibration/calib_clock.py`` wraps its
+   (slow, fixed, slow, fixed, ...). The doctor runs again at the start of each of the first
+   ``--predict-rounds`` rounds (doctor, slow, fixed; doctor, slow, fixed; ...) and the prediction is
+   the median of its runs: on a shared machine a script's speed drifts by tens of percent within
+   minutes, and a prediction made in one minute judged against gains timed in another measures the
+   drift as much as the doctor. Each script times itself: ``calibration/calib_clock.py`` wraps its
    loop, times every iteration after a warm-up with ``time.perf_counter`` and prints, on a
    ``STEP_MS ... SAMPLES n`` line, the median over 10-step blocks of each block's mean step time.
    Timing inside the script, rather than from outside or under the doctor with what-ifs off, leaves
@@ -33,7 +37,8 @@ header comment (``# calibrates: RULE``; optional ``# doctor-args: ...`` for the 
    of it; a pair whose true gain is < 1.05x must not be predicted above 1.2x; between the two there is
    no target.
 
-    python benchmarks/doctor_calibration.py [--pairs a,b] [--rounds 3] [--verify] [--json PATH] [--markdown PATH]
+    python benchmarks/doctor_calibration.py [--pairs a,b] [--rounds 3] [--predict-rounds 3] [--verify]
+                                            [--json PATH] [--markdown PATH] [--from-json PATH ...]
 """
 
 from __future__ import annotations
@@ -183,19 +188,43 @@ def time_script(path: Path, script_args: list[str], whole_periods: bool = False)
     return float(mean if whole_periods else blocks) / int(samples)
 
 
-def measure(pair: Pair, rounds: int, script_args: list[str]) -> dict:
-    """Both scripts in interleaved rounds; the real gain is the fastest slow run over the fastest fixed run."""
-    slow, fixed = [], []
+def time_round(pair: Pair, script_args: list[str]) -> tuple[float | None, float | None]:
+    """One interleaved round: the slow script, then its fixed twin (ms per sample each, None when it failed)."""
     whole = bool(pair.fixed_every)
     if whole and "--steps" not in script_args:
         script_args = [*script_args, "--steps", str(2 * pair.fixed_every)]
-    for _ in range(rounds):
-        s, f = time_script(pair.slow, script_args, whole), time_script(pair.fixed, script_args, whole)
-        if s is None or f is None:
-            continue
-        slow.append(s)
-        fixed.append(f)
-    return gains(slow, fixed)
+    return time_script(pair.slow, script_args, whole), time_script(pair.fixed, script_args, whole)
+
+
+def calibrate(pair: Pair, args: argparse.Namespace, script_args: list[str]) -> dict:
+    """The pair's rounds: each is the doctor on the slow script (the first ``--predict-rounds`` rounds), then
+    the slow script, then the fixed one, so a prediction and the gain it is judged against are measured
+    under the same load; the prediction is the median over its rounds, like the gain."""
+    predictions, slow, fixed = [], [], []
+    for number in range(args.rounds):
+        if not args.no_doctor and number < args.predict_rounds:
+            predictions.append(predict(pair, args.doctor_steps, args.what_if_budget, script_args, args.verify,
+                                       args.verify_rounds))
+        s, f = time_round(pair, script_args)
+        if s is not None and f is not None:
+            slow.append(s)
+            fixed.append(f)
+    return {**combine_predictions(predictions), **gains(slow, fixed)}
+
+
+def combine_predictions(runs: list[dict]) -> dict:
+    """Several doctor runs of one pair as one row: the medians of what they predicted and verified, every
+    run's figures kept beside them (a figure a run did not give is left out of its median)."""
+    if not runs:
+        return {"predicted": None}
+    row = dict(runs[0])
+    for key in ("predicted", "verified", "fix_predicted"):
+        values = [r[key] for r in runs if r.get(key)]
+        row[key] = round(statistics.median(values), 3) if values else None
+        row[f"{key}_runs"] = [r.get(key) for r in runs]
+    row["doctor_s"] = round(sum(r.get("doctor_s") or 0.0 for r in runs), 1)
+    row["severity"] = next((r["severity"] for r in runs if r.get("severity")), None)
+    return row
 
 
 def gains(slow: list[float], fixed: list[float]) -> dict:
@@ -296,6 +325,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", help="comma-separated pair names (default: every pair in the corpus)")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved slow/fixed rounds per pair (default 3)")
+    parser.add_argument("--predict-rounds", type=int, default=3,
+                        help="rounds that run the doctor before timing the twins (default 3, at most --rounds)")
     parser.add_argument("--doctor-steps", type=int, default=20, help="the doctor's --steps (default 20)")
     parser.add_argument("--what-if-budget", type=float, default=20.0, help="the doctor's --what-if-budget (default 20)")
     parser.add_argument("--steps", type=int, help="the scripts' own --steps (default: each script's default)")
@@ -307,15 +338,18 @@ def main() -> int:
                              "miss a x1.3 gain)")
     parser.add_argument("--json", metavar="PATH", help="write every figure as JSON")
     parser.add_argument("--markdown", metavar="PATH", help="write the table as Markdown")
-    parser.add_argument("--from-json", metavar="PATH", help="rescore an earlier run's JSON; run nothing")
+    parser.add_argument("--from-json", metavar="PATH", nargs="+",
+                        help="rescore earlier runs' JSON (several: their pairs in one table); run nothing")
     args = parser.parse_args()
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
+    if not 1 <= args.predict_rounds <= args.rounds:
+        parser.error(f"--predict-rounds must be between 1 and --rounds ({args.rounds}), not {args.predict_rounds}")
     if args.from_json:
-        saved = json.loads(Path(args.from_json).read_text())
+        saved = [json.loads(Path(path).read_text()) for path in args.from_json]
         rows = [dict(r, **gains(r.get("slow_ms_per_sample", []), r.get("fixed_ms_per_sample", [])))
-                for r in saved["pairs"]]
-        return report(rows, saved["machine"], args)
+                for run in saved for r in run["pairs"]]
+        return report(rows, saved[0]["machine"], args)
     pairs = load_pairs(args.pairs.split(",") if args.pairs else None)
     script_args = ["--steps", str(args.steps)] if args.steps else []
     info = machine()
@@ -325,16 +359,11 @@ def main() -> int:
           f"--what-if-budget {args.what_if_budget:g}")
     rows = []
     for pair in pairs:
-        row = {"pair": pair.name, "rule": pair.rule, "expect": pair.expect}
-        if not args.no_doctor:
-            row.update(predict(pair, args.doctor_steps, args.what_if_budget, script_args, args.verify,
-                               args.verify_rounds))
-        row.setdefault("predicted", None)
-        row.update(measure(pair, args.rounds, script_args))
+        row = {"pair": pair.name, "rule": pair.rule, "expect": pair.expect, **calibrate(pair, args, script_args)}
         row["target"] = target(row)
         rows.append(row)
-        print(f"  {'  '.join(_row(row))}   (rounds {row.get('ratios')}, doctor {row.get('doctor_s', '-')} s)",
-              flush=True)
+        print(f"  {'  '.join(_row(row))}   (rounds {row.get('ratios')}, predicted {row.get('predicted_runs')}, "
+              f"verified {row.get('verified_runs', '-')}, doctor {row.get('doctor_s', '-')} s)", flush=True)
     return report(rows, info, args)
 
 

@@ -83,6 +83,21 @@ def test_periodic_validation_stays_in_the_numbers():
     assert b.seconds["outside_step"] == pytest.approx(0.050 / 4)
 
 
+def test_the_work_around_a_validation_is_part_of_its_cost():
+    # The steps that validate also spend 3 ms more before their next forward (model.train(), the loop resuming)
+    # and 1 ms more in the forward (caches the validation batches evicted): running the validation less often
+    # saves that too, so it is the validation's cost, not data loading's or compute's.
+    steps = [step(i, 0.010, {"forward": 0.006, "optimizer": 0.004}, preempted=0.0) for i in range(10)]
+    for i in (3, 7):
+        steps[i] = step(i, 0.064, {"forward": 0.007, "optimizer": 0.004, "eval": 0.050}, gap=0.003, preempted=0.0)
+    b = compute_breakdown(steps, warmup=1)
+    assert b.periodic[0].cost_s == pytest.approx(0.054)
+    assert set(b.periodic[0].around) == {"data_loading", "compute"}
+    assert b.seconds["outside_step"] == pytest.approx(0.054 / 4)
+    assert b.seconds["data_loading"] == pytest.approx(0.0) and b.seconds["compute"] == pytest.approx(0.006)
+    assert sum(b.seconds.values()) == pytest.approx(0.010 + 0.054 / 4)
+
+
 def test_on_cuda_compute_is_device_time_and_idle_time_goes_to_the_host():
     cats = dict.fromkeys(CATEGORIES, 0.0)
     cats.update(data_loading=0.004, compute=0.003, optimizer=0.001, host_sync=0.002)
