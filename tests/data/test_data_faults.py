@@ -66,34 +66,42 @@ def test_an_error_in_a_worker_reaches_the_main_process_with_the_url(nginx):
         list(loader)
 
 
-class _FullDisk:
-    """A file object that accepts ``room`` bytes and then fails like a full disk."""
+def short_writes(room: int | None, most: int = 64):
+    """An ``os.write`` that writes at most ``most`` bytes a call (as the kernel may), failing like a full
+    disk once ``room`` bytes are written (never, with None)."""
+    real_write = os.write
+    state = {"room": room}
 
-    def __init__(self, real, room: int):
-        self.real, self.room = real, room
+    def write(fd, data):
+        n = min(len(data), most)
+        if state["room"] is not None:
+            if state["room"] <= 0:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            n = min(n, state["room"])
+            state["room"] -= n
+        return real_write(fd, bytes(data[:n]))
 
-    def write(self, data):
-        if len(data) > self.room:
-            self.real.write(data[: self.room])
-            self.real.flush()
-            raise OSError(errno.ENOSPC, "No space left on device")
-        self.room -= len(data)
-        return self.real.write(data)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.real.close()
+    return write
 
 
 def test_disk_full_gives_a_clear_error_and_no_half_written_file(tmp_path, monkeypatch):
     cache = DiskCache(tmp_path / "cache")
-    real_fdopen = os.fdopen
-    monkeypatch.setattr("turbotrain.data.cache.os.fdopen", lambda fd, mode: _FullDisk(real_fdopen(fd, mode), 100))
-    with pytest.raises(CacheFullError, match=r"cache directory .*cache is full .* for http://h/a.bin; no partial"):
-        cache.put("http://h/a.bin", b"x" * 1000)
+    with monkeypatch.context() as patch:
+        patch.setattr("turbotrain.data.cache.os.write", short_writes(room=100))
+        with pytest.raises(CacheFullError, match=r"cache directory .*cache is full .* for http://h/a.bin; no partial"):
+            cache.put("http://h/a.bin", b"x" * 1000)
     assert cache.get("http://h/a.bin") is None
+    assert leftover_temps(tmp_path / "cache") == []
+
+
+def test_short_writes_still_store_the_whole_file_with_its_version(tmp_path, monkeypatch):
+    cache = DiskCache(tmp_path / "cache")
+    data = os.urandom(10_000)
+    with monkeypatch.context() as patch:
+        patch.setattr("turbotrain.data.cache.os.write", short_writes(room=None, most=999))
+        cache.put("http://h/b.bin", data, version="etag-1")
+    assert cache.get("http://h/b.bin") == data
+    assert cache.recorded_version("http://h/b.bin") == "etag-1"
     assert leftover_temps(tmp_path / "cache") == []
 
 

@@ -100,6 +100,64 @@ def test_distributed_sampler_and_set_epoch_follow_the_sampler(served_urls, cache
     assert epochs[0] != epochs[1]
 
 
+def test_the_cache_is_looked_up_where_indices_are_fed_never_on_the_event_loop(served_urls, cache_dir, monkeypatch):
+    """The event loop's thread handles every response: a stat per file there would delay them all."""
+    import threading
+
+    from turbotrain.data.cache import DiskCache
+
+    threads: set[str] = set()
+    original = DiskCache.__contains__
+
+    def recording_contains(self, url):
+        threads.add(threading.current_thread().name)
+        return original(self, url)
+
+    monkeypatch.setattr(DiskCache, "__contains__", recording_contains)
+    ds = tt.data.FileDataset(served_urls, decode=digest, cache=cache_dir, max_in_flight=8)
+    ds.fill(range(0, len(served_urls), 2))  # half of them cached before: those must not be fetched
+    loader = tt.data.read_ahead(DataLoader(ds, batch_size=4, shuffle=True, collate_fn=_names))
+    before = stats.snapshot()
+    got = [d for batch in loader for d in batch]
+    reads = (stats.snapshot() - before).schemes.get("http")
+    assert sorted(got) == sorted(expected(u) for u in served_urls)
+    assert reads.files == len(served_urls) // 2, reads
+    assert threads == {threading.main_thread().name}, threads
+
+
+def test_cache_writes_run_on_a_few_threads_however_many_reads_are_in_flight(served_urls, cache_dir, monkeypatch):
+    """Writing an entry is CPU work in the kernel: more writers than WRITE_THREADS only contend."""
+    import threading
+
+    from turbotrain.data import readahead
+
+    state = {"now": 0, "peak": 0}
+    lock = threading.Lock()
+    original = tt.data.FileDataset.store
+
+    def slow_store(self, url, data):
+        with lock:
+            state["now"] += 1
+            state["peak"] = max(state["peak"], state["now"])
+        time.sleep(0.005)  # long enough for writes to pile up if more threads took them
+        try:
+            original(self, url, data)
+        finally:
+            with lock:
+                state["now"] -= 1
+
+    monkeypatch.setattr(tt.data.FileDataset, "store", slow_store)
+    ds = tt.data.FileDataset(served_urls, decode=digest, cache=cache_dir, max_in_flight=32)
+    loader = tt.data.read_ahead(DataLoader(ds, batch_size=8, collate_fn=_names))
+    got = [d for batch in loader for d in batch]
+    assert got == [expected(u) for u in served_urls]
+    deadline = time.monotonic() + 10
+    while ds.cache_writer().pending and time.monotonic() < deadline:
+        time.sleep(0.01)  # the batches came from memory; their entries are written behind them
+    assert ds.cached_fraction() == 1.0
+    assert 1 <= state["peak"] <= readahead.WRITE_THREADS
+
+
 def test_loaders_without_a_shared_cache_are_left_alone(served_urls):
     plain = DataLoader(tt.data.FileDataset(served_urls), batch_size=4, num_workers=2)
     assert tt.data.read_ahead(plain) is plain  # workers without a cache every process sees

@@ -55,6 +55,13 @@ class CacheFullError(OSError):
     """The cache's disk (or quota) is full; nothing partial was left behind."""
 
 
+def _write_all(fd: int, data: bytes) -> None:
+    """All of ``data`` to ``fd`` with plain os.write (a buffered file object per entry costs more than the write)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]  # a regular file may take less than asked (a signal, a full disk)
+
+
 def _key(url: str) -> str:
     return hashlib.sha256(url.encode()).hexdigest()
 
@@ -171,7 +178,7 @@ class DiskCache:
         # few bytes) reads as no version, and the entry is fetched again.
         side = os.open(self.version_path(url), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            os.write(side, raw)
+            _write_all(side, raw)
         finally:
             os.close(side)
 
@@ -210,10 +217,12 @@ class DiskCache:
             # A name no other writer (process or thread) uses, without mkstemp's cost per file.
             tmp = f"{sub}/{_TMP_PREFIX}{name[:16]}-{os.getpid()}-{threading.get_ident()}-{next(_seq)}"
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
+            try:
+                _write_all(fd, data)
                 if version is not None:  # before the rename: the entry never appears without it
-                    self._record_version(f.fileno(), url, version)
+                    self._record_version(fd, url, version)
+            finally:
+                os.close(fd)
             os.replace(tmp, final)  # atomic: readers see no file or the whole file
             tmp = None
         except FileNotFoundError:

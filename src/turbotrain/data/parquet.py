@@ -32,6 +32,7 @@ from . import stats
 from .cache import DiskCache, open_cache
 from .fetch import FetchError, Fetcher, RetryPolicy, expand_urls, scheme_of
 from .cache import checked_versions
+from .columns import to_torch
 
 __all__ = ["ParquetDataset", "ParquetFileError"]
 
@@ -62,32 +63,6 @@ def _rank_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} is outside world_size {world_size}")
     return rank, world_size
-
-
-def _column_to_torch(name: str, column) -> Any:
-    import pyarrow as pa
-
-    arr = column.combine_chunks() if hasattr(column, "combine_chunks") else column
-    kind = arr.type
-    numeric = pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind)
-    fixed_list = pa.types.is_fixed_size_list(kind) and (pa.types.is_integer(kind.value_type)
-                                                        or pa.types.is_floating(kind.value_type))
-    if not (numeric or fixed_list):
-        return arr.to_pylist()
-    if arr.null_count:
-        raise ValueError(f"column {name!r} has {arr.null_count} null value(s), which a tensor cannot hold: fill "
-                         "them when writing the data, or use ParquetDataset(..., format='arrow')")
-    if fixed_list:
-        values = arr.flatten().to_numpy(zero_copy_only=False).reshape(len(arr), kind.list_size)
-    else:
-        values = arr.to_numpy(zero_copy_only=False)
-    if not values.flags.writeable:  # zero-copy views of Arrow memory are read-only; torch wants to own it
-        values = values.copy()
-    return torch.from_numpy(values)
-
-
-def _to_torch(table) -> dict[str, Any]:
-    return {name: _column_to_torch(name, col) for name, col in zip(table.column_names, table.columns)}
 
 
 class _Batcher:
@@ -427,5 +402,5 @@ class ParquetDataset(IterableDataset):
             reader.close()
 
     def _emit(self, table) -> Any:
-        out = _to_torch(table) if self.format == "torch" else table
+        out = to_torch(table) if self.format == "torch" else table
         return self.transform(out) if self.transform is not None else out

@@ -4,9 +4,9 @@ Without it a batching DataLoader fetches each batch as one burst and waits for i
 before the next burst starts, so the store idles between batches. With it, the loader's batch
 sampler is wrapped (:func:`turbotrain.data.pipeline.read_ahead`): as the DataLoader pulls batch k, the wrapper pulls
 indices further ahead from the user's sampler and hands them to one :class:`ReadAheadStream` in
-the main process, which keeps ``max_in_flight`` reads outstanding, writes each file to the cache
-from the fetch thread, and starts the next read as soon as one ends. A batch then waits only for
-its own files.
+the main process, which keeps ``max_in_flight`` reads outstanding, hands each file to the cache's
+writer threads while holding its bytes for the batch (no read-back), and starts the next read as
+soon as one ends. A batch then waits only for its own files.
 
 With DataLoader workers there is still one stream, in one order, but the fetching is spread over
 the worker processes: the main process (which iterates the sampler) writes the epoch's order into
@@ -45,6 +45,10 @@ NONE, CLAIMED, DONE, FAILED = 0, 1, 2, 3
 # polling threads do not take the GIL from the ones doing the work.
 _PUMP_IDLE_S = 0.02
 _WAIT_POLL_S = (0.001, 0.01)
+# Writing a cache entry is CPU work in the kernel, not a wait for the disk (the bytes go to the page
+# cache; creating the file's inode is most of it, 0.1 to 0.3 ms on ext4): more writer threads than
+# this only contend for the filesystem's locks and the GIL, and took requests' CPU on a 2-core machine.
+WRITE_THREADS = 2
 
 
 class CacheWriter:
@@ -54,7 +58,7 @@ class CacheWriter:
     this writer's job, and ``pending`` (bounded by the callers) says how many wait for the disk.
     """
 
-    def __init__(self, dataset: Any, threads: int = 16):
+    def __init__(self, dataset: Any, threads: int = WRITE_THREADS):
         self.ds = dataset
         self.pool = ThreadPoolExecutor(threads, thread_name_prefix="turbotrain-cache-write")
         self.pending = 0
@@ -104,6 +108,12 @@ class ReadAheadStream:
         self._closed = False
 
     def feed(self, indices: Iterable[int]) -> None:
+        ds = self.ds
+        if ds.cache is not None:
+            # What the cache holds is looked up here, on the sampler's thread and outside the lock, not
+            # when a read starts: _pump also runs on the event loop's thread, where a stat per file
+            # (slow while the writers create entries in the same directories) delays every response.
+            indices = [i for i in indices if ds.urls[i] not in ds.cache]
         with self._lock:
             self._planned.extend(indices)
             self._pump()
@@ -118,8 +128,6 @@ class ReadAheadStream:
         while self._planned and not self._closed and self._room():
             i = self._planned.popleft()
             if i in self._running or i in self._ready:
-                continue
-            if ds.cache is not None and ds.urls[i] in ds.cache:
                 continue
             fut = ds.fetcher.submit(ds.urls[i])
             self._running[i] = fut
