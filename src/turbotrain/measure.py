@@ -20,6 +20,11 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import torch
 from torch import nn
 
+try:
+    import resource
+except ImportError:  # not on Windows: page faults then read as 0
+    resource = None  # type: ignore[assignment]
+
 from .hardware import read_proc_kib
 from .plan import Plan
 from .runtime import prepare
@@ -134,6 +139,7 @@ class Trial(_Outcome):
     step_times_s: list[float] = field(default_factory=list)   # steady-state steps only
     warmup_s: float = 0.0                                       # the warm-up steps (compile, autotune)
     losses: list[float] = field(default_factory=list)           # every step, warm-up included
+    page_faults_per_step: float = 0.0                           # minor page faults of the process, timed steps
 
     @property
     def ok(self) -> bool:
@@ -265,7 +271,10 @@ def run_trial(model: nn.Module, optimizer_fn: Callable, loss_fn: Callable | None
         # Compiled plans are never stopped: a recompile (dynamic shapes marked on a later call) can make
         # any early step slow once, and their cost is bounded by the callers' compile budgets.
         judged_from = 1 if plan.compile is False else warmup + steps
+        faults_before = minor_page_faults()
         for i in range(warmup + steps):
+            if i == warmup:
+                faults_before = minor_page_faults()
             started = time.perf_counter()
             trial.losses.append(_train_step(rt, micro(i), loss_fn, step_fn))
             took = time.perf_counter() - started
@@ -273,6 +282,7 @@ def run_trial(model: nn.Module, optimizer_fn: Callable, loss_fn: Callable | None
                 trial.warmup_s = time.perf_counter() - warm_start
             elif i >= warmup:
                 trial.step_times_s.append(took)
+                trial.page_faults_per_step = (minor_page_faults() - faults_before) / len(trial.step_times_s)
             if give_up_s is not None and i >= judged_from and took > max(give_up_s, HOPELESS_FLOOR_S):
                 trial.error = (f"stopped early: a step took {took:.3g} s, over {give_up_s:.3g} s "
                                f"({HOPELESS:g}x the baseline's step): it cannot be faster")
@@ -354,6 +364,12 @@ def run_epochs(model: nn.Module, optimizer_fn: Callable, loss_fn: Callable | Non
 
     _on_a_copy(trial, model, optimizer_fn, plan, seed, epochs_on)
     return trial
+
+
+def minor_page_faults() -> int:
+    """This process's minor page faults so far (pages the kernel mapped in on first touch): a step that
+    counts thousands is paying for its allocator handing memory back to the system and taking it again."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt if resource is not None else 0
 
 
 def _train_step(rt: Any, micro_batches: Iterable[Any], loss_fn: Callable | None, step_fn: Callable | None) -> float:

@@ -47,11 +47,18 @@ def surrogate_step(model: torch.nn.Module, batch: Any) -> torch.Tensor:
 
 def rebuilt_optimizer_fn(ctx) -> Callable:
     """Rebuild the user's optimizer (same class and hyper-parameters) for a copy of the model."""
+    cls, settings = optimizer_recipe(ctx)
+    return lambda params: cls(params, **settings)
+
+
+def optimizer_recipe(ctx) -> tuple[type, dict[str, Any]]:
+    """The user's optimizer's class and constructor settings (SGD when there is none, or when it cannot be
+    rebuilt from its defaults)."""
     model_params = {id(p) for p in ctx.model.parameters()}
     chosen = next((opt for opt, _ in ctx.optimizers
                    if any(id(p) in model_params for g in opt.param_groups for p in g["params"])), None)
     if chosen is None:
-        return lambda params: torch.optim.SGD(params, lr=1e-3)
+        return torch.optim.SGD, {"lr": 1e-3}
     cls, defaults = type(chosen), constructor_defaults(chosen)
     try:
         cls([torch.zeros(1, requires_grad=True)], **defaults)
@@ -59,8 +66,8 @@ def rebuilt_optimizer_fn(ctx) -> Callable:
         lr = defaults.get("lr", 1e-3)
         log.warning("turbotrain doctor: %s cannot be rebuilt from its defaults; the what-ifs time SGD instead",
                     cls.__name__)
-        return lambda params: torch.optim.SGD(params, lr=float(lr) if not torch.is_tensor(lr) else lr.item())
-    return lambda params: cls(params, **defaults)
+        return torch.optim.SGD, {"lr": float(lr) if not torch.is_tensor(lr) else lr.item()}
+    return cls, defaults
 
 
 def constructor_defaults(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
@@ -89,8 +96,12 @@ def typical_s(trial: Trial) -> float:
     add time, and on a busy machine most steps of a short trial may carry some). Not the fastest step: a
     switch whose step time varies by itself (bf16 matmuls on a CPU ran 5-6 ms or 8-10 ms for the same
     step of one process here) would be credited with its luckiest step, which a training run does not get."""
-    times = sorted(trial.step_times_s)
-    return times[(len(times) - 1) // 4] if times else float("inf")
+    return lower_quartile(trial.step_times_s)
+
+
+def lower_quartile(times: list[float]) -> float:
+    ordered = sorted(times)
+    return ordered[(len(ordered) - 1) // 4] if ordered else float("inf")
 
 
 def model_share(ctx) -> float:
@@ -144,12 +155,13 @@ class ModelTrials:
         self.ctx, self.budget = ctx, budget
         self.model = ctx.capture.module
         self.batches = [(ctx.capture.args, ctx.capture.kwargs)]
+        self.optimizer = optimizer_recipe(ctx)
         self.optimizer_fn = rebuilt_optimizer_fn(ctx)
         self.base_plan = baseline_plan(ctx)
-        model_s = max(1e-4, ctx.seconds("compute") + ctx.seconds("optimizer") + ctx.seconds("python_overhead"))
-        self.steps = int(min(10, max(3, 0.8 / model_s)))
+        self.model_s = max(1e-4, ctx.seconds("compute") + ctx.seconds("optimizer") + ctx.seconds("python_overhead"))
+        self.steps = int(min(10, max(3, 0.8 / self.model_s)))
         self.warmup = 2
-        self.cost = (self.steps + self.warmup) * model_s * 1.5 + 0.05
+        self.cost = (self.steps + self.warmup) * self.model_s * 1.5 + 0.05
         self.baselines: list[Trial] = []
 
     def trial(self, plan: Plan, batches=None, warmup: int | None = None, give_up_s: float | None = None) -> Trial:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 from typing import Any
 
 
@@ -12,6 +13,7 @@ from ...measure import HOPELESS, Trial, judge
 from ..findings import Finding
 from ..trials import PlanTrial
 from .common import Budget, ModelTrials, apply_ratio, interleaved_rounds, model_share, typical_s
+from .fresh import FAULTS_PER_STEP, allocator_churn, fresh_rounds
 
 
 def plan_trials(ctx, findings: list[Finding], budget: Budget, allow_compile: bool) -> None:
@@ -44,7 +46,7 @@ def plan_trials(ctx, findings: list[Finding], budget: Budget, allow_compile: boo
             trial = trials.trial(plan, warmup=3 if compiling else None,
                                  give_up_s=None if compiling else HOPELESS * typical_s(ref))
             seen.setdefault("first", trial)
-            seen["last"] = trial
+            seen["ref"], seen["last"] = ref, trial
             if not trial.ok:
                 return None
             return typical_s(ref), typical_s(trial)
@@ -64,14 +66,34 @@ def plan_trials(ctx, findings: list[Finding], budget: Budget, allow_compile: boo
             ratios = [first_round[0] / first_round[1]] if compiling else interleaved_rounds(
                 ctx, budget, trials.cost * 2, first_round, pair)
         f.what_if = {"kind": "plan", "changes": changes, "steps": trials.steps,
-                     "rounds": [round(r, 3) for r in ratios],
                      "losses_finite": all(map(math.isfinite, trial.losses))}
+        churn = allocator_churn(seen.get("ref"), seen.get("last"))
+        if churn >= FAULTS_PER_STEP and not compiling and not trial.stopped_early:
+            ratios = _fresh_or_in_process(ctx, trials, budget, base, plan, ratios, churn, f)
+        f.what_if["rounds"] = [round(r, 3) for r in ratios]
         if trial.ok:
             f.what_if["candidate_ms"] = round(typical_s(trial) * 1e3, 3)
         if compiling:
             f.what_if["compile_s"] = round(trial.warmup_s, 2)
             f.note = f"Compiling took {trial.warmup_s:.1f} s (once per run)."
         apply_ratio(f, ctx, judge(ratios, noise_floor=ctx.noise_floor), f.what_if)
+
+
+def _fresh_or_in_process(ctx, trials: ModelTrials, budget: Budget, base, plan, ratios: list[float], churn: float,
+                         f: Finding) -> list[float]:
+    """The switch re-timed in fresh processes (:func:`fresh_rounds`): the rounds judged from then on."""
+    fresh = fresh_rounds(ctx, trials, budget, base, plan)
+    f.what_if["page_faults_per_step"] = round(churn)
+    if isinstance(fresh, str):
+        f.what_if["timed_in"] = "this process"
+        f.note = (f"Timed in the doctor's process, whose steps page-faulted {churn:.0f} pages each: a training "
+                  f"process's allocator may differ (a fresh-process trial failed: {fresh}). {f.note or ''}").strip()
+        return ratios
+    f.what_if.update(timed_in="fresh processes", in_process_rounds=[round(r, 3) for r in ratios])
+    f.note = (f"Timed with your setting and the switch each in a fresh process: in the doctor's process the steps "
+              f"page-faulted {churn:.0f} pages each, so its allocator's history was part of the time (it read "
+              f"x{statistics.median(ratios):.2f} there). {f.note or ''}").strip()
+    return fresh
 
 
 def _entry_for_field(field: str) -> str:

@@ -1,0 +1,106 @@
+"""A Plan trained in a process of its own (turbotrain.fresh_trial): the user's classes found without running
+their training, the plan applied there, failures reported with their cause, no process left behind; and
+the page faults a trial's steps take, which decide when the doctor needs such a process."""
+
+from __future__ import annotations
+
+import os
+import textwrap
+
+import pytest
+import torch
+
+from turbotrain.fresh_trial import FreshTrial, FreshTrialError, write_bundle
+from turbotrain.measure import run_trial
+from turbotrain.plan import Plan
+
+SCRIPT = textwrap.dedent('''
+    import pathlib
+    import torch
+    from torch import nn
+
+    WIDTH = 16
+
+
+    class Scaled(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = nn.Linear(WIDTH, WIDTH)
+
+        def forward(self, x):
+            return self.inner(x) * 2
+
+
+    def mean_square(model, batch):
+        return model(batch).pow(2).mean()
+
+
+    pathlib.Path(__file__).with_name("training-ran").write_text("yes")
+    if __name__ == "__main__":
+        raise SystemExit("the training loop must not run in a trial process")
+''')
+
+
+@pytest.fixture
+def script_module(tmp_path, monkeypatch):
+    """The script's definitions imported as ``__main__`` here (as the doctor's process has them)."""
+    import runpy
+    import sys
+    import types
+
+    path = tmp_path / "train.py"
+    path.write_text(SCRIPT)
+    defs = runpy.run_path(str(path), run_name="not_main")  # writes the marker here, not in the child
+    (tmp_path / "training-ran").unlink()
+    main = types.ModuleType("__main__")
+    main.__dict__.update(defs)
+    defs["Scaled"].__module__ = "__main__"
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    return path, defs
+
+
+def test_a_model_defined_in_the_script_trains_in_its_own_process(tmp_path, script_module):
+    path, defs = script_module
+    bundle = str(tmp_path / "bundle.pt")
+    defs["mean_square"].__module__ = "__main__"
+    write_bundle(bundle, defs["Scaled"](), [torch.randn(8, 16)], (torch.optim.SGD, {"lr": 0.1}),
+                 defs["mean_square"], threads=1)
+    with FreshTrial(bundle, Plan(device="cpu", precision="bf16-mixed"), script=str(path), warmup=1) as child:
+        ready = child.ready()
+        times = child.steps(4)
+        pid = child._proc.pid
+        assert child._proc.poll() is None and pid != os.getpid()
+    assert "precision" in ready["applied"], ready
+    assert len(times) == 4 and all(t > 0 for t in times)
+    assert child._proc.poll() is not None  # the process ended with the block
+    assert not (tmp_path / "training-ran").exists()  # definitions only, not the script's loop
+
+
+def test_a_class_it_cannot_find_is_an_error_naming_it(tmp_path, script_module):
+    _, defs = script_module
+    bundle = str(tmp_path / "bundle.pt")
+    write_bundle(bundle, defs["Scaled"](), [torch.randn(8, 16)], (torch.optim.SGD, {"lr": 0.1}), torch.sum)
+    child = FreshTrial(bundle, Plan(device="cpu"), script=None, warmup=1)
+    with pytest.raises(FreshTrialError, match="Scaled"):
+        child.ready()
+    child.close()
+    assert child._proc.poll() is not None
+
+
+def test_a_trial_counts_the_page_faults_of_its_steps():
+    """A step that takes 64 MiB of fresh memory each time (above glibc's largest mmap threshold, so it is
+    mapped in and handed back every step) faults its pages in every step; the same step without it does not
+    come close."""
+    model = torch.nn.Linear(4, 4)
+    x = torch.randn(2, 4)
+
+    def churning(m, batch):
+        torch.ones(16 << 20)  # 64 MiB, freed at once
+        return m(batch).sum()
+
+    plain = run_trial(model, lambda p: torch.optim.SGD(p, lr=0.1), None, [x], Plan(device="cpu"), steps=4,
+                      warmup=1, step_fn=lambda m, b: m(b).sum())
+    churn = run_trial(model, lambda p: torch.optim.SGD(p, lr=0.1), None, [x], Plan(device="cpu"), steps=4,
+                      warmup=1, step_fn=churning)
+    assert churn.page_faults_per_step >= 16  # 2 MiB pages where the kernel gives huge pages: 32 a step
+    assert plain.page_faults_per_step < churn.page_faults_per_step / 4
