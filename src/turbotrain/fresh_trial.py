@@ -68,9 +68,13 @@ class FreshTrial:
                                           pass_fds=(write_end,))
         finally:
             os.close(write_end)
-        self._replies = read_end
+        self._replies: int | None = read_end
         self._ready: dict | None = None
-        self._send({"bundle": bundle, "plan": plan, "script": script, "warmup": warmup})
+        try:
+            self._send({"bundle": bundle, "plan": plan, "script": script, "warmup": warmup})
+        except FreshTrialError:
+            self.close()
+            raise
 
     def ready(self) -> dict:
         """Wait until the child has loaded the bundle, applied the plan and run its warm-up steps; returns
@@ -88,11 +92,16 @@ class FreshTrial:
     def close(self) -> None:
         if self._proc.poll() is None:
             try:
-                self._send(None)
+                pickle.dump(None, self._proc.stdin)  # "no more steps": the child returns
+                self._proc.stdin.flush()
                 self._proc.wait(timeout=10)
-            except (OSError, subprocess.TimeoutExpired):
+            except (OSError, subprocess.TimeoutExpired):  # it had ended meanwhile, or hangs
                 self._proc.kill()
                 self._proc.wait()
+        try:
+            self._proc.stdin.close()
+        except OSError:
+            pass  # a pipe whose reader is gone
         if self._replies is not None:
             os.close(self._replies)
             self._replies = None

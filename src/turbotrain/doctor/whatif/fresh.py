@@ -39,9 +39,11 @@ def fresh_rounds(ctx, trials: ModelTrials, budget: Budget, base: Plan, plan: Pla
             write_bundle(bundle, trials.model, trials.batches, trials.optimizer, surrogate_step)
         except Exception as exc:  # noqa: BLE001 - an unpicklable model: the in-process figure stands
             return f"the model cannot be saved for another process ({type(exc).__name__}: {exc})"
-        pair = [FreshTrial(bundle, p, script=ctx.script, warmup=trials.warmup, timeout_s=max(30.0, budget.left))
-                for p in (base, plan)]
+        pair: list[FreshTrial] = []
         try:
+            for setting in (base, plan):
+                pair.append(FreshTrial(bundle, setting, script=ctx.script, warmup=trials.warmup,
+                                       timeout_s=max(30.0, budget.left)))
             for child in pair:
                 child.ready()  # both load at once
             ratios = []
@@ -49,7 +51,7 @@ def fresh_rounds(ctx, trials: ModelTrials, budget: Budget, base: Plan, plan: Pla
                 base_s, plan_s = (lower_quartile(child.steps(trials.steps)) for child in pair)
                 ratios.append(base_s / plan_s)
             return ratios
-        except FreshTrialError as exc:
+        except (FreshTrialError, OSError) as exc:  # the in-process figure stands
             return str(exc)
         finally:
             for child in pair:
