@@ -65,7 +65,7 @@ class FreshTrial:
             # stdout goes nowhere: a print in the user's forward must not garble the replies (own pipe).
             self._proc = subprocess.Popen([sys.executable, "-m", "turbotrain.fresh_trial", str(write_end)],
                                           stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=self._err,
-                                          pass_fds=(write_end,))
+                                          pass_fds=(write_end,), env=_child_env())
         finally:
             os.close(write_end)
         self._replies: int | None = read_end
@@ -146,6 +146,16 @@ class FreshTrial:
         self._err.seek(0)
         tail = self._err.read().decode(errors="replace").strip().splitlines()[-3:]
         return (": " + " / ".join(tail)) if tail else ""
+
+
+def _child_env() -> dict[str, str]:
+    """This environment, with the folder this turbotrain was imported from first on the child's path: a
+    parent that found it through its own ``sys.path`` (a notebook, a test runner) must not start a child
+    that cannot import it."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH")) if p)
+    return env
 
 
 # ---- the child process ----

@@ -27,32 +27,84 @@ def allocator_churn(*trials: Trial | None) -> float:
     return max((t.page_faults_per_step for t in trials if t is not None), default=0.0)
 
 
-def fresh_rounds(ctx, trials: ModelTrials, budget: Budget, base: Plan, plan: Plan, rounds: int = 3
-                 ) -> list[float] | str:
-    """Per-round ratios (baseline seconds / candidate seconds) of ``base`` and ``plan``, each trained in a
-    process of its own, ``trials.steps`` steps a turn, A/B alternated; or why it could not be done."""
-    if not budget.allows(START_S + 2 * trials.model_s * (trials.warmup + rounds * trials.steps) * 1.5):
-        return "the what-if time budget is spent"
-    with tempfile.TemporaryDirectory(prefix="turbotrain-fresh-") as folder:
-        bundle = os.path.join(folder, "trial.pt")
+class FreshProcesses:
+    """The fresh processes of one run of the plan what-ifs: the model saved once, the script's setting's
+    process kept for every switch compared with it (its allocator only ever serves that setting, as the
+    user's would), each switch's own process ended after its rounds. A context manager: nothing outlives it."""
+
+    def __init__(self, ctx, trials: ModelTrials, budget: Budget):
+        self.ctx, self.trials, self.budget = ctx, trials, budget
+        self._folder: tempfile.TemporaryDirectory | None = None
+        self._bundle: str | None = None
+        self._baselines: list[tuple[Plan, FreshTrial]] = []
+
+    def rounds(self, base: Plan, plan: Plan, rounds: int = 3) -> list[float] | str:
+        """Per-round ratios (baseline seconds / candidate seconds) of ``base`` and ``plan``, each trained in a
+        process of its own, ``trials.steps`` steps a turn, A/B alternated; or why it could not be done."""
+        trials = self.trials
+        starting = START_S * (1 if self._kept(base) is None else 0.5)
+        if not self.budget.allows(starting + 2 * trials.model_s * (trials.warmup + rounds * trials.steps) * 1.5):
+            return "the what-if time budget is spent"
+        candidate = None
         try:
-            write_bundle(bundle, trials.model, trials.batches, trials.optimizer, surrogate_step)
-        except Exception as exc:  # noqa: BLE001 - an unpicklable model: the in-process figure stands
-            return f"the model cannot be saved for another process ({type(exc).__name__}: {exc})"
-        pair: list[FreshTrial] = []
-        try:
-            for setting in (base, plan):
-                pair.append(FreshTrial(bundle, setting, script=ctx.script, warmup=trials.warmup,
-                                       timeout_s=max(30.0, budget.left)))
-            for child in pair:
-                child.ready()  # both load at once
+            baseline = self._kept(base) or self._start(base, keep=True)
+            candidate = self._start(plan, keep=False)
+            baseline.ready()
+            candidate.ready()  # both load at once
             ratios = []
             for _ in range(rounds):
-                base_s, plan_s = (lower_quartile(child.steps(trials.steps)) for child in pair)
+                base_s, plan_s = (lower_quartile(child.steps(trials.steps)) for child in (baseline, candidate))
                 ratios.append(base_s / plan_s)
             return ratios
         except (FreshTrialError, OSError) as exc:  # the in-process figure stands
+            self._drop(base)  # a baseline process that failed is not asked again
+            return str(exc)
+        except _Unsaveable as exc:
             return str(exc)
         finally:
-            for child in pair:
-                child.close()
+            if candidate is not None:
+                candidate.close()
+
+    def close(self) -> None:
+        for _, child in self._baselines:
+            child.close()
+        self._baselines.clear()
+        if self._folder is not None:
+            self._folder.cleanup()
+            self._folder = None
+
+    def __enter__(self) -> "FreshProcesses":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _kept(self, base: Plan) -> FreshTrial | None:
+        return next((child for plan, child in self._baselines if plan == base), None)
+
+    def _drop(self, base: Plan) -> None:
+        for plan, child in [(p, c) for p, c in self._baselines if p == base]:
+            child.close()
+            self._baselines.remove((plan, child))
+
+    def _start(self, plan: Plan, keep: bool) -> FreshTrial:
+        child = FreshTrial(self._bundle_path(), plan, script=self.ctx.script, warmup=self.trials.warmup,
+                           timeout_s=max(30.0, self.budget.left))
+        if keep:
+            self._baselines.append((plan, child))
+        return child
+
+    def _bundle_path(self) -> str:
+        if self._bundle is None:
+            self._folder = tempfile.TemporaryDirectory(prefix="turbotrain-fresh-")
+            path = os.path.join(self._folder.name, "trial.pt")
+            try:
+                write_bundle(path, self.trials.model, self.trials.batches, self.trials.optimizer, surrogate_step)
+            except Exception as exc:  # noqa: BLE001 - an unpicklable model (a local class, a lambda attribute)
+                raise _Unsaveable(f"the model cannot be saved for another process ({type(exc).__name__}: {exc})")
+            self._bundle = path
+        return self._bundle
+
+
+class _Unsaveable(Exception):
+    pass

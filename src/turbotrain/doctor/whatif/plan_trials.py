@@ -13,7 +13,7 @@ from ...measure import HOPELESS, Trial, judge
 from ..findings import Finding
 from ..trials import PlanTrial
 from .common import Budget, ModelTrials, apply_ratio, interleaved_rounds, model_share, typical_s
-from .fresh import FAULTS_PER_STEP, allocator_churn, fresh_rounds
+from .fresh import FAULTS_PER_STEP, FreshProcesses, allocator_churn
 
 
 def plan_trials(ctx, findings: list[Finding], budget: Budget, allow_compile: bool) -> None:
@@ -27,62 +27,64 @@ def plan_trials(ctx, findings: list[Finding], budget: Budget, allow_compile: boo
         for f in wanted:
             f.note = f"Not measured: {reason}. {f.note or ''}".strip()
         return
-    for f in sorted(wanted, key=lambda f: f.trial.compile):
-        changes = dict(f.trial.changes)
-        base = trials.base_plan.replace(**f.trial.baseline)
-        plan = base.replace(**changes)
-        compiling = bool(changes.get("compile"))
-        cost = trials.cost * (8 if compiling else 2)
-        if not budget.allows(cost):
-            f.note = f"Not measured: the what-if time budget is spent. {f.note or ''}".strip()
-            continue
-        seen: dict[str, Any] = {}
+    # The script's setting's fresh process serves every switch compared with it, and ends with the loop.
+    with FreshProcesses(ctx, trials, budget) as fresh_processes:
+        for f in sorted(wanted, key=lambda f: f.trial.compile):
+            changes = dict(f.trial.changes)
+            base = trials.base_plan.replace(**f.trial.baseline)
+            plan = base.replace(**changes)
+            compiling = bool(changes.get("compile"))
+            cost = trials.cost * (8 if compiling else 2)
+            if not budget.allows(cost):
+                f.note = f"Not measured: the what-if time budget is spent. {f.note or ''}".strip()
+                continue
+            seen: dict[str, Any] = {}
 
-        def pair(base=base, plan=plan, compiling=compiling, seen=seen) -> tuple[float, float] | None:
-            """One round: the baseline, then the candidate right after it (the same machine load)."""
-            ref = trials.trial(base)
-            if not ref.ok:
-                return None
-            trial = trials.trial(plan, warmup=3 if compiling else None,
-                                 give_up_s=None if compiling else HOPELESS * typical_s(ref))
-            seen.setdefault("first", trial)
-            seen["ref"], seen["last"] = ref, trial
-            if not trial.ok:
-                return None
-            return typical_s(ref), typical_s(trial)
+            def pair(base=base, plan=plan, compiling=compiling, seen=seen) -> tuple[float, float] | None:
+                """One round: the baseline, then the candidate right after it (the same machine load)."""
+                ref = trials.trial(base)
+                if not ref.ok:
+                    return None
+                trial = trials.trial(plan, warmup=3 if compiling else None,
+                                     give_up_s=None if compiling else HOPELESS * typical_s(ref))
+                seen.setdefault("first", trial)
+                seen["ref"], seen["last"] = ref, trial
+                if not trial.ok:
+                    return None
+                return typical_s(ref), typical_s(trial)
 
-        first_round = pair()
-        trial = seen.get("first")
-        entries = {_entry_for_field(k) for k in changes}
-        skipped = [name for name, _ in trial.skipped if name in entries] if trial is not None else []
-        if trial is None or skipped or (first_round is None and not trial.stopped_early):
-            why = (trial.error if trial is not None else None) or "; ".join(w for _, w in (trial.skipped if trial else []))
-            f.note = f"Not measured: {why or 'the baseline failed'}. {f.note or ''}".strip()
-            continue
-        if trial.stopped_early:
-            ratios = [1.0 / HOPELESS]  # slower than HOPELESS times the baseline: no need for more rounds
-        else:
-            # Compile: one round (the graph compiles once per trial).
-            ratios = [first_round[0] / first_round[1]] if compiling else interleaved_rounds(
-                ctx, budget, trials.cost * 2, first_round, pair)
-        f.what_if = {"kind": "plan", "changes": changes, "steps": trials.steps,
-                     "losses_finite": all(map(math.isfinite, trial.losses))}
-        churn = allocator_churn(seen.get("ref"), seen.get("last"))
-        if churn >= FAULTS_PER_STEP and not compiling and not trial.stopped_early:
-            ratios = _fresh_or_in_process(ctx, trials, budget, base, plan, ratios, churn, f)
-        f.what_if["rounds"] = [round(r, 3) for r in ratios]
-        if trial.ok:
-            f.what_if["candidate_ms"] = round(typical_s(trial) * 1e3, 3)
-        if compiling:
-            f.what_if["compile_s"] = round(trial.warmup_s, 2)
-            f.note = f"Compiling took {trial.warmup_s:.1f} s (once per run)."
-        apply_ratio(f, ctx, judge(ratios, noise_floor=ctx.noise_floor), f.what_if)
+            first_round = pair()
+            trial = seen.get("first")
+            entries = {_entry_for_field(k) for k in changes}
+            skipped = [name for name, _ in trial.skipped if name in entries] if trial is not None else []
+            if trial is None or skipped or (first_round is None and not trial.stopped_early):
+                why = (trial.error if trial is not None else None) or "; ".join(w for _, w in (trial.skipped if trial else []))
+                f.note = f"Not measured: {why or 'the baseline failed'}. {f.note or ''}".strip()
+                continue
+            if trial.stopped_early:
+                ratios = [1.0 / HOPELESS]  # slower than HOPELESS times the baseline: no need for more rounds
+            else:
+                # Compile: one round (the graph compiles once per trial).
+                ratios = [first_round[0] / first_round[1]] if compiling else interleaved_rounds(
+                    ctx, budget, trials.cost * 2, first_round, pair)
+            f.what_if = {"kind": "plan", "changes": changes, "steps": trials.steps,
+                         "losses_finite": all(map(math.isfinite, trial.losses))}
+            churn = allocator_churn(seen.get("ref"), seen.get("last"))
+            if churn >= FAULTS_PER_STEP and not compiling and not trial.stopped_early:
+                ratios = _fresh_or_in_process(fresh_processes, base, plan, ratios, churn, f)
+            f.what_if["rounds"] = [round(r, 3) for r in ratios]
+            if trial.ok:
+                f.what_if["candidate_ms"] = round(typical_s(trial) * 1e3, 3)
+            if compiling:
+                f.what_if["compile_s"] = round(trial.warmup_s, 2)
+                f.note = f"Compiling took {trial.warmup_s:.1f} s (once per run)."
+            apply_ratio(f, ctx, judge(ratios, noise_floor=ctx.noise_floor), f.what_if)
 
 
-def _fresh_or_in_process(ctx, trials: ModelTrials, budget: Budget, base, plan, ratios: list[float], churn: float,
+def _fresh_or_in_process(fresh_processes: FreshProcesses, base, plan, ratios: list[float], churn: float,
                          f: Finding) -> list[float]:
-    """The switch re-timed in fresh processes (:func:`fresh_rounds`): the rounds judged from then on."""
-    fresh = fresh_rounds(ctx, trials, budget, base, plan)
+    """The switch re-timed in fresh processes (:meth:`FreshProcesses.rounds`): the rounds judged from then on."""
+    fresh = fresh_processes.rounds(base, plan)
     f.what_if["page_faults_per_step"] = round(churn)
     if isinstance(fresh, str):
         f.what_if["timed_in"] = "this process"
