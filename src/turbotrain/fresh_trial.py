@@ -66,6 +66,10 @@ class FreshTrial:
             self._proc = subprocess.Popen([sys.executable, "-m", "turbotrain.fresh_trial", str(write_end)],
                                           stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=self._err,
                                           pass_fds=(write_end,), env=_child_env())
+        except OSError:
+            os.close(read_end)
+            self._err.close()
+            raise
         finally:
             os.close(write_end)
         self._replies: int | None = read_end
