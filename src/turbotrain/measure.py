@@ -271,7 +271,7 @@ def run_trial(model: nn.Module, optimizer_fn: Callable, loss_fn: Callable | None
         # Compiled plans are never stopped: a recompile (dynamic shapes marked on a later call) can make
         # any early step slow once, and their cost is bounded by the callers' compile budgets.
         judged_from = 1 if plan.compile is False else warmup + steps
-        faults_before = minor_page_faults()
+        faults_before = 0
         for i in range(warmup + steps):
             if i == warmup:
                 faults_before = minor_page_faults()
@@ -282,13 +282,14 @@ def run_trial(model: nn.Module, optimizer_fn: Callable, loss_fn: Callable | None
                 trial.warmup_s = time.perf_counter() - warm_start
             elif i >= warmup:
                 trial.step_times_s.append(took)
-                trial.page_faults_per_step = (minor_page_faults() - faults_before) / len(trial.step_times_s)
             if give_up_s is not None and i >= judged_from and took > max(give_up_s, HOPELESS_FLOOR_S):
                 trial.error = (f"stopped early: a step took {took:.3g} s, over {give_up_s:.3g} s "
                                f"({HOPELESS:g}x the baseline's step): it cannot be faster")
                 trial.step_times_s.clear()
                 trial.stopped_early = True
                 return
+        if trial.step_times_s:
+            trial.page_faults_per_step = (minor_page_faults() - faults_before) / len(trial.step_times_s)
 
     _on_a_copy(trial, model, optimizer_fn, plan, seed, steps_on)
     return trial

@@ -45,12 +45,6 @@ def surrogate_step(model: torch.nn.Module, batch: Any) -> torch.Tensor:
     return torch.stack(parts).sum() if len(parts) > 1 else parts[0]
 
 
-def rebuilt_optimizer_fn(ctx) -> Callable:
-    """Rebuild the user's optimizer (same class and hyper-parameters) for a copy of the model."""
-    cls, settings = optimizer_recipe(ctx)
-    return lambda params: cls(params, **settings)
-
-
 def optimizer_recipe(ctx) -> tuple[type, dict[str, Any]]:
     """The user's optimizer's class and constructor settings (SGD when there is none, or when it cannot be
     rebuilt from its defaults)."""
@@ -94,8 +88,8 @@ def baseline_plan(ctx) -> Plan:
 def typical_s(trial: Trial) -> float:
     """A trial's step time robust to interference: the lower quartile of its steps (other processes only ever
     add time, and on a busy machine most steps of a short trial may carry some). Not the fastest step: a
-    switch whose step time varies by itself (bf16 matmuls on a CPU ran 5-6 ms or 8-10 ms for the same
-    step of one process here) would be credited with its luckiest step, which a training run does not get."""
+    switch whose step time varies by itself would be credited with its luckiest step, which a training run
+    does not get (where the variation is the allocator's history, see :mod:`.fresh`)."""
     return lower_quartile(trial.step_times_s)
 
 
@@ -155,8 +149,9 @@ class ModelTrials:
         self.ctx, self.budget = ctx, budget
         self.model = ctx.capture.module
         self.batches = [(ctx.capture.args, ctx.capture.kwargs)]
-        self.optimizer = optimizer_recipe(ctx)
-        self.optimizer_fn = rebuilt_optimizer_fn(ctx)
+        self.optimizer = optimizer_recipe(ctx)  # the user's optimizer, rebuilt for each copy of the model
+        cls, settings = self.optimizer
+        self.optimizer_fn = lambda params: cls(params, **settings)
         self.base_plan = baseline_plan(ctx)
         self.model_s = max(1e-4, ctx.seconds("compute") + ctx.seconds("optimizer") + ctx.seconds("python_overhead"))
         self.steps = int(min(10, max(3, 0.8 / self.model_s)))

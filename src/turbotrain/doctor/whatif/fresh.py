@@ -59,8 +59,6 @@ class FreshProcesses:
         except (FreshTrialError, OSError) as exc:  # the in-process figure stands
             self._drop(base)  # a baseline process that failed is not asked again
             return str(exc)
-        except _Unsaveable as exc:
-            return str(exc)
         finally:
             if candidate is not None:
                 candidate.close()
@@ -83,9 +81,10 @@ class FreshProcesses:
         return next((child for plan, child in self._baselines if plan == base), None)
 
     def _drop(self, base: Plan) -> None:
-        for plan, child in [(p, c) for p, c in self._baselines if p == base]:
-            child.close()
-            self._baselines.remove((plan, child))
+        for plan, child in self._baselines:
+            if plan == base:
+                child.close()
+        self._baselines = [(plan, child) for plan, child in self._baselines if plan != base]
 
     def _start(self, plan: Plan, keep: bool) -> FreshTrial:
         child = FreshTrial(self._bundle_path(), plan, script=self.ctx.script, warmup=self.trials.warmup,
@@ -101,10 +100,7 @@ class FreshProcesses:
             try:
                 write_bundle(path, self.trials.model, self.trials.batches, self.trials.optimizer, surrogate_step)
             except Exception as exc:  # noqa: BLE001 - an unpicklable model (a local class, a lambda attribute)
-                raise _Unsaveable(f"the model cannot be saved for another process ({type(exc).__name__}: {exc})")
+                raise FreshTrialError(f"the model cannot be saved for another process ({type(exc).__name__}: {exc})"
+                                      ) from exc
             self._bundle = path
         return self._bundle
-
-
-class _Unsaveable(Exception):
-    pass
