@@ -88,14 +88,22 @@ def test_a_class_it_cannot_find_is_an_error_naming_it(tmp_path, script_module):
 
 
 def test_a_trial_counts_the_page_faults_of_its_steps():
-    """A step that takes 64 MiB of fresh memory each time (above glibc's largest mmap threshold, so it is
-    mapped in and handed back every step) faults its pages in every step; the same step without it does not
-    come close."""
+    """A step that maps 64 MiB of fresh memory and touches every page (an anonymous mmap, so the count does not
+    depend on what malloc kept from earlier tests) faults those pages in every step; the same step without it
+    does not come close."""
+    import mmap
+
+    import numpy as np
+
     model = torch.nn.Linear(4, 4)
     x = torch.randn(2, 4)
 
     def churning(m, batch):
-        torch.ones(16 << 20)  # 64 MiB, freed at once
+        region = mmap.mmap(-1, 64 << 20)
+        pages = np.frombuffer(region, dtype=np.uint8)
+        pages[::4096] = 1  # first touch of each page: one fault each
+        del pages
+        region.close()  # handed back to the system: the next step faults them in again
         return m(batch).sum()
 
     plain = run_trial(model, lambda p: torch.optim.SGD(p, lr=0.1), None, [x], Plan(device="cpu"), steps=4,
