@@ -9,7 +9,7 @@ from typing import Any
 
 
 from ...data.transfer import resize_batch
-from ...measure import HOPELESS, Trial, judge
+from ...measure import HOPELESS, Trial, judge, time_loader
 from ..findings import Finding
 from ..trials import PlanTrial
 from .common import Budget, ModelTrials, apply_ratio, interleaved_rounds, model_share, typical_s
@@ -137,14 +137,49 @@ def batch_trial(ctx, finding: Finding, budget: Budget) -> None:
     if first is None:
         finding.note = f"Not measured: {seen['base'].error or seen['big'].error}. {finding.note or ''}".strip()
         return
-    ratios = interleaved_rounds(ctx, budget, trials.cost * 3, first, pair)
+    model_rounds = interleaved_rounds(ctx, budget, trials.cost * 3, first, pair)
     base, big = seen["base"], seen["big"]
+    loader_ratio, loader_note = loader_samples_ratio(ctx, batch, k, budget)
+    # The step's model part goes k-fold wider at the ratio just timed; its loading part at the loader's own.
+    model, data = model_share(ctx), ctx.share("data_loading")
+    ratios = [(model + data) / (model / r + data / loader_ratio) for r in model_rounds if r > 0]
     finding.fix.plan = {"batch_size": batch * k}
     apply_ratio(finding, ctx, judge(ratios, noise_floor=ctx.noise_floor),
                  {"kind": "batch", "batch_size": batch, "candidate_batch_size": batch * k,
-                  "rounds": [round(r, 3) for r in ratios],
+                  "rounds": [round(r, 3) for r in ratios], "model_rounds": [round(r, 3) for r in model_rounds],
+                  "loader_samples_ratio": round(loader_ratio, 3), "loader": loader_note,
                   "baseline_samples_per_s": round(base.samples_per_step / typical_s(base), 1),
                   "candidate_samples_per_s": round(big.samples_per_step / typical_s(big), 1)}, unit="samples/s",
-                 # A DataLoader's per-batch cost (fetching, collating, the iterator) is paid per batch as the
-                 # model's dispatch is: a batch k times larger spreads both over k times the samples.
-                 applies_to=min(1.0, model_share(ctx) + (ctx.share("data_loading") if ctx.main_loader else 0.0)))
+                 applies_to=min(1.0, model + data))
+
+
+def loader_samples_ratio(ctx, batch: int, k: int, budget: Budget) -> tuple[float, str]:
+    """How much faster per sample the script's DataLoader delivers at ``k * batch`` than at ``batch``, and how
+    that was found. A batch's fetching costs per sample (``__getitem__``, transforms), its collating and the
+    iterator per batch: only the second part spreads over a larger batch, so the loader is timed at both
+    sizes, alternately, the faster of two timings each. Where it cannot be, the loading is taken to cost per
+    sample (ratio 1): a larger batch is never credited with loading it has not been seen to save."""
+    from torch.utils.data import DataLoader
+
+    record, data_s = ctx.main_loader, ctx.seconds("data_loading")
+    if data_s <= 0:
+        return 1.0, "no time waiting on data"
+    if record is None or not isinstance(record.loader, DataLoader):
+        return 1.0, "not timed (no DataLoader): loading taken to cost per sample"
+    if record.loader.batch_size != batch:
+        return 1.0, (f"not timed (the DataLoader's batch_size is {record.loader.batch_size}, the model saw {batch}): "
+                     "loading taken to cost per sample")
+    batches = int(min(30, max(4, 0.2 / data_s)))
+    start_s = 1.0 if record.settings.get("num_workers") else 0.0  # worker processes start with each timing
+    if not budget.allows(2 * (start_s + (batches + 2) * data_s * (1 + k))):
+        return 1.0, "not timed (the what-if time budget is spent): loading taken to cost per sample"
+    rates = {batch: 0.0, batch * k: 0.0}
+    try:
+        for _ in range(2):
+            for size in rates:
+                rates[size] = max(rates[size], time_loader(record.loader, batches=batches, batch_size=size))
+    except Exception as exc:  # noqa: BLE001 - a loader that cannot be rebuilt at another batch size
+        return 1.0, f"not timed ({type(exc).__name__}: {exc}): loading taken to cost per sample"
+    if min(rates.values()) <= 0:
+        return 1.0, "not timed (the loader yielded no batch): loading taken to cost per sample"
+    return k * rates[batch * k] / rates[batch], f"timed at batch_size {batch} and {batch * k}"
