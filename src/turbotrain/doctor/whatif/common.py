@@ -142,6 +142,10 @@ def apply_ratio(finding: Finding, ctx, verdict: Comparison, what_if: dict, unit:
     finding.note = (finding.note or "").strip() or None
 
 
+TRIAL_S = 0.1           # the least time a what-if trial's timed steps span
+MAX_TRIAL_STEPS = 50
+
+
 class ModelTrials:
     """Baseline and candidate trials on one captured model and batch."""
 
@@ -154,7 +158,9 @@ class ModelTrials:
         self.optimizer_fn = lambda params: cls(params, **settings)
         self.base_plan = baseline_plan(ctx)
         self.model_s = max(1e-4, ctx.seconds("compute") + ctx.seconds("optimizer") + ctx.seconds("python_overhead"))
-        self.steps = int(min(10, max(3, 0.8 / self.model_s)))
+        # At least TRIAL_S of steps a trial (up to MAX_TRIAL_STEPS): ten 1 ms steps are over in 10 ms, and two
+        # such rounds can both read x1.2 for a switch worth x1.05 (seen: bf16 on a small MLP, rated medium).
+        self.steps = int(min(MAX_TRIAL_STEPS, max(3, min(10, 0.8 / self.model_s), TRIAL_S / self.model_s)))
         self.warmup = 2
         self.cost = (self.steps + self.warmup) * self.model_s * 1.5 + 0.05
         self.baselines: list[Trial] = []
