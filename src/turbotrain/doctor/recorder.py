@@ -32,7 +32,7 @@ from ..hardware import sample_load
 from . import active, instrument
 from .discovery import ModuleCalls
 from .function_trace import FunctionTracer
-from .gap_sampler import GapSampler
+from .gap_sampler import GapSampler, sampling_interval
 from .gpu_timing import GpuTimer
 from .patching import Patcher
 from .profiling import ProfilerWindow
@@ -423,7 +423,7 @@ class Recorder:
             # The script builds batches itself, untimed: find which line. The sampler costs GIL
             # traffic (on a loaded machine, a descheduled sampler holding the GIL stalls the script,
             # inside the very gap it samples), so only a gap worth a finding gets it.
-            self._sampler = GapSampler(self)
+            self._sampler = GapSampler(self, sampling_interval(record.gap_before_forward, schedule.measure))
             self._sampler.start()
         if done == measured_end and self._sampler is not None:
             self._sampler.stop()

@@ -50,6 +50,8 @@ def num_workers(ctx):
                                                                            key=lambda kv: -kv[1])[:5]}})
         f.set_gain(share, measured=False)
         f.note = "est_speedup is the upper bound: all of the batch preparation hidden behind compute."
+        if busiest is None:
+            f.note += " No line was caught building a batch (the sampler saw none): the site is the model's call."
         yield f
         return
     workers = record.settings["num_workers"]
