@@ -419,10 +419,13 @@ class Recorder:
         if done == measured_end:
             self.reads_at_end = data_stats.snapshot()
             self.load_end = sample_load()
-        if done == self.warmup and record.gap_before_forward > max(0.1 * record.duration, GAP_WORTH_SAMPLING_S):
+        if (self._sampler is None and done >= self.warmup and (measured_end is None or done < measured_end)
+                and record.gap_before_forward > max(0.1 * record.duration, GAP_WORTH_SAMPLING_S)):
             # The script builds batches itself, untimed: find which line. The sampler costs GIL
             # traffic (on a loaded machine, a descheduled sampler holding the GIL stalls the script,
-            # inside the very gap it samples), so only a gap worth a finding gets it.
+            # inside the very gap it samples), so only a gap worth a finding gets it. Any step of the
+            # window may start it: one step that took 10x the others (a garbage collection of a large
+            # heap, in a long test session) must not leave the finding without its line.
             self._sampler = GapSampler(self, sampling_interval(record.gap_before_forward, schedule.measure))
             self._sampler.start()
         if done == measured_end and self._sampler is not None:
