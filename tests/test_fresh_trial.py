@@ -112,3 +112,37 @@ def test_a_trial_counts_the_page_faults_of_its_steps():
                       warmup=1, step_fn=churning)
     assert churn.page_faults_per_step >= 16  # 2 MiB pages where the kernel gives huge pages: 32 a step
     assert plain.page_faults_per_step < churn.page_faults_per_step / 4
+
+
+@pytest.mark.parametrize("before_backward", [False, True])
+def test_a_step_clears_gradients_where_it_is_told_and_trains_the_same(before_backward):
+    """Cleared after the optimizer step, the gradients are gone when the next forward runs; cleared before
+    the backward, the last step's are still there during it. Either way the model trains the same."""
+    from turbotrain.measure import _train_step
+    from turbotrain.runtime import prepare
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    rt = prepare(model, torch.optim.SGD(model.parameters(), lr=0.1), Plan(device="cpu"))
+    x = torch.randn(8, 4)
+    grads_at_forward = []
+
+    def step(m, batch):
+        grads_at_forward.append(m.weight.grad is not None)
+        return m(batch).pow(2).mean()
+
+    losses = [_train_step(rt, [x], None, step, before_backward) for _ in range(3)]
+    assert grads_at_forward == [False, before_backward, before_backward]
+
+    torch.manual_seed(0)
+    twin = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(twin.parameters(), lr=0.1)
+    expected = []
+    for _ in range(3):
+        loss = twin(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        expected.append(loss.item())
+    assert losses == pytest.approx(expected, rel=0, abs=0)
+    assert torch.equal(model.weight, twin.weight)

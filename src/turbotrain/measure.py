@@ -373,18 +373,22 @@ def minor_page_faults() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt if resource is not None else 0
 
 
-def _train_step(rt: Any, micro_batches: Iterable[Any], loss_fn: Callable | None, step_fn: Callable | None) -> float:
+def _train_step(rt: Any, micro_batches: Iterable[Any], loss_fn: Callable | None, step_fn: Callable | None,
+                clear_grads_before_backward: bool = False) -> float:
     """One optimizer step over ``rt.accum_steps`` micro-batches (taken from the iterable as they are
-    needed, so fetching them is part of the step); returns the mean loss."""
+    needed, so fetching them is part of the step); returns the mean loss. The gradients are dropped after
+    the optimizer step, or with ``clear_grads_before_backward`` between the first forward and its backward."""
     loss_sum = 0.0
     for j, batch in enumerate(micro_batches):
         with rt.autocast():
             loss = step_fn(rt.model, batch) if step_fn else loss_fn(rt.model(batch[0]), batch[1])
+        if clear_grads_before_backward and j == 0:
+            rt.clear_grads()
         with rt.no_sync(j + 1 < rt.accum_steps):
             rt.backward(loss / rt.accum_steps if rt.accum_steps > 1 else loss)
         loss_sum += float(loss.detach())  # trials measure: a sync per micro-batch is accepted
     for opt in rt.optimizers:
-        rt.optimizer_step(opt)
+        rt.optimizer_step(opt, clear_grads=not clear_grads_before_backward)
     rt.end_step()
     if rt.device.type == "cuda":
         torch.cuda.synchronize()

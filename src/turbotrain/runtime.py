@@ -78,13 +78,19 @@ class Runtime:
         params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
         return torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
 
-    def optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        """Step one optimizer (through the GradScaler under fp16) and drop its gradients."""
+    def optimizer_step(self, optimizer: torch.optim.Optimizer, clear_grads: bool = True) -> None:
+        """Step one optimizer (through the GradScaler under fp16) and drop its gradients (unless the caller
+        clears them itself, elsewhere in the step)."""
         if self.scaler is not None:
             self.scaler.step(optimizer)
         else:
             optimizer.step()
-        zero_grad(optimizer, self.set_to_none)
+        if clear_grads:
+            zero_grad(optimizer, self.set_to_none)
+
+    def clear_grads(self) -> None:
+        for optimizer in self.optimizers:
+            zero_grad(optimizer, self.set_to_none)
 
     def end_step(self) -> None:
         """Once per training step, after every optimizer stepped: adjust the loss scale."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import importlib
 
+import pytest
+
 from doctor_helpers import run_doctor
 
 
@@ -18,6 +20,7 @@ def test_a_switch_whose_steps_page_fault_is_timed_in_fresh_processes(monkeypatch
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             started.append(self)
+            self.clears_before_backward = kwargs["clear_grads_before_backward"]
 
     monkeypatch.setattr(fresh, "FreshTrial", Recorded)
     report = run_doctor("non_foreach_optimizer", what_if_budget_s=30.0)
@@ -32,3 +35,20 @@ def test_a_switch_whose_steps_page_fault_is_timed_in_fresh_processes(monkeypatch
     baselines = {repr(f.trial.baseline) for f in retimed}
     assert len(started) == len(retimed) + len(baselines)  # one process per switch, the script's setting's shared
     assert all(child._proc.poll() is not None for child in started)  # none outlives the doctor
+    # The script clears its gradients between its forward and its backward; so do the trials.
+    assert all(child.clears_before_backward for child in started)
+
+
+@pytest.mark.parametrize("name, before_backward", [("non_foreach_optimizer", True), ("batch_size_one", False)])
+def test_the_fresh_trials_clear_gradients_where_the_script_does(name, before_backward):
+    """``loss = ...; opt.zero_grad(); loss.backward()`` frees the old gradients after the forward has allocated
+    its activations; ``opt.zero_grad()`` before the forward (or after the step) frees them before: the allocator
+    then serves different blocks, and a trial in a fresh process follows the script."""
+    from doctor_helpers import script
+    from turbotrain.doctor.context import build_context
+    from turbotrain.doctor.recorder import Recorder
+    from turbotrain.doctor.runner import run_script
+
+    recorder = Recorder(measure=3, warmup=1, profile=0)
+    run_script(script(name), [], recorder)
+    assert build_context(recorder, script(name)).zero_grad_before_backward is before_backward

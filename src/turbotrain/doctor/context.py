@@ -65,6 +65,7 @@ class Context:
     storage_stats: Any = None               # filled by the data layer (slow-storage); None when unknown
     step_records: list[StepRecord] = field(default_factory=list)
     gap_samples: dict[Site, int] = field(default_factory=dict)   # user lines running untimed before the forward
+    zero_grad_before_backward: bool = False   # the script clears gradients between its forward and backward
     ran_code: set[Any] | None = None        # user code objects seen running (warm-up, profiler window); None: untraced
     machine: dict[str, Any] = field(default_factory=dict)   # cores, threads, workers, other load (doctor.machine)
 
@@ -236,6 +237,12 @@ def _ordinary_steps(breakdown: Breakdown) -> list[float]:
     return [t for i, t in zip(breakdown.steps, breakdown.step_seconds) if i not in periodic]
 
 
+def _clears_before_backward(recorder: Any) -> bool:
+    """Whether the script mostly calls zero_grad between a step's forward and its backward."""
+    seen = getattr(recorder, "zero_grads", None) or {}
+    return seen.get("before_backward", 0) > seen.get("elsewhere", 0)
+
+
 def build_context(recorder: Any, script: str | None = None, device: str | None = None) -> Context:
     """The rules' view of a finished recording."""
     profiled = [i for i in recorder.profiled_steps if i < len(recorder.steps)]
@@ -276,7 +283,8 @@ def build_context(recorder: Any, script: str | None = None, device: str | None =
         eval_grad_inputs=recorder.modules.eval_grad_inputs,
         profile=prof, matmul_shapes=dict(recorder.matmul_shapes), env=dict(os.environ),
         sources=load_sources(_user_files(script, recorder.tallies, module_sites)), world_size=world,
-        step_records=list(recorder.steps), gap_samples=dict(recorder.gap_samples), storage_stats=storage_stats(recorder),
+        step_records=list(recorder.steps), gap_samples=dict(recorder.gap_samples),
+        zero_grad_before_backward=_clears_before_backward(recorder), storage_stats=storage_stats(recorder),
         ran_code=set(recorder.ran_code) if getattr(recorder, "ran_code", None) is not None else None,
         machine=machine_facts(hw, _ordinary_steps(breakdown),
                               breakdown.interference_s / breakdown.mean_s if breakdown.mean_s else 0.0,

@@ -121,6 +121,8 @@ def _zero_grad(original: Callable) -> Callable:
         if rec is None:
             return original(self, *args, **kwargs)
         set_to_none = kwargs.get("set_to_none", args[0] if args else True)
+        opened = rec.open_step
+        rec.zero_grads["before_backward" if opened.forwards and not opened.backwards else "elsewhere"] += 1
         rec.push("optimizer")
         try:
             return original(self, *args, **kwargs)

@@ -112,6 +112,9 @@ class Recorder:
         self._expected: set[int] = set()   # the optimizers that stepped in the last step
         self.profiling = False
         self.gap_samples: Counter = Counter()   # user lines seen running between steps, before the forward
+        # zero_grad calls between a step's forward and its backward, and elsewhere (before the forward,
+        # after the optimizer step): the fresh-process trials clear gradients where the script does.
+        self.zero_grads = Counter()
         self._sampler: GapSampler | None = None
         # The user's functions seen running (warm-up and the profiler window: a trace hook costs a Python
         # call per frame, too much for the measured steps). Static rules ask whether their line's

@@ -88,7 +88,8 @@ class FreshProcesses:
 
     def _start(self, plan: Plan, keep: bool) -> FreshTrial:
         child = FreshTrial(self._bundle_path(), plan, script=self.ctx.script, warmup=self.trials.warmup,
-                           timeout_s=max(30.0, self.budget.left))
+                           timeout_s=max(30.0, self.budget.left),
+                           clear_grads_before_backward=self.ctx.zero_grad_before_backward)
         if keep:
             self._baselines.append((plan, child))
         return child
