@@ -52,3 +52,23 @@ def test_epoch_source_builds_through_the_pipeline(served_urls):
     source = EpochSource(DataLoader(ds, batch_size=6), _rebuild)
     assert isinstance(source.loader.batch_sampler, ReadAheadBatches)
     assert sum(len(b[1]) for b in source.epoch(0)) == len(served_urls)
+
+
+def test_an_epoch_ends_with_every_file_it_read_in_the_cache_even_on_a_slow_disk(served_urls, cache_dir, monkeypatch):
+    """Cache writes run on threads of their own; the epoch's end waits for the last of them, so a run that stops
+    there (or a next job reading the cache) finds every file it read."""
+    import time
+
+    from turbotrain.data.cache import DiskCache
+
+    slow_put = DiskCache.put
+
+    def put(self, *args, **kwargs):
+        time.sleep(0.02)  # a disk slower than the reads
+        return slow_put(self, *args, **kwargs)
+
+    monkeypatch.setattr(DiskCache, "put", put)
+    ds = tt.data.FileDataset(served_urls, decode=_pair, cache=cache_dir)
+    source = EpochSource(DataLoader(ds, batch_size=8), _rebuild)
+    assert sum(len(b[1]) for b in source.epoch(0)) == len(served_urls)
+    assert ds.cached_fraction() == 1.0

@@ -27,7 +27,7 @@ import os
 import threading
 import time
 from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
@@ -65,6 +65,7 @@ class CacheWriter:
         self.pid = os.getpid()
         self._lock = threading.Lock()
         self._warned = False
+        self._jobs: set[Future] = set()
 
     def write(self, url: str, data: bytes, then: Callable[[bool], None]) -> None:
         """Store ``url`` in the dataset's cache, then call ``then(stored)``."""
@@ -85,7 +86,20 @@ class CacheWriter:
                     self.pending -= 1
             then(stored)
 
-        self.pool.submit(job)
+        fut = self.pool.submit(job)
+        with self._lock:
+            self._jobs.add(fut)
+        fut.add_done_callback(self._forget)
+
+    def _forget(self, fut: Future) -> None:
+        with self._lock:
+            self._jobs.discard(fut)
+
+    def flush(self) -> None:
+        """Wait for the writes submitted so far."""
+        with self._lock:
+            jobs = list(self._jobs)
+        wait(jobs)
 
 
 class ReadAheadStream:
@@ -170,6 +184,12 @@ class ReadAheadStream:
                 self._ready.pop(i, None)
             self._pump()
         return out
+
+    def finish(self) -> None:
+        """The epoch's files were all taken: wait until the last of them are in the cache, so that a run
+        that ends here leaves every file it read cached (the writes run on threads of their own)."""
+        if self._writer is not None:
+            self._writer.flush()
 
     def close(self) -> None:
         """Stop: reads not started are cancelled, held bytes dropped."""
@@ -347,6 +367,7 @@ class ReadAheadBatches(Sampler):
                     stream.feed(batch)
                 if not pending:
                     finished = True
+                    stream.finish()
                     return
                 batch = pending.popleft()
                 pulled -= len(batch)
@@ -365,6 +386,9 @@ class _PlanWriter:
 
     def feed(self, indices: Sequence[int]) -> None:
         self.plan.extend(indices)
+
+    def finish(self) -> None:
+        pass  # each worker writes what it read
 
     def close(self) -> None:
         pass  # the workers are stopped with the loader's iterator
