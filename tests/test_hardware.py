@@ -132,10 +132,12 @@ def test_other_load_sees_a_busy_process_and_not_this_one():
     worker.start()
     try:
         time.sleep(0.2)
-        before = hardware._own_cpu_s(True) - hardware._own_cpu_s(False)
+        before = hardware.sample_load()
         time.sleep(0.5)
-        after = hardware._own_cpu_s(True) - hardware._own_cpu_s(False)
+        after = hardware.sample_load()
     finally:
         worker.terminate()
         worker.join()
-    assert after - before > 0.1       # the forked worker's CPU time is counted as this process's own
+    assert after.children_s - before.children_s > 0.1   # the forked worker's CPU time is counted as this process's own
+    assert after.own_s - before.own_s >= after.children_s - before.children_s
+    assert hardware.children_busy_cores(before, after) > 0.2

@@ -226,16 +226,14 @@ def _child_pids() -> list[str]:
     return pids
 
 
-def _own_cpu_s(children: bool) -> float:
-    """CPU seconds used so far by this process (every thread), and by its live children when asked."""
-    t = os.times()
-    seconds = t.user + t.system
-    if children:
-        ticks = os.sysconf("SC_CLK_TCK")
-        for pid in _child_pids():
-            fields = (_read(Path(f"/proc/{pid}/stat")) or "").rpartition(")")[2].split()
-            if len(fields) > 12:  # utime, stime at 11, 12 after the command name
-                seconds += (int(fields[11]) + int(fields[12])) / ticks
+def _children_cpu_s() -> float:
+    """CPU seconds used so far by this process's live children (DataLoader workers, ...)."""
+    seconds = 0.0
+    ticks = os.sysconf("SC_CLK_TCK")
+    for pid in _child_pids():
+        fields = (_read(Path(f"/proc/{pid}/stat")) or "").rpartition(")")[2].split()
+        if len(fields) > 12:  # utime, stime at 11, 12 after the command name
+            seconds += (int(fields[11]) + int(fields[12])) / ticks
     return seconds
 
 
@@ -247,6 +245,7 @@ class LoadSample:
     cpu_times: tuple[int, int]     # (busy, total) jiffies over ``cpus``
     own_s: float                   # this process's CPU seconds (and its live children's)
     cpus: int                      # how many CPUs ``cpu_times`` covers
+    children_s: float = 0.0        # the live children's part of ``own_s`` (0 when they are not counted)
 
 
 def sample_load(children_are_own: bool = True) -> LoadSample:
@@ -257,7 +256,16 @@ def sample_load(children_are_own: bool = True) -> LoadSample:
     except (AttributeError, OSError):
         cpus = None
     count = len(cpus) if cpus is not None else (os.cpu_count() or 1)
-    return LoadSample(time.monotonic(), read_cpu_times(cpus=cpus), _own_cpu_s(children_are_own), count)
+    t = os.times()
+    children = _children_cpu_s() if children_are_own else 0.0
+    return LoadSample(time.monotonic(), read_cpu_times(cpus=cpus), t.user + t.system + children, count, children)
+
+
+def children_busy_cores(before: LoadSample | None, after: LoadSample | None) -> float | None:
+    """Cores this process's live children (DataLoader workers) kept busy between two samples; None when unknown."""
+    if before is None or after is None or after.at <= before.at:
+        return None
+    return round(max(0.0, after.children_s - before.children_s) / (after.at - before.at), 2)
 
 
 def other_busy_cores(before: LoadSample | None, after: LoadSample | None) -> float | None:

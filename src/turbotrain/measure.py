@@ -33,7 +33,7 @@ from .data.transfer import batch_size_of
 from .train import rng
 
 __all__ = ["Trial", "run_trial", "EpochTrial", "run_epochs", "time_loader", "preserved_state", "peak_host_memory",
-           "Comparison", "judge", "relative_spread", "MIN_GAIN", "HOPELESS", "FASTER", "SLOWER", "NOISE", "UNVERIFIED"]
+           "Comparison", "judge", "relative_spread", "run_means", "MIN_GAIN", "HOPELESS", "FASTER", "SLOWER", "NOISE", "UNVERIFIED"]
 
 log = logging.getLogger("turbotrain")
 
@@ -76,6 +76,18 @@ def relative_spread(values: Sequence[float]) -> float:
         return 0.0
     mid = statistics.median(values)
     return (max(values) - min(values)) / mid if mid > 0 else float("inf")
+
+
+def run_means(values: Sequence[float], length: int) -> list[float]:
+    """The means of consecutive runs of ``length`` values (a partial last run is left out); the values
+    themselves for ``length`` under 2 or fewer values than one run.
+
+    Step times of a loop fed by DataLoader workers come in rounds: the workers finish their batches
+    together, so a few steps take one at once and the next waits for the whole round. A median of single
+    steps picks a step that waited for nothing; runs as long as a round each hold one whole."""
+    if length < 2 or len(values) < length:
+        return list(values)
+    return [sum(values[i:i + length]) / length for i in range(0, len(values) - length + 1, length)]
 
 
 def robust_spread(values: Sequence[float]) -> float:
@@ -140,6 +152,7 @@ class Trial(_Outcome):
     warmup_s: float = 0.0                                       # the warm-up steps (compile, autotune)
     losses: list[float] = field(default_factory=list)           # every step, warm-up included
     page_faults_per_step: float = 0.0                           # minor page faults of the process, timed steps
+    loader_round: int = 0              # steps one round of DataLoader workers feeds (0: no workers pulled)
 
     @property
     def ok(self) -> bool:
@@ -147,8 +160,11 @@ class Trial(_Outcome):
 
     @property
     def step_s(self) -> float:
-        """Median steady-state seconds per optimizer step."""
-        return statistics.median(self.step_times_s) if self.step_times_s else float("inf")
+        """Median steady-state seconds per optimizer step; fed by DataLoader workers, the median of the means
+        of runs of ``loader_round`` steps (:func:`run_means`)."""
+        if not self.step_times_s:
+            return float("inf")
+        return statistics.median(run_means(self.step_times_s, min(self.loader_round, len(self.step_times_s) // 3)))
 
     @property
     def spread(self) -> float:

@@ -307,11 +307,12 @@ def _fractions(seconds: dict[str, float]) -> dict[str, float]:
 
 
 def compute_breakdown(steps: list[StepRecord], warmup: int, overhead: Overhead | None = None,
-                      gpu_seconds: dict[int, dict[str, float]] | None = None) -> Breakdown:
+                      gpu_seconds: dict[int, dict[str, float]] | None = None, others_share: float = 1.0) -> Breakdown:
     """The breakdown over the measured steps.
 
     ``seconds`` (mean per step, per category) plus ``interference_s`` (time other processes
-    took the CPU from the script: the thread's run-queue wait on Linux; elsewhere single steps
+    took the CPU from the script: the thread's run-queue wait on Linux, times ``others_share``, the part
+    of it other processes rather than the script's own DataLoader workers caused; elsewhere single steps
     where compute or the optimizer ran over three times their median, by more than a
     millisecond) add up to the mean measured step time.
     """
@@ -328,7 +329,7 @@ def compute_breakdown(steps: list[StepRecord], warmup: int, overhead: Overhead |
             cats = _gpu_categories(cats, step.duration, gpu_seconds[step.index])
         per_step.append(cats)
     if chosen and all(s.preempted is not None for s in chosen):
-        removed = _remove_preemption(per_step, [s.preempted for s in chosen])
+        removed = _remove_preemption(per_step, [s.preempted * others_share for s in chosen])
     else:
         removed = _remove_stalls(per_step)
     periodic = find_periodic(steps)

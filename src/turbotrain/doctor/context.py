@@ -17,9 +17,10 @@ from torch import nn
 
 from ..data import stats as data_stats
 from ..hardware import Hardware, detect
+from ..measure import run_means
 from ..speedups.model_info import ModelInfo, inspect_model
 from .breakdown import Breakdown, Overhead, compute_breakdown, op_counts
-from .machine import machine_facts
+from .machine import machine_facts, others_share
 from .records import Capture, ForwardFacts, LoaderRecord, StepRecord, Tally
 from .sites import Site
 from .source import SourceIndex, load_sources
@@ -231,10 +232,20 @@ def storage_stats(recorder: Any) -> Any:
     return reads if reads.schemes else None
 
 
-def _ordinary_steps(breakdown: Breakdown) -> list[float]:
-    """Step times without the steps holding periodic work (validation every N steps is the script, not noise)."""
+def _ordinary_steps(breakdown: Breakdown, loaders: list[LoaderRecord]) -> list[float]:
+    """Step times without the steps holding periodic work (validation every N steps is the script, not noise);
+    where DataLoader workers build the batches, the means of runs of ``num_workers`` steps
+    (:func:`turbotrain.measure.run_means`): the spread of the workers' rounds is the script's own, what other
+    processes do still spreads the runs."""
     periodic = {i for p in breakdown.periodic for i in p.steps}
-    return [t for i, t in zip(breakdown.steps, breakdown.step_seconds) if i not in periodic]
+    ordinary = [t for i, t in zip(breakdown.steps, breakdown.step_seconds) if i not in periodic]
+    return run_means(ordinary, min(loader_round(loaders, breakdown.steps), len(ordinary) // 5))
+
+
+def loader_round(loaders: list[LoaderRecord], steps: list[int]) -> int:
+    """The most DataLoader workers of a loader that fed ``steps``: how many steps one round of theirs feeds."""
+    steps = set(steps)
+    return max((r.settings.get("num_workers") or 0 for r in loaders if r.nexts.total(steps)[0]), default=0)
 
 
 def _clears_before_backward(recorder: Any) -> bool:
@@ -252,10 +263,12 @@ def build_context(recorder: Any, script: str | None = None, device: str | None =
     optimizers = [(ref(), site) for ref, site in recorder.optimizers if ref() is not None]
     # Device time per phase only means something when the model trains on the GPU.
     gpu_seconds = recorder.gpu_phase_seconds if device == "cuda" and recorder.gpu_phase_seconds else None
-    raw = compute_breakdown(recorder.steps, recorder.warmup, None, gpu_seconds)
+    load = (getattr(recorder, "load_start", None), getattr(recorder, "load_end", None))
+    their_share = others_share(load)  # of the run-queue wait: the rest is the script's own workers
+    raw = compute_breakdown(recorder.steps, recorder.warmup, None, gpu_seconds, their_share)
     overhead = measure_overhead(unwrapped(recorder.modules.capture), [o for o, _ in optimizers], raw, prof,
                                 recorder.module_calls_per_step, device)
-    breakdown = compute_breakdown(recorder.steps, recorder.warmup, overhead, gpu_seconds)
+    breakdown = compute_breakdown(recorder.steps, recorder.warmup, overhead, gpu_seconds, their_share)
     modules = [m for m in (ref() for ref in recorder.modules.top_modules.values()) if m is not None]
     capture = unwrapped(recorder.modules.capture)
     model = capture.module if capture is not None else None
@@ -286,9 +299,8 @@ def build_context(recorder: Any, script: str | None = None, device: str | None =
         step_records=list(recorder.steps), gap_samples=dict(recorder.gap_samples),
         zero_grad_before_backward=_clears_before_backward(recorder), storage_stats=storage_stats(recorder),
         ran_code=set(recorder.ran_code) if getattr(recorder, "ran_code", None) is not None else None,
-        machine=machine_facts(hw, _ordinary_steps(breakdown),
+        machine=machine_facts(hw, _ordinary_steps(breakdown, list(recorder.loaders.values())),
                               breakdown.interference_s / breakdown.mean_s if breakdown.mean_s else 0.0,
                               list(recorder.loaders.values()),
-                              (getattr(recorder, "load_start", None), getattr(recorder, "load_end", None)),
-                              getattr(recorder, "threads_seen", None)),
+                              load, getattr(recorder, "threads_seen", None)),
     )

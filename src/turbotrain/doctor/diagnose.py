@@ -101,6 +101,10 @@ def _messages(recorder: Recorder, run: ScriptRun | None, ctx: Context | None, re
         out.append(f"The window was extended from {asked} to {recorder.measure} steps to see the period of the work "
                    "that recurs between steps" + (f" (every {every[0].every} steps)." if every else
                                                   " (it did not come back within the extension)."))
+    extended = recorder.schedule.warmup_extended_by
+    if extended:
+        out.append(f"Warm-up was extended by {extended} steps, the batches the DataLoader's workers queue ahead "
+                   "(num_workers x prefetch_factor): a window that opened on a full queue would not see the loader.")
     if recorder.profiler is None and done:
         out.append("No profiler window ran (the script stopped first): no op table or trace.")
     return out
@@ -109,7 +113,7 @@ def _messages(recorder: Recorder, run: ScriptRun | None, ctx: Context | None, re
 def analyse(recorder: Recorder, run: ScriptRun | None, options: DoctorOptions, script: str | None = None,
             run_seconds: float = 0.0) -> Report:
     """Turn a finished recording into a report (rules, what-ifs, tables, trace)."""
-    requested = options.warmup + options.steps + options.profile_steps
+    requested = recorder.warmup + options.steps + options.profile_steps
     script_path = os.path.realpath(script) if script else None
     base = os.path.dirname(script_path) if script_path else None
     timings = {"run": run_seconds}
@@ -156,7 +160,7 @@ def analyse(recorder: Recorder, run: ScriptRun | None, options: DoctorOptions, s
     report = Report(
         status=status, breakdown=ctx.breakdown, findings=findings, device=ctx.device, hardware=ctx.hw.summary(),
         script=relative_where(script_path) if script_path else None, argv=run.argv if run else [], run=run,
-        steps_requested=options.steps, warmup_steps=options.warmup, steps_completed=len(recorder.steps),
+        steps_requested=options.steps, warmup_steps=recorder.warmup, steps_completed=len(recorder.steps),
         messages=messages, syncs=_sync_table(ctx), copies=_copy_table(ctx), top_ops=_top_ops(recorder, profiled),
         trace_path=trace, doctor_seconds=timings, base=base, step_delimiter=recorder.step_delimiter,
         periodic=[{k: v for k, v in row.items() if k != "site"} for row in periodic_table(ctx)],

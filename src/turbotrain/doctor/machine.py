@@ -16,10 +16,10 @@ from typing import Any
 
 import torch
 
-from ..hardware import LoadSample, other_busy_cores, thread_env
+from ..hardware import LoadSample, children_busy_cores, other_busy_cores, thread_env
 from ..measure import MIN_GAIN
 
-__all__ = ["machine_facts", "noise_state", "noise_floor"]
+__all__ = ["machine_facts", "noise_state", "noise_floor", "others_share"]
 
 # A window is "noisy" past these: another process kept a quarter of a core busy (a neighbour pinned to
 # one of our cores gets only about half of it while our threads want it too), steps spread 1.5x from p10
@@ -46,6 +46,7 @@ def machine_facts(hw: Any, step_seconds: list[float], interference_share: float,
         "intra_op_threads": threads if threads is not None else torch.get_num_threads(),
         "interop_threads": torch.get_num_interop_threads(),
         "dataloader_workers": workers,
+        "worker_load": children_busy_cores(*load),   # cores the script's own workers kept busy: not noise
         "other_load": others,
         "loadavg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
         "dispersion": round(p90 / p10, 2) if p10 > 0 else None,
@@ -53,6 +54,17 @@ def machine_facts(hw: Any, step_seconds: list[float], interference_share: float,
     }
     facts.update(thread_env())
     return facts
+
+
+def others_share(load: tuple[LoadSample | None, LoadSample | None]) -> float:
+    """The part of the main thread's run-queue wait that other processes caused, in proportion to the cores
+    they and the script's own children (DataLoader workers) kept busy over ``load``'s two samples: workers
+    taking a core from training cost the script that time (they are its choice, and fewer of them is a
+    fix); it is not noise to take out. 1.0 when the workers were idle or the load is unknown."""
+    workers, others = children_busy_cores(*load), other_busy_cores(*load)
+    if not workers or others is None:
+        return 1.0
+    return others / (others + workers)
 
 
 NOISE_FLOOR_CAP = 1.0

@@ -412,9 +412,11 @@ class Recorder:
         if done == schedule.measured_end and not self.profiling:
             schedule.extend_for_period(self.steps)
         measured_end = schedule.measured_end
-        if done == max(1, self.warmup - 1):
+        if done == max(1, self.warmup - 1) and not schedule.warmup_extended_by:
             self.module_calls_per_step = record.module_calls  # counted under the global hooks
             self.modules.set_discovery(False)
+        if done == self.warmup:
+            schedule.extend_warmup(self._prefetched_batches(done))
         if done == self.warmup:
             self.reads_at_start = data_stats.snapshot()
             self.functions.trace(False)
@@ -445,6 +447,20 @@ class Recorder:
         if schedule.stop_after is not None and done >= schedule.stop_after:
             self._stopping = True
             raise Stop()
+
+    def _prefetched_batches(self, done: int) -> int:
+        """Batches the workers of the DataLoaders used in warm-up may hold ready (workers x prefetch_factor).
+
+        Workers fill that queue while they start and while the first steps run; a window opening on a full
+        queue takes its first batches without waiting, and a data-bound step reads as faster and less
+        data-bound than it is (seen: 3.9 ms a step measured, 6.4 ms steady, with 4 workers). Warm-up is
+        extended by as many steps, which a data-bound loop needs to drain it."""
+        queued = 0
+        for record in self.loaders.values():
+            workers = record.settings.get("num_workers") or 0
+            if workers and record.nexts.total(range(done))[0]:
+                queued = max(queued, workers * (record.settings.get("prefetch_factor") or 2))
+        return queued
 
     def note_optimizer(self, optimizer: Any, site: Site | None) -> None:
         if id(optimizer) not in self._optimizer_ids:

@@ -32,6 +32,18 @@ class StepSchedule:
         self.profile_at = warmup if measure is None else warmup + measure
         self.stop_after = warmup + measure + profile if stop and measure is not None else None
         self._extension_started: float | None = None
+        self.warmup_extended_by = 0       # steps added to drain a DataLoader's prefetched batches
+        self.extends_for_period = True    # False: exactly ``measure`` steps (both sides of a comparison)
+
+    def extend_warmup(self, steps: int) -> None:
+        """``steps`` more warm-up steps (once): everything after warm-up moves back by as many."""
+        if self.warmup_extended_by or steps <= 0:
+            return
+        self.warmup_extended_by = steps
+        self.warmup += steps
+        self.profile_at += steps
+        if self.stop_after is not None:
+            self.stop_after += steps
 
     @property
     def measured_end(self) -> int | None:
@@ -42,7 +54,7 @@ class StepSchedule:
         """At the window's end: one more step when periodic work was seen once and its period is unknown."""
         from .breakdown import find_periodic
 
-        if self.measure is None or self.asked is None:
+        if self.measure is None or self.asked is None or not self.extends_for_period:
             return False
         if self._extension_started is None:
             self._extension_started = time.perf_counter()

@@ -101,7 +101,8 @@ def machine_items(machine: dict[str, Any]) -> list[str]:
     if threads:
         items.append(f"torch threads: {', '.join(threads)}")
     if m.get("dataloader_workers") is not None:
-        items.append(f"DataLoader workers: {_num(m['dataloader_workers'])}")
+        busy = f" ({m['worker_load']:.1f} busy cores)" if m.get("worker_load") and m.get("dataloader_workers") else ""
+        items.append(f"DataLoader workers: {_num(m['dataloader_workers'])}{busy}")
     load = []
     if m.get("other_load") is not None:
         load.append(f"{m['other_load']:.1f} busy cores")

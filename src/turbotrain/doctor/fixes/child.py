@@ -16,18 +16,12 @@ from typing import Any
 
 import torch
 
+from ..context import loader_round
+from ..machine import others_share
 from ..recorder import Recorder
 from ..runner import run_script
 
 __all__ = ["main", "LossTap"]
-
-
-class _FixedWindow(Recorder):
-    """The recorder with exactly ``warmup + measure`` steps: both sides of a comparison run the same steps,
-    so the window is never extended to find a period (the verifier picks whole periods itself)."""
-
-    def _extend_for_period(self, done: int) -> bool:
-        return False
 
 
 class LossTap:
@@ -67,14 +61,19 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)  # the thread count the doctor's own run had
-    recorder = _FixedWindow(measure=args.steps, warmup=args.warmup, profile=0, capture=False, trace_ranges=False,
-                            sees_construction=True)
+    recorder = Recorder(measure=args.steps, warmup=args.warmup, profile=0, capture=False, trace_ranges=False,
+                        sees_construction=True)
+    # Both sides of a comparison run the same steps: the window is never extended to find a period (the
+    # verifier picks whole periods itself). Warm-up still drains a DataLoader's queued batches.
+    recorder.schedule.extends_for_period = False
     with LossTap() as tap:
         run = run_script(args.script, list(args.script_args), recorder)
-    steps = recorder.steps[args.warmup:args.warmup + args.steps]
-    out = {"status": run.status, "error": run.error, "warmup": args.warmup,
-           # Each step's own time: what another process took from it (run-queue wait) is not the script's.
-           "step_s": [s.duration - (s.preempted or 0.0) for s in steps],
+    steps = recorder.steps[recorder.warmup:recorder.warmup + args.steps]
+    # What another process took from a step (run-queue wait) is not the script's; what its own workers took is.
+    theirs = others_share((recorder.load_start, recorder.load_end))
+    out = {"status": run.status, "error": run.error, "warmup": recorder.warmup,
+           "step_s": [s.duration - (s.preempted or 0.0) * theirs for s in steps],
+           "loader_round": loader_round(list(recorder.loaders.values()), [s.index for s in steps]),
            "losses": [v.hex() for v in tap.values()]}
     with open(args.out, "w") as fh:
         json.dump(out, fh)

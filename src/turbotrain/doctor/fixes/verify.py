@@ -4,9 +4,10 @@ The script's folder is copied to a temporary place (once for the original, once 
 patched files are written into their copy, and both run under the doctor's recorder in their own
 processes (:mod:`.child`), on the same steps, alternating: original, patched; then patched, original;
 ... so load that comes and goes falls on both. Each run's time is the median of its own steps (a
-burst of another process's load spoils a step, not the run), or, when a fix changes a cadence, the
+burst of another process's load spoils a step, not the run; with DataLoader workers, of runs of as
+many steps as one round of theirs feeds), or, when a fix changes a cadence, the
 mean over whole periods of it (the median would leave the validation out); what other processes
-took from a step is not counted. The speed-up per round is original / patched, and
+took from a step is not counted (what the script's own DataLoader workers took is). The speed-up per round is original / patched, and
 ``turbotrain.measure.judge`` (the one definition of "faster") turns the rounds into a verdict.
 """
 
@@ -23,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ...measure import judge
+from ...measure import judge, run_means
 from .losses import loss_match
 from .model import Verification
 
@@ -58,9 +59,13 @@ class _Run:
     losses: list[float] = field(default_factory=list)
     error: str | None = None
     wall_s: float = 0.0
+    loader_round: int = 0            # steps one round of the DataLoader's workers feeds (0: no workers)
 
     def ms(self, periodic: bool) -> float:
-        return statistics.fmean(self.step_ms) if periodic else statistics.median(self.step_ms)
+        if periodic:
+            return statistics.fmean(self.step_ms)
+        # Fed by workers, a median of single steps picks one that waited for nothing: runs of a round each.
+        return statistics.median(run_means(self.step_ms, min(self.loader_round, len(self.step_ms) // 3)))
 
 
 def _copy(src: Path, dst: Path) -> None:
@@ -169,7 +174,7 @@ class Verifier:
         if not data["step_s"]:
             return _Run(losses=losses, error="no step was measured (the script ended before the warm-up was over)",
                         wall_s=wall)
-        return _Run([v * 1e3 for v in data["step_s"]], losses, wall_s=wall)
+        return _Run([v * 1e3 for v in data["step_s"]], losses, wall_s=wall, loader_round=data.get("loader_round", 0))
 
     def compare(self, folder: Path, steps: int, numerics: str, periodic: bool = False) -> Verification:
         """Original against ``folder``'s patched copy, ``rounds`` interleaved rounds of ``steps`` steps;

@@ -1,0 +1,89 @@
+"""DataLoader workers queue batches ahead: the doctor measures past them, and does not call its own workers noise.
+
+A window that opens on a full queue takes its first batches without waiting, and a data-bound loop reads
+as faster and less data-bound than it is. The corpus script's workers need 30 ms a batch (sleeping, so the
+figure does not depend on how busy the cores are) and two of them feed a step every ~15 ms.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from doctor_helpers import run_doctor
+from turbotrain.doctor.recorder import Recorder
+from turbotrain.doctor.step_schedule import StepSchedule
+from turbotrain.hardware import LoadSample
+from turbotrain.doctor.machine import others_share
+from turbotrain.measure import Trial, run_means
+from turbotrain.plan import Plan
+
+STEADY_WAIT_S = 0.015  # two workers, 30 ms a batch each
+
+
+def test_warm_up_is_extended_by_the_batches_the_workers_queue_and_the_wait_is_measured_steady():
+    report = run_doctor("workers_queue_ahead", steps=8, warmup=2, what_if=False)
+    assert report.warmup_steps == 2 + 2 * 4          # num_workers x prefetch_factor more
+    assert any("Warm-up was extended by 8 steps" in m for m in report.messages)
+    wait = report.breakdown.seconds["data_loading"]
+    assert wait >= 0.6 * STEADY_WAIT_S, report.breakdown.seconds
+    assert report.breakdown.bottleneck == "data_loading"
+
+
+def test_without_the_extension_the_window_opens_on_the_queued_batches(monkeypatch):
+    """The cause, shown: the same run measured from the old warm-up reads a fraction of the steady wait."""
+    monkeypatch.setattr(Recorder, "_prefetched_batches", lambda self, done: 0)
+    report = run_doctor("workers_queue_ahead", steps=8, warmup=2, what_if=False)
+    assert report.warmup_steps == 2
+    assert report.breakdown.seconds["data_loading"] < 0.4 * STEADY_WAIT_S, report.breakdown.seconds
+
+
+def test_the_schedule_moves_everything_after_warm_up_back_once():
+    schedule = StepSchedule(measure=10, warmup=3, profile=2, stop=True)
+    schedule.extend_warmup(8)
+    assert (schedule.warmup, schedule.measured_end, schedule.profile_at, schedule.stop_after) == (11, 21, 21, 23)
+    schedule.extend_warmup(8)  # once only
+    assert schedule.warmup == 11
+
+
+def _sample(at: float, busy: int, own_s: float, children_s: float) -> LoadSample:
+    return LoadSample(at, (busy, int(at * 200)), own_s, 2, children_s)
+
+
+def test_run_queue_wait_is_the_script_s_own_when_its_workers_held_the_cores():
+    # 1 s window, 2 CPUs: busy 1.5 cores; this process 0.5 core, of which its workers 0 / 0.9 / 0.3.
+    assert others_share((_sample(0.0, 0, 0.0, 0.0), _sample(1.0, 150, 1.5, 0.0))) == 1.0  # no workers
+    assert others_share((_sample(0.0, 0, 0.0, 0.0), _sample(1.0, 150, 1.4, 0.9))) == pytest.approx(0.1 / 1.0)
+    assert others_share((_sample(0.0, 0, 0.0, 0.0), _sample(1.0, 150, 0.5, 0.3))) == pytest.approx(1.0 / 1.3)
+    assert others_share((None, None)) == 1.0
+
+
+def test_a_round_of_the_workers_is_timed_whole():
+    # Two workers finish together: one step waits 20 ms, the next takes its batch at once (1 ms).
+    steps = [0.020, 0.001] * 6
+    assert run_means(steps, 2) == pytest.approx([0.0105] * 6)
+    assert run_means(steps, 0) == steps and run_means(steps[:1], 2) == steps[:1]
+    trial = Trial(plan=Plan(), samples_per_step=1, step_times_s=steps + [0.001])
+    assert trial.step_s == pytest.approx(0.001)        # the median single step waited for nothing
+    trial.loader_round = 2
+    assert trial.step_s == pytest.approx(0.0105)
+
+
+def test_a_verify_run_drains_the_queue_and_is_timed_in_rounds_of_the_workers(tmp_path):
+    """``doctor --verify``'s child: warm-up drains the queue, and the run counts as its median round."""
+    import json
+    import subprocess
+    import sys
+
+    from doctor_helpers import script
+    from turbotrain.doctor.fixes.verify import _Run
+
+    out = tmp_path / "run.json"
+    proc = subprocess.run([sys.executable, "-m", "turbotrain.doctor.fixes.child", "--steps", "8", "--warmup", "2",
+                           "--out", str(out), str(script("workers_queue_ahead"))], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(out.read_text())
+    assert (data["warmup"], data["loader_round"], len(data["step_s"])) == (10, 2, 8)
+    assert sum(data["step_s"]) / 8 >= 0.6 * STEADY_WAIT_S, data["step_s"]
+    run = _Run(step_ms=[20.0, 1.0] * 6, loader_round=2)
+    assert run.ms(periodic=False) == pytest.approx(10.5)
+    assert _Run(step_ms=[20.0, 1.0] * 6 + [1.0]).ms(periodic=False) == pytest.approx(1.0)
