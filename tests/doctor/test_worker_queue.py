@@ -7,9 +7,14 @@ figure does not depend on how busy the cores are) and two of them feed a step ev
 
 from __future__ import annotations
 
+import sys
+
 import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
 
 from doctor_helpers import run_doctor
+from turbotrain.doctor.function_trace import FunctionTracer
 from turbotrain.doctor.recorder import Recorder
 from turbotrain.doctor.step_schedule import StepSchedule
 from turbotrain.hardware import LoadSample
@@ -87,3 +92,26 @@ def test_a_verify_run_drains_the_queue_and_is_timed_in_rounds_of_the_workers(tmp
     run = _Run(step_ms=[20.0, 1.0] * 6, loader_round=2)
     assert run.ms(periodic=False) == pytest.approx(10.5)
     assert _Run(step_ms=[20.0, 1.0] * 6 + [1.0]).ms(periodic=False) == pytest.approx(1.0)
+
+
+class _TraceSeen(Dataset):
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.tensor(sys.gettrace() is not None)
+
+
+@pytest.mark.skipif(sys.gettrace() is not None, reason="another tracer (coverage, a debugger) is installed")
+def test_a_worker_forked_while_functions_are_traced_builds_its_batches_untraced():
+    # The recorder traces calls during the warm-up, when a loader's first iterator forks its workers.
+    tracer = FunctionTracer()
+    tracer.trace(True)
+    try:
+        traced_here = sys.gettrace() is not None
+        loader = DataLoader(_TraceSeen(), batch_size=2, num_workers=1, multiprocessing_context="fork")
+        traced_in_worker = [bool(batch.any()) for batch in loader]
+    finally:
+        tracer.trace(False)
+    assert traced_here
+    assert traced_in_worker == [False, False]
