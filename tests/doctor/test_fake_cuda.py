@@ -32,7 +32,7 @@ def cpu_context(name: str):
     if name not in _CTX:
         recorder = Recorder(measure=4, warmup=1, profile=1)
         run_script(script(name), [], recorder)
-        _CTX[name] = build_context(recorder, str(script(name)))
+        _CTX[name] = build_context(recorder.recording(), recorder.live_objects(), str(script(name)))
     return _CTX[name]
 
 

@@ -51,4 +51,4 @@ def test_the_fresh_trials_clear_gradients_where_the_script_does(name, before_bac
 
     recorder = Recorder(measure=3, warmup=1, profile=0)
     run_script(script(name), [], recorder)
-    assert build_context(recorder, script(name)).zero_grad_before_backward is before_backward
+    assert build_context(recorder.recording(), recorder.live_objects(), script(name)).zero_grad_before_backward is before_backward

@@ -33,7 +33,7 @@ def vit_stem() -> nn.Module:
 def _doctor_fires(model: nn.Module, rule: str) -> bool:
     ctx = Context(script=None, base=None, hw=CUDA, device="cuda", breakdown=compute_breakdown([], 1),
                   measured_steps=[], model=model, info=inspect_model(model),
-                  facts=ForwardFacts(input_shapes=[(8, 3, 32, 32)]))
+                  facts=ForwardFacts(input_shapes=((8, 3, 32, 32),)))
     return any(f.rule == rule for f in evaluate(ctx, only=[rule]))
 
 

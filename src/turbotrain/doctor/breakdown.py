@@ -329,7 +329,7 @@ def compute_breakdown(steps: list[StepRecord], warmup: int, overhead: Overhead |
             cats = _gpu_categories(cats, step.duration, gpu_seconds[step.index])
         per_step.append(cats)
     if chosen and all(s.preempted is not None for s in chosen):
-        removed = _remove_preemption(per_step, [s.preempted * others_share for s in chosen])
+        removed = _remove_preemption(per_step, [s.preempted * others_share for s in chosen if s.preempted is not None])
     else:
         removed = _remove_stalls(per_step)
     periodic = find_periodic(steps)
@@ -348,7 +348,7 @@ def compute_breakdown(steps: list[StepRecord], warmup: int, overhead: Overhead |
     durations = [s.duration for s in chosen]
     n = max(1, len(chosen))
     shares = _fractions(totals)
-    bottleneck = max(shares, key=shares.get) if sum(totals.values()) > 0 else "compute"
+    bottleneck = max(shares, key=lambda k: shares[k]) if sum(totals.values()) > 0 else "compute"
     return Breakdown(
         steps=[s.index for s in chosen], step_seconds=durations,
         seconds={k: v / n for k, v in totals.items()}, shares=shares, bottleneck=bottleneck,

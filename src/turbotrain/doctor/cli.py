@@ -8,7 +8,9 @@ import sys
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--steps", type=int, default=20, help="steps to measure: optimizer steps, or backward passes when no optimizer steps (default 20)")
+    parser.add_argument("--steps", type=int, default=20,
+                        help="steps to measure: optimizer steps, or backward passes when no optimizer steps "
+                             "(default 20)")
     parser.add_argument("--warmup", type=int, default=3, help="steps before measuring (default 3, at least 1)")
     parser.add_argument("--json", metavar="PATH", help="write the report as JSON")
     parser.add_argument("--html", metavar="PATH", help="write a self-contained HTML report with plots")

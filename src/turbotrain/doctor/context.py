@@ -12,16 +12,16 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
 from torch import nn
 
-from ..data import stats as data_stats
+from ..data.stats import ReadStats
 from ..hardware import Hardware, detect
 from ..measure import run_means
 from ..speedups.model_info import ModelInfo, inspect_model
-from .breakdown import Breakdown, Overhead, compute_breakdown, op_counts
+from .breakdown import Breakdown, Overhead, compute_breakdown
 from .machine import machine_facts, others_share
-from .records import Capture, ForwardFacts, LoaderRecord, StepRecord, Tally
+from .record.recording import LiveObjects, Recording
+from .records import Capture, EventCounts, ForwardFacts, LoaderRecord, StepRecord
 from .sites import Site
 from .source import SourceIndex, load_sources
 
@@ -48,7 +48,7 @@ class Context:
     device: str                             # where the model trains: "cpu" or "cuda"
     breakdown: Breakdown
     measured_steps: list[int]
-    tallies: dict[tuple[str, Site], Tally] = field(default_factory=dict)
+    tallies: dict[tuple[str, Site], EventCounts] = field(default_factory=dict)
     loaders: list[LoaderRecord] = field(default_factory=list)
     optimizers: list[tuple[Any, Site | None]] = field(default_factory=list)
     module_sites: dict[int, Site] = field(default_factory=dict)    # id(module) -> construction site
@@ -63,12 +63,14 @@ class Context:
     env: dict[str, str] = field(default_factory=dict)
     sources: dict[str, SourceIndex] = field(default_factory=dict)
     world_size: int = 1
-    storage_stats: Any = None               # filled by the data layer (slow-storage); None when unknown
+    storage_stats: ReadStats | None = None  # reads through turbotrain.data over the measured steps (slow-storage)
     step_records: list[StepRecord] = field(default_factory=list)
     gap_samples: dict[Site, int] = field(default_factory=dict)   # user lines running untimed before the forward
     zero_grad_before_backward: bool = False   # the script clears gradients between its forward and backward
-    ran_code: set[Any] | None = None        # user code objects seen running (warm-up, profiler window); None: untraced
+    # The user's lines in functions seen running (warm-up, profiler window), per file; None: untraced.
+    ran_lines: dict[str, tuple[int, ...]] | None = None
     machine: dict[str, Any] = field(default_factory=dict)   # cores, threads, workers, other load (doctor.machine)
+    recording: Recording | None = None      # what this context was read from
 
     @property
     def noise_floor(self) -> float:
@@ -126,7 +128,7 @@ class Context:
         return next((s for s in self.site_stats(kind_prefix)
                      if s.site.file == site.file and s.site.line == site.line), None)
 
-    def seen(self, kind_prefix: str) -> list[tuple[str, Site, Tally]]:
+    def seen(self, kind_prefix: str) -> list[tuple[str, Site, EventCounts]]:
         """Events of a kind at any time of the run (warm-up and profiling included)."""
         return [(kind, site, t) for (kind, site), t in self.tallies.items() if kind.startswith(kind_prefix)]
 
@@ -155,16 +157,13 @@ class Context:
     def function_ran(self, site: Site | None) -> bool | None:
         """Whether the function holding ``site``'s line was seen running (during warm-up or the profiler
         window, or with an event recorded at that very line); None when the run could not tell."""
-        if site is None or self.ran_code is None:
+        if site is None or self.ran_lines is None:
             return None
         if any(seen.file == site.file and seen.line == site.line for _, seen in self.tallies):
             return True
-        # A line belongs to the innermost code object whose lines include it.
-        owners = [c for c in self.ran_code if c.co_filename == site.file
-                  and any(line == site.line for _, _, line in c.co_lines())]
-        if owners:
+        if site.line in self.ran_lines.get(site.file, ()):
             return True
-        return False if self.ran_code else None
+        return False if self.ran_lines else None
 
     @property
     def written_for_gpu(self) -> bool:
@@ -194,7 +193,7 @@ def unwrapped(capture: Capture | None) -> Capture | None:
     return dataclasses.replace(capture, module=module)
 
 
-def measure_overhead(capture: Capture | None, optimizers: list[Any], raw: Breakdown, prof: dict[str, Any],
+def measure_overhead(capture: Capture | None, optimizers: list[Any], raw: Breakdown, prof: dict[str, float],
                      module_calls: float, device: str) -> Overhead:
     """The python_overhead model of this run (see :mod:`turbotrain.doctor.overhead`)."""
     from .overhead import dispatch_floor, fixed_cost_share, optimizer_overhead_s
@@ -218,20 +217,6 @@ def measure_overhead(capture: Capture | None, optimizers: list[Any], raw: Breakd
                             "op_floor_us": round(op_floor * 1e6, 3), "module_floor_us": round(module_floor * 1e6, 3)})
 
 
-def storage_stats(recorder: Any) -> Any:
-    """Reads through ``turbotrain.data`` during the measured steps, or None when nothing was read.
-
-    The recorder snapshots the data layer's shared counters (which DataLoader workers write
-    too) when the measured steps start and end; a run cut short is measured up to its end.
-    """
-    start = getattr(recorder, "reads_at_start", None)
-    if start is None:
-        return None
-    end = recorder.reads_at_end or data_stats.snapshot()
-    reads = end - start
-    return reads if reads.schemes else None
-
-
 def _ordinary_steps(breakdown: Breakdown, loaders: list[LoaderRecord]) -> list[float]:
     """Step times without the steps holding periodic work (validation every N steps is the script, not noise);
     where DataLoader workers build the batches, the means of runs of ``num_workers`` steps
@@ -244,63 +229,51 @@ def _ordinary_steps(breakdown: Breakdown, loaders: list[LoaderRecord]) -> list[f
 
 def loader_round(loaders: list[LoaderRecord], steps: list[int]) -> int:
     """The most DataLoader workers of a loader that fed ``steps``: how many steps one round of theirs feeds."""
-    steps = set(steps)
-    return max((r.settings.get("num_workers") or 0 for r in loaders if r.nexts.total(steps)[0]), default=0)
+    wanted = set(steps)
+    return max((r.settings.get("num_workers") or 0 for r in loaders if r.nexts.total(wanted)[0]), default=0)
 
 
-def _clears_before_backward(recorder: Any) -> bool:
-    """Whether the script mostly calls zero_grad between a step's forward and its backward."""
-    seen = getattr(recorder, "zero_grads", None) or {}
-    return seen.get("before_backward", 0) > seen.get("elsewhere", 0)
-
-
-def build_context(recorder: Any, script: str | None = None, device: str | None = None) -> Context:
-    """The rules' view of a finished recording."""
-    profiled = [i for i in recorder.profiled_steps if i < len(recorder.steps)]
-    prof = op_counts(recorder.profiler, len(profiled))
-    facts = recorder.modules.facts or ForwardFacts()
+def build_context(recording: Recording, live: LiveObjects | None = None, script: str | None = None,
+                  device: str | None = None) -> Context:
+    """The rules' view of a finished recording (and, in the process that recorded it, its live objects)."""
+    live = live or LiveObjects()
+    window = recording.window
+    facts = recording.facts or ForwardFacts()
     device = device or facts.device or "cpu"
-    optimizers = [(ref(), site) for ref, site in recorder.optimizers if ref() is not None]
+    optimizers = list(zip(live.optimizers, recording.optimizer_sites))
     # Device time per phase only means something when the model trains on the GPU.
-    gpu_seconds = recorder.gpu_phase_seconds if device == "cuda" and recorder.gpu_phase_seconds else None
-    load = (getattr(recorder, "load_start", None), getattr(recorder, "load_end", None))
+    gpu_phases = recording.gpu_phase_seconds()
+    gpu_seconds = gpu_phases if device == "cuda" and gpu_phases else None
+    load = (recording.load_start, recording.load_end)
     their_share = others_share(load)  # of the run-queue wait: the rest is the script's own workers
-    raw = compute_breakdown(recorder.steps, recorder.warmup, None, gpu_seconds, their_share)
-    overhead = measure_overhead(unwrapped(recorder.modules.capture), [o for o, _ in optimizers], raw, prof,
-                                recorder.module_calls_per_step, device)
-    breakdown = compute_breakdown(recorder.steps, recorder.warmup, overhead, gpu_seconds, their_share)
-    modules = [m for m in (ref() for ref in recorder.modules.top_modules.values()) if m is not None]
-    capture = unwrapped(recorder.modules.capture)
-    model = capture.module if capture is not None else None
-    if model is None:
-        trained = [m for m in modules if recorder.modules.is_trained(m)]
-        model = trained[0] if trained else None
-    module_sites = {key: site for key, (ref, site) in recorder.module_sites.items()
-                    if ref() is not None and id(ref()) == key}
+    steps = list(recording.steps)
+    prof = dict(recording.profile)
+    capture = unwrapped(live.capture)
+    raw = compute_breakdown(steps, window.warmup, None, gpu_seconds, their_share)
+    overhead = measure_overhead(capture, live.optimizers, raw, prof, recording.module_calls_per_step, device)
+    breakdown = compute_breakdown(steps, window.warmup, overhead, gpu_seconds, their_share)
+    model = capture.module if capture is not None else live.trained
+    module_sites = {m.module_id: m.site for m in recording.module_sites}
+    tallies = {(e.kind, e.site): e for e in recording.events if e.site is not None}
+    loaders = [dataclasses.replace(r, loader=live.loaders.get(r.key)) for r in recording.loaders]
     try:
         info = inspect_model(model)
-    except Exception:  # noqa: BLE001 - a model inspect_model cannot read: no structural rules
+    except Exception:  # noqa: BLE001 - a model inspect_model cannot read gets no structural rules, not an error
         info = ModelInfo()
-    try:
-        world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
-    except Exception:  # noqa: BLE001
-        world = int(os.environ.get("WORLD_SIZE", 1))
     script = os.path.realpath(script) if script else None
     hw = detect(device if device in ("cpu", "cuda") else "auto")
     return Context(
         script=script, base=os.path.dirname(script) if script else None,
-        hw=hw, device=device, breakdown=breakdown,
-        measured_steps=breakdown.steps, tallies=dict(recorder.tallies), loaders=list(recorder.loaders.values()),
-        optimizers=optimizers,
-        module_sites=module_sites, model=model, modules=modules, info=info, facts=facts, capture=capture,
-        eval_grad_inputs=recorder.modules.eval_grad_inputs,
-        profile=prof, matmul_shapes=dict(recorder.matmul_shapes), env=dict(os.environ),
-        sources=load_sources(_user_files(script, recorder.tallies, module_sites)), world_size=world,
-        step_records=list(recorder.steps), gap_samples=dict(recorder.gap_samples),
-        zero_grad_before_backward=_clears_before_backward(recorder), storage_stats=storage_stats(recorder),
-        ran_code=set(recorder.ran_code) if getattr(recorder, "ran_code", None) is not None else None,
-        machine=machine_facts(hw, _ordinary_steps(breakdown, list(recorder.loaders.values())),
+        hw=hw, device=device, breakdown=breakdown, measured_steps=breakdown.steps, tallies=tallies, loaders=loaders,
+        optimizers=optimizers, module_sites=module_sites, model=model, modules=list(live.modules), info=info,
+        facts=facts, capture=capture, eval_grad_inputs=live.eval_grad_inputs, profile=prof,
+        matmul_shapes={m.site: (m.a, m.b) for m in recording.matmul_shapes}, env=dict(os.environ),
+        sources=load_sources(_user_files(script, tallies, module_sites)), world_size=recording.world_size,
+        step_records=steps, gap_samples={g.site: g.count for g in recording.gap_samples},
+        zero_grad_before_backward=recording.zero_grad_before_backward > recording.zero_grad_elsewhere,
+        storage_stats=recording.reads, ran_lines=recording.ran_lines,
+        machine=machine_facts(hw, _ordinary_steps(breakdown, loaders),
                               breakdown.interference_s / breakdown.mean_s if breakdown.mean_s else 0.0,
-                              list(recorder.loaders.values()),
-                              load, getattr(recorder, "threads_seen", None)),
+                              loaders, load, recording.threads_seen),
+        recording=recording,
     )

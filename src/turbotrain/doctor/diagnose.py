@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .context import Context, build_context
+from .record.recording import LiveObjects, Recording
 from .machine import noise_state
 from .recorder import Recorder
 from .report import Report
@@ -46,7 +47,8 @@ def diagnose_script(script: str | os.PathLike, argv: list[str] | None = None,
                         sees_construction=True)
     started = time.perf_counter()
     run = run_script(script, list(argv or []), recorder)
-    return analyse(recorder, run, options, script=str(script), run_seconds=time.perf_counter() - started)
+    return analyse(recorder.recording(), recorder.live_objects(), run, options, script=str(script),
+                   run_seconds=time.perf_counter() - started)
 
 
 def _sync_table(ctx: Context) -> list[dict[str, Any]]:
@@ -62,29 +64,10 @@ def _copy_table(ctx: Context) -> list[dict[str, Any]]:
             for s in ctx.ran_sites("h2d")]
 
 
-def _top_ops(recorder: Recorder, steps: int, limit: int = 15) -> list[dict[str, Any]]:
-    prof = recorder.profiler
-    if prof is None or steps <= 0:
-        return []
-    try:
-        averages = prof.key_averages()
-    except Exception:  # noqa: BLE001 - nothing collected
-        return []
-    rows = []
-    for evt in averages:
-        if evt.key.startswith(("turbotrain/", "ProfilerStep", "Optimizer.")):
-            continue
-        device_us = getattr(evt, "self_device_time_total", 0.0) or 0.0
-        rows.append({"op": evt.key, "calls_per_step": round(evt.count / steps, 2),
-                     "self_cpu_ms_per_step": round(evt.self_cpu_time_total / 1e3 / steps, 4),
-                     "self_device_ms_per_step": round(device_us / 1e3 / steps, 4)})
-    key = "self_device_ms_per_step" if any(r["self_device_ms_per_step"] for r in rows) else "self_cpu_ms_per_step"
-    return sorted(rows, key=lambda r: -r[key])[:limit]
-
-
-def _messages(recorder: Recorder, run: ScriptRun | None, ctx: Context | None, requested: int) -> list[str]:
+def _messages(recording: Recording, run: ScriptRun | None, ctx: Context | None, requested: int) -> list[str]:
+    """The notes a report prints about the run itself: how it ended and how the window moved."""
     out = []
-    done = len(recorder.steps)
+    done, window = len(recording.steps), recording.window
     if run is not None and run.failed:
         where = f" at {run.error_site.where(ctx.base if ctx else None)}" if run.error_site else ""
         out.append(f"The script failed{where} after {done} optimizer step(s): {run.error}. "
@@ -95,42 +78,41 @@ def _messages(recorder: Recorder, run: ScriptRun | None, ctx: Context | None, re
     if ctx is not None and ctx.breakdown.warmup_included:
         out.append("Too few steps ran to skip the warm-up: its steps are in the numbers (compile and cache effects "
                    "included).")
-    asked = getattr(recorder, "_measure_asked", None)
-    if ctx is not None and asked is not None and recorder.measure > asked:
+    if ctx is not None and window.asked is not None and window.measure is not None and window.measure > window.asked:
         every = [row for row in ctx.breakdown.periodic if row.every]
-        out.append(f"The window was extended from {asked} to {recorder.measure} steps to see the period of the work "
-                   "that recurs between steps" + (f" (every {every[0].every} steps)." if every else
-                                                  " (it did not come back within the extension)."))
-    extended = recorder.schedule.warmup_extended_by
-    if extended:
-        out.append(f"Warm-up was extended by {extended} steps, the batches the DataLoader's workers queue ahead "
-                   "(num_workers x prefetch_factor): a window that opened on a full queue would not see the loader.")
-    if recorder.profiler is None and done:
+        out.append(f"The window was extended from {window.asked} to {window.measure} steps to see the period of the "
+                   "work that recurs between steps" + (f" (every {every[0].every} steps)." if every else
+                                                       " (it did not come back within the extension)."))
+    if window.warmup_extended_by:
+        out.append(f"Warm-up was extended by {window.warmup_extended_by} steps, the batches the DataLoader's workers "
+                   "queue ahead (num_workers x prefetch_factor): a window that opened on a full queue would not see "
+                   "the loader.")
+    if not window.profiler_ran and done:
         out.append("No profiler window ran (the script stopped first): no op table or trace.")
     return out
 
 
-def analyse(recorder: Recorder, run: ScriptRun | None, options: DoctorOptions, script: str | None = None,
-            run_seconds: float = 0.0) -> Report:
+def analyse(recording: Recording, live: LiveObjects | None, run: ScriptRun | None, options: DoctorOptions,
+            script: str | None = None, run_seconds: float = 0.0) -> Report:
     """Turn a finished recording into a report (rules, what-ifs, tables, trace)."""
-    requested = recorder.warmup + options.steps + options.profile_steps
+    window = recording.window
+    requested = window.warmup + options.steps + options.profile_steps
     script_path = os.path.realpath(script) if script else None
     base = os.path.dirname(script_path) if script_path else None
     timings = {"run": run_seconds}
-    if not recorder.steps:
+    if not recording.steps:
         message = ("The script never called optimizer.step() nor loss.backward(), so there was no training step to "
                    "measure. The doctor marks steps at the optimizer, or at the backward when no optimizer steps; "
                    "for anything else, put the loop inside `with turbotrain.doctor.watch() as w:` and call "
                    "`w.step()` at the end of each step.")
-        messages = _messages(recorder, run, None, requested) if run is not None and run.failed else []
-        report = Report(status="error" if run is not None and run.failed else "no-steps", breakdown=None, findings=[],
-                        script=relative_where(script_path) if script_path else None,
-                        argv=run.argv if run else [], run=run, steps_requested=options.steps,
-                        warmup_steps=options.warmup, messages=[*messages, message], base=base,
-                        doctor_seconds=timings)
-        return report
+        messages = _messages(recording, run, None, requested) if run is not None and run.failed else []
+        return Report(status="error" if run is not None and run.failed else "no-steps", breakdown=None, findings=[],
+                      script=relative_where(script_path) if script_path else None,
+                      argv=run.argv if run else [], run=run, steps_requested=options.steps,
+                      warmup_steps=options.warmup, messages=[*messages, message], base=base,
+                      doctor_seconds=timings)
     started = time.perf_counter()
-    ctx = build_context(recorder, script_path)
+    ctx = build_context(recording, live, script_path)
     findings = evaluate(ctx)
     timings["rules"] = time.perf_counter() - started
     if options.what_if:
@@ -140,29 +122,29 @@ def analyse(recorder: Recorder, run: ScriptRun | None, options: DoctorOptions, s
         run_what_ifs(ctx, findings, budget_s=options.what_if_budget_s, allow_compile=options.compile)
         timings["what_if"] = time.perf_counter() - started
         findings = order(findings)
-    profiled = len([i for i in recorder.profiled_steps if i < len(recorder.steps)])
     trace = None
-    if options.trace_path and recorder.profiler is not None:
+    profiler = live.profiler if live is not None else None
+    if options.trace_path and profiler is not None:
         try:
-            recorder.profiler.export_chrome_trace(str(options.trace_path))
+            profiler.export_chrome_trace(str(options.trace_path))
             trace = str(options.trace_path)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - a trace that cannot be written costs the trace, not the report
             log.warning("turbotrain doctor: could not write the trace: %s", exc)
     if run is None or run.failed:
         status = "error"
-    elif len(recorder.steps) < requested and run.status != "stopped":
+    elif len(recording.steps) < requested and run.status != "stopped":
         status = "incomplete"
     else:
         status = "ok"
-    messages = _messages(recorder, run, ctx, requested)
+    messages = _messages(recording, run, ctx, requested)
     if options.trace_path and trace is None:
         messages.append("No trace was written: the script stopped before the profiler window.")
     report = Report(
         status=status, breakdown=ctx.breakdown, findings=findings, device=ctx.device, hardware=ctx.hw.summary(),
         script=relative_where(script_path) if script_path else None, argv=run.argv if run else [], run=run,
-        steps_requested=options.steps, warmup_steps=recorder.warmup, steps_completed=len(recorder.steps),
-        messages=messages, syncs=_sync_table(ctx), copies=_copy_table(ctx), top_ops=_top_ops(recorder, profiled),
-        trace_path=trace, doctor_seconds=timings, base=base, step_delimiter=recorder.step_delimiter,
+        steps_requested=options.steps, warmup_steps=window.warmup, steps_completed=len(recording.steps),
+        messages=messages, syncs=_sync_table(ctx), copies=_copy_table(ctx), top_ops=list(recording.top_ops),
+        trace_path=trace, doctor_seconds=timings, base=base, step_delimiter=recording.step_delimiter,
         periodic=[{k: v for k, v in row.items() if k != "site"} for row in periodic_table(ctx)],
         machine=ctx.machine, noise=noise_state(ctx.machine),
     )

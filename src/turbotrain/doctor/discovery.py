@@ -28,7 +28,8 @@ from .records import Capture, ForwardFacts
 from .sites import user_site
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .recorder import Recorder
+    from .patching import Patcher
+    from .record.probe import Probe
 
 __all__ = ["ModuleCalls"]
 
@@ -36,11 +37,11 @@ get_ident = threading.get_ident
 
 
 class ModuleCalls:
-    """Finds and classifies the outermost module calls of ``recorder``'s steps; holds the forward facts and
+    """Finds and classifies the outermost module calls of a recording's steps; holds the forward facts and
     the captured batch the what-ifs replay."""
 
-    def __init__(self, recorder: "Recorder", capture: bool) -> None:
-        self.rec = recorder
+    def __init__(self, probe: Probe, patcher: Patcher, capture: bool) -> None:
+        self.probe, self.patcher = probe, patcher
         self.want_capture = capture
         self.discovery = True
         self.top_modules: dict[int, weakref.ReferenceType] = {}
@@ -82,7 +83,7 @@ class ModuleCalls:
                 cls = type(module)
                 if cls not in self._wrapped_classes:
                     self._wrapped_classes.add(cls)
-                    self.rec.patcher.replace(cls, "__call__", instrument.measured_call)
+                    self.patcher.replace(cls, "__call__", instrument.measured_call)
         self._depth = 0
         self._top_phases.clear()
 
@@ -93,9 +94,9 @@ class ModuleCalls:
         if cached is not None:
             return cached
         if self._trained_ids is None:
-            self._trained_ids = {id(p) for ref, _ in self.rec.optimizers if ref() is not None
-                                 for group in ref().param_groups for p in group["params"]}
-        if self._trained_ids or self.rec.optimizer_delimits:
+            self._trained_ids = {id(p) for opt in self.probe.tallies.live_optimizers()
+                                 for group in opt.param_groups for p in group["params"]}
+        if self._trained_ids or self.probe.steps.optimizer_delimits:
             trained = any(id(p) in self._trained_ids for p in module.parameters())
         else:  # weights updated by hand: the model is whatever has trainable parameters
             trained = any(p.requires_grad for p in module.parameters())
@@ -119,13 +120,13 @@ class ModuleCalls:
 
     def call_enter(self, module: nn.Module, args: tuple, kwargs: dict) -> str | None:
         """An outermost module is called (measured steps): the phase to time it as, or None."""
-        rec = self.rec
+        rec = self.probe
         phase, trained = self.classify(module)
-        if rec.pending_update and phase == "forward" and trained:
-            rec.step_starts()
+        if rec.steps.pending_update and phase == "forward" and trained:
+            rec.steps.step_starts()
         # A forward inside another timed phase (Lightning runs it in optimizer.step's closure) is
         # timed itself; otherwise its time is the untimed compute after the mark.
-        if phase == "forward" and not rec.profiling and not rec.stack:
+        if phase == "forward" and not rec.profiling and rec.clock.idle:
             if trained:
                 self._training_forward(module, args, kwargs, active.perf_counter())
             self._last_top_phase = "forward"
@@ -134,83 +135,82 @@ class ModuleCalls:
             self._note_eval_site()
         elif phase == "eval_grad" and self.eval_grad_inputs is None:
             self.eval_grad_inputs = (args, dict(kwargs))
-        rec.push(phase)  # a validation forward, or any forward in the profiler window (its trace range)
+        rec.clock.push(phase)  # a validation forward, or any forward in the profiler window (its trace range)
         if phase == "forward" and trained:
-            self._training_forward(module, args, kwargs, rec.stack[-1][1])
+            self._training_forward(module, args, kwargs, rec.clock.frames[-1].running_since)
         return phase
 
     def call_exit(self, phase: str) -> None:
-        seconds = self.rec.pop()
+        seconds = self.probe.clock.pop()
         if phase == "eval_grad":
-            self.rec.open_step.pending_eval_grad.append((user_site(sys._getframe(2)), seconds))
+            self.probe.steps.open_step.pending_eval_grad.append((user_site(sys._getframe(2)), seconds))
         self._last_top_phase = phase
 
     def on_backward(self) -> None:
         """Called at the start of a backward: an eval-mode forward just before it was training after all."""
-        rec = self.rec
-        opened = rec.open_step
+        rec = self.probe
+        opened = rec.steps.open_step
         opened.backwards += 1
         if self._gpu_forward_open:
-            rec.gpu_mark("forward", start=False)
+            rec.gpu_mark("forward", False)
             self._gpu_forward_open = False
         if self._last_top_phase == "eval_grad" and opened.pending_eval_grad:
             _, seconds = opened.pending_eval_grad.pop()
-            opened.acc["eval_grad"] -= seconds
-            opened.acc["forward"] += seconds
+            rec.clock.recharge("eval_grad", "forward", seconds)
         self._last_top_phase = "backward"
 
     # -- warm-up: the global hooks ------------------------------------------------------------------
 
     def _forward_pre(self, module: nn.Module, args: tuple) -> None:
-        rec = self.rec
+        rec = self.probe
         if active.current is not rec or get_ident() != rec.thread or active.compiling():
             return
         if self.discovery:
-            rec.open_step.module_calls += 1
+            rec.steps.open_step.module_calls += 1
         self._depth += 1
         if self._depth != 1:
             return
         self.top_modules.setdefault(id(module), weakref.ref(module))
         phase, trained = self.classify(module)
-        if rec.pending_update and phase == "forward" and trained:
-            rec.step_starts()
+        if rec.steps.pending_update and phase == "forward" and trained:
+            rec.steps.step_starts()
         if phase == "eval":
             self._note_eval_site()
         elif phase == "eval_grad" and self.eval_grad_inputs is None:
             self.eval_grad_inputs = (args, {})
-        rec.push(phase)
+        rec.clock.push(phase)
         self._top_phases.append(phase)
         if phase == "forward" and trained:
-            self._training_forward(module, args, None, rec.stack[-1][1])
+            self._training_forward(module, args, None, rec.clock.frames[-1].running_since)
 
     def _forward_post(self, module: nn.Module, args: tuple, output: Any) -> None:
-        rec = self.rec
+        rec = self.probe
         if self._depth == 0 or get_ident() != rec.thread or active.compiling():
             return
         self._depth -= 1
         if self._depth != 0 or not self._top_phases:
             return
         phase = self._top_phases.pop()
-        seconds = rec.pop()
+        seconds = rec.clock.pop()
         if phase == "eval_grad":
-            rec.open_step.pending_eval_grad.append((user_site(sys._getframe(1)), seconds))
+            rec.steps.open_step.pending_eval_grad.append((user_site(sys._getframe(1)), seconds))
         self._last_top_phase = phase
 
     # -- a training forward ---------------------------------------------------------------------------
 
     def _training_forward(self, module: nn.Module, args: tuple, kwargs: dict | None, at: float) -> None:
-        rec = self.rec
-        opened = rec.open_step
+        rec = self.probe
+        opened = rec.steps.open_step
         if not opened.marks:
-            opened.marks.append((at, rec.timed_so_far()))
+            opened.marks.append((at, rec.clock.timed_so_far()))
         opened.forwards += 1
         if rec.gpu and not self._gpu_forward_open:
-            rec.gpu_mark("forward", start=True)
+            rec.gpu_mark("forward", True)
             self._gpu_forward_open = True
         # Facts and a captured batch: first seen at once (a script may end early), then again in
         # the last warm-up step (under the hooks the measured steps use, which also see kwargs).
         # Not under the global hooks of discovery: those do not see keyword arguments (model(**batch)).
-        late = rec.step_index >= rec.warmup - 1 and not self.discovery
+        late = rec.steps.step_index >= rec.schedule.warmup - 1 and not self.discovery
         if self.facts is None or (not self._facts_final and late):
             self._facts_final = late
             self.facts = forward_facts(module, args, kwargs)
@@ -220,6 +220,6 @@ class ModuleCalls:
             self.capture = captured or self.capture
 
     def _note_eval_site(self) -> None:
-        tally = self.rec.tally("eval_forward", user_site(sys._getframe(2)))
+        tally = self.probe.tallies.tally("eval_forward", user_site(sys._getframe(2)))
         if tally is not None:
-            tally.add(self.rec.step_index)
+            tally.add(self.probe.steps.step_index)

@@ -15,6 +15,7 @@ from ..speedups.registry import by_field
 from .sites import Site, source_lines
 
 if TYPE_CHECKING:
+    from .context import Context
     from .trials import TrialRequest
 
 __all__ = ["Finding", "Fix", "severity_for", "speedup_from_share", "speedup_for_rule", "lightning_call", "SEVERITIES"]
@@ -104,7 +105,7 @@ class Finding:
         self.severity = severity
         self.measured = False
 
-    def on_cpu(self, ctx, what: str = "") -> "Finding":
+    def on_cpu(self, ctx: Context, what: str = "") -> "Finding":
         """Cap a GPU-only finding at ``low`` on a CPU run, saying why it is still reported."""
         if not ctx.on_gpu:
             self.cap("low", "This run is on the CPU, where it costs little or nothing; it matters once the "

@@ -40,7 +40,7 @@ def forward_facts(module: nn.Module, args: tuple, kwargs: dict | None) -> Forwar
         param_dtype=str(param.dtype) if param is not None else "torch.float32",
         autocast=bool(autocast), autocast_dtype=autocast_dtype,
         compiled=type(module).__name__ == "OptimizedModule",
-        input_shapes=[tuple(t.shape) for t in inputs[:4]],
+        input_shapes=tuple(tuple(t.shape) for t in inputs[:4]),
         input_channels_last=bool(images) and images[0].is_contiguous(memory_format=torch.channels_last)
         and not images[0].is_contiguous(),
         batch_size=int(inputs[0].shape[dim]) if inputs and inputs[0].dim() > dim else None, batch_dim=dim,
@@ -65,7 +65,8 @@ def capture_inputs(module: nn.Module, args: tuple, kwargs: dict | None, facts: F
     try:
         with torch.no_grad():
             return Capture(module=module, args=_keep(tuple(args)), kwargs=_keep(dict(kwargs or {})),
-                           batch_size=facts.batch_size if dim and facts else
+                           # facts.batch_size is None only without an input of more than ``dim`` dims
+                           batch_size=facts.batch_size if dim and facts else  # type: ignore[arg-type]
                            batch_size_of(list(args) or list((kwargs or {}).values())),
                            site=site, batch_dim=dim)
     except Exception as exc:  # noqa: BLE001 - an uncopyable input only costs the what-ifs

@@ -13,9 +13,14 @@ from __future__ import annotations
 
 import sys
 import threading
-from typing import Any
+from collections import Counter
+from typing import TYPE_CHECKING
 
-from .sites import user_site
+from .sites import Site, user_site
+
+if TYPE_CHECKING:
+    from .open_step import OpenStep
+    from .record.steps import StepTracker
 
 __all__ = ["GapSampler", "sampling_interval"]
 
@@ -33,28 +38,30 @@ def sampling_interval(gap_s: float, measured_steps: int | None) -> float:
 
 
 class GapSampler(threading.Thread):
-    """Counts ``recorder.gap_samples[site]`` while the recorder's open step is in its untimed gap."""
+    """Counts ``samples[site]`` while the open step of ``steps`` is in its untimed gap (after warm-up)."""
 
-    def __init__(self, recorder: Any, interval_s: float = MAX_INTERVAL_S) -> None:
+    def __init__(self, steps: StepTracker, samples: Counter[Site], warmup: int,
+                 interval_s: float = MAX_INTERVAL_S) -> None:
         super().__init__(name="turbotrain-doctor-sampler", daemon=True)
-        self.recorder, self.interval_s = recorder, interval_s
+        self.steps, self.samples, self.warmup, self.interval_s = steps, samples, warmup, interval_s
         self._done = threading.Event()
 
     def run(self) -> None:
-        rec = self.recorder
+        steps = self.steps
         while not self._done.wait(self.interval_s):
-            opened = rec.open_step
-            if self.busy(rec, opened):
+            opened = steps.open_step
+            if self.busy(opened):
                 continue  # a phase is timing this moment, the forward already started, or still warming up
-            site = user_site(sys._current_frames().get(rec.thread))
+            site = user_site(sys._current_frames().get(steps.thread))
             # The script thread may have run on between the test and the frame read (this thread can lose
             # the GIL in between): the line counts only if the same step is still in its untimed gap.
-            if site is not None and not self.busy(rec, opened):
-                rec.gap_samples[site] += 1
+            if site is not None and not self.busy(opened):
+                self.samples[site] += 1
 
-    @staticmethod
-    def busy(rec: Any, opened: Any) -> bool:
-        return bool(rec.stack or opened.marks or len(rec.steps) < rec.warmup or rec.open_step is not opened)
+    def busy(self, opened: OpenStep) -> bool:
+        steps = self.steps
+        return bool(steps.clock.frames or opened.marks or len(steps.steps) < self.warmup
+                    or steps.open_step is not opened)
 
     def stop(self) -> None:
         self._done.set()

@@ -66,4 +66,4 @@ class GpuTimer:
     def remove_sync_debug(self) -> None:
         torch.cuda.set_sync_debug_mode(self._saved_sync_mode or 0)
         with contextlib.suppress(ValueError):
-            warnings.filters.remove(self._warning_filter)
+            warnings.filters.remove(self._warning_filter)  # type: ignore[attr-defined]  # a list at run time

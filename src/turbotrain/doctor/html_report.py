@@ -53,6 +53,7 @@ def _plots(report: Report) -> list[tuple[str, str]]:
     except ImportError:
         return []
     b = report.breakdown
+    assert b is not None  # drawn only for a report with a breakdown
     out = []
     fig, ax = plt.subplots(figsize=(9, 1.6))
     left = 0.0
@@ -112,7 +113,8 @@ def _finding(f: dict[str, Any]) -> str:
     if f.get("note"):
         parts.append(f'<p class="note">{html.escape(f["note"])}</p>')
     if f.get("what_if"):
-        items = "".join(f"<dt>{html.escape(str(k))}</dt><dd>{html.escape(str(v))}</dd>" for k, v in f["what_if"].items())
+        items = "".join(f"<dt>{html.escape(str(k))}</dt><dd>{html.escape(str(v))}</dd>"
+                        for k, v in f["what_if"].items())
         parts.append(f'<dl class="whatif"><dt>measured what-if</dt><dd></dd>{items}</dl>')
     parts.append("</div>")
     return "".join(parts)
@@ -130,8 +132,8 @@ def render_html(report: Report) -> str:
         items = "".join(f"<li>{esc(r)}</li>" for r in reasons)
         body.append(f'<div class="noise" id="noise"><b>{esc(head)}</b>{f"<ul>{items}</ul>" if items else ""}</div>')
     if report.machine:
-        body.append(f'<p class="machine" id="machine">{" &middot; ".join(esc(i) for i in machine_items(report.machine))}'
-                    "</p>")
+        machine = " &middot; ".join(esc(i) for i in machine_items(report.machine))
+        body.append(f'<p class="machine" id="machine">{machine}</p>')
     body += [f'<div class="msg">{esc(m)}</div>' for m in data["messages"]]
     if b is not None and b.steps:
         before, median, after = steps_text(report)

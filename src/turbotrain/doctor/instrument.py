@@ -19,13 +19,13 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from . import active
 from .patching import Patcher
-from .records import LoaderRecord
-from .sites import USER_FILES, caller_site, user_site
+from .records import LoaderTally
+from .sites import USER_FILES, Site, caller_site, user_site
 
 __all__ = ["install", "measured_call", "wrap_sync", "SYNC_METHODS"]
 
 if TYPE_CHECKING:
-    from .recorder import Recorder
+    from .record.probe import Probe
 
 SYNC_METHODS = ("item", "tolist", "numpy", "cpu", "nonzero", "__bool__", "__float__", "__int__", "__repr__",
                 "__format__")
@@ -35,12 +35,12 @@ _perf = active.perf_counter
 _compiling = active.compiling
 
 
-def _live() -> "Recorder | None":
-    """The active recorder when this call should be recorded, else None."""
-    rec = active.current
-    if rec is None or rec.busy or _get_ident() != rec.thread or _compiling():
+def _live() -> Probe | None:
+    """The active recording's probe when this call should be recorded, else None."""
+    probe = active.current
+    if probe is None or probe.busy or _get_ident() != probe.thread or _compiling():
         return None
-    return rec
+    return probe
 
 
 # -- phases -----------------------------------------------------------------------------------------
@@ -49,33 +49,33 @@ def _phase(phase: str, original: Callable, on_enter: Callable | None = None, unt
            on_exit: Callable | None = None) -> Callable:
     """Time ``original`` as ``phase``. With ``untimed_ok`` (the backward: its time is compute either way,
     as untimed time after the forward) only the bookkeeping runs, unless a trace range or device time
-    is wanted. ``on_exit(rec)`` runs after a call that returned."""
+    is wanted. ``on_exit(probe)`` runs after a call that returned."""
 
     def wrapper(*args, **kwargs):
-        rec = _live()
-        if rec is None:
+        probe = _live()
+        if probe is None:
             return original(*args, **kwargs)
         if on_enter is not None:
-            on_enter(rec)
-        if untimed_ok and not rec.profiling and not rec.gpu and rec.open_step.marks and not rec.stack:
+            on_enter(probe)
+        if untimed_ok and not probe.profiling and not probe.gpu and probe.steps.open_step.marks and probe.clock.idle:
             out = original(*args, **kwargs)
         else:
-            rec.push(phase)
-            if rec.gpu:
-                rec.gpu_mark(phase, start=True)
+            probe.clock.push(phase)
+            if probe.gpu:
+                probe.gpu_mark(phase, True)
             try:
                 out = original(*args, **kwargs)
             finally:
-                if rec.gpu:
-                    rec.gpu_mark(phase, start=False)
-                rec.pop()
+                if probe.gpu:
+                    probe.gpu_mark(phase, False)
+                probe.clock.pop()
         if on_exit is not None:
-            on_exit(rec)
+            on_exit(probe)
         return out
 
     wrapper.__name__ = getattr(original, "__name__", phase)
     wrapper.__doc__ = getattr(original, "__doc__", None)
-    wrapper.__wrapped__ = original
+    wrapper.__wrapped__ = original  # type: ignore[attr-defined]  # a function takes attributes; Callable hides it
     return wrapper
 
 
@@ -83,31 +83,31 @@ def _copy(original: Callable) -> Callable:
     """``Tensor.to`` / ``Tensor.cuda``: host-to-device copies (a device-to-host one is a sync)."""
 
     def method(self, *args, **kwargs):
-        rec = _live()
-        if rec is None:
+        probe = _live()
+        if probe is None:
             return original(self, *args, **kwargs)
         src = self.device
-        rec.push("h2d")
+        probe.clock.push("h2d")
         out = None
         try:
             out = original(self, *args, **kwargs)
         finally:
             moved = isinstance(out, torch.Tensor) and out.device != src
             to_host = moved and out.device.type == "cpu"
-            seconds = rec.pop(("sync" if to_host else "h2d") if moved else None)
+            seconds = probe.clock.pop(("sync" if to_host else "h2d") if moved else None)
         if moved:
             frame = sys._getframe(1)
             site = user_site(frame)
             if to_host:
-                tally = rec.tally("sync:to_cpu", site)
+                tally = probe.tallies.tally("sync:to_cpu", site)
             else:
-                tally = rec.tally("h2d", site)
+                tally = probe.tallies.tally("h2d", site)
                 if tally is not None and not tally.detail:
                     tally.detail["non_blocking"] = bool(kwargs.get("non_blocking")) or any(
                         a is True for a in args)
-                    tally.detail["pinned"] = bool(src.type == "cpu" and rec.gpu and self.is_pinned())
+                    tally.detail["pinned"] = bool(src.type == "cpu" and probe.gpu and self.is_pinned())
             if tally is not None:
-                tally.add(rec.step_index, seconds, self.numel() * self.element_size())
+                tally.add(probe.steps.step_index, seconds, self.numel() * self.element_size())
         return out
 
     method.__name__ = original.__name__
@@ -117,21 +117,21 @@ def _copy(original: Callable) -> Callable:
 
 def _zero_grad(original: Callable) -> Callable:
     def zero_grad(self, *args, **kwargs):
-        rec = _live()
-        if rec is None:
+        probe = _live()
+        if probe is None:
             return original(self, *args, **kwargs)
         set_to_none = kwargs.get("set_to_none", args[0] if args else True)
-        opened = rec.open_step
-        rec.zero_grads["before_backward" if opened.forwards and not opened.backwards else "elsewhere"] += 1
-        rec.push("optimizer")
+        opened = probe.steps.open_step
+        probe.tallies.zero_grads["before_backward" if opened.forwards and not opened.backwards else "elsewhere"] += 1
+        probe.clock.push("optimizer")
         try:
             return original(self, *args, **kwargs)
         finally:
-            rec.pop()
+            probe.clock.pop()
             if not set_to_none:
-                tally = rec.tally("zero_grad_zeros", user_site(sys._getframe(1)))
+                tally = probe.tallies.tally("zero_grad_zeros", user_site(sys._getframe(1)))
                 if tally is not None:
-                    tally.add(rec.step_index)
+                    tally.add(probe.steps.step_index)
 
     zero_grad.__doc__ = original.__doc__
     return zero_grad
@@ -141,38 +141,38 @@ def _timed_site(kind: str, phase: str | None, original: Callable) -> Callable:
     """Calls counted (and timed) per site: torch.save, empty_cache, torch.compile, ..."""
 
     def wrapper(*args, **kwargs):
-        rec = _live()
-        if rec is None:
+        probe = _live()
+        if probe is None:
             return original(*args, **kwargs)
         site = user_site(sys._getframe(1))
         if phase:
-            rec.push(phase)
+            probe.clock.push(phase)
         started = _perf()
         try:
             return original(*args, **kwargs)
         finally:
-            seconds = rec.pop() if phase else _perf() - started
-            tally = rec.tally(kind, site)
+            seconds = probe.clock.pop() if phase else _perf() - started
+            tally = probe.tallies.tally(kind, site)
             if tally is not None:
-                tally.add(rec.step_index, seconds)
+                tally.add(probe.steps.step_index, seconds)
 
     wrapper.__name__ = getattr(original, "__name__", kind)
     wrapper.__doc__ = getattr(original, "__doc__", None)
-    wrapper.__wrapped__ = original
+    wrapper.__wrapped__ = original  # type: ignore[attr-defined]  # a function takes attributes; Callable hides it
     return wrapper
 
 
 # -- data ----------------------------------------------------------------------------------------------
 
-def _in_phase(rec: "Recorder", phase: str, fn: Callable, *args: Any) -> tuple[Any, float]:
+def _in_phase(probe: Probe, phase: str, fn: Callable, *args: Any) -> tuple[Any, float]:
     """``fn(*args)`` timed as ``phase``: its result and its own seconds."""
-    rec.push(phase)
+    probe.clock.push(phase)
     try:
         out = fn(*args)
     except BaseException:
-        rec.pop()
+        probe.clock.pop()
         raise
-    return out, rec.pop()
+    return out, probe.clock.pop()
 
 
 def _loader_settings(loader: DataLoader) -> dict[str, Any]:
@@ -191,19 +191,19 @@ def _loader_settings(loader: DataLoader) -> dict[str, Any]:
             "dataset_len": length, "batches_per_epoch": batches, "drop_last": loader.drop_last}
 
 
-def _loader_record(rec: "Recorder", loader: DataLoader, site=None) -> LoaderRecord:
-    record = rec.loaders.get(id(loader))
+def _loader_record(probe: Probe, loader: DataLoader, site: Site | None = None) -> LoaderTally:
+    record = probe.tallies.loaders.get(id(loader))
     if record is None or record.loader is not loader:
-        record = rec.loaders[id(loader)] = LoaderRecord(loader, site, _loader_settings(loader))
+        record = probe.tallies.loaders[id(loader)] = LoaderTally(loader, site, _loader_settings(loader))
     return record
 
 
 def _loader_init(original: Callable) -> Callable:
     def __init__(self, *args, **kwargs):
         original(self, *args, **kwargs)
-        rec = _live()
-        if rec is not None:
-            _loader_record(rec, self, user_site(sys._getframe(1)))
+        probe = _live()
+        if probe is not None:
+            _loader_record(probe, self, user_site(sys._getframe(1)))
 
     __init__.__doc__ = original.__doc__
     return __init__
@@ -211,12 +211,12 @@ def _loader_init(original: Callable) -> Callable:
 
 def _loader_iter(original: Callable) -> Callable:
     def __iter__(self):
-        rec = _live()
-        if rec is None:
+        probe = _live()
+        if probe is None:
             return original(self)
-        rec.step_starts()
-        it, seconds = _in_phase(rec, "data", original, self)
-        _loader_record(rec, self)
+        probe.steps.step_starts()
+        it, seconds = _in_phase(probe, "data", original, self)
+        _loader_record(probe, self)
         try:
             it._tt_loader = id(self)
             it._tt_start = seconds  # worker start-up; the first batch's wait is added on next()
@@ -229,17 +229,17 @@ def _loader_iter(original: Callable) -> Callable:
 
 def _iter_next(original: Callable) -> Callable:
     def __next__(self):
-        rec = _live()
-        if rec is None:
+        probe = _live()
+        if probe is None:
             return original(self)
-        rec.step_starts()
-        batch, seconds = _in_phase(rec, "data", original, self)
-        record = rec.loaders.get(getattr(self, "_tt_loader", -1))
+        probe.steps.step_starts()
+        batch, seconds = _in_phase(probe, "data", original, self)
+        record = probe.tallies.loaders.get(getattr(self, "_tt_loader", -1))
         if record is not None:
-            record.nexts.add(rec.step_index, seconds)
+            record.nexts.add(probe.steps.step_index, seconds)
             start = self.__dict__.pop("_tt_start", None)
             if start is not None:
-                record.starts.append((rec.step_index, start + seconds))
+                record.starts.append((probe.steps.step_index, start + seconds))
         return batch
 
     return __next__
@@ -249,25 +249,25 @@ def _tensor_factory(original: Callable) -> Callable:
     """``torch.tensor(ndarray)`` copies; ``torch.from_numpy`` would not."""
 
     def tensor(data, *args, **kwargs):
-        rec = _live()
-        if rec is None:
+        probe = _live()
+        if probe is None:
             return original(data, *args, **kwargs)
         if type(data).__module__ != "numpy" or not hasattr(data, "nbytes"):
             # What the user's line really passes (a list, a scalar): the NumPy rule stays quiet there.
-            tally = rec.tally("tensor_other", caller_site(sys._getframe(1)))
+            tally = probe.tallies.tally("tensor_other", caller_site(sys._getframe(1)))
             if tally is not None:
-                tally.add(rec.step_index)
+                tally.add(probe.steps.step_index)
             return original(data, *args, **kwargs)
         site = caller_site(sys._getframe(1))
         started = _perf()
         out = original(data, *args, **kwargs)
-        tally = rec.tally("tensor_copy", site)
+        tally = probe.tallies.tally("tensor_copy", site)
         if tally is not None:
-            tally.add(rec.step_index, _perf() - started, int(data.nbytes))
+            tally.add(probe.steps.step_index, _perf() - started, int(data.nbytes))
         return out
 
     tensor.__doc__ = original.__doc__
-    tensor.__wrapped__ = original
+    tensor.__wrapped__ = original  # type: ignore[attr-defined]  # a function takes attributes; Callable hides it
     return tensor
 
 
@@ -275,17 +275,17 @@ def _tensor_factory(original: Callable) -> Callable:
 
 def _softmax(original: Callable) -> Callable:
     def softmax(*args, **kwargs):
-        rec = _live()
-        if rec is None:
+        probe = _live()
+        if probe is None:
             return original(*args, **kwargs)
-        rec.busy = True  # F.softmax calls Tensor.softmax: count the user's call once
+        probe.busy = True  # F.softmax calls Tensor.softmax: count the user's call once
         try:
             return original(*args, **kwargs)
         finally:
-            rec.busy = False
-            tally = rec.tally("softmax", user_site(sys._getframe(1)))
+            probe.busy = False
+            tally = probe.tallies.tally("softmax", user_site(sys._getframe(1)))
             if tally is not None:
-                tally.add(rec.step_index)
+                tally.add(probe.steps.step_index)
                 if "shape" not in tally.detail and args and isinstance(args[0], torch.Tensor):
                     tally.detail["shape"] = tuple(args[0].shape)
 
@@ -297,11 +297,12 @@ def _matmul(original: Callable) -> Callable:
     """Operand shapes per user line, during warm-up only (sizes a measured attention what-if)."""
 
     def matmul(a, b, *args, **kwargs):
-        rec = _live()
-        if rec is not None and rec.modules.discovery and isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        probe = _live()
+        tensors = isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+        if probe is not None and probe.modules.discovery and tensors:
             site = caller_site(sys._getframe(1))
             if site is not None:
-                rec.matmul_shapes.setdefault(site, (tuple(a.shape), tuple(b.shape)))
+                probe.tallies.matmul_shapes.setdefault(site, (tuple(a.shape), tuple(b.shape)))
         return original(a, b, *args, **kwargs)
 
     matmul.__doc__ = getattr(original, "__doc__", None)
@@ -311,13 +312,13 @@ def _matmul(original: Callable) -> Callable:
 def _module_init(original: Callable) -> Callable:
     def __init__(self, *args, **kwargs):
         original(self, *args, **kwargs)
-        rec = active.current
+        probe = active.current
         # Keyed by id, never by the module: a subclass may define __hash__ on attributes its own
         # __init__ has not set yet (torchmetrics does), and this runs inside that __init__.
-        if rec is not None and _get_ident() == rec.thread and id(self) not in rec.module_sites:
+        if probe is not None and _get_ident() == probe.thread and id(self) not in probe.tallies.module_sites:
             site = user_site(sys._getframe(1))
             if site is not None:
-                rec.module_sites[id(self)] = (weakref.ref(self), site)
+                probe.tallies.module_sites[id(self)] = (weakref.ref(self), site)
 
     __init__.__doc__ = original.__doc__
     return __init__
@@ -326,26 +327,30 @@ def _module_init(original: Callable) -> Callable:
 def _optimizer_init(original: Callable) -> Callable:
     def __init__(self, *args, **kwargs):
         original(self, *args, **kwargs)
-        rec = active.current
-        if rec is not None and _get_ident() == rec.thread:
-            rec.note_optimizer(self, user_site(sys._getframe(1)))
+        probe = active.current
+        if probe is not None and _get_ident() == probe.thread:
+            probe.steps.optimizer_created(self, user_site(sys._getframe(1)))
 
     __init__.__doc__ = original.__doc__
     return __init__
 
 
-def _on_backward(rec: "Recorder") -> None:
-    rec.modules.on_backward()
+def _on_backward(probe: Probe) -> None:
+    probe.modules.on_backward()
 
 
-def _after_backward(rec: "Recorder") -> None:
-    rec.after_backward()
+def _after_backward(probe: Probe) -> None:
+    probe.steps.after_backward()
 
 
-def install(rec: "Recorder", patcher: Patcher) -> None:
+def _sync_wrapper(kind: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    return lambda original: wrap_sync(kind, original)
+
+
+def install(patcher: Patcher) -> None:
     """Install every wrapper on ``patcher`` (restored when the recording ends)."""
     for name in SYNC_METHODS:
-        patcher.replace(torch.Tensor, name, lambda orig, kind=name.strip("_"): wrap_sync(kind, orig))
+        patcher.replace(torch.Tensor, name, _sync_wrapper(name.strip("_")))
     patcher.replace(torch.Tensor, "to", _copy)
     patcher.replace(torch.Tensor, "cuda", _copy)
     patcher.replace(torch.autograd, "backward", lambda orig: _phase("backward", orig, _on_backward, untimed_ok=True,
@@ -380,17 +385,17 @@ def measured_call(original: Callable) -> Callable:
     """``__call__`` for the class of an outermost module: see :mod:`turbotrain.doctor.discovery`."""
 
     def __call__(self, *args, **kwargs):
-        rec = active.current
-        if rec is None or id(self) not in rec.modules.top_ids or _get_ident() != rec.thread:
+        probe = active.current
+        if probe is None or id(self) not in probe.modules.top_ids or _get_ident() != probe.thread:
             return original(self, *args, **kwargs)
-        phase = rec.modules.call_enter(self, args, kwargs)
+        phase = probe.modules.call_enter(self, args, kwargs)
         if phase is None:
             return original(self, *args, **kwargs)
         try:
             return original(self, *args, **kwargs)
         finally:
-            if rec is active.current:
-                rec.modules.call_exit(phase)
+            if probe is active.current:
+                probe.modules.call_exit(phase)
 
     return __call__
 
@@ -401,28 +406,28 @@ def wrap_sync(kind: str, original: Callable) -> Callable:
         return _wrap_sync_no_args(kind, original)
 
     def method(self, *args, **kwargs):
-        rec = active.current
-        if rec is None or rec.busy:
+        probe = active.current
+        if probe is None or probe.busy:
             return original(self, *args, **kwargs)
         frame = sys._getframe(1)
-        if USER_FILES.get(frame.f_code.co_filename) is False and not rec.gpu:
+        if USER_FILES.get(frame.f_code.co_filename) is False and not probe.gpu:
             return original(self, *args, **kwargs)  # torch's own call (an optimizer reading its step count)
-        if rec.gpu:
+        if probe.gpu:
             site = user_site(frame) if self.is_cuda else None
         else:
             # Cheapest test first: torch's own calls (an optimizer reading its step count) are not syncs.
             site = caller_site(frame)
-        if site is None or _get_ident() != rec.thread or _compiling():
+        if site is None or _get_ident() != probe.thread or _compiling():
             return original(self, *args, **kwargs)
-        rec.busy = True
-        rec.push("sync")
+        probe.busy = True
+        probe.clock.push("sync")
         try:
             return original(self, *args, **kwargs)
         finally:
-            seconds = rec.pop()
-            rec.busy = False
-            tally = rec.tally(f"sync:{kind}", site)
-            tally.add(rec.step_index, seconds)
+            seconds = probe.clock.pop()
+            probe.busy = False
+            tally = probe.tallies.tally(f"sync:{kind}", site)
+            tally.add(probe.steps.step_index, seconds)
 
     method.__name__ = getattr(original, "__name__", kind)
     method.__doc__ = getattr(original, "__doc__", None)
@@ -437,23 +442,23 @@ def _wrap_sync_no_args(kind: str, original: Callable) -> Callable:
     every parameter, so the path that lets those calls through is kept as short as it can be."""
 
     def method(self):
-        rec = active.current
-        if rec is None or rec.busy:
+        probe = active.current
+        if probe is None or probe.busy:
             return original(self)
         frame = sys._getframe(1)
-        if not rec.gpu and USER_FILES.get(frame.f_code.co_filename) is False:
+        if not probe.gpu and USER_FILES.get(frame.f_code.co_filename) is False:
             return original(self)
-        site = (user_site(frame) if self.is_cuda else None) if rec.gpu else caller_site(frame)
-        if site is None or _get_ident() != rec.thread or _compiling():
+        site = (user_site(frame) if self.is_cuda else None) if probe.gpu else caller_site(frame)
+        if site is None or _get_ident() != probe.thread or _compiling():
             return original(self)
-        rec.busy = True
-        rec.push("sync")
+        probe.busy = True
+        probe.clock.push("sync")
         try:
             return original(self)
         finally:
-            seconds = rec.pop()
-            rec.busy = False
-            rec.tally(f"sync:{kind}", site).add(rec.step_index, seconds)
+            seconds = probe.clock.pop()
+            probe.busy = False
+            probe.tallies.tally(f"sync:{kind}", site).add(probe.steps.step_index, seconds)
 
     method.__name__ = getattr(original, "__name__", kind)
     method.__doc__ = getattr(original, "__doc__", None)

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["ProfilerWindow"]
+__all__ = ["ProfilerWindow", "PhaseRanges"]
 
 log = logging.getLogger("turbotrain")
 
@@ -49,17 +49,53 @@ class ProfilerWindow:
         self._step_range = torch.autograd.profiler.record_function(f"turbotrain/step#{index}")
         self._step_range.__enter__()
 
-    def stop(self, stack: list[list]) -> None:
-        """End the window; the phase ranges still open on ``stack`` end with it."""
+    def stop(self) -> None:
+        """End the window (the clock closes the phase ranges still open first: :meth:`PhaseClock.end_spans`)."""
         if self._step_range is not None:
             self._step_range.__exit__(None, None, None)
             self._step_range = None
-        for entry in stack:
-            if entry[2] is not None:
-                entry[2].__exit__(None, None, None)
-                entry[2] = None
         try:
             self.profiler.__exit__(None, None, None)
         except Exception as exc:  # noqa: BLE001
             log.warning("turbotrain doctor: torch.profiler failed to stop (%s)", exc)
             self.profiler = None
+
+
+class PhaseRanges:
+    """A ``turbotrain/<phase>`` range around each phase while the window is open (NVTX too on CUDA):
+    the :class:`~turbotrain.doctor.record.clock.Spans` the phase clock opens and closes."""
+
+    def __init__(self, nvtx: bool) -> None:
+        self.nvtx = nvtx
+
+    def open(self, phase: str) -> object:
+        span = torch.autograd.profiler.record_function(f"turbotrain/{phase}")
+        span.__enter__()
+        if self.nvtx:
+            torch.cuda.nvtx.range_push(f"turbotrain/{phase}")
+        return span
+
+    def close(self, span: object) -> None:
+        span.__exit__(None, None, None)  # type: ignore[attr-defined]  # a record_function made by open()
+        if self.nvtx:
+            torch.cuda.nvtx.range_pop()
+
+
+def top_ops(profiler: Any, steps: int, limit: int = 15) -> list[dict[str, Any]]:
+    """The busiest ops of the profiler window, per step (device time where there is any, else CPU time)."""
+    if profiler is None or steps <= 0:
+        return []
+    try:
+        averages = profiler.key_averages()
+    except Exception:  # noqa: BLE001 - a profiler that collected nothing has no averages to give
+        return []
+    rows = []
+    for evt in averages:
+        if evt.key.startswith(("turbotrain/", "ProfilerStep", "Optimizer.")):
+            continue
+        device_us = getattr(evt, "self_device_time_total", 0.0) or 0.0
+        rows.append({"op": evt.key, "calls_per_step": round(evt.count / steps, 2),
+                     "self_cpu_ms_per_step": round(evt.self_cpu_time_total / 1e3 / steps, 4),
+                     "self_device_ms_per_step": round(device_us / 1e3 / steps, 4)})
+    key = "self_device_ms_per_step" if any(r["self_device_ms_per_step"] for r in rows) else "self_cpu_ms_per_step"
+    return sorted(rows, key=lambda r: -r[key])[:limit]

@@ -12,7 +12,8 @@ from typing import Any, Iterable
 
 from .sites import Site
 
-__all__ = ["CATEGORIES", "PHASE_CATEGORY", "StepRecord", "Tally", "LoaderRecord", "ForwardFacts", "Capture"]
+__all__ = ["CATEGORIES", "PHASE_CATEGORY", "StepRecord", "Tally", "EventCounts", "LoaderTally", "LoaderRecord",
+           "ForwardFacts", "Capture"]
 
 CATEGORIES = ("data_loading", "host_to_device", "compute", "optimizer", "host_sync", "python_overhead",
               "outside_step")
@@ -32,7 +33,7 @@ PHASE_CATEGORY = {
 }
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
 class StepRecord:
     """One optimizer step: from the end of the previous step to the end of this one."""
 
@@ -78,7 +79,7 @@ class StepRecord:
 
 
 class Tally:
-    """Per-step counts, seconds and bytes of one kind of event at one site."""
+    """Per-step counts, seconds and bytes of one kind of event at one site, while the script runs."""
 
     __slots__ = ("by_step", "detail")
 
@@ -92,14 +93,40 @@ class Tally:
         cell[1] += seconds
         cell[2] += nbytes
 
+    def freeze(self, kind: str = "", site: Site | None = None) -> EventCounts:
+        cells = tuple((step, int(c[0]), float(c[1]), int(c[2])) for step, c in sorted(self.by_step.items()))
+        # Tuples in the detail (a tensor's shape) become lists: what JSON gives back.
+        detail = {k: list(v) if isinstance(v, tuple) else v for k, v in self.detail.items()}
+        return EventCounts(kind, site, cells, detail)
+
     def total(self, steps: Iterable[int]) -> tuple[int, float, int]:
+        return self.freeze().total(steps)
+
+    def per_step(self, steps: list[int]) -> tuple[float, float, float]:
+        return self.freeze().per_step(steps)
+
+
+@dataclass(frozen=True, slots=True)
+class EventCounts:
+    """One kind of event at one line, per step: (step, count, seconds, bytes) for each step it happened in."""
+
+    kind: str
+    site: Site | None
+    cells: tuple[tuple[int, int, float, int], ...] = ()
+    detail: dict[str, Any] = field(default_factory=dict)   # what the first event looked like (a shape, a flag)
+
+    @property
+    def by_step(self) -> dict[int, tuple[int, float, int]]:
+        return {step: (count, seconds, nbytes) for step, count, seconds, nbytes in self.cells}
+
+    def total(self, steps: Iterable[int]) -> tuple[int, float, int]:
+        wanted = steps if isinstance(steps, (set, frozenset, range, dict)) else set(steps)
         count, seconds, nbytes = 0, 0.0, 0
-        for s in steps:
-            cell = self.by_step.get(s)
-            if cell:
-                count += cell[0]
-                seconds += cell[1]
-                nbytes += cell[2]
+        for step, c, s, b in self.cells:
+            if step in wanted:
+                count += c
+                seconds += s
+                nbytes += b
         return count, seconds, nbytes
 
     def per_step(self, steps: list[int]) -> tuple[float, float, float]:
@@ -110,18 +137,34 @@ class Tally:
         return count / len(steps), seconds / len(steps), nbytes / len(steps)
 
 
-@dataclass
-class LoaderRecord:
-    """A DataLoader the script iterated."""
+class LoaderTally:
+    """A DataLoader the script iterates, while it runs: its batches' waits per step."""
 
-    loader: Any                          # kept alive: the num_workers what-if re-times it after the script
+    __slots__ = ("loader", "site", "settings", "nexts", "starts")
+
+    def __init__(self, loader: Any, site: Site | None, settings: dict[str, Any]) -> None:
+        self.loader, self.site, self.settings = loader, site, settings
+        self.nexts = Tally()                            # batches fetched and seconds waited
+        self.starts: list[tuple[int, float]] = []       # (step, seconds to the first batch) per iter()
+
+    def freeze(self, key: int) -> LoaderRecord:
+        return LoaderRecord(key, self.site, dict(self.settings), self.nexts.freeze("data", self.site),
+                            tuple(self.starts))
+
+
+@dataclass(frozen=True, slots=True)
+class LoaderRecord:
+    """A DataLoader the script iterated, as recorded; ``loader`` is the live object (None in a Recording)."""
+
+    key: int                             # id() of the DataLoader in the recording process
     site: Site | None
     settings: dict[str, Any]
-    nexts: Tally = field(default_factory=Tally)                   # batches fetched and seconds waited
-    starts: list[tuple[int, float]] = field(default_factory=list)  # (step, seconds to the first batch) per iter()
+    nexts: EventCounts                   # batches fetched and seconds waited, per step
+    starts: tuple[tuple[int, float], ...] = ()   # (step, seconds to the first batch) per iter()
+    loader: Any = None                   # kept alive: the num_workers what-if re-times it after the script
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
 class ForwardFacts:
     """What the first measured training forward of the trained model looked like."""
 
@@ -131,7 +174,7 @@ class ForwardFacts:
     autocast: bool = False
     autocast_dtype: str | None = None
     compiled: bool = False
-    input_shapes: list[tuple[int, ...]] = field(default_factory=list)
+    input_shapes: tuple[tuple[int, ...], ...] = ()
     input_channels_last: bool = False
     batch_size: int | None = None
     batch_dim: int = 0                  # 1 for an RNN fed [seq, batch, ...] (no batch_first)
@@ -143,8 +186,8 @@ class Capture:
     """The outermost trained module and one batch of its inputs, for what-if trials."""
 
     module: Any
-    args: tuple
-    kwargs: dict
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
     batch_size: int
     site: Site | None = None
     batch_dim: int = 0

@@ -1,8 +1,8 @@
 """The doctor's report: what was measured, the bottleneck, the findings; as a dict for JSON.
 
-The JSON keys the stable surface fixes (docs/doctor.md, Reports) (``device``, ``steps_measured``, ``step_time_ms``, ``breakdown``,
-``bottleneck``, ``findings`` with ``rule``/``severity``/``where``/``message``/``fix``/
-``est_speedup``/``measured``) are always present; the rest adds detail.
+The JSON keys the stable surface fixes (docs/doctor.md, Reports) (``device``, ``steps_measured``,
+``step_time_ms``, ``breakdown``, ``bottleneck``, ``findings`` with ``rule``/``severity``/``where``/
+``message``/``fix``/``est_speedup``/``measured``) are always present; the rest adds detail.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def exact_shares(shares: dict[str, float], digits: int = 4) -> dict[str, float]:
     rounded = {k: round(shares.get(k, 0.0), digits) for k in CATEGORIES}
     total = sum(rounded.values())
     if total > 0:
-        biggest = max(rounded, key=rounded.get)
+        biggest = max(rounded, key=lambda k: rounded[k])
         rounded[biggest] = round(rounded[biggest] + (1.0 - total), digits + 2)
     return rounded
 

@@ -63,10 +63,10 @@ class SourceIndex:
     # -- structure ------------------------------------------------------------------------------
 
     def enclosing_function(self, node: ast.AST) -> ast.AST | None:
-        node = self.parents.get(node)
-        while node is not None and not isinstance(node, _FUNCS):
-            node = self.parents.get(node)
-        return node
+        parent = self.parents.get(node)
+        while parent is not None and not isinstance(parent, _FUNCS):
+            parent = self.parents.get(parent)
+        return parent
 
     def in_direct_loop(self, node: ast.AST) -> bool:
         """Inside a loop body of its own function (or of the module)."""
@@ -101,14 +101,15 @@ class SourceIndex:
                 if self.in_direct_loop(node):
                     self.loop_called.add(name)
                 func = self.enclosing_function(node)
-                if func is not None and getattr(func, "name", None):
-                    calls_by_func.setdefault(func.name, set()).add(name)
+                func_name = getattr(func, "name", None)  # a lambda has none
+                if func is not None and func_name:
+                    calls_by_func.setdefault(func_name, set()).add(name)
         # A function called from a loop runs its callees per step too (within this file).
         changed = True
         while changed:
             changed = False
-            for func, callees in calls_by_func.items():
-                if func in self.loop_called or func in PER_STEP_METHODS:
+            for caller, callees in calls_by_func.items():
+                if caller in self.loop_called or caller in PER_STEP_METHODS:
                     new = callees - self.loop_called
                     if new:
                         self.loop_called |= new

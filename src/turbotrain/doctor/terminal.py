@@ -74,6 +74,7 @@ def gain_text(est_speedup: float | None, measured: bool) -> str:
 def steps_text(report: Report) -> tuple[str, str, str]:
     """The steps line around its median: (before, median, after)."""
     b = report.breakdown
+    assert b is not None  # asked only of a report with a breakdown
     return (f"{len(b.steps)} step(s) measured after {report.warmup_steps} warm-up: median ",
             f"{b.median_s * 1e3:.1f} ms",
             f", p90 {b.quantile_s(0.9) * 1e3:.1f} ms per step (delimited by {report.step_delimiter})")
@@ -287,7 +288,7 @@ def _rows(console: Console, title: str, columns: list[str], rows: list[list[str]
 def _bar(shares: dict[str, float], width: int = 60) -> Text:
     text = Text()
     used = 0
-    cells = []
+    cells: list[list[Any]] = []  # [category, width]: the width is adjusted in place
     for key in CATEGORIES:
         n = round(shares.get(key, 0.0) * width)
         cells.append([key, n])

@@ -17,6 +17,7 @@ import contextlib
 import sys
 import time
 from dataclasses import dataclass, field
+from types import FrameType
 from typing import Iterator
 
 from .diagnose import DoctorOptions, analyse
@@ -40,7 +41,7 @@ class Watch:
 
 
 def _caller_file() -> str | None:
-    frame = sys._getframe(2)
+    frame: FrameType | None = sys._getframe(2)
     while frame is not None:
         if is_user_file(frame.f_code.co_filename):
             return frame.f_code.co_filename
@@ -83,7 +84,8 @@ def watch(steps: int | None = None, warmup: int = 2, profile_steps: int = 2, wha
     if steps is None:
         # Every step after warm-up counts; the report compares with what ran, not with a target.
         options.steps = max(0, len(recorder.steps) - warmup - len(recorder.profiled_steps))
-    report = analyse(recorder, run, options, script=script, run_seconds=run.seconds)
+    report = analyse(recorder.recording(), recorder.live_objects(), run, options, script=script,
+                     run_seconds=run.seconds)
     handle.report = report
     if json:
         report.write_json(json)

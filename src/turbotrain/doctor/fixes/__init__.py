@@ -18,7 +18,7 @@ __all__ = ["ByHand", "EditRequest", "FixReport", "FixResult", "Verification", "r
 def require_libcst() -> None:
     """Fail early, before the script runs, when the edits could not be made."""
     try:
-        import libcst  # noqa: F401
+        import libcst  # noqa: F401 - only whether it imports
     except ImportError as exc:
         from ...config import ConfigError
 

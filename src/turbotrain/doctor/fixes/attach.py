@@ -114,6 +114,7 @@ def _verify(fix_report: FixReport, results: list[FixResult], originals: dict[str
 
 def _judge_alone(result: FixResult) -> None:
     check = result.verification
+    assert check is not None  # the callers set it just before
     if check.error:
         result.dropped = f"verifying it: {check.error}"
     elif check.verdict == SLOWER:

@@ -12,6 +12,7 @@ is by hand.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable, cast
 
 import libcst as cst
 
@@ -195,7 +196,8 @@ def _is_matmul(expr: cst.BaseExpression) -> bool:
 def _operands(expr: cst.BaseExpression) -> tuple[cst.BaseExpression, cst.BaseExpression]:
     if isinstance(expr, cst.BinaryOperation):
         return expr.left, expr.right
-    return expr.args[0].value, expr.args[1].value
+    call = cast(cst.Call, expr)  # _is_matmul: a matmul that is no operator is a call
+    return call.args[0].value, call.args[1].value
 
 
 def _untransposed(kt: cst.BaseExpression) -> cst.BaseExpression:
@@ -242,13 +244,13 @@ def _attempt(source: Source, matmul: cst.BaseExpression, req: EditRequest) -> st
     for node in block[first:block.index(statement)]:
         if id(node) not in removed and moved & _bound_names(node):
             raise _NoMatch(f"`{code_of(node).strip()}` changes q or k between the scores and the output")
-    dead = {_assigned(s)[0] for s in chain.used}
+    dead = {_assigned(s)[0] for s in chain.used}  # type: ignore[index]  # chain.used holds only assignments
     function = source.function_of(statement) or source.module
     inside = {id(n) for s in [*chain.used] for n in _names(s)} | {id(n) for n in _names(weights)}
     for name in _names(function):
         if name.value in dead and id(name) not in inside and not _is_target(source, name):
             raise _NoMatch(f"`{name.value}` is used elsewhere in the function")
-    edits = {matmul: lambda _: cst.parse_expression(call)}
+    edits: dict[cst.CSTNode, Callable[[cst.CSTNode], object]] = {matmul: lambda _: cst.parse_expression(call)}
     for used in chain.used:
         edits[used] = lambda _: cst.RemoveFromParent()
     return replace(source, edits)
@@ -266,7 +268,8 @@ def sdpa(source: Source, req: EditRequest) -> str:
         raise ByHand(f"{req.where}: no function around the softmax")
     function = min(functions, key=lambda f: source.lines(f)[1] - source.lines(f)[0])
     reasons = []
-    candidates = [n for n in source.nodes(cst.BaseExpression) if _is_matmul(n) and source.function_of(n) is function]
+    candidates = [n for n in source.nodes(cst.BaseExpression)  # type: ignore[type-abstract]  # an isinstance filter
+                  if _is_matmul(n) and source.function_of(n) is function]
     # The output (weights @ v) comes after the scores (q @ k^T): the last matmul first, and its reason.
     for matmul in sorted(candidates, key=lambda n: source.lines(n), reverse=True):
         try:

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import libcst as cst
 
 from .cst_tools import Source, callee, code_of, dotted, replace
@@ -56,7 +58,7 @@ def periodic(source: Source, req: EditRequest) -> str:
     """The ``N`` of the ``if step % N == 0:`` that runs the validation (or checkpoint), set to the cadence that
     keeps it under 5% of training time: in the test itself, or in the one top-level ``N = <int>`` it names."""
     every, new_every = req.params["every"], req.params["new_every"]
-    candidates = []
+    candidates: list[tuple[cst.If, cst.BaseExpression]] = []
     for node in source.nodes(cst.If):
         if not _runs_there(source, node, req):
             continue
@@ -65,7 +67,8 @@ def periodic(source: Source, req: EditRequest) -> str:
                 candidates.append((node, divisor))
             elif not isinstance(divisor, cst.Integer):
                 constant = _constant(source, divisor.value) if isinstance(divisor, cst.Name) else None
-                if constant is None or int(constant.value.value) != every:
+                # _constant returns only ``NAME = <int>``
+                if constant is None or int(cast(cst.Integer, constant.value).value) != every:
                     raise ByHand(f"{source.name}:{source.lines(node)[0]}: `{code_of(node.test)}` takes its period "
                                  f"from `{code_of(divisor)}`, which is not one top-level integer; set it to "
                                  f"{new_every} where it is made")

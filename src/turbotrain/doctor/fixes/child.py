@@ -68,12 +68,14 @@ def main(argv: list[str] | None = None) -> int:
     recorder.schedule.extends_for_period = False
     with LossTap() as tap:
         run = run_script(args.script, list(args.script_args), recorder)
-    steps = recorder.steps[recorder.warmup:recorder.warmup + args.steps]
+    recording = recorder.recording()
+    warmup = recording.window.warmup
+    steps = recording.steps[warmup:warmup + args.steps]
     # What another process took from a step (run-queue wait) is not the script's; what its own workers took is.
-    theirs = others_share((recorder.load_start, recorder.load_end))
-    out = {"status": run.status, "error": run.error, "warmup": recorder.warmup,
+    theirs = others_share((recording.load_start, recording.load_end))
+    out = {"status": run.status, "error": run.error, "warmup": warmup,
            "step_s": [s.duration - (s.preempted or 0.0) * theirs for s in steps],
-           "loader_round": loader_round(list(recorder.loaders.values()), [s.index for s in steps]),
+           "loader_round": loader_round(list(recording.loaders), [s.index for s in steps]),
            "losses": [v.hex() for v in tap.values()]}
     with open(args.out, "w") as fh:
         json.dump(out, fh)

@@ -6,7 +6,7 @@ come out exactly as they went in (a regex on the source would not know a call fr
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Sequence, TypeVar, cast
 
 import libcst as cst
 from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider
@@ -18,6 +18,7 @@ __all__ = ["Source", "dotted", "callee", "is_literal", "set_keyword", "keyword_v
 
 STATEMENTS = (cst.SimpleStatementLine, cst.BaseCompoundStatement)
 _EMPTY = cst.Module(body=[])
+_Node = TypeVar("_Node", bound=cst.CSTNode)
 
 
 def code_of(node: cst.CSTNode) -> str:
@@ -70,13 +71,13 @@ class Source:
         pos = self.positions[node]
         return pos.start.line, pos.end.line
 
-    def nodes(self, kind: type) -> Iterable[cst.CSTNode]:
+    def nodes(self, kind: type[_Node]) -> Iterable[_Node]:
         return (n for n in self.positions if isinstance(n, kind))
 
     def calls_at(self, line: int, *names: str) -> list[cst.Call]:
         """Calls to a function or method whose name ends in one of ``names`` and that span ``line``:
         those starting on it first, then the innermost."""
-        found = []
+        found: list[cst.Call] = []
         for call in self.nodes(cst.Call):
             first, last = self.lines(call)
             name = dotted(call.func)
@@ -93,33 +94,35 @@ class Source:
     def parent(self, node: cst.CSTNode) -> cst.CSTNode | None:
         return self.parents.get(node)
 
-    def statement(self, node: cst.CSTNode) -> cst.CSTNode:
+    def statement(self, node: cst.CSTNode) -> cst.BaseStatement:
         """The statement (a line, or a compound statement) that holds ``node``."""
         while not isinstance(node, STATEMENTS):
             node = self.parents[node]
         return node
 
     def ancestors(self, node: cst.CSTNode) -> Iterable[cst.CSTNode]:
-        node = self.parents.get(node)
-        while node is not None:
-            yield node
-            node = self.parents.get(node)
+        parent = self.parents.get(node)
+        while parent is not None:
+            yield parent
+            parent = self.parents.get(parent)
 
     def function_of(self, node: cst.CSTNode) -> cst.FunctionDef | None:
         return next((a for a in self.ancestors(node) if isinstance(a, cst.FunctionDef)), None)
 
     def block_of(self, statement: cst.CSTNode) -> tuple[cst.CSTNode, Sequence[cst.CSTNode]]:
         """The node whose ``body`` lists ``statement`` (a block or the module), and that list."""
-        owner = self.parents[statement]
+        # A statement's parent is the module or an indented block, both with a ``body``.
+        owner = cast("cst.Module | cst.IndentedBlock", self.parents[statement])
         return owner, owner.body
 
-    def statement_line(self, line: int) -> cst.CSTNode:
+    def statement_line(self, line: int) -> cst.BaseStatement:
         """The innermost statement that spans ``line``."""
         best = None
         for node in self.positions:
             if isinstance(node, STATEMENTS):
                 first, last = self.lines(node)
-                if first <= line <= last and (best is None or last - first <= self.lines(best)[1] - self.lines(best)[0]):
+                if first <= line <= last and (best is None
+                                              or last - first <= self.lines(best)[1] - self.lines(best)[0]):
                     best = node
         if best is None:
             raise ByHand(f"no statement at {self.name}:{line}")
@@ -133,8 +136,9 @@ class Source:
             if isinstance(parent, cst.ImportFrom) and parent.module is not None:
                 full = f"{code_of(parent.module)}.{full}"
             if full == module:
-                return node.asname.name.value if node.asname else (full if isinstance(parent, cst.Import)
-                                                                   else code_of(node.name))
+                # An import's ``as`` target is always a plain name.
+                return cast(cst.Name, node.asname.name).value if node.asname else (
+                    full if isinstance(parent, cst.Import) else code_of(node.name))
         return None
 
 
@@ -151,7 +155,7 @@ class Replacer(cst.CSTTransformer):
         self.edits = edits
         self.done: set[int] = set()
 
-    def on_leave(self, original_node, updated_node):  # noqa: ANN001 - libcst's own signature
+    def on_leave(self, original_node, updated_node):  # libcst's own signature
         make = self.edits.get(id(original_node))
         if make is None:
             return updated_node
@@ -221,7 +225,7 @@ def _breaks_line(comma: cst.Comma) -> bool:
     return isinstance(comma.whitespace_after, cst.ParenthesizedWhitespace)
 
 
-def with_block(item: str, statements: Sequence[cst.CSTNode]) -> cst.With:
+def with_block(item: str, statements: Sequence[cst.BaseStatement]) -> cst.With:
     """``with item:`` around ``statements``; the comments above the first stay above the ``with``."""
     first = statements[0]
     leading = getattr(first, "leading_lines", ())
@@ -230,7 +234,7 @@ def with_block(item: str, statements: Sequence[cst.CSTNode]) -> cst.With:
                     leading_lines=leading)
 
 
-def wrap(source: Source, statements: Sequence[cst.CSTNode], item: str) -> str:
+def wrap(source: Source, statements: Sequence[cst.BaseStatement], item: str) -> str:
     """The file's text with ``statements`` (consecutive, in one block) inside ``with item:``."""
     block = with_block(item, statements)
     edits: dict[cst.CSTNode, Callable] = {statements[0]: lambda _: block}

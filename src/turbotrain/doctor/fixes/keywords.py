@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 import libcst as cst
 
 from .cst_tools import Source, code_of, dotted, keyword_value, replace, set_keyword
@@ -52,9 +54,10 @@ def zero_grad(source: Source, req: EditRequest) -> str:
 def conv_bias(source: Source, req: EditRequest) -> str:
     """``bias=False`` in each convolution a BatchNorm follows (its mean subtraction cancels the bias)."""
     names = tuple(req.params["classes"])
-    edits = {}
+    edits: dict[cst.CSTNode, Callable[[cst.CSTNode], object]] = {}
     for line in (req.line, *req.lines):
-        calls = [c for c in source.calls_at(line, *names) if source.lines(c)[0] == line] or source.calls_at(line, *names)
+        calls = ([c for c in source.calls_at(line, *names) if source.lines(c)[0] == line]
+                 or source.calls_at(line, *names))
         if not calls:
             raise ByHand(f"no {'/'.join(names)}(...) call at {source.name}:{line}")
         for call in calls:

@@ -63,12 +63,13 @@ def _numpy(ctx, f: Finding) -> dict[str, Any]:
 
 def _cudnn(ctx, f: Finding) -> dict[str, Any]:
     # The flag is process-wide: the script itself is where it goes, whichever file built the model.
-    static = f.source == "static" and f.site is not None
+    site = f.site if f.source == "static" else None
     return {"kind": "cudnn_benchmark", "label": "torch.backends.cudnn.benchmark = True",
-            "file": f.site.file if static else ctx.script, "line": f.site.line if static else 0}
+            "file": site.file if site is not None else ctx.script, "line": site.line if site is not None else 0}
 
 
 def _cadence(ctx, f: Finding) -> dict[str, Any]:
+    assert f.site is not None  # plan_fixes plans only findings with a site (but cudnn-benchmark-off)
     row = next((r for r in periodic_table(ctx) if r["site"] == f.site and r["every"]), None)
     if row is None or not row["suggested_every"]:
         raise ByHand("the period of the recurring work is not known")
@@ -88,6 +89,7 @@ def _save(ctx, f: Finding) -> dict[str, Any]:
 
 
 def _conv_bias(ctx, f: Finding) -> dict[str, Any]:
+    assert f.site is not None  # plan_fixes plans only findings with a site (but cudnn-benchmark-off)
     modules = dict(ctx.model.named_modules()) if ctx.model is not None else {}
     paired = {name for name, _ in f.evidence.get("pairs", [])}
     sites: dict = {}
@@ -97,7 +99,8 @@ def _conv_bias(ctx, f: Finding) -> dict[str, Any]:
             if site is None:
                 raise ByHand(f"where {name} was built is not known; add bias=False to each conv before a BatchNorm")
             sites.setdefault(site, []).append(name)
-    lines, classes = [], set()
+    lines: list[int] = []
+    classes: set[str] = set()
     for site, names in sites.items():
         if not set(names) & paired:
             continue
@@ -113,6 +116,7 @@ def _conv_bias(ctx, f: Finding) -> dict[str, Any]:
 
 
 def _attention(ctx, f: Finding) -> dict[str, Any]:
+    assert f.site is not None  # plan_fixes plans only findings with a site (but cudnn-benchmark-off)
     name = f.evidence.get("function", "the attention")
     line = f.trial.softmax.line if isinstance(f.trial, AttentionTrial) else f.site.line
     return {"kind": "sdpa", "numerics": PRECISION, "line": line,
@@ -170,7 +174,10 @@ def plan_fixes(ctx, findings: list[Finding], base: str, rules: tuple[str, ...] |
         out.append(result)
         try:
             spec = planner(ctx, f)
-            path = spec.get("file") or f.site.file
+            path = spec.get("file")
+            if not path:
+                assert f.site is not None  # the one planner for a finding without a site names the file
+                path = f.site.file
             if not path or not _inside(path, base):
                 raise ByHand(f"{path} is outside the script's folder; the patch edits only files under it")
             line = spec.get("line", f.site.line if f.site else 0)

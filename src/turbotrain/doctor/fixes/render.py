@@ -66,7 +66,7 @@ def print_fixes(console: Console, fixes: FixReport, width: int) -> None:
         detail = f.by_hand or f.dropped
         if detail:
             console.print(Text(f"  {detail}", style="dim"), overflow="fold")
-        if f.edit and not f.by_hand:
+        if f.diff is not None and not f.by_hand:  # f.edit, spelled so that f.diff is known to be set
             console.print(Text(f"  {fix_line(f.predicted, f.verification)}"), overflow="fold")
             # The changed lines only, wrapped rather than cut: the change is what a reader looks for here.
             lines = [line for line in f.diff.splitlines() if line[:1] in "+-" and not line.startswith(("---", "+++"))]

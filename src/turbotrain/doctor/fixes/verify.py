@@ -7,7 +7,8 @@ processes (:mod:`.child`), on the same steps, alternating: original, patched; th
 burst of another process's load spoils a step, not the run; with DataLoader workers, of runs of as
 many steps as one round of theirs feeds), or, when a fix changes a cadence, the
 mean over whole periods of it (the median would leave the validation out); what other processes
-took from a step is not counted (what the script's own DataLoader workers took is). The speed-up per round is original / patched, and
+took from a step is not counted (what the script's own DataLoader workers took is). The speed-up per round
+is original / patched, and
 ``turbotrain.measure.judge`` (the one definition of "faster") turns the rounds into a verdict.
 """
 
@@ -133,6 +134,7 @@ class Verifier:
     def variant(self, texts: dict[str, str]) -> Path:
         """A copy of the folder with ``texts`` (absolute original path -> new text) written in."""
         self._variants += 1
+        assert self._tmp is not None  # made on entering the with-block
         folder = Path(self._tmp.name) / f"patched-{self._variants}"
         _copy(self.base, folder)
         for path, text in texts.items():

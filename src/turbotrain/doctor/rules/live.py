@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 from torch import nn
 
 from ...plan import Plan
@@ -121,7 +123,8 @@ def _dims(module: nn.Module) -> tuple[int, int]:
         return module.in_features, module.out_features
     if isinstance(module, nn.Embedding):
         return module.num_embeddings, module.embedding_dim
-    return module.in_channels, module.out_channels
+    conv = cast("nn.Conv1d | nn.Conv2d | nn.Conv3d", module)  # the rest of _SHAPED
+    return conv.in_channels, conv.out_channels
 
 
 @rule("dims-not-multiple-of-8", "live")
@@ -163,7 +166,8 @@ def batch_size_not_multiple_of_8(ctx):
         "batch-size-not-multiple-of-8", site=site, category="compute", speedup=speedup_for_rule(
             "batch-size-not-multiple-of-8"),
         message=f"The batch size is {batch}, not a multiple of 8: the batch is a matrix dimension of every layer.",
-        fix=Fix(f"batch_size={batch // 8 * 8 or 8} or {(batch // 8 + 1) * 8}", plan={"batch_size": (batch // 8 + 1) * 8}),
+        fix=Fix(f"batch_size={batch // 8 * 8 or 8} or {(batch // 8 + 1) * 8}",
+                plan={"batch_size": (batch // 8 + 1) * 8}),
         evidence={"batch_size": batch})
     f.provisional("medium" if ctx.on_gpu and ctx.breakdown.bottleneck == "compute" and ctx.facts.autocast else "low")
     yield f.on_cpu(ctx, " with tensor cores")
@@ -171,10 +175,12 @@ def batch_size_not_multiple_of_8(ctx):
 
 def _switch_finding(ctx, rule_id: str, message: str, fix: Fix, measurable: bool = True) -> Finding:
     """A finding about the model that one Plan switch answers, timed by a what-if on the captured batch."""
-    field = next(iter(fix.plan))
+    plan = fix.plan
+    assert plan is not None  # a Plan switch's fix
+    field = next(iter(plan))
     return Finding(rule_id, site=ctx.capture.site if ctx.capture else None, category="compute", message=message,
                    fix=fix, speedup=speedup_for_rule(rule_id, field),
-                   trial=PlanTrial(dict(fix.plan)) if measurable else None)
+                   trial=PlanTrial(dict(plan)) if measurable else None)
 
 
 @rule("cudnn-benchmark-off", "live")

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
+from typing import TYPE_CHECKING, Iterator
 
 from ...data import stats as data_stats
 from ..findings import Finding, Fix, speedup_for_rule
 from .registry import rule
 from ..trials import CopyTrial, EvalGradTrial, LoaderTrial, PlanTrial
+
+if TYPE_CHECKING:
+    from ..context import Context
 
 _SYNC_NAMES = {"item": ".item()", "tolist": ".tolist()", "numpy": ".numpy()", "cpu": ".cpu()",
                "nonzero": ".nonzero()", "bool": "bool()/if on a tensor", "float": "float(tensor)",
@@ -156,7 +160,7 @@ def non_blocking(ctx):
 
 
 @rule("host-sync-in-loop", "runtime")
-def host_sync(ctx):
+def host_sync(ctx: Context) -> Iterator[Finding]:
     by_site: dict = defaultdict(lambda: {"kinds": set(), "per_step": 0.0, "seconds": 0.0})
     for stat in ctx.ran_sites("sync:"):
         entry = by_site[stat.site]
@@ -242,7 +246,7 @@ def empty_cache(ctx):
 
 @rule("grad-in-validation", "runtime")
 def grad_in_validation(ctx):
-    for kind, site, tally in ctx.seen("eval_grad_forward"):
+    for _kind, site, tally in ctx.seen("eval_grad_forward"):
         count, seconds, _ = tally.total(ctx.measured_steps)
         all_count, all_seconds, _ = tally.total(tally.by_step.keys())
         total_s = sum(s.duration for s in ctx.step_records) or 1.0
@@ -305,7 +309,7 @@ def fuse_with_compile(ctx):
         "jit-script", site=ctx.module_site(ctx.model), category="compute", speedup=speedup_for_rule("jit-script"),
         message=f"{why}; torch.compile fuses them into fewer kernels" +
                 (" and CUDA graphs replay the step without per-op launches." if mode == "reduce-overhead" else "."),
-        fix=Fix(f"model = torch.compile(model{', mode=' + repr(mode) if mode != True else ''})",  # noqa: E712
+        fix=Fix(f"model = torch.compile(model{', mode=' + repr(mode) if mode != True else ''})",  # noqa: E712 - mode is a name or True
                 plan={"compile": mode}, lightning="model = torch.compile(model) before trainer.fit(model)",
                 accelerate='Accelerator(dynamo_backend="inductor")'),
         evidence={"python_overhead_share": round(overhead, 3), "pointwise_share": round(pointwise, 3)},
@@ -349,7 +353,7 @@ def periodic_kind(ctx, periodic) -> str:
             for phase, seconds in step.phases.items():
                 if phase in _PERIODIC_KINDS:
                     spent[_PERIODIC_KINDS[phase]] += seconds
-    return max(spent, key=spent.get) if spent else "work between steps"
+    return max(spent, key=lambda k: spent[k]) if spent else "work between steps"
 
 
 def periodic_site(ctx, kind: str, periodic):

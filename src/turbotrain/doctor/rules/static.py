@@ -133,7 +133,7 @@ def non_blocking_static(ctx):
 @rule("tensor-from-numpy-copy", "static")
 def numpy_copy_static(ctx):
     for index in _sources(ctx):
-        for call, name in index.calls("torch.tensor"):
+        for call, _name in index.calls("torch.tensor"):
             if not call.args or isinstance(call.args[0], (ast.Constant, ast.List, ast.Tuple, ast.ListComp)):
                 continue
             if not index.runs_per_step(call):
@@ -300,7 +300,7 @@ def nccl_env_static(ctx):
                     name = node.args[0].value
             if not isinstance(name, str) or not name.startswith("NCCL_"):
                 continue
-            for var, kind, message, fix in check_nccl_env({name: "1"}):
+            for _var, kind, message, fix in check_nccl_env({name: "1"}):
                 if kind in ("typo", "unknown", "renamed"):
                     f = _static("nccl-env", index, node, message, Fix(fix), speedup=speedup_for_rule("nccl-env"))
                     if kind == "typo" and (ctx.on_gpu or ctx.world_size > 1):

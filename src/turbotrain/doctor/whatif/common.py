@@ -13,7 +13,7 @@ import torch
 
 from ...data.transfer import tensors_in
 from ...measure import MIN_GAIN, Comparison, Trial, run_trial
-from ...plan import Plan
+from ...plan import Plan, Precision
 from ..findings import Finding, severity_for
 
 
@@ -76,7 +76,7 @@ def constructor_defaults(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
 
 def baseline_plan(ctx) -> Plan:
     facts = ctx.facts
-    precision = "fp32"
+    precision: Precision = "fp32"
     if facts.autocast:
         precision = "fp16-mixed" if "float16" in str(facts.autocast_dtype) and "b" not in str(
             facts.autocast_dtype) else "bf16-mixed"
@@ -158,8 +158,7 @@ class ModelTrials:
         self.optimizer_fn = lambda params: cls(params, **settings)
         self.base_plan = baseline_plan(ctx)
         self.model_s = max(1e-4, ctx.seconds("compute") + ctx.seconds("optimizer") + ctx.seconds("python_overhead"))
-        # At least TRIAL_S of steps a trial (up to MAX_TRIAL_STEPS): ten 1 ms steps are over in 10 ms, and two
-        # such rounds can both read x1.2 for a switch worth x1.05 (seen: bf16 on a small MLP, rated medium).
+        # At least TRIAL_S of steps a trial (up to MAX_TRIAL_STEPS): a few very short steps misread a switch's gain.
         self.steps = int(min(MAX_TRIAL_STEPS, max(3, min(10, 0.8 / self.model_s), TRIAL_S / self.model_s)))
         self.warmup = 2
         self.cost = (self.steps + self.warmup) * self.model_s * 1.5 + 0.05
@@ -201,7 +200,7 @@ def interleaved_rounds(ctx, budget: Budget, cost: float, first: tuple[float, flo
     return ratios
 
 
-def time_once(fn: Callable[[], None], cuda: bool) -> float:
+def time_once(fn: Callable[[], object], cuda: bool) -> float:
     """Seconds for one call of ``fn``, the device's queued work included."""
     if cuda:
         torch.cuda.synchronize()
@@ -212,7 +211,7 @@ def time_once(fn: Callable[[], None], cuda: bool) -> float:
     return time.perf_counter() - started
 
 
-def fastest_pair(a: Callable[[], None], b: Callable[[], None], cuda: bool, repeats: int) -> tuple[float, float]:
+def fastest_pair(a: Callable[[], object], b: Callable[[], object], cuda: bool, repeats: int) -> tuple[float, float]:
     """Seconds per call of ``a`` and ``b``, timed alternately, the fastest of ``repeats`` each (another
     process only ever adds time, and alternating spreads it over both)."""
     t_a = t_b = float("inf")

@@ -16,8 +16,7 @@ from ...measure import Trial
 from ...plan import Plan
 from .common import Budget, ModelTrials, lower_quartile, surrogate_step
 
-# Pages mapped in per step above which the allocator's history counts (256 pages: 1 MiB a step, about
-# 0.3-0.5 ms on the 2-core EPYC where bf16's 1,700 faults per step cost 3 ms).
+# Pages mapped in per step above which the allocator's history counts in a step's time (256 pages: 1 MiB a step).
 FAULTS_PER_STEP = 256
 START_S = 5.0          # two interpreters importing torch at once on a small machine
 
@@ -100,7 +99,7 @@ class FreshProcesses:
             path = os.path.join(self._folder.name, "trial.pt")
             try:
                 write_bundle(path, self.trials.model, self.trials.batches, self.trials.optimizer, surrogate_step)
-            except Exception as exc:  # noqa: BLE001 - an unpicklable model (a local class, a lambda attribute)
+            except Exception as exc:  # an unpicklable model (a local class, a lambda attribute)
                 raise FreshTrialError(f"the model cannot be saved for another process ({type(exc).__name__}: {exc})"
                                       ) from exc
             self._bundle = path

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import Any
+from typing import Any, cast
 
 
 from ...data.transfer import resize_batch
@@ -29,9 +29,9 @@ def plan_trials(ctx, findings: list[Finding], budget: Budget, allow_compile: boo
         return
     # The script's setting's fresh process serves every switch compared with it, and ends with the loop.
     with FreshProcesses(ctx, trials, budget) as fresh_processes:
-        for f in sorted(wanted, key=lambda f: f.trial.compile):
-            changes = dict(f.trial.changes)
-            base = trials.base_plan.replace(**f.trial.baseline)
+        for f in sorted(wanted, key=lambda f: _plan_trial(f).compile):
+            changes = dict(_plan_trial(f).changes)
+            base = trials.base_plan.replace(**_plan_trial(f).baseline)
             plan = base.replace(**changes)
             compiling = bool(changes.get("compile"))
             cost = trials.cost * (8 if compiling else 2)
@@ -58,12 +58,14 @@ def plan_trials(ctx, findings: list[Finding], budget: Budget, allow_compile: boo
             entries = {_entry_for_field(k) for k in changes}
             skipped = [name for name, _ in trial.skipped if name in entries] if trial is not None else []
             if trial is None or skipped or (first_round is None and not trial.stopped_early):
-                why = (trial.error if trial is not None else None) or "; ".join(w for _, w in (trial.skipped if trial else []))
+                why = (trial.error if trial is not None else None) or "; ".join(
+                    w for _, w in (trial.skipped if trial else []))
                 f.note = f"Not measured: {why or 'the baseline failed'}. {f.note or ''}".strip()
                 continue
             if trial.stopped_early:
                 ratios = [1.0 / HOPELESS]  # slower than HOPELESS times the baseline: no need for more rounds
             else:
+                assert first_round is not None  # only a trial that stopped early has none here
                 # Compile: one round (the graph compiles once per trial).
                 ratios = [first_round[0] / first_round[1]] if compiling else interleaved_rounds(
                     ctx, budget, trials.cost * 2, first_round, pair)
@@ -81,17 +83,24 @@ def plan_trials(ctx, findings: list[Finding], budget: Budget, allow_compile: boo
             apply_ratio(f, ctx, judge(ratios, noise_floor=ctx.noise_floor), f.what_if)
 
 
+def _plan_trial(f: Finding) -> PlanTrial:
+    """The finding's trial, of the findings plan_trials kept (all PlanTrial)."""
+    return cast(PlanTrial, f.trial)
+
+
 def _fresh_or_in_process(fresh_processes: FreshProcesses, base, plan, ratios: list[float], churn: float,
                          f: Finding) -> list[float]:
     """The switch re-timed in fresh processes (:meth:`FreshProcesses.rounds`): the rounds judged from then on."""
     fresh = fresh_processes.rounds(base, plan)
-    f.what_if["page_faults_per_step"] = round(churn)
+    what_if = f.what_if
+    assert what_if is not None  # plan_trials set it before
+    what_if["page_faults_per_step"] = round(churn)
     if isinstance(fresh, str):
-        f.what_if["timed_in"] = "this process"
+        what_if["timed_in"] = "this process"
         f.note = (f"Timed in the doctor's process, whose steps page-faulted {churn:.0f} pages each: a training "
                   f"process's allocator may differ (a fresh-process trial failed: {fresh}). {f.note or ''}").strip()
         return ratios
-    f.what_if.update(timed_in="fresh processes", in_process_rounds=[round(r, 3) for r in ratios])
+    what_if.update(timed_in="fresh processes", in_process_rounds=[round(r, 3) for r in ratios])
     f.note = (f"Timed with your setting and the switch each in a fresh process: in the doctor's process the steps "
               f"page-faulted {churn:.0f} pages each, so its allocator's history was part of the time (it read "
               f"x{statistics.median(ratios):.2f} there). {f.note or ''}").strip()

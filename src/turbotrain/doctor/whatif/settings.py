@@ -10,6 +10,7 @@ import torch
 
 from ...measure import Trial, judge, run_trial, time_loader
 from ..findings import Finding
+from ..trials import ThreadsTrial
 from .common import Budget, ModelTrials, apply_ratio, interleaved_rounds, model_share, surrogate_step
 
 
@@ -52,8 +53,7 @@ def _timed_settings(ctx, budget: Budget, now: tuple[int, int], options: list[tup
         # Each trial starts its own loader and ends it: workers left alive between trials would go on filling
         # their queues during the other setting's trial, timing the script's setting under their load (the
         # fix then reads faster than it is). The warm-up covers the workers' start and then drains the batches
-        # they queued meanwhile (workers x prefetch_factor): timed on a full queue, 4 workers read x7.3 in one
-        # round and x4.6 in the next, where the script's steady state gains x3.2.
+        # they queued meanwhile (workers x prefetch_factor): timed on a full queue, workers read faster than they are.
         buffered = workers * (getattr(record.loader, "prefetch_factor", None) or 2) if record is not None else 0
         streams.pop(workers, None)
         try:
@@ -89,10 +89,12 @@ def _timed_settings(ctx, budget: Budget, now: tuple[int, int], options: list[tup
 
 def threads_trial(ctx, finding: Finding, budget: Budget) -> None:
     """The script's threads and workers against the recommended settings (:func:`setting_rounds`)."""
-    if ctx.capture is None or not finding.trial.candidates:
+    trial = finding.trial
+    assert isinstance(trial, ThreadsTrial)  # run_what_ifs passes only these
+    if ctx.capture is None or not trial.candidates:
         return
     now = (ctx.machine.get("intra_op_threads") or torch.get_num_threads(), finding.evidence.get("workers", 0))
-    options = list(finding.trial.candidates)
+    options = list(trial.candidates)
     got = setting_rounds(ctx, budget, now, options)
     if isinstance(got, str):
         finding.note = f"Not measured: {got}."
@@ -103,7 +105,8 @@ def threads_trial(ctx, finding: Finding, budget: Budget) -> None:
     apply_ratio(finding, ctx, judge(ratios, noise_floor=ctx.noise_floor),
                  {"kind": "threads", "now": {"threads": now[0], "workers": now[1]}, "tried": options,
                   "candidate": {"threads": fix[0], "workers": fix[1]}, "rounds": [round(r, 3) for r in ratios],
-                  "baseline_ms": round(seen["now"].step_s * 1e3, 3), "candidate_ms": round(seen["fix"].step_s * 1e3, 3)},
+                  "baseline_ms": round(seen["now"].step_s * 1e3, 3),
+                  "candidate_ms": round(seen["fix"].step_s * 1e3, 3)},
                  applies_to=min(1.0, applies))
 
 
@@ -186,9 +189,11 @@ def _verify_workers(ctx, finding: Finding, budget: Budget, current: int, best: i
     if isinstance(got, str):
         return  # the projection stands
     _, ratios, seen = got
-    finding.what_if.update(rounds=[round(r, 3) for r in ratios], baseline_ms=round(seen["now"].step_s * 1e3, 3),
-                           candidate_ms=round(seen["fix"].step_s * 1e3, 3))
-    apply_ratio(finding, ctx, judge(ratios, noise_floor=ctx.noise_floor), finding.what_if,
+    what_if = finding.what_if
+    assert what_if is not None  # loader_trial set it before
+    what_if.update(rounds=[round(r, 3) for r in ratios], baseline_ms=round(seen["now"].step_s * 1e3, 3),
+                   candidate_ms=round(seen["fix"].step_s * 1e3, 3))
+    apply_ratio(finding, ctx, judge(ratios, noise_floor=ctx.noise_floor), what_if,
                  applies_to=min(1.0, model_share(ctx) + ctx.share("data_loading")))
     finding.note = (f"num_workers={best} had the best loader rate alone; timed with your model training beside the "
                     "loader (workers share the cores with training), interleaved with your setting.")

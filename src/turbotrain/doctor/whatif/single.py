@@ -10,6 +10,7 @@ import torch
 
 from ...measure import judge
 from ..findings import Finding
+from ..trials import AttentionTrial, EvalGradTrial
 from .common import Budget, fastest_pair, model_share
 
 
@@ -49,7 +50,9 @@ def eval_grad_trial(ctx, finding: Finding, budget: Budget) -> None:
         return
     with_grad, without = pair
     saving = max(0.0, 1.0 - without / with_grad) if with_grad > 0 else 0.0
-    share = finding.trial.share * saving
+    trial = finding.trial
+    assert isinstance(trial, EvalGradTrial)  # run_what_ifs passes only these
+    share = trial.share * saving
     finding.what_if = {"kind": "eval_grad", "forward_ms_with_grad": round(with_grad * 1e3, 3),
                        "forward_ms_inference_mode": round(without * 1e3, 3),
                        **_pair_ratio(with_grad, without)}
@@ -58,6 +61,7 @@ def eval_grad_trial(ctx, finding: Finding, budget: Budget) -> None:
 
 def attention_trial(ctx, finding: Finding, budget: Budget) -> None:
     trial = finding.trial
+    assert isinstance(trial, AttentionTrial)  # run_what_ifs passes only these
     if not trial.per_step or not budget.allows(3.0):
         return
     first, last = trial.lines
@@ -113,10 +117,12 @@ def cap_to_noise(finding: Finding, ctx) -> None:
     attention by hand and fused) is held to this window's noise floor: one it cannot be told from rates
     ``low``. What is judged is the comparison's own ratio (``pair_ratio``): a 1.6x faster attention
     is not noise because attention is a sixth of the step; the step-level figure is arithmetic on it."""
-    pair = finding.what_if.get("pair_ratio")
-    if pair is None or "verdict" in finding.what_if or not ctx.noise_floor:
+    what_if = finding.what_if
+    assert what_if is not None  # run_what_ifs asks this of measured what-ifs only
+    pair = what_if.get("pair_ratio")
+    if pair is None or "verdict" in what_if or not ctx.noise_floor:
         return  # a finding judged from interleaved rounds already carries its verdict
-    verdict = judge([pair] * finding.what_if.get("pair_rounds", 1), noise_floor=ctx.noise_floor)
+    verdict = judge([pair] * what_if.get("pair_rounds", 1), noise_floor=ctx.noise_floor)
     if not verdict.faster and finding.severity != "low":
         finding.cap("low", f"This machine was too noisy during the run to tell the measured x{pair:.2f} from no "
                            f"gain (it needs over x{1 + verdict.noise:.2f}).")

@@ -1,0 +1,167 @@
+"""A finished recording as plain data: what analysis reads, and what one process can send to another.
+
+Frozen, slotted dataclasses of numbers, strings and tuples: no torch object, no callable. A Recording pickles
+and round-trips through JSON (:func:`to_json` / :func:`from_json`), so a multi-process job can gather one per
+rank. The live objects the what-ifs re-run (the model, a captured batch, the optimizers, the DataLoaders) stay
+in the process that recorded them, in :class:`LiveObjects`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+from ...data.stats import ReadStats, SchemeReads
+from ...hardware import LoadSample
+from ..records import EventCounts, ForwardFacts, LoaderRecord, StepRecord
+from ..sites import Site
+
+__all__ = ["Recording", "Window", "ModuleSite", "MatmulShape", "SiteCount", "LiveObjects", "to_json", "from_json",
+           "SCHEMA_VERSION"]
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """Which steps were warm-up, measured and profiled, and how the window moved while the script ran."""
+
+    warmup: int
+    measure: int | None             # measured steps after any extension for periodic work
+    asked: int | None               # measured steps asked for
+    profile_steps: int
+    warmup_extended_by: int = 0     # steps added to drain the batches DataLoader workers queue ahead
+    profiled: tuple[int, ...] = ()  # the indices of the steps run under torch.profiler
+    profiler_ran: bool = False      # torch.profiler started (the script may have ended inside its first step)
+
+
+@dataclass(frozen=True, slots=True)
+class ModuleSite:
+    module_id: int                  # id() of the module in the recording process
+    site: Site                      # where the script built it
+
+
+@dataclass(frozen=True, slots=True)
+class MatmulShape:
+    site: Site
+    a: tuple[int, ...]
+    b: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SiteCount:
+    site: Site
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class GpuPhases:
+    step: int
+    seconds: dict[str, float]       # device seconds per phase of that step
+
+
+@dataclass(frozen=True, slots=True)
+class Recording:
+    """Everything the doctor's analysis needs from one process's run."""
+
+    window: Window
+    steps: tuple[StepRecord, ...]
+    step_delimiter: str             # "optimizer.step()", "loss.backward()" or "watch.step()"
+    events: tuple[EventCounts, ...]                # per (kind, line): syncs, copies, saves, eval forwards, ...
+    loaders: tuple[LoaderRecord, ...]              # the DataLoaders iterated (their ``loader`` is None here)
+    optimizer_sites: tuple[Site | None, ...]       # where each optimizer was built, in LiveObjects' order
+    module_sites: tuple[ModuleSite, ...]
+    matmul_shapes: tuple[MatmulShape, ...]         # operand shapes per user line, from warm-up
+    gap_samples: tuple[SiteCount, ...]             # user lines seen running untimed before the forward
+    zero_grad_before_backward: int = 0             # zero_grad calls between a step's forward and its backward
+    zero_grad_elsewhere: int = 0
+    facts: ForwardFacts | None = None              # the trained model's forward, as first measured
+    module_calls_per_step: int = 0                 # module forward calls of a warm-up step
+    profile: dict[str, float] = field(default_factory=dict)   # ops per step and pointwise share (profiler window)
+    top_ops: tuple[dict[str, Any], ...] = ()       # the busiest ops of the profiler window
+    gpu_phases: tuple[GpuPhases, ...] = ()
+    # The user's lines inside functions seen running (warm-up, profiler window) per file; None: not traced.
+    ran_lines: dict[str, tuple[int, ...]] | None = None
+    load_start: LoadSample | None = None           # the machine's CPU time when the measured window opened
+    load_end: LoadSample | None = None
+    threads_seen: int | None = None                # torch's intra-op threads then
+    reads: ReadStats | None = None                 # reads through turbotrain.data over the measured steps
+    rank: int = 0
+    world_size: int = 1
+    host: str = ""
+    schema: int = SCHEMA_VERSION
+
+    def gpu_phase_seconds(self) -> dict[int, dict[str, float]]:
+        return {g.step: dict(g.seconds) for g in self.gpu_phases}
+
+
+@dataclass(eq=False)
+class LiveObjects:
+    """What only the recording process has: the objects the what-ifs re-run and the trace to export."""
+
+    capture: Any = None                     # records.Capture: the outermost trained module and one batch
+    optimizers: list[Any] = field(default_factory=list)
+    modules: list[Any] = field(default_factory=list)   # every outermost module called in a step
+    trained: Any = None                     # the outermost module an optimizer updates, when nothing was captured
+    eval_grad_inputs: tuple[tuple[Any, ...], dict[str, Any]] | None = None
+    loaders: dict[int, Any] = field(default_factory=dict)   # LoaderRecord.key -> the DataLoader
+    profiler: Any = None                    # torch.profiler.profile of the profiler window
+
+
+# -- JSON ---------------------------------------------------------------------------------------------------
+
+def to_json(recording: Recording) -> str:
+    return json.dumps(_plain(recording), separators=(",", ":"))
+
+
+def from_json(text: str) -> Recording:
+    return typing.cast(Recording, _build(Recording, json.loads(text)))
+
+
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, (tuple, list)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    return value
+
+
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _build(hint: Any, value: Any) -> Any:
+    """``value`` read back from JSON as the type ``hint`` names (the dataclasses above and their fields)."""
+    if value is None or hint is Any:
+        return value
+    origin = typing.get_origin(hint)
+    if origin in (Union, types.UnionType):
+        options = [a for a in typing.get_args(hint) if a is not type(None)]
+        return _build(options[0], value) if len(options) == 1 else value
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+        hints = _HINTS.get(hint)
+        if hints is None:
+            hints = _HINTS[hint] = typing.get_type_hints(hint)
+        return hint(**{name: _build(hints[name], v) for name, v in value.items()})
+    args = typing.get_args(hint)
+    if origin is tuple:
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_build(args[0], v) for v in value)
+        return tuple(_build(a, v) for a, v in zip(args, value))
+    if origin is list:
+        return [_build(args[0], v) for v in value]
+    if origin is dict:
+        key_type = args[0]
+        return {key_type(k): _build(args[1], v) for k, v in value.items()}
+    if hint is float:
+        return float(value)
+    return value
+
+
+# Types a Recording holds that live in other modules: listed so a reader sees what crosses a process boundary.
+PLAIN_TYPES = (StepRecord, EventCounts, LoaderRecord, ForwardFacts, Site, LoadSample, ReadStats, SchemeReads)
