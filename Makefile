@@ -6,14 +6,14 @@ PY     := $(VENV)/bin/python
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.turbotrain-installed
 
-.PHONY: demo test test-gpu gpu-check bench overhead clean
+.PHONY: demo test lint test-gpu gpu-check bench overhead clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# The CPU build of the tested torch first: an unpinned torch would pull GBs of CUDA wheels.
 	$(PY) -m pip install -q $(TORCH)
-	$(PY) -m pip install -q -e '.[all,test]'
+	$(PY) -m pip install -q -e '.[all,test,lint]'
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -23,6 +23,15 @@ test: $(STAMP)
 	# System packages the tests use (nginx, iproute2, chromium, ...); installs only what is missing.
 	bash scripts/ci-deps.sh
 	$(PY) -m pytest
+
+# Lint and types (pyproject.toml [tool.ruff], [tool.mypy]); .ci/run runs it before the tests. A # noqa or
+# # type: ignore says why on its own line: a bare one (only codes after it) fails here.
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests
+	$(VENV)/bin/ruff format --check src
+	$(VENV)/bin/mypy
+	@! grep -rnE --include='*.py' '#[[:space:]]*(noqa(:[[:space:]]*[A-Z]+[0-9]+([[:space:]]*,[[:space:]]*[A-Z]+[0-9]+)*)?|type:[[:space:]]*ignore(\[[^]]*\])?)[[:space:]]*$$' src tests \
+		|| { echo "make lint: the suppressions above do not say why (add ' - why' or '  # why' on the line)"; exit 1; }
 
 # The full ablation (GPU scale on CUDA): paste runs/bench.md into docs/benchmarks.md.
 bench: $(STAMP)

@@ -57,7 +57,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from turbotrain.doctor.fixes.plan import FIXABLE_RULES
+from turbotrain.doctor.fixes.choose import FIXABLE_RULES
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT / "benchmarks" / "calibration"

@@ -26,7 +26,7 @@ import torch  # noqa: E402
 from torch.optim.optimizer import register_optimizer_step_post_hook  # noqa: E402
 
 from turbotrain.bench.workloads import get_workload  # noqa: E402
-from turbotrain.doctor.recorder import Recorder  # noqa: E402
+from turbotrain.doctor.record.recorder import Recorder  # noqa: E402
 from turbotrain.hardware import detect  # noqa: E402
 
 

@@ -42,7 +42,7 @@ from turbotrain.bench.workload import Workload  # noqa: E402
 from turbotrain.bench.workloads import get_workload  # noqa: E402
 from turbotrain.hardware import detect  # noqa: E402
 from turbotrain.measure import Trial, run_trial  # noqa: E402
-from turbotrain.tune import tune_report  # noqa: E402
+from turbotrain.tuning import tune_report  # noqa: E402
 
 
 class MixerBlock(nn.Module):

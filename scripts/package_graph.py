@@ -95,7 +95,7 @@ def top_level(name: str) -> str:
 
 
 LAYERS = [["config", "yaml_io", "hardware", "distributed"], ["plan", "recipe"], ["speedups"],
-          ["runtime", "measure", "data"], ["train", "launch", "setup"], ["doctor", "tune", "bench"],
+          ["runtime", "measure", "data"], ["train", "launch", "setup"], ["doctor", "tuning", "bench"],
           ["commands", "demo", "cli"]]
 
 

@@ -24,7 +24,7 @@ def test_python_examples_run(path, tmp_path, monkeypatch):
     namespace = {"__name__": "__docs__"}
     for i, code in enumerate(_blocks(path)):
         try:
-            exec(compile(code, f"{path.name}[block {i}]", "exec"), namespace)
+            exec(compile(code, f"{path.name}[block {i}]", "exec"), namespace)  # noqa: S102 - runs the docs' own examples
         except Exception as exc:  # pragma: no cover - the message is the point
             raise AssertionError(f"{path.name} block {i} failed: {exc!r}\n{code}") from exc
 

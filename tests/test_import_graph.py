@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-UNTANGLED = ("bench", "train", "launch", "data", "doctor")  # packages whose modules no longer import each other in a circle
+# Packages whose modules no longer import each other in a circle.
+UNTANGLED = ("bench", "train", "launch", "data", "doctor")
 
 
 def _package_graph():

@@ -26,7 +26,8 @@ def test_supergradients_compile_switch_maps_onto_the_plan(tmp_path):
 
 
 @pytest.mark.parametrize("text, match", [
-    ("workload: mlp\ntrainer: {max_stepz: 3}\n", r"trainer.max_stepz: unknown key 'max_stepz'.*Did you mean 'max_steps'"),
+    ("workload: mlp\ntrainer: {max_stepz: 3}\n",
+     r"trainer.max_stepz: unknown key 'max_stepz'.*Did you mean 'max_steps'"),
     ("workload: resnet\n", r"workload: 'resnet' is not allowed; expected one of 'gpt', 'cnn', 'mlp'"),
     ("workload: mlp\nplan: {precision: fp8}\n", r"plan.precision: 'fp8' is not allowed"),
     ("workload: mlp\ntraining_hyperparams: {torch_compile_mode: fastest}\n", r"torch_compile_mode"),
@@ -62,4 +63,5 @@ def test_cli_print_plan_round_trips(tmp_path):
     recipe.write_text("workload: cnn\nplan: fast\n")
     out = _cli("train", str(recipe), "--print-plan")
     assert out.returncode == 0, out.stderr
-    assert tt.Plan.from_yaml(out.stdout) == tt.Plan.fast(__import__("turbotrain.bench.models", fromlist=["x"]).ResNetCNN())
+    models = __import__("turbotrain.bench.models", fromlist=["x"])
+    assert tt.Plan.from_yaml(out.stdout) == tt.Plan.fast(models.ResNetCNN())

@@ -92,7 +92,8 @@ def test_switching_an_exported_entry_on_changes_what_it_writes(entry):
     assert any(wrote), f"{entry.name}: Plan({entry.bench.changes}) writes nothing for Lightning, Accelerate or code"
 
 
-@pytest.mark.parametrize("entry", [e for e in ENTRIES if e.tune.kind == "timed" and e.tune.values], ids=lambda e: e.name)
+@pytest.mark.parametrize("entry", [e for e in ENTRIES if e.tune.kind == "timed" and e.tune.values],
+                         ids=lambda e: e.name)
 def test_timed_values_are_values_the_plan_accepts(entry):
     for hw in (CPU, AMPERE):
         for value in entry.tune.values(hw, tt.Plan()):

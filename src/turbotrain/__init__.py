@@ -20,8 +20,8 @@ from .train.early_stopping import EarlyStopping
 from .train.nonfinite import NonFiniteError
 from .train.preemption import PREEMPTED_EXIT_CODE, Preempted
 from .train.trainer import FitResult, Trainer
-from . import doctor  # noqa: E402 - tt.doctor.watch(); after the core it builds on
-from .tune import tune  # from here on `tt.tune` is the function; see docs/architecture.md for the package
+from . import doctor  # tt.doctor.watch(); after the core it builds on
+from .tuning import tune  # tt.tune: the tuner, a function; its package is turbotrain.tuning
 
 __version__ = "0.1.0"
 

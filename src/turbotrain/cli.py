@@ -18,7 +18,7 @@ from .config import ConfigError
 COMMANDS = {
     "demo": ("turbotrain.commands.demo", "train GPT and CNN with the naive and the fast plan, side by side"),
     "doctor": ("turbotrain.doctor.cli", "diagnose why a training script is slow, and measure the fixes"),
-    "tune": ("turbotrain.tune.cli", "find the fastest safe plan for a model on this machine"),
+    "tune": ("turbotrain.tuning.cli", "find the fastest safe plan for a model on this machine"),
     "train": ("turbotrain.commands.train", "train a reference workload from a recipe YAML"),
     "bench": ("turbotrain.bench.cli", "what each speed-up buys, alone and combined"),
     "launch": ("turbotrain.launch.cli", "run a script on torchrun (DDP/FSDP, multi-node, restarts)"),

@@ -19,13 +19,16 @@ import reprlib
 import types
 import typing
 from collections.abc import Mapping
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 
 __all__ = ["ConfigError", "strict", "from_mapping", "to_mapping", "describe_type"]
 
 
 class ConfigError(ValueError):
     """A configuration value or key is wrong. The message says where and what is allowed."""
+
+
+_T = TypeVar("_T")
 
 
 # Values are quoted in errors at a bounded length: nine levels of YAML aliases stand for 9**9
@@ -35,7 +38,7 @@ _repr.maxlevel, _repr.maxlist, _repr.maxtuple, _repr.maxdict, _repr.maxstring, _
 _quote = _repr.repr
 
 
-def _field_names(cls) -> list[str]:
+def _field_names(cls: Any) -> list[str]:
     return [f.name for f in dataclasses.fields(cls) if f.init]
 
 
@@ -117,7 +120,7 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     elif origin in (dict, Mapping) or tp is dict:
         if isinstance(value, Mapping):
             return dict(value)
-    elif dataclasses.is_dataclass(tp):
+    elif isinstance(tp, type) and dataclasses.is_dataclass(tp):  # an annotation is a class, never an instance
         if isinstance(value, tp):
             return value
         if isinstance(value, Mapping):
@@ -128,10 +131,15 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     raise ConfigError(f"{where}: {_quote(value)} is not allowed; expected {describe_type(tp)}.")
 
 
-@functools.lru_cache(maxsize=None)
-def _hints(cls) -> dict[str, Any]:
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _hints(cls: type) -> dict[str, Any]:
     # Resolving string annotations costs milliseconds; a class's hints never change.
-    return typing.get_type_hints(cls)
+    hints = _HINTS.get(cls)
+    if hints is None:
+        hints = _HINTS[cls] = typing.get_type_hints(cls)
+    return hints
 
 
 def validate_fields(obj: Any) -> None:
@@ -145,14 +153,14 @@ def validate_fields(obj: Any) -> None:
             object.__setattr__(obj, name, checked)  # works for frozen dataclasses too
 
 
-def strict(cls):
+def strict(cls: type[_T]) -> type[_T]:
     """Class decorator: unknown keyword arguments and mistyped values raise ConfigError."""
     init = cls.__init__
     allowed = _field_names(cls)
     allowed_set = set(allowed)
 
     @functools.wraps(init)
-    def __init__(self, *args, **kwargs):
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         for key in kwargs:
             if key not in allowed_set:
                 raise ConfigError(_unknown_key_message(cls.__name__, key, allowed))
@@ -162,11 +170,11 @@ def strict(cls):
         if check is not None:
             check()
 
-    cls.__init__ = __init__
+    cls.__init__ = __init__  # type: ignore[method-assign]  # the decorator's point: wrap the dataclass's __init__
     return cls
 
 
-def from_mapping(cls, data: Any, where: str | None = None):
+def from_mapping(cls: type[_T], data: Any, where: str | None = None) -> _T:
     """Build dataclass ``cls`` from a mapping (parsed YAML/JSON), naming bad keys and values."""
     where = where or cls.__name__
     if not isinstance(data, Mapping):

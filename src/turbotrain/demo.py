@@ -47,10 +47,13 @@ def _diagnose(workload: str, seed: int, steps: int, console: Console) -> None:
                 loss.backward()
                 optimizer.step()
     report = doctor.report
-    took = f"takes {report.breakdown.median_s * 1e3:.1f} ms a step" if report.bottleneck else "was not measured"
+    if report is None:  # never: the block ends with a report (an exception from it is re-raised)
+        raise RuntimeError("the doctor made no report")
+    took = (f"takes {report.breakdown.median_s * 1e3:.1f} ms a step"  # type: ignore[union-attr]  # set with a bottleneck
+            if report.bottleneck else "was not measured")
     console.print(f"  {workload:4s} doctor: a plain loop {took}; bottleneck: {report.bottleneck}")
     # What the doctor found to buy something, biggest first (a what-if that measured slower is the tuner's to skip).
-    ranked = sorted((f for f in report.findings if (f.est_speedup or 1.0) > 1.0), key=lambda f: -f.est_speedup)
+    ranked = sorted((f for f in report.findings if (f.est_speedup or 1.0) > 1.0), key=lambda f: -(f.est_speedup or 1.0))
     for finding in ranked[:3]:
         console.print(f"       {finding.severity:6s} {finding.rule} (x{finding.est_speedup:.2f}"
                       f"{', measured' if finding.measured else ', estimated'})"
@@ -61,7 +64,7 @@ def _diagnose(workload: str, seed: int, steps: int, console: Console) -> None:
 
 def _tuned_plan(workload: str, seed: int, budget_s: float, console: Console) -> tuple[Plan, str]:
     """The plan ``tt.tune`` measures fastest on this workload (its table printed), and a one-line verdict."""
-    from .tune.api import tune_report  # the tuner is only needed when the demo tunes
+    from .tuning.api import tune_report  # the tuner is only needed when the demo tunes
 
     wl = get_workload(workload)
     model, _ = wl.build(seed)
@@ -107,7 +110,8 @@ def run_demo(workloads: tuple[str, ...] = ("gpt", "cnn"), steps: int = 60, seed:
             with console.status(f"training {name} with the {plan_name} plan ({steps} steps)..."):
                 row = _train(name, plan_name, steps, seed, plan)
             rows.append(row)
-            console.print(f"  {name:4s} {plan_name:5s} {row.throughput:12,.0f} {row.unit}/s   plan: {row.plan.describe()}")
+            console.print(f"  {name:4s} {plan_name:5s} {row.throughput:12,.0f} {row.unit}/s   "
+                          f"plan: {row.plan.describe()}")
             for switch, why in row.skipped:
                 console.print(f"       skipped {switch}: {why}")
     names = " vs ".join(dict.fromkeys(row.plan_name for row in rows))

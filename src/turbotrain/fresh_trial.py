@@ -33,7 +33,7 @@ import sys
 import tempfile
 import time
 import types
-from typing import Any, BinaryIO, Callable
+from typing import IO, Any, BinaryIO, Callable
 
 import torch
 
@@ -77,6 +77,8 @@ class FreshTrial:
             raise
         finally:
             os.close(write_end)
+        assert self._proc.stdin is not None  # stdin=PIPE
+        self._stdin: IO[bytes] = self._proc.stdin
         self._replies: int | None = read_end
         self._ready: dict | None = None
         try:
@@ -102,14 +104,14 @@ class FreshTrial:
     def close(self) -> None:
         if self._proc.poll() is None:
             try:
-                pickle.dump(None, self._proc.stdin)  # "no more steps": the child returns
-                self._proc.stdin.flush()
+                pickle.dump(None, self._stdin)  # "no more steps": the child returns
+                self._stdin.flush()
                 self._proc.wait(timeout=10)
             except (OSError, subprocess.TimeoutExpired):  # it had ended meanwhile, or hangs
                 self._proc.kill()
                 self._proc.wait()
         try:
-            self._proc.stdin.close()
+            self._stdin.close()
         except OSError:
             pass  # a pipe whose reader is gone
         if self._replies is not None:
@@ -125,26 +127,29 @@ class FreshTrial:
 
     def _send(self, message: Any) -> None:
         try:
-            pickle.dump(message, self._proc.stdin)
-            self._proc.stdin.flush()
+            pickle.dump(message, self._stdin)
+            self._stdin.flush()
         except BrokenPipeError:
             raise FreshTrialError(f"the trial process ended early{self._stderr_tail()}") from None
 
     def _receive(self) -> dict:
         header = self._read_exactly(_FRAME.size)
-        reply = pickle.loads(self._read_exactly(_FRAME.unpack(header)[0]))
+        reply = pickle.loads(self._read_exactly(_FRAME.unpack(header)[0]))  # noqa: S301 - from our own child process
         if "error" in reply:
             raise FreshTrialError(f"the trial process failed: {reply['error']}{self._stderr_tail()}")
         return reply
 
     def _read_exactly(self, size: int) -> bytes:
+        replies = self._replies
+        if replies is None:
+            raise FreshTrialError("the trial is closed")
         data, deadline = b"", time.monotonic() + self.timeout_s
         while len(data) < size:
             left = deadline - time.monotonic()
-            if left <= 0 or not select.select([self._replies], [], [], left)[0]:
+            if left <= 0 or not select.select([replies], [], [], left)[0]:
                 self._proc.kill()
                 raise FreshTrialError(f"the trial process gave no answer in {self.timeout_s:.0f} s")
-            chunk = os.read(self._replies, size - len(data))
+            chunk = os.read(replies, size - len(data))
             if not chunk:
                 self._proc.wait()
                 raise FreshTrialError(f"the trial process ended (exit {self._proc.returncode})"
@@ -176,12 +181,12 @@ def _script_definitions(script: str) -> types.ModuleType:
     with open(script, encoding="utf-8") as f:
         tree = ast.parse(f.read(), filename=script)
     keep = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
-    body = [node for node in tree.body if isinstance(node, keep)
+    body: list[ast.stmt] = [node for node in tree.body if isinstance(node, keep)
             or (isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, ast.Constant))]
     module = types.ModuleType("__main__")
     module.__file__ = script
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))  # the script's own sibling modules
-    exec(compile(ast.Module(body=body, type_ignores=[]), script, "exec"), module.__dict__)  # noqa: S102
+    exec(compile(ast.Module(body=body, type_ignores=[]), script, "exec"), module.__dict__)  # noqa: S102 - the user's script
     return module
 
 
@@ -204,7 +209,7 @@ def _serve(requests: BinaryIO, replies: BinaryIO) -> None:
         replies.write(_FRAME.pack(len(payload)) + payload)
         replies.flush()
 
-    job = pickle.load(requests)
+    job = pickle.load(requests)  # noqa: S301 - the parent process's pipe, not outside data
     done = 0
     clear_before = job.get("clear_grads_before_backward", False)
 
@@ -233,10 +238,10 @@ def _serve(requests: BinaryIO, replies: BinaryIO) -> None:
     except Exception as exc:  # noqa: BLE001 - reported to the parent, which decides
         reply({"error": f"{type(exc).__name__}: {exc}"})
         return
-    while (request := pickle.load(requests)) is not None:
+    while (request := pickle.load(requests)) is not None:  # noqa: S301 - the parent process's pipe
         try:
             reply({"times": run(request)})
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - reported to the parent, which decides
             reply({"error": f"{type(exc).__name__}: {exc}"})
             return
 

@@ -150,7 +150,8 @@ def cpu_quota(root: str | os.PathLike | None = None, self_cgroup: str | os.PathL
         if hier == "0" and controllers == "":
             places += [(d, _v2_quota) for base in (root, root / "unified") for d in _with_ancestors(base, rel)]
         elif "cpu" in controllers.split(","):
-            places += [(d, _v1_quota) for base in dict.fromkeys((root / controllers, root / "cpu", root / "cpu,cpuacct"))
+            places += [(d, _v1_quota)
+                       for base in dict.fromkeys((root / controllers, root / "cpu", root / "cpu,cpuacct"))
                        for d in _with_ancestors(base, rel)]
     if not places:  # no /proc/self/cgroup (or nothing in it): the mount's own root files
         places = [(root, _v2_quota), (root / "cpu", _v1_quota), (root / "cpu,cpuacct", _v1_quota)]
@@ -175,7 +176,8 @@ def thread_env() -> dict[str, str]:
 def load_average() -> tuple[float, float, float] | None:
     """/proc/loadavg's 1, 5 and 15 minute averages (runnable threads, this process's included)."""
     try:
-        return tuple(round(x, 2) for x in os.getloadavg())  # type: ignore[return-value]
+        one, five, fifteen = os.getloadavg()
+        return round(one, 2), round(five, 2), round(fifteen, 2)
     except (OSError, AttributeError):
         return None
 
@@ -321,7 +323,8 @@ class Hardware:
     def cpu_summary(self) -> str:
         """e.g. "2 usable cores (affinity 2, quota none, host 2); torch threads 2 intra-op, 2 inter-op"."""
         quota = "none" if self.cpu_quota is None else f"{self.cpu_quota:g}"
-        return (f"{self.cpu_cores} usable cores (affinity {self.affinity_cores}, quota {quota}, host {self.host_cores}); "
+        return (f"{self.cpu_cores} usable cores (affinity {self.affinity_cores}, quota {quota}, "
+                f"host {self.host_cores}); "
                 f"torch threads {self.intra_op_threads} intra-op, {self.interop_threads} inter-op")
 
     def summary(self) -> str:
@@ -338,7 +341,7 @@ def _detect(device_type: str, index: int) -> Hardware:
     flags = _cpu_flags()
     affinity, quota = affinity_cores(), cpu_quota()
     cores = usable_cores(affinity, quota)
-    cpu = {"affinity_cores": affinity, "cpu_quota": quota, "host_cores": os.cpu_count() or affinity}
+    host = os.cpu_count() or affinity
     if device_type == "cuda":
         props = torch.cuda.get_device_properties(index)
         cap = (props.major, props.minor)
@@ -346,14 +349,15 @@ def _detect(device_type: str, index: int) -> Hardware:
             device_type="cuda", device_name=props.name, device_count=torch.cuda.device_count(),
             cpu_cores=cores, memory_bytes=props.total_memory, capability=cap,
             bf16=torch.cuda.is_bf16_supported(), fp16=cap >= (7, 0), tf32=cap >= (8, 0),
-            fp8=cap >= (8, 9), cudnn=torch.backends.cudnn.is_available(), cpu_flags=flags, **cpu,
+            fp8=cap >= (8, 9), cudnn=torch.backends.cudnn.is_available(), cpu_flags=flags,
+            affinity_cores=affinity, cpu_quota=quota, host_cores=host,
         )
     # On CPU bf16 autocast only pays off with native bf16 instructions (AVX512-BF16 or AMX).
     bf16 = bool({"avx512_bf16", "amx_bf16"} & flags)
     return Hardware(
         device_type="cpu", device_name=_cpu_model(), device_count=1,
         cpu_cores=cores, memory_bytes=_memory_bytes(), capability=None, bf16=bf16, fp16=False,
-        tf32=False, fp8=False, cudnn=False, cpu_flags=flags, **cpu,
+        tf32=False, fp8=False, cudnn=False, cpu_flags=flags, affinity_cores=affinity, cpu_quota=quota, host_cores=host,
     )
 
 
@@ -364,9 +368,9 @@ def detect(device: str | torch.device = "auto") -> Hardware:
     """
     dev = resolve_device(device)
     hw = _detect(dev.type, dev.index or 0)
-    threads = {"intra_op_threads": torch.get_num_threads(), "interop_threads": torch.get_num_interop_threads()}
-    if (hw.intra_op_threads, hw.interop_threads) != tuple(threads.values()):
-        hw = dataclasses.replace(hw, **threads)
+    intra, interop = torch.get_num_threads(), torch.get_num_interop_threads()
+    if (hw.intra_op_threads, hw.interop_threads) != (intra, interop):
+        hw = dataclasses.replace(hw, intra_op_threads=intra, interop_threads=interop)
     return hw
 
 

@@ -23,17 +23,18 @@ from torch import nn
 try:
     import resource
 except ImportError:  # not on Windows: page faults then read as 0
-    resource = None  # type: ignore[assignment]
+    resource = None  # type: ignore[assignment]  # checked before its use
 
 from .hardware import read_proc_kib
 from .plan import Plan
-from .runtime import prepare
+from .runtime import Runtime, prepare
 from .data import stats as read_stats
 from .data.transfer import batch_size_of
 from .train import rng
 
 __all__ = ["Trial", "run_trial", "EpochTrial", "run_epochs", "time_loader", "preserved_state", "peak_host_memory",
-           "Comparison", "judge", "relative_spread", "run_means", "MIN_GAIN", "HOPELESS", "FASTER", "SLOWER", "NOISE", "UNVERIFIED"]
+           "Comparison", "judge", "relative_spread", "run_means", "MIN_GAIN", "HOPELESS", "FASTER", "SLOWER", "NOISE",
+           "UNVERIFIED"]
 
 log = logging.getLogger("turbotrain")
 
@@ -216,13 +217,15 @@ def preserved_state(*modules_and_optimizers: Any, generators: Sequence[torch.Gen
         rng.restore(saved_rng, generators)
 
 
-def _on_a_copy(trial: _Outcome, model: nn.Module, optimizer_fn: Callable, plan: Plan, seed: int,
-               body: Callable[[Any], None]) -> None:
+def _on_a_copy(trial: _Outcome, model: nn.Module, optimizer_fn: Callable[..., Any], plan: Plan, seed: int,
+               body: Callable[[Runtime], None]) -> None:
     """Run ``body(runtime)`` on a deep copy of ``model`` prepared under ``plan``, tracking peak memory.
 
     RNGs and backend flags are restored after; an exception (in ``prepare`` or in ``body``) is
     caught into ``trial.error``: a failing candidate is a result, not a crash.
     """
+    work: nn.Module | None
+    rt: Runtime | None
     with preserved_state():
         torch.manual_seed(seed)
         try:
@@ -243,12 +246,13 @@ def _on_a_copy(trial: _Outcome, model: nn.Module, optimizer_fn: Callable, plan: 
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()  # give back what the failed candidate held before the next one
         finally:
-            work = rt = None  # noqa: F841 - free before returning
+            work = rt = None  # free before returning
 
 
-def run_trial(model: nn.Module, optimizer_fn: Callable, loss_fn: Callable | None, batches: Sequence[Any],
-              plan: Plan, steps: int = 10, warmup: int = 3, step_fn: Callable | None = None,
-              seed: int = 0, loader: Iterable | None = None, give_up_s: float | None = None) -> Trial:
+def run_trial(model: nn.Module, optimizer_fn: Callable[..., Any], loss_fn: Callable[..., Any] | None,
+              batches: Sequence[Any], plan: Plan, steps: int = 10, warmup: int = 3,
+              step_fn: Callable[..., Any] | None = None, seed: int = 0, loader: Iterable[Any] | None = None,
+              give_up_s: float | None = None) -> Trial:
     """Train a deep copy of ``model`` for ``warmup + steps`` optimizer steps under ``plan``.
 
     ``batches`` are reused cyclically (``(inputs, targets)`` for ``loss_fn``, anything for
@@ -268,7 +272,7 @@ def run_trial(model: nn.Module, optimizer_fn: Callable, loss_fn: Callable | None
     per_step = batch_size_of(batches[0]) * plan.grad_accum_steps if loader is None else 0  # loader: set below
     trial = Trial(plan=plan, samples_per_step=per_step)
 
-    def steps_on(rt) -> None:
+    def steps_on(rt: Runtime) -> None:
         if loader is None:
             device_batches = [rt.to_device(b) for b in batches]
 
@@ -334,9 +338,9 @@ class EpochTrial(_Outcome):
         return [n / s if s > 0 else 0.0 for n, s in zip(self.epoch_samples, self.epoch_s)]
 
 
-def run_epochs(model: nn.Module, optimizer_fn: Callable, loss_fn: Callable | None, loader: Iterable, plan: Plan,
-               epochs: int = 2, warmup: int = 3, warmup_batches: Sequence[Any] = (), step_fn: Callable | None = None,
-               seed: int = 0) -> EpochTrial:
+def run_epochs(model: nn.Module, optimizer_fn: Callable[..., Any], loss_fn: Callable[..., Any] | None,
+               loader: Iterable[Any], plan: Plan, epochs: int = 2, warmup: int = 3, warmup_batches: Sequence[Any] = (),
+               step_fn: Callable[..., Any] | None = None, seed: int = 0) -> EpochTrial:
     """Train a deep copy of ``model`` for ``epochs`` whole passes over ``loader`` under ``plan``.
 
     Where :func:`run_trial` times steady-state steps, this times what a data-bound run feels:
@@ -350,7 +354,7 @@ def run_epochs(model: nn.Module, optimizer_fn: Callable, loss_fn: Callable | Non
     """
     trial = EpochTrial(plan=plan)
 
-    def epochs_on(rt) -> None:
+    def epochs_on(rt: Runtime) -> None:
         resident = [rt.to_device(b) for b in warmup_batches]
         started = time.perf_counter()
         for i in range(warmup if resident else 0):
@@ -371,7 +375,7 @@ def run_epochs(model: nn.Module, optimizer_fn: Callable, loss_fn: Callable | Non
                 samples += sum(batch_size_of(b) for b in micro)
                 trial.step_times_s.append(time.perf_counter() - step_started)
             trial.epoch_s.append(time.perf_counter() - started)
-            batches = None  # noqa: F841 - a worker iterator that is not persistent has shut down by now
+            del batches  # a worker iterator that is not persistent has shut down by now
             reads = read_stats.snapshot() - before
             trial.reads.append({scheme: r.bytes for scheme, r in reads.schemes.items() if r.bytes})
             trial.epoch_samples.append(samples)
@@ -389,15 +393,18 @@ def minor_page_faults() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt if resource is not None else 0
 
 
-def _train_step(rt: Any, micro_batches: Iterable[Any], loss_fn: Callable | None, step_fn: Callable | None,
-                clear_grads_before_backward: bool = False) -> float:
+def _train_step(rt: Runtime, micro_batches: Iterable[Any], loss_fn: Callable[..., Any] | None,
+                step_fn: Callable[..., Any] | None, clear_grads_before_backward: bool = False) -> float:
     """One optimizer step over ``rt.accum_steps`` micro-batches (taken from the iterable as they are
     needed, so fetching them is part of the step); returns the mean loss. The gradients are dropped after
     the optimizer step, or with ``clear_grads_before_backward`` between the first forward and its backward."""
     loss_sum = 0.0
     for j, batch in enumerate(micro_batches):
         with rt.autocast():
-            loss = step_fn(rt.model, batch) if step_fn else loss_fn(rt.model(batch[0]), batch[1])
+            if step_fn:
+                loss = step_fn(rt.model, batch)
+            else:
+                loss = loss_fn(rt.model(batch[0]), batch[1])  # type: ignore[misc]  # callers pass one of the two
         if clear_grads_before_backward and j == 0:
             rt.clear_grads()
         with rt.no_sync(j + 1 < rt.accum_steps):
@@ -416,7 +423,7 @@ def _cycled(batches: Sequence[Any], step: int, accum_steps: int) -> Iterator[Any
     return (batches[(step * accum_steps + j) % len(batches)] for j in range(accum_steps))
 
 
-def _endless(make_epoch: Callable[[], Iterable]) -> Iterator[Any]:
+def _endless(make_epoch: Callable[[], Iterable[Any]]) -> Iterator[Any]:
     """Batches from ``make_epoch()``, started again each time an epoch runs out."""
     while True:
         empty = True

@@ -13,12 +13,15 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 
 from .config import ConfigError, from_mapping, strict, to_mapping
 from .yaml_io import load_yaml
+
+if TYPE_CHECKING:  # pragma: no cover
+    from torch import nn
 
 __all__ = ["Plan", "Precision", "CompileMode", "Strategy", "PipelineSchedule"]
 
@@ -84,11 +87,13 @@ class Plan:
 
     def _check(self) -> None:
         if self.grad_accum_steps < 1:
-            raise ConfigError(f"Plan.grad_accum_steps: {self.grad_accum_steps} is not allowed; expected an integer >= 1.")
+            raise ConfigError(f"Plan.grad_accum_steps: {self.grad_accum_steps} is not allowed; "
+                              "expected an integer >= 1.")
         if self.num_workers is not None and self.num_workers < 0:
             raise ConfigError(f"Plan.num_workers: {self.num_workers} is not allowed; expected an integer >= 0 or null.")
         if self.intra_op_threads is not None and self.intra_op_threads < 1:
-            raise ConfigError(f"Plan.intra_op_threads: {self.intra_op_threads} is not allowed; expected an integer >= 1 or null.")
+            raise ConfigError(f"Plan.intra_op_threads: {self.intra_op_threads} is not allowed; "
+                              "expected an integer >= 1 or null.")
         if self.batch_size is not None and self.batch_size < 1:
             raise ConfigError(f"Plan.batch_size: {self.batch_size} is not allowed; expected an integer >= 1 or null.")
         if self.persistent_workers and self.num_workers == 0:
@@ -108,7 +113,8 @@ class Plan:
                 raise ConfigError(f"Plan.{name}: {value} is not allowed; expected an integer >= "
                                   f"{2 if name == 'pipeline_stages' else 1} or null.")
         if self.pipeline_stages and self.microbatches and self.microbatches < self.pipeline_stages:
-            raise ConfigError(f"Plan.microbatches: {self.microbatches} micro-batches for {self.pipeline_stages} stages; "
+            raise ConfigError(f"Plan.microbatches: {self.microbatches} micro-batches for "
+                              f"{self.pipeline_stages} stages; "
                               "a pipeline needs at least one micro-batch per stage (more shrinks the bubble).")
         interleaved = self.schedule == "interleaved-1f1b"
         if self.stages_per_process is not None and (self.stages_per_process > 1) != interleaved:
@@ -150,7 +156,7 @@ class Plan:
     # -- constructors -----------------------------------------------------------------------
 
     @classmethod
-    def fast(cls, model=None, device: str = "auto") -> "Plan":
+    def fast(cls, model: nn.Module | None = None, device: str = "auto") -> Plan:
         """The recommended plan for this hardware (and this model, when given), by rule.
 
         Each registry entry contributes its own rule (see ``turbotrain.speedups``); the tuner
@@ -169,7 +175,7 @@ class Plan:
     def from_dict(cls, data: Any, where: str = "plan") -> "Plan":
         return from_mapping(cls, data, where)
 
-    def to_yaml(self, path: str | os.PathLike | None = None) -> str:
+    def to_yaml(self, path: str | os.PathLike[str] | None = None) -> str:
         """YAML text of the plan; written to ``path`` when given."""
         text = yaml.safe_dump(self.to_dict(), sort_keys=False)
         if path is not None:
@@ -177,7 +183,7 @@ class Plan:
         return text
 
     @classmethod
-    def from_yaml(cls, path_or_text: str | os.PathLike) -> "Plan":
+    def from_yaml(cls, path_or_text: str | os.PathLike[str]) -> Plan:
         """Load a plan from a YAML file (or YAML text). Unknown keys and bad values are errors."""
 
         data, where = load_yaml(path_or_text)

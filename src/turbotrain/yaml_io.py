@@ -40,7 +40,8 @@ def load_yaml(path_or_text: str | os.PathLike) -> tuple[Any, str]:
     """Parse a YAML file (or YAML text) safely; returns (data, a name for error messages)."""
     text, where = None, "<yaml>"
     candidate = Path(path_or_text)
-    if isinstance(path_or_text, os.PathLike) or ("\n" not in str(path_or_text) and candidate.suffix in (".yaml", ".yml")):
+    looks_like_a_path = "\n" not in str(path_or_text) and candidate.suffix in (".yaml", ".yml")
+    if isinstance(path_or_text, os.PathLike) or looks_like_a_path:
         if not candidate.is_file():
             raise ConfigError(f"{candidate}: no such file.")
         text, where = candidate.read_text(), str(candidate)

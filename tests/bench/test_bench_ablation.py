@@ -81,9 +81,9 @@ def test_tuned_row_uses_the_tuner_or_says_why_not(monkeypatch):
     tuned_candidate(wl, model, "cpu", 7, tune_fn=tune_with_options, compile_ok=False)
     assert seen["options"] == {"verbose": False, "exclude": ("compile",)}
 
-    monkeypatch.setitem(sys.modules, "turbotrain.tune", None)   # as if the tuner were not installed
+    monkeypatch.setitem(sys.modules, "turbotrain.tuning", None)   # as if the tuner were not installed
     missing = tuned_candidate(wl, model, "cpu", 7)
-    assert not missing.measured and "turbotrain.tune is not available" in missing.skip
+    assert not missing.measured and "turbotrain.tuning is not available" in missing.skip
 
     def broken_tune(*args, **kwargs):
         raise RuntimeError("out of ideas")

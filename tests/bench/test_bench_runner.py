@@ -72,8 +72,8 @@ def test_a_plan_that_fails_is_an_error_row_not_a_crash():
 
 
 def test_cli_writes_the_outputs(tmp_path, capsys):
-    code = main(["bench", "--workload", "mlp", "--quick", "--steps", "3", "--repeats", "2", "--min-time", "0", "--device", "cpu",
-                 "--json", str(tmp_path / "b.json"), "--markdown", str(tmp_path / "b.md"),
+    code = main(["bench", "--workload", "mlp", "--quick", "--steps", "3", "--repeats", "2", "--min-time", "0",
+                 "--device", "cpu", "--json", str(tmp_path / "b.json"), "--markdown", str(tmp_path / "b.md"),
                  "--plot", str(tmp_path / "b.png")])
     out = capsys.readouterr().out
     assert code == 0

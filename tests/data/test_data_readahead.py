@@ -63,7 +63,7 @@ def test_the_main_process_stream_holds_a_bounded_window(served_urls):
     ds = tt.data.FileDataset(served_urls, max_in_flight=4)
     loader = tt.data.read_ahead(DataLoader(ds, batch_size=2, collate_fn=_names))
     held = []
-    for batch in loader:
+    for _batch in loader:
         stream = ds._stream
         held.append(len(stream._ready) + len(stream._running))
         time.sleep(0.005)  # a slow consumer: the stream must stop at its window, not read the epoch

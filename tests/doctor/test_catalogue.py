@@ -28,8 +28,8 @@ def test_registry_rules_are_doctor_rules():
 
 def test_slow_storage_waits_for_the_data_layer():
     """Without the data layer's read statistics (no reads through turbotrain.data) the rule stays silent."""
-    from turbotrain.doctor.breakdown import compute_breakdown
-    from turbotrain.doctor.context import Context
+    from turbotrain.doctor.analysis.breakdown import compute_breakdown
+    from turbotrain.doctor.analysis.context import Context
     from turbotrain.doctor.rules import evaluate
     from turbotrain.hardware import detect
 

@@ -12,7 +12,8 @@ import pytest
 from doctor_helpers import run_doctor
 
 
-@pytest.mark.skipif(not (shutil.which("g++") or shutil.which("c++")), reason="torch.compile on CPU needs a C++ compiler")
+@pytest.mark.skipif(not (shutil.which("g++") or shutil.which("c++")),
+                    reason="torch.compile on CPU needs a C++ compiler")
 def test_compile_is_measured_when_asked():
     report = run_doctor("batch_size_one", compile=True, what_if_budget_s=120)
     finding = next(f for f in report.findings if f.rule == "jit-script")

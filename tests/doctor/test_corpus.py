@@ -22,7 +22,7 @@ CORPUS = {
     # Its first steps take 10x the others: the line building the batches is still found.
     "generator_batches_slow_first_steps": ({"num-workers"}, {"data_loading"}, {"num-workers"}),
     "item_per_step": ({"host-sync-in-loop"}, None, set()),
-    "batch_size_one": ({"small-batch"}, {"compute"}, {"small-batch"}),
+    "batch_size_one": ({"small-batch"}, {"python_overhead"}, {"small-batch"}),
     "conv_bias_bn": ({"conv-bias-before-bn"}, {"compute"}, set()),
     "odd_vocab": ({"dims-not-multiple-of-8"}, None, set()),
     "data_parallel": ({"data-parallel"}, None, set()),
@@ -128,8 +128,8 @@ def test_syncs_are_counted_per_step_at_each_line():
 def test_two_optimizers_make_one_step():
     """A GAN steps two optimizers per iteration: each recorded step must hold both updates."""
     from doctor_helpers import script
-    from turbotrain.doctor.recorder import Recorder
-    from turbotrain.doctor.runner import run_script
+    from turbotrain.doctor.record.recorder import Recorder
+    from turbotrain.doctor.record.runner import run_script
 
     recorder = Recorder(measure=4, warmup=1, profile=0)
     run = run_script(script("gan_two_optimizers"), [], recorder)
@@ -142,9 +142,9 @@ def test_the_validation_what_if_runs_on_the_validation_batch():
     """Validation batches (128 here) are often larger than training's (64): the grad-in-validation what-if
     times the forward on the inputs validation itself used, not on the captured training batch."""
     from doctor_helpers import script
-    from turbotrain.doctor.context import build_context
-    from turbotrain.doctor.recorder import Recorder
-    from turbotrain.doctor.runner import run_script
+    from turbotrain.doctor.analysis.context import build_context
+    from turbotrain.doctor.record.recorder import Recorder
+    from turbotrain.doctor.record.runner import run_script
 
     recorder = Recorder(measure=3, warmup=2, profile=0)
     run_script(script("grad_in_validation"), [], recorder)

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from turbotrain.doctor.context import build_context
-from turbotrain.doctor.recorder import Recorder
-from turbotrain.doctor.records import Tally
+from turbotrain.doctor.analysis.context import build_context
+from turbotrain.doctor.record.recorder import Recorder
+from turbotrain.doctor.record.tallies import Tally
 from turbotrain.doctor.rules import evaluate
-from turbotrain.doctor.runner import run_script
+from turbotrain.doctor.record.runner import run_script
 from turbotrain.doctor.sites import Site
 from turbotrain.hardware import detect
 
@@ -52,7 +52,8 @@ def test_gpu_habits_fire_on_a_gpu():
 def test_copy_rules_fire_with_a_gpu_run_s_copies():
     ctx = cpu_context("gpu_habits")
     # What a CUDA run records at the `images.to(device)` line: pageable, blocking copies every step.
-    line = next(n for n, t in enumerate(script("gpu_habits").read_text().splitlines(), 1) if "doctor: non-blocking" in t)
+    lines = enumerate(script("gpu_habits").read_text().splitlines(), 1)
+    line = next(n for n, t in lines if "doctor: non-blocking" in t)
     tally = Tally()
     for step in ctx.measured_steps:
         tally.add(step, 0.004, 32 * 3 * 16 * 16 * 4)

@@ -10,9 +10,9 @@ import pytest
 
 pytest.importorskip("libcst", reason="doctor --fix needs libcst: pip install -e '.[fix]'")
 
-from doctor_helpers import SCRIPTS  # noqa: E402
-from turbotrain.cli import build_parser, main  # noqa: E402
-from turbotrain.doctor.cli import take_trailing_options  # noqa: E402
+from doctor_helpers import SCRIPTS
+from turbotrain.cli import build_parser, main
+from turbotrain.doctor.cli import take_trailing_options
 
 
 def test_patch_options_after_the_scripts_arguments_are_the_doctors_and_after_double_dash_the_scripts():

@@ -16,8 +16,8 @@ import pytest
 
 pytest.importorskip("libcst", reason="doctor --fix needs libcst: pip install -e '.[fix]'")
 
-from doctor_helpers import SCRIPTS, git_apply  # noqa: E402
-from turbotrain.doctor import DoctorOptions, diagnose_script  # noqa: E402
+from doctor_helpers import SCRIPTS, git_apply
+from turbotrain.doctor import DoctorOptions, diagnose_script
 
 CALIBRATION = Path(__file__).resolve().parents[2] / "benchmarks" / "calibration"
 

@@ -9,8 +9,8 @@ import pytest
 
 pytest.importorskip("libcst", reason="doctor --fix needs libcst: pip install -e '.[fix]'")
 
-from turbotrain.doctor.fixes.model import ByHand, EditRequest  # noqa: E402
-from turbotrain.doctor.fixes.table import apply_edit  # noqa: E402
+from turbotrain.doctor.fixes.model import ByHand, EditRequest
+from turbotrain.doctor.fixes.table import apply_edit
 
 
 def edit(source: str, kind: str, marker: str = "# here", /, **params) -> str:

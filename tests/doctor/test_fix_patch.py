@@ -9,10 +9,10 @@ import pytest
 
 pytest.importorskip("libcst", reason="doctor --fix needs libcst: pip install -e '.[fix]'")
 
-from doctor_helpers import git_apply  # noqa: E402
-from turbotrain.doctor.fixes.model import EditRequest, FixResult  # noqa: E402
-from turbotrain.doctor.fixes.patch import (PatchError, check_compiles, combine, make_diffs,  # noqa: E402
-                                           render_patch, unified_diff)
+from doctor_helpers import git_apply
+from turbotrain.doctor.fixes.model import EditRequest
+from turbotrain.doctor.report.fix_results import FixResult
+from turbotrain.doctor.fixes.diff import PatchError, check_compiles, combine, make_diffs, render_patch, unified_diff
 
 TRAIN = textwrap.dedent("""\
     import torch

@@ -14,8 +14,8 @@ import pytest
 
 pytest.importorskip("libcst", reason="doctor --fix needs libcst: pip install -e '.[fix]'")
 
-from turbotrain.doctor.fixes.model import EditRequest  # noqa: E402
-from turbotrain.doctor.fixes.table import apply_edit  # noqa: E402
+from turbotrain.doctor.fixes.model import EditRequest
+from turbotrain.doctor.fixes.table import apply_edit
 
 CORPUS = Path(__file__).resolve().parents[2] / "benchmarks" / "calibration"
 

@@ -11,9 +11,9 @@ from doctor_helpers import run_doctor
 
 
 def test_a_switch_whose_steps_page_fault_is_timed_in_fresh_processes(monkeypatch):
-    plan_trials = importlib.import_module("turbotrain.doctor.whatif.plan_trials")  # the module, not its function
+    switches = importlib.import_module("turbotrain.doctor.whatif.switches")
     fresh = importlib.import_module("turbotrain.doctor.whatif.fresh")
-    monkeypatch.setattr(plan_trials, "FAULTS_PER_STEP", 0)  # every trial counts as churning
+    monkeypatch.setattr(switches, "FAULTS_PER_STEP", 0)  # every trial counts as churning
     started = []
 
     class Recorded(fresh.FreshTrial):
@@ -45,10 +45,11 @@ def test_the_fresh_trials_clear_gradients_where_the_script_does(name, before_bac
     its activations; ``opt.zero_grad()`` before the forward (or after the step) frees them before: the allocator
     then serves different blocks, and a trial in a fresh process follows the script."""
     from doctor_helpers import script
-    from turbotrain.doctor.context import build_context
-    from turbotrain.doctor.recorder import Recorder
-    from turbotrain.doctor.runner import run_script
+    from turbotrain.doctor.analysis.context import build_context
+    from turbotrain.doctor.record.recorder import Recorder
+    from turbotrain.doctor.record.runner import run_script
 
     recorder = Recorder(measure=3, warmup=1, profile=0)
     run_script(script(name), [], recorder)
-    assert build_context(recorder.recording(), recorder.live_objects(), script(name)).zero_grad_before_backward is before_backward
+    ctx = build_context(recorder.recording(), recorder.live_objects(), script(name))
+    assert ctx.zero_grad_before_backward is before_backward

@@ -1,6 +1,6 @@
 """The sampler of untimed batch building looks often enough to name a line in a short run."""
 
-from turbotrain.doctor.gap_sampler import MAX_INTERVAL_S, MIN_INTERVAL_S, TARGET_SAMPLES, sampling_interval
+from turbotrain.doctor.record.gap_sampler import MAX_INTERVAL_S, MIN_INTERVAL_S, TARGET_SAMPLES, sampling_interval
 
 
 def test_short_gaps_in_a_short_run_are_looked_at_more_often():

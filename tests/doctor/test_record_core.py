@@ -12,14 +12,14 @@ import pickle
 
 import pytest
 
-from turbotrain.doctor import DoctorOptions, analyse
+from turbotrain.doctor import DoctorOptions, analysis as analyse
 from turbotrain.doctor.record.clock import PhaseClock
 from turbotrain.doctor.record.recording import from_json, to_json
 from turbotrain.doctor.record.steps import Stop, StepTracker
 from turbotrain.doctor.record.tallies import Tallies
-from turbotrain.doctor.recorder import Recorder
-from turbotrain.doctor.records import LoaderTally
-from turbotrain.doctor.runner import ScriptRun
+from turbotrain.doctor.record.recorder import Recorder
+from turbotrain.doctor.record.tallies import LoaderTally
+from turbotrain.doctor.record.runner import ScriptRun
 from turbotrain.doctor.sites import Site
 
 

@@ -54,7 +54,7 @@ def _run_seconds(pid: int) -> float:
 def neighbour_in_window(busy_core, monkeypatch):
     """The busy neighbour's cores over the doctor's measured window: its run time read at the same two moments
     the recorder samples the machine's load (the neighbour's share of a core is the scheduler's to give)."""
-    from turbotrain.doctor import recorder
+    from turbotrain.doctor.record import recorder
 
     seen = []
 

@@ -6,11 +6,11 @@ import textwrap
 
 import pytest
 
-from turbotrain.doctor.breakdown import compute_breakdown
-from turbotrain.doctor.context import Context
+from turbotrain.doctor.analysis.breakdown import compute_breakdown
+from turbotrain.doctor.analysis.context import Context
 from turbotrain.doctor.rules import evaluate
 from turbotrain.doctor.rules.nccl import check_nccl_env
-from turbotrain.doctor.source import load_sources
+from turbotrain.doctor.analysis.source import load_sources
 from turbotrain.hardware import detect
 
 

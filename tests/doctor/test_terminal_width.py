@@ -15,12 +15,12 @@ import pytest
 
 from doctor_helpers import script
 from pseudo_terminal import check_layout, in_terminal
-from turbotrain.doctor.breakdown import Breakdown
+from turbotrain.doctor.analysis.breakdown import Breakdown
 from turbotrain.doctor.findings import Finding, Fix
-from turbotrain.doctor.html_report import render_html
-from turbotrain.doctor.records import CATEGORIES
-from turbotrain.doctor.report import Report
-from turbotrain.doctor.terminal import FINDING_LINES, print_report
+from turbotrain.doctor.report.html import render_html
+from turbotrain.doctor.record.measurements import CATEGORIES
+from turbotrain.doctor.report.model import Report
+from turbotrain.doctor.report.terminal import FINDING_LINES, print_report
 
 HERE = Path(__file__).parent
 LONG_WHERE = ("/home/someone/projects/a-rather-long-project-name/experiments/2026-11-24/"
@@ -104,7 +104,8 @@ def _check_layout(lines: list[str], columns: int, tokens: tuple[str, ...] = ()) 
 @pytest.mark.parametrize("columns", [80, 120])
 def test_hand_built_report_reads_well_in_a_terminal(columns):
     lines = in_terminal("from test_terminal_width import sample_report; "
-                        "from turbotrain.doctor.terminal import print_report; print_report(sample_report())", columns,
+                        "from turbotrain.doctor.report.terminal import print_report; "
+                        "print_report(sample_report())", columns,
                         path=str(HERE))
     text = "\n".join(lines)
     _check_layout(lines, columns, TOKENS)

@@ -14,11 +14,11 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from doctor_helpers import run_doctor
-from turbotrain.doctor.function_trace import FunctionTracer
-from turbotrain.doctor.recorder import Recorder
-from turbotrain.doctor.step_schedule import StepSchedule
+from turbotrain.doctor.record.function_trace import FunctionTracer
+from turbotrain.doctor.record.recorder import Recorder
+from turbotrain.doctor.record.schedule import StepSchedule
 from turbotrain.hardware import LoadSample
-from turbotrain.doctor.machine import others_share
+from turbotrain.doctor.analysis.machine import others_share
 from turbotrain.measure import Trial, run_means
 from turbotrain.plan import Plan
 

@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import turbotrain as tt
 from turbotrain.train import rng
 
-batch_size = pytest.importorskip("turbotrain.tune.batch_size", reason="needs turbotrain.tune (issue 4)")
+batch_size = pytest.importorskip("turbotrain.tuning.batch_size", reason="needs turbotrain.tuning (issue 4)")
 
 MiB = 2**20
 

@@ -249,9 +249,11 @@ def test_yaml_tags_that_construct_objects_are_refused_and_never_run(tmp_path, ta
 
 
 BAD_RECIPES = [  # beyond tests/test_recipe_cli.py: nested keys, each kind of wrong type, wrong values
-    ("workload: mlp\ntraining_hyperparams: {torch_compiles: true}\n", r"training_hyperparams.torch_compiles: unknown key"),
+    ("workload: mlp\ntraining_hyperparams: {torch_compiles: true}\n",
+     r"training_hyperparams.torch_compiles: unknown key"),
     ("workload: mlp\nplan: {grad_accum_step: 2}\n", r"plan.grad_accum_step: unknown key.*'grad_accum_steps'"),
-    ("workload: mlp\nplan: {grad_accum_steps: '2'}\n", r"plan.grad_accum_steps: '2' is not allowed; expected an integer"),
+    ("workload: mlp\nplan: {grad_accum_steps: '2'}\n",
+     r"plan.grad_accum_steps: '2' is not allowed; expected an integer"),
     ("workload: mlp\ntrainer: {max_steps: true}\n", r"trainer.max_steps: True is not allowed"),
     ("workload: mlp\ntrainer: {max_steps: 2.5}\n", r"trainer.max_steps: 2.5 is not allowed"),
     ("workload: mlp\ntrainer: [max_steps, 3]\n", r"trainer: .* is not allowed; expected a mapping"),

@@ -53,4 +53,4 @@ def assert_same_weights(a: dict, b: dict, exact: bool = False) -> None:
         if exact:
             assert torch.equal(a[key], b[key]), f"{key} differs by {(a[key] - b[key]).abs().max().item():.3g}"
         else:
-            torch.testing.assert_close(a[key], b[key], rtol=1e-5, atol=1e-6, msg=lambda m: f"{key}: {m}")
+            torch.testing.assert_close(a[key], b[key], rtol=1e-5, atol=1e-6, msg=lambda m, key=key: f"{key}: {m}")

@@ -156,7 +156,7 @@ def test_ddp_under_a_pipeline_is_refused_with_the_fsdp_way():
 def test_the_tuner_never_chooses_the_strategy_on_one_device():
     from turbotrain.hardware import detect
     from turbotrain.speedups.model_info import inspect_model
-    from turbotrain.tune.candidates import build_candidates
+    from turbotrain.tuning.candidates import build_candidates
 
     cands = build_candidates(detect("cpu"), inspect_model(tiny.make_model()), tt.Plan())
     reasons = dict(cands.left_out)

@@ -36,8 +36,8 @@ def test_on_cpu_the_rules_compile_a_conv_net_even_when_its_linear_head_holds_mos
     from turbotrain.speedups.model_info import inspect_model
 
     def net(head: int) -> nn.Module:
-        return nn.Sequential(nn.Conv2d(3, 16, 3), nn.ReLU(), nn.Conv2d(16, 16, 3), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
-                             nn.Linear(16, head), nn.Linear(head, 10))
+        return nn.Sequential(nn.Conv2d(3, 16, 3), nn.ReLU(), nn.Conv2d(16, 16, 3), nn.AdaptiveAvgPool2d(1),
+                             nn.Flatten(), nn.Linear(16, head), nn.Linear(head, 10))
 
     convs_40pct, convs_20pct = net(150), net(400)
     assert 0.3 <= inspect_model(convs_40pct).conv_param_share < 0.5

@@ -84,7 +84,8 @@ def test_fast_plan_fits_fake_hardware(monkeypatch, usable):
     plan = tt.Plan.fast(make_mlp(), device="cpu")
     assert plan.intra_op_threads == usable
     # A count that already fits (OMP_NUM_THREADS=1, or torch's default on a quiet machine) is left alone.
-    monkeypatch.setattr("turbotrain.hardware.detect", lambda device="auto": dataclasses.replace(fake, intra_op_threads=1))
+    monkeypatch.setattr("turbotrain.hardware.detect",
+                        lambda device="auto": dataclasses.replace(fake, intra_op_threads=1))
     assert tt.Plan.fast(make_mlp(), device="cpu").intra_op_threads is None
     # With the loader's 4 workers the tuner (and the doctor) fit both into the same cores.
     fitted = fit_plan(plan.replace(num_workers=4), usable, fake.intra_op_threads)
@@ -110,7 +111,7 @@ def test_tuner_values_leave_out_the_current_count():
 
 
 def test_setup_applies_it_and_exports_name_the_line():
-    from turbotrain.tune.export import code_changes
+    from turbotrain.tuning.export import code_changes
 
     before = torch.get_num_threads()
     target = _other_than(before)

@@ -11,13 +11,13 @@ from torch import nn
 
 import turbotrain as tt
 from turbotrain.bench.models import ResNetCNN
-from turbotrain.doctor.breakdown import compute_breakdown
-from turbotrain.doctor.context import Context
-from turbotrain.doctor.records import ForwardFacts
+from turbotrain.doctor.analysis.breakdown import compute_breakdown
+from turbotrain.doctor.analysis.context import Context
+from turbotrain.doctor.record.measurements import ForwardFacts
 from turbotrain.doctor.rules import evaluate
 from turbotrain.hardware import detect
 from turbotrain.speedups.model_info import CONV_NET, CONV_NET_SHARE, inspect_model
-from turbotrain.tune.candidates import build_candidates
+from turbotrain.tuning.candidates import build_candidates
 
 SRC = Path(tt.__file__).parent
 CPU = detect("cpu")

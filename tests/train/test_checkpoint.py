@@ -7,7 +7,7 @@ from tiny import make_loader, make_mlp
 
 import turbotrain as tt
 from turbotrain.train.checkpoint import (CheckpointError, clean_temporary_files, latest_checkpoint, list_checkpoints,
-                                         load_checkpoint, save_checkpoint)
+    load_checkpoint, save_checkpoint)
 
 
 def _state(step):

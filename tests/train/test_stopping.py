@@ -53,6 +53,10 @@ def test_epochs_beat_steps_when_reached_first():
     ({"val_check_interval": 1.5}, "fraction must be in"),
     ({"max_time": "soon"}, "not a duration"),
     ({"on_nonfinite": "warn"}, "one of 'stop', 'skip', 'ignore'"),
+    # Checkpoints every N steps with nowhere to write them: refused here, not a TypeError at step N.
+    ({"checkpoint_every_n_steps": 2}, "checkpoint_every_n_steps: checkpoints need checkpoint_dir"),
+    # Manual optimization runs step_fn: without one it failed at the first batch ('NoneType' not callable).
+    ({"manual_optimization": True}, "manual_optimization=True runs step_fn"),
 ])
 def test_bad_limits_are_named(limits, match):
     with pytest.raises(ConfigError, match=match):

@@ -67,6 +67,7 @@ def test_val_loss_is_the_sample_weighted_mean():
     trainer = tt.Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), F.cross_entropy, progress=False)
     loader = make_loader(n=20, batch_size=8, shuffle=False)  # batches of 8, 8, 4
     with torch.no_grad():
-        x = torch.cat([b[0] for b in loader]); y = torch.cat([b[1] for b in loader])
+        x = torch.cat([b[0] for b in loader])
+        y = torch.cat([b[1] for b in loader])
         expected = F.cross_entropy(model(x), y).item()
     assert abs(trainer.validate(loader)["val_loss"] - expected) < 1e-5

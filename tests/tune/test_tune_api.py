@@ -13,7 +13,7 @@ from torch import nn
 
 import turbotrain as tt
 from turbotrain.speedups import registry
-from turbotrain.tune import api, tune_report
+from turbotrain.tuning import api, tune_report
 
 from tune_helpers import adamw, loss_fn, tiny_loader, tiny_mlp
 
@@ -129,7 +129,7 @@ def test_a_second_call_is_answered_from_the_cache_without_timing_anything(monkey
 
 def test_cache_key_follows_structure_shape_and_options_not_weights():
     from turbotrain.hardware import detect
-    from turbotrain.tune.cache import cache_key
+    from turbotrain.tuning.cache import cache_key
 
     hw, batch = detect("cpu"), next(iter(tiny_loader()))
     key = cache_key(tiny_mlp(0), batch, adamw, loss_fn, hw, {"budget": 30})

@@ -8,7 +8,7 @@ from torch import nn
 
 from turbotrain.plan import Plan
 from turbotrain.data.transfer import resize_batch
-from turbotrain.tune.batch_size import find_batch_size, split_effective_batch
+from turbotrain.tuning.batch_size import find_batch_size, split_effective_batch
 
 from tune_helpers import adamw, fake_trial, loss_fn, tiny_loader
 
@@ -106,7 +106,7 @@ def test_resize_batch_tiles_batch_tensors_only():
 
 def test_real_cpu_run_against_a_host_memory_budget():
     """A real model whose activations grow with the batch, held to resident memory + 250 MiB."""
-    from turbotrain.tune.memory import release_host_memory, resident_bytes
+    from turbotrain.tuning.memory import release_host_memory, resident_bytes
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(32, 8192), nn.ReLU(), nn.Linear(8192, 10))  # ~0.1 MiB a sample

@@ -11,7 +11,7 @@ from turbotrain.hardware import detect
 from turbotrain.plan import Plan
 from turbotrain.speedups.model_info import inspect_model
 from turbotrain.speedups.registry import all_speedups
-from turbotrain.tune.candidates import FINDER_FIELDS, build_candidates
+from turbotrain.tuning.candidates import FINDER_FIELDS, build_candidates
 
 from tune_helpers import tiny_mlp
 

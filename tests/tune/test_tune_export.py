@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 import turbotrain as tt
-from turbotrain.tune.export import (ExportError, accelerate_config, accelerate_yaml, code_changes, lightning_flags,
-                                     lightning_snippet, plan_yaml)
+from turbotrain.tuning.export import (ExportError, accelerate_config, accelerate_yaml, code_changes, lightning_flags,
+    lightning_snippet, plan_yaml)
 
 TUNED = tt.Plan(device="cpu", precision="bf16-mixed", compile=True, channels_last=True, fused_optimizer=True,
                 grad_accum_steps=2, num_workers=2, persistent_workers=True, pin_memory=False)
@@ -81,7 +81,8 @@ def test_each_switch_writes_its_own_flag_config_key_or_line():
     assert lightning_flags(plan) == {"accelerator": "gpu", "devices": [1], "benchmark": True, "precision": "bf16-true",
                                      "sync_batchnorm": True, "strategy": "fsdp", "accumulate_grad_batches": 1}
     config = accelerate_config(plan)
-    assert config["distributed_type"] == "FSDP" and "num_processes" not in config and config["mixed_precision"] == "bf16"
+    assert config["distributed_type"] == "FSDP" and "num_processes" not in config
+    assert config["mixed_precision"] == "bf16"
     assert accelerate_config(tt.Plan(device="cpu", strategy="ddp"))["distributed_type"] == "MULTI_CPU"
     assert accelerate_config(tt.Plan())["num_processes"] == 1
     code = code_changes(plan, "accelerate")

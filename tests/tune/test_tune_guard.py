@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from turbotrain.tune.guard import check_losses
+from turbotrain.tuning.guard import check_losses
 
 BASE = [2.30, 2.10, 1.90, 1.70, 1.50, 1.30]
 

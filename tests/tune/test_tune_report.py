@@ -10,9 +10,9 @@ from rich.console import Console
 
 from pseudo_terminal import check_layout, in_terminal
 from turbotrain.plan import Plan
-from turbotrain.tune.api import TuneResult
-from turbotrain.tune.report import render
-from turbotrain.tune.search import Attempt, SearchResult
+from turbotrain.tuning.api import TuneResult
+from turbotrain.tuning.report import render
+from turbotrain.tuning.search import Attempt, SearchResult
 
 HERE = Path(__file__).parent
 SWITCHES = ("precision=bf16-mixed", "fused_optimizer=True", "channels_last=True", "compile=max-autotune",
@@ -45,7 +45,7 @@ def sample_result() -> TuneResult:
 
 @pytest.mark.parametrize("columns", [80, 120])
 def test_the_table_keeps_each_switch_whole_in_a_terminal(columns):
-    lines = in_terminal("from test_tune_report import sample_result; from turbotrain.tune.report import render; "
+    lines = in_terminal("from test_tune_report import sample_result; from turbotrain.tuning.report import render; "
                         "render(sample_result())", columns, path=str(HERE))
     check_layout(lines, columns, SWITCHES)
     text = "\n".join(lines)

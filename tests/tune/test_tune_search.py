@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from turbotrain.plan import Plan
-from turbotrain.tune.candidates import Candidates, Switch
-from turbotrain.tune.search import search_plan
+from turbotrain.tuning.candidates import Candidates, Switch
+from turbotrain.tuning.search import search_plan
 from turbotrain.speedups.registry import Order
 
 from tune_helpers import fake_trial

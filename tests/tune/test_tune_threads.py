@@ -7,8 +7,8 @@ import dataclasses
 from turbotrain.hardware import detect
 from turbotrain.plan import Plan
 from turbotrain.speedups.model_info import inspect_model
-from turbotrain.tune import api, tune_report
-from turbotrain.tune.candidates import build_candidates
+from turbotrain.tuning import api, tune_report
+from turbotrain.tuning.candidates import build_candidates
 
 from tune_helpers import adamw, fake_trial, loss_fn, tiny_loader, tiny_mlp
 

@@ -7,7 +7,7 @@ import time
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from turbotrain.tune.workers import find_num_workers, worker_memory_estimate
+from turbotrain.tuning.workers import find_num_workers, worker_memory_estimate
 
 from tune_helpers import tiny_loader
 

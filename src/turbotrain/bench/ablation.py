@@ -2,7 +2,7 @@
 
 For each workload: the naive plan; every registry speed-up alone on top of naive (its
 ``BenchEntry.changes``); the cumulative fast plan (``Plan.fast(model)``); and the tuned plan
-when ``turbotrain.tune`` is installed. Every registry entry gets a row, measured or skipped
+when ``turbotrain.tuning`` is installed. Every registry entry gets a row, measured or skipped
 with the reason (not benchmarked on this workload, the hardware cannot do it, ...).
 
 Switches that act on how batches reach the device (pinning, non-blocking copies, prefetch,
@@ -102,7 +102,8 @@ def _fast(model: nn.Module, device: str, compile_ok: bool) -> Candidate:
     fast = Plan.fast(model, device=device)
     label, extra = "fast", ""
     if fast.compile is not False and not compile_ok:
-        fast, label, extra = fast.replace(compile=False), "fast (no compile)", "; compile left out (--quick or --no-compile)"
+        fast, label = fast.replace(compile=False), "fast (no compile)"
+        extra = "; compile left out (--quick or --no-compile)"
     return Candidate(label, "fast", fast, note=f"plan: {fast.describe()}{extra}")
 
 
@@ -127,7 +128,8 @@ def candidates(workload: Workload, model: nn.Module, hw: Hardware, device: str =
 def _data_candidates(naive: Candidate, alone: list[Candidate], fast: Candidate) -> list[Candidate]:
     """The data workload's rows: every plan reads the files over HTTP, from a source of its own."""
     def option(label: str, source: str) -> Candidate:
-        return dataclasses.replace(naive, label=label, kind="option", source=source, note=f"naive plan; {SOURCES[source]}")
+        return dataclasses.replace(naive, label=label, kind="option", source=source,
+                                   note=f"naive plan; {SOURCES[source]}")
 
     for cand in alone:
         cand.source = PLAIN
@@ -148,13 +150,14 @@ def _accepted(fn: Callable, options: dict[str, Any]) -> dict[str, Any]:
 
 def tuned_candidate(workload: Workload, model: nn.Module, device: str, budget_s: float,
                     tune_fn: Callable | None = None, compile_ok: bool = True, loader: Any = None) -> Candidate:
-    """The plan ``turbotrain.tune`` finds for this workload (on ``loader``, default the workload's own),
+    """The plan ``tt.tune`` finds for this workload (on ``loader``, default the workload's own),
     or a skip saying why there is none."""
     if tune_fn is None:
         try:
-            from ..tune import tune as tune_fn  # written separately; the bench works without it
+            from ..tuning import tune as default_tune  # written separately; the bench works without it
         except ImportError as exc:
-            return Candidate("tuned", "tuned", None, skip=f"turbotrain.tune is not available in this build ({exc})")
+            return Candidate("tuned", "tuned", None, skip=f"turbotrain.tuning is not available in this build ({exc})")
+        tune_fn = default_tune
     # The bench prints its own table; a run without compile rows keeps compile out of the search too.
     options = {"verbose": False, **({} if compile_ok else {"exclude": ("compile",)})}
     try:

@@ -27,13 +27,15 @@ def add_arguments(parser) -> None:
     parser.add_argument("--no-compile", action="store_true", help="skip the plans that use torch.compile")
     parser.add_argument("--no-tune", action="store_true", help="skip the tuned plan")
     parser.add_argument("--tune-budget", type=float, default=60.0, metavar="S",
-                        help="seconds the tuner may use per workload (default 60; 30 s left a 0.3 s-step CNN on one thread untuned)")
+                        help="seconds the tuner may use per workload "
+                             "(default 60; 30 s left a 0.3 s-step CNN on one thread untuned)")
     parser.add_argument("--gpt-tokens", default="bytes", choices=["bytes", "random"],
                         help="GPT data: byte-level stdlib text (the loss falls) or uniformly random tokens")
     parser.add_argument("--peak-tflops", type=float, metavar="T",
                         help="the device's dense bf16 peak in TFLOP/s for MFU, when it is not in the built-in table")
     parser.add_argument("--threads", type=int, metavar="N",
-                        help="torch intra-op threads (default: torch's); 1 gives steadier CPU timings on a shared machine")
+                        help="torch intra-op threads (default: torch's); "
+                             "1 gives steadier CPU timings on a shared machine")
     parser.add_argument("--data-files", type=int, metavar="N",
                         help="data workload: how many small files nginx serves (default 256; --quick 96)")
     parser.add_argument("--data-latency-ms", type=float, metavar="MS",

@@ -40,8 +40,8 @@ EPOCHS = 2
 
 def run_data_workload(settings: BenchSettings, hw: Hardware, scale: str, progress: Progress = lambda msg: None,
                       tune_fn: Callable | None = None) -> WorkloadResult:
-    wl: FilesWorkload = get_workload("data", scale, quick=settings.quick, files=settings.data_files,
-                                     latency_ms=settings.data_latency_ms)
+    wl: FilesWorkload = get_workload("data", scale, quick=settings.quick,  # type: ignore[assignment]  # "data": a FilesWorkload
+                                     files=settings.data_files, latency_ms=settings.data_latency_ms)
     model, _ = wl.build(settings.seed)
     cands = candidates(wl, model, hw, settings.device, compile_ok=settings.compile)
     result = WorkloadResult("data", wl.unit, scale, wl.batch_size, sum(p.numel() for p in model.parameters()), None,
@@ -70,7 +70,8 @@ def _tuned(wl: FilesWorkload, model: torch.nn.Module, served: ServedFiles, tmp: 
     progress(f"data: tuning (budget {settings.tune_budget_s:.0f} s)")
     # The tuner sees the loader the fast row reads through, and the tuned row reads the same way.
     loader = served.loader(CACHE, tmp / "tune-cache", settings.seed)
-    tuned = tuned_candidate(wl, model, settings.device, settings.tune_budget_s, tune_fn, settings.compile, loader=loader)
+    tuned = tuned_candidate(wl, model, settings.device, settings.tune_budget_s, tune_fn, settings.compile,
+                            loader=loader)
     shutil.rmtree(tmp / "tune-cache", ignore_errors=True)
     if tuned.measured:
         tuned.source = CACHE
@@ -85,11 +86,12 @@ def _measure(wl: FilesWorkload, model: torch.nn.Module, cands: list[Candidate], 
     # One untimed batch per source first: this process's HTTP session, nginx and the page cache
     # start warm for every plan alike, not for all but the first one.
     for source in dict.fromkeys(c.source for c in measured):
-        next(iter(served.loader(source, tmp / "pilot-cache", settings.seed)))
+        next(iter(served.loader(source, tmp / "pilot-cache", settings.seed)))  # type: ignore[arg-type]  # data rows have a source
     shutil.rmtree(tmp / "pilot-cache", ignore_errors=True)
 
     def run_one(rnd: int, k: int, cand: Candidate) -> EpochTrial:
         cache = tmp / f"cache-{rnd}-{k}" if cand.source == CACHE else None
+        assert cand.source is not None and cand.plan is not None  # a measured row of the data workload
         trial = run_epochs(model, wl.optimizer_fn, wl.loss_fn, served.loader(cand.source, cache, settings.seed),
                            cand.plan, epochs=EPOCHS, warmup=settings.warmup, warmup_batches=warm, seed=settings.seed)
         if cache is not None:
@@ -150,7 +152,7 @@ def _note_against_what_it_needs(rows: list[Row]) -> None:
     """A registry row that needs another switch (persistent workers need workers) is also held against that row."""
     alone = [r for r in rows if r.kind == "alone" and r.measured]
     for row in alone:
-        own = get_speedup(row.speedup_name).field
+        own = get_speedup(row.speedup_name).field  # type: ignore[arg-type]  # an "alone" row names its speed-up
         needs = {k: v for k, v in row.changes.items() if k != own}
         base = next((r for r in alone if r.path == row.path and needs and r.changes == needs), None)
         if base is None:

@@ -109,7 +109,8 @@ def files_workload(scale: str = "cpu", quick: bool = False, files: int | None = 
     count = files if files is not None else (QUICK_FILES if quick else DEFAULT_FILES)
     latency_s = (latency_ms if latency_ms is not None else (QUICK_LATENCY_MS if quick else DEFAULT_LATENCY_MS)) / 1000
     if count < 1 or latency_s < 0:
-        raise ValueError(f"the data workload needs files >= 1 and latency_ms >= 0, got {count} and {latency_s * 1000:g}")
+        raise ValueError(f"the data workload needs files >= 1 and latency_ms >= 0, "
+                         f"got {count} and {latency_s * 1000:g}")
     batch = min(32, count)
 
     def make_dataset(seed: int) -> TensorDataset:

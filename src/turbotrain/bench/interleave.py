@@ -24,7 +24,7 @@ def run_interleaved(name: str, measured: list[Candidate], repeats: int, progress
             if done and not done[-1].ok:
                 continue  # a plan that failed once is reported, not retried
             progress(f"{name}: round {rnd + 1}/{repeats}, {cand.label}")
-            if cand.plan.compile is not False:
+            if cand.plan.compile is not False:  # type: ignore[union-attr]  # a measured candidate has a plan
                 torch.compiler.reset()  # each repeat compiles again: cold the first time, then from the disk cache
             done.append(run_one(rnd, k, cand))
     return trials

@@ -19,7 +19,7 @@ COLUMNS = ("plan", "throughput", "step", "spread", "speed-up", "call", "peak mem
 _OPTIONAL = {"bytes read": lambda r: bool(r.read_bytes), "MFU": lambda r: r.mfu is not None}
 
 
-def _fmt_bytes(n: int | None) -> str:
+def _fmt_bytes(n: float | None) -> str:
     if n is None:
         return "-"
     for unit in ("B", "KiB", "MiB", "GiB"):
@@ -57,11 +57,13 @@ def _cells(row: Row, unit: str, columns: tuple[str, ...]) -> list[str]:
         return [label, why] + [""] * (len(columns) - 2)
     loss = f"{row.first_loss:.3f} → {row.final_loss:.3f}" + ("" if row.learning else " (not falling!)")
     cells = {"plan": label, "throughput": f"{row.units_per_s:,.0f} {unit}/s", "step": _fmt_step(row.step_s),
-             "spread": f"±{row.spread * 100:.0f}%", "speed-up": _fmt_speedup(row), "call": row.verdict or "-",
+             "spread": f"±{row.spread * 100:.0f}%",  # type: ignore[operator]  # a measured row has one
+             "speed-up": _fmt_speedup(row), "call": row.verdict or "-",
              "peak memory": _fmt_bytes(row.peak_memory_bytes),
              "warm-up s cold / warm": f"{_fmt_opt(row.warmup_cold_s, '.2f')} / {_fmt_opt(row.warmup_warm_s, '.2f')}",
              "loss first → final": loss,
-             "bytes read": ", ".join(f"{scheme} {_fmt_bytes(n)}" for scheme, n in sorted(row.read_bytes.items())) or "-",
+             "bytes read": ", ".join(f"{scheme} {_fmt_bytes(n)}"
+                                     for scheme, n in sorted(row.read_bytes.items())) or "-",
              "MFU": "-" if row.mfu is None else f"{row.mfu * 100:.1f}%"}
     return [cells[c] for c in columns]
 
@@ -177,12 +179,12 @@ def write_plot(result: BenchResult, path: str | os.PathLike) -> Path:
     height = sum(max(1.5, 0.45 * len(b) + 1) for _, b, _ in panels) or 2
     fig, axes = plt.subplots(max(1, len(panels)), 1, figsize=(8, height), squeeze=False,
                              gridspec_kw={"height_ratios": [len(b) + 1 for _, b, _ in panels] or [1]})
-    colours = {FASTER: "#2e7d32", SLOWER: "#c62828", NOISE: "#9e9e9e", UNVERIFIED: "#9e9e9e"}
+    colours: dict[str | None, str] = {FASTER: "#2e7d32", SLOWER: "#c62828", NOISE: "#9e9e9e", UNVERIFIED: "#9e9e9e"}
     for ax, (w, bars, bases) in zip(axes[:, 0], panels):
         labels = [r.label + (" (data path)" if r.path == "loader" and "data path" not in r.label else "")
                   for r in bars]
         values = [r.speedup for r in bars]
-        lows, highs = zip(*(_ratio_range(r, bases[r.baseline]) for r in bars))
+        lows, highs = zip(*(_ratio_range(r, bases[r.baseline]) for r in bars))  # type: ignore[index]  # speed-up rows have one
         errors = [[max(0.0, v - lo) for v, lo in zip(values, lows)], [max(0.0, hi - v) for v, hi in zip(values, highs)]]
         ax.barh(labels, values, xerr=errors, color=[colours.get(r.verdict, "#9e9e9e") for r in bars], capsize=3)
         ax.axvline(1.0, color="black", linewidth=0.8)

@@ -32,7 +32,7 @@ def summarise(cand: Candidate, trials: list[Trial], wl: Workload, warmup_steps: 
     if not trials:
         return row
     first = trials[0]
-    row.applied, row.plan_skipped = first.applied, [tuple(s) for s in first.skipped]
+    row.applied, row.plan_skipped = first.applied, [(name, why) for name, why in first.skipped]
     failed = next((t for t in trials if not t.ok), None)
     if failed is not None:
         error = failed.error or "no steps were measured"

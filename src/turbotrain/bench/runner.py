@@ -77,7 +77,7 @@ def fresh_compile_cache() -> Iterator[None]:
         try:
             from torch._inductor.utils import fresh_inductor_cache as fresh_cache
         except ImportError:
-            fresh_cache = contextlib.nullcontext
+            fresh_cache = contextlib.nullcontext  # type: ignore[assignment]  # no cache to empty
     torch.compiler.reset()
     try:
         with fresh_cache():
@@ -152,12 +152,12 @@ def run_workload(name: str, settings: BenchSettings, hw: Hardware, progress: Pro
     rows = [summarise(c, trials.get(id(c), []), wl, settings.warmup) for c in cands]
     compare_rows(rows)
 
-    flops = model.flops_per_token() if hasattr(model, "flops_per_token") else None
+    flops = model.flops_per_token() if hasattr(model, "flops_per_token") else None  # type: ignore[operator]  # hasattr
     if hw.is_cuda and flops is not None:
         peak = settings.peak_tflops * 1e12 if settings.peak_tflops else peak_bf16_flops(hw.device_name)
         for row in rows:
             if row.measured:
-                row.mfu = mfu(row.units_per_s, flops, peak)
+                row.mfu = mfu(row.units_per_s, flops, peak)  # type: ignore[arg-type]  # measured: it has one
     return WorkloadResult(name, wl.unit, scale, wl.batch_size, sum(p.numel() for p in model.parameters()),
                           flops, rows, steps=steps)
 

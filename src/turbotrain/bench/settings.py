@@ -20,7 +20,7 @@ class BenchSettings:
     repeats: int = 3                 # interleaved rounds; median and spread come from them
     batches: int = 4                 # distinct batches cycled by resident-path trials
     compile: bool = True             # measure plans that use torch.compile
-    tune: bool = True                # add the tuned plan when turbotrain.tune is installed
+    tune: bool = True                # add the tuned plan when turbotrain.tuning is installed
     tune_budget_s: float = 60.0
     scale: str = "auto"              # "cpu", "gpu" (GPT-2 small, ResNet-50), "auto": gpu when on CUDA
     device: str = "auto"
@@ -35,8 +35,8 @@ class BenchSettings:
     @classmethod
     def quick_run(cls, **overrides: Any) -> "BenchSettings":
         """A run that ends in minutes on a small CPU: no compile rows, no tuning, short trials."""
-        return cls(**{"steps": 6, "min_trial_s": 0.2, "max_steps": 300, "warmup": 1, "repeats": 3, "compile": False, "tune": False,
-                      "quick": True, **overrides})
+        return cls(**{"steps": 6, "min_trial_s": 0.2, "max_steps": 300, "warmup": 1, "repeats": 3, "compile": False,
+                      "tune": False, "quick": True, **overrides})
 
     def __post_init__(self) -> None:
         if self.steps < 1 or self.warmup < 1 or self.repeats < 1 or self.batches < 1:

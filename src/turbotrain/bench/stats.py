@@ -1,4 +1,5 @@
-"""When a measured difference is a speed-up, for the bench: repeats, interleaved, judged by :func:`turbotrain.measure.judge`.
+"""When a measured difference is a speed-up, for the bench: repeats, interleaved, judged by
+:func:`turbotrain.measure.judge`.
 
 Each plan is measured in several repeats, interleaved with the other plans (round r of every
 plan runs before round r+1 of any), so a slow patch of the machine hits all plans alike.

@@ -40,9 +40,9 @@ def _gpt(scale: str, tokens: str = "bytes", vocab_size: int | None = None) -> Wo
     if tokens == "bytes":
         if cfg["vocab_size"] < 256:
             raise ValueError(f"byte tokens need vocab_size >= 256, got {cfg['vocab_size']}")
-        make_dataset = lambda seed: text_dataset(samples, cfg["seq_len"], seed)  # noqa: E731
+        make_dataset = lambda seed: text_dataset(samples, cfg["seq_len"], seed)  # noqa: E731 - one factory per branch
     elif tokens == "random":
-        make_dataset = lambda seed: random_token_dataset(samples, cfg["seq_len"], cfg["vocab_size"], seed)  # noqa: E731
+        make_dataset = lambda seed: random_token_dataset(samples, cfg["seq_len"], cfg["vocab_size"], seed)  # noqa: E731 - one factory per branch
     else:
         raise ValueError(f"tokens must be 'bytes' or 'random', got {tokens!r}")
     return Workload("gpt", "tokens", cfg["seq_len"], batch, lambda: GPT(**cfg), lm_loss, make_dataset, lr=1e-3)

@@ -55,7 +55,7 @@ def to_torch(table) -> dict[str, Any]:
     for name, v in values.items():
         if isinstance(v, np.ndarray):
             groups.setdefault((v.dtype, v.shape), []).append(name)
-    sizes = [len(names) * values[names[0]].nbytes for names in groups.values()]
+    sizes = [len(names) * values[names[0]].nbytes for names in groups.values()]  # type: ignore[union-attr]  # arrays only
     raw = np.empty(sum(-(-size // ALIGN) * ALIGN for size in sizes), dtype=np.uint8)  # cheaper than torch.empty
     storage = torch.from_numpy(raw).untyped_storage()
     out: dict[str, Any] = {name: v for name, v in values.items() if not isinstance(v, np.ndarray)}
@@ -65,8 +65,8 @@ def to_torch(table) -> dict[str, Any]:
         for row, name in zip(block, names):
             np.copyto(row, values[name])
         # Torch views of the one storage, not from_numpy (which would give each block a storage of its own).
-        tensors = torch.empty(0, dtype=_torch_dtype(dtype)).set_(storage, start // dtype.itemsize,
-                                                                 (len(names), *shape)).unbind(0)
+        tensors = torch.empty(0, dtype=_torch_dtype(dtype)).set_(  # type: ignore[call-overload]  # contiguous: no stride
+            storage, start // dtype.itemsize, (len(names), *shape)).unbind(0)
         out.update(zip(names, tensors))
         start += -(-size // ALIGN) * ALIGN
     return {name: out[name] for name in values}  # the table's column order

@@ -179,9 +179,10 @@ def _disown_parent_loops() -> None:
     for loop in _inherited_loops:
         if not isinstance(loop, asyncio.selector_events.BaseSelectorEventLoop):
             continue
-        loop._selector = selectors.DefaultSelector()
-        loop._ssock, loop._csock = socket.socketpair()  # the parent keeps its own copies of the old pair
-        loop._thread_id = None  # the thread that ran it exists only in the parent
+        # asyncio's private loop state (untyped): replacing it is what this function is for.
+        loop._selector = selectors.DefaultSelector()  # type: ignore[attr-defined]  # private, see above
+        loop._ssock, loop._csock = socket.socketpair()  # type: ignore[attr-defined]  # the parent keeps the old pair
+        loop._thread_id = None  # type: ignore[attr-defined]  # the thread that ran it exists only in the parent
     _inherited_loops.clear()
 
 
@@ -324,7 +325,8 @@ class Fetcher:
             try:
                 async with self._slots():  # max_in_flight requests at once, as the thread pool bounds reads
                     t0 = time.perf_counter()
-                    data = await asyncio.wait_for(fs._cat_file(path, start=start, end=end), self.attempt_timeout(attempt))
+                    data = await asyncio.wait_for(fs._cat_file(path, start=start, end=end),
+                                                  self.attempt_timeout(attempt))
             except Exception as exc:  # noqa: BLE001 - classified, re-raised with the URL
                 await asyncio.sleep(self._retry_wait(url, exc, attempt, started))
                 continue
@@ -335,8 +337,8 @@ class Fetcher:
         """All bytes of ``url``, retried per the policy; raises FetchError or FileNotFoundError naming it."""
         return bytes(self.call(url, lambda fs, path, kw: fs.cat_file(path, **kw), len))
 
-    def read_range(self, url: str, start: int, end: int) -> bytes:
-        """Bytes ``[start, end)`` of ``url``, retried like ``read``."""
+    def read_range(self, url: str, start: int, end: int | None) -> bytes:
+        """Bytes ``[start, end)`` of ``url`` (to its end when ``end`` is None), retried like ``read``."""
         return bytes(self.call(url, lambda fs, path, kw: fs.cat_file(path, start=start, end=end, **kw), len))
 
     def submit(self, url: str, start: int | None = None, end: int | None = None) -> Future:

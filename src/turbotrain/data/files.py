@@ -100,10 +100,9 @@ class FileDataset(Dataset):
         stream = self._stream
         if stream is not None and stream.pid == os.getpid():
             found.update((self.urls[i], data) for i, data in stream.take(indices).items())
-        elif self.plan is not None and isinstance(self.cache, DiskCache) and get_worker_info() is not None:
+        elif self.plan is not None and isinstance(self.cache, DiskCache) and (info := get_worker_info()) is not None:
             # A DataLoader worker: the workers fetch the plan the main process writes; wait for our files.
             if self._pump is None or self._pump.pid != os.getpid():
-                info = get_worker_info()
                 self._pump = readahead.WorkerPump(self, info.id, info.num_workers)
             policy = self.fetcher.retry
             patience = policy.attempts * (policy.timeout_s + policy.max_backoff_s)

@@ -122,19 +122,21 @@ class _Reader:
 
     def _fetch_ahead(self) -> None:
         """Ask for the parts of the next files, in reading order, while fewer than 2 x max_in_flight are held."""
-        ds = self.ds
+        ds, cache = self.ds, self.ds.cache
+        if cache is None:  # never: parquet_file reads ahead only into a cache
+            return
         budget = 2 * ds.fetcher.max_in_flight
         with self._lock:
             while self.next_file < len(self.files_in_order):
                 file = self.files_in_order[self.next_file]
                 url = ds.urls[file]
-                if url in ds.cache:
+                if url in cache:
                     self.next_file += 1
                     continue
                 spans = ds.spans(file)
                 if self.parts and sum(map(len, self.parts.values())) + len(spans) > budget:
                     return
-                if isinstance(ds.cache, DiskCache) and not ds.cache.claim(url):
+                if isinstance(cache, DiskCache) and not cache.claim(url):
                     self.elsewhere.add(file)  # another worker or rank fetches it: wait for its entry instead
                     self.next_file += 1
                     continue
@@ -143,12 +145,13 @@ class _Reader:
                 self.next_file += 1
 
     def _join(self, file: int) -> None:
-        url = self.ds.urls[file]
+        url, cache = self.ds.urls[file], self.ds.cache
         try:
-            self.ds.cache.put(url, b"".join(f.result() for f in self.parts[file]), self.ds.versions.get(url))
+            if cache is not None:  # always: only _fetch_ahead, which needs a cache, submits joins
+                cache.put(url, b"".join(f.result() for f in self.parts[file]), self.ds.versions.get(url))
         finally:
-            if isinstance(self.ds.cache, DiskCache):
-                self.ds.cache.release(url)
+            if isinstance(cache, DiskCache):
+                cache.release(url)
             with self._lock:
                 self.parts.pop(file, None)
             self._fetch_ahead()
@@ -156,7 +159,8 @@ class _Reader:
     def parquet_file(self, file: int):
         pf = self.open_files.get(file)
         if pf is None:
-            if self.ds.cache is not None:
+            cache = self.ds.cache
+            if cache is not None:
                 self._fetch_ahead()
                 url = self.ds.urls[file]
                 joined = self.joined.pop(file, None)
@@ -167,7 +171,9 @@ class _Reader:
                     policy = self.ds.fetcher.retry
                     give_up = time.monotonic() + policy.attempts * (policy.timeout_s + policy.max_backoff_s)
                     pause = 0.002
-                    while self.ds.cache.claimed(url) and url not in self.ds.cache and time.monotonic() < give_up:
+                    # Only a DiskCache claims files (self.elsewhere holds no others).
+                    while (isinstance(cache, DiskCache) and cache.claimed(url) and url not in cache
+                           and time.monotonic() < give_up):
                         time.sleep(pause)  # its owner joins the parts and renames the entry into place
                         pause = min(0.02, pause * 1.5)
                     # Entry there, or the owner failed or died: _open fetches it whole (and names any error).
@@ -184,7 +190,7 @@ class _Reader:
             table = pf.read_row_group(unit.row_group, columns=self.ds.columns)
         except (FetchError, FileNotFoundError):
             raise
-        except Exception as exc:  # noqa: BLE001 - pyarrow raises ArrowInvalid, OSError, ...
+        except Exception as exc:  # pyarrow raises ArrowInvalid, OSError, ...
             raise ParquetFileError(url, unit.row_group, f"{url}: row group {unit.row_group} (of "
                                    f"{pf.metadata.num_row_groups}) could not be read: {exc}"
                                    f"{self.ds._where(url)}") from exc
@@ -256,8 +262,9 @@ class ParquetDataset(IterableDataset):
     # -- opening files ------------------------------------------------------------------------
 
     def _cache_file(self, url: str) -> None:
-        if url not in self.cache:
-            self.cache.put(url, self.fetcher.read(url), self.versions.get(url))
+        cache = self.cache
+        if cache is not None and url not in cache:  # called with a cache only
+            cache.put(url, self.fetcher.read(url), self.versions.get(url))
 
     def spans(self, file: int) -> list[tuple[int | None, int | None]]:
         """The byte ranges ``file`` is fetched in: parts of ``part_bytes`` (the whole of a file of unknown size)."""
@@ -302,7 +309,7 @@ class ParquetDataset(IterableDataset):
             return pq.ParquetFile(source, memory_map=isinstance(source, str), page_checksum_verification=True)
         except (FetchError, FileNotFoundError):
             raise
-        except Exception as exc:  # noqa: BLE001 - pyarrow's errors say little about which file
+        except Exception as exc:  # pyarrow's errors say little about which file
             raise ParquetFileError(url, None, f"{url}: not a readable Parquet file: its footer cannot be read "
                                    f"({exc}). The file is truncated or is not Parquet; rewrite it or leave it out"
                                    f"{self._where(url)}.") from exc

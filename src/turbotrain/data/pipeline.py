@@ -69,8 +69,9 @@ def shard(loader: Any, replicas: int | None = None, index: int | None = None) ->
         return loader
     # Every rank must draw the same permutation: rank 0's seed decides.
     seed = tdist.broadcast_object(_seed_of(loader))
-    distributed = DistributedSampler(loader.dataset, num_replicas=world, rank=tdist.rank() if index is None else index,
-                                     shuffle=plain_shuffle, seed=seed)
+    distributed: DistributedSampler[int] = DistributedSampler(
+        loader.dataset, num_replicas=world, rank=tdist.rank() if index is None else index, shuffle=plain_shuffle,
+        seed=seed)
     return rebuild_loader(loader, sampler=distributed)
 
 

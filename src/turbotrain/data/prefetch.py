@@ -28,7 +28,7 @@ class DeviceLoader:
         self.prefetch = prefetch and device.type == "cuda"
 
     def __len__(self) -> int:
-        return len(self.loader)  # type: ignore[arg-type]
+        return len(self.loader)  # type: ignore[arg-type]  # the wrapped loader's len(), or its TypeError
 
     def __iter__(self) -> Iterator[Any]:
         if not self.prefetch:

@@ -105,8 +105,9 @@ def _preload_items(dataset: Any, to: str, num_workers: int) -> Dataset:
     stacked: list[torch.Tensor] = []
     if stackable:
         for column in columns:
-            tensors = [_as_tensor(leaf) for leaf in column]
-            if any(t is None for t in tensors) or len({tuple(t.shape) for t in tensors}) != 1:
+            found = [_as_tensor(leaf) for leaf in column]
+            tensors = [t for t in found if t is not None]
+            if len(tensors) < len(found) or len({tuple(t.shape) for t in tensors}) != 1:
                 stackable = False
                 break
             stacked.append(torch.stack(tensors))

@@ -235,7 +235,8 @@ class SharedPlan:
     def extend(self, indices: Sequence[int]) -> None:
         _, order, control = self.views()
         start = int(control[1])
-        take = list(indices)[: max(0, self.n - start)]  # a sampler drawing more than the dataset: the rest is read per batch
+        # A sampler drawing more than the dataset: the rest is read per batch.
+        take = list(indices)[: max(0, self.n - start)]
         if take:
             order[start:start + len(take)] = take
             control[1] = start + len(take)
@@ -345,7 +346,7 @@ class ReadAheadBatches(Sampler):
         return getattr(self.batches, "sampler", None)
 
     def __len__(self) -> int:
-        return len(self.batches)  # type: ignore[arg-type]
+        return len(self.batches)  # type: ignore[arg-type]  # the wrapped loader's len(), or its TypeError
 
     def __iter__(self) -> Iterator[list[int]]:
         if self.keep_bytes:  # the main process reads: it runs the stream itself

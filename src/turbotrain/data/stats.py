@@ -25,7 +25,7 @@ from typing import Any
 try:
     import fcntl
 except ImportError:  # Windows: process-local counting only
-    fcntl = None  # type: ignore[assignment]
+    fcntl = None  # type: ignore[assignment]  # checked before each use
 
 __all__ = ["SchemeReads", "ReadStats", "record", "snapshot", "share_with_workers", "CACHE_SCHEME", "ENV_VAR",
            "slow_storage_finding"]

@@ -19,7 +19,7 @@ import re
 import time
 from collections import defaultdict
 from datetime import datetime, timezone
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from .fetch import Fetcher, scheme_of
 
@@ -80,8 +80,9 @@ def _http_listing(directory: str, fetcher: Fetcher) -> dict[str, dict[str, Any]]
     return out
 
 
-def _listing(directory: str, fetcher: Fetcher) -> dict[str, dict[str, Any]] | None:
-    """File name -> version for one directory, or None when it cannot be listed."""
+def _listing(directory: str, fetcher: Fetcher) -> Mapping[str, dict[str, Any] | None] | None:
+    """File name -> version (None when the listing says nothing of it) for one directory, or None when it
+    cannot be listed."""
     try:
         if scheme_of(directory) in ("http", "https"):
             return _http_listing(directory, fetcher)

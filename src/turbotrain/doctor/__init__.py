@@ -12,7 +12,7 @@ Modules: ``recorder``/``instrument`` (hooks; step boundaries at the optimizer), 
 
 from .diagnose import DoctorOptions, analyse, diagnose_script
 from .findings import Finding
-from .report import Report
-from .watch import Watch, watch
+from .report.model import Report
+from .watching import Watch, watch
 
 __all__ = ["watch", "Watch", "diagnose_script", "DoctorOptions", "analyse", "Report", "Finding"]

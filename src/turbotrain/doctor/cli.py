@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
 
         require_libcst()
         if args.fix_only:
-            from .fixes.plan import check_rules
+            from .fixes.choose import check_rules
 
             check_rules(args.fix_only.split(","))
         if args.fix and Path(args.fix).is_dir():
@@ -107,11 +107,11 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         report.write_json(args.json)
     if args.html:
-        from .html_report import write_html
+        from .report.html import write_html
 
         write_html(report, args.html)
     if not args.quiet:
-        from .terminal import print_report
+        from .report.terminal import print_report
 
         print_report(report)
         for label, path in (("JSON", args.json), ("HTML", args.html)):

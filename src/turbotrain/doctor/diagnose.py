@@ -6,16 +6,16 @@ import logging
 import os
 import time
 from dataclasses import dataclass
-from typing import Any
 
-from .context import Context, build_context
+from .analysis.context import Context, build_context
 from .record.recording import LiveObjects, Recording
-from .machine import noise_state
-from .recorder import Recorder
-from .report import Report
+from .analysis.machine import noise_state
+from .record.recorder import Recorder
+from .report.model import Report
 from .rules import evaluate, order
-from .rules.runtime import periodic_table
-from .runner import ScriptRun, run_script
+from .analysis.periodic import periodic_table
+from .report.tables import copy_table, sync_table
+from .record.runner import ScriptRun, run_script
 from .sites import relative_where
 
 __all__ = ["DoctorOptions", "diagnose_script", "analyse"]
@@ -49,19 +49,6 @@ def diagnose_script(script: str | os.PathLike, argv: list[str] | None = None,
     run = run_script(script, list(argv or []), recorder)
     return analyse(recorder.recording(), recorder.live_objects(), run, options, script=str(script),
                    run_seconds=time.perf_counter() - started)
-
-
-def _sync_table(ctx: Context) -> list[dict[str, Any]]:
-    return [{"where": ctx.where(s.site), "kind": s.kind.split(":", 1)[1], "per_step": round(s.per_step, 3),
-             "ms_per_step": round(s.seconds_per_step * 1e3, 4), "code": s.site.code}
-            for s in ctx.ran_sites("sync:")]
-
-
-def _copy_table(ctx: Context) -> list[dict[str, Any]]:
-    return [{"where": ctx.where(s.site), "per_step": round(s.per_step, 3),
-             "mib_per_step": round(s.bytes_per_step / 2**20, 4), "ms_per_step": round(s.seconds_per_step * 1e3, 4),
-             "non_blocking": s.detail.get("non_blocking"), "pinned": s.detail.get("pinned"), "code": s.site.code}
-            for s in ctx.ran_sites("h2d")]
 
 
 def _messages(recording: Recording, run: ScriptRun | None, ctx: Context | None, requested: int) -> list[str]:
@@ -143,7 +130,7 @@ def analyse(recording: Recording, live: LiveObjects | None, run: ScriptRun | Non
         status=status, breakdown=ctx.breakdown, findings=findings, device=ctx.device, hardware=ctx.hw.summary(),
         script=relative_where(script_path) if script_path else None, argv=run.argv if run else [], run=run,
         steps_requested=options.steps, warmup_steps=window.warmup, steps_completed=len(recording.steps),
-        messages=messages, syncs=_sync_table(ctx), copies=_copy_table(ctx), top_ops=list(recording.top_ops),
+        messages=messages, syncs=sync_table(ctx), copies=copy_table(ctx), top_ops=list(recording.top_ops),
         trace_path=trace, doctor_seconds=timings, base=base, step_delimiter=recording.step_delimiter,
         periodic=[{k: v for k, v in row.items() if k != "site"} for row in periodic_table(ctx)],
         machine=ctx.machine, noise=noise_state(ctx.machine),

@@ -7,7 +7,7 @@ at least 5% ``medium``, anything less (or unmeasured and unproven on this hardwa
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..plan import Plan
 from ..speedups.policy import call_text
@@ -15,10 +15,16 @@ from ..speedups.registry import by_field
 from .sites import Site, source_lines
 
 if TYPE_CHECKING:
-    from .context import Context
-    from .trials import TrialRequest
+    from .requests import TrialRequest
 
 __all__ = ["Finding", "Fix", "severity_for", "speedup_from_share", "speedup_for_rule", "lightning_call", "SEVERITIES"]
+
+class RunPlace(Protocol):
+    """Where the run trained (the analysis context is one)."""
+
+    @property
+    def on_gpu(self) -> bool: ...
+
 
 SEVERITIES = ("high", "medium", "low")
 HIGH_SHARE, MEDIUM_SHARE = 0.20, 0.05
@@ -105,7 +111,7 @@ class Finding:
         self.severity = severity
         self.measured = False
 
-    def on_cpu(self, ctx: Context, what: str = "") -> "Finding":
+    def on_cpu(self, ctx: RunPlace, what: str = "") -> Finding:
         """Cap a GPU-only finding at ``low`` on a CPU run, saying why it is still reported."""
         if not ctx.on_gpu:
             self.cap("low", "This run is on the CPU, where it costs little or nothing; it matters once the "

@@ -19,7 +19,7 @@ import contextlib
 import shutil
 import warnings
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import torch
 from torch import nn
@@ -154,7 +154,7 @@ def load_sharded(module: nn.Module, optimizers: list[torch.optim.Optimizer], pat
         raise ConfigError(f"sharded checkpoint {path} is incomplete (no .metadata); every process must see the same "
                           "checkpoint_dir (a shared filesystem when training on several nodes).")
     model_state, optim_state = get_state_dict(module, optimizers)
-    state = {"model": model_state, "optimizers": optim_state}
+    state: dict[str, Any] = {"model": model_state, "optimizers": optim_state}
     with _single_process_is_intended():
         dcp.load(state, checkpoint_id=str(path), no_dist=not tdist.is_initialized())
     set_state_dict(module, optimizers, model_state_dict=state["model"], optim_state_dict=state["optimizers"])
@@ -168,7 +168,7 @@ def full_state_dict(module: nn.Module) -> dict[str, torch.Tensor]:
         return {k: v.detach().cpu() for k, v in module.state_dict().items()}
     # Not cpu_offload: with a full state dict it would keep the result on rank 0 only.
     state = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True))
-    return {k: v.detach().cpu() for k, v in state.items()}
+    return {k: v.detach().cpu() for k, v in state.items()}  # type: ignore[union-attr]  # a model's: all tensors
 
 
 def remove_sharded(path: Path) -> None:

@@ -37,8 +37,7 @@ from torch import nn
 from .. import distributed as tdist
 from ..config import ConfigError
 from .pipeline_layout import Layout, bubble_fraction, layout_for, make_schedule
-from .pipeline_split import (check_split_points, default_split_points, meta_copy, stage_of_each_parameter,
-                             trace_stages)
+from .pipeline_split import check_split_points, default_split_points, meta_copy, stage_of_each_parameter, trace_stages
 from .pipeline_tensors import materialise_modules, real_buffers, repoint_optimizers, set_tensor
 
 # Layout, layout_for, bubble_fraction (pipeline_layout.py) and default_split_points (pipeline_split.py)
@@ -193,7 +192,7 @@ class PipelineRunner:
         try:  # tensors made in forward (torch.arange(..., device=x.device)) were traced on the meta device
             from torch.distributed.pipelining._IR import _modify_graph_op_device
         except ImportError:  # pragma: no cover - a later torch
-            _modify_graph_op_device = None
+            _modify_graph_op_device = None  # type: ignore[assignment]  # checked before its use
         tensors = {**dict(self.user_model.named_parameters()), **dict(self.user_model.named_buffers())}
         stages = []
         for i in self.stage_ids:
@@ -229,7 +228,7 @@ class PipelineRunner:
         failed: BaseException | None = None
         try:
             built = self._build_here(key, inputs, training)
-        except Exception as exc:  # re-raised below, on every process
+        except Exception as exc:  # noqa: BLE001 - re-raised below, on every process
             failed = exc
         flag = torch.tensor(float(failed is not None), device=self.rt.device)
         tdist.all_reduce_max_(flag)
@@ -261,7 +260,8 @@ class PipelineRunner:
                 self.stage_modules[f"stage{stage.stage_index}"] = stage.submod
             if self.layout.dp > 1:
                 self._shard(stages)
-        built = _Built(stages, make_schedule(self.layout, stages, self.loss_fn), has_first=0 in self.stage_ids,
+        schedule = make_schedule(self.layout, stages, self.loss_fn)  # type: ignore[arg-type]  # configure() set it
+        built = _Built(stages, schedule, has_first=0 in self.stage_ids,
                        has_last=self.layout.stages - 1 in self.stage_ids)
         self._pipes[key] = built
         if first:
@@ -277,10 +277,10 @@ class PipelineRunner:
         key = (training, shapes)
         built = self._pipes.get(key)
         if built is None and not training and self.layout.dp > 1 and (True, shapes) in self._pipes:
-            built = self._pipes[key] = self._eval_on_training_stages()
+            built = self._pipes[key] = self._eval_on_training_stages(shapes)
         return built if built is not None else self._build(key, inputs, training)
 
-    def _eval_on_training_stages(self) -> _Built:
+    def _eval_on_training_stages(self, shapes: tuple[torch.Size, ...]) -> _Built:
         """Pipeline x FSDP validates through the training stages (FSDP owns their parameters; stages traced in
         eval mode cannot share them), whose traced graph keeps training-mode dropout and batch statistics."""
         modes = sorted({type(m).__name__ for m in self.user_model.modules()
@@ -289,7 +289,7 @@ class PipelineRunner:
         if modes:
             log.warning("turbotrain: pipeline x FSDP validates on the training stages: their %s layers act as in "
                         "training during validation", ", ".join(modes))
-        return self._train
+        return self._pipes[(True, shapes)]  # the training stages traced for these shapes
 
     def _run(self, built: _Built, inputs, targets, training: bool) -> list[torch.Tensor]:
         losses: list[torch.Tensor] = []
@@ -308,10 +308,10 @@ class PipelineRunner:
         if not self.launched:
             return self._local_step(inputs, targets)
         key = inputs[0].shape
-        if key != self._train_key or len(inputs) > 1:
-            self._train = self._pipe_for(inputs, True)
-            self._train_key = key
         built = self._train
+        if built is None or key != self._train_key or len(inputs) > 1:
+            built = self._train = self._pipe_for(inputs, True)
+            self._train_key = key
         losses = self._run(built, inputs, targets, True)
         return self._mean(losses, built.has_last)
 
@@ -328,7 +328,7 @@ class PipelineRunner:
         losses = []
         for i, target in enumerate(torch.tensor_split(targets, self.microbatches)):
             with self.rt.autocast():
-                loss = self.loss_fn(self.user_model(*(c[i] for c in chunks)), target)
+                loss = self.loss_fn(self.user_model(*(c[i] for c in chunks)), target)  # type: ignore[misc]  # configure() set it
             if training:
                 loss.backward()
             losses.append(loss)

@@ -12,6 +12,7 @@ from ..config import ConfigError
 from .trainer_hooks import RankCoordinator, shard_loader
 
 if TYPE_CHECKING:  # pragma: no cover
+    from ..runtime import Runtime
     from .pipeline import PipelineRunner
 
 __all__ = ["PipelineCoordinator"]
@@ -21,7 +22,7 @@ class PipelineCoordinator(RankCoordinator):
     """RankCoordinator for a pipeline: data sharded over the dp replicas only, the loss and throughput
     from the last stage, checkpoints of each process's stages through torch.distributed.checkpoint."""
 
-    def __init__(self, rt):
+    def __init__(self, rt: Runtime) -> None:
         self.pipeline: PipelineRunner = rt.pipeline
         super().__init__(rt.module, rt.optimizers, rt.device)
         self.sharded = self.pipeline.launched
@@ -51,8 +52,8 @@ class PipelineCoordinator(RankCoordinator):
         last = self._is_last()
         loss, rate = metrics.get("train_loss"), metrics.get("samples_per_s")
         has_loss, has_rate = last and loss is not None, last and rate is not None
-        sums = tdist.all_reduce_sum([loss if has_loss else 0.0, has_loss, rate if has_rate else 0.0, has_rate],
-                                    self.device)
+        sums = tdist.all_reduce_sum([loss if last and loss is not None else 0.0, has_loss,
+                                     rate if last and rate is not None else 0.0, has_rate], self.device)
         out = dict(metrics)
         out.pop("train_loss", None)
         out.pop("samples_per_s", None)

@@ -15,7 +15,7 @@ def set_tensor(module: nn.Module, fqn: str, value: torch.Tensor) -> None:
     owner_name, _, leaf = fqn.rpartition(".")
     owner = module.get_submodule(owner_name)
     if leaf in owner._parameters:
-        owner._parameters[leaf] = value
+        owner._parameters[leaf] = value  # type: ignore[assignment]  # the tensor as it is, not a new nn.Parameter
     else:
         owner._buffers[leaf] = value
 
@@ -31,7 +31,7 @@ def materialise_modules(model: nn.Module, names: set[str], device: torch.device)
             if not hasattr(module, "reset_parameters"):
                 raise ConfigError(f"{module_name or type(model).__name__} was built on the meta device and "
                                   f"{type(module).__name__} has no reset_parameters() to initialise it on its stage.")
-            module.reset_parameters()
+            module.reset_parameters()  # type: ignore[operator]  # hasattr above; Module.__getattr__ says Tensor
         elif any(p.device != device for p in own):
             module.to(device)  # these layers only
 

@@ -62,7 +62,7 @@ def make_fused(optimizer: torch.optim.Optimizer) -> str:
             group["fused"], group["foreach"] = True, False
         # What the constructor sets for fused=True: GradScaler then passes the scale and the
         # inf flag to the kernel instead of syncing to decide whether to step (takes_found_inf).
-        optimizer._step_supports_amp_scaling = True
+        optimizer._step_supports_amp_scaling = True  # type: ignore[attr-defined]  # torch's private flag, as above
     elif chosen == "foreach":
         for group in [optimizer.defaults, *optimizer.param_groups]:
             group["foreach"] = True

@@ -1,7 +1,7 @@
 """What a speed-up declares besides applying itself: how the tuner decides it and how it is exported.
 
 Every registry entry carries a :class:`Tuning` and an :class:`Export` (and a model predicate, see
-:mod:`turbotrain.speedups.model_info`). ``tune/candidates.py`` and ``tune/export.py`` read these
+:mod:`turbotrain.speedups.model_info`). ``tuning/candidates.py`` and ``tuning/export.py`` read these
 declarations and keep no list of switches of their own, so a new switch is one module in this package.
 """
 
@@ -78,7 +78,7 @@ class ExportError(ValueError):
 
 @dataclass(frozen=True)
 class Export:
-    """How a switch is written for other frameworks (``tune/export.py`` reads it).
+    """How a switch is written for other frameworks (``tuning/export.py`` reads it).
 
     * ``lightning(plan)``: keyword arguments of ``lightning.pytorch.Trainer``, for every plan (the naive
       value too, so the flags state what the plan chose);

@@ -64,7 +64,8 @@ def _recommend(hw, info):
 # steps cannot show, so it is a memory choice the user makes and the tuner never times it.
 TUNED_PRECISIONS = ("bf16-mixed", "fp16-mixed")
 
-LIGHTNING_PRECISION = {"fp32": "32-true", "bf16-mixed": "bf16-mixed", "fp16-mixed": "16-mixed", "bf16-true": "bf16-true"}
+LIGHTNING_PRECISION = {"fp32": "32-true", "bf16-mixed": "bf16-mixed", "fp16-mixed": "16-mixed",
+                       "bf16-true": "bf16-true"}
 ACCELERATE_PRECISION = {"fp32": "no", "bf16-mixed": "bf16", "fp16-mixed": "fp16", "bf16-true": "bf16"}
 
 

@@ -21,6 +21,8 @@ from .model_info import ModelPredicate
 from .policy import Export, Tuning
 
 if TYPE_CHECKING:  # pragma: no cover
+    from torch import nn
+
     from ..hardware import Hardware
     from ..runtime import Runtime
     from .model_info import ModelInfo
@@ -105,7 +107,7 @@ class Speedup:
     tune: Tuning = UNDECLARED
     """How ``tt.tune`` decides it (timed and which values, a finder, by rule, or not tuned and why)."""
     export: Export = UNDECLARED
-    """How ``tune/export.py`` writes it: Lightning flags, Accelerate config keys, plain PyTorch lines."""
+    """How ``tuning/export.py`` writes it: Lightning flags, Accelerate config keys, plain PyTorch lines."""
 
     def recommendation(self, hw: "Hardware", info: "ModelInfo") -> Any:
         """The value the rule picks for this hardware and model; None where the model is not one it is for."""
@@ -115,7 +117,7 @@ class Speedup:
         """Whether ``plan`` asks for this switch (by default: its value differs from the naive plan's)."""
         if self.is_active is not None:
             return self.is_active(plan)
-        return getattr(plan, self.field) != getattr(Plan(), self.field)
+        return bool(getattr(plan, self.field) != getattr(Plan(), self.field))
 
 
 def gpu_only(why: str) -> Callable[["Hardware", Plan], str | None]:
@@ -206,7 +208,7 @@ def by_field(field: str) -> Speedup:
     raise KeyError(f"no speed-up switches Plan.{field}")
 
 
-def recommend_plan(model=None, device: str = "auto") -> Plan:
+def recommend_plan(model: nn.Module | None = None, device: str = "auto") -> Plan:
     """``Plan.fast()``: each entry's rule for this hardware and model."""
     from ..hardware import detect
     from .model_info import inspect_model

@@ -70,6 +70,9 @@ class TrainerConfig:
                               "an integer counts optimizer steps.")
         if isinstance(v, int) and v < 1:
             raise ConfigError(f"Trainer.val_check_interval: {v} is not allowed; expected >= 1 steps.")
+        if self.checkpoint_every_n_steps is not None and self.checkpoint_dir is None:
+            raise ConfigError("Trainer.checkpoint_every_n_steps: checkpoints need checkpoint_dir, "
+                              "the directory to write them to.")
         parse_duration(self.max_time)
         if self.gradient_clip_val is not None and not self.gradient_clip_val > 0:  # NaN included
             raise ConfigError(f"Trainer.gradient_clip_val: {self.gradient_clip_val} is not allowed; must be > 0.")

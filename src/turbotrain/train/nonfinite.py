@@ -114,7 +114,7 @@ class FiniteGuard:
             return True
         return self._bad(step)
 
-    def _check_on_host(self, loss: float | None, step: int) -> bool:
+    def _check_on_host(self, loss: torch.Tensor | float | None, step: int) -> bool:
         """CPU path: the loss is already a float, and reading the flag waits for no device."""
         loss_bad = loss is not None and not math.isfinite(loss)
         if loss_bad and self.agree is None:

@@ -31,7 +31,7 @@ class Preempted(SystemExit):
 class SignalWatch:
     """Within the block, SIGTERM sets ``requested`` instead of killing the process."""
 
-    def __init__(self, signals=(signal.SIGTERM,)):
+    def __init__(self, signals: tuple[signal.Signals, ...] = (signal.SIGTERM,)) -> None:
         self.signals = signals
         self.requested = False
         self._previous: dict = {}

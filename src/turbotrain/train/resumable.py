@@ -56,7 +56,7 @@ class ResumableBatches(Sampler):
         self._primed: Iterator[list[int]] | None = None
 
     def __len__(self) -> int:
-        return len(self.inner)  # type: ignore[arg-type]
+        return len(self.inner)  # type: ignore[arg-type]  # a sized sampler has one; len() raises as it would
 
     def plan_start(self, skip: int, after_skip: Callable[[], None] | None) -> None:
         """The next epoch starts at batch ``skip``; ``after_skip`` runs once indices are drawn."""
@@ -199,7 +199,7 @@ class EpochSource:
     def _resume(self, pos: Position) -> Iterator[Any]:
         skip = pos.batches_done
         start_state = pos.epoch_rng if skip else pos.rng
-        rng.restore(start_state, self.generators)
+        rng.restore(start_state, self.generators)  # type: ignore[arg-type]  # epoch_rng is set when skip > 0
         self.epoch_rng = start_state
         self.epoch_reused = pos.iterator_reused
         if self.batches is None:

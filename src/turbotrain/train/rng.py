@@ -16,8 +16,8 @@ __all__ = ["capture", "restore", "generators_of"]
 
 def _numpy_state() -> dict[str, Any]:
     kind, keys, pos, has_gauss, cached = np.random.get_state()
-    return {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
-            "has_gauss": int(has_gauss), "cached": float(cached)}
+    return {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)),  # type: ignore[attr-defined]  # the legacy 5-tuple
+            "pos": int(pos), "has_gauss": int(has_gauss), "cached": float(cached)}
 
 
 def _set_numpy_state(state: dict[str, Any]) -> None:

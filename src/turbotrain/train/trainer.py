@@ -58,6 +58,9 @@ class Trainer:
         if loss_fn is None and step_fn is None:
             raise ConfigError("Trainer: give loss_fn(outputs, targets) for (inputs, targets) batches, "
                               "or step_fn(ctx, batch) for anything else.")
+        if self.config.manual_optimization and step_fn is None:
+            raise ConfigError("Trainer: manual_optimization=True runs step_fn(ctx, batch), which steps the "
+                              "optimizers itself; give step_fn.")
         if plan is not None and not isinstance(plan, Plan):
             raise ConfigError(f"Trainer: plan must be a turbotrain.Plan, got {type(plan).__name__}.")
         self.plan = plan or Plan()
@@ -179,9 +182,17 @@ class Trainer:
 
     def state_dict(self, at_epoch_end: bool) -> dict[str, Any]:
         """The checkpoint of this moment of ``fit`` (see trainer_checkpoints.py for what it holds)."""
-        run = self.fit_state
+        run = self._run
         elapsed_s = self.state.elapsed_s + time.monotonic() - run.started
         return self.checkpoints.state_dict(self.state, run.source, elapsed_s, at_epoch_end)
+
+    @property
+    def _run(self) -> FitState:
+        """The running fit() call's state, for what only runs inside fit()."""
+        run = self.fit_state
+        if run is None:
+            raise RuntimeError("Trainer: this runs inside fit() only (no fit() has started)")
+        return run
 
     # -- the hot loop -----------------------------------------------------------------------
 
@@ -197,7 +208,7 @@ class Trainer:
 
     def _run_epoch(self, batches: Iterable) -> bool:
         """Train one epoch (or what is left of it). True when a limit stopped training."""
-        accum, total = self.rt.accum_steps, self.fit_state.epoch_len
+        accum, total = self.rt.accum_steps, self._run.epoch_len
         micro = self.state.batches_done
         step_loss = None
         for batch in batches:
@@ -225,7 +236,7 @@ class Trainer:
             return self.pipeline.train_step(batch)
         ctx.is_last_micro_batch = last
         if self._manual:
-            loss = _loss_of(self.step_fn(ctx, batch))
+            loss = _loss_of(self.step_fn(ctx, batch))  # type: ignore[misc]  # __init__: manual needs step_fn
         elif self._no_contexts:  # fp32, one process, no scaler: nothing to enter, which tiny steps notice
             loss = self._loss(batch)
             (loss / rt.accum_steps if rt.accum_steps > 1 else loss).backward()
@@ -244,7 +255,7 @@ class Trainer:
         except (TypeError, ValueError):
             raise TypeError(f"the default step expects (inputs, targets) batches, got {type(batch).__name__}; "
                             "pass step_fn=lambda ctx, batch: loss to handle other batches.") from None
-        return self.loss_fn(self.rt.model(inputs), targets)
+        return self.loss_fn(self.rt.model(inputs), targets)  # type: ignore[misc]  # __init__: one of the two
 
     def _finish_step(self, loss: Any) -> bool:
         """Optimizer step(s) and the step-boundary bookkeeping. True when training must stop."""
@@ -266,12 +277,12 @@ class Trainer:
         else:
             self.state.skipped_steps += 1
         self.state.step += 1
-        self.fit_state.loss_meter.add(loss)
+        self._run.loss_meter.add(loss)
         return self._step_boundary()
 
     def _step_boundary(self) -> bool:
         """Per step: a few integer comparisons; the rare events run only when one is due."""
-        run, step = self.fit_state, self.state.step
+        run, step = self._run, self.state.step
         if step >= run.next_event:
             self._events(step)
         if (step >= run.step_limit or run.signals.requested or self.state.early_stop
@@ -305,7 +316,7 @@ class Trainer:
 
     def _events(self, step: int) -> None:
         """End of warm-up, logging, validation and checkpoints that fall on this step."""
-        cfg, run = self.config, self.fit_state
+        cfg, run = self.config, self._run
         run.clock.at_step(step, self.state.samples)
         if step % cfg.log_every_n_steps == 0:
             self._log_metrics()
@@ -327,12 +338,13 @@ class Trainer:
 
     def _epoch_validates(self) -> bool:
         """Whether this step ends an epoch whose end-of-epoch validation is about to run anyway."""
-        return (isinstance(self.config.val_check_interval, float) and self.fit_state.epoch_len is not None
-                and self.state.batches_done == self.fit_state.epoch_len)
+        epoch_len = self._run.epoch_len
+        return (isinstance(self.config.val_check_interval, float) and epoch_len is not None
+                and self.state.batches_done == epoch_len)
 
     def _end_epoch(self) -> None:
         self._read_guard()
-        cfg, run = self.config, self.fit_state
+        cfg, run = self.config, self._run
         epoch = self.state.epoch
         if (run.val_loader is not None and not isinstance(cfg.val_check_interval, int)
                 and (epoch + 1) % cfg.check_val_every_n_epoch == 0):
@@ -342,7 +354,8 @@ class Trainer:
         self._callback("on_epoch_end", epoch)
         self.state.epoch += 1
         self.state.batches_done = 0
-        every = cfg.checkpoint_every_n_epochs or (1 if cfg.checkpoint_dir and not cfg.checkpoint_every_n_steps else None)
+        every = cfg.checkpoint_every_n_epochs or (1 if cfg.checkpoint_dir and not cfg.checkpoint_every_n_steps
+                                                  else None)
         if cfg.checkpoint_dir and every and self.state.epoch % every == 0:
             self._save_checkpoint(at_epoch_end=True)
         run.stop_reason = self._limits_reached()
@@ -373,7 +386,7 @@ class Trainer:
         self.state.skipped_steps = max(self.state.skipped_steps, self.guard.report())
 
     def _limits_reached(self) -> str | None:
-        cfg, s, run = self.config, self.state, self.fit_state
+        cfg, s, run = self.config, self.state, self._run
         if run.signals.requested:
             return "preempted"
         if cfg.max_steps is not None and s.step >= cfg.max_steps:
@@ -389,7 +402,7 @@ class Trainer:
     # -- logging -----------------------------------------------------------------------------
 
     def _log_metrics(self, extra: dict[str, float] | None = None) -> None:
-        run = self.fit_state
+        run = self._run
         metrics: dict[str, Any] = {"step": self.state.step, "epoch": self.state.epoch}
         train_loss = run.loss_meter.pop_mean()
         if train_loss is not None:
@@ -426,7 +439,7 @@ class Trainer:
         started = time.monotonic()
         self._read_guard()
         self.checkpoints.save(self.state_dict(at_epoch_end), self.state.step)
-        self.fit_state.clock.exclude(time.monotonic() - started)
+        self._run.clock.exclude(time.monotonic() - started)
 
     def _resume(self) -> Position | None:
         resumed = self.checkpoints.resume()
@@ -437,7 +450,7 @@ class Trainer:
         return position
 
     def _result(self) -> FitResult:
-        run, s = self.fit_state, self.state
+        run, s = self._run, self.state
         metrics: dict[str, float] = {}
         for row in s.history:
             metrics.update({k: v for k, v in row.items() if isinstance(v, float)})

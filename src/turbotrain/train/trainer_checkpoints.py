@@ -63,8 +63,8 @@ class TrainerCheckpoints:
 
     def save(self, state_dict: dict[str, Any], step: int) -> None:
         # distributed: every rank calls it (positions, FSDP shards); rank 0 commits; all wait for the commit
-        path = self.ranks.save_checkpoint(state_dict, self.config.checkpoint_dir, step,
-                                          self.config.keep_checkpoints)
+        directory: str = self.config.checkpoint_dir  # type: ignore[assignment]  # set when fit() saves at all
+        path = self.ranks.save_checkpoint(state_dict, directory, step, self.config.keep_checkpoints)
         if path is not None:
             self.last_path = str(path)
         self.last_step = step

@@ -14,8 +14,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/launch: pipeline_tiny.py
 
-import pipeline_tiny as tiny  # noqa: E402
-import turbotrain as tt  # noqa: E402
+import pipeline_tiny as tiny
+import turbotrain as tt
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--out", required=True)

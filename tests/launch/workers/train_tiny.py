@@ -14,9 +14,9 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/launch: launch_tiny.py
 
-import launch_tiny as tiny  # noqa: E402
-import turbotrain as tt  # noqa: E402
-from turbotrain.launch.fsdp import full_state_dict  # noqa: E402
+import launch_tiny as tiny
+import turbotrain as tt
+from turbotrain.launch.fsdp import full_state_dict
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--out", required=True)
@@ -31,6 +31,24 @@ args = parser.parse_args()
 
 rank = int(os.environ["RANK"])
 restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
+
+
+def counting(fn, counter):
+    """``fn``, counting its calls in ``counter[0]`` (bound here, not to the loop's variables)."""
+    def counted(*a, **kw):
+        counter[0] += 1
+        return fn(*a, **kw)
+    return counted
+
+
+def counting_hook(counter):
+    """A DDP comm hook that counts gradient synchronizations in ``counter[0]``."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    def hook(state, bucket):
+        counter[0] += bucket.index() == 0  # one gradient synchronization (bucket 0 of however many)
+        return default_hooks.allreduce_hook(state, bucket)
+    return hook
 
 
 class KillAt:
@@ -52,24 +70,18 @@ for config in args.config:
                                                checkpoint_every_n_steps=args.checkpoint_every if ckpt_dir else None,
                                                log_dir=os.path.join(args.out, f"logs-{config}")))
     allreduces, reduce_scatters = [0], [0]
+    original = None
     if args.strategy == "fsdp":  # FSDP2 reduce-scatters each shard unit's gradients through this function
         original = dist.reduce_scatter_single
-
-        def counting_reduce_scatter(*a, **kw):
-            reduce_scatters[0] += 1
-            return original(*a, **kw)
-
-        dist.reduce_scatter_single = counting_reduce_scatter
+        dist.reduce_scatter_single = counting(original, reduce_scatters)
     if trainer.rt.ddp is not None and hasattr(trainer.rt.ddp, "register_comm_hook"):
-        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-
-        def counting_hook(state, bucket):
-            allreduces[0] += bucket.index() == 0  # one gradient synchronization (bucket 0 of however many)
-            return default_hooks.allreduce_hook(state, bucket)
-
-        trainer.rt.ddp.register_comm_hook(dist.group.WORLD, counting_hook)
+        trainer.rt.ddp.register_comm_hook(dist.group.WORLD, counting_hook(allreduces))
     model_params = {id(p) for p in trainer.model.parameters()}
-    result = trainer.fit(tiny.train_loader(), tiny.val_loader(), resume=ckpt_dir is not None)
+    try:
+        result = trainer.fit(tiny.train_loader(), tiny.val_loader(), resume=ckpt_dir is not None)
+    finally:  # the next --config counts its own calls, through one wrapper
+        if original is not None:
+            dist.reduce_scatter_single = original
     torch.save({
         "weights": full_state_dict(trainer.model),
         "history": result.history,

@@ -1,7 +1,7 @@
 """``doctor --fix [--verify]`` end to end: plan the edits, diff them, verify them, write the patch.
 
-Order of work: every fixable finding becomes an edit request (:mod:`.plan`); each is made alone on
-the original to get its own diff, and must compile (:mod:`.patch`); with ``verify``, each is timed
+Order of work: every fixable finding becomes an edit request (:mod:`.choose`); each is made alone on
+the original to get its own diff, and must compile (:mod:`.diff`); with ``verify``, each is timed
 alone against the original while the budget allows, then the ones kept together (:mod:`.verify`);
 a fix that verifies slower, or breaks the script, is dropped; the patch of what is left is written
 with a header that also lists what is by hand and what was left out, and why.
@@ -17,9 +17,9 @@ import torch
 
 from ...measure import FASTER, SLOWER
 from .losses import weakest
-from .model import FixReport, FixResult, Verification
-from .patch import PatchError, combine, make_diffs, render_patch, write_patch
-from .plan import plan_fixes
+from ..report.fix_results import FixReport, FixResult, Verification
+from .diff import PatchError, combine, make_diffs, render_patch, write_patch
+from .choose import plan_fixes
 from .verify import Verifier, VerifyError, VerifyOptions
 
 __all__ = ["attach_fixes", "predicted_together"]
@@ -125,7 +125,7 @@ def _judge_alone(result: FixResult) -> None:
 
 
 def _header(report: Any, fix_report: FixReport, patch_name: str, base: str, verified: bool) -> list[str]:
-    from .render import fix_line
+    from ..report.fix_section import fix_line
 
     kept, fixes = fix_report.kept, fix_report.fixes
     by_hand = [f for f in fixes if f.by_hand]

@@ -16,10 +16,10 @@ from typing import Any
 
 import torch
 
-from ..context import loader_round
-from ..machine import others_share
-from ..recorder import Recorder
-from ..runner import run_script
+from ..analysis.context import loader_round
+from ..analysis.machine import others_share
+from ..record.recorder import Recorder
+from ..record.runner import run_script
 
 __all__ = ["main", "LossTap"]
 

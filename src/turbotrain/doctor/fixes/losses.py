@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
-from ...tune.guard import DEFAULT_TOLERANCE, check_losses
+from ...tuning.guard import DEFAULT_TOLERANCE, check_losses
 from .model import EXACT, PRECISION
 
 __all__ = ["loss_match", "weakest"]

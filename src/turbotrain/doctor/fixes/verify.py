@@ -27,7 +27,7 @@ from pathlib import Path
 
 from ...measure import judge, run_means
 from .losses import loss_match
-from .model import Verification
+from ..report.fix_results import Verification
 
 __all__ = ["Verifier", "VerifyError", "VerifyOptions"]
 

@@ -1,6 +1,6 @@
 """What the wrappers installed around torch see of a recording: the clock, the tallies, the step tracker.
 
-The wrappers find it through :mod:`turbotrain.doctor.active` on every call, so its fields are plain attributes
+The wrappers find it through :mod:`turbotrain.doctor.record.active` on every call, so its fields are plain attributes
 read on the hot path; it holds no reference to the Recorder that made it.
 """
 
@@ -15,8 +15,8 @@ from .steps import StepTracker
 from .tallies import Tallies
 
 if TYPE_CHECKING:
-    from ..discovery import ModuleCalls
-    from ..step_schedule import StepSchedule
+    from .discovery import ModuleCalls
+    from .schedule import StepSchedule
 
 __all__ = ["Probe", "no_device_marks"]
 

@@ -17,11 +17,11 @@ from typing import Any, Union
 
 from ...data.stats import ReadStats, SchemeReads
 from ...hardware import LoadSample
-from ..records import EventCounts, ForwardFacts, LoaderRecord, StepRecord
+from .measurements import EventCounts, ForwardFacts, LoaderRecord, StepRecord
 from ..sites import Site
 
-__all__ = ["Recording", "Window", "ModuleSite", "MatmulShape", "SiteCount", "LiveObjects", "to_json", "from_json",
-           "SCHEMA_VERSION"]
+__all__ = ["Capture", "Recording", "Window", "ModuleSite", "MatmulShape", "SiteCount", "GpuPhases", "LiveObjects",
+           "to_json", "from_json", "SCHEMA_VERSION"]
 
 SCHEMA_VERSION = 1
 
@@ -110,6 +110,18 @@ class LiveObjects:
     eval_grad_inputs: tuple[tuple[Any, ...], dict[str, Any]] | None = None
     loaders: dict[int, Any] = field(default_factory=dict)   # LoaderRecord.key -> the DataLoader
     profiler: Any = None                    # torch.profiler.profile of the profiler window
+
+
+@dataclass
+class Capture:
+    """The outermost trained module and one batch of its inputs, for what-if trials."""
+
+    module: Any
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    batch_size: int
+    site: Site | None = None
+    batch_dim: int = 0
 
 
 # -- JSON ---------------------------------------------------------------------------------------------------

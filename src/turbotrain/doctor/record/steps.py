@@ -3,7 +3,7 @@
 Steps end at the optimizer (global step hooks: one optimizer or several, a step is over when every optimizer
 that stepped in the last one has stepped again); without an optimizer, at ``loss.backward()`` (what follows it
 until the next data fetch or training forward is the hand-written update); or at ``watch.step()``.
-Each closed step becomes a :class:`~turbotrain.doctor.records.StepRecord` handed to ``on_closed``.
+Each closed step becomes a :class:`~turbotrain.doctor.record.measurements.StepRecord` handed to ``on_closed``.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from ..open_step import Closed, OpenStep
-from ..records import StepRecord
+from .open_step import Closed, OpenStep
+from .measurements import StepRecord
 from .clock import PhaseClock
 from .tallies import Tallies
 

@@ -7,13 +7,14 @@ recording is turned into plain data (:mod:`.recording`).
 from __future__ import annotations
 
 import weakref
-from collections import Counter
+from collections import Counter, defaultdict
+from collections.abc import Iterable
 from typing import Any
 
-from ..records import LoaderTally, Tally
+from .measurements import EventCounts, LoaderRecord
 from ..sites import Site
 
-__all__ = ["Tallies"]
+__all__ = ["Tallies", "Tally", "LoaderTally"]
 
 
 class Tallies:
@@ -51,3 +52,46 @@ class Tallies:
 
     def live_optimizers(self) -> list[Any]:
         return [opt for opt in (ref() for ref, _ in self.optimizers) if opt is not None]
+
+
+class Tally:
+    """Per-step counts, seconds and bytes of one kind of event at one site, while the script runs."""
+
+    __slots__ = ("by_step", "detail")
+
+    def __init__(self) -> None:
+        self.by_step: dict[int, list[float]] = defaultdict(lambda: [0, 0.0, 0])
+        self.detail: dict[str, Any] = {}
+
+    def add(self, step: int, seconds: float = 0.0, nbytes: int = 0) -> None:
+        cell = self.by_step[step]
+        cell[0] += 1
+        cell[1] += seconds
+        cell[2] += nbytes
+
+    def freeze(self, kind: str = "", site: Site | None = None) -> EventCounts:
+        cells = tuple((step, int(c[0]), float(c[1]), int(c[2])) for step, c in sorted(self.by_step.items()))
+        # Tuples in the detail (a tensor's shape) become lists: what JSON gives back.
+        detail = {k: list(v) if isinstance(v, tuple) else v for k, v in self.detail.items()}
+        return EventCounts(kind, site, cells, detail)
+
+    def total(self, steps: Iterable[int]) -> tuple[int, float, int]:
+        return self.freeze().total(steps)
+
+    def per_step(self, steps: list[int]) -> tuple[float, float, float]:
+        return self.freeze().per_step(steps)
+
+
+class LoaderTally:
+    """A DataLoader the script iterates, while it runs: its batches' waits per step."""
+
+    __slots__ = ("loader", "site", "settings", "nexts", "starts")
+
+    def __init__(self, loader: Any, site: Site | None, settings: dict[str, Any]) -> None:
+        self.loader, self.site, self.settings = loader, site, settings
+        self.nexts = Tally()                            # batches fetched and seconds waited
+        self.starts: list[tuple[int, float]] = []       # (step, seconds to the first batch) per iter()
+
+    def freeze(self, key: int) -> LoaderRecord:
+        return LoaderRecord(key, self.site, dict(self.settings), self.nexts.freeze("data", self.site),
+                            tuple(self.starts))

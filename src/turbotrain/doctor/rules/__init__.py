@@ -1,4 +1,4 @@
-"""The doctor's rules: each reads a :class:`~turbotrain.doctor.context.Context` and yields findings.
+"""The doctor's rules: each reads a :class:`~turbotrain.doctor.analysis.context.Context` and yields findings.
 
 Three sources, one module each: ``runtime`` (the measured breakdown and per-site events),
 ``live`` (the model, loader, optimizer and hardware objects the script built) and ``static``
@@ -21,7 +21,7 @@ log = logging.getLogger("turbotrain")
 
 
 def _load() -> None:
-    from . import live, runtime, static, threads  # noqa: F401 - registering
+    from . import live, recorded, static, threads  # noqa: F401 - importing them registers their rules
 
 
 def _merge(findings: list[Finding]) -> list[Finding]:

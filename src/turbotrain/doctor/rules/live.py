@@ -12,7 +12,7 @@ from ...speedups.policy import call_text
 from ...speedups.registry import by_field
 from ..findings import Finding, Fix, lightning_call, speedup_for_rule
 from .registry import rule
-from ..trials import BatchTrial, PlanTrial
+from ..requests import BatchTrial, PlanTrial
 from .nccl import check_nccl_env
 
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 import ast
 
 from ..findings import Finding, Fix, lightning_call, speedup_for_rule
-from ..source import SourceIndex, dotted_name, is_const, keyword
+from ..analysis.source import SourceIndex, dotted_name, is_const, keyword
 from .registry import rule
-from ..trials import AttentionTrial
+from ..requests import AttentionTrial
 from .nccl import check_nccl_env
 
 FACTORIES = ("zeros", "ones", "empty", "full", "rand", "randn", "randint", "arange", "eye", "linspace", "tensor",

@@ -12,7 +12,7 @@ from __future__ import annotations
 from ...speedups.cpu_threads import fit_to_cores
 from ..findings import Finding, Fix, speedup_for_rule
 from .registry import rule
-from ..trials import ThreadsTrial
+from ..requests import ThreadsTrial
 
 
 # Background load below a quarter of a core (a shell, a logger) leaves a core free. A neighbour pinned to one

@@ -16,7 +16,7 @@
 A trial's gain is turned into a share of the user's step (Amdahl: only the part of the step the
 trial models gets faster), which sets the finding's severity and ``est_speedup``.
 
-The package: ``common`` (budget, surrogate step, interleaved rounds, ratio to share), ``plan_trials``
+The package: ``common`` (budget, surrogate step, interleaved rounds, ratio to share), ``switches``
 (Plan switches, batch size), ``settings`` (threads, workers), ``single`` (one part of the step timed
 two ways); this module runs them in order.
 """
@@ -30,9 +30,9 @@ import types
 from typing import Callable, Iterator
 
 from ..findings import Finding
-from ..trials import AttentionTrial, BatchTrial, EvalGradTrial, LoaderTrial, PlanTrial, ThreadsTrial
+from ..requests import AttentionTrial, BatchTrial, EvalGradTrial, LoaderTrial, PlanTrial, ThreadsTrial
 from .common import Budget
-from .plan_trials import batch_trial, plan_trials
+from .switches import batch_trial, plan_trials
 from .settings import loader_trial, threads_trial
 from .single import attention_trial, cap_to_noise, eval_grad_trial
 

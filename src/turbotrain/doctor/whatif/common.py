@@ -11,9 +11,9 @@ from typing import Any, Callable
 
 import torch
 
-from ...data.transfer import tensors_in
 from ...measure import MIN_GAIN, Comparison, Trial, run_trial
 from ...plan import Plan, Precision
+from ..analysis.replay import surrogate_step
 from ..findings import Finding, severity_for
 
 
@@ -33,16 +33,6 @@ class Budget:
 
     def allows(self, cost_s: float) -> bool:
         return self.left >= cost_s
-
-
-def surrogate_step(model: torch.nn.Module, batch: Any) -> torch.Tensor:
-    """Forward the captured ``(args, kwargs)``; the loss is the mean square of the differentiable outputs."""
-    args, kwargs = batch
-    out = model(*args, **kwargs)
-    parts = [t.float().pow(2).mean() for t in tensors_in(out) if t.is_floating_point() and t.requires_grad]
-    if not parts:
-        raise ValueError("the model's output holds no differentiable tensor to build a loss from")
-    return torch.stack(parts).sum() if len(parts) > 1 else parts[0]
 
 
 def optimizer_recipe(ctx) -> tuple[type, dict[str, Any]]:
@@ -198,24 +188,3 @@ def interleaved_rounds(ctx, budget: Budget, cost: float, first: tuple[float, flo
         if got is not None and got[1] > 0:
             ratios.append(got[0] / got[1])
     return ratios
-
-
-def time_once(fn: Callable[[], object], cuda: bool) -> float:
-    """Seconds for one call of ``fn``, the device's queued work included."""
-    if cuda:
-        torch.cuda.synchronize()
-    started = time.perf_counter()
-    fn()
-    if cuda:
-        torch.cuda.synchronize()
-    return time.perf_counter() - started
-
-
-def fastest_pair(a: Callable[[], object], b: Callable[[], object], cuda: bool, repeats: int) -> tuple[float, float]:
-    """Seconds per call of ``a`` and ``b``, timed alternately, the fastest of ``repeats`` each (another
-    process only ever adds time, and alternating spreads it over both)."""
-    t_a = t_b = float("inf")
-    for _ in range(repeats):
-        t_a = min(t_a, time_once(a, cuda))
-        t_b = min(t_b, time_once(b, cuda))
-    return t_a, t_b

@@ -10,7 +10,7 @@ import torch
 
 from ...measure import Trial, judge, run_trial, time_loader
 from ..findings import Finding
-from ..trials import ThreadsTrial
+from ..requests import ThreadsTrial
 from .common import Budget, ModelTrials, apply_ratio, interleaved_rounds, model_share, surrogate_step
 
 

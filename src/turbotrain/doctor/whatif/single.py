@@ -10,8 +10,9 @@ import torch
 
 from ...measure import judge
 from ..findings import Finding
-from ..trials import AttentionTrial, EvalGradTrial
-from .common import Budget, fastest_pair, model_share
+from ..requests import AttentionTrial, EvalGradTrial
+from ..analysis.replay import fastest_pair
+from .common import Budget, model_share
 
 
 def _pair_ratio(slow_s: float, fast_s: float) -> dict[str, Any]:

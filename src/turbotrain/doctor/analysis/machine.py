@@ -1,0 +1,97 @@
+"""The machine as the run saw it: the cores it may use, torch's threads, other processes' load, noise.
+
+A doctor that only times the script cannot tell a slow script from a busy machine. Two readings
+of ``/proc/stat`` (one when the measured steps start, one when they end) give the CPU time every
+process spent during the window; taking out this process and its children (the DataLoader's
+workers) leaves what *other* processes kept busy. With the step-time dispersion that says how far
+a measured gain can be trusted (:func:`noise_state`), and it feeds the thread-oversubscription
+rule: torch's intra-op pool sizes itself to the cores it sees, and when another process holds one
+of them every parallel op waits at a barrier for a descheduled thread.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from ...hardware import LoadSample, children_busy_cores, other_busy_cores, thread_env
+from ...measure import MIN_GAIN
+
+__all__ = ["machine_facts", "noise_state", "noise_floor", "others_share"]
+
+# A window is "noisy" past these: another process kept a quarter of a core busy (a neighbour pinned to
+# one of our cores gets only about half of it while our threads want it too), steps spread 1.5x from p10
+# to p90, or a tenth of the step went to waiting for a CPU another process held.
+BUSY_OTHERS_CORES = 0.25
+DISPERSION = 1.5
+INTERFERENCE_SHARE = 0.10
+
+
+def machine_facts(hw: Any, step_seconds: list[float], interference_share: float, loaders: list[Any],
+                  load: tuple[LoadSample | None, LoadSample | None], threads: int | None = None) -> dict[str, Any]:
+    """What the report states about the machine (all keys optional in readers)."""
+    usable = hw.usable_cores
+    workers = max((r.settings.get("num_workers", 0) for r in loaders), default=0)
+    ordered = sorted(step_seconds)
+    p10 = ordered[int(0.1 * (len(ordered) - 1))] if ordered else 0.0
+    p90 = ordered[int(round(0.9 * (len(ordered) - 1)))] if ordered else 0.0
+    others = other_busy_cores(*load)
+    facts: dict[str, Any] = {
+        "usable_cores": usable,
+        "host_cores": os.cpu_count(),
+        "cpu_quota": hw.cpu_quota,
+        "affinity_cores": hw.affinity_cores,
+        "intra_op_threads": threads if threads is not None else torch.get_num_threads(),
+        "interop_threads": torch.get_num_interop_threads(),
+        "dataloader_workers": workers,
+        "worker_load": children_busy_cores(*load),   # cores the script's own workers kept busy: not noise
+        "other_load": others,
+        "loadavg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+        "dispersion": round(p90 / p10, 2) if p10 > 0 else None,
+        "interference_share": round(interference_share, 3),
+    }
+    facts.update(thread_env())
+    return facts
+
+
+def others_share(load: tuple[LoadSample | None, LoadSample | None]) -> float:
+    """The part of the main thread's run-queue wait that other processes caused, in proportion to the cores
+    they and the script's own children (DataLoader workers) kept busy over ``load``'s two samples: workers
+    taking a core from training cost the script that time (they are its choice, and fewer of them is a
+    fix); it is not noise to take out. 1.0 when the workers were idle or the load is unknown."""
+    workers, others = children_busy_cores(*load), other_busy_cores(*load)
+    if not workers or others is None:
+        return 1.0
+    return others / (others + workers)
+
+
+NOISE_FLOOR_CAP = 1.0
+
+
+def noise_floor(machine: dict[str, Any]) -> float:
+    """The least relative gain one timing pair taken in this window can tell from noise: half the p10..p90
+    spread of its steps, or the share of the step lost to other processes, whichever is larger; at most
+    1.0 (x2), since what spreads steps 20x (threads fighting for a core) is often what the fix removes,
+    and interleaved rounds that agree are evidence of their own (:func:`turbotrain.measure.judge`)."""
+    spread = ((machine.get("dispersion") or 1.0) - 1.0) / 2
+    return min(NOISE_FLOOR_CAP, max(0.0, spread, machine.get("interference_share") or 0.0))
+
+
+def noise_state(machine: dict[str, Any]) -> dict[str, Any] | None:
+    """The warning the report opens with when the machine was too noisy to trust small gains."""
+    reasons = []
+    others, dispersion = machine.get("other_load"), machine.get("dispersion")
+    if others is not None and others >= BUSY_OTHERS_CORES:
+        reasons.append(f"other processes kept {others:.1f} of {machine.get('usable_cores')} usable cores busy "
+                       "during the measured steps")
+    if dispersion is not None and dispersion >= DISPERSION:
+        reasons.append(f"step times spread {dispersion:.1f}x from p10 to p90")
+    if (machine.get("interference_share") or 0.0) >= INTERFERENCE_SHARE:
+        reasons.append(f"{machine['interference_share']:.0%} of the step went to waiting for a CPU another "
+                       "process held")
+    if not reasons:
+        return None
+    # A speed-up ratio (x1.4), not a gain fraction like measure.MIN_GAIN (0.03): one name, one meaning.
+    return {"level": "high", "reasons": reasons, "min_speedup": round(1.0 + max(MIN_GAIN, noise_floor(machine)), 2)}

@@ -1,0 +1,226 @@
+"""The outermost module calls of a step: which modules they are, and what each call is.
+
+Global module hooks (which slow every module call, and send any module down torch's slow call
+path) run only in the first warm-up steps, to find the outermost modules. After that, those
+modules' classes get a ``__call__`` (:func:`turbotrain.doctor.record.instrument.measured_call`) that
+checks for those very instances: a training forward just marks where the batch was ready (its
+time is compute, like the rest of the step after it); a validation forward is timed apart. The
+classes are restored when the recording ends (instances, copies and pickles never carry anything
+of the doctor's).
+
+A call is a training forward, a validation forward without autograd (``eval``), or an eval-mode
+forward with autograd on (``eval_grad``, charged as training if a backward follows it).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import weakref
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from . import active, instrument
+from .forward_facts import capture_inputs, forward_facts
+from .recording import Capture
+from .measurements import ForwardFacts
+from ..sites import user_site
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .patcher import Patcher
+    from .probe import Probe
+
+__all__ = ["ModuleCalls"]
+
+get_ident = threading.get_ident
+
+
+class ModuleCalls:
+    """Finds and classifies the outermost module calls of a recording's steps; holds the forward facts and
+    the captured batch the what-ifs replay."""
+
+    def __init__(self, probe: Probe, patcher: Patcher, capture: bool) -> None:
+        self.probe, self.patcher = probe, patcher
+        self.want_capture = capture
+        self.discovery = True
+        self.top_modules: dict[int, weakref.ReferenceType] = {}
+        self.top_ids: set[int] = set()
+        self.facts: ForwardFacts | None = None
+        self.capture: Capture | None = None
+        # The inputs of the first eval-mode forward with autograd on (a validation batch): its what-if
+        # times the forward on them, since validation batches are often larger than training ones.
+        self.eval_grad_inputs: tuple[tuple, dict] | None = None
+        self._facts_final = self._capture_final = False
+        self._hook_handles: list[Any] = []
+        self._wrapped_classes: set[type] = set()
+        self._depth = 0
+        self._top_phases: list[str] = []
+        self._last_top_phase = ""
+        self._gpu_forward_open = False
+        self._trained_ids: set[int] | None = None
+        self._trained_cache: dict[int, bool] = {}
+
+    # -- which modules -----------------------------------------------------------------------------
+
+    def set_discovery(self, on: bool, attach: bool = True) -> None:
+        """Global module hooks (``on``), or a light wrapper on just the outermost modules found (``attach``)."""
+        from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+
+        for handle in self._hook_handles:
+            handle.remove()
+        self._hook_handles = []
+        self.discovery = on
+        if on:
+            self._hook_handles = [register_module_forward_pre_hook(self._forward_pre),
+                                  register_module_forward_hook(self._forward_post, always_call=True)]
+        elif attach:
+            for ref in self.top_modules.values():
+                module = ref()
+                if module is None:
+                    continue
+                self.top_ids.add(id(module))
+                cls = type(module)
+                if cls not in self._wrapped_classes:
+                    self._wrapped_classes.add(cls)
+                    self.patcher.replace(cls, "__call__", instrument.measured_call)
+        self._depth = 0
+        self._top_phases.clear()
+
+    def is_trained(self, module: nn.Module) -> bool:
+        """Whether an optimizer updates ``module``'s parameters (without optimizers: whether it has trainable ones)."""
+        key = id(module)
+        cached = self._trained_cache.get(key)
+        if cached is not None:
+            return cached
+        if self._trained_ids is None:
+            self._trained_ids = {id(p) for opt in self.probe.tallies.live_optimizers()
+                                 for group in opt.param_groups for p in group["params"]}
+        if self._trained_ids or self.probe.steps.optimizer_delimits:
+            trained = any(id(p) in self._trained_ids for p in module.parameters())
+        else:  # weights updated by hand: the model is whatever has trainable parameters
+            trained = any(p.requires_grad for p in module.parameters())
+        self._trained_cache[key] = trained
+        return trained
+
+    def forget_trained(self) -> None:
+        """The optimizers changed (or steps are now delimited by backward): ask again."""
+        self._trained_ids = None
+        self._trained_cache.clear()
+
+    def classify(self, module: nn.Module) -> tuple[str, bool]:
+        trained = self.is_trained(module)
+        if trained and (not torch.is_grad_enabled() or torch.is_inference_mode_enabled()):
+            return "eval", trained
+        if trained and not module.training:
+            return "eval_grad", trained
+        return "forward", trained
+
+    # -- measured steps: the wrapped __call__ -------------------------------------------------------
+
+    def call_enter(self, module: nn.Module, args: tuple, kwargs: dict) -> str | None:
+        """An outermost module is called (measured steps): the phase to time it as, or None."""
+        rec = self.probe
+        phase, trained = self.classify(module)
+        if rec.steps.pending_update and phase == "forward" and trained:
+            rec.steps.step_starts()
+        # A forward inside another timed phase (Lightning runs it in optimizer.step's closure) is
+        # timed itself; otherwise its time is the untimed compute after the mark.
+        if phase == "forward" and not rec.profiling and rec.clock.idle:
+            if trained:
+                self._training_forward(module, args, kwargs, active.perf_counter())
+            self._last_top_phase = "forward"
+            return None
+        if phase == "eval":
+            self._note_eval_site()
+        elif phase == "eval_grad" and self.eval_grad_inputs is None:
+            self.eval_grad_inputs = (args, dict(kwargs))
+        rec.clock.push(phase)  # a validation forward, or any forward in the profiler window (its trace range)
+        if phase == "forward" and trained:
+            self._training_forward(module, args, kwargs, rec.clock.frames[-1].running_since)
+        return phase
+
+    def call_exit(self, phase: str) -> None:
+        seconds = self.probe.clock.pop()
+        if phase == "eval_grad":
+            self.probe.steps.open_step.pending_eval_grad.append((user_site(sys._getframe(2)), seconds))
+        self._last_top_phase = phase
+
+    def on_backward(self) -> None:
+        """Called at the start of a backward: an eval-mode forward just before it was training after all."""
+        rec = self.probe
+        opened = rec.steps.open_step
+        opened.backwards += 1
+        if self._gpu_forward_open:
+            rec.gpu_mark("forward", False)
+            self._gpu_forward_open = False
+        if self._last_top_phase == "eval_grad" and opened.pending_eval_grad:
+            _, seconds = opened.pending_eval_grad.pop()
+            rec.clock.recharge("eval_grad", "forward", seconds)
+        self._last_top_phase = "backward"
+
+    # -- warm-up: the global hooks ------------------------------------------------------------------
+
+    def _forward_pre(self, module: nn.Module, args: tuple) -> None:
+        rec = self.probe
+        if active.current is not rec or get_ident() != rec.thread or active.compiling():
+            return
+        if self.discovery:
+            rec.steps.open_step.module_calls += 1
+        self._depth += 1
+        if self._depth != 1:
+            return
+        self.top_modules.setdefault(id(module), weakref.ref(module))
+        phase, trained = self.classify(module)
+        if rec.steps.pending_update and phase == "forward" and trained:
+            rec.steps.step_starts()
+        if phase == "eval":
+            self._note_eval_site()
+        elif phase == "eval_grad" and self.eval_grad_inputs is None:
+            self.eval_grad_inputs = (args, {})
+        rec.clock.push(phase)
+        self._top_phases.append(phase)
+        if phase == "forward" and trained:
+            self._training_forward(module, args, None, rec.clock.frames[-1].running_since)
+
+    def _forward_post(self, module: nn.Module, args: tuple, output: Any) -> None:
+        rec = self.probe
+        if self._depth == 0 or get_ident() != rec.thread or active.compiling():
+            return
+        self._depth -= 1
+        if self._depth != 0 or not self._top_phases:
+            return
+        phase = self._top_phases.pop()
+        seconds = rec.clock.pop()
+        if phase == "eval_grad":
+            rec.steps.open_step.pending_eval_grad.append((user_site(sys._getframe(1)), seconds))
+        self._last_top_phase = phase
+
+    # -- a training forward ---------------------------------------------------------------------------
+
+    def _training_forward(self, module: nn.Module, args: tuple, kwargs: dict | None, at: float) -> None:
+        rec = self.probe
+        opened = rec.steps.open_step
+        if not opened.marks:
+            opened.marks.append((at, rec.clock.timed_so_far()))
+        opened.forwards += 1
+        if rec.gpu and not self._gpu_forward_open:
+            rec.gpu_mark("forward", True)
+            self._gpu_forward_open = True
+        # Facts and a captured batch: first seen at once (a script may end early), then again in
+        # the last warm-up step (under the hooks the measured steps use, which also see kwargs).
+        # Not under the global hooks of discovery: those do not see keyword arguments (model(**batch)).
+        late = rec.steps.step_index >= rec.schedule.warmup - 1 and not self.discovery
+        if self.facts is None or (not self._facts_final and late):
+            self._facts_final = late
+            self.facts = forward_facts(module, args, kwargs)
+        if self.want_capture and (self.capture is None or (not self._capture_final and late)):
+            self._capture_final = late
+            captured = capture_inputs(module, args, kwargs, self.facts, user_site(sys._getframe(2)))
+            self.capture = captured or self.capture
+
+    def _note_eval_site(self) -> None:
+        tally = self.probe.tallies.tally("eval_forward", user_site(sys._getframe(2)))
+        if tally is not None:
+            tally.add(self.probe.steps.step_index)

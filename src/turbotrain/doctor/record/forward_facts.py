@@ -1,0 +1,75 @@
+"""What the trained model's forward looked like, and a copy of one batch of its inputs for what-ifs."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+from torch import nn
+
+from ...data.transfer import batch_size_of, tensors_in
+from .recording import Capture
+from .measurements import ForwardFacts
+from ..sites import Site
+
+__all__ = ["batch_dim", "forward_facts", "capture_inputs"]
+
+log = logging.getLogger("turbotrain")
+
+
+def batch_dim(module: nn.Module) -> int:
+    """Where the batch is in the model's inputs: 1 when its recurrent layers take ``[seq, batch, ...]``
+    (``batch_first=False``, torch's default for nn.RNN/LSTM/GRU), else 0."""
+    rnns = [m for m in module.modules() if isinstance(m, nn.RNNBase)]
+    return 1 if rnns and not any(m.batch_first for m in rnns) else 0
+
+
+def forward_facts(module: nn.Module, args: tuple, kwargs: dict | None) -> ForwardFacts:
+    param = next(module.parameters(), None)
+    device = param.device.type if param is not None else "cpu"
+    inputs = tensors_in(list(args) + list((kwargs or {}).values()))
+    try:
+        autocast = torch.is_autocast_enabled(device)
+        autocast_dtype = str(torch.get_autocast_dtype(device)) if autocast else None
+    except (TypeError, RuntimeError, AttributeError):
+        autocast, autocast_dtype = torch.is_autocast_enabled(), None
+    images = [t for t in inputs if t.dim() == 4 and t.is_floating_point()]
+    dim = batch_dim(module)
+    return ForwardFacts(
+        module_type=type(module).__name__, device=device,
+        param_dtype=str(param.dtype) if param is not None else "torch.float32",
+        autocast=bool(autocast), autocast_dtype=autocast_dtype,
+        compiled=type(module).__name__ == "OptimizedModule",
+        input_shapes=tuple(tuple(t.shape) for t in inputs[:4]),
+        input_channels_last=bool(images) and images[0].is_contiguous(memory_format=torch.channels_last)
+        and not images[0].is_contiguous(),
+        batch_size=int(inputs[0].shape[dim]) if inputs and inputs[0].dim() > dim else None, batch_dim=dim,
+        cudnn_benchmark=bool(torch.backends.cudnn.benchmark),
+    )
+
+
+def _keep(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return x.detach().clone()
+    if isinstance(x, (list, tuple)):
+        return type(x)(_keep(v) for v in x) if not hasattr(x, "_fields") else type(x)(*[_keep(v) for v in x])
+    if isinstance(x, dict):
+        return {k: _keep(v) for k, v in x.items()}
+    return x
+
+
+def capture_inputs(module: nn.Module, args: tuple, kwargs: dict | None, facts: ForwardFacts | None,
+                   site: Site | None) -> Capture | None:
+    """The module and a detached copy of its inputs (None when they cannot be copied: only the what-ifs lose)."""
+    dim = facts.batch_dim if facts else 0
+    batch_size = facts.batch_size if dim and facts else batch_size_of(list(args) or list((kwargs or {}).values()))
+    if batch_size is None:
+        return None  # no input with more than ``dim`` dims: nothing to resize, so no batch the what-ifs can use
+    try:
+        with torch.no_grad():
+            return Capture(module=module, args=_keep(tuple(args)), kwargs=_keep(dict(kwargs or {})),
+                           batch_size=batch_size, site=site, batch_dim=dim)
+    except Exception as exc:  # noqa: BLE001 - an uncopyable input only costs the what-ifs
+        log.info("turbotrain doctor: could not capture the model's inputs: %s", exc)
+        return None

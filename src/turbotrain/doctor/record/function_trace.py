@@ -1,0 +1,50 @@
+"""Which of the user's functions ran: a trace hook on calls only (no line events).
+
+Static rules ask whether their line's function ran (:meth:`Context.function_ran`). A trace hook
+costs a Python call per frame, too much for measured steps, so the recorder turns it on for the
+warm-up and the profiler window only. Another tracer (a debugger, coverage) is never displaced:
+then nothing is known (``ran_code`` is None).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+from ..sites import is_user_file
+
+__all__ = ["FunctionTracer"]
+
+
+class FunctionTracer:
+    def __init__(self) -> None:
+        self.ran_code: set[Any] | None = set()
+        self._on = False
+
+    def trace(self, on: bool) -> None:
+        if on and not self._on and self.ran_code is not None:
+            if sys.gettrace() is not None:
+                self.ran_code = None
+                return
+            sys.settrace(self._on_call)
+            self._on = True
+        elif not on and self._on:
+            sys.settrace(None)
+            self._on = False
+
+    def _on_call(self, frame: Any, event: str, arg: Any) -> None:
+        code = frame.f_code
+        ran = self.ran_code  # never None while the hook is on
+        if ran is not None and code not in ran and is_user_file(code.co_filename):
+            ran.add(code)
+        return None
+
+
+def _untrace_forked_child() -> None:
+    # fork copies the trace function: a DataLoader worker started in the warm-up would build every batch slower.
+    if isinstance(getattr(sys.gettrace(), "__self__", None), FunctionTracer):
+        sys.settrace(None)
+
+
+os.register_at_fork(after_in_child=_untrace_forked_child)

@@ -1,0 +1,465 @@
+"""The wrappers a recording installs around torch calls (all undone by the recorder's Patcher).
+
+Every wrapper starts with the same cheap test (a recording is active, on the script's own
+thread, not inside torch.compile's tracing) and otherwise calls the original unchanged.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import weakref
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader
+from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+from . import active
+from .patcher import Patcher
+from .tallies import LoaderTally
+from ..sites import USER_FILES, Site, caller_site, user_site
+
+__all__ = ["install", "measured_call", "wrap_sync", "SYNC_METHODS"]
+
+if TYPE_CHECKING:
+    from .probe import Probe
+
+SYNC_METHODS = ("item", "tolist", "numpy", "cpu", "nonzero", "__bool__", "__float__", "__int__", "__repr__",
+                "__format__")
+
+_get_ident = threading.get_ident
+_perf = active.perf_counter
+_compiling = active.compiling
+
+
+def _live() -> Probe | None:
+    """The active recording's probe when this call should be recorded, else None."""
+    probe = active.current
+    if probe is None or probe.busy or _get_ident() != probe.thread or _compiling():
+        return None
+    return probe
+
+
+# -- phases -----------------------------------------------------------------------------------------
+
+def _phase(phase: str, original: Callable, on_enter: Callable | None = None, untimed_ok: bool = False,
+           on_exit: Callable | None = None) -> Callable:
+    """Time ``original`` as ``phase``. With ``untimed_ok`` (the backward: its time is compute either way,
+    as untimed time after the forward) only the bookkeeping runs, unless a trace range or device time
+    is wanted. ``on_exit(probe)`` runs after a call that returned."""
+
+    def wrapper(*args, **kwargs):
+        probe = _live()
+        if probe is None:
+            return original(*args, **kwargs)
+        if on_enter is not None:
+            on_enter(probe)
+        if untimed_ok and not probe.profiling and not probe.gpu and probe.steps.open_step.marks and probe.clock.idle:
+            out = original(*args, **kwargs)
+        else:
+            probe.clock.push(phase)
+            if probe.gpu:
+                probe.gpu_mark(phase, True)
+            try:
+                out = original(*args, **kwargs)
+            finally:
+                if probe.gpu:
+                    probe.gpu_mark(phase, False)
+                probe.clock.pop()
+        if on_exit is not None:
+            on_exit(probe)
+        return out
+
+    wrapper.__name__ = getattr(original, "__name__", phase)
+    wrapper.__doc__ = getattr(original, "__doc__", None)
+    wrapper.__wrapped__ = original  # type: ignore[attr-defined]  # a function takes attributes; Callable hides it
+    return wrapper
+
+
+def _copy(original: Callable) -> Callable:
+    """``Tensor.to`` / ``Tensor.cuda``: host-to-device copies (a device-to-host one is a sync)."""
+
+    def method(self, *args, **kwargs):
+        probe = _live()
+        if probe is None:
+            return original(self, *args, **kwargs)
+        src = self.device
+        probe.clock.push("h2d")
+        out = None
+        try:
+            out = original(self, *args, **kwargs)
+        finally:
+            moved = isinstance(out, torch.Tensor) and out.device != src
+            to_host = moved and out.device.type == "cpu"
+            seconds = probe.clock.pop(("sync" if to_host else "h2d") if moved else None)
+        if moved:
+            frame = sys._getframe(1)
+            site = user_site(frame)
+            if to_host:
+                tally = probe.tallies.tally("sync:to_cpu", site)
+            else:
+                tally = probe.tallies.tally("h2d", site)
+                if tally is not None and not tally.detail:
+                    tally.detail["non_blocking"] = bool(kwargs.get("non_blocking")) or any(
+                        a is True for a in args)
+                    tally.detail["pinned"] = bool(src.type == "cpu" and probe.gpu and self.is_pinned())
+            if tally is not None:
+                tally.add(probe.steps.step_index, seconds, self.numel() * self.element_size())
+        return out
+
+    method.__name__ = original.__name__
+    method.__doc__ = original.__doc__
+    return method
+
+
+def _zero_grad(original: Callable) -> Callable:
+    def zero_grad(self, *args, **kwargs):
+        probe = _live()
+        if probe is None:
+            return original(self, *args, **kwargs)
+        set_to_none = kwargs.get("set_to_none", args[0] if args else True)
+        opened = probe.steps.open_step
+        probe.tallies.zero_grads["before_backward" if opened.forwards and not opened.backwards else "elsewhere"] += 1
+        probe.clock.push("optimizer")
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            probe.clock.pop()
+            if not set_to_none:
+                tally = probe.tallies.tally("zero_grad_zeros", user_site(sys._getframe(1)))
+                if tally is not None:
+                    tally.add(probe.steps.step_index)
+
+    zero_grad.__doc__ = original.__doc__
+    return zero_grad
+
+
+def _timed_site(kind: str, phase: str | None, original: Callable) -> Callable:
+    """Calls counted (and timed) per site: torch.save, empty_cache, torch.compile, ..."""
+
+    def wrapper(*args, **kwargs):
+        probe = _live()
+        if probe is None:
+            return original(*args, **kwargs)
+        site = user_site(sys._getframe(1))
+        if phase:
+            probe.clock.push(phase)
+        started = _perf()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            seconds = probe.clock.pop() if phase else _perf() - started
+            tally = probe.tallies.tally(kind, site)
+            if tally is not None:
+                tally.add(probe.steps.step_index, seconds)
+
+    wrapper.__name__ = getattr(original, "__name__", kind)
+    wrapper.__doc__ = getattr(original, "__doc__", None)
+    wrapper.__wrapped__ = original  # type: ignore[attr-defined]  # a function takes attributes; Callable hides it
+    return wrapper
+
+
+# -- data ----------------------------------------------------------------------------------------------
+
+def _in_phase(probe: Probe, phase: str, fn: Callable, *args: Any) -> tuple[Any, float]:
+    """``fn(*args)`` timed as ``phase``: its result and its own seconds."""
+    probe.clock.push(phase)
+    try:
+        out = fn(*args)
+    except BaseException:
+        probe.clock.pop()
+        raise
+    return out, probe.clock.pop()
+
+
+def _loader_settings(loader: DataLoader) -> dict[str, Any]:
+    dataset = loader.dataset
+    try:
+        length = len(dataset)  # type: ignore[arg-type]  # an IterableDataset may have no len: TypeError below
+    except TypeError:
+        length = None
+    try:
+        batches = len(loader)
+    except TypeError:
+        batches = None
+    return {"num_workers": loader.num_workers, "pin_memory": loader.pin_memory,
+            "persistent_workers": loader.persistent_workers, "batch_size": loader.batch_size,
+            "prefetch_factor": loader.prefetch_factor, "dataset": type(dataset).__name__,
+            "dataset_len": length, "batches_per_epoch": batches, "drop_last": loader.drop_last}
+
+
+def _loader_record(probe: Probe, loader: DataLoader, site: Site | None = None) -> LoaderTally:
+    record = probe.tallies.loaders.get(id(loader))
+    if record is None or record.loader is not loader:
+        record = probe.tallies.loaders[id(loader)] = LoaderTally(loader, site, _loader_settings(loader))
+    return record
+
+
+def _loader_init(original: Callable) -> Callable:
+    def __init__(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        probe = _live()
+        if probe is not None:
+            _loader_record(probe, self, user_site(sys._getframe(1)))
+
+    __init__.__doc__ = original.__doc__
+    return __init__
+
+
+def _loader_iter(original: Callable) -> Callable:
+    def __iter__(self):
+        probe = _live()
+        if probe is None:
+            return original(self)
+        probe.steps.step_starts()
+        it, seconds = _in_phase(probe, "data", original, self)
+        _loader_record(probe, self)
+        try:
+            it._tt_loader = id(self)
+            it._tt_start = seconds  # worker start-up; the first batch's wait is added on next()
+        except AttributeError:
+            pass
+        return it
+
+    return __iter__
+
+
+def _iter_next(original: Callable) -> Callable:
+    def __next__(self):
+        probe = _live()
+        if probe is None:
+            return original(self)
+        probe.steps.step_starts()
+        batch, seconds = _in_phase(probe, "data", original, self)
+        record = probe.tallies.loaders.get(getattr(self, "_tt_loader", -1))
+        if record is not None:
+            record.nexts.add(probe.steps.step_index, seconds)
+            start = self.__dict__.pop("_tt_start", None)
+            if start is not None:
+                record.starts.append((probe.steps.step_index, start + seconds))
+        return batch
+
+    return __next__
+
+
+def _tensor_factory(original: Callable) -> Callable:
+    """``torch.tensor(ndarray)`` copies; ``torch.from_numpy`` would not."""
+
+    def tensor(data, *args, **kwargs):
+        probe = _live()
+        if probe is None:
+            return original(data, *args, **kwargs)
+        if type(data).__module__ != "numpy" or not hasattr(data, "nbytes"):
+            # What the user's line really passes (a list, a scalar): the NumPy rule stays quiet there.
+            tally = probe.tallies.tally("tensor_other", caller_site(sys._getframe(1)))
+            if tally is not None:
+                tally.add(probe.steps.step_index)
+            return original(data, *args, **kwargs)
+        site = caller_site(sys._getframe(1))
+        started = _perf()
+        out = original(data, *args, **kwargs)
+        tally = probe.tallies.tally("tensor_copy", site)
+        if tally is not None:
+            tally.add(probe.steps.step_index, _perf() - started, int(data.nbytes))
+        return out
+
+    tensor.__doc__ = original.__doc__
+    tensor.__wrapped__ = original  # type: ignore[attr-defined]  # a function takes attributes; Callable hides it
+    return tensor
+
+
+# -- model structure -------------------------------------------------------------------------------------
+
+def _softmax(original: Callable) -> Callable:
+    def softmax(*args, **kwargs):
+        probe = _live()
+        if probe is None:
+            return original(*args, **kwargs)
+        probe.busy = True  # F.softmax calls Tensor.softmax: count the user's call once
+        try:
+            return original(*args, **kwargs)
+        finally:
+            probe.busy = False
+            tally = probe.tallies.tally("softmax", user_site(sys._getframe(1)))
+            if tally is not None:
+                tally.add(probe.steps.step_index)
+                if "shape" not in tally.detail and args and isinstance(args[0], torch.Tensor):
+                    tally.detail["shape"] = tuple(args[0].shape)
+
+    softmax.__doc__ = getattr(original, "__doc__", None)
+    return softmax
+
+
+def _matmul(original: Callable) -> Callable:
+    """Operand shapes per user line, during warm-up only (sizes a measured attention what-if)."""
+
+    def matmul(a, b, *args, **kwargs):
+        probe = _live()
+        tensors = isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+        if probe is not None and probe.modules.discovery and tensors:
+            site = caller_site(sys._getframe(1))
+            if site is not None:
+                probe.tallies.matmul_shapes.setdefault(site, (tuple(a.shape), tuple(b.shape)))
+        return original(a, b, *args, **kwargs)
+
+    matmul.__doc__ = getattr(original, "__doc__", None)
+    return matmul
+
+
+def _module_init(original: Callable) -> Callable:
+    def __init__(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        probe = active.current
+        # Keyed by id, never by the module: a subclass may define __hash__ on attributes its own
+        # __init__ has not set yet (torchmetrics does), and this runs inside that __init__.
+        if probe is not None and _get_ident() == probe.thread and id(self) not in probe.tallies.module_sites:
+            site = user_site(sys._getframe(1))
+            if site is not None:
+                probe.tallies.module_sites[id(self)] = (weakref.ref(self), site)
+
+    __init__.__doc__ = original.__doc__
+    return __init__
+
+
+def _optimizer_init(original: Callable) -> Callable:
+    def __init__(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        probe = active.current
+        if probe is not None and _get_ident() == probe.thread:
+            probe.steps.optimizer_created(self, user_site(sys._getframe(1)))
+
+    __init__.__doc__ = original.__doc__
+    return __init__
+
+
+def _on_backward(probe: Probe) -> None:
+    probe.modules.on_backward()
+
+
+def _after_backward(probe: Probe) -> None:
+    probe.steps.after_backward()
+
+
+def _sync_wrapper(kind: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    return lambda original: wrap_sync(kind, original)
+
+
+def install(patcher: Patcher) -> None:
+    """Install every wrapper on ``patcher`` (restored when the recording ends)."""
+    for name in SYNC_METHODS:
+        patcher.replace(torch.Tensor, name, _sync_wrapper(name.strip("_")))
+    patcher.replace(torch.Tensor, "to", _copy)
+    patcher.replace(torch.Tensor, "cuda", _copy)
+    patcher.replace(torch.autograd, "backward", lambda orig: _phase("backward", orig, _on_backward, untimed_ok=True,
+                                                                    on_exit=_after_backward))
+    patcher.replace(torch.autograd, "grad", lambda orig: _phase("backward", orig))
+    patcher.replace(torch.optim.Optimizer, "zero_grad", _zero_grad)
+    patcher.replace(nn.Module, "zero_grad", _zero_grad)
+    patcher.replace(torch, "save", lambda orig: _timed_site("save", "save", orig))
+    patcher.replace(torch.cuda, "empty_cache", lambda orig: _timed_site("empty_cache", None, orig))
+    patcher.replace(torch, "compile", lambda orig: _timed_site("compile", None, orig))
+    patcher.replace(torch.jit, "script", lambda orig: _timed_site("jit", None, orig))
+    patcher.replace(torch.jit, "trace", lambda orig: _timed_site("jit", None, orig))
+    patcher.replace(torch, "tensor", _tensor_factory)
+    patcher.replace(torch, "softmax", _softmax)
+    patcher.replace(F, "softmax", _softmax)
+    patcher.replace(torch.Tensor, "softmax", _softmax)
+    patcher.replace(torch, "matmul", _matmul)
+    patcher.replace(torch.Tensor, "__matmul__", _matmul)
+    patcher.replace(DataLoader, "__init__", _loader_init)
+    patcher.replace(DataLoader, "__iter__", _loader_iter)
+    patcher.replace(_BaseDataLoaderIter, "__next__", _iter_next)
+    patcher.replace(nn.Module, "__init__", _module_init)
+    patcher.replace(torch.optim.Optimizer, "__init__", _optimizer_init)
+    from torch.nn.parallel import DistributedDataParallel
+
+    patcher.replace(DistributedDataParallel, "no_sync", lambda orig: _timed_site("no_sync", None, orig))
+
+
+# -- outermost modules and host syncs -------------------------------------------------------------
+
+def measured_call(original: Callable) -> Callable:
+    """``__call__`` for the class of an outermost module: see :mod:`turbotrain.doctor.record.discovery`."""
+
+    def __call__(self, *args, **kwargs):
+        probe = active.current
+        if probe is None or id(self) not in probe.modules.top_ids or _get_ident() != probe.thread:
+            return original(self, *args, **kwargs)
+        phase = probe.modules.call_enter(self, args, kwargs)
+        if phase is None:
+            return original(self, *args, **kwargs)
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            if probe is active.current:
+                probe.modules.call_exit(phase)
+
+    return __call__
+
+
+def wrap_sync(kind: str, original: Callable) -> Callable:
+    """A tensor method that records a host sync at the user's line (see module docstring)."""
+    if kind in _NO_ARG_SYNCS:
+        return _wrap_sync_no_args(kind, original)
+
+    def method(self, *args, **kwargs):
+        probe = active.current
+        if probe is None or probe.busy:
+            return original(self, *args, **kwargs)
+        frame = sys._getframe(1)
+        if USER_FILES.get(frame.f_code.co_filename) is False and not probe.gpu:
+            return original(self, *args, **kwargs)  # torch's own call (an optimizer reading its step count)
+        if probe.gpu:
+            site = user_site(frame) if self.is_cuda else None
+        else:
+            # Cheapest test first: torch's own calls (an optimizer reading its step count) are not syncs.
+            site = caller_site(frame)
+        if site is None or _get_ident() != probe.thread or _compiling():
+            return original(self, *args, **kwargs)
+        probe.busy = True
+        probe.clock.push("sync")
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            seconds = probe.clock.pop()
+            probe.busy = False
+            tally = probe.tallies.tally(f"sync:{kind}", site)
+            tally.add(probe.steps.step_index, seconds)
+
+    method.__name__ = getattr(original, "__name__", kind)
+    method.__doc__ = getattr(original, "__doc__", None)
+    return method
+
+
+_NO_ARG_SYNCS = frozenset({"item", "tolist", "bool", "float", "int"})
+
+
+def _wrap_sync_no_args(kind: str, original: Callable) -> Callable:
+    """:func:`wrap_sync` for methods without arguments: ``.item()`` runs inside torch's own optimizers for
+    every parameter, so the path that lets those calls through is kept as short as it can be."""
+
+    def method(self):
+        probe = active.current
+        if probe is None or probe.busy:
+            return original(self)
+        frame = sys._getframe(1)
+        if not probe.gpu and USER_FILES.get(frame.f_code.co_filename) is False:
+            return original(self)
+        site = (user_site(frame) if self.is_cuda else None) if probe.gpu else caller_site(frame)
+        if site is None or _get_ident() != probe.thread or _compiling():
+            return original(self)
+        probe.busy = True
+        probe.clock.push("sync")
+        try:
+            return original(self)
+        finally:
+            seconds = probe.clock.pop()
+            probe.busy = False
+            probe.tallies.tally(f"sync:{kind}", site).add(probe.steps.step_index, seconds)
+
+    method.__name__ = getattr(original, "__name__", kind)
+    method.__doc__ = getattr(original, "__doc__", None)
+    return method

@@ -1,0 +1,138 @@
+"""The profiler window: torch.profiler over a few steps after the measured ones (op table, trace).
+
+Each step of the window gets a ``turbotrain/step#N`` range; the recorder opens a
+``turbotrain/<phase>`` range per phase while ``profiling`` is on (NVTX too on CUDA).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import torch
+
+__all__ = ["ProfilerWindow", "PhaseRanges", "top_ops", "op_counts", "POINTWISE"]
+
+log = logging.getLogger("turbotrain")
+
+
+class ProfilerWindow:
+    def __init__(self, gpu: bool) -> None:
+        self.gpu = gpu
+        self.profiler: Any = None      # torch.profiler.profile once the window ran
+        self.nvtx = False              # phases also push NVTX ranges (CUDA, while profiling)
+        self._step_range: Any = None
+
+    def start(self, index: int) -> bool:
+        """Start profiling at step ``index``; False (and a warning) when the profiler cannot start."""
+        from torch.profiler import ProfilerActivity, profile
+
+        # kineto prints "USDT: ... profiler_start/stop" banners on stderr at its highest level (5) in
+        # torch 2.13, so only 6 silences them; read when the first profiler starts, a user's value wins.
+        os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.gpu else [])
+        try:
+            self.profiler = profile(activities=activities, record_shapes=False, with_stack=False)
+            self.profiler.__enter__()
+        except Exception as exc:  # noqa: BLE001 - a profiler that cannot start costs the trace, not the run
+            log.warning("turbotrain doctor: torch.profiler did not start (%s); no trace or op table", exc)
+            self.profiler = None
+            return False
+        self.nvtx = self.gpu
+        self.open_step_range(index)
+        return True
+
+    def open_step_range(self, index: int) -> None:
+        if self._step_range is not None:
+            self._step_range.__exit__(None, None, None)
+        self._step_range = torch.autograd.profiler.record_function(f"turbotrain/step#{index}")
+        self._step_range.__enter__()
+
+    def stop(self) -> None:
+        """End the window (the clock closes the phase ranges still open first: :meth:`PhaseClock.end_spans`)."""
+        if self._step_range is not None:
+            self._step_range.__exit__(None, None, None)
+            self._step_range = None
+        try:
+            self.profiler.__exit__(None, None, None)
+        except Exception as exc:  # noqa: BLE001 - a profiler that fails to stop costs the trace, not the run
+            log.warning("turbotrain doctor: torch.profiler failed to stop (%s)", exc)
+            self.profiler = None
+
+
+class PhaseRanges:
+    """A ``turbotrain/<phase>`` range around each phase while the window is open (NVTX too on CUDA):
+    the :class:`~turbotrain.doctor.record.clock.Spans` the phase clock opens and closes."""
+
+    def __init__(self, nvtx: bool) -> None:
+        self.nvtx = nvtx
+
+    def open(self, phase: str) -> object:
+        span = torch.autograd.profiler.record_function(f"turbotrain/{phase}")
+        span.__enter__()
+        if self.nvtx:
+            torch.cuda.nvtx.range_push(f"turbotrain/{phase}")
+        return span
+
+    def close(self, span: object) -> None:
+        span.__exit__(None, None, None)  # type: ignore[attr-defined]  # a record_function made by open()
+        if self.nvtx:
+            torch.cuda.nvtx.range_pop()
+
+
+def top_ops(profiler: Any, steps: int, limit: int = 15) -> list[dict[str, Any]]:
+    """The busiest ops of the profiler window, per step (device time where there is any, else CPU time)."""
+    if profiler is None or steps <= 0:
+        return []
+    try:
+        averages = profiler.key_averages()
+    except Exception:  # noqa: BLE001 - a profiler that collected nothing has no averages to give
+        return []
+    rows = []
+    for evt in averages:
+        if evt.key.startswith(("turbotrain/", "ProfilerStep", "Optimizer.")):
+            continue
+        device_us = getattr(evt, "self_device_time_total", 0.0) or 0.0
+        rows.append({"op": evt.key, "calls_per_step": round(evt.count / steps, 2),
+                     "self_cpu_ms_per_step": round(evt.self_cpu_time_total / 1e3 / steps, 4),
+                     "self_device_ms_per_step": round(device_us / 1e3 / steps, 4)})
+    key = "self_device_ms_per_step" if any(r["self_device_ms_per_step"] for r in rows) else "self_cpu_ms_per_step"
+    return sorted(rows, key=lambda r: -r[key])[:limit]
+
+
+def op_counts(profiler: Any, steps: int) -> dict[str, Any]:
+    """Top-level aten ops per step in the profiler window, and the share of op time in pointwise ops."""
+    if profiler is None or steps <= 0:
+        return {}
+    try:
+        events = profiler.events()
+    except Exception:  # noqa: BLE001 - a profiler that collected nothing
+        return {}
+    top = 0
+    pointwise = total = 0.0
+    for ev in events:
+        if not ev.name.startswith("aten::"):
+            continue
+        parent, skip = ev.cpu_parent, False
+        while parent is not None:
+            name = parent.name
+            if name.startswith("aten::") or name in _NOT_COMPUTE:
+                skip = True  # nested in another op, or loading data / syncing / validating: not step compute
+                break
+            parent = parent.cpu_parent
+        if skip:
+            continue
+        top += 1
+        self_us = ev.self_cpu_time_total
+        total += self_us
+        if ev.name[6:].rstrip("_") in POINTWISE:
+            pointwise += self_us
+    return {"ops_per_step": top / steps, "pointwise_share": pointwise / total if total else 0.0}
+
+
+_NOT_COMPUTE = frozenset(f"turbotrain/{p}" for p in ("data", "h2d", "sync", "eval", "eval_grad", "save"))
+
+POINTWISE = frozenset("""add sub mul div neg exp log sigmoid tanh relu gelu silu erf pow sqrt rsqrt abs clamp
+where masked_fill threshold_backward gelu_backward silu_backward sigmoid_backward tanh_backward mul_ add_
+leaky_relu elu hardtanh dropout native_dropout fill zero copy maximum minimum sign reciprocal""".split())

@@ -1,0 +1,350 @@
+"""Recording an unmodified training loop: the window of steps, and the parts that record them.
+
+The recorder wires its parts and moves the window along as steps close: warm-up (the outermost modules and
+a batch captured there), measured steps (extended once when periodic work was seen only once), then the
+profiler's steps, after which the script is ended.
+
+Its parts, each with one job: the phase clock (:mod:`.clock`), the step boundaries
+(:mod:`.steps`), what the wrappers learn besides time (:mod:`.tallies`), the wrappers around
+torch calls (:mod:`.instrument`, which see only the :mod:`.probe`), the outermost module calls
+(:mod:`.discovery`), the CPU wait per step (:mod:`.run_queue`), the profiler window (:mod:`.profiling`), CUDA
+events and sync-debug (:mod:`.gpu_timing`), the sampler of untimed batch building (:mod:`.gap_sampler`) and
+the trace of the user's functions (:mod:`.function_trace`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from typing import Any
+
+import torch
+
+from ...data import stats as data_stats
+from ...hardware import LoadSample, sample_load
+from . import active, instrument
+from .discovery import ModuleCalls
+from .function_trace import FunctionTracer
+from .gap_sampler import GapSampler, sampling_interval
+from .gpu_timing import GpuTimer
+from .patcher import Patcher
+from .profiling import PhaseRanges, ProfilerWindow, top_ops
+from .clock import PhaseClock
+from .probe import Probe, no_device_marks
+from .recording import GpuPhases, LiveObjects, MatmulShape, ModuleSite, Recording, SiteCount, Window
+from .steps import StepTracker, Stop
+from .tallies import Tallies
+from .tallies import LoaderTally
+from .measurements import StepRecord
+from .run_queue import RunQueue
+from ..sites import user_site
+from .schedule import StepSchedule
+
+__all__ = ["Recorder", "Stop"]
+
+log = logging.getLogger("turbotrain")
+
+perf_counter = time.perf_counter
+
+
+# Under a millisecond of untimed batch building per step, no finding names a line (num-workers needs 1 ms).
+GAP_WORTH_SAMPLING_S = 1e-3
+
+
+class Recorder:
+    """Installs the hooks; ``steps`` holds one :class:`StepRecord` per completed optimizer step.
+
+    ``warmup`` steps come first (not measured; the outermost modules and a batch are captured
+    there), then ``measure`` steps, then ``profile`` steps under torch.profiler. With
+    ``stop=True`` the script is ended (:class:`Stop`) after the last of them.
+    """
+
+    def __init__(self, measure: int | None = 20, warmup: int = 3, profile: int = 2, stop: bool = True,
+                 capture: bool = True, trace_ranges: bool = True, sees_construction: bool = False) -> None:
+        self.schedule = StepSchedule(measure, warmup, profile, stop)
+        self.trace_ranges = trace_ranges
+        self.gpu = torch.cuda.is_available()
+        self.clock = PhaseClock()
+        self.tallies = Tallies()
+        self.tracker = StepTracker(self.clock, self.tallies, self._finish_step, sees_construction)
+        self.patcher = Patcher()
+        self.probe = Probe(self.clock, self.tallies, self.tracker, self.schedule, threading.get_ident(), self.gpu,
+                           gpu_mark=self.gpu_mark if self.gpu else no_device_marks)
+        self.modules = ModuleCalls(self.probe, self.patcher, capture)
+        self.probe.modules = self.modules
+        self.tracker.on_trained_changed = self.modules.forget_trained
+        self.tracker.gpu_mark = self.gpu_mark if self.gpu else None
+        self.module_calls_per_step = 0
+        self.window = ProfilerWindow(self.gpu)
+        self.gpu_timer = GpuTimer()
+        self.profiled_steps: list[int] = []
+        self.started = self.finished = 0.0
+        self.run_queue = RunQueue()
+        self.tracker.preempted = self.run_queue.preempted
+        self._handles: list[Any] = []
+        self._sampler: GapSampler | None = None
+        # The user's functions seen running (warm-up and the profiler window: a trace hook costs a Python
+        # call per frame, too much for the measured steps). Static rules ask whether their line's
+        # function ran. None: not traced (another tracer, a debugger or coverage, was installed).
+        self.functions = FunctionTracer()
+        # Machine load over the measured steps (other processes' CPU time), and torch's threads then.
+        self.load_start: LoadSample | None = None
+        self.load_end: LoadSample | None = None
+        self.threads_seen: int | None = None
+        self.reads_at_start: Any = None
+        self.reads_at_end: Any = None
+
+    # -- what the recording holds (read by analysis) ------------------------------------------------
+
+    @property
+    def steps(self) -> list[StepRecord]:
+        return self.tracker.steps
+
+    @property
+    def step_delimiter(self) -> str:
+        return self.tracker.delimiter
+
+    @property
+    def loaders(self) -> dict[int, LoaderTally]:
+        return self.tallies.loaders
+
+    @property
+    def warmup(self) -> int:
+        return self.schedule.warmup
+
+    @property
+    def measure(self) -> int | None:
+        """Measured steps, after any extension for periodic work."""
+        return self.schedule.measure
+
+    @property
+    def profiling(self) -> bool:
+        return self.probe.profiling
+
+    def mark_step(self) -> None:
+        """End a step here (loops without a torch optimizer); optimizer steps no longer end steps."""
+        self.tracker.mark_step()
+
+    # -- install / uninstall ------------------------------------------------------------------
+
+    def __enter__(self) -> Recorder:
+        self.install()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.uninstall()
+
+    def install(self) -> None:
+        if active.current is not None:
+            raise RuntimeError("a turbotrain doctor recording is already active in this process")
+        active.current = self.probe
+        self.probe.thread = threading.get_ident()
+        self.tracker.restart()
+        self.run_queue.open()
+        self.started = perf_counter()
+        self.functions.trace(True)
+        # Reads through turbotrain.data (any process: DataLoader workers count into a shared file).
+        data_stats.share_with_workers()
+        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+        tracker = self.tracker
+        self._handles += [
+            register_optimizer_step_pre_hook(lambda opt, args, kwargs: tracker.before_optimizer_step(opt)),
+            register_optimizer_step_post_hook(lambda opt, args, kwargs: tracker.after_optimizer_step(opt))]
+        try:
+            self.modules.set_discovery(True)
+            instrument.install(self.patcher)
+            if self.gpu:
+                self.gpu_timer.install_sync_debug(self.patcher, self._on_cuda_sync)
+        except BaseException:
+            self.uninstall()  # never leave torch half-patched
+            raise
+
+    def uninstall(self) -> None:
+        if active.current is not self.probe:
+            return
+        self.finished = perf_counter()
+        self.functions.trace(False)
+        if self.load_end is None and self.load_start is not None:
+            self.load_end = sample_load()  # the script ended before the window did
+        if self._sampler is not None:
+            self._sampler.stop()
+        self._stop_profiler()
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        self.modules.set_discovery(False, attach=False)
+        self.patcher.restore()
+        if self.gpu:
+            self.gpu_timer.remove_sync_debug()
+            self.gpu_timer.resolve(block=True)
+        self.run_queue.close()
+        active.current = None
+
+    def _finish_step(self, record: StepRecord) -> None:
+        """A step closed: move the window along (warm-up, measured, profiled) and end the script after it."""
+        if self.gpu:
+            self.gpu_timer.resolve(block=False)
+        done, schedule = len(self.steps), self.schedule
+        if done == schedule.measured_end and not self.profiling:
+            schedule.extend_for_period(self.steps)
+        measured_end = schedule.measured_end
+        if done == max(1, self.warmup - 1) and not schedule.warmup_extended_by:
+            self.module_calls_per_step = record.module_calls  # counted under the global hooks
+            self.modules.set_discovery(False)
+        if done == self.warmup:
+            schedule.extend_warmup(self._prefetched_batches(done))
+        if done == self.warmup:
+            self.reads_at_start = data_stats.snapshot()
+            self.functions.trace(False)
+            self.load_start, self.threads_seen = sample_load(), torch.get_num_threads()
+        if done == measured_end:
+            self.reads_at_end = data_stats.snapshot()
+            self.load_end = sample_load()
+        if (self._sampler is None and done >= self.warmup and (measured_end is None or done < measured_end)
+                and record.gap_before_forward > max(0.1 * record.duration, GAP_WORTH_SAMPLING_S)):
+            # The script builds batches itself, untimed: find which line. The sampler costs GIL
+            # traffic (on a loaded machine, a descheduled sampler holding the GIL stalls the script,
+            # inside the very gap it samples), so only a gap worth a finding gets it. Any step of the
+            # window may start it: one step that took 10x the others (a garbage collection of a large
+            # heap, in a long test session) must not leave the finding without its line.
+            self._sampler = GapSampler(self.tracker, self.tallies.gap_samples, self.warmup,
+                                       sampling_interval(record.gap_before_forward, schedule.measure))
+            self._sampler.start()
+        if done == measured_end and self._sampler is not None:
+            self._sampler.stop()
+        if schedule.profile_steps and done == schedule.profile_at:
+            self.functions.trace(True)
+            self._start_profiler()
+        elif self.profiling:
+            if done >= schedule.profile_at + schedule.profile_steps:
+                self._stop_profiler()
+            else:
+                self.profiled_steps.append(done)
+                self.window.open_step_range(done)
+        if schedule.stop_after is not None and done >= schedule.stop_after:
+            self.tracker.stopping = True
+            raise Stop()
+
+    def _prefetched_batches(self, done: int) -> int:
+        """Batches the workers of the DataLoaders used in warm-up may hold ready (workers x prefetch_factor).
+
+        Workers fill that queue while they start and while the first steps run; a window opening on a full
+        queue takes its first batches without waiting, and a data-bound step reads as faster and less
+        data-bound than it is. Warm-up is extended by as many steps, which a data-bound loop needs to drain it."""
+        queued = 0
+        for record in self.tallies.loaders.values():
+            workers = record.settings.get("num_workers") or 0
+            if workers and record.nexts.total(range(done))[0]:
+                queued = max(queued, workers * (record.settings.get("prefetch_factor") or 2))
+        return queued
+
+    @property
+    def profiler(self) -> Any:
+        """torch.profiler.profile of the profiler window, once it ran (None before, or if it could not start)."""
+        return self.window.profiler
+
+    @property
+    def ran_code(self) -> set[Any] | None:
+        """The user's code objects seen running (warm-up and the profiler window); None: not traced."""
+        return self.functions.ran_code
+
+    @property
+    def gpu_phase_seconds(self) -> dict[int, dict[str, float]]:
+        return self.gpu_timer.phase_seconds
+
+    def _start_profiler(self) -> None:
+        if self.window.start(len(self.steps)):
+            self.probe.profiling = self.tracker.profiling = True
+            if self.trace_ranges:
+                self.clock.spans = PhaseRanges(self.window.nvtx)
+            self.profiled_steps.append(len(self.steps))
+
+    def _stop_profiler(self) -> None:
+        if self.probe.profiling:
+            self.probe.profiling = self.tracker.profiling = False
+            self.clock.end_spans()
+            self.window.stop()
+
+    def gpu_mark(self, phase: str, start: bool) -> None:
+        """CUDA events around a phase of a measured step (device time per phase)."""
+        index = self.tracker.step_index
+        if index >= self.warmup:
+            self.gpu_timer.mark(phase, start, index)
+
+    def _on_cuda_sync(self, frame: Any) -> None:
+        if not self.probe.busy and threading.get_ident() == self.probe.thread:
+            tally = self.tallies.tally("sync:cuda", user_site(frame))
+            if tally is not None:
+                tally.add(self.tracker.step_index)
+
+    # -- the finished recording ------------------------------------------------------------------
+
+    def recording(self) -> Recording:
+        """What was recorded, as plain data (call after the script ended)."""
+        from .profiling import op_counts
+
+        tallies, schedule = self.tallies, self.schedule
+        profiled = tuple(i for i in self.profiled_steps if i < len(self.steps))
+        module_sites = tuple(ModuleSite(key, site) for key, (ref, site) in tallies.module_sites.items()
+                             if ref() is not None and id(ref()) == key)
+        rank, world = _rank_and_world()
+        return Recording(
+            window=Window(schedule.warmup, schedule.measure, schedule.asked, schedule.profile_steps,
+                          schedule.warmup_extended_by, profiled, self.profiler is not None),
+            steps=tuple(self.steps), step_delimiter=self.tracker.delimiter,
+            events=tuple(t.freeze(kind, site) for (kind, site), t in tallies.events.items()),
+            loaders=tuple(record.freeze(key) for key, record in tallies.loaders.items()),
+            optimizer_sites=tuple(site for ref, site in tallies.optimizers if ref() is not None),
+            module_sites=module_sites,
+            matmul_shapes=tuple(MatmulShape(site, a, b) for site, (a, b) in tallies.matmul_shapes.items()),
+            gap_samples=tuple(SiteCount(site, n) for site, n in tallies.gap_samples.items()),
+            zero_grad_before_backward=tallies.zero_grads["before_backward"],
+            zero_grad_elsewhere=tallies.zero_grads["elsewhere"],
+            facts=self.modules.facts, module_calls_per_step=self.module_calls_per_step,
+            profile=op_counts(self.profiler, len(profiled)), top_ops=tuple(top_ops(self.profiler, len(profiled))),
+            gpu_phases=tuple(GpuPhases(step, dict(phases)) for step, phases in self.gpu_timer.phase_seconds.items()),
+            ran_lines=_lines_by_file(self.functions.ran_code),
+            load_start=self.load_start, load_end=self.load_end, threads_seen=self.threads_seen,
+            reads=_reads(self.reads_at_start, self.reads_at_end), rank=rank, world_size=world,
+            host=socket.gethostname())
+
+    def live_objects(self) -> LiveObjects:
+        """The objects only this process has, for the what-ifs and the trace."""
+        modules = [m for m in (ref() for ref in self.modules.top_modules.values()) if m is not None]
+        trained = next((m for m in modules if self.modules.is_trained(m)), None)
+        return LiveObjects(capture=self.modules.capture, optimizers=self.tallies.live_optimizers(), modules=modules,
+                           trained=trained, eval_grad_inputs=self.modules.eval_grad_inputs,
+                           loaders={key: record.loader for key, record in self.tallies.loaders.items()},
+                           profiler=self.profiler)
+
+
+def _lines_by_file(codes: set[Any] | None) -> dict[str, tuple[int, ...]] | None:
+    """The lines of the code objects that ran, per file (None: the run could not tell)."""
+    if codes is None:
+        return None
+    lines: dict[str, set[int]] = {}
+    for code in codes:
+        lines.setdefault(code.co_filename, set()).update(line for _, _, line in code.co_lines() if line is not None)
+    return {file: tuple(sorted(found)) for file, found in sorted(lines.items())}
+
+
+def _reads(start: Any, end: Any) -> Any:
+    """Reads through ``turbotrain.data`` during the measured steps (a run cut short: up to its end); None when
+    nothing was read. DataLoader workers count into the same shared counters."""
+    if start is None:
+        return None
+    reads = (end or data_stats.snapshot()) - start
+    return reads if reads.schemes else None
+
+
+def _rank_and_world() -> tuple[int, int]:
+    try:
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    except RuntimeError:  # a process group torn down by the script: read the launcher's environment
+        pass
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))

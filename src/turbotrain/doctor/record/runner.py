@@ -1,0 +1,88 @@
+"""Running the user's script unmodified, as ``__main__`` with its own argv, under a recording."""
+
+from __future__ import annotations
+
+import gc
+import os
+import runpy
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .recorder import Recorder, Stop
+from ..sites import Site, is_user_file
+
+__all__ = ["ScriptRun", "run_script"]
+
+
+@dataclass
+class ScriptRun:
+    """How the script ended. ``status``: ``stopped`` (enough steps, the doctor ended it), ``finished``
+    (it ended by itself), ``error`` (it raised) or ``exit`` (it called sys.exit with a failure code)."""
+
+    script: str
+    argv: list[str]
+    status: str
+    seconds: float
+    error: str | None = None
+    error_site: Site | None = None
+    traceback: str | None = None
+    exit_code: int = 0
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def failed(self) -> bool:
+        return self.status in ("error", "exit")
+
+
+def error_site_of(tb) -> Site | None:
+    """The innermost frame of the traceback that is the user's code."""
+    site = None
+    for frame, lineno in traceback.walk_tb(tb):
+        if is_user_file(frame.f_code.co_filename):
+            site = Site(frame.f_code.co_filename, lineno, frame.f_code.co_name)
+    return site
+
+
+def run_script(script: str | os.PathLike, argv: list[str], recorder: Recorder) -> ScriptRun:
+    """Run ``script`` as ``python script argv...`` would, with ``recorder`` installed."""
+    path = Path(script).resolve()
+    if not path.is_file():
+        raise FileNotFoundError(f"no such script: {script}")
+    saved_argv, saved_path0 = sys.argv[:], sys.path[0] if sys.path else None
+    sys.argv = [str(path), *argv]
+    # Like `python script.py`: the script's folder comes first on the import path.
+    sys.path.insert(0, str(path.parent))
+    started = time.perf_counter()
+    run = ScriptRun(script=str(path), argv=list(argv), status="finished", seconds=0.0)
+    try:
+        with recorder:
+            try:
+                runpy.run_path(str(path), run_name="__main__")
+            except Stop:
+                run.status = "stopped"
+            except SystemExit as exc:
+                code = exc.code
+                if code not in (None, 0):
+                    run.status, run.exit_code = "exit", code if isinstance(code, int) else 1
+                    run.error = f"the script called sys.exit({code!r})"
+                    run.error_site = error_site_of(exc.__traceback__)
+            except KeyboardInterrupt:
+                run.status, run.exit_code, run.error = "error", 130, "interrupted (KeyboardInterrupt)"
+            except Exception as exc:  # noqa: BLE001 - the user's failure is reported, not re-raised
+                run.status, run.exit_code = "error", 1
+                run.error = f"{type(exc).__name__}: {exc}"
+                run.error_site = error_site_of(exc.__traceback__)
+                run.traceback = "".join(traceback.format_exception(exc))
+    finally:
+        run.seconds = time.perf_counter() - started
+        sys.argv = saved_argv
+        if sys.path and sys.path[0] == str(path.parent):
+            sys.path.pop(0)
+        elif saved_path0 is not None and str(path.parent) in sys.path:
+            sys.path.remove(str(path.parent))
+        # The script's frames (and its DataLoader workers) go now, not at some later collection.
+        gc.collect()
+    return run

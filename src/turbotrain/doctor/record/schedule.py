@@ -1,0 +1,76 @@
+"""Which steps of a recording are warm-up, measured and profiled, and after which the script ends.
+
+A window holding a single occurrence of periodic work (validation every N steps) is extended, one
+step at a time, until the second occurrence shows its period, within bounds.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+from .measurements import StepRecord
+from .recurring import find_periodic
+
+__all__ = ["StepSchedule"]
+
+
+class StepSchedule:
+    """``warmup`` steps (not measured), ``measure`` steps, then ``profile`` steps under torch.profiler.
+
+    With ``stop`` the script is ended after the last of them; with ``measure=None`` there is no end in
+    sight, and the profiler window comes right after warm-up.
+    """
+
+    MAX_EXTENSION_FACTOR = 4
+    MAX_EXTENSION_S = 60.0
+
+    def __init__(self, measure: int | None, warmup: int, profile: int, stop: bool) -> None:
+        if warmup < 1:
+            raise ValueError("warmup must be >= 1: the first step also holds the script's setup time")
+        self.measure, self.warmup, self.profile_steps = measure, warmup, profile
+        self.asked = measure
+        self.profile_at = warmup if measure is None else warmup + measure
+        self.stop_after = warmup + measure + profile if stop and measure is not None else None
+        self._extension_started: float | None = None
+        self.warmup_extended_by = 0       # steps added to drain a DataLoader's prefetched batches
+        self.extends_for_period = True    # False: exactly ``measure`` steps (both sides of a comparison)
+
+    def extend_warmup(self, steps: int) -> None:
+        """``steps`` more warm-up steps (once): everything after warm-up moves back by as many."""
+        if self.warmup_extended_by or steps <= 0:
+            return
+        self.warmup_extended_by = steps
+        self.warmup += steps
+        self.profile_at += steps
+        if self.stop_after is not None:
+            self.stop_after += steps
+
+    @property
+    def measured_end(self) -> int | None:
+        """The number of steps done when the measured window ends (None: it does not)."""
+        return None if self.measure is None else self.warmup + self.measure
+
+    def extend_for_period(self, steps: list[StepRecord]) -> bool:
+        """At the window's end: one more step when periodic work was seen once and its period is unknown."""
+
+        if self.measure is None or self.asked is None or not self.extends_for_period:
+            return False
+        if self._extension_started is None:
+            self._extension_started = time.perf_counter()
+        if self.measure - self.asked >= self.MAX_EXTENSION_FACTOR * self.asked or \
+                time.perf_counter() - self._extension_started > self.MAX_EXTENSION_S:
+            return False
+        recent = steps[self.warmup:]
+        ordinary = statistics.median(s.duration for s in recent) if recent else 0.0
+        # Only validation/checkpoints (outside the step) big enough to move the verdict: under 5% of the
+        # window spread over it, its period does not matter.
+        seen_once = [p for p in find_periodic(steps) if p.every is None and p.category == "outside_step"
+                     and p.cost_s >= 0.05 * len(recent) * ordinary]
+        if not seen_once:
+            return False
+        self.measure += 1
+        self.profile_at += 1
+        if self.stop_after is not None:
+            self.stop_after += 1
+        return True

@@ -1,0 +1,6 @@
+"""Stage 5, the report: its model and JSON (:mod:`.model`), the terminal and HTML views, the tables it shows,
+and what came of ``--fix`` (:mod:`.fix_results`, shown by :mod:`.fix_section`)."""
+
+from .model import CATEGORY_LABELS, Report
+
+__all__ = ["Report", "CATEGORY_LABELS"]

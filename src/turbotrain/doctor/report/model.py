@@ -1,0 +1,142 @@
+"""The doctor's report: what was measured, the bottleneck, the findings; as a dict for JSON.
+
+The JSON keys the stable surface fixes (docs/doctor.md, Reports) (``device``, ``steps_measured``,
+``step_time_ms``, ``breakdown``, ``bottleneck``, ``findings`` with ``rule``/``severity``/``where``/
+``message``/``fix``/``est_speedup``/``measured``) are always present; the rest adds detail.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..analysis.breakdown import Breakdown
+from ..findings import Finding
+from .fix_results import FixReport
+from ..record.measurements import CATEGORIES
+from ..record.runner import ScriptRun
+
+__all__ = ["Report", "exact_shares"]
+
+CATEGORY_LABELS = {
+    "data_loading": "data loading", "host_to_device": "host->device copies", "compute": "compute (fwd+bwd)",
+    "optimizer": "optimizer", "host_sync": "host syncs", "python_overhead": "python/dispatch overhead",
+    "outside_step": "outside the step",
+}
+
+
+def exact_shares(shares: dict[str, float], digits: int = 4) -> dict[str, float]:
+    """Rounded shares that still sum to exactly 1 (the rounding error goes to the largest)."""
+    rounded = {k: round(shares.get(k, 0.0), digits) for k in CATEGORIES}
+    total = sum(rounded.values())
+    if total > 0:
+        biggest = max(rounded, key=lambda k: rounded[k])
+        rounded[biggest] = round(rounded[biggest] + (1.0 - total), digits + 2)
+    return rounded
+
+
+@dataclass
+class Report:
+    status: str                          # ok, incomplete (fewer steps than asked), error, no-steps
+    breakdown: Breakdown | None
+    findings: list[Finding]
+    device: str = "cpu"
+    hardware: str = ""
+    script: str | None = None
+    argv: list[str] = field(default_factory=list)
+    run: ScriptRun | None = None
+    steps_requested: int = 0
+    warmup_steps: int = 0
+    steps_completed: int = 0
+    messages: list[str] = field(default_factory=list)
+    syncs: list[dict[str, Any]] = field(default_factory=list)
+    copies: list[dict[str, Any]] = field(default_factory=list)
+    top_ops: list[dict[str, Any]] = field(default_factory=list)
+    trace_path: str | None = None
+    doctor_seconds: dict[str, float] = field(default_factory=dict)
+    base: str | None = None
+    # How steps were delimited: "optimizer.step()", "loss.backward()" (no optimizer stepped) or "watch.step()".
+    step_delimiter: str = "optimizer.step()"
+    # The machine as the run saw it: usable cores (affinity, cgroup quota), torch's threads, DataLoader
+    # workers, other processes' load during the window, and the step-time dispersion (p90/p10).
+    machine: dict[str, Any] = field(default_factory=dict)
+    # Set when the window's dispersion or the machine's outside load is too high to trust small gains:
+    # {"level": "high", "reasons": [...], "min_speedup": 1.4} (gains under min_speedup cannot be told from noise).
+    noise: dict[str, Any] | None = None
+    # Work that recurs every N steps (validation, checkpoints, logging), amortised over its period:
+    # [{"kind": "validation", "every": 20, "cost_ms": 812.0, "share": 0.41, "where": "train.py:57",
+    #   "suggested_every": 160}]
+    periodic: list[dict[str, Any]] = field(default_factory=list)
+    # doctor --fix [--verify]: each fixable finding's diff, predicted and verified speed-up, the patch written.
+    fixes: FixReport | None = None
+
+    @property
+    def exit_code(self) -> int:
+        if self.status == "error":
+            return self.run.exit_code or 1 if self.run else 1
+        return 1 if self.status == "no-steps" else 0
+
+    @property
+    def bottleneck(self) -> str | None:
+        return self.breakdown.bottleneck if self.breakdown and self.breakdown.steps else None
+
+    def rules(self) -> set[str]:
+        return {f.rule for f in self.findings}
+
+    def to_dict(self) -> dict[str, Any]:
+        b = self.breakdown
+        out: dict[str, Any] = {
+            "version": 1,
+            "script": self.script, "argv": self.argv, "status": self.status, "exit_code": self.exit_code,
+            "device": self.device, "hardware": self.hardware, "torch": torch.__version__,
+            "steps_requested": self.steps_requested, "warmup_steps": self.warmup_steps,
+            "steps_completed": self.steps_completed,
+            "steps_measured": len(b.steps) if b else 0,
+        }
+        if b and b.steps:
+            out["step_time_ms"] = {"median": round(b.median_s * 1e3, 3), "p90": round(b.quantile_s(0.9) * 1e3, 3),
+                                   "p10": round(b.quantile_s(0.1) * 1e3, 3), "mean": round(b.mean_s * 1e3, 3)}
+            out["breakdown"] = exact_shares(b.shares)
+            out["breakdown_ms"] = {k: round(v * 1e3, 4) for k, v in b.seconds.items()}
+            # breakdown_ms + interference_ms == step_time_ms.mean: time other processes took is not the script's.
+            out["interference_ms"] = round(b.interference_s * 1e3, 4)
+            out["bottleneck"] = b.bottleneck
+            out["python_overhead"] = {k: round(v, 4) if isinstance(v, float) else v for k, v in b.overhead.items()}
+            # Dispatch/interpreter overhead inside each phase (share of that phase), and of the whole step.
+            out["dispatch"] = {**{k: round(b.dispatch_of(k), 4) for k in b.dispatch},
+                               "step_share": round(b.dispatch_share, 4)}
+            out["warmup_included"] = b.warmup_included
+            out["timeline"] = b.timeline
+        else:
+            out["step_time_ms"] = {"median": None, "p90": None}
+            out["breakdown"] = dict.fromkeys(CATEGORIES, 0.0)
+            out["bottleneck"] = None
+        out["step_delimiter"] = self.step_delimiter
+        out["machine"] = self.machine
+        out["noise"] = self.noise
+        out["periodic"] = self.periodic
+        out["findings"] = [f.to_dict(self.base) for f in self.findings]
+        out["syncs"], out["copies"], out["top_ops"] = self.syncs, self.copies, self.top_ops
+        out["messages"] = self.messages
+        if self.fixes is not None:
+            out["fixes"] = [f.to_dict() for f in self.fixes.fixes]
+            out["patch"] = self.fixes.summary()
+        if self.run is not None and self.run.failed:
+            out["error"] = {"message": self.run.error,
+                            "where": self.run.error_site.where(self.base) if self.run.error_site else None,
+                            "traceback": self.run.traceback}
+        if self.trace_path:
+            out["trace"] = self.trace_path
+        out["doctor_seconds"] = {k: round(v, 2) for k, v in self.doctor_seconds.items()}
+        return out
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, default=str)
+
+    def write_json(self, path: str | os.PathLike) -> None:
+        with open(path, "w") as fh:
+            fh.write(self.to_json())

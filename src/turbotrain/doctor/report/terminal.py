@@ -1,0 +1,302 @@
+"""The report in a terminal (rich): breakdown bar, bottleneck, findings ordered by what they buy.
+
+Made to be read in an 80-column terminal: a finding is a few lines (severity, rule, file:line,
+gain, the message and the one fix for how the script is written); the fix in every framework and
+the full notes stay in the HTML and JSON reports. Text is wrapped between words only, so a token
+such as ``precision=bf16-mixed`` or ``train.py:42`` is never split; what does not fit in a
+finding's lines is cut with an ellipsis, and a long path loses its beginning, never its file:line.
+
+The ``*_text`` helpers say the report's figures in words; the HTML report uses the same ones.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import IO, Any
+
+from rich.console import Console
+from rich.text import Text
+
+from ..findings import Finding
+from ..record.measurements import CATEGORIES
+from .model import CATEGORY_LABELS, Report
+
+__all__ = ["print_report", "COLORS", "FINDING_LINES", "framework", "chosen_fix", "gain_text", "steps_text",
+           "machine_items", "noise_text", "periodic_text", "shorten_left"]
+
+COLORS = {"data_loading": "#e4572e", "host_to_device": "#f3a712", "compute": "#29335c", "optimizer": "#669bbc",
+          "host_sync": "#a8c686", "python_overhead": "#8e6c8a", "outside_step": "#9a9a9a"}
+SEVERITY_STYLE = {"high": "bold red", "medium": "yellow", "low": "dim"}
+FINDING_LINES = 6        # the most lines one finding takes in the terminal (its blank separator aside)
+_INDENT = "  "
+_FRAMEWORK_LABEL = {"pytorch": "", "lightning": "Lightning", "accelerate": "Accelerate"}
+_IMPORTS = {"lightning": re.compile(r"^\s*(?:import|from)\s+(?:lightning|pytorch_lightning)\b", re.M),
+            "accelerate": re.compile(r"^\s*(?:import|from)\s+accelerate\b", re.M)}
+
+
+# -- the report's figures in words (shared with the HTML report) ------------------------------------
+
+def framework(report: Report) -> str:
+    """How the script is written: ``lightning``, ``accelerate`` or ``pytorch``.
+
+    A ``framework`` hint on the report wins; otherwise the script's own imports decide.
+    """
+    hint = getattr(report, "framework", None)
+    if hint in _FRAMEWORK_LABEL:
+        return hint
+    try:
+        source = Path(report.script).read_text(errors="replace") if report.script else ""
+    except OSError:
+        source = ""
+    return next((name for name, pattern in _IMPORTS.items() if pattern.search(source)), "pytorch")
+
+
+def chosen_fix(finding: Finding, how: str = "pytorch") -> tuple[str, str]:
+    """(framework label, text) of the one fix to show: the script's framework's, else PyTorch's, else the Plan's."""
+    fix = finding.fix
+    for name in (how, "pytorch"):
+        text = getattr(fix, name, None)
+        if text:
+            return _FRAMEWORK_LABEL[name], text
+    if fix.plan:
+        return "turbotrain", "tt.Plan(" + ", ".join(f"{k}={v!r}" for k, v in fix.plan.items()) + ")"
+    return "", ""
+
+
+def gain_text(est_speedup: float | None, measured: bool) -> str:
+    """``x1.54 measured``, ``x1.20 estimated`` or ``-``."""
+    if est_speedup is None:
+        return "-"
+    return f"x{est_speedup:.2f} {'measured' if measured else 'estimated'}"
+
+
+def steps_text(report: Report) -> tuple[str, str, str]:
+    """The steps line around its median: (before, median, after)."""
+    b = report.breakdown
+    assert b is not None  # asked only of a report with a breakdown
+    return (f"{len(b.steps)} step(s) measured after {report.warmup_steps} warm-up: median ",
+            f"{b.median_s * 1e3:.1f} ms",
+            f", p90 {b.quantile_s(0.9) * 1e3:.1f} ms per step (delimited by {report.step_delimiter})")
+
+
+def _num(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def machine_items(machine: dict[str, Any]) -> list[str]:
+    """The machine as the run saw it, one short phrase per fact present."""
+    m = machine or {}
+    items = []
+    limits = [f"{label} {_num(m[key])}" for key, label in (("cpu_quota", "quota"), ("affinity_cores", "affinity"))
+              if m.get(key) is not None]
+    if m.get("usable_cores") is not None or m.get("host_cores") is not None:
+        cores = (f"{_num(m['usable_cores'])} usable" if m.get("usable_cores") is not None else "")
+        if m.get("host_cores") is not None:
+            cores += f" of {_num(m['host_cores'])}" if cores else _num(m["host_cores"])
+        items.append(f"cores: {cores}" + (f" ({', '.join(limits)})" if limits else ""))
+    elif limits:
+        items.append(f"cores: {', '.join(limits)}")
+    threads = [f"{_num(m[key])} {label}" for key, label in (("intra_op_threads", "intra-op"),
+                                                             ("interop_threads", "inter-op")) if m.get(key) is not None]
+    if threads:
+        items.append(f"torch threads: {', '.join(threads)}")
+    if m.get("dataloader_workers") is not None:
+        busy = f" ({m['worker_load']:.1f} busy cores)" if m.get("worker_load") and m.get("dataloader_workers") else ""
+        items.append(f"DataLoader workers: {_num(m['dataloader_workers'])}{busy}")
+    load = []
+    if m.get("other_load") is not None:
+        load.append(f"{m['other_load']:.1f} busy cores")
+    if m.get("loadavg_1m") is not None:
+        load.append(f"load avg {m['loadavg_1m']:.2f}")
+    if load:
+        items.append(f"other processes: {', '.join(load)}")
+    if m.get("dispersion") is not None:
+        items.append(f"step time p90/p10: {m['dispersion']:.1f}")
+    return items
+
+
+def noise_text(noise: dict[str, Any]) -> tuple[str, list[str]]:
+    """(headline, reasons) of the noise warning."""
+    level = noise.get("level")
+    head = f"Noisy measurement{f' ({level})' if level else ''}"
+    if noise.get("min_speedup") is not None:
+        head += f": gains under x{noise['min_speedup']:g} cannot be told from noise on this machine now."
+    else:
+        head += ": small gains cannot be told from noise on this machine now."
+    return head, [str(r) for r in noise.get("reasons") or []]
+
+
+def periodic_text(entry: dict[str, Any]) -> str:
+    """``validation every 20 steps costs 41% of training time (812 ms each) at train.py:57; every 160 ...``"""
+    kind = entry.get("kind") or "periodic work"
+    text = kind + (f" every {entry['every']} steps" if entry.get("every") else "")
+    costs = []
+    if entry.get("share") is not None:
+        costs.append(f"costs {entry['share']:.0%} of training time")
+    if entry.get("cost_ms") is not None:
+        costs.append(f"({entry['cost_ms']:.0f} ms each)")
+    text += (" " + " ".join(costs)) if costs else ""
+    if entry.get("where"):
+        text += f" at {entry['where']}"
+    suggested = entry.get("suggested_every")
+    if suggested:
+        text += f"; every {suggested} steps keeps it under {entry.get('target_share', 0.05):.0%}"
+    return text
+
+
+def shorten_left(text: str, width: int) -> str:
+    """``text`` cut from the left to ``width`` characters (a path keeps its file name and line)."""
+    return text if len(text) <= width else "…" + text[len(text) - width + 1:]
+
+
+# -- layout -------------------------------------------------------------------------------------------
+
+def _lines(console: Console, text: Text, width: int, limit: int) -> list[Text]:
+    """``text`` wrapped between words into at most ``limit`` lines of ``width``; an ellipsis marks a cut."""
+    if limit <= 0:
+        return []
+    lines = list(text.wrap(console, width, overflow="fold"))
+    if len(lines) > limit:
+        lines = lines[:limit]
+        last = lines[-1]
+        last.rstrip()
+        last.truncate(width - 1)
+        last.append("…")
+    return lines
+
+
+def _hanging(console: Console, prefix: str, text: Text, width: int) -> None:
+    """``prefix`` then ``text``, its later lines indented under the first."""
+    pad = " " * len(prefix)
+    for i, line in enumerate(text.wrap(console, width - len(prefix), overflow="fold")):
+        console.print(Text(pad if i else prefix, style=text.style).append_text(line), no_wrap=True)
+
+
+def _packed(console: Console, items: list[Text], width: int, indent: str = "") -> None:
+    """Print ``items`` side by side, breaking lines between items (an item stays whole when it fits)."""
+    line = Text(indent)
+    for item in items:
+        if line.cell_len > len(indent) and line.cell_len + 2 + item.cell_len > width:
+            console.print(line)
+            line = Text(indent)
+        if line.cell_len > len(indent):
+            line.append("  ")
+        line.append_text(item)
+    if line.cell_len > len(indent):
+        console.print(line)
+
+
+def _finding(console: Console, f: Finding, report: Report, how: str, width: int) -> None:
+    where = f.where or (f.site.where(report.base) if f.site else "")
+    gain = gain_text(f.est_speedup, f.measured)
+    head = Text.assemble((f"{f.severity.upper():<6}", SEVERITY_STYLE.get(f.severity, "")), " ", (f.rule, "bold"))
+    body = width - len(_INDENT)
+    if where and head.cell_len + 2 + len(where) + 2 + len(gain) <= width:
+        head.append("  ")
+        head.append(where, style="cyan")
+        where = ""
+    head.append(" " * max(2, width - head.cell_len - len(gain)))
+    head.append(gain, style="bold" if f.measured else "")
+    console.print(head, overflow="ellipsis", no_wrap=True)
+    rows = 1
+    if where:  # too long for the first line: on its own, cut from the left
+        console.print(Text(_INDENT + shorten_left(where, body), style="cyan"), no_wrap=True)
+        rows += 1
+    label, fix_text = chosen_fix(f, how)
+    fix = Text(f"fix{f' ({label})' if label else ''}: ", style="green bold")
+    fix.append(fix_text, style="green")
+    fix_lines = _lines(console, fix, body, 2)
+    left = FINDING_LINES - rows - len(fix_lines)
+    message = _lines(console, Text(f.message), body, min(3, left))
+    note = _lines(console, Text(f.note, style="dim"), body, left - len(message)) if f.note else []
+    for line in message + fix_lines + note:
+        console.print(Text(_INDENT).append_text(line), no_wrap=True)
+
+
+def print_report(report: Report, file: IO[str] | None = None, width: int | None = None) -> None:
+    console = Console(file=file, width=width, highlight=False, emoji=False)
+    width = console.width
+    console.print(Text.assemble(("turbotrain doctor ", "bold"), (report.script or "", "cyan"),
+                                (f"  {' '.join(report.argv)}" if report.argv else "")))
+    console.print(Text(f"{report.device}: {report.hardware}", style="dim"))
+    if report.noise:
+        head, reasons = noise_text(report.noise)
+        _hanging(console, "! ", Text(head, style="bold yellow"), width)
+        for reason in reasons:
+            _hanging(console, f"{_INDENT}- ", Text(reason, style="yellow"), width)
+    if report.machine:
+        _packed(console, [Text(item, style="dim") for item in machine_items(report.machine)], width,
+                indent="")
+    for message in report.messages:
+        _hanging(console, "! ", Text(message, style="yellow"), width)
+    b = report.breakdown
+    if b is None or not b.steps:
+        return
+    before, median, after = steps_text(report)
+    console.print(Text.assemble(before, (median, "bold"), after))
+    console.print(_bar(b.shares, min(60, width)))
+    legend = []
+    for key in CATEGORIES:
+        share = b.shares.get(key, 0.0)
+        if share >= 0.005:
+            legend.append(Text.assemble(("■ ", COLORS[key]), f"{CATEGORY_LABELS[key]} {share:.0%} "
+                                                               f"({b.seconds[key] * 1e3:.1f} ms)"))
+    _packed(console, legend, width)
+    console.print(Text.assemble("Bottleneck: ", (CATEGORY_LABELS[b.bottleneck], f"bold {COLORS[b.bottleneck]}"),
+                                f" ({b.shares[b.bottleneck]:.0%} of step time)"))
+    for entry in report.periodic:
+        _hanging(console, "↻ ", Text(periodic_text(entry)), width)
+    if report.findings:
+        how = framework(report)
+        console.print()
+        console.print(Text("Findings, by what the fix buys", style="bold underline"))
+        for f in report.findings:
+            console.print()
+            _finding(console, f, report, how, width)
+        console.print()
+        console.print(Text("Each fix for PyTorch, Lightning, Accelerate and tt.Plan, with the full notes: "
+                           "the --html and --json reports.", style="dim"))
+    else:
+        console.print("[green]No findings: nothing this doctor knows of slows the step down.[/green]")
+    if report.fixes is not None:
+        from .fix_section import print_fixes
+
+        print_fixes(console, report.fixes, width)
+    if report.syncs:
+        _rows(console, "Host syncs per step", ["where", "kind", "per step", "ms/step", "code"],
+              [[shorten_left(r["where"], 32), r["kind"], f"{r['per_step']:g}", f"{r['ms_per_step']:.3f}", r["code"]]
+               for r in report.syncs[:10]], width)
+    if report.top_ops:
+        _rows(console, "Top ops (profiler window), per step", ["calls", "self CPU ms", "self device ms", "op"],
+              [[f"{r['calls_per_step']:g}", f"{r['self_cpu_ms_per_step']:.3f}", f"{r['self_device_ms_per_step']:.3f}",
+                r["op"]] for r in report.top_ops[:8]], width)
+    if report.trace_path:
+        console.print(f"Trace: {report.trace_path} (open in https://ui.perfetto.dev or chrome://tracing)")
+
+
+def _rows(console: Console, title: str, columns: list[str], rows: list[list[str]], width: int) -> None:
+    """A plain table, one line per row; the last column (code, op names) is cut to what is left."""
+    console.print()
+    console.print(Text(title, style="bold underline"))
+    widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(columns[:-1])]
+    for cells, style in [(columns, "bold")] + [(r, "") for r in rows]:
+        line = "  ".join(c.ljust(w) for c, w in zip(cells, widths))
+        console.print(Text(f"{line}  {cells[-1]}", style=style), no_wrap=True, overflow="ellipsis")
+
+
+def _bar(shares: dict[str, float], width: int = 60) -> Text:
+    text = Text()
+    used = 0
+    cells: list[list[Any]] = []  # [category, width]: the width is adjusted in place
+    for key in CATEGORIES:
+        n = round(shares.get(key, 0.0) * width)
+        cells.append([key, n])
+        used += n
+    if cells and used != width:  # rounding: the largest segment absorbs the difference
+        biggest = max(cells, key=lambda c: c[1])
+        biggest[1] += width - used
+    for key, n in cells:
+        if n > 0:
+            text.append("█" * n, style=COLORS[key])
+    return text

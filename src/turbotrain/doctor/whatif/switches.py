@@ -1,0 +1,188 @@
+"""What-ifs that run a Plan switch or a larger batch on a copy of the captured model and batch
+(:func:`turbotrain.measure.run_trial`), interleaved with a baseline that reproduces the script's settings."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any, cast
+
+
+from ..analysis.replay import repeat_batch
+from ...measure import HOPELESS, Trial, judge, time_loader
+from ..findings import Finding
+from ..requests import PlanTrial
+from .common import Budget, ModelTrials, apply_ratio, interleaved_rounds, model_share, typical_s
+from .fresh import FAULTS_PER_STEP, FreshProcesses, allocator_churn
+
+
+def plan_trials(ctx, findings: list[Finding], budget: Budget, allow_compile: bool) -> None:
+    wanted = [f for f in findings if isinstance(f.trial, PlanTrial) and (allow_compile or not f.trial.compile)]
+    if not wanted or ctx.capture is None or ctx.facts.compiled:
+        return
+    trials = ModelTrials(ctx, budget)
+    first = trials.baseline()
+    if first is None or not first.ok:
+        reason = first.error if first is not None else "the what-if time budget is spent"
+        for f in wanted:
+            f.note = f"Not measured: {reason}. {f.note or ''}".strip()
+        return
+    # The script's setting's fresh process serves every switch compared with it, and ends with the loop.
+    with FreshProcesses(ctx, trials, budget) as fresh_processes:
+        for f in sorted(wanted, key=lambda f: _plan_trial(f).compile):
+            changes = dict(_plan_trial(f).changes)
+            base = trials.base_plan.replace(**_plan_trial(f).baseline)
+            plan = base.replace(**changes)
+            compiling = bool(changes.get("compile"))
+            cost = trials.cost * (8 if compiling else 2)
+            if not budget.allows(cost):
+                f.note = f"Not measured: the what-if time budget is spent. {f.note or ''}".strip()
+                continue
+            seen: dict[str, Any] = {}
+
+            def pair(base=base, plan=plan, compiling=compiling, seen=seen) -> tuple[float, float] | None:
+                """One round: the baseline, then the candidate right after it (the same machine load)."""
+                ref = trials.trial(base)
+                if not ref.ok:
+                    return None
+                trial = trials.trial(plan, warmup=3 if compiling else None,
+                                     give_up_s=None if compiling else HOPELESS * typical_s(ref))
+                seen.setdefault("first", trial)
+                seen["ref"], seen["last"] = ref, trial
+                if not trial.ok:
+                    return None
+                return typical_s(ref), typical_s(trial)
+
+            first_round = pair()
+            trial = seen.get("first")
+            entries = {_entry_for_field(k) for k in changes}
+            skipped = [name for name, _ in trial.skipped if name in entries] if trial is not None else []
+            if trial is None or skipped or (first_round is None and not trial.stopped_early):
+                why = (trial.error if trial is not None else None) or "; ".join(
+                    w for _, w in (trial.skipped if trial else []))
+                f.note = f"Not measured: {why or 'the baseline failed'}. {f.note or ''}".strip()
+                continue
+            if trial.stopped_early:
+                ratios = [1.0 / HOPELESS]  # slower than HOPELESS times the baseline: no need for more rounds
+            else:
+                assert first_round is not None  # only a trial that stopped early has none here
+                # Compile: one round (the graph compiles once per trial).
+                ratios = [first_round[0] / first_round[1]] if compiling else interleaved_rounds(
+                    ctx, budget, trials.cost * 2, first_round, pair)
+            f.what_if = {"kind": "plan", "changes": changes, "steps": trials.steps,
+                         "losses_finite": all(map(math.isfinite, trial.losses))}
+            churn = allocator_churn(seen.get("ref"), seen.get("last"))
+            if churn >= FAULTS_PER_STEP and not compiling and not trial.stopped_early:
+                ratios = _fresh_or_in_process(fresh_processes, base, plan, ratios, churn, f)
+            f.what_if["rounds"] = [round(r, 3) for r in ratios]
+            if trial.ok:
+                f.what_if["candidate_ms"] = round(typical_s(trial) * 1e3, 3)
+            if compiling:
+                f.what_if["compile_s"] = round(trial.warmup_s, 2)
+                f.note = f"Compiling took {trial.warmup_s:.1f} s (once per run)."
+            apply_ratio(f, ctx, judge(ratios, noise_floor=ctx.noise_floor), f.what_if)
+
+
+def _plan_trial(f: Finding) -> PlanTrial:
+    """The finding's trial, of the findings plan_trials kept (all PlanTrial)."""
+    return cast(PlanTrial, f.trial)
+
+
+def _fresh_or_in_process(fresh_processes: FreshProcesses, base, plan, ratios: list[float], churn: float,
+                         f: Finding) -> list[float]:
+    """The switch re-timed in fresh processes (:meth:`FreshProcesses.rounds`): the rounds judged from then on."""
+    fresh = fresh_processes.rounds(base, plan)
+    what_if = f.what_if
+    assert what_if is not None  # plan_trials set it before
+    what_if["page_faults_per_step"] = round(churn)
+    if isinstance(fresh, str):
+        what_if["timed_in"] = "this process"
+        f.note = (f"Timed in the doctor's process, whose steps page-faulted {churn:.0f} pages each: a training "
+                  f"process's allocator may differ (a fresh-process trial failed: {fresh}). {f.note or ''}").strip()
+        return ratios
+    what_if.update(timed_in="fresh processes", in_process_rounds=[round(r, 3) for r in ratios])
+    f.note = (f"Timed with your setting and the switch each in a fresh process: in the doctor's process the steps "
+              f"page-faulted {churn:.0f} pages each, so its allocator's history was part of the time (it read "
+              f"x{statistics.median(ratios):.2f} there). {f.note or ''}").strip()
+    return fresh
+
+
+def _entry_for_field(field: str) -> str:
+    from ...speedups.registry import by_field
+
+    try:
+        return by_field(field).name
+    except KeyError:
+        return field
+
+
+def batch_trial(ctx, finding: Finding, budget: Budget) -> None:
+    if ctx.capture is None or ctx.facts.compiled:
+        return
+    batch = ctx.capture.batch_size
+    k = max(2, min(8, 64 // max(1, batch)))
+    trials = ModelTrials(ctx, budget)
+    if not budget.allows(trials.cost * 3):
+        return
+    bigger = [repeat_batch(ctx.capture, k)]
+    seen: dict[str, Trial] = {}
+
+    def pair() -> tuple[float, float] | None:
+        """One round: the captured batch, then k times it; seconds per sample of each."""
+        base = trials.trial(trials.base_plan)
+        big = trials.trial(trials.base_plan, batches=bigger)
+        seen["base"], seen["big"] = base, big
+        if not (base.ok and big.ok):
+            return None
+        return typical_s(base) / base.samples_per_step, typical_s(big) / big.samples_per_step
+
+    first = pair()
+    if first is None:
+        finding.note = f"Not measured: {seen['base'].error or seen['big'].error}. {finding.note or ''}".strip()
+        return
+    model_rounds = interleaved_rounds(ctx, budget, trials.cost * 3, first, pair)
+    base, big = seen["base"], seen["big"]
+    loader_ratio, loader_note = loader_samples_ratio(ctx, batch, k, budget)
+    # The step's model part goes k-fold wider at the ratio just timed; its loading part at the loader's own.
+    model, data = model_share(ctx), ctx.share("data_loading")
+    ratios = [(model + data) / (model / r + data / loader_ratio) for r in model_rounds if r > 0]
+    finding.fix.plan = {"batch_size": batch * k}
+    apply_ratio(finding, ctx, judge(ratios, noise_floor=ctx.noise_floor),
+                 {"kind": "batch", "batch_size": batch, "candidate_batch_size": batch * k,
+                  "rounds": [round(r, 3) for r in ratios], "model_rounds": [round(r, 3) for r in model_rounds],
+                  "loader_samples_ratio": round(loader_ratio, 3), "loader": loader_note,
+                  "baseline_samples_per_s": round(base.samples_per_step / typical_s(base), 1),
+                  "candidate_samples_per_s": round(big.samples_per_step / typical_s(big), 1)}, unit="samples/s",
+                 applies_to=min(1.0, model + data))
+
+
+def loader_samples_ratio(ctx, batch: int, k: int, budget: Budget) -> tuple[float, str]:
+    """How much faster per sample the script's DataLoader delivers at ``k * batch`` than at ``batch``, and how
+    that was found. A batch's fetching costs per sample (``__getitem__``, transforms), its collating and the
+    iterator per batch: only the second part spreads over a larger batch, so the loader is timed at both
+    sizes, alternately, the faster of two timings each. Where it cannot be, the loading is taken to cost per
+    sample (ratio 1): a larger batch is never credited with loading it has not been seen to save."""
+    from torch.utils.data import DataLoader
+
+    record, data_s = ctx.main_loader, ctx.seconds("data_loading")
+    if data_s <= 0:
+        return 1.0, "no time waiting on data"
+    if record is None or not isinstance(record.loader, DataLoader):
+        return 1.0, "not timed (no DataLoader): loading taken to cost per sample"
+    if record.loader.batch_size != batch:
+        return 1.0, (f"not timed (the DataLoader's batch_size is {record.loader.batch_size}, the model saw {batch}): "
+                     "loading taken to cost per sample")
+    batches = int(min(30, max(4, 0.2 / data_s)))
+    start_s = 1.0 if record.settings.get("num_workers") else 0.0  # worker processes start with each timing
+    if not budget.allows(2 * (start_s + (batches + 2) * data_s * (1 + k))):
+        return 1.0, "not timed (the what-if time budget is spent): loading taken to cost per sample"
+    rates = {batch: 0.0, batch * k: 0.0}
+    try:
+        for _ in range(2):
+            for size in rates:
+                rates[size] = max(rates[size], time_loader(record.loader, batches=batches, batch_size=size))
+    except Exception as exc:  # noqa: BLE001 - a loader that cannot be rebuilt at another batch size
+        return 1.0, f"not timed ({type(exc).__name__}: {exc}): loading taken to cost per sample"
+    if min(rates.values()) <= 0:
+        return 1.0, "not timed (the loader yielded no batch): loading taken to cost per sample"
+    return k * rates[batch * k] / rates[batch], f"timed at batch_size {batch} and {batch * k}"

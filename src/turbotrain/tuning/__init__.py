@@ -1,0 +1,18 @@
+"""tuning: the fastest safe Plan for a model on this machine, plus batch-size and num_workers finders.
+
+``tt.tune(model, loss_fn, loader, optimizer_fn, time_budget_s=120) -> Plan`` (see :mod:`.api`);
+``turbotrain tune`` on the command line (:mod:`.cli`). The pieces are usable alone:
+:func:`find_batch_size`, :func:`find_num_workers`, :func:`search_plan` and the exports in
+:mod:`.export`.
+
+One name, one thing: ``tt.tune`` (``turbotrain.tune``) is the function, this package is
+``turbotrain.tuning``; there is no ``turbotrain.tune`` module (docs/architecture.md, "Names").
+"""
+
+from .api import TuneError, TuneResult, tune, tune_report
+from .batch_size import BatchSizeResult, find_batch_size
+from .search import search_plan
+from .workers import WorkersResult, find_num_workers
+
+__all__ = ["tune", "tune_report", "TuneResult", "TuneError", "find_batch_size", "BatchSizeResult",
+           "find_num_workers", "WorkersResult", "search_plan"]
