@@ -7,15 +7,17 @@ import statistics
 
 from doctor_helpers import run_doctor
 
+from turbotrain.doctor.results import BatchResult
+
 
 def test_a_larger_batch_is_not_credited_with_loading_that_costs_per_sample():
     report = run_doctor("batch_one_costly_samples", what_if_budget_s=20.0)
     finding = next(f for f in report.findings if f.rule == "small-batch")
     what_if = finding.what_if
-    assert finding.measured and what_if["kind"] == "batch", (what_if, finding.note)
-    assert what_if["loader"] == "timed at batch_size 1 and 8"
+    assert finding.measured and isinstance(what_if, BatchResult), (what_if, finding.note)
+    assert what_if.loader == "timed at batch_size 1 and 8"
     # Each sample's loading is a fixed amount of Python work: eight of them take about eight times as long.
-    assert what_if["loader_samples_ratio"] < 2.0, what_if
+    assert what_if.loader_samples_ratio < 2.0, what_if
     assert report.breakdown.shares["data_loading"] > 0.2, report.breakdown.shares
     # The model alone gains several-fold per sample; the whole step far less, its loading being unchanged.
-    assert finding.est_speedup < 0.7 * statistics.median(what_if["model_rounds"]), (finding.est_speedup, what_if)
+    assert finding.est_speedup < 0.7 * statistics.median(what_if.model_rounds), (finding.est_speedup, what_if)

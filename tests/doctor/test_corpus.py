@@ -12,6 +12,7 @@ import pytest
 
 from doctor_helpers import cached_report, marked_lines
 from turbotrain.doctor.findings import MEDIUM_SHARE, speedup_from_share
+from turbotrain.doctor.results import LoaderResult
 
 SEVERITY = {"low": 0, "medium": 1, "high": 2}
 
@@ -109,12 +110,14 @@ def test_a_clean_script_gets_no_serious_finding_this_cpu_does_not_back():
 def test_measured_findings_carry_their_trial():
     report = cached_report("data_bound_loader")
     finding = next(f for f in report.findings if f.rule == "num-workers")
-    assert finding.measured and finding.what_if["kind"] == "num_workers"
-    rates = finding.what_if["batches_per_s"]
-    assert "0" in rates and len(rates) >= 2
+    assert finding.measured and isinstance(finding.what_if, LoaderResult)
+    rates = finding.what_if.batches_per_s
+    assert 0 in rates and len(rates) >= 2
+    as_json = finding.to_dict()["what_if"]
+    assert as_json["kind"] == "num_workers" and "0" in as_json["batches_per_s"]
     # The loader sleeps in every sample, so worker processes must beat the single-process loader.
-    assert finding.what_if["best_num_workers"] > 0 and finding.est_speedup > 1.5
-    assert finding.fix.plan == {"num_workers": finding.what_if["best_num_workers"]}
+    assert finding.what_if.best_num_workers > 0 and finding.est_speedup > 1.5
+    assert finding.fix.plan == {"num_workers": finding.what_if.best_num_workers}
 
 
 def test_syncs_are_counted_per_step_at_each_line():

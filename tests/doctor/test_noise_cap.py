@@ -3,16 +3,19 @@ figure derived from it (a 1.6x faster attention that is a sixth of the step is n
 
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 
 from turbotrain.doctor.findings import Finding, Fix
+from turbotrain.doctor.results import AttentionResult, Judgement
 from turbotrain.doctor.whatif.single import cap_to_noise
 
 
 def _finding(pair_ratio: float, share: float, rounds: int = 2) -> Finding:
     f = Finding(rule="manual-attention", message="m", fix=Fix(pytorch="sdpa"))
     f.set_gain(share, measured=True)
-    f.what_if = {"kind": "attention", "pair_ratio": pair_ratio, "pair_rounds": rounds}
+    f.what_if = AttentionResult(q_shape=(2, 64, 32), keys=64, causal=False, manual_ms=1.0, sdpa_ms=1.0,
+                                calls_per_step=1.0, pair_ratio=pair_ratio, pair_rounds=rounds)
     return f
 
 
@@ -38,6 +41,6 @@ def test_a_single_timing_per_side_gets_the_whole_floor():
 
 def test_a_finding_judged_from_rounds_keeps_its_verdict():
     f = _finding(pair_ratio=1.01, share=0.3)
-    f.what_if["verdict"] = "faster"
+    f.what_if = dataclasses.replace(f.what_if, judgement=Judgement(ratio=1.3, noise=0.1, verdict="faster"))
     cap_to_noise(f, SimpleNamespace(noise_floor=0.5))
     assert f.severity == "high"

@@ -13,8 +13,14 @@ def test_manual_sgd_without_an_optimizer_is_measured_by_its_backward():
     data = report.to_dict()
     assert report.status == "ok" and data["step_delimiter"] == "loss.backward()"
     assert data["steps_measured"] >= 4 and report.run.status == "stopped"   # ended after its budget, not its epochs
-    # The hand-written update (p.data.add_) is the optimizer phase of a backward-delimited step.
-    assert data["breakdown_ms"]["optimizer"] > 0 and report.bottleneck == "compute"
+    # The hand-written update (p.data.add_) is the optimizer phase of a backward-delimited step, and the
+    # model, not the update, is what the step waits on. This small RNN's forward and backward are about half
+    # per-op dispatch (python_overhead), half arithmetic (compute): which of the two leads is the measurement's
+    # to say, and the bottleneck must be the larger one.
+    shares = data["breakdown"]
+    assert data["breakdown_ms"]["optimizer"] > 0
+    assert shares["compute"] + shares["python_overhead"] > 0.5 > shares["optimizer"], shares
+    assert report.bottleneck == max(("compute", "python_overhead"), key=shares.get), shares
 
 
 def test_an_rnn_fed_seq_batch_reads_the_batch_from_dim_1():

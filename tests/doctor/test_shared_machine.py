@@ -92,7 +92,7 @@ def test_a_busy_neighbour_is_named_first_with_the_thread_fix(neighbour_in_window
     assert data["noise"] is not None and data["noise"]["reasons"]
     first = report.findings[0]
     assert first.rule == "cpu-oversubscribed", [f.to_dict() for f in report.findings]
-    assert first.measured and first.what_if["verdict"] == "faster", first.what_if
+    assert first.measured and first.what_if.verdict == "faster", first.what_if
     assert "torch.set_num_threads(1)" in first.fix.pytorch
     assert first.fix.plan["intra_op_threads"] == 1
 
@@ -100,9 +100,9 @@ def test_a_busy_neighbour_is_named_first_with_the_thread_fix(neighbour_in_window
 def test_no_serious_finding_rests_on_noise(busy_core):
     report = _doctor("char_transformer_workers", threads=len(os.sched_getaffinity(0)))
     for f in report.findings:
-        if f.severity in ("high", "medium") and f.measured and f.what_if and "verdict" in f.what_if:
-            assert f.what_if["verdict"] == "faster", f.to_dict()
-            assert f.what_if["ratio"] > 1 + f.what_if["noise"], f.to_dict()
+        if f.severity in ("high", "medium") and f.measured and f.what_if and f.what_if.verdict is not None:
+            assert f.what_if.verdict == "faster", f.to_dict()
+            assert f.what_if.ratio > 1 + f.what_if.noise, f.to_dict()
 
 
 def test_a_cpu_quota_below_the_threads_is_oversubscription(monkeypatch, tmp_path):

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ..plan import Plan
 from ..speedups.policy import call_text
 from ..speedups.registry import by_field
+from .results import WhatIf
 from .sites import Site, source_lines
 
 if TYPE_CHECKING:
@@ -74,6 +75,10 @@ class Fix:
     lightning: str | None = None
     accelerate: str | None = None
 
+    def in_framework(self, name: str) -> str | None:
+        """The fix for a script written in ``name`` (``pytorch``, ``lightning`` or ``accelerate``), if there is one."""
+        return {"pytorch": self.pytorch, "lightning": self.lightning, "accelerate": self.accelerate}.get(name)
+
     def text(self, speedup: str | None = None) -> str:
         lines = [f"PyTorch: {self.pytorch}"]
         if self.plan:
@@ -102,7 +107,7 @@ class Finding:
     speedup: str | None = None               # registry entry name
     note: str | None = None
     evidence: dict[str, Any] = field(default_factory=dict)
-    what_if: dict[str, Any] | None = None    # the measured trial behind est_speedup
+    what_if: WhatIf | None = None            # the measured trial behind est_speedup (doctor.results)
     source: str = "runtime"                  # "runtime", "live" (objects) or "static" (source code)
     trial: "TrialRequest | None" = None      # the what-if that can measure this finding's gain (doctor.trials)
 
@@ -148,8 +153,8 @@ class Finding:
             out["note"] = self.note
         if self.evidence:
             out["evidence"] = self.evidence
-        if self.what_if:
-            out["what_if"] = self.what_if
+        if self.what_if is not None:
+            out["what_if"] = self.what_if.to_dict()
         if self.site is not None:
             out["code"] = [{"line": n, "text": t} for n, t in source_lines(self.site.file, self.site.line)]
         return out

@@ -1,7 +1,8 @@
 """What a finding asks the what-ifs to measure (:mod:`turbotrain.doctor.whatif`): one dataclass per kind.
 
 A rule attaches one to its finding (``Finding.trial``); the what-ifs dispatch on its type and
-write what they measured back into the finding (``what_if``, ``est_speedup``, ``severity``).
+write what they measured back into the finding (``what_if``, a :mod:`.results` dataclass; ``est_speedup``,
+``severity``).
 """
 
 from __future__ import annotations

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from .model_info import CONV_NET
 from .policy import Export, timed
 from .registry import BenchEntry, Order, Speedup, register
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..runtime import Runtime
 
 
 def to_channels_last(model: torch.nn.Module) -> torch.nn.Module:
@@ -14,7 +19,7 @@ def to_channels_last(model: torch.nn.Module) -> torch.nn.Module:
     return model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]  # accepted, not in the stub
 
 
-def _apply(rt) -> None:
+def _apply(rt: Runtime) -> None:
     to_channels_last(rt.module)
     rt.channels_last_inputs = True
 

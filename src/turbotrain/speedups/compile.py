@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -10,14 +11,19 @@ from .model_info import ANY_MODEL
 from .policy import Export, timed
 from .registry import BenchEntry, Order, Speedup, register
 
+if TYPE_CHECKING:  # pragma: no cover
+    from ..runtime import Runtime
+
 
 def compile_model(model: torch.nn.Module, mode: str = "default") -> torch.nn.Module:
     """``torch.compile(model, mode=mode)``; parameters are shared with ``model``."""
     return torch.compile(model, mode=mode)  # type: ignore[return-value]  # a Module in: an OptimizedModule out
 
 
-def _apply(rt) -> None:
-    rt.model = compile_model(rt.model, rt.plan.compile_mode)
+def _apply(rt: Runtime) -> None:
+    mode = rt.plan.compile_mode
+    if mode is not None:  # prepare applies an entry only where its switch is active
+        rt.model = compile_model(rt.model, mode)
 
 
 def _requires(hw, plan) -> str | None:

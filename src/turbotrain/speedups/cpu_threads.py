@@ -13,12 +13,17 @@ so another thread count adds in another order; no op changes precision or algori
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from ..plan import Plan
 from .model_info import ANY_MODEL
 from .policy import Export, timed
 from .registry import BenchEntry, Order, Speedup, register
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..runtime import Runtime
 
 __all__ = ["set_intra_op_threads", "fit_to_cores", "fit_plan", "max_workers_for", "thread_values"]
 
@@ -78,8 +83,10 @@ def thread_values(usable_cores: int, current: int) -> tuple[int, ...]:
     return tuple(v for v in dict.fromkeys((usable, max(1, usable // 2), 1)) if v != current)
 
 
-def _apply(rt) -> None:
-    set_intra_op_threads(rt.plan.intra_op_threads)
+def _apply(rt: Runtime) -> None:
+    threads = rt.plan.intra_op_threads
+    if threads is not None:  # prepare applies an entry only where its switch is active
+        set_intra_op_threads(threads)
 
 
 def _requires(hw, plan) -> str | None:

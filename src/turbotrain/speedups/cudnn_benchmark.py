@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from .model_info import CONV_NET
 from .policy import Export, timed
 from .registry import BenchEntry, Order, Speedup, register
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..runtime import Runtime
 
 
 def set_cudnn_benchmark(enabled: bool = True) -> None:
@@ -14,7 +19,7 @@ def set_cudnn_benchmark(enabled: bool = True) -> None:
     torch.backends.cudnn.benchmark = enabled
 
 
-def _apply(rt) -> None:
+def _apply(rt: Runtime) -> None:
     set_cudnn_benchmark(True)
 
 

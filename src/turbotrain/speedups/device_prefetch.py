@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ..data.prefetch import DeviceLoader
 from .model_info import ANY_MODEL
 from .policy import Export, by_rule
 from .registry import BenchEntry, Order, Speedup, gpu_only, on_gpu, register
 
+if TYPE_CHECKING:  # pragma: no cover
+    from ..runtime import Runtime
+
 __all__ = ["DeviceLoader"]
 
 
-def _apply(rt) -> None:
+def _apply(rt: Runtime) -> None:
     rt.device_prefetch = True
     rt.non_blocking = True  # a prefetch that blocks the host would overlap nothing
 

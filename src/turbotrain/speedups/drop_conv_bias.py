@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
 from .model_info import CONV_BN_PAIRS, find_conv_bn_pairs
 from .policy import Export, timed
 from .registry import BenchEntry, Order, Speedup, register
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..runtime import Runtime
 
 
 @torch.no_grad()
@@ -37,7 +42,7 @@ def drop_conv_bias_before_bn(model: nn.Module, optimizers=()) -> list[str]:
     return names
 
 
-def _apply(rt) -> None:
+def _apply(rt: Runtime) -> None:
     drop_conv_bias_before_bn(rt.module, rt.optimizers)
 
 

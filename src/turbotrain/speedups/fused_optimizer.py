@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
 
 from .model_info import ANY_MODEL
 from .policy import Export, timed
 from .registry import BenchEntry, Order, Speedup, register
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..runtime import Runtime
 
 __all__ = ["make_fused", "best_implementation", "implementation", "takes_found_inf"]
 
@@ -69,7 +74,7 @@ def make_fused(optimizer: torch.optim.Optimizer) -> str:
     return chosen
 
 
-def _apply(rt) -> None:
+def _apply(rt: Runtime) -> None:
     import logging
 
     for opt in rt.optimizers:

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .model_info import ANY_MODEL
 from .policy import Export, by_finder
 from .registry import BenchEntry, Order, Speedup, register
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..runtime import Runtime
 
 
 def is_last_micro_batch(index: int, accum_steps: int, total: int | None = None) -> bool:
@@ -15,7 +20,7 @@ def is_last_micro_batch(index: int, accum_steps: int, total: int | None = None) 
     return (index + 1) % accum_steps == 0 or (total is not None and index + 1 == total)
 
 
-def _apply(rt) -> None:
+def _apply(rt: Runtime) -> None:
     rt.accum_steps = rt.plan.grad_accum_steps
 
 

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .model_info import ANY_MODEL
 from .policy import Export, by_rule
 from .registry import BenchEntry, Order, Speedup, gpu_only, on_gpu, register
 
+if TYPE_CHECKING:  # pragma: no cover
+    from ..runtime import Runtime
 
-def _apply(rt) -> None:
+
+def _apply(rt: Runtime) -> None:
     rt.non_blocking = True
 
 

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from .model_info import ANY_MODEL
 from .policy import Export, timed
 from .registry import BenchEntry, Order, Speedup, register
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..runtime import Runtime
 
 AUTOCAST_DTYPES = {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}
 
@@ -26,7 +31,7 @@ def cast_to_bf16(model: torch.nn.Module) -> torch.nn.Module:
     return model.to(torch.bfloat16)
 
 
-def _apply(rt) -> None:
+def _apply(rt: Runtime) -> None:
     precision = rt.plan.precision
     if precision == "bf16-true":
         cast_to_bf16(rt.module)

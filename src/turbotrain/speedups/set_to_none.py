@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from .model_info import ANY_MODEL
 from .policy import Export, not_tuned
 from .registry import BenchEntry, Order, Speedup, register
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..runtime import Runtime
 
 _TORCH_ZERO_GRAD = torch.optim.Optimizer.zero_grad
 
@@ -30,7 +35,7 @@ def zero_grad(optimizer: torch.optim.Optimizer, set_to_none: bool = True) -> Non
     optimizer.zero_grad(set_to_none=set_to_none)
 
 
-def _apply(rt) -> None:
+def _apply(rt: Runtime) -> None:
     rt.set_to_none = rt.plan.set_to_none
 
 

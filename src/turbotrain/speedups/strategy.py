@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
@@ -10,6 +12,9 @@ from ..config import ConfigError
 from .model_info import ANY_MODEL
 from .policy import Export, ExportError, not_tuned
 from .registry import BenchEntry, Order, Speedup, register
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..runtime import Runtime
 
 
 def resolve_strategy(strategy: str) -> str:
@@ -34,7 +39,7 @@ def wrap_ddp(model: nn.Module, device: torch.device) -> nn.parallel.DistributedD
     return nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
 
 
-def _device_of_this_rank(rt) -> None:
+def _device_of_this_rank(rt: Runtime) -> None:
     """Plan(device='cuda') names no index: under a launcher each process takes the GPU of its local rank."""
     if rt.device.type == "cuda" and rt.device.index is None:
         rt.device = torch.device("cuda", tdist.local_rank() % torch.cuda.device_count())
@@ -42,7 +47,7 @@ def _device_of_this_rank(rt) -> None:
             rt.module.to(rt.device)  # in place: parameters (and the optimizers' references) stay the same objects
 
 
-def _apply(rt) -> None:
+def _apply(rt: Runtime) -> None:
     strategy = resolve_strategy(rt.plan.strategy)
     if strategy == "none":
         return

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from torch import nn
 
 from .. import distributed as tdist
@@ -9,6 +11,9 @@ from ..config import ConfigError
 from .model_info import ANY_MODEL
 from .policy import Export, not_tuned
 from .registry import BenchEntry, Order, Speedup, register
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..runtime import Runtime
 
 # PyTorch's SyncBatchNorm raises in forward for any other device type.
 _SYNC_DEVICES = ("cuda", "xpu", "hpu")
@@ -28,7 +33,7 @@ def check_compile_conflict(plan) -> None:
             "buys. Drop one of the two, or set sync_batchnorm='force' to run it anyway.")
 
 
-def _apply(rt) -> None:
+def _apply(rt: Runtime) -> None:
     rt.module = convert_sync_batchnorm(rt.module)
     rt.model = rt.module
 

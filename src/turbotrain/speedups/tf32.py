@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from .model_info import ANY_MODEL
 from .policy import Export, timed
 from .registry import BenchEntry, Order, Speedup, register
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..runtime import Runtime
 
 
 def set_tf32(enabled: bool = True) -> None:
@@ -15,7 +20,7 @@ def set_tf32(enabled: bool = True) -> None:
     torch.backends.cudnn.allow_tf32 = enabled
 
 
-def _apply(rt) -> None:
+def _apply(rt: Runtime) -> None:
     set_tf32(True)
 
 

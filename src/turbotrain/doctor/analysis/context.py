@@ -149,11 +149,11 @@ class Context:
                 best, best_key = record, (count, seconds)
         return best if best_key[0] > 0 else None
 
-    def per_step(self, attr: str) -> float:
-        """Average of a StepRecord counter (``backwards``, ``forwards``, ``optimizers``) over measured steps."""
+    def backwards_per_step(self) -> float:
+        """Backward passes per measured step (more than one: gradient accumulation, or a second loss)."""
         measured = set(self.measured_steps)
         chosen = [s for s in self.step_records if s.index in measured]
-        return sum(getattr(s, attr) for s in chosen) / len(chosen) if chosen else 0.0
+        return sum(s.backwards for s in chosen) / len(chosen) if chosen else 0.0
 
     def function_ran(self, site: Site | None) -> bool | None:
         """Whether the function holding ``site``'s line was seen running (during warm-up or the profiler

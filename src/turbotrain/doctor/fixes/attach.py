@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -21,6 +21,11 @@ from ..report.fix_results import FixReport, FixResult, Verification
 from .diff import PatchError, combine, make_diffs, render_patch, write_patch
 from .choose import plan_fixes
 from .verify import Verifier, VerifyError, VerifyOptions
+
+if TYPE_CHECKING:
+    from ..analysis.context import Context
+    from ..findings import Finding
+    from ..report.model import Report
 
 __all__ = ["attach_fixes", "predicted_together"]
 
@@ -143,7 +148,7 @@ def _header(report: Any, fix_report: FixReport, patch_name: str, base: str, veri
     return [" ".join(line.split("\n")) for line in lines]
 
 
-def attach_fixes(report: Any, ctx: Any, findings: list, options: Any, script_path: str) -> FixReport:
+def attach_fixes(report: Report, ctx: Context, findings: list[Finding], options: Any, script_path: str) -> FixReport:
     """Plan, diff, (verify,) and write the patch of ``report``'s findings; the outcome as a :class:`FixReport`."""
     base = os.path.dirname(script_path)
     fix_report = FixReport()

@@ -8,7 +8,7 @@ every convolution (by where it was built) that a BatchNorm follows.
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from torch import nn
 
@@ -19,12 +19,15 @@ from ..requests import AttentionTrial, LoaderTrial
 from .model import EXACT, PRECISION, REINITIALISED, ByHand, EditRequest
 from ..report.fix_results import FixResult
 
+if TYPE_CHECKING:
+    from ..analysis.context import Context
+
 __all__ = ["plan_fixes", "FIXABLE_RULES", "check_rules"]
 
 _CONVS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
 
 
-def _loader(ctx, f: Finding) -> dict[str, Any]:
+def _loader(ctx: Context, f: Finding) -> dict[str, Any]:
     if f.rule == "num-workers":
         if not isinstance(f.trial, LoaderTrial):
             raise ByHand("the batches are built in the loop, not by a DataLoader: move that work into a Dataset "
@@ -39,7 +42,7 @@ def _loader(ctx, f: Finding) -> dict[str, Any]:
     return {"kind": "loader", "params": {name: True}, "label": f"DataLoader({name}=True)"}
 
 
-def _optimizer(ctx, f: Finding) -> dict[str, Any]:
+def _optimizer(ctx: Context, f: Finding) -> dict[str, Any]:
     opt = next((o for o, site in ctx.optimizers if site == f.site), None)
     if opt is None:
         raise ByHand("the optimizer the finding names was not seen being built")
@@ -48,28 +51,28 @@ def _optimizer(ctx, f: Finding) -> dict[str, Any]:
     return {"kind": "optimizer", "params": {"class": cls, "switch": switch}, "label": f"{cls}(..., {switch}=True)"}
 
 
-def _zero_grad(ctx, f: Finding) -> dict[str, Any]:
+def _zero_grad(ctx: Context, f: Finding) -> dict[str, Any]:
     return {"kind": "zero_grad", "label": "zero_grad(set_to_none=True)"}
 
 
-def _eval(ctx, f: Finding) -> dict[str, Any]:
+def _eval(ctx: Context, f: Finding) -> dict[str, Any]:
     return {"kind": "inference_mode", "label": "with torch.inference_mode(): around the validation"}
 
 
-def _numpy(ctx, f: Finding) -> dict[str, Any]:
+def _numpy(ctx: Context, f: Finding) -> dict[str, Any]:
     if f.source == "static":
         raise ByHand("the run did not see what this line passes; torch.from_numpy takes only a NumPy array")
     return {"kind": "from_numpy", "label": "torch.from_numpy(array) for torch.tensor(array)"}
 
 
-def _cudnn(ctx, f: Finding) -> dict[str, Any]:
+def _cudnn(ctx: Context, f: Finding) -> dict[str, Any]:
     # The flag is process-wide: the script itself is where it goes, whichever file built the model.
     site = f.site if f.source == "static" else None
     return {"kind": "cudnn_benchmark", "label": "torch.backends.cudnn.benchmark = True",
             "file": site.file if site is not None else ctx.script, "line": site.line if site is not None else 0}
 
 
-def _cadence(ctx, f: Finding) -> dict[str, Any]:
+def _cadence(ctx: Context, f: Finding) -> dict[str, Any]:
     assert f.site is not None  # plan_fixes plans only findings with a site (but cudnn-benchmark-off)
     row = next((r for r in periodic_table(ctx) if r["site"] == f.site and r["every"]), None)
     if row is None or not row["suggested_every"]:
@@ -79,7 +82,7 @@ def _cadence(ctx, f: Finding) -> dict[str, Any]:
             "params": {"every": every, "new_every": better, "kind": kind, "function": f.site.function}}
 
 
-def _save(ctx, f: Finding) -> dict[str, Any]:
+def _save(ctx: Context, f: Finding) -> dict[str, Any]:
     per_step = f.evidence.get("per_step") or 1.0
     if per_step > 1.0:
         raise ByHand("torch.save runs more than once per step here; checkpoint less often by hand")
@@ -89,7 +92,7 @@ def _save(ctx, f: Finding) -> dict[str, Any]:
                                                                       "step)"}
 
 
-def _conv_bias(ctx, f: Finding) -> dict[str, Any]:
+def _conv_bias(ctx: Context, f: Finding) -> dict[str, Any]:
     assert f.site is not None  # plan_fixes plans only findings with a site (but cudnn-benchmark-off)
     modules = dict(ctx.model.named_modules()) if ctx.model is not None else {}
     paired = {name for name, _ in f.evidence.get("pairs", [])}
@@ -116,7 +119,7 @@ def _conv_bias(ctx, f: Finding) -> dict[str, Any]:
             "numerics": REINITIALISED, "label": f"bias=False in {len(paired)} conv(s) before a BatchNorm"}
 
 
-def _attention(ctx, f: Finding) -> dict[str, Any]:
+def _attention(ctx: Context, f: Finding) -> dict[str, Any]:
     assert f.site is not None  # plan_fixes plans only findings with a site (but cudnn-benchmark-off)
     name = f.evidence.get("function", "the attention")
     line = f.trial.softmax.line if isinstance(f.trial, AttentionTrial) else f.site.line
@@ -124,7 +127,7 @@ def _attention(ctx, f: Finding) -> dict[str, Any]:
             "label": f"scaled_dot_product_attention for the attention in {name}()"}
 
 
-def _autocast(ctx, f: Finding) -> dict[str, Any]:
+def _autocast(ctx: Context, f: Finding) -> dict[str, Any]:
     precision = (f.fix.plan or {}).get("precision")
     if precision != "bf16-mixed":
         raise ByHand("float16 needs a torch.amp.GradScaler around the backward and the step as well; add "
@@ -134,7 +137,7 @@ def _autocast(ctx, f: Finding) -> dict[str, Any]:
                      "(changes numerics)"}
 
 
-_PLANNERS: dict[str, Callable[[Any, Finding], dict[str, Any]]] = {
+_PLANNERS: dict[str, Callable[[Context, Finding], dict[str, Any]]] = {
     "num-workers": _loader, "persistent-workers": _loader, "pin-memory": _loader,
     "non-foreach-optimizer": _optimizer, "zero-grad-not-none": _zero_grad, "grad-in-validation": _eval,
     "tensor-from-numpy-copy": _numpy, "cudnn-benchmark-off": _cudnn, "periodic-work": _cadence,
@@ -158,7 +161,8 @@ def _inside(path: str, base: str) -> bool:
     return os.path.commonpath([os.path.realpath(path), os.path.realpath(base)]) == os.path.realpath(base)
 
 
-def plan_fixes(ctx, findings: list[Finding], base: str, rules: tuple[str, ...] | None = None) -> list[FixResult]:
+def plan_fixes(ctx: Context, findings: list[Finding], base: str,
+               rules: tuple[str, ...] | None = None) -> list[FixResult]:
     """One :class:`FixResult` per finding whose rule has an edit kind (of ``rules``, when given): with its
     request, or why it is by hand."""
     if rules is not None:
@@ -191,7 +195,8 @@ def plan_fixes(ctx, findings: list[Finding], base: str, rules: tuple[str, ...] |
         except ByHand as exc:
             result.by_hand = str(exc)
             continue
-        verdict, ratio = (f.what_if or {}).get("verdict"), (f.what_if or {}).get("ratio", 0.0)
+        verdict = f.what_if.verdict if f.what_if is not None else None
+        ratio = (f.what_if.ratio if f.what_if is not None else None) or 0.0
         if verdict == "slower":
             result.doubt = f"the what-if measured it slower here (x{ratio:.2f})"
         elif verdict is not None and verdict != "faster" and result.numerics != EXACT:

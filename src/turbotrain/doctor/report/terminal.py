@@ -40,11 +40,8 @@ _IMPORTS = {"lightning": re.compile(r"^\s*(?:import|from)\s+(?:lightning|pytorch
 def framework(report: Report) -> str:
     """How the script is written: ``lightning``, ``accelerate`` or ``pytorch``.
 
-    A ``framework`` hint on the report wins; otherwise the script's own imports decide.
+    The script's own imports decide.
     """
-    hint = getattr(report, "framework", None)
-    if hint in _FRAMEWORK_LABEL:
-        return hint
     try:
         source = Path(report.script).read_text(errors="replace") if report.script else ""
     except OSError:
@@ -56,7 +53,7 @@ def chosen_fix(finding: Finding, how: str = "pytorch") -> tuple[str, str]:
     """(framework label, text) of the one fix to show: the script's framework's, else PyTorch's, else the Plan's."""
     fix = finding.fix
     for name in (how, "pytorch"):
-        text = getattr(fix, name, None)
+        text = fix.in_framework(name)
         if text:
             return _FRAMEWORK_LABEL[name], text
     if fix.plan:

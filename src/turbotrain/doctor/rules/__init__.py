@@ -10,10 +10,13 @@ registry, and :data:`HABIT_RULES`, the habits no Plan switch answers.
 from __future__ import annotations
 
 import logging
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 from ..findings import SEVERITIES, Finding
 from .registry import HABIT_RULES, RULE_IDS, RULES, rule
+
+if TYPE_CHECKING:
+    from ..analysis.context import Context
 
 __all__ = ["rule", "evaluate", "RULES", "RULE_IDS", "HABIT_RULES"]
 
@@ -26,7 +29,7 @@ def _load() -> None:
 
 def _merge(findings: list[Finding]) -> list[Finding]:
     """One finding per (rule, line): a runtime finding absorbs a static one about the same line."""
-    by_key: dict[tuple, Finding] = {}
+    by_key: dict[tuple[str, object], Finding] = {}
     rank = {"runtime": 0, "live": 1, "static": 2}
     for f in findings:
         key = (f.rule, (f.site.file, f.site.line) if f.site else f.where)
@@ -41,7 +44,7 @@ def _merge(findings: list[Finding]) -> list[Finding]:
             if not (f.source == "static" and f.site and (f.rule, f.site.file, f.site.function) in measured)]
 
 
-def evaluate(ctx, only: Iterable[str] | None = None) -> list[Finding]:
+def evaluate(ctx: Context, only: Iterable[str] | None = None) -> list[Finding]:
     """Every rule's findings for ``ctx``, merged; a rule that crashes is logged and skipped."""
     _load()
     wanted = set(only) if only else None
@@ -58,7 +61,7 @@ def evaluate(ctx, only: Iterable[str] | None = None) -> list[Finding]:
     return order(_merge([f for f in found if _confirmed(ctx, f)]))
 
 
-def _confirmed(ctx, finding: Finding) -> bool:
+def _confirmed(ctx: Context, finding: Finding) -> bool:
     """A static finding on a line the run could have executed: kept only if its function ran; when the run
     saw it never run, it stays at ``low`` and says so."""
     if finding.source != "static" or finding.site is None:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import cast
+from typing import TYPE_CHECKING, Iterator, cast
 
 from torch import nn
 
-from ...plan import Plan
+from ...plan import Plan, Precision
 from ...speedups import fused_optimizer
 from ...speedups.policy import call_text
 from ...speedups.registry import by_field
@@ -15,13 +15,17 @@ from .registry import rule
 from ..requests import BatchTrial, PlanTrial
 from .nccl import check_nccl_env
 
+if TYPE_CHECKING:
+    from ...hardware import Hardware
+    from ..analysis.context import Context
 
-def _for_this_model(ctx, field: str) -> bool:
+
+def _for_this_model(ctx: Context, field: str) -> bool:
     """Whether the speed-up switching Plan.``field`` is for this model (its declared ``applies_to``)."""
     return by_field(field).applies_to(ctx.info)
 
 
-def _precision_for(hw) -> str | None:
+def _precision_for(hw: Hardware) -> Precision | None:
     if hw.bf16:
         return "bf16-mixed"
     if hw.fp16:
@@ -30,7 +34,7 @@ def _precision_for(hw) -> str | None:
 
 
 @rule("small-batch", "live")
-def small_batch(ctx):
+def small_batch(ctx: Context) -> Iterator[Finding]:
     batch = ctx.facts.batch_size or (ctx.capture.batch_size if ctx.capture else None)
     overhead = ctx.dispatch_share()
     if not batch or ctx.capture is None or batch > 32 or overhead < 0.25:
@@ -52,7 +56,7 @@ def small_batch(ctx):
 
 
 @rule("no-mixed-precision", "live")
-def no_mixed_precision(ctx):
+def no_mixed_precision(ctx: Context) -> Iterator[Finding]:
     facts = ctx.facts
     if ctx.model is None or facts.autocast or "16" in facts.param_dtype:
         return
@@ -78,7 +82,7 @@ def no_mixed_precision(ctx):
 
 
 @rule("zero-grad-not-none", "live")
-def zero_grad_not_none(ctx):
+def zero_grad_not_none(ctx: Context) -> Iterator[Finding]:
     for stat in ctx.ran_sites("zero_grad_zeros"):
         f = Finding(
             "zero-grad-not-none", site=stat.site, category="optimizer", speedup=speedup_for_rule("zero-grad-not-none"),
@@ -93,7 +97,7 @@ def zero_grad_not_none(ctx):
 
 
 @rule("non-foreach-optimizer", "live")
-def non_foreach_optimizer(ctx):
+def non_foreach_optimizer(ctx: Context) -> Iterator[Finding]:
     for opt, site in ctx.optimizers:
         if "foreach" not in opt.defaults and "fused" not in opt.defaults:
             continue  # not a torch optimizer with vectorised kernels
@@ -128,7 +132,7 @@ def _dims(module: nn.Module) -> tuple[int, int]:
 
 
 @rule("dims-not-multiple-of-8", "live")
-def dims_not_multiple_of_8(ctx):
+def dims_not_multiple_of_8(ctx: Context) -> Iterator[Finding]:
     model = ctx.model
     if model is None:
         return
@@ -157,7 +161,7 @@ def dims_not_multiple_of_8(ctx):
 
 
 @rule("batch-size-not-multiple-of-8", "live")
-def batch_size_not_multiple_of_8(ctx):
+def batch_size_not_multiple_of_8(ctx: Context) -> Iterator[Finding]:
     batch = ctx.facts.batch_size
     if not batch or batch < 8 or batch % 8 == 0:
         return
@@ -173,7 +177,7 @@ def batch_size_not_multiple_of_8(ctx):
     yield f.on_cpu(ctx, " with tensor cores")
 
 
-def _switch_finding(ctx, rule_id: str, message: str, fix: Fix, measurable: bool = True) -> Finding:
+def _switch_finding(ctx: Context, rule_id: str, message: str, fix: Fix, measurable: bool = True) -> Finding:
     """A finding about the model that one Plan switch answers, timed by a what-if on the captured batch."""
     plan = fix.plan
     assert plan is not None  # a Plan switch's fix
@@ -184,7 +188,7 @@ def _switch_finding(ctx, rule_id: str, message: str, fix: Fix, measurable: bool 
 
 
 @rule("cudnn-benchmark-off", "live")
-def cudnn_benchmark_off(ctx):
+def cudnn_benchmark_off(ctx: Context) -> Iterator[Finding]:
     if not _for_this_model(ctx, "cudnn_benchmark") or ctx.facts.cudnn_benchmark:
         return
     if not ctx.on_gpu and not ctx.written_for_gpu:
@@ -200,7 +204,7 @@ def cudnn_benchmark_off(ctx):
 
 
 @rule("channels-last", "live")
-def channels_last(ctx):
+def channels_last(ctx: Context) -> Iterator[Finding]:
     if not _for_this_model(ctx, "channels_last") or ctx.facts.input_channels_last:
         return
     if not any(len(s) == 4 for s in ctx.facts.input_shapes):
@@ -216,7 +220,7 @@ def channels_last(ctx):
 
 
 @rule("conv-bias-before-bn", "live")
-def conv_bias_before_bn(ctx):
+def conv_bias_before_bn(ctx: Context) -> Iterator[Finding]:
     pairs = ctx.info.conv_bn_pairs
     if not _for_this_model(ctx, "drop_conv_bias") or ctx.model is None:
         return
@@ -236,7 +240,7 @@ def conv_bias_before_bn(ctx):
 
 
 @rule("data-parallel", "live")
-def data_parallel(ctx):
+def data_parallel(ctx: Context) -> Iterator[Finding]:
     for module in [ctx.model, *ctx.modules]:
         if isinstance(module, nn.DataParallel):
             gpus = ctx.hw.device_count if ctx.on_gpu else 0
@@ -256,7 +260,7 @@ def data_parallel(ctx):
 
 
 @rule("syncbn-with-compile", "live")
-def syncbn_with_compile(ctx):
+def syncbn_with_compile(ctx: Context) -> Iterator[Finding]:
     model = ctx.model
     if model is None or not any(isinstance(m, nn.SyncBatchNorm) for m in model.modules()):
         return
@@ -274,7 +278,7 @@ def syncbn_with_compile(ctx):
 
 
 @rule("nccl-env", "live")
-def nccl_env(ctx):
+def nccl_env(ctx: Context) -> Iterator[Finding]:
     for name, kind, message, fix in check_nccl_env(ctx.env):
         f = Finding("nccl-env", where=f"env {name}", message=message, fix=Fix(fix), category="compute",
                     speedup=speedup_for_rule("nccl-env"), evidence={"variable": name, "kind": kind})

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterator
 
 from ...data import stats as data_stats
@@ -13,7 +14,8 @@ from .registry import rule
 from ..requests import CopyTrial, EvalGradTrial, LoaderTrial, PlanTrial
 
 if TYPE_CHECKING:
-    from ..analysis.context import Context
+    from ..analysis.context import Context, SiteStat
+    from ..sites import Site
 
 _SYNC_NAMES = {"item": ".item()", "tolist": ".tolist()", "numpy": ".numpy()", "cpu": ".cpu()",
                "nonzero": ".nonzero()", "bool": "bool()/if on a tensor", "float": "float(tensor)",
@@ -26,7 +28,7 @@ def _ms(seconds: float) -> str:
 
 
 @rule("num-workers", "runtime")
-def num_workers(ctx):
+def num_workers(ctx: Context) -> Iterator[Finding]:
     share = ctx.share("data_loading")
     if share < 0.10:
         return
@@ -81,7 +83,7 @@ def num_workers(ctx):
 
 
 @rule("persistent-workers", "runtime")
-def persistent_workers(ctx):
+def persistent_workers(ctx: Context) -> Iterator[Finding]:
     record = ctx.main_loader
     if record is None or record.settings["num_workers"] == 0 or record.settings["persistent_workers"]:
         return
@@ -107,7 +109,7 @@ def persistent_workers(ctx):
 
 
 @rule("pin-memory", "runtime")
-def pin_memory(ctx):
+def pin_memory(ctx: Context) -> Iterator[Finding]:
     record = ctx.main_loader
     if record is None or record.settings["pin_memory"]:
         return
@@ -136,7 +138,7 @@ def pin_memory(ctx):
 
 
 @rule("non-blocking", "runtime")
-def non_blocking(ctx):
+def non_blocking(ctx: Context) -> Iterator[Finding]:
     if not ctx.on_gpu:
         return  # on the CPU there is no copy; the static rule notes GPU scripts
     blocking = [s for s in ctx.ran_sites("h2d") if not s.detail.get("non_blocking")]
@@ -160,32 +162,41 @@ def non_blocking(ctx):
         yield f
 
 
+@dataclass
+class _Syncs:
+    """The host syncs at one line: which calls, how many per step, their seconds per step."""
+
+    kinds: set[str] = field(default_factory=set)
+    per_step: float = 0.0
+    seconds: float = 0.0
+
+
 @rule("host-sync-in-loop", "runtime")
 def host_sync(ctx: Context) -> Iterator[Finding]:
-    by_site: dict = defaultdict(lambda: {"kinds": set(), "per_step": 0.0, "seconds": 0.0})
+    by_site: defaultdict[Site, _Syncs] = defaultdict(_Syncs)
     for stat in ctx.ran_sites("sync:"):
         entry = by_site[stat.site]
-        entry["kinds"].add(stat.kind.split(":", 1)[1])
-        entry["per_step"] = max(entry["per_step"], stat.per_step)
-        entry["seconds"] += stat.seconds_per_step
+        entry.kinds.add(stat.kind.split(":", 1)[1])
+        entry.per_step = max(entry.per_step, stat.per_step)
+        entry.seconds += stat.seconds_per_step
     if not by_site:
         return
-    total_sync = sum(e["seconds"] for e in by_site.values()) or 1e-12
+    total_sync = sum(e.seconds for e in by_site.values()) or 1e-12
     sync_share = ctx.share("host_sync")
-    ranked = sorted(by_site.items(), key=lambda kv: (-kv[1]["seconds"], -kv[1]["per_step"]))
+    ranked = sorted(by_site.items(), key=lambda kv: (-kv[1].seconds, -kv[1].per_step))
     for site, entry in ranked[:6]:
-        names = ", ".join(sorted(_SYNC_NAMES.get(k, k) for k in entry["kinds"]))
-        share = sync_share * entry["seconds"] / total_sync
+        names = ", ".join(sorted(_SYNC_NAMES.get(k, k) for k in entry.kinds))
+        share = sync_share * entry.seconds / total_sync
         f = Finding(
             "host-sync-in-loop", site=site, category="host_sync",
-            message=(f"{names} here makes the host wait for the device {entry['per_step']:g}x per step "
-                     f"({_ms(entry['seconds'])} per step, {share:.1%} of step time)."),
+            message=(f"{names} here makes the host wait for the device {entry.per_step:g}x per step "
+                     f"({_ms(entry.seconds)} per step, {share:.1%} of step time)."),
             fix=Fix("Keep values on the device inside the step (e.g. running_loss += loss.detach()) and read them "
                     "with .item() only every N steps; no print/f-string/if on tensors in the step.",
                     lightning="self.log(name, value) (logged lazily) with Trainer(log_every_n_steps=N)",
                     accelerate="accelerator.gather(...) and .item() only on logging steps"),
-            evidence={"per_step": entry["per_step"], "kinds": sorted(entry["kinds"]),
-                      "ms_per_step": round(entry["seconds"] * 1e3, 4)})
+            evidence={"per_step": entry.per_step, "kinds": sorted(entry.kinds),
+                      "ms_per_step": round(entry.seconds * 1e3, 4)})
         f.set_gain(share, measured=True)
         if not ctx.on_gpu:
             f.note = ("On this CPU run the call itself is cheap; on a GPU each one stalls the host until every "
@@ -193,14 +204,14 @@ def host_sync(ctx: Context) -> Iterator[Finding]:
         yield f
 
 
-def _timed_sites(ctx, kind: str):
+def _timed_sites(ctx: Context, kind: str) -> Iterator[tuple[SiteStat, float]]:
     """(per-site stats, share of step time) of events of ``kind`` that ran in the measured steps."""
     for stat in ctx.ran_sites(kind):
         yield stat, (stat.seconds_per_step / ctx.step_s if ctx.step_s else 0.0)
 
 
 @rule("tensor-from-numpy-copy", "runtime")
-def tensor_from_numpy(ctx):
+def tensor_from_numpy(ctx: Context) -> Iterator[Finding]:
     for stat, share in _timed_sites(ctx, "tensor_copy"):
         f = Finding(
             "tensor-from-numpy-copy", site=stat.site, category="data_loading",
@@ -215,7 +226,7 @@ def tensor_from_numpy(ctx):
 
 
 @rule("save-in-loop", "runtime")
-def save_in_loop(ctx):
+def save_in_loop(ctx: Context) -> Iterator[Finding]:
     for stat, share in _timed_sites(ctx, "save"):
         f = Finding(
             "save-in-loop", site=stat.site, category="outside_step",
@@ -231,7 +242,7 @@ def save_in_loop(ctx):
 
 
 @rule("empty-cache-in-loop", "runtime")
-def empty_cache(ctx):
+def empty_cache(ctx: Context) -> Iterator[Finding]:
     for stat in ctx.ran_sites("empty_cache"):
         f = Finding(
             "empty-cache-in-loop", site=stat.site, category="compute",
@@ -246,7 +257,7 @@ def empty_cache(ctx):
 
 
 @rule("grad-in-validation", "runtime")
-def grad_in_validation(ctx):
+def grad_in_validation(ctx: Context) -> Iterator[Finding]:
     for _kind, site, tally in ctx.seen("eval_grad_forward"):
         count, seconds, _ = tally.total(ctx.measured_steps)
         all_count, all_seconds, _ = tally.total(tally.by_step.keys())
@@ -267,12 +278,12 @@ def grad_in_validation(ctx):
 
 
 @rule("accumulation-syncs", "runtime")
-def accumulation_syncs(ctx):
+def accumulation_syncs(ctx: Context) -> Iterator[Finding]:
     from torch.nn.parallel import DistributedDataParallel
 
     if not any(isinstance(m, DistributedDataParallel) for m in ctx.modules + [ctx.model]):
         return
-    backwards = ctx.per_step("backwards")
+    backwards = ctx.backwards_per_step()
     if backwards <= 1.01 or ctx.seen("no_sync"):
         return
     site = ctx.capture.site if ctx.capture else None
@@ -296,7 +307,7 @@ def accumulation_syncs(ctx):
 
 
 @rule("jit-script", "runtime")
-def fuse_with_compile(ctx):
+def fuse_with_compile(ctx: Context) -> Iterator[Finding]:
     if ctx.facts.compiled or ctx.seen("compile") or ctx.model is None:
         return
     overhead, compute = ctx.dispatch_share(), ctx.share("compute") + ctx.share("python_overhead")
@@ -321,7 +332,7 @@ def fuse_with_compile(ctx):
 
 
 @rule("slow-storage", "runtime")
-def slow_storage(ctx):
+def slow_storage(ctx: Context) -> Iterator[Finding]:
     """Data wait dominated by storage reads through ``turbotrain.data`` (the data layer decides)."""
     if ctx.storage_stats is None:
         return
@@ -341,7 +352,7 @@ def slow_storage(ctx):
 
 
 @rule("periodic-work", "runtime")
-def periodic_work(ctx):
+def periodic_work(ctx: Context) -> Iterator[Finding]:
     for row in periodic_table(ctx):
         share = row["share"]
         if share is None or share < PERIODIC_TARGET_SHARE:

@@ -7,35 +7,40 @@ Static findings are ``low`` unless the run confirms the line ran during the meas
 from __future__ import annotations
 
 import ast
+from typing import TYPE_CHECKING, Any, Iterator
 
 from ..findings import Finding, Fix, lightning_call, speedup_for_rule
 from ..analysis.source import SourceIndex, dotted_name, is_const, keyword
 from .registry import rule
 from ..requests import AttentionTrial
 from .nccl import check_nccl_env
+from ..sites import Site
+
+if TYPE_CHECKING:
+    from ..analysis.context import Context
 
 FACTORIES = ("zeros", "ones", "empty", "full", "rand", "randn", "randint", "arange", "eye", "linspace", "tensor",
              "zeros_like", "ones_like", "rand_like", "randn_like", "full_like")
 
 
-def _sources(ctx):
+def _sources(ctx: Context) -> list[SourceIndex]:
     return list(ctx.sources.values())
 
 
-def _static(rule_id: str, index: SourceIndex, node: ast.AST, message: str, fix: Fix, **kw) -> Finding:
+def _static(rule_id: str, index: SourceIndex, node: ast.AST, message: str, fix: Fix, **kw: Any) -> Finding:
     f = Finding(rule_id, site=index.site(node), message=message, fix=fix, **kw)
     f.provisional("low")
     return f
 
 
-def _ran(ctx, kind: str, site) -> float:
+def _ran(ctx: Context, kind: str, site: Site) -> float:
     """Per-step count of events of ``kind`` recorded at ``site``'s line during the measured steps."""
     stat = ctx.stat_at(kind, site)
     return stat.per_step if stat else 0.0
 
 
 @rule("jit-script", "static")
-def jit_script(ctx):
+def jit_script(ctx: Context) -> Iterator[Finding]:
     for index in _sources(ctx):
         for call, name in index.calls("torch.jit.script", "torch.jit.trace", "jit.script", "jit.trace"):
             yield _static("jit-script", index, call,
@@ -54,7 +59,7 @@ def jit_script(ctx):
 
 
 @rule("empty-cache-in-loop", "static")
-def empty_cache_static(ctx):
+def empty_cache_static(ctx: Context) -> Iterator[Finding]:
     for index in _sources(ctx):
         for call, _ in index.calls("cuda.empty_cache"):
             if index.runs_per_step(call):
@@ -65,7 +70,7 @@ def empty_cache_static(ctx):
 
 
 @rule("zero-grad-not-none", "static")
-def zero_grad_static(ctx):
+def zero_grad_static(ctx: Context) -> Iterator[Finding]:
     for index in _sources(ctx):
         for call, _ in index.calls("zero_grad"):
             arg = keyword(call, "set_to_none") or (call.args[0] if call.args else None)
@@ -83,7 +88,7 @@ def zero_grad_static(ctx):
 
 
 @rule("tensor-created-off-device", "static")
-def created_off_device(ctx):
+def created_off_device(ctx: Context) -> Iterator[Finding]:
     for index in _sources(ctx):
         for node in ast.walk(index.tree):
             # torch.zeros(...).to(device) / .cuda(): made on the host, then copied.
@@ -105,7 +110,7 @@ def created_off_device(ctx):
 
 
 @rule("non-blocking", "static")
-def non_blocking_static(ctx):
+def non_blocking_static(ctx: Context) -> Iterator[Finding]:
     if ctx.on_gpu:
         return  # measured by the runtime rule
     for index in _sources(ctx):
@@ -131,7 +136,7 @@ def non_blocking_static(ctx):
 
 
 @rule("tensor-from-numpy-copy", "static")
-def numpy_copy_static(ctx):
+def numpy_copy_static(ctx: Context) -> Iterator[Finding]:
     for index in _sources(ctx):
         for call, _name in index.calls("torch.tensor"):
             if not call.args or isinstance(call.args[0], (ast.Constant, ast.List, ast.Tuple, ast.ListComp)):
@@ -165,7 +170,7 @@ def _grad_disabled(index: SourceIndex, node: ast.AST) -> bool:
 
 
 @rule("grad-in-validation", "static")
-def grad_in_validation_static(ctx):
+def grad_in_validation_static(ctx: Context) -> Iterator[Finding]:
     for index in _sources(ctx):
         for call, name in index.calls("eval"):
             if not isinstance(call.func, ast.Attribute) or call.args or _grad_disabled(index, call):
@@ -182,7 +187,7 @@ def grad_in_validation_static(ctx):
 
 
 @rule("save-in-loop", "static")
-def save_in_loop_static(ctx):
+def save_in_loop_static(ctx: Context) -> Iterator[Finding]:
     for index in _sources(ctx):
         for call, _ in index.calls("torch.save"):
             if not index.in_direct_loop(call):
@@ -213,7 +218,7 @@ def _has_transposed_matmul(node: ast.AST) -> bool:
 
 
 @rule("manual-attention", "static")
-def manual_attention(ctx):
+def manual_attention(ctx: Context) -> Iterator[Finding]:
     for index in _sources(ctx):
         for func in ast.walk(index.tree):
             if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -228,7 +233,7 @@ def manual_attention(ctx):
                            and dotted_name(c.func).split(".")[-1] == "softmax")
             site = index.site(softmax)
             per_step = _ran(ctx, "softmax", site)
-            lines = (func.lineno, getattr(func, "end_lineno", func.lineno))
+            lines = (func.lineno, func.end_lineno or func.lineno)
             source = ast.unparse(func)
             causal = any(word in source for word in ("triu", "tril", "causal"))
             f = Finding(
@@ -239,7 +244,7 @@ def manual_attention(ctx):
                 fix=Fix("torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=..., "
                         "is_causal=...)"),
                 evidence={"function": func.name, "per_step": per_step},
-                trial=AttentionTrial(index.path, tuple(lines), site, per_step, bool(causal)))
+                trial=AttentionTrial(index.path, lines, site, per_step, bool(causal)))
             f.provisional("medium" if per_step else "low")
             if not per_step:
                 f.note = "Not seen running during the measured steps."
@@ -247,7 +252,7 @@ def manual_attention(ctx):
 
 
 @rule("data-parallel", "static")
-def data_parallel_static(ctx):
+def data_parallel_static(ctx: Context) -> Iterator[Finding]:
     for index in _sources(ctx):
         for call, _ in index.calls("DataParallel"):
             yield _static("data-parallel", index, call,
@@ -257,7 +262,7 @@ def data_parallel_static(ctx):
 
 
 @rule("syncbn-with-compile", "static")
-def syncbn_static(ctx):
+def syncbn_static(ctx: Context) -> Iterator[Finding]:
     for index in _sources(ctx):
         syncbn = list(index.calls("convert_sync_batchnorm", "SyncBatchNorm"))
         compiled = list(index.calls("torch.compile"))
@@ -269,7 +274,7 @@ def syncbn_static(ctx):
 
 
 @rule("accumulation-syncs", "static")
-def accumulation_static(ctx):
+def accumulation_static(ctx: Context) -> Iterator[Finding]:
     for index in _sources(ctx):
         if "DistributedDataParallel" not in index.text or "no_sync" in index.text:
             continue
@@ -287,7 +292,7 @@ def accumulation_static(ctx):
 
 
 @rule("nccl-env", "static")
-def nccl_env_static(ctx):
+def nccl_env_static(ctx: Context) -> Iterator[Finding]:
     for index in _sources(ctx):
         for node in ast.walk(index.tree):
             name = None
@@ -309,7 +314,7 @@ def nccl_env_static(ctx):
 
 
 @rule("cudnn-benchmark-off", "static")
-def cudnn_static(ctx):
+def cudnn_static(ctx: Context) -> Iterator[Finding]:
     for index in _sources(ctx):
         for node in ast.walk(index.tree):
             if (isinstance(node, ast.Assign) and dotted_name(node.targets[0]).endswith("cudnn.benchmark")

@@ -9,10 +9,15 @@ measured on the user's own model (:func:`turbotrain.doctor.whatif.run_what_ifs`,
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Iterator
+
 from ...speedups.cpu_threads import fit_to_cores
 from ..findings import Finding, Fix, speedup_for_rule
 from .registry import rule
 from ..requests import ThreadsTrial
+
+if TYPE_CHECKING:
+    from ..analysis.context import Context
 
 
 # Background load below a quarter of a core (a shell, a logger) leaves a core free. A neighbour pinned to one
@@ -25,7 +30,7 @@ def free_cores(usable: int, others: float) -> int:
     return max(1, int(usable - others + BACKGROUND_CORES))
 
 
-def recommended(ctx) -> tuple[int, int, int, int, float] | None:
+def recommended(ctx: Context) -> tuple[int, int, int, int, float] | None:
     """(threads now, workers now, threads to use, workers to use, other processes' busy cores), or None
     when the run's threads and workers fit the cores that were free."""
     m = ctx.machine
@@ -43,7 +48,7 @@ def recommended(ctx) -> tuple[int, int, int, int, float] | None:
     return threads, workers, k, w or 0, others
 
 
-def candidates(ctx, found) -> list[tuple[int, int]]:
+def candidates(ctx: Context, found: tuple[int, int, int, int, float]) -> list[tuple[int, int]]:
     """The (threads, workers) settings the what-if times against the script's: the fitted one, and with
     workers none at all (cheap batches cost less in the training process than an inter-process hand-off)."""
     threads, workers, k, w, others = found
@@ -53,7 +58,7 @@ def candidates(ctx, found) -> list[tuple[int, int]]:
 
 
 @rule("cpu-oversubscribed", "runtime")
-def cpu_oversubscribed(ctx):
+def cpu_oversubscribed(ctx: Context) -> Iterator[Finding]:
     found = recommended(ctx)
     if found is None or ctx.capture is None:
         return

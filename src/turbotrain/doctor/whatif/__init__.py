@@ -27,7 +27,7 @@ import contextlib
 import logging
 import sys
 import types
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 from ..findings import Finding
 from ..requests import AttentionTrial, BatchTrial, EvalGradTrial, LoaderTrial, PlanTrial, ThreadsTrial
@@ -36,13 +36,16 @@ from .switches import batch_trial, plan_trials
 from .settings import loader_trial, threads_trial
 from .single import attention_trial, cap_to_noise, eval_grad_trial
 
+if TYPE_CHECKING:
+    from ..analysis.context import Context
+
 __all__ = ["run_what_ifs", "script_as_main", "Budget"]
 
 log = logging.getLogger("turbotrain")
 
 
 @contextlib.contextmanager
-def script_as_main(ctx) -> Iterator[None]:
+def script_as_main(ctx: Context) -> Iterator[None]:
     """The user's script back as ``__main__`` while its model is re-run: runpy restored the doctor's own
     ``__main__`` when the script ended, and torch.compile resolves a class defined in the script
     through ``sys.modules["__main__"]``."""
@@ -64,13 +67,13 @@ def script_as_main(ctx) -> Iterator[None]:
             sys.modules["__main__"] = saved
 
 
-def run_what_ifs(ctx, findings: list[Finding], budget_s: float = 30.0, allow_compile: bool = False) -> None:
+def run_what_ifs(ctx: Context, findings: list[Finding], budget_s: float = 30.0, allow_compile: bool = False) -> None:
     """Measure what the findings' fixes buy (in place), within ``budget_s`` seconds."""
     with script_as_main(ctx):
         _run_what_ifs(ctx, findings, budget_s, allow_compile)
 
 
-def _run_what_ifs(ctx, findings: list[Finding], budget_s: float, allow_compile: bool) -> None:
+def _run_what_ifs(ctx: Context, findings: list[Finding], budget_s: float, allow_compile: bool) -> None:
     budget = Budget(budget_s)
     def of(kind: type) -> list[Finding]:
         return [f for f in findings if isinstance(f.trial, kind)]
@@ -96,5 +99,5 @@ def _run_what_ifs(ctx, findings: list[Finding], budget_s: float, allow_compile: 
         except Exception as exc:  # noqa: BLE001 - a failed what-if leaves the finding estimated
             log.warning("turbotrain doctor: what-if %s failed: %s: %s", name, type(exc).__name__, exc)
     for f in findings:
-        if f.measured and f.what_if:
+        if f.measured and f.what_if is not None:
             cap_to_noise(f, ctx)

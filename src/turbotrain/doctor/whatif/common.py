@@ -7,7 +7,7 @@ import inspect
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
@@ -15,7 +15,10 @@ from ...measure import MIN_GAIN, Comparison, Trial, run_trial
 from ...plan import Plan, Precision
 from ..analysis.replay import surrogate_step
 from ..findings import Finding, severity_for
+from ..results import WhatIf
 
+if TYPE_CHECKING:
+    from ..analysis.context import Context
 
 log = logging.getLogger("turbotrain")
 
@@ -35,10 +38,10 @@ class Budget:
         return self.left >= cost_s
 
 
-def optimizer_recipe(ctx) -> tuple[type, dict[str, Any]]:
+def optimizer_recipe(ctx: Context) -> tuple[type, dict[str, Any]]:
     """The user's optimizer's class and constructor settings (SGD when there is none, or when it cannot be
     rebuilt from its defaults)."""
-    model_params = {id(p) for p in ctx.model.parameters()}
+    model_params = {id(p) for p in ctx.model.parameters()} if ctx.model is not None else set()
     chosen = next((opt for opt, _ in ctx.optimizers
                    if any(id(p) in model_params for g in opt.param_groups for p in g["params"])), None)
     if chosen is None:
@@ -64,7 +67,7 @@ def constructor_defaults(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     return {k: v for k, v in optimizer.defaults.items() if k in params}
 
 
-def baseline_plan(ctx) -> Plan:
+def baseline_plan(ctx: Context) -> Plan:
     facts = ctx.facts
     precision: Precision = "fp32"
     if facts.autocast:
@@ -88,7 +91,7 @@ def lower_quartile(times: list[float]) -> float:
     return ordered[(len(ordered) - 1) // 4] if ordered else float("inf")
 
 
-def model_share(ctx) -> float:
+def model_share(ctx: Context) -> float:
     return ctx.share("compute") + ctx.share("optimizer") + ctx.share("python_overhead")
 
 
@@ -101,8 +104,8 @@ def changes_numerics(finding: Finding) -> bool:
         return False
 
 
-def apply_ratio(finding: Finding, ctx, verdict: Comparison, what_if: dict, unit: str = "step time",
-                 applies_to: float | None = None) -> None:
+def apply_ratio(finding: Finding, ctx: Context, verdict: Comparison, what_if: WhatIf, unit: str = "step time",
+                applies_to: float | None = None) -> None:
     """Turn a judged speed ratio of the model's step (:func:`turbotrain.measure.judge`) into the finding's
     share of the whole step.
 
@@ -113,10 +116,7 @@ def apply_ratio(finding: Finding, ctx, verdict: Comparison, what_if: dict, unit:
     ratio = verdict.speedup
     part = model_share(ctx) if applies_to is None else applies_to
     share = part * (1.0 - 1.0 / ratio) if ratio > 0 else 0.0
-    what_if["ratio"] = round(ratio, 3)
-    what_if["noise"] = round(verdict.noise, 3)
-    what_if["verdict"] = verdict.verdict
-    finding.what_if = what_if
+    finding.what_if = what_if.judged(verdict)
     finding.measured = True
     finding.gain_share = share
     finding.est_speedup = round(1.0 / (1.0 - min(share, 0.95)), 3)
@@ -139,10 +139,12 @@ MAX_TRIAL_STEPS = 50
 class ModelTrials:
     """Baseline and candidate trials on one captured model and batch."""
 
-    def __init__(self, ctx, budget: Budget):
+    def __init__(self, ctx: Context, budget: Budget):
+        capture = ctx.capture
+        assert capture is not None  # every what-if that builds trials checks ctx.capture first
         self.ctx, self.budget = ctx, budget
-        self.model = ctx.capture.module
-        self.batches = [(ctx.capture.args, ctx.capture.kwargs)]
+        self.model = capture.module
+        self.batches = [(capture.args, capture.kwargs)]
         self.optimizer = optimizer_recipe(ctx)  # the user's optimizer, rebuilt for each copy of the model
         cls, settings = self.optimizer
         self.optimizer_fn = lambda params: cls(params, **settings)
@@ -172,7 +174,7 @@ class ModelTrials:
         return min(typical_s(t) for t in self.baselines) if self.baselines else float("inf")
 
 
-def interleaved_rounds(ctx, budget: Budget, cost: float, first: tuple[float, float] | None,
+def interleaved_rounds(ctx: Context, budget: Budget, cost: float, first: tuple[float, float] | None,
             pair: Callable[[], tuple[float, float] | None]) -> list[float]:
     """Per-round speed ratios (baseline seconds / candidate seconds), A/B interleaved: two rounds, and a
     third when the two disagree about the direction and the budget allows."""

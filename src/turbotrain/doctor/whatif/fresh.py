@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import os
 import tempfile
+from typing import TYPE_CHECKING
 
 from ...fresh_trial import FreshTrial, FreshTrialError, write_bundle
 from ...measure import Trial
 from ...plan import Plan
 from .common import Budget, ModelTrials, lower_quartile, surrogate_step
+
+if TYPE_CHECKING:
+    from ..analysis.context import Context
 
 # Pages mapped in per step above which the allocator's history counts in a step's time (256 pages: 1 MiB a step).
 FAULTS_PER_STEP = 256
@@ -31,7 +35,7 @@ class FreshProcesses:
     process kept for every switch compared with it (its allocator only ever serves that setting, as the
     user's would), each switch's own process ended after its rounds. A context manager: nothing outlives it."""
 
-    def __init__(self, ctx, trials: ModelTrials, budget: Budget):
+    def __init__(self, ctx: Context, trials: ModelTrials, budget: Budget):
         self.ctx, self.trials, self.budget = ctx, trials, budget
         self._folder: tempfile.TemporaryDirectory | None = None
         self._bundle: str | None = None

@@ -3,18 +3,23 @@ training beside its own loader (workers compete for the cores as they do in the 
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ...measure import Trial, judge, run_trial, time_loader
 from ..findings import Finding
 from ..requests import ThreadsTrial
+from ..results import LoaderResult, ThreadSetting, ThreadsResult
 from .common import Budget, ModelTrials, apply_ratio, interleaved_rounds, model_share, surrogate_step
 
+if TYPE_CHECKING:
+    from ..analysis.context import Context
 
-def setting_rounds(ctx, budget: Budget, now: tuple[int, int], options: list[tuple[int, int]]
+
+def setting_rounds(ctx: Context, budget: Budget, now: tuple[int, int], options: list[tuple[int, int]]
                     ) -> tuple[tuple[int, int], list[float], dict[str, Trial]] | str:
     """:func:`_timed_settings` without torch's "more workers than cores" advice (the trial means it)."""
     with warnings.catch_warnings():
@@ -22,7 +27,7 @@ def setting_rounds(ctx, budget: Budget, now: tuple[int, int], options: list[tupl
         return _timed_settings(ctx, budget, now, options)
 
 
-def _timed_settings(ctx, budget: Budget, now: tuple[int, int], options: list[tuple[int, int]]
+def _timed_settings(ctx: Context, budget: Budget, now: tuple[int, int], options: list[tuple[int, int]]
                     ) -> tuple[tuple[int, int], list[float], dict[str, Trial]] | str:
     """(intra-op threads, DataLoader workers) settings timed against the script's own ``now`` on a copy of its
     model, each step also pulling a batch from its own loader (so workers compete for the cores as they do
@@ -87,7 +92,7 @@ def _timed_settings(ctx, budget: Budget, now: tuple[int, int], options: list[tup
         streams.clear()  # worker processes end with their iterators
 
 
-def threads_trial(ctx, finding: Finding, budget: Budget) -> None:
+def threads_trial(ctx: Context, finding: Finding, budget: Budget) -> None:
     """The script's threads and workers against the recommended settings (:func:`setting_rounds`)."""
     trial = finding.trial
     assert isinstance(trial, ThreadsTrial)  # run_what_ifs passes only these
@@ -102,12 +107,10 @@ def threads_trial(ctx, finding: Finding, budget: Budget) -> None:
     fix, ratios, seen = got
     _name_the_fix(finding, now, fix)
     applies = model_share(ctx) + ctx.share("data_loading")
-    apply_ratio(finding, ctx, judge(ratios, noise_floor=ctx.noise_floor),
-                 {"kind": "threads", "now": {"threads": now[0], "workers": now[1]}, "tried": options,
-                  "candidate": {"threads": fix[0], "workers": fix[1]}, "rounds": [round(r, 3) for r in ratios],
-                  "baseline_ms": round(seen["now"].step_s * 1e3, 3),
-                  "candidate_ms": round(seen["fix"].step_s * 1e3, 3)},
-                 applies_to=min(1.0, applies))
+    result = ThreadsResult(now=ThreadSetting(*now), tried=tuple(options), candidate=ThreadSetting(*fix),
+                           rounds=tuple(round(r, 3) for r in ratios), baseline_ms=round(seen["now"].step_s * 1e3, 3),
+                           candidate_ms=round(seen["fix"].step_s * 1e3, 3))
+    apply_ratio(finding, ctx, judge(ratios, noise_floor=ctx.noise_floor), result, applies_to=min(1.0, applies))
 
 
 def _name_the_fix(finding: Finding, now: tuple[int, int], fix: tuple[int, int]) -> None:
@@ -122,7 +125,7 @@ def _name_the_fix(finding: Finding, now: tuple[int, int], fix: tuple[int, int]) 
     finding.evidence.update(recommended_threads=threads, recommended_workers=workers)
 
 
-def loader_trial(ctx, finding: Finding, budget: Budget) -> None:
+def loader_trial(ctx: Context, finding: Finding, budget: Budget) -> None:
     record = ctx.main_loader
     if record is None:
         return
@@ -164,11 +167,11 @@ def loader_trial(ctx, finding: Finding, budget: Budget) -> None:
     # Both ends from this trial's own timings: the current setting re-timed, against the best.
     now = projected(current) if current in rates else step
     share = max(0.0, 1.0 - projected(best) / now) if now else 0.0
-    finding.what_if = {"kind": "num_workers", "batches_per_s": {str(k): round(v, 2) for k, v in rates.items()},
-                       "best_num_workers": best, "projected_step_ms": round(projected(best) * 1e3, 3),
-                       "current_projected_step_ms": round(now * 1e3, 3), "step_ms": round(step * 1e3, 3),
-                       # one timing per setting
-                       "pair_ratio": round(now / projected(best), 3) if projected(best) > 0 else 1.0, "pair_rounds": 1}
+    finding.what_if = LoaderResult(
+        batches_per_s={k: round(v, 2) for k, v in rates.items()}, best_num_workers=best,
+        projected_step_ms=round(projected(best) * 1e3, 3), current_projected_step_ms=round(now * 1e3, 3),
+        step_ms=round(step * 1e3, 3),
+        pair_ratio=round(now / projected(best), 3) if projected(best) > 0 else 1.0, pair_rounds=1)  # one timing each
     if best != current:
         finding.fix.plan = {"num_workers": best}
         finding.fix.pytorch = f"DataLoader(..., num_workers={best}, persistent_workers=True)"
@@ -181,7 +184,7 @@ def loader_trial(ctx, finding: Finding, budget: Budget) -> None:
         _verify_workers(ctx, finding, budget, current, best)
 
 
-def _verify_workers(ctx, finding: Finding, budget: Budget, current: int, best: int) -> None:
+def _verify_workers(ctx: Context, finding: Finding, budget: Budget, current: int, best: int) -> None:
     """The projection leaves out that workers take cores from training: time the model training beside the
     loader, with the script's workers and with ``best``, interleaved (:func:`setting_rounds`)."""
     threads = ctx.machine.get("intra_op_threads") or torch.get_num_threads()
@@ -190,10 +193,11 @@ def _verify_workers(ctx, finding: Finding, budget: Budget, current: int, best: i
         return  # the projection stands
     _, ratios, seen = got
     what_if = finding.what_if
-    assert what_if is not None  # loader_trial set it before
-    what_if.update(rounds=[round(r, 3) for r in ratios], baseline_ms=round(seen["now"].step_s * 1e3, 3),
-                   candidate_ms=round(seen["fix"].step_s * 1e3, 3))
+    assert isinstance(what_if, LoaderResult)  # loader_trial set it before
+    what_if = dataclasses.replace(what_if, rounds=tuple(round(r, 3) for r in ratios),
+                                  baseline_ms=round(seen["now"].step_s * 1e3, 3),
+                                  candidate_ms=round(seen["fix"].step_s * 1e3, 3))
     apply_ratio(finding, ctx, judge(ratios, noise_floor=ctx.noise_floor), what_if,
-                 applies_to=min(1.0, model_share(ctx) + ctx.share("data_loading")))
+                applies_to=min(1.0, model_share(ctx) + ctx.share("data_loading")))
     finding.note = (f"num_workers={best} had the best loader rate alone; timed with your model training beside the "
                     "loader (workers share the cores with training), interleaved with your setting.")

@@ -4,21 +4,28 @@ autograd, an attention by hand and fused), and hold that single comparison to th
 from __future__ import annotations
 
 import copy
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
 from ...measure import judge
 from ..findings import Finding
 from ..requests import AttentionTrial, EvalGradTrial
+from ..results import AttentionResult, EvalGradResult, PairTimed
 from ..analysis.replay import fastest_pair
 from .common import Budget, model_share
 
+if TYPE_CHECKING:
+    from ..analysis.context import Context
 
-def _pair_ratio(slow_s: float, fast_s: float) -> dict[str, Any]:
-    """The what-if keys :func:`cap_to_noise` judges: :func:`fastest_pair`'s 7 alternations count as two
-    interleaved rounds."""
-    return {"pair_ratio": round(slow_s / fast_s, 3) if fast_s > 0 else 1.0, "pair_rounds": 2}
+
+def _pair_ratio(slow_s: float, fast_s: float) -> float:
+    """The ratio :func:`cap_to_noise` judges (``pair_ratio``); :func:`fastest_pair`'s 7 alternations count as
+    two interleaved rounds (``pair_rounds=PAIR_ROUNDS``)."""
+    return round(slow_s / fast_s, 3) if fast_s > 0 else 1.0
+
+
+PAIR_ROUNDS = 2
 
 
 def _time_pair(finding: Finding, slow: Callable[[], None], fast: Callable[[], None],
@@ -33,7 +40,7 @@ def _time_pair(finding: Finding, slow: Callable[[], None], fast: Callable[[], No
         return None
 
 
-def eval_grad_trial(ctx, finding: Finding, budget: Budget) -> None:
+def eval_grad_trial(ctx: Context, finding: Finding, budget: Budget) -> None:
     if ctx.capture is None or not budget.allows(2.0):
         return
     model = copy.deepcopy(ctx.capture.module).eval()
@@ -54,13 +61,13 @@ def eval_grad_trial(ctx, finding: Finding, budget: Budget) -> None:
     trial = finding.trial
     assert isinstance(trial, EvalGradTrial)  # run_what_ifs passes only these
     share = trial.share * saving
-    finding.what_if = {"kind": "eval_grad", "forward_ms_with_grad": round(with_grad * 1e3, 3),
-                       "forward_ms_inference_mode": round(without * 1e3, 3),
-                       **_pair_ratio(with_grad, without)}
+    finding.what_if = EvalGradResult(forward_ms_with_grad=round(with_grad * 1e3, 3),
+                                     forward_ms_inference_mode=round(without * 1e3, 3),
+                                     pair_ratio=_pair_ratio(with_grad, without), pair_rounds=PAIR_ROUNDS)
     finding.set_gain(share, measured=True)
 
 
-def attention_trial(ctx, finding: Finding, budget: Budget) -> None:
+def attention_trial(ctx: Context, finding: Finding, budget: Budget) -> None:
     trial = finding.trial
     assert isinstance(trial, AttentionTrial)  # run_what_ifs passes only these
     if not trial.per_step or not budget.allows(3.0):
@@ -72,8 +79,9 @@ def attention_trial(ctx, finding: Finding, budget: Budget) -> None:
               if site.file == trial.file and first <= site.line <= last]
     qk = next(((a, b) for _, (a, b) in shapes if len(a) >= 3 and len(b) >= 3 and score_shape is not None
                and tuple(a[:-1]) + (b[-1],) == tuple(score_shape)), None)
-    if qk is None:
-        finding.note = "Not measured: the attention's operand shapes were not seen during warm-up."
+    if qk is None or ctx.model is None:
+        finding.note = ("Not measured: the attention's operand shapes were not seen during warm-up." if qk is None
+                        else "Not measured: no model was seen training.")
         return
     (q_shape, kt_shape) = qk
     lead, length, dim, keys = q_shape[:-2], q_shape[-2], q_shape[-1], kt_shape[-1]
@@ -105,25 +113,25 @@ def attention_trial(ctx, finding: Finding, budget: Budget) -> None:
     t_manual, t_fused = pair
     saved = trial.per_step * max(0.0, t_manual - t_fused)
     share = min(saved / ctx.step_s, model_share(ctx)) if ctx.step_s else 0.0
-    finding.what_if = {"kind": "attention", "q_shape": list(q_shape), "keys": keys, "causal": causal,
-                       "manual_ms": round(t_manual * 1e3, 3), "sdpa_ms": round(t_fused * 1e3, 3),
-                       "calls_per_step": trial.per_step, **_pair_ratio(t_manual, t_fused)}
+    finding.what_if = AttentionResult(q_shape=tuple(q_shape), keys=keys, causal=causal,
+                                      manual_ms=round(t_manual * 1e3, 3), sdpa_ms=round(t_fused * 1e3, 3),
+                                      calls_per_step=trial.per_step, pair_ratio=_pair_ratio(t_manual, t_fused),
+                                      pair_rounds=PAIR_ROUNDS)
     finding.set_gain(share, measured=True)
     finding.note = ("Timed forward+backward at your attention's shapes, hand-written"
                     + (" with a causal mask" if causal else "") + " against scaled_dot_product_attention.")
 
 
-def cap_to_noise(finding: Finding, ctx) -> None:
+def cap_to_noise(finding: Finding, ctx: Context) -> None:
     """A gain measured by a single timed comparison (loader rates, a forward with and without autograd, an
     attention by hand and fused) is held to this window's noise floor: one it cannot be told from rates
     ``low``. What is judged is the comparison's own ratio (``pair_ratio``): a 1.6x faster attention
     is not noise because attention is a sixth of the step; the step-level figure is arithmetic on it."""
     what_if = finding.what_if
-    assert what_if is not None  # run_what_ifs asks this of measured what-ifs only
-    pair = what_if.get("pair_ratio")
-    if pair is None or "verdict" in what_if or not ctx.noise_floor:
+    if not isinstance(what_if, PairTimed) or what_if.judgement is not None or not ctx.noise_floor:
         return  # a finding judged from interleaved rounds already carries its verdict
-    verdict = judge([pair] * what_if.get("pair_rounds", 1), noise_floor=ctx.noise_floor)
+    pair = what_if.pair_ratio
+    verdict = judge([pair] * what_if.pair_rounds, noise_floor=ctx.noise_floor)
     if not verdict.faster and finding.severity != "low":
         finding.cap("low", f"This machine was too noisy during the run to tell the measured x{pair:.2f} from no "
                            f"gain (it needs over x{1 + verdict.noise:.2f}).")

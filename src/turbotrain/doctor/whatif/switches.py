@@ -3,20 +3,25 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
-from typing import Any, cast
-
+from typing import TYPE_CHECKING, Any, cast
 
 from ..analysis.replay import repeat_batch
 from ...measure import HOPELESS, Trial, judge, time_loader
+from ...plan import Plan
 from ..findings import Finding
 from ..requests import PlanTrial
+from ..results import BatchResult, PlanResult
 from .common import Budget, ModelTrials, apply_ratio, interleaved_rounds, model_share, typical_s
 from .fresh import FAULTS_PER_STEP, FreshProcesses, allocator_churn
 
+if TYPE_CHECKING:
+    from ..analysis.context import Context
 
-def plan_trials(ctx, findings: list[Finding], budget: Budget, allow_compile: bool) -> None:
+
+def plan_trials(ctx: Context, findings: list[Finding], budget: Budget, allow_compile: bool) -> None:
     wanted = [f for f in findings if isinstance(f.trial, PlanTrial) and (allow_compile or not f.trial.compile)]
     if not wanted or ctx.capture is None or ctx.facts.compiled:
         return
@@ -69,18 +74,18 @@ def plan_trials(ctx, findings: list[Finding], budget: Budget, allow_compile: boo
                 # Compile: one round (the graph compiles once per trial).
                 ratios = [first_round[0] / first_round[1]] if compiling else interleaved_rounds(
                     ctx, budget, trials.cost * 2, first_round, pair)
-            f.what_if = {"kind": "plan", "changes": changes, "steps": trials.steps,
-                         "losses_finite": all(map(math.isfinite, trial.losses))}
+            result = PlanResult(changes=changes, steps=trials.steps,
+                                losses_finite=all(map(math.isfinite, trial.losses)))
             churn = allocator_churn(seen.get("ref"), seen.get("last"))
             if churn >= FAULTS_PER_STEP and not compiling and not trial.stopped_early:
-                ratios = _fresh_or_in_process(fresh_processes, base, plan, ratios, churn, f)
-            f.what_if["rounds"] = [round(r, 3) for r in ratios]
-            if trial.ok:
-                f.what_if["candidate_ms"] = round(typical_s(trial) * 1e3, 3)
+                ratios, result = _fresh_or_in_process(fresh_processes, base, plan, ratios, churn, f, result)
+            result = dataclasses.replace(
+                result, rounds=tuple(round(r, 3) for r in ratios),
+                candidate_ms=round(typical_s(trial) * 1e3, 3) if trial.ok else None,
+                compile_s=round(trial.warmup_s, 2) if compiling else None)
             if compiling:
-                f.what_if["compile_s"] = round(trial.warmup_s, 2)
                 f.note = f"Compiling took {trial.warmup_s:.1f} s (once per run)."
-            apply_ratio(f, ctx, judge(ratios, noise_floor=ctx.noise_floor), f.what_if)
+            apply_ratio(f, ctx, judge(ratios, noise_floor=ctx.noise_floor), result)
 
 
 def _plan_trial(f: Finding) -> PlanTrial:
@@ -88,23 +93,20 @@ def _plan_trial(f: Finding) -> PlanTrial:
     return cast(PlanTrial, f.trial)
 
 
-def _fresh_or_in_process(fresh_processes: FreshProcesses, base, plan, ratios: list[float], churn: float,
-                         f: Finding) -> list[float]:
-    """The switch re-timed in fresh processes (:meth:`FreshProcesses.rounds`): the rounds judged from then on."""
+def _fresh_or_in_process(fresh_processes: FreshProcesses, base: Plan, plan: Plan, ratios: list[float], churn: float,
+                         f: Finding, result: PlanResult) -> tuple[list[float], PlanResult]:
+    """The switch re-timed in fresh processes (:meth:`FreshProcesses.rounds`): the rounds judged from then on, and
+    ``result`` saying where they were timed."""
     fresh = fresh_processes.rounds(base, plan)
-    what_if = f.what_if
-    assert what_if is not None  # plan_trials set it before
-    what_if["page_faults_per_step"] = round(churn)
     if isinstance(fresh, str):
-        what_if["timed_in"] = "this process"
         f.note = (f"Timed in the doctor's process, whose steps page-faulted {churn:.0f} pages each: a training "
                   f"process's allocator may differ (a fresh-process trial failed: {fresh}). {f.note or ''}").strip()
-        return ratios
-    what_if.update(timed_in="fresh processes", in_process_rounds=[round(r, 3) for r in ratios])
+        return ratios, dataclasses.replace(result, page_faults_per_step=round(churn), timed_in="this process")
     f.note = (f"Timed with your setting and the switch each in a fresh process: in the doctor's process the steps "
               f"page-faulted {churn:.0f} pages each, so its allocator's history was part of the time (it read "
               f"x{statistics.median(ratios):.2f} there). {f.note or ''}").strip()
-    return fresh
+    return fresh, dataclasses.replace(result, page_faults_per_step=round(churn), timed_in="fresh processes",
+                                      in_process_rounds=tuple(round(r, 3) for r in ratios))
 
 
 def _entry_for_field(field: str) -> str:
@@ -116,7 +118,7 @@ def _entry_for_field(field: str) -> str:
         return field
 
 
-def batch_trial(ctx, finding: Finding, budget: Budget) -> None:
+def batch_trial(ctx: Context, finding: Finding, budget: Budget) -> None:
     if ctx.capture is None or ctx.facts.compiled:
         return
     batch = ctx.capture.batch_size
@@ -147,16 +149,16 @@ def batch_trial(ctx, finding: Finding, budget: Budget) -> None:
     model, data = model_share(ctx), ctx.share("data_loading")
     ratios = [(model + data) / (model / r + data / loader_ratio) for r in model_rounds if r > 0]
     finding.fix.plan = {"batch_size": batch * k}
-    apply_ratio(finding, ctx, judge(ratios, noise_floor=ctx.noise_floor),
-                 {"kind": "batch", "batch_size": batch, "candidate_batch_size": batch * k,
-                  "rounds": [round(r, 3) for r in ratios], "model_rounds": [round(r, 3) for r in model_rounds],
-                  "loader_samples_ratio": round(loader_ratio, 3), "loader": loader_note,
-                  "baseline_samples_per_s": round(base.samples_per_step / typical_s(base), 1),
-                  "candidate_samples_per_s": round(big.samples_per_step / typical_s(big), 1)}, unit="samples/s",
-                 applies_to=min(1.0, model + data))
+    result = BatchResult(batch_size=batch, candidate_batch_size=batch * k, rounds=tuple(round(r, 3) for r in ratios),
+                         model_rounds=tuple(round(r, 3) for r in model_rounds),
+                         loader_samples_ratio=round(loader_ratio, 3), loader=loader_note,
+                         baseline_samples_per_s=round(base.samples_per_step / typical_s(base), 1),
+                         candidate_samples_per_s=round(big.samples_per_step / typical_s(big), 1))
+    apply_ratio(finding, ctx, judge(ratios, noise_floor=ctx.noise_floor), result, unit="samples/s",
+                applies_to=min(1.0, model + data))
 
 
-def loader_samples_ratio(ctx, batch: int, k: int, budget: Budget) -> tuple[float, str]:
+def loader_samples_ratio(ctx: Context, batch: int, k: int, budget: Budget) -> tuple[float, str]:
     """How much faster per sample the script's DataLoader delivers at ``k * batch`` than at ``batch``, and how
     that was found. A batch's fetching costs per sample (``__getitem__``, transforms), its collating and the
     iterator per batch: only the second part spreads over a larger batch, so the loader is timed at both
