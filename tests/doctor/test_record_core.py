@@ -12,7 +12,7 @@ import pickle
 
 import pytest
 
-from turbotrain.doctor import DoctorOptions, analysis as analyse
+from turbotrain.doctor import DoctorOptions, analyse
 from turbotrain.doctor.record.clock import PhaseClock
 from turbotrain.doctor.record.recording import from_json, to_json
 from turbotrain.doctor.record.steps import Stop, StepTracker
