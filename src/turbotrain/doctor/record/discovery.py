@@ -127,7 +127,7 @@ class ModuleCalls:
             rec.steps.step_starts()
         # A forward inside another timed phase (Lightning runs it in optimizer.step's closure) is
         # timed itself; otherwise its time is the untimed compute after the mark.
-        if phase == "forward" and not rec.profiling and rec.clock.idle:
+        if phase == "forward" and not rec.profiling and not rec.clock.frames:
             if trained:
                 self._training_forward(module, args, kwargs, active.perf_counter())
             self._last_top_phase = "forward"

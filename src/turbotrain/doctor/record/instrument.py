@@ -57,7 +57,9 @@ def _phase(phase: str, original: Callable, on_enter: Callable | None = None, unt
             return original(*args, **kwargs)
         if on_enter is not None:
             on_enter(probe)
-        if untimed_ok and not probe.profiling and not probe.gpu and probe.steps.open_step.marks and probe.clock.idle:
+        # The hot path: plain attribute reads, no property calls.
+        untimed = untimed_ok and not probe.profiling and not probe.gpu
+        if untimed and probe.steps.open_step.marks and not probe.clock.frames:
             out = original(*args, **kwargs)
         else:
             probe.clock.push(phase)

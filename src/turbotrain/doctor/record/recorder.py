@@ -150,10 +150,8 @@ class Recorder:
         data_stats.share_with_workers()
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-        tracker = self.tracker
-        self._handles += [
-            register_optimizer_step_pre_hook(lambda opt, args, kwargs: tracker.before_optimizer_step(opt)),
-            register_optimizer_step_post_hook(lambda opt, args, kwargs: tracker.after_optimizer_step(opt))]
+        self._handles += [register_optimizer_step_pre_hook(self.tracker.before_optimizer_step),
+                          register_optimizer_step_post_hook(self.tracker.after_optimizer_step)]
         try:
             self.modules.set_discovery(True)
             instrument.install(self.patcher)

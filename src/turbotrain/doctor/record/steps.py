@@ -93,7 +93,8 @@ class StepTracker:
         self.tallies.note_optimizer(optimizer, site)
         self.on_trained_changed()
 
-    def before_optimizer_step(self, optimizer: Any) -> None:
+    # The optimizer's global step hooks call these with the step's (args, kwargs), unused here.
+    def before_optimizer_step(self, optimizer: Any, args: object = None, kwargs: object = None) -> None:
         if threading.get_ident() != self.thread:
             return
         if self.stopping:
@@ -112,7 +113,7 @@ class StepTracker:
         if self.gpu_mark is not None:
             self.gpu_mark("optimizer", True)
 
-    def after_optimizer_step(self, optimizer: Any) -> None:
+    def after_optimizer_step(self, optimizer: Any, args: object = None, kwargs: object = None) -> None:
         if threading.get_ident() != self.thread:
             return
         if self.gpu_mark is not None:
