@@ -6,10 +6,12 @@ killed by the test, bounded in time. What is asserted is what the doctor says, n
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -29,9 +31,9 @@ SPIN = ("import os, sys, time\n"
 TICK_S = 1 / os.sysconf("SC_CLK_TCK")
 
 
-@pytest.fixture
-def busy_core():
-    """Another process keeping one of our cores busy (at most 120 s; killed when the test ends)."""
+@contextlib.contextmanager
+def _busy_core():
+    """Another process keeping one of our cores busy (at most 120 s; killed when the block ends)."""
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < 2:
         pytest.skip("needs two cores: one to keep busy, one left")
@@ -50,27 +52,44 @@ def _run_seconds(pid: int) -> float:
         return int(f.read().split()[0]) / 1e9
 
 
-@pytest.fixture
-def neighbour_in_window(busy_core, monkeypatch):
-    """The busy neighbour's cores over the doctor's measured window: its run time read at the same two moments
-    the recorder samples the machine's load (the neighbour's share of a core is the scheduler's to give)."""
+@dataclass
+class BusyRun:
+    report: object
+    neighbour: float   # the busy neighbour's cores over the doctor's measured window
+    tolerance: float   # what the clock ticks' error can take from that figure
+
+
+@pytest.fixture(scope="module")
+def busy_run(tmp_path_factory):
+    """ONE doctor run, shared by the tests of a busy machine (it is the slow part), as torch would run the script
+    here by itself (one intra-op thread per core) while another process keeps one of our cores busy.
+
+    The busy neighbour's cores over the doctor's measured window: its run time read at the same two moments
+    the recorder samples the machine's load (the neighbour's share of a core is the scheduler's to give).
+    40 measured steps: a window of 1.4-2.2 s here (16 gave 0.26-0.75 s), so the clock ticks' error stays
+    under a tenth of a core."""
     from turbotrain.doctor.record import recorder
 
-    seen = []
+    saved = torch.get_num_threads()
+    with pytest.MonkeyPatch.context() as mp, _busy_core() as busy:
+        # what the autouse fixtures give each test (they are function-scoped: this runs before them)
+        mp.setenv("TURBOTRAIN_CACHE", str(tmp_path_factory.mktemp("turbotrain-cache")))
+        seen = []
 
-    def sample_and_read_neighbour(*args, **kwargs):
-        sample = hardware.sample_load(*args, **kwargs)
-        seen.append((sample.at, _run_seconds(busy_core.pid)))
-        return sample
+        def sample_and_read_neighbour(*args, **kwargs):
+            sample = hardware.sample_load(*args, **kwargs)
+            seen.append((sample.at, _run_seconds(busy.pid)))
+            return sample
 
-    monkeypatch.setattr(recorder, "sample_load", sample_and_read_neighbour)
-
-    def cores_and_tolerance() -> tuple[float, float]:
-        assert len(seen) == 2, seen  # the window's start and its end
-        (t0, run0), (t1, run1) = seen
-        ticks_off = 2 * (len(os.sched_getaffinity(0)) + 1)
-        return (run1 - run0) / (t1 - t0), ticks_off * TICK_S / (t1 - t0)
-    return cores_and_tolerance
+        mp.setattr(recorder, "sample_load", sample_and_read_neighbour)
+        try:
+            report = _doctor("char_transformer_workers", threads=len(os.sched_getaffinity(0)), steps=40)
+        finally:
+            torch.set_num_threads(saved)
+    assert len(seen) == 2, seen  # the window's start and its end
+    (t0, run0), (t1, run1) = seen
+    ticks_off = 2 * (len(os.sched_getaffinity(0)) + 1)
+    return BusyRun(report, (run1 - run0) / (t1 - t0), ticks_off * TICK_S / (t1 - t0))
 
 
 def _doctor(name: str, threads: int, **options):
@@ -79,14 +98,12 @@ def _doctor(name: str, threads: int, **options):
     return diagnose_script(script(name), [], DoctorOptions(**{**defaults, **options}))
 
 
-def test_a_busy_neighbour_is_named_first_with_the_thread_fix(neighbour_in_window):
-    # 40 measured steps: a window of 1.4-2.2 s here (16 gave 0.26-0.75 s), so the clock ticks' error stays
-    # under a tenth of a core.
-    report = _doctor("char_transformer_workers", threads=len(os.sched_getaffinity(0)), steps=40)
+def test_a_busy_neighbour_is_named_first_with_the_thread_fix(busy_run):
+    report = busy_run.report
     data = report.to_dict()
     # The spinner shares its core with our threads and workers: the scheduler gives it a quarter to a half
     # of it. The doctor must see what it really took in the measured window, not a fixed figure.
-    neighbour, tolerance = neighbour_in_window()
+    neighbour, tolerance = busy_run.neighbour, busy_run.tolerance
     assert neighbour > 0.1, neighbour
     assert data["machine"]["other_load"] >= neighbour - tolerance > 0, (neighbour, tolerance, data["machine"])
     assert data["noise"] is not None and data["noise"]["reasons"]
@@ -97,8 +114,8 @@ def test_a_busy_neighbour_is_named_first_with_the_thread_fix(neighbour_in_window
     assert first.fix.plan["intra_op_threads"] == 1
 
 
-def test_no_serious_finding_rests_on_noise(busy_core):
-    report = _doctor("char_transformer_workers", threads=len(os.sched_getaffinity(0)))
+def test_no_serious_finding_rests_on_noise(busy_run):
+    report = busy_run.report
     for f in report.findings:
         if f.severity in ("high", "medium") and f.measured and f.what_if and f.what_if.verdict is not None:
             assert f.what_if.verdict == "faster", f.to_dict()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from launch_helpers import run_worker
+from launch_helpers import WORKER, launch
 
 
 @pytest.fixture(scope="session")
@@ -22,7 +22,18 @@ def single_process_reference():
 
 
 @pytest.fixture(scope="session")
-def ddp_run(tmp_path_factory):
-    """One launch, two ranks, both configurations; the 'dropout' one also checkpoints (the restart test's reference)."""
-    out = tmp_path_factory.mktemp("ddp")
-    return run_worker(out, "--config", "plain", "--config", "dropout", "--checkpoint-dir", str(out / "ckpt"))
+def two_rank_runs(tmp_path_factory):
+    """One launch of two ranks for two runs, one after the other in the same processes (torch starts once per
+    process), each writing into its own folder: ``ddp``, both configurations under DDP, the 'dropout' one also
+    checkpointing (the restart test's reference); then ``fsdp``, 'plain' under FSDP2 with sharded checkpoints."""
+    ddp, fsdp = tmp_path_factory.mktemp("ddp"), tmp_path_factory.mktemp("fsdp")
+    launch("--nproc-per-node", "2", str(WORKER),
+           "--out", str(ddp), "--config", "plain", "--config", "dropout", "--checkpoint-dir", str(ddp / "ckpt"),
+           "--next-run",
+           "--out", str(fsdp), "--config", "plain", "--strategy", "fsdp", "--checkpoint-dir", str(fsdp / "ckpt"))
+    return {"ddp": ddp, "fsdp": fsdp}
+
+
+@pytest.fixture(scope="session")
+def ddp_run(two_rank_runs):
+    return two_rank_runs["ddp"]

@@ -49,9 +49,19 @@ def test_only_rank_zero_writes_logs(ddp_run):
     assert [int(r["step"]) for r in rows] == [1, 2, 3, 4, 4, 5, 6, 7]
 
 
+@pytest.fixture(scope="module")
+def nan_runs(tmp_path_factory):
+    """nan_one_rank.py under DDP, then under FSDP: one launch, the two runs one after the other in the same
+    processes (torch starts once per process), each writing into its own folder."""
+    out = {strategy: tmp_path_factory.mktemp(f"nan-{strategy}") for strategy in ("ddp", "fsdp")}
+    launch("--nproc-per-node", "2", str(WORKER.parent / "nan_one_rank.py"),
+           "--out", str(out["ddp"]), "--strategy", "ddp", "--next-run", "--out", str(out["fsdp"]), "--strategy", "fsdp",
+           timeout=180)
+    return out
+
+
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
-def test_a_nan_on_one_rank_stops_every_rank_at_that_step(tmp_path, strategy):
+def test_a_nan_on_one_rank_stops_every_rank_at_that_step(nan_runs, strategy):
     """Without one verdict for all ranks, rank 1 would stop alone and rank 0 wait in the next collective."""
-    launch("--nproc-per-node", "2", str(WORKER.parent / "nan_one_rank.py"), "--out", str(tmp_path),
-           "--strategy", strategy, timeout=120)
-    assert [(tmp_path / f"rank{r}.txt").read_text() for r in (0, 1)] == ["3", "3"]
+    out = nan_runs[strategy]
+    assert [(out / f"rank{r}.txt").read_text() for r in (0, 1)] == ["3", "3"]

@@ -9,9 +9,9 @@ from launch_helpers import assert_same_weights, read_rank, run_worker
 
 
 @pytest.fixture(scope="module")
-def fsdp_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("fsdp")
-    return run_worker(out, "--config", "plain", "--strategy", "fsdp", "--checkpoint-dir", str(out / "ckpt"))
+def fsdp_run(two_rank_runs):
+    """'plain' under FSDP2 on two ranks, sharded checkpoints in ckpt/ (conftest: the same launch as ddp_run's)."""
+    return two_rank_runs["fsdp"]
 
 
 def test_fsdp_trains_like_one_process(fsdp_run, single_process_reference):

@@ -2,6 +2,10 @@
 
 The launched runs (tests/launch/workers/train_pipeline.py) are compared with one process doing gradient
 accumulation over the same micro-batches as the schedule does it (pipeline_tiny.reference).
+
+Starting torch in each process is most of a launch's time: every run of two processes that must succeed is made in
+ONE launch (and both runs of four processes in another), one after the other in the same processes, each writing
+into its own folder; each test asserts on its own run's files and log lines, as when it launched its own.
 """
 
 from __future__ import annotations
@@ -9,6 +13,8 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,11 +24,62 @@ from launch_helpers import ROOT, cli_env, read_rank
 from launch_helpers import launch as launch_cli
 
 WORKER = ROOT / "tests" / "launch" / "workers" / "train_pipeline.py"
+NEXT_RUN = "--next-run"  # the worker's separator between the options of two runs
 
 
-def run_pipeline(out, *args: str, nproc: int = 2):
-    launch_cli("--nproc-per-node", str(nproc), str(WORKER), "--out", str(out), *args)
-    return out
+@dataclass
+class Run:
+    out: Path  # the run's own folder: <config>-rank<r>.pt
+    log: str   # the lines its processes logged (each "rank r: ..."), none of the other runs'
+
+
+def run_log(stderr: str, out: Path, nproc: int) -> str:
+    """What the ranks logged between their ``run OUT begins`` and ``run OUT ends`` lines."""
+    lines = []
+    for rank in range(nproc):
+        prefix = f"rank {rank}: "
+        own = [line for line in stderr.splitlines() if line.startswith(prefix)]
+        begin, end = own.index(f"{prefix}run {out} begins"), own.index(f"{prefix}run {out} ends")
+        lines += own[begin + 1:end]
+    return "\n".join(lines)
+
+
+def run_all(base: Path, runs: dict[str, list[str]], nproc: int) -> dict[str, Run]:
+    """``runs`` (name -> the worker's options, ``{out}`` standing for the run's folder) in one launch."""
+    argv: list[str] = []
+    for name, options in runs.items():
+        out = base / name
+        out.mkdir()
+        argv += ([NEXT_RUN] if argv else []) + ["--out", str(out), *(o.replace("{out}", str(out)) for o in options)]
+    proc = launch_cli("--nproc-per-node", str(nproc), str(WORKER), *argv, timeout=300)
+    return {name: Run(base / name, run_log(proc.stderr, base / name, nproc)) for name in runs}
+
+
+TWO_PROCESS_RUNS = {
+    # validation every 5 steps too: it must not change what training computes
+    "trained": [arg for config in sorted(tiny.CONFIGS) for arg in ("--config", config)] + ["--validate"],
+    "meta": ["--config", "1f1b", "--meta", "--balanced", "--steps", "2"],
+    # validation batches of another shape: their own trace
+    "resume": ["--config", "1f1b", "--checkpoint-dir", "{out}/ckpt", "--stop-at", "10", "--validate",
+               "--val-batch", "16"],
+    "clip": ["--config", "1f1b", "--clip", "0.3", "--steps", "5"],
+    "nan": ["--config", "gpipe", "--nan-at-step", "3", "--steps", "12", "--validate", "--early-stop"],
+    "bf16": ["--config", "1f1b", "--precision", "bf16-mixed", "--steps", "5"],
+}
+FOUR_PROCESS_RUNS = {
+    "dp_pp": ["--config", "1f1b", "--steps", "6", "--checkpoint-dir", "{out}/ckpt", "--stop-at", "3", "--validate"],
+    "interleaved_dp": ["--config", "interleaved", "--steps", "4"],
+}
+
+
+@pytest.fixture(scope="module")
+def two_processes(tmp_path_factory) -> dict[str, Run]:
+    return run_all(tmp_path_factory.mktemp("pipeline-2"), TWO_PROCESS_RUNS, nproc=2)
+
+
+@pytest.fixture(scope="module")
+def four_processes(tmp_path_factory) -> dict[str, Run]:
+    return run_all(tmp_path_factory.mktemp("pipeline-4"), FOUR_PROCESS_RUNS, nproc=4)
 
 
 def merged_weights(out, config: str, ranks=(0, 1)) -> dict[str, torch.Tensor]:
@@ -41,9 +98,8 @@ def logged_losses(record: dict) -> list[float]:
 # -- correct to the bit --------------------------------------------------------------------------
 
 @pytest.fixture(scope="module", params=sorted(tiny.CONFIGS))
-def trained(request, tmp_path_factory):
-    config = request.param  # validation every 5 steps too: it must not change what training computes
-    return config, run_pipeline(tmp_path_factory.mktemp(f"pipeline-{config}"), "--config", config, "--validate")
+def trained(request, two_processes):
+    return request.param, two_processes["trained"].out
 
 
 def test_pipeline_equals_gradient_accumulation_bitwise(trained):
@@ -80,14 +136,13 @@ def test_each_process_holds_only_its_stages_and_the_optimizer_keeps_its_settings
 
 # -- memory per process falls with the stages ------------------------------------------------------
 
-def test_a_model_built_on_meta_materialises_half_per_process(tmp_path):
+def test_a_model_built_on_meta_materialises_half_per_process(two_processes):
     """Parameter, gradient and optimizer-state bytes per process: exactly 1/2 of the whole (2 equal stages)."""
-    proc = launch_cli("--nproc-per-node", "2", str(WORKER), "--out", str(tmp_path), "--config", "1f1b", "--meta",
-                      "--balanced", "--steps", "2")
-    records = [read_rank(tmp_path, "1f1b", rank) for rank in (0, 1)]
+    run = two_processes["meta"]
+    records = [read_rank(run.out, "1f1b", rank) for rank in (0, 1)]
     for rank, stages in ((0, [0]), (1, [1])):  # the user's optimizer, rebuilt over each stage's tensors: logged
         assert (f"rank {rank}: turbotrain: pipeline stage(s) {stages} of 2: AdamW rebuilt over this stage's 8 of 16 "
-                "parameter tensors (same class, param groups and settings)") in proc.stderr
+                "parameter tensors (same class, param groups and settings)") in run.log
     whole = records[0]["whole_param_bytes"]
     for rank, record in enumerate(records):
         assert record["param_bytes"] == whole // 2
@@ -102,26 +157,25 @@ def test_a_model_built_on_meta_materialises_half_per_process(tmp_path):
 
 # -- the rest of the Trainer --------------------------------------------------------------------
 
-def test_checkpoints_resume_exactly_and_validation_runs_through_the_schedule(tmp_path):
+def test_checkpoints_resume_exactly_and_validation_runs_through_the_schedule(two_processes):
     """Train to step 10 with checkpoints, resume in a new Trainer to 20: bitwise the uninterrupted run."""
-    out = run_pipeline(tmp_path, "--config", "1f1b", "--checkpoint-dir", str(tmp_path / "ckpt"), "--stop-at", "10",
-                       "--validate", "--val-batch", "16")  # validation batches of another shape: their own trace
+    out = two_processes["resume"].out  # "--stop-at 10 --validate --val-batch 16", checkpoints in ckpt/
     weights, losses = tiny.reference(4)
     got = merged_weights(out, "1f1b")
     for name in weights:
         assert torch.equal(got[name], weights[name]), name
     rank0 = read_rank(out, "1f1b", 0)
     assert logged_losses(rank0) == losses[10:]  # the resumed run logs steps 11..20
-    shards = sorted(p.name for p in (tmp_path / "ckpt" / "1f1b").glob("step-*.dcp"))
+    shards = sorted(p.name for p in (out / "ckpt" / "1f1b").glob("step-*.dcp"))
     assert shards[-1] == "step-000000020.dcp"
-    assert len(list((tmp_path / "ckpt" / "1f1b" / shards[-1]).glob("*.distcp"))) == 2  # each stage its own part
+    assert len(list((out / "ckpt" / "1f1b" / shards[-1]).glob("*.distcp"))) == 2  # each stage its own part
     val = [row["val_loss"] for row in rank0["history"] if "val_loss" in row]
     assert len(val) == 2  # steps 15 and 20
     assert val[-1] == pytest.approx(tiny.validation_loss(weights, microbatches=4, batch=16), rel=1e-6)
 
 
-def test_gradient_clipping_uses_the_global_norm_over_the_stages(tmp_path):
-    out = run_pipeline(tmp_path, "--config", "1f1b", "--clip", "0.3", "--steps", "5")
+def test_gradient_clipping_uses_the_global_norm_over_the_stages(two_processes):
+    out = two_processes["clip"].out  # "--clip 0.3 --steps 5"
     got = merged_weights(out, "1f1b")
     global_ref, _ = tiny.reference(4, steps=5, clip=0.3)
     per_stage_ref, _ = tiny.reference(4, steps=5, clip=0.3, clip_groups=tiny.STAGE_GROUPS)
@@ -132,9 +186,8 @@ def test_gradient_clipping_uses_the_global_norm_over_the_stages(tmp_path):
         torch.testing.assert_close(got[name], global_ref[name], rtol=1e-6, atol=1e-7)
 
 
-def test_nan_guard_skips_the_step_on_every_stage_and_early_stopping_stops_all(tmp_path):
-    out = run_pipeline(tmp_path, "--config", "gpipe", "--nan-at-step", "3", "--steps", "12", "--validate",
-                       "--early-stop")
+def test_nan_guard_skips_the_step_on_every_stage_and_early_stopping_stops_all(two_processes):
+    out = two_processes["nan"].out  # "--nan-at-step 3 --steps 12 --validate --early-stop"
     for rank in (0, 1):
         record = read_rank(out, "gpipe", rank)
         assert record["skipped_steps"] == 1  # the last stage's NaN reached the first stage's process too
@@ -143,8 +196,8 @@ def test_nan_guard_skips_the_step_on_every_stage_and_early_stopping_stops_all(tm
         assert record["stopped_by"] == "early_stopping" and record["steps"] == 10
 
 
-def test_bf16_autocast_runs_inside_the_schedule(tmp_path):
-    out = run_pipeline(tmp_path, "--config", "1f1b", "--precision", "bf16-mixed", "--steps", "5")
+def test_bf16_autocast_runs_inside_the_schedule(two_processes):
+    out = two_processes["bf16"].out  # "--precision bf16-mixed --steps 5"
     _, losses = tiny.reference(4, steps=5)
     got = logged_losses(read_rank(out, "1f1b", 0))
     assert got != losses  # bf16 matmuls: not the fp32 numbers...
@@ -153,11 +206,10 @@ def test_bf16_autocast_runs_inside_the_schedule(tmp_path):
 
 # -- pipeline x FSDP -------------------------------------------------------------------------------
 
-def test_pipeline_times_fsdp_on_a_dp_pp_mesh(tmp_path):
+def test_pipeline_times_fsdp_on_a_dp_pp_mesh(four_processes):
     """4 processes, 2 stages: 2 pipelines whose stages FSDP shards across them; checkpointed at step 3 and
     resumed in a new Trainer to step 6, validating at step 5: matches one process doing the same arithmetic."""
-    out = run_pipeline(tmp_path, "--config", "1f1b", "--steps", "6", "--checkpoint-dir", str(tmp_path / "ckpt"),
-                       "--stop-at", "3", "--validate", nproc=4)
+    out = four_processes["dp_pp"].out  # "--steps 6 --checkpoint-dir ckpt --stop-at 3 --validate"
     weights, losses = tiny.reference_data_parallel(4, replicas=2, steps=6)
     got: dict[str, torch.Tensor] = {}
     for rank in (0, 1):  # replica 0's two stages, gathered from their shards
@@ -174,9 +226,9 @@ def test_pipeline_times_fsdp_on_a_dp_pp_mesh(tmp_path):
         assert records[a]["grad_bytes"] == records[a]["param_bytes"]
 
 
-def test_interleaved_pipeline_times_fsdp(tmp_path):
+def test_interleaved_pipeline_times_fsdp(four_processes):
     """4 stages at 2 per process, x 2 replicas: 4 processes; process r holds stages r % 2 and r % 2 + 2."""
-    out = run_pipeline(tmp_path, "--config", "interleaved", "--steps", "4", nproc=4)
+    out = four_processes["interleaved_dp"].out  # "--steps 4"
     weights, losses = tiny.reference_data_parallel(4, replicas=2, steps=4)
     got = merged_weights(out, "interleaved")
     for name in weights:

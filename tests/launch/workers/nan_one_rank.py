@@ -1,5 +1,8 @@
 """Run by `turbotrain launch` in the tests: rank 1 alone sees a NaN loss at step 3 (its gradients stay
-finite, so nothing spreads it to rank 0). Each rank writes OUT/rank<r>.txt with the step it stopped at."""
+finite, so nothing spreads it to rank 0). Each rank writes OUT/rank<r>.txt with the step it stopped at.
+
+Several runs in one launch (each process starts torch once): their options separated by ``--next-run``, each with
+its own ``--out``."""
 
 import argparse
 import os
@@ -16,7 +19,12 @@ import turbotrain as tt
 parser = argparse.ArgumentParser()
 parser.add_argument("--out", required=True)
 parser.add_argument("--strategy", default="ddp")
-args = parser.parse_args()
+runs: list[list[str]] = [[]]
+for arg in sys.argv[1:]:
+    if arg == "--next-run":
+        runs.append([])
+    else:
+        runs[-1].append(arg)
 rank = int(os.environ["RANK"])
 calls = [0]
 
@@ -29,13 +37,15 @@ def loss_fn(outputs, targets):
     return loss
 
 
-model = tiny.make_model("plain")
-optimizer, _ = tiny.make_optimizer(model)
-trainer = tt.Trainer(model, optimizer, loss_fn, plan=tt.Plan(strategy=args.strategy),
-                     **tiny.trainer_kwargs(max_steps=6))
-try:
-    trainer.fit(tiny.train_loader())
-    stopped = "finished"
-except tt.NonFiniteError as exc:
-    stopped = str(exc.step)
-Path(args.out, f"rank{rank}.txt").write_text(stopped)
+for args in map(parser.parse_args, runs):
+    calls[0] = 0
+    model = tiny.make_model("plain")
+    optimizer, _ = tiny.make_optimizer(model)
+    trainer = tt.Trainer(model, optimizer, loss_fn, plan=tt.Plan(strategy=args.strategy),
+                         **tiny.trainer_kwargs(max_steps=6))
+    try:
+        trainer.fit(tiny.train_loader())
+        stopped = "finished"
+    except tt.NonFiniteError as exc:
+        stopped = str(exc.step)
+    Path(args.out, f"rank{rank}.txt").write_text(stopped)

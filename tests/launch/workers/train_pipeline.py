@@ -2,6 +2,10 @@
 
 Each rank writes OUT/<config>-rank<r>.pt: the weights of its own stages (original names), the logged history,
 and what it held (parameter, gradient and optimizer-state bytes).
+
+Several runs in one launch (each process starts torch once): their options separated by ``--next-run``, each with
+its own ``--out``; each rank logs ``run OUT begins`` and ``run OUT ends`` around each run, so what a run logged can
+be told from the others'.
 """
 
 import argparse
@@ -33,11 +37,24 @@ parser.add_argument("--batch", type=int, default=tiny.BATCH)
 parser.add_argument("--val-batch", type=int, default=tiny.BATCH)
 parser.add_argument("--precision", default="fp32")
 parser.add_argument("--meta-buffer", action="store_true", help="a buffer on the meta device in the last stage")
-args = parser.parse_args()
+
+NEXT_RUN = "--next-run"
+
+
+def parse_runs(argv: list[str]) -> list[argparse.Namespace]:
+    runs: list[list[str]] = [[]]
+    for arg in argv:
+        if arg == NEXT_RUN:
+            runs.append([])
+        else:
+            runs[-1].append(arg)
+    return [parser.parse_args(run) for run in runs]
+
 
 rank = int(os.environ["RANK"])
 torch.use_deterministic_algorithms(True)
 logging.basicConfig(level=logging.INFO, format=f"rank {rank}: %(message)s")  # turbotrain's log on stderr
+log = logging.getLogger("train_pipeline")
 
 
 def build():
@@ -93,27 +110,31 @@ def train(config, max_steps, resume):
     return trainer, model, optimizer, result, grad_bytes[0]
 
 
-for config in args.config:
-    if args.stop_at:
-        train(config, args.stop_at, resume=False)  # checkpoints along the way, then a fresh Trainer resumes
-    trainer, model, optimizer, result, grad_bytes = train(config, args.steps, resume=bool(args.stop_at))
-    # under pipeline x FSDP the stages hold shards: gather each stage's (a collective among its replicas)
-    weights = {name.partition(".")[2]: (t.full_tensor() if hasattr(t, "full_tensor") else t).detach().clone()
-               for name, t in trainer.model.state_dict().items()}
-    params = [p.to_local() if hasattr(p, "to_local") else p for g in optimizer.param_groups for p in g["params"]]
-    torch.save({
-        "weights": weights,
-        "history": result.history,
-        "steps": result.steps,
-        "stopped_by": result.stopped_by,
-        "skipped_steps": result.skipped_steps,
-        "param_bytes": sum(p.numel() * p.element_size() for p in params),
-        "grad_bytes": grad_bytes,
-        "optimizer_bytes": sum(t.numel() * t.element_size() for state in optimizer.state.values()
-                               for t in state.values() if torch.is_tensor(t)),
-        "stage_param_bytes": sum(t.numel() * t.element_size() for t in weights.values()),
-        "whole_param_bytes": sum(p.numel() * p.element_size() for p in build().parameters()),
-        "optimizer_class": type(optimizer).__name__,
-        "optimizer_defaults": dict(optimizer.defaults),
-        "real_params": sorted(n for n, p in model.named_parameters() if not p.is_meta),
-    }, os.path.join(args.out, f"{config}-rank{rank}.pt"))
+for args in parse_runs(sys.argv[1:]):  # rebinds the module's ``args``, which build(), loss_fn and train() read
+    logged[0] = 0
+    log.info("run %s begins", args.out)
+    for config in args.config:
+        if args.stop_at:
+            train(config, args.stop_at, resume=False)  # checkpoints along the way, then a fresh Trainer resumes
+        trainer, model, optimizer, result, grad_bytes = train(config, args.steps, resume=bool(args.stop_at))
+        # under pipeline x FSDP the stages hold shards: gather each stage's (a collective among its replicas)
+        weights = {name.partition(".")[2]: (t.full_tensor() if hasattr(t, "full_tensor") else t).detach().clone()
+                   for name, t in trainer.model.state_dict().items()}
+        params = [p.to_local() if hasattr(p, "to_local") else p for g in optimizer.param_groups for p in g["params"]]
+        torch.save({
+            "weights": weights,
+            "history": result.history,
+            "steps": result.steps,
+            "stopped_by": result.stopped_by,
+            "skipped_steps": result.skipped_steps,
+            "param_bytes": sum(p.numel() * p.element_size() for p in params),
+            "grad_bytes": grad_bytes,
+            "optimizer_bytes": sum(t.numel() * t.element_size() for state in optimizer.state.values()
+                                   for t in state.values() if torch.is_tensor(t)),
+            "stage_param_bytes": sum(t.numel() * t.element_size() for t in weights.values()),
+            "whole_param_bytes": sum(p.numel() * p.element_size() for p in build().parameters()),
+            "optimizer_class": type(optimizer).__name__,
+            "optimizer_defaults": dict(optimizer.defaults),
+            "real_params": sorted(n for n, p in model.named_parameters() if not p.is_meta),
+        }, os.path.join(args.out, f"{config}-rank{rank}.pt"))
+    log.info("run %s ends", args.out)

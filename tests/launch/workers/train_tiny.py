@@ -1,6 +1,9 @@
 """A training script run by `turbotrain launch` in the tests: trains tests/launch/launch_tiny.py's set-up.
 
 Each rank writes OUT/<config>-rank<r>.pt with its final full weights and what it observed.
+
+Several runs in one launch (each process starts torch once): their options separated by ``--next-run``, each with
+its own ``--out``.
 """
 
 import argparse
@@ -27,7 +30,19 @@ parser.add_argument("--checkpoint-every", type=int, default=3)
 parser.add_argument("--max-steps", type=int, default=tiny.MAX_STEPS)
 parser.add_argument("--kill-rank", type=int, default=None)
 parser.add_argument("--kill-at-step", type=int, default=None)
-args = parser.parse_args()
+
+NEXT_RUN = "--next-run"
+
+
+def parse_runs(argv: list[str]) -> list[argparse.Namespace]:
+    runs: list[list[str]] = [[]]
+    for arg in argv:
+        if arg == NEXT_RUN:
+            runs.append([])
+        else:
+            runs[-1].append(arg)
+    return [parser.parse_args(run) for run in runs]
+
 
 rank = int(os.environ["RANK"])
 restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
@@ -59,38 +74,40 @@ class KillAt:
             os.kill(os.getpid(), signal.SIGKILL)
 
 
-for config in args.config:
-    model = tiny.make_model(config)
-    optimizer, scheduler = tiny.make_optimizer(model)
-    torch.manual_seed(100 + rank)  # per-rank random streams (dropout): a resume must restore each rank's own
-    ckpt_dir = args.checkpoint_dir and os.path.join(args.checkpoint_dir, config)
-    plan = tt.Plan(strategy=args.strategy, grad_accum_steps=tiny.ACCUM)
-    trainer = tt.Trainer(model, optimizer, tiny.loss_fn, plan=plan, schedulers=scheduler, callbacks=[KillAt()],
-                         **tiny.trainer_kwargs(max_steps=args.max_steps, checkpoint_dir=ckpt_dir,
-                                               checkpoint_every_n_steps=args.checkpoint_every if ckpt_dir else None,
-                                               log_dir=os.path.join(args.out, f"logs-{config}")))
-    allreduces, reduce_scatters = [0], [0]
-    original = None
-    if args.strategy == "fsdp":  # FSDP2 reduce-scatters each shard unit's gradients through this function
-        original = dist.reduce_scatter_single
-        dist.reduce_scatter_single = counting(original, reduce_scatters)
-    if trainer.rt.ddp is not None and hasattr(trainer.rt.ddp, "register_comm_hook"):
-        trainer.rt.ddp.register_comm_hook(dist.group.WORLD, counting_hook(allreduces))
-    model_params = {id(p) for p in trainer.model.parameters()}
-    try:
-        result = trainer.fit(tiny.train_loader(), tiny.val_loader(), resume=ckpt_dir is not None)
-    finally:  # the next --config counts its own calls, through one wrapper
-        if original is not None:
-            dist.reduce_scatter_single = original
-    torch.save({
-        "weights": full_state_dict(trainer.model),
-        "history": result.history,
-        "steps": result.steps,
-        "allreduces": allreduces[0],
-        "reduce_scatters": reduce_scatters[0],
-        "world": dist.get_world_size() if dist.is_initialized() else 1,
-        "restart": restart,
-        "applied": result.applied,
-        "optimizer_on_model_params": all(id(p) in model_params for g in optimizer.param_groups for p in g["params"]),
-        "lr": optimizer.param_groups[0]["lr"],
-    }, os.path.join(args.out, f"{config}-rank{rank}.pt"))
+for args in parse_runs(sys.argv[1:]):  # rebinds the module's ``args``, which KillAt reads
+    for config in args.config:
+        model = tiny.make_model(config)
+        optimizer, scheduler = tiny.make_optimizer(model)
+        torch.manual_seed(100 + rank)  # per-rank random streams (dropout): a resume must restore each rank's own
+        ckpt_dir = args.checkpoint_dir and os.path.join(args.checkpoint_dir, config)
+        plan = tt.Plan(strategy=args.strategy, grad_accum_steps=tiny.ACCUM)
+        trainer = tt.Trainer(model, optimizer, tiny.loss_fn, plan=plan, schedulers=scheduler, callbacks=[KillAt()],
+                             **tiny.trainer_kwargs(max_steps=args.max_steps, checkpoint_dir=ckpt_dir,
+                                                   checkpoint_every_n_steps=args.checkpoint_every if ckpt_dir else None,
+                                                   log_dir=os.path.join(args.out, f"logs-{config}")))
+        allreduces, reduce_scatters = [0], [0]
+        original = None
+        if args.strategy == "fsdp":  # FSDP2 reduce-scatters each shard unit's gradients through this function
+            original = dist.reduce_scatter_single
+            dist.reduce_scatter_single = counting(original, reduce_scatters)
+        if trainer.rt.ddp is not None and hasattr(trainer.rt.ddp, "register_comm_hook"):
+            trainer.rt.ddp.register_comm_hook(dist.group.WORLD, counting_hook(allreduces))
+        model_params = {id(p) for p in trainer.model.parameters()}
+        try:
+            result = trainer.fit(tiny.train_loader(), tiny.val_loader(), resume=ckpt_dir is not None)
+        finally:  # the next --config counts its own calls, through one wrapper
+            if original is not None:
+                dist.reduce_scatter_single = original
+        torch.save({
+            "weights": full_state_dict(trainer.model),
+            "history": result.history,
+            "steps": result.steps,
+            "allreduces": allreduces[0],
+            "reduce_scatters": reduce_scatters[0],
+            "world": dist.get_world_size() if dist.is_initialized() else 1,
+            "restart": restart,
+            "applied": result.applied,
+            "optimizer_on_model_params": all(id(p) in model_params
+                                             for g in optimizer.param_groups for p in g["params"]),
+            "lr": optimizer.param_groups[0]["lr"],
+        }, os.path.join(args.out, f"{config}-rank{rank}.pt"))

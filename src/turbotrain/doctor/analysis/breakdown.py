@@ -3,13 +3,14 @@
 The breakdown's categories add up to the measured step time: every second of every measured
 step is charged to exactly one category (see :meth:`StepRecord.categories`).
 
-``python_overhead`` is the framework's own per-op cost. On the CPU it is the part of forward and
-backward that does not grow with the batch, as measured by :mod:`turbotrain.doctor.analysis.overhead`
-(per-op dispatch and interpreter time); the optimizer's dispatch stays ``optimizer`` (a step whose
-optimizer loops over 800 small tensors is optimizer-bound, and ``dispatch`` says how much of it is
-overhead). On CUDA, compute and optimizer are the device's time (CUDA events around each phase);
-device idle time while the host was issuing the step's ops is ``python_overhead`` (the device
-waits on Python), and the rest of the step goes to what the host was doing (data, copies, syncs).
+Per-op dispatch and interpreter time stays with the phase it belongs to: a step whose optimizer
+loops over 800 small tensors is ``optimizer``-bound, and ``dispatch`` says how much of each phase
+is that overhead, as measured by :mod:`turbotrain.doctor.analysis.overhead` (the part of forward+backward
+that does not grow with the batch; the optimizer's time beyond its memory traffic). On CUDA,
+compute and optimizer are the device's time (CUDA events around each phase); device idle time
+while the host was issuing the step's ops is ``python_overhead`` (the device waits on Python),
+and the rest of the step goes to what the host was doing (data, copies, syncs). On the CPU the
+host *is* the device, so ``python_overhead`` stays 0 there.
 """
 
 from __future__ import annotations
@@ -208,7 +209,7 @@ def compute_breakdown(steps: list[StepRecord], warmup: int, overhead: Overhead |
     overhead = overhead or Overhead()
     per_step = []
     raw = dict.fromkeys(CATEGORIES, 0.0)
-    dispatch = {"optimizer": 0.0}
+    dispatch = {"compute": 0.0, "optimizer": 0.0}
     for step in chosen:
         cats = step.categories()
         for key, value in cats.items():
@@ -224,14 +225,7 @@ def compute_breakdown(steps: list[StepRecord], warmup: int, overhead: Overhead |
     _amortise(per_step, chosen, periodic)
     for step, cats in zip(chosen, per_step):
         if not (gpu_seconds and step.index in gpu_seconds):  # on CUDA the idle device is python_overhead
-            carved = _carve_overhead(cats, overhead)
-            # The forward and backward's per-op cost is the framework's, not the model's arithmetic: it is
-            # python_overhead, so a step mostly made of dispatch names it as its bottleneck. The optimizer's
-            # stays with the optimizer, whose own switches (foreach, fused) remove it.
-            moved = carved.pop("compute", 0.0)
-            cats["compute"] -= moved
-            cats["python_overhead"] += moved
-            for key, seconds in carved.items():
+            for key, seconds in _carve_overhead(cats, overhead).items():
                 dispatch[key] += seconds
     totals = dict.fromkeys(CATEGORIES, 0.0)
     timeline = []
