@@ -92,6 +92,13 @@ def _clean_ms_per_step(*argv: str) -> float:
     return float(out.rsplit("ms_per_step=", 1)[1])
 
 
+def test_the_clean_script_twin_times_itself():
+    """The judge below runs only where the doctor rates a switch serious on the clean script (not on every CPU):
+    its twin and its timer are checked here on any CPU, so the judgement cannot break unseen."""
+    for twin in ([], *CLEAN_TWINS.values()):
+        assert 0 < _clean_ms_per_step(*twin) < 1e3, twin
+
+
 def test_a_clean_script_gets_no_serious_finding_this_cpu_does_not_back():
     """Clean means clean on the CPU at hand: where a switch really pays (bf16 on a CPU with bf16 units), the
     doctor is right to say so. Every high or medium finding must be a measured switch, and the same switch

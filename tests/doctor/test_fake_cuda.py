@@ -59,7 +59,8 @@ def test_copy_rules_fire_with_a_gpu_run_s_copies():
         tally.add(step, 0.004, 32 * 3 * 16 * 16 * 4)
     tally.detail.update(non_blocking=False, pinned=False)
     shares = dict(ctx.breakdown.shares, host_to_device=0.3, compute=0.5)
-    gpu = ctx.replace(hw=fake_cuda(), device="cuda", tallies={**ctx.tallies, ("h2d", Site(ctx.script, line)): tally},
+    site = Site(ctx.script, line)
+    gpu = ctx.replace(hw=fake_cuda(), device="cuda", tallies={**ctx.tallies, ("h2d", site): tally.freeze("h2d", site)},
                       breakdown=dataclasses.replace(ctx.breakdown, shares=shares))
     found = evaluate(gpu)
     assert "high" in severities(found, "pin-memory")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import several_runs
 from launch_helpers import WORKER, launch
 
 
@@ -27,10 +28,9 @@ def two_rank_runs(tmp_path_factory):
     process), each writing into its own folder: ``ddp``, both configurations under DDP, the 'dropout' one also
     checkpointing (the restart test's reference); then ``fsdp``, 'plain' under FSDP2 with sharded checkpoints."""
     ddp, fsdp = tmp_path_factory.mktemp("ddp"), tmp_path_factory.mktemp("fsdp")
-    launch("--nproc-per-node", "2", str(WORKER),
-           "--out", str(ddp), "--config", "plain", "--config", "dropout", "--checkpoint-dir", str(ddp / "ckpt"),
-           "--next-run",
-           "--out", str(fsdp), "--config", "plain", "--strategy", "fsdp", "--checkpoint-dir", str(fsdp / "ckpt"))
+    launch("--nproc-per-node", "2", str(WORKER), *several_runs.joined(
+        ["--out", str(ddp), "--config", "plain", "--config", "dropout", "--checkpoint-dir", str(ddp / "ckpt")],
+        ["--out", str(fsdp), "--config", "plain", "--strategy", "fsdp", "--checkpoint-dir", str(fsdp / "ckpt")]))
     return {"ddp": ddp, "fsdp": fsdp}
 
 

@@ -7,6 +7,7 @@ import csv
 import pytest
 
 import launch_tiny as tiny
+import several_runs
 from launch_helpers import WORKER, assert_same_weights, launch, read_rank
 
 
@@ -55,8 +56,7 @@ def nan_runs(tmp_path_factory):
     processes (torch starts once per process), each writing into its own folder."""
     out = {strategy: tmp_path_factory.mktemp(f"nan-{strategy}") for strategy in ("ddp", "fsdp")}
     launch("--nproc-per-node", "2", str(WORKER.parent / "nan_one_rank.py"),
-           "--out", str(out["ddp"]), "--strategy", "ddp", "--next-run", "--out", str(out["fsdp"]), "--strategy", "fsdp",
-           timeout=180)
+           *several_runs.joined(*(["--out", str(out[s]), "--strategy", s] for s in ("ddp", "fsdp"))), timeout=180)
     return out
 
 

@@ -20,11 +20,11 @@ import pytest
 import torch
 
 import pipeline_tiny as tiny
+import several_runs
 from launch_helpers import ROOT, cli_env, read_rank
 from launch_helpers import launch as launch_cli
 
 WORKER = ROOT / "tests" / "launch" / "workers" / "train_pipeline.py"
-NEXT_RUN = "--next-run"  # the worker's separator between the options of two runs
 
 
 @dataclass
@@ -46,11 +46,10 @@ def run_log(stderr: str, out: Path, nproc: int) -> str:
 
 def run_all(base: Path, runs: dict[str, list[str]], nproc: int) -> dict[str, Run]:
     """``runs`` (name -> the worker's options, ``{out}`` standing for the run's folder) in one launch."""
-    argv: list[str] = []
-    for name, options in runs.items():
-        out = base / name
-        out.mkdir()
-        argv += ([NEXT_RUN] if argv else []) + ["--out", str(out), *(o.replace("{out}", str(out)) for o in options)]
+    for name in runs:
+        (base / name).mkdir()
+    argv = several_runs.joined(*(["--out", str(base / name), *(o.replace("{out}", str(base / name)) for o in options)]
+                                 for name, options in runs.items()))
     proc = launch_cli("--nproc-per-node", str(nproc), str(WORKER), *argv, timeout=300)
     return {name: Run(base / name, run_log(proc.stderr, base / name, nproc)) for name in runs}
 

@@ -32,6 +32,11 @@ __all__ = ["WhatIf", "Judgement", "PairTimed", "ThreadSetting", "PlanResult", "B
 W = TypeVar("W", bound="WhatIf")
 
 
+def _present(**values: Any) -> dict[str, Any]:
+    """The optional fields that have a value, in the order given (tuples as the lists JSON gives back)."""
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in values.items() if v is not None}
+
+
 @dataclass(frozen=True)
 class Judgement:
     """:func:`turbotrain.measure.judge`'s verdict on a what-if's interleaved rounds."""
@@ -121,20 +126,10 @@ class PlanResult(WhatIf):
     compile_s: float | None = None
 
     def _fields(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"changes": dict(self.changes), "steps": self.steps,
-                               "losses_finite": self.losses_finite}
-        if self.page_faults_per_step is not None:
-            out["page_faults_per_step"] = self.page_faults_per_step
-        if self.timed_in is not None:
-            out["timed_in"] = self.timed_in
-        if self.in_process_rounds is not None:
-            out["in_process_rounds"] = list(self.in_process_rounds)
-        out["rounds"] = list(self.rounds)
-        if self.candidate_ms is not None:
-            out["candidate_ms"] = self.candidate_ms
-        if self.compile_s is not None:
-            out["compile_s"] = self.compile_s
-        return out
+        return {"changes": dict(self.changes), "steps": self.steps, "losses_finite": self.losses_finite,
+                **_present(page_faults_per_step=self.page_faults_per_step, timed_in=self.timed_in,
+                           in_process_rounds=self.in_process_rounds),
+                "rounds": list(self.rounds), **_present(candidate_ms=self.candidate_ms, compile_s=self.compile_s)}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -176,17 +171,11 @@ class LoaderResult(PairTimed):
     candidate_ms: float | None = None
 
     def _fields(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "batches_per_s": {str(k): v for k, v in self.batches_per_s.items()},
-            "best_num_workers": self.best_num_workers, "projected_step_ms": self.projected_step_ms,
-            "current_projected_step_ms": self.current_projected_step_ms, "step_ms": self.step_ms, **self._pair()}
-        if self.rounds is not None:
-            out["rounds"] = list(self.rounds)
-        if self.baseline_ms is not None:
-            out["baseline_ms"] = self.baseline_ms
-        if self.candidate_ms is not None:
-            out["candidate_ms"] = self.candidate_ms
-        return out
+        return {"batches_per_s": {str(k): v for k, v in self.batches_per_s.items()},
+                "best_num_workers": self.best_num_workers, "projected_step_ms": self.projected_step_ms,
+                "current_projected_step_ms": self.current_projected_step_ms, "step_ms": self.step_ms,
+                **self._pair(),
+                **_present(rounds=self.rounds, baseline_ms=self.baseline_ms, candidate_ms=self.candidate_ms)}
 
 
 @dataclass(frozen=True, kw_only=True)

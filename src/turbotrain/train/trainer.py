@@ -188,7 +188,8 @@ class Trainer:
 
     @property
     def _run(self) -> FitState:
-        """The running fit() call's state, for what only runs inside fit()."""
+        """The running fit() call's state, for the rare events that run inside fit() (the per-step path is
+        handed it instead: no check per step)."""
         run = self.fit_state
         if run is None:
             raise RuntimeError("Trainer: this runs inside fit() only (no fit() has started)")
@@ -202,13 +203,13 @@ class Trainer:
         while run.stop_reason is None:
             batches = self.rt.device_batches(run.source.epoch(self.state.epoch, position))
             position = None  # the next epochs start at their beginning
-            if self._run_epoch(batches):
+            if self._run_epoch(run, batches):
                 break
             self._end_epoch()
 
-    def _run_epoch(self, batches: Iterable) -> bool:
+    def _run_epoch(self, run: FitState, batches: Iterable) -> bool:
         """Train one epoch (or what is left of it). True when a limit stopped training."""
-        accum, total = self.rt.accum_steps, self._run.epoch_len
+        accum, total = self.rt.accum_steps, run.epoch_len
         micro = self.state.batches_done
         step_loss = None
         for batch in batches:
@@ -219,12 +220,12 @@ class Trainer:
             step_loss = loss if step_loss is None else step_loss + loss
             if last:
                 self.state.batches_done = micro
-                if self._finish_step(step_loss / accum if accum > 1 else step_loss):
+                if self._finish_step(run, step_loss / accum if accum > 1 else step_loss):
                     return True
                 step_loss = None
         if step_loss is not None:  # a loader without a length ended inside an accumulation window
             self.state.batches_done = micro
-            if self._finish_step(step_loss / (micro % accum)):
+            if self._finish_step(run, step_loss / (micro % accum)):
                 return True
         self.state.batches_done = micro
         return False
@@ -257,7 +258,7 @@ class Trainer:
                             "pass step_fn=lambda ctx, batch: loss to handle other batches.") from None
         return self.loss_fn(self.rt.model(inputs), targets)  # type: ignore[misc]  # __init__: one of the two
 
-    def _finish_step(self, loss: Any) -> bool:
+    def _finish_step(self, run: FitState, loss: Any) -> bool:
         """Optimizer step(s) and the step-boundary bookkeeping. True when training must stop."""
         if self._manual:
             stepped, self.ctx.stepped = self.ctx.stepped, False
@@ -277,12 +278,12 @@ class Trainer:
         else:
             self.state.skipped_steps += 1
         self.state.step += 1
-        self._run.loss_meter.add(loss)
-        return self._step_boundary()
+        run.loss_meter.add(loss)
+        return self._step_boundary(run)
 
-    def _step_boundary(self) -> bool:
+    def _step_boundary(self, run: FitState) -> bool:
         """Per step: a few integer comparisons; the rare events run only when one is due."""
-        run, step = self._run, self.state.step
+        step = self.state.step
         if step >= run.next_event:
             self._events(step)
         if (step >= run.step_limit or run.signals.requested or self.state.early_stop

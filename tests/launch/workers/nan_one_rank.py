@@ -14,17 +14,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/launch: launch_tiny.py
 
 import launch_tiny as tiny
+import several_runs
 import turbotrain as tt
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--out", required=True)
 parser.add_argument("--strategy", default="ddp")
-runs: list[list[str]] = [[]]
-for arg in sys.argv[1:]:
-    if arg == "--next-run":
-        runs.append([])
-    else:
-        runs[-1].append(arg)
 rank = int(os.environ["RANK"])
 calls = [0]
 
@@ -37,7 +32,7 @@ def loss_fn(outputs, targets):
     return loss
 
 
-for args in map(parser.parse_args, runs):
+for args in several_runs.split(parser, sys.argv[1:]):
     calls[0] = 0
     model = tiny.make_model("plain")
     optimizer, _ = tiny.make_optimizer(model)

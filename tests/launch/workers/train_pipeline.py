@@ -19,6 +19,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/launch: pipeline_tiny.py
 
 import pipeline_tiny as tiny
+import several_runs
 import turbotrain as tt
 
 parser = argparse.ArgumentParser()
@@ -37,19 +38,6 @@ parser.add_argument("--batch", type=int, default=tiny.BATCH)
 parser.add_argument("--val-batch", type=int, default=tiny.BATCH)
 parser.add_argument("--precision", default="fp32")
 parser.add_argument("--meta-buffer", action="store_true", help="a buffer on the meta device in the last stage")
-
-NEXT_RUN = "--next-run"
-
-
-def parse_runs(argv: list[str]) -> list[argparse.Namespace]:
-    runs: list[list[str]] = [[]]
-    for arg in argv:
-        if arg == NEXT_RUN:
-            runs.append([])
-        else:
-            runs[-1].append(arg)
-    return [parser.parse_args(run) for run in runs]
-
 
 rank = int(os.environ["RANK"])
 torch.use_deterministic_algorithms(True)
@@ -110,7 +98,8 @@ def train(config, max_steps, resume):
     return trainer, model, optimizer, result, grad_bytes[0]
 
 
-for args in parse_runs(sys.argv[1:]):  # rebinds the module's ``args``, which build(), loss_fn and train() read
+# Rebinds the module's ``args``, which build(), loss_fn and train() read.
+for args in several_runs.split(parser, sys.argv[1:]):
     logged[0] = 0
     log.info("run %s begins", args.out)
     for config in args.config:

@@ -18,6 +18,7 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/launch: launch_tiny.py
 
 import launch_tiny as tiny
+import several_runs
 import turbotrain as tt
 from turbotrain.launch.fsdp import full_state_dict
 
@@ -30,19 +31,6 @@ parser.add_argument("--checkpoint-every", type=int, default=3)
 parser.add_argument("--max-steps", type=int, default=tiny.MAX_STEPS)
 parser.add_argument("--kill-rank", type=int, default=None)
 parser.add_argument("--kill-at-step", type=int, default=None)
-
-NEXT_RUN = "--next-run"
-
-
-def parse_runs(argv: list[str]) -> list[argparse.Namespace]:
-    runs: list[list[str]] = [[]]
-    for arg in argv:
-        if arg == NEXT_RUN:
-            runs.append([])
-        else:
-            runs[-1].append(arg)
-    return [parser.parse_args(run) for run in runs]
-
 
 rank = int(os.environ["RANK"])
 restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
@@ -74,7 +62,7 @@ class KillAt:
             os.kill(os.getpid(), signal.SIGKILL)
 
 
-for args in parse_runs(sys.argv[1:]):  # rebinds the module's ``args``, which KillAt reads
+for args in several_runs.split(parser, sys.argv[1:]):  # rebinds the module's ``args``, which KillAt reads
     for config in args.config:
         model = tiny.make_model(config)
         optimizer, scheduler = tiny.make_optimizer(model)

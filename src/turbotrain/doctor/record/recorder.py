@@ -18,7 +18,6 @@ import logging
 import os
 import socket
 import threading
-import time
 from typing import Any
 
 import torch
@@ -37,7 +36,6 @@ from .probe import Probe, no_device_marks
 from .recording import GpuPhases, LiveObjects, MatmulShape, ModuleSite, Recording, SiteCount, Window
 from .steps import StepTracker, Stop
 from .tallies import Tallies
-from .tallies import LoaderTally
 from .measurements import StepRecord
 from .run_queue import RunQueue
 from ..sites import user_site
@@ -46,9 +44,6 @@ from .schedule import StepSchedule
 __all__ = ["Recorder", "Stop"]
 
 log = logging.getLogger("turbotrain")
-
-perf_counter = time.perf_counter
-
 
 # Under a millisecond of untimed batch building per step, no finding names a line (num-workers needs 1 ms).
 GAP_WORTH_SAMPLING_S = 1e-3
@@ -81,7 +76,6 @@ class Recorder:
         self.window = ProfilerWindow(self.gpu)
         self.gpu_timer = GpuTimer()
         self.profiled_steps: list[int] = []
-        self.started = self.finished = 0.0
         self.run_queue = RunQueue()
         self.tracker.preempted = self.run_queue.preempted
         self._handles: list[Any] = []
@@ -104,21 +98,8 @@ class Recorder:
         return self.tracker.steps
 
     @property
-    def step_delimiter(self) -> str:
-        return self.tracker.delimiter
-
-    @property
-    def loaders(self) -> dict[int, LoaderTally]:
-        return self.tallies.loaders
-
-    @property
     def warmup(self) -> int:
         return self.schedule.warmup
-
-    @property
-    def measure(self) -> int | None:
-        """Measured steps, after any extension for periodic work."""
-        return self.schedule.measure
 
     @property
     def profiling(self) -> bool:
@@ -144,7 +125,6 @@ class Recorder:
         self.probe.thread = threading.get_ident()
         self.tracker.restart()
         self.run_queue.open()
-        self.started = perf_counter()
         self.functions.trace(True)
         # Reads through turbotrain.data (any process: DataLoader workers count into a shared file).
         data_stats.share_with_workers()
@@ -164,7 +144,6 @@ class Recorder:
     def uninstall(self) -> None:
         if active.current is not self.probe:
             return
-        self.finished = perf_counter()
         self.functions.trace(False)
         if self.load_end is None and self.load_start is not None:
             self.load_end = sample_load()  # the script ended before the window did
@@ -236,7 +215,7 @@ class Recorder:
         queued = 0
         for record in self.tallies.loaders.values():
             workers = record.settings.get("num_workers") or 0
-            if workers and record.nexts.total(range(done))[0]:
+            if workers and any(step < done for step in record.nexts.by_step):
                 queued = max(queued, workers * (record.settings.get("prefetch_factor") or 2))
         return queued
 
@@ -244,15 +223,6 @@ class Recorder:
     def profiler(self) -> Any:
         """torch.profiler.profile of the profiler window, once it ran (None before, or if it could not start)."""
         return self.window.profiler
-
-    @property
-    def ran_code(self) -> set[Any] | None:
-        """The user's code objects seen running (warm-up and the profiler window); None: not traced."""
-        return self.functions.ran_code
-
-    @property
-    def gpu_phase_seconds(self) -> dict[int, dict[str, float]]:
-        return self.gpu_timer.phase_seconds
 
     def _start_profiler(self) -> None:
         if self.window.start(len(self.steps)):

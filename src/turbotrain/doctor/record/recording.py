@@ -15,7 +15,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Union
 
-from ...data.stats import ReadStats, SchemeReads
+from ...data.stats import ReadStats
 from ...hardware import LoadSample
 from .measurements import EventCounts, ForwardFacts, LoaderRecord, StepRecord
 from ..sites import Site
@@ -174,6 +174,3 @@ def _build(hint: Any, value: Any) -> Any:
         return float(value)
     return value
 
-
-# Types a Recording holds that live in other modules: listed so a reader sees what crosses a process boundary.
-PLAIN_TYPES = (StepRecord, EventCounts, LoaderRecord, ForwardFacts, Site, LoadSample, ReadStats, SchemeReads)

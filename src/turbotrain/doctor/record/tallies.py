@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import weakref
 from collections import Counter, defaultdict
-from collections.abc import Iterable
 from typing import Any
 
 from .measurements import EventCounts, LoaderRecord
@@ -74,12 +73,6 @@ class Tally:
         # Tuples in the detail (a tensor's shape) become lists: what JSON gives back.
         detail = {k: list(v) if isinstance(v, tuple) else v for k, v in self.detail.items()}
         return EventCounts(kind, site, cells, detail)
-
-    def total(self, steps: Iterable[int]) -> tuple[int, float, int]:
-        return self.freeze().total(steps)
-
-    def per_step(self, steps: list[int]) -> tuple[float, float, float]:
-        return self.freeze().per_step(steps)
 
 
 class LoaderTally:
