@@ -31,7 +31,7 @@ def test_breakdown_adds_up_to_the_measured_mean_with_interference_apart():
     steps = [step(i, 0.001, dict(phases), preempted=0.0) for i in range(8)]
     # One short step where another process held the CPU for 30 ms, in the middle of the backward.
     steps[5] = step(5, 0.031, {**phases, "backward": 0.0303}, preempted=0.030)
-    b = compute_breakdown(steps, warmup=1, overhead=Overhead(method="measured", compute_share=0.25))
+    b = compute_breakdown(steps, warmup=1, overhead=Overhead(method="counted", compute_share=0.25))
     assert b.steps == list(range(1, 8))
     assert sum(b.shares.values()) == pytest.approx(1.0)
     assert sum(b.seconds.values()) + b.interference_s == pytest.approx(statistics.fmean(b.step_seconds))
@@ -39,17 +39,24 @@ def test_breakdown_adds_up_to_the_measured_mean_with_interference_apart():
     # The stall came out of compute, where it was: the step looks like its neighbours again.
     assert b.timeline[4]["compute"] == pytest.approx(b.timeline[0]["compute"])
     assert b.shares["data_loading"] == pytest.approx(0.2)
-    # Dispatch overhead stays inside compute (its phase) and is reported as part of it.
-    assert b.shares["python_overhead"] == 0.0 and b.shares["compute"] == pytest.approx(0.7)
-    assert b.dispatch_of("compute") == pytest.approx(0.25)
+    # The forward+backward's per-op overhead (a quarter of it here) is python_overhead.
+    assert b.shares["python_overhead"] == pytest.approx(0.25 * 0.7) and b.shares["compute"] == pytest.approx(0.75 * 0.7)
     assert b.dispatch_share == pytest.approx(0.25 * 0.7)
     assert b.bottleneck == "compute"
+
+
+def test_a_step_of_tiny_ops_is_python_overhead_bound():
+    """Counted per-op cost over most of the forward+backward: the bottleneck says python_overhead."""
+    steps = [step(i, 0.001, {"data": 0.0001, "forward": 0.0005, "backward": 0.0003, "optimizer": 0.0001})
+             for i in range(6)]
+    b = compute_breakdown(steps, warmup=1, overhead=Overhead(method="counted", compute_share=0.9))
+    assert b.bottleneck == "python_overhead" and b.shares["python_overhead"] == pytest.approx(0.9 * 0.8)
 
 
 def test_an_optimizer_loop_of_tiny_kernels_is_optimizer_bound():
     """801 small tensors: the optimizer's time is nearly all per-op overhead, and it is still the optimizer."""
     steps = [step(i, 0.064, {"forward": 0.012, "backward": 0.010, "optimizer": 0.042}) for i in range(6)]
-    b = compute_breakdown(steps, warmup=1, overhead=Overhead(method="measured", compute_share=0.5,
+    b = compute_breakdown(steps, warmup=1, overhead=Overhead(method="counted", compute_share=0.5,
                                                              optimizer_s=0.038))
     assert b.bottleneck == "optimizer" and b.shares["optimizer"] == pytest.approx(42 / 64)
     assert b.dispatch_of("optimizer") == pytest.approx(38 / 42)

@@ -23,7 +23,7 @@ CORPUS = {
     # Its first steps take 10x the others: the line building the batches is still found.
     "generator_batches_slow_first_steps": ({"num-workers"}, {"data_loading"}, {"num-workers"}),
     "item_per_step": ({"host-sync-in-loop"}, None, set()),
-    "batch_size_one": ({"small-batch"}, {"compute"}, {"small-batch"}),
+    "batch_size_one": ({"small-batch"}, {"python_overhead"}, {"small-batch"}),
     "conv_bias_bn": ({"conv-bias-before-bn"}, {"compute"}, set()),
     "odd_vocab": ({"dims-not-multiple-of-8"}, None, set()),
     "data_parallel": ({"data-parallel"}, None, set()),

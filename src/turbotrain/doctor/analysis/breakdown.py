@@ -3,14 +3,14 @@
 The breakdown's categories add up to the measured step time: every second of every measured
 step is charged to exactly one category (see :meth:`StepRecord.categories`).
 
-Per-op dispatch and interpreter time stays with the phase it belongs to: a step whose optimizer
-loops over 800 small tensors is ``optimizer``-bound, and ``dispatch`` says how much of each phase
-is that overhead, as measured by :mod:`turbotrain.doctor.analysis.overhead` (the part of forward+backward
-that does not grow with the batch; the optimizer's time beyond its memory traffic). On CUDA,
-compute and optimizer are the device's time (CUDA events around each phase); device idle time
-while the host was issuing the step's ops is ``python_overhead`` (the device waits on Python),
-and the rest of the step goes to what the host was doing (data, copies, syncs). On the CPU the
-host *is* the device, so ``python_overhead`` stays 0 there.
+Per-op dispatch and interpreter time of the forward and backward is ``python_overhead``: on the CPU
+the part of ``compute`` that :mod:`turbotrain.doctor.analysis.overhead` counts as per-op cost (ATen ops
+times the cost of an op whose kernel does nothing). The optimizer's own per-op cost stays in
+``optimizer`` (a step whose optimizer loops over 800 small tensors is ``optimizer``-bound: foreach fixes
+it), and ``dispatch`` says how much of it is overhead. On CUDA, compute and optimizer are the device's
+time (CUDA events around each phase); device idle time while the host was issuing the step's ops is
+``python_overhead`` (the device waits on Python), and the rest of the step goes to what the host was
+doing (data, copies, syncs).
 """
 
 from __future__ import annotations
@@ -85,25 +85,23 @@ def select_steps(steps: list[StepRecord], warmup: int) -> tuple[list[StepRecord]
 class Overhead:
     """What part of compute and optimizer time is dispatch/interpreter overhead (see the module docs)."""
 
-    method: str = "none"              # "measured", "estimated" (op count x do-nothing op) or "none"
+    method: str = "none"              # "counted" (ATen ops x per-op floor), "estimated" (profiled ops) or "none"
     compute_share: float = 0.0        # share of compute (forward+backward+glue) that is overhead
     optimizer_s: float = 0.0          # seconds per step of the optimizer beyond its memory traffic
-    estimate_s: float = 0.0           # the op-count estimate, seconds per step (method "estimated")
+    estimate_s: float = 0.0           # the profiler's op-count estimate, seconds per step (method "estimated")
     detail: dict[str, float] = field(default_factory=dict)
 
 
 def _carve_overhead(cats: dict[str, float], overhead: Overhead) -> dict[str, float]:
-    """Seconds of compute and optimizer that are overhead (the model of :class:`Overhead`)."""
-    if overhead.method == "measured":
-        move = {"compute": cats["compute"] * overhead.compute_share,
+    """Seconds of compute and of optimizer that are overhead (the model of :class:`Overhead`)."""
+    if overhead.method == "counted":
+        return {"compute": cats["compute"] * overhead.compute_share,
                 "optimizer": min(overhead.optimizer_s, 0.95 * cats["optimizer"])}
-    elif overhead.method == "estimated":
+    if overhead.method == "estimated":
         pool = cats["compute"] + cats["optimizer"]
         take = min(overhead.estimate_s, 0.95 * pool)
-        move = {k: take * cats[k] / pool for k in ("compute", "optimizer")} if pool > 0 else {}
-    else:
-        return {}
-    return move
+        return {k: take * cats[k] / pool for k in ("compute", "optimizer")} if pool > 0 else {}
+    return {}
 
 
 def _gpu_categories(cats: dict[str, float], duration: float, device: dict[str, float]) -> dict[str, float]:
@@ -209,7 +207,7 @@ def compute_breakdown(steps: list[StepRecord], warmup: int, overhead: Overhead |
     overhead = overhead or Overhead()
     per_step = []
     raw = dict.fromkeys(CATEGORIES, 0.0)
-    dispatch = {"compute": 0.0, "optimizer": 0.0}
+    dispatch = {"optimizer": 0.0}
     for step in chosen:
         cats = step.categories()
         for key, value in cats.items():
@@ -225,8 +223,12 @@ def compute_breakdown(steps: list[StepRecord], warmup: int, overhead: Overhead |
     _amortise(per_step, chosen, periodic)
     for step, cats in zip(chosen, per_step):
         if not (gpu_seconds and step.index in gpu_seconds):  # on CUDA the idle device is python_overhead
-            for key, seconds in _carve_overhead(cats, overhead).items():
-                dispatch[key] += seconds
+            carved = _carve_overhead(cats, overhead)
+            # The forward+backward's per-op cost is python_overhead; the optimizer's stays its own (foreach fixes it).
+            moved = carved.get("compute", 0.0)
+            cats["compute"] -= moved
+            cats["python_overhead"] += moved
+            dispatch["optimizer"] += carved.get("optimizer", 0.0)
     totals = dict.fromkeys(CATEGORIES, 0.0)
     timeline = []
     for step, cats, lost in zip(chosen, per_step, removed):

@@ -197,18 +197,18 @@ def unwrapped(capture: Capture | None) -> Capture | None:
 def measure_overhead(capture: Capture | None, optimizers: list[Any], raw: Breakdown, prof: dict[str, float],
                      module_calls: float, device: str) -> Overhead:
     """The python_overhead model of this run (see :mod:`turbotrain.doctor.analysis.overhead`)."""
-    from .overhead import dispatch_floor, fixed_cost_share, optimizer_overhead_s
+    from .overhead import counted_overhead, dispatch_floor, optimizer_overhead_s
 
     if not raw.steps:
         return Overhead()
     try:
-        measured = fixed_cost_share(capture) if capture is not None else None
+        counted = counted_overhead(capture) if capture is not None else None
     except Exception:  # noqa: BLE001 - a model that cannot be copied or re-run: use the estimate
-        measured = None
-    if measured is not None:
-        return Overhead(method="measured", compute_share=measured["fixed_share"],
+        counted = None
+    if counted is not None:
+        return Overhead(method="counted", compute_share=counted["share"],
                         optimizer_s=optimizer_overhead_s(optimizers, raw.seconds["optimizer"], device),
-                        detail={k: round(v, 4) for k, v in measured.items()})
+                        detail={k: round(v, 4) for k, v in counted.items()})
     ops = prof.get("ops_per_step", 0.0)
     if not ops and not module_calls:
         return Overhead()

@@ -2,10 +2,10 @@
 
 Two measurements on the user's own objects, after the run:
 
-* forward + backward: timed on a copy of the captured model at the captured batch ``B`` and at
-  ``2B``. Work that scales with the batch doubles; what does not (launching ops, Python in the
-  modules, autograd bookkeeping) stays. The fixed part ``2*t(B) - t(2B)`` over ``t(B)`` is the
-  share of compute that is overhead.
+* forward + backward: the ATen ops one step of a copy of the captured model runs (counted, not
+  timed), each at the cost of an op of a step whose kernels do nothing (a tiny MLP at batch 1 on
+  this machine). A bigger kernel does not move it; timing the step at two batch sizes did, since a
+  doubled GEMM is also a more efficient one.
 * optimizer: its time minus the memory traffic its update needs (parameters, gradients and state
   read and written once) at this machine's copy bandwidth. A few tiny tensors are all overhead;
   a large model is all traffic.
@@ -23,8 +23,9 @@ from typing import Any, Callable
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["dispatch_floor", "bandwidth", "fixed_cost_share", "optimizer_overhead_s"]
+__all__ = ["dispatch_floor", "bandwidth", "count_ops", "counted_overhead", "op_floor", "optimizer_overhead_s"]
 
 
 @functools.lru_cache(maxsize=1)
@@ -75,25 +76,66 @@ def optimizer_overhead_s(optimizers: list[Any], optimizer_s: float, device: str)
     return max(0.0, optimizer_s - work)
 
 
-def fixed_cost_share(capture: Any, budget_s: float = 3.0) -> dict[str, float] | None:
-    """Share of forward+backward time that does not grow with the batch, measured on a model copy."""
-    from .replay import fastest_pair, repeat_batch, surrogate_step, time_once
+class _OpCounter(TorchDispatchMode):
+    """Counts the ATen ops that reach the kernels (forward and backward), whatever their size."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops += 1
+        return func(*args, **(kwargs or {}))
+
+
+def count_ops(fn: Callable[[], object]) -> int:
+    """ATen ops one call of ``fn`` runs (autograd's backward ops included)."""
+    with _OpCounter() as counter:
+        fn()
+    return counter.ops
+
+
+@functools.lru_cache(maxsize=1)
+def op_floor() -> float:
+    """Seconds per ATen op of a training step whose kernels do next to nothing (a 4-wide MLP at batch 1):
+    Python, module calls, dispatch and autograd bookkeeping, in the mix a real step has."""
+    from .replay import surrogate_step, time_once
+
+    tiny = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 1))
+    batch: tuple[tuple[torch.Tensor, ...], dict[str, Any]] = ((torch.randn(1, 4),), {})
+
+    def step() -> None:
+        surrogate_step(tiny, batch).backward()
+
+    for _ in range(20):
+        step()
+    best = min(sum(time_once(step, False) for _ in range(20)) / 20 for _ in range(5))
+    return best / count_ops(step)
+
+
+def counted_overhead(capture: Any, budget_s: float = 2.0) -> dict[str, float] | None:
+    """Share of one forward+backward of the captured model that is per-op overhead: its ATen op count
+    times :func:`op_floor`, over the same step timed without the doctor's hooks (which would otherwise
+    count as the model's own work). Kernel size cannot move the count, as it moved a timing at two
+    batch sizes."""
+    from .replay import surrogate_step, time_once
 
     model = copy.deepcopy(capture.module)
     cuda = any(p.is_cuda for p in model.parameters())
 
-    def step(batch) -> Callable[[], None]:
-        return lambda: surrogate_step(model, batch).backward()
+    def step() -> None:
+        surrogate_step(model, (capture.args, capture.kwargs)).backward()
 
-    single, double = step((capture.args, capture.kwargs)), step(repeat_batch(capture, 2))
     try:
-        if time_once(single, cuda) * 18 > budget_s:
-            return None  # too slow to measure in the time allowed (and a big step is not overhead-bound)
-        time_once(double, cuda)
-        t1, t2 = fastest_pair(single, double, cuda, 5)  # interleaved: interference hits both sizes alike
-    except Exception:  # noqa: BLE001 - a model that cannot run twice the batch: fall back to the estimate
+        ops = count_ops(step)
+        timed = [time_once(step, cuda)]
+        while len(timed) < 5 and sum(timed) * 2 < budget_s:
+            timed.append(time_once(step, cuda))
+    except Exception:  # noqa: BLE001 - a model that cannot run twice: fall back to the profiler's estimate
         return None
     finally:
         model.zero_grad(set_to_none=True)
-    fixed = min(max(2 * t1 - t2, 0.0), t1)
-    return {"fwd_bwd_ms": t1 * 1e3, "fwd_bwd_2x_ms": t2 * 1e3, "fixed_share": fixed / t1 if t1 > 0 else 0.0}
+    overhead, fwd_bwd = ops * op_floor(), min(timed)
+    return {"ops_per_step": float(ops), "op_floor_us": overhead / ops * 1e6 if ops else 0.0,
+            "overhead_ms": overhead * 1e3, "fwd_bwd_ms": fwd_bwd * 1e3,
+            "share": min(0.95, overhead / fwd_bwd) if fwd_bwd > 0 else 0.0}
