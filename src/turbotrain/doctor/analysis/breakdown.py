@@ -39,6 +39,7 @@ class Breakdown:
     raw_shares: dict[str, float] = field(default_factory=dict)  # as timed (before any stall was taken out)
     dispatch: dict[str, float] = field(default_factory=dict)    # seconds per step of each phase that are overhead
     periodic: list["Periodic"] = field(default_factory=list)     # recurring work, amortised into the numbers
+    settling: list[float] = field(default_factory=list)          # seconds of steps left out as still warming up
 
     @property
     def dispatch_share(self) -> float:
@@ -79,6 +80,21 @@ def select_steps(steps: list[StepRecord], warmup: int) -> tuple[list[StepRecord]
         return chosen, False
     later = [s for s in steps if s.index >= 1]
     return (later or list(steps)), True
+
+
+def settling_steps(chosen: list[StepRecord], warmup: int, periodic_steps: set[int]) -> int:
+    """How many steps right after the warm-up are still settling (lazy init, first-touch allocations):
+    each over 3x the window's median step and a millisecond, none of them periodic work. Left in, they
+    would put a mean far from the median, and the bar far from the headline."""
+    if len(chosen) < 6 or chosen[0].index != warmup:
+        return 0
+    limit = 3 * statistics.median(s.duration for s in chosen) + STALL_FLOOR_S
+    count = 0
+    for step in chosen:
+        if step.index in periodic_steps or step.duration <= limit:
+            break
+        count += 1
+    return count if len(chosen) - count >= 4 else 0
 
 
 @dataclass
@@ -204,6 +220,9 @@ def compute_breakdown(steps: list[StepRecord], warmup: int, overhead: Overhead |
     millisecond) add up to the mean measured step time.
     """
     chosen, warm_included = select_steps(steps, warmup)
+    periodic = find_periodic(steps)
+    settling = settling_steps(chosen, warmup, {i for p in periodic for i in p.steps})
+    settled, chosen = [s.duration for s in chosen[:settling]], chosen[settling:]
     overhead = overhead or Overhead()
     per_step = []
     raw = dict.fromkeys(CATEGORIES, 0.0)
@@ -219,7 +238,6 @@ def compute_breakdown(steps: list[StepRecord], warmup: int, overhead: Overhead |
         removed = _remove_preemption(per_step, [s.preempted * others_share for s in chosen if s.preempted is not None])
     else:
         removed = _remove_stalls(per_step)
-    periodic = find_periodic(steps)
     _amortise(per_step, chosen, periodic)
     for step, cats in zip(chosen, per_step):
         if not (gpu_seconds and step.index in gpu_seconds):  # on CUDA the idle device is python_overhead
@@ -245,6 +263,7 @@ def compute_breakdown(steps: list[StepRecord], warmup: int, overhead: Overhead |
         seconds={k: v / n for k, v in totals.items()}, shares=shares, bottleneck=bottleneck,
         timeline=timeline, warmup_included=warm_included, interference_s=sum(removed) / n,
         raw_shares=_fractions(raw), dispatch={k: v / n for k, v in dispatch.items()}, periodic=periodic,
+        settling=settled,
         overhead={"method": overhead.method, "compute_share": overhead.compute_share,
                   "optimizer_ms": overhead.optimizer_s * 1e3, "estimate_ms": overhead.estimate_s * 1e3,
                   **overhead.detail},
