@@ -26,7 +26,8 @@ PAIRS = calibration.load_pairs()
 # Every rule whose fix the doctor times (a what-if), plus the thread-oversubscription and cadence rules.
 TIMED_RULES = {"no-mixed-precision", "channels-last", "non-foreach-optimizer", "zero-grad-not-none",
                "conv-bias-before-bn", "jit-script", "small-batch", "num-workers", "grad-in-validation",
-               "manual-attention", "save-in-loop", "host-sync-in-loop", "cpu-oversubscribed", "periodic-work"}
+               "manual-attention", "save-in-loop", "host-sync-in-loop", "cpu-oversubscribed", "periodic-work",
+               "per-sample-batch"}
 # Compiling on a CPU takes tens of seconds: the compiled twin is only compiled to bytecode here.
 NOT_RUN = {"compile_pointwise_fixed.py"}
 

@@ -32,7 +32,7 @@ def test_a_switch_whose_steps_page_fault_is_timed_in_fresh_processes(monkeypatch
     assert "fresh process" in finding.note
 
     retimed = [f for f in report.findings if getattr(f.what_if, "timed_in", None) == "fresh processes"]
-    baselines = {repr(f.trial.baseline) for f in retimed}
+    baselines = {repr(f.request.baseline) for f in retimed}
     assert len(started) == len(retimed) + len(baselines)  # one process per switch, the script's setting's shared
     assert all(child._proc.poll() is not None for child in started)  # none outlives the doctor
     # The script clears its gradients between its forward and its backward; so do the trials.

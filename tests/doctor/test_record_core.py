@@ -21,21 +21,7 @@ from turbotrain.doctor.record.recorder import Recorder
 from turbotrain.doctor.record.tallies import LoaderTally
 from turbotrain.doctor.record.runner import ScriptRun
 from turbotrain.doctor.sites import Site
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.t = 100.0
-
-    def __call__(self) -> float:
-        return self.t
-
-    def tick(self, seconds: float) -> None:
-        self.t += seconds
-
-
-class FakeOptimizer:
-    param_groups: list = []
+from fakes import FakeClock, FakeOptimizer
 
 
 # -- the clock -------------------------------------------------------------------------------------

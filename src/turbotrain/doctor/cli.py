@@ -1,10 +1,13 @@
 """``turbotrain doctor [--steps N] [--json PATH] [--html PATH] [--trace PATH] [--fix PATH [--verify]] script.py
-[args...]``."""
+[args...]``; on several processes ``turbotrain doctor --nproc-per-node N script.py [args...]`` (the doctor starts
+them with ``turbotrain launch``) or ``turbotrain doctor [options] -- torchrun ... script.py [args...]`` (the
+user's own launcher, every rank recorded)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,7 +34,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="comma-separated rule ids: patch only their findings (default: every fixable one)")
     parser.add_argument("--verify-rounds", type=int, default=2, metavar="N",
                         help="interleaved original/patched rounds per comparison (default 2)")
-    parser.add_argument("script", help="the training script, run unmodified as __main__")
+    parser.add_argument("--nproc-per-node", type=int, default=None, metavar="N",
+                        help="run the script on N processes (torchrun, via turbotrain launch) and report every rank")
+    parser.add_argument("--rank-timeout", type=float, default=120.0, metavar="SECONDS",
+                        help="on several processes: end the job when no rank makes progress for this long "
+                             "(default 120)")
+    parser.add_argument("script", help="the training script, run unmodified as __main__; or, after --, a launcher "
+                                       "command (torchrun ... script.py)")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help="the script's own arguments")
 
 
@@ -70,9 +79,31 @@ def take_trailing_options(args: argparse.Namespace) -> None:
     args.script_args = kept
 
 
-def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
+def _job_command(args: argparse.Namespace) -> list[str] | None:
+    """The launcher command of a multi-process run, or None for a script run in this process."""
+    import shutil
 
+    from ..config import ConfigError
+
+    if args.nproc_per_node is not None:
+        if args.nproc_per_node < 1:
+            raise ConfigError(f"doctor --nproc-per-node {args.nproc_per_node}: expected an integer >= 1.")
+        if not Path(args.script).is_file():
+            raise ConfigError(f"doctor: no such script: {args.script}")
+        return [sys.executable, "-m", "turbotrain", "launch", "--nproc-per-node", str(args.nproc_per_node),
+                args.script, *args.script_args]
+    import os
+
+    path = Path(args.script)
+    if args.script.endswith(".py") or (path.is_file() and not os.access(path, os.X_OK)):
+        return None   # a script, run in this process
+    if shutil.which(args.script) is None:
+        raise ConfigError(f"doctor: {args.script!r} is neither a script nor a command on PATH; give a training "
+                          "script (doctor train.py) or a launcher after -- (doctor -- torchrun ... train.py).")
+    return [args.script, *args.script_args]
+
+
+def run(args: argparse.Namespace) -> int:
     from ..config import ConfigError
     from .diagnose import DoctorOptions, diagnose_script
 
@@ -82,7 +113,8 @@ def run(args: argparse.Namespace) -> int:
     if args.warmup < 1:
         raise ConfigError(f"doctor --warmup: {args.warmup} is not allowed; the first step holds the script's set-up "
                           "time, so at least 1 warm-up step is needed.")
-    if not Path(args.script).is_file():
+    command = _job_command(args)
+    if command is None and not Path(args.script).is_file():
         raise ConfigError(f"doctor: no such script: {args.script}")
     if args.verify_rounds < 1 or args.verify_budget < 0:
         raise ConfigError(f"doctor --verify-rounds {args.verify_rounds} / --verify-budget {args.verify_budget:g}: "
@@ -103,7 +135,17 @@ def run(args: argparse.Namespace) -> int:
                             fix=args.fix, verify=args.verify, verify_budget_s=args.verify_budget,
                             verify_rounds=args.verify_rounds,
                             fix_rules=tuple(args.fix_only.split(",")) if args.fix_only else None)
-    report = diagnose_script(args.script, list(args.script_args), options)
+    if command is not None:
+        if args.fix or args.verify:
+            raise ConfigError("doctor --fix/--verify: not on several processes yet; run the doctor on one process "
+                              "for the patch.")
+        from dataclasses import replace
+
+        from .diagnose import diagnose_job
+
+        report = diagnose_job(command, replace(options, hang_timeout_s=args.rank_timeout))
+    else:
+        report = diagnose_script(args.script, list(args.script_args), options)
     if args.json:
         report.write_json(args.json)
     if args.html:
@@ -119,6 +161,8 @@ def run(args: argparse.Namespace) -> int:
                 print(f"{label} report: {path}")
         if report.fixes is not None and report.fixes.path:
             print(f"Patch: {report.fixes.path} (review it, then: git apply {report.fixes.path})")
+    if command is not None and report.status == "error" and report.run is not None and report.run.error:
+        print(f"turbotrain doctor: {report.run.error}", file=sys.stderr)
     if report.run is not None and report.run.traceback and report.status == "error":
         print(report.run.traceback, file=sys.stderr, end="")
     if args.fix and report.fixes is not None and report.fixes.path is None:

@@ -13,12 +13,12 @@ from .analysis.machine import noise_state
 from .record.recorder import Recorder
 from .report.model import Report
 from .rules import evaluate, order
-from .analysis.periodic import periodic_table
+from .analysis.periodic import periodic_table, watch_message
 from .report.tables import copy_table, sync_table
 from .record.runner import ScriptRun, run_script
 from .sites import relative_where
 
-__all__ = ["DoctorOptions", "diagnose_script", "analyse"]
+__all__ = ["DoctorOptions", "diagnose_script", "diagnose_job", "analyse", "script_in"]
 
 log = logging.getLogger("turbotrain")
 
@@ -37,6 +37,7 @@ class DoctorOptions:
     verify_budget_s: float = 120.0  # time for verifying fixes one at a time (together always runs)
     verify_rounds: int = 2          # interleaved original/patched rounds per comparison
     fix_rules: tuple[str, ...] | None = None   # only these rules' fixes (None: every fixable finding)
+    hang_timeout_s: float = 120.0   # a multi-process job with no rank making progress this long is ended
 
 
 def diagnose_script(script: str | os.PathLike, argv: list[str] | None = None,
@@ -49,6 +50,56 @@ def diagnose_script(script: str | os.PathLike, argv: list[str] | None = None,
     run = run_script(script, list(argv or []), recorder)
     return analyse(recorder.recording(), recorder.live_objects(), run, options, script=str(script),
                    run_seconds=time.perf_counter() - started)
+
+
+def script_in(command: list[str]) -> str | None:
+    """The training script a launcher command runs: its first argument that is a ``.py`` file."""
+    return next((arg for arg in command if arg.endswith(".py") and os.path.isfile(arg)), None)
+
+
+def diagnose_job(command: list[str], options: DoctorOptions | None = None) -> Report:
+    """Run a multi-process job (``command``: a launcher such as torchrun and its arguments) with every rank
+    recorded, and return one report for the whole job: rank 0's breakdown and findings, every rank side by
+    side, the straggler and the exposed communication. A rank that crashes or hangs ends the job; the report
+    then says which rank and what it was doing."""
+    import dataclasses
+
+    from .analysis.ranks import analyse_ranks
+    from .record.job import run_job
+
+    options = options or DoctorOptions()
+    started = time.perf_counter()
+    job = run_job(command, steps=options.steps, warmup=options.warmup, profile=options.profile_steps,
+                  hang_timeout_s=options.hang_timeout_s)
+    seconds = time.perf_counter() - started
+    script = script_in(command)
+    recordings = job.recordings
+    lead = next((r for r in job.ranks if r.recording is not None), None)
+    if job.failure is not None or lead is None or lead.recording is None:
+        failure = job.failure or ("No rank sent a recording. The doctor records the Python processes the launcher "
+                                  "starts with RANK or LOCAL_RANK set that run a script file (python train.py); "
+                                  "ranks started as python -m module are not recorded yet.")
+        if job.left_behind:
+            failure += f" Processes still running after the clean-up: {job.left_behind}."
+        run = ScriptRun(script=script or command[0], argv=list(command), status="error", seconds=seconds,
+                        error=failure, exit_code=job.returncode or 1)
+        return Report(status="error", breakdown=None, findings=[], script=relative_where(os.path.realpath(script))
+                      if script else None, argv=list(command), run=run, steps_requested=options.steps,
+                      warmup_steps=options.warmup, messages=[failure], doctor_seconds={"run": seconds})
+    info = lead.run or {}
+    run = ScriptRun(script=script or command[0], argv=list(command), status=str(info.get("status", "finished")),
+                    seconds=float(info.get("seconds") or seconds), error=info.get("error"),
+                    traceback=info.get("traceback"), exit_code=int(info.get("exit_code") or 0))
+    recording = dataclasses.replace(lead.recording, job=tuple(recordings))
+    # The what-ifs and --fix re-run the model in one process: on a job they would have to run on every rank
+    # in lockstep, which they do not yet.
+    single = dataclasses.replace(options, what_if=False, fix=None, verify=False)
+    report = analyse(recording, None, run, single, script=script, run_seconds=seconds)
+    report.argv = list(command)
+    report.ranks = analyse_ranks(recordings)
+    report.messages.append(f"{len(recordings)} ranks recorded; the step breakdown is rank {lead.rank}'s (the "
+                           "per-rank table follows it). Fixes are not timed on multi-process jobs yet.")
+    return report
 
 
 def _messages(recording: Recording, run: ScriptRun | None, ctx: Context | None, requested: int) -> list[str]:
@@ -66,7 +117,7 @@ def _messages(recording: Recording, run: ScriptRun | None, ctx: Context | None, 
         out.append("Too few steps ran to skip the warm-up: its steps are in the numbers (compile and cache effects "
                    "included).")
     if ctx is not None and window.asked is not None and window.measure is not None and window.measure > window.asked:
-        every = [row for row in ctx.breakdown.periodic if row.every]
+        every = [row for row in ctx.breakdown.periodic if row.every and not row.watched]
         out.append(f"The window was extended from {window.asked} to {window.measure} steps to see the period of the "
                    "work that recurs between steps" + (f" (every {every[0].every} steps)." if every else
                                                        " (it did not come back within the extension)."))
@@ -76,6 +127,9 @@ def _messages(recording: Recording, run: ScriptRun | None, ctx: Context | None, 
                    "the loader.")
     if not window.profiler_ran and done:
         out.append("No profiler window ran (the script stopped first): no op table or trace.")
+    watched = watch_message(ctx) if ctx is not None else None
+    if watched:
+        out.append(watched)
     return out
 
 

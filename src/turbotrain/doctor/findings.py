@@ -16,9 +16,10 @@ from .results import WhatIf
 from .sites import Site, source_lines
 
 if TYPE_CHECKING:
-    from .requests import TrialRequest
+    from .requests import WhatIfRequest
 
-__all__ = ["Finding", "Fix", "severity_for", "speedup_from_share", "speedup_for_rule", "lightning_call", "SEVERITIES"]
+__all__ = ["Finding", "Fix", "severity_for", "speedup_from_share", "speedup_for_rule", "lightning_call", "SEVERITIES",
+           "FRAMEWORK_LABELS", "FOLDS"]
 
 class RunPlace(Protocol):
     """Where the run trained (the analysis context is one)."""
@@ -28,6 +29,10 @@ class RunPlace(Protocol):
 
 
 SEVERITIES = ("high", "medium", "low")
+# Why a low finding cannot matter on the machine and model at hand: the terminal folds such findings into one
+# line per reason (the JSON and HTML reports keep them whole). The text counts them: "3 GPU-only habits".
+FOLDS = {"gpu-only": ("GPU-only habit", "GPU-only habits"),
+         "float64": ("float32-only switch (the model is float64)", "float32-only switches (the model is float64)")}
 HIGH_SHARE, MEDIUM_SHARE = 0.20, 0.05
 
 
@@ -66,18 +71,33 @@ def lightning_call(**changes: Any) -> str:
     return call_text("Trainer", flags)
 
 
+# The frameworks a fix is said in (the names record/drivers.py gives the loop that ran), and their labels.
+FRAMEWORK_LABELS = {"pytorch": "PyTorch", "lightning": "Lightning", "fabric": "Fabric", "accelerate": "Accelerate",
+                    "hf_trainer": "HF Trainer"}
+
+
 @dataclass
 class Fix:
-    """The change, said in the user's own framework."""
+    """The change, said in the user's own framework.
+
+    ``lightning`` is the Lightning ``Trainer``'s way; a Fabric script gets ``fabric``, an Accelerate loop
+    ``accelerate`` and a Hugging Face ``Trainer`` ``hf_trainer`` (``TrainingArguments``), each where it differs
+    from the PyTorch line. ``framework`` is the one the script ran with (set with the findings), ``pytorch``
+    when unknown.
+    """
 
     pytorch: str
     plan: dict[str, Any] | None = None          # turbotrain Plan switches
     lightning: str | None = None
     accelerate: str | None = None
+    fabric: str | None = None
+    hf_trainer: str | None = None
+    framework: str = "pytorch"
 
     def in_framework(self, name: str) -> str | None:
-        """The fix for a script written in ``name`` (``pytorch``, ``lightning`` or ``accelerate``), if there is one."""
-        return {"pytorch": self.pytorch, "lightning": self.lightning, "accelerate": self.accelerate}.get(name)
+        """The fix for a script written in ``name`` (a key of :data:`FRAMEWORK_LABELS`), if there is one."""
+        return {"pytorch": self.pytorch, "lightning": self.lightning, "accelerate": self.accelerate,
+                "fabric": self.fabric, "hf_trainer": self.hf_trainer}.get(name)
 
     def text(self, speedup: str | None = None) -> str:
         lines = [f"PyTorch: {self.pytorch}"]
@@ -85,10 +105,10 @@ class Fix:
             args = ", ".join(f"{k}={v!r}" for k, v in self.plan.items())
             entry = f" (speed-up '{speedup}')" if speedup else ""
             lines.append(f"turbotrain: tt.Plan({args}){entry}")
-        if self.lightning:
-            lines.append(f"Lightning: {self.lightning}")
-        if self.accelerate:
-            lines.append(f"Accelerate: {self.accelerate}")
+        for name in ("lightning", "fabric", "accelerate", "hf_trainer"):
+            text = self.in_framework(name)
+            if text:
+                lines.append(f"{FRAMEWORK_LABELS[name]}: {text}")
         return "\n".join(lines)
 
 
@@ -109,7 +129,13 @@ class Finding:
     evidence: dict[str, Any] = field(default_factory=dict)
     what_if: WhatIf | None = None            # the measured trial behind est_speedup (doctor.results)
     source: str = "runtime"                  # "runtime", "live" (objects) or "static" (source code)
-    trial: "TrialRequest | None" = None      # the what-if that can measure this finding's gain (doctor.trials)
+    request: "WhatIfRequest | None" = None    # the what-if that can measure this finding's gain (doctor.requests)
+    fold: str | None = None                  # a key of FOLDS: why it cannot matter here, if it cannot
+
+    @property
+    def folded(self) -> bool:
+        """Left out of the terminal's findings (one line per reason instead): low, and unable to matter here."""
+        return self.fold is not None and self.severity == "low"
 
     def provisional(self, severity: str) -> None:
         """A severity before (or without) a measurement; est_speedup stays unknown."""
@@ -121,6 +147,7 @@ class Finding:
         if not ctx.on_gpu:
             self.cap("low", "This run is on the CPU, where it costs little or nothing; it matters once the "
                             f"script runs on a GPU{what}.")
+            self.fold = "gpu-only"
         return self
 
     def set_gain(self, share: float | None, measured: bool) -> None:
@@ -144,9 +171,11 @@ class Finding:
             "fix": self.fix.text(self.speedup), "est_speedup": self.est_speedup, "measured": self.measured,
             "category": self.category, "speedup": self.speedup,
             "fixes": {"pytorch": self.fix.pytorch, "plan": self.fix.plan, "lightning": self.fix.lightning,
-                      "accelerate": self.fix.accelerate},
+                      "accelerate": self.fix.accelerate, "fabric": self.fix.fabric, "hf_trainer": self.fix.hf_trainer},
             "source": self.source,
         }
+        if self.folded:
+            out["folded"] = self.fold
         if self.gain_share is not None:
             out["gain_share"] = round(self.gain_share, 4)
         if self.note:

@@ -1,6 +1,6 @@
 """What a finding asks the what-ifs to measure (:mod:`turbotrain.doctor.whatif`): one dataclass per kind.
 
-A rule attaches one to its finding (``Finding.trial``); the what-ifs dispatch on its type and
+A rule attaches one to its finding (``Finding.request``); the what-ifs dispatch on its type and
 write what they measured back into the finding (``what_if``, a :mod:`.results` dataclass; ``est_speedup``,
 ``severity``).
 """
@@ -12,12 +12,12 @@ from typing import Any, Union
 
 from .sites import Site
 
-__all__ = ["PlanTrial", "BatchTrial", "LoaderTrial", "CopyTrial", "EvalGradTrial", "AttentionTrial", "ThreadsTrial",
-           "TrialRequest"]
+__all__ = ["PlanRequest", "BatchRequest", "LoaderRequest", "CopyRequest", "EvalGradRequest", "AttentionRequest",
+           "ThreadsRequest", "BatchBuildRequest", "WhatIfRequest"]
 
 
 @dataclass(frozen=True)
-class PlanTrial:
+class PlanRequest:
     """Plan switches timed on a copy of the captured model, against a baseline with the script's settings."""
 
     changes: dict[str, Any]
@@ -26,29 +26,29 @@ class PlanTrial:
 
 
 @dataclass(frozen=True)
-class BatchTrial:
+class BatchRequest:
     """Samples/s at a multiple of the captured batch."""
 
 
 @dataclass(frozen=True)
-class LoaderTrial:
+class LoaderRequest:
     """The script's DataLoader re-timed with more workers."""
 
 
 @dataclass(frozen=True)
-class CopyTrial:
+class CopyRequest:
     """Host-to-device copies from pinned memory (GPU only: nothing is timed on a CPU yet)."""
 
 
 @dataclass(frozen=True)
-class EvalGradTrial:
+class EvalGradRequest:
     """The captured model's eval forward with autograd on and off; ``share`` of the step it took."""
 
     share: float
 
 
 @dataclass(frozen=True)
-class AttentionTrial:
+class AttentionRequest:
     """A hand-written attention (lines ``first..last`` of ``file``) timed against scaled_dot_product_attention."""
 
     file: str
@@ -59,10 +59,21 @@ class AttentionTrial:
 
 
 @dataclass(frozen=True)
-class ThreadsTrial:
+class ThreadsRequest:
     """(intra-op threads, DataLoader workers) settings timed against the script's own."""
 
     candidates: tuple[tuple[int, int], ...]
 
 
-TrialRequest = Union[PlanTrial, BatchTrial, LoaderTrial, CopyTrial, EvalGradTrial, AttentionTrial, ThreadsTrial]
+@dataclass(frozen=True)
+class BatchBuildRequest:
+    """A batch built one sample at a time at ``site`` (a list comprehension of slices, stacked) timed against the
+    same batch built with one indexing op, on the data the script's module holds (``share``: of the step, measured
+    at that line)."""
+
+    site: Site
+    share: float
+
+
+WhatIfRequest = Union[PlanRequest, BatchRequest, LoaderRequest, CopyRequest, EvalGradRequest, AttentionRequest,
+                      ThreadsRequest, BatchBuildRequest]

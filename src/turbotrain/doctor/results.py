@@ -6,15 +6,16 @@ attributes, and :meth:`WhatIf.to_dict` is its JSON in the report (a stable surfa
 their rounding are what the report has always carried). The values are held as the report shows them
 (rounded), so an attribute reads what the JSON says.
 
-* :class:`PlanResult` (``plan``): a :class:`~.requests.PlanTrial`, compile and the fresh-process re-timing
+* :class:`PlanResult` (``plan``): a :class:`~.requests.PlanRequest`, compile and the fresh-process re-timing
   included;
-* :class:`BatchResult` (``batch``): a :class:`~.requests.BatchTrial`;
-* :class:`LoaderResult` (``num_workers``): a :class:`~.requests.LoaderTrial`;
-* :class:`ThreadsResult` (``threads``): a :class:`~.requests.ThreadsTrial`;
-* :class:`EvalGradResult` (``eval_grad``): an :class:`~.requests.EvalGradTrial`;
-* :class:`AttentionResult` (``attention``): an :class:`~.requests.AttentionTrial`.
+* :class:`BatchResult` (``batch``): a :class:`~.requests.BatchRequest`;
+* :class:`LoaderResult` (``num_workers``): a :class:`~.requests.LoaderRequest`;
+* :class:`ThreadsResult` (``threads``): a :class:`~.requests.ThreadsRequest`;
+* :class:`EvalGradResult` (``eval_grad``): an :class:`~.requests.EvalGradRequest`;
+* :class:`AttentionResult` (``attention``): an :class:`~.requests.AttentionRequest`;
+* :class:`BatchBuildResult` (``batch_build``): a :class:`~.requests.BatchBuildRequest`.
 
-A :class:`~.requests.CopyTrial` has no result yet: nothing is timed for it.
+A :class:`~.requests.CopyRequest` has no result yet: nothing is timed for it.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..measure import Comparison
 
 __all__ = ["WhatIf", "Judgement", "PairTimed", "ThreadSetting", "PlanResult", "BatchResult", "LoaderResult",
-           "ThreadsResult", "EvalGradResult", "AttentionResult", "WhatIfResult"]
+           "ThreadsResult", "EvalGradResult", "AttentionResult", "BatchBuildResult", "WhatIfResult"]
 
 W = TypeVar("W", bound="WhatIf")
 
@@ -226,5 +227,25 @@ class AttentionResult(PairTimed):
                 **self._pair()}
 
 
+@dataclass(frozen=True, kw_only=True)
+class BatchBuildResult(PairTimed):
+    """A batch built one sample at a time against one indexing op, on the script's own data (``rows`` samples
+    of ``sample_shape``), and whether both built the same tensor."""
+
+    kind: ClassVar[str] = "batch_build"
+    per_sample_ms: float
+    one_op_ms: float
+    rows: int
+    sample_shape: tuple[int, ...]
+    data: str                      # the name of the script's tensor the batch was built from
+    same_batch: bool               # the one-op batch equals the per-sample one
+
+    def _fields(self) -> dict[str, Any]:
+        return {"per_sample_ms": self.per_sample_ms, "one_op_ms": self.one_op_ms, "rows": self.rows,
+                "sample_shape": list(self.sample_shape), "data": self.data, "same_batch": self.same_batch,
+                **self._pair()}
+
+
 # Every kind, for code that matches on them all.
-WhatIfResult = Union[PlanResult, BatchResult, LoaderResult, ThreadsResult, EvalGradResult, AttentionResult]
+WhatIfResult = Union[PlanResult, BatchResult, LoaderResult, ThreadsResult, EvalGradResult, AttentionResult,
+                     BatchBuildResult]

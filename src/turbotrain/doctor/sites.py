@@ -2,13 +2,16 @@
 
 A *user file* is any Python file that is not part of the standard library, an installed
 package (site-packages), torch or turbotrain. Findings point at ``file:line`` of such a
-frame so the user lands on their own code, never inside a library.
+frame so the user lands on their own code, never inside a library. Installed means any
+``site-packages`` or ``dist-packages`` folder, not only this interpreter's: the user's own
+(``pip install --user``), a distribution's, or one put on ``PYTHONPATH``.
 """
 
 from __future__ import annotations
 
 import linecache
 import os
+import site
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,12 +30,16 @@ def _library_roots() -> tuple[str, ...]:
 
     import turbotrain
 
+    # Old virtualenvs' site module has no getsitepackages: their packages are under purelib above anyway.
+    for path in [*getattr(site, "getsitepackages", list)(), site.getusersitepackages()]:
+        roots.add(os.path.realpath(path))
     roots.add(os.path.realpath(os.path.dirname(torch.__file__)))
     roots.add(os.path.realpath(os.path.dirname(turbotrain.__file__)))
     return tuple(sorted(roots, key=len, reverse=True))
 
 
 _ROOTS: tuple[str, ...] | None = None
+_INSTALLED = frozenset({"site-packages", "dist-packages"})   # where installers put packages, on any prefix
 USER_FILES: dict[str, bool] = {}   # filename -> user code? (a dict: this sits on hot paths)
 
 
@@ -48,7 +55,8 @@ def is_user_file(filename: str) -> bool:
         if _ROOTS is None:
             _ROOTS = _library_roots()
         path = os.path.realpath(filename)
-        answer = not any(path == root or path.startswith(root + os.sep) for root in _ROOTS)
+        answer = not any(path == root or path.startswith(root + os.sep) for root in _ROOTS) and not any(
+            folder in _INSTALLED for folder in Path(path).parts)
     USER_FILES[filename] = answer
     return answer
 

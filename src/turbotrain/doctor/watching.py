@@ -62,7 +62,8 @@ def watch(steps: int | None = None, warmup: int = 2, profile_steps: int = 2, wha
     """
     options = DoctorOptions(steps=steps or 0, warmup=warmup, profile_steps=profile_steps, what_if=what_if,
                             what_if_budget_s=what_if_budget_s, compile=compile, trace_path=trace)
-    recorder = Recorder(measure=steps, warmup=warmup, profile=profile_steps, stop=steps is not None)
+    # The block ends after exactly warm-up + steps + profile steps: no watch of the step clock beyond them.
+    recorder = Recorder(measure=steps, warmup=warmup, profile=profile_steps, stop=steps is not None, watch_s=0.0)
     handle = Watch(recorder=recorder, options=options)
     script = _caller_file()
     run = ScriptRun(script=script or "<watch>", argv=[], status="finished", seconds=0.0)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..record.measurements import CATEGORIES, StepRecord
-from ..record.recurring import Periodic, find_periodic
+from ..record.recurring import Periodic, beyond_window, find_periodic
 
 __all__ = ["Breakdown", "Overhead", "Periodic", "compute_breakdown", "find_periodic", "select_steps"]
 
@@ -210,7 +210,8 @@ def _fractions(seconds: dict[str, float]) -> dict[str, float]:
 
 
 def compute_breakdown(steps: list[StepRecord], warmup: int, overhead: Overhead | None = None,
-                      gpu_seconds: dict[int, dict[str, float]] | None = None, others_share: float = 1.0) -> Breakdown:
+                      gpu_seconds: dict[int, dict[str, float]] | None = None, others_share: float = 1.0,
+                      watched: list[Periodic] | None = None) -> Breakdown:
     """The breakdown over the measured steps.
 
     ``seconds`` (mean per step, per category) plus ``interference_s`` (time other processes
@@ -221,6 +222,7 @@ def compute_breakdown(steps: list[StepRecord], warmup: int, overhead: Overhead |
     """
     chosen, warm_included = select_steps(steps, warmup)
     periodic = find_periodic(steps)
+    periodic += beyond_window(watched or [], periodic)  # found by the watch after the window: its cost amortised too
     settling = settling_steps(chosen, warmup, {i for p in periodic for i in p.steps})
     settled, chosen = [s.duration for s in chosen[:settling]], chosen[settling:]
     overhead = overhead or Overhead()

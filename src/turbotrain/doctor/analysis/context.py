@@ -22,6 +22,7 @@ from .breakdown import Breakdown, Overhead, compute_breakdown
 from .machine import machine_facts, others_share
 from ..record.recording import LiveObjects, Recording
 from ..record.recording import Capture
+from ..record.recurring import find_watched
 from ..record.measurements import EventCounts, ForwardFacts, LoaderRecord, StepRecord
 from ..sites import Site
 from .source import SourceIndex, load_sources
@@ -252,7 +253,8 @@ def build_context(recording: Recording, live: LiveObjects | None = None, script:
     capture = unwrapped(live.capture)
     raw = compute_breakdown(steps, window.warmup, None, gpu_seconds, their_share)
     overhead = measure_overhead(capture, live.optimizers, raw, prof, recording.module_calls_per_step, device)
-    breakdown = compute_breakdown(steps, window.warmup, overhead, gpu_seconds, their_share)
+    breakdown = compute_breakdown(steps, window.warmup, overhead, gpu_seconds, their_share,
+                                  find_watched(recording.watched, steps))
     model = capture.module if capture is not None else live.trained
     module_sites = {m.module_id: m.site for m in recording.module_sites}
     tallies = {(e.kind, e.site): e for e in recording.events if e.site is not None}

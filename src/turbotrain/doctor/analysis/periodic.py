@@ -1,5 +1,8 @@
 """Recurring work between steps (validation, checkpoints), as the report's rows: its kind, its line, what it
 costs amortised over its period, and the cadence at which it would cost under 5% of training time.
+
+Work at a period beyond the window comes from the step clock watched after it (:func:`watched_periodic`); the
+breakdown amortises it into its step like the window's own.
 """
 
 from __future__ import annotations
@@ -8,14 +11,20 @@ from collections import defaultdict
 from typing import Any
 
 from ..record.recurring import Periodic
+from ..record.measurements import StepRecord
+from ..record.watch import WatchedRun
 from .context import Context
-from ..sites import Site
+from ..sites import Site, relative_where
 
-__all__ = ["PERIODIC_TARGET_SHARE", "periodic_kind", "periodic_site", "suggested_every", "periodic_table"]
+__all__ = ["PERIODIC_TARGET_SHARE", "SUGGESTED_SHARE", "periodic_kind", "periodic_site", "suggested_every",
+           "periodic_table", "watched_periodic", "all_periodic", "watch_message"]
 
 
 # What recurring work may cost of training time before the doctor calls it out, and aims at.
 PERIODIC_TARGET_SHARE = 0.05
+# The cadence a fix suggests aims at half of it: the work found again after the fix (the watch after the window
+# sees it at any period) must stay under the threshold through a run's noise, not sit on its edge.
+SUGGESTED_SHARE = PERIODIC_TARGET_SHARE / 2
 _PERIODIC_KINDS = {"eval": "validation", "eval_grad": "validation", "save": "checkpoint"}
 _PERIODIC_SITES = {"validation": ("eval_forward", "eval_grad_forward"), "checkpoint": ("save",)}
 
@@ -23,12 +32,30 @@ _PERIODIC_SITES = {"validation": ("eval_forward", "eval_grad_forward"), "checkpo
 def periodic_kind(ctx: Context, periodic: Periodic) -> str:
     """What the spikes were: validation, a checkpoint, or a DataLoader starting a new epoch."""
     spent: dict[str, float] = defaultdict(float)
-    for step in ctx.step_records:
+    for step in _records(ctx):
         if step.index in periodic.steps:
             for phase, seconds in step.phases.items():
                 if phase in _PERIODIC_KINDS:
                     spent[_PERIODIC_KINDS[phase]] += seconds
     return max(spent, key=lambda k: spent[k]) if spent else "work between steps"
+
+
+def _records(ctx: Context) -> list[StepRecord]:
+    """The recorded steps, and the occurrences the watch after the window kept."""
+    watched = ctx.recording.watched if ctx.recording is not None else None
+    return list(ctx.step_records) + (list(watched.spikes) if watched is not None else [])
+
+
+def watched_periodic(ctx: Context) -> list[Periodic]:
+    """Recurring work the watch after the window found (the breakdown amortised it into its step)."""
+    return [p for p in ctx.breakdown.periodic if p.watched]
+
+
+def all_periodic(ctx: Context) -> list[Periodic]:
+    """The window's recurring work and the watch's; a window row seen once gives way to a watched one."""
+    watched = watched_periodic(ctx)
+    return [p for p in ctx.breakdown.periodic
+            if p.watched or p.every or not any(w.category == p.category for w in watched)]
 
 
 def periodic_site(ctx: Context, kind: str, periodic: Periodic) -> Site | None:
@@ -54,14 +81,45 @@ def periodic_table(ctx: Context) -> list[dict[str, Any]]:
     """The report's rows: each recurring piece of work, what it costs amortised, and a cadence under 5%."""
     rows = []
     step_s = ctx.step_s
-    for p in ctx.breakdown.periodic:
+    watched = ctx.recording.watched if ctx.recording is not None else None
+    for p in all_periodic(ctx):
         kind = periodic_kind(ctx, p)
         site = periodic_site(ctx, kind, p)
-        share = p.amortised_s / step_s if step_s and p.every else None
+        share = p.amortised_s / step_s if step_s and p.every else None  # the breakdown amortised it into the step
         base_step = max(step_s - p.amortised_s, 1e-9)
+        extra = {}
+        if p.watched and watched is not None:
+            extra = {"found_by": "watch", "period_from": p.period_from,
+                     "note": _watch_note(p, watched)}
         rows.append({"kind": kind, "category": p.category, "every": p.every, "steps": p.steps,
                      "cost_ms": round(p.cost_s * 1e3, 3), "share": round(share, 4) if share is not None else None,
                      "where": ctx.where(site), "site": site,
-                     "suggested_every": suggested_every(p.cost_s, base_step, p.every) if p.every else None,
-                     "target_share": PERIODIC_TARGET_SHARE})
+                     "suggested_every": suggested_every(p.cost_s, base_step, p.every, SUGGESTED_SHARE)
+                     if p.every else None,
+                     "target_share": PERIODIC_TARGET_SHARE, **extra})
     return rows
+
+
+def _watch_note(p: Periodic, watched: WatchedRun) -> str:
+    """How work beyond the window was found, for the finding."""
+    period = ("its period read from the gaps between occurrences" if p.period_from == "gaps"
+              else "its period read from the loop's `% N` test, one occurrence timed")
+    return (f"Found by watching the step clock after the measured window: steps {watched.first}-{watched.last} "
+            f"({watched.seconds:.1f} s), {len(p.steps)} occurrence(s) at step(s) "
+            f"{', '.join(str(i) for i in p.steps[:4])}; {period}.")
+
+
+def watch_message(ctx: Context) -> str | None:
+    """What the watch after the window did, for the report's messages (None: there was none)."""
+    watched = ctx.recording.watched if ctx.recording is not None else None
+    if watched is None:
+        return None
+    cadences = ", ".join(sorted({f"every {c.every} steps ({relative_where(c.site.file, ctx.base)}:{c.site.line})"
+                                 for c in watched.cadences}))
+    why = {"periods": "two periods of its longest cadence", "budget": f"its {watched.budget_s:g} s budget",
+           "script": "the script's end"}.get(watched.ended, watched.ended)
+    found = watched_periodic(ctx)
+    return (f"After the window, the step clock was watched for {watched.seconds:.1f} s (steps {watched.first}-"
+            f"{watched.last}, until {why}) for the work the loop runs {cadences}: "
+            + (f"{sum(len(p.steps) for p in found)} occurrence(s) found." if found else "none ran over the "
+               "ordinary step."))

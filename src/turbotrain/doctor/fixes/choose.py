@@ -15,7 +15,7 @@ from torch import nn
 from ..findings import Finding
 from ..analysis.periodic import periodic_table, suggested_every
 from ..sites import relative_where
-from ..requests import AttentionTrial, LoaderTrial
+from ..requests import AttentionRequest, LoaderRequest
 from .model import EXACT, PRECISION, REINITIALISED, ByHand, EditRequest
 from ..report.fix_results import FixResult
 
@@ -29,7 +29,7 @@ _CONVS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
 
 def _loader(ctx: Context, f: Finding) -> dict[str, Any]:
     if f.rule == "num-workers":
-        if not isinstance(f.trial, LoaderTrial):
+        if not isinstance(f.request, LoaderRequest):
             raise ByHand("the batches are built in the loop, not by a DataLoader: move that work into a Dataset "
                          "read by DataLoader(..., num_workers=N)")
         workers = int((f.fix.plan or {}).get("num_workers", 2))
@@ -122,7 +122,7 @@ def _conv_bias(ctx: Context, f: Finding) -> dict[str, Any]:
 def _attention(ctx: Context, f: Finding) -> dict[str, Any]:
     assert f.site is not None  # plan_fixes plans only findings with a site (but cudnn-benchmark-off)
     name = f.evidence.get("function", "the attention")
-    line = f.trial.softmax.line if isinstance(f.trial, AttentionTrial) else f.site.line
+    line = f.request.softmax.line if isinstance(f.request, AttentionRequest) else f.site.line
     return {"kind": "sdpa", "numerics": PRECISION, "line": line,
             "label": f"scaled_dot_product_attention for the attention in {name}()"}
 

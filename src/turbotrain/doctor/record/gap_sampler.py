@@ -7,6 +7,9 @@ during the measured steps only, and only for a gap worth a finding.
 A short run with short gaps (six steps with 8 ms of batch building each) holds only a few 10 ms
 ticks of gap: the sampler then looks more often, aiming at about ``TARGET_SAMPLES`` looks inside
 the gaps, so that one late wake-up of this thread cannot leave the finding without its line.
+
+For each file a line was sampled in, the module's globals (the dict itself, never a frame's locals) are kept:
+the batch-building what-if reads the script's own data from them.
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ from __future__ import annotations
 import sys
 import threading
 from collections import Counter
-from typing import TYPE_CHECKING
+from types import FrameType
+from typing import TYPE_CHECKING, Any
 
 from ..sites import Site, user_site
 
@@ -45,6 +49,7 @@ class GapSampler(threading.Thread):
         super().__init__(name="turbotrain-doctor-sampler", daemon=True)
         self.steps, self.samples, self.warmup, self.interval_s = steps, samples, warmup, interval_s
         self._done = threading.Event()
+        self.namespaces: dict[str, dict[str, Any]] = {}   # file -> its module's globals, for sampled files
 
     def run(self) -> None:
         steps = self.steps
@@ -52,11 +57,16 @@ class GapSampler(threading.Thread):
             opened = steps.open_step
             if self.busy(opened):
                 continue  # a phase is timing this moment, the forward already started, or still warming up
-            site = user_site(sys._current_frames().get(steps.thread))
+            frame = sys._current_frames().get(steps.thread)
+            site = user_site(frame)
             # The script thread may have run on between the test and the frame read (this thread can lose
             # the GIL in between): the line counts only if the same step is still in its untimed gap.
             if site is not None and not self.busy(opened):
                 self.samples[site] += 1
+                if site.file not in self.namespaces:
+                    found = _globals_of(frame, site.file)
+                    if found is not None:
+                        self.namespaces[site.file] = found
 
     def busy(self, opened: OpenStep) -> bool:
         steps = self.steps
@@ -65,3 +75,12 @@ class GapSampler(threading.Thread):
 
     def stop(self) -> None:
         self._done.set()
+
+
+def _globals_of(frame: FrameType | None, filename: str) -> dict[str, Any] | None:
+    """The globals of the innermost frame running code of ``filename``."""
+    while frame is not None:
+        if frame.f_code.co_filename == filename:
+            return frame.f_globals
+        frame = frame.f_back
+    return None

@@ -2,7 +2,8 @@
 
 The recorder wires its parts and moves the window along as steps close: warm-up (the outermost modules and
 a batch captured there), measured steps (extended once when periodic work was seen only once), then the
-profiler's steps, after which the script is ended.
+profiler's steps, after which the script is ended; or, where the running loop's cadence (``if step % N``)
+reaches beyond the window, its step clock is watched on first (:mod:`.watch`).
 
 Its parts, each with one job: the phase clock (:mod:`.clock`), the step boundaries
 (:mod:`.steps`), what the wrappers learn besides time (:mod:`.tallies`), the wrappers around
@@ -17,6 +18,8 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import statistics
+import sys
 import threading
 from typing import Any
 
@@ -26,12 +29,14 @@ from ...data import stats as data_stats
 from ...hardware import LoadSample, sample_load
 from . import active, instrument
 from .discovery import ModuleCalls
+from .drivers import StepDriver
 from .function_trace import FunctionTracer
 from .gap_sampler import GapSampler, sampling_interval
 from .gpu_timing import GpuTimer
 from .patcher import Patcher
 from .profiling import PhaseRanges, ProfilerWindow, top_ops
 from .clock import PhaseClock
+from .collectives import GradientSync
 from .probe import Probe, no_device_marks
 from .recording import GpuPhases, LiveObjects, MatmulShape, ModuleSite, Recording, SiteCount, Window
 from .steps import StepTracker, Stop
@@ -40,6 +45,8 @@ from .measurements import StepRecord
 from .run_queue import RunQueue
 from ..sites import user_site
 from .schedule import StepSchedule
+from .watch import RunWatch
+from .cadence import running_cadences
 
 __all__ = ["Recorder", "Stop"]
 
@@ -58,8 +65,9 @@ class Recorder:
     """
 
     def __init__(self, measure: int | None = 20, warmup: int = 3, profile: int = 2, stop: bool = True,
-                 capture: bool = True, trace_ranges: bool = True, sees_construction: bool = False) -> None:
-        self.schedule = StepSchedule(measure, warmup, profile, stop)
+                 capture: bool = True, trace_ranges: bool = True, sees_construction: bool = False,
+                 watch_s: float = StepSchedule.WATCH_S) -> None:
+        self.schedule = StepSchedule(measure, warmup, profile, stop, watch_s)
         self.trace_ranges = trace_ranges
         self.gpu = torch.cuda.is_available()
         self.clock = PhaseClock()
@@ -79,7 +87,9 @@ class Recorder:
         self.run_queue = RunQueue()
         self.tracker.preempted = self.run_queue.preempted
         self._handles: list[Any] = []
+        self.driver = StepDriver()         # the framework whose loop steps the optimizer
         self._sampler: GapSampler | None = None
+        self.watch: RunWatch | None = None   # the step clock after the window (:mod:`.watch`), while it runs
         # The user's functions seen running (warm-up and the profiler window: a trace hook costs a Python
         # call per frame, too much for the measured steps). Static rules ask whether their line's
         # function ran. None: not traced (another tracer, a debugger or coverage, was installed).
@@ -90,6 +100,9 @@ class Recorder:
         self.threads_seen: int | None = None
         self.reads_at_start: Any = None
         self.reads_at_end: Any = None
+        # DDP's gradient all-reduces, timed per step (exposed communication on a multi-process job).
+        self.gradient_sync = GradientSync(lambda: (self.tracker.step_index, self.tracker.open_step.backwards),
+                                          lambda: active.current is self.probe)
 
     # -- what the recording holds (read by analysis) ------------------------------------------------
 
@@ -130,11 +143,14 @@ class Recorder:
         data_stats.share_with_workers()
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-        self._handles += [register_optimizer_step_pre_hook(self.tracker.before_optimizer_step),
+        self.driver.thread = self.probe.thread
+        self._handles += [register_optimizer_step_pre_hook(self.driver.before_step),
+                          register_optimizer_step_pre_hook(self.tracker.before_optimizer_step),
                           register_optimizer_step_post_hook(self.tracker.after_optimizer_step)]
         try:
             self.modules.set_discovery(True)
             instrument.install(self.patcher)
+            self.gradient_sync.install(self.patcher)
             if self.gpu:
                 self.gpu_timer.install_sync_debug(self.patcher, self._on_cuda_sync)
         except BaseException:
@@ -163,6 +179,11 @@ class Recorder:
 
     def _finish_step(self, record: StepRecord) -> None:
         """A step closed: move the window along (warm-up, measured, profiled) and end the script after it."""
+        if self.watch is not None:
+            if self.watch.add(record):
+                self.tracker.stopping = True
+                raise Stop()
+            return
         if self.gpu:
             self.gpu_timer.resolve(block=False)
         done, schedule = len(self.steps), self.schedule
@@ -203,8 +224,26 @@ class Recorder:
                 self.profiled_steps.append(done)
                 self.window.open_step_range(done)
         if schedule.stop_after is not None and done >= schedule.stop_after:
+            if self._start_watch(done):
+                return
             self.tracker.stopping = True
             raise Stop()
+
+    def _start_watch(self, done: int) -> bool:
+        """At the window's end: watch the step clock on where the running loop's cadences reach beyond it."""
+        if not self.schedule.watches or _rank_and_world()[1] > 1:
+            # Ranks would end their watches at different steps (time, occurrences) and leave the others
+            # waiting in a collective: a multi-process job ends with the window.
+            return False
+        cadences = running_cadences(sys._getframe(1))
+        if not RunWatch.wanted(cadences, done):
+            return False
+        measured = [s.duration - (s.preempted or 0.0) for s in self.steps[self.warmup:] if not s.profiled]
+        baseline = statistics.median(measured or [s.duration for s in self.steps[-3:]])
+        self.functions.trace(False)  # a Python call per frame would slow the watched steps
+        self.tracker.watching = True
+        self.watch = RunWatch(cadences, baseline, done, self.schedule.watch_s)
+        return True
 
     def _prefetched_batches(self, done: int) -> int:
         """Batches the workers of the DataLoaders used in warm-up may hold ready (workers x prefetch_factor).
@@ -240,7 +279,7 @@ class Recorder:
     def gpu_mark(self, phase: str, start: bool) -> None:
         """CUDA events around a phase of a measured step (device time per phase)."""
         index = self.tracker.step_index
-        if index >= self.warmup:
+        if index >= self.warmup and self.watch is None:
             self.gpu_timer.mark(phase, start, index)
 
     def _on_cuda_sync(self, frame: Any) -> None:
@@ -278,11 +317,15 @@ class Recorder:
             ran_lines=_lines_by_file(self.functions.ran_code),
             load_start=self.load_start, load_end=self.load_end, threads_seen=self.threads_seen,
             reads=_reads(self.reads_at_start, self.reads_at_end), rank=rank, world_size=world,
-            host=socket.gethostname())
+            watched=self.watch.freeze() if self.watch is not None else None,
+            host=socket.gethostname(), driver=self.driver.name, communication=self.gradient_sync.steps(),
+            reducer=self.gradient_sync.reducer_stats())
 
     def live_objects(self) -> LiveObjects:
         """The objects only this process has, for the what-ifs and the trace."""
         modules = [m for m in (ref() for ref in self.modules.top_modules.values()) if m is not None]
+        if self.modules.capture is not None and self._sampler is not None:
+            self.modules.capture.namespaces = dict(self._sampler.namespaces)
         trained = next((m for m in modules if self.modules.is_trained(m)), None)
         return LiveObjects(capture=self.modules.capture, optimizers=self.tallies.live_optimizers(), modules=modules,
                            trained=trained, eval_grad_inputs=self.modules.eval_grad_inputs,

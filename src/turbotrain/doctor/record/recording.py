@@ -17,7 +17,9 @@ from typing import Any, Union
 
 from ...data.stats import ReadStats
 from ...hardware import LoadSample
+from .collectives import CommStep
 from .measurements import EventCounts, ForwardFacts, LoaderRecord, StepRecord
+from .watch import WatchedRun
 from ..sites import Site
 
 __all__ = ["Capture", "Recording", "Window", "ModuleSite", "MatmulShape", "SiteCount", "GpuPhases", "LiveObjects",
@@ -93,7 +95,14 @@ class Recording:
     rank: int = 0
     world_size: int = 1
     host: str = ""
+    driver: str = ""                                # the framework that stepped the optimizer (record.drivers)
     schema: int = SCHEMA_VERSION
+    # The step clock watched after the window, where the loop's cadence reaches beyond it (record/watch.py).
+    watched: WatchedRun | None = None
+    communication: tuple[CommStep, ...] = ()       # DDP's gradient all-reduces per step (record/collectives.py)
+    reducer: dict[str, float] = field(default_factory=dict)   # DDP's own reducer statistics, seconds
+    # Every rank's recording of a multi-process job (this one included), once the doctor gathered them.
+    job: tuple[Recording, ...] = ()
 
     def gpu_phase_seconds(self) -> dict[int, dict[str, float]]:
         return {g.step: dict(g.seconds) for g in self.gpu_phases}
@@ -122,6 +131,9 @@ class Capture:
     batch_size: int
     site: Site | None = None
     batch_dim: int = 0
+    # The globals of the user's modules whose lines built the batches untimed (the gap sampler's), per file:
+    # the batch-building what-if reads the script's own data there.
+    namespaces: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 # -- JSON ---------------------------------------------------------------------------------------------------

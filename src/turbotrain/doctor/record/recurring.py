@@ -1,6 +1,7 @@
 """Work that recurs between steps (validation, checkpoints): spikes in one category of the recorded steps, their
 period and what each occurrence costs. The window reads it while the script runs (to extend itself until a
-period shows); the breakdown spreads each occurrence over its period.
+period shows); the breakdown spreads each occurrence over its period. Work at a period beyond the window is
+read from the steps the watch after it kept (:func:`find_watched`, :mod:`.watch`).
 """
 
 from __future__ import annotations
@@ -9,8 +10,10 @@ import statistics
 from dataclasses import dataclass
 
 from .measurements import CATEGORIES, StepRecord
+from .watch import WatchedRun
 
-__all__ = ["PERIODIC_CATEGORIES", "PERIODIC_FLOOR_S", "Periodic", "find_periodic"]
+__all__ = ["PERIODIC_CATEGORIES", "PERIODIC_FLOOR_S", "Periodic", "find_periodic", "find_watched", "on_grid",
+           "beyond_window"]
 
 
 PERIODIC_CATEGORIES = ("outside_step",)
@@ -26,6 +29,10 @@ class Periodic:
     cost_s: float                    # seconds each occurrence adds over an ordinary step
     base_s: float                    # an ordinary step's seconds in that category (the median)
     around: tuple[str, ...] = ()     # other categories whose excess on these steps is part of cost_s
+    # Found by watching the step clock after the window (not in the window's steps, not in its breakdown), and
+    # how its period was known: "gaps" between occurrences, or "code" (the loop's ``% N`` test, one occurrence).
+    watched: bool = False
+    period_from: str = "gaps"
 
     @property
     def amortised_s(self) -> float:
@@ -86,3 +93,51 @@ def _excess_around(chosen: list[StepRecord], per_step: list[dict[str, float]], a
 
 
 PERIODIC_FLOOR_S = 0.002
+
+
+def find_watched(watched: WatchedRun | None, steps: list[StepRecord], first: int = 1) -> list[Periodic]:
+    """Work recurring at a period beyond the window, from the occurrences the watch after it kept.
+
+    Each occurrence costs its step's own time over the ordinary watched step; the category is ``outside_step``
+    where validation or a checkpoint ran in them, else the one that grew most over the window's median (the
+    rest is ``around``). The period is the median gap between
+    occurrences, or, with one occurrence, the longest cadence of the running loop (``if step % N == 0``) it
+    falls on (``period_from="code"``)."""
+    if watched is None:
+        return []
+    spikes = [s for s in watched.spikes if s.index >= first]
+    chosen = [s for s in steps if s.index >= first and not s.profiled]
+    if not spikes or not chosen:
+        return []
+    per_step = [s.categories() for s in chosen]
+    medians = {c: statistics.median(_own_time(chosen, per_step, c)) for c in CATEGORIES}
+    spike_cats = [s.categories() for s in spikes]
+    excess = {c: statistics.fmean(v - medians[c] for v in _own_time(spikes, spike_cats, c)) for c in CATEGORIES}
+    # Validation or a checkpoint in those steps makes it theirs (its batches built untimed included).
+    category = "outside_step" if excess["outside_step"] > 0 else max(excess, key=lambda c: excess[c])
+    around = tuple(c for c in CATEGORIES if c != category and excess[c] > 0)
+    cost = statistics.fmean(s.duration - (s.preempted or 0.0) for s in spikes) - watched.ordinary_s
+    indices = [s.index for s in spikes]
+    gaps = [b - a for a, b in zip(indices, indices[1:])]
+    every, source = (int(statistics.median(gaps)), "gaps") if gaps else (None, "gaps")
+    near = [c.every for c in watched.cadences if on_grid(indices[0], c.every)]
+    if every is None and near:
+        every, source = max(near), "code"
+    elif every is not None:
+        # The loop's own N where the gaps show it (a step counted one off at either end moves a gap by one).
+        every = next((n for n in sorted(near, reverse=True) if abs(n - every) <= 1), every)
+    return [Periodic(category, indices, every, max(0.0, cost), medians[category], around, watched=True,
+                     period_from=source)]
+
+
+def on_grid(index: int, every: int) -> bool:
+    """Whether step ``index`` is where ``if step % every == 0`` fires (one off either way: the script may count
+    its steps from 1, or run the work after the optimizer step)."""
+    return min(index % every, every - index % every) <= 1
+
+
+def beyond_window(watched: list[Periodic], window: list[Periodic]) -> list[Periodic]:
+    """The watch's recurring work less what the window already holds (occurrences on the grid of a period the
+    window measured)."""
+    known = [(p.steps[0], p.every) for p in window if p.every and p.steps]
+    return [w for w in watched if not any(all(on_grid(i - first, every) for i in w.steps) for first, every in known)]

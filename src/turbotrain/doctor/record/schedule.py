@@ -1,7 +1,10 @@
 """Which steps of a recording are warm-up, measured and profiled, and after which the script ends.
 
 A window holding a single occurrence of periodic work (validation every N steps) is extended, one
-step at a time, until the second occurrence shows its period, within bounds.
+step at a time, until the second occurrence shows its period, within bounds. Work at a period far longer
+than the window (an evaluation every 300 steps) is found after it: where the running loop has such a
+cadence, the script is not ended with the window but its step clock is watched on (:mod:`.watch`) for up to
+``watch_s`` seconds.
 """
 
 from __future__ import annotations
@@ -24,8 +27,11 @@ class StepSchedule:
 
     MAX_EXTENSION_FACTOR = 4
     MAX_EXTENSION_S = 60.0
+    # Seconds the step clock may be watched after the window (0: the script ends with the window).
+    WATCH_S = 20.0
 
-    def __init__(self, measure: int | None, warmup: int, profile: int, stop: bool) -> None:
+    def __init__(self, measure: int | None, warmup: int, profile: int, stop: bool,
+                 watch_s: float = WATCH_S) -> None:
         if warmup < 1:
             raise ValueError("warmup must be >= 1: the first step also holds the script's setup time")
         self.measure, self.warmup, self.profile_steps = measure, warmup, profile
@@ -35,6 +41,12 @@ class StepSchedule:
         self._extension_started: float | None = None
         self.warmup_extended_by = 0       # steps added to drain a DataLoader's prefetched batches
         self.extends_for_period = True    # False: exactly ``measure`` steps (both sides of a comparison)
+        self.watch_s = watch_s
+
+    @property
+    def watches(self) -> bool:
+        """Whether the step clock may be watched after the window (never where the window is exact)."""
+        return self.watch_s > 0 and self.extends_for_period and self.stop_after is not None
 
     def extend_warmup(self, steps: int) -> None:
         """``steps`` more warm-up steps (once): everything after warm-up moves back by as many."""

@@ -39,6 +39,10 @@ class StepTracker:
                  sees_construction: bool = False) -> None:
         self.clock, self.tallies, self.on_closed = clock, tallies, on_closed
         self.steps: list[StepRecord] = []
+        # Steps closed so far. Equal to len(steps) until the window ends; after it, steps the watch of the
+        # whole run's step clock takes (:mod:`.watch`) are closed and counted but not kept here.
+        self.closed = 0
+        self.watching = False
         self.open_step = OpenStep(clock.now())
         clock.acc = self.open_step.acc
         self.manual_steps = False          # steps marked by mark_step(), not by optimizers
@@ -70,7 +74,7 @@ class StepTracker:
     @property
     def step_index(self) -> int:
         """The step an event now belongs to."""
-        n = len(self.steps)
+        n = self.closed
         if not self._expected and self.open_step.snapshot is not None and self.optimizer_delimits:
             # The first step ends at its last optimizer step, which is only known when an optimizer
             # steps a second time; until then, what follows an optimizer step counts as the next step.
@@ -197,7 +201,7 @@ class StepTracker:
         self.on_closed(record)
 
     def _record(self, start: float, done: Closed) -> StepRecord:
-        index = len(self.steps)
+        index = self.closed
         for site, seconds in done.pending_eval_grad:  # eval-mode forwards with autograd on that no backward used
             tally = self.tallies.tally("eval_grad_forward", site)
             if tally is not None:
@@ -210,5 +214,7 @@ class StepTracker:
                             gap_before_forward=gap, forwards=done.forwards, backwards=done.backwards,
                             optimizers=done.opt_steps, module_calls=done.module_calls, profiled=self.profiling,
                             preempted=self.preempted(done.end - start))
-        self.steps.append(record)
+        self.closed += 1
+        if not self.watching:
+            self.steps.append(record)
         return record

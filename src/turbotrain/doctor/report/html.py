@@ -112,6 +112,8 @@ def _finding(f: dict[str, Any]) -> str:
     parts.append(f'<pre class="fix">{html.escape(f["fix"])}</pre>')
     if f.get("note"):
         parts.append(f'<p class="note">{html.escape(f["note"])}</p>')
+    if f.get("folded"):  # findings.FOLDS: the terminal counts it in one line instead
+        parts.append('<p class="note">Folded in the terminal report: it cannot matter on this machine and model.</p>')
     if f.get("what_if"):
         items = "".join(f"<dt>{html.escape(str(k))}</dt><dd>{html.escape(str(v))}</dd>"
                         for k, v in f["what_if"].items())
@@ -148,6 +150,10 @@ def render_html(report: Report) -> str:
         if report.periodic:
             items = "".join(f"<li>{esc(periodic_text(e))}</li>" for e in report.periodic)
             body.append(f'<h2>Recurring work</h2><ul id="periodic">{items}</ul>')
+        if report.ranks is not None:
+            from .ranks import ranks_html
+
+            body.append(ranks_html(data))
         for title, uri in _plots(report):
             body.append(f"<h2>{esc(title)}</h2><img alt=\"{esc(title)}\" src=\"{uri}\">")
     body.append(f"<h2>Findings ({len(data['findings'])})</h2>")

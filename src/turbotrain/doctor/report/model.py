@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from ..analysis.breakdown import Breakdown
+from ..analysis.ranks import RankAnalysis
 from ..findings import Finding
 from .fix_results import FixReport
 from ..record.measurements import CATEGORIES
@@ -73,6 +74,8 @@ class Report:
     periodic: list[dict[str, Any]] = field(default_factory=list)
     # doctor --fix [--verify]: each fixable finding's diff, predicted and verified speed-up, the patch written.
     fixes: FixReport | None = None
+    # A multi-process job: every rank side by side, the straggler, the exposed communication (report/ranks.py).
+    ranks: RankAnalysis | None = None
 
     @property
     def exit_code(self) -> int:
@@ -86,6 +89,14 @@ class Report:
 
     def rules(self) -> set[str]:
         return {f.rule for f in self.findings}
+
+    @property
+    def framework(self) -> str | None:
+        """The framework whose loop ran (``pytorch``, ``lightning``, ``fabric``, ``accelerate``, ``hf_trainer``),
+        as the findings' fixes carry it (the rules set it on each); None without findings."""
+        if not self.findings:
+            return None
+        return next((f.fix.framework for f in self.findings if f.fix.framework != "pytorch"), "pytorch")
 
     def to_dict(self) -> dict[str, Any]:
         b = self.breakdown
@@ -110,6 +121,7 @@ class Report:
             out["dispatch"] = {**{k: round(b.dispatch_of(k), 4) for k in b.dispatch},
                                "step_share": round(b.dispatch_share, 4)}
             out["warmup_included"] = b.warmup_included
+            out["settling_ms"] = [round(t * 1e3, 3) for t in b.settling]  # slow steps left out after the warm-up
             out["timeline"] = b.timeline
         else:
             out["step_time_ms"] = {"median": None, "p90": None}
@@ -119,6 +131,7 @@ class Report:
         out["machine"] = self.machine
         out["noise"] = self.noise
         out["periodic"] = self.periodic
+        out["framework"] = self.framework
         out["findings"] = [f.to_dict(self.base) for f in self.findings]
         out["syncs"], out["copies"], out["top_ops"] = self.syncs, self.copies, self.top_ops
         out["messages"] = self.messages
@@ -129,6 +142,10 @@ class Report:
             out["error"] = {"message": self.run.error,
                             "where": self.run.error_site.where(self.base) if self.run.error_site else None,
                             "traceback": self.run.traceback}
+        if self.ranks is not None:
+            from .ranks import ranks_json
+
+            out.update(ranks_json(self.ranks, self.base))
         if self.trace_path:
             out["trace"] = self.trace_path
         out["doctor_seconds"] = {k: round(v, 2) for k, v in self.doctor_seconds.items()}

@@ -2,7 +2,10 @@
 
 Made to be read in an 80-column terminal: a finding is a few lines (severity, rule, file:line,
 gain, the message and the one fix for how the script is written); the fix in every framework and
-the full notes stay in the HTML and JSON reports. Text is wrapped between words only, so a token
+the full notes stay in the HTML and JSON reports. The fix shown is said in the framework whose loop ran
+(plain PyTorch, a Lightning ``Trainer``, Fabric, Accelerate or a Hugging Face ``Trainer``). Low findings
+that cannot matter on this machine and model (GPU-only habits on a CPU run) are folded into one line per
+reason; the HTML and JSON reports keep them whole. Text is wrapped between words only, so a token
 such as ``precision=bf16-mixed`` or ``train.py:42`` is never split; what does not fit in a
 finding's lines is cut with an ellipsis, and a long path loses its beginning, never its file:line.
 
@@ -11,42 +14,48 @@ The ``*_text`` helpers say the report's figures in words; the HTML report uses t
 
 from __future__ import annotations
 
-import re
-from pathlib import Path
 from typing import IO, Any
 
 from rich.console import Console
 from rich.text import Text
 
-from ..findings import Finding
+from ..findings import FOLDS, FRAMEWORK_LABELS, Finding
 from ..record.measurements import CATEGORIES
 from .model import CATEGORY_LABELS, Report
 
 __all__ = ["print_report", "COLORS", "FINDING_LINES", "framework", "chosen_fix", "gain_text", "steps_text",
-           "machine_items", "noise_text", "periodic_text", "shorten_left"]
+           "machine_items", "noise_text", "periodic_text", "shorten_left", "folded_text"]
 
 COLORS = {"data_loading": "#e4572e", "host_to_device": "#f3a712", "compute": "#29335c", "optimizer": "#669bbc",
           "host_sync": "#a8c686", "python_overhead": "#8e6c8a", "outside_step": "#9a9a9a"}
 SEVERITY_STYLE = {"high": "bold red", "medium": "yellow", "low": "dim"}
 FINDING_LINES = 6        # the most lines one finding takes in the terminal (its blank separator aside)
 _INDENT = "  "
-_FRAMEWORK_LABEL = {"pytorch": "", "lightning": "Lightning", "accelerate": "Accelerate"}
-_IMPORTS = {"lightning": re.compile(r"^\s*(?:import|from)\s+(?:lightning|pytorch_lightning)\b", re.M),
-            "accelerate": re.compile(r"^\s*(?:import|from)\s+accelerate\b", re.M)}
+_FRAMEWORK_LABEL = {**FRAMEWORK_LABELS, "pytorch": ""}
 
 
 # -- the report's figures in words (shared with the HTML report) ------------------------------------
 
 def framework(report: Report) -> str:
-    """How the script is written: ``lightning``, ``accelerate`` or ``pytorch``.
+    """The framework whose loop ran: ``pytorch``, ``lightning`` (its ``Trainer``), ``fabric``, ``accelerate`` or
+    ``hf_trainer``, as the recording saw it step the optimizer (an import alone decides nothing)."""
+    return report.framework or "pytorch"
 
-    The script's own imports decide.
-    """
-    try:
-        source = Path(report.script).read_text(errors="replace") if report.script else ""
-    except OSError:
-        source = ""
-    return next((name for name, pattern in _IMPORTS.items() if pattern.search(source)), "pytorch")
+
+def folded_text(findings: list[Finding]) -> list[str]:
+    """One line per reason for the findings folded out of the terminal: ``3 GPU-only habits: rule, ...``."""
+    by_reason: dict[str, list[str]] = {}
+    for f in findings:
+        if f.folded and f.fold is not None:
+            by_reason.setdefault(f.fold, [])
+            if f.rule not in by_reason[f.fold]:
+                by_reason[f.fold].append(f.rule)
+    lines = []
+    for reason, rules in by_reason.items():
+        count = sum(1 for f in findings if f.folded and f.fold == reason)
+        one, many = FOLDS.get(reason, ("finding that cannot matter here", "findings that cannot matter here"))
+        lines.append(f"{count} {one if count == 1 else many}: {', '.join(rules)}; see the HTML report")
+    return lines
 
 
 def chosen_fix(finding: Finding, how: str = "pytorch") -> tuple[str, str]:
@@ -69,12 +78,17 @@ def gain_text(est_speedup: float | None, measured: bool) -> str:
 
 
 def steps_text(report: Report) -> tuple[str, str, str]:
-    """The steps line around its median: (before, median, after)."""
+    """The steps line around its headline: (before, headline, after). The headline is the bar's own total
+    (its phases plus what other processes took), so the bar, its phases and the headline are one statistic."""
     b = report.breakdown
     assert b is not None  # asked only of a report with a breakdown
-    return (f"{len(b.steps)} step(s) measured after {report.warmup_steps} warm-up: median ",
-            f"{b.median_s * 1e3:.1f} ms",
-            f", p90 {b.quantile_s(0.9) * 1e3:.1f} ms per step (delimited by {report.step_delimiter})")
+    total = sum(b.seconds.values()) + b.interference_s
+    settled = (f"; {len(b.settling)} slower step(s) after it left out as still warming up"
+               if b.settling else "")
+    return (f"{len(b.steps)} step(s) measured after {report.warmup_steps} warm-up{settled}: ",
+            f"{total * 1e3:.1f} ms per step",
+            f" (mean; median {b.median_s * 1e3:.1f} ms, p90 {b.quantile_s(0.9) * 1e3:.1f} ms; "
+            f"delimited by {report.step_delimiter})")
 
 
 def _num(value: Any) -> str:
@@ -239,21 +253,36 @@ def print_report(report: Report, file: IO[str] | None = None, width: int | None 
         if share >= 0.005:
             legend.append(Text.assemble(("■ ", COLORS[key]), f"{CATEGORY_LABELS[key]} {share:.0%} "
                                                                f"({b.seconds[key] * 1e3:.1f} ms)"))
+    if b.interference_s >= 0.005 * (sum(b.seconds.values()) + b.interference_s):
+        legend.append(Text(f"other processes {b.interference_s * 1e3:.1f} ms (not in the bar)"))
     _packed(console, legend, width)
     console.print(Text.assemble("Bottleneck: ", (CATEGORY_LABELS[b.bottleneck], f"bold {COLORS[b.bottleneck]}"),
                                 f" ({b.shares[b.bottleneck]:.0%} of step time)"))
     for entry in report.periodic:
         _hanging(console, "↻ ", Text(periodic_text(entry)), width)
+    if report.ranks is not None:
+        from .ranks import print_ranks
+
+        print_ranks(console, report.ranks, width)
+    shown = [f for f in report.findings if not f.folded]
     if report.findings:
         how = framework(report)
         console.print()
-        console.print(Text("Findings, by what the fix buys", style="bold underline"))
-        for f in report.findings:
+        if shown:
+            console.print(Text("Findings, by what the fix buys", style="bold underline"))
+        else:
+            console.print("[green]No findings that matter on this machine and model.[/green]")
+        for f in shown:
             console.print()
             _finding(console, f, report, how, width)
+        folded = folded_text(report.findings)
+        if folded and shown:
+            console.print()
+        for line in folded:
+            _hanging(console, "+ ", Text(line, style="dim"), width)
         console.print()
-        console.print(Text("Each fix for PyTorch, Lightning, Accelerate and tt.Plan, with the full notes: "
-                           "the --html and --json reports.", style="dim"))
+        console.print(Text("Each fix for PyTorch, Lightning, Fabric, Accelerate, the HF Trainer and tt.Plan, with "
+                           "the full notes: the --html and --json reports.", style="dim"))
     else:
         console.print("[green]No findings: nothing this doctor knows of slows the step down.[/green]")
     if report.fixes is not None:

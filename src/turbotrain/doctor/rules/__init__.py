@@ -24,7 +24,8 @@ log = logging.getLogger("turbotrain")
 
 
 def _load() -> None:
-    from . import live, recorded, static, threads  # noqa: F401 - importing them registers their rules
+    # Importing them registers their rules.
+    from . import attribution, batch_building, live, ranks, recorded, static, threads  # noqa: F401 - registers them
 
 
 def _merge(findings: list[Finding]) -> list[Finding]:
@@ -58,7 +59,13 @@ def evaluate(ctx: Context, only: Iterable[str] | None = None) -> list[Finding]:
                 found.append(finding)
         except Exception as exc:  # noqa: BLE001 - one broken rule must not cost the whole report
             log.warning("turbotrain doctor: rule %s failed: %s: %s", rule_id, type(exc).__name__, exc)
-    return order(_merge([f for f in found if _confirmed(ctx, f)]))
+    from .attribution import explained
+
+    findings = order(explained(_merge([f for f in found if _confirmed(ctx, f)])))
+    framework = ctx.recording.driver if ctx.recording is not None and ctx.recording.driver else "pytorch"
+    for f in findings:  # each fix is shown in the framework whose loop ran (record/drivers.py)
+        f.fix.framework = framework
+    return findings
 
 
 def _confirmed(ctx: Context, finding: Finding) -> bool:

@@ -12,7 +12,7 @@ from ...speedups.policy import call_text
 from ...speedups.registry import by_field
 from ..findings import Finding, Fix, lightning_call, speedup_for_rule
 from .registry import rule
-from ..requests import BatchTrial, PlanTrial
+from ..requests import BatchRequest, PlanRequest
 from .nccl import check_nccl_env
 
 if TYPE_CHECKING:
@@ -47,9 +47,11 @@ def small_batch(ctx: Context) -> Iterator[Finding]:
         fix=Fix("Raise the batch size (the largest that fits; rescale the learning rate) or accumulate several "
                 "samples per forward", plan={"batch_size": 8 * max(1, batch)},
                 lightning="DataLoader(batch_size=...); Trainer(accumulate_grad_batches=k) keeps the effective size",
-                accelerate="DataLoader(batch_size=...)"),
+                accelerate="DataLoader(batch_size=...)",
+                hf_trainer="TrainingArguments(per_device_train_batch_size=...); gradient_accumulation_steps=k keeps "
+                           "the effective size"),
         evidence={"batch_size": batch, "python_overhead_share": round(overhead, 3)},
-        trial=BatchTrial())
+        request=BatchRequest())
     f.provisional("medium")
     f.note = "A larger batch changes the optimisation (rescale the learning rate); est_speedup is samples/s."
     yield f
@@ -64,6 +66,9 @@ def no_mixed_precision(ctx: Context) -> Iterator[Finding]:
     if precision is None or ctx.share("compute") + ctx.share("python_overhead") < 0.25:
         return
     dtype = "torch.bfloat16" if precision == "bf16-mixed" else "torch.float16"
+    # Autocast leaves float64 ops in float64: on a float64 model the switch changes nothing until the model is
+    # float32, which only its author can say its numerics allow. Kept for the reports, folded in the terminal.
+    float64 = facts.param_dtype == "torch.float64"
     f = Finding(
         "no-mixed-precision", site=ctx.capture.site if ctx.capture else None, category="compute",
         speedup=speedup_for_rule("no-mixed-precision", "precision"),
@@ -74,8 +79,17 @@ def no_mixed_precision(ctx: Context) -> Iterator[Finding]:
                 plan={"precision": precision},
                 lightning=lightning_call(precision=precision),
                 accelerate=call_text("Accelerator", by_field("precision").export.accelerate_keys(
-                    Plan(precision=precision)))),
-        trial=PlanTrial({"precision": precision}))
+                    Plan(precision=precision))),
+                fabric=call_text("Fabric", by_field("precision").export.lightning_flags(Plan(precision=precision))),
+                hf_trainer=call_text("TrainingArguments", {"bf16" if precision == "bf16-mixed" else "fp16": True})),
+        request=None if float64 else PlanRequest({"precision": precision}))
+    if float64:
+        f.provisional("low")
+        f.fold = "float64"
+        f.note = ("The model computes in float64, which autocast leaves as it is: mixed precision needs the model in "
+                  "float32 first (model.float()), if its numerics allow; float32 alone is then faster than float64.")
+        yield f
+        return
     f.provisional("medium" if ctx.on_gpu else "low")
     f.note = "Changes numerics slightly (bf16 keeps fp32's range); check the loss curve."
     yield f
@@ -91,7 +105,7 @@ def zero_grad_not_none(ctx: Context) -> Iterator[Finding]:
             fix=Fix("optimizer.zero_grad() (set_to_none=True is the default since torch 2.0)",
                     plan={"set_to_none": True}),
             evidence={"per_step": stat.per_step},
-            trial=PlanTrial({"set_to_none": True}, baseline={"set_to_none": False}))
+            request=PlanRequest({"set_to_none": True}, baseline={"set_to_none": False}))
         f.provisional("low")
         yield f
 
@@ -114,7 +128,7 @@ def non_foreach_optimizer(ctx: Context) -> Iterator[Finding]:
             fix=Fix(f"{type(opt).__name__}(..., {'fused=True' if fused else 'foreach=True'})",
                     plan={"fused_optimizer": True}),
             evidence={"param_tensors": n, "implementation": impl, "optimizer_share": round(share, 3)},
-            trial=PlanTrial({"fused_optimizer": True}))
+            request=PlanRequest({"fused_optimizer": True}))
         f.provisional("medium" if share >= 0.2 and n >= 100 else "low")
         yield f
 
@@ -184,7 +198,7 @@ def _switch_finding(ctx: Context, rule_id: str, message: str, fix: Fix, measurab
     field = next(iter(plan))
     return Finding(rule_id, site=ctx.capture.site if ctx.capture else None, category="compute", message=message,
                    fix=fix, speedup=speedup_for_rule(rule_id, field),
-                   trial=PlanTrial(dict(plan)) if measurable else None)
+                   request=PlanRequest(dict(plan)) if measurable else None)
 
 
 @rule("cudnn-benchmark-off", "live")
@@ -234,7 +248,7 @@ def conv_bias_before_bn(ctx: Context) -> Iterator[Finding]:
                  f"{', ...' if len(pairs) > 4 else ''})."),
         fix=Fix("nn.Conv2d(..., bias=False) before each BatchNorm", plan={"drop_conv_bias": True}),
         evidence={"pairs": [list(p) for p in pairs]},
-        trial=PlanTrial({"drop_conv_bias": True}))
+        request=PlanRequest({"drop_conv_bias": True}))
     f.provisional("low")
     yield f
 
@@ -252,7 +266,9 @@ def data_parallel(ctx: Context) -> Iterator[Finding]:
                 fix=Fix("DistributedDataParallel, one process per GPU: `turbotrain launch --nproc-per-node N "
                         "train.py` or `torchrun --nproc-per-node N train.py` with DDP(model)",
                         plan={"strategy": "ddp"}, lightning="Trainer(strategy='ddp', devices=N)",
-                        accelerate="accelerate launch --multi_gpu --num_processes N train.py"),
+                        accelerate="accelerate launch --multi_gpu --num_processes N train.py",
+                        fabric="Fabric(strategy='ddp', devices=N)",
+                        hf_trainer="torchrun --nproc-per-node N train.py (the Trainer then runs DDP itself)"),
                 evidence={"gpus": gpus})
             f.provisional("high" if gpus >= 2 else "medium")
             yield f.on_cpu(ctx)

@@ -11,7 +11,7 @@ from ...data import stats as data_stats
 from ..findings import Finding, Fix, speedup_for_rule
 from ..analysis.periodic import PERIODIC_TARGET_SHARE, periodic_table
 from .registry import rule
-from ..requests import CopyTrial, EvalGradTrial, LoaderTrial, PlanTrial
+from ..requests import CopyRequest, EvalGradRequest, LoaderRequest, PlanRequest
 
 if TYPE_CHECKING:
     from ..analysis.context import Context, SiteStat
@@ -71,9 +71,10 @@ def num_workers(ctx: Context) -> Iterator[Finding]:
         fix=Fix(f"DataLoader(..., num_workers={suggest}, persistent_workers=True)",
                 plan={"num_workers": suggest},
                 lightning=f"DataLoader(..., num_workers={suggest}) (Lightning passes your loader through)",
-                accelerate=f"DataLoader(..., num_workers={suggest}) before accelerator.prepare(...)"),
+                accelerate=f"DataLoader(..., num_workers={suggest}) before accelerator.prepare(...)",
+                hf_trainer=f"TrainingArguments(dataloader_num_workers={suggest})"),
         evidence={"data_ms_per_step": round(data_s * 1e3, 3), "num_workers": workers},
-        trial=LoaderTrial())
+        request=LoaderRequest())
     f.set_gain(share, measured=False)
     f.note = "est_speedup is the upper bound until the worker counts are timed."
     if data_s < 1e-3:
@@ -101,7 +102,8 @@ def persistent_workers(ctx: Context) -> Iterator[Finding]:
                  f"{_ms(startup)} before its first batch, {share:.0%} of an epoch of {per_epoch} steps."),
         fix=Fix("DataLoader(..., persistent_workers=True)", plan={"persistent_workers": True},
                 lightning="DataLoader(..., persistent_workers=True)",
-                accelerate="DataLoader(..., persistent_workers=True)"),
+                accelerate="DataLoader(..., persistent_workers=True)",
+                hf_trainer="TrainingArguments(dataloader_persistent_workers=True)"),
         evidence={"startup_ms": round(startup * 1e3, 2), "epochs_started": len(starts),
                   "batches_per_epoch": per_epoch})
     f.set_gain(share, measured=True)
@@ -129,8 +131,9 @@ def pin_memory(ctx: Context) -> Iterator[Finding]:
                  + (f" Copies take {share:.0%} of step time." if share else "")),
         fix=Fix("DataLoader(..., pin_memory=True), then batch.to(device, non_blocking=True)",
                 plan={"pin_memory": True}, lightning="DataLoader(..., pin_memory=True)",
-                accelerate="DataLoader(..., pin_memory=True) before accelerator.prepare(...)"),
-        trial=CopyTrial() if share else None)
+                accelerate="DataLoader(..., pin_memory=True) before accelerator.prepare(...)",
+                hf_trainer="TrainingArguments(dataloader_pin_memory=True)"),
+        request=CopyRequest() if share else None)
     if share:
         f.set_gain(share, measured=False)
         f.note = "est_speedup is the upper bound: all copy time hidden."
@@ -194,7 +197,8 @@ def host_sync(ctx: Context) -> Iterator[Finding]:
             fix=Fix("Keep values on the device inside the step (e.g. running_loss += loss.detach()) and read them "
                     "with .item() only every N steps; no print/f-string/if on tensors in the step.",
                     lightning="self.log(name, value) (logged lazily) with Trainer(log_every_n_steps=N)",
-                    accelerate="accelerator.gather(...) and .item() only on logging steps"),
+                    accelerate="accelerator.gather(...) and .item() only on logging steps",
+                    hf_trainer="TrainingArguments(logging_steps=N): the Trainer reads the loss on logging steps"),
             evidence={"per_step": entry.per_step, "kinds": sorted(entry.kinds),
                       "ms_per_step": round(entry.seconds * 1e3, 4)})
         f.set_gain(share, measured=True)
@@ -235,7 +239,8 @@ def save_in_loop(ctx: Context) -> Iterator[Finding]:
             fix=Fix("Checkpoint every N steps or once per epoch, in the background when it is large "
                     "(turbotrain.train.checkpoint writes atomically)",
                     lightning="ModelCheckpoint(every_n_train_steps=N)",
-                    accelerate="accelerator.save_state(...) every N steps"),
+                    accelerate="accelerator.save_state(...) every N steps",
+                    fabric="fabric.save(path, state) every N steps", hf_trainer="TrainingArguments(save_steps=N)"),
             evidence={"per_step": stat.per_step, "ms_per_step": round(stat.seconds_per_step * 1e3, 3)})
         f.set_gain(share, measured=True)
         yield f
@@ -270,9 +275,10 @@ def grad_in_validation(ctx: Context) -> Iterator[Finding]:
                      f"({share:.0%} of run time)."),
             fix=Fix("Wrap validation/inference in `with torch.inference_mode():` (or torch.no_grad())",
                     lightning="automatic: validation_step already runs under inference_mode",
-                    accelerate="`with torch.no_grad():` around the evaluation loop"),
+                    accelerate="`with torch.no_grad():` around the evaluation loop",
+                    hf_trainer="automatic: Trainer.evaluate() runs under torch.no_grad()"),
             evidence={"forwards": all_count, "ms_total": round(all_seconds * 1e3, 2), "share_of_run": share},
-            trial=EvalGradTrial(share))
+            request=EvalGradRequest(share))
         f.provisional("low")  # what autograd costs here is measured by the what-if
         yield f
 
@@ -296,7 +302,9 @@ def accumulation_syncs(ctx: Context) -> Iterator[Finding]:
                 plan={"grad_accum_steps": round(backwards)},
                 lightning=f"Trainer(accumulate_grad_batches={round(backwards)}) (skips the sync for you)",
                 accelerate=f"Accelerator(gradient_accumulation_steps={round(backwards)}) and "
-                           "`with accelerator.accumulate(model):`"),
+                           "`with accelerator.accumulate(model):`",
+                fabric="`with fabric.no_backward_sync(model):` around the backward of every micro-batch but the last",
+                hf_trainer=f"TrainingArguments(gradient_accumulation_steps={round(backwards)})"),
         evidence={"backwards_per_step": backwards, "world_size": ctx.world_size})
     if ctx.world_size > 1:
         f.provisional("medium")
@@ -323,9 +331,11 @@ def fuse_with_compile(ctx: Context) -> Iterator[Finding]:
                 (" and CUDA graphs replay the step without per-op launches." if mode == "reduce-overhead" else "."),
         fix=Fix(f"model = torch.compile(model{', mode=' + repr(mode) if mode != True else ''})",  # noqa: E712 - mode is a name or True
                 plan={"compile": mode}, lightning="model = torch.compile(model) before trainer.fit(model)",
-                accelerate='Accelerator(dynamo_backend="inductor")'),
+                accelerate='Accelerator(dynamo_backend="inductor")',
+                fabric="model = torch.compile(model) before fabric.setup(model)",
+                hf_trainer="TrainingArguments(torch_compile=True)"),
         evidence={"python_overhead_share": round(overhead, 3), "pointwise_share": round(pointwise, 3)},
-        trial=PlanTrial({"compile": mode}, compile=True))
+        request=PlanRequest({"compile": mode}, compile=True))
     f.provisional("low")
     f.note = "Not measured by default (compiling takes a while); run the doctor with --compile to time it."
     yield f
@@ -364,10 +374,14 @@ def periodic_work(ctx: Context) -> Iterator[Finding]:
                      f"{share:.0%} of training time."),
             fix=Fix(f"run the {kind} every {better} steps (under {PERIODIC_TARGET_SHARE:.0%} of training time)"
                     + (", and under torch.inference_mode()" if kind == "validation" else ""),
-                    lightning=f"Trainer(val_check_interval={better})" if kind == "validation" else None),
+                    lightning=f"Trainer(val_check_interval={better})" if kind == "validation" else None,
+                    hf_trainer=(f"TrainingArguments(eval_strategy='steps', eval_steps={better})" if kind == "validation"
+                                else f"TrainingArguments(save_steps={better})" if kind == "checkpoint" else None)),
             evidence={k: row[k] for k in ("every", "cost_ms", "share", "steps")})
         # Moving to the suggested cadence saves all but its own (under 5%) share.
         saved = share * (1 - every / better) if better else 0.0
         f.set_gain(max(0.0, saved), measured=True)
         f.note = f"Measured over {len(row['steps'])} occurrence(s); the numbers above spread it over its period."
+        if row.get("note"):  # found beyond the window: how (analysis/periodic.py)
+            f.note = f"{f.note} {row['note']}"
         yield f

@@ -20,6 +20,8 @@ __all__ = ["rule", "RULES", "RULE_IDS", "HABIT_RULES", "RuleFn"]
 HABIT_RULES = (
     "host-sync-in-loop", "tensor-from-numpy-copy", "tensor-created-off-device", "dims-not-multiple-of-8",
     "grad-in-validation", "empty-cache-in-loop", "manual-attention", "save-in-loop", "slow-storage", "periodic-work",
+    "straggler",
+    "per-sample-batch", "eval-every-step", "unattributed-time",
 )
 
 RULE_IDS = tuple(dict.fromkeys(rule_id for entry in all_speedups() for rule_id in entry.doctor_rules)) + HABIT_RULES

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 from ..findings import Finding, Fix, lightning_call, speedup_for_rule
 from ..analysis.source import SourceIndex, dotted_name, is_const, keyword
 from .registry import rule
-from ..requests import AttentionTrial
+from ..requests import AttentionRequest
 from .nccl import check_nccl_env
 from ..sites import Site
 
@@ -161,12 +161,52 @@ def _grad_disabled(index: SourceIndex, node: ast.AST) -> bool:
                                else item.context_expr).endswith(("no_grad", "inference_mode"))
                    for item in parent.items):
                 return True
-        if isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            if any(dotted_name(d.func if isinstance(d, ast.Call) else d).endswith(("no_grad", "inference_mode"))
-                   for d in parent.decorator_list):
-                return True
+        if isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef)) and _turns_grad_off(parent.decorator_list):
+            return True
         parent = index.parents.get(parent)
     return False
+
+
+def _turns_grad_off(decorators: list[ast.expr]) -> bool:
+    return any(dotted_name(d.func if isinstance(d, ast.Call) else d).endswith(("no_grad", "inference_mode"))
+               for d in decorators)
+
+
+def _decorator_named(index: SourceIndex, func: ast.AST | None) -> str | None:
+    """The decorator ``func`` is the wrapper of (``eval_decorator`` for its ``inner``), or None: a function
+    defined inside another that returns it, followed up through decorator factories."""
+    name = None
+    while isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        outer = index.enclosing_function(func)
+        if not isinstance(outer, (ast.FunctionDef, ast.AsyncFunctionDef)) or not any(
+                isinstance(node, ast.Return) and isinstance(node.value, ast.Name) and node.value.id == func.name
+                for node in outer.body):
+            break
+        name, func = outer.name, outer
+    return name
+
+
+def _decorated_with(ctx: Context, decorator: str) -> list[ast.FunctionDef | ast.AsyncFunctionDef]:
+    """The functions of the script's files decorated with ``decorator`` (``@decorator``, ``@mod.decorator``)."""
+    found = []
+    for index in _sources(ctx):
+        for node in ast.walk(index.tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and any(
+                    dotted_name(d.func if isinstance(d, ast.Call) else d).split(".")[-1] == decorator
+                    for d in node.decorator_list):
+                found.append(node)
+    return found
+
+
+def _called_without_grad(ctx: Context, index: SourceIndex, call: ast.Call) -> bool:
+    """How the code that ran called this ``.eval()``: a wrapper (a decorator's ``inner``) whose every use is stacked
+    under ``@torch.no_grad()``, or a function that ran while the run's eval-mode forwards all ran without autograd."""
+    decorator = _decorator_named(index, index.enclosing_function(call))
+    if decorator is not None:
+        uses = _decorated_with(ctx, decorator)
+        if uses and all(_turns_grad_off(use.decorator_list) for use in uses):
+            return True
+    return bool(ctx.function_ran(index.site(call)) and ctx.seen("eval_forward") and not ctx.seen("eval_grad_forward"))
 
 
 @rule("grad-in-validation", "static")
@@ -178,7 +218,7 @@ def grad_in_validation_static(ctx: Context) -> Iterator[Finding]:
             func = index.enclosing_function(call)
             scope = func if func is not None else index.tree
             text = ast.unparse(scope)
-            if "no_grad" in text or "inference_mode" in text:
+            if "no_grad" in text or "inference_mode" in text or _called_without_grad(ctx, index, call):
                 continue
             yield _static("grad-in-validation", index, call,
                           f"{name}() switches to evaluation, but nothing here turns autograd off: the forward "
@@ -244,7 +284,7 @@ def manual_attention(ctx: Context) -> Iterator[Finding]:
                 fix=Fix("torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=..., "
                         "is_causal=...)"),
                 evidence={"function": func.name, "per_step": per_step},
-                trial=AttentionTrial(index.path, lines, site, per_step, bool(causal)))
+                request=AttentionRequest(index.path, lines, site, per_step, bool(causal)))
             f.provisional("medium" if per_step else "low")
             if not per_step:
                 f.note = "Not seen running during the measured steps."

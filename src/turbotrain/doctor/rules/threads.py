@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Iterator
 from ...speedups.cpu_threads import fit_to_cores
 from ..findings import Finding, Fix, speedup_for_rule
 from .registry import rule
-from ..requests import ThreadsTrial
+from ..requests import ThreadsRequest
 
 if TYPE_CHECKING:
     from ..analysis.context import Context
@@ -79,7 +79,7 @@ def cpu_oversubscribed(ctx: Context) -> Iterator[Finding]:
                 accelerate=f"{env} in the environment, or torch.set_num_threads({k}) before accelerator.prepare"),
         evidence={"threads": threads, "workers": workers, "usable_cores": usable, "other_load": others,
                   "recommended_threads": k, "recommended_workers": w},
-        trial=ThreadsTrial(tuple(candidates(ctx, found))))
+        request=ThreadsRequest(tuple(candidates(ctx, found))))
     f.provisional("medium")
     f.note = "Threads and workers are timed on your model and DataLoader, interleaved with what the script uses."
     yield f

@@ -30,11 +30,13 @@ import types
 from typing import TYPE_CHECKING, Callable, Iterator
 
 from ..findings import Finding
-from ..requests import AttentionTrial, BatchTrial, EvalGradTrial, LoaderTrial, PlanTrial, ThreadsTrial
+from ..requests import (AttentionRequest, BatchBuildRequest, BatchRequest, EvalGradRequest, LoaderRequest, PlanRequest,
+                        ThreadsRequest)
 from .common import Budget
 from .switches import batch_trial, plan_trials
 from .settings import loader_trial, threads_trial
 from .single import attention_trial, cap_to_noise, eval_grad_trial
+from .batch_building import batch_build_trial
 
 if TYPE_CHECKING:
     from ..analysis.context import Context
@@ -76,20 +78,22 @@ def run_what_ifs(ctx: Context, findings: list[Finding], budget_s: float = 30.0, 
 def _run_what_ifs(ctx: Context, findings: list[Finding], budget_s: float, allow_compile: bool) -> None:
     budget = Budget(budget_s)
     def of(kind: type) -> list[Finding]:
-        return [f for f in findings if isinstance(f.trial, kind)]
+        return [f for f in findings if isinstance(f.request, kind)]
 
     steps: list[tuple[str, Callable]] = []
-    for f in of(ThreadsTrial):  # first: on a contended machine every other trial is skewed by it
+    for f in of(ThreadsRequest):  # first: on a contended machine every other trial is skewed by it
         steps.append(("threads", lambda f=f: threads_trial(ctx, f, budget)))
-    for f in of(LoaderTrial):
+    for f in of(LoaderRequest):
         steps.append(("num_workers", lambda f=f: loader_trial(ctx, f, budget)))
-    for f in of(BatchTrial):
+    for f in of(BatchBuildRequest):  # a second or so each: before the long trials take the budget
+        steps.append(("batch_build", lambda f=f: batch_build_trial(ctx, f, budget)))
+    for f in of(BatchRequest):
         steps.append(("batch", lambda f=f: batch_trial(ctx, f, budget)))
-    if of(PlanTrial):
-        steps.append(("plan", lambda: plan_trials(ctx, of(PlanTrial), budget, allow_compile)))
-    for f in of(AttentionTrial):
+    if of(PlanRequest):
+        steps.append(("plan", lambda: plan_trials(ctx, of(PlanRequest), budget, allow_compile)))
+    for f in of(AttentionRequest):
         steps.append(("attention", lambda f=f: attention_trial(ctx, f, budget)))
-    for f in of(EvalGradTrial):
+    for f in of(EvalGradRequest):
         steps.append(("eval_grad", lambda f=f: eval_grad_trial(ctx, f, budget)))
     for name, fn in steps:
         if budget.left <= 0:

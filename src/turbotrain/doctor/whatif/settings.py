@@ -11,7 +11,7 @@ import torch
 
 from ...measure import Trial, judge, run_trial, time_loader
 from ..findings import Finding
-from ..requests import ThreadsTrial
+from ..requests import ThreadsRequest
 from ..results import LoaderResult, ThreadSetting, ThreadsResult
 from .common import Budget, ModelTrials, apply_ratio, interleaved_rounds, model_share, surrogate_step
 
@@ -94,12 +94,12 @@ def _timed_settings(ctx: Context, budget: Budget, now: tuple[int, int], options:
 
 def threads_trial(ctx: Context, finding: Finding, budget: Budget) -> None:
     """The script's threads and workers against the recommended settings (:func:`setting_rounds`)."""
-    trial = finding.trial
-    assert isinstance(trial, ThreadsTrial)  # run_what_ifs passes only these
-    if ctx.capture is None or not trial.candidates:
+    request = finding.request
+    assert isinstance(request, ThreadsRequest)  # run_what_ifs passes only these
+    if ctx.capture is None or not request.candidates:
         return
     now = (ctx.machine.get("intra_op_threads") or torch.get_num_threads(), finding.evidence.get("workers", 0))
-    options = list(trial.candidates)
+    options = list(request.candidates)
     got = setting_rounds(ctx, budget, now, options)
     if isinstance(got, str):
         finding.note = f"Not measured: {got}."
@@ -177,6 +177,7 @@ def loader_trial(ctx: Context, finding: Finding, budget: Budget) -> None:
         finding.fix.pytorch = f"DataLoader(..., num_workers={best}, persistent_workers=True)"
         finding.fix.lightning = f"DataLoader(..., num_workers={best})"
         finding.fix.accelerate = f"DataLoader(..., num_workers={best}) before accelerator.prepare(...)"
+        finding.fix.hf_trainer = f"TrainingArguments(dataloader_num_workers={best})"
     finding.set_gain(share, measured=True)
     finding.note = (f"Loader rates measured for num_workers {', '.join(map(str, rates))}; the step is projected as "
                     "max(the rest of the step, one batch's loading time). Workers share the CPU with training.")

@@ -10,7 +10,7 @@ import torch
 
 from ...measure import judge
 from ..findings import Finding
-from ..requests import AttentionTrial, EvalGradTrial
+from ..requests import AttentionRequest, EvalGradRequest
 from ..results import AttentionResult, EvalGradResult, PairTimed
 from ..analysis.replay import fastest_pair
 from .common import Budget, model_share
@@ -58,9 +58,9 @@ def eval_grad_trial(ctx: Context, finding: Finding, budget: Budget) -> None:
         return
     with_grad, without = pair
     saving = max(0.0, 1.0 - without / with_grad) if with_grad > 0 else 0.0
-    trial = finding.trial
-    assert isinstance(trial, EvalGradTrial)  # run_what_ifs passes only these
-    share = trial.share * saving
+    request = finding.request
+    assert isinstance(request, EvalGradRequest)  # run_what_ifs passes only these
+    share = request.share * saving
     finding.what_if = EvalGradResult(forward_ms_with_grad=round(with_grad * 1e3, 3),
                                      forward_ms_inference_mode=round(without * 1e3, 3),
                                      pair_ratio=_pair_ratio(with_grad, without), pair_rounds=PAIR_ROUNDS)
@@ -68,15 +68,15 @@ def eval_grad_trial(ctx: Context, finding: Finding, budget: Budget) -> None:
 
 
 def attention_trial(ctx: Context, finding: Finding, budget: Budget) -> None:
-    trial = finding.trial
-    assert isinstance(trial, AttentionTrial)  # run_what_ifs passes only these
-    if not trial.per_step or not budget.allows(3.0):
+    request = finding.request
+    assert isinstance(request, AttentionRequest)  # run_what_ifs passes only these
+    if not request.per_step or not budget.allows(3.0):
         return
-    first, last = trial.lines
-    softmax = ctx.stat_at("softmax", trial.softmax)
+    first, last = request.lines
+    softmax = ctx.stat_at("softmax", request.softmax)
     score_shape = softmax.detail.get("shape") if softmax else None
     shapes = [(site, s) for site, s in ctx.matmul_shapes.items()
-              if site.file == trial.file and first <= site.line <= last]
+              if site.file == request.file and first <= site.line <= last]
     qk = next(((a, b) for _, (a, b) in shapes if len(a) >= 3 and len(b) >= 3 and score_shape is not None
                and tuple(a[:-1]) + (b[-1],) == tuple(score_shape)), None)
     if qk is None or ctx.model is None:
@@ -93,7 +93,7 @@ def attention_trial(ctx: Context, finding: Finding, budget: Budget) -> None:
         return torch.randn(*shape, generator=gen).to(device, dtype).requires_grad_()
 
     q, k, v = make(*lead, length, dim), make(*lead, keys, dim), make(*lead, keys, dim)
-    causal = trial.causal and length == keys
+    causal = request.causal and length == keys
     mask = torch.ones(length, keys, dtype=torch.bool, device=device).triu(1) if causal else None
 
     def manual():
@@ -111,11 +111,11 @@ def attention_trial(ctx: Context, finding: Finding, budget: Budget) -> None:
     if pair is None:
         return
     t_manual, t_fused = pair
-    saved = trial.per_step * max(0.0, t_manual - t_fused)
+    saved = request.per_step * max(0.0, t_manual - t_fused)
     share = min(saved / ctx.step_s, model_share(ctx)) if ctx.step_s else 0.0
     finding.what_if = AttentionResult(q_shape=tuple(q_shape), keys=keys, causal=causal,
                                       manual_ms=round(t_manual * 1e3, 3), sdpa_ms=round(t_fused * 1e3, 3),
-                                      calls_per_step=trial.per_step, pair_ratio=_pair_ratio(t_manual, t_fused),
+                                      calls_per_step=request.per_step, pair_ratio=_pair_ratio(t_manual, t_fused),
                                       pair_rounds=PAIR_ROUNDS)
     finding.set_gain(share, measured=True)
     finding.note = ("Timed forward+backward at your attention's shapes, hand-written"

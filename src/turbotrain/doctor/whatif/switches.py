@@ -12,7 +12,7 @@ from ..analysis.replay import repeat_batch
 from ...measure import HOPELESS, Trial, judge, time_loader
 from ...plan import Plan
 from ..findings import Finding
-from ..requests import PlanTrial
+from ..requests import PlanRequest
 from ..results import BatchResult, PlanResult
 from .common import Budget, ModelTrials, apply_ratio, interleaved_rounds, model_share, typical_s
 from .fresh import FAULTS_PER_STEP, FreshProcesses, allocator_churn
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 
 def plan_trials(ctx: Context, findings: list[Finding], budget: Budget, allow_compile: bool) -> None:
-    wanted = [f for f in findings if isinstance(f.trial, PlanTrial) and (allow_compile or not f.trial.compile)]
+    wanted = [f for f in findings if isinstance(f.request, PlanRequest) and (allow_compile or not f.request.compile)]
     if not wanted or ctx.capture is None or ctx.facts.compiled:
         return
     trials = ModelTrials(ctx, budget)
@@ -88,9 +88,9 @@ def plan_trials(ctx: Context, findings: list[Finding], budget: Budget, allow_com
             apply_ratio(f, ctx, judge(ratios, noise_floor=ctx.noise_floor), result)
 
 
-def _plan_trial(f: Finding) -> PlanTrial:
-    """The finding's trial, of the findings plan_trials kept (all PlanTrial)."""
-    return cast(PlanTrial, f.trial)
+def _plan_trial(f: Finding) -> PlanRequest:
+    """The finding's trial, of the findings plan_trials kept (all PlanRequest)."""
+    return cast(PlanRequest, f.request)
 
 
 def _fresh_or_in_process(fresh_processes: FreshProcesses, base: Plan, plan: Plan, ratios: list[float], churn: float,

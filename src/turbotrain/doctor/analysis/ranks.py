@@ -1,0 +1,224 @@
+"""Every rank of a multi-process job side by side: whom the others wait for, why, and what it costs.
+
+Per rank and measured step, the step's time per category (:meth:`StepRecord.categories`) with its *exposed
+communication* taken out of compute: the time the step waited for the gradient all-reduce after the rank's own
+backward compute was done (:mod:`..record.collectives`). In a data-parallel step every rank ends at the same
+all-reduce, so the rank the others wait for is the one that waits least; what it spends more time on than
+the others (its data, its compute, work only it does) is the cause. Its cost is read from the others' waiting:
+per step, the least any other rank waited beyond the straggler's own wait is the time every step would lose
+if the straggler ran like the others (the next rank in line would then be the last to arrive).
+
+Ranks are lined up on the completion of each step's last all-reduce (the same instant on every rank), never on
+host clocks, so the offsets hold across nodes.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+from ..record.measurements import CATEGORIES, StepRecord
+from ..record.recording import Recording
+from ..sites import Site
+
+__all__ = ["RankSummary", "Straggler", "RankAnalysis", "analyse_ranks", "RANK_CATEGORIES", "STRAGGLER_SHARE"]
+
+# The breakdown's categories as recorded (python overhead is a model of the whole run, not of a rank's step) plus
+# the exposed communication, in the order a rank's row shows them.
+RANK_CATEGORIES = (*(c for c in CATEGORIES if c != "python_overhead"), "communication")
+# A straggler is named when the others' wait for it is at least this share of the step (a finding's "medium").
+STRAGGLER_SHARE = 0.05
+# ... when it arrived last in at least this share of the measured steps, and when the others' wait for it
+# stands out of its own step-to-step spread (median absolute deviation) by this factor: on a balanced job the
+# wait is noise around zero.
+CONSISTENT = 0.75
+ABOVE_SPREAD = 1.5
+# Causes that are the thread's own CPU work on a CPU run (data loading and work between steps may wait on I/O).
+CPU_BOUND = ("compute", "optimizer", "host_sync", "unexplained")
+
+
+@dataclass(frozen=True)
+class RankSummary:
+    rank: int
+    host: str
+    steps: int                          # measured steps
+    step_s: float                       # median step time
+    step_p90_s: float
+    median_s: dict[str, float]          # per category (RANK_CATEGORIES): median seconds per step
+    p90_s: dict[str, float]
+    mean_s: dict[str, float]            # per category: mean seconds per step (they add up to the mean step)
+    exposed_s: float                    # median exposed communication per step
+    busy_s: float                       # median of (step - exposed communication): its own work
+    timed_sync: bool                    # gradient all-reduces were timed on this rank
+    cpu_s: float | None = None          # median CPU seconds of its thread per step (None: not known)
+    cpu_wait_s: float | None = None     # median seconds per step its thread waited for a CPU others held
+    reducer: dict[str, float] = field(default_factory=dict)   # DDP's own reducer statistics (seconds)
+
+
+@dataclass(frozen=True)
+class Straggler:
+    rank: int
+    host: str
+    cause: str                          # a category of RANK_CATEGORIES, "cpu_contention" or "unexplained"
+    cost_s: float                       # per step: what every step loses waiting for it
+    cost_share: float                   # of the median step
+    compared_with: int                  # the median rank it is compared with
+    gap_s: dict[str, float]             # per category: its median minus the median rank's
+    last_share: float                   # share of measured steps it arrived last in
+    site: Site | None = None            # a line that explains the cause, when one is known
+    contention_s: float | None = None   # its extra wait for a CPU others held, against the median rank
+    cpu_gap_s: float | None = None      # its extra CPU time, against the median rank
+
+
+@dataclass(frozen=True)
+class RankAnalysis:
+    ranks: list[RankSummary]
+    median_rank: int
+    worst_rank: int                     # the rank that waits least (the others wait for it)
+    skew: float                         # (worst's own work - median rank's) / median rank's
+    exposed_share: float                # exposed communication over step time, all ranks
+    overlap: float | None               # share of the all-reduces' time that ran while backward computed
+    straggler: Straggler | None
+    offsets_s: dict[int, float] = field(default_factory=dict)   # clock offset of each rank to the lowest rank
+    steps: list[int] = field(default_factory=list)              # the measured steps every rank has
+
+    @property
+    def step_s(self) -> float:
+        return statistics.median(r.step_s for r in self.ranks)
+
+
+def _measured(recording: Recording) -> dict[int, StepRecord]:
+    window = recording.window
+    end = window.warmup + window.measure if window.measure is not None else len(recording.steps)
+    chosen = {s.index: s for s in recording.steps if window.warmup <= s.index < end and not s.profiled}
+    if not chosen:  # too few steps to skip warm-up: what ran
+        chosen = {s.index: s for s in recording.steps if not s.profiled} or {s.index: s for s in recording.steps}
+    return chosen
+
+
+def _p90(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(0.9 * (len(ordered) - 1))))] if ordered else 0.0
+
+
+def _per_step(recording: Recording, steps: list[int]) -> list[dict[str, float]]:
+    """Seconds per category for each of ``steps``, the exposed communication out of compute."""
+    chosen = _measured(recording)
+    comm = {c.step: c for c in recording.communication}
+    out = []
+    for index in steps:
+        cats = {k: v for k, v in chosen[index].categories().items() if k in RANK_CATEGORIES}
+        exposed = comm[index].exposed_s if index in comm else 0.0
+        # The wait happened inside the backward call, charged to compute (or to phases a profiler timed).
+        take = min(exposed, cats["compute"])
+        cats["compute"] -= take
+        cats["communication"] = take
+        out.append(cats)
+    return out
+
+
+def _median_of(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
+
+
+def _summary(recording: Recording, steps: list[int]) -> RankSummary:
+    rows = _per_step(recording, steps)
+    comm = {c.step: c for c in recording.communication}
+    chosen = _measured(recording)
+    durations = [chosen[i].duration for i in steps]
+    per = {k: [r[k] for r in rows] for k in RANK_CATEGORIES}
+    busy = [d - r["communication"] for d, r in zip(durations, rows)]
+    return RankSummary(
+        rank=recording.rank, host=recording.host, steps=len(steps), step_s=statistics.median(durations),
+        step_p90_s=_p90(durations), median_s={k: statistics.median(v) for k, v in per.items()},
+        p90_s={k: _p90(v) for k, v in per.items()}, mean_s={k: statistics.fmean(v) for k, v in per.items()},
+        exposed_s=statistics.median(per["communication"]), busy_s=statistics.median(busy),
+        timed_sync=bool(recording.communication),
+        cpu_s=_median_of([comm[i].cpu_s if i in comm else None for i in steps]),
+        cpu_wait_s=_median_of([comm[i].cpu_wait_s if i in comm else None for i in steps]),
+        reducer=dict(recording.reducer))
+
+
+def _offsets(recordings: list[Recording], steps: list[int]) -> dict[int, float]:
+    """Each rank's clock minus the lowest rank's, from the completion of the same all-reduce."""
+    base = {c.step: c.done_at for c in recordings[0].communication}
+    out = {}
+    for rec in recordings:
+        mine = {c.step: c.done_at for c in rec.communication}
+        diffs = [mine[s] - base[s] for s in steps if s in mine and s in base]
+        if diffs:
+            out[rec.rank] = statistics.median(diffs)
+    return out
+
+
+def _cause_site(recording: Recording, cause: str, steps: list[int]) -> Site | None:
+    """The line that explains the straggler's cause on its own recording, when one is known."""
+    if cause == "data_loading":
+        waits = [(r.nexts.total(steps)[1], r.site) for r in recording.loaders if r.site is not None]
+        if waits:
+            return max(waits, key=lambda w: w[0])[1]
+        samples = sorted(recording.gap_samples, key=lambda g: -g.count)
+        return samples[0].site if samples else None
+    kinds = {"outside_step": ("save", "eval_forward", "eval"), "host_sync": ("sync:",)}.get(cause)
+    if kinds:
+        events = [(e.total(steps)[1], e.site) for e in recording.events
+                  if e.site is not None and e.kind.startswith(kinds)]
+        if events:
+            return max(events, key=lambda w: w[0])[1]
+    return None
+
+
+def analyse_ranks(recordings: list[Recording] | tuple[Recording, ...]) -> RankAnalysis | None:
+    """The ranks side by side (None with fewer than two ranks that measured steps in common)."""
+    recordings = sorted((r for r in recordings if r.steps), key=lambda r: r.rank)
+    if len(recordings) < 2:
+        return None
+    common = set.intersection(*(set(_measured(r)) for r in recordings))
+    steps = sorted(common)
+    if not steps:
+        return None
+    summaries = [_summary(r, steps) for r in recordings]
+    exposed = {r.rank: [row["communication"] for row in _per_step(r, steps)] for r in recordings}
+    # Per step, the rank that waited least arrived last.
+    last = [min(exposed, key=lambda rank: exposed[rank][i]) for i in range(len(steps))]
+    worst = min(summaries, key=lambda s: (s.exposed_s, -s.busy_s))
+    others = sorted((s for s in summaries if s.rank != worst.rank), key=lambda s: s.busy_s)
+    median = others[(len(others) - 1) // 2]
+    # Every step loses the least any other rank waited beyond the straggler's own wait.
+    waits = [min(exposed[o.rank][i] for o in others) - exposed[worst.rank][i] for i in range(len(steps))]
+    cost = max(0.0, statistics.median(waits))
+    spread = statistics.median(abs(w - cost) for w in waits)
+    step = statistics.median(s.step_s for s in summaries)
+    total_step = sum(s.mean_s[k] for s in summaries for k in RANK_CATEGORIES)
+    total_exposed = sum(s.mean_s["communication"] for s in summaries)
+    busy = sum(c.busy_s for r in recordings for c in r.communication if c.step in common)
+    overlapped = sum(c.overlap_s for r in recordings for c in r.communication if c.step in common)
+    straggler = None
+    last_share = last.count(worst.rank) / len(last)
+    if step > 0 and cost / step >= STRAGGLER_SHARE and last_share >= CONSISTENT and cost > ABOVE_SPREAD * spread \
+            and worst.timed_sync:
+        gap = {k: worst.median_s[k] - median.median_s[k] for k in RANK_CATEGORIES if k != "communication"}
+        cause = max(gap, key=lambda k: gap[k])
+        if gap[cause] < 0.25 * cost:
+            cause = "unexplained"
+        contention = cpu_gap = None
+        if worst.cpu_wait_s is not None and median.cpu_wait_s is not None and worst.cpu_s is not None \
+                and median.cpu_s is not None:
+            contention, cpu_gap = worst.cpu_wait_s - median.cpu_wait_s, worst.cpu_s - median.cpu_s
+            # Late on work that is all CPU, without using more CPU than the others: its thread waited for a core
+            # (other processes, the hypervisor), the machine's cause. Only on a CPU run: a GPU's compute is not
+            # the thread's CPU time.
+            on_cpu = all((r.facts.device if r.facts else "cpu") == "cpu" for r in recordings)
+            if on_cpu and cause in CPU_BOUND and cpu_gap < 0.25 * cost:
+                cause = "cpu_contention"
+        rec = next(r for r in recordings if r.rank == worst.rank)
+        straggler = Straggler(rank=worst.rank, host=worst.host, cause=cause, cost_s=cost, cost_share=cost / step,
+                              compared_with=median.rank, gap_s=gap, last_share=last_share,
+                              site=_cause_site(rec, cause, steps), contention_s=contention, cpu_gap_s=cpu_gap)
+    return RankAnalysis(
+        ranks=summaries, median_rank=median.rank, worst_rank=worst.rank,
+        skew=(worst.busy_s - median.busy_s) / median.busy_s if median.busy_s > 0 else 0.0,
+        exposed_share=total_exposed / total_step if total_step > 0 else 0.0,
+        overlap=overlapped / busy if busy > 0 else None, straggler=straggler,
+        offsets_s=_offsets(recordings, steps), steps=steps)

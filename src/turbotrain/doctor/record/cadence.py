@@ -1,0 +1,147 @@
+"""The cadences of the loop that is running: the ``if step % N == 0:`` tests of the loops around the user's
+lines on the stack, with ``N`` read from the source, or for a name (``eval_interval``, ``args.eval_every``) from
+the running frame's variables: read, never evaluated, so nothing of the script runs.
+
+The window reads them when it ends, to know how long to keep watching the step clock for work that recurs
+at a period far longer than the window (an evaluation every 300 steps).
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import os
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any
+
+from ..sites import Site, is_user_file
+
+__all__ = ["Cadence", "running_cadences", "syntax_tree"]
+
+_NO_VALUE = object()
+
+
+@dataclass(frozen=True, slots=True)
+class Cadence:
+    """An ``if`` whose test holds ``... % every``: what its body runs comes back every ``every`` iterations."""
+
+    site: Site                    # the ``if``
+    every: int
+    calls: tuple[str, ...] = ()   # the functions its body calls (``estimate_loss``, ``save``), by name
+
+
+_TREES: dict[str, tuple[float, ast.Module | None]] = {}
+
+
+def syntax_tree(filename: str) -> ast.Module | None:
+    """The file's syntax tree, parsed once per modification time (None: unreadable or not Python)."""
+    try:
+        mtime = os.stat(filename).st_mtime
+    except OSError:
+        return None
+    cached = _TREES.get(filename)
+    if cached is not None and cached[0] == mtime:
+        return cached[1]
+    try:
+        with open(filename, encoding="utf-8") as fh:
+            tree: ast.Module | None = ast.parse(fh.read(), filename)
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+        tree = None
+    _TREES[filename] = (mtime, tree)
+    return tree
+
+
+def _loops_around(tree: ast.AST, line: int) -> list[ast.For | ast.While | ast.AsyncFor]:
+    return [node for node in ast.walk(tree) if isinstance(node, (ast.For, ast.While, ast.AsyncFor))
+            and node.lineno <= line <= (node.end_lineno or node.lineno)]
+
+
+def _ifs_in(loop: ast.AST) -> list[ast.If]:
+    """The ``if`` statements of a loop's body, not those of functions defined inside it."""
+    out: list[ast.If] = []
+    stack = list(ast.iter_child_nodes(loop))
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            continue
+        if isinstance(node, ast.If):
+            out.append(node)
+        stack.extend(ast.iter_child_nodes(node))
+    return out
+
+
+def _lookup(frame: FrameType, name: str) -> Any:
+    local = frame.f_locals
+    if name in local:
+        return local[name]
+    return frame.f_globals.get(name, _NO_VALUE)
+
+
+def _value(node: ast.expr, frame: FrameType) -> Any:
+    """A literal, a name or a chain of attributes, read from the frame without running anything."""
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, ast.Name):
+        return _lookup(frame, node.id)
+    if isinstance(node, ast.Attribute):
+        base = _value(node.value, frame)
+        if base is _NO_VALUE:
+            return _NO_VALUE
+        try:
+            found = inspect.getattr_static(base, node.attr)   # no property, no __getattr__ runs
+        except AttributeError:
+            return _NO_VALUE
+        return found if isinstance(found, int) else _NO_VALUE
+    return _NO_VALUE
+
+
+def _periods(test: ast.expr, frame: FrameType) -> list[int]:
+    out = []
+    for node in ast.walk(test):
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod):
+            value = _value(node.right, frame)
+            if isinstance(value, int) and not isinstance(value, bool) and value >= 2:
+                out.append(value)
+    return out
+
+
+def _called(body: list[ast.stmt]) -> tuple[str, ...]:
+    names = []
+    for stmt in body:
+        for node in ast.walk(stmt):
+            if isinstance(node, ast.Call):
+                func = node.func
+                name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
+                if name:
+                    names.append(name)
+    return tuple(dict.fromkeys(names))
+
+
+def _at(frame: FrameType) -> list[Cadence]:
+    code = frame.f_code
+    tree = syntax_tree(code.co_filename)
+    if tree is None:
+        return []
+    out = []
+    for loop in _loops_around(tree, frame.f_lineno):
+        for node in _ifs_in(loop):
+            for every in _periods(node.test, frame):
+                out.append(Cadence(Site(code.co_filename, node.lineno, code.co_name), every, _called(node.body)))
+    return out
+
+
+def running_cadences(frame: FrameType | None, max_depth: int = 64) -> tuple[Cadence, ...]:
+    """Every cadence of the loops that hold the user's frames at or above ``frame`` (the training loop and the
+    loops around it), innermost frame first."""
+    out: list[Cadence] = []
+    depth = 0
+    while frame is not None and depth < max_depth:
+        if is_user_file(frame.f_code.co_filename):
+            try:
+                out += _at(frame)
+            except Exception:  # noqa: BLE001 - reading the user's source must never cost the recording
+                pass
+        frame = frame.f_back
+        depth += 1
+    return tuple(dict.fromkeys(out))

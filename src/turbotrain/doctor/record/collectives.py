@@ -1,0 +1,218 @@
+"""Gradient synchronization as each rank saw it: when DDP's all-reduces started and when they completed.
+
+A DistributedDataParallel model built while a recording is active gets a communication hook that runs the
+all-reduce it would have run (DDP's default, or the hook the script registers itself) and notes, per bucket,
+when the bucket was ready (its gradients computed) and when its all-reduce completed. Per backward pass, the
+time from the last bucket ready (the rank's own backward compute is done) to the last completion is the
+*exposed* communication: the step waits for it. The part of the all-reduces that ran before the last bucket
+was ready overlapped the backward's compute. An all-reduce completes at the same moment on every rank, so its
+completion time lines ranks up without trusting host clocks.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import weakref
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .patcher import Patcher
+
+__all__ = ["CommStep", "GradientSync", "REDUCER_TIMES"]
+
+log = logging.getLogger("turbotrain")
+
+
+@dataclass(frozen=True, slots=True)
+class CommStep:
+    """One step's gradient synchronization on one rank (seconds; times on this process's perf_counter)."""
+
+    step: int
+    buckets: int            # all-reduces launched (buckets x backward passes that synchronized)
+    exposed_s: float        # waited after the rank's own backward compute was done
+    busy_s: float           # all-reduces in flight (their intervals' union)
+    overlap_s: float        # of ``busy_s``, the part that ran while the backward still computed
+    done_at: float          # the step's last all-reduce completed (the same instant on every rank)
+    # The script's thread since the previous step's last bucket was ready: seconds on a CPU, and seconds ready to
+    # run while another process held the CPU (Linux schedstat; None where the kernel does not say).
+    cpu_s: float | None = None
+    cpu_wait_s: float | None = None
+
+
+# DDP's reducer timings (``_get_ddp_logging_data``, nanoseconds), averaged over its sampled iterations.
+REDUCER_TIMES = ("avg_forward_compute_time", "avg_backward_compute_time", "avg_backward_comm_time",
+                 "avg_backward_compute_comm_overlap_time")
+
+
+class GradientSync:
+    """Installs the timing hook on every DDP model built while the recording runs; ``steps()`` at the end."""
+
+    def __init__(self, position: Callable[[], tuple[int, int]], live: Callable[[], bool]) -> None:
+        self.position = position    # (step index, backward passes so far in it)
+        self.live = live            # the recording is still running (after it, the hook only passes through)
+        self.cells: dict[tuple[int, int], list[list[float]]] = defaultdict(list)
+        self.models = 0
+        self._register: Callable | None = None   # DDP's own register_comm_hook
+        self.sched: dict[int, tuple[int, int]] = {}   # step -> (cpu ns, run-queue wait ns) at its last bucket
+        self.refs: list[weakref.ref] = []            # the DDP models timed, for their reducer's own statistics
+        self._schedstat = f"/proc/self/task/{threading.get_native_id()}/schedstat"
+
+    def install(self, patcher: Patcher) -> None:
+        self._schedstat = f"/proc/self/task/{threading.get_native_id()}/schedstat"   # the script's thread
+        from torch.nn.parallel import DistributedDataParallel
+
+        patcher.replace(DistributedDataParallel, "__init__", self._wrap_init)
+        patcher.replace(DistributedDataParallel, "register_comm_hook", self._wrap_register)
+        patcher.replace(DistributedDataParallel, "_register_builtin_comm_hook", self._wrap_builtin)
+
+    # -- the hook ---------------------------------------------------------------------------------
+
+    def _wrap_init(self, original: Callable) -> Callable:
+        sync = self
+
+        def __init__(model: Any, *args: Any, **kwargs: Any) -> None:
+            original(model, *args, **kwargs)
+            sync._attach(model)
+
+        __init__.__doc__ = original.__doc__
+        return __init__
+
+    def _wrap_register(self, original: Callable) -> Callable:
+        self._register = original
+
+        def register_comm_hook(model: Any, state: object, hook: Callable) -> None:
+            inner = getattr(model, "_tt_comm_inner", None)
+            if inner is None:  # a model the doctor did not attach to
+                return original(model, state, hook)
+            if inner.get("user"):
+                raise RuntimeError("register_comm_hook can only be called once")
+            inner.update(state=state, hook=hook, user=True)  # the doctor's hook now runs the script's
+            return None
+
+        register_comm_hook.__doc__ = original.__doc__
+        return register_comm_hook
+
+    def _wrap_builtin(self, original: Callable) -> Callable:
+        def _register_builtin_comm_hook(model: Any, comm_hook_type: Any) -> None:
+            inner = getattr(model, "_tt_comm_inner", None)
+            if inner is None:
+                return original(model, comm_hook_type)
+            import torch.distributed as dist
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+            # The Python twins of DDP's two built-in hooks, run by the doctor's hook.
+            hook = {dist.BuiltinCommHookType.ALLREDUCE: default_hooks.allreduce_hook,
+                    dist.BuiltinCommHookType.FP16_COMPRESS: default_hooks.fp16_compress_hook}[comm_hook_type]
+            inner.update(state=model.process_group, hook=hook, user=True)
+            return None
+
+        _register_builtin_comm_hook.__doc__ = original.__doc__
+        return _register_builtin_comm_hook
+
+    def _attach(self, model: Any) -> None:
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        inner: dict[str, Any] = {"state": model.process_group, "hook": default_hooks.allreduce_hook, "user": False}
+        cells, position, live, perf, sched = self.cells, self.position, self.live, time.perf_counter, self._sched
+
+        # No annotations: DDP checks a hook's annotations against its own types (dist.GradBucket, Future).
+        def timed_allreduce(state, bucket):
+            future = inner["hook"](inner["state"], bucket)
+            if not live():
+                return future
+            cell = [perf(), 0.0]
+            where = position()
+            cells[where].append(cell)
+            sched(where[0])
+
+            def completed(done: Any) -> Any:
+                cell[1] = perf()
+                return done.value()
+
+            return future.then(completed)
+
+        if self._register is None:
+            return
+        try:
+            # DDP's own method: the patched one hands the script's hook to ours.
+            self._register(model, None, timed_allreduce)
+        except Exception as exc:  # noqa: BLE001 - a model that takes no hook is trained untimed, not broken
+            log.warning("turbotrain doctor: gradient synchronization not timed (%s: %s)", type(exc).__name__, exc)
+            return
+        model._tt_comm_inner = inner
+        self.models += 1
+        self.refs.append(weakref.ref(model))
+
+    def _sched(self, step: int) -> None:
+        """The script's thread's CPU time and run-queue wait now (a few microseconds per bucket)."""
+        try:
+            with open(self._schedstat, "rb") as fh:
+                fields = fh.read().split()
+            self.sched[step] = (int(fields[0]), int(fields[1]))
+        except (OSError, ValueError, IndexError):
+            pass
+
+    def in_flight(self) -> bool:
+        """An all-reduce of the current backward pass has not completed (the rank is waiting on the others)."""
+        cells = self.cells.get(self.position()) or []
+        return any(not c[1] for c in list(cells))
+
+    def reducer_stats(self) -> dict[str, float]:
+        """DDP's own statistics of its first timed model (averaged over the iterations its logger samples: 10,
+        20, 50, 100, then every 100), in seconds; empty when none ran long enough to be sampled."""
+        for ref in self.refs:
+            model = ref()
+            if model is None:
+                continue
+            try:
+                data = model._get_ddp_logging_data()
+            except Exception:  # noqa: BLE001 - statistics DDP cannot give are statistics the report leaves out
+                return {}
+            if not data.get("iteration"):
+                return {}
+            out = {key: data[key] / 1e9 for key in REDUCER_TIMES if isinstance(data.get(key), (int, float))}
+            out["sampled_iterations"] = float(data["iteration"])
+            if isinstance(data.get("bucket_cap_bytes"), int):
+                out["bucket_cap_bytes"] = float(data["bucket_cap_bytes"])
+            return out
+        return {}
+
+    # -- the finished steps ---------------------------------------------------------------------------
+
+    def steps(self) -> tuple[CommStep, ...]:
+        by_step: dict[int, list[list[list[float]]]] = defaultdict(list)
+        for (step, _), cells in sorted(self.cells.items()):
+            done = [c for c in cells if c[1]]
+            if done:
+                by_step[step].append(done)
+        out = []
+        for step, passes in sorted(by_step.items()):
+            exposed = busy = overlap = 0.0
+            for cells in passes:
+                ready = max(c[0] for c in cells)
+                exposed += max(0.0, max(c[1] for c in cells) - ready)
+                spans = _union([(c[0], c[1]) for c in cells])
+                busy += sum(b - a for a, b in spans)
+                overlap += sum(max(0.0, min(b, ready) - a) for a, b in spans)
+            now, before = self.sched.get(step), self.sched.get(step - 1)
+            cpu = wait = None
+            if now is not None and before is not None:
+                cpu, wait = (now[0] - before[0]) / 1e9, (now[1] - before[1]) / 1e9
+            out.append(CommStep(step=step, buckets=sum(len(c) for c in passes), exposed_s=exposed, busy_s=busy,
+                                overlap_s=overlap, done_at=max(c[1] for cells in passes for c in cells),
+                                cpu_s=cpu, cpu_wait_s=wait))
+        return tuple(out)
+
+
+def _union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[tuple[float, float]] = []
+    for a, b in sorted(spans):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out

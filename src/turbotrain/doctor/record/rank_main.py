@@ -1,0 +1,110 @@
+"""One rank of a multi-process job under the doctor: the script runs under a recording, and the rank's
+``Recording`` (plain JSON) goes to the job's folder, where the doctor gathers every rank's.
+
+The doctor starts the launcher (torchrun, ``turbotrain launch``, ...) with :data:`ENV_FOLDER` set and a folder
+holding :data:`SITECUSTOMIZE` first on ``PYTHONPATH``: every Python process the launcher starts runs it at
+start-up. A process that is a rank (the launcher gave it ``RANK`` or ``LOCAL_RANK``) and runs a script calls
+:func:`from_site` and records itself; any other (the launcher itself, DataLoader workers it spawns) goes on
+untouched, without importing turbotrain.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from .rank_status import Heartbeat, result_path, write_json
+
+__all__ = ["ENV_FOLDER", "ENV_OPTIONS", "ENV_CLAIMED", "SITECUSTOMIZE", "from_site", "run_rank"]
+
+ENV_FOLDER = "TURBOTRAIN_DOCTOR_JOB_DIR"          # where ranks write their status and recording
+ENV_OPTIONS = "TURBOTRAIN_DOCTOR_JOB_OPTIONS"     # {"steps": 20, "warmup": 3, "profile": 2}
+ENV_CLAIMED = "TURBOTRAIN_DOCTOR_JOB_CLAIMED"     # set in a rank: its own child processes record nothing
+
+# Written as ``sitecustomize.py`` into a folder of the job's own (record/job.py). The checks come before any import
+# of turbotrain, so the launcher and other Python processes pay nothing; a ``sitecustomize`` this one shadows
+# (a distribution's, a virtualenv's) still runs.
+SITECUSTOMIZE = f'''"""turbotrain doctor: record this process if it is a rank of the job (written by turbotrain)."""
+import importlib.machinery
+import importlib.util
+import os
+import sys
+
+
+def _turbotrain_doctor_rank():
+    here = os.path.dirname(os.path.abspath(__file__))
+    rest = [p for p in sys.path if os.path.abspath(p or ".") != here]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
+    if spec is not None and spec.loader is not None:
+        spec.loader.exec_module(importlib.util.module_from_spec(spec))
+    rank = os.environ.get("RANK", os.environ.get("LOCAL_RANK", ""))
+    script = sys.argv[0] if sys.argv else ""
+    if os.environ.get("{ENV_FOLDER}") and not os.environ.get("{ENV_CLAIMED}") and rank.isdigit() \\
+            and script.endswith(".py"):
+        from turbotrain.doctor.record.rank_main import from_site
+
+        from_site()
+
+
+_turbotrain_doctor_rank()
+'''
+
+
+def _rank_from_env() -> int | None:
+    for key in ("RANK", "LOCAL_RANK"):
+        value = os.environ.get(key, "")
+        if value.isdigit():
+            return int(value)
+    return None
+
+
+def from_site() -> None:
+    """From ``sitecustomize``: run this process's script as a recorded rank and exit with its code, or return."""
+    folder = os.environ.get(ENV_FOLDER)
+    rank = _rank_from_env()
+    script = sys.argv[0] if sys.argv else ""
+    if not folder or rank is None or os.environ.get(ENV_CLAIMED) or not script.endswith(".py") \
+            or not os.path.isfile(script):
+        return
+    os.environ[ENV_CLAIMED] = str(os.getpid())   # inherited by DataLoader workers and any other child
+    code = run_rank(folder, rank, script, sys.argv[1:])
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - a closed stream: nothing left to flush
+            pass
+    # No interpreter shutdown: the script's process group, DataLoader workers and threads would be torn down
+    # one by one, and a peer that already left can make gloo abort there. The rank's work is written.
+    os._exit(code)
+
+
+def run_rank(folder: str, rank: int, script: str, argv: list[str]) -> int:
+    """Run ``script`` under the recorder; write ``rank-N.result.json``; the exit code the launcher should see."""
+    from .recorder import Recorder
+    from .recording import to_json
+    from .runner import run_script
+
+    options = json.loads(os.environ.get(ENV_OPTIONS) or "{}")
+    recorder = Recorder(measure=int(options.get("steps", 20)), warmup=int(options.get("warmup", 3)),
+                        profile=int(options.get("profile", 2)), sees_construction=True)
+    # Every rank stops after the same step: one that went on alone would wait at its next collective forever.
+    recorder.schedule.extends_for_period = False
+    heartbeat = Heartbeat(folder, rank, recorder)
+    heartbeat.start()
+    run = run_script(script, argv, recorder)
+    heartbeat.stop("failed" if run.failed else "done")
+    site = run.error_site
+    outcome = {"status": run.status, "seconds": run.seconds, "error": run.error, "exit_code": run.exit_code,
+               "traceback": run.traceback,
+               "where": f"{os.path.basename(site.file)}:{site.line}" if site is not None else None}
+    try:
+        recorded = json.loads(to_json(recorder.recording()))
+    except Exception as exc:  # noqa: BLE001 - the rank's outcome still reaches the doctor, with the reason
+        recorded = None
+        outcome.update(status="error", error=f"the doctor could not write this rank's recording: "
+                                             f"{type(exc).__name__}: {exc}")
+    write_json(result_path(folder, rank), {"rank": rank, "pid": os.getpid(), "run": outcome, "recording": recorded})
+    if run.traceback:
+        print(f"[rank {rank}] {run.traceback}", file=sys.stderr, end="")
+    return (run.exit_code or 1) if run.failed or recorded is None else 0

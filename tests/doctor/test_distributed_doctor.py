@@ -1,0 +1,345 @@
+"""The doctor on a multi-process job (gloo, 2 ranks): every rank recorded, the straggler named with its cause
+whichever rank it is, a crashed rank ending the job with a message and no process left behind.
+
+Four real jobs, one per module-scoped fixture, each a few seconds of training on 2 ranks; the rest are unit
+tests of the per-rank analysis on recordings built by hand.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from turbotrain.doctor.analysis.ranks import analyse_ranks
+from turbotrain.doctor.record.collectives import CommStep
+from turbotrain.doctor.record.measurements import StepRecord
+from turbotrain.doctor.record.rank_main import ENV_FOLDER
+from turbotrain.doctor.record.recording import Recording, Window, from_json, to_json
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPTS = Path(__file__).parent / "scripts"
+FAST = ["--steps", "10", "--warmup", "2", "--no-what-if"]
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), env.get("PYTHONPATH")]))
+    env["OMP_NUM_THREADS"] = "1"
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", ENV_FOLDER):
+        env.pop(key, None)
+    return env
+
+
+def _job_processes(script: str) -> list[int]:
+    """Processes of a doctor job on ``script`` still running (ranks, launchers, their children)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if ENV_FOLDER.encode() in (entry / "environ").read_bytes() and \
+                        script.encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def doctor(tmp: Path, *args: str, timeout: float = 240) -> tuple[subprocess.CompletedProcess, dict]:
+    out = tmp / "report.json"
+    proc = subprocess.run([sys.executable, "-m", "turbotrain", "doctor", *FAST, "--json", str(out), *args],
+                          cwd=tmp, env=_env(), capture_output=True, text=True, timeout=timeout)
+    report = json.loads(out.read_text()) if out.exists() else {}
+    return proc, report
+
+
+@pytest.fixture(scope="module")
+def slow_data_rank0(tmp_path_factory):
+    """The doctor starts the ranks itself; rank 0 loads its data slower."""
+    tmp = tmp_path_factory.mktemp("data")
+    return doctor(tmp, "--html", str(tmp / "report.html"), "--nproc-per-node", "2",
+                  str(SCRIPTS / "ddp_straggler_data.py"), "--slow-rank", "0")
+
+
+@pytest.fixture(scope="module")
+def slow_compute_rank1(tmp_path_factory):
+    """The user's own torchrun, wrapped; rank 1 computes more."""
+    return doctor(tmp_path_factory.mktemp("compute"), "--", sys.executable, "-m", "torch.distributed.run",
+                  "--standalone", "--nproc-per-node", "2", str(SCRIPTS / "ddp_straggler_compute.py"),
+                  "--slow-rank", "1")
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory):
+    return doctor(tmp_path_factory.mktemp("clean"), "--nproc-per-node", "2", str(SCRIPTS / "ddp_clean.py"))
+
+
+@pytest.fixture(scope="module")
+def killed(tmp_path_factory):
+    """Rank 1 is killed (SIGKILL) in the middle of the measured steps."""
+    return doctor(tmp_path_factory.mktemp("killed"), "--nproc-per-node", "2", str(SCRIPTS / "ddp_clean.py"),
+                  "--kill-rank", "1", "--kill-at", "8")
+
+
+def _ok(result) -> dict:
+    proc, report = result
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return report
+
+
+def test_every_rank_is_reported(slow_data_rank0):
+    report = _ok(slow_data_rank0)
+    assert [r["rank"] for r in report["ranks"]] == [0, 1]
+    for rank in report["ranks"]:
+        assert rank["steps_measured"] == 10
+        assert rank["host"]
+        assert abs(sum(rank["breakdown"].values()) - 1.0) < 0.01
+        assert rank["step_time_ms"]["median"] > 0
+        # DDP's own reducer statistics (its logger samples iteration 10), beside the doctor's wall clock.
+        assert rank["ddp_reducer_ms"]["backward_comm"] > 0 and rank["clock_offset_ms"] is not None
+
+
+@pytest.mark.parametrize("fixture, rank, cause", [("slow_data_rank0", 0, "data_loading"),
+                                                   ("slow_compute_rank1", 1, "compute")])
+def test_the_straggler_is_named_with_its_cause(fixture, rank, cause, request):
+    report = _ok(request.getfixturevalue(fixture))
+    straggler = report["straggler"]
+    assert straggler is not None, report["ranks"]
+    assert (straggler["rank"], straggler["cause"]) == (rank, cause)
+    assert straggler["host"]
+    assert straggler["cost"]["ms_per_step"] > 0 and straggler["cost"]["share"] >= 0.05
+    # The others wait for it: their exposed communication is the larger.
+    exposed = {r["rank"]: r["exposed_communication_ms"] for r in report["ranks"]}
+    assert exposed[1 - rank] > exposed[rank]
+    finding = next(f for f in report["findings"] if f["rule"] == "straggler")
+    assert f"Rank {rank}" in finding["message"] and finding["severity"] in ("high", "medium")
+    assert 0.0 < report["communication"]["exposed_share"] < 1.0
+
+
+def test_the_html_report_has_the_ranks(slow_data_rank0, tmp_path_factory):
+    _ok(slow_data_rank0)
+    page = next(Path(tmp_path_factory.getbasetemp()).glob("data*/report.html")).read_text()
+    assert 'id="ranks"' in page and "Straggler: rank 0" in page
+
+
+def test_the_data_straggler_points_at_its_loader(slow_data_rank0):
+    report = _ok(slow_data_rank0)
+    line = next(n for n, text in enumerate((SCRIPTS / "ddp_straggler_data.py").read_text().splitlines(), 1)
+                if "# doctor: straggler" in text)
+    assert report["straggler"]["where"].endswith(f"ddp_straggler_data.py:{line}")
+
+
+def test_wrapping_torchrun_prints_the_rank_table(slow_compute_rank1):
+    proc, _ = slow_compute_rank1
+    assert "Ranks (2)" in proc.stdout and "Straggler: rank 1" in proc.stdout
+
+
+def test_a_clean_job_has_no_straggler(clean):
+    """No rank does more work; on a shared machine one rank may still wait for a CPU other processes hold,
+    which is named as such and kept at ``low``."""
+    report = _ok(clean)
+    straggler = report["straggler"]
+    assert straggler is None or straggler["cause"] == "cpu_contention", (straggler, report["ranks"])
+    assert not [f for f in report["findings"] if f["severity"] in ("high", "medium")], report["findings"]
+
+
+def test_a_killed_rank_ends_the_job_with_its_name_and_no_process_left(killed):
+    proc, report = killed
+    assert proc.returncode != 0
+    assert report["status"] == "error"
+    message = " ".join(report["messages"])
+    assert "rank 1" in message and "killed or crashed" in message, message
+    assert "rank 1" in proc.stderr
+    assert _job_processes("ddp_clean.py") == []
+
+
+# -- the analysis on recordings built by hand -----------------------------------------------------------
+
+def _recording(rank: int, data_ms: list[float], exposed_ms: list[float], step_ms: float = 40.0,
+               cpu_ms: float | None = None, cpu_wait_ms: float | None = None) -> Recording:
+    steps, comm, t = [], [], 100.0
+    for i, (data, exposed) in enumerate(zip(data_ms, exposed_ms)):
+        steps.append(StepRecord(index=i, start=t, end=t + step_ms / 1e3, phases={"data": data / 1e3},
+                                gap_before_forward=0.0, forwards=1, backwards=1, optimizers=1))
+        comm.append(CommStep(step=i, buckets=1, exposed_s=exposed / 1e3, busy_s=(exposed + 1) / 1e3,
+                             overlap_s=0.0005, done_at=t + step_ms / 1e3 - 0.001,
+                             cpu_s=None if cpu_ms is None else cpu_ms / 1e3,
+                             cpu_wait_s=None if cpu_wait_ms is None else cpu_wait_ms / 1e3))
+        t += step_ms / 1e3
+    return Recording(window=Window(warmup=1, measure=len(steps) - 1, asked=len(steps) - 1, profile_steps=0),
+                     steps=tuple(steps), step_delimiter="optimizer.step()", events=(), loaders=(),
+                     optimizer_sites=(), module_sites=(), matmul_shapes=(), gap_samples=(), rank=rank,
+                     world_size=2, host=f"node{rank}", communication=tuple(comm))
+
+
+@pytest.mark.parametrize("slow", [0, 1])
+def test_the_straggler_and_its_cost_come_from_the_others_wait(slow):
+    n = 9
+    recs = [_recording(r, [25.0 if r == slow else 1.0] * n, [1.0 if r == slow else 25.0] * n) for r in (0, 1)]
+    job = analyse_ranks(recs)
+    assert job is not None and job.straggler is not None
+    s = job.straggler
+    assert (s.rank, s.host, s.cause, s.compared_with) == (slow, f"node{slow}", "data_loading", 1 - slow)
+    assert s.cost_s == pytest.approx(0.024)
+    assert s.cost_share == pytest.approx(0.6)
+    assert job.exposed_share == pytest.approx((0.001 + 0.025) / 0.080)
+    assert job.overlap == pytest.approx((0.5 + 0.5) / ((1 + 1) + (25 + 1)))
+
+
+def test_a_rank_slowed_by_other_processes_is_named_as_contention_and_kept_low():
+    """Rank 1 does the same work (same CPU time) but waits 20 ms per step for a core other processes hold."""
+    from turbotrain.doctor.analysis.context import build_context
+    from turbotrain.doctor.rules import evaluate
+
+    recs = [_recording(r, [1.0] * 9, [1.0 if r == 1 else 21.0] * 9, cpu_ms=10.0, cpu_wait_ms=22.0 if r == 1 else 1.0)
+            for r in (0, 1)]
+    job = analyse_ranks(recs)
+    assert job is not None and job.straggler is not None
+    assert (job.straggler.rank, job.straggler.cause) == (1, "cpu_contention")
+    ctx = build_context(dataclasses.replace(recs[0], job=tuple(recs)))
+    (finding,) = evaluate(ctx, only=["straggler"])
+    assert finding.severity == "low" and "waiting for a CPU" in finding.message
+    # The same wait with 20 ms more CPU time is the rank's own compute, and it costs the job.
+    recs = [_recording(r, [1.0] * 9, [1.0 if r == 1 else 21.0] * 9, cpu_ms=30.0 if r == 1 else 10.0,
+                       cpu_wait_ms=22.0 if r == 1 else 1.0) for r in (0, 1)]
+    ctx = build_context(dataclasses.replace(recs[0], job=tuple(recs)))
+    (finding,) = evaluate(ctx, only=["straggler"])
+    assert finding.severity == "high" and finding.evidence["cause"] != "cpu_contention"
+
+
+def test_balanced_ranks_have_no_straggler():
+    recs = [_recording(r, [1.0] * 9, [2.0 + (i % 2 == r) for i in range(9)]) for r in (0, 1)]
+    job = analyse_ranks(recs)
+    assert job is not None and job.straggler is None
+
+
+def test_a_recording_with_communication_round_trips_and_stays_small():
+    rec = _recording(0, [1.0] * 20, [2.0] * 20)
+    text = to_json(rec)
+    assert from_json(text) == rec
+    assert len(text) < 20_000   # 20 steps of one rank: a few KiB to send
+
+
+def test_the_rank_table_fits_80_columns_and_summarises_many_ranks():
+    from rich.console import Console
+
+    from turbotrain.doctor.report.ranks import print_ranks
+
+    for world in (8, 16):
+        recs = [_recording(r, [25.0 if r == 3 else 1.0] * 9, [1.0 if r == 3 else 25.0] * 9) for r in range(world)]
+        recs = [dataclasses.replace(r, host=f"a-rather-long-host-name-{r.rank}") for r in recs]
+        job = analyse_ranks(recs)
+        assert job is not None
+        out = io.StringIO()
+        print_ranks(Console(file=out, width=80, highlight=False, emoji=False), job, 80)
+        lines = out.getvalue().splitlines()
+        assert max(len(line) for line in lines) <= 80
+        table = [line for line in lines if re.match(r"\d+\*? +a-rather-long-host", line)]
+        assert len(table) == (world if world <= 8 else 2)
+        assert any(line.startswith("3*") for line in table)
+
+
+@pytest.mark.slow
+def test_a_hung_rank_ends_the_job_within_the_timeout(tmp_path):
+    proc, report = doctor(tmp_path, "--rank-timeout", "4", "--nproc-per-node", "2", str(SCRIPTS / "ddp_clean.py"),
+                          "--hang-rank", "0", "--hang-at", "6")
+    assert proc.returncode != 0
+    message = " ".join(report["messages"])
+    assert "no progress for 4 s" in message and "Stuck: rank 0" in message and "ddp_clean.py" in message, message
+    assert "rank 1" in message   # the other rank, waiting for it at the all-reduce
+    assert _job_processes("ddp_clean.py") == []
+
+
+@pytest.mark.slow
+def test_work_only_rank_0_does_is_named_from_the_others_wait(tmp_path):
+    """Rank 0 saves a checkpoint every step; rank 1 waits for it at the next all-reduce."""
+    proc, report = doctor(tmp_path, "--nproc-per-node", "2", str(SCRIPTS / "ddp_rank0_checkpoint.py"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    straggler = report["straggler"]
+    assert straggler is not None and (straggler["rank"], straggler["cause"]) == (0, "outside_step"), \
+        (straggler, report["ranks"])
+    line = next(n for n, text in enumerate((SCRIPTS / "ddp_rank0_checkpoint.py").read_text().splitlines(), 1)
+                if "# doctor: straggler" in text)
+    assert straggler["where"].endswith(f"ddp_rank0_checkpoint.py:{line}")
+    finding = next(f for f in report["findings"] if f["rule"] == "straggler")
+    assert finding["where"].endswith(f":{line}") and "work only it does" in finding["message"]
+
+
+def test_the_scripts_own_comm_hook_still_runs_under_the_timing_hook(tmp_path):
+    """A hook the script registers (or a built-in one) runs inside the doctor's, and is timed; a second
+    registration is refused as DDP refuses it."""
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+
+    from turbotrain.doctor.record.collectives import GradientSync
+    from turbotrain.doctor.record.patcher import Patcher
+
+    if dist.is_initialized():
+        pytest.skip("a process group is already active in this test process")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    patcher, step, calls = Patcher(), [0], []
+    sync = GradientSync(lambda: (step[0], 0), lambda: True)
+    try:
+        sync.install(patcher)
+        model = nn.parallel.DistributedDataParallel(nn.Linear(8, 1))
+        builtin = nn.parallel.DistributedDataParallel(nn.Linear(8, 1))
+
+        def mine(state, bucket):
+            calls.append(state)
+            fut = torch.futures.Future()
+            fut.set_result(bucket.buffer())
+            return fut
+
+        model.register_comm_hook("state", mine)
+        builtin._register_builtin_comm_hook(dist.BuiltinCommHookType.FP16_COMPRESS)
+        with pytest.raises(RuntimeError, match="only be called once"):
+            model.register_comm_hook(None, mine)
+        for _ in range(3):
+            model(torch.randn(4, 8)).sum().backward()
+            builtin(torch.randn(4, 8)).sum().backward()
+            step[0] += 1
+    finally:
+        patcher.restore()
+        dist.destroy_process_group()
+    assert calls == ["state"] * 3
+    steps = sync.steps()
+    assert [s.step for s in steps] == [0, 1, 2] and all(s.buckets == 2 for s in steps)
+    assert builtin._tt_comm_inner["hook"].__name__ == "fp16_compress_hook"
+
+
+def test_failure_messages_name_the_rank_and_what_it_was_doing():
+    from turbotrain.doctor.record.job import JobRun, RankOutcome, _failure
+
+    def status(rank, step, doing, where, t):
+        return {"rank": rank, "pid": 100 + rank, "host": "h", "step": step, "doing": doing, "where": where, "time": t}
+
+    waiting = "waiting for the gradient all-reduce (DDP, in the backward)"
+    hung = JobRun(["torchrun"], -15, 9.0, [RankOutcome(0, status=status(0, 6, None, "train.py:30", 5.0)),
+                                           RankOutcome(1, status=status(1, 6, waiting, "train.py:41", 9.0))],
+                  hung=True)
+    text = _failure(hung, 60.0, False)
+    assert text is not None and text.startswith("The job made no progress for 60 s")
+    assert "Stuck: rank 0 (h, pid 100) at step 6, at train.py:30." in text and "The others: rank 1" in text
+    failed = JobRun(["torchrun"], 1, 9.0, [
+        RankOutcome(0, status=status(0, 7, waiting, "train.py:41", 9.0)),
+        RankOutcome(1, run={"status": "error", "error": "RuntimeError: boom", "where": "train.py:12"},
+                    status=status(1, 7, None, "train.py:12", 8.0))])
+    assert _failure(failed, 60.0, False) == ("rank 1 (h, pid 101) failed at step 7 at train.py:12: RuntimeError: "
+                                             "boom. The job was ended.")
+    killed = JobRun(["torchrun"], 1, 9.0, [RankOutcome(0, status=status(0, 8, waiting, "train.py:41", 9.0)),
+                                           RankOutcome(1, status=status(1, 8, "in the forward", "train.py:40", 7.5))])
+    text = _failure(killed, 60.0, False)
+    assert text is not None and text.startswith("rank 1 (h, pid 101) ended without finishing (killed or crashed), "
+                                                "at step 8, in the forward, at train.py:40.")
+    assert "Ended with it: rank 0" in text
+    done = JobRun(["torchrun"], 0, 9.0, [RankOutcome(r, run={"status": "stopped"},
+                                                     status=status(r, 14, None, None, 9.0)) for r in (0, 1)])
+    assert _failure(done, 60.0, False) is None
