@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from doctor_helpers import cached_report, marked_lines
+from doctor_helpers import cached_report, marked_lines, script
 from turbotrain.doctor.analysis.batch_building import per_sample_build
 from turbotrain.doctor.analysis.context import build_context
 from turbotrain.doctor.analysis.periodic import watch_message
@@ -197,3 +197,13 @@ def test_per_sample_builds_are_read_from_the_line(tmp_path):
     data = torch.arange(100)
     ix = torch.tensor([3, 50])
     assert torch.equal(torch.stack([data[i:i + 8] for i in ix]), data[ix[:, None] + torch.arange(8)])
+
+
+def test_watch_zero_ends_the_script_with_the_window(capsys):
+    from turbotrain.cli import main
+
+    report = cached_report("eval_every_300", what_if=False, watch_s=0.0)
+    assert report.status == "ok" and not [r for r in report.periodic if r.get("found_by") == "watch"]
+    assert not any("the step clock was watched" in m for m in report.messages)
+    assert main(["doctor", "--watch", "-1", str(script("eval_every_300"))]) == 2
+    assert "doctor --watch: -1" in capsys.readouterr().err

@@ -23,6 +23,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--what-if-budget", type=float, default=20.0, metavar="SECONDS",
                         help="time allowed for measuring fixes (default 20)")
     parser.add_argument("--compile", action="store_true", help="also measure torch.compile (compiling takes a while)")
+    parser.add_argument("--watch", type=float, default=20.0, metavar="SECONDS",
+                        help="after the window, watch the step clock this long at most for work the loop runs "
+                             "every N steps beyond it (evaluation, checkpoints); 0: end with the window (default 20)")
     parser.add_argument("--quiet", action="store_true", help="no terminal report")
     parser.add_argument("--fix", metavar="PATH",
                         help="write each finding's fix as one unified diff of your script (git apply PATH)")
@@ -110,6 +113,8 @@ def run(args: argparse.Namespace) -> int:
     take_trailing_options(args)
     if args.steps < 1:
         raise ConfigError(f"doctor --steps: {args.steps} is not allowed; expected an integer >= 1.")
+    if args.watch < 0:
+        raise ConfigError(f"doctor --watch: {args.watch:g} is not allowed; expected seconds >= 0 (0: no watch).")
     if args.warmup < 1:
         raise ConfigError(f"doctor --warmup: {args.warmup} is not allowed; the first step holds the script's set-up "
                           "time, so at least 1 warm-up step is needed.")
@@ -133,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
     options = DoctorOptions(steps=args.steps, warmup=args.warmup, what_if=not args.no_what_if,
                             what_if_budget_s=args.what_if_budget, compile=args.compile, trace_path=args.trace,
                             fix=args.fix, verify=args.verify, verify_budget_s=args.verify_budget,
-                            verify_rounds=args.verify_rounds,
+                            verify_rounds=args.verify_rounds, watch_s=args.watch,
                             fix_rules=tuple(args.fix_only.split(",")) if args.fix_only else None)
     if command is not None:
         if args.fix or args.verify:

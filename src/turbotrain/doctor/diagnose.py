@@ -38,6 +38,7 @@ class DoctorOptions:
     verify_rounds: int = 2          # interleaved original/patched rounds per comparison
     fix_rules: tuple[str, ...] | None = None   # only these rules' fixes (None: every fixable finding)
     hang_timeout_s: float = 120.0   # a multi-process job with no rank making progress this long is ended
+    watch_s: float = 20.0           # after the window, watch the step clock this long for work at longer periods
 
 
 def diagnose_script(script: str | os.PathLike, argv: list[str] | None = None,
@@ -45,7 +46,7 @@ def diagnose_script(script: str | os.PathLike, argv: list[str] | None = None,
     """Run ``script`` with ``argv`` under the doctor and return its report."""
     options = options or DoctorOptions()
     recorder = Recorder(measure=options.steps, warmup=options.warmup, profile=options.profile_steps,
-                        sees_construction=True)
+                        sees_construction=True, watch_s=options.watch_s)
     started = time.perf_counter()
     run = run_script(script, list(argv or []), recorder)
     return analyse(recorder.recording(), recorder.live_objects(), run, options, script=str(script),
