@@ -150,6 +150,18 @@ def test_a_clean_job_has_no_straggler(clean):
     assert not [f for f in report["findings"] if f["severity"] in ("high", "medium")], report["findings"]
 
 
+def test_exposed_gradient_sync_is_named_when_no_rank_is_late(clean):
+    """The all-reduce wait every rank shares is named (low: measured, its fix not yet timed on a job) exactly
+    when it is a quarter of the step or more and no straggler explains it."""
+    report = _ok(clean)
+    found = [f for f in report["findings"] if f["rule"] == "exposed-gradient-sync"]
+    expected = report["straggler"] is None and report["communication"]["exposed_share"] >= 0.25
+    assert bool(found) == expected, (report["communication"], report["straggler"], found)
+    for finding in found:
+        assert finding["severity"] == "low" and not finding["measured"], finding
+        assert f"{report['communication']['exposed_share']:.0%}" in finding["message"]
+
+
 def test_a_killed_rank_ends_the_job_with_its_name_and_no_process_left(killed):
     proc, report = killed
     assert proc.returncode != 0

@@ -11,7 +11,7 @@ from .registry import rule
 if TYPE_CHECKING:
     from ..analysis.context import Context
 
-__all__ = ["straggler"]
+__all__ = ["straggler", "exposed_gradient_sync"]
 
 _CAUSE_WORDS = {"data_loading": "its data loading", "host_to_device": "its host-to-device copies",
                 "compute": "its compute (forward and backward)", "optimizer": "its optimizer step",
@@ -68,4 +68,32 @@ def straggler(ctx: Context) -> Iterator[Finding]:
         finding.cap("low", f"Rank {s.rank} used {(s.cpu_gap_s or 0.0) * 1e3:+.1f} ms of CPU per step against rank "
                            f"{s.compared_with} and waited {(s.contention_s or 0.0) * 1e3:+.1f} ms more for a core: the "
                            "machine's load, not the script; it goes away on cores of its own.")
+    yield finding
+
+
+# Exposed gradient synchronization worth a line of its own: a quarter of the step.
+EXPOSED_SHARE = 0.25
+
+
+@rule("exposed-gradient-sync", "runtime")
+def exposed_gradient_sync(ctx: Context) -> Iterator[Finding]:
+    """Every rank waits on the all-reduce after its own backward, and no straggler explains the wait."""
+    recording = ctx.recording
+    if recording is None or len(recording.job) < 2:
+        return
+    job = analyse_ranks(recording.job)
+    if job is None or job.straggler is not None or job.exposed_share < EXPOSED_SHARE:
+        return
+    overlap = f"{job.overlap:.0%}" if job.overlap is not None else "none"
+    finding = Finding(
+        rule="exposed-gradient-sync",
+        message=(f"{job.exposed_share:.0%} of every rank's step waits on the gradient all-reduce after its own "
+                 f"backward ({overlap} of the all-reduce ran while backward still computed), and no rank is late: "
+                 "each step synchronizes the whole model's gradients for little compute."),
+        fix=Fix(pytorch="Synchronize less often: a larger batch per rank (rescale the learning rate), or accumulate "
+                        "k micro-batches under `with model.no_sync():` and all-reduce on the last one"),
+        category=None, evidence={"exposed_share": round(job.exposed_share, 4), "overlap": job.overlap})
+    finding.set_gain(job.exposed_share, measured=False)
+    # The share is measured; what a larger batch or accumulation buys is not timed on a job yet.
+    finding.cap("low", "The waiting is measured on every rank; the fix is not timed on several processes yet.")
     yield finding

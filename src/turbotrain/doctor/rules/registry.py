@@ -20,7 +20,7 @@ __all__ = ["rule", "RULES", "RULE_IDS", "HABIT_RULES", "RuleFn"]
 HABIT_RULES = (
     "host-sync-in-loop", "tensor-from-numpy-copy", "tensor-created-off-device", "dims-not-multiple-of-8",
     "grad-in-validation", "empty-cache-in-loop", "manual-attention", "save-in-loop", "slow-storage", "periodic-work",
-    "straggler",
+    "straggler", "exposed-gradient-sync",
     "per-sample-batch", "eval-every-step", "unattributed-time",
 )
 
