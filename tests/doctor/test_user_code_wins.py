@@ -207,3 +207,14 @@ def test_watch_zero_ends_the_script_with_the_window(capsys):
     assert not any("the step clock was watched" in m for m in report.messages)
     assert main(["doctor", "--watch", "-1", str(script("eval_every_300"))]) == 2
     assert "doctor --watch: -1" in capsys.readouterr().err
+
+
+def test_work_that_generates_samples_is_called_sampling_not_validation():
+    """Eval-mode forwards under no_grad inside a ``generate`` are sampling: no val loader, no inference_mode fix."""
+    report = cached_report("sample_every_10", what_if=False)
+    assert report.status == "ok", report.messages
+    [row] = [r for r in report.periodic if r["every"] == 10]
+    assert row["kind"] == "sampling", report.periodic
+    _points_at_marked_lines("sample_every_10", report)
+    [finding] = _findings(report, "periodic-work")
+    assert finding["message"].startswith("Sampling every 10 steps") and "inference_mode" not in finding["fix"]

@@ -7,6 +7,7 @@ breakdown amortises it into its step like the window's own.
 
 from __future__ import annotations
 
+import ast
 from collections import defaultdict
 from typing import Any
 
@@ -14,6 +15,7 @@ from ..record.recurring import Periodic
 from ..record.measurements import StepRecord
 from ..record.watch import WatchedRun
 from .context import Context
+from .source import dotted_name
 from ..sites import Site, relative_where
 
 __all__ = ["PERIODIC_TARGET_SHARE", "SUGGESTED_SHARE", "periodic_kind", "periodic_site", "suggested_every",
@@ -69,6 +71,25 @@ def periodic_site(ctx: Context, kind: str, periodic: Periodic) -> Site | None:
     return best
 
 
+_SAMPLERS = ("generate", "sample")
+
+
+def _samples(ctx: Context, site: Site) -> bool:
+    """Whether the eval forwards at ``site`` generate samples: the line calls ``.generate(...)``/``.sample(...)``,
+    or it sits in a function of that name. Sampling text is no validation (no inference_mode, no val loader)."""
+    index = ctx.sources.get(site.file)
+    if index is None:
+        return False
+    for node in ast.walk(index.tree):
+        if isinstance(node, ast.Call) and node.lineno <= site.line <= (node.end_lineno or node.lineno):
+            if dotted_name(node.func).rsplit(".", 1)[-1].startswith(_SAMPLERS):
+                return True
+            function = index.enclosing_function(node)
+            if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)) and function.name.startswith(_SAMPLERS):
+                return True
+    return False
+
+
 def suggested_every(cost_s: float, base_step_s: float, every: int, target: float = PERIODIC_TARGET_SHARE) -> int:
     """The smallest cadence (a multiple of the current one) at which the work costs under ``target``."""
     if base_step_s <= 0:
@@ -85,6 +106,8 @@ def periodic_table(ctx: Context) -> list[dict[str, Any]]:
     for p in all_periodic(ctx):
         kind = periodic_kind(ctx, p)
         site = periodic_site(ctx, kind, p)
+        if kind == "validation" and site is not None and _samples(ctx, site):
+            kind = "sampling"
         share = p.amortised_s / step_s if step_s and p.every else None  # the breakdown amortised it into the step
         base_step = max(step_s - p.amortised_s, 1e-9)
         extra = {}
