@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterator
 
-from ..analysis.ranks import analyse_ranks
+from ..analysis.ranks import RankAnalysis, analyse_ranks
 from ..findings import Finding, Fix
 from .registry import rule
 
@@ -38,12 +38,15 @@ _FIXES = {
 }
 
 
+def _job(ctx: Context) -> RankAnalysis | None:
+    """Every rank side by side, on a job of two or more recorded ranks (else None)."""
+    recording = ctx.recording
+    return analyse_ranks(recording.job) if recording is not None and len(recording.job) >= 2 else None
+
+
 @rule("straggler", "runtime")
 def straggler(ctx: Context) -> Iterator[Finding]:
-    recording = ctx.recording
-    if recording is None or len(recording.job) < 2:
-        return
-    job = analyse_ranks(recording.job)
+    job = _job(ctx)
     if job is None or job.straggler is None:
         return
     s = job.straggler
@@ -78,10 +81,7 @@ EXPOSED_SHARE = 0.25
 @rule("exposed-gradient-sync", "runtime")
 def exposed_gradient_sync(ctx: Context) -> Iterator[Finding]:
     """Every rank waits on the all-reduce after its own backward, and no straggler explains the wait."""
-    recording = ctx.recording
-    if recording is None or len(recording.job) < 2:
-        return
-    job = analyse_ranks(recording.job)
+    job = _job(ctx)
     if job is None or job.straggler is not None or job.exposed_share < EXPOSED_SHARE:
         return
     overlap = f"{job.overlap:.0%}" if job.overlap is not None else "none"
