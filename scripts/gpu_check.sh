@@ -11,6 +11,9 @@
 #   pytest     `pytest -m gpu` over the test files that mark tests gpu -> $OUT/junit-gpu.xml
 #   bench-gpt  `turbotrain bench --workload gpt`  (GPT-2 124M, 1024 tokens: naive, each speed-up, fast, tuned, MFU)
 #   bench-cnn  `turbotrain bench --workload cnn`  (ResNet-50 at 224x224)
+#   extras     benchmarks/gpu_extras.py: the Trainer's per-step cost against a plain loop, device prefetch's
+#              wait on copies, host syncs per step (set_sync_debug_mode), the doctor on a data-bound and a
+#              sync-bound GPU script; its tables go at the end of bench.md
 #   doctor     (not in the default list) `turbotrain doctor` on $GPU_CHECK_DOCTOR_SCRIPTS
 #
 # What comes back ($OUT, at most 8 files): gpu-check.log (everything, each line stamped [part +seconds]),
@@ -156,6 +159,12 @@ part_bench() {
     --markdown "$WORK/bench-$w.md" --plot "$WORK/bench-$w.png" $BENCH_ARGS
 }
 
+part_extras() {
+  # shellcheck disable=SC2086 # EXTRAS_ARGS is a list of options
+  "$PY" benchmarks/gpu_extras.py --device "$DEVICE" --json "$WORK/extras.json" --markdown "$WORK/extras.md" \
+    --doctor-timeout 60 $EXTRAS_ARGS
+}
+
 part_doctor() {
   local rc=0 s
   for s in ${GPU_CHECK_DOCTOR_SCRIPTS:-tests/doctor/scripts/gpu_habits.py}; do
@@ -186,8 +195,9 @@ export INSTALL=${GPU_CHECK_INSTALL:-1}
 # Sized to end with the rest inside one 10-minute call (each GPT-2 / ResNet-50 compile is cold once per plan);
 # set it to "" for the bench's own defaults (20 steps, 3 repeats, a 60-s tuner) in a call of its own.
 export BENCH_ARGS=${GPU_CHECK_BENCH_ARGS---repeats 2 --steps 10 --warmup 2 --min-time 0.5 --tune-budget 30}
+export EXTRAS_ARGS=${GPU_CHECK_EXTRAS_ARGS:-}
 BUDGET=${GPU_CHECK_BUDGET_S:-540}
-read -r -a PARTS <<<"${GPU_CHECK_PARTS:-setup env pytest bench-gpt bench-cnn}"
+read -r -a PARTS <<<"${GPU_CHECK_PARTS:-setup env pytest bench-gpt bench-cnn extras}"
 # Every other part runs what setup installs, and a lent machine starts bare: setup always comes first.
 if [ "${PARTS[0]:-}" != setup ]; then
   rest=()
@@ -202,19 +212,20 @@ cap_of() {
     pytest) echo "${GPU_CHECK_PYTEST_S:-200}" ;;
     bench-*) echo "${GPU_CHECK_BENCH_S:-230}" ;;
     doctor) echo "${GPU_CHECK_DOCTOR_S:-120}" ;;
+    extras) echo "${GPU_CHECK_EXTRAS_S:-150}" ;;
   esac
 }
 # Seconds held back for each later part, so that one slow part cannot starve all the others.
 reserve_of() {
   case $1 in
-    setup) echo 20 ;; env) echo 15 ;; pytest) echo 60 ;; bench-*) echo 120 ;; doctor) echo 40 ;;
+    setup) echo 20 ;; env) echo 15 ;; pytest) echo 60 ;; bench-*) echo 120 ;; doctor) echo 40 ;; extras) echo 60 ;;
   esac
 }
 
 for p in "${PARTS[@]}"; do  # a typo must cost no device minute
   case $p in
-    setup | env | pytest | doctor | bench-gpt | bench-cnn | bench-mlp | bench-data) ;;
-    *) echo "gpu-check: unknown part '$p' (setup env pytest bench-gpt bench-cnn bench-mlp bench-data doctor)" >&2; exit 2 ;;
+    setup | env | pytest | doctor | extras | bench-gpt | bench-cnn | bench-mlp | bench-data) ;;
+    *) echo "gpu-check: unknown part '$p' (setup env pytest bench-gpt bench-cnn bench-mlp bench-data extras doctor)" >&2; exit 2 ;;
   esac
 done
 
@@ -271,7 +282,7 @@ done
 
 # ---------------------------------------------------------------- what comes back (at most 8 files in $OUT)
 shopt -s nullglob
-mds=("$WORK"/bench-*.md)
+mds=("$WORK"/bench-*.md "$WORK"/extras.m[d])
 if [ ${#mds[@]} -gt 0 ]; then
   for f in "${mds[@]}"; do printf '<!-- %s -->\n' "$(basename "$f")"; cat "$f"; echo; done >"$OUT/bench.md"
 fi
@@ -287,7 +298,7 @@ Path(sys.argv[1]).write_text(json.dumps(runs, indent=1))
 EOF
 fi
 kept=()
-for f in "$WORK"/bench-* "$WORK"/doctor-* "$WORK"/pip-install.log; do [ -e "$f" ] && kept+=("$(basename "$f")"); done
+for f in "$WORK"/bench-* "$WORK"/extras.* "$WORK"/doctor[-_]* "$WORK"/pip-install.log; do [ -e "$f" ] && kept+=("$(basename "$f")"); done
 if [ ${#kept[@]} -gt 0 ]; then
   tar czf "$OUT/results.tar.gz" -C "$WORK" "${kept[@]}" || echo "gpu-check: could not pack ${kept[*]}"
 fi

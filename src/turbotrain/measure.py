@@ -404,7 +404,7 @@ def _train_step(rt: Runtime, micro_batches: Iterable[Any], loss_fn: Callable[...
             if step_fn:
                 loss = step_fn(rt.model, batch)
             else:
-                loss = loss_fn(rt.model(batch[0]), batch[1])  # type: ignore[misc]  # callers pass one of the two
+                loss = rt.wrap_loss(loss_fn)(rt.model(batch[0]), batch[1])  # type: ignore[misc]  # callers pass one of the two
         if clear_grads_before_backward and j == 0:
             rt.clear_grads()
         with rt.no_sync(j + 1 < rt.accum_steps):

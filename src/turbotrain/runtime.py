@@ -53,8 +53,18 @@ class Runtime:
     pipeline: Any = None                             # strategy='pipeline': launch.pipeline.PipelineRunner
     applied: list[str] = field(default_factory=list)
     skipped: list[tuple[str, str]] = field(default_factory=list)
+    loss_wrapper: Callable[[Callable[..., Any]], Callable[..., Any]] | None = None  # compile on a GPU
+    _wrapped_losses: dict[Any, Callable[..., Any]] = field(default_factory=dict, repr=False)
 
     # -- the step --------------------------------------------------------------------------
+
+    def wrap_loss(self, loss_fn: Callable[..., Any] | None) -> Callable[..., Any] | None:
+        """``loss_fn`` as this plan runs it: compiled beside the model where the compile switch says so."""
+        if loss_fn is None or self.loss_wrapper is None:
+            return loss_fn
+        if loss_fn not in self._wrapped_losses:
+            self._wrapped_losses[loss_fn] = self.loss_wrapper(loss_fn)
+        return self._wrapped_losses[loss_fn]
 
     def autocast(self) -> contextlib.AbstractContextManager:
         if self.autocast_dtype is None:

@@ -119,12 +119,13 @@ def test_static_findings_are_low_on_their_own(tmp_path):
 def test_nccl_typo_names_the_real_variable():
     problems = {name: (kind, message) for name, kind, message, _ in check_nccl_env(
         {"NCCL_BUFF_SIZE": "8388608", "NCCL_DEBUG": "INFO", "NCCL_P2P_DISABLE": "1", "NCCL_SOCKET_IFNAME": "eth0",
-         "NCCL_ASYNC_ERROR_HANDLING": "1", "PATH": "/bin"})}
+         "NCCL_ASYNC_ERROR_HANDLING": "1", "PATH": "/bin", "NCCL_VERSION": "2.27.7-1"})}
     assert problems["NCCL_BUFF_SIZE"][0] == "typo" and "NCCL_BUFFSIZE" in problems["NCCL_BUFF_SIZE"][1]
     assert problems["NCCL_DEBUG"][0] == "debug"
     assert problems["NCCL_P2P_DISABLE"][0] == "disabled"
     assert problems["NCCL_ASYNC_ERROR_HANDLING"][0] == "renamed"
     assert "NCCL_SOCKET_IFNAME" not in problems and "PATH" not in problems
+    assert "NCCL_VERSION" not in problems  # NVIDIA's CUDA images set it to label their NCCL: not a setting
 
 
 def test_nccl_env_from_the_environment_matters_on_gpus(tmp_path):

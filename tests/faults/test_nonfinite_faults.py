@@ -249,7 +249,7 @@ def test_stop_mode_on_a_gpu_without_fused_optimizers_syncs_only_at_the_logging_c
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3)).cuda()
     opt = torch.optim.AdamW(model.parameters(), lr=0.01, foreach=True)
-    x = torch.randn(96, 8, generator=torch.Generator().manual_seed(1), device="cuda")
+    x = torch.randn(96, 8, generator=torch.Generator().manual_seed(1)).cuda()
     loader = DataLoader(TensorDataset(x, x[:, :3].argmax(1)), batch_size=4)
     trainer = tt.Trainer(model, opt, F.cross_entropy, plan=tt.Plan(device="cuda"), max_steps=24,
                          log_every_n_steps=12, progress=False)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 from torch import nn
@@ -125,6 +127,8 @@ def test_real_cpu_run_against_a_host_memory_budget():
 def test_gpu_out_of_memory_is_caught_and_memory_comes_back():
     model = nn.Sequential(nn.Linear(1024, 16384), nn.ReLU(), nn.Linear(16384, 10))
     batch = (torch.randn(64, 1024), torch.randint(0, 10, (64,)))
+    # Earlier tests' cyclic garbage may still hold device memory; the finder collects it, so collect it first.
+    gc.collect()
     before = torch.cuda.memory_allocated()
     result = find_batch_size(model, adamw, loss_fn, batch, Plan(device="cuda"), max_batch_size=2**20,
                              time_budget_s=300)

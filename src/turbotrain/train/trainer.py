@@ -74,6 +74,7 @@ class Trainer:
         self.state = TrainState()
         self.fit_state: FitState | None = None  # the running (or last) fit() call's
         self.rt: Runtime = prepare(model, optimizer, self.plan)
+        self._run_loss = self.rt.wrap_loss(loss_fn)  # compiled beside the model where the plan says so
         self.ctx = StepContext(self, self.rt)
         self.guard = FiniteGuard(self.rt.optimizers, self.rt.device, self.config.on_nonfinite, self.rt.scaler)
         # Chosen once, so the per-step path makes no call it does not need.
@@ -256,7 +257,7 @@ class Trainer:
         except (TypeError, ValueError):
             raise TypeError(f"the default step expects (inputs, targets) batches, got {type(batch).__name__}; "
                             "pass step_fn=lambda ctx, batch: loss to handle other batches.") from None
-        return self.loss_fn(self.rt.model(inputs), targets)  # type: ignore[misc]  # __init__: one of the two
+        return self._run_loss(self.rt.model(inputs), targets)  # type: ignore[misc]  # __init__: one of the two
 
     def _finish_step(self, run: FitState, loss: Any) -> bool:
         """Optimizer step(s) and the step-boundary bookkeeping. True when training must stop."""
@@ -379,7 +380,7 @@ class Trainer:
         if self.loss_fn is None:
             raise ValueError("validation needs loss_fn or val_step_fn(ctx, batch) -> loss.")
         inputs, targets = batch
-        return self.loss_fn(self.rt.model(inputs), targets)
+        return self._run_loss(self.rt.model(inputs), targets)  # type: ignore[misc]  # checked above
 
     def _read_guard(self) -> None:
         """Read the guard's device-side verdicts (stop mode raises here) before anything acts on the

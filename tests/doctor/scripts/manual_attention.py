@@ -4,6 +4,8 @@ import math
 import torch
 from torch import nn
 
+device = "cuda" if torch.cuda.is_available() else "cpu"
+
 
 class CausalSelfAttention(nn.Module):
     def __init__(self, dim=32, heads=2):
@@ -17,16 +19,16 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.qkv(x).split(d, dim=2)
         q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
         scores = (q @ k.transpose(-2, -1)) / math.sqrt(d // self.heads)
-        mask = torch.ones(t, t, dtype=torch.bool).triu(1)
+        mask = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)
         weights = scores.masked_fill(mask, float("-inf")).softmax(dim=-1)  # doctor: manual-attention
         y = (weights @ v).transpose(1, 2).reshape(b, t, d)
         return self.out(y)
 
 
 torch.manual_seed(0)
-model = nn.Sequential(nn.LayerNorm(32), CausalSelfAttention(), nn.Linear(32, 32))
+model = nn.Sequential(nn.LayerNorm(32), CausalSelfAttention(), nn.Linear(32, 32)).to(device)
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
-data = torch.randn(32, 512, 32)
+data = torch.randn(32, 512, 32, device=device)
 for step in range(200):
     x = data[torch.randint(0, 32, (2,))]
     loss = model(x).pow(2).mean()

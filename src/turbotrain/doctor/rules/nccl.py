@@ -43,6 +43,9 @@ NCCL_ASYNC_ERROR_HANDLING NCCL_BLOCKING_WAIT NCCL_DESYNC_DEBUG NCCL_ENABLE_TIMIN
 NCCL_HEARTBEAT_TIMEOUT_SEC NCCL_TRACE_BUFFER_SIZE NCCL_DUMP_ON_TIMEOUT NCCL_AVOID_RECORD_STREAMS
 """.split())
 
+# Not a setting: NVIDIA's CUDA container images label the NCCL they ship with it (nothing reads it).
+IMAGE_LABELS = frozenset({"NCCL_VERSION"})
+
 # Settings that turn a fast transport off: right while debugging, slow when forgotten.
 DISABLERS = {
     "NCCL_P2P_DISABLE": "direct GPU-to-GPU copies over NVLink/PCIe",
@@ -62,7 +65,7 @@ def check_nccl_env(env: dict[str, str]) -> list[tuple[str, str, str, str]]:
     ``debug`` or ``renamed``."""
     problems = []
     for name in sorted(env):
-        if not name.startswith("NCCL_"):
+        if not name.startswith("NCCL_") or name in IMAGE_LABELS:
             continue
         value = env[name]
         if name not in KNOWN:
