@@ -1,9 +1,9 @@
 """turbotrain: make PyTorch training fast, and prove it.
 
-    import turbotrain as tt
-    plan = tt.Plan.fast(model)                     # or tt.Plan(precision="bf16-mixed", ...)
-    result = tt.Trainer(model, optimizer, loss_fn, plan=plan, max_epochs=3).fit(train_loader, val_loader)
-    plan = tt.tune(model, loss_fn, train_loader, optimizer_fn, time_budget_s=120)   # measured, not by rule
+import turbotrain as tt
+plan = tt.Plan.fast(model)                     # or tt.Plan(precision="bf16-mixed", ...)
+result = tt.Trainer(model, optimizer, loss_fn, plan=plan, max_epochs=3).fit(train_loader, val_loader)
+plan = tt.tune(model, loss_fn, train_loader, optimizer_fn, time_budget_s=120)   # measured, not by rule
 """
 
 from __future__ import annotations
@@ -25,8 +25,23 @@ from .tuning import tune  # tt.tune: the tuner, a function; its package is turbo
 
 __version__ = "0.1.0"
 
-__all__ = ["Plan", "Trainer", "FitResult", "EarlyStopping", "setup", "prepare", "Runtime", "ConfigError",
-           "CheckpointError", "NonFiniteError", "Preempted", "PREEMPTED_EXIT_CODE", "data", "doctor", "tune",
-           "__version__"]
+__all__ = [
+    "Plan",
+    "Trainer",
+    "FitResult",
+    "EarlyStopping",
+    "setup",
+    "prepare",
+    "Runtime",
+    "ConfigError",
+    "CheckpointError",
+    "NonFiniteError",
+    "Preempted",
+    "PREEMPTED_EXIT_CODE",
+    "data",
+    "doctor",
+    "tune",
+    "__version__",
+]
 
 logging.getLogger("turbotrain").addHandler(logging.NullHandler())

@@ -35,7 +35,6 @@ def _available():
                 raise  # the command exists but a dependency of it is missing: say so
 
 
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="turbotrain", description="Make PyTorch training fast, and prove it.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log what turbotrain does")

@@ -178,8 +178,10 @@ def from_mapping(cls: type[_T], data: Any, where: str | None = None) -> _T:
     """Build dataclass ``cls`` from a mapping (parsed YAML/JSON), naming bad keys and values."""
     where = where or cls.__name__
     if not isinstance(data, Mapping):
-        raise ConfigError(f"{where}: expected a mapping with keys {', '.join(_field_names(cls))}, "
-                          f"got {type(data).__name__} {_quote(data)}.")
+        raise ConfigError(
+            f"{where}: expected a mapping with keys {', '.join(_field_names(cls))}, "
+            f"got {type(data).__name__} {_quote(data)}."
+        )
     allowed = _field_names(cls)
     hints = _hints(cls)
     kwargs = {}

@@ -27,9 +27,9 @@ class DemoRow:
     plan_name: str
     plan: Plan
     unit: str
-    throughput: float        # units (tokens, images) per second, steady state
-    first_loss: float        # mean training loss over the first logging window
-    final_loss: float        # mean training loss over the last logging window
+    throughput: float  # units (tokens, images) per second, steady state
+    first_loss: float  # mean training loss over the first logging window
+    final_loss: float  # mean training loss over the last logging window
     skipped: list[tuple[str, str]]
 
 
@@ -49,15 +49,20 @@ def _diagnose(workload: str, seed: int, steps: int, console: Console) -> None:
     report = doctor.report
     if report is None:  # never: the block ends with a report (an exception from it is re-raised)
         raise RuntimeError("the doctor made no report")
-    took = (f"takes {report.breakdown.median_s * 1e3:.1f} ms a step"  # type: ignore[union-attr]  # set with a bottleneck
-            if report.bottleneck else "was not measured")
+    took = (
+        f"takes {report.breakdown.median_s * 1e3:.1f} ms a step"  # type: ignore[union-attr]  # set with a bottleneck
+        if report.bottleneck
+        else "was not measured"
+    )
     console.print(f"  {workload:4s} doctor: a plain loop {took}; bottleneck: {report.bottleneck}")
     # What the doctor found to buy something, biggest first (a what-if that measured slower is the tuner's to skip).
     ranked = sorted((f for f in report.findings if (f.est_speedup or 1.0) > 1.0), key=lambda f: -(f.est_speedup or 1.0))
     for finding in ranked[:3]:
-        console.print(f"       {finding.severity:6s} {finding.rule} (x{finding.est_speedup:.2f}"
-                      f"{', measured' if finding.measured else ', estimated'})"
-                      f"{' -> speed-up ' + repr(finding.speedup) if finding.speedup else ''}")
+        console.print(
+            f"       {finding.severity:6s} {finding.rule} (x{finding.est_speedup:.2f}"
+            f"{', measured' if finding.measured else ', estimated'})"
+            f"{' -> speed-up ' + repr(finding.speedup) if finding.speedup else ''}"
+        )
     if not ranked:
         console.print("       no fix measured or estimated to pay here")
 
@@ -79,16 +84,38 @@ def _train(workload: str, plan_name: str, steps: int, seed: int, plan: Plan | No
     if plan is None:
         plan = Plan.fast(model) if plan_name == "fast" else Plan()
     window = max(1, steps // 5)
-    trainer = Trainer(model, optimizer, wl.loss_fn, plan=plan, max_steps=steps, warmup_steps=min(5, steps - 1),
-                      log_every_n_steps=window, progress=False)
+    trainer = Trainer(
+        model,
+        optimizer,
+        wl.loss_fn,
+        plan=plan,
+        max_steps=steps,
+        warmup_steps=min(5, steps - 1),
+        log_every_n_steps=window,
+        progress=False,
+    )
     result = trainer.fit(wl.loader(seed=seed))
     losses = [row["train_loss"] for row in result.history if "train_loss" in row]
-    return DemoRow(workload, plan_name, plan, wl.unit, result.samples_per_s * wl.units_per_sample,
-                   losses[0], losses[-1], result.skipped)
+    return DemoRow(
+        workload,
+        plan_name,
+        plan,
+        wl.unit,
+        result.samples_per_s * wl.units_per_sample,
+        losses[0],
+        losses[-1],
+        result.skipped,
+    )
 
 
-def run_demo(workloads: tuple[str, ...] = ("gpt", "cnn"), steps: int = 60, seed: int = 0,
-             console: Console | None = None, tune_budget_s: float = 0.0, diagnose: bool = False) -> list[DemoRow]:
+def run_demo(
+    workloads: tuple[str, ...] = ("gpt", "cnn"),
+    steps: int = 60,
+    seed: int = 0,
+    console: Console | None = None,
+    tune_budget_s: float = 0.0,
+    diagnose: bool = False,
+) -> list[DemoRow]:
     """Train each workload with the naive and the fast plan and, with ``tune_budget_s > 0``,
     with the plan ``tt.tune`` finds in that many seconds; print one table of all runs.
     ``diagnose=True`` runs the doctor on a plain loop of each workload first."""
@@ -110,8 +137,9 @@ def run_demo(workloads: tuple[str, ...] = ("gpt", "cnn"), steps: int = 60, seed:
             with console.status(f"training {name} with the {plan_name} plan ({steps} steps)..."):
                 row = _train(name, plan_name, steps, seed, plan)
             rows.append(row)
-            console.print(f"  {name:4s} {plan_name:5s} {row.throughput:12,.0f} {row.unit}/s   "
-                          f"plan: {row.plan.describe()}")
+            console.print(
+                f"  {name:4s} {plan_name:5s} {row.throughput:12,.0f} {row.unit}/s   plan: {row.plan.describe()}"
+            )
             for switch, why in row.skipped:
                 console.print(f"       skipped {switch}: {why}")
     names = " vs ".join(dict.fromkeys(row.plan_name for row in rows))
@@ -121,7 +149,12 @@ def run_demo(workloads: tuple[str, ...] = ("gpt", "cnn"), steps: int = 60, seed:
     base: dict[str, float] = {}
     for row in rows:
         base.setdefault(row.workload, row.throughput)
-        table.add_row(row.workload, row.plan_name, f"{row.throughput:,.0f} {row.unit}/s",
-                      f"{row.throughput / base[row.workload]:.2f}x", f"{row.first_loss:.3f} -> {row.final_loss:.3f}")
+        table.add_row(
+            row.workload,
+            row.plan_name,
+            f"{row.throughput:,.0f} {row.unit}/s",
+            f"{row.throughput / base[row.workload]:.2f}x",
+            f"{row.first_loss:.3f} -> {row.final_loss:.3f}",
+        )
     console.print(table)
     return rows

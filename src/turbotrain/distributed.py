@@ -14,8 +14,19 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["world_size", "rank", "local_rank", "is_launched", "is_initialized", "init_process_group",
-           "is_rank_zero", "barrier", "broadcast_object", "gather_objects", "all_reduce_sum"]
+__all__ = [
+    "world_size",
+    "rank",
+    "local_rank",
+    "is_launched",
+    "is_initialized",
+    "init_process_group",
+    "is_rank_zero",
+    "barrier",
+    "broadcast_object",
+    "gather_objects",
+    "all_reduce_sum",
+]
 
 
 def is_launched() -> bool:

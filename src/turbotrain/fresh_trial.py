@@ -48,12 +48,26 @@ class FreshTrialError(RuntimeError):
     """The child process failed (its own error, or it died; the message ends with its stderr)."""
 
 
-def write_bundle(path: str, model: torch.nn.Module, batches: list[Any], optimizer: tuple[type, dict],
-                 step_fn: Callable, threads: int | None = None) -> None:
+def write_bundle(
+    path: str,
+    model: torch.nn.Module,
+    batches: list[Any],
+    optimizer: tuple[type, dict],
+    step_fn: Callable,
+    threads: int | None = None,
+) -> None:
     """Save what a :class:`FreshTrial` trains: ``step_fn(model, batch) -> loss`` must be importable (a
     module-level function), as must the model's classes or be defined at the top of ``script``."""
-    torch.save({"model": model, "batches": batches, "optimizer": optimizer, "step_fn": step_fn,
-                "threads": threads or torch.get_num_threads()}, path)
+    torch.save(
+        {
+            "model": model,
+            "batches": batches,
+            "optimizer": optimizer,
+            "step_fn": step_fn,
+            "threads": threads or torch.get_num_threads(),
+        },
+        path,
+    )
 
 
 class FreshTrial:
@@ -61,16 +75,28 @@ class FreshTrial:
     there and returns their seconds each; the process keeps its model, optimizer and allocator between
     calls. A context manager: the child ends on exit (and on :meth:`close`)."""
 
-    def __init__(self, bundle: str, plan: Plan, script: str | None = None, warmup: int = 3,
-                 timeout_s: float = 120.0, clear_grads_before_backward: bool = False):
+    def __init__(
+        self,
+        bundle: str,
+        plan: Plan,
+        script: str | None = None,
+        warmup: int = 3,
+        timeout_s: float = 120.0,
+        clear_grads_before_backward: bool = False,
+    ):
         self.timeout_s = timeout_s
         self._err = tempfile.TemporaryFile()
         read_end, write_end = os.pipe()
         try:
             # stdout goes nowhere: a print in the user's forward must not garble the replies (own pipe).
-            self._proc = subprocess.Popen([sys.executable, "-m", "turbotrain.fresh_trial", str(write_end)],
-                                          stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=self._err,
-                                          pass_fds=(write_end,), env=_child_env())
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "turbotrain.fresh_trial", str(write_end)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                stderr=self._err,
+                pass_fds=(write_end,),
+                env=_child_env(),
+            )
         except OSError:
             os.close(read_end)
             self._err.close()
@@ -82,8 +108,15 @@ class FreshTrial:
         self._replies: int | None = read_end
         self._ready: dict | None = None
         try:
-            self._send({"bundle": bundle, "plan": plan, "script": script, "warmup": warmup,
-                        "clear_grads_before_backward": clear_grads_before_backward})
+            self._send(
+                {
+                    "bundle": bundle,
+                    "plan": plan,
+                    "script": script,
+                    "warmup": warmup,
+                    "clear_grads_before_backward": clear_grads_before_backward,
+                }
+            )
         except FreshTrialError:
             self.close()
             raise
@@ -152,8 +185,7 @@ class FreshTrial:
             chunk = os.read(replies, size - len(data))
             if not chunk:
                 self._proc.wait()
-                raise FreshTrialError(f"the trial process ended (exit {self._proc.returncode})"
-                                      f"{self._stderr_tail()}")
+                raise FreshTrialError(f"the trial process ended (exit {self._proc.returncode}){self._stderr_tail()}")
             data += chunk
         return data
 
@@ -175,14 +207,19 @@ def _child_env() -> dict[str, str]:
 
 # ---- the child process ----
 
+
 def _script_definitions(script: str) -> types.ModuleType:
     """A ``__main__`` holding the script's imports, functions, classes and constant assignments: what
     unpickling a model whose classes the script defines needs, without running its training."""
     with open(script, encoding="utf-8") as f:
         tree = ast.parse(f.read(), filename=script)
     keep = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
-    body: list[ast.stmt] = [node for node in tree.body if isinstance(node, keep)
-            or (isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, ast.Constant))]
+    body: list[ast.stmt] = [
+        node
+        for node in tree.body
+        if isinstance(node, keep)
+        or (isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, ast.Constant))
+    ]
     module = types.ModuleType("__main__")
     module.__file__ = script
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))  # the script's own sibling modules
@@ -230,8 +267,12 @@ def _serve(requests: BinaryIO, replies: BinaryIO) -> None:
         model = bundle["model"]
         optimizer_cls, settings = bundle["optimizer"]
         skipped: list[tuple[str, str]] = []
-        rt = prepare(model, optimizer_cls(model.parameters(), **settings), job["plan"],
-                     on_skip=lambda name, why: skipped.append((name, why)))
+        rt = prepare(
+            model,
+            optimizer_cls(model.parameters(), **settings),
+            job["plan"],
+            on_skip=lambda name, why: skipped.append((name, why)),
+        )
         batches = [rt.to_device(b) for b in bundle["batches"]]
         run(job["warmup"])
         reply({"applied": list(rt.applied), "skipped": skipped})

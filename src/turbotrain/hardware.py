@@ -22,8 +22,21 @@ from typing import Any
 
 import torch
 
-__all__ = ["Hardware", "detect", "resolve_device", "CGROUP_ROOT", "cpu_quota", "affinity_cores", "usable_cores",
-           "other_load", "busy_cores", "read_cpu_times", "load_average", "thread_env", "cpu_facts"]
+__all__ = [
+    "Hardware",
+    "detect",
+    "resolve_device",
+    "CGROUP_ROOT",
+    "cpu_quota",
+    "affinity_cores",
+    "usable_cores",
+    "other_load",
+    "busy_cores",
+    "read_cpu_times",
+    "load_average",
+    "thread_env",
+    "cpu_facts",
+]
 
 CGROUP_ROOT = "/sys/fs/cgroup"
 """Where the cgroup hierarchies are mounted (tests point :func:`cpu_quota` elsewhere)."""
@@ -44,8 +57,10 @@ def resolve_device(device: str | torch.device) -> torch.device:
     except RuntimeError as exc:
         raise ValueError(f"Plan.device: {device!r} is not a device; use 'auto', 'cpu', 'cuda' or 'cuda:N'.") from exc
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"Plan.device: {device!r} was asked for but this machine has no CUDA device "
-                         f"(torch {torch.__version__}); use device='auto' or 'cpu'.")
+        raise ValueError(
+            f"Plan.device: {device!r} was asked for but this machine has no CUDA device "
+            f"(torch {torch.__version__}); use device='auto' or 'cpu'."
+        )
     return dev
 
 
@@ -150,9 +165,11 @@ def cpu_quota(root: str | os.PathLike | None = None, self_cgroup: str | os.PathL
         if hier == "0" and controllers == "":
             places += [(d, _v2_quota) for base in (root, root / "unified") for d in _with_ancestors(base, rel)]
         elif "cpu" in controllers.split(","):
-            places += [(d, _v1_quota)
-                       for base in dict.fromkeys((root / controllers, root / "cpu", root / "cpu,cpuacct"))
-                       for d in _with_ancestors(base, rel)]
+            places += [
+                (d, _v1_quota)
+                for base in dict.fromkeys((root / controllers, root / "cpu", root / "cpu,cpuacct"))
+                for d in _with_ancestors(base, rel)
+            ]
     if not places:  # no /proc/self/cgroup (or nothing in it): the mount's own root files
         places = [(root, _v2_quota), (root / "cpu", _v1_quota), (root / "cpu,cpuacct", _v1_quota)]
     quotas = [q for q in (read(d) for d, read in places) if q is not None]
@@ -243,11 +260,11 @@ def _children_cpu_s() -> float:
 class LoadSample:
     """One reading of the machine's CPU time, to difference against a later one (:func:`other_busy_cores`)."""
 
-    at: float                      # time.monotonic()
-    cpu_times: tuple[int, int]     # (busy, total) jiffies over ``cpus``
-    own_s: float                   # this process's CPU seconds (and its live children's)
-    cpus: int                      # how many CPUs ``cpu_times`` covers
-    children_s: float = 0.0        # the live children's part of ``own_s`` (0 when they are not counted)
+    at: float  # time.monotonic()
+    cpu_times: tuple[int, int]  # (busy, total) jiffies over ``cpus``
+    own_s: float  # this process's CPU seconds (and its live children's)
+    cpus: int  # how many CPUs ``cpu_times`` covers
+    children_s: float = 0.0  # the live children's part of ``own_s`` (0 when they are not counted)
 
 
 def sample_load(children_are_own: bool = True) -> LoadSample:
@@ -292,24 +309,24 @@ def other_load(window_s: float = 0.25, children_are_own: bool = True) -> float:
 class Hardware:
     """A snapshot of one device's capabilities (the one training will run on)."""
 
-    device_type: str                      # "cpu" or "cuda"
+    device_type: str  # "cpu" or "cuda"
     device_name: str
     device_count: int
-    cpu_cores: int                        # usable cores: affinity capped by the cgroup quota (see usable_cores)
-    memory_bytes: int                     # host RAM, or the GPU's memory on CUDA
-    capability: tuple[int, int] | None    # CUDA compute capability
-    bf16: bool                            # bf16 arithmetic is supported *and* fast
-    fp16: bool                            # fp16 tensor cores (CUDA only)
-    tf32: bool                            # Ampere or newer
-    fp8: bool                             # Hopper or newer
+    cpu_cores: int  # usable cores: affinity capped by the cgroup quota (see usable_cores)
+    memory_bytes: int  # host RAM, or the GPU's memory on CUDA
+    capability: tuple[int, int] | None  # CUDA compute capability
+    bf16: bool  # bf16 arithmetic is supported *and* fast
+    fp16: bool  # fp16 tensor cores (CUDA only)
+    tf32: bool  # Ampere or newer
+    fp8: bool  # Hopper or newer
     cudnn: bool
     torch_version: str = torch.__version__
     cpu_flags: frozenset[str] = field(default_factory=frozenset, repr=False)
-    affinity_cores: int = 0               # CPUs in this process's affinity mask
-    cpu_quota: float | None = None        # cgroup CPU quota in cores (None: no quota)
-    host_cores: int = 0                   # os.cpu_count(): what naive code sizes itself by
-    intra_op_threads: int = 0             # torch.get_num_threads() when detect() was called
-    interop_threads: int = 0              # torch.get_num_interop_threads()
+    affinity_cores: int = 0  # CPUs in this process's affinity mask
+    cpu_quota: float | None = None  # cgroup CPU quota in cores (None: no quota)
+    host_cores: int = 0  # os.cpu_count(): what naive code sizes itself by
+    intra_op_threads: int = 0  # torch.get_num_threads() when detect() was called
+    interop_threads: int = 0  # torch.get_num_interop_threads()
 
     @property
     def is_cuda(self) -> bool:
@@ -323,17 +340,24 @@ class Hardware:
     def cpu_summary(self) -> str:
         """e.g. "2 usable cores (affinity 2, quota none, host 2); torch threads 2 intra-op, 2 inter-op"."""
         quota = "none" if self.cpu_quota is None else f"{self.cpu_quota:g}"
-        return (f"{self.cpu_cores} usable cores (affinity {self.affinity_cores}, quota {quota}, "
-                f"host {self.host_cores}); "
-                f"torch threads {self.intra_op_threads} intra-op, {self.interop_threads} inter-op")
+        return (
+            f"{self.cpu_cores} usable cores (affinity {self.affinity_cores}, quota {quota}, "
+            f"host {self.host_cores}); "
+            f"torch threads {self.intra_op_threads} intra-op, {self.interop_threads} inter-op"
+        )
 
     def summary(self) -> str:
-        extras = [name for name, on in (("bf16", self.bf16), ("fp16", self.fp16), ("tf32", self.tf32),
-                                        ("fp8", self.fp8)) if on]
+        extras = [
+            name
+            for name, on in (("bf16", self.bf16), ("fp16", self.fp16), ("tf32", self.tf32), ("fp8", self.fp8))
+            if on
+        ]
         quota = f", quota {self.cpu_quota:g}" if self.cpu_quota is not None else ""
-        return (f"{self.device_name} ({self.device_type}, {self.cpu_cores} cores{quota}, "
-                f"{self.intra_op_threads} torch threads, "
-                f"{self.memory_bytes / 2**30:.0f} GiB; fast: {', '.join(extras) or 'fp32 only'})")
+        return (
+            f"{self.device_name} ({self.device_type}, {self.cpu_cores} cores{quota}, "
+            f"{self.intra_op_threads} torch threads, "
+            f"{self.memory_bytes / 2**30:.0f} GiB; fast: {', '.join(extras) or 'fp32 only'})"
+        )
 
 
 @functools.lru_cache(maxsize=None)
@@ -346,18 +370,40 @@ def _detect(device_type: str, index: int) -> Hardware:
         props = torch.cuda.get_device_properties(index)
         cap = (props.major, props.minor)
         return Hardware(
-            device_type="cuda", device_name=props.name, device_count=torch.cuda.device_count(),
-            cpu_cores=cores, memory_bytes=props.total_memory, capability=cap,
-            bf16=torch.cuda.is_bf16_supported(), fp16=cap >= (7, 0), tf32=cap >= (8, 0),
-            fp8=cap >= (8, 9), cudnn=torch.backends.cudnn.is_available(), cpu_flags=flags,
-            affinity_cores=affinity, cpu_quota=quota, host_cores=host,
+            device_type="cuda",
+            device_name=props.name,
+            device_count=torch.cuda.device_count(),
+            cpu_cores=cores,
+            memory_bytes=props.total_memory,
+            capability=cap,
+            bf16=torch.cuda.is_bf16_supported(),
+            fp16=cap >= (7, 0),
+            tf32=cap >= (8, 0),
+            fp8=cap >= (8, 9),
+            cudnn=torch.backends.cudnn.is_available(),
+            cpu_flags=flags,
+            affinity_cores=affinity,
+            cpu_quota=quota,
+            host_cores=host,
         )
     # On CPU bf16 autocast only pays off with native bf16 instructions (AVX512-BF16 or AMX).
     bf16 = bool({"avx512_bf16", "amx_bf16"} & flags)
     return Hardware(
-        device_type="cpu", device_name=_cpu_model(), device_count=1,
-        cpu_cores=cores, memory_bytes=_memory_bytes(), capability=None, bf16=bf16, fp16=False,
-        tf32=False, fp8=False, cudnn=False, cpu_flags=flags, affinity_cores=affinity, cpu_quota=quota, host_cores=host,
+        device_type="cpu",
+        device_name=_cpu_model(),
+        device_count=1,
+        cpu_cores=cores,
+        memory_bytes=_memory_bytes(),
+        capability=None,
+        bf16=bf16,
+        fp16=False,
+        tf32=False,
+        fp8=False,
+        cudnn=False,
+        cpu_flags=flags,
+        affinity_cores=affinity,
+        cpu_quota=quota,
+        host_cores=host,
     )
 
 
@@ -380,9 +426,14 @@ def cpu_facts(hw: Hardware | None = None, window_s: float = 0.0) -> dict[str, An
     the cores other processes kept busy over that window (:func:`other_load`)."""
     hw = hw or detect("cpu")
     facts: dict[str, Any] = {
-        "usable_cores": hw.usable_cores, "affinity_cores": hw.affinity_cores, "cpu_quota": hw.cpu_quota,
-        "host_cores": hw.host_cores, "intra_op_threads": hw.intra_op_threads, "interop_threads": hw.interop_threads,
-        "thread_env": thread_env(), "load_average": load_average(),
+        "usable_cores": hw.usable_cores,
+        "affinity_cores": hw.affinity_cores,
+        "cpu_quota": hw.cpu_quota,
+        "host_cores": hw.host_cores,
+        "intra_op_threads": hw.intra_op_threads,
+        "interop_threads": hw.interop_threads,
+        "thread_env": thread_env(),
+        "load_average": load_average(),
     }
     if window_s > 0:
         facts["other_load"] = other_load(window_s)

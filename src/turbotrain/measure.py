@@ -32,9 +32,25 @@ from .data import stats as read_stats
 from .data.transfer import batch_size_of
 from .train import rng
 
-__all__ = ["Trial", "run_trial", "EpochTrial", "run_epochs", "time_loader", "preserved_state", "peak_host_memory",
-           "Comparison", "judge", "relative_spread", "run_means", "MIN_GAIN", "HOPELESS", "FASTER", "SLOWER", "NOISE",
-           "UNVERIFIED"]
+__all__ = [
+    "Trial",
+    "run_trial",
+    "EpochTrial",
+    "run_epochs",
+    "time_loader",
+    "preserved_state",
+    "peak_host_memory",
+    "Comparison",
+    "judge",
+    "relative_spread",
+    "run_means",
+    "MIN_GAIN",
+    "HOPELESS",
+    "FASTER",
+    "SLOWER",
+    "NOISE",
+    "UNVERIFIED",
+]
 
 log = logging.getLogger("turbotrain")
 
@@ -58,9 +74,9 @@ sub-millisecond step 30x slower once, and letting such a trial finish costs next
 
 @dataclass(frozen=True)
 class Comparison:
-    speedup: float       # candidate speed / baseline speed, over paired rounds (> 1: faster)
-    noise: float         # the margin a speed-up had to clear: the larger of the given floor and the ratios' spread
-    verdict: str         # FASTER, SLOWER, NOISE, or UNVERIFIED (fewer rounds than asked for)
+    speedup: float  # candidate speed / baseline speed, over paired rounds (> 1: faster)
+    noise: float  # the margin a speed-up had to clear: the larger of the given floor and the ratios' spread
+    verdict: str  # FASTER, SLOWER, NOISE, or UNVERIFIED (fewer rounds than asked for)
 
     @property
     def called(self) -> bool:
@@ -88,7 +104,7 @@ def run_means(values: Sequence[float], length: int) -> list[float]:
     steps picks a step that waited for nothing; runs as long as a round each hold one whole."""
     if length < 2 or len(values) < length:
         return list(values)
-    return [sum(values[i:i + length]) / length for i in range(0, len(values) - length + 1, length)]
+    return [sum(values[i : i + length]) / length for i in range(0, len(values) - length + 1, length)]
 
 
 def robust_spread(values: Sequence[float]) -> float:
@@ -99,8 +115,9 @@ def robust_spread(values: Sequence[float]) -> float:
     return 2 * statistics.median(abs(v - mid) for v in values) / mid if mid > 0 else float("inf")
 
 
-def judge(ratios: Sequence[float], min_gain: float = MIN_GAIN, noise_floor: float = 0.0,
-          min_rounds: int = 1) -> Comparison:
+def judge(
+    ratios: Sequence[float], min_gain: float = MIN_GAIN, noise_floor: float = 0.0, min_rounds: int = 1
+) -> Comparison:
     """Whether a candidate is faster than its baseline, from per-round speed ratios (candidate / baseline).
 
     The noise model. Each ratio comes from one round in which the baseline and the candidate ran back
@@ -142,18 +159,18 @@ class _Outcome:
     applied: list[str] = field(default_factory=list)
     skipped: list[tuple[str, str]] = field(default_factory=list)
     error: str | None = None
-    stopped_early: bool = False       # hopeless: its steps took over HOPELESS times the baseline's
+    stopped_early: bool = False  # hopeless: its steps took over HOPELESS times the baseline's
 
 
 @dataclass
 class Trial(_Outcome):
     plan: Plan
     samples_per_step: int
-    step_times_s: list[float] = field(default_factory=list)   # steady-state steps only
-    warmup_s: float = 0.0                                       # the warm-up steps (compile, autotune)
-    losses: list[float] = field(default_factory=list)           # every step, warm-up included
-    page_faults_per_step: float = 0.0                           # minor page faults of the process, timed steps
-    loader_round: int = 0              # steps one round of DataLoader workers feeds (0: no workers pulled)
+    step_times_s: list[float] = field(default_factory=list)  # steady-state steps only
+    warmup_s: float = 0.0  # the warm-up steps (compile, autotune)
+    losses: list[float] = field(default_factory=list)  # every step, warm-up included
+    page_faults_per_step: float = 0.0  # minor page faults of the process, timed steps
+    loader_round: int = 0  # steps one round of DataLoader workers feeds (0: no workers pulled)
 
     @property
     def ok(self) -> bool:
@@ -217,8 +234,14 @@ def preserved_state(*modules_and_optimizers: Any, generators: Sequence[torch.Gen
         rng.restore(saved_rng, generators)
 
 
-def _on_a_copy(trial: _Outcome, model: nn.Module, optimizer_fn: Callable[..., Any], plan: Plan, seed: int,
-               body: Callable[[Runtime], None]) -> None:
+def _on_a_copy(
+    trial: _Outcome,
+    model: nn.Module,
+    optimizer_fn: Callable[..., Any],
+    plan: Plan,
+    seed: int,
+    body: Callable[[Runtime], None],
+) -> None:
     """Run ``body(runtime)`` on a deep copy of ``model`` prepared under ``plan``, tracking peak memory.
 
     RNGs and backend flags are restored after; an exception (in ``prepare`` or in ``body``) is
@@ -230,8 +253,9 @@ def _on_a_copy(trial: _Outcome, model: nn.Module, optimizer_fn: Callable[..., An
         torch.manual_seed(seed)
         try:
             work = copy.deepcopy(model)
-            rt = prepare(work, optimizer_fn(work.parameters()), plan,
-                         on_skip=lambda name, why: trial.skipped.append((name, why)))
+            rt = prepare(
+                work, optimizer_fn(work.parameters()), plan, on_skip=lambda name, why: trial.skipped.append((name, why))
+            )
             trial.applied = list(rt.applied)
             if rt.device.type == "cuda":
                 torch.cuda.synchronize()
@@ -239,8 +263,9 @@ def _on_a_copy(trial: _Outcome, model: nn.Module, optimizer_fn: Callable[..., An
             else:
                 _reset_host_peak()
             body(rt)
-            trial.peak_memory_bytes = (torch.cuda.max_memory_allocated(rt.device) if rt.device.type == "cuda"
-                                       else peak_host_memory())
+            trial.peak_memory_bytes = (
+                torch.cuda.max_memory_allocated(rt.device) if rt.device.type == "cuda" else peak_host_memory()
+            )
         except Exception as exc:  # noqa: BLE001 - a failing candidate is a result, not a crash
             trial.error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             if torch.cuda.is_available():
@@ -249,10 +274,19 @@ def _on_a_copy(trial: _Outcome, model: nn.Module, optimizer_fn: Callable[..., An
             work = rt = None  # free before returning
 
 
-def run_trial(model: nn.Module, optimizer_fn: Callable[..., Any], loss_fn: Callable[..., Any] | None,
-              batches: Sequence[Any], plan: Plan, steps: int = 10, warmup: int = 3,
-              step_fn: Callable[..., Any] | None = None, seed: int = 0, loader: Iterable[Any] | None = None,
-              give_up_s: float | None = None) -> Trial:
+def run_trial(
+    model: nn.Module,
+    optimizer_fn: Callable[..., Any],
+    loss_fn: Callable[..., Any] | None,
+    batches: Sequence[Any],
+    plan: Plan,
+    steps: int = 10,
+    warmup: int = 3,
+    step_fn: Callable[..., Any] | None = None,
+    seed: int = 0,
+    loader: Iterable[Any] | None = None,
+    give_up_s: float | None = None,
+) -> Trial:
     """Train a deep copy of ``model`` for ``warmup + steps`` optimizer steps under ``plan``.
 
     ``batches`` are reused cyclically (``(inputs, targets)`` for ``loss_fn``, anything for
@@ -287,6 +321,7 @@ def run_trial(model: nn.Module, optimizer_fn: Callable[..., Any], loss_fn: Calla
 
             def micro(i: int) -> Iterable[Any]:
                 return itertools.islice(stream, rt.accum_steps)  # lazy: fetching is part of the step
+
         warm_start = time.perf_counter()
         # Compiled plans are never stopped: a recompile (dynamic shapes marked on a later call) can make
         # any early step slow once, and their cost is bounded by the callers' compile budgets.
@@ -303,8 +338,10 @@ def run_trial(model: nn.Module, optimizer_fn: Callable[..., Any], loss_fn: Calla
             elif i >= warmup:
                 trial.step_times_s.append(took)
             if give_up_s is not None and i >= judged_from and took > max(give_up_s, HOPELESS_FLOOR_S):
-                trial.error = (f"stopped early: a step took {took:.3g} s, over {give_up_s:.3g} s "
-                               f"({HOPELESS:g}x the baseline's step): it cannot be faster")
+                trial.error = (
+                    f"stopped early: a step took {took:.3g} s, over {give_up_s:.3g} s "
+                    f"({HOPELESS:g}x the baseline's step): it cannot be faster"
+                )
                 trial.step_times_s.clear()
                 trial.stopped_early = True
                 return
@@ -320,13 +357,13 @@ class EpochTrial(_Outcome):
     """Whole epochs through a loader, each timed from ``iter(loader)`` (worker start-up included) to its last step."""
 
     plan: Plan
-    epoch_s: list[float] = field(default_factory=list)            # wall time of each epoch
+    epoch_s: list[float] = field(default_factory=list)  # wall time of each epoch
     epoch_samples: list[int] = field(default_factory=list)
     epoch_steps: list[int] = field(default_factory=list)
     epoch_losses: list[list[float]] = field(default_factory=list)  # per optimizer step, each epoch
-    reads: list[dict[str, int]] = field(default_factory=list)      # bytes per URL scheme read by tt.data, each epoch
-    step_times_s: list[float] = field(default_factory=list)        # every step of every epoch, data wait included
-    warmup_s: float = 0.0                                           # the warm-up steps before the first epoch
+    reads: list[dict[str, int]] = field(default_factory=list)  # bytes per URL scheme read by tt.data, each epoch
+    step_times_s: list[float] = field(default_factory=list)  # every step of every epoch, data wait included
+    warmup_s: float = 0.0  # the warm-up steps before the first epoch
 
     @property
     def ok(self) -> bool:
@@ -338,9 +375,18 @@ class EpochTrial(_Outcome):
         return [n / s if s > 0 else 0.0 for n, s in zip(self.epoch_samples, self.epoch_s)]
 
 
-def run_epochs(model: nn.Module, optimizer_fn: Callable[..., Any], loss_fn: Callable[..., Any] | None,
-               loader: Iterable[Any], plan: Plan, epochs: int = 2, warmup: int = 3, warmup_batches: Sequence[Any] = (),
-               step_fn: Callable[..., Any] | None = None, seed: int = 0) -> EpochTrial:
+def run_epochs(
+    model: nn.Module,
+    optimizer_fn: Callable[..., Any],
+    loss_fn: Callable[..., Any] | None,
+    loader: Iterable[Any],
+    plan: Plan,
+    epochs: int = 2,
+    warmup: int = 3,
+    warmup_batches: Sequence[Any] = (),
+    step_fn: Callable[..., Any] | None = None,
+    seed: int = 0,
+) -> EpochTrial:
     """Train a deep copy of ``model`` for ``epochs`` whole passes over ``loader`` under ``plan``.
 
     Where :func:`run_trial` times steady-state steps, this times what a data-bound run feels:
@@ -393,8 +439,13 @@ def minor_page_faults() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt if resource is not None else 0
 
 
-def _train_step(rt: Runtime, micro_batches: Iterable[Any], loss_fn: Callable[..., Any] | None,
-                step_fn: Callable[..., Any] | None, clear_grads_before_backward: bool = False) -> float:
+def _train_step(
+    rt: Runtime,
+    micro_batches: Iterable[Any],
+    loss_fn: Callable[..., Any] | None,
+    step_fn: Callable[..., Any] | None,
+    clear_grads_before_backward: bool = False,
+) -> float:
     """One optimizer step over ``rt.accum_steps`` micro-batches (taken from the iterable as they are
     needed, so fetching them is part of the step); returns the mean loss. The gradients are dropped after
     the optimizer step, or with ``clear_grads_before_backward`` between the first forward and its backward."""

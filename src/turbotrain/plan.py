@@ -87,13 +87,15 @@ class Plan:
 
     def _check(self) -> None:
         if self.grad_accum_steps < 1:
-            raise ConfigError(f"Plan.grad_accum_steps: {self.grad_accum_steps} is not allowed; "
-                              "expected an integer >= 1.")
+            raise ConfigError(
+                f"Plan.grad_accum_steps: {self.grad_accum_steps} is not allowed; expected an integer >= 1."
+            )
         if self.num_workers is not None and self.num_workers < 0:
             raise ConfigError(f"Plan.num_workers: {self.num_workers} is not allowed; expected an integer >= 0 or null.")
         if self.intra_op_threads is not None and self.intra_op_threads < 1:
-            raise ConfigError(f"Plan.intra_op_threads: {self.intra_op_threads} is not allowed; "
-                              "expected an integer >= 1 or null.")
+            raise ConfigError(
+                f"Plan.intra_op_threads: {self.intra_op_threads} is not allowed; expected an integer >= 1 or null."
+            )
         if self.batch_size is not None and self.batch_size < 1:
             raise ConfigError(f"Plan.batch_size: {self.batch_size} is not allowed; expected an integer >= 1 or null.")
         if self.persistent_workers and self.num_workers == 0:
@@ -104,26 +106,36 @@ class Plan:
         given = [name for name in _PIPELINE_SETTINGS if getattr(self, name) is not None]
         if self.strategy != "pipeline":
             if given:
-                raise ConfigError(f"Plan.{given[0]}: a pipeline setting, and strategy is {self.strategy!r}; "
-                                  "set strategy='pipeline' to split the model into stages.")
+                raise ConfigError(
+                    f"Plan.{given[0]}: a pipeline setting, and strategy is {self.strategy!r}; "
+                    "set strategy='pipeline' to split the model into stages."
+                )
             return
         for name in ("pipeline_stages", "microbatches", "stages_per_process"):
             value = getattr(self, name)
             if value is not None and value < (2 if name == "pipeline_stages" else 1):
-                raise ConfigError(f"Plan.{name}: {value} is not allowed; expected an integer >= "
-                                  f"{2 if name == 'pipeline_stages' else 1} or null.")
+                raise ConfigError(
+                    f"Plan.{name}: {value} is not allowed; expected an integer >= "
+                    f"{2 if name == 'pipeline_stages' else 1} or null."
+                )
         if self.pipeline_stages and self.microbatches and self.microbatches < self.pipeline_stages:
-            raise ConfigError(f"Plan.microbatches: {self.microbatches} micro-batches for "
-                              f"{self.pipeline_stages} stages; "
-                              "a pipeline needs at least one micro-batch per stage (more shrinks the bubble).")
+            raise ConfigError(
+                f"Plan.microbatches: {self.microbatches} micro-batches for "
+                f"{self.pipeline_stages} stages; "
+                "a pipeline needs at least one micro-batch per stage (more shrinks the bubble)."
+            )
         interleaved = self.schedule == "interleaved-1f1b"
         if self.stages_per_process is not None and (self.stages_per_process > 1) != interleaved:
-            raise ConfigError(f"Plan.stages_per_process: {self.stages_per_process} with schedule "
-                              f"{self.schedule or '1f1b'!r}; several stages per process need "
-                              "schedule='interleaved-1f1b', which needs at least 2.")
+            raise ConfigError(
+                f"Plan.stages_per_process: {self.stages_per_process} with schedule "
+                f"{self.schedule or '1f1b'!r}; several stages per process need "
+                "schedule='interleaved-1f1b', which needs at least 2."
+            )
         if self.grad_accum_steps > 1:
-            raise ConfigError("Plan.grad_accum_steps: a pipeline accumulates over its micro-batches; "
-                              "set microbatches instead of grad_accum_steps.")
+            raise ConfigError(
+                "Plan.grad_accum_steps: a pipeline accumulates over its micro-batches; "
+                "set microbatches instead of grad_accum_steps."
+            )
 
     # -- derived views ---------------------------------------------------------------------
 
@@ -146,8 +158,11 @@ class Plan:
     def changes(self, base: "Plan | None" = None) -> dict[str, Any]:
         """The switches that differ from ``base`` (default: the naive plan)."""
         base = base or Plan()
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-                if getattr(self, f.name) != getattr(base, f.name)}
+        return {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if getattr(self, f.name) != getattr(base, f.name)
+        }
 
     def describe(self) -> str:
         changed = self.changes()

@@ -37,20 +37,20 @@ class Runtime:
     plan: Plan
     hardware: Hardware
     device: torch.device
-    module: nn.Module                     # the user's module: state_dict, train()/eval()
-    model: nn.Module                      # what forward calls (maybe DDP-wrapped and/or compiled)
+    module: nn.Module  # the user's module: state_dict, train()/eval()
+    model: nn.Module  # what forward calls (maybe DDP-wrapped and/or compiled)
     optimizers: list[torch.optim.Optimizer]
     autocast_dtype: torch.dtype | None = None
-    cast_inputs: torch.dtype | None = None          # bf16-true: floating inputs in bf16
-    scaler: Any = None                              # torch.amp.GradScaler for fp16-mixed
+    cast_inputs: torch.dtype | None = None  # bf16-true: floating inputs in bf16
+    scaler: Any = None  # torch.amp.GradScaler for fp16-mixed
     accum_steps: int = 1
     set_to_none: bool = True
     non_blocking: bool = False
     channels_last_inputs: bool = False
     device_prefetch: bool = False
     loader_overrides: dict[str, Any] = field(default_factory=dict)
-    ddp: Any = None                                  # the DistributedDataParallel wrapper, if any
-    pipeline: Any = None                             # strategy='pipeline': launch.pipeline.PipelineRunner
+    ddp: Any = None  # the DistributedDataParallel wrapper, if any
+    pipeline: Any = None  # strategy='pipeline': launch.pipeline.PipelineRunner
     applied: list[str] = field(default_factory=list)
     skipped: list[tuple[str, str]] = field(default_factory=list)
     loss_wrapper: Callable[[Callable[..., Any]], Callable[..., Any]] | None = None  # compile on a GPU
@@ -116,13 +116,19 @@ class Runtime:
 
     def to_device(self, batch: Any) -> Any:
         """The batch on the training device, in the layout and dtype the plan asks for."""
-        return move_batch(batch, self.device, non_blocking=self.non_blocking,
-                          channels_last=self.channels_last_inputs, float_dtype=self.cast_inputs)
+        return move_batch(
+            batch,
+            self.device,
+            non_blocking=self.non_blocking,
+            channels_last=self.channels_last_inputs,
+            float_dtype=self.cast_inputs,
+        )
 
     def device_batches(self, loader: Iterable) -> Iterable:
         """Iterate ``loader`` with batches already on the device (prefetched when planned)."""
-        return pipeline.device_batches(loader, self.to_device, self.device, moves=self.moves_batches,
-                                       prefetch=self.device_prefetch)
+        return pipeline.device_batches(
+            loader, self.to_device, self.device, moves=self.moves_batches, prefetch=self.device_prefetch
+        )
 
     def rebuild_loader(self, loader: Any, **extra: Any) -> Any:
         """The loader with the plan's loader switches (workers, pinning, batch size) applied."""
@@ -151,8 +157,9 @@ def _as_list(optimizers) -> list[torch.optim.Optimizer]:
     return opts
 
 
-def prepare(model: nn.Module, optimizers=None, plan: Plan | None = None,
-            on_skip: Callable[[str, str], None] | None = None) -> Runtime:
+def prepare(
+    model: nn.Module, optimizers=None, plan: Plan | None = None, on_skip: Callable[[str, str], None] | None = None
+) -> Runtime:
     """Apply ``plan`` to ``model`` and ``optimizers`` (in place where possible) and return the Runtime.
 
     Parameters stay the same ``nn.Parameter`` objects, so optimizers (and schedulers built on
@@ -167,9 +174,16 @@ def prepare(model: nn.Module, optimizers=None, plan: Plan | None = None,
     hw = detect(device)
     if plan.strategy != "pipeline":  # a pipeline materialises each stage's layers on its own process only
         model.to(device)  # in place: the optimizer's Parameter objects stay valid
-    rt = Runtime(plan=plan, hardware=hw, device=device, module=model, model=model,
-                 optimizers=_as_list(optimizers), accum_steps=plan.grad_accum_steps,
-                 set_to_none=plan.set_to_none)
+    rt = Runtime(
+        plan=plan,
+        hardware=hw,
+        device=device,
+        module=model,
+        model=model,
+        optimizers=_as_list(optimizers),
+        accum_steps=plan.grad_accum_steps,
+        set_to_none=plan.set_to_none,
+    )
     for entry in all_speedups():
         if not entry.active(plan):
             continue

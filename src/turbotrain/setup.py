@@ -81,8 +81,9 @@ class SetupOptimizer:
         return getattr(self.optimizer, name)
 
 
-def setup(model: nn.Module, optimizer: torch.optim.Optimizer, loader: Iterable | None = None,
-          plan: Plan | None = None) -> tuple[SetupModel, SetupOptimizer, Iterable | None]:
+def setup(
+    model: nn.Module, optimizer: torch.optim.Optimizer, loader: Iterable | None = None, plan: Plan | None = None
+) -> tuple[SetupModel, SetupOptimizer, Iterable | None]:
     """Apply ``plan`` to the model, the optimizer and the loader of a hand-written loop."""
     rt = prepare(model, optimizer, plan)
     if rt.pipeline is not None:
@@ -91,7 +92,8 @@ def setup(model: nn.Module, optimizer: torch.optim.Optimizer, loader: Iterable |
             "a loop of your own calls it instead of model(inputs): runtime = tt.prepare(model, optimizer, plan); "
             "runtime.pipeline.configure(loss_fn, split_points); then per batch loss = "
             "runtime.pipeline.train_step((inputs, targets)); optimizer.step(); optimizer.zero_grad() "
-            "(docs/launch.md, 'Pipeline parallelism').")
+            "(docs/launch.md, 'Pipeline parallelism')."
+        )
     prepared_loader = None
     if loader is not None:
         prepared_loader = rt.device_batches(read_ahead(rt.rebuild_loader(loader)))  # data/pipeline.py's order

@@ -53,5 +53,7 @@ def load_yaml(path_or_text: str | os.PathLike) -> tuple[Any, str]:
         mark = getattr(exc, "problem_mark", None)
         at = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise ConfigError(f"{where}{at}: not valid YAML for turbotrain: {problem}. "
-                          "Only plain mappings, lists, strings and numbers are accepted.") from None
+        raise ConfigError(
+            f"{where}{at}: not valid YAML for turbotrain: {problem}. "
+            "Only plain mappings, lists, strings and numbers are accepted."
+        ) from None

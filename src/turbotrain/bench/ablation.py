@@ -30,8 +30,16 @@ from ..speedups.registry import Speedup, all_speedups
 from .data_workload import CACHE, FILES, LOCAL, PLAIN, SOURCES
 from .workload import Workload
 
-__all__ = ["Candidate", "candidates", "tuned_candidate", "tuning_off", "insert_after_fast", "DATA_PATH_FIELDS",
-           "RESIDENT", "LOADER"]
+__all__ = [
+    "Candidate",
+    "candidates",
+    "tuned_candidate",
+    "tuning_off",
+    "insert_after_fast",
+    "DATA_PATH_FIELDS",
+    "RESIDENT",
+    "LOADER",
+]
 
 RESIDENT, LOADER = "resident", "loader"
 
@@ -44,14 +52,14 @@ class Candidate:
     """One row of the ablation: a plan to measure, or the reason it is not measured."""
 
     label: str
-    kind: str                         # "naive", "alone", "fast", "tuned"; data: also "option", "reference"
+    kind: str  # "naive", "alone", "fast", "tuned"; data: also "option", "reference"
     plan: Plan | None
-    path: str = RESIDENT              # RESIDENT: batches already on the device; LOADER: through the DataLoader
-    source: str | None = None         # data workload: how the files are read (data_workload.SOURCES)
-    speedup: str | None = None        # the registry entry, for "alone" rows
+    path: str = RESIDENT  # RESIDENT: batches already on the device; LOADER: through the DataLoader
+    source: str | None = None  # data workload: how the files are read (data_workload.SOURCES)
+    speedup: str | None = None  # the registry entry, for "alone" rows
     skip: str | None = None
-    inverse: bool = False             # naive already has this tip; the row turns it off to price it
-    script: str | None = None         # the entry's dedicated benchmark script, if any
+    inverse: bool = False  # naive already has this tip; the row turns it off to price it
+    script: str | None = None  # the entry's dedicated benchmark script, if any
     note: str = ""
 
     @property
@@ -78,9 +86,15 @@ def _alone(entry: Speedup, workload: Workload, hw: Hardware, device: str, compil
     bench = entry.bench
     changes = dict(bench.changes)
     script_note = f"; measured by {bench.script}" if bench.script else ""
-    cand = Candidate(label=entry.name, kind="alone", plan=None, speedup=entry.name, script=bench.script,
-                     path=LOADER if DATA_PATH_FIELDS & set(changes) else RESIDENT,
-                     inverse=_is_inverse(entry, changes))
+    cand = Candidate(
+        label=entry.name,
+        kind="alone",
+        plan=None,
+        speedup=entry.name,
+        script=bench.script,
+        path=LOADER if DATA_PATH_FIELDS & set(changes) else RESIDENT,
+        inverse=_is_inverse(entry, changes),
+    )
     if workload.name not in bench.workloads:
         cand.skip = f"benchmarked on {', '.join(bench.workloads)}, not {workload.name}{script_note}"
         return cand
@@ -107,8 +121,9 @@ def _fast(model: nn.Module, device: str, compile_ok: bool) -> Candidate:
     return Candidate(label, "fast", fast, note=f"plan: {fast.describe()}{extra}")
 
 
-def candidates(workload: Workload, model: nn.Module, hw: Hardware, device: str = "auto",
-               compile_ok: bool = True) -> list[Candidate]:
+def candidates(
+    workload: Workload, model: nn.Module, hw: Hardware, device: str = "auto", compile_ok: bool = True
+) -> list[Candidate]:
     """The rows for ``workload`` on ``hw``: naive, each registry entry alone, fast (not tuned)."""
     naive = Candidate("naive", "naive", Plan(device=device))
     alone = [_alone(entry, workload, hw, device, compile_ok) for entry in all_speedups()]
@@ -118,8 +133,11 @@ def candidates(workload: Workload, model: nn.Module, hw: Hardware, device: str =
     rows = [naive, *(c for c in alone if c.path == RESIDENT), fast_row]
     loader_rows = [c for c in alone if c.path == LOADER]
     if any(c.measured for c in loader_rows):
-        rows += [dataclasses.replace(naive, label="naive (data path)", path=LOADER), *loader_rows,
-                 dataclasses.replace(fast_row, label=f"{fast_row.label} (data path)", path=LOADER)]
+        rows += [
+            dataclasses.replace(naive, label="naive (data path)", path=LOADER),
+            *loader_rows,
+            dataclasses.replace(fast_row, label=f"{fast_row.label} (data path)", path=LOADER),
+        ]
     else:
         rows += loader_rows  # all skipped: listed for their reasons, no data-path baseline needed
     return rows
@@ -127,17 +145,24 @@ def candidates(workload: Workload, model: nn.Module, hw: Hardware, device: str =
 
 def _data_candidates(naive: Candidate, alone: list[Candidate], fast: Candidate) -> list[Candidate]:
     """The data workload's rows: every plan reads the files over HTTP, from a source of its own."""
+
     def option(label: str, source: str) -> Candidate:
-        return dataclasses.replace(naive, label=label, kind="option", source=source,
-                                   note=f"naive plan; {SOURCES[source]}")
+        return dataclasses.replace(
+            naive, label=label, kind="option", source=source, note=f"naive plan; {SOURCES[source]}"
+        )
 
     for cand in alone:
         cand.source = PLAIN
     fast.source = CACHE
     fast.note += f"; {SOURCES[CACHE]}"
-    return [dataclasses.replace(naive, source=PLAIN, note=f"{SOURCES[PLAIN]}, no workers"),
-            option("tt.data.FileDataset (no cache)", FILES), option("tt.data.FileDataset + disk cache", CACHE),
-            *alone, fast, option("local disk", LOCAL)]
+    return [
+        dataclasses.replace(naive, source=PLAIN, note=f"{SOURCES[PLAIN]}, no workers"),
+        option("tt.data.FileDataset (no cache)", FILES),
+        option("tt.data.FileDataset + disk cache", CACHE),
+        *alone,
+        fast,
+        option("local disk", LOCAL),
+    ]
 
 
 def _accepted(fn: Callable, options: dict[str, Any]) -> dict[str, Any]:
@@ -148,8 +173,15 @@ def _accepted(fn: Callable, options: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in options.items() if k in params}
 
 
-def tuned_candidate(workload: Workload, model: nn.Module, device: str, budget_s: float,
-                    tune_fn: Callable | None = None, compile_ok: bool = True, loader: Any = None) -> Candidate:
+def tuned_candidate(
+    workload: Workload,
+    model: nn.Module,
+    device: str,
+    budget_s: float,
+    tune_fn: Callable | None = None,
+    compile_ok: bool = True,
+    loader: Any = None,
+) -> Candidate:
     """The plan ``tt.tune`` finds for this workload (on ``loader``, default the workload's own),
     or a skip saying why there is none."""
     if tune_fn is None:
@@ -161,9 +193,14 @@ def tuned_candidate(workload: Workload, model: nn.Module, device: str, budget_s:
     # The bench prints its own table; a run without compile rows keeps compile out of the search too.
     options = {"verbose": False, **({} if compile_ok else {"exclude": ("compile",)})}
     try:
-        plan = tune_fn(model, workload.loss_fn, loader if loader is not None else workload.loader(),
-                       workload.optimizer_fn, time_budget_s=budget_s,
-                       **_accepted(tune_fn, options))
+        plan = tune_fn(
+            model,
+            workload.loss_fn,
+            loader if loader is not None else workload.loader(),
+            workload.optimizer_fn,
+            time_budget_s=budget_s,
+            **_accepted(tune_fn, options),
+        )
     except Exception as exc:  # noqa: BLE001 - a tuner failure is reported in its row, the bench goes on
         return Candidate("tuned", "tuned", None, skip=f"the tuner failed: {type(exc).__name__}: {exc}")
     if plan.device != device:

@@ -14,7 +14,7 @@ __all__ = ["Anchor", "ANCHORS", "compare_to_anchors"]
 @dataclass(frozen=True)
 class Anchor:
     workload: str
-    metric: str          # "units_per_s" or "mfu"
+    metric: str  # "units_per_s" or "mfu"
     value: float
     source: str
 
@@ -45,8 +45,10 @@ def compare_to_anchors(result: "BenchResult") -> list[str]:
                 lines.append(f"{w.name}: no measured {anchor.metric} to hold against {anchor.source}")
                 continue
             ours = getattr(best, anchor.metric)
-            shown = (f"{ours * 100:.1f}% MFU" if anchor.metric == "mfu" else f"{ours:,.0f} {w.unit}/s")
-            theirs = (f"{anchor.value * 100:.0f}% MFU" if anchor.metric == "mfu" else f"{anchor.value:,.0f} {w.unit}/s")
-            lines.append(f"{w.name}: best plan '{best.label}' reaches {shown} on {device}, {ours / anchor.value:.2f}x "
-                         f"the {theirs} of {anchor.source}")
+            shown = f"{ours * 100:.1f}% MFU" if anchor.metric == "mfu" else f"{ours:,.0f} {w.unit}/s"
+            theirs = f"{anchor.value * 100:.0f}% MFU" if anchor.metric == "mfu" else f"{anchor.value:,.0f} {w.unit}/s"
+            lines.append(
+                f"{w.name}: best plan '{best.label}' reaches {shown} on {device}, {ours / anchor.value:.2f}x "
+                f"the {theirs} of {anchor.source}"
+            )
     return lines

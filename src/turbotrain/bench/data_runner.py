@@ -38,14 +38,33 @@ __all__ = ["run_data_workload", "EPOCHS"]
 EPOCHS = 2
 
 
-def run_data_workload(settings: BenchSettings, hw: Hardware, scale: str, progress: Progress = lambda msg: None,
-                      tune_fn: Callable | None = None) -> WorkloadResult:
-    wl: FilesWorkload = get_workload("data", scale, quick=settings.quick,  # type: ignore[assignment]  # "data": a FilesWorkload
-                                     files=settings.data_files, latency_ms=settings.data_latency_ms)
+def run_data_workload(
+    settings: BenchSettings,
+    hw: Hardware,
+    scale: str,
+    progress: Progress = lambda msg: None,
+    tune_fn: Callable | None = None,
+) -> WorkloadResult:
+    wl: FilesWorkload = get_workload(
+        "data",
+        scale,
+        quick=settings.quick,  # type: ignore[assignment]  # "data": a FilesWorkload
+        files=settings.data_files,
+        latency_ms=settings.data_latency_ms,
+    )
     model, _ = wl.build(settings.seed)
     cands = candidates(wl, model, hw, settings.device, compile_ok=settings.compile)
-    result = WorkloadResult("data", wl.unit, scale, wl.batch_size, sum(p.numel() for p in model.parameters()), None,
-                            rows=[], steps=wl.files // wl.batch_size, description=wl.describe())
+    result = WorkloadResult(
+        "data",
+        wl.unit,
+        scale,
+        wl.batch_size,
+        sum(p.numel() for p in model.parameters()),
+        None,
+        rows=[],
+        steps=wl.files // wl.batch_size,
+        description=wl.describe(),
+    )
     why = nginx_missing()
     if why is None:
         try:
@@ -63,15 +82,23 @@ def run_data_workload(settings: BenchSettings, hw: Hardware, scale: str, progres
     return result
 
 
-def _tuned(wl: FilesWorkload, model: torch.nn.Module, served: ServedFiles, tmp: Path, settings: BenchSettings,
-           progress: Progress, tune_fn: Callable | None) -> Candidate:
+def _tuned(
+    wl: FilesWorkload,
+    model: torch.nn.Module,
+    served: ServedFiles,
+    tmp: Path,
+    settings: BenchSettings,
+    progress: Progress,
+    tune_fn: Callable | None,
+) -> Candidate:
     if not settings.tune:
         return tuning_off()
     progress(f"data: tuning (budget {settings.tune_budget_s:.0f} s)")
     # The tuner sees the loader the fast row reads through, and the tuned row reads the same way.
     loader = served.loader(CACHE, tmp / "tune-cache", settings.seed)
-    tuned = tuned_candidate(wl, model, settings.device, settings.tune_budget_s, tune_fn, settings.compile,
-                            loader=loader)
+    tuned = tuned_candidate(
+        wl, model, settings.device, settings.tune_budget_s, tune_fn, settings.compile, loader=loader
+    )
     shutil.rmtree(tmp / "tune-cache", ignore_errors=True)
     if tuned.measured:
         tuned.source = CACHE
@@ -79,8 +106,15 @@ def _tuned(wl: FilesWorkload, model: torch.nn.Module, served: ServedFiles, tmp: 
     return tuned
 
 
-def _measure(wl: FilesWorkload, model: torch.nn.Module, cands: list[Candidate], served: ServedFiles, tmp: Path,
-             settings: BenchSettings, progress: Progress) -> list[Row]:
+def _measure(
+    wl: FilesWorkload,
+    model: torch.nn.Module,
+    cands: list[Candidate],
+    served: ServedFiles,
+    tmp: Path,
+    settings: BenchSettings,
+    progress: Progress,
+) -> list[Row]:
     warm = list(itertools.islice(wl.loader(seed=settings.seed), 1))  # the same images, already in memory
     measured = [c for c in cands if c.measured]
     # One untimed batch per source first: this process's HTTP session, nginx and the page cache
@@ -92,8 +126,17 @@ def _measure(wl: FilesWorkload, model: torch.nn.Module, cands: list[Candidate], 
     def run_one(rnd: int, k: int, cand: Candidate) -> EpochTrial:
         cache = tmp / f"cache-{rnd}-{k}" if cand.source == CACHE else None
         assert cand.source is not None and cand.plan is not None  # a measured row of the data workload
-        trial = run_epochs(model, wl.optimizer_fn, wl.loss_fn, served.loader(cand.source, cache, settings.seed),
-                           cand.plan, epochs=EPOCHS, warmup=settings.warmup, warmup_batches=warm, seed=settings.seed)
+        trial = run_epochs(
+            model,
+            wl.optimizer_fn,
+            wl.loss_fn,
+            served.loader(cand.source, cache, settings.seed),
+            cand.plan,
+            epochs=EPOCHS,
+            warmup=settings.warmup,
+            warmup_batches=warm,
+            seed=settings.seed,
+        )
         if cache is not None:
             shutil.rmtree(cache, ignore_errors=True)  # the next repeat's epoch 1 starts cold again
         return trial
@@ -119,8 +162,14 @@ def _measure(wl: FilesWorkload, model: torch.nn.Module, cands: list[Candidate], 
 
 def _epoch_view(t: EpochTrial, epoch: int) -> Trial:
     """Epoch ``epoch`` of an epoch trial as a Trial whose one "step" is the epoch's mean step."""
-    view = Trial(plan=t.plan, samples_per_step=0, error=t.error, applied=t.applied, skipped=t.skipped,
-                 peak_memory_bytes=t.peak_memory_bytes)
+    view = Trial(
+        plan=t.plan,
+        samples_per_step=0,
+        error=t.error,
+        applied=t.applied,
+        skipped=t.skipped,
+        peak_memory_bytes=t.peak_memory_bytes,
+    )
     if t.ok:
         steps = t.epoch_steps[epoch - 1]
         view.samples_per_step = t.epoch_samples[epoch - 1] // steps
@@ -129,8 +178,9 @@ def _epoch_view(t: EpochTrial, epoch: int) -> Trial:
     return view
 
 
-def _epoch_row(cand: Candidate, trials: list[EpochTrial], epoch: int, wl: FilesWorkload,
-               settings: BenchSettings) -> Row:
+def _epoch_row(
+    cand: Candidate, trials: list[EpochTrial], epoch: int, wl: FilesWorkload, settings: BenchSettings
+) -> Row:
     row = summarise(cand, [_epoch_view(t, epoch) for t in trials], wl, settings.warmup)
     if not row.measured:
         return row
@@ -167,8 +217,10 @@ def data_notes(results: list[WorkloadResult]) -> list[str]:
     data = next((w for w in results if w.name == "data" and not w.skip), None)
     if data is None:
         return []
-    return [f"data: {data.description}; each trial trains {EPOCHS} epochs of {data.steps} steps from a fresh loader "
-            "(and a fresh, empty cache) after warm-up steps on a batch in memory; an epoch is timed from "
-            "iter(loader) to its last step, so worker start-up counts, and 'step' is its time over its steps; "
-            "'bytes read' is the first repeat's reads per URL scheme (http: the server, cache: turbotrain's disk "
-            "cache, file: local disk)"]
+    return [
+        f"data: {data.description}; each trial trains {EPOCHS} epochs of {data.steps} steps from a fresh loader "
+        "(and a fresh, empty cache) after warm-up steps on a batch in memory; an epoch is timed from "
+        "iter(loader) to its last step, so worker start-up counts, and 'step' is its time over its steps; "
+        "'bytes read' is the first repeat's reads per URL scheme (http: the server, cache: turbotrain's disk "
+        "cache, file: local disk)"
+    ]

@@ -35,13 +35,25 @@ from .datasets import image_dataset
 from .models import SmallConvNet
 from .workload import Workload
 
-__all__ = ["FilesWorkload", "files_workload", "ServedFiles", "ServerUnavailable", "PlainReads", "decode_sample",
-           "nginx_missing", "SOURCES", "PLAIN", "FILES", "CACHE", "LOCAL"]
+__all__ = [
+    "FilesWorkload",
+    "files_workload",
+    "ServedFiles",
+    "ServerUnavailable",
+    "PlainReads",
+    "decode_sample",
+    "nginx_missing",
+    "SOURCES",
+    "PLAIN",
+    "FILES",
+    "CACHE",
+    "LOCAL",
+]
 
 PLAIN, FILES, CACHE, LOCAL = "plain", "files", "cache", "local"
 IMAGE_SIZE, CLASSES = 32, 10
-DEFAULT_FILES, DEFAULT_LATENCY_MS = 256, 20.0   # a full run
-QUICK_FILES, QUICK_LATENCY_MS = 96, 5.0         # --quick
+DEFAULT_FILES, DEFAULT_LATENCY_MS = 256, 20.0  # a full run
+QUICK_FILES, QUICK_LATENCY_MS = 96, 5.0  # --quick
 SOURCES = {
     PLAIN: "plain reads over HTTP (one blocking GET per sample in __getitem__)",
     FILES: "tt.data.FileDataset over HTTP, no cache (a batch's files fetched at once)",
@@ -80,12 +92,14 @@ class FilesWorkload(Workload):
 
     @property
     def file_bytes(self) -> int:
-        return 1 + 3 * self.image_size ** 2
+        return 1 + 3 * self.image_size**2
 
     def describe(self) -> str:
         rate = f", limit_rate {self.limit_rate} per connection" if self.limit_rate else ""
-        return (f"{self.files} files of {self.file_bytes / 1000:.1f} KB behind nginx "
-                f"({self.latency_s * 1000:g} ms to first byte{rate})")
+        return (
+            f"{self.files} files of {self.file_bytes / 1000:.1f} KB behind nginx "
+            f"({self.latency_s * 1000:g} ms to first byte{rate})"
+        )
 
     def write_files(self, folder: Path, seed: int = 0) -> list[Path]:
         """One file per sample in ``folder``: the class byte, then the image's bytes."""
@@ -99,8 +113,9 @@ class FilesWorkload(Workload):
         return paths
 
 
-def files_workload(scale: str = "cpu", quick: bool = False, files: int | None = None,
-                   latency_ms: float | None = None) -> FilesWorkload:
+def files_workload(
+    scale: str = "cpu", quick: bool = False, files: int | None = None, latency_ms: float | None = None
+) -> FilesWorkload:
     """The data workload; ``quick`` is the small variant of ``turbotrain bench --quick``.
 
     The same at every scale: what it measures is how files reach the model, and the model is
@@ -109,16 +124,27 @@ def files_workload(scale: str = "cpu", quick: bool = False, files: int | None = 
     count = files if files is not None else (QUICK_FILES if quick else DEFAULT_FILES)
     latency_s = (latency_ms if latency_ms is not None else (QUICK_LATENCY_MS if quick else DEFAULT_LATENCY_MS)) / 1000
     if count < 1 or latency_s < 0:
-        raise ValueError(f"the data workload needs files >= 1 and latency_ms >= 0, "
-                         f"got {count} and {latency_s * 1000:g}")
+        raise ValueError(
+            f"the data workload needs files >= 1 and latency_ms >= 0, got {count} and {latency_s * 1000:g}"
+        )
     batch = min(32, count)
 
     def make_dataset(seed: int) -> TensorDataset:
         pixels, labels = quantized_images(count, IMAGE_SIZE, CLASSES, seed)
         return TensorDataset(_to_float(pixels), labels)
 
-    return FilesWorkload("data", "samples", 1, batch, lambda: SmallConvNet(CLASSES), F.cross_entropy,
-                         make_dataset, lr=2e-3, files=count, latency_s=latency_s)
+    return FilesWorkload(
+        "data",
+        "samples",
+        1,
+        batch,
+        lambda: SmallConvNet(CLASSES),
+        F.cross_entropy,
+        make_dataset,
+        lr=2e-3,
+        files=count,
+        latency_s=latency_s,
+    )
 
 
 class PlainReads(Dataset):
@@ -156,8 +182,10 @@ class ServerUnavailable(RuntimeError):
 def nginx_missing() -> str | None:
     """Why the data workload cannot serve its files here, or None when nginx is installed."""
     if servers.nginx_binary() is None:
-        return ("nginx is not installed, and the data workload serves its files through a real nginx: install it "
-                "with `bash scripts/ci-deps.sh` (or `apt-get install nginx-light`) and run the bench again")
+        return (
+            "nginx is not installed, and the data workload serves its files through a real nginx: install it "
+            "with `bash scripts/ci-deps.sh` (or `apt-get install nginx-light`) and run the bench again"
+        )
     return None
 
 
@@ -168,8 +196,9 @@ class ServedFiles:
         self.workload = workload
         self.root = Path(root)
         self.paths = [str(p) for p in workload.write_files(self.root / "files", seed)]
-        self.server = servers.LocalNginx(self.root / "files", latency_s=workload.latency_s,
-                                         limit_rate=workload.limit_rate, workers=2)
+        self.server = servers.LocalNginx(
+            self.root / "files", latency_s=workload.latency_s, limit_rate=workload.limit_rate, workers=2
+        )
         self.urls: list[str] = []
 
     def __enter__(self) -> "ServedFiles":
@@ -193,11 +222,15 @@ class ServedFiles:
         if source == CACHE:
             if cache_dir is None:
                 raise ValueError("the 'cache' source needs a cache directory")
-            return FileDataset(self.urls, decode=decode_sample, cache=cache_dir,
-                               max_in_flight=self.workload.batch_size)
+            return FileDataset(self.urls, decode=decode_sample, cache=cache_dir, max_in_flight=self.workload.batch_size)
         raise ValueError(f"unknown source {source!r}; choose from {', '.join(SOURCES)}")
 
     def loader(self, source: str, cache_dir: str | os.PathLike | None = None, seed: int = 0) -> DataLoader:
         """A plain DataLoader over ``source`` (shuffled, whole batches): what the user's script builds."""
-        return DataLoader(self.dataset(source, cache_dir), batch_size=self.workload.batch_size, shuffle=True,
-                          generator=torch.Generator().manual_seed(seed), drop_last=True)
+        return DataLoader(
+            self.dataset(source, cache_dir),
+            batch_size=self.workload.batch_size,
+            shuffle=True,
+            generator=torch.Generator().manual_seed(seed),
+            drop_last=True,
+        )

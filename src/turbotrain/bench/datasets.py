@@ -30,8 +30,10 @@ def stdlib_bytes(max_bytes: int = 4_000_000) -> torch.Tensor:
         if size >= max_bytes:
             break
     if size < 10_000:
-        raise RuntimeError(f"found only {size} bytes of Python sources under {root}; the GPT workload needs the "
-                           "standard library's source files")
+        raise RuntimeError(
+            f"found only {size} bytes of Python sources under {root}; the GPT workload needs the "
+            "standard library's source files"
+        )
     return torch.frombuffer(bytearray(b"".join(chunks)[:max_bytes]), dtype=torch.uint8)
 
 
@@ -40,7 +42,7 @@ def text_dataset(samples: int, seq_len: int, seed: int = 0) -> TensorDataset:
     data = stdlib_bytes()
     g = torch.Generator().manual_seed(seed)
     starts = torch.randint(0, data.numel() - seq_len - 1, (samples,), generator=g)
-    windows = torch.stack([data[s:s + seq_len + 1] for s in starts.tolist()]).long()
+    windows = torch.stack([data[s : s + seq_len + 1] for s in starts.tolist()]).long()
     return TensorDataset(windows[:, :-1].contiguous(), windows[:, 1:].contiguous())
 
 

@@ -11,11 +11,16 @@ from .ablation import Candidate
 
 __all__ = ["Progress", "run_interleaved"]
 
-Progress = Callable[[str], None]   # told what the run is doing, one line at a time
+Progress = Callable[[str], None]  # told what the run is doing, one line at a time
 
 
-def run_interleaved(name: str, measured: list[Candidate], repeats: int, progress: Progress,
-                    run_one: Callable[[int, int, Candidate], Any]) -> dict[int, list[Any]]:
+def run_interleaved(
+    name: str,
+    measured: list[Candidate],
+    repeats: int,
+    progress: Progress,
+    run_one: Callable[[int, int, Candidate], Any],
+) -> dict[int, list[Any]]:
     """``run_one(round, index, cand)`` for round r of every plan before round r+1 of any; trials by ``id(cand)``."""
     trials: dict[int, list[Any]] = {id(c): [] for c in measured}
     for rnd in range(repeats):

@@ -24,8 +24,7 @@ class Block(nn.Module):
         b, t, c = x.shape
         q, k, v = self.qkv(self.ln1(x)).split(c, dim=2)
         q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                           dropout_p=self.dropout if self.training else 0.0)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
         x = x + self.proj(y.transpose(1, 2).reshape(b, t, c))
         return x + self.mlp(self.ln2(x))
 
@@ -33,8 +32,15 @@ class Block(nn.Module):
 class GPT(nn.Module):
     """A small decoder-only transformer (GPT-2 layout: pre-LN, tied embeddings, SDPA attention)."""
 
-    def __init__(self, vocab_size: int = 256, seq_len: int = 128, dim: int = 128, layers: int = 2,
-                 heads: int = 4, dropout: float = 0.0):
+    def __init__(
+        self,
+        vocab_size: int = 256,
+        seq_len: int = 128,
+        dim: int = 128,
+        layers: int = 2,
+        heads: int = 4,
+        dropout: float = 0.0,
+    ):
         super().__init__()
         self.seq_len = seq_len
         self.tok = nn.Embedding(vocab_size, dim)
@@ -102,7 +108,7 @@ class ResNetCNN(nn.Module):
         self.stem = nn.Sequential(nn.Conv2d(3, width, 3, 1, 1, bias=True), nn.BatchNorm2d(width), nn.ReLU())
         stages, cin = [], width
         for i, n in enumerate(blocks):
-            cout = width * 2 ** i
+            cout = width * 2**i
             for j in range(n):
                 stages.append(BasicBlock(cin, cout, 2 if (j == 0 and i > 0) else 1))
                 cin = cout
@@ -145,11 +151,12 @@ class ResNet50(nn.Module):
 
     def __init__(self, num_classes: int = 1000, layers: tuple[int, ...] = (3, 4, 6, 3), conv_bias: bool = True):
         super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(3, 64, 7, 2, 3, bias=conv_bias), nn.BatchNorm2d(64), nn.ReLU(),
-                                  nn.MaxPool2d(3, 2, 1))
+        self.stem = nn.Sequential(
+            nn.Conv2d(3, 64, 7, 2, 3, bias=conv_bias), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(3, 2, 1)
+        )
         blocks, cin = [], 64
         for i, n in enumerate(layers):
-            width = 64 * 2 ** i
+            width = 64 * 2**i
             for j in range(n):
                 blocks.append(Bottleneck(cin, width, 2 if (j == 0 and i > 0) else 1, conv_bias))
                 cin = width * Bottleneck.expansion
@@ -178,8 +185,13 @@ class SmallConvNet(nn.Module):
     def __init__(self, num_classes: int = 10, width: int = 16):
         super().__init__()
         self.features = nn.Sequential(
-            nn.Conv2d(3, width, 3, 2, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU(),
-            nn.Conv2d(width, 2 * width, 3, 2, 1, bias=False), nn.BatchNorm2d(2 * width), nn.ReLU())
+            nn.Conv2d(3, width, 3, 2, 1, bias=False),
+            nn.BatchNorm2d(width),
+            nn.ReLU(),
+            nn.Conv2d(width, 2 * width, 3, 2, 1, bias=False),
+            nn.BatchNorm2d(2 * width),
+            nn.ReLU(),
+        )
         self.head = nn.Linear(2 * width, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

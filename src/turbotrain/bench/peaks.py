@@ -18,7 +18,7 @@ BF16_DENSE_PEAKS: tuple[tuple[str, float | None], ...] = (
     ("H200", 989e12),
     ("H100 PCIe", 756e12),
     ("H100 NVL", 835e12),
-    ("H100", 989e12),       # SXM (HBM3), e.g. "NVIDIA H100 80GB HBM3"
+    ("H100", 989e12),  # SXM (HBM3), e.g. "NVIDIA H100 80GB HBM3"
     ("H800", 989e12),
     ("B200", 2250e12),
     ("A100", 312e12),
@@ -28,7 +28,7 @@ BF16_DENSE_PEAKS: tuple[tuple[str, float | None], ...] = (
     ("L4", 121e12),
     ("A10G", None),
     ("A10", 125e12),
-    ("RTX 4090", 165e12),   # with fp32 accumulation
+    ("RTX 4090", 165e12),  # with fp32 accumulation
     ("RTX 3090", 71e12),
 )
 

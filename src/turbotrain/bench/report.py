@@ -13,8 +13,19 @@ from .stats import FASTER, NOISE, SLOWER, UNVERIFIED
 
 __all__ = ["print_tables", "write_json", "markdown", "write_markdown", "write_plot", "summary_lines", "COLUMNS"]
 
-COLUMNS = ("plan", "throughput", "step", "spread", "speed-up", "call", "peak memory", "warm-up s cold / warm",
-           "loss first → final", "bytes read", "MFU")
+COLUMNS = (
+    "plan",
+    "throughput",
+    "step",
+    "spread",
+    "speed-up",
+    "call",
+    "peak memory",
+    "warm-up s cold / warm",
+    "loss first → final",
+    "bytes read",
+    "MFU",
+)
 # Shown only for the workloads that have them: MFU (GPT on a GPU), bytes read (the data workload).
 _OPTIONAL = {"bytes read": lambda r: bool(r.read_bytes), "MFU": lambda r: r.mfu is not None}
 
@@ -40,9 +51,9 @@ def _fmt_speedup(row: Row) -> str:
         return "-"
     text = f"{row.speedup:.2f}x"
     if row.verdict == NOISE:
-        return f"~{text}"       # inside the spread: not called a speed-up (or a slow-down)
+        return f"~{text}"  # inside the spread: not called a speed-up (or a slow-down)
     if row.verdict == UNVERIFIED:
-        return f"{text}?"       # too few repeats to judge it by their spread
+        return f"{text}?"  # too few repeats to judge it by their spread
     return text
 
 
@@ -56,15 +67,19 @@ def _cells(row: Row, unit: str, columns: tuple[str, ...]) -> list[str]:
         why = f"error: {row.error}" if row.error else f"skipped: {row.skip}"
         return [label, why] + [""] * (len(columns) - 2)
     loss = f"{row.first_loss:.3f} → {row.final_loss:.3f}" + ("" if row.learning else " (not falling!)")
-    cells = {"plan": label, "throughput": f"{row.units_per_s:,.0f} {unit}/s", "step": _fmt_step(row.step_s),
-             "spread": f"±{row.spread * 100:.0f}%",  # type: ignore[operator]  # a measured row has one
-             "speed-up": _fmt_speedup(row), "call": row.verdict or "-",
-             "peak memory": _fmt_bytes(row.peak_memory_bytes),
-             "warm-up s cold / warm": f"{_fmt_opt(row.warmup_cold_s, '.2f')} / {_fmt_opt(row.warmup_warm_s, '.2f')}",
-             "loss first → final": loss,
-             "bytes read": ", ".join(f"{scheme} {_fmt_bytes(n)}"
-                                     for scheme, n in sorted(row.read_bytes.items())) or "-",
-             "MFU": "-" if row.mfu is None else f"{row.mfu * 100:.1f}%"}
+    cells = {
+        "plan": label,
+        "throughput": f"{row.units_per_s:,.0f} {unit}/s",
+        "step": _fmt_step(row.step_s),
+        "spread": f"±{row.spread * 100:.0f}%",  # type: ignore[operator]  # a measured row has one
+        "speed-up": _fmt_speedup(row),
+        "call": row.verdict or "-",
+        "peak memory": _fmt_bytes(row.peak_memory_bytes),
+        "warm-up s cold / warm": f"{_fmt_opt(row.warmup_cold_s, '.2f')} / {_fmt_opt(row.warmup_warm_s, '.2f')}",
+        "loss first → final": loss,
+        "bytes read": ", ".join(f"{scheme} {_fmt_bytes(n)}" for scheme, n in sorted(row.read_bytes.items())) or "-",
+        "MFU": "-" if row.mfu is None else f"{row.mfu * 100:.1f}%",
+    }
     return [cells[c] for c in columns]
 
 
@@ -94,8 +109,10 @@ def _skipped_lines(w: WorkloadResult) -> list[str]:
 
 def print_tables(result: BenchResult, console: Console | None = None) -> None:
     console = console or Console()
-    console.print(f"[bold]turbotrain bench[/] on {result.machine['summary']}, torch {result.machine['torch']}, "
-                  f"{result.machine['date']}")
+    console.print(
+        f"[bold]turbotrain bench[/] on {result.machine['summary']}, torch {result.machine['torch']}, "
+        f"{result.machine['date']}"
+    )
     for w in result.workloads:
         shown = _shown(w)
         if shown:
@@ -128,8 +145,12 @@ def write_json(result: BenchResult, path: str | os.PathLike) -> Path:
 def markdown(result: BenchResult) -> str:
     """Markdown tables, one per workload, with the skipped rows and notes under each."""
     m = result.machine
-    lines = [f"Machine: {m['summary']}; torch {m['torch']}" + (f" (CUDA {m['cuda']})" if m.get("cuda") else "")
-             + f", {m.get('torch_threads')} threads; load average {m.get('load_average')}; {m['date']}.", ""]
+    lines = [
+        f"Machine: {m['summary']}; torch {m['torch']}"
+        + (f" (CUDA {m['cuda']})" if m.get("cuda") else "")
+        + f", {m.get('torch_threads')} threads; load average {m.get('load_average')}; {m['date']}.",
+        "",
+    ]
     for w in result.workloads:
         lines += [f"### {_title(w)}", ""]
         shown = _shown(w)
@@ -157,8 +178,11 @@ def write_markdown(result: BenchResult, path: str | os.PathLike) -> Path:
 
 def _ratio_range(row: Row, base: Row) -> tuple[float, float]:
     """Lowest and highest per-round ratio, for the error bar around the median speed-up."""
-    pairs = zip(base.units_per_s_runs, row.units_per_s_runs) if row.inverse else \
-        zip(row.units_per_s_runs, base.units_per_s_runs)
+    pairs = (
+        zip(base.units_per_s_runs, row.units_per_s_runs)
+        if row.inverse
+        else zip(row.units_per_s_runs, base.units_per_s_runs)
+    )
     ratios = [a / b for a, b in pairs]
     return min(ratios), max(ratios)
 
@@ -177,12 +201,16 @@ def write_plot(result: BenchResult, path: str | os.PathLike) -> Path:
         if bars:
             panels.append((w, bars, bases))
     height = sum(max(1.5, 0.45 * len(b) + 1) for _, b, _ in panels) or 2
-    fig, axes = plt.subplots(max(1, len(panels)), 1, figsize=(8, height), squeeze=False,
-                             gridspec_kw={"height_ratios": [len(b) + 1 for _, b, _ in panels] or [1]})
+    fig, axes = plt.subplots(
+        max(1, len(panels)),
+        1,
+        figsize=(8, height),
+        squeeze=False,
+        gridspec_kw={"height_ratios": [len(b) + 1 for _, b, _ in panels] or [1]},
+    )
     colours: dict[str | None, str] = {FASTER: "#2e7d32", SLOWER: "#c62828", NOISE: "#9e9e9e", UNVERIFIED: "#9e9e9e"}
     for ax, (w, bars, bases) in zip(axes[:, 0], panels):
-        labels = [r.label + (" (data path)" if r.path == "loader" and "data path" not in r.label else "")
-                  for r in bars]
+        labels = [r.label + (" (data path)" if r.path == "loader" and "data path" not in r.label else "") for r in bars]
         values = [r.speedup for r in bars]
         lows, highs = zip(*(_ratio_range(r, bases[r.baseline]) for r in bars))  # type: ignore[index]  # speed-up rows have one
         errors = [[max(0.0, v - lo) for v, lo in zip(values, lows)], [max(0.0, hi - v) for v, hi in zip(values, highs)]]
@@ -192,8 +220,9 @@ def write_plot(result: BenchResult, path: str | os.PathLike) -> Path:
         log = max(highs) > 10  # the data workload's 100x next to 2x: on a linear axis the 2x bars vanish
         if log:
             ax.set_xscale("log")
-        ax.set_title(f"{w.name}: speed-up over naive ({w.unit}/s{', log scale' if log else ''}); grey = within noise",
-                     fontsize=9)
+        ax.set_title(
+            f"{w.name}: speed-up over naive ({w.unit}/s{', log scale' if log else ''}); grey = within noise", fontsize=9
+        )
         ax.tick_params(labelsize=8)
     if not panels:
         axes[0, 0].text(0.5, 0.5, "no measured speed-ups", ha="center", va="center")
@@ -217,7 +246,8 @@ def summary_lines(result: BenchResult) -> list[str]:
         # One line per path the fast plan ran on that has its own naive row (data: one per epoch).
         fast = [r for r in w.rows if r.kind == "fast" and r.path != "loader" and r.measured and r.speedup is not None]
         if fast:
-            calls = [f"{_fmt_speedup(r)} ({r.verdict})" + (f" in {r.path}" if r.path != "resident" else "")
-                     for r in fast]
+            calls = [
+                f"{_fmt_speedup(r)} ({r.verdict})" + (f" in {r.path}" if r.path != "resident" else "") for r in fast
+            ]
             out.append(f"{w.name}: fast plan {', '.join(calls)} over naive")
     return out

@@ -24,21 +24,21 @@ class Row:
     error: str | None = None
     note: str = ""
     inverse: bool = False
-    baseline: str | None = None                   # the row the speed-up is against
-    samples_per_step: int | None = None           # per optimizer step (micro-batches x batch size)
-    units_per_s: float | None = None              # median over repeats
+    baseline: str | None = None  # the row the speed-up is against
+    samples_per_step: int | None = None  # per optimizer step (micro-batches x batch size)
+    units_per_s: float | None = None  # median over repeats
     units_per_s_runs: list[float] = field(default_factory=list)
-    step_s: float | None = None                   # median over repeats of each repeat's median step
-    spread: float | None = None                   # relative (max - min) / median of units_per_s_runs
+    step_s: float | None = None  # median over repeats of each repeat's median step
+    spread: float | None = None  # relative (max - min) / median of units_per_s_runs
     speedup: float | None = None
     noise: float | None = None
     verdict: str | None = None
-    warmup_cold_s: float | None = None            # warm-up beyond steady state, first repeat (compile: cold)
-    warmup_warm_s: float | None = None            # the same, median of later repeats (compile: warm cache)
+    warmup_cold_s: float | None = None  # warm-up beyond steady state, first repeat (compile: cold)
+    warmup_warm_s: float | None = None  # the same, median of later repeats (compile: warm cache)
     peak_memory_bytes: int | None = None
     first_loss: float | None = None
     final_loss: float | None = None
-    learning: bool | None = None                  # the loss fell over the trial and stayed finite
+    learning: bool | None = None  # the loss fell over the trial and stayed finite
     mfu: float | None = None
     read_bytes: dict[str, int] = field(default_factory=dict)  # data workload: bytes per URL scheme (first repeat)
     applied: list[str] = field(default_factory=list)
@@ -58,9 +58,9 @@ class WorkloadResult:
     params: int
     flops_per_token: float | None
     rows: list[Row]
-    steps: int = 0                                # measured steps per trial (after calibration; data: per epoch)
-    description: str = ""                         # what the workload's data is, when the title does not say
-    skip: str | None = None                       # why the workload could not run at all; its rows are skips
+    steps: int = 0  # measured steps per trial (after calibration; data: per epoch)
+    description: str = ""  # what the workload's data is, when the title does not say
+    skip: str | None = None  # why the workload could not run at all; its rows are skips
 
 
 @dataclass

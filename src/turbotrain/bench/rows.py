@@ -21,9 +21,16 @@ __all__ = ["planned_row", "summarise", "compare_rows"]
 
 def planned_row(cand: Candidate) -> Row:
     """The row as planned, before any measurement (all a skipped candidate gets)."""
-    return Row(label=cand.label, kind=cand.kind, path=cand.path, speedup_name=cand.speedup,
-               changes=cand.plan.changes(base=Plan(device=cand.plan.device)) if cand.plan else {},
-               skip=cand.skip, note=cand.note, inverse=cand.inverse)
+    return Row(
+        label=cand.label,
+        kind=cand.kind,
+        path=cand.path,
+        speedup_name=cand.speedup,
+        changes=cand.plan.changes(base=Plan(device=cand.plan.device)) if cand.plan else {},
+        skip=cand.skip,
+        note=cand.note,
+        inverse=cand.inverse,
+    )
 
 
 def summarise(cand: Candidate, trials: list[Trial], wl: Workload, warmup_steps: int) -> Row:

@@ -40,10 +40,16 @@ __all__ = ["BenchSettings", "Row", "WorkloadResult", "BenchResult", "run_bench",
 
 def machine_info(hw: Hardware) -> dict[str, Any]:
     return {
-        "device": hw.device_name, "device_type": hw.device_type, "summary": hw.summary(),
-        "cpu": platform.processor() or platform.machine(), "cpu_cores": hw.cpu_cores,
-        "torch_threads": torch.get_num_threads(), "load_average": _load_average(),
-        "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
+        "device": hw.device_name,
+        "device_type": hw.device_type,
+        "summary": hw.summary(),
+        "cpu": platform.processor() or platform.machine(),
+        "cpu_cores": hw.cpu_cores,
+        "torch_threads": torch.get_num_threads(),
+        "load_average": _load_average(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
     }
 
@@ -90,13 +96,21 @@ def _resident_batches(wl: Workload, batch_size: int, count: int, seed: int) -> l
     return list(itertools.islice(wl.loader(batch_size=batch_size, seed=seed), count))
 
 
-def _trial(wl: Workload, model: nn.Module, cand: Candidate, settings: BenchSettings, steps: int,
-           batches: Callable[[int], list[Any]], loader: Callable[[], Any]) -> Trial:
+def _trial(
+    wl: Workload,
+    model: nn.Module,
+    cand: Candidate,
+    settings: BenchSettings,
+    steps: int,
+    batches: Callable[[int], list[Any]],
+    loader: Callable[[], Any],
+) -> Trial:
     plan = cand.plan
     assert plan is not None
     if cand.path == LOADER:
-        return run_trial(model, wl.optimizer_fn, wl.loss_fn, [], plan, steps, settings.warmup,
-                         seed=settings.seed, loader=loader())
+        return run_trial(
+            model, wl.optimizer_fn, wl.loss_fn, [], plan, steps, settings.warmup, seed=settings.seed, loader=loader()
+        )
     size = plan.batch_size or wl.batch_size
     resident = batches(size)
     if not resident:
@@ -104,8 +118,9 @@ def _trial(wl: Workload, model: nn.Module, cand: Candidate, settings: BenchSetti
     return run_trial(model, wl.optimizer_fn, wl.loss_fn, resident, plan, steps, settings.warmup, seed=settings.seed)
 
 
-def _calibrated_steps(wl: Workload, model: nn.Module, naive: Candidate, settings: BenchSettings,
-                      batches: Callable[[int], list[Any]]) -> int:
+def _calibrated_steps(
+    wl: Workload, model: nn.Module, naive: Candidate, settings: BenchSettings, batches: Callable[[int], list[Any]]
+) -> int:
     """Enough steps for a naive trial to last ``min_trial_s``: tiny steps need many to time well."""
     pilot = _trial(wl, model, naive, settings, settings.steps, batches, lambda: None)
     if not pilot.ok:
@@ -114,8 +129,13 @@ def _calibrated_steps(wl: Workload, model: nn.Module, naive: Candidate, settings
     return max(settings.steps, min(settings.max_steps, wanted))
 
 
-def run_workload(name: str, settings: BenchSettings, hw: Hardware, progress: Progress = lambda msg: None,
-                 tune_fn: Callable | None = None) -> WorkloadResult:
+def run_workload(
+    name: str,
+    settings: BenchSettings,
+    hw: Hardware,
+    progress: Progress = lambda msg: None,
+    tune_fn: Callable | None = None,
+) -> WorkloadResult:
     scale = settings.scale if settings.scale != "auto" else ("gpu" if hw.is_cuda else "cpu")
     if name == "data":
         return run_data_workload(settings, hw, scale, progress, tune_fn)
@@ -147,8 +167,13 @@ def run_workload(name: str, settings: BenchSettings, hw: Hardware, progress: Pro
     measured = [c for c in cands if c.measured]
     progress(f"{name}: timing the naive plan to choose the number of steps")
     steps = _calibrated_steps(wl, model, cands[0], settings, batches)
-    trials = run_interleaved(name, measured, settings.repeats, progress,
-                          lambda rnd, k, cand: _trial(wl, model, cand, settings, steps, batches, loader))
+    trials = run_interleaved(
+        name,
+        measured,
+        settings.repeats,
+        progress,
+        lambda rnd, k, cand: _trial(wl, model, cand, settings, steps, batches, loader),
+    )
     rows = [summarise(c, trials.get(id(c), []), wl, settings.warmup) for c in cands]
     compare_rows(rows)
 
@@ -158,20 +183,28 @@ def run_workload(name: str, settings: BenchSettings, hw: Hardware, progress: Pro
         for row in rows:
             if row.measured:
                 row.mfu = mfu(row.units_per_s, flops, peak)  # type: ignore[arg-type]  # measured: it has one
-    return WorkloadResult(name, wl.unit, scale, wl.batch_size, sum(p.numel() for p in model.parameters()),
-                          flops, rows, steps=steps)
+    return WorkloadResult(
+        name, wl.unit, scale, wl.batch_size, sum(p.numel() for p in model.parameters()), flops, rows, steps=steps
+    )
 
 
-def run_bench(settings: BenchSettings | None = None, progress: Progress = lambda msg: None,
-              tune_fn: Callable | None = None) -> BenchResult:
+def run_bench(
+    settings: BenchSettings | None = None, progress: Progress = lambda msg: None, tune_fn: Callable | None = None
+) -> BenchResult:
     """Measure every workload in ``settings``; see ``docs/bench.md`` for what each column means."""
     settings = settings or BenchSettings()
     hw = detect(settings.device)
-    steps = ("" if settings.workloads == ("data",) else  # the data workload's trials are whole epochs (its own note)
-             f"each trial: {settings.warmup} warm-up steps, then at least {settings.steps} measured steps (more when "
-             f"the naive plan would take under {settings.min_trial_s:g} s); ")
-    notes = [f"{steps}{settings.repeats} interleaved repeats per plan; a speed-up is called only when it exceeds the "
-             "spread of the repeats"]
+    steps = (
+        ""
+        if settings.workloads == ("data",)
+        # the data workload's trials are whole epochs (its own note)
+        else f"each trial: {settings.warmup} warm-up steps, then at least {settings.steps} measured steps (more when "
+        f"the naive plan would take under {settings.min_trial_s:g} s); "
+    )
+    notes = [
+        f"{steps}{settings.repeats} interleaved repeats per plan; a speed-up is called only when it exceeds the "
+        "spread of the repeats"
+    ]
     if settings.quick:
         notes.append("--quick: compile rows and the tuned plan are skipped, trials are short")
     if not hw.is_cuda:
@@ -182,15 +215,18 @@ def run_bench(settings: BenchSettings | None = None, progress: Progress = lambda
         results = [run_workload(name, settings, hw, progress, tune_fn) for name in settings.workloads]
     machine["load_average_end"] = _load_average()
     if machine["load_average"] and machine["load_average"] > 0.75 * hw.cpu_cores:
-        notes.append(f"the machine was busy with other work (load average {machine['load_average']} at the start, "
-                     f"{machine['load_average_end']} at the end, on {hw.cpu_cores} cores): expect wide spreads"
-                     + ("; --threads 1 keeps CPU timings steadier" if not hw.is_cuda and settings.threads != 1 else ""))
+        notes.append(
+            f"the machine was busy with other work (load average {machine['load_average']} at the start, "
+            f"{machine['load_average_end']} at the end, on {hw.cpu_cores} cores): expect wide spreads"
+            + ("; --threads 1 keeps CPU timings steadier" if not hw.is_cuda and settings.threads != 1 else "")
+        )
     if "data" in settings.workloads:
         notes += data_notes(results)
     if any(r.path == LOADER and r.measured for w in results for r in w.rows):
-        notes.append("'data path' rows fetch every batch through the DataLoader and copy it to the device; "
-                     "the other rows train on batches already on the device")
+        notes.append(
+            "'data path' rows fetch every batch through the DataLoader and copy it to the device; "
+            "the other rows train on batches already on the device"
+        )
     result = BenchResult(machine, asdict(settings), notes, results)
     result.notes += [f"anchor: {line}" for line in compare_to_anchors(result)]
     return result
-

@@ -16,8 +16,7 @@ from typing import Sequence
 
 from ..measure import FASTER, NOISE, SLOWER, UNVERIFIED, Comparison, judge, relative_spread
 
-__all__ = ["Comparison", "relative_spread", "compare", "FASTER", "SLOWER", "NOISE", "UNVERIFIED",
-           "MIN_REPEATS_TO_CALL"]
+__all__ = ["Comparison", "relative_spread", "compare", "FASTER", "SLOWER", "NOISE", "UNVERIFIED", "MIN_REPEATS_TO_CALL"]
 
 # Two repeats that happen to agree say little on a shared machine; three is the least to call from.
 MIN_REPEATS_TO_CALL = 3

@@ -19,12 +19,12 @@ __all__ = ["Workload"]
 @dataclass(frozen=True)
 class Workload:
     name: str
-    unit: str                                   # what samples/s counts per sample: tokens, images
+    unit: str  # what samples/s counts per sample: tokens, images
     units_per_sample: int
     batch_size: int
     make_model: Callable[[], nn.Module]
     loss_fn: Callable
-    make_dataset: Callable[[int], TensorDataset]   # seed -> dataset
+    make_dataset: Callable[[int], TensorDataset]  # seed -> dataset
     lr: float
 
     def optimizer_fn(self, params) -> torch.optim.Optimizer:
@@ -32,8 +32,14 @@ class Workload:
 
     def loader(self, batch_size: int | None = None, seed: int = 0, shuffle: bool = True, **kwargs) -> DataLoader:
         g = torch.Generator().manual_seed(seed)
-        return DataLoader(self.make_dataset(seed), batch_size=batch_size or self.batch_size, shuffle=shuffle,
-                          generator=g, drop_last=True, **kwargs)
+        return DataLoader(
+            self.make_dataset(seed),
+            batch_size=batch_size or self.batch_size,
+            shuffle=shuffle,
+            generator=g,
+            drop_last=True,
+            **kwargs,
+        )
 
     def build(self, seed: int = 0) -> tuple[nn.Module, torch.optim.Optimizer]:
         """A freshly initialised model (same weights for the same seed) and its optimizer."""

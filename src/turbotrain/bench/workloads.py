@@ -26,8 +26,15 @@ from .models import GPT, ResNet50, ResNetCNN, TinyMLP, lm_loss
 from .workload import Workload
 
 # Workload and the data sets were defined here before they had modules of their own: still importable from here.
-__all__ = ["Workload", "get_workload", "WORKLOADS", "stdlib_bytes", "text_dataset", "image_dataset",
-           "random_token_dataset"]
+__all__ = [
+    "Workload",
+    "get_workload",
+    "WORKLOADS",
+    "stdlib_bytes",
+    "text_dataset",
+    "image_dataset",
+    "random_token_dataset",
+]
 
 
 def _gpt(scale: str, tokens: str = "bytes", vocab_size: int | None = None) -> Workload:
@@ -50,15 +57,32 @@ def _gpt(scale: str, tokens: str = "bytes", vocab_size: int | None = None) -> Wo
 
 def _cnn(scale: str) -> Workload:
     if scale == "gpu":  # ResNet-50 on 224x224, 1000 classes; batch 128 fits fp32 training on a 40 GB GPU
-        return Workload("cnn", "images", 1, 128, ResNet50, F.cross_entropy,
-                        lambda seed: image_dataset(1024, 224, classes=1000, seed=seed), lr=2e-3)
-    return Workload("cnn", "images", 1, 64, lambda: ResNetCNN(width=32, blocks=(1, 1, 1)), F.cross_entropy,
-                    lambda seed: image_dataset(4096, 32, seed=seed), lr=2e-3)
+        return Workload(
+            "cnn",
+            "images",
+            1,
+            128,
+            ResNet50,
+            F.cross_entropy,
+            lambda seed: image_dataset(1024, 224, classes=1000, seed=seed),
+            lr=2e-3,
+        )
+    return Workload(
+        "cnn",
+        "images",
+        1,
+        64,
+        lambda: ResNetCNN(width=32, blocks=(1, 1, 1)),
+        F.cross_entropy,
+        lambda seed: image_dataset(4096, 32, seed=seed),
+        lr=2e-3,
+    )
 
 
 def _mlp(scale: str) -> Workload:
-    return Workload("mlp", "samples", 1, 32, TinyMLP, F.cross_entropy,
-                    lambda seed: vector_dataset(32 * 200, seed=seed), lr=1e-2)
+    return Workload(
+        "mlp", "samples", 1, 32, TinyMLP, F.cross_entropy, lambda seed: vector_dataset(32 * 200, seed=seed), lr=1e-2
+    )
 
 
 def _data(scale: str, quick: bool = False, files: int | None = None, latency_ms: float | None = None) -> Workload:

@@ -32,6 +32,7 @@ def _compile_features(device_type: str) -> dict[str, Any]:
     if device_type == "cuda":
         try:
             from torch.utils._triton import has_triton
+
             triton = has_triton()
         except ImportError:
             triton = False
@@ -57,19 +58,29 @@ def collect() -> dict[str, Any]:
     from ..launch.topology import detect_topology, infiniband_devices
 
     hw = detect()
-    gpus = ([torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-            if torch.cuda.is_available() else [])
+    gpus = (
+        [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+    )
     info: dict[str, Any] = {
-        "torch": torch.__version__, "cuda": torch.version.cuda, "device": hw.device_type, "device_name": hw.device_name,
-        "gpu_count": len(gpus), "gpus": gpus, "cpu_cores": hw.cpu_cores,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "device": hw.device_type,
+        "device_name": hw.device_name,
+        "gpu_count": len(gpus),
+        "gpus": gpus,
+        "cpu_cores": hw.cpu_cores,
         **cpu_facts(hw),  # usable cores (affinity, quota), torch's threads, OMP_/MKL_NUM_THREADS, load
         "memory_gib": round(hw.memory_bytes / 2**30, 1),
         "compute_capability": ".".join(map(str, hw.capability)) if hw.capability else None,
         "precision": {"fp32": True, "bf16": hw.bf16, "fp16": hw.fp16, "tf32": hw.tf32, "fp8": hw.fp8},
         "cudnn": hw.cudnn,
         "compile": _compile_features(hw.device_type),
-        "distributed": {"available": dist.is_available(), "nccl": dist.is_available() and dist.is_nccl_available(),
-                        "gloo": dist.is_available() and dist.is_gloo_available(), "nccl_version": _nccl_version()},
+        "distributed": {
+            "available": dist.is_available(),
+            "nccl": dist.is_available() and dist.is_nccl_available(),
+            "gloo": dist.is_available() and dist.is_gloo_available(),
+            "nccl_version": _nccl_version(),
+        },
     }
     if gpus:
         topo, why = detect_topology()

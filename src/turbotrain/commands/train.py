@@ -30,9 +30,11 @@ def run(args) -> int:
     console.print(f"[bold]{recipe.workload}[/] with plan: {plan.describe()}")
     trainer = Trainer(model, optimizer, wl.loss_fn, plan=plan, **to_mapping(recipe.trainer))
     result = trainer.fit(wl.loader(recipe.batch_size, seed=recipe.seed), resume=recipe.resume)
-    console.print(f"stopped by {result.stopped_by} after {result.steps} steps: "
-                  f"{result.samples_per_s * wl.units_per_sample:,.0f} {wl.unit}/s, "
-                  + ", ".join(f"{k}={v:.4g}" for k, v in result.metrics.items() if k.endswith("loss")))
+    console.print(
+        f"stopped by {result.stopped_by} after {result.steps} steps: "
+        f"{result.samples_per_s * wl.units_per_sample:,.0f} {wl.unit}/s, "
+        + ", ".join(f"{k}={v:.4g}" for k, v in result.metrics.items() if k.endswith("loss"))
+    )
     for switch, why in result.skipped:
         console.print(f"skipped {switch}: {why}")
     return 0

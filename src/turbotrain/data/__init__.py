@@ -22,6 +22,20 @@ from .prefetch import DeviceLoader
 from .preloading import preload
 from .pipeline import read_ahead
 
-__all__ = ["FileDataset", "ParquetDataset", "preload", "read_ahead", "DeviceLoader", "RetryPolicy", "FetchError",
-           "CacheFullError", "ParquetFileError", "clear_cache", "stats", "loader", "transfer", "prefetch",
-           "pipeline"]
+__all__ = [
+    "FileDataset",
+    "ParquetDataset",
+    "preload",
+    "read_ahead",
+    "DeviceLoader",
+    "RetryPolicy",
+    "FetchError",
+    "CacheFullError",
+    "ParquetFileError",
+    "clear_cache",
+    "stats",
+    "loader",
+    "transfer",
+    "prefetch",
+    "pipeline",
+]

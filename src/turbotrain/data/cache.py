@@ -59,7 +59,7 @@ def _write_all(fd: int, data: bytes) -> None:
     """All of ``data`` to ``fd`` with plain os.write (a buffered file object per entry costs more than the write)."""
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view):]  # a regular file may take less than asked (a signal, a full disk)
+        view = view[os.write(fd, view) :]  # a regular file may take less than asked (a signal, a full disk)
 
 
 def _key(url: str) -> str:
@@ -112,11 +112,15 @@ class DiskCache:
             self.root.mkdir(parents=True, exist_ok=True)
             marker = self.root / MARKER
             if not marker.exists():
-                marker.write_text("turbotrain cache: entries are named by the SHA-256 of their URL. "
-                                  "turbotrain.data.clear_cache(dir) removes only those entries.\n")
+                marker.write_text(
+                    "turbotrain cache: entries are named by the SHA-256 of their URL. "
+                    "turbotrain.data.clear_cache(dir) removes only those entries.\n"
+                )
         except OSError as exc:
-            raise OSError(f"cannot use {self.root} as a cache directory: {exc}. Pass cache= a writable "
-                          "local directory, 'memory', 'shm' or None.") from exc
+            raise OSError(
+                f"cannot use {self.root} as a cache directory: {exc}. Pass cache= a writable "
+                "local directory, 'memory', 'shm' or None."
+            ) from exc
         self._root = str(self.root)
         self._made: set[str] = set()  # entry subdirectories known to exist
         self._sweep_stale_temps()
@@ -234,9 +238,11 @@ class DiskCache:
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):
                 free = shutil.disk_usage(self.root).free
                 raise CacheFullError(
-                    exc.errno, f"cache directory {self.root} is full ({free / 1e6:.1f} MB free) while storing "
+                    exc.errno,
+                    f"cache directory {self.root} is full ({free / 1e6:.1f} MB free) while storing "
                     f"{len(data) / 1e6:.1f} MB for {url}; no partial file was kept. Free space there, point "
-                    "cache= at a larger disk, or use cache=None.") from exc
+                    "cache= at a larger disk, or use cache=None.",
+                ) from exc
             raise
         finally:
             if tmp is not None:
@@ -370,6 +376,7 @@ def checked_versions(urls: list[str], fetcher: Fetcher, cache: Any) -> dict[str,
     versions = listed_versions(urls, fetcher, cache.recorded_version)
     dropped = cache.validate(versions)
     if dropped:
-        log.info("turbotrain: %d cached file(s) changed on the store since they were cached; they are fetched "
-                 "again", dropped)
+        log.info(
+            "turbotrain: %d cached file(s) changed on the store since they were cached; they are fetched again", dropped
+        )
     return versions

@@ -34,13 +34,16 @@ def _values(name: str, column) -> np.ndarray | list:
     arr = column.combine_chunks() if hasattr(column, "combine_chunks") else column
     kind = arr.type
     numeric = pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind)
-    fixed_list = pa.types.is_fixed_size_list(kind) and (pa.types.is_integer(kind.value_type)
-                                                        or pa.types.is_floating(kind.value_type))
+    fixed_list = pa.types.is_fixed_size_list(kind) and (
+        pa.types.is_integer(kind.value_type) or pa.types.is_floating(kind.value_type)
+    )
     if not (numeric or fixed_list):
         return arr.to_pylist()
     if arr.null_count:
-        raise ValueError(f"column {name!r} has {arr.null_count} null value(s), which a tensor cannot hold: fill "
-                         "them when writing the data, or use ParquetDataset(..., format='arrow')")
+        raise ValueError(
+            f"column {name!r} has {arr.null_count} null value(s), which a tensor cannot hold: fill "
+            "them when writing the data, or use ParquetDataset(..., format='arrow')"
+        )
     if fixed_list:
         return arr.flatten().to_numpy(zero_copy_only=False).reshape(len(arr), kind.list_size)
     return arr.to_numpy(zero_copy_only=False)
@@ -61,12 +64,17 @@ def to_torch(table) -> dict[str, Any]:
     out: dict[str, Any] = {name: v for name, v in values.items() if not isinstance(v, np.ndarray)}
     start = 0
     for ((dtype, shape), names), size in zip(groups.items(), sizes):
-        block = raw[start:start + size].view(dtype).reshape(len(names), *shape)
+        block = raw[start : start + size].view(dtype).reshape(len(names), *shape)
         for row, name in zip(block, names):
             np.copyto(row, values[name])
         # Torch views of the one storage, not from_numpy (which would give each block a storage of its own).
-        tensors = torch.empty(0, dtype=_torch_dtype(dtype)).set_(  # type: ignore[call-overload]  # contiguous: no stride
-            storage, start // dtype.itemsize, (len(names), *shape)).unbind(0)
+        tensors = (
+            torch.empty(0, dtype=_torch_dtype(dtype))
+            .set_(  # type: ignore[call-overload]  # contiguous: no stride
+                storage, start // dtype.itemsize, (len(names), *shape)
+            )
+            .unbind(0)
+        )
         out.update(zip(names, tensors))
         start += -(-size // ALIGN) * ALIGN
     return {name: out[name] for name in values}  # the table's column order

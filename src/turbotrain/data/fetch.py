@@ -74,8 +74,9 @@ class RetryPolicy:
         if self.attempts < 1:
             raise ValueError(f"RetryPolicy.attempts must be at least 1, got {self.attempts}")
         if self.attempt_timeout_s is not None and self.attempt_timeout_s <= 0:
-            raise ValueError(f"RetryPolicy.attempt_timeout_s must be positive (math.inf: off), got "
-                             f"{self.attempt_timeout_s}")
+            raise ValueError(
+                f"RetryPolicy.attempt_timeout_s must be positive (math.inf: off), got {self.attempt_timeout_s}"
+            )
 
     def delay(self, failures: int) -> float:
         base = min(self.max_backoff_s, self.backoff_s * 2 ** (failures - 1))
@@ -100,8 +101,7 @@ def scheme_of(url: str) -> str:
 def _permanent(exc: BaseException, policy: RetryPolicy) -> bool:
     if isinstance(exc, FileNotFoundError):
         return not policy.retry_missing
-    if isinstance(exc, (PermissionError, IsADirectoryError, NotADirectoryError, ValueError, TypeError,
-                        ImportError)):
+    if isinstance(exc, (PermissionError, IsADirectoryError, NotADirectoryError, ValueError, TypeError, ImportError)):
         return True
     status = getattr(exc, "status", None)  # aiohttp.ClientResponseError and friends
     if isinstance(status, int):
@@ -146,8 +146,7 @@ def _filesystem(protocol: str, storage_options: dict[str, Any], timeout_s: float
             import aiohttp
 
             # No total limit (a big file may take long), but a stalled connection must not hang a worker.
-            client_kwargs["timeout"] = aiohttp.ClientTimeout(total=None, sock_connect=timeout_s,
-                                                             sock_read=timeout_s)
+            client_kwargs["timeout"] = aiohttp.ClientTimeout(total=None, sock_connect=timeout_s, sock_read=timeout_s)
         options["client_kwargs"] = client_kwargs
     return fsspec.filesystem(protocol, **options)
 
@@ -187,8 +186,7 @@ def _disown_parent_loops() -> None:
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(before=_remember_loops, after_in_parent=_forget_loops,
-                        after_in_child=_disown_parent_loops)
+    os.register_at_fork(before=_remember_loops, after_in_parent=_forget_loops, after_in_child=_disown_parent_loops)
 
 
 def expand_urls(urls: Any, storage_options: dict[str, Any] | None = None) -> list[str]:
@@ -213,8 +211,9 @@ def expand_urls(urls: Any, storage_options: dict[str, Any] | None = None) -> lis
 class Fetcher:
     """Reads whole files with up to ``max_in_flight`` requests outstanding, retrying per ``retry``."""
 
-    def __init__(self, storage_options: dict[str, Any] | None = None, max_in_flight: int = 32,
-                 retry: RetryPolicy | None = None):
+    def __init__(
+        self, storage_options: dict[str, Any] | None = None, max_in_flight: int = 32, retry: RetryPolicy | None = None
+    ):
         if max_in_flight < 1:
             raise ValueError(f"max_in_flight must be at least 1, got {max_in_flight}")
         self.storage_options = dict(storage_options or {})
@@ -293,13 +292,18 @@ class Fetcher:
         """How long to wait before the next attempt after ``exc``; raises when there is none to make."""
         policy = self.retry
         if isinstance(exc, FileNotFoundError) and not policy.retry_missing:
-            raise FileNotFoundError(f"{url}: no such file (HTTP 404 or missing object). Check the URL, "
-                                    "or the list or glob given to the dataset.") from exc
+            raise FileNotFoundError(
+                f"{url}: no such file (HTTP 404 or missing object). Check the URL, "
+                "or the list or glob given to the dataset."
+            ) from exc
         if _permanent(exc, policy) or attempt == policy.attempts:
-            raise FetchError(url, f"could not read {url}: {_describe(exc)} (attempt {attempt} of "
-                                  f"{policy.attempts}, {time.perf_counter() - started:.1f} s). Check "
-                                  "that the server is up and the URL right; RetryPolicy(attempts=..., "
-                                  "timeout_s=...) sets how hard to try.") from exc
+            raise FetchError(
+                url,
+                f"could not read {url}: {_describe(exc)} (attempt {attempt} of "
+                f"{policy.attempts}, {time.perf_counter() - started:.1f} s). Check "
+                "that the server is up and the URL right; RetryPolicy(attempts=..., "
+                "timeout_s=...) sets how hard to try.",
+            ) from exc
         wait = policy.delay(attempt)
         log.debug("turbotrain: retrying %s in %.2f s after %s", url, wait, _describe(exc))
         return wait
@@ -325,8 +329,9 @@ class Fetcher:
             try:
                 async with self._slots():  # max_in_flight requests at once, as the thread pool bounds reads
                     t0 = time.perf_counter()
-                    data = await asyncio.wait_for(fs._cat_file(path, start=start, end=end),
-                                                  self.attempt_timeout(attempt))
+                    data = await asyncio.wait_for(
+                        fs._cat_file(path, start=start, end=end), self.attempt_timeout(attempt)
+                    )
             except Exception as exc:  # noqa: BLE001 - classified, re-raised with the URL
                 await asyncio.sleep(self._retry_wait(url, exc, attempt, started))
                 continue

@@ -35,9 +35,16 @@ class FileDataset(Dataset):
     file changed, so a persistent cache never serves stale bytes.
     """
 
-    def __init__(self, urls: str | os.PathLike | Iterable[str], decode: Callable[[bytes], Any] | None = None,
-                 cache: Any = None, *, storage_options: dict[str, Any] | None = None, max_in_flight: int = 64,
-                 retry: RetryPolicy | None = None):
+    def __init__(
+        self,
+        urls: str | os.PathLike | Iterable[str],
+        decode: Callable[[bytes], Any] | None = None,
+        cache: Any = None,
+        *,
+        storage_options: dict[str, Any] | None = None,
+        max_in_flight: int = 64,
+        retry: RetryPolicy | None = None,
+    ):
         self.storage_options = dict(storage_options or {})
         self.urls: list[str] = expand_urls(urls, self.storage_options)
         self.decode = decode
@@ -129,10 +136,12 @@ class FileDataset(Dataset):
     def _warn_memory_in_worker(self) -> None:
         if isinstance(self.cache, MemoryCache) and not self._warned_memory and get_worker_info() is not None:
             self._warned_memory = True
-            log.warning("turbotrain: FileDataset(cache='memory') is filling inside a DataLoader worker; what it "
-                        "caches there is lost to the other workers and to the next epoch's workers. Use "
-                        "cache='shm' (shared by all processes), call dataset.fill() before iterating, or "
-                        "num_workers=0.")
+            log.warning(
+                "turbotrain: FileDataset(cache='memory') is filling inside a DataLoader worker; what it "
+                "caches there is lost to the other workers and to the next epoch's workers. Use "
+                "cache='shm' (shared by all processes), call dataset.fill() before iterating, or "
+                "num_workers=0."
+            )
 
     def fill(self, indices: Iterable[int] | None = None) -> "FileDataset":
         """Fetch every file (or those at ``indices``) not yet cached, many at once; returns self."""

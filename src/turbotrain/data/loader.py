@@ -16,16 +16,29 @@ __all__ = ["rebuild_loader", "LOADER_KEYS"]
 
 log = logging.getLogger("turbotrain")
 
-LOADER_KEYS = ("num_workers", "pin_memory", "persistent_workers", "batch_size", "batch_sampler",
-               "prefetch_factor", "worker_init_fn", "sampler")
+LOADER_KEYS = (
+    "num_workers",
+    "pin_memory",
+    "persistent_workers",
+    "batch_size",
+    "batch_sampler",
+    "prefetch_factor",
+    "worker_init_fn",
+    "sampler",
+)
 
 
 def _settings(loader: DataLoader) -> dict[str, Any]:
     kwargs: dict[str, Any] = dict(
-        num_workers=loader.num_workers, collate_fn=loader.collate_fn, pin_memory=loader.pin_memory,
-        timeout=loader.timeout, worker_init_fn=loader.worker_init_fn,
-        multiprocessing_context=loader.multiprocessing_context, generator=loader.generator,
-        prefetch_factor=loader.prefetch_factor, persistent_workers=loader.persistent_workers,
+        num_workers=loader.num_workers,
+        collate_fn=loader.collate_fn,
+        pin_memory=loader.pin_memory,
+        timeout=loader.timeout,
+        worker_init_fn=loader.worker_init_fn,
+        multiprocessing_context=loader.multiprocessing_context,
+        generator=loader.generator,
+        prefetch_factor=loader.prefetch_factor,
+        persistent_workers=loader.persistent_workers,
     )
     if hasattr(loader, "in_order"):
         kwargs["in_order"] = loader.in_order
@@ -48,8 +61,11 @@ def rebuild_loader(loader: Any, **overrides: Any) -> Any:
     if not overrides:
         return loader
     if not isinstance(loader, DataLoader):
-        log.warning("turbotrain: loader settings %s not applied: the loader is a %s, not a torch DataLoader",
-                    sorted(overrides), type(loader).__name__)
+        log.warning(
+            "turbotrain: loader settings %s not applied: the loader is a %s, not a torch DataLoader",
+            sorted(overrides),
+            type(loader).__name__,
+        )
         return loader
 
     kwargs = _settings(loader)
@@ -65,10 +81,14 @@ def rebuild_loader(loader: Any, **overrides: Any) -> Any:
         kwargs["drop_last"] = loader.drop_last
     elif loader.batch_size is None and batch_size is not None:
         if loader.batch_sampler is None:
-            raise ValueError("batch_size cannot be set: this DataLoader does no batching (batch_size=None); "
-                             "its dataset yields whole batches.")
-        raise ValueError("batch_size cannot be set: this DataLoader uses a custom batch_sampler "
-                         f"({type(loader.batch_sampler).__name__}); change the batch size there.")
+            raise ValueError(
+                "batch_size cannot be set: this DataLoader does no batching (batch_size=None); "
+                "its dataset yields whole batches."
+            )
+        raise ValueError(
+            "batch_size cannot be set: this DataLoader uses a custom batch_sampler "
+            f"({type(loader.batch_sampler).__name__}); change the batch size there."
+        )
     elif loader.batch_size is None:
         kwargs["batch_sampler"] = loader.batch_sampler
         if loader.batch_sampler is None:
@@ -93,4 +113,3 @@ def batch_sampler_of(loader: DataLoader):
     if loader.batch_sampler is not None:
         return loader.batch_sampler
     return None
-

@@ -112,10 +112,10 @@ class _Reader:
     def __init__(self, ds: "ParquetDataset", files_in_order: list[int]):
         self.ds = ds
         self.files_in_order = files_in_order
-        self.next_file = 0                        # the next file whose parts are not yet asked for
+        self.next_file = 0  # the next file whose parts are not yet asked for
         self.parts: dict[int, list[Future]] = {}  # asked for, not yet in the cache
-        self.joined: dict[int, Future] = {}       # done when the file is in the cache
-        self.elsewhere: set[int] = set()          # being fetched by another process sharing the cache
+        self.joined: dict[int, Future] = {}  # done when the file is in the cache
+        self.elsewhere: set[int] = set()  # being fetched by another process sharing the cache
         self.open_files: dict[int, Any] = {}
         self._lock = threading.Lock()
         self._joiner = ThreadPoolExecutor(2, thread_name_prefix="turbotrain-parquet-join")
@@ -172,8 +172,12 @@ class _Reader:
                     give_up = time.monotonic() + policy.attempts * (policy.timeout_s + policy.max_backoff_s)
                     pause = 0.002
                     # Only a DiskCache claims files (self.elsewhere holds no others).
-                    while (isinstance(cache, DiskCache) and cache.claimed(url) and url not in cache
-                           and time.monotonic() < give_up):
+                    while (
+                        isinstance(cache, DiskCache)
+                        and cache.claimed(url)
+                        and url not in cache
+                        and time.monotonic() < give_up
+                    ):
                         time.sleep(pause)  # its owner joins the parts and renames the entry into place
                         pause = min(0.02, pause * 1.5)
                     # Entry there, or the owner failed or died: _open fetches it whole (and names any error).
@@ -191,9 +195,13 @@ class _Reader:
         except (FetchError, FileNotFoundError):
             raise
         except Exception as exc:  # pyarrow raises ArrowInvalid, OSError, ...
-            raise ParquetFileError(url, unit.row_group, f"{url}: row group {unit.row_group} (of "
-                                   f"{pf.metadata.num_row_groups}) could not be read: {exc}"
-                                   f"{self.ds._where(url)}") from exc
+            raise ParquetFileError(
+                url,
+                unit.row_group,
+                f"{url}: row group {unit.row_group} (of "
+                f"{pf.metadata.num_row_groups}) could not be read: {exc}"
+                f"{self.ds._where(url)}",
+            ) from exc
         stats.record(self.ds._read_scheme(url), unit.compressed_bytes, time.perf_counter() - t0)
         return table
 
@@ -223,13 +231,27 @@ class ParquetDataset(IterableDataset):
 
     PART_BYTES = 1 << 20
 
-    def __init__(self, urls: str | os.PathLike | Iterable[str], columns: list[str] | None = None,
-                 batch_rows: int = 1024, *, shuffle: bool = False, shuffle_buffer_rows: int | None = None,
-                 seed: int = 0, drop_last: bool = False, cache: Any = None,
-                 storage_options: dict[str, Any] | None = None, rank: int | None = None,
-                 world_size: int | None = None, format: str = "torch",
-                 transform: Callable[[Any], Any] | None = None, read_ahead: int = 2, max_in_flight: int = 64,
-                 retry: RetryPolicy | None = None, part_bytes: int | None = None):
+    def __init__(
+        self,
+        urls: str | os.PathLike | Iterable[str],
+        columns: list[str] | None = None,
+        batch_rows: int = 1024,
+        *,
+        shuffle: bool = False,
+        shuffle_buffer_rows: int | None = None,
+        seed: int = 0,
+        drop_last: bool = False,
+        cache: Any = None,
+        storage_options: dict[str, Any] | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        format: str = "torch",
+        transform: Callable[[Any], Any] | None = None,
+        read_ahead: int = 2,
+        max_in_flight: int = 64,
+        retry: RetryPolicy | None = None,
+        part_bytes: int | None = None,
+    ):
         if batch_rows < 1:
             raise ValueError(f"batch_rows must be at least 1, got {batch_rows}")
         if format not in ("torch", "arrow"):
@@ -256,8 +278,10 @@ class ParquetDataset(IterableDataset):
         self.num_rows = sum(u.rows for u in self.units)
 
     def __repr__(self) -> str:
-        return (f"ParquetDataset({len(self.urls)} files, {len(self.units)} row groups, {self.num_rows} rows, "
-                f"rank {self.rank}/{self.world_size}, cache={self.cache!r})")
+        return (
+            f"ParquetDataset({len(self.urls)} files, {len(self.units)} row groups, {self.num_rows} rows, "
+            f"rank {self.rank}/{self.world_size}, cache={self.cache!r})"
+        )
 
     # -- opening files ------------------------------------------------------------------------
 
@@ -273,12 +297,13 @@ class ParquetDataset(IterableDataset):
             return [(None, None)]
         return [(start, min(start + self.part_bytes, size)) for start in range(0, size, self.part_bytes)]
 
-
-
     def _where(self, url: str) -> str:
         path = self.cache.local_path(url) if self.cache is not None else None
-        return (f" (read from the cached copy {path}; if the original is fine, clear the cache with "
-                f"tt.data.clear_cache)") if path else ""
+        return (
+            (f" (read from the cached copy {path}; if the original is fine, clear the cache with tt.data.clear_cache)")
+            if path
+            else ""
+        )
 
     def _read_scheme(self, url: str) -> str:
         return stats.CACHE_SCHEME if self.cache is not None and url in self.cache else scheme_of(url)
@@ -310,18 +335,27 @@ class ParquetDataset(IterableDataset):
         except (FetchError, FileNotFoundError):
             raise
         except Exception as exc:  # pyarrow's errors say little about which file
-            raise ParquetFileError(url, None, f"{url}: not a readable Parquet file: its footer cannot be read "
-                                   f"({exc}). The file is truncated or is not Parquet; rewrite it or leave it out"
-                                   f"{self._where(url)}.") from exc
+            raise ParquetFileError(
+                url,
+                None,
+                f"{url}: not a readable Parquet file: its footer cannot be read "
+                f"({exc}). The file is truncated or is not Parquet; rewrite it or leave it out"
+                f"{self._where(url)}.",
+            ) from exc
 
     def _plan(self) -> tuple[list[_Unit], Any]:
         def footer(file: int):
             pf = self._open(file, whole=False)  # the footer only: whole files are fetched when read
             md = pf.metadata
-            units = [_Unit(file, rg, md.row_group(rg).num_rows,
-                           sum(md.row_group(rg).column(c).total_compressed_size
-                               for c in range(md.row_group(rg).num_columns)))
-                     for rg in range(md.num_row_groups)]
+            units = [
+                _Unit(
+                    file,
+                    rg,
+                    md.row_group(rg).num_rows,
+                    sum(md.row_group(rg).column(c).total_compressed_size for c in range(md.row_group(rg).num_columns)),
+                )
+                for rg in range(md.num_row_groups)
+            ]
             return units, pf.schema_arrow
 
         results = list(self.fetcher.pool().map(footer, range(len(self.urls))))
@@ -366,7 +400,7 @@ class ParquetDataset(IterableDataset):
     def assigned_units(self, worker: int = 0, num_workers: int = 1, epoch: int | None = None) -> list[_Unit]:
         """The row groups this rank's ``worker`` of ``num_workers`` reads in ``epoch``."""
         stride = self.world_size * num_workers
-        return [self.units[k] for k in self._order(epoch)[self.rank * num_workers + worker::stride]]
+        return [self.units[k] for k in self._order(epoch)[self.rank * num_workers + worker :: stride]]
 
     def fetch_order(self, units: list[_Unit], epoch: int) -> list[int]:
         """The files ``units`` need, in the order the whole epoch first needs them (all processes alike).

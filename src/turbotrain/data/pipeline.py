@@ -37,6 +37,7 @@ log = logging.getLogger("turbotrain")
 
 # -- sampler: each rank's share --------------------------------------------------------------
 
+
 def _seed_of(loader: DataLoader) -> int:
     """The seed the user's shuffling is governed by (their generator's, else torch's global one)."""
     generator = getattr(loader.sampler, "generator", None) or loader.generator
@@ -58,29 +59,40 @@ def shard(loader: Any, replicas: int | None = None, index: int | None = None) ->
     if world == 1 or not isinstance(loader, DataLoader) or isinstance(loader.dataset, IterableDataset):
         return loader
     sampler = loader.sampler
-    if isinstance(sampler, DistributedSampler) or isinstance(getattr(loader.batch_sampler, "sampler", None),
-                                                             DistributedSampler):
+    if isinstance(sampler, DistributedSampler) or isinstance(
+        getattr(loader.batch_sampler, "sampler", None), DistributedSampler
+    ):
         return loader
     plain_shuffle = isinstance(sampler, RandomSampler) and not sampler.replacement and sampler._num_samples is None
     if loader.batch_size is None or not (plain_shuffle or isinstance(sampler, SequentialSampler)):
-        log.warning("turbotrain: the loader's %s is left as it is, so every one of the %d processes reads all of the "
-                    "data; shard it yourself (e.g. torch.utils.data.DistributedSampler) to split it",
-                    type(loader.batch_sampler if loader.batch_size is None else sampler).__name__, world)
+        log.warning(
+            "turbotrain: the loader's %s is left as it is, so every one of the %d processes reads all of the "
+            "data; shard it yourself (e.g. torch.utils.data.DistributedSampler) to split it",
+            type(loader.batch_sampler if loader.batch_size is None else sampler).__name__,
+            world,
+        )
         return loader
     # Every rank must draw the same permutation: rank 0's seed decides.
     seed = tdist.broadcast_object(_seed_of(loader))
     distributed: DistributedSampler[int] = DistributedSampler(
-        loader.dataset, num_replicas=world, rank=tdist.rank() if index is None else index, shuffle=plain_shuffle,
-        seed=seed)
+        loader.dataset,
+        num_replicas=world,
+        rank=tdist.rank() if index is None else index,
+        shuffle=plain_shuffle,
+        seed=seed,
+    )
     return rebuild_loader(loader, sampler=distributed)
 
 
 # -- source -> read-ahead -> sampler -> DataLoader ---------------------------------------------
 
-def training_loader(loader: Any, rebuild: Callable[..., Any],
-                    resumable: Callable[[Iterable[list[int]]], Any] | None = None,
-                    worker_init: Callable[[Callable[[int], None] | None, int], None] | None = None,
-                    ) -> tuple[Any, Any]:
+
+def training_loader(
+    loader: Any,
+    rebuild: Callable[..., Any],
+    resumable: Callable[[Iterable[list[int]]], Any] | None = None,
+    worker_init: Callable[[Callable[[int], None] | None, int], None] | None = None,
+) -> tuple[Any, Any]:
     """The loader a training run iterates, and its resumable batch sampler (None when it has none).
 
     ``rebuild(loader, **extra)`` applies the plan's DataLoader settings (``Runtime.rebuild_loader``);
@@ -90,7 +102,7 @@ def training_loader(loader: Any, rebuild: Callable[..., Any],
     ``loader`` comes sharded already (the sampler stage): the launch's coordinator calls :func:`shard`,
     since only it knows which ranks read the same data (a pipeline's stages of one replica do).
     """
-    planned = rebuild(loader)                           # DataLoader: the plan's settings
+    planned = rebuild(loader)  # DataLoader: the plan's settings
     extra: dict[str, Any] = {}
     if worker_init is not None and isinstance(planned, DataLoader) and planned.num_workers > 0:
         extra["worker_init_fn"] = functools.partial(worker_init, planned.worker_init_fn)
@@ -100,13 +112,15 @@ def training_loader(loader: Any, rebuild: Callable[..., Any],
         extra["batch_sampler"] = batches
     if extra:
         planned = rebuild(planned, **extra)
-    return read_ahead(planned), batches                 # read-ahead: the files, in the order just built
+    return read_ahead(planned), batches  # read-ahead: the files, in the order just built
 
 
 # -- DataLoader -> device ----------------------------------------------------------------------
 
-def device_batches(loader: Iterable, to_device: Callable[[Any], Any], device: torch.device, *, moves: bool,
-                   prefetch: bool) -> Iterable:
+
+def device_batches(
+    loader: Iterable, to_device: Callable[[Any], Any], device: torch.device, *, moves: bool, prefetch: bool
+) -> Iterable:
     """Iterate ``loader`` with batches on the device (``prefetch``: the next copy on a side stream)."""
     if not moves:
         return loader
@@ -128,9 +142,12 @@ def read_ahead(loader: Any) -> Any:
         return loader
     ds = loader.dataset
     if loader.num_workers > 0 and not isinstance(ds.cache, DiskCache):
-        log.info("turbotrain: no read-ahead for %r with %d DataLoader workers: it needs a cache every process "
-                 "sees (cache='/local/dir' or 'shm'); each worker fetches its own batches instead",
-                 ds, loader.num_workers)
+        log.info(
+            "turbotrain: no read-ahead for %r with %d DataLoader workers: it needs a cache every process "
+            "sees (cache='/local/dir' or 'shm'); each worker fetches its own batches instead",
+            ds,
+            loader.num_workers,
+        )
         return loader
     ds.enable_read_ahead()
     return rebuild_loader(loader, batch_sampler=ReadAheadBatches(inner, ds, keep_bytes=loader.num_workers == 0))

@@ -20,8 +20,7 @@ class DeviceLoader:
     other devices it is a plain per-batch move.
     """
 
-    def __init__(self, loader: Iterable, to_device: Callable[[Any], Any], device: torch.device,
-                 prefetch: bool = False):
+    def __init__(self, loader: Iterable, to_device: Callable[[Any], Any], device: torch.device, prefetch: bool = False):
         self.loader = loader
         self.to_device = to_device
         self.device = device

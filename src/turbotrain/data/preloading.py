@@ -93,9 +93,11 @@ def _preload_items(dataset: Any, to: str, num_workers: int) -> Dataset:
     estimate = n * sum(_nbytes(leaf) for leaf in pytree.tree_leaves(first))
     available = _available_bytes(to)
     if estimate > 0.9 * available:
-        raise MemoryError(f"preload(to={to!r}): the dataset needs about {estimate / 1e9:.2f} GB ({n} items like the "
-                          f"first) but only {available / 1e9:.2f} GB is free there. Preload a subset, or read it "
-                          "through tt.data.FileDataset(..., cache='/local/disk') instead.")
+        raise MemoryError(
+            f"preload(to={to!r}): the dataset needs about {estimate / 1e9:.2f} GB ({n} items like the "
+            f"first) but only {available / 1e9:.2f} GB is free there. Preload a subset, or read it "
+            "through tt.data.FileDataset(..., cache='/local/disk') instead."
+        )
     loader = DataLoader(dataset, batch_size=None, shuffle=False, num_workers=num_workers, collate_fn=_keep_item)
     items = list(loader)
     flat = [pytree.tree_flatten(item) for item in items]
@@ -116,9 +118,11 @@ def _preload_items(dataset: Any, to: str, num_workers: int) -> Dataset:
             stacked = [t.share_memory_() for t in stacked]  # workers (fork or spawn) map it, never copy it
         return PreloadedDataset(stacked, spec, to)
     if to == "shm":
-        raise TypeError("preload(to='shm') needs items made of tensors, arrays or numbers of one shape per field "
-                        f"(got {type(first).__name__} items that differ); use to='memory', or a FileDataset with "
-                        "cache='shm' for raw files")
+        raise TypeError(
+            "preload(to='shm') needs items made of tensors, arrays or numbers of one shape per field "
+            f"(got {type(first).__name__} items that differ); use to='memory', or a FileDataset with "
+            "cache='shm' for raw files"
+        )
     return _ListDataset(items)
 
 
@@ -137,6 +141,7 @@ def preload(dataset: Any, to: str = "memory", *, num_workers: int = 0) -> Any:
     if isinstance(dataset, ParquetDataset):
         return dataset.with_cache(to).fill()
     if not hasattr(dataset, "__len__") or not hasattr(dataset, "__getitem__"):
-        raise TypeError("preload needs a map-style dataset (with __len__ and __getitem__), "
-                        f"got {type(dataset).__name__}")
+        raise TypeError(
+            f"preload needs a map-style dataset (with __len__ and __getitem__), got {type(dataset).__name__}"
+        )
     return _preload_items(dataset, to, num_workers)

@@ -134,8 +134,10 @@ class ReadAheadStream:
 
     def _room(self) -> bool:
         writes = self._writer.pending if self._writer is not None else 0
-        return (len(self._running) < self.in_flight
-                and len(self._running) + len(self._ready) + writes < self.window + self.in_flight)
+        return (
+            len(self._running) < self.in_flight
+            and len(self._running) + len(self._ready) + writes < self.window + self.in_flight
+        )
 
     def _pump(self) -> None:
         ds = self.ds
@@ -238,7 +240,7 @@ class SharedPlan:
         # A sampler drawing more than the dataset: the rest is read per batch.
         take = list(indices)[: max(0, self.n - start)]
         if take:
-            order[start:start + len(take)] = take
+            order[start : start + len(take)] = take
             control[1] = start + len(take)
 
 
@@ -287,8 +289,7 @@ class WorkerPump:
                 states[i] = CLAIMED
                 with self._lock:
                     self._running += 1
-                self.ds.fetcher.submit(self.ds.urls[i]).add_done_callback(
-                    lambda f, i=i: self._done(i, f))
+                self.ds.fetcher.submit(self.ds.urls[i]).add_done_callback(lambda f, i=i: self._done(i, f))
             self._wake.wait(_PUMP_IDLE_S)  # set by each read that ends; the timeout notices new plan entries
             self._wake.clear()
 

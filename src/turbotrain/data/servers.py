@@ -66,15 +66,17 @@ def _terminate(proc: subprocess.Popen | None) -> None:
 
 
 def nginx_binary() -> str | None:
-    return shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx", "/usr/local/sbin/nginx")
-                                          if os.access(p, os.X_OK)), None)
+    return shutil.which("nginx") or next(
+        (p for p in ("/usr/sbin/nginx", "/usr/local/sbin/nginx") if os.access(p, os.X_OK)), None
+    )
 
 
 class LocalNginx:
     """nginx serving ``root`` at ``http://127.0.0.1:<port>/files/`` until stopped."""
 
-    def __init__(self, root: str | os.PathLike, *, latency_s: float = 0.0, limit_rate: str | None = None,
-                 workers: int = 1):
+    def __init__(
+        self, root: str | os.PathLike, *, latency_s: float = 0.0, limit_rate: str | None = None, workers: int = 1
+    ):
         self.root = Path(root).resolve()
         self.latency_s = latency_s
         self.limit_rate = limit_rate
@@ -94,16 +96,20 @@ class LocalNginx:
 
     def _config(self, prefix: str) -> str:
         if self.latency_s and not os.path.exists(_ECHO_MODULE):
-            raise RuntimeError(f"latency_s needs nginx's echo module ({_ECHO_MODULE}): install nginx-light, "
-                               "which brings libnginx-mod-http-echo")
+            raise RuntimeError(
+                f"latency_s needs nginx's echo module ({_ECHO_MODULE}): install nginx-light, "
+                "which brings libnginx-mod-http-echo"
+            )
         load = f"load_module {_ECHO_MODULE};" if self.latency_s else ""
         user = "user root;" if os.geteuid() == 0 else ""  # workers must read the (private) temp dirs
         rate = f"limit_rate {self.limit_rate};" if self.limit_rate else ""
         temps = " ".join(f"{k}_temp_path {prefix}/{k};" for k in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
-        files = (f"location ~ ^/files/(.*)$ {{ echo_sleep {self.latency_s:.3f}; echo_exec /raw/$1; }}\n"
-                 f"    location /raw/ {{ internal; alias {self.root}/; autoindex on; {rate} }}"
-                 if self.latency_s else
-                 f"location /files/ {{ alias {self.root}/; autoindex on; {rate} }}")
+        files = (
+            f"location ~ ^/files/(.*)$ {{ echo_sleep {self.latency_s:.3f}; echo_exec /raw/$1; }}\n"
+            f"    location /raw/ {{ internal; alias {self.root}/; autoindex on; {rate} }}"
+            if self.latency_s
+            else f"location /files/ {{ alias {self.root}/; autoindex on; {rate} }}"
+        )
         statuses = " ".join(f"location = /status/{code} {{ return {code}; }}" for code in _STATUSES)
         return f"""{load}
 {user}
@@ -133,8 +139,11 @@ http {{
             self.port = free_port()
             conf = Path(prefix) / "nginx.conf"
             conf.write_text(self._config(prefix))
-            self._proc = subprocess.Popen([binary, "-e", "stderr", "-p", prefix, "-c", str(conf), "-g", "daemon off;"],
-                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            self._proc = subprocess.Popen(
+                [binary, "-e", "stderr", "-p", prefix, "-c", str(conf), "-g", "daemon off;"],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+            )
             try:
                 _wait_for_port(self.port, self._proc, "nginx")
                 return self
@@ -177,8 +186,12 @@ class LocalS3:
     def start(self) -> "LocalS3":
         self.port = free_port()
         env = dict(os.environ, AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing")
-        self._proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
         _wait_for_port(self.port, self._proc, "moto S3 server", timeout_s=60)
         return self
 

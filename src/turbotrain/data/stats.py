@@ -27,8 +27,16 @@ try:
 except ImportError:  # Windows: process-local counting only
     fcntl = None  # type: ignore[assignment]  # checked before each use
 
-__all__ = ["SchemeReads", "ReadStats", "record", "snapshot", "share_with_workers", "CACHE_SCHEME", "ENV_VAR",
-           "slow_storage_finding"]
+__all__ = [
+    "SchemeReads",
+    "ReadStats",
+    "record",
+    "snapshot",
+    "share_with_workers",
+    "CACHE_SCHEME",
+    "ENV_VAR",
+    "slow_storage_finding",
+]
 
 ENV_VAR = "TURBOTRAIN_READ_STATS"
 CACHE_SCHEME = "cache"  # reads served by turbotrain's own cache, kept apart from storage reads
@@ -74,8 +82,10 @@ class ReadStats:
         return {n: r for n, r in self.schemes.items() if n != CACHE_SCHEME}
 
     def to_dict(self) -> dict[str, Any]:
-        return {n: {"bytes": r.bytes, "seconds": round(r.seconds, 6), "files": r.files}
-                for n, r in sorted(self.schemes.items())}
+        return {
+            n: {"bytes": r.bytes, "seconds": round(r.seconds, 6), "files": r.files}
+            for n, r in sorted(self.schemes.items())
+        }
 
 
 class _CounterFile:
@@ -124,8 +134,9 @@ class _CounterFile:
                         return
                 # More than 32 schemes in one run: fold the rest into the last slot rather than fail a read.
                 key, b, ns, n = _RECORD.unpack_from(raw, (_SLOTS - 1) * _RECORD.size)
-                os.pwrite(fd, _RECORD.pack(key, b + nbytes, ns + int(seconds * 1e9), n + 1),
-                          (_SLOTS - 1) * _RECORD.size)
+                os.pwrite(
+                    fd, _RECORD.pack(key, b + nbytes, ns + int(seconds * 1e9), n + 1), (_SLOTS - 1) * _RECORD.size
+                )
             finally:
                 fcntl.flock(fd, fcntl.LOCK_UN)
 
@@ -206,16 +217,30 @@ def slow_storage_finding(stats: ReadStats, data_wait_s: float, total_s: float) -
     est = total_s / max(total_s - saved, 1e-9)
     severity = "high" if wait_share >= 0.5 else "medium"
     where = f"{scheme}://" if scheme != "file" else "local files"
-    message = (f"The training loop waits for data {wait_share:.0%} of the time and reading from {where} "
-               f"takes {worst.seconds:.1f} s of it: {worst.files} files, {worst.bytes / 1e6:.1f} MB at "
-               f"{worst.mb_per_s:.2f} MB/s per read stream.")
+    message = (
+        f"The training loop waits for data {wait_share:.0%} of the time and reading from {where} "
+        f"takes {worst.seconds:.1f} s of it: {worst.files} files, {worst.bytes / 1e6:.1f} MB at "
+        f"{worst.mb_per_s:.2f} MB/s per read stream."
+    )
     if scheme == "file":
-        fix = ("Preload the data into RAM once: `ds = tt.data.preload(ds, to='shm')` (or to='memory' with "
-               "num_workers=0), or put the files on a faster local disk.")
+        fix = (
+            "Preload the data into RAM once: `ds = tt.data.preload(ds, to='shm')` (or to='memory' with "
+            "num_workers=0), or put the files on a faster local disk."
+        )
     else:
-        fix = ("Read through turbotrain's cache: `tt.data.FileDataset(urls, decode=..., cache='/fast/local/dir')` "
-               "(cache='shm' when the data fits in RAM; `tt.data.ParquetDataset(urls, cache=...)` for Parquet). "
-               "The first epoch fetches with many requests in flight and later epochs read locally.")
-    return {"rule": "slow-storage", "severity": severity, "where": None, "message": message, "fix": fix,
-            "est_speedup": round(est, 2), "measured": False, "scheme": scheme,
-            "mb_per_s": round(worst.mb_per_s, 3)}
+        fix = (
+            "Read through turbotrain's cache: `tt.data.FileDataset(urls, decode=..., cache='/fast/local/dir')` "
+            "(cache='shm' when the data fits in RAM; `tt.data.ParquetDataset(urls, cache=...)` for Parquet). "
+            "The first epoch fetches with many requests in flight and later epochs read locally."
+        )
+    return {
+        "rule": "slow-storage",
+        "severity": severity,
+        "where": None,
+        "message": message,
+        "fix": fix,
+        "est_speedup": round(est, 2),
+        "measured": False,
+        "scheme": scheme,
+        "mb_per_s": round(worst.mb_per_s, 3),
+    }

@@ -11,8 +11,9 @@ import torch
 __all__ = ["move_batch", "tensors_in", "batch_size_of", "resize_batch"]
 
 
-def _move_tensor(t: torch.Tensor, device: torch.device, non_blocking: bool, channels_last: bool,
-                 float_dtype: torch.dtype | None) -> torch.Tensor:
+def _move_tensor(
+    t: torch.Tensor, device: torch.device, non_blocking: bool, channels_last: bool, float_dtype: torch.dtype | None
+) -> torch.Tensor:
     dtype = float_dtype if float_dtype is not None and t.is_floating_point() else None
     t = t.to(device, dtype=dtype, non_blocking=non_blocking)
     if channels_last and t.dim() == 4 and t.is_floating_point():
@@ -20,8 +21,14 @@ def _move_tensor(t: torch.Tensor, device: torch.device, non_blocking: bool, chan
     return t
 
 
-def move_batch(batch: Any, device: torch.device, *, non_blocking: bool = False, channels_last: bool = False,
-               float_dtype: torch.dtype | None = None) -> Any:
+def move_batch(
+    batch: Any,
+    device: torch.device,
+    *,
+    non_blocking: bool = False,
+    channels_last: bool = False,
+    float_dtype: torch.dtype | None = None,
+) -> Any:
     """``batch`` with every tensor on ``device``.
 
     ``non_blocking`` only overlaps with compute when the source is pinned memory;
@@ -31,19 +38,33 @@ def move_batch(batch: Any, device: torch.device, *, non_blocking: bool = False, 
     if isinstance(batch, torch.Tensor):
         return _move_tensor(batch, device, non_blocking, channels_last, float_dtype)
     if isinstance(batch, (list, tuple)):
-        moved = [move_batch(b, device, non_blocking=non_blocking, channels_last=channels_last,
-                            float_dtype=float_dtype) for b in batch]
+        moved = [
+            move_batch(b, device, non_blocking=non_blocking, channels_last=channels_last, float_dtype=float_dtype)
+            for b in batch
+        ]
         if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple
             return type(batch)(*moved)
         return type(batch)(moved) if isinstance(batch, tuple) else moved
     if isinstance(batch, dict):
-        return type(batch)((k, move_batch(v, device, non_blocking=non_blocking, channels_last=channels_last,
-                                          float_dtype=float_dtype)) for k, v in batch.items())
+        return type(batch)(
+            (k, move_batch(v, device, non_blocking=non_blocking, channels_last=channels_last, float_dtype=float_dtype))
+            for k, v in batch.items()
+        )
     if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
-        return dataclasses.replace(batch, **{
-            f.name: move_batch(getattr(batch, f.name), device, non_blocking=non_blocking,
-                               channels_last=channels_last, float_dtype=float_dtype)
-            for f in dataclasses.fields(batch) if f.init})
+        return dataclasses.replace(
+            batch,
+            **{
+                f.name: move_batch(
+                    getattr(batch, f.name),
+                    device,
+                    non_blocking=non_blocking,
+                    channels_last=channels_last,
+                    float_dtype=float_dtype,
+                )
+                for f in dataclasses.fields(batch)
+                if f.init
+            },
+        )
     return batch
 
 

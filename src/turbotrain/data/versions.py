@@ -30,9 +30,11 @@ log = logging.getLogger("turbotrain")
 _RECENT_S = 120.0
 # nginx: <a href="f.bin">f.bin</a>    24-Nov-2026 08:01    1024
 # Apache: <a href="f.bin">f.bin</a></td><td align="right">2026-11-24 08:01  </td><td align="right">1024</td>
-_ROW = re.compile(r'<a href="(?P<href>[^"?/]+)">[^<]*</a>(?:\s|<[^>]*>)*'
-                  r'(?P<date>\d{2}-[A-Za-z]{3}-\d{4} \d{2}:\d{2}|\d{4}-\d{2}-\d{2} \d{2}:\d{2})'
-                  r'(?:\s|<[^>]*>)*(?P<size>\d+)\b')
+_ROW = re.compile(
+    r'<a href="(?P<href>[^"?/]+)">[^<]*</a>(?:\s|<[^>]*>)*'
+    r"(?P<date>\d{2}-[A-Za-z]{3}-\d{4} \d{2}:\d{2}|\d{4}-\d{2}-\d{2} \d{2}:\d{2})"
+    r"(?:\s|<[^>]*>)*(?P<size>\d+)\b"
+)
 _DATE_FORMATS = ("%d-%b-%Y %H:%M", "%Y-%m-%d %H:%M")
 
 
@@ -75,8 +77,7 @@ def _http_listing(directory: str, fetcher: Fetcher) -> dict[str, dict[str, Any]]
     page = fetcher.read(directory.rstrip("/") + "/").decode(errors="replace")
     out = {}
     for row in _ROW.finditer(page):
-        out[row["href"]] = {"size": int(row["size"]), "modified": row["date"],
-                            "recent": _minute_is_recent(row["date"])}
+        out[row["href"]] = {"size": int(row["size"]), "modified": row["date"], "recent": _minute_is_recent(row["date"])}
     return out
 
 
@@ -88,8 +89,11 @@ def _listing(directory: str, fetcher: Fetcher) -> Mapping[str, dict[str, Any] | 
             return _http_listing(directory, fetcher)
         fs, path = fetcher.filesystem(directory)
         fs.invalidate_cache(path)  # a listing fsspec kept from earlier in this process may be stale
-        return {str(info["name"]).rstrip("/").rsplit("/", 1)[-1]: _from_info(info)
-                for info in fs.ls(path, detail=True) if info.get("type", "file") != "directory"}
+        return {
+            str(info["name"]).rstrip("/").rsplit("/", 1)[-1]: _from_info(info)
+            for info in fs.ls(path, detail=True)
+            if info.get("type", "file") != "directory"
+        }
     except Exception as exc:  # noqa: BLE001 - a store that cannot list: ask file by file instead
         log.debug("turbotrain: cannot list %s (%s); checking its files one by one", directory, exc)
         return None
@@ -111,8 +115,9 @@ def _confirmed_at_record(recorded: Any) -> bool:
     return isinstance(recorded, dict) and "modified" in recorded and "etag" in recorded
 
 
-def listed_versions(urls: list[str], fetcher: Fetcher,
-                    recorded: Callable[[str], Any] = lambda url: None) -> dict[str, Any]:
+def listed_versions(
+    urls: list[str], fetcher: Fetcher, recorded: Callable[[str], Any] = lambda url: None
+) -> dict[str, Any]:
     """URL -> its version now (None when unknown), with one listing per directory.
 
     ``recorded(url)`` is the version a cache holds for ``url``: an HTTP entry confirmed by HEAD

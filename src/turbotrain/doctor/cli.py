@@ -11,46 +11,94 @@ from pathlib import Path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--steps", type=int, default=20,
-                        help="steps to measure: optimizer steps, or backward passes when no optimizer steps "
-                             "(default 20)")
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=20,
+        help="steps to measure: optimizer steps, or backward passes when no optimizer steps (default 20)",
+    )
     parser.add_argument("--warmup", type=int, default=3, help="steps before measuring (default 3, at least 1)")
     parser.add_argument("--json", metavar="PATH", help="write the report as JSON")
     parser.add_argument("--html", metavar="PATH", help="write a self-contained HTML report with plots")
-    parser.add_argument("--trace", metavar="PATH",
-                        help="write a Chrome/Perfetto trace of the profiled steps (open in ui.perfetto.dev)")
+    parser.add_argument(
+        "--trace", metavar="PATH", help="write a Chrome/Perfetto trace of the profiled steps (open in ui.perfetto.dev)"
+    )
     parser.add_argument("--no-what-if", action="store_true", help="do not measure the fixes (faster, estimates only)")
-    parser.add_argument("--what-if-budget", type=float, default=20.0, metavar="SECONDS",
-                        help="time allowed for measuring fixes (default 20)")
+    parser.add_argument(
+        "--what-if-budget",
+        type=float,
+        default=20.0,
+        metavar="SECONDS",
+        help="time allowed for measuring fixes (default 20)",
+    )
     parser.add_argument("--compile", action="store_true", help="also measure torch.compile (compiling takes a while)")
-    parser.add_argument("--watch", type=float, default=20.0, metavar="SECONDS",
-                        help="after the window, watch the step clock this long at most for work the loop runs "
-                             "every N steps beyond it (evaluation, checkpoints); 0: end with the window (default 20)")
+    parser.add_argument(
+        "--watch",
+        type=float,
+        default=20.0,
+        metavar="SECONDS",
+        help="after the window, watch the step clock this long at most for work the loop runs "
+        "every N steps beyond it (evaluation, checkpoints); 0: end with the window (default 20)",
+    )
     parser.add_argument("--quiet", action="store_true", help="no terminal report")
-    parser.add_argument("--fix", metavar="PATH",
-                        help="write each finding's fix as one unified diff of your script (git apply PATH)")
-    parser.add_argument("--verify", action="store_true",
-                        help="run the original and the patched script interleaved: verified speed-up and losses")
-    parser.add_argument("--verify-budget", type=float, default=120.0, metavar="SECONDS",
-                        help="time for verifying fixes one at a time (default 120); together always runs")
-    parser.add_argument("--fix-only", metavar="RULES",
-                        help="comma-separated rule ids: patch only their findings (default: every fixable one)")
-    parser.add_argument("--verify-rounds", type=int, default=2, metavar="N",
-                        help="interleaved original/patched rounds per comparison (default 2)")
-    parser.add_argument("--nproc-per-node", type=int, default=None, metavar="N",
-                        help="run the script on N processes (torchrun, via turbotrain launch) and report every rank")
-    parser.add_argument("--rank-timeout", type=float, default=120.0, metavar="SECONDS",
-                        help="on several processes: end the job when no rank makes progress for this long "
-                             "(default 120)")
-    parser.add_argument("script", help="the training script, run unmodified as __main__; or, after --, a launcher "
-                                       "command (torchrun ... script.py)")
+    parser.add_argument(
+        "--fix", metavar="PATH", help="write each finding's fix as one unified diff of your script (git apply PATH)"
+    )
+    parser.add_argument(
+        "--verify",
+        action="store_true",
+        help="run the original and the patched script interleaved: verified speed-up and losses",
+    )
+    parser.add_argument(
+        "--verify-budget",
+        type=float,
+        default=120.0,
+        metavar="SECONDS",
+        help="time for verifying fixes one at a time (default 120); together always runs",
+    )
+    parser.add_argument(
+        "--fix-only",
+        metavar="RULES",
+        help="comma-separated rule ids: patch only their findings (default: every fixable one)",
+    )
+    parser.add_argument(
+        "--verify-rounds",
+        type=int,
+        default=2,
+        metavar="N",
+        help="interleaved original/patched rounds per comparison (default 2)",
+    )
+    parser.add_argument(
+        "--nproc-per-node",
+        type=int,
+        default=None,
+        metavar="N",
+        help="run the script on N processes (torchrun, via turbotrain launch) and report every rank",
+    )
+    parser.add_argument(
+        "--rank-timeout",
+        type=float,
+        default=120.0,
+        metavar="SECONDS",
+        help="on several processes: end the job when no rank makes progress for this long (default 120)",
+    )
+    parser.add_argument(
+        "script",
+        help="the training script, run unmodified as __main__; or, after --, a launcher "
+        "command (torchrun ... script.py)",
+    )
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help="the script's own arguments")
 
 
 # The patch options may also follow the script's own arguments (`doctor train.py --lr 3e-4 --fix p.patch`);
 # anything after a literal `--` is the script's, for a script that has a `--verify` of its own.
-_TRAILING = {"--fix": "fix", "--verify": "verify", "--verify-budget": "verify_budget",
-             "--verify-rounds": "verify_rounds", "--fix-only": "fix_only"}
+_TRAILING = {
+    "--fix": "fix",
+    "--verify": "verify",
+    "--verify-budget": "verify_budget",
+    "--verify-rounds": "verify_rounds",
+    "--fix-only": "fix_only",
+}
 _CONVERT = {"verify_budget": float, "verify_rounds": int}
 
 
@@ -93,16 +141,26 @@ def _job_command(args: argparse.Namespace) -> list[str] | None:
             raise ConfigError(f"doctor --nproc-per-node {args.nproc_per_node}: expected an integer >= 1.")
         if not Path(args.script).is_file():
             raise ConfigError(f"doctor: no such script: {args.script}")
-        return [sys.executable, "-m", "turbotrain", "launch", "--nproc-per-node", str(args.nproc_per_node),
-                args.script, *args.script_args]
+        return [
+            sys.executable,
+            "-m",
+            "turbotrain",
+            "launch",
+            "--nproc-per-node",
+            str(args.nproc_per_node),
+            args.script,
+            *args.script_args,
+        ]
     import os
 
     path = Path(args.script)
     if args.script.endswith(".py") or (path.is_file() and not os.access(path, os.X_OK)):
-        return None   # a script, run in this process
+        return None  # a script, run in this process
     if shutil.which(args.script) is None:
-        raise ConfigError(f"doctor: {args.script!r} is neither a script nor a command on PATH; give a training "
-                          "script (doctor train.py) or a launcher after -- (doctor -- torchrun ... train.py).")
+        raise ConfigError(
+            f"doctor: {args.script!r} is neither a script nor a command on PATH; give a training "
+            "script (doctor train.py) or a launcher after -- (doctor -- torchrun ... train.py)."
+        )
     return [args.script, *args.script_args]
 
 
@@ -116,14 +174,18 @@ def run(args: argparse.Namespace) -> int:
     if args.watch < 0:
         raise ConfigError(f"doctor --watch: {args.watch:g} is not allowed; expected seconds >= 0 (0: no watch).")
     if args.warmup < 1:
-        raise ConfigError(f"doctor --warmup: {args.warmup} is not allowed; the first step holds the script's set-up "
-                          "time, so at least 1 warm-up step is needed.")
+        raise ConfigError(
+            f"doctor --warmup: {args.warmup} is not allowed; the first step holds the script's set-up "
+            "time, so at least 1 warm-up step is needed."
+        )
     command = _job_command(args)
     if command is None and not Path(args.script).is_file():
         raise ConfigError(f"doctor: no such script: {args.script}")
     if args.verify_rounds < 1 or args.verify_budget < 0:
-        raise ConfigError(f"doctor --verify-rounds {args.verify_rounds} / --verify-budget {args.verify_budget:g}: "
-                          "expected at least 1 round and a budget >= 0 seconds.")
+        raise ConfigError(
+            f"doctor --verify-rounds {args.verify_rounds} / --verify-budget {args.verify_budget:g}: "
+            "expected at least 1 round and a budget >= 0 seconds."
+        )
     if args.fix or args.verify:
         from .fixes import require_libcst
 
@@ -133,17 +195,28 @@ def run(args: argparse.Namespace) -> int:
 
             check_rules(args.fix_only.split(","))
         if args.fix and Path(args.fix).is_dir():
-            raise ConfigError(f"doctor --fix {args.fix}: that is a folder; give the patch file's path, "
-                              "e.g. --fix fixes.patch")
-    options = DoctorOptions(steps=args.steps, warmup=args.warmup, what_if=not args.no_what_if,
-                            what_if_budget_s=args.what_if_budget, compile=args.compile, trace_path=args.trace,
-                            fix=args.fix, verify=args.verify, verify_budget_s=args.verify_budget,
-                            verify_rounds=args.verify_rounds, watch_s=args.watch,
-                            fix_rules=tuple(args.fix_only.split(",")) if args.fix_only else None)
+            raise ConfigError(
+                f"doctor --fix {args.fix}: that is a folder; give the patch file's path, e.g. --fix fixes.patch"
+            )
+    options = DoctorOptions(
+        steps=args.steps,
+        warmup=args.warmup,
+        what_if=not args.no_what_if,
+        what_if_budget_s=args.what_if_budget,
+        compile=args.compile,
+        trace_path=args.trace,
+        fix=args.fix,
+        verify=args.verify,
+        verify_budget_s=args.verify_budget,
+        verify_rounds=args.verify_rounds,
+        watch_s=args.watch,
+        fix_rules=tuple(args.fix_only.split(",")) if args.fix_only else None,
+    )
     if command is not None:
         if args.fix or args.verify:
-            raise ConfigError("doctor --fix/--verify: not on several processes yet; run the doctor on one process "
-                              "for the patch.")
+            raise ConfigError(
+                "doctor --fix/--verify: not on several processes yet; run the doctor on one process for the patch."
+            )
         from dataclasses import replace
 
         from .diagnose import diagnose_job

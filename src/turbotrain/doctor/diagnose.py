@@ -25,32 +25,44 @@ log = logging.getLogger("turbotrain")
 
 @dataclass
 class DoctorOptions:
-    steps: int = 20                 # measured optimizer steps
-    warmup: int = 3                 # steps before measuring (compile, caches, the outermost module found)
-    profile_steps: int = 2          # steps under torch.profiler after the measured ones (op table, trace)
-    what_if: bool = True            # measure the fixes on the captured model / loader
+    steps: int = 20  # measured optimizer steps
+    warmup: int = 3  # steps before measuring (compile, caches, the outermost module found)
+    profile_steps: int = 2  # steps under torch.profiler after the measured ones (op table, trace)
+    what_if: bool = True  # measure the fixes on the captured model / loader
     what_if_budget_s: float = 20.0
-    compile: bool = False           # include a torch.compile what-if (slow to compile)
-    trace_path: str | None = None   # Chrome/Perfetto trace of the profiled steps
-    fix: str | None = None          # write the fixes as one unified diff here (doctor.fixes)
-    verify: bool = False            # run original and patched interleaved, per fix and together
+    compile: bool = False  # include a torch.compile what-if (slow to compile)
+    trace_path: str | None = None  # Chrome/Perfetto trace of the profiled steps
+    fix: str | None = None  # write the fixes as one unified diff here (doctor.fixes)
+    verify: bool = False  # run original and patched interleaved, per fix and together
     verify_budget_s: float = 120.0  # time for verifying fixes one at a time (together always runs)
-    verify_rounds: int = 2          # interleaved original/patched rounds per comparison
-    fix_rules: tuple[str, ...] | None = None   # only these rules' fixes (None: every fixable finding)
-    hang_timeout_s: float = 120.0   # a multi-process job with no rank making progress this long is ended
-    watch_s: float = 20.0           # after the window, watch the step clock this long for work at longer periods
+    verify_rounds: int = 2  # interleaved original/patched rounds per comparison
+    fix_rules: tuple[str, ...] | None = None  # only these rules' fixes (None: every fixable finding)
+    hang_timeout_s: float = 120.0  # a multi-process job with no rank making progress this long is ended
+    watch_s: float = 20.0  # after the window, watch the step clock this long for work at longer periods
 
 
-def diagnose_script(script: str | os.PathLike, argv: list[str] | None = None,
-                    options: DoctorOptions | None = None) -> Report:
+def diagnose_script(
+    script: str | os.PathLike, argv: list[str] | None = None, options: DoctorOptions | None = None
+) -> Report:
     """Run ``script`` with ``argv`` under the doctor and return its report."""
     options = options or DoctorOptions()
-    recorder = Recorder(measure=options.steps, warmup=options.warmup, profile=options.profile_steps,
-                        sees_construction=True, watch_s=options.watch_s)
+    recorder = Recorder(
+        measure=options.steps,
+        warmup=options.warmup,
+        profile=options.profile_steps,
+        sees_construction=True,
+        watch_s=options.watch_s,
+    )
     started = time.perf_counter()
     run = run_script(script, list(argv or []), recorder)
-    return analyse(recorder.recording(), recorder.live_objects(), run, options, script=str(script),
-                   run_seconds=time.perf_counter() - started)
+    return analyse(
+        recorder.recording(),
+        recorder.live_objects(),
+        run,
+        options,
+        script=str(script),
+        run_seconds=time.perf_counter() - started,
+    )
 
 
 def script_in(command: list[str]) -> str | None:
@@ -70,27 +82,55 @@ def diagnose_job(command: list[str], options: DoctorOptions | None = None) -> Re
 
     options = options or DoctorOptions()
     started = time.perf_counter()
-    job = run_job(command, steps=options.steps, warmup=options.warmup, profile=options.profile_steps,
-                  hang_timeout_s=options.hang_timeout_s)
+    job = run_job(
+        command,
+        steps=options.steps,
+        warmup=options.warmup,
+        profile=options.profile_steps,
+        hang_timeout_s=options.hang_timeout_s,
+    )
     seconds = time.perf_counter() - started
     script = script_in(command)
     recordings = job.recordings
     lead = next((r for r in job.ranks if r.recording is not None), None)
     if job.failure is not None or lead is None or lead.recording is None:
-        failure = job.failure or ("No rank sent a recording. The doctor records the Python processes the launcher "
-                                  "starts with RANK or LOCAL_RANK set that run a script file (python train.py); "
-                                  "ranks started as python -m module are not recorded yet.")
+        failure = job.failure or (
+            "No rank sent a recording. The doctor records the Python processes the launcher "
+            "starts with RANK or LOCAL_RANK set that run a script file (python train.py); "
+            "ranks started as python -m module are not recorded yet."
+        )
         if job.left_behind:
             failure += f" Processes still running after the clean-up: {job.left_behind}."
-        run = ScriptRun(script=script or command[0], argv=list(command), status="error", seconds=seconds,
-                        error=failure, exit_code=job.returncode or 1)
-        return Report(status="error", breakdown=None, findings=[], script=relative_where(os.path.realpath(script))
-                      if script else None, argv=list(command), run=run, steps_requested=options.steps,
-                      warmup_steps=options.warmup, messages=[failure], doctor_seconds={"run": seconds})
+        run = ScriptRun(
+            script=script or command[0],
+            argv=list(command),
+            status="error",
+            seconds=seconds,
+            error=failure,
+            exit_code=job.returncode or 1,
+        )
+        return Report(
+            status="error",
+            breakdown=None,
+            findings=[],
+            script=relative_where(os.path.realpath(script)) if script else None,
+            argv=list(command),
+            run=run,
+            steps_requested=options.steps,
+            warmup_steps=options.warmup,
+            messages=[failure],
+            doctor_seconds={"run": seconds},
+        )
     info = lead.run or {}
-    run = ScriptRun(script=script or command[0], argv=list(command), status=str(info.get("status", "finished")),
-                    seconds=float(info.get("seconds") or seconds), error=info.get("error"),
-                    traceback=info.get("traceback"), exit_code=int(info.get("exit_code") or 0))
+    run = ScriptRun(
+        script=script or command[0],
+        argv=list(command),
+        status=str(info.get("status", "finished")),
+        seconds=float(info.get("seconds") or seconds),
+        error=info.get("error"),
+        traceback=info.get("traceback"),
+        exit_code=int(info.get("exit_code") or 0),
+    )
     recording = dataclasses.replace(lead.recording, job=tuple(recordings))
     # The what-ifs and --fix re-run the model in one process: on a job they would have to run on every rank
     # in lockstep, which they do not yet.
@@ -98,8 +138,10 @@ def diagnose_job(command: list[str], options: DoctorOptions | None = None) -> Re
     report = analyse(recording, None, run, single, script=script, run_seconds=seconds)
     report.argv = list(command)
     report.ranks = analyse_ranks(recordings)
-    report.messages.append(f"{len(recordings)} ranks recorded; the step breakdown is rank {lead.rank}'s (the "
-                           "per-rank table follows it). Fixes are not timed on multi-process jobs yet.")
+    report.messages.append(
+        f"{len(recordings)} ranks recorded; the step breakdown is rank {lead.rank}'s (the "
+        "per-rank table follows it). Fixes are not timed on multi-process jobs yet."
+    )
     return report
 
 
@@ -109,23 +151,32 @@ def _messages(recording: Recording, run: ScriptRun | None, ctx: Context | None, 
     done, window = len(recording.steps), recording.window
     if run is not None and run.failed:
         where = f" at {run.error_site.where(ctx.base if ctx else None)}" if run.error_site else ""
-        out.append(f"The script failed{where} after {done} optimizer step(s): {run.error}. "
-                   "The report shows what was measured before.")
+        out.append(
+            f"The script failed{where} after {done} optimizer step(s): {run.error}. "
+            "The report shows what was measured before."
+        )
     elif run is not None and run.status == "finished" and done < requested:
-        out.append(f"The script ended by itself after {done} optimizer step(s) ({requested} were asked for, warm-up "
-                   "and profiling included); the report covers what ran.")
+        out.append(
+            f"The script ended by itself after {done} optimizer step(s) ({requested} were asked for, warm-up "
+            "and profiling included); the report covers what ran."
+        )
     if ctx is not None and ctx.breakdown.warmup_included:
-        out.append("Too few steps ran to skip the warm-up: its steps are in the numbers (compile and cache effects "
-                   "included).")
+        out.append(
+            "Too few steps ran to skip the warm-up: its steps are in the numbers (compile and cache effects included)."
+        )
     if ctx is not None and window.asked is not None and window.measure is not None and window.measure > window.asked:
         every = [row for row in ctx.breakdown.periodic if row.every and not row.watched]
-        out.append(f"The window was extended from {window.asked} to {window.measure} steps to see the period of the "
-                   "work that recurs between steps" + (f" (every {every[0].every} steps)." if every else
-                                                       " (it did not come back within the extension)."))
+        out.append(
+            f"The window was extended from {window.asked} to {window.measure} steps to see the period of the "
+            "work that recurs between steps"
+            + (f" (every {every[0].every} steps)." if every else " (it did not come back within the extension).")
+        )
     if window.warmup_extended_by:
-        out.append(f"Warm-up was extended by {window.warmup_extended_by} steps, the batches the DataLoader's workers "
-                   "queue ahead (num_workers x prefetch_factor): a window that opened on a full queue would not see "
-                   "the loader.")
+        out.append(
+            f"Warm-up was extended by {window.warmup_extended_by} steps, the batches the DataLoader's workers "
+            "queue ahead (num_workers x prefetch_factor): a window that opened on a full queue would not see "
+            "the loader."
+        )
     if not window.profiler_ran and done:
         out.append("No profiler window ran (the script stopped first): no op table or trace.")
     watched = watch_message(ctx) if ctx is not None else None
@@ -134,8 +185,14 @@ def _messages(recording: Recording, run: ScriptRun | None, ctx: Context | None, 
     return out
 
 
-def analyse(recording: Recording, live: LiveObjects | None, run: ScriptRun | None, options: DoctorOptions,
-            script: str | None = None, run_seconds: float = 0.0) -> Report:
+def analyse(
+    recording: Recording,
+    live: LiveObjects | None,
+    run: ScriptRun | None,
+    options: DoctorOptions,
+    script: str | None = None,
+    run_seconds: float = 0.0,
+) -> Report:
     """Turn a finished recording into a report (rules, what-ifs, tables, trace)."""
     window = recording.window
     requested = window.warmup + options.steps + options.profile_steps
@@ -143,16 +200,26 @@ def analyse(recording: Recording, live: LiveObjects | None, run: ScriptRun | Non
     base = os.path.dirname(script_path) if script_path else None
     timings = {"run": run_seconds}
     if not recording.steps:
-        message = ("The script never called optimizer.step() nor loss.backward(), so there was no training step to "
-                   "measure. The doctor marks steps at the optimizer, or at the backward when no optimizer steps; "
-                   "for anything else, put the loop inside `with turbotrain.doctor.watch() as w:` and call "
-                   "`w.step()` at the end of each step.")
+        message = (
+            "The script never called optimizer.step() nor loss.backward(), so there was no training step to "
+            "measure. The doctor marks steps at the optimizer, or at the backward when no optimizer steps; "
+            "for anything else, put the loop inside `with turbotrain.doctor.watch() as w:` and call "
+            "`w.step()` at the end of each step."
+        )
         messages = _messages(recording, run, None, requested) if run is not None and run.failed else []
-        return Report(status="error" if run is not None and run.failed else "no-steps", breakdown=None, findings=[],
-                      script=relative_where(script_path) if script_path else None,
-                      argv=run.argv if run else [], run=run, steps_requested=options.steps,
-                      warmup_steps=options.warmup, messages=[*messages, message], base=base,
-                      doctor_seconds=timings)
+        return Report(
+            status="error" if run is not None and run.failed else "no-steps",
+            breakdown=None,
+            findings=[],
+            script=relative_where(script_path) if script_path else None,
+            argv=run.argv if run else [],
+            run=run,
+            steps_requested=options.steps,
+            warmup_steps=options.warmup,
+            messages=[*messages, message],
+            base=base,
+            doctor_seconds=timings,
+        )
     started = time.perf_counter()
     ctx = build_context(recording, live, script_path)
     findings = evaluate(ctx)
@@ -182,13 +249,28 @@ def analyse(recording: Recording, live: LiveObjects | None, run: ScriptRun | Non
     if options.trace_path and trace is None:
         messages.append("No trace was written: the script stopped before the profiler window.")
     report = Report(
-        status=status, breakdown=ctx.breakdown, findings=findings, device=ctx.device, hardware=ctx.hw.summary(),
-        script=relative_where(script_path) if script_path else None, argv=run.argv if run else [], run=run,
-        steps_requested=options.steps, warmup_steps=window.warmup, steps_completed=len(recording.steps),
-        messages=messages, syncs=sync_table(ctx), copies=copy_table(ctx), top_ops=list(recording.top_ops),
-        trace_path=trace, doctor_seconds=timings, base=base, step_delimiter=recording.step_delimiter,
+        status=status,
+        breakdown=ctx.breakdown,
+        findings=findings,
+        device=ctx.device,
+        hardware=ctx.hw.summary(),
+        script=relative_where(script_path) if script_path else None,
+        argv=run.argv if run else [],
+        run=run,
+        steps_requested=options.steps,
+        warmup_steps=window.warmup,
+        steps_completed=len(recording.steps),
+        messages=messages,
+        syncs=sync_table(ctx),
+        copies=copy_table(ctx),
+        top_ops=list(recording.top_ops),
+        trace_path=trace,
+        doctor_seconds=timings,
+        base=base,
+        step_delimiter=recording.step_delimiter,
         periodic=[{k: v for k, v in row.items() if k != "site"} for row in periodic_table(ctx)],
-        machine=ctx.machine, noise=noise_state(ctx.machine),
+        machine=ctx.machine,
+        noise=noise_state(ctx.machine),
     )
     if (options.fix or options.verify) and script_path:
         started = time.perf_counter()

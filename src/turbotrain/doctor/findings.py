@@ -18,8 +18,18 @@ from .sites import Site, source_lines
 if TYPE_CHECKING:
     from .requests import WhatIfRequest
 
-__all__ = ["Finding", "Fix", "severity_for", "speedup_from_share", "speedup_for_rule", "lightning_call", "SEVERITIES",
-           "FRAMEWORK_LABELS", "FOLDS"]
+__all__ = [
+    "Finding",
+    "Fix",
+    "severity_for",
+    "speedup_from_share",
+    "speedup_for_rule",
+    "lightning_call",
+    "SEVERITIES",
+    "FRAMEWORK_LABELS",
+    "FOLDS",
+]
+
 
 class RunPlace(Protocol):
     """Where the run trained (the analysis context is one)."""
@@ -31,8 +41,10 @@ class RunPlace(Protocol):
 SEVERITIES = ("high", "medium", "low")
 # Why a low finding cannot matter on the machine and model at hand: the terminal folds such findings into one
 # line per reason (the JSON and HTML reports keep them whole). The text counts them: "3 GPU-only habits".
-FOLDS = {"gpu-only": ("GPU-only habit", "GPU-only habits"),
-         "float64": ("float32-only switch (the model is float64)", "float32-only switches (the model is float64)")}
+FOLDS = {
+    "gpu-only": ("GPU-only habit", "GPU-only habits"),
+    "float64": ("float32-only switch (the model is float64)", "float32-only switches (the model is float64)"),
+}
 HIGH_SHARE, MEDIUM_SHARE = 0.20, 0.05
 
 
@@ -72,8 +84,13 @@ def lightning_call(**changes: Any) -> str:
 
 
 # The frameworks a fix is said in (the names record/drivers.py gives the loop that ran), and their labels.
-FRAMEWORK_LABELS = {"pytorch": "PyTorch", "lightning": "Lightning", "fabric": "Fabric", "accelerate": "Accelerate",
-                    "hf_trainer": "HF Trainer"}
+FRAMEWORK_LABELS = {
+    "pytorch": "PyTorch",
+    "lightning": "Lightning",
+    "fabric": "Fabric",
+    "accelerate": "Accelerate",
+    "hf_trainer": "HF Trainer",
+}
 
 
 @dataclass
@@ -87,7 +104,7 @@ class Fix:
     """
 
     pytorch: str
-    plan: dict[str, Any] | None = None          # turbotrain Plan switches
+    plan: dict[str, Any] | None = None  # turbotrain Plan switches
     lightning: str | None = None
     accelerate: str | None = None
     fabric: str | None = None
@@ -96,8 +113,13 @@ class Fix:
 
     def in_framework(self, name: str) -> str | None:
         """The fix for a script written in ``name`` (a key of :data:`FRAMEWORK_LABELS`), if there is one."""
-        return {"pytorch": self.pytorch, "lightning": self.lightning, "accelerate": self.accelerate,
-                "fabric": self.fabric, "hf_trainer": self.hf_trainer}.get(name)
+        return {
+            "pytorch": self.pytorch,
+            "lightning": self.lightning,
+            "accelerate": self.accelerate,
+            "fabric": self.fabric,
+            "hf_trainer": self.hf_trainer,
+        }.get(name)
 
     def text(self, speedup: str | None = None) -> str:
         lines = [f"PyTorch: {self.pytorch}"]
@@ -122,15 +144,15 @@ class Finding:
     where: str | None = None
     est_speedup: float | None = None
     measured: bool = False
-    gain_share: float | None = None          # share of step time the fix would save (drives severity)
-    category: str | None = None              # the breakdown category it addresses
-    speedup: str | None = None               # registry entry name
+    gain_share: float | None = None  # share of step time the fix would save (drives severity)
+    category: str | None = None  # the breakdown category it addresses
+    speedup: str | None = None  # registry entry name
     note: str | None = None
     evidence: dict[str, Any] = field(default_factory=dict)
-    what_if: WhatIf | None = None            # the measured trial behind est_speedup (doctor.results)
-    source: str = "runtime"                  # "runtime", "live" (objects) or "static" (source code)
-    request: "WhatIfRequest | None" = None    # the what-if that can measure this finding's gain (doctor.requests)
-    fold: str | None = None                  # a key of FOLDS: why it cannot matter here, if it cannot
+    what_if: WhatIf | None = None  # the measured trial behind est_speedup (doctor.results)
+    source: str = "runtime"  # "runtime", "live" (objects) or "static" (source code)
+    request: "WhatIfRequest | None" = None  # the what-if that can measure this finding's gain (doctor.requests)
+    fold: str | None = None  # a key of FOLDS: why it cannot matter here, if it cannot
 
     @property
     def folded(self) -> bool:
@@ -145,8 +167,11 @@ class Finding:
     def on_cpu(self, ctx: RunPlace, what: str = "") -> Finding:
         """Cap a GPU-only finding at ``low`` on a CPU run, saying why it is still reported."""
         if not ctx.on_gpu:
-            self.cap("low", "This run is on the CPU, where it costs little or nothing; it matters once the "
-                            f"script runs on a GPU{what}.")
+            self.cap(
+                "low",
+                "This run is on the CPU, where it costs little or nothing; it matters once the "
+                f"script runs on a GPU{what}.",
+            )
             self.fold = "gpu-only"
         return self
 
@@ -167,11 +192,23 @@ class Finding:
     def to_dict(self, base: str | None = None) -> dict[str, Any]:
         where = self.where or (self.site.where(base) if self.site else None)
         out: dict[str, Any] = {
-            "rule": self.rule, "severity": self.severity, "where": where, "message": self.message,
-            "fix": self.fix.text(self.speedup), "est_speedup": self.est_speedup, "measured": self.measured,
-            "category": self.category, "speedup": self.speedup,
-            "fixes": {"pytorch": self.fix.pytorch, "plan": self.fix.plan, "lightning": self.fix.lightning,
-                      "accelerate": self.fix.accelerate, "fabric": self.fix.fabric, "hf_trainer": self.fix.hf_trainer},
+            "rule": self.rule,
+            "severity": self.severity,
+            "where": where,
+            "message": self.message,
+            "fix": self.fix.text(self.speedup),
+            "est_speedup": self.est_speedup,
+            "measured": self.measured,
+            "category": self.category,
+            "speedup": self.speedup,
+            "fixes": {
+                "pytorch": self.fix.pytorch,
+                "plan": self.fix.plan,
+                "lightning": self.fix.lightning,
+                "accelerate": self.fix.accelerate,
+                "fabric": self.fix.fabric,
+                "hf_trainer": self.fix.hf_trainer,
+            },
             "source": self.source,
         }
         if self.folded:

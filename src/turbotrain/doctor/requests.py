@@ -12,8 +12,17 @@ from typing import Any, Union
 
 from .sites import Site
 
-__all__ = ["PlanRequest", "BatchRequest", "LoaderRequest", "CopyRequest", "EvalGradRequest", "AttentionRequest",
-           "ThreadsRequest", "BatchBuildRequest", "WhatIfRequest"]
+__all__ = [
+    "PlanRequest",
+    "BatchRequest",
+    "LoaderRequest",
+    "CopyRequest",
+    "EvalGradRequest",
+    "AttentionRequest",
+    "ThreadsRequest",
+    "BatchBuildRequest",
+    "WhatIfRequest",
+]
 
 
 @dataclass(frozen=True)
@@ -22,7 +31,7 @@ class PlanRequest:
 
     changes: dict[str, Any]
     baseline: dict[str, Any] = field(default_factory=dict)  # the script's own setting where the Plan default differs
-    compile: bool = False                                     # only with --compile (slow to compile)
+    compile: bool = False  # only with --compile (slow to compile)
 
 
 @dataclass(frozen=True)
@@ -75,5 +84,13 @@ class BatchBuildRequest:
     share: float
 
 
-WhatIfRequest = Union[PlanRequest, BatchRequest, LoaderRequest, CopyRequest, EvalGradRequest, AttentionRequest,
-                      ThreadsRequest, BatchBuildRequest]
+WhatIfRequest = Union[
+    PlanRequest,
+    BatchRequest,
+    LoaderRequest,
+    CopyRequest,
+    EvalGradRequest,
+    AttentionRequest,
+    ThreadsRequest,
+    BatchBuildRequest,
+]

@@ -27,8 +27,20 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, Union
 if TYPE_CHECKING:  # pragma: no cover
     from ..measure import Comparison
 
-__all__ = ["WhatIf", "Judgement", "PairTimed", "ThreadSetting", "PlanResult", "BatchResult", "LoaderResult",
-           "ThreadsResult", "EvalGradResult", "AttentionResult", "BatchBuildResult", "WhatIfResult"]
+__all__ = [
+    "WhatIf",
+    "Judgement",
+    "PairTimed",
+    "ThreadSetting",
+    "PlanResult",
+    "BatchResult",
+    "LoaderResult",
+    "ThreadsResult",
+    "EvalGradResult",
+    "AttentionResult",
+    "BatchBuildResult",
+    "WhatIfResult",
+]
 
 W = TypeVar("W", bound="WhatIf")
 
@@ -42,9 +54,9 @@ def _present(**values: Any) -> dict[str, Any]:
 class Judgement:
     """:func:`turbotrain.measure.judge`'s verdict on a what-if's interleaved rounds."""
 
-    ratio: float        # the judged speed ratio (> 1: the fix is faster), rounded to 3 places
-    noise: float        # the margin it had to clear, rounded to 3 places
-    verdict: str        # measure.FASTER, SLOWER, NOISE or UNVERIFIED
+    ratio: float  # the judged speed ratio (> 1: the fix is faster), rounded to 3 places
+    noise: float  # the margin it had to clear, rounded to 3 places
+    verdict: str  # measure.FASTER, SLOWER, NOISE or UNVERIFIED
 
     @classmethod
     def of(cls, comparison: Comparison) -> Judgement:
@@ -119,18 +131,26 @@ class PlanResult(WhatIf):
     changes: dict[str, Any]
     steps: int
     losses_finite: bool
-    rounds: tuple[float, ...] = ()                   # per-round ratios, the ones judged
-    page_faults_per_step: int | None = None          # set where the steps page-faulted enough to re-time
-    timed_in: str | None = None                      # "fresh processes" or "this process" (the re-timing failed)
-    in_process_rounds: tuple[float, ...] | None = None   # the doctor's own process's rounds, once re-timed
+    rounds: tuple[float, ...] = ()  # per-round ratios, the ones judged
+    page_faults_per_step: int | None = None  # set where the steps page-faulted enough to re-time
+    timed_in: str | None = None  # "fresh processes" or "this process" (the re-timing failed)
+    in_process_rounds: tuple[float, ...] | None = None  # the doctor's own process's rounds, once re-timed
     candidate_ms: float | None = None
     compile_s: float | None = None
 
     def _fields(self) -> dict[str, Any]:
-        return {"changes": dict(self.changes), "steps": self.steps, "losses_finite": self.losses_finite,
-                **_present(page_faults_per_step=self.page_faults_per_step, timed_in=self.timed_in,
-                           in_process_rounds=self.in_process_rounds),
-                "rounds": list(self.rounds), **_present(candidate_ms=self.candidate_ms, compile_s=self.compile_s)}
+        return {
+            "changes": dict(self.changes),
+            "steps": self.steps,
+            "losses_finite": self.losses_finite,
+            **_present(
+                page_faults_per_step=self.page_faults_per_step,
+                timed_in=self.timed_in,
+                in_process_rounds=self.in_process_rounds,
+            ),
+            "rounds": list(self.rounds),
+            **_present(candidate_ms=self.candidate_ms, compile_s=self.compile_s),
+        }
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -144,16 +164,21 @@ class BatchResult(WhatIf):
     rounds: tuple[float, ...]
     model_rounds: tuple[float, ...]
     loader_samples_ratio: float
-    loader: str                         # how the loader's ratio was found
+    loader: str  # how the loader's ratio was found
     baseline_samples_per_s: float
     candidate_samples_per_s: float
 
     def _fields(self) -> dict[str, Any]:
-        return {"batch_size": self.batch_size, "candidate_batch_size": self.candidate_batch_size,
-                "rounds": list(self.rounds), "model_rounds": list(self.model_rounds),
-                "loader_samples_ratio": self.loader_samples_ratio, "loader": self.loader,
-                "baseline_samples_per_s": self.baseline_samples_per_s,
-                "candidate_samples_per_s": self.candidate_samples_per_s}
+        return {
+            "batch_size": self.batch_size,
+            "candidate_batch_size": self.candidate_batch_size,
+            "rounds": list(self.rounds),
+            "model_rounds": list(self.model_rounds),
+            "loader_samples_ratio": self.loader_samples_ratio,
+            "loader": self.loader,
+            "baseline_samples_per_s": self.baseline_samples_per_s,
+            "candidate_samples_per_s": self.candidate_samples_per_s,
+        }
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -172,11 +197,15 @@ class LoaderResult(PairTimed):
     candidate_ms: float | None = None
 
     def _fields(self) -> dict[str, Any]:
-        return {"batches_per_s": {str(k): v for k, v in self.batches_per_s.items()},
-                "best_num_workers": self.best_num_workers, "projected_step_ms": self.projected_step_ms,
-                "current_projected_step_ms": self.current_projected_step_ms, "step_ms": self.step_ms,
-                **self._pair(),
-                **_present(rounds=self.rounds, baseline_ms=self.baseline_ms, candidate_ms=self.candidate_ms)}
+        return {
+            "batches_per_s": {str(k): v for k, v in self.batches_per_s.items()},
+            "best_num_workers": self.best_num_workers,
+            "projected_step_ms": self.projected_step_ms,
+            "current_projected_step_ms": self.current_projected_step_ms,
+            "step_ms": self.step_ms,
+            **self._pair(),
+            **_present(rounds=self.rounds, baseline_ms=self.baseline_ms, candidate_ms=self.candidate_ms),
+        }
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -192,8 +221,14 @@ class ThreadsResult(WhatIf):
     candidate_ms: float
 
     def _fields(self) -> dict[str, Any]:
-        return {"now": self.now.to_dict(), "tried": list(self.tried), "candidate": self.candidate.to_dict(),
-                "rounds": list(self.rounds), "baseline_ms": self.baseline_ms, "candidate_ms": self.candidate_ms}
+        return {
+            "now": self.now.to_dict(),
+            "tried": list(self.tried),
+            "candidate": self.candidate.to_dict(),
+            "rounds": list(self.rounds),
+            "baseline_ms": self.baseline_ms,
+            "candidate_ms": self.candidate_ms,
+        }
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -205,8 +240,11 @@ class EvalGradResult(PairTimed):
     forward_ms_inference_mode: float
 
     def _fields(self) -> dict[str, Any]:
-        return {"forward_ms_with_grad": self.forward_ms_with_grad,
-                "forward_ms_inference_mode": self.forward_ms_inference_mode, **self._pair()}
+        return {
+            "forward_ms_with_grad": self.forward_ms_with_grad,
+            "forward_ms_inference_mode": self.forward_ms_inference_mode,
+            **self._pair(),
+        }
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -222,9 +260,15 @@ class AttentionResult(PairTimed):
     calls_per_step: float
 
     def _fields(self) -> dict[str, Any]:
-        return {"q_shape": list(self.q_shape), "keys": self.keys, "causal": self.causal,
-                "manual_ms": self.manual_ms, "sdpa_ms": self.sdpa_ms, "calls_per_step": self.calls_per_step,
-                **self._pair()}
+        return {
+            "q_shape": list(self.q_shape),
+            "keys": self.keys,
+            "causal": self.causal,
+            "manual_ms": self.manual_ms,
+            "sdpa_ms": self.sdpa_ms,
+            "calls_per_step": self.calls_per_step,
+            **self._pair(),
+        }
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -237,15 +281,22 @@ class BatchBuildResult(PairTimed):
     one_op_ms: float
     rows: int
     sample_shape: tuple[int, ...]
-    data: str                      # the name of the script's tensor the batch was built from
-    same_batch: bool               # the one-op batch equals the per-sample one
+    data: str  # the name of the script's tensor the batch was built from
+    same_batch: bool  # the one-op batch equals the per-sample one
 
     def _fields(self) -> dict[str, Any]:
-        return {"per_sample_ms": self.per_sample_ms, "one_op_ms": self.one_op_ms, "rows": self.rows,
-                "sample_shape": list(self.sample_shape), "data": self.data, "same_batch": self.same_batch,
-                **self._pair()}
+        return {
+            "per_sample_ms": self.per_sample_ms,
+            "one_op_ms": self.one_op_ms,
+            "rows": self.rows,
+            "sample_shape": list(self.sample_shape),
+            "data": self.data,
+            "same_batch": self.same_batch,
+            **self._pair(),
+        }
 
 
 # Every kind, for code that matches on them all.
-WhatIfResult = Union[PlanResult, BatchResult, LoaderResult, ThreadsResult, EvalGradResult, AttentionResult,
-                     BatchBuildResult]
+WhatIfResult = Union[
+    PlanResult, BatchResult, LoaderResult, ThreadsResult, EvalGradResult, AttentionResult, BatchBuildResult
+]

@@ -39,8 +39,8 @@ def _library_roots() -> tuple[str, ...]:
 
 
 _ROOTS: tuple[str, ...] | None = None
-_INSTALLED = frozenset({"site-packages", "dist-packages"})   # where installers put packages, on any prefix
-USER_FILES: dict[str, bool] = {}   # filename -> user code? (a dict: this sits on hot paths)
+_INSTALLED = frozenset({"site-packages", "dist-packages"})  # where installers put packages, on any prefix
+USER_FILES: dict[str, bool] = {}  # filename -> user code? (a dict: this sits on hot paths)
 
 
 def is_user_file(filename: str) -> bool:
@@ -56,7 +56,8 @@ def is_user_file(filename: str) -> bool:
             _ROOTS = _library_roots()
         path = os.path.realpath(filename)
         answer = not any(path == root or path.startswith(root + os.sep) for root in _ROOTS) and not any(
-            folder in _INSTALLED for folder in Path(path).parts)
+            folder in _INSTALLED for folder in Path(path).parts
+        )
     USER_FILES[filename] = answer
     return answer
 
@@ -121,5 +122,3 @@ def source_lines(filename: str, line: int, context: int = 2) -> list[tuple[int, 
             break
         out.append((n, text.rstrip("\n")))
     return out
-
-

@@ -50,9 +50,18 @@ def _caller_file() -> str | None:
 
 
 @contextlib.contextmanager
-def watch(steps: int | None = None, warmup: int = 2, profile_steps: int = 2, what_if: bool = True,
-          what_if_budget_s: float = 20.0, compile: bool = False, print_report: bool = True,
-          json: str | None = None, html: str | None = None, trace: str | None = None) -> Iterator[Watch]:
+def watch(
+    steps: int | None = None,
+    warmup: int = 2,
+    profile_steps: int = 2,
+    what_if: bool = True,
+    what_if_budget_s: float = 20.0,
+    compile: bool = False,
+    print_report: bool = True,
+    json: str | None = None,
+    html: str | None = None,
+    trace: str | None = None,
+) -> Iterator[Watch]:
     """Record the training steps run inside the block and report on them when it ends.
 
     ``steps``: measure this many steps after ``warmup``, profile ``profile_steps`` more, then end
@@ -60,8 +69,15 @@ def watch(steps: int | None = None, warmup: int = 2, profile_steps: int = 2, wha
     until the block ends by itself. An exception from the block is reported (with where it
     came from) and then re-raised.
     """
-    options = DoctorOptions(steps=steps or 0, warmup=warmup, profile_steps=profile_steps, what_if=what_if,
-                            what_if_budget_s=what_if_budget_s, compile=compile, trace_path=trace)
+    options = DoctorOptions(
+        steps=steps or 0,
+        warmup=warmup,
+        profile_steps=profile_steps,
+        what_if=what_if,
+        what_if_budget_s=what_if_budget_s,
+        compile=compile,
+        trace_path=trace,
+    )
     # The block ends after exactly warm-up + steps + profile steps: no watch of the step clock beyond them.
     recorder = Recorder(measure=steps, warmup=warmup, profile=profile_steps, stop=steps is not None, watch_s=0.0)
     handle = Watch(recorder=recorder, options=options)
@@ -85,8 +101,9 @@ def watch(steps: int | None = None, warmup: int = 2, profile_steps: int = 2, wha
     if steps is None:
         # Every step after warm-up counts; the report compares with what ran, not with a target.
         options.steps = max(0, len(recorder.steps) - warmup - len(recorder.profiled_steps))
-    report = analyse(recorder.recording(), recorder.live_objects(), run, options, script=script,
-                     run_seconds=run.seconds)
+    report = analyse(
+        recorder.recording(), recorder.live_objects(), run, options, script=script, run_seconds=run.seconds
+    )
     handle.report = report
     if json:
         report.write_json(json)

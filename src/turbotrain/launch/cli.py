@@ -53,27 +53,34 @@ def _check(opts: LaunchOptions) -> None:
     if not (nproc in ("auto", "gpu", "cpu") or (nproc.isdigit() and int(nproc) >= 1)):
         raise ConfigError(f"launch --nproc-per-node {nproc!r}: give a number >= 1, or auto / gpu / cpu.")
     parts = opts.nnodes.split(":")
-    if not (1 <= len(parts) <= 2 and all(p.isdigit() and int(p) >= 1 for p in parts)
-            and int(parts[0]) <= int(parts[-1])):
+    if not (
+        1 <= len(parts) <= 2 and all(p.isdigit() and int(p) >= 1 for p in parts) and int(parts[0]) <= int(parts[-1])
+    ):
         raise ConfigError(f"launch --nnodes {opts.nnodes!r}: give a number of nodes (2) or a range MIN:MAX (1:4).")
     if opts.max_restarts < 0:
         raise ConfigError(f"launch --max-restarts {opts.max_restarts}: must be >= 0.")
     if opts.rdzv_endpoint is not None:
         host, sep, port = opts.rdzv_endpoint.rpartition(":")
         if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ConfigError(f"launch --rdzv-endpoint {opts.rdzv_endpoint!r}: expected host:port, e.g. "
-                              "10.0.0.1:29400 (the address of the node with --node-rank 0).")
+            raise ConfigError(
+                f"launch --rdzv-endpoint {opts.rdzv_endpoint!r}: expected host:port, e.g. "
+                "10.0.0.1:29400 (the address of the node with --node-rank 0)."
+            )
     if opts.max_nodes > 1 and opts.rdzv_endpoint is None:
-        raise ConfigError(f"launch --nnodes {opts.nnodes}: several nodes meet at a rendezvous; give "
-                          "--rdzv-endpoint HOST:PORT with the address of node 0, the same on every node.")
+        raise ConfigError(
+            f"launch --nnodes {opts.nnodes}: several nodes meet at a rendezvous; give "
+            "--rdzv-endpoint HOST:PORT with the address of node 0, the same on every node."
+        )
     if opts.node_rank is not None and not 0 <= opts.node_rank < opts.max_nodes:
-        raise ConfigError(f"launch --node-rank {opts.node_rank}: must be in 0..{opts.max_nodes - 1} "
-                          f"for --nnodes {opts.nnodes}.")
+        raise ConfigError(
+            f"launch --node-rank {opts.node_rank}: must be in 0..{opts.max_nodes - 1} for --nnodes {opts.nnodes}."
+        )
     if opts.rdzv_backend == "static" and opts.max_nodes > 1 and opts.node_rank is None:
         raise ConfigError("launch --rdzv-backend static: every node needs its --node-rank (0 on the master).")
     if not opts.module and not os.path.exists(opts.script):
-        raise ConfigError(f"launch: training script {opts.script!r} does not exist "
-                          "(use -m to run a module instead of a file).")
+        raise ConfigError(
+            f"launch: training script {opts.script!r} does not exist (use -m to run a module instead of a file)."
+        )
 
 
 def torchrun_argv(opts: LaunchOptions) -> list[str]:
@@ -84,8 +91,16 @@ def torchrun_argv(opts: LaunchOptions) -> list[str]:
         # One node: a private rendezvous on a free local port, nothing to configure.
         argv += ["--standalone", "--nnodes", opts.nnodes]
     else:
-        argv += ["--nnodes", opts.nnodes, "--rdzv-backend", opts.rdzv_backend,
-                 "--rdzv-endpoint", opts.rdzv_endpoint or "", "--rdzv-id", opts.rdzv_id]
+        argv += [
+            "--nnodes",
+            opts.nnodes,
+            "--rdzv-backend",
+            opts.rdzv_backend,
+            "--rdzv-endpoint",
+            opts.rdzv_endpoint or "",
+            "--rdzv-id",
+            opts.rdzv_id,
+        ]
         if opts.rdzv_backend == "static":
             argv += ["--node-rank", str(opts.node_rank or 0)]
         elif opts.node_rank is not None:
@@ -126,7 +141,7 @@ def launch(opts: LaunchOptions, nccl: NcclSettings | None = None) -> int:
     # torchrun's parser would read the script's own options too (``--log`` is an ambiguous prefix of its
     # ``--log-dir`` ...): it parses up to the script's name, and the script's arguments are set untouched.
     n_script_args = len(opts.script_args)
-    args = get_args_parser().parse_args(argv[:len(argv) - n_script_args])
+    args = get_args_parser().parse_args(argv[: len(argv) - n_script_args])
     args.training_script_args = list(opts.script_args)
     try:
         torchrun(args)
@@ -138,42 +153,68 @@ def launch(opts: LaunchOptions, nccl: NcclSettings | None = None) -> int:
 
 # -- the command line ------------------------------------------------------------------------
 
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     # No prefix matching: a script option such as ``--n 5`` after the script's name is the script's, never an
     # ambiguous abbreviation of ``--nnodes`` / ``--nproc-per-node`` (everything after SCRIPT is passed untouched).
     parser.allow_abbrev = False
-    parser.add_argument("--nproc-per-node", default="1", help="processes on this node: a number, or auto/gpu/cpu "
-                                                               "(default 1)")
+    parser.add_argument(
+        "--nproc-per-node", default="1", help="processes on this node: a number, or auto/gpu/cpu (default 1)"
+    )
     parser.add_argument("--nnodes", default="1", help="number of nodes, or MIN:MAX for an elastic range (default 1)")
-    parser.add_argument("--node-rank", type=int, default=None,
-                        help="this node's rank; node 0 hosts the rendezvous (with --rdzv-backend static: the "
-                             "global node rank)")
+    parser.add_argument(
+        "--node-rank",
+        type=int,
+        default=None,
+        help="this node's rank; node 0 hosts the rendezvous (with --rdzv-backend static: the global node rank)",
+    )
     parser.add_argument("--rdzv-endpoint", default=None, help="HOST:PORT of node 0's rendezvous (several nodes)")
-    parser.add_argument("--rdzv-backend", choices=("c10d", "static"), default="c10d",
-                        help="c10d (default: nodes may join and restart) or static (fixed node ranks)")
+    parser.add_argument(
+        "--rdzv-backend",
+        choices=("c10d", "static"),
+        default="c10d",
+        help="c10d (default: nodes may join and restart) or static (fixed node ranks)",
+    )
     parser.add_argument("--rdzv-id", default="turbotrain", help="job id, the same on every node (default turbotrain)")
     parser.add_argument("--local-addr", default=None, help="the address other nodes reach this node at")
-    parser.add_argument("--max-restarts", type=int, default=0,
-                        help="restart the worker group this many times after a failure (resume from the last "
-                             "checkpoint with fit(resume=True))")
+    parser.add_argument(
+        "--max-restarts",
+        type=int,
+        default=0,
+        help="restart the worker group this many times after a failure (resume from the last "
+        "checkpoint with fit(resume=True))",
+    )
     parser.add_argument("--monitor-interval", type=float, default=None, help="seconds between worker health checks")
     parser.add_argument("-m", "--module", action="store_true", help="run SCRIPT as a module (python -m)")
     nccl = parser.add_argument_group("NCCL (GPU communication) settings, passed to every worker")
-    nccl.add_argument("--nccl-algo", default=None, help="NCCL_ALGO: Ring, Tree, CollnetDirect, CollnetChain, NVLS, "
-                                                        "NVLSTree, PAT (comma list; ^ excludes)")
+    nccl.add_argument(
+        "--nccl-algo",
+        default=None,
+        help="NCCL_ALGO: Ring, Tree, CollnetDirect, CollnetChain, NVLS, NVLSTree, PAT (comma list; ^ excludes)",
+    )
     nccl.add_argument("--nccl-proto", default=None, help="NCCL_PROTO: LL, LL128, Simple")
     nccl.add_argument("--nccl-buffsize", default=None, help="NCCL_BUFFSIZE: bytes, or 4M / 16MiB (NCCL default 4M)")
     nccl.add_argument("--nccl-socket-ifname", default=None, help="NCCL_SOCKET_IFNAME (and GLOO_SOCKET_IFNAME)")
     nccl.add_argument("--nccl-ib-disable", action="store_true", default=None, help="NCCL_IB_DISABLE=1")
     nccl.add_argument("--nccl-debug", default=None, choices=("VERSION", "WARN", "INFO", "TRACE"), help="NCCL_DEBUG")
-    nccl.add_argument("--nccl-env", action="append", default=[], metavar="NCCL_NAME=VALUE",
-                      help="any other NCCL variable (repeatable)")
-    parser.add_argument("--dry-run", action="store_true",
-                        help="print the torchrun command and environment, run nothing")
+    nccl.add_argument(
+        "--nccl-env",
+        action="append",
+        default=[],
+        metavar="NCCL_NAME=VALUE",
+        help="any other NCCL variable (repeatable)",
+    )
+    parser.add_argument(
+        "--dry-run", action="store_true", help="print the torchrun command and environment, run nothing"
+    )
     # One REMAINDER for the script and its arguments: argparse hands it over untouched (a separate
     # ``script`` positional would make it drop the first ``--`` of the script's own arguments).
-    parser.add_argument("command", nargs=argparse.REMAINDER, metavar="SCRIPT [ARGS ...]",
-                        help="training script (or module with -m), then its own arguments, passed untouched")
+    parser.add_argument(
+        "command",
+        nargs=argparse.REMAINDER,
+        metavar="SCRIPT [ARGS ...]",
+        help="training script (or module with -m), then its own arguments, passed untouched",
+    )
 
 
 def split_command(command: list[str]) -> tuple[str, tuple[str, ...]]:
@@ -188,14 +229,28 @@ def split_command(command: list[str]) -> tuple[str, tuple[str, ...]]:
 def options_from_args(args) -> tuple[LaunchOptions, NcclSettings]:
     script, script_args = split_command(args.command)
     opts = LaunchOptions(
-        script=script, script_args=script_args, nproc_per_node=str(args.nproc_per_node),
-        nnodes=str(args.nnodes), node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint,
-        rdzv_backend=args.rdzv_backend, rdzv_id=args.rdzv_id, local_addr=args.local_addr,
-        max_restarts=args.max_restarts, monitor_interval=args.monitor_interval, module=args.module)
-    nccl = NcclSettings(algo=args.nccl_algo, proto=args.nccl_proto,
-                        buffsize=None if args.nccl_buffsize is None else parse_size(args.nccl_buffsize),
-                        socket_ifname=args.nccl_socket_ifname, ib_disable=args.nccl_ib_disable,
-                        debug=args.nccl_debug, extra=tuple(args.nccl_env))
+        script=script,
+        script_args=script_args,
+        nproc_per_node=str(args.nproc_per_node),
+        nnodes=str(args.nnodes),
+        node_rank=args.node_rank,
+        rdzv_endpoint=args.rdzv_endpoint,
+        rdzv_backend=args.rdzv_backend,
+        rdzv_id=args.rdzv_id,
+        local_addr=args.local_addr,
+        max_restarts=args.max_restarts,
+        monitor_interval=args.monitor_interval,
+        module=args.module,
+    )
+    nccl = NcclSettings(
+        algo=args.nccl_algo,
+        proto=args.nccl_proto,
+        buffsize=None if args.nccl_buffsize is None else parse_size(args.nccl_buffsize),
+        socket_ifname=args.nccl_socket_ifname,
+        ib_disable=args.nccl_ib_disable,
+        debug=args.nccl_debug,
+        extra=tuple(args.nccl_env),
+    )
     return opts, nccl
 
 

@@ -27,8 +27,15 @@ from torch import nn
 from .. import distributed as tdist
 from ..config import ConfigError
 
-__all__ = ["shard_model", "rebind_optimizer", "GradientSync", "is_sharded", "save_sharded", "load_sharded",
-           "full_state_dict"]
+__all__ = [
+    "shard_model",
+    "rebind_optimizer",
+    "GradientSync",
+    "is_sharded",
+    "save_sharded",
+    "load_sharded",
+    "full_state_dict",
+]
 
 # Containers whose elements are the natural sharding units (transformer blocks, stages).
 _CONTAINERS = (nn.ModuleList, nn.ModuleDict)
@@ -81,7 +88,8 @@ def rebind_optimizer(optimizer: torch.optim.Optimizer, replaced: dict[nn.Paramet
         raise ConfigError(
             f"{type(optimizer).__name__} has already stepped (it holds state), and FSDP replaces the model's "
             "parameters by shards: that state cannot follow them. Build the Trainer (or call tt.prepare) before "
-            "the first optimizer step, or resume the state from a checkpoint with fit(resume=True).")
+            "the first optimizer step, or resume the state from a checkpoint with fit(resume=True)."
+        )
     for group in optimizer.param_groups:
         group["params"][:] = [replaced.get(p, p) for p in group["params"]]
 
@@ -119,6 +127,7 @@ def apply_to_runtime(rt) -> None:
 
 # -- checkpoints (torch.distributed.checkpoint) ----------------------------------------------
 
+
 @contextlib.contextmanager
 def _single_process_is_intended() -> Iterator[None]:
     """DCP warns whenever it runs without a process group; for us that is a supported case, not a mistake."""
@@ -137,8 +146,11 @@ def save_sharded(module: nn.Module, optimizers: list[torch.optim.Optimizer], pat
 
     model_state, optim_state = get_state_dict(module, optimizers)
     with _single_process_is_intended():
-        dcp.save({"model": model_state, "optimizers": optim_state}, checkpoint_id=str(path),
-                 no_dist=not tdist.is_initialized())
+        dcp.save(
+            {"model": model_state, "optimizers": optim_state},
+            checkpoint_id=str(path),
+            no_dist=not tdist.is_initialized(),
+        )
 
 
 def load_sharded(module: nn.Module, optimizers: list[torch.optim.Optimizer], path: Path) -> None:
@@ -151,8 +163,10 @@ def load_sharded(module: nn.Module, optimizers: list[torch.optim.Optimizer], pat
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     if not (path / ".metadata").is_file():
-        raise ConfigError(f"sharded checkpoint {path} is incomplete (no .metadata); every process must see the same "
-                          "checkpoint_dir (a shared filesystem when training on several nodes).")
+        raise ConfigError(
+            f"sharded checkpoint {path} is incomplete (no .metadata); every process must see the same "
+            "checkpoint_dir (a shared filesystem when training on several nodes)."
+        )
     model_state, optim_state = get_state_dict(module, optimizers)
     state: dict[str, Any] = {"model": model_state, "optimizers": optim_state}
     with _single_process_is_intended():

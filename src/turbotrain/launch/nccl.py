@@ -54,13 +54,16 @@ def _check_choice_list(name: str, value: str, choices: tuple[str, ...]) -> str:
         if ":" in part:
             collective, part = part.split(":", 1)
             if collective.strip().lower() not in _COLLECTIVES:
-                raise ConfigError(f"{name}={value!r}: unknown collective {collective!r}; "
-                                  f"known: {', '.join(_COLLECTIVES)}.")
+                raise ConfigError(
+                    f"{name}={value!r}: unknown collective {collective!r}; known: {', '.join(_COLLECTIVES)}."
+                )
         for item in part.lstrip("^").split(","):
             if item.strip().lower() not in lowered:
-                raise ConfigError(f"{name}={value!r}: unknown value {item.strip()!r}; "
-                                  f"allowed (case-insensitive): {', '.join(choices)}, as a comma list, "
-                                  f"'^' to exclude, or 'allreduce:tree;broadcast:ring'.")
+                raise ConfigError(
+                    f"{name}={value!r}: unknown value {item.strip()!r}; "
+                    f"allowed (case-insensitive): {', '.join(choices)}, as a comma list, "
+                    f"'^' to exclude, or 'allreduce:tree;broadcast:ring'."
+                )
     return value
 
 
@@ -87,8 +90,10 @@ class NcclSettings:
             if self.buffsize <= 0:
                 raise ConfigError(f"NCCL_BUFFSIZE={self.buffsize}: must be a positive number of bytes.")
             if self.buffsize & (self.buffsize - 1):
-                log.warning("turbotrain: NCCL_BUFFSIZE=%d is not a power of two; NCCL's documentation "
-                            "recommends powers of two", self.buffsize)
+                log.warning(
+                    "turbotrain: NCCL_BUFFSIZE=%d is not a power of two; NCCL's documentation recommends powers of two",
+                    self.buffsize,
+                )
         for item in self.extra:
             key, sep, _ = item.partition("=")
             if not sep or not re.fullmatch(r"NCCL_[A-Z0-9_]+", key):
@@ -119,9 +124,11 @@ class NcclSettings:
 def check_environment(env: Mapping[str, str]) -> list[str]:
     """Problems with NCCL variables already set in ``env`` (bad values, slow debug settings)."""
     problems: list[str] = []
-    checks = (("NCCL_ALGO", lambda v: _check_choice_list("NCCL_ALGO", v, ALGORITHMS)),
-              ("NCCL_PROTO", lambda v: _check_choice_list("NCCL_PROTO", v, PROTOCOLS)),
-              ("NCCL_BUFFSIZE", lambda v: NcclSettings(buffsize=parse_size(v))))
+    checks = (
+        ("NCCL_ALGO", lambda v: _check_choice_list("NCCL_ALGO", v, ALGORITHMS)),
+        ("NCCL_PROTO", lambda v: _check_choice_list("NCCL_PROTO", v, PROTOCOLS)),
+        ("NCCL_BUFFSIZE", lambda v: NcclSettings(buffsize=parse_size(v))),
+    )
     for key, check in checks:
         if key in env:
             try:
@@ -132,6 +139,8 @@ def check_environment(env: Mapping[str, str]) -> list[str]:
     if debug and debug not in _DEBUG_LEVELS:
         problems.append(f"NCCL_DEBUG={env['NCCL_DEBUG']!r}: allowed: {', '.join(_DEBUG_LEVELS)}.")
     elif debug in ("INFO", "TRACE"):
-        problems.append(f"NCCL_DEBUG={debug} logs every communicator set-up (TRACE: every call) and slows training; "
-                        "unset it or use WARN outside of debugging.")
+        problems.append(
+            f"NCCL_DEBUG={debug} logs every communicator set-up (TRACE: every call) and slows training; "
+            "unset it or use WARN outside of debugging."
+        )
     return problems

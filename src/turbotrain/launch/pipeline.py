@@ -42,8 +42,15 @@ from .pipeline_tensors import materialise_modules, real_buffers, repoint_optimiz
 
 # Layout, layout_for, bubble_fraction (pipeline_layout.py) and default_split_points (pipeline_split.py)
 # were defined here first: still importable from here.
-__all__ = ["Layout", "layout_for", "default_split_points", "PipelineRunner", "apply_to_runtime", "bubble_fraction",
-           "refuse_ddp"]
+__all__ = [
+    "Layout",
+    "layout_for",
+    "default_split_points",
+    "PipelineRunner",
+    "apply_to_runtime",
+    "bubble_fraction",
+    "refuse_ddp",
+]
 
 log = logging.getLogger("turbotrain")
 
@@ -53,7 +60,8 @@ def refuse_ddp() -> ConfigError:
         "DDP cannot wrap a pipeline stage: torch's DDP reducer expects one forward and backward per step, and a "
         "schedule runs several (GPipe crashes in reducer.cpp; static_graph=True trains silently wrong). Use "
         "strategy='pipeline' alone: with more processes than stages it shards each stage with FSDP over the "
-        "extra processes (a (dp, pp) DeviceMesh).")
+        "extra processes (a (dp, pp) DeviceMesh)."
+    )
 
 
 def _batch_parts(batch: Any) -> tuple[tuple[torch.Tensor, ...], Any]:
@@ -88,18 +96,22 @@ class PipelineRunner:
         self.microbatches = self.layout.microbatches if self.layout else (plan.microbatches or stages)
         self.split_points: list[str] = []
         self.loss_fn: Callable | None = None
-        self.after_build: list[Callable[[], None]] = []   # the Trainer re-reads the optimizers' parameters
+        self.after_build: list[Callable[[], None]] = []  # the Trainer re-reads the optimizers' parameters
         self.pending_load: Callable[[], None] | None = None  # a checkpoint to load once the stages exist
-        self.stage_modules = nn.ModuleDict()              # this process's stages, what checkpoints hold
+        self.stage_modules = nn.ModuleDict()  # this process's stages, what checkpoints hold
         self._pipes: dict[Any, _Built] = {}
         self._train_key: Any = None
         self._train: _Built | None = None
         self.mesh = None
         if not self.launched:
-            log.warning("turbotrain: strategy='pipeline' in a single process started without a launcher: the %d "
-                        "stages run as one model, each batch as %d accumulated micro-batches (the same numbers); "
-                        "run it with `turbotrain launch --nproc-per-node %d ...` to split it", stages,
-                        self.microbatches, stages)
+            log.warning(
+                "turbotrain: strategy='pipeline' in a single process started without a launcher: the %d "
+                "stages run as one model, each batch as %d accumulated micro-batches (the same numbers); "
+                "run it with `turbotrain launch --nproc-per-node %d ...` to split it",
+                stages,
+                self.microbatches,
+                stages,
+            )
             self._materialise_all(rt)
             return
         tdist.init_process_group(rt.device)
@@ -132,8 +144,10 @@ class PipelineRunner:
     def configure(self, loss_fn: Callable | None, split_points: list[str] | None) -> None:
         """What the Trainer knows and the Plan does not: the loss and where to cut (checked here, before any step)."""
         if loss_fn is None:
-            raise ConfigError("strategy='pipeline' needs loss_fn(outputs, targets): the last stage computes it inside "
-                              "the schedule (step_fn is not supported under a pipeline).")
+            raise ConfigError(
+                "strategy='pipeline' needs loss_fn(outputs, targets): the last stage computes it inside "
+                "the schedule (step_fn is not supported under a pipeline)."
+            )
         self.loss_fn = loss_fn
         points = list(split_points) if split_points else default_split_points(self.user_model, self.stages)
         check_split_points(self.user_model, points, self.stages)
@@ -157,7 +171,8 @@ class PipelineRunner:
                 f"a {'training' if training else 'validation'} batch of {n} samples does not divide into "
                 f"Plan.microbatches={self.microbatches}: the stages' receive buffers keep the first micro-batch's "
                 "shape, so every batch must hold a multiple of microbatches samples. Choose a batch size that "
-                "divides (and drop_last=True in the DataLoader when the data set does not divide either).")
+                "divides (and drop_last=True in the DataLoader when the data set does not divide either)."
+            )
         return n
 
     def _materialise(self, pipe) -> None:
@@ -165,15 +180,18 @@ class PipelineRunner:
         device, model = self.rt.device, self.user_model
         for opt in self.rt.optimizers:
             if any(opt.state.values()):
-                raise ConfigError(f"{type(opt).__name__} has already stepped (it holds state), and a pipeline keeps "
-                                  "only its stage's parameters: build the Trainer before the first optimizer step, or "
-                                  "resume the state from a checkpoint with fit(resume=True).")
+                raise ConfigError(
+                    f"{type(opt).__name__} has already stepped (it holds state), and a pipeline keeps "
+                    "only its stage's parameters: build the Trainer before the first optimizer step, or "
+                    "resume the state from a checkpoint with fit(resume=True)."
+                )
         owner = stage_of_each_parameter(pipe)
         mine = {name for name, i in owner.items() if i in self.stage_ids}
         old = dict(model.named_parameters())
         materialise_modules(model, {name.rpartition(".")[0] for name in mine}, device)
-        real_buffers(model, [name for i in self.stage_ids for name, _ in pipe.get_stage_module(i).named_buffers()],
-                      device)
+        real_buffers(
+            model, [name for i in self.stage_ids for name, _ in pipe.get_stage_module(i).named_buffers()], device
+        )
         new = dict(model.named_parameters())
         for name, param in old.items():  # the other stages' layers leave this process
             if name not in mine:
@@ -181,9 +199,15 @@ class PipelineRunner:
         for opt in self.rt.optimizers:
             total = sum(len(g["params"]) for g in opt.param_groups)
             repoint_optimizers([opt], {old[name]: new[name] for name in mine})
-            log.info("turbotrain: pipeline stage(s) %s of %d: %s rebuilt over this stage's %d of %d parameter tensors "
-                     "(same class, param groups and settings)", self.stage_ids, self.layout.stages,
-                     type(opt).__name__, sum(len(g["params"]) for g in opt.param_groups), total)
+            log.info(
+                "turbotrain: pipeline stage(s) %s of %d: %s rebuilt over this stage's %d of %d parameter tensors "
+                "(same class, param groups and settings)",
+                self.stage_ids,
+                self.layout.stages,
+                type(opt).__name__,
+                sum(len(g["params"]) for g in opt.param_groups),
+                total,
+            )
 
     def _stages_of(self, pipe) -> list[Any]:
         """This process's PipelineStages of ``pipe``, running the user's (materialised) tensors."""
@@ -247,11 +271,13 @@ class PipelineRunner:
             raise ConfigError(
                 f"a {'training' if training else 'validation'} batch of another shape than the first training batch "
                 f"({[tuple(t.shape) for t in inputs]}): under pipeline x FSDP every batch, validation included, must "
-                "have the training batch's shape (drop_last=True, the same batch size for validation).")
+                "have the training batch's shape (drop_last=True, the same batch size for validation)."
+            )
         if first and not training:
             raise ConfigError("a pipeline is built at the first training batch; validate after fit() has started.")
-        pipe = trace_stages(self._skeleton, self._microbatch(inputs, training), self.split_points,
-                            self.layout.stages, training)
+        pipe = trace_stages(
+            self._skeleton, self._microbatch(inputs, training), self.split_points, self.layout.stages, training
+        )
         if first:
             self._materialise(pipe)
         stages = self._stages_of(pipe)
@@ -261,8 +287,9 @@ class PipelineRunner:
             if self.layout.dp > 1:
                 self._shard(stages)
         schedule = make_schedule(self.layout, stages, self.loss_fn)  # type: ignore[arg-type]  # configure() set it
-        built = _Built(stages, schedule, has_first=0 in self.stage_ids,
-                       has_last=self.layout.stages - 1 in self.stage_ids)
+        built = _Built(
+            stages, schedule, has_first=0 in self.stage_ids, has_last=self.layout.stages - 1 in self.stage_ids
+        )
         self._pipes[key] = built
         if first:
             self.rt.module = self.rt.model = self.stage_modules
@@ -283,12 +310,20 @@ class PipelineRunner:
     def _eval_on_training_stages(self, shapes: tuple[torch.Size, ...]) -> _Built:
         """Pipeline x FSDP validates through the training stages (FSDP owns their parameters; stages traced in
         eval mode cannot share them), whose traced graph keeps training-mode dropout and batch statistics."""
-        modes = sorted({type(m).__name__ for m in self.user_model.modules()
-                        if isinstance(m, (nn.modules.dropout._DropoutNd, nn.modules.batchnorm._BatchNorm))
-                        and getattr(m, "p", 1) > 0})
+        modes = sorted(
+            {
+                type(m).__name__
+                for m in self.user_model.modules()
+                if isinstance(m, (nn.modules.dropout._DropoutNd, nn.modules.batchnorm._BatchNorm))
+                and getattr(m, "p", 1) > 0
+            }
+        )
         if modes:
-            log.warning("turbotrain: pipeline x FSDP validates on the training stages: their %s layers act as in "
-                        "training during validation", ", ".join(modes))
+            log.warning(
+                "turbotrain: pipeline x FSDP validates on the training stages: their %s layers act as in "
+                "training during validation",
+                ", ".join(modes),
+            )
         return self._pipes[(True, shapes)]  # the training stages traced for these shapes
 
     def _run(self, built: _Built, inputs, targets, training: bool) -> list[torch.Tensor]:
@@ -377,11 +412,15 @@ def apply_to_runtime(rt) -> None:
     """The strategy switch's 'pipeline': refuse what cannot work, then hand the Runtime a PipelineRunner."""
     plan = rt.plan
     if plan.compile is not False:
-        raise ConfigError("Plan.compile with strategy='pipeline' is not supported yet: the stages are traced "
-                          "graphs run by the schedule; set compile=False.")
+        raise ConfigError(
+            "Plan.compile with strategy='pipeline' is not supported yet: the stages are traced "
+            "graphs run by the schedule; set compile=False."
+        )
     if plan.precision == "fp16-mixed":
-        raise ConfigError("Plan.precision='fp16-mixed' with strategy='pipeline': the GradScaler would have to scale "
-                          "the loss inside the schedule; use 'bf16-mixed'.")
+        raise ConfigError(
+            "Plan.precision='fp16-mixed' with strategy='pipeline': the GradScaler would have to scale "
+            "the loss inside the schedule; use 'bf16-mixed'."
+        )
     if plan.sync_batchnorm:
         raise ConfigError("Plan.sync_batchnorm with strategy='pipeline' is not supported.")
     if isinstance(rt.model, nn.parallel.DistributedDataParallel):

@@ -52,8 +52,15 @@ class PipelineCoordinator(RankCoordinator):
         last = self._is_last()
         loss, rate = metrics.get("train_loss"), metrics.get("samples_per_s")
         has_loss, has_rate = last and loss is not None, last and rate is not None
-        sums = tdist.all_reduce_sum([loss if last and loss is not None else 0.0, has_loss,
-                                     rate if last and rate is not None else 0.0, has_rate], self.device)
+        sums = tdist.all_reduce_sum(
+            [
+                loss if last and loss is not None else 0.0,
+                has_loss,
+                rate if last and rate is not None else 0.0,
+                has_rate,
+            ],
+            self.device,
+        )
         out = dict(metrics)
         out.pop("train_loss", None)
         out.pop("samples_per_s", None)
@@ -79,8 +86,9 @@ class PipelineCoordinator(RankCoordinator):
         runner = self.pipeline
         if runner.launched and not runner.built:
             if not state.get("sharded"):
-                raise ConfigError(f"checkpoint {path} was not written by a pipeline; resume it with the strategy that "
-                                  "wrote it.")
+                raise ConfigError(
+                    f"checkpoint {path} was not written by a pipeline; resume it with the strategy that wrote it."
+                )
             runner.pending_load = lambda: self._load(path, state)
             return
         self._load(path, state)

@@ -37,21 +37,28 @@ def layout_for(plan, world: int) -> Layout:
     per = plan.stages_per_process or (2 if schedule == "interleaved-1f1b" else 1)
     stages = plan.pipeline_stages or per * world
     if stages % per:
-        raise ConfigError(f"Plan.pipeline_stages={stages} with {per} stages per process: the stages must divide "
-                          "evenly among the processes of a pipeline.")
+        raise ConfigError(
+            f"Plan.pipeline_stages={stages} with {per} stages per process: the stages must divide "
+            "evenly among the processes of a pipeline."
+        )
     pp = stages // per
     if pp > world or world % pp:
         raise ConfigError(
             f"Plan.pipeline_stages={stages} at {per} per process needs {pp} processes per pipeline "
             f"(or a multiple of {pp} for pipeline x FSDP), and this run has {world}: launch with "
-            f"`turbotrain launch --nproc-per-node {pp} ...`, or change pipeline_stages.")
+            f"`turbotrain launch --nproc-per-node {pp} ...`, or change pipeline_stages."
+        )
     microbatches = plan.microbatches or stages
     if microbatches < stages:
-        raise ConfigError(f"Plan.microbatches: {microbatches} micro-batches for {stages} stages; a pipeline needs at "
-                          "least one micro-batch per stage (more shrinks the bubble).")
+        raise ConfigError(
+            f"Plan.microbatches: {microbatches} micro-batches for {stages} stages; a pipeline needs at "
+            "least one micro-batch per stage (more shrinks the bubble)."
+        )
     if per > 1 and microbatches % pp:
-        raise ConfigError(f"Plan.microbatches: the interleaved schedule runs micro-batches in rounds of {pp} (one per "
-                          f"process); {microbatches} is not a multiple of {pp}.")
+        raise ConfigError(
+            f"Plan.microbatches: the interleaved schedule runs micro-batches in rounds of {pp} (one per "
+            f"process); {microbatches} is not a multiple of {pp}."
+        )
     return Layout(stages, per, pp, world // pp, microbatches, schedule)
 
 

@@ -26,22 +26,30 @@ def default_split_points(model: nn.Module, stages: int) -> list[str]:
         raise ConfigError(
             f"strategy='pipeline': no split points given, and the model has no nn.ModuleList of at least {stages} "
             "blocks to cut evenly; give Trainer(..., split_points=['name.of.first.module.of.stage.2', ...]) with "
-            f"{stages - 1} module names (see model.named_modules()).")
+            f"{stages - 1} module names (see model.named_modules())."
+        )
     length, name = max(lists)
     return [f"{name}.{(i * length) // stages}" for i in range(1, stages)]
 
 
 def check_split_points(model: nn.Module, split_points: list[str], stages: int) -> None:
     if len(split_points) != stages - 1:
-        raise ConfigError(f"split_points: {len(split_points)} given for {stages} stages; give {stages - 1} (each the "
-                          "first module of the next stage).")
+        raise ConfigError(
+            f"split_points: {len(split_points)} given for {stages} stages; give {stages - 1} (each the "
+            "first module of the next stage)."
+        )
     names = {name for name, _ in model.named_modules()}
     for point in split_points:
         if point not in names or not point:
             near = sorted(n for n in names if n and n.split(".")[0] == point.split(".")[0])[:8]
-            raise ConfigError(f"split point {point!r} names no module of {type(model).__name__}"
-                              + (f"; modules nearby: {', '.join(near)}" if near else
-                                 f"; its top-level modules: {', '.join(n for n in names if n and '.' not in n)}"))
+            raise ConfigError(
+                f"split point {point!r} names no module of {type(model).__name__}"
+                + (
+                    f"; modules nearby: {', '.join(near)}"
+                    if near
+                    else f"; its top-level modules: {', '.join(n for n in names if n and '.' not in n)}"
+                )
+            )
 
 
 def meta_copy(model: nn.Module) -> nn.Module:
@@ -53,8 +61,9 @@ def meta_copy(model: nn.Module) -> nn.Module:
     return copy.deepcopy(model, memo)
 
 
-def trace_stages(skeleton: nn.Module, example: tuple[torch.Tensor, ...], split_points: list[str], stages: int,
-                 training: bool) -> Any:
+def trace_stages(
+    skeleton: nn.Module, example: tuple[torch.Tensor, ...], split_points: list[str], stages: int, training: bool
+) -> Any:
     """The traced pipeline of ``skeleton`` (a meta copy) in train or eval mode, cut at ``split_points``."""
     from torch.distributed.pipelining import SplitPoint, pipeline
 
@@ -67,9 +76,11 @@ def trace_stages(skeleton: nn.Module, example: tuple[torch.Tensor, ...], split_p
             module.__dict__.pop("forward", None)
             module.__dict__.pop("_orig_forward", None)
     if pipe.num_stages != stages:
-        raise ConfigError(f"split_points {split_points} cut the traced model into {pipe.num_stages} stages, "
-                          f"not {stages}: a split point that forward never calls, or calls out of "
-                          "order, cuts nothing.")
+        raise ConfigError(
+            f"split_points {split_points} cut the traced model into {pipe.num_stages} stages, "
+            f"not {stages}: a split point that forward never calls, or calls out of "
+            "order, cuts nothing."
+        )
     return pipe
 
 
@@ -79,7 +90,9 @@ def stage_of_each_parameter(pipe: Any) -> dict[str, int]:
     for i in range(pipe.num_stages):
         for name, _ in pipe.get_stage_module(i).named_parameters():
             if name in owner:
-                raise ConfigError(f"parameter {name!r} is used by stages {owner[name]} and {i} (tied weights): each "
-                                  "stage would update its own copy. Untie it, or put its users in one stage.")
+                raise ConfigError(
+                    f"parameter {name!r} is used by stages {owner[name]} and {i} (tied weights): each "
+                    "stage would update its own copy. Untie it, or put its users in one stage."
+                )
             owner[name] = i
     return owner

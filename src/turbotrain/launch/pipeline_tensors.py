@@ -29,8 +29,10 @@ def materialise_modules(model: nn.Module, names: set[str], device: torch.device)
         if any(p.is_meta for p in own):
             module.to_empty(device=device, recurse=False)
             if not hasattr(module, "reset_parameters"):
-                raise ConfigError(f"{module_name or type(model).__name__} was built on the meta device and "
-                                  f"{type(module).__name__} has no reset_parameters() to initialise it on its stage.")
+                raise ConfigError(
+                    f"{module_name or type(model).__name__} was built on the meta device and "
+                    f"{type(module).__name__} has no reset_parameters() to initialise it on its stage."
+                )
             module.reset_parameters()  # type: ignore[operator]  # hasattr above; Module.__getattr__ says Tensor
         elif any(p.device != device for p in own):
             module.to(device)  # these layers only
@@ -41,8 +43,10 @@ def real_buffers(model: nn.Module, names: list[str], device: torch.device) -> No
     for name in names:
         buffer = model.get_buffer(name)
         if buffer.is_meta:
-            raise ConfigError(f"buffer {name!r} was built on the meta device and nothing can recompute it on its "
-                              "stage; compute it in forward, or build the model for real.")
+            raise ConfigError(
+                f"buffer {name!r} was built on the meta device and nothing can recompute it on its "
+                "stage; compute it in forward, or build the model for real."
+            )
         if buffer.device != device:
             set_tensor(model, name, buffer.to(device))
 

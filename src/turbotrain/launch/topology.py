@@ -31,8 +31,8 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 @dataclass
 class Topology:
     gpus: list[str]
-    links: dict[tuple[str, str], str] = field(default_factory=dict)   # (GPU0, GPU1) -> "NV12" / "PHB" / ...
-    nics: dict[str, str] = field(default_factory=dict)                # NIC0 -> mlx5_0
+    links: dict[tuple[str, str], str] = field(default_factory=dict)  # (GPU0, GPU1) -> "NV12" / "PHB" / ...
+    nics: dict[str, str] = field(default_factory=dict)  # NIC0 -> mlx5_0
 
     def kinds(self) -> set[str]:
         return {("NV" if link.startswith("NV") else link) for link in self.links.values()}
@@ -64,7 +64,7 @@ def parse_topology(text: str) -> Topology:
         return Topology(gpus=[])
     columns = [c for c in re.split(r"\s+", lines[header_index].strip()) if re.fullmatch(r"(GPU|NIC)\d+", c)]
     topo = Topology(gpus=[c for c in columns if c.startswith("GPU")])
-    for line in lines[header_index + 1:]:
+    for line in lines[header_index + 1 :]:
         cells = line.split()
         if not cells or not re.fullmatch(r"GPU\d+", cells[0]):
             continue  # NIC rows, the legend, blank lines

@@ -45,6 +45,7 @@ shard_loader = pipeline.shard
 
 # -- positions: where each rank stands in its data stream ---------------------------------------
 
+
 def position_for_rank(state: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
     """This rank's saved Position (as a dict); rescaled when the number of processes changed.
 
@@ -57,14 +58,19 @@ def position_for_rank(state: dict[str, Any], rank: int, world: int) -> dict[str,
     pos = dict(positions[rank] if rank < old else positions[0])
     if old != world:
         done, rest = divmod(pos["batches_done"] * old, world)
-        log.warning("turbotrain: resuming on %d process(es) from a checkpoint written by %d: the global batch "
-                    "changes with the number of processes%s", world, old,
-                    f"; {rest} batch(es) of the current epoch are trained again" if rest else "")
+        log.warning(
+            "turbotrain: resuming on %d process(es) from a checkpoint written by %d: the global batch "
+            "changes with the number of processes%s",
+            world,
+            old,
+            f"; {rest} batch(es) of the current epoch are trained again" if rest else "",
+        )
         pos["batches_done"] = done
     return pos
 
 
 # -- the coordinator ----------------------------------------------------------------------------
+
 
 def _sharded_dir(directory: str | Path, step: int) -> Path:
     return Path(directory) / f"step-{step:09d}.dcp"
@@ -160,9 +166,12 @@ class RankCoordinator:
         try:
             return path, ckpt.load_checkpoint(path)
         except ckpt.CheckpointError as exc:
-            raise ckpt.CheckpointError(path, f"{exc.reason}. Rank 0 resumes from it, so every process must be able "
-                                             "to read checkpoint_dir (shared storage when training on several "
-                                             "nodes)") from None
+            raise ckpt.CheckpointError(
+                path,
+                f"{exc.reason}. Rank 0 resumes from it, so every process must be able "
+                "to read checkpoint_dir (shared storage when training on several "
+                "nodes)",
+            ) from None
 
     def load_weights(self, path: Path, state: dict[str, Any]) -> None:
         """Model and optimizer state from a checkpoint written with any strategy and number of processes."""
@@ -170,8 +179,10 @@ class RankCoordinator:
             fsdp.load_sharded(self.module, self.optimizers, Path(path).parent / state["sharded"])
             return
         if self.sharded:
-            raise ConfigError(f"checkpoint {path} was written without FSDP, and this run shards the model with FSDP; "
-                              "resume it with the strategy that wrote it.")
+            raise ConfigError(
+                f"checkpoint {path} was written without FSDP, and this run shards the model with FSDP; "
+                "resume it with the strategy that wrote it."
+            )
         self.module.load_state_dict(state["model"])
         for opt, opt_state in zip(self.optimizers, state["optimizers"], strict=True):
             opt.load_state_dict(opt_state)

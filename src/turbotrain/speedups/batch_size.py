@@ -12,10 +12,18 @@ def round_to_multiple(n: int, multiple: int = 8) -> int:
     return max(multiple, n // multiple * multiple)
 
 
-ENTRY = register(Speedup(
-    name="batch_size", field="batch_size", order=Order.LOADER, apply=loader_setting("batch_size"), exact=False,
-    doctor_rules=("batch-size-not-multiple-of-8", "small-batch"),
-    summary="fewer, larger steps use the hardware's width",
-    bench=BenchEntry(("cnn",), {"batch_size": 128}),
-    applies_to=ANY_MODEL, tune=by_finder("batch-size finder"), export=Export(dataloader="batch_size"),
-))
+ENTRY = register(
+    Speedup(
+        name="batch_size",
+        field="batch_size",
+        order=Order.LOADER,
+        apply=loader_setting("batch_size"),
+        exact=False,
+        doctor_rules=("batch-size-not-multiple-of-8", "small-batch"),
+        summary="fewer, larger steps use the hardware's width",
+        bench=BenchEntry(("cnn",), {"batch_size": 128}),
+        applies_to=ANY_MODEL,
+        tune=by_finder("batch-size finder"),
+        export=Export(dataloader="batch_size"),
+    )
+)

@@ -28,15 +28,26 @@ def _code(plan, framework: str) -> list[str]:
     # Neither Lightning nor Accelerate has a layout flag: the model and its images are converted in code.
     if not plan.channels_last:
         return []
-    return ["model = model.to(memory_format=torch.channels_last)  # and images: "
-            "x.contiguous(memory_format=torch.channels_last)"]
+    return [
+        "model = model.to(memory_format=torch.channels_last)  # and images: "
+        "x.contiguous(memory_format=torch.channels_last)"
+    ]
 
 
-ENTRY = register(Speedup(
-    name="channels_last", field="channels_last", order=Order.MODEL_LAYOUT, apply=_apply,
-    recommend=lambda hw, info: True, exact=True, doctor_rules=("channels-last",),
-    summary="NHWC layout lets convolution kernels (and tensor cores) read contiguous channels",
-    bench=BenchEntry(("cnn",), {"channels_last": True}),
-    # NHWC only changes how 4D activations are laid out: a model that is not a conv net has little to gain.
-    applies_to=CONV_NET, tune=timed(), export=Export(code=_code),
-))
+ENTRY = register(
+    Speedup(
+        name="channels_last",
+        field="channels_last",
+        order=Order.MODEL_LAYOUT,
+        apply=_apply,
+        recommend=lambda hw, info: True,
+        exact=True,
+        doctor_rules=("channels-last",),
+        summary="NHWC layout lets convolution kernels (and tensor cores) read contiguous channels",
+        bench=BenchEntry(("cnn",), {"channels_last": True}),
+        # NHWC only changes how 4D activations are laid out: a model that is not a conv net has little to gain.
+        applies_to=CONV_NET,
+        tune=timed(),
+        export=Export(code=_code),
+    )
+)

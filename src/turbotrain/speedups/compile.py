@@ -67,14 +67,30 @@ def _code(plan, framework: str) -> list[str]:
 def _accelerate(plan) -> dict:
     if plan.compile is False:
         return {}
-    return {"dynamo_config": {"dynamo_backend": "INDUCTOR", "dynamo_mode": plan.compile_mode,
-                              "dynamo_use_dynamic": False, "dynamo_use_fullgraph": False}}
+    return {
+        "dynamo_config": {
+            "dynamo_backend": "INDUCTOR",
+            "dynamo_mode": plan.compile_mode,
+            "dynamo_use_dynamic": False,
+            "dynamo_use_fullgraph": False,
+        }
+    }
 
 
-ENTRY = register(Speedup(
-    name="compile", field="compile", order=Order.MODEL_COMPILE, apply=_apply, requires=_requires,
-    recommend=_recommend, exact=True, doctor_rules=("jit-script",),
-    summary="torch.compile fuses kernels and removes per-op Python overhead",
-    bench=BenchEntry(("gpt", "cnn"), {"compile": True}),
-    applies_to=ANY_MODEL, tune=timed(_values, expensive=True), export=Export(accelerate=_accelerate, code=_code),
-))
+ENTRY = register(
+    Speedup(
+        name="compile",
+        field="compile",
+        order=Order.MODEL_COMPILE,
+        apply=_apply,
+        requires=_requires,
+        recommend=_recommend,
+        exact=True,
+        doctor_rules=("jit-script",),
+        summary="torch.compile fuses kernels and removes per-op Python overhead",
+        bench=BenchEntry(("gpt", "cnn"), {"compile": True}),
+        applies_to=ANY_MODEL,
+        tune=timed(_values, expensive=True),
+        export=Export(accelerate=_accelerate, code=_code),
+    )
+)

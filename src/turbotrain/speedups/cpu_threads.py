@@ -43,8 +43,9 @@ def max_workers_for(usable_cores: int) -> int:
     return usable_cores // 2
 
 
-def fit_to_cores(usable_cores: int, num_workers: int | None = None,
-                 threads: int | None = None) -> tuple[int, int | None]:
+def fit_to_cores(
+    usable_cores: int, num_workers: int | None = None, threads: int | None = None
+) -> tuple[int, int | None]:
     """(intra-op threads, num_workers) that together fit ``usable_cores``.
 
     Workers are capped at half the cores (none when there is one core); the threads get the
@@ -110,15 +111,26 @@ def _tune_values(hw, base: Plan) -> tuple[int, ...]:
 def _code(plan: Plan, framework: str) -> list[str]:
     if plan.intra_op_threads is None:
         return []
-    return [f"torch.set_num_threads({plan.intra_op_threads})  # intra-op CPU threads; or "
-            f"OMP_NUM_THREADS={plan.intra_op_threads} in the environment"]
+    return [
+        f"torch.set_num_threads({plan.intra_op_threads})  # intra-op CPU threads; or "
+        f"OMP_NUM_THREADS={plan.intra_op_threads} in the environment"
+    ]
 
 
-ENTRY = register(Speedup(
-    name="cpu_threads", field="intra_op_threads", order=Order.GLOBAL, apply=_apply, requires=_requires,
-    recommend=_recommend, exact=True, doctor_rules=("cpu-oversubscribed",),
-    summary="torch's intra-op threads sized to the cores this process may really use",
-    bench=BenchEntry(("mlp", "gpt"), {"intra_op_threads": 1}),
-    applies_to=ANY_MODEL, export=Export(code=_code),
-    tune=timed(_tune_values, nothing_to_try="torch already runs 1 thread on {hw.usable_cores} usable core"),
-))
+ENTRY = register(
+    Speedup(
+        name="cpu_threads",
+        field="intra_op_threads",
+        order=Order.GLOBAL,
+        apply=_apply,
+        requires=_requires,
+        recommend=_recommend,
+        exact=True,
+        doctor_rules=("cpu-oversubscribed",),
+        summary="torch's intra-op threads sized to the cores this process may really use",
+        bench=BenchEntry(("mlp", "gpt"), {"intra_op_threads": 1}),
+        applies_to=ANY_MODEL,
+        export=Export(code=_code),
+        tune=timed(_tune_values, nothing_to_try="torch already runs 1 thread on {hw.usable_cores} usable core"),
+    )
+)

@@ -31,11 +31,21 @@ def _recommend(hw, info):
     return True if hw.cudnn else None
 
 
-ENTRY = register(Speedup(
-    name="cudnn_benchmark", field="cudnn_benchmark", order=Order.GLOBAL, apply=_apply, requires=_requires,
-    recommend=_recommend, exact=True, doctor_rules=("cudnn-benchmark-off",),
-    summary="cuDNN autotunes convolution algorithms for static shapes",
-    bench=BenchEntry(("cnn",), {"cudnn_benchmark": True}),
-    # cuDNN's algorithm search is for convolutions: other models have nothing for it to time.
-    applies_to=CONV_NET, tune=timed(), export=Export(lightning=lambda plan: {"benchmark": plan.cudnn_benchmark}),
-))
+ENTRY = register(
+    Speedup(
+        name="cudnn_benchmark",
+        field="cudnn_benchmark",
+        order=Order.GLOBAL,
+        apply=_apply,
+        requires=_requires,
+        recommend=_recommend,
+        exact=True,
+        doctor_rules=("cudnn-benchmark-off",),
+        summary="cuDNN autotunes convolution algorithms for static shapes",
+        bench=BenchEntry(("cnn",), {"cudnn_benchmark": True}),
+        # cuDNN's algorithm search is for convolutions: other models have nothing for it to time.
+        applies_to=CONV_NET,
+        tune=timed(),
+        export=Export(lightning=lambda plan: {"benchmark": plan.cudnn_benchmark}),
+    )
+)

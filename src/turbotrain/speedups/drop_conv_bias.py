@@ -49,14 +49,25 @@ def _apply(rt: Runtime) -> None:
 def _code(plan, framework: str) -> list[str]:
     if not plan.drop_conv_bias:
         return []
-    return ["from turbotrain.speedups.drop_conv_bias import drop_conv_bias_before_bn; "
-            "drop_conv_bias_before_bn(model)  # before building the optimizer"]
+    return [
+        "from turbotrain.speedups.drop_conv_bias import drop_conv_bias_before_bn; "
+        "drop_conv_bias_before_bn(model)  # before building the optimizer"
+    ]
 
 
-ENTRY = register(Speedup(
-    name="drop_conv_bias", field="drop_conv_bias", order=Order.MODEL_REWRITE, apply=_apply,
-    recommend=lambda hw, info: True, exact=True, doctor_rules=("conv-bias-before-bn",),
-    summary="no wasted bias add (and its gradient) before each BatchNorm",
-    bench=BenchEntry(("cnn",), {"drop_conv_bias": True}),
-    applies_to=CONV_BN_PAIRS, tune=timed(), export=Export(code=_code),
-))
+ENTRY = register(
+    Speedup(
+        name="drop_conv_bias",
+        field="drop_conv_bias",
+        order=Order.MODEL_REWRITE,
+        apply=_apply,
+        recommend=lambda hw, info: True,
+        exact=True,
+        doctor_rules=("conv-bias-before-bn",),
+        summary="no wasted bias add (and its gradient) before each BatchNorm",
+        bench=BenchEntry(("cnn",), {"drop_conv_bias": True}),
+        applies_to=CONV_BN_PAIRS,
+        tune=timed(),
+        export=Export(code=_code),
+    )
+)

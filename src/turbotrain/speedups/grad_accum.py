@@ -31,11 +31,18 @@ def _code(plan, framework: str) -> list[str]:
     return [f"accelerator = Accelerator(gradient_accumulation_steps={plan.grad_accum_steps})"]
 
 
-ENTRY = register(Speedup(
-    name="grad_accum", field="grad_accum_steps", order=Order.STEP, apply=_apply, exact=True,
-    doctor_rules=("accumulation-syncs",),
-    summary="a large effective batch from small micro-batches, one gradient all-reduce per step",
-    bench=BenchEntry(("mlp",), {"grad_accum_steps": 4}, script="benchmarks/accumulation.py"),
-    applies_to=ANY_MODEL, tune=by_finder("batch-size finder (keeps the effective batch when asked)"),
-    export=Export(lightning=lambda plan: {"accumulate_grad_batches": plan.grad_accum_steps}, code=_code),
-))
+ENTRY = register(
+    Speedup(
+        name="grad_accum",
+        field="grad_accum_steps",
+        order=Order.STEP,
+        apply=_apply,
+        exact=True,
+        doctor_rules=("accumulation-syncs",),
+        summary="a large effective batch from small micro-batches, one gradient all-reduce per step",
+        bench=BenchEntry(("mlp",), {"grad_accum_steps": 4}, script="benchmarks/accumulation.py"),
+        applies_to=ANY_MODEL,
+        tune=by_finder("batch-size finder (keeps the effective batch when asked)"),
+        export=Export(lightning=lambda plan: {"accumulate_grad_batches": plan.grad_accum_steps}, code=_code),
+    )
+)

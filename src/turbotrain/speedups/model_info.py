@@ -8,8 +8,16 @@ from typing import Callable
 import torch
 from torch import nn
 
-__all__ = ["ModelInfo", "inspect_model", "find_conv_bn_pairs", "ModelPredicate", "ANY_MODEL", "CONV_NET",
-           "CONV_BN_PAIRS", "CONV_NET_SHARE"]
+__all__ = [
+    "ModelInfo",
+    "inspect_model",
+    "find_conv_bn_pairs",
+    "ModelPredicate",
+    "ANY_MODEL",
+    "CONV_NET",
+    "CONV_BN_PAIRS",
+    "CONV_NET_SHARE",
+]
 
 _CONV = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
 _BN = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
@@ -19,9 +27,9 @@ _BN = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
 class ModelInfo:
     n_params: int = 0
     n_conv2d: int = 0
-    conv_param_share: float = 0.0        # share of parameters in convolutions
+    conv_param_share: float = 0.0  # share of parameters in convolutions
     n_batchnorm: int = 0
-    n_attention: int = 0                 # nn.MultiheadAttention modules
+    n_attention: int = 0  # nn.MultiheadAttention modules
     n_embedding: int = 0
     conv_bn_pairs: tuple[tuple[str, str], ...] = field(default=())
 
@@ -54,10 +62,13 @@ class ModelPredicate:
 
 ANY_MODEL = ModelPredicate("any model", lambda info: True, "")
 CONV_NET = ModelPredicate(
-    "conv net", lambda info: info.is_conv_net,
-    f"the model is not a convolutional net (under {CONV_NET_SHARE:.0%} of its weights in 2D convolutions)")
+    "conv net",
+    lambda info: info.is_conv_net,
+    f"the model is not a convolutional net (under {CONV_NET_SHARE:.0%} of its weights in 2D convolutions)",
+)
 CONV_BN_PAIRS = ModelPredicate(
-    "conv feeding a BatchNorm", lambda info: bool(info.conv_bn_pairs), "no convolution with a bias feeds a BatchNorm")
+    "conv feeding a BatchNorm", lambda info: bool(info.conv_bn_pairs), "no convolution with a bias feeds a BatchNorm"
+)
 
 
 def find_conv_bn_pairs(model: nn.Module) -> list[tuple[str, str]]:
@@ -105,6 +116,12 @@ def inspect_model(model: nn.Module | None) -> ModelInfo:
         elif isinstance(module, nn.Embedding):
             n_emb += 1
     pairs = tuple(find_conv_bn_pairs(model)) if n_bn and conv_params else ()
-    return ModelInfo(n_params=n_params, n_conv2d=n_conv2d,
-                     conv_param_share=conv_params / n_params if n_params else 0.0,
-                     n_batchnorm=n_bn, n_attention=n_attn, n_embedding=n_emb, conv_bn_pairs=pairs)
+    return ModelInfo(
+        n_params=n_params,
+        n_conv2d=n_conv2d,
+        conv_param_share=conv_params / n_params if n_params else 0.0,
+        n_batchnorm=n_bn,
+        n_attention=n_attn,
+        n_embedding=n_emb,
+        conv_bn_pairs=pairs,
+    )

@@ -14,8 +14,18 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..hardware import Hardware
     from ..plan import Plan
 
-__all__ = ["Tuning", "timed", "by_finder", "by_rule", "not_tuned", "TUNE_KINDS", "Export", "ExportError",
-           "FRAMEWORKS", "call_text"]
+__all__ = [
+    "Tuning",
+    "timed",
+    "by_finder",
+    "by_rule",
+    "not_tuned",
+    "TUNE_KINDS",
+    "Export",
+    "ExportError",
+    "FRAMEWORKS",
+    "call_text",
+]
 
 TuneKind = Literal["timed", "finder", "by_rule", "not_tuned"]
 TUNE_KINDS: tuple[str, ...] = ("timed", "finder", "by_rule", "not_tuned")
@@ -48,8 +58,12 @@ class Tuning:
             raise ValueError(f"a {self.kind!r} Tuning needs `why`: the finder that decides it, or why it is not tuned")
 
 
-def timed(values: Callable[["Hardware", "Plan"], tuple[Any, ...]] | None = None, *, expensive: bool = False,
-          nothing_to_try: str = "") -> Tuning:
+def timed(
+    values: Callable[["Hardware", "Plan"], tuple[Any, ...]] | None = None,
+    *,
+    expensive: bool = False,
+    nothing_to_try: str = "",
+) -> Tuning:
     """Timed on the user's model: ``values(hw, base)``, or the other value of a boolean switch."""
     return Tuning("timed", values, expensive=expensive, nothing_to_try=nothing_to_try)
 
@@ -100,8 +114,10 @@ class Export:
     def __post_init__(self) -> None:
         writes = any((self.lightning, self.accelerate, self.code, self.dataloader))
         if writes == bool(self.unexported):
-            raise ValueError("an Export declares what it writes (lightning, accelerate, code or dataloader) "
-                             "or, alone, `unexported`: why it writes nothing")
+            raise ValueError(
+                "an Export declares what it writes (lightning, accelerate, code or dataloader) "
+                "or, alone, `unexported`: why it writes nothing"
+            )
 
     def lightning_flags(self, plan: "Plan") -> dict[str, Any]:
         return self.lightning(plan) if self.lightning else {}

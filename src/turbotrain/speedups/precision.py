@@ -44,8 +44,10 @@ def _apply(rt: Runtime) -> None:
 
 def _requires(hw, plan) -> str | None:
     if plan.precision == "fp16-mixed" and not hw.is_cuda:
-        return ("fp16-mixed needs a CUDA GPU (CPUs have no fp16 matrix units and no GradScaler path); "
-                "use precision='bf16-mixed' on CPU")
+        return (
+            "fp16-mixed needs a CUDA GPU (CPUs have no fp16 matrix units and no GradScaler path); "
+            "use precision='bf16-mixed' on CPU"
+        )
     if plan.precision in ("bf16-mixed", "bf16-true") and hw.is_cuda and not hw.bf16:
         return f"{hw.device_name} has no bf16 support; use precision='fp16-mixed'"
     return None
@@ -69,8 +71,12 @@ def _recommend(hw, info):
 # steps cannot show, so it is a memory choice the user makes and the tuner never times it.
 TUNED_PRECISIONS = ("bf16-mixed", "fp16-mixed")
 
-LIGHTNING_PRECISION = {"fp32": "32-true", "bf16-mixed": "bf16-mixed", "fp16-mixed": "16-mixed",
-                       "bf16-true": "bf16-true"}
+LIGHTNING_PRECISION = {
+    "fp32": "32-true",
+    "bf16-mixed": "bf16-mixed",
+    "fp16-mixed": "16-mixed",
+    "bf16-true": "bf16-true",
+}
 ACCELERATE_PRECISION = {"fp32": "no", "bf16-mixed": "bf16", "fp16-mixed": "fp16", "bf16-true": "bf16"}
 
 
@@ -81,12 +87,24 @@ def _code(plan, framework: str) -> list[str]:
     return ["model = model.to(torch.bfloat16)  # bf16 weights (the config's bf16 is autocast)"]
 
 
-ENTRY = register(Speedup(
-    name="precision", field="precision", order=Order.MODEL_DTYPE, apply=_apply, requires=_requires,
-    recommend=_recommend, exact=False, doctor_rules=("no-mixed-precision",),
-    summary="bf16/fp16 autocast runs matmuls and convolutions on low-precision units",
-    bench=BenchEntry(("gpt", "cnn"), {"precision": "bf16-mixed"}),
-    applies_to=ANY_MODEL, tune=timed(lambda hw, base: TUNED_PRECISIONS),
-    export=Export(lightning=lambda plan: {"precision": LIGHTNING_PRECISION[plan.precision]},
-                  accelerate=lambda plan: {"mixed_precision": ACCELERATE_PRECISION[plan.precision]}, code=_code),
-))
+ENTRY = register(
+    Speedup(
+        name="precision",
+        field="precision",
+        order=Order.MODEL_DTYPE,
+        apply=_apply,
+        requires=_requires,
+        recommend=_recommend,
+        exact=False,
+        doctor_rules=("no-mixed-precision",),
+        summary="bf16/fp16 autocast runs matmuls and convolutions on low-precision units",
+        bench=BenchEntry(("gpt", "cnn"), {"precision": "bf16-mixed"}),
+        applies_to=ANY_MODEL,
+        tune=timed(lambda hw, base: TUNED_PRECISIONS),
+        export=Export(
+            lightning=lambda plan: {"precision": LIGHTNING_PRECISION[plan.precision]},
+            accelerate=lambda plan: {"mixed_precision": ACCELERATE_PRECISION[plan.precision]},
+            code=_code,
+        ),
+    )
+)

@@ -27,19 +27,30 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..runtime import Runtime
     from .model_info import ModelInfo
 
-__all__ = ["Speedup", "BenchEntry", "register", "all_speedups", "get", "by_field", "recommend_plan", "Order",
-           "undeclared", "DECLARATIONS", "UNDECLARED"]
+__all__ = [
+    "Speedup",
+    "BenchEntry",
+    "register",
+    "all_speedups",
+    "get",
+    "by_field",
+    "recommend_plan",
+    "Order",
+    "undeclared",
+    "DECLARATIONS",
+    "UNDECLARED",
+]
 
 
 class Order:
     """Where in ``prepare`` an entry applies. Model rewrites come before wrapping and compile."""
 
-    GLOBAL = 0          # process-wide backend flags
+    GLOBAL = 0  # process-wide backend flags
     MODEL_REWRITE = 10  # exact graph/parameter rewrites on the user's module
-    MODEL_DTYPE = 20    # precision (casts for bf16-true, autocast and scaler for mixed)
-    MODEL_LAYOUT = 30   # memory format
-    MODEL_SYNC = 40     # SyncBatchNorm conversion
-    MODEL_WRAP = 50     # DDP / FSDP
+    MODEL_DTYPE = 20  # precision (casts for bf16-true, autocast and scaler for mixed)
+    MODEL_LAYOUT = 30  # memory format
+    MODEL_SYNC = 40  # SyncBatchNorm conversion
+    MODEL_WRAP = 50  # DDP / FSDP
     MODEL_COMPILE = 60  # torch.compile always last among model changes
     OPTIMIZER = 70
     LOADER = 80
@@ -51,8 +62,8 @@ class BenchEntry:
     """How the benchmark measures an entry: ``changes`` alone on top of the naive plan."""
 
     workloads: tuple[str, ...]
-    changes: dict[str, Any]     # Plan switches to set (the entry's own field, plus any it needs)
-    script: str | None = None   # a dedicated benchmark script when the generic ablation cannot show it
+    changes: dict[str, Any]  # Plan switches to set (the entry's own field, plus any it needs)
+    script: str | None = None  # a dedicated benchmark script when the generic ablation cannot show it
 
 
 def _no_requirement(hw: "Hardware", plan: Plan) -> str | None:
@@ -75,10 +86,15 @@ UNDECLARED: Any = _Undeclared()
 # The declarations an entry must make, the type each must have, and what to write (the error says it).
 DECLARATIONS: dict[str, tuple[type, str]] = {
     "applies_to": (ModelPredicate, "the models it is for: ANY_MODEL, CONV_NET or CONV_BN_PAIRS (speedups.model_info)"),
-    "tune": (Tuning, "how the tuner decides it: timed(...), by_finder(...), by_rule() or not_tuned(why) "
-                     "(speedups.policy)"),
-    "export": (Export, "how it is written for Lightning, Accelerate and plain PyTorch: Export(lightning=..., "
-                       "accelerate=..., code=..., dataloader=...) or Export(unexported=why) (speedups.policy)"),
+    "tune": (
+        Tuning,
+        "how the tuner decides it: timed(...), by_finder(...), by_rule() or not_tuned(why) (speedups.policy)",
+    ),
+    "export": (
+        Export,
+        "how it is written for Lightning, Accelerate and plain PyTorch: Export(lightning=..., "
+        "accelerate=..., code=..., dataloader=...) or Export(unexported=why) (speedups.policy)",
+    ),
 }
 
 
@@ -87,11 +103,11 @@ class Speedup:
     """One tip of the catalogue, as code."""
 
     name: str
-    field: str                                   # the Plan field it switches
+    field: str  # the Plan field it switches
     summary: str
     order: int
-    apply: Callable[["Runtime"], None]           # mutate the runtime being prepared
-    exact: bool                                  # same function, only float rounding may differ
+    apply: Callable[["Runtime"], None]  # mutate the runtime being prepared
+    exact: bool  # same function, only float rounding may differ
     doctor_rules: tuple[str, ...]
     bench: BenchEntry
     requires: Callable[["Hardware", Plan], str | None] = _no_requirement
@@ -132,6 +148,7 @@ def on_gpu(value: Any = True) -> Callable[["Hardware", "ModelInfo"], Any]:
 
 def loader_setting(field: str) -> Callable[["Runtime"], None]:
     """An ``apply`` that hands a Plan field to the loader rebuild (workers, pinning, batch size)."""
+
     def apply(rt: "Runtime") -> None:
         rt.loader_overrides[field] = getattr(rt.plan, field)
 
@@ -155,10 +172,16 @@ def undeclared(entry: Speedup) -> list[str]:
     if not entry.doctor_rules:
         missing.append("doctor_rules: the ids of the doctor rules that recommend it (docs/doctor.md)")
     tuning = entry.tune
-    if isinstance(tuning, Tuning) and tuning.kind == "timed" and tuning.values is None \
-            and not isinstance(getattr(Plan(), entry.field), bool):
-        missing.append(f"tune: timed() without values only flips a boolean switch, and Plan.{entry.field} is not "
-                       "one; pass values=lambda hw, base: (...)")
+    if (
+        isinstance(tuning, Tuning)
+        and tuning.kind == "timed"
+        and tuning.values is None
+        and not isinstance(getattr(Plan(), entry.field), bool)
+    ):
+        missing.append(
+            f"tune: timed() without values only flips a boolean switch, and Plan.{entry.field} is not "
+            "one; pass values=lambda hw, base: (...)"
+        )
     return missing
 
 

@@ -25,9 +25,12 @@ def zero_grad(optimizer: torch.optim.Optimizer, set_to_none: bool = True) -> Non
     its own ``zero_grad`` (a subclass, a wrapper, one patched on the instance), a running
     profiler (whose trace keeps the label) and set_to_none=False go through torch.
     """
-    if (set_to_none and getattr(type(optimizer), "zero_grad", None) is _TORCH_ZERO_GRAD
-            and "zero_grad" not in getattr(optimizer, "__dict__", {})
-            and not torch.autograd._profiler_enabled()):
+    if (
+        set_to_none
+        and getattr(type(optimizer), "zero_grad", None) is _TORCH_ZERO_GRAD
+        and "zero_grad" not in getattr(optimizer, "__dict__", {})
+        and not torch.autograd._profiler_enabled()
+    ):
         for group in optimizer.param_groups:
             for p in group["params"]:
                 p.grad = None
@@ -41,11 +44,20 @@ def _apply(rt: Runtime) -> None:
 
 # torch's own default is set_to_none=True, so the naive plan already has it: the switch is
 # "active" only when a plan turns it off, and the benchmark measures what turning it off costs.
-ENTRY = register(Speedup(
-    name="set_to_none", field="set_to_none", order=Order.STEP, apply=_apply, exact=True,
-    doctor_rules=("zero-grad-not-none",),
-    summary="no memset of every gradient each step",
-    bench=BenchEntry(("mlp",), {"set_to_none": False}),
-    applies_to=ANY_MODEL, tune=not_tuned("the naive plan already drops gradients (torch's default)"),
-    export=Export(code=lambda plan, framework: [] if plan.set_to_none else ["optimizer.zero_grad(set_to_none=False)"]),
-))
+ENTRY = register(
+    Speedup(
+        name="set_to_none",
+        field="set_to_none",
+        order=Order.STEP,
+        apply=_apply,
+        exact=True,
+        doctor_rules=("zero-grad-not-none",),
+        summary="no memset of every gradient each step",
+        bench=BenchEntry(("mlp",), {"set_to_none": False}),
+        applies_to=ANY_MODEL,
+        tune=not_tuned("the naive plan already drops gradients (torch's default)"),
+        export=Export(
+            code=lambda plan, framework: [] if plan.set_to_none else ["optimizer.zero_grad(set_to_none=False)"]
+        ),
+    )
+)

@@ -28,7 +28,8 @@ def resolve_strategy(strategy: str) -> str:
         raise ConfigError(
             f"Plan.strategy='{strategy}' needs several processes started by a launcher, and this "
             f"process was started alone. Run it as `turbotrain launch --nproc-per-node N your_script.py ...` "
-            f"(or `torchrun --nproc-per-node N your_script.py ...`), or use strategy='auto' for one process.")
+            f"(or `torchrun --nproc-per-node N your_script.py ...`), or use strategy='auto' for one process."
+        )
     return strategy
 
 
@@ -75,7 +76,8 @@ def _no_pipeline_export(plan, framework: str) -> None:
             f"Plan.strategy='pipeline' has no {framework} equivalent: {framework} has no strategy that splits "
             "a model into torch.distributed.pipelining stages (Accelerate's pipeline parallelism goes through "
             "Megatron-LM or DeepSpeed). Run this plan with turbotrain itself (save it with plan_yaml(plan) and "
-            "start `turbotrain launch --nproc-per-node N train.py`), or export a plan with strategy='ddp' or 'fsdp'.")
+            "start `turbotrain launch --nproc-per-node N train.py`), or export a plan with strategy='ddp' or 'fsdp'."
+        )
 
 
 def _lightning(plan) -> dict:
@@ -92,14 +94,24 @@ def _accelerate(plan) -> dict:
     return {"distributed_type": {"ddp": multi, "fsdp": "FSDP"}[plan.strategy]}
 
 
-ENTRY = register(Speedup(
-    name="strategy", field="strategy", order=Order.MODEL_WRAP, apply=_apply, is_active=_is_active, exact=True,
-    doctor_rules=("data-parallel", "nccl-env"),
-    summary="one process per GPU with overlapped gradient all-reduce (DDP), sharded state (FSDP), or the model "
-            "split into stages across processes (pipeline, alone or x FSDP)",
-    settings=("pipeline_stages", "microbatches", "schedule", "stages_per_process"),
-    bench=BenchEntry(("mlp",), {"strategy": "ddp"}, script="benchmarks/ddp.py"),
-    applies_to=ANY_MODEL, export=Export(lightning=_lightning, accelerate=_accelerate),
-    tune=not_tuned("decided by how the job is launched (one process or torchrun), not per model: DDP, FSDP and a "
-                   "pipeline need several processes, so one device never gets them"),
-))
+ENTRY = register(
+    Speedup(
+        name="strategy",
+        field="strategy",
+        order=Order.MODEL_WRAP,
+        apply=_apply,
+        is_active=_is_active,
+        exact=True,
+        doctor_rules=("data-parallel", "nccl-env"),
+        summary="one process per GPU with overlapped gradient all-reduce (DDP), sharded state (FSDP), or the model "
+        "split into stages across processes (pipeline, alone or x FSDP)",
+        settings=("pipeline_stages", "microbatches", "schedule", "stages_per_process"),
+        bench=BenchEntry(("mlp",), {"strategy": "ddp"}, script="benchmarks/ddp.py"),
+        applies_to=ANY_MODEL,
+        export=Export(lightning=_lightning, accelerate=_accelerate),
+        tune=not_tuned(
+            "decided by how the job is launched (one process or torchrun), not per model: DDP, FSDP and a "
+            "pipeline need several processes, so one device never gets them"
+        ),
+    )
+)

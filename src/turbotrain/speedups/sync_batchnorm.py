@@ -30,7 +30,8 @@ def check_compile_conflict(plan) -> None:
         raise ConfigError(
             "Plan.sync_batchnorm=true together with compile is refused: every SyncBatchNorm layer is a "
             "cross-process synchronisation point that breaks the compiled graph, which cancels what compile "
-            "buys. Drop one of the two, or set sync_batchnorm='force' to run it anyway.")
+            "buys. Drop one of the two, or set sync_batchnorm='force' to run it anyway."
+        )
 
 
 def _apply(rt: Runtime) -> None:
@@ -43,16 +44,26 @@ def _requires(hw, plan) -> str | None:
     if tdist.world_size() < 2:
         return "SyncBatchNorm only differs from BatchNorm with several processes; this run has one"
     if hw.device_type not in _SYNC_DEVICES:
-        return (f"PyTorch's SyncBatchNorm runs on {'/'.join(_SYNC_DEVICES)} only, not {hw.device_type}; "
-                "BatchNorm stays per process")
+        return (
+            f"PyTorch's SyncBatchNorm runs on {'/'.join(_SYNC_DEVICES)} only, not {hw.device_type}; "
+            "BatchNorm stays per process"
+        )
     return None
 
 
-ENTRY = register(Speedup(
-    name="sync_batchnorm", field="sync_batchnorm", order=Order.MODEL_SYNC, apply=_apply, requires=_requires,
-    exact=False, doctor_rules=("syncbn-with-compile",),
-    summary="global batch statistics for small per-GPU batches (accuracy, not speed)",
-    bench=BenchEntry(("cnn",), {"sync_batchnorm": True, "strategy": "ddp"}, script="benchmarks/ddp.py"),
-    applies_to=ANY_MODEL, tune=not_tuned("changes batch statistics across processes (accuracy, not speed)"),
-    export=Export(lightning=lambda plan: {"sync_batchnorm": bool(plan.sync_batchnorm)}),
-))
+ENTRY = register(
+    Speedup(
+        name="sync_batchnorm",
+        field="sync_batchnorm",
+        order=Order.MODEL_SYNC,
+        apply=_apply,
+        requires=_requires,
+        exact=False,
+        doctor_rules=("syncbn-with-compile",),
+        summary="global batch statistics for small per-GPU batches (accuracy, not speed)",
+        bench=BenchEntry(("cnn",), {"sync_batchnorm": True, "strategy": "ddp"}, script="benchmarks/ddp.py"),
+        applies_to=ANY_MODEL,
+        tune=not_tuned("changes batch statistics across processes (accuracy, not speed)"),
+        export=Export(lightning=lambda plan: {"sync_batchnorm": bool(plan.sync_batchnorm)}),
+    )
+)

@@ -32,12 +32,24 @@ def _recommend(hw, info):
     return True if hw.tf32 else None
 
 
-ENTRY = register(Speedup(
-    name="tf32", field="tf32", order=Order.GLOBAL, apply=_apply, requires=_requires, recommend=_recommend,
-    exact=False, doctor_rules=("no-mixed-precision",),
-    summary="TF32 tensor cores for whatever still runs in fp32",
-    bench=BenchEntry(("gpt", "cnn"), {"tf32": True}),
-    applies_to=ANY_MODEL, tune=timed(),
-    export=Export(code=lambda plan, framework: ['torch.set_float32_matmul_precision("high")  # TF32 matmuls']
-                  if plan.tf32 else []),
-))
+ENTRY = register(
+    Speedup(
+        name="tf32",
+        field="tf32",
+        order=Order.GLOBAL,
+        apply=_apply,
+        requires=_requires,
+        recommend=_recommend,
+        exact=False,
+        doctor_rules=("no-mixed-precision",),
+        summary="TF32 tensor cores for whatever still runs in fp32",
+        bench=BenchEntry(("gpt", "cnn"), {"tf32": True}),
+        applies_to=ANY_MODEL,
+        tune=timed(),
+        export=Export(
+            code=lambda plan, framework: (
+                ['torch.set_float32_matmul_precision("high")  # TF32 matmuls'] if plan.tf32 else []
+            )
+        ),
+    )
+)

@@ -29,8 +29,15 @@ import torch
 
 from .faults import fault_point
 
-__all__ = ["CheckpointError", "save_checkpoint", "load_checkpoint", "list_checkpoints", "latest_checkpoint",
-           "clean_temporary_files", "prune_checkpoints"]
+__all__ = [
+    "CheckpointError",
+    "save_checkpoint",
+    "load_checkpoint",
+    "list_checkpoints",
+    "latest_checkpoint",
+    "clean_temporary_files",
+    "prune_checkpoints",
+]
 
 log = logging.getLogger("turbotrain")
 
@@ -71,8 +78,11 @@ def _atomic_write(path: Path, data: bytes) -> None:
         os.replace(tmp, path)
     except OSError as exc:
         tmp.unlink(missing_ok=True)  # a full disk must not leave a half-written file behind
-        raise CheckpointError(path, f"could not be written ({exc.strerror or exc}); nothing was committed. "
-                                    f"Free space in {path.parent} or point checkpoint_dir elsewhere.") from exc
+        raise CheckpointError(
+            path,
+            f"could not be written ({exc.strerror or exc}); nothing was committed. "
+            f"Free space in {path.parent} or point checkpoint_dir elsewhere.",
+        ) from exc
 
 
 def checkpoint_path(directory: str | os.PathLike, step: int) -> Path:
@@ -107,8 +117,9 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict[
         manifest = json.loads(manifest_path.read_text())
         expected_size, expected_hash = int(manifest["bytes"]), str(manifest["sha256"])
     except FileNotFoundError:
-        raise CheckpointError(path, f"has no manifest {manifest_path.name}: it was never committed "
-                                    "(the writer stopped before finishing)") from None
+        raise CheckpointError(
+            path, f"has no manifest {manifest_path.name}: it was never committed (the writer stopped before finishing)"
+        ) from None
     except (ValueError, KeyError, TypeError, OSError, OverflowError, RecursionError) as exc:
         # OverflowError: a size of 1e400; RecursionError: JSON nested deeper than the parser's stack.
         raise CheckpointError(path, f"its manifest {manifest_path.name} is unreadable ({exc})") from None
@@ -118,8 +129,9 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict[
         if not stat.S_ISREG(info.st_mode):
             raise CheckpointError(path, "is not a regular file")
         if info.st_size != expected_size:
-            raise CheckpointError(path, f"is {info.st_size} bytes but was committed with {expected_size}: truncated "
-                                        "or overwritten")
+            raise CheckpointError(
+                path, f"is {info.st_size} bytes but was committed with {expected_size}: truncated or overwritten"
+            )
         data = path.read_bytes()
     except OSError as exc:
         raise CheckpointError(path, f"cannot be read ({exc.strerror or exc})") from None
@@ -128,8 +140,11 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict[
     try:
         state = torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
     except Exception as exc:  # noqa: BLE001 - the unpickler raises many types; one error type out
-        raise CheckpointError(path, f"is not a loadable turbotrain checkpoint ({type(exc).__name__}: "
-                                    f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
+        raise CheckpointError(
+            path,
+            f"is not a loadable turbotrain checkpoint ({type(exc).__name__}: "
+            f"{str(exc).splitlines()[0] if str(exc) else ''})",
+        ) from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CheckpointError(path, "is not a turbotrain checkpoint (missing or unknown format marker)")
     return state

@@ -56,8 +56,15 @@ class TrainerConfig:
     """Steps left out of the reported throughput (compile, allocator and cache warm-up)."""
 
     def _check(self) -> None:
-        for name in ("max_epochs", "max_steps", "log_every_n_steps", "check_val_every_n_epoch",
-                     "checkpoint_every_n_steps", "checkpoint_every_n_epochs", "limit_val_batches"):
+        for name in (
+            "max_epochs",
+            "max_steps",
+            "log_every_n_steps",
+            "check_val_every_n_epoch",
+            "checkpoint_every_n_steps",
+            "checkpoint_every_n_epochs",
+            "limit_val_batches",
+        ):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"Trainer.{name}: {value} is not allowed; expected an integer >= 1.")
@@ -66,13 +73,16 @@ class TrainerConfig:
                 raise ConfigError(f"Trainer.{name}: must be >= 0, got {getattr(self, name)}.")
         v = self.val_check_interval
         if isinstance(v, float) and not 0.0 < v <= 1.0:
-            raise ConfigError(f"Trainer.val_check_interval: {v} is not allowed; a fraction must be in (0, 1], "
-                              "an integer counts optimizer steps.")
+            raise ConfigError(
+                f"Trainer.val_check_interval: {v} is not allowed; a fraction must be in (0, 1], "
+                "an integer counts optimizer steps."
+            )
         if isinstance(v, int) and v < 1:
             raise ConfigError(f"Trainer.val_check_interval: {v} is not allowed; expected >= 1 steps.")
         if self.checkpoint_every_n_steps is not None and self.checkpoint_dir is None:
-            raise ConfigError("Trainer.checkpoint_every_n_steps: checkpoints need checkpoint_dir, "
-                              "the directory to write them to.")
+            raise ConfigError(
+                "Trainer.checkpoint_every_n_steps: checkpoints need checkpoint_dir, the directory to write them to."
+            )
         parse_duration(self.max_time)
         if self.gradient_clip_val is not None and not self.gradient_clip_val > 0:  # NaN included
             raise ConfigError(f"Trainer.gradient_clip_val: {self.gradient_clip_val} is not allowed; must be > 0.")

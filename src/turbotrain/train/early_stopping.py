@@ -37,8 +37,10 @@ class EarlyStopping:
     def update(self, metrics: dict[str, float]) -> bool:
         """Record a validation result; True when training should stop."""
         if self.monitor not in metrics:
-            raise KeyError(f"EarlyStopping monitors '{self.monitor}' but the metrics are {sorted(metrics)}; "
-                           f"set EarlyStopping(monitor=...) to one of them.")
+            raise KeyError(
+                f"EarlyStopping monitors '{self.monitor}' but the metrics are {sorted(metrics)}; "
+                f"set EarlyStopping(monitor=...) to one of them."
+            )
         value = float(metrics[self.monitor])
         if math.isnan(value):
             self.wait += 1

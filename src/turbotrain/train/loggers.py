@@ -69,6 +69,8 @@ def make_loggers(log_dir: str | None, names: tuple[str, ...]) -> list:
             try:
                 loggers.append(TensorBoardLogger(log_dir))
             except ImportError:
-                log.warning("turbotrain: TensorBoard logging skipped: the tensorboard package is not installed "
-                            "(pip install 'turbotrain[tensorboard]')")
+                log.warning(
+                    "turbotrain: TensorBoard logging skipped: the tensorboard package is not installed "
+                    "(pip install 'turbotrain[tensorboard]')"
+                )
     return loggers

@@ -35,13 +35,16 @@ class NonFiniteError(FloatingPointError):
 
     def __init__(self, step: int, where: str = "loss or gradients", *, reached_weights: bool = False):
         self.step = step
-        weights = ("the weights in memory hold the updates from that step on, no checkpoint does "
-                   "(resume from the last one)"
-                   if reached_weights else "no update from that step reached the weights")
+        weights = (
+            "the weights in memory hold the updates from that step on, no checkpoint does (resume from the last one)"
+            if reached_weights
+            else "no update from that step reached the weights"
+        )
         super().__init__(
             f"non-finite {where} at step {step}; {weights}. "
             "Try a lower learning rate, gradient clipping (gradient_clip_val=1.0), bf16 instead of fp16, or "
-            "on_nonfinite='skip' to skip such steps.")
+            "on_nonfinite='skip' to skip such steps."
+        )
 
 
 def verdict_paths(device_type: str, all_fused: bool, mode: str, scaled: bool) -> tuple[bool, bool, bool]:
@@ -59,21 +62,24 @@ class FiniteGuard:
         self.scaler = scaler
         self.watch(optimizers)
         all_fused = bool(optimizers) and all(takes_found_inf(opt) for opt in optimizers)
-        self.on_host, self.on_device_skip, self.deferred = verdict_paths(device.type, all_fused, mode,
-                                                                         scaler is not None)
+        self.on_host, self.on_device_skip, self.deferred = verdict_paths(
+            device.type, all_fused, mode, scaler is not None
+        )
         self.found = torch.zeros((), device=device)
         self.one = torch.ones((), device=device)
         self.skipped = 0
         # Distributed runs: makes every rank's flag the largest over ranks (see RankCoordinator).
         self.agree: Callable[[torch.Tensor], None] | None = None
-        self._pending = torch.zeros((), device=device)          # device-skipped steps not yet reported
+        self._pending = torch.zeros((), device=device)  # device-skipped steps not yet reported
         self._first_bad = torch.full((), -1, dtype=torch.long, device=device)
         # The scale before any step (no device sync: the scaler has not made its tensor yet), so
         # the GradScaler's skips before the first report are counted too.
         self._last_scale: float | None = float(scaler.get_scale()) if scaler is not None else None
         if scaler is None and not self.on_host and not self.on_device_skip and mode == "skip":
-            log.info("turbotrain: on_nonfinite='skip' reads one flag per step on the host (a device sync) "
-                     "because an optimizer is not fused; fused_optimizer=True keeps it on the device")
+            log.info(
+                "turbotrain: on_nonfinite='skip' reads one flag per step on the host (a device sync) "
+                "because an optimizer is not fused; fused_optimizer=True keeps it on the device"
+            )
 
     def watch(self, optimizers) -> None:
         """Check these optimizers' parameters (again when a pipeline or FSDP replaced them)."""

@@ -36,8 +36,11 @@ class LineProgress:
         if self.total and step:
             left = (time.monotonic() - self.start) / step * (self.total - step)
             eta = f"  eta {left:,.0f}s"
-        print(f"[turbotrain] step {step}{total}  epoch {metrics.get('epoch', 0)}  {_fmt(metrics)}{eta}",
-              file=self.stream, flush=True)
+        print(
+            f"[turbotrain] step {step}{total}  epoch {metrics.get('epoch', 0)}  {_fmt(metrics)}{eta}",
+            file=self.stream,
+            flush=True,
+        )
 
     def close(self) -> None:
         pass
@@ -45,14 +48,28 @@ class LineProgress:
 
 class RichProgress:
     def __init__(self, total: int | None):
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
-            TimeRemainingColumn
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
 
         from rich.console import Console
 
-        self.progress = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
-                                 TimeElapsedColumn(), TimeRemainingColumn(), TextColumn("{task.fields[info]}"),
-                                 console=Console(stderr=True), auto_refresh=False, transient=False)
+        self.progress = Progress(
+            TextColumn("[bold]train"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            TextColumn("{task.fields[info]}"),
+            console=Console(stderr=True),
+            auto_refresh=False,
+            transient=False,
+        )
         self.task = self.progress.add_task("train", total=total, info="")
         self.progress.start()
 

@@ -41,9 +41,9 @@ class Position:
 
     epoch: int
     batches_done: int
-    rng: dict                     # the random state to continue with
-    epoch_rng: dict | None        # the state the epoch started with (needed when batches_done > 0)
-    iterator_reused: bool         # the epoch's DataLoader iterator was a persistent one, reused
+    rng: dict  # the random state to continue with
+    epoch_rng: dict | None  # the state the epoch started with (needed when batches_done > 0)
+    iterator_reused: bool  # the epoch's DataLoader iterator was a persistent one, reused
 
 
 class ResumableBatches(Sampler):
@@ -115,14 +115,21 @@ def worker_death(exc: BaseException, iterator: Any, where: str) -> WorkerDied | 
         return None
     told = []
     for i, w in dead:
-        how = (f"was killed by signal {signal.Signals(-w.exitcode).name}" if w.exitcode < 0
-               else f"exited with code {w.exitcode}")
+        how = (
+            f"was killed by signal {signal.Signals(-w.exitcode).name}"
+            if w.exitcode < 0
+            else f"exited with code {w.exitcode}"
+        )
         told.append(f"DataLoader worker {i} (pid {w.pid}) {how}")
-    hint = (" SIGKILL usually comes from the kernel's out-of-memory killer (dmesg tells): lower num_workers, "
-            "prefetch_factor or the memory each worker holds." if any(w.exitcode == -signal.SIGKILL for _, w in dead)
-            else "")
-    return WorkerDied(f"{'; '.join(told)} {where}.{hint} Training stopped; fit(resume=True) continues from the "
-                      "last checkpoint.")
+    hint = (
+        " SIGKILL usually comes from the kernel's out-of-memory killer (dmesg tells): lower num_workers, "
+        "prefetch_factor or the memory each worker holds."
+        if any(w.exitcode == -signal.SIGKILL for _, w in dead)
+        else ""
+    )
+    return WorkerDied(
+        f"{'; '.join(told)} {where}.{hint} Training stopped; fit(resume=True) continues from the last checkpoint."
+    )
 
 
 class EpochSource:
@@ -133,8 +140,9 @@ class EpochSource:
         self.user_loader = loader
         # The pipeline (data/pipeline.py) composes plan settings -> these batches -> read-ahead; the loader
         # arrives sharded by the launch's coordinator (Trainer.fit), the sampler stage.
-        planned, self.batches = pipeline.training_loader(loader, rebuild, resumable=ResumableBatches,
-                                                         worker_init=_worker_ignoring_sigterm)
+        planned, self.batches = pipeline.training_loader(
+            loader, rebuild, resumable=ResumableBatches, worker_init=_worker_ignoring_sigterm
+        )
         self.loader = planned
         self.generators = rng.generators_of(planned) if isinstance(planned, DataLoader) else []
         self._persistent = isinstance(planned, DataLoader) and planned.persistent_workers
@@ -155,9 +163,12 @@ class EpochSource:
         return True
 
     def _set_epoch(self, epoch: int) -> None:
-        for owner in (getattr(self.loader, "sampler", None), self.batches and self.batches.inner,
-                      getattr(self.batches and self.batches.inner, "sampler", None),
-                      getattr(self.loader, "dataset", None)):
+        for owner in (
+            getattr(self.loader, "sampler", None),
+            self.batches and self.batches.inner,
+            getattr(self.batches and self.batches.inner, "sampler", None),
+            getattr(self.loader, "dataset", None),
+        ):
             set_epoch = getattr(owner, "set_epoch", None)
             if callable(set_epoch):
                 set_epoch(epoch)
@@ -205,8 +216,11 @@ class EpochSource:
         if self.batches is None:
             it = iter(self.loader)
             if skip:
-                log.warning("turbotrain: resuming mid-epoch on a loader without a batch sampler: "
-                            "reading and discarding %d batch(es) to reach the saved position", skip)
+                log.warning(
+                    "turbotrain: resuming mid-epoch on a loader without a batch sampler: "
+                    "reading and discarding %d batch(es) to reach the saved position",
+                    skip,
+                )
                 it = itertools.islice(it, skip, None)
                 rng.restore(pos.rng, self.generators)
             return it

@@ -16,8 +16,13 @@ __all__ = ["capture", "restore", "generators_of"]
 
 def _numpy_state() -> dict[str, Any]:
     kind, keys, pos, has_gauss, cached = np.random.get_state()
-    return {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)),  # type: ignore[attr-defined]  # the legacy 5-tuple
-            "pos": int(pos), "has_gauss": int(has_gauss), "cached": float(cached)}
+    return {
+        "kind": kind,
+        "keys": torch.from_numpy(keys.astype(np.int64)),  # type: ignore[attr-defined]  # the legacy 5-tuple
+        "pos": int(pos),
+        "has_gauss": int(has_gauss),
+        "cached": float(cached),
+    }
 
 
 def _set_numpy_state(state: dict[str, Any]) -> None:
@@ -28,8 +33,12 @@ def _set_numpy_state(state: dict[str, Any]) -> None:
 def generators_of(loader: Any) -> list[torch.Generator]:
     """Generators a DataLoader (and its sampler) draw from besides the global one."""
     found: list[torch.Generator] = []
-    for owner in (loader, getattr(loader, "sampler", None), getattr(loader, "batch_sampler", None),
-                  getattr(getattr(loader, "batch_sampler", None), "sampler", None)):
+    for owner in (
+        loader,
+        getattr(loader, "sampler", None),
+        getattr(loader, "batch_sampler", None),
+        getattr(getattr(loader, "batch_sampler", None), "sampler", None),
+    ):
         gen = getattr(owner, "generator", None)
         if isinstance(gen, torch.Generator) and all(gen is not g for g in found):
             found.append(gen)
@@ -57,7 +66,9 @@ def restore(state: dict[str, Any], generators: Iterable[torch.Generator] = ()) -
         torch.cuda.set_rng_state_all(state["cuda"])
     gens = list(generators)
     if len(gens) != len(state["generators"]):
-        raise ValueError(f"the checkpoint holds {len(state['generators'])} data-loader generator state(s) "
-                         f"but this loader has {len(gens)}; resume with the same DataLoader set-up.")
+        raise ValueError(
+            f"the checkpoint holds {len(state['generators'])} data-loader generator state(s) "
+            f"but this loader has {len(gens)}; resume with the same DataLoader set-up."
+        )
     for gen, gen_state in zip(gens, state["generators"]):
         gen.set_state(gen_state)

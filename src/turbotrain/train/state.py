@@ -26,13 +26,13 @@ __all__ = ["TrainState", "FitState", "FitResult"]
 class TrainState:
     """Where training is: saved in every checkpoint, restored by ``fit(resume=True)``."""
 
-    step: int = 0                 # optimizer steps done
-    epoch: int = 0                # current epoch (0-based)
-    batches_done: int = 0         # micro-batches consumed in the current epoch
+    step: int = 0  # optimizer steps done
+    epoch: int = 0  # current epoch (0-based)
+    batches_done: int = 0  # micro-batches consumed in the current epoch
     samples: int = 0
     skipped_steps: int = 0
-    elapsed_s: float = 0.0        # wall time of earlier (resumed-from) runs
-    early_stop: bool = False      # EarlyStopping asked to stop (honoured once min_epochs/min_steps are done)
+    elapsed_s: float = 0.0  # wall time of earlier (resumed-from) runs
+    early_stop: bool = False  # EarlyStopping asked to stop (honoured once min_epochs/min_steps are done)
     history: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -44,39 +44,54 @@ class FitState:
     ``state_dict()`` called after ``fit`` see the loaders it trained with.
     """
 
-    source: EpochSource                 # the training batches, epoch by epoch, resumable mid-epoch
+    source: EpochSource  # the training batches, epoch by epoch, resumable mid-epoch
     val_loader: Iterable | None
-    max_epochs: int | None              # None: max_steps or max_time ends training
-    epoch_len: int | None               # micro-batches per epoch; None for a loader without a length
-    steps_per_epoch: int | None         # optimizer steps per epoch
-    val_every: int | None               # validate every this many steps (None: at epoch ends)
-    step_limit: float                   # max_steps, or infinity: one comparison per step either way
-    deadline: float | None              # time.monotonic() at which max_time runs out
-    started: float                      # time.monotonic() from which this fit's time is counted
+    max_epochs: int | None  # None: max_steps or max_time ends training
+    epoch_len: int | None  # micro-batches per epoch; None for a loader without a length
+    steps_per_epoch: int | None  # optimizer steps per epoch
+    val_every: int | None  # validate every this many steps (None: at epoch ends)
+    step_limit: float  # max_steps, or infinity: one comparison per step either way
+    deadline: float | None  # time.monotonic() at which max_time runs out
+    started: float  # time.monotonic() from which this fit's time is counted
     clock: ThroughputClock
     loss_meter: LossMeter
     loggers: list
-    progress: Any                       # train.progress: a line, a rich bar, or nothing
+    progress: Any  # train.progress: a line, a rich bar, or nothing
     signals: SignalWatch = field(default_factory=SignalWatch)
-    next_event: int = 0                 # the next step with a log, validation, checkpoint or the warm-up's end
+    next_event: int = 0  # the next step with a log, validation, checkpoint or the warm-up's end
     stop_reason: str | None = None
 
     @classmethod
-    def start(cls, cfg: TrainerConfig, state: TrainState, source: EpochSource, val_loader: Iterable | None,
-              device: torch.device, accum_steps: int, on_rank_zero: bool) -> "FitState":
+    def start(
+        cls,
+        cfg: TrainerConfig,
+        state: TrainState,
+        source: EpochSource,
+        val_loader: Iterable | None,
+        device: torch.device,
+        accum_steps: int,
+        on_rank_zero: bool,
+    ) -> "FitState":
         """A fit's state as it begins at ``state`` (a fresh one, or the one resumed from a checkpoint)."""
         max_epochs = cfg.max_epochs or (None if (cfg.max_steps or cfg.max_time) else 1)
         epoch_len = len(source) if source.has_length else None
         steps_per_epoch = math.ceil(epoch_len / accum_steps) if epoch_len else None
         now = time.monotonic()
         return cls(
-            source=source, val_loader=val_loader, max_epochs=max_epochs, epoch_len=epoch_len,
-            steps_per_epoch=steps_per_epoch, val_every=_val_interval_steps(cfg, steps_per_epoch),
+            source=source,
+            val_loader=val_loader,
+            max_epochs=max_epochs,
+            epoch_len=epoch_len,
+            steps_per_epoch=steps_per_epoch,
+            val_every=_val_interval_steps(cfg, steps_per_epoch),
             step_limit=cfg.max_steps if cfg.max_steps is not None else math.inf,
-            deadline=None if cfg.max_time_s is None else now + cfg.max_time_s - state.elapsed_s, started=now,
-            clock=ThroughputClock(device, cfg.warmup_steps, state.step, state.samples), loss_meter=LossMeter(device),
+            deadline=None if cfg.max_time_s is None else now + cfg.max_time_s - state.elapsed_s,
+            started=now,
+            clock=ThroughputClock(device, cfg.warmup_steps, state.step, state.samples),
+            loss_meter=LossMeter(device),
             loggers=make_loggers(cfg.log_dir, cfg.loggers) if on_rank_zero else [],
-            progress=make_progress(cfg.progress, _total_steps(cfg, max_epochs, steps_per_epoch), enabled=on_rank_zero))
+            progress=make_progress(cfg.progress, _total_steps(cfg, max_epochs, steps_per_epoch), enabled=on_rank_zero),
+        )
 
 
 def _val_interval_steps(cfg: TrainerConfig, steps_per_epoch: int | None) -> int | None:
@@ -86,8 +101,10 @@ def _val_interval_steps(cfg: TrainerConfig, steps_per_epoch: int | None) -> int 
         return v
     if isinstance(v, float) and v < 1.0:
         if steps_per_epoch is None:
-            raise ConfigError("Trainer.val_check_interval: a fraction of an epoch needs a loader with a length; "
-                              "give a number of steps instead.")
+            raise ConfigError(
+                "Trainer.val_check_interval: a fraction of an epoch needs a loader with a length; "
+                "give a number of steps instead."
+            )
         return max(1, round(steps_per_epoch * v))
     return None
 
@@ -107,9 +124,9 @@ class FitResult:
     steps: int
     epochs: int
     samples: int
-    samples_per_s: float          # steady state: after warm-up, without validation and checkpoints
+    samples_per_s: float  # steady state: after warm-up, without validation and checkpoints
     train_time_s: float
-    metrics: dict[str, float]     # the last value of every logged metric
+    metrics: dict[str, float]  # the last value of every logged metric
     history: list[dict[str, Any]]
     stopped_by: str
     skipped_steps: int

@@ -47,20 +47,35 @@ class Trainer:
     ``checkpoint_dir``, ... see :class:`TrainerConfig`); an unknown one is an error.
     """
 
-    def __init__(self, model: nn.Module, optimizer, loss_fn: Callable | None = None, plan: Plan | None = None, *,
-                 step_fn: Callable | None = None, val_step_fn: Callable | None = None, schedulers=None,
-                 early_stopping: EarlyStopping | None = None, callbacks: Iterable = (),
-                 split_points: list[str] | None = None, **limits: Any):
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer,
+        loss_fn: Callable | None = None,
+        plan: Plan | None = None,
+        *,
+        step_fn: Callable | None = None,
+        val_step_fn: Callable | None = None,
+        schedulers=None,
+        early_stopping: EarlyStopping | None = None,
+        callbacks: Iterable = (),
+        split_points: list[str] | None = None,
+        **limits: Any,
+    ):
         try:
             self.config = TrainerConfig(**limits)
         except ConfigError as exc:
             raise ConfigError(str(exc).replace("TrainerConfig", "Trainer")) from None
         if loss_fn is None and step_fn is None:
-            raise ConfigError("Trainer: give loss_fn(outputs, targets) for (inputs, targets) batches, "
-                              "or step_fn(ctx, batch) for anything else.")
+            raise ConfigError(
+                "Trainer: give loss_fn(outputs, targets) for (inputs, targets) batches, "
+                "or step_fn(ctx, batch) for anything else."
+            )
         if self.config.manual_optimization and step_fn is None:
-            raise ConfigError("Trainer: manual_optimization=True runs step_fn(ctx, batch), which steps the "
-                              "optimizers itself; give step_fn.")
+            raise ConfigError(
+                "Trainer: manual_optimization=True runs step_fn(ctx, batch), which steps the "
+                "optimizers itself; give step_fn."
+            )
         if plan is not None and not isinstance(plan, Plan):
             raise ConfigError(f"Trainer: plan must be a turbotrain.Plan, got {type(plan).__name__}.")
         self.plan = plan or Plan()
@@ -69,8 +84,9 @@ class Trainer:
         self.val_step_fn = val_step_fn
         self.early_stopping = early_stopping
         self.callbacks = list(callbacks)
-        self.schedulers = [] if schedulers is None else (
-            list(schedulers) if isinstance(schedulers, (list, tuple)) else [schedulers])
+        self.schedulers = (
+            [] if schedulers is None else (list(schedulers) if isinstance(schedulers, (list, tuple)) else [schedulers])
+        )
         self.state = TrainState()
         self.fit_state: FitState | None = None  # the running (or last) fit() call's
         self.rt: Runtime = prepare(model, optimizer, self.plan)
@@ -94,8 +110,9 @@ class Trainer:
             raise ConfigError("Trainer: split_points cut a pipeline; set Plan(strategy='pipeline').")
         if self.ranks.world > 1:
             self.guard.agree = self.ranks.agree_on_flag  # distributed: one verdict for every rank
-        self.checkpoints = TrainerCheckpoints(self.rt, self.ranks, self.plan, self.schedulers, early_stopping,
-                                              self.config)
+        self.checkpoints = TrainerCheckpoints(
+            self.rt, self.ranks, self.plan, self.schedulers, early_stopping, self.config
+        )
 
     # -- public -----------------------------------------------------------------------------
 
@@ -110,8 +127,9 @@ class Trainer:
         source = EpochSource(train_loader, self.rt.rebuild_loader)
         val_loader = self.rt.rebuild_loader(val_loader) if val_loader is not None else None
         position = self._resume() if resume else None
-        run = self.fit_state = FitState.start(self.config, self.state, source, val_loader, self.rt.device,
-                                              self.rt.accum_steps, self.is_rank_zero)
+        run = self.fit_state = FitState.start(
+            self.config, self.state, source, val_loader, self.rt.device, self.rt.accum_steps, self.is_rank_zero
+        )
         run.next_event = self._next_event_after(self.state.step, run)
         self.rt.module.train()
         try:
@@ -120,8 +138,9 @@ class Trainer:
                 self._train(run, position)
             except RuntimeError as exc:  # outside the per-batch loop: costs nothing per step
                 # PyTorch's SIGCHLD handler raises wherever the loop is: say "after N steps".
-                clearer = source.worker_death(exc, f"after {self.state.step} optimizer steps "
-                                                   f"(epoch {self.state.epoch})")
+                clearer = source.worker_death(
+                    exc, f"after {self.state.step} optimizer steps (epoch {self.state.epoch})"
+                )
                 if clearer is None:
                     raise
                 raise clearer from exc
@@ -255,8 +274,10 @@ class Trainer:
         try:
             inputs, targets = batch
         except (TypeError, ValueError):
-            raise TypeError(f"the default step expects (inputs, targets) batches, got {type(batch).__name__}; "
-                            "pass step_fn=lambda ctx, batch: loss to handle other batches.") from None
+            raise TypeError(
+                f"the default step expects (inputs, targets) batches, got {type(batch).__name__}; "
+                "pass step_fn=lambda ctx, batch: loss to handle other batches."
+            ) from None
         return self._run_loss(self.rt.model(inputs), targets)  # type: ignore[misc]  # __init__: one of the two
 
     def _finish_step(self, run: FitState, loss: Any) -> bool:
@@ -287,8 +308,12 @@ class Trainer:
         step = self.state.step
         if step >= run.next_event:
             self._events(step)
-        if (step >= run.step_limit or run.signals.requested or self.state.early_stop
-                or (run.deadline is not None and time.monotonic() >= run.deadline)):
+        if (
+            step >= run.step_limit
+            or run.signals.requested
+            or self.state.early_stop
+            or (run.deadline is not None and time.monotonic() >= run.deadline)
+        ):
             run.stop_reason = self._limits_reached()
         return run.stop_reason is not None
 
@@ -341,23 +366,30 @@ class Trainer:
     def _epoch_validates(self) -> bool:
         """Whether this step ends an epoch whose end-of-epoch validation is about to run anyway."""
         epoch_len = self._run.epoch_len
-        return (isinstance(self.config.val_check_interval, float) and epoch_len is not None
-                and self.state.batches_done == epoch_len)
+        return (
+            isinstance(self.config.val_check_interval, float)
+            and epoch_len is not None
+            and self.state.batches_done == epoch_len
+        )
 
     def _end_epoch(self) -> None:
         self._read_guard()
         cfg, run = self.config, self._run
         epoch = self.state.epoch
-        if (run.val_loader is not None and not isinstance(cfg.val_check_interval, int)
-                and (epoch + 1) % cfg.check_val_every_n_epoch == 0):
+        if (
+            run.val_loader is not None
+            and not isinstance(cfg.val_check_interval, int)
+            and (epoch + 1) % cfg.check_val_every_n_epoch == 0
+        ):
             self._run_validation()
         if cfg.scheduler_interval == "epoch":
             self._step_schedulers()
         self._callback("on_epoch_end", epoch)
         self.state.epoch += 1
         self.state.batches_done = 0
-        every = cfg.checkpoint_every_n_epochs or (1 if cfg.checkpoint_dir and not cfg.checkpoint_every_n_steps
-                                                  else None)
+        every = cfg.checkpoint_every_n_epochs or (
+            1 if cfg.checkpoint_dir and not cfg.checkpoint_every_n_steps else None
+        )
         if cfg.checkpoint_dir and every and self.state.epoch % every == 0:
             self._save_checkpoint(at_epoch_end=True)
         run.stop_reason = self._limits_reached()
@@ -458,10 +490,20 @@ class Trainer:
             metrics.update({k: v for k, v in row.items() if isinstance(v, float)})
         rate = self.ranks.global_rate(run.clock.rate(s.samples))  # distributed: all ranks' samples/s together
         return FitResult(
-            steps=s.step, epochs=s.epoch, samples=s.samples, samples_per_s=rate or 0.0, train_time_s=s.elapsed_s,
-            metrics=metrics, history=s.history, stopped_by=run.stop_reason or "end_of_data",
-            skipped_steps=s.skipped_steps, checkpoint=self.checkpoints.last_path, plan=self.plan,
-            applied=list(self.rt.applied), skipped=list(self.rt.skipped))
+            steps=s.step,
+            epochs=s.epoch,
+            samples=s.samples,
+            samples_per_s=rate or 0.0,
+            train_time_s=s.elapsed_s,
+            metrics=metrics,
+            history=s.history,
+            stopped_by=run.stop_reason or "end_of_data",
+            skipped_steps=s.skipped_steps,
+            checkpoint=self.checkpoints.last_path,
+            plan=self.plan,
+            applied=list(self.rt.applied),
+            skipped=list(self.rt.skipped),
+        )
 
 
 def _loss_of(out: Any) -> torch.Tensor:

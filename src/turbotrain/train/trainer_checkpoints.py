@@ -29,24 +29,42 @@ log = logging.getLogger("turbotrain")
 class TrainerCheckpoints:
     """A Trainer's checkpoints: what goes in, where they are written, the last one written or resumed."""
 
-    def __init__(self, rt: Runtime, ranks: RankCoordinator, plan: Plan, schedulers: list,
-                 early_stopping: EarlyStopping | None, config: TrainerConfig):
+    def __init__(
+        self,
+        rt: Runtime,
+        ranks: RankCoordinator,
+        plan: Plan,
+        schedulers: list,
+        early_stopping: EarlyStopping | None,
+        config: TrainerConfig,
+    ):
         self.rt, self.ranks, self.plan = rt, ranks, plan
         self.schedulers, self.early_stopping = schedulers, early_stopping
-        self.config = config              # checkpoint_dir and keep_checkpoints, read when used
-        self.last_step = -1               # the step of the last checkpoint written or resumed from
+        self.config = config  # checkpoint_dir and keep_checkpoints, read when used
+        self.last_step = -1  # the step of the last checkpoint written or resumed from
         self.last_path: str | None = None
 
-    def state_dict(self, state: TrainState, source: EpochSource, elapsed_s: float,
-                   at_epoch_end: bool) -> dict[str, Any]:
+    def state_dict(
+        self, state: TrainState, source: EpochSource, elapsed_s: float, at_epoch_end: bool
+    ) -> dict[str, Any]:
         """Everything resuming needs; ``elapsed_s`` is the training time up to now, earlier runs included."""
         gens = source.generators
         if at_epoch_end:
-            position = Position(epoch=state.epoch, batches_done=0, rng=rng.capture(gens), epoch_rng=None,
-                                iterator_reused=source.next_epoch_reuses_iterator())
+            position = Position(
+                epoch=state.epoch,
+                batches_done=0,
+                rng=rng.capture(gens),
+                epoch_rng=None,
+                iterator_reused=source.next_epoch_reuses_iterator(),
+            )
         else:
-            position = Position(epoch=state.epoch, batches_done=state.batches_done, rng=rng.capture(gens),
-                                epoch_rng=source.epoch_rng, iterator_reused=source.epoch_reused)
+            position = Position(
+                epoch=state.epoch,
+                batches_done=state.batches_done,
+                rng=rng.capture(gens),
+                epoch_rng=source.epoch_rng,
+                iterator_reused=source.epoch_reused,
+            )
         return {
             "format": ckpt.FORMAT,
             "step": state.step,
@@ -56,8 +74,12 @@ class TrainerCheckpoints:
             "schedulers": [sched.state_dict() for sched in self.schedulers],
             "runtime": self.rt.state_dict(),
             "early_stopping": self.early_stopping.state_dict() if self.early_stopping else None,
-            "trainer": {"samples": state.samples, "skipped_steps": state.skipped_steps, "elapsed_s": elapsed_s,
-                        "early_stop": state.early_stop},
+            "trainer": {
+                "samples": state.samples,
+                "skipped_steps": state.skipped_steps,
+                "elapsed_s": elapsed_s,
+                "early_stop": state.early_stop,
+            },
             "plan": self.plan.to_dict(),
         }
 
@@ -88,10 +110,17 @@ class TrainerCheckpoints:
             self.early_stopping.load_state_dict(saved["early_stopping"])
         pos = Position(**self.ranks.position(saved))  # distributed: this rank's own stream
         extra = saved["trainer"]
-        state = TrainState(step=saved["step"], epoch=pos.epoch, batches_done=pos.batches_done,
-                           samples=extra["samples"], skipped_steps=extra["skipped_steps"],
-                           elapsed_s=extra["elapsed_s"], early_stop=extra["early_stop"])
+        state = TrainState(
+            step=saved["step"],
+            epoch=pos.epoch,
+            batches_done=pos.batches_done,
+            samples=extra["samples"],
+            skipped_steps=extra["skipped_steps"],
+            elapsed_s=extra["elapsed_s"],
+            early_stop=extra["early_stop"],
+        )
         self.last_step, self.last_path = saved["step"], str(path)
-        log.info("turbotrain: resumed from %s (step %d, epoch %d, batch %d)", path, state.step, pos.epoch,
-                 pos.batches_done)
+        log.info(
+            "turbotrain: resumed from %s (step %d, epoch %d, batch %d)", path, state.step, pos.epoch, pos.batches_done
+        )
         return state, pos

@@ -14,5 +14,14 @@ from .batch_size import BatchSizeResult, find_batch_size
 from .search import search_plan
 from .workers import WorkersResult, find_num_workers
 
-__all__ = ["tune", "tune_report", "TuneResult", "TuneError", "find_batch_size", "BatchSizeResult",
-           "find_num_workers", "WorkersResult", "search_plan"]
+__all__ = [
+    "tune",
+    "tune_report",
+    "TuneResult",
+    "TuneError",
+    "find_batch_size",
+    "BatchSizeResult",
+    "find_num_workers",
+    "WorkersResult",
+    "search_plan",
+]

@@ -65,27 +65,47 @@ class TuneResult:
         return self.search.speedup
 
     def to_dict(self) -> dict[str, Any]:
-        search = {**{f.name: getattr(self.search, f.name) for f in dataclasses.fields(self.search)},
-                  "plan": self.search.plan.to_dict(), "baseline": self.search.baseline.to_dict(),
-                  "attempts": [a.to_dict() for a in self.search.attempts]}
-        return {"plan": self.plan.to_dict(), "search": search, "hardware": self.hardware, "budget_s": self.budget_s,
-                "elapsed_s": self.elapsed_s, "by_rule": self.by_rule,
-                "workers": self.workers.to_dict() if self.workers else None,
-                "batch_size": self.batch_size.to_dict() if self.batch_size else None}
+        search = {
+            **{f.name: getattr(self.search, f.name) for f in dataclasses.fields(self.search)},
+            "plan": self.search.plan.to_dict(),
+            "baseline": self.search.baseline.to_dict(),
+            "attempts": [a.to_dict() for a in self.search.attempts],
+        }
+        return {
+            "plan": self.plan.to_dict(),
+            "search": search,
+            "hardware": self.hardware,
+            "budget_s": self.budget_s,
+            "elapsed_s": self.elapsed_s,
+            "by_rule": self.by_rule,
+            "workers": self.workers.to_dict() if self.workers else None,
+            "batch_size": self.batch_size.to_dict() if self.batch_size else None,
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "TuneResult":
         s = dict(data["search"])
-        s.update(plan=Plan.from_dict(s["plan"]), baseline=Plan.from_dict(s["baseline"]),
-                 attempts=[Attempt.from_dict(a) for a in s["attempts"]], left_out=[tuple(x) for x in s["left_out"]])
+        s.update(
+            plan=Plan.from_dict(s["plan"]),
+            baseline=Plan.from_dict(s["baseline"]),
+            attempts=[Attempt.from_dict(a) for a in s["attempts"]],
+            left_out=[tuple(x) for x in s["left_out"]],
+        )
         workers = batch = None
         if data.get("workers"):
             workers = WorkersResult(**{**data["workers"], "tried": [tuple(x) for x in data["workers"]["tried"]]})
         if data.get("batch_size"):
             batch = BatchSizeResult(**{**data["batch_size"], "tried": [tuple(x) for x in data["batch_size"]["tried"]]})
-        return cls(plan=Plan.from_dict(data["plan"]), search=SearchResult(**s), hardware=data["hardware"],
-                   budget_s=data["budget_s"], elapsed_s=data["elapsed_s"], by_rule=data["by_rule"],
-                   workers=workers, batch_size=batch)
+        return cls(
+            plan=Plan.from_dict(data["plan"]),
+            search=SearchResult(**s),
+            hardware=data["hardware"],
+            budget_s=data["budget_s"],
+            elapsed_s=data["elapsed_s"],
+            by_rule=data["by_rule"],
+            workers=workers,
+            batch_size=batch,
+        )
 
 
 def _sample_batches(loader: Iterable, count: int) -> list[Any]:
@@ -114,14 +134,28 @@ def _status_measure(measure: Measure, console: Console | None, deadline: float) 
     return shown
 
 
-def tune_report(model: nn.Module, loss_fn: Callable | None, loader: Iterable, optimizer_fn: Callable,
-                time_budget_s: float = 120.0, *, plan: Plan | None = None, step_fn: Callable | None = None,
-                batches: int = 4, tolerance: float = DEFAULT_TOLERANCE, min_gain: float = MIN_GAIN,
-                include: Iterable[str] | None = None, exclude: Iterable[str] = (),
-                find_batch_size: BatchSizeMode = False, find_num_workers: bool = True,
-                memory_limit_bytes: int | None = None, cache: bool = True, verbose: bool = True,
-                console: Console | None = None,
-                measure: Measure | None = None) -> TuneResult:
+def tune_report(
+    model: nn.Module,
+    loss_fn: Callable | None,
+    loader: Iterable,
+    optimizer_fn: Callable,
+    time_budget_s: float = 120.0,
+    *,
+    plan: Plan | None = None,
+    step_fn: Callable | None = None,
+    batches: int = 4,
+    tolerance: float = DEFAULT_TOLERANCE,
+    min_gain: float = MIN_GAIN,
+    include: Iterable[str] | None = None,
+    exclude: Iterable[str] = (),
+    find_batch_size: BatchSizeMode = False,
+    find_num_workers: bool = True,
+    memory_limit_bytes: int | None = None,
+    cache: bool = True,
+    verbose: bool = True,
+    console: Console | None = None,
+    measure: Measure | None = None,
+) -> TuneResult:
     """Like :func:`tune`, but returns the whole :class:`TuneResult` (table rows, finders, timings).
 
     ``measure(plan, steps, warmup) -> Trial`` replaces the real trial (a test seam); it is
@@ -133,31 +167,61 @@ def tune_report(model: nn.Module, loss_fn: Callable | None, loader: Iterable, op
     if loss_fn is None and step_fn is None:
         raise TypeError("tune: pass loss_fn(outputs, targets), or step_fn(model, batch) -> loss")
     if find_batch_size not in (False, True, "max", "keep-effective"):
-        raise ValueError(f"tune: find_batch_size={find_batch_size!r}; use False, True/'max' (largest that fits) "
-                         "or 'keep-effective' (largest micro-batch, accumulating to the loader's batch)")
+        raise ValueError(
+            f"tune: find_batch_size={find_batch_size!r}; use False, True/'max' (largest that fits) "
+            "or 'keep-effective' (largest micro-batch, accumulating to the loader's batch)"
+        )
     base = plan or Plan()
     hw = detect(base.device)
     console = (console or Console()) if verbose else None
     # RNGs (the loader's generators too) and backend flags, whatever a trial or a finder touches
     with preserved_state(generators=rng.generators_of(loader)):
         sample = _sample_batches(loader, batches)
-        options = {"budget": time_budget_s, "tolerance": tolerance, "min_gain": min_gain,
-                   "include": sorted(include) if include is not None else None, "exclude": sorted(exclude),
-                   "batch_size": find_batch_size, "workers": find_num_workers, "base": base.to_dict(),
-                   "batches": len(sample), "memory_limit": memory_limit_bytes,
-                   "step_fn": tune_cache.function_name(step_fn),
-                   "loader": [type(loader).__name__, getattr(loader, "num_workers", None),
-                              getattr(loader, "batch_size", None)]}
+        options = {
+            "budget": time_budget_s,
+            "tolerance": tolerance,
+            "min_gain": min_gain,
+            "include": sorted(include) if include is not None else None,
+            "exclude": sorted(exclude),
+            "batch_size": find_batch_size,
+            "workers": find_num_workers,
+            "base": base.to_dict(),
+            "batches": len(sample),
+            "memory_limit": memory_limit_bytes,
+            "step_fn": tune_cache.function_name(step_fn),
+            "loader": [
+                type(loader).__name__,
+                getattr(loader, "num_workers", None),
+                getattr(loader, "batch_size", None),
+            ],
+        }
         key = tune_cache.cache_key(model, sample[0], optimizer_fn, loss_fn, hw, options) if cache else None
         entry = tune_cache.load(key) if key else None
         if entry and entry.get("version") == _CACHE_VERSION:
             result = TuneResult.from_dict(entry["result"])
             result.from_cache, result.cache_path = True, str(tune_cache.cache_dir() / f"{key}.json")
         else:
-            result = _tune(model, loss_fn, optimizer_fn, loader, sample, base, hw, time_budget_s, started,
-                           step_fn=step_fn, tolerance=tolerance, min_gain=min_gain, include=include,
-                           exclude=exclude, find_batch_size=find_batch_size, find_num_workers=find_num_workers,
-                           memory_limit_bytes=memory_limit_bytes, console=console, measure=measure)
+            result = _tune(
+                model,
+                loss_fn,
+                optimizer_fn,
+                loader,
+                sample,
+                base,
+                hw,
+                time_budget_s,
+                started,
+                step_fn=step_fn,
+                tolerance=tolerance,
+                min_gain=min_gain,
+                include=include,
+                exclude=exclude,
+                find_batch_size=find_batch_size,
+                find_num_workers=find_num_workers,
+                memory_limit_bytes=memory_limit_bytes,
+                console=console,
+                measure=measure,
+            )
             if key:
                 path = tune_cache.store(key, {"version": _CACHE_VERSION, "result": result.to_dict()})
                 result.cache_path = str(path) if path else None
@@ -166,9 +230,28 @@ def tune_report(model: nn.Module, loss_fn: Callable | None, loader: Iterable, op
     return result
 
 
-def _tune(model, loss_fn, optimizer_fn, loader, sample, base: Plan, hw, budget_s: float, started: float, *,
-          step_fn, tolerance, min_gain, include, exclude, find_batch_size, find_num_workers, memory_limit_bytes,
-          console, measure) -> TuneResult:
+def _tune(
+    model,
+    loss_fn,
+    optimizer_fn,
+    loader,
+    sample,
+    base: Plan,
+    hw,
+    budget_s: float,
+    started: float,
+    *,
+    step_fn,
+    tolerance,
+    min_gain,
+    include,
+    exclude,
+    find_batch_size,
+    find_num_workers,
+    memory_limit_bytes,
+    console,
+    measure,
+) -> TuneResult:
     info = inspect_model(model)
     candidates = build_candidates(hw, info, base, include=include, exclude=exclude)
     use_workers = find_num_workers and isinstance(loader, DataLoader)
@@ -178,40 +261,69 @@ def _tune(model, loss_fn, optimizer_fn, loader, sample, base: Plan, hw, budget_s
     search_budget = max(0.0, deadline - reserve - time.monotonic())
 
     def real_measure(plan: Plan, steps: int, warmup: int, give_up_s: float | None = None) -> Trial:
-        return run_trial(model, optimizer_fn, loss_fn, sample, plan, steps=steps, warmup=warmup, step_fn=step_fn,
-                         give_up_s=give_up_s)
+        return run_trial(
+            model, optimizer_fn, loss_fn, sample, plan, steps=steps, warmup=warmup, step_fn=step_fn, give_up_s=give_up_s
+        )
 
-    found = search_plan(_status_measure(measure or real_measure, console, deadline - reserve), candidates, base,
-                        time_budget_s=search_budget, tolerance=tolerance, min_gain=min_gain,
-                        device_type=hw.device_type)
+    found = search_plan(
+        _status_measure(measure or real_measure, console, deadline - reserve),
+        candidates,
+        base,
+        time_budget_s=search_budget,
+        tolerance=tolerance,
+        min_gain=min_gain,
+        device_type=hw.device_type,
+    )
     chosen = found.plan.replace(**candidates.by_rule)
     batch_result = None
     if find_batch_size:
         effective = batch_size_of(sample[0]) * base.grad_accum_steps if find_batch_size == "keep-effective" else None
-        batch_result = batch_finder.find_batch_size(model, optimizer_fn, loss_fn, sample[0], chosen,
-                                                   memory_limit_bytes=memory_limit_bytes,
-                                                   effective_batch_size=effective,
-                                                   time_budget_s=max(1.0, deadline - time.monotonic()),
-                                                   step_fn=step_fn)
+        batch_result = batch_finder.find_batch_size(
+            model,
+            optimizer_fn,
+            loss_fn,
+            sample[0],
+            chosen,
+            memory_limit_bytes=memory_limit_bytes,
+            effective_batch_size=effective,
+            time_budget_s=max(1.0, deadline - time.monotonic()),
+            step_fn=step_fn,
+        )
         accum = batch_result.grad_accum_steps if effective else chosen.grad_accum_steps
         chosen = chosen.replace(batch_size=batch_result.batch_size, grad_accum_steps=accum)
     workers_result = None
     if use_workers:
         timed_loader = rebuild_loader(loader, batch_size=chosen.batch_size) if chosen.batch_size else loader
         rows = chosen.batch_size or batch_size_of(sample[0])
-        workers_result = workers_finder.find_num_workers(timed_loader, device_type=hw.device_type,
-                                                          sample_batch=sample[0],
-                                                          needed_batches_per_s=found.samples_per_s / rows)
+        workers_result = workers_finder.find_num_workers(
+            timed_loader,
+            device_type=hw.device_type,
+            sample_batch=sample[0],
+            needed_batches_per_s=found.samples_per_s / rows,
+        )
         chosen = chosen.replace(**workers_result.plan_changes())
     if not hw.is_cuda:  # threads and workers share the usable cores (quota and affinity)
         chosen = fit_plan(chosen, hw.usable_cores, hw.intra_op_threads, getattr(loader, "num_workers", None))
-    return TuneResult(plan=chosen, search=found, hardware=hw.summary(), budget_s=budget_s,
-                      elapsed_s=time.monotonic() - started, by_rule=dict(candidates.by_rule),
-                      workers=workers_result, batch_size=batch_result)
+    return TuneResult(
+        plan=chosen,
+        search=found,
+        hardware=hw.summary(),
+        budget_s=budget_s,
+        elapsed_s=time.monotonic() - started,
+        by_rule=dict(candidates.by_rule),
+        workers=workers_result,
+        batch_size=batch_result,
+    )
 
 
-def tune(model: nn.Module, loss_fn: Callable | None, loader: Iterable, optimizer_fn: Callable,
-         time_budget_s: float = 120.0, **options: Any) -> Plan:
+def tune(
+    model: nn.Module,
+    loss_fn: Callable | None,
+    loader: Iterable,
+    optimizer_fn: Callable,
+    time_budget_s: float = 120.0,
+    **options: Any,
+) -> Plan:
     """The fastest plan that trains like fp32, measured on ``model`` and ``loader`` within the budget.
 
     ``optimizer_fn(params) -> optimizer`` builds a fresh optimizer for each trial. Prints a

@@ -39,15 +39,15 @@ MARGIN = 0.1
 
 @dataclass
 class BatchSizeResult:
-    batch_size: int                   # the micro-batch per step
-    grad_accum_steps: int             # >1 only when keeping an effective batch that does not fit at once
-    limit_bytes: int                  # the memory the sizes were held to (before the margin)
+    batch_size: int  # the micro-batch per step
+    grad_accum_steps: int  # >1 only when keeping an effective batch that does not fit at once
+    limit_bytes: int  # the memory the sizes were held to (before the margin)
     margin: float
-    peak_memory_bytes: int | None     # measured at ``batch_size``
-    tried: list[tuple[int, int | None, str]] = field(default_factory=list)   # (size, peak bytes, outcome)
-    stopped_by: str = ""              # what ended the search
+    peak_memory_bytes: int | None  # measured at ``batch_size``
+    tried: list[tuple[int, int | None, str]] = field(default_factory=list)  # (size, peak bytes, outcome)
+    stopped_by: str = ""  # what ended the search
     under_compile: bool = False
-    allocated_before: int | None = None   # CUDA: memory allocated before and after the search
+    allocated_before: int | None = None  # CUDA: memory allocated before and after the search
     allocated_after: int | None = None
 
     @property
@@ -81,12 +81,23 @@ def split_effective_batch(effective: int, largest: int, multiple: int = 8) -> tu
     return micro, effective // micro
 
 
-def find_batch_size(model: torch.nn.Module, optimizer_fn: Callable, loss_fn: Callable | None, batch: Any,
-                    plan: Plan | None = None, *, max_batch_size: int = 4096, memory_limit_bytes: int | None = None,
-                    margin: float = MARGIN, effective_batch_size: int | None = None, time_budget_s: float = 60.0,
-                    multiple: int = 8, step_fn: Callable | None = None,
-                    measure: Callable[[int], Trial] | None = None,
-                    clock: Callable[[], float] = time.monotonic) -> BatchSizeResult:
+def find_batch_size(
+    model: torch.nn.Module,
+    optimizer_fn: Callable,
+    loss_fn: Callable | None,
+    batch: Any,
+    plan: Plan | None = None,
+    *,
+    max_batch_size: int = 4096,
+    memory_limit_bytes: int | None = None,
+    margin: float = MARGIN,
+    effective_batch_size: int | None = None,
+    time_budget_s: float = 60.0,
+    multiple: int = 8,
+    step_fn: Callable | None = None,
+    measure: Callable[[int], Trial] | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> BatchSizeResult:
     """The largest micro-batch (a multiple of ``multiple``) whose training step fits in memory.
 
     ``batch`` is one sample batch from the loader; it is tiled to each size tried. With
@@ -98,19 +109,26 @@ def find_batch_size(model: torch.nn.Module, optimizer_fn: Callable, loss_fn: Cal
     device = resolve_device(plan.device)
     cuda = device.type == "cuda"
     if memory_limit_bytes is None:
-        memory_limit_bytes = (torch.cuda.get_device_properties(device).total_memory if cuda
-                              else host_memory_budget())
+        memory_limit_bytes = torch.cuda.get_device_properties(device).total_memory if cuda else host_memory_budget()
     usable = memory_limit_bytes * (1 - margin)
+
     def run_one(size: int) -> Trial:
-        return run_trial(model, optimizer_fn, loss_fn, [resize_batch(batch, size)], plan, steps=1, warmup=1,
-                         step_fn=step_fn)
+        return run_trial(
+            model, optimizer_fn, loss_fn, [resize_batch(batch, size)], plan, steps=1, warmup=1, step_fn=step_fn
+        )
 
     real = measure is None
     if measure is None:
         measure = run_one
 
-    result = BatchSizeResult(batch_size=0, grad_accum_steps=1, limit_bytes=int(memory_limit_bytes), margin=margin,
-                             peak_memory_bytes=None, under_compile=plan.compile is not False)
+    result = BatchSizeResult(
+        batch_size=0,
+        grad_accum_steps=1,
+        limit_bytes=int(memory_limit_bytes),
+        margin=margin,
+        peak_memory_bytes=None,
+        under_compile=plan.compile is not False,
+    )
     if cuda:
         torch.cuda.synchronize(device)
         result.allocated_before = torch.cuda.memory_allocated(device)
@@ -138,8 +156,10 @@ def find_batch_size(model: torch.nn.Module, optimizer_fn: Callable, loss_fn: Cal
             oom = "OutOfMemory" in trial.error or "out of memory" in trial.error.lower()
             outcome = "out of memory" if oom else f"failed: {trial.error}"
             if not oom and not peaks:
-                raise RuntimeError(f"find_batch_size: a training step at batch size {size} fails for a reason other "
-                                   f"than memory: {trial.error}")
+                raise RuntimeError(
+                    f"find_batch_size: a training step at batch size {size} fails for a reason other "
+                    f"than memory: {trial.error}"
+                )
         elif peak is not None and peak > usable:
             outcome = f"over {usable / 2**20:,.0f} MiB"
         else:
@@ -173,9 +193,11 @@ def find_batch_size(model: torch.nn.Module, optimizer_fn: Callable, loss_fn: Cal
                 break
             hi = size
         if lo is None:
-            raise RuntimeError(f"find_batch_size: even a batch of {multiple} does not fit in "
-                               f"{usable / 2**20:,.0f} MiB ({result.tried[-1][2]}); lower the memory a step needs "
-                               "(bf16, activation checkpointing) or raise memory_limit_bytes")
+            raise RuntimeError(
+                f"find_batch_size: even a batch of {multiple} does not fit in "
+                f"{usable / 2**20:,.0f} MiB ({result.tried[-1][2]}); lower the memory a step needs "
+                "(bf16, activation checkpointing) or raise memory_limit_bytes"
+            )
     while hi is not None and hi - lo > multiple:
         mid = round_to_multiple((lo + hi) // 2, multiple)
         if mid <= lo or mid >= hi:

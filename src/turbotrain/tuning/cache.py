@@ -36,8 +36,10 @@ def cache_dir() -> Path:
 
 def model_signature(model: nn.Module) -> list[Any]:
     """The model's structure without its values: the same architecture tunes the same way."""
-    tensors = [(name, tuple(t.shape), str(t.dtype), bool(t.requires_grad))
-               for name, t in [*model.named_parameters(), *model.named_buffers()]]
+    tensors = [
+        (name, tuple(t.shape), str(t.dtype), bool(t.requires_grad))
+        for name, t in [*model.named_parameters(), *model.named_buffers()]
+    ]
     return [f"{type(model).__module__}.{type(model).__qualname__}", repr(model), tensors]
 
 
@@ -60,15 +62,24 @@ def function_name(fn: Any) -> str | None:
     return f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', type(fn).__qualname__)}"
 
 
-def cache_key(model: nn.Module, batch: Any, optimizer_fn: Callable, loss_fn: Any, hw: Hardware,
-              options: dict[str, Any]) -> str:
+def cache_key(
+    model: nn.Module, batch: Any, optimizer_fn: Callable, loss_fn: Any, hw: Hardware, options: dict[str, Any]
+) -> str:
     parts = {
         "model": model_signature(model),
         "batch": batch_signature(batch),
         "optimizer": _optimizer_signature(optimizer_fn),
         "loss": function_name(loss_fn),
-        "hardware": [hw.device_type, hw.device_name, hw.device_count, hw.cpu_cores, hw.intra_op_threads,
-                     round(hw.memory_bytes / 2**30), hw.capability, torch.__version__],
+        "hardware": [
+            hw.device_type,
+            hw.device_name,
+            hw.device_count,
+            hw.cpu_cores,
+            hw.intra_op_threads,
+            round(hw.memory_bytes / 2**30),
+            hw.capability,
+            torch.__version__,
+        ],
         "options": options,
     }
     text = json.dumps(parts, sort_keys=True, default=repr)
@@ -97,6 +108,10 @@ def store(key: str, entry: dict[str, Any]) -> Path | None:
         os.replace(tmp, path)
         return path
     except OSError as exc:
-        log.warning("turbotrain: could not write the tune cache under %s (%s); set TURBOTRAIN_CACHE to a "
-                    "writable folder to make the next call instant", folder, exc)
+        log.warning(
+            "turbotrain: could not write the tune cache under %s (%s); set TURBOTRAIN_CACHE to a "
+            "writable folder to make the next call instant",
+            folder,
+            exc,
+        )
         return None

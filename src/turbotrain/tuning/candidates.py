@@ -41,11 +41,11 @@ INTERACTS_WITH_COMPILE = (Order.MODEL_REWRITE, Order.MODEL_DTYPE, Order.MODEL_LA
 class Switch:
     """One Plan field and the values worth timing for it, best guess first."""
 
-    name: str                  # registry name
+    name: str  # registry name
     field: str
     values: tuple[Any, ...]
     order: int
-    expensive: bool = False    # compiles: tried after the cheap switches, within the budget
+    expensive: bool = False  # compiles: tried after the cheap switches, within the budget
     recommended: bool = False  # the registry's rule picks it here: timed first, while the budget is fresh
 
     @property
@@ -56,7 +56,7 @@ class Switch:
 @dataclass
 class Candidates:
     timed: list[Switch] = field(default_factory=list)
-    by_rule: dict[str, Any] = field(default_factory=dict)          # field -> value
+    by_rule: dict[str, Any] = field(default_factory=dict)  # field -> value
     left_out: list[tuple[str, str]] = field(default_factory=list)  # (name, why), shown in the report
 
 
@@ -73,8 +73,9 @@ def _values(entry: Speedup, hw: Hardware, info: ModelInfo, base: Plan) -> tuple[
     return values, None
 
 
-def build_candidates(hw: Hardware, info: ModelInfo, base: Plan, include: Iterable[str] | None = None,
-                     exclude: Iterable[str] = ()) -> Candidates:
+def build_candidates(
+    hw: Hardware, info: ModelInfo, base: Plan, include: Iterable[str] | None = None, exclude: Iterable[str] = ()
+) -> Candidates:
     """Walk the registry: each entry becomes a timed switch, a rule, or a reason it is left out.
 
     ``include``/``exclude`` take registry names (``"compile"``, ``"precision"``, ...).
@@ -115,8 +116,16 @@ def build_candidates(hw: Hardware, info: ModelInfo, base: Plan, include: Iterabl
                 why = reason
         if allowed:
             recommended = entry.recommendation(hw, info) not in (None, getattr(Plan(), entry.field))
-            out.timed.append(Switch(entry.name, entry.field, tuple(allowed), entry.order,
-                                    expensive=entry.tune.expensive, recommended=recommended))
+            out.timed.append(
+                Switch(
+                    entry.name,
+                    entry.field,
+                    tuple(allowed),
+                    entry.order,
+                    expensive=entry.tune.expensive,
+                    recommended=recommended,
+                )
+            )
         else:
             out.left_out.append((entry.name, why or "not supported here"))
     return out

@@ -1,7 +1,7 @@
 """``turbotrain tune``: tune a recipe or a reference workload, and write the plan out.
 
-    turbotrain tune recipe.yaml --yaml plan.yaml
-    turbotrain tune --workload cnn --time-budget 120 --lightning - --accelerate accelerate.yaml
+turbotrain tune recipe.yaml --yaml plan.yaml
+turbotrain tune --workload cnn --time-budget 120 --lightning - --accelerate accelerate.yaml
 """
 
 from __future__ import annotations
@@ -13,25 +13,36 @@ from pathlib import Path
 
 def add_arguments(parser) -> None:
     parser.add_argument("recipe", nargs="?", help="recipe YAML (workload, scale, seed, batch_size, lr, plan)")
-    parser.add_argument("--workload", choices=("gpt", "cnn", "mlp"),
-                        help="tune a reference workload instead of a recipe's")
+    parser.add_argument(
+        "--workload", choices=("gpt", "cnn", "mlp"), help="tune a reference workload instead of a recipe's"
+    )
     parser.add_argument("--scale", choices=("cpu", "gpu"), help="workload size (default: the recipe's, else cpu)")
-    parser.add_argument("--time-budget", type=float, default=120.0, metavar="S",
-                        help="seconds tuning may take in all (default: 120)")
+    parser.add_argument(
+        "--time-budget", type=float, default=120.0, metavar="S", help="seconds tuning may take in all (default: 120)"
+    )
     parser.add_argument("--yaml", metavar="PATH", help="write the plan as YAML ('-' for stdout)")
     parser.add_argument("--lightning", metavar="PATH", help="write the Lightning Trainer equivalent ('-' for stdout)")
     parser.add_argument("--accelerate", metavar="PATH", help="write an Accelerate config file ('-' for stdout)")
-    parser.add_argument("--batch-size", choices=("keep", "max", "keep-effective"), default="keep",
-                        help="keep the loader's batch (default), find the largest that fits ('max'), or the "
-                             "largest micro-batch with accumulation keeping the effective batch ('keep-effective')")
+    parser.add_argument(
+        "--batch-size",
+        choices=("keep", "max", "keep-effective"),
+        default="keep",
+        help="keep the loader's batch (default), find the largest that fits ('max'), or the "
+        "largest micro-batch with accumulation keeping the effective batch ('keep-effective')",
+    )
     parser.add_argument("--no-workers", action="store_true", help="do not run the num_workers finder")
     parser.add_argument("--exclude", default="", metavar="NAMES", help="speed-ups not to try, e.g. compile,precision")
     parser.add_argument("--include", default="", metavar="NAMES", help="only try these speed-ups")
-    parser.add_argument("--tolerance", type=float, default=None, help="numerics guard: largest relative loss "
-                        "departure from fp32 (default: 0.05)")
+    parser.add_argument(
+        "--tolerance",
+        type=float,
+        default=None,
+        help="numerics guard: largest relative loss departure from fp32 (default: 0.05)",
+    )
     parser.add_argument("--no-cache", action="store_true", help="tune again even when a cached result exists")
-    parser.add_argument("--seed", type=int, default=None,
-                        help="model initialisation seed (default: the recipe's, else 0)")
+    parser.add_argument(
+        "--seed", type=int, default=None, help="model initialisation seed (default: the recipe's, else 0)"
+    )
 
 
 def _names(text: str) -> list[str]:
@@ -79,13 +90,21 @@ def run(args) -> int:
     if args.tolerance is not None:
         options["tolerance"] = args.tolerance
     result = tune_report(
-        model, wl.loss_fn, wl.loader(batch_size, seed=seed), wl.optimizer_fn, args.time_budget, plan=base,
-        include=_names(args.include) or None, exclude=_names(args.exclude),
+        model,
+        wl.loss_fn,
+        wl.loader(batch_size, seed=seed),
+        wl.optimizer_fn,
+        args.time_budget,
+        plan=base,
+        include=_names(args.include) or None,
+        exclude=_names(args.exclude),
         find_batch_size=False if args.batch_size == "keep" else args.batch_size,
-        find_num_workers=not args.no_workers, cache=not args.no_cache, **options)
+        find_num_workers=not args.no_workers,
+        cache=not args.no_cache,
+        **options,
+    )
     plan = result.plan
-    header = (f"turbotrain tune, {wl.name} workload: {result.speedup:.2f}x the naive plan "
-              f"on {result.hardware}")
+    header = f"turbotrain tune, {wl.name} workload: {result.speedup:.2f}x the naive plan on {result.hardware}"
     if args.yaml:
         _write(args.yaml, plan_yaml(plan, header))
     if args.lightning:

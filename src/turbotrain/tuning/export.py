@@ -19,8 +19,16 @@ from ..plan import Plan
 from ..speedups.policy import ExportError
 from ..speedups.registry import all_speedups
 
-__all__ = ["plan_yaml", "lightning_flags", "lightning_snippet", "accelerate_config", "accelerate_yaml",
-           "code_changes", "dataloader_kwargs", "ExportError"]
+__all__ = [
+    "plan_yaml",
+    "lightning_flags",
+    "lightning_snippet",
+    "accelerate_config",
+    "accelerate_yaml",
+    "code_changes",
+    "dataloader_kwargs",
+    "ExportError",
+]
 
 
 def plan_yaml(plan: Plan, header: str | None = None) -> str:
@@ -95,8 +103,10 @@ def accelerate_config(plan: Plan) -> dict[str, Any]:
 
 def accelerate_yaml(plan: Plan) -> str:
     """The Accelerate config as YAML, with the code-side switches as comments above it."""
-    head = [f"# turbotrain plan as an Accelerate config: {plan.describe()}",
-            "# use: accelerate launch --config_file THIS_FILE train.py"]
+    head = [
+        f"# turbotrain plan as an Accelerate config: {plan.describe()}",
+        "# use: accelerate launch --config_file THIS_FILE train.py",
+    ]
     code = code_changes(plan, "accelerate")
     if code:
         head.append("# in train.py (no config key for these):")

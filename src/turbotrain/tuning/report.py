@@ -38,24 +38,33 @@ def attempts_table(result: "TuneResult") -> Table:
     (the candidate column is the one that wraps, never narrower than its longest switch)."""
     search = result.search
     title = f"turbotrain tune on {result.hardware}" + (" (cached)" if result.from_cache else "")
-    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
-                  collapse_padding=True)
+    table = Table(
+        title=title, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True
+    )
     switches = [_candidate(row.label) for row in search.attempts]
     longest = max((len(word) for lines in switches for line in lines for word in line.split()), default=8)
     columns: tuple[tuple[str, JustifyMethod], ...] = (
-        ("#", "right"), ("candidate", "left"), ("samples/s", "right"), ("vs naive", "right"), ("peak mem", "right"),
-        ("compile s", "right"), ("verdict", "left"))
+        ("#", "right"),
+        ("candidate", "left"),
+        ("samples/s", "right"),
+        ("vs naive", "right"),
+        ("peak mem", "right"),
+        ("compile s", "right"),
+        ("verdict", "left"),
+    )
     for name, justify in columns:
         wraps = name == "candidate"
-        table.add_column(name, justify=justify, overflow="fold", no_wrap=not wraps,
-                         min_width=longest if wraps else None)
+        table.add_column(
+            name, justify=justify, overflow="fold", no_wrap=not wraps, min_width=longest if wraps else None
+        )
     for i, (row, lines) in enumerate(zip(search.attempts, switches)):
         style = _STYLE.get(row.status, "")
         candidate = Text("\n".join(lines))
         if row.reason:
             candidate.append("\n" + row.reason, style="dim")
         table.add_row(
-            str(i), candidate,
+            str(i),
+            candidate,
             format_rate(row.samples_per_s) if row.samples_per_s else "-",
             f"{row.speedup:.2f}x" if row.speedup else "-",
             _mib(row.peak_memory_bytes),
@@ -77,21 +86,32 @@ def render(result: "TuneResult", console: Console | None = None) -> None:
     for name, why in search.left_out:
         _say(console, f"not tried: [bold]{name}[/]: {escape(why)}")
     for field, value in result.by_rule.items():
-        _say(console, f"by rule: [bold]{field}={value}[/] (exact; acts on the host-to-device copy, "
-                      "which a step trial cannot time)")
+        _say(
+            console,
+            f"by rule: [bold]{field}={value}[/] (exact; acts on the host-to-device copy, "
+            "which a step trial cannot time)",
+        )
     if result.workers is not None:
         w = result.workers
         tried = ", ".join(f"{n}: {format_rate(rate)}" for n, rate in w.tried)
-        _say(console, f"num_workers finder: [bold]{w.num_workers}[/] (batches/s by workers: {tried}; "
-                      f"stopped: {w.stopped_by}; bound {w.bound} by {w.bound_by})")
+        _say(
+            console,
+            f"num_workers finder: [bold]{w.num_workers}[/] (batches/s by workers: {tried}; "
+            f"stopped: {w.stopped_by}; bound {w.bound} by {w.bound_by})",
+        )
     if result.batch_size is not None:
         b = result.batch_size
         tried = ", ".join(f"{n}: {out}" for n, _, out in b.tried)
         accum = f" x {b.grad_accum_steps} accumulation steps" if b.grad_accum_steps > 1 else ""
-        _say(console, f"batch-size finder{' (under compile)' if b.under_compile else ''}: "
-                      f"[bold]{b.batch_size}{accum}[/] at {_mib(b.peak_memory_bytes)} of {_mib(b.limit_bytes)} "
-                      f"less {b.margin:.0%} ({tried}; stopped: {b.stopped_by})")
-    spent = (f"tuning took {result.elapsed_s:.1f}s of a {result.budget_s:.0f}s budget "
-             f"({search.compile_s:.1f}s compiling; {search.steps} timed steps per trial)")
+        _say(
+            console,
+            f"batch-size finder{' (under compile)' if b.under_compile else ''}: "
+            f"[bold]{b.batch_size}{accum}[/] at {_mib(b.peak_memory_bytes)} of {_mib(b.limit_bytes)} "
+            f"less {b.margin:.0%} ({tried}; stopped: {b.stopped_by})",
+        )
+    spent = (
+        f"tuning took {result.elapsed_s:.1f}s of a {result.budget_s:.0f}s budget "
+        f"({search.compile_s:.1f}s compiling; {search.steps} timed steps per trial)"
+    )
     console.print(Text(search.message, style="bold"))
     _say(console, spent)

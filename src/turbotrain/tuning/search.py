@@ -61,16 +61,16 @@ class TuneError(RuntimeError):
 class Attempt:
     """One row of the report: a plan that was tried (or not), and what came of it."""
 
-    label: str                        # the change tried, e.g. "precision=bf16-mixed"
+    label: str  # the change tried, e.g. "precision=bf16-mixed"
     plan: Plan
-    stage: str                        # baseline | switch | compile | under-compile | final
-    status: str                       # baseline | accepted | rejected | skipped | chosen
+    stage: str  # baseline | switch | compile | under-compile | final
+    status: str  # baseline | accepted | rejected | skipped | chosen
     reason: str = ""
     samples_per_s: float = 0.0
     step_s: float | None = None
-    speedup: float | None = None      # against the naive plan measured in the same run
+    speedup: float | None = None  # against the naive plan measured in the same run
     peak_memory_bytes: int | None = None
-    compile_s: float | None = None    # first steps' time beyond steady state (None without compile)
+    compile_s: float | None = None  # first steps' time beyond steady state (None without compile)
     max_deviation: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -86,11 +86,11 @@ class SearchResult:
     plan: Plan
     baseline: Plan
     attempts: list[Attempt]
-    speedup: float                    # chosen vs naive, from every step timed for each
+    speedup: float  # chosen vs naive, from every step timed for each
     message: str
     steps: int
     elapsed_s: float
-    compile_s: float                  # total compile time spent while searching
+    compile_s: float  # total compile time spent while searching
     samples_per_s: float
     baseline_samples_per_s: float
     left_out: list[tuple[str, str]] = field(default_factory=list)
@@ -101,9 +101,18 @@ def _median(values: list[float]) -> float:
 
 
 class _Search:
-    def __init__(self, measure: Measure, candidates: Candidates, base: Plan, budget_s: float,
-                 tolerance: float, min_gain: float, warmup: int, device_type: str,
-                 clock: Callable[[], float]):
+    def __init__(
+        self,
+        measure: Measure,
+        candidates: Candidates,
+        base: Plan,
+        budget_s: float,
+        tolerance: float,
+        min_gain: float,
+        warmup: int,
+        device_type: str,
+        clock: Callable[[], float],
+    ):
         self.measure, self.candidates, self.base = measure, candidates, base
         self.tolerance, self.min_gain, self.warmup = tolerance, min_gain, warmup
         self.clock = clock
@@ -112,15 +121,15 @@ class _Search:
         self.budget_s = budget_s
         self.compile_guess = _COMPILE_GUESS_S.get(device_type, 60.0)
         self.attempts: list[Attempt] = []
-        self.times: dict[Plan, list[float]] = {}      # every steady-state step time seen, per plan
-        self.compiled: set[Plan] = set()               # plans whose compile is cached in this process
+        self.times: dict[Plan, list[float]] = {}  # every steady-state step time seen, per plan
+        self.compiled: set[Plan] = set()  # plans whose compile is cached in this process
         self.compile_seen: list[float] = []
-        self.steps = _MIN_STEPS          # the first baseline trial sizes the others
+        self.steps = _MIN_STEPS  # the first baseline trial sizes the others
         self.samples_per_step = 1
         self.reference: list[float] = []
-        self.speedup_of: dict[Plan, float] = {base: 1.0}   # against naive, chained through paired ratios
-        self.accepted: list[Plan] = []                     # the best plan after each step of the search
-        self.recent_step_s: float | None = None            # the latest eager trial's step time
+        self.speedup_of: dict[Plan, float] = {base: 1.0}  # against naive, chained through paired ratios
+        self.accepted: list[Plan] = []  # the best plan after each step of the search
+        self.recent_step_s: float | None = None  # the latest eager trial's step time
         self._measure_gives_up = "give_up_s" in inspect.signature(measure).parameters
 
     # -- measuring -------------------------------------------------------------------------
@@ -186,16 +195,21 @@ class _Search:
         left = self.remaining() - self._estimate(self.base) - self._estimate(against)
         if need > left:
             row.status = "skipped"
-            row.reason = (f"time budget (~{need:.0f}s needed; {max(0.0, self.remaining()):.0f}s of the budget left, "
-                          f"{max(0.0, self.remaining() - max(0.0, left)):.0f}s of it kept for the final check)")
+            row.reason = (
+                f"time budget (~{need:.0f}s needed; {max(0.0, self.remaining()):.0f}s of the budget left, "
+                f"{max(0.0, self.remaining() - max(0.0, left)):.0f}s of it kept for the final check)"
+            )
             return row
         ref, trial = self._pair(against, plan)
         row.peak_memory_bytes = trial.peak_memory_bytes
         if plan.compile is not False and trial.ok:
             row.compile_s = self._compile_s(trial)
         if not trial.ok:
-            row.reason = (f"not faster ({trial.error})" if trial.stopped_early
-                          else f"failed: {trial.error or 'no steps completed'}")
+            row.reason = (
+                f"not faster ({trial.error})"
+                if trial.stopped_early
+                else f"failed: {trial.error or 'no steps completed'}"
+            )
             return row
         row.step_s, row.samples_per_s = trial.step_s, trial.samples_per_s
         verdict = check_losses(self.reference, trial.losses, self.tolerance)
@@ -272,8 +286,19 @@ class _Search:
         self.times[self.base] = list(trial.step_times_s)
         self.recent_step_s = trial.step_s
         self.reference = trial.losses
-        self.attempts.append(Attempt("naive", self.base, "baseline", "baseline", "",
-                                     trial.samples_per_s, trial.step_s, 1.0, trial.peak_memory_bytes))
+        self.attempts.append(
+            Attempt(
+                "naive",
+                self.base,
+                "baseline",
+                "baseline",
+                "",
+                trial.samples_per_s,
+                trial.step_s,
+                1.0,
+                trial.peak_memory_bytes,
+            )
+        )
 
     def run(self) -> SearchResult:
         self.baseline()
@@ -326,19 +351,45 @@ class _Search:
         if chosen != self.base:
             message = f"{speedup:.2f}x the naive plan: {chosen.describe()}" + (f" ({message})" if message else "")
         chosen_step = self.median(chosen)
-        self.attempts.append(Attempt(f"chosen: {chosen.describe()}", chosen, "final", "chosen", "",
-                                     self.samples_per_step / chosen_step, chosen_step, speedup))
+        self.attempts.append(
+            Attempt(
+                f"chosen: {chosen.describe()}",
+                chosen,
+                "final",
+                "chosen",
+                "",
+                self.samples_per_step / chosen_step,
+                chosen_step,
+                speedup,
+            )
+        )
         return SearchResult(
-            plan=chosen, baseline=self.base, attempts=self.attempts, speedup=speedup, message=message,
-            steps=self.steps, elapsed_s=self.clock() - self.started,
-            compile_s=sum(self.compile_seen), samples_per_s=self.samples_per_step / chosen_step,
+            plan=chosen,
+            baseline=self.base,
+            attempts=self.attempts,
+            speedup=speedup,
+            message=message,
+            steps=self.steps,
+            elapsed_s=self.clock() - self.started,
+            compile_s=sum(self.compile_seen),
+            samples_per_s=self.samples_per_step / chosen_step,
             baseline_samples_per_s=self.samples_per_step / self.median(self.base),
-            left_out=list(self.candidates.left_out))
+            left_out=list(self.candidates.left_out),
+        )
 
 
-def search_plan(measure: Measure, candidates: Candidates, base: Plan | None = None, time_budget_s: float = 120.0,
-                tolerance: float = DEFAULT_TOLERANCE, min_gain: float = MIN_GAIN, warmup: int = 3,
-                device_type: str = "cpu", clock: Callable[[], float] = time.monotonic) -> SearchResult:
+def search_plan(
+    measure: Measure,
+    candidates: Candidates,
+    base: Plan | None = None,
+    time_budget_s: float = 120.0,
+    tolerance: float = DEFAULT_TOLERANCE,
+    min_gain: float = MIN_GAIN,
+    warmup: int = 3,
+    device_type: str = "cpu",
+    clock: Callable[[], float] = time.monotonic,
+) -> SearchResult:
     """Find the fastest plan that passes the numerics guard, within ``time_budget_s`` seconds."""
-    return _Search(measure, candidates, base or Plan(), time_budget_s, tolerance, min_gain, warmup,
-                   device_type, clock).run()
+    return _Search(
+        measure, candidates, base or Plan(), time_budget_s, tolerance, min_gain, warmup, device_type, clock
+    ).run()

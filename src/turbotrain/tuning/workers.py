@@ -36,8 +36,8 @@ class WorkersResult:
     persistent_workers: bool | None
     pin_memory: bool
     batches_per_s: float
-    tried: list[tuple[int, float]] = field(default_factory=list)   # (workers, batches/s)
-    bound: int = 0                                                   # the most workers allowed
+    tried: list[tuple[int, float]] = field(default_factory=list)  # (workers, batches/s)
+    bound: int = 0  # the most workers allowed
     bound_by: str = ""
     stopped_by: str = ""
 
@@ -45,8 +45,11 @@ class WorkersResult:
         """The Plan switches to set (none when nothing could be timed: the loader's own stay)."""
         if not self.tried:
             return {}
-        return {"num_workers": self.num_workers, "persistent_workers": self.persistent_workers,
-                "pin_memory": self.pin_memory}
+        return {
+            "num_workers": self.num_workers,
+            "persistent_workers": self.persistent_workers,
+            "pin_memory": self.pin_memory,
+        }
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -58,10 +61,19 @@ def worker_memory_estimate(sample_batch: Any, prefetch_factor: int = 2) -> int:
     return WORKER_OVERHEAD_BYTES + 2 * prefetch_factor * batch_bytes
 
 
-def find_num_workers(loader: DataLoader, *, device_type: str | None = None, max_workers: int | None = None,
-                     memory_budget_bytes: int | None = None, needed_batches_per_s: float | None = None,
-                     min_gain: float = 0.1, patience: int = 2, batches: int = 20, sample_batch: Any = None,
-                     time_loader_fn: Callable[..., float] = time_loader) -> WorkersResult:
+def find_num_workers(
+    loader: DataLoader,
+    *,
+    device_type: str | None = None,
+    max_workers: int | None = None,
+    memory_budget_bytes: int | None = None,
+    needed_batches_per_s: float | None = None,
+    min_gain: float = 0.1,
+    patience: int = 2,
+    batches: int = 20,
+    sample_batch: Any = None,
+    time_loader_fn: Callable[..., float] = time_loader,
+) -> WorkersResult:
     """The worker count after which the loader stops getting faster.
 
     Counts go up to the CPU cores (or ``max_workers``, which replaces that bound: loaders that
@@ -94,8 +106,9 @@ def find_num_workers(loader: DataLoader, *, device_type: str | None = None, max_
         # Timed without persistence: it only matters across epochs, and a persistent iterator
         # would keep this trial's workers alive after the timing.
         try:
-            rate = time_loader_fn(loader, batches=batches, num_workers=workers, pin_memory=pin,
-                                  persistent_workers=False)
+            rate = time_loader_fn(
+                loader, batches=batches, num_workers=workers, pin_memory=pin, persistent_workers=False
+            )
         except StopIteration:  # fewer batches than the warm-up takes: nothing to time
             result.stopped_by = "the loader has too few batches to time"
             break
@@ -106,8 +119,10 @@ def find_num_workers(loader: DataLoader, *, device_type: str | None = None, max_
         else:
             misses += 1
         if needed_batches_per_s and result.batches_per_s >= 1.5 * needed_batches_per_s:
-            result.stopped_by = (f"{format_rate(result.batches_per_s)} batches/s is over 1.5x what training consumes "
-                                 f"({format_rate(needed_batches_per_s)}/s)")
+            result.stopped_by = (
+                f"{format_rate(result.batches_per_s)} batches/s is over 1.5x what training consumes "
+                f"({format_rate(needed_batches_per_s)}/s)"
+            )
             break
         if misses >= patience:
             result.stopped_by = f"{patience} more worker count(s) brought under {min_gain:.0%} more"

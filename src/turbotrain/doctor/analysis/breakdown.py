@@ -27,19 +27,19 @@ __all__ = ["Breakdown", "Overhead", "Periodic", "compute_breakdown", "find_perio
 
 @dataclass
 class Breakdown:
-    steps: list[int]                         # indices of the steps the numbers come from
+    steps: list[int]  # indices of the steps the numbers come from
     step_seconds: list[float]
-    seconds: dict[str, float]                # mean seconds per step, per category
-    shares: dict[str, float]                 # fractions of step time; sum to 1
+    seconds: dict[str, float]  # mean seconds per step, per category
+    shares: dict[str, float]  # fractions of step time; sum to 1
     bottleneck: str
     timeline: list[dict[str, Any]] = field(default_factory=list)
-    warmup_included: bool = False            # too few steps ran: warm-up steps are in the numbers
+    warmup_included: bool = False  # too few steps ran: warm-up steps are in the numbers
     overhead: dict[str, Any] = field(default_factory=dict)
-    interference_s: float = 0.0              # mean seconds per step lost to other processes (see below)
+    interference_s: float = 0.0  # mean seconds per step lost to other processes (see below)
     raw_shares: dict[str, float] = field(default_factory=dict)  # as timed (before any stall was taken out)
-    dispatch: dict[str, float] = field(default_factory=dict)    # seconds per step of each phase that are overhead
-    periodic: list["Periodic"] = field(default_factory=list)     # recurring work, amortised into the numbers
-    settling: list[float] = field(default_factory=list)          # seconds of steps left out as still warming up
+    dispatch: dict[str, float] = field(default_factory=dict)  # seconds per step of each phase that are overhead
+    periodic: list["Periodic"] = field(default_factory=list)  # recurring work, amortised into the numbers
+    settling: list[float] = field(default_factory=list)  # seconds of steps left out as still warming up
 
     @property
     def dispatch_share(self) -> float:
@@ -101,18 +101,20 @@ def settling_steps(chosen: list[StepRecord], warmup: int, periodic_steps: set[in
 class Overhead:
     """What part of compute and optimizer time is dispatch/interpreter overhead (see the module docs)."""
 
-    method: str = "none"              # "counted" (ATen ops x per-op floor), "estimated" (profiled ops) or "none"
-    compute_share: float = 0.0        # share of compute (forward+backward+glue) that is overhead
-    optimizer_s: float = 0.0          # seconds per step of the optimizer beyond its memory traffic
-    estimate_s: float = 0.0           # the profiler's op-count estimate, seconds per step (method "estimated")
+    method: str = "none"  # "counted" (ATen ops x per-op floor), "estimated" (profiled ops) or "none"
+    compute_share: float = 0.0  # share of compute (forward+backward+glue) that is overhead
+    optimizer_s: float = 0.0  # seconds per step of the optimizer beyond its memory traffic
+    estimate_s: float = 0.0  # the profiler's op-count estimate, seconds per step (method "estimated")
     detail: dict[str, float] = field(default_factory=dict)
 
 
 def _carve_overhead(cats: dict[str, float], overhead: Overhead) -> dict[str, float]:
     """Seconds of compute and of optimizer that are overhead (the model of :class:`Overhead`)."""
     if overhead.method == "counted":
-        return {"compute": cats["compute"] * overhead.compute_share,
-                "optimizer": min(overhead.optimizer_s, 0.95 * cats["optimizer"])}
+        return {
+            "compute": cats["compute"] * overhead.compute_share,
+            "optimizer": min(overhead.optimizer_s, 0.95 * cats["optimizer"]),
+        }
     if overhead.method == "estimated":
         pool = cats["compute"] + cats["optimizer"]
         take = min(overhead.estimate_s, 0.95 * pool)
@@ -142,7 +144,7 @@ def _gpu_categories(cats: dict[str, float], duration: float, device: dict[str, f
 # there: their spikes (epoch start, validation) are real.
 _STALL_PRONE = ("compute", "optimizer", "python_overhead", "host_to_device", "host_sync")
 STALL_FLOOR_S = 1e-3
-SCHEDULER_SLICE_S = 5e-3   # about what Linux gives a task before another runnable one gets the core
+SCHEDULER_SLICE_S = 5e-3  # about what Linux gives a task before another runnable one gets the core
 
 
 def _remove_preemption(per_step: list[dict[str, float]], preempted: list[float]) -> list[float]:
@@ -209,9 +211,14 @@ def _fractions(seconds: dict[str, float]) -> dict[str, float]:
     return {k: (v / total if total > 0 else 0.0) for k, v in seconds.items()}
 
 
-def compute_breakdown(steps: list[StepRecord], warmup: int, overhead: Overhead | None = None,
-                      gpu_seconds: dict[int, dict[str, float]] | None = None, others_share: float = 1.0,
-                      watched: list[Periodic] | None = None) -> Breakdown:
+def compute_breakdown(
+    steps: list[StepRecord],
+    warmup: int,
+    overhead: Overhead | None = None,
+    gpu_seconds: dict[int, dict[str, float]] | None = None,
+    others_share: float = 1.0,
+    watched: list[Periodic] | None = None,
+) -> Breakdown:
     """The breakdown over the measured steps.
 
     ``seconds`` (mean per step, per category) plus ``interference_s`` (time other processes
@@ -254,19 +261,36 @@ def compute_breakdown(steps: list[StepRecord], warmup: int, overhead: Overhead |
     for step, cats, lost in zip(chosen, per_step, removed):
         for key, value in cats.items():
             totals[key] += value
-        timeline.append({"step": step.index, "ms": round(step.duration * 1e3, 3),
-                         **{k: round(v * 1e3, 3) for k, v in cats.items()}, "interference": round(lost * 1e3, 3)})
+        timeline.append(
+            {
+                "step": step.index,
+                "ms": round(step.duration * 1e3, 3),
+                **{k: round(v * 1e3, 3) for k, v in cats.items()},
+                "interference": round(lost * 1e3, 3),
+            }
+        )
     durations = [s.duration for s in chosen]
     n = max(1, len(chosen))
     shares = _fractions(totals)
     bottleneck = max(shares, key=lambda k: shares[k]) if sum(totals.values()) > 0 else "compute"
     return Breakdown(
-        steps=[s.index for s in chosen], step_seconds=durations,
-        seconds={k: v / n for k, v in totals.items()}, shares=shares, bottleneck=bottleneck,
-        timeline=timeline, warmup_included=warm_included, interference_s=sum(removed) / n,
-        raw_shares=_fractions(raw), dispatch={k: v / n for k, v in dispatch.items()}, periodic=periodic,
+        steps=[s.index for s in chosen],
+        step_seconds=durations,
+        seconds={k: v / n for k, v in totals.items()},
+        shares=shares,
+        bottleneck=bottleneck,
+        timeline=timeline,
+        warmup_included=warm_included,
+        interference_s=sum(removed) / n,
+        raw_shares=_fractions(raw),
+        dispatch={k: v / n for k, v in dispatch.items()},
+        periodic=periodic,
         settling=settled,
-        overhead={"method": overhead.method, "compute_share": overhead.compute_share,
-                  "optimizer_ms": overhead.optimizer_s * 1e3, "estimate_ms": overhead.estimate_s * 1e3,
-                  **overhead.detail},
+        overhead={
+            "method": overhead.method,
+            "compute_share": overhead.compute_share,
+            "optimizer_ms": overhead.optimizer_s * 1e3,
+            "estimate_ms": overhead.estimate_s * 1e3,
+            **overhead.detail,
+        },
     )

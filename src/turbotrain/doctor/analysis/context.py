@@ -45,21 +45,21 @@ class SiteStat:
 @dataclass
 class Context:
     script: str | None
-    base: str | None                       # folder the report's file:line paths are relative to
+    base: str | None  # folder the report's file:line paths are relative to
     hw: Hardware
-    device: str                             # where the model trains: "cpu" or "cuda"
+    device: str  # where the model trains: "cpu" or "cuda"
     breakdown: Breakdown
     measured_steps: list[int]
     tallies: dict[tuple[str, Site], EventCounts] = field(default_factory=dict)
     loaders: list[LoaderRecord] = field(default_factory=list)
     optimizers: list[tuple[Any, Site | None]] = field(default_factory=list)
-    module_sites: dict[int, Site] = field(default_factory=dict)    # id(module) -> construction site
-    model: nn.Module | None = None          # the outermost trained module
-    modules: list[nn.Module] = field(default_factory=list)   # every outermost module called in a step
+    module_sites: dict[int, Site] = field(default_factory=dict)  # id(module) -> construction site
+    model: nn.Module | None = None  # the outermost trained module
+    modules: list[nn.Module] = field(default_factory=list)  # every outermost module called in a step
     info: ModelInfo = field(default_factory=ModelInfo)
     facts: ForwardFacts = field(default_factory=ForwardFacts)
     capture: Capture | None = None
-    eval_grad_inputs: tuple[tuple, dict] | None = None   # (args, kwargs) of a validation forward with autograd on
+    eval_grad_inputs: tuple[tuple, dict] | None = None  # (args, kwargs) of a validation forward with autograd on
     profile: dict[str, Any] = field(default_factory=dict)
     matmul_shapes: dict[Site, tuple] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
@@ -67,12 +67,12 @@ class Context:
     world_size: int = 1
     storage_stats: ReadStats | None = None  # reads through turbotrain.data over the measured steps (slow-storage)
     step_records: list[StepRecord] = field(default_factory=list)
-    gap_samples: dict[Site, int] = field(default_factory=dict)   # user lines running untimed before the forward
-    zero_grad_before_backward: bool = False   # the script clears gradients between its forward and backward
+    gap_samples: dict[Site, int] = field(default_factory=dict)  # user lines running untimed before the forward
+    zero_grad_before_backward: bool = False  # the script clears gradients between its forward and backward
     # The user's lines in functions seen running (warm-up, profiler window), per file; None: untraced.
     ran_lines: dict[str, tuple[int, ...]] | None = None
-    machine: dict[str, Any] = field(default_factory=dict)   # cores, threads, workers, other load (doctor.machine)
-    recording: Recording | None = None      # what this context was read from
+    machine: dict[str, Any] = field(default_factory=dict)  # cores, threads, workers, other load (doctor.machine)
+    recording: Recording | None = None  # what this context was read from
 
     @property
     def noise_floor(self) -> float:
@@ -127,8 +127,9 @@ class Context:
 
     def stat_at(self, kind_prefix: str, site: Site) -> SiteStat | None:
         """The :meth:`site_stats` entry at ``site``'s line (file and line; the function name may differ)."""
-        return next((s for s in self.site_stats(kind_prefix)
-                     if s.site.file == site.file and s.site.line == site.line), None)
+        return next(
+            (s for s in self.site_stats(kind_prefix) if s.site.file == site.file and s.site.line == site.line), None
+        )
 
     def seen(self, kind_prefix: str) -> list[tuple[str, Site, EventCounts]]:
         """Events of a kind at any time of the run (warm-up and profiling included)."""
@@ -195,8 +196,14 @@ def unwrapped(capture: Capture | None) -> Capture | None:
     return dataclasses.replace(capture, module=module)
 
 
-def measure_overhead(capture: Capture | None, optimizers: list[Any], raw: Breakdown, prof: dict[str, float],
-                     module_calls: float, device: str) -> Overhead:
+def measure_overhead(
+    capture: Capture | None,
+    optimizers: list[Any],
+    raw: Breakdown,
+    prof: dict[str, float],
+    module_calls: float,
+    device: str,
+) -> Overhead:
     """The python_overhead model of this run (see :mod:`turbotrain.doctor.analysis.overhead`)."""
     from .overhead import counted_overhead, dispatch_floor, optimizer_overhead_s
 
@@ -207,16 +214,26 @@ def measure_overhead(capture: Capture | None, optimizers: list[Any], raw: Breakd
     except Exception:  # noqa: BLE001 - a model that cannot be copied or re-run: use the estimate
         counted = None
     if counted is not None:
-        return Overhead(method="counted", compute_share=counted["share"],
-                        optimizer_s=optimizer_overhead_s(optimizers, raw.seconds["optimizer"], device),
-                        detail={k: round(v, 4) for k, v in counted.items()})
+        return Overhead(
+            method="counted",
+            compute_share=counted["share"],
+            optimizer_s=optimizer_overhead_s(optimizers, raw.seconds["optimizer"], device),
+            detail={k: round(v, 4) for k, v in counted.items()},
+        )
     ops = prof.get("ops_per_step", 0.0)
     if not ops and not module_calls:
         return Overhead()
     op_floor, module_floor = dispatch_floor()
-    return Overhead(method="estimated", estimate_s=ops * op_floor + module_calls * module_floor,
-                    detail={"ops_per_step": ops, "module_calls_per_step": module_calls,
-                            "op_floor_us": round(op_floor * 1e6, 3), "module_floor_us": round(module_floor * 1e6, 3)})
+    return Overhead(
+        method="estimated",
+        estimate_s=ops * op_floor + module_calls * module_floor,
+        detail={
+            "ops_per_step": ops,
+            "module_calls_per_step": module_calls,
+            "op_floor_us": round(op_floor * 1e6, 3),
+            "module_floor_us": round(module_floor * 1e6, 3),
+        },
+    )
 
 
 def _ordinary_steps(breakdown: Breakdown, loaders: list[LoaderRecord]) -> list[float]:
@@ -235,8 +252,9 @@ def loader_round(loaders: list[LoaderRecord], steps: list[int]) -> int:
     return max((r.settings.get("num_workers") or 0 for r in loaders if r.nexts.total(wanted)[0]), default=0)
 
 
-def build_context(recording: Recording, live: LiveObjects | None = None, script: str | None = None,
-                  device: str | None = None) -> Context:
+def build_context(
+    recording: Recording, live: LiveObjects | None = None, script: str | None = None, device: str | None = None
+) -> Context:
     """The rules' view of a finished recording (and, in the process that recorded it, its live objects)."""
     live = live or LiveObjects()
     window = recording.window
@@ -253,8 +271,9 @@ def build_context(recording: Recording, live: LiveObjects | None = None, script:
     capture = unwrapped(live.capture)
     raw = compute_breakdown(steps, window.warmup, None, gpu_seconds, their_share)
     overhead = measure_overhead(capture, live.optimizers, raw, prof, recording.module_calls_per_step, device)
-    breakdown = compute_breakdown(steps, window.warmup, overhead, gpu_seconds, their_share,
-                                  find_watched(recording.watched, steps))
+    breakdown = compute_breakdown(
+        steps, window.warmup, overhead, gpu_seconds, their_share, find_watched(recording.watched, steps)
+    )
     model = capture.module if capture is not None else live.trained
     module_sites = {m.module_id: m.site for m in recording.module_sites}
     tallies = {(e.kind, e.site): e for e in recording.events if e.site is not None}
@@ -266,17 +285,39 @@ def build_context(recording: Recording, live: LiveObjects | None = None, script:
     script = os.path.realpath(script) if script else None
     hw = detect(device if device in ("cpu", "cuda") else "auto")
     return Context(
-        script=script, base=os.path.dirname(script) if script else None,
-        hw=hw, device=device, breakdown=breakdown, measured_steps=breakdown.steps, tallies=tallies, loaders=loaders,
-        optimizers=optimizers, module_sites=module_sites, model=model, modules=list(live.modules), info=info,
-        facts=facts, capture=capture, eval_grad_inputs=live.eval_grad_inputs, profile=prof,
-        matmul_shapes={m.site: (m.a, m.b) for m in recording.matmul_shapes}, env=dict(os.environ),
-        sources=load_sources(_user_files(script, tallies, module_sites)), world_size=recording.world_size,
-        step_records=steps, gap_samples={g.site: g.count for g in recording.gap_samples},
+        script=script,
+        base=os.path.dirname(script) if script else None,
+        hw=hw,
+        device=device,
+        breakdown=breakdown,
+        measured_steps=breakdown.steps,
+        tallies=tallies,
+        loaders=loaders,
+        optimizers=optimizers,
+        module_sites=module_sites,
+        model=model,
+        modules=list(live.modules),
+        info=info,
+        facts=facts,
+        capture=capture,
+        eval_grad_inputs=live.eval_grad_inputs,
+        profile=prof,
+        matmul_shapes={m.site: (m.a, m.b) for m in recording.matmul_shapes},
+        env=dict(os.environ),
+        sources=load_sources(_user_files(script, tallies, module_sites)),
+        world_size=recording.world_size,
+        step_records=steps,
+        gap_samples={g.site: g.count for g in recording.gap_samples},
         zero_grad_before_backward=recording.zero_grad_before_backward > recording.zero_grad_elsewhere,
-        storage_stats=recording.reads, ran_lines=recording.ran_lines,
-        machine=machine_facts(hw, _ordinary_steps(breakdown, loaders),
-                              breakdown.interference_s / breakdown.mean_s if breakdown.mean_s else 0.0,
-                              loaders, load, recording.threads_seen),
+        storage_stats=recording.reads,
+        ran_lines=recording.ran_lines,
+        machine=machine_facts(
+            hw,
+            _ordinary_steps(breakdown, loaders),
+            breakdown.interference_s / breakdown.mean_s if breakdown.mean_s else 0.0,
+            loaders,
+            load,
+            recording.threads_seen,
+        ),
         recording=recording,
     )

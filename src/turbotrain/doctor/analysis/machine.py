@@ -29,8 +29,14 @@ DISPERSION = 1.5
 INTERFERENCE_SHARE = 0.10
 
 
-def machine_facts(hw: Any, step_seconds: list[float], interference_share: float, loaders: list[Any],
-                  load: tuple[LoadSample | None, LoadSample | None], threads: int | None = None) -> dict[str, Any]:
+def machine_facts(
+    hw: Any,
+    step_seconds: list[float],
+    interference_share: float,
+    loaders: list[Any],
+    load: tuple[LoadSample | None, LoadSample | None],
+    threads: int | None = None,
+) -> dict[str, Any]:
     """What the report states about the machine (all keys optional in readers)."""
     usable = hw.usable_cores
     workers = max((r.settings.get("num_workers", 0) for r in loaders), default=0)
@@ -46,7 +52,7 @@ def machine_facts(hw: Any, step_seconds: list[float], interference_share: float,
         "intra_op_threads": threads if threads is not None else torch.get_num_threads(),
         "interop_threads": torch.get_num_interop_threads(),
         "dataloader_workers": workers,
-        "worker_load": children_busy_cores(*load),   # cores the script's own workers kept busy: not noise
+        "worker_load": children_busy_cores(*load),  # cores the script's own workers kept busy: not noise
         "other_load": others,
         "loadavg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
         "dispersion": round(p90 / p10, 2) if p10 > 0 else None,
@@ -84,13 +90,16 @@ def noise_state(machine: dict[str, Any]) -> dict[str, Any] | None:
     reasons = []
     others, dispersion = machine.get("other_load"), machine.get("dispersion")
     if others is not None and others >= BUSY_OTHERS_CORES:
-        reasons.append(f"other processes kept {others:.1f} of {machine.get('usable_cores')} usable cores busy "
-                       "during the measured steps")
+        reasons.append(
+            f"other processes kept {others:.1f} of {machine.get('usable_cores')} usable cores busy "
+            "during the measured steps"
+        )
     if dispersion is not None and dispersion >= DISPERSION:
         reasons.append(f"step times spread {dispersion:.1f}x from p10 to p90")
     if (machine.get("interference_share") or 0.0) >= INTERFERENCE_SHARE:
-        reasons.append(f"{machine['interference_share']:.0%} of the step went to waiting for a CPU another "
-                       "process held")
+        reasons.append(
+            f"{machine['interference_share']:.0%} of the step went to waiting for a CPU another process held"
+        )
     if not reasons:
         return None
     # A speed-up ratio (x1.4), not a gain fraction like measure.MIN_GAIN (0.03): one name, one meaning.

@@ -136,6 +136,10 @@ def counted_overhead(capture: Any, budget_s: float = 2.0) -> dict[str, float] | 
     finally:
         model.zero_grad(set_to_none=True)
     overhead, fwd_bwd = ops * op_floor(), min(timed)
-    return {"ops_per_step": float(ops), "op_floor_us": overhead / ops * 1e6 if ops else 0.0,
-            "overhead_ms": overhead * 1e3, "fwd_bwd_ms": fwd_bwd * 1e3,
-            "share": min(0.95, overhead / fwd_bwd) if fwd_bwd > 0 else 0.0}
+    return {
+        "ops_per_step": float(ops),
+        "op_floor_us": overhead / ops * 1e6 if ops else 0.0,
+        "overhead_ms": overhead * 1e3,
+        "fwd_bwd_ms": fwd_bwd * 1e3,
+        "share": min(0.95, overhead / fwd_bwd) if fwd_bwd > 0 else 0.0,
+    }

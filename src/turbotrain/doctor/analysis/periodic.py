@@ -18,8 +18,17 @@ from .context import Context
 from .source import dotted_name
 from ..sites import Site, relative_where
 
-__all__ = ["PERIODIC_TARGET_SHARE", "SUGGESTED_SHARE", "periodic_kind", "periodic_site", "suggested_every",
-           "periodic_table", "watched_periodic", "all_periodic", "watch_message"]
+__all__ = [
+    "PERIODIC_TARGET_SHARE",
+    "SUGGESTED_SHARE",
+    "periodic_kind",
+    "periodic_site",
+    "suggested_every",
+    "periodic_table",
+    "watched_periodic",
+    "all_periodic",
+    "watch_message",
+]
 
 
 # What recurring work may cost of training time before the doctor calls it out, and aims at.
@@ -56,8 +65,9 @@ def watched_periodic(ctx: Context) -> list[Periodic]:
 def all_periodic(ctx: Context) -> list[Periodic]:
     """The window's recurring work and the watch's; a window row seen once gives way to a watched one."""
     watched = watched_periodic(ctx)
-    return [p for p in ctx.breakdown.periodic
-            if p.watched or p.every or not any(w.category == p.category for w in watched)]
+    return [
+        p for p in ctx.breakdown.periodic if p.watched or p.every or not any(w.category == p.category for w in watched)
+    ]
 
 
 def periodic_site(ctx: Context, kind: str, periodic: Periodic) -> Site | None:
@@ -112,24 +122,37 @@ def periodic_table(ctx: Context) -> list[dict[str, Any]]:
         base_step = max(step_s - p.amortised_s, 1e-9)
         extra = {}
         if p.watched and watched is not None:
-            extra = {"found_by": "watch", "period_from": p.period_from,
-                     "note": _watch_note(p, watched)}
-        rows.append({"kind": kind, "category": p.category, "every": p.every, "steps": p.steps,
-                     "cost_ms": round(p.cost_s * 1e3, 3), "share": round(share, 4) if share is not None else None,
-                     "where": ctx.where(site), "site": site,
-                     "suggested_every": suggested_every(p.cost_s, base_step, p.every, SUGGESTED_SHARE)
-                     if p.every else None,
-                     "target_share": PERIODIC_TARGET_SHARE, **extra})
+            extra = {"found_by": "watch", "period_from": p.period_from, "note": _watch_note(p, watched)}
+        rows.append(
+            {
+                "kind": kind,
+                "category": p.category,
+                "every": p.every,
+                "steps": p.steps,
+                "cost_ms": round(p.cost_s * 1e3, 3),
+                "share": round(share, 4) if share is not None else None,
+                "where": ctx.where(site),
+                "site": site,
+                "suggested_every": suggested_every(p.cost_s, base_step, p.every, SUGGESTED_SHARE) if p.every else None,
+                "target_share": PERIODIC_TARGET_SHARE,
+                **extra,
+            }
+        )
     return rows
 
 
 def _watch_note(p: Periodic, watched: WatchedRun) -> str:
     """How work beyond the window was found, for the finding."""
-    period = ("its period read from the gaps between occurrences" if p.period_from == "gaps"
-              else "its period read from the loop's `% N` test, one occurrence timed")
-    return (f"Found by watching the step clock after the measured window: steps {watched.first}-{watched.last} "
-            f"({watched.seconds:.1f} s), {len(p.steps)} occurrence(s) at step(s) "
-            f"{', '.join(str(i) for i in p.steps[:4])}; {period}.")
+    period = (
+        "its period read from the gaps between occurrences"
+        if p.period_from == "gaps"
+        else "its period read from the loop's `% N` test, one occurrence timed"
+    )
+    return (
+        f"Found by watching the step clock after the measured window: steps {watched.first}-{watched.last} "
+        f"({watched.seconds:.1f} s), {len(p.steps)} occurrence(s) at step(s) "
+        f"{', '.join(str(i) for i in p.steps[:4])}; {period}."
+    )
 
 
 def watch_message(ctx: Context) -> str | None:
@@ -137,12 +160,19 @@ def watch_message(ctx: Context) -> str | None:
     watched = ctx.recording.watched if ctx.recording is not None else None
     if watched is None:
         return None
-    cadences = ", ".join(sorted({f"every {c.every} steps ({relative_where(c.site.file, ctx.base)}:{c.site.line})"
-                                 for c in watched.cadences}))
-    why = {"periods": "two periods of its longest cadence", "budget": f"its {watched.budget_s:g} s budget",
-           "script": "the script's end"}.get(watched.ended, watched.ended)
+    cadences = ", ".join(
+        sorted(
+            {f"every {c.every} steps ({relative_where(c.site.file, ctx.base)}:{c.site.line})" for c in watched.cadences}
+        )
+    )
+    why = {
+        "periods": "two periods of its longest cadence",
+        "budget": f"its {watched.budget_s:g} s budget",
+        "script": "the script's end",
+    }.get(watched.ended, watched.ended)
     found = watched_periodic(ctx)
-    return (f"After the window, the step clock was watched for {watched.seconds:.1f} s (steps {watched.first}-"
-            f"{watched.last}, until {why}) for the work the loop runs {cadences}: "
-            + (f"{sum(len(p.steps) for p in found)} occurrence(s) found." if found else "none ran over the "
-               "ordinary step."))
+    return (
+        f"After the window, the step clock was watched for {watched.seconds:.1f} s (steps {watched.first}-"
+        f"{watched.last}, until {why}) for the work the loop runs {cadences}: "
+        + (f"{sum(len(p.steps) for p in found)} occurrence(s) found." if found else "none ran over the ordinary step.")
+    )

@@ -41,46 +41,46 @@ CPU_BOUND = ("compute", "optimizer", "host_sync", "unexplained")
 class RankSummary:
     rank: int
     host: str
-    steps: int                          # measured steps
-    step_s: float                       # median step time
+    steps: int  # measured steps
+    step_s: float  # median step time
     step_p90_s: float
-    median_s: dict[str, float]          # per category (RANK_CATEGORIES): median seconds per step
+    median_s: dict[str, float]  # per category (RANK_CATEGORIES): median seconds per step
     p90_s: dict[str, float]
-    mean_s: dict[str, float]            # per category: mean seconds per step (they add up to the mean step)
-    exposed_s: float                    # median exposed communication per step
-    busy_s: float                       # median of (step - exposed communication): its own work
-    timed_sync: bool                    # gradient all-reduces were timed on this rank
-    cpu_s: float | None = None          # median CPU seconds of its thread per step (None: not known)
-    cpu_wait_s: float | None = None     # median seconds per step its thread waited for a CPU others held
-    reducer: dict[str, float] = field(default_factory=dict)   # DDP's own reducer statistics (seconds)
+    mean_s: dict[str, float]  # per category: mean seconds per step (they add up to the mean step)
+    exposed_s: float  # median exposed communication per step
+    busy_s: float  # median of (step - exposed communication): its own work
+    timed_sync: bool  # gradient all-reduces were timed on this rank
+    cpu_s: float | None = None  # median CPU seconds of its thread per step (None: not known)
+    cpu_wait_s: float | None = None  # median seconds per step its thread waited for a CPU others held
+    reducer: dict[str, float] = field(default_factory=dict)  # DDP's own reducer statistics (seconds)
 
 
 @dataclass(frozen=True)
 class Straggler:
     rank: int
     host: str
-    cause: str                          # a category of RANK_CATEGORIES, "cpu_contention" or "unexplained"
-    cost_s: float                       # per step: what every step loses waiting for it
-    cost_share: float                   # of the median step
-    compared_with: int                  # the median rank it is compared with
-    gap_s: dict[str, float]             # per category: its median minus the median rank's
-    last_share: float                   # share of measured steps it arrived last in
-    site: Site | None = None            # a line that explains the cause, when one is known
-    contention_s: float | None = None   # its extra wait for a CPU others held, against the median rank
-    cpu_gap_s: float | None = None      # its extra CPU time, against the median rank
+    cause: str  # a category of RANK_CATEGORIES, "cpu_contention" or "unexplained"
+    cost_s: float  # per step: what every step loses waiting for it
+    cost_share: float  # of the median step
+    compared_with: int  # the median rank it is compared with
+    gap_s: dict[str, float]  # per category: its median minus the median rank's
+    last_share: float  # share of measured steps it arrived last in
+    site: Site | None = None  # a line that explains the cause, when one is known
+    contention_s: float | None = None  # its extra wait for a CPU others held, against the median rank
+    cpu_gap_s: float | None = None  # its extra CPU time, against the median rank
 
 
 @dataclass(frozen=True)
 class RankAnalysis:
     ranks: list[RankSummary]
     median_rank: int
-    worst_rank: int                     # the rank that waits least (the others wait for it)
-    skew: float                         # (worst's own work - median rank's) / median rank's
-    exposed_share: float                # exposed communication over step time, all ranks
-    overlap: float | None               # share of the all-reduces' time that ran while backward computed
+    worst_rank: int  # the rank that waits least (the others wait for it)
+    skew: float  # (worst's own work - median rank's) / median rank's
+    exposed_share: float  # exposed communication over step time, all ranks
+    overlap: float | None  # share of the all-reduces' time that ran while backward computed
     straggler: Straggler | None
-    offsets_s: dict[int, float] = field(default_factory=dict)   # clock offset of each rank to the lowest rank
-    steps: list[int] = field(default_factory=list)              # the measured steps every rank has
+    offsets_s: dict[int, float] = field(default_factory=dict)  # clock offset of each rank to the lowest rank
+    steps: list[int] = field(default_factory=list)  # the measured steps every rank has
 
     @property
     def step_s(self) -> float:
@@ -130,14 +130,21 @@ def _summary(recording: Recording, steps: list[int]) -> RankSummary:
     per = {k: [r[k] for r in rows] for k in RANK_CATEGORIES}
     busy = [d - r["communication"] for d, r in zip(durations, rows)]
     return RankSummary(
-        rank=recording.rank, host=recording.host, steps=len(steps), step_s=statistics.median(durations),
-        step_p90_s=_p90(durations), median_s={k: statistics.median(v) for k, v in per.items()},
-        p90_s={k: _p90(v) for k, v in per.items()}, mean_s={k: statistics.fmean(v) for k, v in per.items()},
-        exposed_s=statistics.median(per["communication"]), busy_s=statistics.median(busy),
+        rank=recording.rank,
+        host=recording.host,
+        steps=len(steps),
+        step_s=statistics.median(durations),
+        step_p90_s=_p90(durations),
+        median_s={k: statistics.median(v) for k, v in per.items()},
+        p90_s={k: _p90(v) for k, v in per.items()},
+        mean_s={k: statistics.fmean(v) for k, v in per.items()},
+        exposed_s=statistics.median(per["communication"]),
+        busy_s=statistics.median(busy),
         timed_sync=bool(recording.communication),
         cpu_s=_median_of([comm[i].cpu_s if i in comm else None for i in steps]),
         cpu_wait_s=_median_of([comm[i].cpu_wait_s if i in comm else None for i in steps]),
-        reducer=dict(recording.reducer))
+        reducer=dict(recording.reducer),
+    )
 
 
 def _offsets(recordings: list[Recording], steps: list[int]) -> dict[int, float]:
@@ -162,8 +169,9 @@ def _cause_site(recording: Recording, cause: str, steps: list[int]) -> Site | No
         return samples[0].site if samples else None
     kinds = {"outside_step": ("save", "eval_forward", "eval"), "host_sync": ("sync:",)}.get(cause)
     if kinds:
-        events = [(e.total(steps)[1], e.site) for e in recording.events
-                  if e.site is not None and e.kind.startswith(kinds)]
+        events = [
+            (e.total(steps)[1], e.site) for e in recording.events if e.site is not None and e.kind.startswith(kinds)
+        ]
         if events:
             return max(events, key=lambda w: w[0])[1]
     return None
@@ -196,15 +204,24 @@ def analyse_ranks(recordings: list[Recording] | tuple[Recording, ...]) -> RankAn
     overlapped = sum(c.overlap_s for r in recordings for c in r.communication if c.step in common)
     straggler = None
     last_share = last.count(worst.rank) / len(last)
-    if step > 0 and cost / step >= STRAGGLER_SHARE and last_share >= CONSISTENT and cost > ABOVE_SPREAD * spread \
-            and worst.timed_sync:
+    if (
+        step > 0
+        and cost / step >= STRAGGLER_SHARE
+        and last_share >= CONSISTENT
+        and cost > ABOVE_SPREAD * spread
+        and worst.timed_sync
+    ):
         gap = {k: worst.median_s[k] - median.median_s[k] for k in RANK_CATEGORIES if k != "communication"}
         cause = max(gap, key=lambda k: gap[k])
         if gap[cause] < 0.25 * cost:
             cause = "unexplained"
         contention = cpu_gap = None
-        if worst.cpu_wait_s is not None and median.cpu_wait_s is not None and worst.cpu_s is not None \
-                and median.cpu_s is not None:
+        if (
+            worst.cpu_wait_s is not None
+            and median.cpu_wait_s is not None
+            and worst.cpu_s is not None
+            and median.cpu_s is not None
+        ):
             contention, cpu_gap = worst.cpu_wait_s - median.cpu_wait_s, worst.cpu_s - median.cpu_s
             # Late on work that is all CPU, without using more CPU than the others: its thread waited for a core
             # (other processes, the hypervisor), the machine's cause. Only on a CPU run: a GPU's compute is not
@@ -213,12 +230,27 @@ def analyse_ranks(recordings: list[Recording] | tuple[Recording, ...]) -> RankAn
             if on_cpu and cause in CPU_BOUND and cpu_gap < 0.25 * cost:
                 cause = "cpu_contention"
         rec = next(r for r in recordings if r.rank == worst.rank)
-        straggler = Straggler(rank=worst.rank, host=worst.host, cause=cause, cost_s=cost, cost_share=cost / step,
-                              compared_with=median.rank, gap_s=gap, last_share=last_share,
-                              site=_cause_site(rec, cause, steps), contention_s=contention, cpu_gap_s=cpu_gap)
+        straggler = Straggler(
+            rank=worst.rank,
+            host=worst.host,
+            cause=cause,
+            cost_s=cost,
+            cost_share=cost / step,
+            compared_with=median.rank,
+            gap_s=gap,
+            last_share=last_share,
+            site=_cause_site(rec, cause, steps),
+            contention_s=contention,
+            cpu_gap_s=cpu_gap,
+        )
     return RankAnalysis(
-        ranks=summaries, median_rank=median.rank, worst_rank=worst.rank,
+        ranks=summaries,
+        median_rank=median.rank,
+        worst_rank=worst.rank,
         skew=(worst.busy_s - median.busy_s) / median.busy_s if median.busy_s > 0 else 0.0,
         exposed_share=total_exposed / total_step if total_step > 0 else 0.0,
-        overlap=overlapped / busy if busy > 0 else None, straggler=straggler,
-        offsets_s=_offsets(recordings, steps), steps=steps)
+        overlap=overlapped / busy if busy > 0 else None,
+        straggler=straggler,
+        offsets_s=_offsets(recordings, steps),
+        steps=steps,
+    )

@@ -17,8 +17,9 @@ from ..sites import Site
 
 __all__ = ["SourceIndex", "dotted_name", "load_sources"]
 
-PER_STEP_METHODS = frozenset({"forward", "training_step", "validation_step", "__getitem__", "__iter__", "__next__",
-                              "train_step", "step"})
+PER_STEP_METHODS = frozenset(
+    {"forward", "training_step", "validation_step", "__getitem__", "__iter__", "__next__", "train_step", "step"}
+)
 _LOOPS = (ast.For, ast.AsyncFor, ast.While, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
 _FUNCS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
 
@@ -122,8 +123,10 @@ class SourceIndex:
         for node in ast.walk(self.tree):
             if isinstance(node, ast.Call):
                 name = dotted_name(node.func)
-                if any(name == s or name.endswith("." + s) or (not s.count(".") and name.split(".")[-1] == s)
-                       for s in suffixes):
+                if any(
+                    name == s or name.endswith("." + s) or (not s.count(".") and name.split(".")[-1] == s)
+                    for s in suffixes
+                ):
                     yield node, name
 
     def site(self, node: ast.AST) -> Site:

@@ -24,5 +24,7 @@ def require_libcst() -> None:
     except ImportError as exc:
         from ...config import ConfigError
 
-        raise ConfigError("doctor --fix edits your script with LibCST, which is not installed: "
-                          "pip install 'turbotrain[fix]' (or pip install libcst)") from exc
+        raise ConfigError(
+            "doctor --fix edits your script with LibCST, which is not installed: "
+            "pip install 'turbotrain[fix]' (or pip install libcst)"
+        ) from exc

@@ -47,8 +47,9 @@ def predicted_together(fixes: list[FixResult]) -> float | None:
 
 def _periods(fixes: list[FixResult]) -> list[int]:
     """The cadences ``fixes`` set (validation, checkpoints every N steps) and the ones they replace."""
-    cadences = [f.request.params for f in fixes
-                if f.request is not None and f.request.kind in ("cadence", "save_every")]
+    cadences = [
+        f.request.params for f in fixes if f.request is not None and f.request.kind in ("cadence", "save_every")
+    ]
     return sorted({every for params in cadences for every in (params.get("new_every"), params.get("every")) if every})
 
 
@@ -63,13 +64,15 @@ def _steps(fixes: list[FixResult], steps: int) -> int:
     return min(max(period, -(-steps // period) * period), max(_MAX_VERIFY_STEPS, steps))
 
 
-def _verify_one(verifier: Verifier, results: list[FixResult], originals: dict[str, str], base: str,
-                steps: int) -> Verification:
+def _verify_one(
+    verifier: Verifier, results: list[FixResult], originals: dict[str, str], base: str, steps: int
+) -> Verification:
     texts = combine(results, originals, base)
     changed = {path: text for path, text in texts.items() if text != originals[path]}
     folder = verifier.variant(changed)
-    return verifier.compare(folder, _steps(results, steps), weakest([r.numerics for r in results]),
-                            periodic=bool(_periods(results)))
+    return verifier.compare(
+        folder, _steps(results, steps), weakest([r.numerics for r in results]), periodic=bool(_periods(results))
+    )
 
 
 def _by_rule(results: list[FixResult]) -> list[list[FixResult]]:
@@ -80,8 +83,15 @@ def _by_rule(results: list[FixResult]) -> list[list[FixResult]]:
     return sorted(groups.values(), key=lambda g: -max(r.predicted or 1.0 for r in g))
 
 
-def _verify(fix_report: FixReport, results: list[FixResult], originals: dict[str, str], base: str,
-            verifier: Verifier, steps: int, run_s: float) -> None:
+def _verify(
+    fix_report: FixReport,
+    results: list[FixResult],
+    originals: dict[str, str],
+    base: str,
+    verifier: Verifier,
+    steps: int,
+    run_s: float,
+) -> None:
     candidates = [r for r in results if r.in_patch]
     groups = _by_rule(candidates)
     if len(groups) > 1:
@@ -89,7 +99,8 @@ def _verify(fix_report: FixReport, results: list[FixResult], originals: dict[str
             if not verifier.affords(2, run_s):
                 fix_report.messages.append(
                     f"The verify budget ({verifier.options.budget_s:g} s) left no time to verify {members[0].rule} "
-                    "alone; it was verified only with the others.")
+                    "alone; it was verified only with the others."
+                )
                 continue
             check = _verify_one(verifier, members, originals, base, steps)
             for result in members:
@@ -125,8 +136,9 @@ def _judge_alone(result: FixResult) -> None:
     elif check.verdict == SLOWER:
         result.dropped = f"verified slower (x{check.speedup:.2f} over {len(check.ratios)} round(s))"
     elif result.doubt and check.verdict != FASTER:
-        result.dropped = f"{result.doubt}, and verifying it showed no gain either (x{check.speedup:.2f}, " \
-                         f"{check.verdict})"
+        result.dropped = (
+            f"{result.doubt}, and verifying it showed no gain either (x{check.speedup:.2f}, {check.verdict})"
+        )
 
 
 def _header(report: Any, fix_report: FixReport, patch_name: str, base: str, verified: bool) -> list[str]:
@@ -136,9 +148,11 @@ def _header(report: Any, fix_report: FixReport, patch_name: str, base: str, veri
     by_hand = [f for f in fixes if f.by_hand]
     left_out = [f for f in fixes if f.edit and f.dropped]
     script = os.path.relpath(report.run.script, base) if report.run else report.script
-    lines = [f"turbotrain doctor --fix{' --verify' if verified else ''}: {script} {' '.join(report.argv)}".rstrip(),
-             f"Apply in the script's folder ({base}): git apply {patch_name}",
-             f"{len(kept)} edit(s), {len(by_hand)} by hand, {len(left_out)} left out."]
+    lines = [
+        f"turbotrain doctor --fix{' --verify' if verified else ''}: {script} {' '.join(report.argv)}".rstrip(),
+        f"Apply in the script's folder ({base}): git apply {patch_name}",
+        f"{len(kept)} edit(s), {len(by_hand)} by hand, {len(left_out)} left out.",
+    ]
     if fix_report.predicted_together or fix_report.together:
         lines.append("Together: " + fix_line(fix_report.predicted_together, fix_report.together))
     lines.append("")
@@ -156,9 +170,14 @@ def attach_fixes(report: Report, ctx: Context, findings: list[Finding], options:
     fix_report.fixes = results
     originals = make_diffs(results, base)
     if options.verify and any(r.in_patch for r in results) and report.run is not None:
-        verify_options = VerifyOptions(steps=options.steps, warmup=options.warmup, rounds=options.verify_rounds,
-                                       budget_s=options.verify_budget_s, threads=torch.get_num_threads(),
-                                       noise_floor=ctx.noise_floor)
+        verify_options = VerifyOptions(
+            steps=options.steps,
+            warmup=options.warmup,
+            rounds=options.verify_rounds,
+            budget_s=options.verify_budget_s,
+            threads=torch.get_num_threads(),
+            noise_floor=ctx.noise_floor,
+        )
         try:
             with Verifier(script_path, report.run.argv, base, verify_options) as verifier:
                 _verify(fix_report, results, originals, base, verifier, options.steps, ctx.step_s * options.steps)

@@ -21,8 +21,16 @@ from .model import ByHand, EditRequest
 
 __all__ = ["sdpa"]
 
-_NEG_INF = {"float('-inf')", 'float("-inf")', "-float('inf')", '-float("inf")', "-math.inf", "-torch.inf",
-            "-np.inf", "-numpy.inf"}
+_NEG_INF = {
+    "float('-inf')",
+    'float("-inf")',
+    "-float('inf')",
+    '-float("inf")',
+    "-math.inf",
+    "-torch.inf",
+    "-np.inf",
+    "-numpy.inf",
+}
 _LAST_TWO = {("-2", "-1"), ("-1", "-2")}
 
 
@@ -35,8 +43,8 @@ class _Chain:
     """What resolving names back through the block met: the statements it used, in the block."""
 
     block: list
-    before: int                                   # resolve among block[:before]
-    used: list = field(default_factory=list)      # statements whose assignment was followed
+    before: int  # resolve among block[:before]
+    used: list = field(default_factory=list)  # statements whose assignment was followed
 
     def probe(self) -> "_Chain":
         """A resolver from the same place whose findings are taken over (adopt) only if they fit."""
@@ -107,15 +115,19 @@ def _softmax_input(chain: _Chain, expr: cst.BaseExpression) -> cst.BaseExpressio
     if not isinstance(expr, cst.Call) or callee(expr) != "softmax":
         raise _NoMatch("the weights are not a softmax's output")
     args = list(expr.args)
-    if isinstance(expr.func, cst.Attribute) and not dotted(expr.func).endswith(("torch.softmax", "functional.softmax",
-                                                                                 "F.softmax")):
+    if isinstance(expr.func, cst.Attribute) and not dotted(expr.func).endswith(
+        ("torch.softmax", "functional.softmax", "F.softmax")
+    ):
         source = expr.func.value
     else:
         if not args:
             raise _NoMatch("softmax of nothing")
         source, args = args[0].value, args[1:]
-    if len(args) != 1 or code_of(args[0].value).replace(" ", "") != "-1" or (
-            args[0].keyword is not None and args[0].keyword.value != "dim"):
+    if (
+        len(args) != 1
+        or code_of(args[0].value).replace(" ", "") != "-1"
+        or (args[0].keyword is not None and args[0].keyword.value != "dim")
+    ):
         raise _NoMatch("softmax over another dimension than the last, or with a dtype")
     return source
 
@@ -149,8 +161,12 @@ def _mask_argument(chain: _Chain, mask: cst.BaseExpression) -> str:
 
 def _causal(expr: cst.BaseExpression) -> bool:
     """``torch.ones(t, t, dtype=torch.bool).triu(1)`` or ``torch.triu(torch.ones(t, t), diagonal=1).bool()``."""
-    if isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and expr.func.attr.value == "bool" \
-            and not expr.args:
+    if (
+        isinstance(expr, cst.Call)
+        and isinstance(expr.func, cst.Attribute)
+        and expr.func.attr.value == "bool"
+        and not expr.args
+    ):
         expr = expr.func.value
     if not isinstance(expr, cst.Call):
         return False
@@ -172,8 +188,9 @@ def _scores(chain: _Chain, expr: cst.BaseExpression) -> tuple[cst.BaseExpression
     scale = "1.0"
     if isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, (cst.Multiply, cst.Divide)):
         # A product may be written either way round (scale * scores); a quotient only scores / d.
-        orders = [(expr.left, expr.right)] + ([(expr.right, expr.left)] if isinstance(expr.operator, cst.Multiply)
-                                              else [])
+        orders = [(expr.left, expr.right)] + (
+            [(expr.right, expr.left)] if isinstance(expr.operator, cst.Multiply) else []
+        )
         for product, factor in orders:
             probe = chain.probe()
             resolved = probe.resolve(product)
@@ -190,7 +207,8 @@ def _scores(chain: _Chain, expr: cst.BaseExpression) -> tuple[cst.BaseExpression
 
 def _is_matmul(expr: cst.BaseExpression) -> bool:
     return (isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.MatrixMultiply)) or (
-        isinstance(expr, cst.Call) and dotted(expr.func) in ("torch.matmul", "torch.bmm") and len(expr.args) == 2)
+        isinstance(expr, cst.Call) and dotted(expr.func) in ("torch.matmul", "torch.bmm") and len(expr.args) == 2
+    )
 
 
 def _operands(expr: cst.BaseExpression) -> tuple[cst.BaseExpression, cst.BaseExpression]:
@@ -203,8 +221,12 @@ def _operands(expr: cst.BaseExpression) -> tuple[cst.BaseExpression, cst.BaseExp
 def _untransposed(kt: cst.BaseExpression) -> cst.BaseExpression:
     if isinstance(kt, cst.Attribute) and kt.attr.value == "mT":
         return kt.value
-    if isinstance(kt, cst.Call) and isinstance(kt.func, cst.Attribute) and kt.func.attr.value == "transpose" \
-            and tuple(a.replace(" ", "") for a in _args(kt)) in _LAST_TWO:
+    if (
+        isinstance(kt, cst.Call)
+        and isinstance(kt.func, cst.Attribute)
+        and kt.func.attr.value == "transpose"
+        and tuple(a.replace(" ", "") for a in _args(kt)) in _LAST_TWO
+    ):
         return kt.func.value
     raise _NoMatch("the keys are not transposed over their last two dimensions (-2, -1)")
 
@@ -236,12 +258,14 @@ def _attempt(source: Source, matmul: cst.BaseExpression, req: EditRequest) -> st
     scores, mask = _mask(chain, _softmax_input(chain, weights))
     q, k, scale = _scores(chain, scores)
     keep_scale = "" if _default_scale(q, scale) else f", scale={scale}"
-    call = (f"{_functional(source)}.scaled_dot_product_attention({code_of(q)}, {code_of(k)}, {code_of(v)}"
-            f"{mask}{keep_scale})")
+    call = (
+        f"{_functional(source)}.scaled_dot_product_attention({code_of(q)}, {code_of(k)}, {code_of(v)}"
+        f"{mask}{keep_scale})"
+    )
     removed = set(map(id, chain.used))
     moved = {n.value for part in (q, k) for n in _names(part)}
     first = min((block.index(s) for s in chain.used), default=block.index(statement))
-    for node in block[first:block.index(statement)]:
+    for node in block[first : block.index(statement)]:
         if id(node) not in removed and moved & _bound_names(node):
             raise _NoMatch(f"`{code_of(node).strip()}` changes q or k between the scores and the output")
     dead = {_assigned(s)[0] for s in chain.used}  # type: ignore[index]  # chain.used holds only assignments
@@ -268,8 +292,11 @@ def sdpa(source: Source, req: EditRequest) -> str:
         raise ByHand(f"{req.where}: no function around the softmax")
     function = min(functions, key=lambda f: source.lines(f)[1] - source.lines(f)[0])
     reasons = []
-    candidates = [n for n in source.nodes(cst.BaseExpression)  # type: ignore[type-abstract]  # an isinstance filter
-                  if _is_matmul(n) and source.function_of(n) is function]
+    candidates = [
+        n
+        for n in source.nodes(cst.BaseExpression)  # type: ignore[type-abstract]  # an isinstance filter
+        if _is_matmul(n) and source.function_of(n) is function
+    ]
     # The output (weights @ v) comes after the scores (q @ k^T): the last matmul first, and its reason.
     for matmul in sorted(candidates, key=lambda n: source.lines(n), reverse=True):
         try:
@@ -277,5 +304,7 @@ def sdpa(source: Source, req: EditRequest) -> str:
         except _NoMatch as exc:
             reasons.append(str(exc))
     why = reasons[0] if reasons else "no matmul by the values"
-    raise ByHand(f"{req.where}: the attention in {function.name.value}() cannot be rewritten safely ({why}); "
-                 "use F.scaled_dot_product_attention(q, k, v, ...) by hand")
+    raise ByHand(
+        f"{req.where}: the attention in {function.name.value}() cannot be rewritten safely ({why}); "
+        "use F.scaled_dot_product_attention(q, k, v, ...) by hand"
+    )

@@ -15,9 +15,14 @@ __all__ = ["periodic", "save_every"]
 
 def _constant(source: Source, name: str) -> cst.Assign | None:
     """The one top-level ``NAME = <int>`` of the file, if ``name`` is bound exactly so."""
-    found = [node for stmt in source.module.body if isinstance(stmt, cst.SimpleStatementLine) for node in stmt.body
-             if isinstance(node, cst.Assign) and any(isinstance(t.target, cst.Name) and t.target.value == name
-                                                     for t in node.targets)]
+    found = [
+        node
+        for stmt in source.module.body
+        if isinstance(stmt, cst.SimpleStatementLine)
+        for node in stmt.body
+        if isinstance(node, cst.Assign)
+        and any(isinstance(t.target, cst.Name) and t.target.value == name for t in node.targets)
+    ]
     others = [n for n in source.nodes(cst.AssignTarget) if isinstance(n.target, cst.Name) and n.target.value == name]
     if len(found) == 1 and len(others) == 1 and isinstance(found[0].value, cst.Integer):
         return found[0]
@@ -69,14 +74,18 @@ def periodic(source: Source, req: EditRequest) -> str:
                 constant = _constant(source, divisor.value) if isinstance(divisor, cst.Name) else None
                 # _constant returns only ``NAME = <int>``
                 if constant is None or int(cast(cst.Integer, constant.value).value) != every:
-                    raise ByHand(f"{source.name}:{source.lines(node)[0]}: `{code_of(node.test)}` takes its period "
-                                 f"from `{code_of(divisor)}`, which is not one top-level integer; set it to "
-                                 f"{new_every} where it is made")
+                    raise ByHand(
+                        f"{source.name}:{source.lines(node)[0]}: `{code_of(node.test)}` takes its period "
+                        f"from `{code_of(divisor)}`, which is not one top-level integer; set it to "
+                        f"{new_every} where it is made"
+                    )
                 candidates.append((node, constant.value))
     if len({id(c[1]) for c in candidates}) != 1:
         why = "no" if not candidates else "more than one"
-        raise ByHand(f"{req.where}: {why} `if step % {every} ...` runs this {req.params.get('kind', 'work')}; "
-                     f"change its period to {new_every} steps by hand")
+        raise ByHand(
+            f"{req.where}: {why} `if step % {every} ...` runs this {req.params.get('kind', 'work')}; "
+            f"change its period to {new_every} steps by hand"
+        )
     _, value = candidates[0]
     return replace(source, {value: lambda node: node.with_changes(value=str(new_every))})
 
@@ -85,8 +94,12 @@ def _counter(loop: cst.For) -> str | None:
     """The loop's step counter: ``step`` of ``for step in ...`` or of ``for step, batch in enumerate(...)``."""
     if isinstance(loop.target, cst.Name):
         return loop.target.value
-    if isinstance(loop.target, cst.Tuple) and isinstance(loop.iter, cst.Call) and \
-            dotted(loop.iter.func) == "enumerate" and isinstance(loop.target.elements[0].value, cst.Name):
+    if (
+        isinstance(loop.target, cst.Tuple)
+        and isinstance(loop.iter, cst.Call)
+        and dotted(loop.iter.func) == "enumerate"
+        and isinstance(loop.target.elements[0].value, cst.Name)
+    ):
         return loop.target.elements[0].value.value
     return None
 
@@ -103,11 +116,14 @@ def save_every(source: Source, req: EditRequest) -> str:
             loop = node
             break
     if not isinstance(loop, cst.For) or _counter(loop) is None:
-        raise ByHand(f"{req.where}: no step counter in the loop around the save; save every {req.params['every']} "
-                     "steps with a counter of your own")
+        raise ByHand(
+            f"{req.where}: no step counter in the loop around the save; save every {req.params['every']} "
+            "steps with a counter of your own"
+        )
     every = req.params["every"]
     test = cst.parse_expression(f"({_counter(loop)} + 1) % {every} == 0")
     leading = getattr(statement, "leading_lines", ())
-    guarded = cst.If(test=test, body=cst.IndentedBlock(body=[statement.with_changes(leading_lines=())]),
-                     leading_lines=leading)
+    guarded = cst.If(
+        test=test, body=cst.IndentedBlock(body=[statement.with_changes(leading_lines=())]), leading_lines=leading
+    )
     return replace(source, {statement: lambda _: guarded})

@@ -61,8 +61,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)  # the thread count the doctor's own run had
-    recorder = Recorder(measure=args.steps, warmup=args.warmup, profile=0, capture=False, trace_ranges=False,
-                        sees_construction=True)
+    recorder = Recorder(
+        measure=args.steps, warmup=args.warmup, profile=0, capture=False, trace_ranges=False, sees_construction=True
+    )
     # Both sides of a comparison run the same steps: the window is never extended to find a period (the
     # verifier picks whole periods itself). Warm-up still drains a DataLoader's queued batches.
     recorder.schedule.extends_for_period = False
@@ -70,13 +71,17 @@ def main(argv: list[str] | None = None) -> int:
         run = run_script(args.script, list(args.script_args), recorder)
     recording = recorder.recording()
     warmup = recording.window.warmup
-    steps = recording.steps[warmup:warmup + args.steps]
+    steps = recording.steps[warmup : warmup + args.steps]
     # What another process took from a step (run-queue wait) is not the script's; what its own workers took is.
     theirs = others_share((recording.load_start, recording.load_end))
-    out = {"status": run.status, "error": run.error, "warmup": warmup,
-           "step_s": [s.duration - (s.preempted or 0.0) * theirs for s in steps],
-           "loader_round": loader_round(list(recording.loaders), [s.index for s in steps]),
-           "losses": [v.hex() for v in tap.values()]}
+    out = {
+        "status": run.status,
+        "error": run.error,
+        "warmup": warmup,
+        "step_s": [s.duration - (s.preempted or 0.0) * theirs for s in steps],
+        "loader_round": loader_round(list(recording.loaders), [s.index for s in steps]),
+        "losses": [v.hex() for v in tap.values()],
+    }
     with open(args.out, "w") as fh:
         json.dump(out, fh)
     return 0 if not run.failed else 1

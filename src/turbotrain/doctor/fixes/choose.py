@@ -30,14 +30,19 @@ _CONVS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
 def _loader(ctx: Context, f: Finding) -> dict[str, Any]:
     if f.rule == "num-workers":
         if not isinstance(f.request, LoaderRequest):
-            raise ByHand("the batches are built in the loop, not by a DataLoader: move that work into a Dataset "
-                         "read by DataLoader(..., num_workers=N)")
+            raise ByHand(
+                "the batches are built in the loop, not by a DataLoader: move that work into a Dataset "
+                "read by DataLoader(..., num_workers=N)"
+            )
         workers = int((f.fix.plan or {}).get("num_workers", 2))
         params: dict[str, Any] = {"num_workers": workers}
         if workers > 0:
             params["persistent_workers"] = True
-        return {"kind": "loader", "params": params,
-                "label": "DataLoader(" + ", ".join(f"{k}={v!r}" for k, v in params.items()) + ")"}
+        return {
+            "kind": "loader",
+            "params": params,
+            "label": "DataLoader(" + ", ".join(f"{k}={v!r}" for k, v in params.items()) + ")",
+        }
     name = "persistent_workers" if f.rule == "persistent-workers" else "pin_memory"
     return {"kind": "loader", "params": {name: True}, "label": f"DataLoader({name}=True)"}
 
@@ -68,8 +73,12 @@ def _numpy(ctx: Context, f: Finding) -> dict[str, Any]:
 def _cudnn(ctx: Context, f: Finding) -> dict[str, Any]:
     # The flag is process-wide: the script itself is where it goes, whichever file built the model.
     site = f.site if f.source == "static" else None
-    return {"kind": "cudnn_benchmark", "label": "torch.backends.cudnn.benchmark = True",
-            "file": site.file if site is not None else ctx.script, "line": site.line if site is not None else 0}
+    return {
+        "kind": "cudnn_benchmark",
+        "label": "torch.backends.cudnn.benchmark = True",
+        "file": site.file if site is not None else ctx.script,
+        "line": site.line if site is not None else 0,
+    }
 
 
 def _cadence(ctx: Context, f: Finding) -> dict[str, Any]:
@@ -78,8 +87,11 @@ def _cadence(ctx: Context, f: Finding) -> dict[str, Any]:
     if row is None or not row["suggested_every"]:
         raise ByHand("the period of the recurring work is not known")
     every, better, kind = row["every"], row["suggested_every"], row["kind"]
-    return {"kind": "cadence", "label": f"{kind} every {better} steps (was {every})",
-            "params": {"every": every, "new_every": better, "kind": kind, "function": f.site.function}}
+    return {
+        "kind": "cadence",
+        "label": f"{kind} every {better} steps (was {every})",
+        "params": {"every": every, "new_every": better, "kind": kind, "function": f.site.function},
+    }
 
 
 def _save(ctx: Context, f: Finding) -> dict[str, Any]:
@@ -88,8 +100,11 @@ def _save(ctx: Context, f: Finding) -> dict[str, Any]:
         raise ByHand("torch.save runs more than once per step here; checkpoint less often by hand")
     cost_s = f.evidence.get("ms_per_step", 0.0) / 1e3 / per_step
     every = max(2, suggested_every(cost_s, max(ctx.step_s - cost_s, 1e-6), 1))
-    return {"kind": "save_every", "params": {"every": every}, "label": f"torch.save every {every} steps (was every "
-                                                                      "step)"}
+    return {
+        "kind": "save_every",
+        "params": {"every": every},
+        "label": f"torch.save every {every} steps (was every step)",
+    }
 
 
 def _conv_bias(ctx: Context, f: Finding) -> dict[str, Any]:
@@ -110,38 +125,62 @@ def _conv_bias(ctx: Context, f: Finding) -> dict[str, Any]:
             continue
         unpaired = [n for n in names if n not in paired]
         if unpaired or site.file != f.site.file:
-            raise ByHand(f"{site.where(ctx.base)} also builds {', '.join(unpaired) or 'convs in another file'}, "
-                         "which no BatchNorm follows; add bias=False to the right ones by hand")
+            raise ByHand(
+                f"{site.where(ctx.base)} also builds {', '.join(unpaired) or 'convs in another file'}, "
+                "which no BatchNorm follows; add bias=False to the right ones by hand"
+            )
         lines.append(site.line)
         classes.update(type(modules[n]).__name__ for n in names)
     extra = tuple(sorted(set(lines) - {f.site.line}))
-    return {"kind": "conv_bias", "params": {"classes": sorted(classes)}, "lines": extra,
-            "numerics": REINITIALISED, "label": f"bias=False in {len(paired)} conv(s) before a BatchNorm"}
+    return {
+        "kind": "conv_bias",
+        "params": {"classes": sorted(classes)},
+        "lines": extra,
+        "numerics": REINITIALISED,
+        "label": f"bias=False in {len(paired)} conv(s) before a BatchNorm",
+    }
 
 
 def _attention(ctx: Context, f: Finding) -> dict[str, Any]:
     assert f.site is not None  # plan_fixes plans only findings with a site (but cudnn-benchmark-off)
     name = f.evidence.get("function", "the attention")
     line = f.request.softmax.line if isinstance(f.request, AttentionRequest) else f.site.line
-    return {"kind": "sdpa", "numerics": PRECISION, "line": line,
-            "label": f"scaled_dot_product_attention for the attention in {name}()"}
+    return {
+        "kind": "sdpa",
+        "numerics": PRECISION,
+        "line": line,
+        "label": f"scaled_dot_product_attention for the attention in {name}()",
+    }
 
 
 def _autocast(ctx: Context, f: Finding) -> dict[str, Any]:
     precision = (f.fix.plan or {}).get("precision")
     if precision != "bf16-mixed":
-        raise ByHand("float16 needs a torch.amp.GradScaler around the backward and the step as well; add "
-                     "autocast and the scaler by hand")
-    return {"kind": "autocast", "numerics": PRECISION, "params": {"device": ctx.device, "dtype": "bfloat16"},
-            "label": f"torch.autocast({ctx.device!r}, dtype=torch.bfloat16) around the forward and loss "
-                     "(changes numerics)"}
+        raise ByHand(
+            "float16 needs a torch.amp.GradScaler around the backward and the step as well; add "
+            "autocast and the scaler by hand"
+        )
+    return {
+        "kind": "autocast",
+        "numerics": PRECISION,
+        "params": {"device": ctx.device, "dtype": "bfloat16"},
+        "label": f"torch.autocast({ctx.device!r}, dtype=torch.bfloat16) around the forward and loss (changes numerics)",
+    }
 
 
 _PLANNERS: dict[str, Callable[[Context, Finding], dict[str, Any]]] = {
-    "num-workers": _loader, "persistent-workers": _loader, "pin-memory": _loader,
-    "non-foreach-optimizer": _optimizer, "zero-grad-not-none": _zero_grad, "grad-in-validation": _eval,
-    "tensor-from-numpy-copy": _numpy, "cudnn-benchmark-off": _cudnn, "periodic-work": _cadence,
-    "save-in-loop": _save, "conv-bias-before-bn": _conv_bias, "manual-attention": _attention,
+    "num-workers": _loader,
+    "persistent-workers": _loader,
+    "pin-memory": _loader,
+    "non-foreach-optimizer": _optimizer,
+    "zero-grad-not-none": _zero_grad,
+    "grad-in-validation": _eval,
+    "tensor-from-numpy-copy": _numpy,
+    "cudnn-benchmark-off": _cudnn,
+    "periodic-work": _cadence,
+    "save-in-loop": _save,
+    "conv-bias-before-bn": _conv_bias,
+    "manual-attention": _attention,
     "no-mixed-precision": _autocast,
 }
 FIXABLE_RULES = frozenset(_PLANNERS)
@@ -153,16 +192,19 @@ def check_rules(rules: list[str] | tuple[str, ...]) -> None:
 
     unknown = [r for r in rules if r not in FIXABLE_RULES]
     if unknown:
-        raise ConfigError(f"doctor --fix-only: {', '.join(unknown)} is not a rule whose fix the doctor can edit; "
-                          f"fixable rules: {', '.join(sorted(FIXABLE_RULES))}")
+        raise ConfigError(
+            f"doctor --fix-only: {', '.join(unknown)} is not a rule whose fix the doctor can edit; "
+            f"fixable rules: {', '.join(sorted(FIXABLE_RULES))}"
+        )
 
 
 def _inside(path: str, base: str) -> bool:
     return os.path.commonpath([os.path.realpath(path), os.path.realpath(base)]) == os.path.realpath(base)
 
 
-def plan_fixes(ctx: Context, findings: list[Finding], base: str,
-               rules: tuple[str, ...] | None = None) -> list[FixResult]:
+def plan_fixes(
+    ctx: Context, findings: list[Finding], base: str, rules: tuple[str, ...] | None = None
+) -> list[FixResult]:
     """One :class:`FixResult` per finding whose rule has an edit kind (of ``rules``, when given): with its
     request, or why it is by hand."""
     if rules is not None:
@@ -187,10 +229,19 @@ def plan_fixes(ctx: Context, findings: list[Finding], base: str,
                 raise ByHand(f"{path} is outside the script's folder; the patch edits only files under it")
             line = spec.get("line", f.site.line if f.site else 0)
             result.request = EditRequest(
-                rule=f.rule, kind=spec["kind"], file=os.path.realpath(path), line=line,
+                rule=f.rule,
+                kind=spec["kind"],
+                file=os.path.realpath(path),
+                line=line,
                 where=f"{relative_where(path, base)}:{line}" if line else relative_where(path, base),
-                label=spec["label"], numerics=spec.get("numerics", EXACT), params=spec.get("params", {}),
-                lines=spec.get("lines", ()), predicted=f.est_speedup, gain_share=f.gain_share, category=f.category)
+                label=spec["label"],
+                numerics=spec.get("numerics", EXACT),
+                params=spec.get("params", {}),
+                lines=spec.get("lines", ()),
+                predicted=f.est_speedup,
+                gain_share=f.gain_share,
+                category=f.category,
+            )
             result.label, result.numerics = spec["label"], result.request.numerics
         except ByHand as exc:
             result.by_hand = str(exc)

@@ -13,8 +13,20 @@ from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvide
 
 from .model import ByHand
 
-__all__ = ["Source", "dotted", "callee", "is_literal", "set_keyword", "keyword_value", "with_block", "wrap",
-           "replace", "Replacer", "code_of", "STATEMENTS"]
+__all__ = [
+    "Source",
+    "dotted",
+    "callee",
+    "is_literal",
+    "set_keyword",
+    "keyword_value",
+    "with_block",
+    "wrap",
+    "replace",
+    "Replacer",
+    "code_of",
+    "STATEMENTS",
+]
 
 STATEMENTS = (cst.SimpleStatementLine, cst.BaseCompoundStatement)
 _EMPTY = cst.Module(body=[])
@@ -121,8 +133,9 @@ class Source:
         for node in self.positions:
             if isinstance(node, STATEMENTS):
                 first, last = self.lines(node)
-                if first <= line <= last and (best is None
-                                              or last - first <= self.lines(best)[1] - self.lines(best)[0]):
+                if first <= line <= last and (
+                    best is None or last - first <= self.lines(best)[1] - self.lines(best)[0]
+                ):
                     best = node
         if best is None:
             raise ByHand(f"no statement at {self.name}:{line}")
@@ -137,8 +150,11 @@ class Source:
                 full = f"{code_of(parent.module)}.{full}"
             if full == module:
                 # An import's ``as`` target is always a plain name.
-                return cast(cst.Name, node.asname.name).value if node.asname else (
-                    full if isinstance(parent, cst.Import) else code_of(node.name))
+                return (
+                    cast(cst.Name, node.asname.name).value
+                    if node.asname
+                    else (full if isinstance(parent, cst.Import) else code_of(node.name))
+                )
         return None
 
 
@@ -177,8 +193,7 @@ def keyword_value(call: cst.Call, name: str) -> cst.Arg | None:
     return next((a for a in call.args if a.keyword is not None and a.keyword.value == name), None)
 
 
-def set_keyword(call: cst.Call, name: str, value: str, position: int | None = None,
-                where: str = "") -> cst.Call:
+def set_keyword(call: cst.Call, name: str, value: str, position: int | None = None, where: str = "") -> cst.Call:
     """``call`` with ``name=value``: the literal already there replaced, else the keyword appended.
 
     An argument that is not a literal (``num_workers=cfg.workers``) or arguments built at run time
@@ -186,27 +201,34 @@ def set_keyword(call: cst.Call, name: str, value: str, position: int | None = No
     """
     new_value = cst.parse_expression(value)
     if any(a.star == "**" for a in call.args):
-        raise ByHand(f"{where}: the call's arguments are built at run time (**kwargs); set {name}={value} where "
-                     "they are made")
+        raise ByHand(
+            f"{where}: the call's arguments are built at run time (**kwargs); set {name}={value} where they are made"
+        )
     positional = [a for a in call.args if a.keyword is None and not a.star]
     if position is not None and len(positional) > position:
         arg = positional[position]
         if not is_literal(arg.value):
-            raise ByHand(f"{where}: {name} is passed positionally as `{code_of(arg.value)}`; set it to {value} "
-                         "where that value is made")
+            raise ByHand(
+                f"{where}: {name} is passed positionally as `{code_of(arg.value)}`; set it to {value} "
+                "where that value is made"
+            )
         return call.with_deep_changes(arg, value=new_value)
     existing = keyword_value(call, name)
     if existing is not None:
         if not is_literal(existing.value):
-            raise ByHand(f"{where}: {name}=`{code_of(existing.value)}` comes from a variable or a config; set it "
-                         f"to {value} there")
+            raise ByHand(
+                f"{where}: {name}=`{code_of(existing.value)}` comes from a variable or a config; set it "
+                f"to {value} there"
+            )
         return call.with_deep_changes(existing, value=new_value)
     if any(a.star == "*" for a in call.args) and position is not None:
         raise ByHand(f"{where}: positional arguments are unpacked at run time (*args); add {name}={value} by hand")
     args = list(call.args)
-    new_arg = cst.Arg(value=new_value, keyword=cst.Name(name),
-                      equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""),
-                                            whitespace_after=cst.SimpleWhitespace("")))
+    new_arg = cst.Arg(
+        value=new_value,
+        keyword=cst.Name(name),
+        equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")),
+    )
     if not args:
         return call.with_changes(args=[new_arg])
     last, space = args[-1], cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
@@ -230,8 +252,9 @@ def with_block(item: str, statements: Sequence[cst.BaseStatement]) -> cst.With:
     first = statements[0]
     leading = getattr(first, "leading_lines", ())
     body = [first.with_changes(leading_lines=())] + list(statements[1:])
-    return cst.With(items=[cst.WithItem(cst.parse_expression(item))], body=cst.IndentedBlock(body=body),
-                    leading_lines=leading)
+    return cst.With(
+        items=[cst.WithItem(cst.parse_expression(item))], body=cst.IndentedBlock(body=body), leading_lines=leading
+    )
 
 
 def wrap(source: Source, statements: Sequence[cst.BaseStatement], item: str) -> str:

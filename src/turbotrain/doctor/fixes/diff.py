@@ -40,8 +40,9 @@ def check_compiles(text: str, name: str) -> None:
 
 def unified_diff(old: str, new: str, relpath: str) -> str:
     """A ``git apply``-able diff of one file (``a/`` and ``b/`` prefixes, ``\\ No newline`` markers)."""
-    lines = difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
-                                 fromfile=f"a/{relpath}", tofile=f"b/{relpath}")
+    lines = difflib.unified_diff(
+        old.splitlines(keepends=True), new.splitlines(keepends=True), fromfile=f"a/{relpath}", tofile=f"b/{relpath}"
+    )
     out = []
     for line in lines:
         out.append(line)
@@ -105,8 +106,9 @@ def combine(results: list[FixResult], originals: dict[str, str], base: str) -> d
         if request is None or not result.in_patch:
             continue
         to_new = _line_map(originals[request.file], texts[request.file])
-        moved = dataclasses.replace(request, line=to_new(request.line) if request.line else 0,
-                                    lines=tuple(to_new(n) for n in request.lines))
+        moved = dataclasses.replace(
+            request, line=to_new(request.line) if request.line else 0, lines=tuple(to_new(n) for n in request.lines)
+        )
         name = os.path.relpath(request.file, base)
         try:
             new = apply_edit(texts[request.file], moved, name)
@@ -122,8 +124,11 @@ def combine(results: list[FixResult], originals: dict[str, str], base: str) -> d
 
 def render_patch(header: list[str], originals: dict[str, str], texts: dict[str, str], base: str) -> str:
     """Header lines (``#``-commented; ``git apply`` skips them) and the diff of every changed file."""
-    diffs = [unified_diff(originals[path], texts[path], os.path.relpath(path, base))
-             for path in sorted(texts) if texts[path] != originals[path]]
+    diffs = [
+        unified_diff(originals[path], texts[path], os.path.relpath(path, base))
+        for path in sorted(texts)
+        if texts[path] != originals[path]
+    ]
     for path in texts:
         if texts[path] != originals[path]:
             check_compiles(texts[path], os.path.relpath(path, base))

@@ -56,8 +56,9 @@ def conv_bias(source: Source, req: EditRequest) -> str:
     names = tuple(req.params["classes"])
     edits: dict[cst.CSTNode, Callable[[cst.CSTNode], object]] = {}
     for line in (req.line, *req.lines):
-        calls = ([c for c in source.calls_at(line, *names) if source.lines(c)[0] == line]
-                 or source.calls_at(line, *names))
+        calls = [c for c in source.calls_at(line, *names) if source.lines(c)[0] == line] or source.calls_at(
+            line, *names
+        )
         if not calls:
             raise ByHand(f"no {'/'.join(names)}(...) call at {source.name}:{line}")
         for call in calls:
@@ -83,8 +84,10 @@ def from_numpy(source: Source, req: EditRequest) -> str:
     positional = [a for a in call.args if a.keyword is None]
     keywords = {a.keyword.value for a in call.args if a.keyword is not None}
     if len(positional) != 1 or positional[0].star or keywords - _AS_TENSOR_KEYWORDS:
-        raise ByHand(f"{req.where}: `{code_of(call)}` passes {', '.join(sorted(keywords - _AS_TENSOR_KEYWORDS))}"
-                     " or more than the array; torch.as_tensor(array, ...) takes only dtype and device")
+        raise ByHand(
+            f"{req.where}: `{code_of(call)}` passes {', '.join(sorted(keywords - _AS_TENSOR_KEYWORDS))}"
+            " or more than the array; torch.as_tensor(array, ...) takes only dtype and device"
+        )
     func = call.func
     name = "as_tensor" if keywords else "from_numpy"
     new_func = func.with_changes(attr=cst.Name(name))

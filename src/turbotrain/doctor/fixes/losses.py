@@ -35,8 +35,9 @@ def _max_rel(a: Sequence[float], b: Sequence[float]) -> float:
     return worst
 
 
-def loss_match(numerics: str, original: Sequence[float], patched: Sequence[float],
-               original_again: Sequence[float] | None = None) -> dict[str, Any]:
+def loss_match(
+    numerics: str, original: Sequence[float], patched: Sequence[float], original_again: Sequence[float] | None = None
+) -> dict[str, Any]:
     """``{"expected", "match", "compared", "max_rel_diff", ...}`` for the losses of the same steps.
 
     ``original_again``: a second run of the original; when it differs from the first, the script is not
@@ -57,8 +58,9 @@ def loss_match(numerics: str, original: Sequence[float], patched: Sequence[float
     if numerics == EXACT:
         out.update(expected="bitwise", match=_bitwise(a, b))
         if not out["match"]:
-            out["note"] = (out.get("note", "") + " not bitwise equal; the largest relative difference is "
-                           f"{out['max_rel_diff']}").strip()
+            out["note"] = (
+                out.get("note", "") + f" not bitwise equal; the largest relative difference is {out['max_rel_diff']}"
+            ).strip()
         return out
     if numerics == PRECISION:
         verdict = check_losses(a, b, DEFAULT_TOLERANCE) if all(map(math.isfinite, a)) else None
@@ -66,6 +68,9 @@ def loss_match(numerics: str, original: Sequence[float], patched: Sequence[float
         if verdict is not None and verdict.reason:
             out["note"] = verdict.reason
         return out
-    out.update(expected="none", note="not compared: the patched model draws other random numbers when it is "
-                                     "built (a parameter fewer), so it starts from other weights")
+    out.update(
+        expected="none",
+        note="not compared: the patched model draws other random numbers when it is "
+        "built (a parameter fewer), so it starts from other weights",
+    )
     return out

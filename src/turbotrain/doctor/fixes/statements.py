@@ -43,8 +43,9 @@ def inference_mode(source: Source, req: EditRequest) -> str:
     for node in source.ancestors(chosen):
         if isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Module)):
             break
-        if isinstance(node, cst.With) and any(dotted(getattr(i.item, "func", i.item)).endswith(_GRAD_OFF)
-                                               for i in node.items):
+        if isinstance(node, cst.With) and any(
+            dotted(getattr(i.item, "func", i.item)).endswith(_GRAD_OFF) for i in node.items
+        ):
             raise ByHand(f"{req.where}: already under {code_of(node.items[0].item)}")
         if isinstance(node, STATEMENTS):
             if trains(node):
@@ -61,14 +62,18 @@ def autocast(source: Source, req: EditRequest) -> str:
     torch = _torch(source, req)
     first = source.statement_line(req.line)
     if not isinstance(first, cst.SimpleStatementLine):
-        raise ByHand(f"{req.where}: the forward is in the header of a compound statement; put "
-                     "`with torch.autocast(...)` around the forward and the loss by hand")
+        raise ByHand(
+            f"{req.where}: the forward is in the header of a compound statement; put "
+            "`with torch.autocast(...)` around the forward and the loss by hand"
+        )
     if trains(first):
-        raise ByHand(f"{req.where}: the forward and the backward are one statement; split them and put "
-                     "`with torch.autocast(...)` around the forward and the loss only")
+        raise ByHand(
+            f"{req.where}: the forward and the backward are one statement; split them and put "
+            "`with torch.autocast(...)` around the forward and the loss only"
+        )
     _, body = source.block_of(first)
     run = [first]
-    for node in list(body)[list(body).index(first) + 1:]:
+    for node in list(body)[list(body).index(first) + 1 :]:
         if not isinstance(node, cst.SimpleStatementLine) or trains(node):
             break
         run.append(node)
@@ -108,5 +113,9 @@ def cudnn_benchmark(source: Source, req: EditRequest) -> str:
 
 
 def _docstring(node: cst.CSTNode) -> bool:
-    return (isinstance(node, cst.SimpleStatementLine) and len(node.body) == 1 and isinstance(node.body[0], cst.Expr)
-            and isinstance(node.body[0].value, (cst.SimpleString, cst.ConcatenatedString)))
+    return (
+        isinstance(node, cst.SimpleStatementLine)
+        and len(node.body) == 1
+        and isinstance(node.body[0], cst.Expr)
+        and isinstance(node.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
+    )

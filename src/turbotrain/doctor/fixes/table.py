@@ -11,17 +11,17 @@ from .model import ByHand, EditRequest
 __all__ = ["EDIT_KINDS", "apply_edit"]
 
 EDIT_KINDS: dict[str, Callable[[Source, EditRequest], str]] = {
-    "loader": keywords.loader,                      # num_workers / persistent_workers / pin_memory
-    "optimizer": keywords.optimizer,                # fused=True / foreach=True
-    "zero_grad": keywords.zero_grad,                # set_to_none=True
-    "conv_bias": keywords.conv_bias,                # bias=False before a BatchNorm
-    "from_numpy": keywords.from_numpy,              # torch.from_numpy for torch.tensor(ndarray)
-    "inference_mode": statements.inference_mode,    # around validation run with autograd on
-    "autocast": statements.autocast,                # around the forward and the loss
+    "loader": keywords.loader,  # num_workers / persistent_workers / pin_memory
+    "optimizer": keywords.optimizer,  # fused=True / foreach=True
+    "zero_grad": keywords.zero_grad,  # set_to_none=True
+    "conv_bias": keywords.conv_bias,  # bias=False before a BatchNorm
+    "from_numpy": keywords.from_numpy,  # torch.from_numpy for torch.tensor(ndarray)
+    "inference_mode": statements.inference_mode,  # around validation run with autograd on
+    "autocast": statements.autocast,  # around the forward and the loss
     "cudnn_benchmark": statements.cudnn_benchmark,  # after the imports
-    "cadence": cadence.periodic,                    # validation / checkpoint every N steps
-    "save_every": cadence.save_every,               # a per-step torch.save under a step test
-    "sdpa": attention.sdpa,                         # hand-written attention as one SDPA call
+    "cadence": cadence.periodic,  # validation / checkpoint every N steps
+    "save_every": cadence.save_every,  # a per-step torch.save under a step test
+    "sdpa": attention.sdpa,  # hand-written attention as one SDPA call
 }
 
 

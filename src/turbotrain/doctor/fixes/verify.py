@@ -31,12 +31,13 @@ from ..report.fix_results import Verification
 
 __all__ = ["Verifier", "VerifyError", "VerifyOptions"]
 
-_SKIP = shutil.ignore_patterns(".git", "__pycache__", ".venv", "venv", "node_modules", ".tox", ".mypy_cache",
-                               ".pytest_cache", "*.pyc")
-LINK_ABOVE_BYTES = 16 * 2**20     # bigger files (data, checkpoints) are linked into the copy, not copied
+_SKIP = shutil.ignore_patterns(
+    ".git", "__pycache__", ".venv", "venv", "node_modules", ".tox", ".mypy_cache", ".pytest_cache", "*.pyc"
+)
+LINK_ABOVE_BYTES = 16 * 2**20  # bigger files (data, checkpoints) are linked into the copy, not copied
 MAX_COPY_BYTES = 512 * 2**20
 MAX_COPY_FILES = 20_000
-_STARTUP_S = 4.0                  # a fresh interpreter importing torch, before the script's first line
+_STARTUP_S = 4.0  # a fresh interpreter importing torch, before the script's first line
 
 
 class VerifyError(RuntimeError):
@@ -49,8 +50,8 @@ class VerifyOptions:
     warmup: int = 3
     rounds: int = 2
     budget_s: float = 120.0
-    threads: int = 0                 # torch threads for both sides (0: each script's default)
-    noise_floor: float = 0.0         # this machine's noise, from the doctor's own run
+    threads: int = 0  # torch threads for both sides (0: each script's default)
+    noise_floor: float = 0.0  # this machine's noise, from the doctor's own run
     run_timeout_s: float = 600.0
 
 
@@ -60,7 +61,7 @@ class _Run:
     losses: list[float] = field(default_factory=list)
     error: str | None = None
     wall_s: float = 0.0
-    loader_round: int = 0            # steps one round of the DataLoader's workers feeds (0: no workers)
+    loader_round: int = 0  # steps one round of the DataLoader's workers feeds (0: no workers)
 
     def ms(self, periodic: bool) -> float:
         if periodic:
@@ -91,9 +92,11 @@ def _check_size(base: Path) -> None:
                 continue
             size += small if small <= LINK_ABOVE_BYTES else 0
         if files > MAX_COPY_FILES or size > MAX_COPY_BYTES:
-            raise VerifyError(f"doctor --verify copies the script's folder {base}, which holds over "
-                              f"{min(files, MAX_COPY_FILES)} files / {size / 2**20:.0f} MiB; put the script in a "
-                              "folder of its own (with what it imports) and run the doctor there")
+            raise VerifyError(
+                f"doctor --verify copies the script's folder {base}, which holds over "
+                f"{min(files, MAX_COPY_FILES)} files / {size / 2**20:.0f} MiB; put the script in a "
+                "folder of its own (with what it imports) and run the doctor there"
+            )
 
 
 class Verifier:
@@ -102,7 +105,7 @@ class Verifier:
     def __init__(self, script: str, argv: list[str], base: str, options: VerifyOptions) -> None:
         self.script, self.argv, self.base, self.options = Path(script), list(argv), Path(base), options
         self.started = time.perf_counter()
-        self.run_s = 0.0                      # the longest run so far: what a comparison will cost
+        self.run_s = 0.0  # the longest run so far: what a comparison will cost
         self._tmp: tempfile.TemporaryDirectory | None = None
         self._variants = 0
 
@@ -155,13 +158,26 @@ class Verifier:
         script = folder / os.path.relpath(self.script, self.base)
         package_root = str(Path(__file__).resolve().parents[3])
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([package_root, os.environ.get("PYTHONPATH", "")]))
-        cmd = [sys.executable, "-m", "turbotrain.doctor.fixes.child", "--steps", str(steps), "--warmup",
-               str(self.options.warmup), "--threads", str(self.options.threads), "--out", str(out), str(script),
-               *self.argv]
+        cmd = [
+            sys.executable,
+            "-m",
+            "turbotrain.doctor.fixes.child",
+            "--steps",
+            str(steps),
+            "--warmup",
+            str(self.options.warmup),
+            "--threads",
+            str(self.options.threads),
+            "--out",
+            str(out),
+            str(script),
+            *self.argv,
+        ]
         started = time.perf_counter()
         try:
-            proc = subprocess.run(cmd, cwd=self._cwd(folder), env=env, capture_output=True, text=True,
-                                  timeout=self.options.run_timeout_s)
+            proc = subprocess.run(
+                cmd, cwd=self._cwd(folder), env=env, capture_output=True, text=True, timeout=self.options.run_timeout_s
+            )
         except subprocess.TimeoutExpired:
             return _Run(error=f"did not finish within {self.options.run_timeout_s:.0f} s")
         wall = time.perf_counter() - started
@@ -174,8 +190,9 @@ class Verifier:
         if data["status"] in ("error", "exit"):
             return _Run(losses=losses, error=data["error"] or "the script failed", wall_s=wall)
         if not data["step_s"]:
-            return _Run(losses=losses, error="no step was measured (the script ended before the warm-up was over)",
-                        wall_s=wall)
+            return _Run(
+                losses=losses, error="no step was measured (the script ended before the warm-up was over)", wall_s=wall
+            )
         return _Run([v * 1e3 for v in data["step_s"]], losses, wall_s=wall, loader_round=data.get("loader_round", 0))
 
     def compare(self, folder: Path, steps: int, numerics: str, periodic: bool = False) -> Verification:

@@ -14,12 +14,13 @@ import torch
 
 __all__ = ["current", "get", "compiling", "perf_counter"]
 
-current: Any = None          # the active Recorder, or None
+current: Any = None  # the active Recorder, or None
 perf_counter = time.perf_counter
 
 try:
     compiling = torch.compiler.is_compiling
 except AttributeError:  # pragma: no cover - older torch: never compiling through us
+
     def compiling() -> bool:
         return False
 

@@ -26,9 +26,9 @@ _NO_VALUE = object()
 class Cadence:
     """An ``if`` whose test holds ``... % every``: what its body runs comes back every ``every`` iterations."""
 
-    site: Site                    # the ``if``
+    site: Site  # the ``if``
     every: int
-    calls: tuple[str, ...] = ()   # the functions its body calls (``estimate_loss``, ``save``), by name
+    calls: tuple[str, ...] = ()  # the functions its body calls (``estimate_loss``, ``save``), by name
 
 
 _TREES: dict[str, tuple[float, ast.Module | None]] = {}
@@ -53,8 +53,12 @@ def syntax_tree(filename: str) -> ast.Module | None:
 
 
 def _loops_around(tree: ast.AST, line: int) -> list[ast.For | ast.While | ast.AsyncFor]:
-    return [node for node in ast.walk(tree) if isinstance(node, (ast.For, ast.While, ast.AsyncFor))
-            and node.lineno <= line <= (node.end_lineno or node.lineno)]
+    return [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.For, ast.While, ast.AsyncFor))
+        and node.lineno <= line <= (node.end_lineno or node.lineno)
+    ]
 
 
 def _ifs_in(loop: ast.AST) -> list[ast.If]:
@@ -89,7 +93,7 @@ def _value(node: ast.expr, frame: FrameType) -> Any:
         if base is _NO_VALUE:
             return _NO_VALUE
         try:
-            found = inspect.getattr_static(base, node.attr)   # no property, no __getattr__ runs
+            found = inspect.getattr_static(base, node.attr)  # no property, no __getattr__ runs
         except AttributeError:
             return _NO_VALUE
         return found if isinstance(found, int) else _NO_VALUE

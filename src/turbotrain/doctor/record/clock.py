@@ -30,9 +30,9 @@ class Frame:
     """One phase in progress."""
 
     phase: str
-    running_since: float     # when its own time last resumed (it pauses while a nested phase runs)
-    own_s: float = 0.0       # its own seconds so far in this step
-    span: object = None      # the profiler range around it, while profiling
+    running_since: float  # when its own time last resumed (it pauses while a nested phase runs)
+    own_s: float = 0.0  # its own seconds so far in this step
+    span: object = None  # the profiler range around it, while profiling
 
 
 class PhaseClock:
@@ -45,7 +45,7 @@ class PhaseClock:
         # Seconds per phase of the open step (a defaultdict: the step tracker hands the open step's).
         self.acc: dict[str, float] = defaultdict(float)
         self.now = now
-        self.spans: Spans | None = None     # set while a profiler window wants a range per phase
+        self.spans: Spans | None = None  # set while a profiler window wants a range per phase
 
     @property
     def idle(self) -> bool:

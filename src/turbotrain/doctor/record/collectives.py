@@ -32,11 +32,11 @@ class CommStep:
     """One step's gradient synchronization on one rank (seconds; times on this process's perf_counter)."""
 
     step: int
-    buckets: int            # all-reduces launched (buckets x backward passes that synchronized)
-    exposed_s: float        # waited after the rank's own backward compute was done
-    busy_s: float           # all-reduces in flight (their intervals' union)
-    overlap_s: float        # of ``busy_s``, the part that ran while the backward still computed
-    done_at: float          # the step's last all-reduce completed (the same instant on every rank)
+    buckets: int  # all-reduces launched (buckets x backward passes that synchronized)
+    exposed_s: float  # waited after the rank's own backward compute was done
+    busy_s: float  # all-reduces in flight (their intervals' union)
+    overlap_s: float  # of ``busy_s``, the part that ran while the backward still computed
+    done_at: float  # the step's last all-reduce completed (the same instant on every rank)
     # The script's thread since the previous step's last bucket was ready: seconds on a CPU, and seconds ready to
     # run while another process held the CPU (Linux schedstat; None where the kernel does not say).
     cpu_s: float | None = None
@@ -44,25 +44,29 @@ class CommStep:
 
 
 # DDP's reducer timings (``_get_ddp_logging_data``, nanoseconds), averaged over its sampled iterations.
-REDUCER_TIMES = ("avg_forward_compute_time", "avg_backward_compute_time", "avg_backward_comm_time",
-                 "avg_backward_compute_comm_overlap_time")
+REDUCER_TIMES = (
+    "avg_forward_compute_time",
+    "avg_backward_compute_time",
+    "avg_backward_comm_time",
+    "avg_backward_compute_comm_overlap_time",
+)
 
 
 class GradientSync:
     """Installs the timing hook on every DDP model built while the recording runs; ``steps()`` at the end."""
 
     def __init__(self, position: Callable[[], tuple[int, int]], live: Callable[[], bool]) -> None:
-        self.position = position    # (step index, backward passes so far in it)
-        self.live = live            # the recording is still running (after it, the hook only passes through)
+        self.position = position  # (step index, backward passes so far in it)
+        self.live = live  # the recording is still running (after it, the hook only passes through)
         self.cells: dict[tuple[int, int], list[list[float]]] = defaultdict(list)
         self.models = 0
-        self._register: Callable | None = None   # DDP's own register_comm_hook
-        self.sched: dict[int, tuple[int, int]] = {}   # step -> (cpu ns, run-queue wait ns) at its last bucket
-        self.refs: list[weakref.ref] = []            # the DDP models timed, for their reducer's own statistics
+        self._register: Callable | None = None  # DDP's own register_comm_hook
+        self.sched: dict[int, tuple[int, int]] = {}  # step -> (cpu ns, run-queue wait ns) at its last bucket
+        self.refs: list[weakref.ref] = []  # the DDP models timed, for their reducer's own statistics
         self._schedstat = f"/proc/self/task/{threading.get_native_id()}/schedstat"
 
     def install(self, patcher: Patcher) -> None:
-        self._schedstat = f"/proc/self/task/{threading.get_native_id()}/schedstat"   # the script's thread
+        self._schedstat = f"/proc/self/task/{threading.get_native_id()}/schedstat"  # the script's thread
         from torch.nn.parallel import DistributedDataParallel
 
         patcher.replace(DistributedDataParallel, "__init__", self._wrap_init)
@@ -105,8 +109,10 @@ class GradientSync:
             from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
             # The Python twins of DDP's two built-in hooks, run by the doctor's hook.
-            hook = {dist.BuiltinCommHookType.ALLREDUCE: default_hooks.allreduce_hook,
-                    dist.BuiltinCommHookType.FP16_COMPRESS: default_hooks.fp16_compress_hook}[comm_hook_type]
+            hook = {
+                dist.BuiltinCommHookType.ALLREDUCE: default_hooks.allreduce_hook,
+                dist.BuiltinCommHookType.FP16_COMPRESS: default_hooks.fp16_compress_hook,
+            }[comm_hook_type]
             inner.update(state=model.process_group, hook=hook, user=True)
             return None
 
@@ -202,9 +208,18 @@ class GradientSync:
             cpu = wait = None
             if now is not None and before is not None:
                 cpu, wait = (now[0] - before[0]) / 1e9, (now[1] - before[1]) / 1e9
-            out.append(CommStep(step=step, buckets=sum(len(c) for c in passes), exposed_s=exposed, busy_s=busy,
-                                overlap_s=overlap, done_at=max(c[1] for cells in passes for c in cells),
-                                cpu_s=cpu, cpu_wait_s=wait))
+            out.append(
+                CommStep(
+                    step=step,
+                    buckets=sum(len(c) for c in passes),
+                    exposed_s=exposed,
+                    busy_s=busy,
+                    overlap_s=overlap,
+                    done_at=max(c[1] for cells in passes for c in cells),
+                    cpu_s=cpu,
+                    cpu_wait_s=wait,
+                )
+            )
         return tuple(out)
 
 

@@ -73,8 +73,10 @@ class ModuleCalls:
         self._hook_handles = []
         self.discovery = on
         if on:
-            self._hook_handles = [register_module_forward_pre_hook(self._forward_pre),
-                                  register_module_forward_hook(self._forward_post, always_call=True)]
+            self._hook_handles = [
+                register_module_forward_pre_hook(self._forward_pre),
+                register_module_forward_hook(self._forward_post, always_call=True),
+            ]
         elif attach:
             for ref in self.top_modules.values():
                 module = ref()
@@ -95,8 +97,12 @@ class ModuleCalls:
         if cached is not None:
             return cached
         if self._trained_ids is None:
-            self._trained_ids = {id(p) for opt in self.probe.tallies.live_optimizers()
-                                 for group in opt.param_groups for p in group["params"]}
+            self._trained_ids = {
+                id(p)
+                for opt in self.probe.tallies.live_optimizers()
+                for group in opt.param_groups
+                for p in group["params"]
+            }
         if self._trained_ids or self.probe.steps.optimizer_delimits:
             trained = any(id(p) in self._trained_ids for p in module.parameters())
         else:  # weights updated by hand: the model is whatever has trainable parameters

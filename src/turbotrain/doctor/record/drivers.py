@@ -17,8 +17,13 @@ __all__ = ["StepDriver", "DRIVERS", "driver_of"]
 
 # Module-name prefixes of the frameworks whose loops call optimizer.step(), and the name the doctor gives each.
 DRIVERS: tuple[tuple[str, str], ...] = (
-    ("transformers.trainer", "hf_trainer"), ("lightning.pytorch", "lightning"), ("pytorch_lightning", "lightning"),
-    ("lightning.fabric", "fabric"), ("lightning_fabric", "fabric"), ("accelerate", "accelerate"))
+    ("transformers.trainer", "hf_trainer"),
+    ("lightning.pytorch", "lightning"),
+    ("pytorch_lightning", "lightning"),
+    ("lightning.fabric", "fabric"),
+    ("lightning_fabric", "fabric"),
+    ("accelerate", "accelerate"),
+)
 
 
 def driver_of(frame: FrameType | None) -> str:
@@ -39,7 +44,7 @@ class StepDriver:
     """An optimizer pre-step hook that names the framework at the first step of the script's thread."""
 
     def __init__(self) -> None:
-        self.name = ""                     # "" until an optimizer stepped
+        self.name = ""  # "" until an optimizer stepped
         self.thread = threading.get_ident()
 
     def before_step(self, optimizer: object, args: object = None, kwargs: object = None) -> None:

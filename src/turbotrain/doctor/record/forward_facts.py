@@ -37,14 +37,18 @@ def forward_facts(module: nn.Module, args: tuple, kwargs: dict | None) -> Forwar
     images = [t for t in inputs if t.dim() == 4 and t.is_floating_point()]
     dim = batch_dim(module)
     return ForwardFacts(
-        module_type=type(module).__name__, device=device,
+        module_type=type(module).__name__,
+        device=device,
         param_dtype=str(param.dtype) if param is not None else "torch.float32",
-        autocast=bool(autocast), autocast_dtype=autocast_dtype,
+        autocast=bool(autocast),
+        autocast_dtype=autocast_dtype,
         compiled=type(module).__name__ == "OptimizedModule",
         input_shapes=tuple(tuple(t.shape) for t in inputs[:4]),
-        input_channels_last=bool(images) and images[0].is_contiguous(memory_format=torch.channels_last)
+        input_channels_last=bool(images)
+        and images[0].is_contiguous(memory_format=torch.channels_last)
         and not images[0].is_contiguous(),
-        batch_size=int(inputs[0].shape[dim]) if inputs and inputs[0].dim() > dim else None, batch_dim=dim,
+        batch_size=int(inputs[0].shape[dim]) if inputs and inputs[0].dim() > dim else None,
+        batch_dim=dim,
         cudnn_benchmark=bool(torch.backends.cudnn.benchmark),
     )
 
@@ -59,8 +63,9 @@ def _keep(x: Any) -> Any:
     return x
 
 
-def capture_inputs(module: nn.Module, args: tuple, kwargs: dict | None, facts: ForwardFacts | None,
-                   site: Site | None) -> Capture | None:
+def capture_inputs(
+    module: nn.Module, args: tuple, kwargs: dict | None, facts: ForwardFacts | None, site: Site | None
+) -> Capture | None:
     """The module and a detached copy of its inputs (None when they cannot be copied: only the what-ifs lose)."""
     dim = facts.batch_dim if facts else 0
     batch_size = facts.batch_size if dim and facts else batch_size_of(list(args) or list((kwargs or {}).values()))
@@ -68,8 +73,14 @@ def capture_inputs(module: nn.Module, args: tuple, kwargs: dict | None, facts: F
         return None  # no input with more than ``dim`` dims: nothing to resize, so no batch the what-ifs can use
     try:
         with torch.no_grad():
-            return Capture(module=module, args=_keep(tuple(args)), kwargs=_keep(dict(kwargs or {})),
-                           batch_size=batch_size, site=site, batch_dim=dim)
+            return Capture(
+                module=module,
+                args=_keep(tuple(args)),
+                kwargs=_keep(dict(kwargs or {})),
+                batch_size=batch_size,
+                site=site,
+                batch_dim=dim,
+            )
     except Exception as exc:  # noqa: BLE001 - an uncopyable input only costs the what-ifs
         log.info("turbotrain doctor: could not capture the model's inputs: %s", exc)
         return None

@@ -44,12 +44,13 @@ def sampling_interval(gap_s: float, measured_steps: int | None) -> float:
 class GapSampler(threading.Thread):
     """Counts ``samples[site]`` while the open step of ``steps`` is in its untimed gap (after warm-up)."""
 
-    def __init__(self, steps: StepTracker, samples: Counter[Site], warmup: int,
-                 interval_s: float = MAX_INTERVAL_S) -> None:
+    def __init__(
+        self, steps: StepTracker, samples: Counter[Site], warmup: int, interval_s: float = MAX_INTERVAL_S
+    ) -> None:
         super().__init__(name="turbotrain-doctor-sampler", daemon=True)
         self.steps, self.samples, self.warmup, self.interval_s = steps, samples, warmup, interval_s
         self._done = threading.Event()
-        self.namespaces: dict[str, dict[str, Any]] = {}   # file -> its module's globals, for sampled files
+        self.namespaces: dict[str, dict[str, Any]] = {}  # file -> its module's globals, for sampled files
 
     def run(self) -> None:
         steps = self.steps
@@ -70,8 +71,9 @@ class GapSampler(threading.Thread):
 
     def busy(self, opened: OpenStep) -> bool:
         steps = self.steps
-        return bool(steps.clock.frames or opened.marks or len(steps.steps) < self.warmup
-                    or steps.open_step is not opened)
+        return bool(
+            steps.clock.frames or opened.marks or len(steps.steps) < self.warmup or steps.open_step is not opened
+        )
 
     def stop(self) -> None:
         self._done.set()

@@ -19,7 +19,7 @@ _SYNC_WARNING = re.compile(r"called a synchronizing CUDA operation")
 
 class GpuTimer:
     def __init__(self) -> None:
-        self.phase_seconds: dict[int, dict[str, float]] = {}   # step -> phase -> device seconds
+        self.phase_seconds: dict[int, dict[str, float]] = {}  # step -> phase -> device seconds
         self._events: list[tuple[int, str, Any, Any]] = []
         self._open: list[tuple[str, Any]] = []
         self._saved_sync_mode: Any = None

@@ -27,8 +27,18 @@ __all__ = ["install", "measured_call", "wrap_sync", "SYNC_METHODS"]
 if TYPE_CHECKING:
     from .probe import Probe
 
-SYNC_METHODS = ("item", "tolist", "numpy", "cpu", "nonzero", "__bool__", "__float__", "__int__", "__repr__",
-                "__format__")
+SYNC_METHODS = (
+    "item",
+    "tolist",
+    "numpy",
+    "cpu",
+    "nonzero",
+    "__bool__",
+    "__float__",
+    "__int__",
+    "__repr__",
+    "__format__",
+)
 
 _get_ident = threading.get_ident
 _perf = active.perf_counter
@@ -45,8 +55,14 @@ def _live() -> Probe | None:
 
 # -- phases -----------------------------------------------------------------------------------------
 
-def _phase(phase: str, original: Callable, on_enter: Callable | None = None, untimed_ok: bool = False,
-           on_exit: Callable | None = None) -> Callable:
+
+def _phase(
+    phase: str,
+    original: Callable,
+    on_enter: Callable | None = None,
+    untimed_ok: bool = False,
+    on_exit: Callable | None = None,
+) -> Callable:
     """Time ``original`` as ``phase``. With ``untimed_ok`` (the backward: its time is compute either way,
     as untimed time after the forward) only the bookkeeping runs, unless a trace range or device time
     is wanted. ``on_exit(probe)`` runs after a call that returned."""
@@ -105,8 +121,7 @@ def _copy(original: Callable) -> Callable:
             else:
                 tally = probe.tallies.tally("h2d", site)
                 if tally is not None and not tally.detail:
-                    tally.detail["non_blocking"] = bool(kwargs.get("non_blocking")) or any(
-                        a is True for a in args)
+                    tally.detail["non_blocking"] = bool(kwargs.get("non_blocking")) or any(a is True for a in args)
                     tally.detail["pinned"] = bool(src.type == "cpu" and probe.gpu and self.is_pinned())
             if tally is not None:
                 tally.add(probe.steps.step_index, seconds, self.numel() * self.element_size())
@@ -166,6 +181,7 @@ def _timed_site(kind: str, phase: str | None, original: Callable) -> Callable:
 
 # -- data ----------------------------------------------------------------------------------------------
 
+
 def _in_phase(probe: Probe, phase: str, fn: Callable, *args: Any) -> tuple[Any, float]:
     """``fn(*args)`` timed as ``phase``: its result and its own seconds."""
     probe.clock.push(phase)
@@ -187,10 +203,17 @@ def _loader_settings(loader: DataLoader) -> dict[str, Any]:
         batches = len(loader)
     except TypeError:
         batches = None
-    return {"num_workers": loader.num_workers, "pin_memory": loader.pin_memory,
-            "persistent_workers": loader.persistent_workers, "batch_size": loader.batch_size,
-            "prefetch_factor": loader.prefetch_factor, "dataset": type(dataset).__name__,
-            "dataset_len": length, "batches_per_epoch": batches, "drop_last": loader.drop_last}
+    return {
+        "num_workers": loader.num_workers,
+        "pin_memory": loader.pin_memory,
+        "persistent_workers": loader.persistent_workers,
+        "batch_size": loader.batch_size,
+        "prefetch_factor": loader.prefetch_factor,
+        "dataset": type(dataset).__name__,
+        "dataset_len": length,
+        "batches_per_epoch": batches,
+        "drop_last": loader.drop_last,
+    }
 
 
 def _loader_record(probe: Probe, loader: DataLoader, site: Site | None = None) -> LoaderTally:
@@ -275,6 +298,7 @@ def _tensor_factory(original: Callable) -> Callable:
 
 # -- model structure -------------------------------------------------------------------------------------
 
+
 def _softmax(original: Callable) -> Callable:
     def softmax(*args, **kwargs):
         probe = _live()
@@ -355,8 +379,11 @@ def install(patcher: Patcher) -> None:
         patcher.replace(torch.Tensor, name, _sync_wrapper(name.strip("_")))
     patcher.replace(torch.Tensor, "to", _copy)
     patcher.replace(torch.Tensor, "cuda", _copy)
-    patcher.replace(torch.autograd, "backward", lambda orig: _phase("backward", orig, _on_backward, untimed_ok=True,
-                                                                    on_exit=_after_backward))
+    patcher.replace(
+        torch.autograd,
+        "backward",
+        lambda orig: _phase("backward", orig, _on_backward, untimed_ok=True, on_exit=_after_backward),
+    )
     patcher.replace(torch.autograd, "grad", lambda orig: _phase("backward", orig))
     patcher.replace(torch.optim.Optimizer, "zero_grad", _zero_grad)
     patcher.replace(nn.Module, "zero_grad", _zero_grad)
@@ -382,6 +409,7 @@ def install(patcher: Patcher) -> None:
 
 
 # -- outermost modules and host syncs -------------------------------------------------------------
+
 
 def measured_call(original: Callable) -> Callable:
     """``__call__`` for the class of an outermost module: see :mod:`turbotrain.doctor.record.discovery`."""

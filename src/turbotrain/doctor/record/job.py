@@ -26,18 +26,18 @@ from .recording import Recording, from_json
 
 __all__ = ["RankOutcome", "JobRun", "run_job"]
 
-_SRC = Path(__file__).resolve().parents[3]     # the folder holding the turbotrain package the ranks import
-FAILED_RANK_GRACE_S = 15.0   # a launcher that does not end the job by itself after a rank failed
-TERM_GRACE_S = 5.0           # SIGTERM, then SIGKILL
-START_S = 120.0              # the ranks' set-up may take longer than a step (imports, rendezvous, data)
+_SRC = Path(__file__).resolve().parents[3]  # the folder holding the turbotrain package the ranks import
+FAILED_RANK_GRACE_S = 15.0  # a launcher that does not end the job by itself after a rank failed
+TERM_GRACE_S = 5.0  # SIGTERM, then SIGKILL
+START_S = 120.0  # the ranks' set-up may take longer than a step (imports, rendezvous, data)
 
 
 @dataclass
 class RankOutcome:
     rank: int
     recording: Recording | None = None
-    run: dict[str, Any] | None = None         # how the rank's script ended (status, error, where, traceback)
-    status: dict[str, Any] | None = None      # its last heartbeat (step, doing, where, pid, host, time)
+    run: dict[str, Any] | None = None  # how the rank's script ended (status, error, where, traceback)
+    status: dict[str, Any] | None = None  # its last heartbeat (step, doing, where, pid, host, time)
 
     @property
     def failed(self) -> bool:
@@ -65,18 +65,25 @@ class JobRun:
     returncode: int | None
     seconds: float
     ranks: list[RankOutcome]
-    failure: str | None = None                   # why the job ended badly: which rank, what it was doing
+    failure: str | None = None  # why the job ended badly: which rank, what it was doing
     hung: bool = False
-    left_behind: list[int] = field(default_factory=list)   # pids still alive after the clean-up (none expected)
+    left_behind: list[int] = field(default_factory=list)  # pids still alive after the clean-up (none expected)
 
     @property
     def recordings(self) -> list[Recording]:
         return [r.recording for r in sorted(self.ranks, key=lambda r: r.rank) if r.recording is not None]
 
 
-def run_job(command: list[str], steps: int, warmup: int, profile: int, hang_timeout_s: float = 120.0,
-            stdout: IO[str] | int | None = None, stderr: IO[str] | int | None = None,
-            poll_s: float = 0.2) -> JobRun:
+def run_job(
+    command: list[str],
+    steps: int,
+    warmup: int,
+    profile: int,
+    hang_timeout_s: float = 120.0,
+    stdout: IO[str] | int | None = None,
+    stderr: IO[str] | int | None = None,
+    poll_s: float = 0.2,
+) -> JobRun:
     """Run ``command`` (a launcher and its arguments) with every rank recorded; always leaves no process."""
     folder = Path(tempfile.mkdtemp(prefix="turbotrain-doctor-job-"))
     env = dict(os.environ)
@@ -105,7 +112,7 @@ def run_job(command: list[str], steps: int, warmup: int, profile: int, hang_time
             if failed_at is None and any(s.get("state") == "failed" for s in statuses.values()):
                 failed_at = now
             if failed_at is not None and now - failed_at > FAILED_RANK_GRACE_S:
-                stalled = True   # a rank failed and the launcher kept the others waiting
+                stalled = True  # a rank failed and the launcher kept the others waiting
                 break
             # Until every rank has closed a step, set-up (imports, rendezvous, loading data) may take longer.
             stepping = bool(statuses) and all((st.get("step") or 0) > 0 for st in statuses.values())
@@ -124,6 +131,7 @@ def run_job(command: list[str], steps: int, warmup: int, profile: int, hang_time
 
 
 # -- reading the folder --------------------------------------------------------------------------------
+
 
 def _statuses(folder: Path) -> dict[int, dict[str, Any]]:
     out = {}
@@ -148,20 +156,23 @@ def _outcomes(folder: Path) -> list[RankOutcome]:
 
 # -- what went wrong, in words ---------------------------------------------------------------------
 
+
 def _failure(job: JobRun, hang_timeout_s: float, stalled: bool) -> str | None:
     ranks = job.ranks
     if job.hung:
         if not ranks:
-            return (f"No rank started within {max(hang_timeout_s, START_S):.0f} s; the job was stopped. Is the "
-                    "command a launcher "
-                    "that starts Python ranks with RANK or LOCAL_RANK set (torchrun, turbotrain launch)?")
+            return (
+                f"No rank started within {max(hang_timeout_s, START_S):.0f} s; the job was stopped. Is the "
+                "command a launcher "
+                "that starts Python ranks with RANK or LOCAL_RANK set (torchrun, turbotrain launch)?"
+            )
         lowest = min((r.status or {}).get("step", 0) for r in ranks)
         behind = [r for r in ranks if (r.status or {}).get("step", 0) == lowest and r.run is None]
         # A rank waiting in an all-reduce waits for another: the stuck ones are those that are not.
         behind = [r for r in behind if not _in_collective(r)] or behind
         stuck = "; ".join(f"{r.name()} {r.doing()}" for r in behind) or "no rank"
         others = [r for r in ranks if r not in behind]
-        text = (f"The job made no progress for {hang_timeout_s:.0f} s and was stopped. Stuck: {stuck}.")
+        text = f"The job made no progress for {hang_timeout_s:.0f} s and was stopped. Stuck: {stuck}."
         if others:
             text += " The others: " + "; ".join(f"{r.name()} {r.doing()}" for r in others) + "."
         return text
@@ -170,22 +181,22 @@ def _failure(job: JobRun, hang_timeout_s: float, stalled: bool) -> str | None:
         first = failed[0]
         run = first.run or {}
         where = f" at {run['where']}" if run.get("where") else ""
-        text = (f"{first.name()} failed {first.doing().split(', ')[0]}{where}: {run.get('error')}. "
-                "The job was ended.")
+        text = f"{first.name()} failed {first.doing().split(', ')[0]}{where}: {run.get('error')}. The job was ended."
         if stalled:
             text += " (The launcher kept the other ranks waiting; the doctor ended them.)"
         return text
     gone = [r for r in ranks if r.run is None]
     if job.returncode not in (0, None) or gone:
         if not ranks:
-            return (f"The launcher exited with code {job.returncode} before any rank started: "
-                    f"{' '.join(job.command)}")
+            return f"The launcher exited with code {job.returncode} before any rank started: {' '.join(job.command)}"
         # The first rank to stop writing its status is the one that died; the launcher then ended the others.
         gone.sort(key=lambda r: (r.status or {}).get("time", 0.0))
         if gone:
             first, rest = gone[0], gone[1:]
-            text = (f"{first.name()} ended without finishing (killed or crashed), {first.doing()}. "
-                    f"The launcher exited with code {job.returncode}.")
+            text = (
+                f"{first.name()} ended without finishing (killed or crashed), {first.doing()}. "
+                f"The launcher exited with code {job.returncode}."
+            )
             if rest:
                 text += " Ended with it: " + "; ".join(f"{r.name()} {r.doing()}" for r in rest) + "."
             return text
@@ -198,6 +209,7 @@ def _in_collective(rank: RankOutcome) -> bool:
 
 
 # -- ending every process ------------------------------------------------------------------------------
+
 
 def _ours(pid: int, folder: Path) -> bool:
     """``pid`` is still one of this job's ranks (not a recycled pid)."""

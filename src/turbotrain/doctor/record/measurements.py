@@ -11,21 +11,20 @@ from ..sites import Site
 
 __all__ = ["CATEGORIES", "PHASE_CATEGORY", "StepRecord", "EventCounts", "LoaderRecord", "ForwardFacts"]
 
-CATEGORIES = ("data_loading", "host_to_device", "compute", "optimizer", "host_sync", "python_overhead",
-              "outside_step")
+CATEGORIES = ("data_loading", "host_to_device", "compute", "optimizer", "host_sync", "python_overhead", "outside_step")
 
 # Phases the recorder times (exclusive time: a sync inside forward counts as host_sync only).
 PHASE_CATEGORY = {
-    "data": "data_loading",        # waiting on a DataLoader iterator
-    "h2d": "host_to_device",       # .to(device) / .cuda() copies from host memory
-    "forward": "compute",          # the outermost module calls of the training step
-    "backward": "compute",         # torch.autograd.backward / grad
-    "optimizer": "optimizer",      # optimizer.step and zero_grad
-    "update": "optimizer",         # no optimizer: from the end of the backward to the next step (the update)
-    "sync": "host_sync",           # .item(), .cpu(), .tolist(), print/format of a tensor, bool(tensor)
-    "eval": "outside_step",        # forward of the trained model under no_grad or in eval mode
-    "eval_grad": "outside_step",   # eval-mode forward with autograd on that no backward followed
-    "save": "outside_step",        # torch.save
+    "data": "data_loading",  # waiting on a DataLoader iterator
+    "h2d": "host_to_device",  # .to(device) / .cuda() copies from host memory
+    "forward": "compute",  # the outermost module calls of the training step
+    "backward": "compute",  # torch.autograd.backward / grad
+    "optimizer": "optimizer",  # optimizer.step and zero_grad
+    "update": "optimizer",  # no optimizer: from the end of the backward to the next step (the update)
+    "sync": "host_sync",  # .item(), .cpu(), .tolist(), print/format of a tensor, bool(tensor)
+    "eval": "outside_step",  # forward of the trained model under no_grad or in eval mode
+    "eval_grad": "outside_step",  # eval-mode forward with autograd on that no backward followed
+    "save": "outside_step",  # torch.save
 }
 
 
@@ -36,14 +35,14 @@ class StepRecord:
     index: int
     start: float
     end: float
-    phases: dict[str, float]            # exclusive seconds per phase
-    gap_before_forward: float = 0.0     # untimed seconds before the step's first training forward
-    forwards: int = 0                   # outermost training forwards
+    phases: dict[str, float]  # exclusive seconds per phase
+    gap_before_forward: float = 0.0  # untimed seconds before the step's first training forward
+    forwards: int = 0  # outermost training forwards
     backwards: int = 0
-    optimizers: int = 0                 # optimizer.step calls in this step
-    module_calls: int = 0               # module forward calls (counted during warm-up only)
-    profiled: bool = False              # under torch.profiler (its own overhead): not in the statistics
-    preempted: float | None = None      # seconds the thread waited for a CPU another process held (Linux)
+    optimizers: int = 0  # optimizer.step calls in this step
+    module_calls: int = 0  # module forward calls (counted during warm-up only)
+    profiled: bool = False  # under torch.profiler (its own overhead): not in the statistics
+    preempted: float | None = None  # seconds the thread waited for a CPU another process held (Linux)
 
     @property
     def duration(self) -> float:
@@ -81,7 +80,7 @@ class EventCounts:
     kind: str
     site: Site | None
     cells: tuple[tuple[int, int, float, int], ...] = ()
-    detail: dict[str, Any] = field(default_factory=dict)   # what the first event looked like (a shape, a flag)
+    detail: dict[str, Any] = field(default_factory=dict)  # what the first event looked like (a shape, a flag)
 
     @property
     def by_step(self) -> dict[int, tuple[int, float, int]]:
@@ -109,12 +108,12 @@ class EventCounts:
 class LoaderRecord:
     """A DataLoader the script iterated, as recorded; ``loader`` is the live object (None in a Recording)."""
 
-    key: int                             # id() of the DataLoader in the recording process
+    key: int  # id() of the DataLoader in the recording process
     site: Site | None
     settings: dict[str, Any]
-    nexts: EventCounts                   # batches fetched and seconds waited, per step
-    starts: tuple[tuple[int, float], ...] = ()   # (step, seconds to the first batch) per iter()
-    loader: Any = None                   # kept alive: the num_workers what-if re-times it after the script
+    nexts: EventCounts  # batches fetched and seconds waited, per step
+    starts: tuple[tuple[int, float], ...] = ()  # (step, seconds to the first batch) per iter()
+    loader: Any = None  # kept alive: the num_workers what-if re-times it after the script
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,5 +129,5 @@ class ForwardFacts:
     input_shapes: tuple[tuple[int, ...], ...] = ()
     input_channels_last: bool = False
     batch_size: int | None = None
-    batch_dim: int = 0                  # 1 for an RNN fed [seq, batch, ...] (no batch_first)
+    batch_dim: int = 0  # 1 for an RNN fed [seq, batch, ...] (no batch_first)
     cudnn_benchmark: bool = False

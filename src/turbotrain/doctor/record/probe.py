@@ -30,11 +30,11 @@ class Probe:
     clock: PhaseClock
     tallies: Tallies
     steps: StepTracker
-    schedule: StepSchedule      # which steps are warm-up (discovery captures the batch in the last one)
-    thread: int                 # the script's thread: other threads are not the training loop
+    schedule: StepSchedule  # which steps are warm-up (discovery captures the batch in the last one)
+    thread: int  # the script's thread: other threads are not the training loop
     gpu: bool
-    busy: bool = False          # inside a recorded call: the calls it makes itself are not the user's
-    profiling: bool = False     # the profiler window is open: every phase is pushed (its range), none left untimed
+    busy: bool = False  # inside a recorded call: the calls it makes itself are not the user's
+    profiling: bool = False  # the profiler window is open: every phase is pushed (its range), none left untimed
     # CUDA events around a phase of a measured step.
     gpu_mark: Callable[[str, bool], None] = no_device_marks
-    modules: ModuleCalls = field(init=False)   # the outermost module calls, made with this probe
+    modules: ModuleCalls = field(init=False)  # the outermost module calls, made with this probe

@@ -20,8 +20,8 @@ log = logging.getLogger("turbotrain")
 class ProfilerWindow:
     def __init__(self, gpu: bool) -> None:
         self.gpu = gpu
-        self.profiler: Any = None      # torch.profiler.profile once the window ran
-        self.nvtx = False              # phases also push NVTX ranges (CUDA, while profiling)
+        self.profiler: Any = None  # torch.profiler.profile once the window ran
+        self.nvtx = False  # phases also push NVTX ranges (CUDA, while profiling)
         self._step_range: Any = None
 
     def start(self, index: int) -> bool:
@@ -94,9 +94,14 @@ def top_ops(profiler: Any, steps: int, limit: int = 15) -> list[dict[str, Any]]:
         if evt.key.startswith(("turbotrain/", "ProfilerStep", "Optimizer.")):
             continue
         device_us = getattr(evt, "self_device_time_total", 0.0) or 0.0
-        rows.append({"op": evt.key, "calls_per_step": round(evt.count / steps, 2),
-                     "self_cpu_ms_per_step": round(evt.self_cpu_time_total / 1e3 / steps, 4),
-                     "self_device_ms_per_step": round(device_us / 1e3 / steps, 4)})
+        rows.append(
+            {
+                "op": evt.key,
+                "calls_per_step": round(evt.count / steps, 2),
+                "self_cpu_ms_per_step": round(evt.self_cpu_time_total / 1e3 / steps, 4),
+                "self_device_ms_per_step": round(device_us / 1e3 / steps, 4),
+            }
+        )
     key = "self_device_ms_per_step" if any(r["self_device_ms_per_step"] for r in rows) else "self_cpu_ms_per_step"
     return sorted(rows, key=lambda r: -r[key])[:limit]
 
@@ -133,6 +138,8 @@ def op_counts(profiler: Any, steps: int) -> dict[str, Any]:
 
 _NOT_COMPUTE = frozenset(f"turbotrain/{p}" for p in ("data", "h2d", "sync", "eval", "eval_grad", "save"))
 
-POINTWISE = frozenset("""add sub mul div neg exp log sigmoid tanh relu gelu silu erf pow sqrt rsqrt abs clamp
+POINTWISE = frozenset(
+    """add sub mul div neg exp log sigmoid tanh relu gelu silu erf pow sqrt rsqrt abs clamp
 where masked_fill threshold_backward gelu_backward silu_backward sigmoid_backward tanh_backward mul_ add_
-leaky_relu elu hardtanh dropout native_dropout fill zero copy maximum minimum sign reciprocal""".split())
+leaky_relu elu hardtanh dropout native_dropout fill zero copy maximum minimum sign reciprocal""".split()
+)

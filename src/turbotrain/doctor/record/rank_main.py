@@ -18,9 +18,9 @@ from .rank_status import Heartbeat, result_path, write_json
 
 __all__ = ["ENV_FOLDER", "ENV_OPTIONS", "ENV_CLAIMED", "SITECUSTOMIZE", "from_site", "run_rank"]
 
-ENV_FOLDER = "TURBOTRAIN_DOCTOR_JOB_DIR"          # where ranks write their status and recording
-ENV_OPTIONS = "TURBOTRAIN_DOCTOR_JOB_OPTIONS"     # {"steps": 20, "warmup": 3, "profile": 2}
-ENV_CLAIMED = "TURBOTRAIN_DOCTOR_JOB_CLAIMED"     # set in a rank: its own child processes record nothing
+ENV_FOLDER = "TURBOTRAIN_DOCTOR_JOB_DIR"  # where ranks write their status and recording
+ENV_OPTIONS = "TURBOTRAIN_DOCTOR_JOB_OPTIONS"  # {"steps": 20, "warmup": 3, "profile": 2}
+ENV_CLAIMED = "TURBOTRAIN_DOCTOR_JOB_CLAIMED"  # set in a rank: its own child processes record nothing
 
 # Written as ``sitecustomize.py`` into a folder of the job's own (record/job.py). The checks come before any import
 # of turbotrain, so the launcher and other Python processes pay nothing; a ``sitecustomize`` this one shadows
@@ -64,10 +64,15 @@ def from_site() -> None:
     folder = os.environ.get(ENV_FOLDER)
     rank = _rank_from_env()
     script = sys.argv[0] if sys.argv else ""
-    if not folder or rank is None or os.environ.get(ENV_CLAIMED) or not script.endswith(".py") \
-            or not os.path.isfile(script):
+    if (
+        not folder
+        or rank is None
+        or os.environ.get(ENV_CLAIMED)
+        or not script.endswith(".py")
+        or not os.path.isfile(script)
+    ):
         return
-    os.environ[ENV_CLAIMED] = str(os.getpid())   # inherited by DataLoader workers and any other child
+    os.environ[ENV_CLAIMED] = str(os.getpid())  # inherited by DataLoader workers and any other child
     code = run_rank(folder, rank, script, sys.argv[1:])
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -86,8 +91,12 @@ def run_rank(folder: str, rank: int, script: str, argv: list[str]) -> int:
     from .runner import run_script
 
     options = json.loads(os.environ.get(ENV_OPTIONS) or "{}")
-    recorder = Recorder(measure=int(options.get("steps", 20)), warmup=int(options.get("warmup", 3)),
-                        profile=int(options.get("profile", 2)), sees_construction=True)
+    recorder = Recorder(
+        measure=int(options.get("steps", 20)),
+        warmup=int(options.get("warmup", 3)),
+        profile=int(options.get("profile", 2)),
+        sees_construction=True,
+    )
     # Every rank stops after the same step: one that went on alone would wait at its next collective forever.
     recorder.schedule.extends_for_period = False
     heartbeat = Heartbeat(folder, rank, recorder)
@@ -95,15 +104,21 @@ def run_rank(folder: str, rank: int, script: str, argv: list[str]) -> int:
     run = run_script(script, argv, recorder)
     heartbeat.stop("failed" if run.failed else "done")
     site = run.error_site
-    outcome = {"status": run.status, "seconds": run.seconds, "error": run.error, "exit_code": run.exit_code,
-               "traceback": run.traceback,
-               "where": f"{os.path.basename(site.file)}:{site.line}" if site is not None else None}
+    outcome = {
+        "status": run.status,
+        "seconds": run.seconds,
+        "error": run.error,
+        "exit_code": run.exit_code,
+        "traceback": run.traceback,
+        "where": f"{os.path.basename(site.file)}:{site.line}" if site is not None else None,
+    }
     try:
         recorded = json.loads(to_json(recorder.recording()))
     except Exception as exc:  # noqa: BLE001 - the rank's outcome still reaches the doctor, with the reason
         recorded = None
-        outcome.update(status="error", error=f"the doctor could not write this rank's recording: "
-                                             f"{type(exc).__name__}: {exc}")
+        outcome.update(
+            status="error", error=f"the doctor could not write this rank's recording: {type(exc).__name__}: {exc}"
+        )
     write_json(result_path(folder, rank), {"rank": rank, "pid": os.getpid(), "run": outcome, "recording": recorded})
     if run.traceback:
         print(f"[rank {rank}] {run.traceback}", file=sys.stderr, end="")

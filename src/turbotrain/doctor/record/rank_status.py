@@ -20,9 +20,18 @@ if TYPE_CHECKING:
 __all__ = ["Heartbeat", "status_path", "result_path", "read_json", "PHASE_WORDS"]
 
 # The recorder's phases in words, for "rank 1 was <doing this>".
-PHASE_WORDS = {"data": "waiting for data (DataLoader)", "h2d": "copying to the device", "forward": "in the forward",
-               "backward": "in the backward", "optimizer": "in the optimizer step", "update": "updating weights",
-               "sync": "in a host sync", "eval": "evaluating", "eval_grad": "evaluating", "save": "saving (torch.save)"}
+PHASE_WORDS = {
+    "data": "waiting for data (DataLoader)",
+    "h2d": "copying to the device",
+    "forward": "in the forward",
+    "backward": "in the backward",
+    "optimizer": "in the optimizer step",
+    "update": "updating weights",
+    "sync": "in a host sync",
+    "eval": "evaluating",
+    "eval_grad": "evaluating",
+    "save": "saving (torch.save)",
+}
 
 
 def status_path(folder: str | os.PathLike, rank: int) -> Path:
@@ -79,9 +88,19 @@ class Heartbeat:
         doing = PHASE_WORDS.get(top.phase, top.phase) if top is not None else None
         if recorder.gradient_sync.in_flight():
             doing = "waiting for the gradient all-reduce (DDP, in the backward)"
-        write_json(self.path, {"rank": self.rank, "pid": os.getpid(), "host": socket.gethostname(),
-                               "state": state, "step": len(recorder.steps), "doing": doing,
-                               "where": self._where(), "time": time.time()})
+        write_json(
+            self.path,
+            {
+                "rank": self.rank,
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "state": state,
+                "step": len(recorder.steps),
+                "doing": doing,
+                "where": self._where(),
+                "time": time.time(),
+            },
+        )
 
     def _where(self) -> str | None:
         """The user's innermost line the script's thread is on."""

@@ -64,9 +64,17 @@ class Recorder:
     ``stop=True`` the script is ended (:class:`Stop`) after the last of them.
     """
 
-    def __init__(self, measure: int | None = 20, warmup: int = 3, profile: int = 2, stop: bool = True,
-                 capture: bool = True, trace_ranges: bool = True, sees_construction: bool = False,
-                 watch_s: float = StepSchedule.WATCH_S) -> None:
+    def __init__(
+        self,
+        measure: int | None = 20,
+        warmup: int = 3,
+        profile: int = 2,
+        stop: bool = True,
+        capture: bool = True,
+        trace_ranges: bool = True,
+        sees_construction: bool = False,
+        watch_s: float = StepSchedule.WATCH_S,
+    ) -> None:
         self.schedule = StepSchedule(measure, warmup, profile, stop, watch_s)
         self.trace_ranges = trace_ranges
         self.gpu = torch.cuda.is_available()
@@ -74,8 +82,15 @@ class Recorder:
         self.tallies = Tallies()
         self.tracker = StepTracker(self.clock, self.tallies, self._finish_step, sees_construction)
         self.patcher = Patcher()
-        self.probe = Probe(self.clock, self.tallies, self.tracker, self.schedule, threading.get_ident(), self.gpu,
-                           gpu_mark=self.gpu_mark if self.gpu else no_device_marks)
+        self.probe = Probe(
+            self.clock,
+            self.tallies,
+            self.tracker,
+            self.schedule,
+            threading.get_ident(),
+            self.gpu,
+            gpu_mark=self.gpu_mark if self.gpu else no_device_marks,
+        )
         self.modules = ModuleCalls(self.probe, self.patcher, capture)
         self.probe.modules = self.modules
         self.tracker.on_trained_changed = self.modules.forget_trained
@@ -87,9 +102,9 @@ class Recorder:
         self.run_queue = RunQueue()
         self.tracker.preempted = self.run_queue.preempted
         self._handles: list[Any] = []
-        self.driver = StepDriver()         # the framework whose loop steps the optimizer
+        self.driver = StepDriver()  # the framework whose loop steps the optimizer
         self._sampler: GapSampler | None = None
-        self.watch: RunWatch | None = None   # the step clock after the window (:mod:`.watch`), while it runs
+        self.watch: RunWatch | None = None  # the step clock after the window (:mod:`.watch`), while it runs
         # The user's functions seen running (warm-up and the profiler window: a trace hook costs a Python
         # call per frame, too much for the measured steps). Static rules ask whether their line's
         # function ran. None: not traced (another tracer, a debugger or coverage, was installed).
@@ -101,8 +116,9 @@ class Recorder:
         self.reads_at_start: Any = None
         self.reads_at_end: Any = None
         # DDP's gradient all-reduces, timed per step (exposed communication on a multi-process job).
-        self.gradient_sync = GradientSync(lambda: (self.tracker.step_index, self.tracker.open_step.backwards),
-                                          lambda: active.current is self.probe)
+        self.gradient_sync = GradientSync(
+            lambda: (self.tracker.step_index, self.tracker.open_step.backwards), lambda: active.current is self.probe
+        )
 
     # -- what the recording holds (read by analysis) ------------------------------------------------
 
@@ -144,9 +160,11 @@ class Recorder:
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
         self.driver.thread = self.probe.thread
-        self._handles += [register_optimizer_step_pre_hook(self.driver.before_step),
-                          register_optimizer_step_pre_hook(self.tracker.before_optimizer_step),
-                          register_optimizer_step_post_hook(self.tracker.after_optimizer_step)]
+        self._handles += [
+            register_optimizer_step_pre_hook(self.driver.before_step),
+            register_optimizer_step_pre_hook(self.tracker.before_optimizer_step),
+            register_optimizer_step_post_hook(self.tracker.after_optimizer_step),
+        ]
         try:
             self.modules.set_discovery(True)
             instrument.install(self.patcher)
@@ -202,15 +220,23 @@ class Recorder:
         if done == measured_end:
             self.reads_at_end = data_stats.snapshot()
             self.load_end = sample_load()
-        if (self._sampler is None and done >= self.warmup and (measured_end is None or done < measured_end)
-                and record.gap_before_forward > max(0.1 * record.duration, GAP_WORTH_SAMPLING_S)):
+        if (
+            self._sampler is None
+            and done >= self.warmup
+            and (measured_end is None or done < measured_end)
+            and record.gap_before_forward > max(0.1 * record.duration, GAP_WORTH_SAMPLING_S)
+        ):
             # The script builds batches itself, untimed: find which line. The sampler costs GIL
             # traffic (on a loaded machine, a descheduled sampler holding the GIL stalls the script,
             # inside the very gap it samples), so only a gap worth a finding gets it. Any step of the
             # window may start it: one step that took 10x the others (a garbage collection of a large
             # heap, in a long test session) must not leave the finding without its line.
-            self._sampler = GapSampler(self.tracker, self.tallies.gap_samples, self.warmup,
-                                       sampling_interval(record.gap_before_forward, schedule.measure))
+            self._sampler = GapSampler(
+                self.tracker,
+                self.tallies.gap_samples,
+                self.warmup,
+                sampling_interval(record.gap_before_forward, schedule.measure),
+            )
             self._sampler.start()
         if done == measured_end and self._sampler is not None:
             self._sampler.stop()
@@ -238,7 +264,7 @@ class Recorder:
         cadences = running_cadences(sys._getframe(1))
         if not RunWatch.wanted(cadences, done):
             return False
-        measured = [s.duration - (s.preempted or 0.0) for s in self.steps[self.warmup:] if not s.profiled]
+        measured = [s.duration - (s.preempted or 0.0) for s in self.steps[self.warmup :] if not s.profiled]
         baseline = statistics.median(measured or [s.duration for s in self.steps[-3:]])
         self.functions.trace(False)  # a Python call per frame would slow the watched steps
         self.tracker.watching = True
@@ -296,13 +322,24 @@ class Recorder:
 
         tallies, schedule = self.tallies, self.schedule
         profiled = tuple(i for i in self.profiled_steps if i < len(self.steps))
-        module_sites = tuple(ModuleSite(key, site) for key, (ref, site) in tallies.module_sites.items()
-                             if ref() is not None and id(ref()) == key)
+        module_sites = tuple(
+            ModuleSite(key, site)
+            for key, (ref, site) in tallies.module_sites.items()
+            if ref() is not None and id(ref()) == key
+        )
         rank, world = _rank_and_world()
         return Recording(
-            window=Window(schedule.warmup, schedule.measure, schedule.asked, schedule.profile_steps,
-                          schedule.warmup_extended_by, profiled, self.profiler is not None),
-            steps=tuple(self.steps), step_delimiter=self.tracker.delimiter,
+            window=Window(
+                schedule.warmup,
+                schedule.measure,
+                schedule.asked,
+                schedule.profile_steps,
+                schedule.warmup_extended_by,
+                profiled,
+                self.profiler is not None,
+            ),
+            steps=tuple(self.steps),
+            step_delimiter=self.tracker.delimiter,
             events=tuple(t.freeze(kind, site) for (kind, site), t in tallies.events.items()),
             loaders=tuple(record.freeze(key) for key, record in tallies.loaders.items()),
             optimizer_sites=tuple(site for ref, site in tallies.optimizers if ref() is not None),
@@ -311,15 +348,24 @@ class Recorder:
             gap_samples=tuple(SiteCount(site, n) for site, n in tallies.gap_samples.items()),
             zero_grad_before_backward=tallies.zero_grads["before_backward"],
             zero_grad_elsewhere=tallies.zero_grads["elsewhere"],
-            facts=self.modules.facts, module_calls_per_step=self.module_calls_per_step,
-            profile=op_counts(self.profiler, len(profiled)), top_ops=tuple(top_ops(self.profiler, len(profiled))),
+            facts=self.modules.facts,
+            module_calls_per_step=self.module_calls_per_step,
+            profile=op_counts(self.profiler, len(profiled)),
+            top_ops=tuple(top_ops(self.profiler, len(profiled))),
             gpu_phases=tuple(GpuPhases(step, dict(phases)) for step, phases in self.gpu_timer.phase_seconds.items()),
             ran_lines=_lines_by_file(self.functions.ran_code),
-            load_start=self.load_start, load_end=self.load_end, threads_seen=self.threads_seen,
-            reads=_reads(self.reads_at_start, self.reads_at_end), rank=rank, world_size=world,
+            load_start=self.load_start,
+            load_end=self.load_end,
+            threads_seen=self.threads_seen,
+            reads=_reads(self.reads_at_start, self.reads_at_end),
+            rank=rank,
+            world_size=world,
             watched=self.watch.freeze() if self.watch is not None else None,
-            host=socket.gethostname(), driver=self.driver.name, communication=self.gradient_sync.steps(),
-            reducer=self.gradient_sync.reducer_stats())
+            host=socket.gethostname(),
+            driver=self.driver.name,
+            communication=self.gradient_sync.steps(),
+            reducer=self.gradient_sync.reducer_stats(),
+        )
 
     def live_objects(self) -> LiveObjects:
         """The objects only this process has, for the what-ifs and the trace."""
@@ -327,10 +373,15 @@ class Recorder:
         if self.modules.capture is not None and self._sampler is not None:
             self.modules.capture.namespaces = dict(self._sampler.namespaces)
         trained = next((m for m in modules if self.modules.is_trained(m)), None)
-        return LiveObjects(capture=self.modules.capture, optimizers=self.tallies.live_optimizers(), modules=modules,
-                           trained=trained, eval_grad_inputs=self.modules.eval_grad_inputs,
-                           loaders={key: record.loader for key, record in self.tallies.loaders.items()},
-                           profiler=self.profiler)
+        return LiveObjects(
+            capture=self.modules.capture,
+            optimizers=self.tallies.live_optimizers(),
+            modules=modules,
+            trained=trained,
+            eval_grad_inputs=self.modules.eval_grad_inputs,
+            loaders={key: record.loader for key, record in self.tallies.loaders.items()},
+            profiler=self.profiler,
+        )
 
 
 def _lines_by_file(codes: set[Any] | None) -> dict[str, tuple[int, ...]] | None:

@@ -22,8 +22,19 @@ from .measurements import EventCounts, ForwardFacts, LoaderRecord, StepRecord
 from .watch import WatchedRun
 from ..sites import Site
 
-__all__ = ["Capture", "Recording", "Window", "ModuleSite", "MatmulShape", "SiteCount", "GpuPhases", "LiveObjects",
-           "to_json", "from_json", "SCHEMA_VERSION"]
+__all__ = [
+    "Capture",
+    "Recording",
+    "Window",
+    "ModuleSite",
+    "MatmulShape",
+    "SiteCount",
+    "GpuPhases",
+    "LiveObjects",
+    "to_json",
+    "from_json",
+    "SCHEMA_VERSION",
+]
 
 SCHEMA_VERSION = 1
 
@@ -33,18 +44,18 @@ class Window:
     """Which steps were warm-up, measured and profiled, and how the window moved while the script ran."""
 
     warmup: int
-    measure: int | None             # measured steps after any extension for periodic work
-    asked: int | None               # measured steps asked for
+    measure: int | None  # measured steps after any extension for periodic work
+    asked: int | None  # measured steps asked for
     profile_steps: int
-    warmup_extended_by: int = 0     # steps added to drain the batches DataLoader workers queue ahead
+    warmup_extended_by: int = 0  # steps added to drain the batches DataLoader workers queue ahead
     profiled: tuple[int, ...] = ()  # the indices of the steps run under torch.profiler
-    profiler_ran: bool = False      # torch.profiler started (the script may have ended inside its first step)
+    profiler_ran: bool = False  # torch.profiler started (the script may have ended inside its first step)
 
 
 @dataclass(frozen=True, slots=True)
 class ModuleSite:
-    module_id: int                  # id() of the module in the recording process
-    site: Site                      # where the script built it
+    module_id: int  # id() of the module in the recording process
+    site: Site  # where the script built it
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +74,7 @@ class SiteCount:
 @dataclass(frozen=True, slots=True)
 class GpuPhases:
     step: int
-    seconds: dict[str, float]       # device seconds per phase of that step
+    seconds: dict[str, float]  # device seconds per phase of that step
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,35 +83,35 @@ class Recording:
 
     window: Window
     steps: tuple[StepRecord, ...]
-    step_delimiter: str             # "optimizer.step()", "loss.backward()" or "watch.step()"
-    events: tuple[EventCounts, ...]                # per (kind, line): syncs, copies, saves, eval forwards, ...
-    loaders: tuple[LoaderRecord, ...]              # the DataLoaders iterated (their ``loader`` is None here)
-    optimizer_sites: tuple[Site | None, ...]       # where each optimizer was built, in LiveObjects' order
+    step_delimiter: str  # "optimizer.step()", "loss.backward()" or "watch.step()"
+    events: tuple[EventCounts, ...]  # per (kind, line): syncs, copies, saves, eval forwards, ...
+    loaders: tuple[LoaderRecord, ...]  # the DataLoaders iterated (their ``loader`` is None here)
+    optimizer_sites: tuple[Site | None, ...]  # where each optimizer was built, in LiveObjects' order
     module_sites: tuple[ModuleSite, ...]
-    matmul_shapes: tuple[MatmulShape, ...]         # operand shapes per user line, from warm-up
-    gap_samples: tuple[SiteCount, ...]             # user lines seen running untimed before the forward
-    zero_grad_before_backward: int = 0             # zero_grad calls between a step's forward and its backward
+    matmul_shapes: tuple[MatmulShape, ...]  # operand shapes per user line, from warm-up
+    gap_samples: tuple[SiteCount, ...]  # user lines seen running untimed before the forward
+    zero_grad_before_backward: int = 0  # zero_grad calls between a step's forward and its backward
     zero_grad_elsewhere: int = 0
-    facts: ForwardFacts | None = None              # the trained model's forward, as first measured
-    module_calls_per_step: int = 0                 # module forward calls of a warm-up step
-    profile: dict[str, float] = field(default_factory=dict)   # ops per step and pointwise share (profiler window)
-    top_ops: tuple[dict[str, Any], ...] = ()       # the busiest ops of the profiler window
+    facts: ForwardFacts | None = None  # the trained model's forward, as first measured
+    module_calls_per_step: int = 0  # module forward calls of a warm-up step
+    profile: dict[str, float] = field(default_factory=dict)  # ops per step and pointwise share (profiler window)
+    top_ops: tuple[dict[str, Any], ...] = ()  # the busiest ops of the profiler window
     gpu_phases: tuple[GpuPhases, ...] = ()
     # The user's lines inside functions seen running (warm-up, profiler window) per file; None: not traced.
     ran_lines: dict[str, tuple[int, ...]] | None = None
-    load_start: LoadSample | None = None           # the machine's CPU time when the measured window opened
+    load_start: LoadSample | None = None  # the machine's CPU time when the measured window opened
     load_end: LoadSample | None = None
-    threads_seen: int | None = None                # torch's intra-op threads then
-    reads: ReadStats | None = None                 # reads through turbotrain.data over the measured steps
+    threads_seen: int | None = None  # torch's intra-op threads then
+    reads: ReadStats | None = None  # reads through turbotrain.data over the measured steps
     rank: int = 0
     world_size: int = 1
     host: str = ""
-    driver: str = ""                                # the framework that stepped the optimizer (record.drivers)
+    driver: str = ""  # the framework that stepped the optimizer (record.drivers)
     schema: int = SCHEMA_VERSION
     # The step clock watched after the window, where the loop's cadence reaches beyond it (record/watch.py).
     watched: WatchedRun | None = None
-    communication: tuple[CommStep, ...] = ()       # DDP's gradient all-reduces per step (record/collectives.py)
-    reducer: dict[str, float] = field(default_factory=dict)   # DDP's own reducer statistics, seconds
+    communication: tuple[CommStep, ...] = ()  # DDP's gradient all-reduces per step (record/collectives.py)
+    reducer: dict[str, float] = field(default_factory=dict)  # DDP's own reducer statistics, seconds
     # Every rank's recording of a multi-process job (this one included), once the doctor gathered them.
     job: tuple[Recording, ...] = ()
 
@@ -112,13 +123,13 @@ class Recording:
 class LiveObjects:
     """What only the recording process has: the objects the what-ifs re-run and the trace to export."""
 
-    capture: Any = None                     # records.Capture: the outermost trained module and one batch
+    capture: Any = None  # records.Capture: the outermost trained module and one batch
     optimizers: list[Any] = field(default_factory=list)
-    modules: list[Any] = field(default_factory=list)   # every outermost module called in a step
-    trained: Any = None                     # the outermost module an optimizer updates, when nothing was captured
+    modules: list[Any] = field(default_factory=list)  # every outermost module called in a step
+    trained: Any = None  # the outermost module an optimizer updates, when nothing was captured
     eval_grad_inputs: tuple[tuple[Any, ...], dict[str, Any]] | None = None
-    loaders: dict[int, Any] = field(default_factory=dict)   # LoaderRecord.key -> the DataLoader
-    profiler: Any = None                    # torch.profiler.profile of the profiler window
+    loaders: dict[int, Any] = field(default_factory=dict)  # LoaderRecord.key -> the DataLoader
+    profiler: Any = None  # torch.profiler.profile of the profiler window
 
 
 @dataclass
@@ -137,6 +148,7 @@ class Capture:
 
 
 # -- JSON ---------------------------------------------------------------------------------------------------
+
 
 def to_json(recording: Recording) -> str:
     return json.dumps(_plain(recording), separators=(",", ":"))
@@ -185,4 +197,3 @@ def _build(hint: Any, value: Any) -> Any:
     if hint is float:
         return float(value)
     return value
-

@@ -12,8 +12,15 @@ from dataclasses import dataclass
 from .measurements import CATEGORIES, StepRecord
 from .watch import WatchedRun
 
-__all__ = ["PERIODIC_CATEGORIES", "PERIODIC_FLOOR_S", "Periodic", "find_periodic", "find_watched", "on_grid",
-           "beyond_window"]
+__all__ = [
+    "PERIODIC_CATEGORIES",
+    "PERIODIC_FLOOR_S",
+    "Periodic",
+    "find_periodic",
+    "find_watched",
+    "on_grid",
+    "beyond_window",
+]
 
 
 PERIODIC_CATEGORIES = ("outside_step",)
@@ -24,11 +31,11 @@ class Periodic:
     """Work recurring every ``every`` steps in ``category``, amortised over its period."""
 
     category: str
-    steps: list[int]                 # step indices where it happened
-    every: int | None                # steps between occurrences; None: seen once (the period is unknown)
-    cost_s: float                    # seconds each occurrence adds over an ordinary step
-    base_s: float                    # an ordinary step's seconds in that category (the median)
-    around: tuple[str, ...] = ()     # other categories whose excess on these steps is part of cost_s
+    steps: list[int]  # step indices where it happened
+    every: int | None  # steps between occurrences; None: seen once (the period is unknown)
+    cost_s: float  # seconds each occurrence adds over an ordinary step
+    base_s: float  # an ordinary step's seconds in that category (the median)
+    around: tuple[str, ...] = ()  # other categories whose excess on these steps is part of cost_s
     # Found by watching the step clock after the window (not in the window's steps, not in its breakdown), and
     # how its period was known: "gaps" between occurrences, or "code" (the loop's ``% N`` test, one occurrence).
     watched: bool = False
@@ -63,9 +70,16 @@ def find_periodic(steps: list[StepRecord], first: int = 1) -> list[Periodic]:
         indices = [i for i, _ in spikes]
         gaps = [b - a for a, b in zip(indices, indices[1:])]
         around = _excess_around(chosen, per_step, set(indices), category)
-        out.append(Periodic(category, indices, int(statistics.median(gaps)) if gaps else None,
-                            statistics.fmean(v - med for _, v in spikes) + sum(around.values()), med,
-                            tuple(around)))
+        out.append(
+            Periodic(
+                category,
+                indices,
+                int(statistics.median(gaps)) if gaps else None,
+                statistics.fmean(v - med for _, v in spikes) + sum(around.values()),
+                med,
+                tuple(around),
+            )
+        )
     return out
 
 
@@ -73,12 +87,15 @@ def _own_time(chosen: list[StepRecord], per_step: list[dict[str, float]], catego
     """Each step's seconds in ``category``. Time another process held the CPU is not the script's work; a long
     step loses it all along, so it comes out in proportion (a short stall in an ordinary step then stays under
     the spike threshold)."""
-    return [c[category] * (1.0 - min(1.0, (s.preempted or 0.0) / s.duration)) if s.duration > 0 else 0.0
-            for s, c in zip(chosen, per_step)]
+    return [
+        c[category] * (1.0 - min(1.0, (s.preempted or 0.0) / s.duration)) if s.duration > 0 else 0.0
+        for s, c in zip(chosen, per_step)
+    ]
 
 
-def _excess_around(chosen: list[StepRecord], per_step: list[dict[str, float]], at: set[int],
-                   category: str) -> dict[str, float]:
+def _excess_around(
+    chosen: list[StepRecord], per_step: list[dict[str, float]], at: set[int], category: str
+) -> dict[str, float]:
     """Per other category, the mean seconds the steps ``at`` take over that category's median, where positive."""
     out = {}
     for other in CATEGORIES:
@@ -126,8 +143,9 @@ def find_watched(watched: WatchedRun | None, steps: list[StepRecord], first: int
     elif every is not None:
         # The loop's own N where the gaps show it (a step counted one off at either end moves a gap by one).
         every = next((n for n in sorted(near, reverse=True) if abs(n - every) <= 1), every)
-    return [Periodic(category, indices, every, max(0.0, cost), medians[category], around, watched=True,
-                     period_from=source)]
+    return [
+        Periodic(category, indices, every, max(0.0, cost), medians[category], around, watched=True, period_from=source)
+    ]
 
 
 def on_grid(index: int, every: int) -> bool:

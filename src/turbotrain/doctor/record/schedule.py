@@ -30,8 +30,7 @@ class StepSchedule:
     # Seconds the step clock may be watched after the window (0: the script ends with the window).
     WATCH_S = 20.0
 
-    def __init__(self, measure: int | None, warmup: int, profile: int, stop: bool,
-                 watch_s: float = WATCH_S) -> None:
+    def __init__(self, measure: int | None, warmup: int, profile: int, stop: bool, watch_s: float = WATCH_S) -> None:
         if warmup < 1:
             raise ValueError("warmup must be >= 1: the first step also holds the script's setup time")
         self.measure, self.warmup, self.profile_steps = measure, warmup, profile
@@ -39,8 +38,8 @@ class StepSchedule:
         self.profile_at = warmup if measure is None else warmup + measure
         self.stop_after = warmup + measure + profile if stop and measure is not None else None
         self._extension_started: float | None = None
-        self.warmup_extended_by = 0       # steps added to drain a DataLoader's prefetched batches
-        self.extends_for_period = True    # False: exactly ``measure`` steps (both sides of a comparison)
+        self.warmup_extended_by = 0  # steps added to drain a DataLoader's prefetched batches
+        self.extends_for_period = True  # False: exactly ``measure`` steps (both sides of a comparison)
         self.watch_s = watch_s
 
     @property
@@ -70,15 +69,20 @@ class StepSchedule:
             return False
         if self._extension_started is None:
             self._extension_started = time.perf_counter()
-        if self.measure - self.asked >= self.MAX_EXTENSION_FACTOR * self.asked or \
-                time.perf_counter() - self._extension_started > self.MAX_EXTENSION_S:
+        if (
+            self.measure - self.asked >= self.MAX_EXTENSION_FACTOR * self.asked
+            or time.perf_counter() - self._extension_started > self.MAX_EXTENSION_S
+        ):
             return False
-        recent = steps[self.warmup:]
+        recent = steps[self.warmup :]
         ordinary = statistics.median(s.duration for s in recent) if recent else 0.0
         # Only validation/checkpoints (outside the step) big enough to move the verdict: under 5% of the
         # window spread over it, its period does not matter.
-        seen_once = [p for p in find_periodic(steps) if p.every is None and p.category == "outside_step"
-                     and p.cost_s >= 0.05 * len(recent) * ordinary]
+        seen_once = [
+            p
+            for p in find_periodic(steps)
+            if p.every is None and p.category == "outside_step" and p.cost_s >= 0.05 * len(recent) * ordinary
+        ]
         if not seen_once:
             return False
         self.measure += 1

@@ -35,8 +35,13 @@ class StepTracker:
     # accumulation over more micro-batches than this is rare (nanoGPT's default is 40).
     BACKWARDS_WITHOUT_STEP = 64
 
-    def __init__(self, clock: PhaseClock, tallies: Tallies, on_closed: Callable[[StepRecord], None],
-                 sees_construction: bool = False) -> None:
+    def __init__(
+        self,
+        clock: PhaseClock,
+        tallies: Tallies,
+        on_closed: Callable[[StepRecord], None],
+        sees_construction: bool = False,
+    ) -> None:
         self.clock, self.tallies, self.on_closed = clock, tallies, on_closed
         self.steps: list[StepRecord] = []
         # Steps closed so far. Equal to len(steps) until the window ends; after it, steps the watch of the
@@ -45,15 +50,15 @@ class StepTracker:
         self.watching = False
         self.open_step = OpenStep(clock.now())
         clock.acc = self.open_step.acc
-        self.manual_steps = False          # steps marked by mark_step(), not by optimizers
+        self.manual_steps = False  # steps marked by mark_step(), not by optimizers
         # Steps delimited by loss.backward(): no optimizer ever stepped (a hand-written update). With
         # ``sees_construction`` (installed before the script ran) a script that built no optimizer is
         # known at its first backward; otherwise a known optimizer may still step after accumulating.
         self.backward_steps = False
         self.sees_construction = sees_construction
-        self.pending_update = False        # a backward ended; the step closes when the next one starts
-        self.stopping = False              # the window is over: the next boundary ends the script
-        self.profiling = False             # steps closed now ran under torch.profiler
+        self.pending_update = False  # a backward ended; the step closes when the next one starts
+        self.stopping = False  # the window is over: the next boundary ends the script
+        self.profiling = False  # steps closed now ran under torch.profiler
         self.preempted: Callable[[float], float | None] = lambda seconds: None
         self.gpu_mark: Callable[[str, bool], None] | None = None
         self.on_trained_changed: Callable[[], None] = lambda: None
@@ -63,7 +68,7 @@ class StepTracker:
         self.kept_optimizers: dict[int, Any] = {}
         self._backwards_unstepped = 0
         self._optimizer_stepped = False
-        self._expected: set[int] = set()   # the optimizers that stepped in the last step
+        self._expected: set[int] = set()  # the optimizers that stepped in the last step
 
     def restart(self) -> None:
         """The recording starts now: the first step opens here."""
@@ -158,8 +163,10 @@ class StepTracker:
                 return
             self.backward_steps = True
             self.on_trained_changed()  # trained now means "has trainable parameters"
-            log.info("turbotrain doctor: no optimizer step after %d backward(s): steps are delimited by "
-                     "loss.backward()", self._backwards_unstepped)
+            log.info(
+                "turbotrain doctor: no optimizer step after %d backward(s): steps are delimited by loss.backward()",
+                self._backwards_unstepped,
+            )
         if self.pending_update:  # two backwards in a row (a second loss): the update comes after the last
             self.clock.pop()
         self.pending_update = True
@@ -210,10 +217,19 @@ class StepTracker:
         if done.marks:
             t, timed = done.marks[0]
             gap = max(0.0, (t - start) - timed)
-        record = StepRecord(index=index, start=start, end=done.end, phases={k: v for k, v in done.acc.items() if v},
-                            gap_before_forward=gap, forwards=done.forwards, backwards=done.backwards,
-                            optimizers=done.opt_steps, module_calls=done.module_calls, profiled=self.profiling,
-                            preempted=self.preempted(done.end - start))
+        record = StepRecord(
+            index=index,
+            start=start,
+            end=done.end,
+            phases={k: v for k, v in done.acc.items() if v},
+            gap_before_forward=gap,
+            forwards=done.forwards,
+            backwards=done.backwards,
+            optimizers=done.opt_steps,
+            module_calls=done.module_calls,
+            profiled=self.profiling,
+            preempted=self.preempted(done.end - start),
+        )
         self.closed += 1
         if not self.watching:
             self.steps.append(record)

@@ -26,7 +26,7 @@ class Tallies:
         self.optimizer_ids: set[int] = set()
         self.module_sites: dict[int, tuple[weakref.ReferenceType[Any], Site]] = {}  # id -> (module, where built)
         self.matmul_shapes: dict[Site, tuple[tuple[int, ...], tuple[int, ...]]] = {}
-        self.gap_samples: Counter[Site] = Counter()   # user lines seen running untimed before the forward
+        self.gap_samples: Counter[Site] = Counter()  # user lines seen running untimed before the forward
         # zero_grad calls between a step's forward and its backward, and elsewhere: fresh-process trials clear
         # gradients where the script does.
         self.zero_grads: Counter[str] = Counter()
@@ -82,9 +82,10 @@ class LoaderTally:
 
     def __init__(self, loader: Any, site: Site | None, settings: dict[str, Any]) -> None:
         self.loader, self.site, self.settings = loader, site, settings
-        self.nexts = Tally()                            # batches fetched and seconds waited
-        self.starts: list[tuple[int, float]] = []       # (step, seconds to the first batch) per iter()
+        self.nexts = Tally()  # batches fetched and seconds waited
+        self.starts: list[tuple[int, float]] = []  # (step, seconds to the first batch) per iter()
 
     def freeze(self, key: int) -> LoaderRecord:
-        return LoaderRecord(key, self.site, dict(self.settings), self.nexts.freeze("data", self.site),
-                            tuple(self.starts))
+        return LoaderRecord(
+            key, self.site, dict(self.settings), self.nexts.freeze("data", self.site), tuple(self.starts)
+        )

@@ -29,13 +29,13 @@ ENOUGH_OCCURRENCES = 3
 class WatchedRun:
     """What the watch after the window saw: how long, the ordinary step, and the steps that towered over it."""
 
-    first: int                        # index of the first step watched
-    last: int                         # index of the last step watched
-    seconds: float                    # wall seconds watched
-    ordinary_s: float                 # median duration of the watched steps
-    spikes: tuple[StepRecord, ...]    # the watched steps that ran far over the ordinary one, whole
-    cadences: tuple[Cadence, ...]     # the ``% N`` tests of the running loop that asked for the watch
-    ended: str                        # "periods" (two of the longest cadence seen), "budget" or "script"
+    first: int  # index of the first step watched
+    last: int  # index of the last step watched
+    seconds: float  # wall seconds watched
+    ordinary_s: float  # median duration of the watched steps
+    spikes: tuple[StepRecord, ...]  # the watched steps that ran far over the ordinary one, whole
+    cadences: tuple[Cadence, ...]  # the ``% N`` tests of the running loop that asked for the watch
+    ended: str  # "periods" (two of the longest cadence seen), "budget" or "script"
     budget_s: float = 0.0
 
     @property
@@ -46,8 +46,9 @@ class WatchedRun:
 class RunWatch:
     """Takes the steps closed after the window; :meth:`add` says when it has seen enough."""
 
-    def __init__(self, cadences: tuple[Cadence, ...], baseline_s: float, first: int, budget_s: float,
-                 now: float | None = None) -> None:
+    def __init__(
+        self, cadences: tuple[Cadence, ...], baseline_s: float, first: int, budget_s: float, now: float | None = None
+    ) -> None:
         self.cadences = cadences
         self.first = first
         self.budget_s = budget_s
@@ -83,5 +84,6 @@ class RunWatch:
 
     def freeze(self) -> WatchedRun:
         ordinary = statistics.median(self.durations) if self.durations else 0.0
-        return WatchedRun(self.first, self.last, self.elapsed, ordinary, tuple(self.spikes), self.cadences,
-                          self.ended, self.budget_s)
+        return WatchedRun(
+            self.first, self.last, self.elapsed, ordinary, tuple(self.spikes), self.cadences, self.ended, self.budget_s
+        )

@@ -11,8 +11,8 @@ from typing import Any
 __all__ = ["EditRequest", "FixResult", "FixReport", "Verification", "EXACT", "PRECISION", "REINITIALISED"]
 
 # How a fix relates to the original's numbers, which sets what "the losses match" means for it:
-EXACT = "exact"                  # the same arithmetic: losses bitwise equal on the CPU
-PRECISION = "precision"          # lower precision or another kernel: within the numerics guard's tolerance
+EXACT = "exact"  # the same arithmetic: losses bitwise equal on the CPU
+PRECISION = "precision"  # lower precision or another kernel: within the numerics guard's tolerance
 REINITIALISED = "reinitialised"  # the same model family, other random draws at construction: not compared
 
 
@@ -21,37 +21,41 @@ class EditRequest:
     """One finding's fix as an edit of one file: which edit kind, at which lines, with which values."""
 
     rule: str
-    kind: str                      # a key of fixes.table.EDIT_KINDS
-    file: str                      # absolute path of the file the edit changes
-    line: int                      # the line the finding names
-    where: str                     # ``train.py:26``, relative to the script's folder
-    label: str                     # what the edit does, one line
+    kind: str  # a key of fixes.table.EDIT_KINDS
+    file: str  # absolute path of the file the edit changes
+    line: int  # the line the finding names
+    where: str  # ``train.py:26``, relative to the script's folder
+    label: str  # what the edit does, one line
     numerics: str = EXACT
     params: dict[str, Any] = field(default_factory=dict)
-    lines: tuple[int, ...] = ()    # further lines the same fix edits (every conv a BatchNorm follows)
+    lines: tuple[int, ...] = ()  # further lines the same fix edits (every conv a BatchNorm follows)
     predicted: float | None = None
     gain_share: float | None = None
-    category: str | None = None    # the breakdown category the finding's time is in
+    category: str | None = None  # the breakdown category the finding's time is in
 
 
 @dataclass
 class Verification:
     """Original against patched, interleaved in rounds on the same steps."""
 
-    speedup: float | None = None           # the judged median/geometric-mean ratio, original time / patched time
-    verdict: str = "unverified"            # measure.judge's: faster, slower, within noise, unverified
+    speedup: float | None = None  # the judged median/geometric-mean ratio, original time / patched time
+    verdict: str = "unverified"  # measure.judge's: faster, slower, within noise, unverified
     ratios: list[float] = field(default_factory=list)
-    original_ms: list[float] = field(default_factory=list)   # mean ms per step of each original run
+    original_ms: list[float] = field(default_factory=list)  # mean ms per step of each original run
     patched_ms: list[float] = field(default_factory=list)
     steps: int = 0
     loss_match: dict[str, Any] | None = None
-    error: str | None = None               # the patched (or original) script failed: why
+    error: str | None = None  # the patched (or original) script failed: why
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"speedup": _round(self.speedup), "verdict": self.verdict,
-                               "ratios": [round(r, 3) for r in self.ratios],
-                               "original_ms_per_step": [round(v, 3) for v in self.original_ms],
-                               "patched_ms_per_step": [round(v, 3) for v in self.patched_ms], "steps": self.steps}
+        out: dict[str, Any] = {
+            "speedup": _round(self.speedup),
+            "verdict": self.verdict,
+            "ratios": [round(r, 3) for r in self.ratios],
+            "original_ms_per_step": [round(v, 3) for v in self.original_ms],
+            "patched_ms_per_step": [round(v, 3) for v in self.patched_ms],
+            "steps": self.steps,
+        }
         if self.error:
             out["error"] = self.error
         return out
@@ -70,9 +74,9 @@ class FixResult:
     label: str
     numerics: str = EXACT
     predicted: float | None = None
-    diff: str | None = None                # this fix alone against the original
-    by_hand: str | None = None             # not an edit: why, and the line to change
-    dropped: str | None = None             # an edit left out of the final patch: why
+    diff: str | None = None  # this fix alone against the original
+    by_hand: str | None = None  # not an edit: why, and the line to change
+    dropped: str | None = None  # an edit left out of the final patch: why
     verification: Verification | None = None
     # Why the what-if speaks against it ("the what-if measured it slower (x0.62)"): then only verifying it alone,
     # faster, keeps it in the patch.
@@ -92,10 +96,17 @@ class FixResult:
         return self.verification.speedup if self.verification else None
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"rule": self.rule, "where": self.where, "label": self.label, "diff": self.diff,
-                               "predicted": _round(self.predicted), "verified": _round(self.verified),
-                               "loss_match": self.verification.loss_match if self.verification else None,
-                               "numerics": self.numerics, "in_patch": self.in_patch}
+        out: dict[str, Any] = {
+            "rule": self.rule,
+            "where": self.where,
+            "label": self.label,
+            "diff": self.diff,
+            "predicted": _round(self.predicted),
+            "verified": _round(self.verified),
+            "loss_match": self.verification.loss_match if self.verification else None,
+            "numerics": self.numerics,
+            "in_patch": self.in_patch,
+        }
         if self.by_hand:
             out["by_hand"] = self.by_hand
         if self.dropped:
@@ -110,8 +121,8 @@ class FixReport:
     """Every fixable finding's outcome, the patch that was written, and the fixes verified together."""
 
     fixes: list[FixResult] = field(default_factory=list)
-    patch: str = ""                        # the final patch: header and the diff of every fix kept
-    path: str | None = None                # where it was written (None: not asked to write, or refused)
+    patch: str = ""  # the final patch: header and the diff of every fix kept
+    path: str | None = None  # where it was written (None: not asked to write, or refused)
     together: Verification | None = None
     predicted_together: float | None = None
     messages: list[str] = field(default_factory=list)
@@ -122,10 +133,14 @@ class FixReport:
 
     def summary(self) -> dict[str, Any]:
         together = self.together
-        return {"path": self.path, "edits": len(self.kept),
-                "by_hand": sum(1 for f in self.fixes if f.by_hand),
-                "dropped": sum(1 for f in self.fixes if f.dropped),
-                "predicted": _round(self.predicted_together),
-                "verified": _round(together.speedup) if together else None,
-                "loss_match": together.loss_match if together else None,
-                "verification": together.to_dict() if together else None, "messages": self.messages}
+        return {
+            "path": self.path,
+            "edits": len(self.kept),
+            "by_hand": sum(1 for f in self.fixes if f.by_hand),
+            "dropped": sum(1 for f in self.fixes if f.dropped),
+            "predicted": _round(self.predicted_together),
+            "verified": _round(together.speedup) if together else None,
+            "loss_match": together.loss_match if together else None,
+            "verification": together.to_dict() if together else None,
+            "messages": self.messages,
+        }

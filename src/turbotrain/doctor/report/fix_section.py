@@ -12,7 +12,7 @@ from .fix_results import FixReport, FixResult, Verification
 
 __all__ = ["fix_line", "loss_text", "print_fixes", "fixes_html", "DIFF_LINES"]
 
-DIFF_LINES = 12            # the most diff lines one fix shows in the terminal (the patch file has them all)
+DIFF_LINES = 12  # the most diff lines one fix shows in the terminal (the patch file has them all)
 _DIFF_STYLE = {"+": "green", "-": "red"}
 
 
@@ -60,8 +60,11 @@ def print_fixes(console: Console, fixes: FixReport, width: int) -> None:
     for f in fixes.fixes:
         status, style = _status(f)
         console.print()
-        console.print(Text.assemble((f"{status:<9}", style), (f.rule, "bold"), "  ", (f.where, "cyan")),
-                      no_wrap=True, overflow="ellipsis")
+        console.print(
+            Text.assemble((f"{status:<9}", style), (f.rule, "bold"), "  ", (f.where, "cyan")),
+            no_wrap=True,
+            overflow="ellipsis",
+        )
         console.print(Text(f"  {f.label}"), overflow="fold")
         detail = f.by_hand or f.dropped
         if detail:
@@ -96,27 +99,40 @@ def fixes_html(fixes: FixReport) -> str:
     """The fixes section: predicted vs verified side by side, each fix's diff under it."""
     esc = html.escape
     together = fixes.together
-    parts = [f'<h2 id="fixes">Fixes{f" (patch: {esc(fixes.path)})" if fixes.path else ""}</h2>',
-             "<table><tr><th>status</th><th>rule</th><th>where</th><th>fix</th><th>predicted</th><th>verified</th>"
-             "<th>losses</th></tr>"]
+    parts = [
+        f'<h2 id="fixes">Fixes{f" (patch: {esc(fixes.path)})" if fixes.path else ""}</h2>',
+        "<table><tr><th>status</th><th>rule</th><th>where</th><th>fix</th><th>predicted</th><th>verified</th>"
+        "<th>losses</th></tr>",
+    ]
     for f in fixes.fixes:
         check = f.verification
         status = _status(f)[0].lower()
-        verified = (esc(check.error) if check and check.error else
-                    f"{_cell(check.speedup)} ({esc(check.verdict)})" if check else "-")
-        parts.append(f'<tr data-rule="{esc(f.rule)}"><td>{status}</td><td>{esc(f.rule)}</td><td>{esc(f.where)}</td>'
-                     f"<td>{esc(f.label)}</td><td>{_cell(f.predicted)}</td><td>{verified}</td>"
-                     f"<td>{esc(loss_text(check.loss_match) if check else '')}</td></tr>")
+        verified = (
+            esc(check.error)
+            if check and check.error
+            else f"{_cell(check.speedup)} ({esc(check.verdict)})"
+            if check
+            else "-"
+        )
+        parts.append(
+            f'<tr data-rule="{esc(f.rule)}"><td>{status}</td><td>{esc(f.rule)}</td><td>{esc(f.where)}</td>'
+            f"<td>{esc(f.label)}</td><td>{_cell(f.predicted)}</td><td>{verified}</td>"
+            f"<td>{esc(loss_text(check.loss_match) if check else '')}</td></tr>"
+        )
     if fixes.predicted_together or together:
         verified = _cell(together.speedup) if together else "-"
-        parts.append(f"<tr><td></td><td><b>together</b></td><td></td><td></td>"
-                     f"<td>{_cell(fixes.predicted_together)}</td><td>{verified}</td>"
-                     f"<td>{esc(loss_text(together.loss_match) if together else '')}</td></tr>")
+        parts.append(
+            f"<tr><td></td><td><b>together</b></td><td></td><td></td>"
+            f"<td>{_cell(fixes.predicted_together)}</td><td>{verified}</td>"
+            f"<td>{esc(loss_text(together.loss_match) if together else '')}</td></tr>"
+        )
     parts.append("</table>")
     for f in fixes.fixes:
         note = f.by_hand or f.dropped
-        parts.append(f'<div class="finding fix" data-rule="{esc(f.rule)}"><span class="rule">{esc(f.rule)}</span>'
-                     f'<span class="where">{esc(f.where)}</span><p>{esc(f.label)}</p>')
+        parts.append(
+            f'<div class="finding fix" data-rule="{esc(f.rule)}"><span class="rule">{esc(f.rule)}</span>'
+            f'<span class="where">{esc(f.where)}</span><p>{esc(f.label)}</p>'
+        )
         if note:
             parts.append(f'<p class="note">{esc(note)}</p>')
         if f.diff:

@@ -80,8 +80,16 @@ def _plots(report: Report) -> list[tuple[str, str]]:
         bottom = [a + v for a, v in zip(bottom, values)]
     lost = [row.get("interference", 0.0) for row in b.timeline]
     if any(lost):
-        ax.bar(steps, lost, bottom=bottom, color="white", edgecolor="#bbbbbb", hatch="///", width=0.8,
-               label="other processes (not the script)")
+        ax.bar(
+            steps,
+            lost,
+            bottom=bottom,
+            color="white",
+            edgecolor="#bbbbbb",
+            hatch="///",
+            width=0.8,
+            label="other processes (not the script)",
+        )
     ax.set_xlabel("step")
     ax.set_ylabel("ms")
     ax.legend(fontsize=7, ncol=4, frameon=False)
@@ -92,22 +100,27 @@ def _plots(report: Report) -> list[tuple[str, str]]:
 
 def _table(rows: list[dict[str, Any]], columns: list[str]) -> str:
     head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(r.get(c, '')))}</td>" for c in columns) + "</tr>"
-                   for r in rows)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(str(r.get(c, '')))}</td>" for c in columns) + "</tr>" for r in rows
+    )
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
 def _finding(f: dict[str, Any]) -> str:
     buys = gain_text(f["est_speedup"], f["measured"])
-    parts = [f'<div class="finding" data-rule="{html.escape(f["rule"])}">',
-             f'<span class="sev {f["severity"]}">{f["severity"]}</span>'
-             f'<span class="rule">{html.escape(f["rule"])}</span>'
-             f'<span class="where">{html.escape(f["where"] or "")}</span><span class="buys">{buys}</span>',
-             f"<p>{html.escape(f['message'])}</p>"]
+    parts = [
+        f'<div class="finding" data-rule="{html.escape(f["rule"])}">',
+        f'<span class="sev {f["severity"]}">{f["severity"]}</span>'
+        f'<span class="rule">{html.escape(f["rule"])}</span>'
+        f'<span class="where">{html.escape(f["where"] or "")}</span><span class="buys">{buys}</span>',
+        f"<p>{html.escape(f['message'])}</p>",
+    ]
     if f.get("code"):
         line = int(f["where"].rsplit(":", 1)[1]) if f["where"] and f["where"].rsplit(":", 1)[-1].isdigit() else -1
-        code = "".join(f'<span class="{"hl" if c["line"] == line else ""}">{c["line"]:>5}  {html.escape(c["text"])}'
-                       f"</span>\n" for c in f["code"])
+        code = "".join(
+            f'<span class="{"hl" if c["line"] == line else ""}">{c["line"]:>5}  {html.escape(c["text"])}</span>\n'
+            for c in f["code"]
+        )
         parts.append(f'<pre class="code">{code}</pre>')
     parts.append(f'<pre class="fix">{html.escape(f["fix"])}</pre>')
     if f.get("note"):
@@ -115,8 +128,9 @@ def _finding(f: dict[str, Any]) -> str:
     if f.get("folded"):  # findings.FOLDS: the terminal counts it in one line instead
         parts.append('<p class="note">Folded in the terminal report: it cannot matter on this machine and model.</p>')
     if f.get("what_if"):
-        items = "".join(f"<dt>{html.escape(str(k))}</dt><dd>{html.escape(str(v))}</dd>"
-                        for k, v in f["what_if"].items())
+        items = "".join(
+            f"<dt>{html.escape(str(k))}</dt><dd>{html.escape(str(v))}</dd>" for k, v in f["what_if"].items()
+        )
         parts.append(f'<dl class="whatif"><dt>measured what-if</dt><dd></dd>{items}</dl>')
     parts.append("</div>")
     return "".join(parts)
@@ -126,9 +140,11 @@ def render_html(report: Report) -> str:
     data = report.to_dict()
     b = report.breakdown
     esc = html.escape
-    body = [f"<h1>turbotrain doctor: {esc(str(data['script']))}</h1>",
-            f'<p class="meta">{esc(" ".join(data["argv"]))} &middot; {esc(data["device"])}: {esc(data["hardware"])} '
-            f"&middot; torch {esc(data['torch'])} &middot; status <b>{esc(data['status'])}</b></p>"]
+    body = [
+        f"<h1>turbotrain doctor: {esc(str(data['script']))}</h1>",
+        f'<p class="meta">{esc(" ".join(data["argv"]))} &middot; {esc(data["device"])}: {esc(data["hardware"])} '
+        f"&middot; torch {esc(data['torch'])} &middot; status <b>{esc(data['status'])}</b></p>",
+    ]
     if report.noise:
         head, reasons = noise_text(report.noise)
         items = "".join(f"<li>{esc(r)}</li>" for r in reasons)
@@ -139,13 +155,22 @@ def render_html(report: Report) -> str:
     body += [f'<div class="msg">{esc(m)}</div>' for m in data["messages"]]
     if b is not None and b.steps:
         before, median, after = steps_text(report)
-        body.append(f"<p>{esc(before)}<b>{esc(median)}</b>{esc(after)}. Bottleneck: "
-                    f"<b id=\"bottleneck\">{esc(CATEGORY_LABELS[b.bottleneck])}</b> "
-                    f"({b.shares[b.bottleneck]:.0%} of step time).</p>")
-        segments = "".join(f'<div title="{esc(CATEGORY_LABELS[k])}" style="width:{b.shares[k] * 100:.2f}%;'
-                           f'background:{COLORS[k]}"></div>' for k in CATEGORIES if b.shares[k] > 0)
-        legend = "".join(f'<span><i style="background:{COLORS[k]}"></i>{esc(CATEGORY_LABELS[k])} '
-                         f"{b.shares[k]:.1%} ({b.seconds[k] * 1e3:.2f} ms)</span>" for k in CATEGORIES)
+        body.append(
+            f"<p>{esc(before)}<b>{esc(median)}</b>{esc(after)}. Bottleneck: "
+            f'<b id="bottleneck">{esc(CATEGORY_LABELS[b.bottleneck])}</b> '
+            f"({b.shares[b.bottleneck]:.0%} of step time).</p>"
+        )
+        segments = "".join(
+            f'<div title="{esc(CATEGORY_LABELS[k])}" style="width:{b.shares[k] * 100:.2f}%;'
+            f'background:{COLORS[k]}"></div>'
+            for k in CATEGORIES
+            if b.shares[k] > 0
+        )
+        legend = "".join(
+            f'<span><i style="background:{COLORS[k]}"></i>{esc(CATEGORY_LABELS[k])} '
+            f"{b.shares[k]:.1%} ({b.seconds[k] * 1e3:.2f} ms)</span>"
+            for k in CATEGORIES
+        )
         body.append(f'<div class="bar" id="breakdown">{segments}</div><div class="legend">{legend}</div>')
         if report.periodic:
             items = "".join(f"<li>{esc(periodic_text(e))}</li>" for e in report.periodic)
@@ -155,7 +180,7 @@ def render_html(report: Report) -> str:
 
             body.append(ranks_html(data))
         for title, uri in _plots(report):
-            body.append(f"<h2>{esc(title)}</h2><img alt=\"{esc(title)}\" src=\"{uri}\">")
+            body.append(f'<h2>{esc(title)}</h2><img alt="{esc(title)}" src="{uri}">')
     body.append(f"<h2>Findings ({len(data['findings'])})</h2>")
     body += [_finding(f) for f in data["findings"]] or ["<p>No findings.</p>"]
     if report.fixes is not None:
@@ -163,20 +188,31 @@ def render_html(report: Report) -> str:
 
         body.append(fixes_html(report.fixes))
     if data["syncs"]:
-        body.append("<h2>Host syncs per step</h2>" + _table(data["syncs"], ["where", "kind", "per_step", "ms_per_step",
-                                                                        "code"]))
+        body.append(
+            "<h2>Host syncs per step</h2>" + _table(data["syncs"], ["where", "kind", "per_step", "ms_per_step", "code"])
+        )
     if data["copies"]:
-        body.append("<h2>Host-to-device copies per step</h2>" + _table(
-            data["copies"], ["where", "per_step", "mib_per_step", "ms_per_step", "non_blocking", "pinned", "code"]))
+        body.append(
+            "<h2>Host-to-device copies per step</h2>"
+            + _table(
+                data["copies"], ["where", "per_step", "mib_per_step", "ms_per_step", "non_blocking", "pinned", "code"]
+            )
+        )
     if data["top_ops"]:
-        body.append("<h2>Top ops (profiler window, per step)</h2>" + _table(
-            data["top_ops"], ["op", "calls_per_step", "self_cpu_ms_per_step", "self_device_ms_per_step"]))
+        body.append(
+            "<h2>Top ops (profiler window, per step)</h2>"
+            + _table(data["top_ops"], ["op", "calls_per_step", "self_cpu_ms_per_step", "self_device_ms_per_step"])
+        )
     if data.get("error"):
-        body.append(f"<h2>Error</h2><p>{esc(str(data['error']['message']))} at "
-                    f"{esc(str(data['error']['where']))}</p><pre>{esc(data['error']['traceback'] or '')}</pre>")
-    return ("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
-            f"<title>turbotrain doctor: {esc(str(data['script']))}</title><style>{_CSS}</style></head>"
-            f"<body>{''.join(body)}</body></html>")
+        body.append(
+            f"<h2>Error</h2><p>{esc(str(data['error']['message']))} at "
+            f"{esc(str(data['error']['where']))}</p><pre>{esc(data['error']['traceback'] or '')}</pre>"
+        )
+    return (
+        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
+        f"<title>turbotrain doctor: {esc(str(data['script']))}</title><style>{_CSS}</style></head>"
+        f"<body>{''.join(body)}</body></html>"
+    )
 
 
 def write_html(report: Report, path: str | os.PathLike) -> None:

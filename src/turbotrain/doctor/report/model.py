@@ -24,8 +24,12 @@ from ..record.runner import ScriptRun
 __all__ = ["Report", "exact_shares"]
 
 CATEGORY_LABELS = {
-    "data_loading": "data loading", "host_to_device": "host->device copies", "compute": "compute (fwd+bwd)",
-    "optimizer": "optimizer", "host_sync": "host syncs", "python_overhead": "python/dispatch overhead",
+    "data_loading": "data loading",
+    "host_to_device": "host->device copies",
+    "compute": "compute (fwd+bwd)",
+    "optimizer": "optimizer",
+    "host_sync": "host syncs",
+    "python_overhead": "python/dispatch overhead",
     "outside_step": "outside the step",
 }
 
@@ -42,7 +46,7 @@ def exact_shares(shares: dict[str, float], digits: int = 4) -> dict[str, float]:
 
 @dataclass
 class Report:
-    status: str                          # ok, incomplete (fewer steps than asked), error, no-steps
+    status: str  # ok, incomplete (fewer steps than asked), error, no-steps
     breakdown: Breakdown | None
     findings: list[Finding]
     device: str = "cpu"
@@ -102,15 +106,25 @@ class Report:
         b = self.breakdown
         out: dict[str, Any] = {
             "version": 1,
-            "script": self.script, "argv": self.argv, "status": self.status, "exit_code": self.exit_code,
-            "device": self.device, "hardware": self.hardware, "torch": torch.__version__,
-            "steps_requested": self.steps_requested, "warmup_steps": self.warmup_steps,
+            "script": self.script,
+            "argv": self.argv,
+            "status": self.status,
+            "exit_code": self.exit_code,
+            "device": self.device,
+            "hardware": self.hardware,
+            "torch": torch.__version__,
+            "steps_requested": self.steps_requested,
+            "warmup_steps": self.warmup_steps,
             "steps_completed": self.steps_completed,
             "steps_measured": len(b.steps) if b else 0,
         }
         if b and b.steps:
-            out["step_time_ms"] = {"median": round(b.median_s * 1e3, 3), "p90": round(b.quantile_s(0.9) * 1e3, 3),
-                                   "p10": round(b.quantile_s(0.1) * 1e3, 3), "mean": round(b.mean_s * 1e3, 3)}
+            out["step_time_ms"] = {
+                "median": round(b.median_s * 1e3, 3),
+                "p90": round(b.quantile_s(0.9) * 1e3, 3),
+                "p10": round(b.quantile_s(0.1) * 1e3, 3),
+                "mean": round(b.mean_s * 1e3, 3),
+            }
             out["breakdown"] = exact_shares(b.shares)
             out["breakdown_ms"] = {k: round(v * 1e3, 4) for k, v in b.seconds.items()}
             # breakdown_ms + interference_ms == step_time_ms.mean: time other processes took is not the script's.
@@ -118,8 +132,10 @@ class Report:
             out["bottleneck"] = b.bottleneck
             out["python_overhead"] = {k: round(v, 4) if isinstance(v, float) else v for k, v in b.overhead.items()}
             # Dispatch/interpreter overhead inside each phase (share of that phase), and of the whole step.
-            out["dispatch"] = {**{k: round(b.dispatch_of(k), 4) for k in b.dispatch},
-                               "step_share": round(b.dispatch_share, 4)}
+            out["dispatch"] = {
+                **{k: round(b.dispatch_of(k), 4) for k in b.dispatch},
+                "step_share": round(b.dispatch_share, 4),
+            }
             out["warmup_included"] = b.warmup_included
             out["settling_ms"] = [round(t * 1e3, 3) for t in b.settling]  # slow steps left out after the warm-up
             out["timeline"] = b.timeline
@@ -139,9 +155,11 @@ class Report:
             out["fixes"] = [f.to_dict() for f in self.fixes.fixes]
             out["patch"] = self.fixes.summary()
         if self.run is not None and self.run.failed:
-            out["error"] = {"message": self.run.error,
-                            "where": self.run.error_site.where(self.base) if self.run.error_site else None,
-                            "traceback": self.run.traceback}
+            out["error"] = {
+                "message": self.run.error,
+                "where": self.run.error_site.where(self.base) if self.run.error_site else None,
+                "traceback": self.run.traceback,
+            }
         if self.ranks is not None:
             from .ranks import ranks_json
 

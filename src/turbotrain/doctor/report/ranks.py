@@ -18,8 +18,14 @@ __all__ = ["ranks_json", "print_ranks", "ranks_html", "TABLE_MAX_RANKS", "RANK_C
 
 TABLE_MAX_RANKS = 8
 # (category, column header): host-to-device copies and host syncs share a column to fit 80 columns.
-RANK_COLUMNS = (("data_loading", "data"), ("compute", "compute"), ("optimizer", "optim"),
-                ("outside_step", "outside"), ("other", "other"), ("communication", "comm"))
+RANK_COLUMNS = (
+    ("data_loading", "data"),
+    ("compute", "compute"),
+    ("optimizer", "optim"),
+    ("outside_step", "outside"),
+    ("other", "other"),
+    ("communication", "comm"),
+)
 
 
 def _ms(seconds: float) -> float:
@@ -33,34 +39,62 @@ def _shares(summary: RankSummary) -> dict[str, float]:
 
 def ranks_json(job: RankAnalysis, base: str | None = None) -> dict[str, Any]:
     """``ranks``, ``straggler`` and ``communication`` (docs/doctor.md, Reports)."""
-    ranks = [{"rank": r.rank, "host": r.host, "steps_measured": r.steps,
-              "step_time_ms": {"median": _ms(r.step_s), "p90": _ms(r.step_p90_s)},
-              "breakdown": _shares(r), "breakdown_ms": {k: _ms(v) for k, v in r.median_s.items()},
-              "p90_ms": {k: _ms(v) for k, v in r.p90_s.items()},
-              "exposed_communication_ms": _ms(r.exposed_s), "own_work_ms": _ms(r.busy_s),
-              "cpu_ms": _ms(r.cpu_s) if r.cpu_s is not None else None,
-              "cpu_wait_ms": _ms(r.cpu_wait_s) if r.cpu_wait_s is not None else None,
-              # DDP's own reducer averages over the iterations its logger sampled, beside the doctor's wall clock.
-              "ddp_reducer_ms": {k.removeprefix("avg_").removesuffix("_time"): _ms(v) for k, v in r.reducer.items()
-                                 if k.endswith("_time")} or None,
-              "clock_offset_ms": _ms(job.offsets_s[r.rank]) if r.rank in job.offsets_s else None}
-             for r in job.ranks]
+    ranks = [
+        {
+            "rank": r.rank,
+            "host": r.host,
+            "steps_measured": r.steps,
+            "step_time_ms": {"median": _ms(r.step_s), "p90": _ms(r.step_p90_s)},
+            "breakdown": _shares(r),
+            "breakdown_ms": {k: _ms(v) for k, v in r.median_s.items()},
+            "p90_ms": {k: _ms(v) for k, v in r.p90_s.items()},
+            "exposed_communication_ms": _ms(r.exposed_s),
+            "own_work_ms": _ms(r.busy_s),
+            "cpu_ms": _ms(r.cpu_s) if r.cpu_s is not None else None,
+            "cpu_wait_ms": _ms(r.cpu_wait_s) if r.cpu_wait_s is not None else None,
+            # DDP's own reducer averages over the iterations its logger sampled, beside the doctor's wall clock.
+            "ddp_reducer_ms": {
+                k.removeprefix("avg_").removesuffix("_time"): _ms(v)
+                for k, v in r.reducer.items()
+                if k.endswith("_time")
+            }
+            or None,
+            "clock_offset_ms": _ms(job.offsets_s[r.rank]) if r.rank in job.offsets_s else None,
+        }
+        for r in job.ranks
+    ]
     straggler = None
     s = job.straggler
     if s is not None:
-        straggler = {"rank": s.rank, "host": s.host, "cause": s.cause,
-                     "cost": {"ms_per_step": _ms(s.cost_s), "share": round(s.cost_share, 4),
-                              "est_speedup": round(speedup_from_share(s.cost_share), 3)},
-                     "compared_with": s.compared_with, "gap_ms": {k: _ms(v) for k, v in s.gap_s.items()},
-                     "last_share": round(s.last_share, 3), "where": s.site.where(base) if s.site else None,
-                     "cpu_wait_gap_ms": _ms(s.contention_s) if s.contention_s is not None else None,
-                     "cpu_gap_ms": _ms(s.cpu_gap_s) if s.cpu_gap_s is not None else None}
-    return {"ranks": ranks, "straggler": straggler,
-            "communication": {"exposed_share": round(job.exposed_share, 4),
-                              "overlap": round(job.overlap, 4) if job.overlap is not None else None,
-                              "median_rank": job.median_rank, "worst_rank": job.worst_rank,
-                              "skew": round(job.skew, 4), "aligned_on": "gradient all-reduce completion",
-                              "steps": len(job.steps)}}
+        straggler = {
+            "rank": s.rank,
+            "host": s.host,
+            "cause": s.cause,
+            "cost": {
+                "ms_per_step": _ms(s.cost_s),
+                "share": round(s.cost_share, 4),
+                "est_speedup": round(speedup_from_share(s.cost_share), 3),
+            },
+            "compared_with": s.compared_with,
+            "gap_ms": {k: _ms(v) for k, v in s.gap_s.items()},
+            "last_share": round(s.last_share, 3),
+            "where": s.site.where(base) if s.site else None,
+            "cpu_wait_gap_ms": _ms(s.contention_s) if s.contention_s is not None else None,
+            "cpu_gap_ms": _ms(s.cpu_gap_s) if s.cpu_gap_s is not None else None,
+        }
+    return {
+        "ranks": ranks,
+        "straggler": straggler,
+        "communication": {
+            "exposed_share": round(job.exposed_share, 4),
+            "overlap": round(job.overlap, 4) if job.overlap is not None else None,
+            "median_rank": job.median_rank,
+            "worst_rank": job.worst_rank,
+            "skew": round(job.skew, 4),
+            "aligned_on": "gradient all-reduce completion",
+            "steps": len(job.steps),
+        },
+    }
 
 
 def _cells(r: RankSummary) -> list[str]:
@@ -78,38 +112,59 @@ def print_ranks(console: Console, job: RankAnalysis, width: int) -> None:
         keep = {job.median_rank, job.worst_rank}
         shown = [r for r in job.ranks if r.rank in keep]
     header = ["rank", "host", "step", *(name for _, name in RANK_COLUMNS)]
-    rows = [[f"{r.rank}{'*' if job.straggler and r.rank == job.straggler.rank else ''}", r.host,
-             f"{r.step_s * 1e3:.1f}", *_cells(r)] for r in shown]
+    rows = [
+        [
+            f"{r.rank}{'*' if job.straggler and r.rank == job.straggler.rank else ''}",
+            r.host,
+            f"{r.step_s * 1e3:.1f}",
+            *_cells(r),
+        ]
+        for r in shown
+    ]
     numeric = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header) if i >= 2]
     rank_w = max(4, *(len(row[0]) for row in rows))
-    host_w = max(4, min(max(len(row[1]) for row in rows),
-                        width - rank_w - sum(numeric) - 2 * (len(header) - 1)))
+    host_w = max(4, min(max(len(row[1]) for row in rows), width - rank_w - sum(numeric) - 2 * (len(header) - 1)))
     for cells, style in [(header, "bold")] + [(row, "") for row in rows]:
-        host = cells[1] if len(cells[1]) <= host_w else cells[1][:host_w - 1] + "…"
-        line = "  ".join([cells[0].ljust(rank_w), host.ljust(host_w),
-                          *(c.rjust(w) for c, w in zip(cells[2:], numeric))])
+        host = cells[1] if len(cells[1]) <= host_w else cells[1][: host_w - 1] + "…"
+        line = "  ".join(
+            [cells[0].ljust(rank_w), host.ljust(host_w), *(c.rjust(w) for c, w in zip(cells[2:], numeric))]
+        )
         console.print(Text(line, style=style), no_wrap=True, overflow="ellipsis")
     if len(job.ranks) > TABLE_MAX_RANKS:
         exposed = [r.exposed_s * 1e3 for r in job.ranks]
-        console.print(Text(f"(median rank {job.median_rank} and worst rank {job.worst_rank} of {len(job.ranks)}; "
-                           f"comm across ranks: min {min(exposed):.1f}, median {statistics.median(exposed):.1f}, "
-                           f"max {max(exposed):.1f} ms; every rank in the JSON report)", style="dim"))
-    console.print(Text("other: copies + host syncs; comm: waiting for the all-reduce after its backward",
-                       style="dim"))
+        console.print(
+            Text(
+                f"(median rank {job.median_rank} and worst rank {job.worst_rank} of {len(job.ranks)}; "
+                f"comm across ranks: min {min(exposed):.1f}, median {statistics.median(exposed):.1f}, "
+                f"max {max(exposed):.1f} ms; every rank in the JSON report)",
+                style="dim",
+            )
+        )
+    console.print(Text("other: copies + host syncs; comm: waiting for the all-reduce after its backward", style="dim"))
     by_rank = {r.rank: r for r in job.ranks}
     worst, median = by_rank[job.worst_rank], by_rank[job.median_rank]
-    console.print(Text(f"Worst rank {worst.rank} vs median rank {median.rank}: {worst.busy_s * 1e3:.1f} vs "
-                       f"{median.busy_s * 1e3:.1f} ms of its own work per step (skew {job.skew:.0%})"))
+    console.print(
+        Text(
+            f"Worst rank {worst.rank} vs median rank {median.rank}: {worst.busy_s * 1e3:.1f} vs "
+            f"{median.busy_s * 1e3:.1f} ms of its own work per step (skew {job.skew:.0%})"
+        )
+    )
     s = job.straggler
     if s is not None:
-        console.print(Text.assemble(("Straggler: ", "bold"), (f"rank {s.rank}", "bold red"),
-                                    f"{f' ({s.host})' if s.host else ''}, cause {s.cause}: the others wait "
-                                    f"{s.cost_s * 1e3:.1f} ms per step ({s.cost_share:.0%}) for it"))
+        console.print(
+            Text.assemble(
+                ("Straggler: ", "bold"),
+                (f"rank {s.rank}", "bold red"),
+                f"{f' ({s.host})' if s.host else ''}, cause {s.cause}: the others wait "
+                f"{s.cost_s * 1e3:.1f} ms per step ({s.cost_share:.0%}) for it",
+            )
+        )
     else:
         console.print(Text("No straggler: no rank keeps the others waiting for 5% of the step or more."))
     overlap = f", {job.overlap:.0%} of the all-reduce time overlapped the backward" if job.overlap is not None else ""
-    console.print(Text(f"Communication: {job.exposed_share:.0%} of the step waits on gradient synchronization"
-                       f"{overlap}."))
+    console.print(
+        Text(f"Communication: {job.exposed_share:.0%} of the step waits on gradient synchronization{overlap}.")
+    )
 
 
 def ranks_html(data: dict[str, Any]) -> str:
@@ -117,20 +172,31 @@ def ranks_html(data: dict[str, Any]) -> str:
     esc = html.escape
     keys = [k for k in data["ranks"][0]["breakdown_ms"]] if data.get("ranks") else []
     head = "".join(f"<th>{esc(k)}</th>" for k in ["rank", "host", "step ms", *keys])
-    rows = "".join("<tr>" + "".join(f"<td>{esc(str(v))}</td>" for v in
-                                    [r["rank"], r["host"], r["step_time_ms"]["median"],
-                                     *(r["breakdown_ms"][k] for k in keys)]) + "</tr>" for r in data.get("ranks", []))
+    rows = "".join(
+        "<tr>"
+        + "".join(
+            f"<td>{esc(str(v))}</td>"
+            for v in [r["rank"], r["host"], r["step_time_ms"]["median"], *(r["breakdown_ms"][k] for k in keys)]
+        )
+        + "</tr>"
+        for r in data.get("ranks", [])
+    )
     s, c = data.get("straggler"), data.get("communication") or {}
     lines = []
     if s:
         where = f" at {s['where']}" if s.get("where") else ""
-        lines.append(f"Straggler: rank {s['rank']} ({s['host']}), cause {s['cause']}{where}: the others wait "
-                     f"{s['cost']['ms_per_step']:.1f} ms per step ({s['cost']['share']:.0%}) for it.")
+        lines.append(
+            f"Straggler: rank {s['rank']} ({s['host']}), cause {s['cause']}{where}: the others wait "
+            f"{s['cost']['ms_per_step']:.1f} ms per step ({s['cost']['share']:.0%}) for it."
+        )
     else:
         lines.append("No straggler: no rank keeps the others waiting for 5% of the step or more.")
     if c:
-        overlap = f", {c['overlap']:.0%} of the all-reduce time overlapped the backward" \
-            if c.get("overlap") is not None else ""
+        overlap = (
+            f", {c['overlap']:.0%} of the all-reduce time overlapped the backward"
+            if c.get("overlap") is not None
+            else ""
+        )
         lines.append(f"Communication: {c['exposed_share']:.0%} of the step waits on gradient synchronization{overlap}.")
     text = "".join(f"<p>{esc(line)}</p>" for line in lines)
     title = f"Ranks ({len(data.get('ranks', []))}), ms per step (medians)"

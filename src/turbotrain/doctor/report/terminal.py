@@ -23,18 +23,38 @@ from ..findings import FOLDS, FRAMEWORK_LABELS, Finding
 from ..record.measurements import CATEGORIES
 from .model import CATEGORY_LABELS, Report
 
-__all__ = ["print_report", "COLORS", "FINDING_LINES", "framework", "chosen_fix", "gain_text", "steps_text",
-           "machine_items", "noise_text", "periodic_text", "shorten_left", "folded_text"]
+__all__ = [
+    "print_report",
+    "COLORS",
+    "FINDING_LINES",
+    "framework",
+    "chosen_fix",
+    "gain_text",
+    "steps_text",
+    "machine_items",
+    "noise_text",
+    "periodic_text",
+    "shorten_left",
+    "folded_text",
+]
 
-COLORS = {"data_loading": "#e4572e", "host_to_device": "#f3a712", "compute": "#29335c", "optimizer": "#669bbc",
-          "host_sync": "#a8c686", "python_overhead": "#8e6c8a", "outside_step": "#9a9a9a"}
+COLORS = {
+    "data_loading": "#e4572e",
+    "host_to_device": "#f3a712",
+    "compute": "#29335c",
+    "optimizer": "#669bbc",
+    "host_sync": "#a8c686",
+    "python_overhead": "#8e6c8a",
+    "outside_step": "#9a9a9a",
+}
 SEVERITY_STYLE = {"high": "bold red", "medium": "yellow", "low": "dim"}
-FINDING_LINES = 6        # the most lines one finding takes in the terminal (its blank separator aside)
+FINDING_LINES = 6  # the most lines one finding takes in the terminal (its blank separator aside)
 _INDENT = "  "
 _FRAMEWORK_LABEL = {**FRAMEWORK_LABELS, "pytorch": ""}
 
 
 # -- the report's figures in words (shared with the HTML report) ------------------------------------
+
 
 def framework(report: Report) -> str:
     """The framework whose loop ran: ``pytorch``, ``lightning`` (its ``Trainer``), ``fabric``, ``accelerate`` or
@@ -83,12 +103,13 @@ def steps_text(report: Report) -> tuple[str, str, str]:
     b = report.breakdown
     assert b is not None  # asked only of a report with a breakdown
     total = sum(b.seconds.values()) + b.interference_s
-    settled = (f"; {len(b.settling)} slower step(s) after it left out as still warming up"
-               if b.settling else "")
-    return (f"{len(b.steps)} step(s) measured after {report.warmup_steps} warm-up{settled}: ",
-            f"{total * 1e3:.1f} ms per step",
-            f" (mean; median {b.median_s * 1e3:.1f} ms, p90 {b.quantile_s(0.9) * 1e3:.1f} ms; "
-            f"delimited by {report.step_delimiter})")
+    settled = f"; {len(b.settling)} slower step(s) after it left out as still warming up" if b.settling else ""
+    return (
+        f"{len(b.steps)} step(s) measured after {report.warmup_steps} warm-up{settled}: ",
+        f"{total * 1e3:.1f} ms per step",
+        f" (mean; median {b.median_s * 1e3:.1f} ms, p90 {b.quantile_s(0.9) * 1e3:.1f} ms; "
+        f"delimited by {report.step_delimiter})",
+    )
 
 
 def _num(value: Any) -> str:
@@ -99,17 +120,23 @@ def machine_items(machine: dict[str, Any]) -> list[str]:
     """The machine as the run saw it, one short phrase per fact present."""
     m = machine or {}
     items = []
-    limits = [f"{label} {_num(m[key])}" for key, label in (("cpu_quota", "quota"), ("affinity_cores", "affinity"))
-              if m.get(key) is not None]
+    limits = [
+        f"{label} {_num(m[key])}"
+        for key, label in (("cpu_quota", "quota"), ("affinity_cores", "affinity"))
+        if m.get(key) is not None
+    ]
     if m.get("usable_cores") is not None or m.get("host_cores") is not None:
-        cores = (f"{_num(m['usable_cores'])} usable" if m.get("usable_cores") is not None else "")
+        cores = f"{_num(m['usable_cores'])} usable" if m.get("usable_cores") is not None else ""
         if m.get("host_cores") is not None:
             cores += f" of {_num(m['host_cores'])}" if cores else _num(m["host_cores"])
         items.append(f"cores: {cores}" + (f" ({', '.join(limits)})" if limits else ""))
     elif limits:
         items.append(f"cores: {', '.join(limits)}")
-    threads = [f"{_num(m[key])} {label}" for key, label in (("intra_op_threads", "intra-op"),
-                                                             ("interop_threads", "inter-op")) if m.get(key) is not None]
+    threads = [
+        f"{_num(m[key])} {label}"
+        for key, label in (("intra_op_threads", "intra-op"), ("interop_threads", "inter-op"))
+        if m.get(key) is not None
+    ]
     if threads:
         items.append(f"torch threads: {', '.join(threads)}")
     if m.get("dataloader_workers") is not None:
@@ -158,10 +185,11 @@ def periodic_text(entry: dict[str, Any]) -> str:
 
 def shorten_left(text: str, width: int) -> str:
     """``text`` cut from the left to ``width`` characters (a path keeps its file name and line)."""
-    return text if len(text) <= width else "…" + text[len(text) - width + 1:]
+    return text if len(text) <= width else "…" + text[len(text) - width + 1 :]
 
 
 # -- layout -------------------------------------------------------------------------------------------
+
 
 def _lines(console: Console, text: Text, width: int, limit: int) -> list[Text]:
     """``text`` wrapped between words into at most ``limit`` lines of ``width``; an ellipsis marks a cut."""
@@ -228,8 +256,13 @@ def _finding(console: Console, f: Finding, report: Report, how: str, width: int)
 def print_report(report: Report, file: IO[str] | None = None, width: int | None = None) -> None:
     console = Console(file=file, width=width, highlight=False, emoji=False)
     width = console.width
-    console.print(Text.assemble(("turbotrain doctor ", "bold"), (report.script or "", "cyan"),
-                                (f"  {' '.join(report.argv)}" if report.argv else "")))
+    console.print(
+        Text.assemble(
+            ("turbotrain doctor ", "bold"),
+            (report.script or "", "cyan"),
+            (f"  {' '.join(report.argv)}" if report.argv else ""),
+        )
+    )
     console.print(Text(f"{report.device}: {report.hardware}", style="dim"))
     if report.noise:
         head, reasons = noise_text(report.noise)
@@ -237,8 +270,7 @@ def print_report(report: Report, file: IO[str] | None = None, width: int | None 
         for reason in reasons:
             _hanging(console, f"{_INDENT}- ", Text(reason, style="yellow"), width)
     if report.machine:
-        _packed(console, [Text(item, style="dim") for item in machine_items(report.machine)], width,
-                indent="")
+        _packed(console, [Text(item, style="dim") for item in machine_items(report.machine)], width, indent="")
     for message in report.messages:
         _hanging(console, "! ", Text(message, style="yellow"), width)
     b = report.breakdown
@@ -251,13 +283,21 @@ def print_report(report: Report, file: IO[str] | None = None, width: int | None 
     for key in CATEGORIES:
         share = b.shares.get(key, 0.0)
         if share >= 0.005:
-            legend.append(Text.assemble(("■ ", COLORS[key]), f"{CATEGORY_LABELS[key]} {share:.0%} "
-                                                               f"({b.seconds[key] * 1e3:.1f} ms)"))
+            legend.append(
+                Text.assemble(
+                    ("■ ", COLORS[key]), f"{CATEGORY_LABELS[key]} {share:.0%} ({b.seconds[key] * 1e3:.1f} ms)"
+                )
+            )
     if b.interference_s >= 0.005 * (sum(b.seconds.values()) + b.interference_s):
         legend.append(Text(f"other processes {b.interference_s * 1e3:.1f} ms (not in the bar)"))
     _packed(console, legend, width)
-    console.print(Text.assemble("Bottleneck: ", (CATEGORY_LABELS[b.bottleneck], f"bold {COLORS[b.bottleneck]}"),
-                                f" ({b.shares[b.bottleneck]:.0%} of step time)"))
+    console.print(
+        Text.assemble(
+            "Bottleneck: ",
+            (CATEGORY_LABELS[b.bottleneck], f"bold {COLORS[b.bottleneck]}"),
+            f" ({b.shares[b.bottleneck]:.0%} of step time)",
+        )
+    )
     for entry in report.periodic:
         _hanging(console, "↻ ", Text(periodic_text(entry)), width)
     if report.ranks is not None:
@@ -281,8 +321,13 @@ def print_report(report: Report, file: IO[str] | None = None, width: int | None 
         for line in folded:
             _hanging(console, "+ ", Text(line, style="dim"), width)
         console.print()
-        console.print(Text("Each fix for PyTorch, Lightning, Fabric, Accelerate, the HF Trainer and tt.Plan, with "
-                           "the full notes: the --html and --json reports.", style="dim"))
+        console.print(
+            Text(
+                "Each fix for PyTorch, Lightning, Fabric, Accelerate, the HF Trainer and tt.Plan, with "
+                "the full notes: the --html and --json reports.",
+                style="dim",
+            )
+        )
     else:
         console.print("[green]No findings: nothing this doctor knows of slows the step down.[/green]")
     if report.fixes is not None:
@@ -290,13 +335,32 @@ def print_report(report: Report, file: IO[str] | None = None, width: int | None 
 
         print_fixes(console, report.fixes, width)
     if report.syncs:
-        _rows(console, "Host syncs per step", ["where", "kind", "per step", "ms/step", "code"],
-              [[shorten_left(r["where"], 32), r["kind"], f"{r['per_step']:g}", f"{r['ms_per_step']:.3f}", r["code"]]
-               for r in report.syncs[:10]], width)
+        _rows(
+            console,
+            "Host syncs per step",
+            ["where", "kind", "per step", "ms/step", "code"],
+            [
+                [shorten_left(r["where"], 32), r["kind"], f"{r['per_step']:g}", f"{r['ms_per_step']:.3f}", r["code"]]
+                for r in report.syncs[:10]
+            ],
+            width,
+        )
     if report.top_ops:
-        _rows(console, "Top ops (profiler window), per step", ["calls", "self CPU ms", "self device ms", "op"],
-              [[f"{r['calls_per_step']:g}", f"{r['self_cpu_ms_per_step']:.3f}", f"{r['self_device_ms_per_step']:.3f}",
-                r["op"]] for r in report.top_ops[:8]], width)
+        _rows(
+            console,
+            "Top ops (profiler window), per step",
+            ["calls", "self CPU ms", "self device ms", "op"],
+            [
+                [
+                    f"{r['calls_per_step']:g}",
+                    f"{r['self_cpu_ms_per_step']:.3f}",
+                    f"{r['self_device_ms_per_step']:.3f}",
+                    r["op"],
+                ]
+                for r in report.top_ops[:8]
+            ],
+            width,
+        )
     if report.trace_path:
         console.print(f"Trace: {report.trace_path} (open in https://ui.perfetto.dev or chrome://tracing)")
 

@@ -35,14 +35,19 @@ def _merge(findings: list[Finding]) -> list[Finding]:
     for f in findings:
         key = (f.rule, (f.site.file, f.site.line) if f.site else f.where)
         kept = by_key.get(key)
-        if kept is None or (rank[f.source], SEVERITIES.index(f.severity)) < (rank[kept.source],
-                                                                             SEVERITIES.index(kept.severity)):
+        if kept is None or (rank[f.source], SEVERITIES.index(f.severity)) < (
+            rank[kept.source],
+            SEVERITIES.index(kept.severity),
+        ):
             by_key[key] = f
     merged = list(by_key.values())
     # A static guess adds nothing where the run measured the same rule in the same function.
     measured = {(f.rule, f.site.file, f.site.function) for f in merged if f.source != "static" and f.site}
-    return [f for f in merged
-            if not (f.source == "static" and f.site and (f.rule, f.site.file, f.site.function) in measured)]
+    return [
+        f
+        for f in merged
+        if not (f.source == "static" and f.site and (f.rule, f.site.file, f.site.function) in measured)
+    ]
 
 
 def evaluate(ctx: Context, only: Iterable[str] | None = None) -> list[Finding]:
@@ -75,8 +80,11 @@ def _confirmed(ctx: Context, finding: Finding) -> bool:
         return True
     ran = ctx.function_ran(finding.site)
     if ran is False:
-        finding.cap("low", "This line did not run while the doctor watched (the warm-up and profiled steps); "
-                           "it matters only if this code runs during training.")
+        finding.cap(
+            "low",
+            "This line did not run while the doctor watched (the warm-up and profiled steps); "
+            "it matters only if this code runs during training.",
+        )
         finding.evidence["ran"] = False
     return True
 

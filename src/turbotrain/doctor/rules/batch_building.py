@@ -40,18 +40,30 @@ def per_sample_batch(ctx: Context) -> Iterator[Finding]:
         per_step_s = data_s * count / total
         leads = ctx.breakdown.bottleneck == "data_loading"
         f = Finding(
-            "per-sample-batch", site=site, category="data_loading",
-            message=(f"The batch is built here one sample at a time, {build.call}([{build.element} for {build.var} "
-                     f"in {build.indices}]): one indexing op, one tensor and one Python iteration per sample. "
-                     f"About {line_share:.0%} of each step ({per_step_s * 1e3:.1f} ms) waits on this line"
-                     + (", and data loading leads the step." if leads else ".")),
+            "per-sample-batch",
+            site=site,
+            category="data_loading",
+            message=(
+                f"The batch is built here one sample at a time, {build.call}([{build.element} for {build.var} "
+                f"in {build.indices}]): one indexing op, one tensor and one Python iteration per sample. "
+                f"About {line_share:.0%} of each step ({per_step_s * 1e3:.1f} ms) waits on this line"
+                + (", and data loading leads the step." if leads else ".")
+            ),
             fix=Fix(f"build the batch with one indexing op: {build.one_op()}"),
-            evidence={"samples_at_line": count, "samples_in_gaps": total, "line_share": round(line_share, 4),
-                      "ms_per_step": round(per_step_s * 1e3, 3), "pattern": build.kind},
-            request=BatchBuildRequest(site, line_share) if build.kind == "slices" else None)
+            evidence={
+                "samples_at_line": count,
+                "samples_in_gaps": total,
+                "line_share": round(line_share, 4),
+                "ms_per_step": round(per_step_s * 1e3, 3),
+                "pattern": build.kind,
+            },
+            request=BatchBuildRequest(site, line_share) if build.kind == "slices" else None,
+        )
         f.set_gain(line_share, measured=False)
-        f.note = ("est_speedup is the upper bound (all of this line's measured time) until the one-op build is "
-                  "timed." if build.kind == "slices" else
-                  "Not timed: the samples are not slices of one tensor, so the one-op build cannot be made "
-                  "from your data without changing it; the share above is what the line measured.")
+        f.note = (
+            "est_speedup is the upper bound (all of this line's measured time) until the one-op build is timed."
+            if build.kind == "slices"
+            else "Not timed: the samples are not slices of one tensor, so the one-op build cannot be made "
+            "from your data without changing it; the share above is what the line measured."
+        )
         yield f

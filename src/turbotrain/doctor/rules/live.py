@@ -40,18 +40,26 @@ def small_batch(ctx: Context) -> Iterator[Finding]:
     if not batch or ctx.capture is None or batch > 32 or overhead < 0.25:
         return
     f = Finding(
-        "small-batch", site=ctx.main_loader.site if ctx.main_loader else ctx.capture.site, category="compute",
+        "small-batch",
+        site=ctx.main_loader.site if ctx.main_loader else ctx.capture.site,
+        category="compute",
         speedup=speedup_for_rule("small-batch"),
-        message=(f"Batches of {batch} sample(s) leave the step bound by per-op overhead ({overhead:.0%} of step "
-                 "time is dispatching ops, not computing): a larger batch does more work per op."),
-        fix=Fix("Raise the batch size (the largest that fits; rescale the learning rate) or accumulate several "
-                "samples per forward", plan={"batch_size": 8 * max(1, batch)},
-                lightning="DataLoader(batch_size=...); Trainer(accumulate_grad_batches=k) keeps the effective size",
-                accelerate="DataLoader(batch_size=...)",
-                hf_trainer="TrainingArguments(per_device_train_batch_size=...); gradient_accumulation_steps=k keeps "
-                           "the effective size"),
+        message=(
+            f"Batches of {batch} sample(s) leave the step bound by per-op overhead ({overhead:.0%} of step "
+            "time is dispatching ops, not computing): a larger batch does more work per op."
+        ),
+        fix=Fix(
+            "Raise the batch size (the largest that fits; rescale the learning rate) or accumulate several "
+            "samples per forward",
+            plan={"batch_size": 8 * max(1, batch)},
+            lightning="DataLoader(batch_size=...); Trainer(accumulate_grad_batches=k) keeps the effective size",
+            accelerate="DataLoader(batch_size=...)",
+            hf_trainer="TrainingArguments(per_device_train_batch_size=...); gradient_accumulation_steps=k keeps "
+            "the effective size",
+        ),
         evidence={"batch_size": batch, "python_overhead_share": round(overhead, 3)},
-        request=BatchRequest())
+        request=BatchRequest(),
+    )
     f.provisional("medium")
     f.note = "A larger batch changes the optimisation (rescale the learning rate); est_speedup is samples/s."
     yield f
@@ -70,24 +78,34 @@ def no_mixed_precision(ctx: Context) -> Iterator[Finding]:
     # float32, which only its author can say its numerics allow. Kept for the reports, folded in the terminal.
     float64 = facts.param_dtype == "torch.float64"
     f = Finding(
-        "no-mixed-precision", site=ctx.capture.site if ctx.capture else None, category="compute",
+        "no-mixed-precision",
+        site=ctx.capture.site if ctx.capture else None,
+        category="compute",
         speedup=speedup_for_rule("no-mixed-precision", "precision"),
-        message=(f"The model computes in {facts.param_dtype.replace('torch.', '')} without autocast; "
-                 f"{ctx.hw.device_name} runs {dtype.replace('torch.', '')} matmuls and convolutions faster."),
-        fix=Fix(f"with torch.autocast('{ctx.device}', dtype={dtype}): around forward and loss"
-                + (" plus torch.amp.GradScaler for float16" if precision == "fp16-mixed" else ""),
-                plan={"precision": precision},
-                lightning=lightning_call(precision=precision),
-                accelerate=call_text("Accelerator", by_field("precision").export.accelerate_keys(
-                    Plan(precision=precision))),
-                fabric=call_text("Fabric", by_field("precision").export.lightning_flags(Plan(precision=precision))),
-                hf_trainer=call_text("TrainingArguments", {"bf16" if precision == "bf16-mixed" else "fp16": True})),
-        request=None if float64 else PlanRequest({"precision": precision}))
+        message=(
+            f"The model computes in {facts.param_dtype.replace('torch.', '')} without autocast; "
+            f"{ctx.hw.device_name} runs {dtype.replace('torch.', '')} matmuls and convolutions faster."
+        ),
+        fix=Fix(
+            f"with torch.autocast('{ctx.device}', dtype={dtype}): around forward and loss"
+            + (" plus torch.amp.GradScaler for float16" if precision == "fp16-mixed" else ""),
+            plan={"precision": precision},
+            lightning=lightning_call(precision=precision),
+            accelerate=call_text(
+                "Accelerator", by_field("precision").export.accelerate_keys(Plan(precision=precision))
+            ),
+            fabric=call_text("Fabric", by_field("precision").export.lightning_flags(Plan(precision=precision))),
+            hf_trainer=call_text("TrainingArguments", {"bf16" if precision == "bf16-mixed" else "fp16": True}),
+        ),
+        request=None if float64 else PlanRequest({"precision": precision}),
+    )
     if float64:
         f.provisional("low")
         f.fold = "float64"
-        f.note = ("The model computes in float64, which autocast leaves as it is: mixed precision needs the model in "
-                  "float32 first (model.float()), if its numerics allow; float32 alone is then faster than float64.")
+        f.note = (
+            "The model computes in float64, which autocast leaves as it is: mixed precision needs the model in "
+            "float32 first (model.float()), if its numerics allow; float32 alone is then faster than float64."
+        )
         yield f
         return
     f.provisional("medium" if ctx.on_gpu else "low")
@@ -99,13 +117,18 @@ def no_mixed_precision(ctx: Context) -> Iterator[Finding]:
 def zero_grad_not_none(ctx: Context) -> Iterator[Finding]:
     for stat in ctx.ran_sites("zero_grad_zeros"):
         f = Finding(
-            "zero-grad-not-none", site=stat.site, category="optimizer", speedup=speedup_for_rule("zero-grad-not-none"),
+            "zero-grad-not-none",
+            site=stat.site,
+            category="optimizer",
+            speedup=speedup_for_rule("zero-grad-not-none"),
             message="zero_grad(set_to_none=False) writes zeros into every gradient each step (a memset per "
-                    "parameter) instead of dropping them.",
-            fix=Fix("optimizer.zero_grad() (set_to_none=True is the default since torch 2.0)",
-                    plan={"set_to_none": True}),
+            "parameter) instead of dropping them.",
+            fix=Fix(
+                "optimizer.zero_grad() (set_to_none=True is the default since torch 2.0)", plan={"set_to_none": True}
+            ),
             evidence={"per_step": stat.per_step},
-            request=PlanRequest({"set_to_none": True}, baseline={"set_to_none": False}))
+            request=PlanRequest({"set_to_none": True}, baseline={"set_to_none": False}),
+        )
         f.provisional("low")
         yield f
 
@@ -119,16 +142,24 @@ def non_foreach_optimizer(ctx: Context) -> Iterator[Finding]:
         n = sum(len(g["params"]) for g in opt.param_groups)
         if impl != "for-loop" or n < 16:
             continue
-        fused = fused_optimizer.best_implementation(opt) == "fused"   # what Plan.fused_optimizer would switch to
+        fused = fused_optimizer.best_implementation(opt) == "fused"  # what Plan.fused_optimizer would switch to
         share = ctx.timed_share("optimizer")
         f = Finding(
-            "non-foreach-optimizer", site=site, category="optimizer", speedup=speedup_for_rule("non-foreach-optimizer"),
-            message=(f"{type(opt).__name__} updates its {n} parameter tensors one by one (a Python loop of small "
-                     f"kernels); the optimizer takes {share:.0%} of step time."),
-            fix=Fix(f"{type(opt).__name__}(..., {'fused=True' if fused else 'foreach=True'})",
-                    plan={"fused_optimizer": True}),
+            "non-foreach-optimizer",
+            site=site,
+            category="optimizer",
+            speedup=speedup_for_rule("non-foreach-optimizer"),
+            message=(
+                f"{type(opt).__name__} updates its {n} parameter tensors one by one (a Python loop of small "
+                f"kernels); the optimizer takes {share:.0%} of step time."
+            ),
+            fix=Fix(
+                f"{type(opt).__name__}(..., {'fused=True' if fused else 'foreach=True'})",
+                plan={"fused_optimizer": True},
+            ),
             evidence={"param_tensors": n, "implementation": impl, "optimizer_share": round(share, 3)},
-            request=PlanRequest({"fused_optimizer": True}))
+            request=PlanRequest({"fused_optimizer": True}),
+        )
         f.provisional("medium" if share >= 0.2 and n >= 100 else "low")
         yield f
 
@@ -162,13 +193,20 @@ def dims_not_multiple_of_8(ctx: Context) -> Iterator[Finding]:
             continue
         padded = [-(-d // 64) * 64 for d in odd]
         f = Finding(
-            "dims-not-multiple-of-8", site=ctx.module_site(module), category="compute",
-            message=(f"{name or type(module).__name__} ({type(module).__name__}{dims}) has "
-                     f"{', '.join(map(str, odd))} as a matrix dimension, not a multiple of 8: tensor cores then "
-                     f"fall back to slower kernels ({weight / total:.0%} of the model's weights)."),
-            fix=Fix(f"pad it to {', '.join(map(str, padded))} (a multiple of 64), e.g. a vocabulary padded with "
-                    "unused tokens"),
-            evidence={"module": name, "dims": list(dims)})
+            "dims-not-multiple-of-8",
+            site=ctx.module_site(module),
+            category="compute",
+            message=(
+                f"{name or type(module).__name__} ({type(module).__name__}{dims}) has "
+                f"{', '.join(map(str, odd))} as a matrix dimension, not a multiple of 8: tensor cores then "
+                f"fall back to slower kernels ({weight / total:.0%} of the model's weights)."
+            ),
+            fix=Fix(
+                f"pad it to {', '.join(map(str, padded))} (a multiple of 64), e.g. a vocabulary padded with "
+                "unused tokens"
+            ),
+            evidence={"module": name, "dims": list(dims)},
+        )
         f.provisional("medium" if ctx.on_gpu and (ctx.facts.autocast or ctx.hw.tf32) else "low")
         reported += 1
         yield f.on_cpu(ctx, " with tensor cores")
@@ -181,12 +219,16 @@ def batch_size_not_multiple_of_8(ctx: Context) -> Iterator[Finding]:
         return
     site = ctx.main_loader.site if ctx.main_loader else (ctx.capture.site if ctx.capture else None)
     f = Finding(
-        "batch-size-not-multiple-of-8", site=site, category="compute", speedup=speedup_for_rule(
-            "batch-size-not-multiple-of-8"),
+        "batch-size-not-multiple-of-8",
+        site=site,
+        category="compute",
+        speedup=speedup_for_rule("batch-size-not-multiple-of-8"),
         message=f"The batch size is {batch}, not a multiple of 8: the batch is a matrix dimension of every layer.",
-        fix=Fix(f"batch_size={batch // 8 * 8 or 8} or {(batch // 8 + 1) * 8}",
-                plan={"batch_size": (batch // 8 + 1) * 8}),
-        evidence={"batch_size": batch})
+        fix=Fix(
+            f"batch_size={batch // 8 * 8 or 8} or {(batch // 8 + 1) * 8}", plan={"batch_size": (batch // 8 + 1) * 8}
+        ),
+        evidence={"batch_size": batch},
+    )
     f.provisional("medium" if ctx.on_gpu and ctx.breakdown.bottleneck == "compute" and ctx.facts.autocast else "low")
     yield f.on_cpu(ctx, " with tensor cores")
 
@@ -196,9 +238,15 @@ def _switch_finding(ctx: Context, rule_id: str, message: str, fix: Fix, measurab
     plan = fix.plan
     assert plan is not None  # a Plan switch's fix
     field = next(iter(plan))
-    return Finding(rule_id, site=ctx.capture.site if ctx.capture else None, category="compute", message=message,
-                   fix=fix, speedup=speedup_for_rule(rule_id, field),
-                   request=PlanRequest(dict(plan)) if measurable else None)
+    return Finding(
+        rule_id,
+        site=ctx.capture.site if ctx.capture else None,
+        category="compute",
+        message=message,
+        fix=fix,
+        speedup=speedup_for_rule(rule_id, field),
+        request=PlanRequest(dict(plan)) if measurable else None,
+    )
 
 
 @rule("cudnn-benchmark-off", "live")
@@ -208,11 +256,17 @@ def cudnn_benchmark_off(ctx: Context) -> Iterator[Finding]:
     if not ctx.on_gpu and not ctx.written_for_gpu:
         return
     f = _switch_finding(
-        ctx, "cudnn-benchmark-off",
+        ctx,
+        "cudnn-benchmark-off",
         "torch.backends.cudnn.benchmark is off for a convolutional net: cuDNN uses a heuristic algorithm "
         "instead of timing the candidates once per input shape.",
-        Fix("torch.backends.cudnn.benchmark = True (input shapes fixed from step to step)",
-            plan={"cudnn_benchmark": True}, lightning=lightning_call(cudnn_benchmark=True)), measurable=ctx.on_gpu)
+        Fix(
+            "torch.backends.cudnn.benchmark = True (input shapes fixed from step to step)",
+            plan={"cudnn_benchmark": True},
+            lightning=lightning_call(cudnn_benchmark=True),
+        ),
+        measurable=ctx.on_gpu,
+    )
     f.provisional("medium" if ctx.on_gpu else "low")
     yield f.on_cpu(ctx)
 
@@ -224,11 +278,16 @@ def channels_last(ctx: Context) -> Iterator[Finding]:
     if not any(len(s) == 4 for s in ctx.facts.input_shapes):
         return
     f = _switch_finding(
-        ctx, "channels-last",
+        ctx,
+        "channels-last",
         "The conv net runs in NCHW (channels-first) layout; convolution kernels, tensor cores and oneDNN on "
         "CPUs read NHWC (channels_last) faster.",
-        Fix("model = model.to(memory_format=torch.channels_last); "
-            "images = images.to(memory_format=torch.channels_last)", plan={"channels_last": True}))
+        Fix(
+            "model = model.to(memory_format=torch.channels_last); "
+            "images = images.to(memory_format=torch.channels_last)",
+            plan={"channels_last": True},
+        ),
+    )
     f.provisional("medium" if ctx.on_gpu and ctx.facts.autocast else "low")
     yield f
 
@@ -241,14 +300,19 @@ def conv_bias_before_bn(ctx: Context) -> Iterator[Finding]:
     modules = dict(ctx.model.named_modules())
     first = modules.get(pairs[0][0])
     f = Finding(
-        "conv-bias-before-bn", site=ctx.module_site(first), category="compute",
+        "conv-bias-before-bn",
+        site=ctx.module_site(first),
+        category="compute",
         speedup=speedup_for_rule("conv-bias-before-bn"),
-        message=(f"{len(pairs)} convolution(s) add a bias right before a BatchNorm, which subtracts the mean and "
-                 f"so cancels it: wasted adds, gradients and optimizer work ({', '.join(c for c, _ in pairs[:4])}"
-                 f"{', ...' if len(pairs) > 4 else ''})."),
+        message=(
+            f"{len(pairs)} convolution(s) add a bias right before a BatchNorm, which subtracts the mean and "
+            f"so cancels it: wasted adds, gradients and optimizer work ({', '.join(c for c, _ in pairs[:4])}"
+            f"{', ...' if len(pairs) > 4 else ''})."
+        ),
         fix=Fix("nn.Conv2d(..., bias=False) before each BatchNorm", plan={"drop_conv_bias": True}),
         evidence={"pairs": [list(p) for p in pairs]},
-        request=PlanRequest({"drop_conv_bias": True}))
+        request=PlanRequest({"drop_conv_bias": True}),
+    )
     f.provisional("low")
     yield f
 
@@ -259,17 +323,25 @@ def data_parallel(ctx: Context) -> Iterator[Finding]:
         if isinstance(module, nn.DataParallel):
             gpus = ctx.hw.device_count if ctx.on_gpu else 0
             f = Finding(
-                "data-parallel", site=ctx.module_site(module), category="compute",
+                "data-parallel",
+                site=ctx.module_site(module),
+                category="compute",
                 speedup=speedup_for_rule("data-parallel"),
-                message=("nn.DataParallel runs all GPUs from one Python process: every step it replicates the model, "
-                         "scatters the batch and gathers the outputs on GPU 0, all under one GIL."),
-                fix=Fix("DistributedDataParallel, one process per GPU: `turbotrain launch --nproc-per-node N "
-                        "train.py` or `torchrun --nproc-per-node N train.py` with DDP(model)",
-                        plan={"strategy": "ddp"}, lightning="Trainer(strategy='ddp', devices=N)",
-                        accelerate="accelerate launch --multi_gpu --num_processes N train.py",
-                        fabric="Fabric(strategy='ddp', devices=N)",
-                        hf_trainer="torchrun --nproc-per-node N train.py (the Trainer then runs DDP itself)"),
-                evidence={"gpus": gpus})
+                message=(
+                    "nn.DataParallel runs all GPUs from one Python process: every step it replicates the model, "
+                    "scatters the batch and gathers the outputs on GPU 0, all under one GIL."
+                ),
+                fix=Fix(
+                    "DistributedDataParallel, one process per GPU: `turbotrain launch --nproc-per-node N "
+                    "train.py` or `torchrun --nproc-per-node N train.py` with DDP(model)",
+                    plan={"strategy": "ddp"},
+                    lightning="Trainer(strategy='ddp', devices=N)",
+                    accelerate="accelerate launch --multi_gpu --num_processes N train.py",
+                    fabric="Fabric(strategy='ddp', devices=N)",
+                    hf_trainer="torchrun --nproc-per-node N train.py (the Trainer then runs DDP itself)",
+                ),
+                evidence={"gpus": gpus},
+            )
             f.provisional("high" if gpus >= 2 else "medium")
             yield f.on_cpu(ctx)
             return
@@ -283,12 +355,18 @@ def syncbn_with_compile(ctx: Context) -> Iterator[Finding]:
     if not (ctx.facts.compiled or ctx.seen("compile")):
         return
     f = Finding(
-        "syncbn-with-compile", site=ctx.module_site(model), category="compute", speedup=speedup_for_rule(
-            "syncbn-with-compile"),
+        "syncbn-with-compile",
+        site=ctx.module_site(model),
+        category="compute",
+        speedup=speedup_for_rule("syncbn-with-compile"),
         message="The compiled model contains SyncBatchNorm: every SyncBatchNorm is a cross-process collective that "
-                "breaks the compiled graph, giving back much of what compile buys.",
-        fix=Fix("use plain BatchNorm with compile (or keep SyncBatchNorm and drop compile)",
-                plan={"sync_batchnorm": False}, lightning="Trainer(sync_batchnorm=False) with a compiled model"))
+        "breaks the compiled graph, giving back much of what compile buys.",
+        fix=Fix(
+            "use plain BatchNorm with compile (or keep SyncBatchNorm and drop compile)",
+            plan={"sync_batchnorm": False},
+            lightning="Trainer(sync_batchnorm=False) with a compiled model",
+        ),
+    )
     f.provisional("medium")
     yield f.on_cpu(ctx)
 
@@ -296,8 +374,15 @@ def syncbn_with_compile(ctx: Context) -> Iterator[Finding]:
 @rule("nccl-env", "live")
 def nccl_env(ctx: Context) -> Iterator[Finding]:
     for name, kind, message, fix in check_nccl_env(ctx.env):
-        f = Finding("nccl-env", where=f"env {name}", message=message, fix=Fix(fix), category="compute",
-                    speedup=speedup_for_rule("nccl-env"), evidence={"variable": name, "kind": kind})
+        f = Finding(
+            "nccl-env",
+            where=f"env {name}",
+            message=message,
+            fix=Fix(fix),
+            category="compute",
+            speedup=speedup_for_rule("nccl-env"),
+            evidence={"variable": name, "kind": kind},
+        )
         f.provisional("medium" if kind in ("typo", "disabled") and (ctx.on_gpu or ctx.world_size > 1) else "low")
         if f.severity == "low" and kind in ("typo", "disabled"):
             f.note = "This run does not use NCCL (no GPU or process group); it matters on multi-GPU runs."

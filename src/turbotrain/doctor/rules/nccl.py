@@ -11,7 +11,8 @@ import difflib
 __all__ = ["KNOWN", "check_nccl_env"]
 
 # Documented in NCCL's "Environment Variables" guide (2.x) plus PyTorch's own TORCH_NCCL_* names.
-KNOWN = frozenset("""
+KNOWN = frozenset(
+    """
 NCCL_DEBUG NCCL_DEBUG_FILE NCCL_DEBUG_SUBSYS NCCL_DEBUG_TIMESTAMP_FORMAT NCCL_DEBUG_TIMESTAMP_LEVELS
 NCCL_SOCKET_IFNAME NCCL_SOCKET_FAMILY NCCL_SOCKET_NTHREADS NCCL_NSOCKS_PERTHREAD NCCL_SOCKET_RETRY_CNT
 NCCL_SOCKET_RETRY_SLEEP_MSEC NCCL_CROSS_NIC NCCL_IB_HCA NCCL_IB_TIMEOUT NCCL_IB_RETRY_CNT NCCL_IB_GID_INDEX
@@ -41,7 +42,8 @@ NCCL_RAS_TIMEOUT_FACTOR NCCL_CONNECT_TIMEOUT NCCL_PROXY_APPEND_BATCH_SIZE NCCL_P
 NCCL_CREATE_THREAD_CONTEXT NCCL_NVTX_DISABLE NCCL_WIN_ENABLE NCCL_SYM_KERNEL NCCL_ALLOC_P2P_NET_LL_BUFFERS
 NCCL_ASYNC_ERROR_HANDLING NCCL_BLOCKING_WAIT NCCL_DESYNC_DEBUG NCCL_ENABLE_TIMING NCCL_ENABLE_MONITORING
 NCCL_HEARTBEAT_TIMEOUT_SEC NCCL_TRACE_BUFFER_SIZE NCCL_DUMP_ON_TIMEOUT NCCL_AVOID_RECORD_STREAMS
-""".split())
+""".split()
+)
 
 # Not a setting: NVIDIA's CUDA container images label the NCCL they ship with it (nothing reads it).
 IMAGE_LABELS = frozenset({"NCCL_VERSION"})
@@ -55,9 +57,11 @@ DISABLERS = {
 }
 
 # PyTorch renamed its own NCCL switches; the old names still work but warn and will go.
-RENAMED = {"NCCL_ASYNC_ERROR_HANDLING": "TORCH_NCCL_ASYNC_ERROR_HANDLING",
-           "NCCL_BLOCKING_WAIT": "TORCH_NCCL_BLOCKING_WAIT",
-           "NCCL_DESYNC_DEBUG": "TORCH_NCCL_DESYNC_DEBUG"}
+RENAMED = {
+    "NCCL_ASYNC_ERROR_HANDLING": "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+    "NCCL_BLOCKING_WAIT": "TORCH_NCCL_BLOCKING_WAIT",
+    "NCCL_DESYNC_DEBUG": "TORCH_NCCL_DESYNC_DEBUG",
+}
 
 
 def check_nccl_env(env: dict[str, str]) -> list[tuple[str, str, str, str]]:
@@ -71,22 +75,57 @@ def check_nccl_env(env: dict[str, str]) -> list[tuple[str, str, str, str]]:
         if name not in KNOWN:
             close = difflib.get_close_matches(name, KNOWN, n=1, cutoff=0.85)
             if close:
-                problems.append((name, "typo",
-                                 f"{name} is not an NCCL variable, so NCCL ignores it; {close[0]} is.",
-                                 f"rename it: export {close[0]}={value}"))
+                problems.append(
+                    (
+                        name,
+                        "typo",
+                        f"{name} is not an NCCL variable, so NCCL ignores it; {close[0]} is.",
+                        f"rename it: export {close[0]}={value}",
+                    )
+                )
             else:
-                problems.append((name, "unknown", f"{name} is not a variable NCCL documents; NCCL ignores it.",
-                                 "check the name against NCCL's environment variable guide"))
+                problems.append(
+                    (
+                        name,
+                        "unknown",
+                        f"{name} is not a variable NCCL documents; NCCL ignores it.",
+                        "check the name against NCCL's environment variable guide",
+                    )
+                )
         elif name in RENAMED:
-            problems.append((name, "renamed", f"{name} is PyTorch's old name; it now reads {RENAMED[name]}.",
-                             f"export {RENAMED[name]}={value}"))
+            problems.append(
+                (
+                    name,
+                    "renamed",
+                    f"{name} is PyTorch's old name; it now reads {RENAMED[name]}.",
+                    f"export {RENAMED[name]}={value}",
+                )
+            )
         elif name in DISABLERS and DISABLERS[name] and value.strip() not in ("", "0"):
-            problems.append((name, "disabled", f"{name}={value} turns off {DISABLERS[name]}.",
-                             f"unset {name} unless it works around a known fault"))
+            problems.append(
+                (
+                    name,
+                    "disabled",
+                    f"{name}={value} turns off {DISABLERS[name]}.",
+                    f"unset {name} unless it works around a known fault",
+                )
+            )
         elif name == "NCCL_NVLS_ENABLE" and value.strip() == "0":
-            problems.append((name, "disabled", "NCCL_NVLS_ENABLE=0 turns off NVLink SHARP collectives.",
-                             "unset NCCL_NVLS_ENABLE unless it works around a known fault"))
+            problems.append(
+                (
+                    name,
+                    "disabled",
+                    "NCCL_NVLS_ENABLE=0 turns off NVLink SHARP collectives.",
+                    "unset NCCL_NVLS_ENABLE unless it works around a known fault",
+                )
+            )
         elif name == "NCCL_DEBUG" and value.strip().upper() in ("INFO", "TRACE"):
-            problems.append((name, "debug", f"NCCL_DEBUG={value} logs every communicator set-up (TRACE: every call).",
-                             "NCCL_DEBUG=WARN outside debugging"))
+            problems.append(
+                (
+                    name,
+                    "debug",
+                    f"NCCL_DEBUG={value} logs every communicator set-up (TRACE: every call).",
+                    "NCCL_DEBUG=WARN outside debugging",
+                )
+            )
     return problems

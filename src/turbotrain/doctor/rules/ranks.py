@@ -13,28 +13,33 @@ if TYPE_CHECKING:
 
 __all__ = ["straggler", "exposed_gradient_sync"]
 
-_CAUSE_WORDS = {"data_loading": "its data loading", "host_to_device": "its host-to-device copies",
-                "compute": "its compute (forward and backward)", "optimizer": "its optimizer step",
-                "host_sync": "its host syncs", "outside_step": "work only it does between steps",
-                "unexplained": "time no phase explains",
-                "cpu_contention": "waiting for a CPU (its thread used no more CPU time than the others': other "
-                                  "processes or the hypervisor held its core)"}
+_CAUSE_WORDS = {
+    "data_loading": "its data loading",
+    "host_to_device": "its host-to-device copies",
+    "compute": "its compute (forward and backward)",
+    "optimizer": "its optimizer step",
+    "host_sync": "its host syncs",
+    "outside_step": "work only it does between steps",
+    "unexplained": "time no phase explains",
+    "cpu_contention": "waiting for a CPU (its thread used no more CPU time than the others': other "
+    "processes or the hypervisor held its core)",
+}
 
 _FIXES = {
     "data_loading": "Feed rank {rank} as fast as the others: more DataLoader workers or faster storage for its "
-                    "shard, and shards of equal size on every rank (DistributedSampler).",
+    "shard, and shards of equal size on every rank (DistributedSampler).",
     "host_to_device": "Pin rank {rank}'s batches and copy them with non_blocking=True; check its device link.",
     "compute": "Even out the work: the same batch size and sequence lengths on every rank, and no other load on "
-               "rank {rank}'s cores (threads per rank x ranks <= cores).",
+    "rank {rank}'s cores (threads per rank x ranks <= cores).",
     "optimizer": "Use the same optimizer settings on every rank (foreach/fused), and nothing extra in rank "
-                 "{rank}'s step.",
+    "{rank}'s step.",
     "host_sync": "Take the host syncs (.item(), print of a tensor) out of rank {rank}'s step, or do them every N "
-                 "steps on every rank.",
+    "steps on every rank.",
     "outside_step": "Do rank {rank}'s extra work (checkpoint, evaluation, logging) less often, asynchronously, or "
-                    "shared by every rank: the others wait for it at the next all-reduce.",
+    "shared by every rank: the others wait for it at the next all-reduce.",
     "unexplained": "Look at rank {rank}'s host for other load; compare its script path with the others'.",
     "cpu_contention": "Give every rank cores of its own: nothing else running on rank {rank}'s cores, and ranks x "
-                      "threads per rank <= cores (OMP_NUM_THREADS, torch.set_num_threads).",
+    "threads per rank <= cores (OMP_NUM_THREADS, torch.set_num_threads).",
 }
 
 
@@ -56,21 +61,33 @@ def straggler(ctx: Context) -> Iterator[Finding]:
     host = f" on {s.host}" if s.host else ""
     finding = Finding(
         rule="straggler",
-        message=(f"Rank {s.rank}{host} holds every rank back: the others wait {s.cost_s * 1e3:.1f} ms per step "
-                 f"({s.cost_share:.0%} of the step) for it at the gradient all-reduce; the cause is {cause}"
-                 f"{gap_text}. It arrived last in {s.last_share:.0%} of the measured steps."),
+        message=(
+            f"Rank {s.rank}{host} holds every rank back: the others wait {s.cost_s * 1e3:.1f} ms per step "
+            f"({s.cost_share:.0%} of the step) for it at the gradient all-reduce; the cause is {cause}"
+            f"{gap_text}. It arrived last in {s.last_share:.0%} of the measured steps."
+        ),
         fix=Fix(pytorch=_FIXES.get(s.cause, _FIXES["unexplained"]).format(rank=s.rank)),
-        site=s.site, category=s.cause if s.cause != "unexplained" else None,
-        evidence={"rank": s.rank, "host": s.host, "cause": s.cause, "cost_ms": round(s.cost_s * 1e3, 3),
-                  "compared_with": s.compared_with,
-                  "gap_ms": {k: round(v * 1e3, 3) for k, v in s.gap_s.items()}})
+        site=s.site,
+        category=s.cause if s.cause != "unexplained" else None,
+        evidence={
+            "rank": s.rank,
+            "host": s.host,
+            "cause": s.cause,
+            "cost_ms": round(s.cost_s * 1e3, 3),
+            "compared_with": s.compared_with,
+            "gap_ms": {k: round(v * 1e3, 3) for k, v in s.gap_s.items()},
+        },
+    )
     # The gain is read from the other ranks' waiting time, not timed with a fix applied.
     finding.set_gain(s.cost_share, measured=False)
     if s.cause == "cpu_contention":
         finding.evidence["cpu_wait_ms"] = round((s.contention_s or 0.0) * 1e3, 3)
-        finding.cap("low", f"Rank {s.rank} used {(s.cpu_gap_s or 0.0) * 1e3:+.1f} ms of CPU per step against rank "
-                           f"{s.compared_with} and waited {(s.contention_s or 0.0) * 1e3:+.1f} ms more for a core: the "
-                           "machine's load, not the script; it goes away on cores of its own.")
+        finding.cap(
+            "low",
+            f"Rank {s.rank} used {(s.cpu_gap_s or 0.0) * 1e3:+.1f} ms of CPU per step against rank "
+            f"{s.compared_with} and waited {(s.contention_s or 0.0) * 1e3:+.1f} ms more for a core: the "
+            "machine's load, not the script; it goes away on cores of its own.",
+        )
     yield finding
 
 
@@ -87,12 +104,18 @@ def exposed_gradient_sync(ctx: Context) -> Iterator[Finding]:
     overlap = f"{job.overlap:.0%}" if job.overlap is not None else "none"
     finding = Finding(
         rule="exposed-gradient-sync",
-        message=(f"{job.exposed_share:.0%} of every rank's step waits on the gradient all-reduce after its own "
-                 f"backward ({overlap} of the all-reduce ran while backward still computed), and no rank is late: "
-                 "each step synchronizes the whole model's gradients for little compute."),
-        fix=Fix(pytorch="Synchronize less often: a larger batch per rank (rescale the learning rate), or accumulate "
-                        "k micro-batches under `with model.no_sync():` and all-reduce on the last one"),
-        category=None, evidence={"exposed_share": round(job.exposed_share, 4), "overlap": job.overlap})
+        message=(
+            f"{job.exposed_share:.0%} of every rank's step waits on the gradient all-reduce after its own "
+            f"backward ({overlap} of the all-reduce ran while backward still computed), and no rank is late: "
+            "each step synchronizes the whole model's gradients for little compute."
+        ),
+        fix=Fix(
+            pytorch="Synchronize less often: a larger batch per rank (rescale the learning rate), or accumulate "
+            "k micro-batches under `with model.no_sync():` and all-reduce on the last one"
+        ),
+        category=None,
+        evidence={"exposed_share": round(job.exposed_share, 4), "overlap": job.overlap},
+    )
     finding.set_gain(job.exposed_share, measured=False)
     # The share is measured; what a larger batch or accumulation buys is not timed on a job yet.
     finding.cap("low", "The waiting is measured on every rank; the fix is not timed on several processes yet.")

@@ -17,10 +17,20 @@ if TYPE_CHECKING:
     from ..analysis.context import Context, SiteStat
     from ..sites import Site
 
-_SYNC_NAMES = {"item": ".item()", "tolist": ".tolist()", "numpy": ".numpy()", "cpu": ".cpu()",
-               "nonzero": ".nonzero()", "bool": "bool()/if on a tensor", "float": "float(tensor)",
-               "int": "int(tensor)", "repr": "print/str of a tensor", "format": "an f-string of a tensor",
-               "to_cpu": ".to('cpu')", "cuda": "a synchronizing CUDA call"}
+_SYNC_NAMES = {
+    "item": ".item()",
+    "tolist": ".tolist()",
+    "numpy": ".numpy()",
+    "cpu": ".cpu()",
+    "nonzero": ".nonzero()",
+    "bool": "bool()/if on a tensor",
+    "float": "float(tensor)",
+    "int": "int(tensor)",
+    "repr": "print/str of a tensor",
+    "format": "an f-string of a tensor",
+    "to_cpu": ".to('cpu')",
+    "cuda": "a synchronizing CUDA call",
+}
 
 
 def _ms(seconds: float) -> str:
@@ -46,15 +56,25 @@ def num_workers(ctx: Context) -> Iterator[Finding]:
         busiest = max(ctx.gap_samples.items(), key=lambda kv: kv[1], default=(None, 0))[0]
         site = busiest or (ctx.capture.site if ctx.capture else None)
         f = Finding(
-            "num-workers", site=site, category="data_loading",
-            message=(f"{share:.0%} of each step ({_ms(data_s)}) goes to making the next batch in the training "
-                     "process itself (no DataLoader): the model waits while the batch is built."),
-            fix=Fix("Move the per-batch work into a torch.utils.data.Dataset and iterate "
-                    f"DataLoader(dataset, batch_size=..., num_workers={min(4, cores)}, persistent_workers=True), so "
-                    "worker processes build batches while the model trains; or precompute the data once."),
-            evidence={"data_ms_per_step": round(data_s * 1e3, 3),
-                      "sampled_lines": {ctx.where(k): v for k, v in sorted(ctx.gap_samples.items(),
-                                                                           key=lambda kv: -kv[1])[:5]}})
+            "num-workers",
+            site=site,
+            category="data_loading",
+            message=(
+                f"{share:.0%} of each step ({_ms(data_s)}) goes to making the next batch in the training "
+                "process itself (no DataLoader): the model waits while the batch is built."
+            ),
+            fix=Fix(
+                "Move the per-batch work into a torch.utils.data.Dataset and iterate "
+                f"DataLoader(dataset, batch_size=..., num_workers={min(4, cores)}, persistent_workers=True), so "
+                "worker processes build batches while the model trains; or precompute the data once."
+            ),
+            evidence={
+                "data_ms_per_step": round(data_s * 1e3, 3),
+                "sampled_lines": {
+                    ctx.where(k): v for k, v in sorted(ctx.gap_samples.items(), key=lambda kv: -kv[1])[:5]
+                },
+            },
+        )
         f.set_gain(share, measured=False)
         f.note = "est_speedup is the upper bound: all of the batch preparation hidden behind compute."
         if busiest is None:
@@ -64,17 +84,28 @@ def num_workers(ctx: Context) -> Iterator[Finding]:
     workers = record.settings["num_workers"]
     suggest = max(2, min(4, cores)) if workers == 0 else workers * 2
     f = Finding(
-        "num-workers", site=record.site, category="data_loading", speedup=speedup_for_rule("num-workers"),
-        message=(f"{share:.0%} of step time ({_ms(data_s)} per step) waits on the DataLoader, "
-                 + ("which loads every batch in the training process (num_workers=0)."
-                    if workers == 0 else f"even with num_workers={workers}.")),
-        fix=Fix(f"DataLoader(..., num_workers={suggest}, persistent_workers=True)",
-                plan={"num_workers": suggest},
-                lightning=f"DataLoader(..., num_workers={suggest}) (Lightning passes your loader through)",
-                accelerate=f"DataLoader(..., num_workers={suggest}) before accelerator.prepare(...)",
-                hf_trainer=f"TrainingArguments(dataloader_num_workers={suggest})"),
+        "num-workers",
+        site=record.site,
+        category="data_loading",
+        speedup=speedup_for_rule("num-workers"),
+        message=(
+            f"{share:.0%} of step time ({_ms(data_s)} per step) waits on the DataLoader, "
+            + (
+                "which loads every batch in the training process (num_workers=0)."
+                if workers == 0
+                else f"even with num_workers={workers}."
+            )
+        ),
+        fix=Fix(
+            f"DataLoader(..., num_workers={suggest}, persistent_workers=True)",
+            plan={"num_workers": suggest},
+            lightning=f"DataLoader(..., num_workers={suggest}) (Lightning passes your loader through)",
+            accelerate=f"DataLoader(..., num_workers={suggest}) before accelerator.prepare(...)",
+            hf_trainer=f"TrainingArguments(dataloader_num_workers={suggest})",
+        ),
         evidence={"data_ms_per_step": round(data_s * 1e3, 3), "num_workers": workers},
-        request=LoaderRequest())
+        request=LoaderRequest(),
+    )
     f.set_gain(share, measured=False)
     f.note = "est_speedup is the upper bound until the worker counts are timed."
     if data_s < 1e-3:
@@ -96,16 +127,23 @@ def persistent_workers(ctx: Context) -> Iterator[Finding]:
     epoch_s = per_epoch * ctx.step_s
     share = startup / (epoch_s + startup) if epoch_s + startup > 0 else 0.0
     f = Finding(
-        "persistent-workers", site=record.site, category="data_loading",
+        "persistent-workers",
+        site=record.site,
+        category="data_loading",
         speedup=speedup_for_rule("persistent-workers"),
-        message=(f"Each epoch starts {record.settings['num_workers']} worker processes anew: "
-                 f"{_ms(startup)} before its first batch, {share:.0%} of an epoch of {per_epoch} steps."),
-        fix=Fix("DataLoader(..., persistent_workers=True)", plan={"persistent_workers": True},
-                lightning="DataLoader(..., persistent_workers=True)",
-                accelerate="DataLoader(..., persistent_workers=True)",
-                hf_trainer="TrainingArguments(dataloader_persistent_workers=True)"),
-        evidence={"startup_ms": round(startup * 1e3, 2), "epochs_started": len(starts),
-                  "batches_per_epoch": per_epoch})
+        message=(
+            f"Each epoch starts {record.settings['num_workers']} worker processes anew: "
+            f"{_ms(startup)} before its first batch, {share:.0%} of an epoch of {per_epoch} steps."
+        ),
+        fix=Fix(
+            "DataLoader(..., persistent_workers=True)",
+            plan={"persistent_workers": True},
+            lightning="DataLoader(..., persistent_workers=True)",
+            accelerate="DataLoader(..., persistent_workers=True)",
+            hf_trainer="TrainingArguments(dataloader_persistent_workers=True)",
+        ),
+        evidence={"startup_ms": round(startup * 1e3, 2), "epochs_started": len(starts), "batches_per_epoch": per_epoch},
+    )
     f.set_gain(share, measured=True)
     yield f
 
@@ -125,15 +163,23 @@ def pin_memory(ctx: Context) -> Iterator[Finding]:
     else:
         share = None
     f = Finding(
-        "pin-memory", site=record.site, category="host_to_device", speedup=speedup_for_rule("pin-memory"),
-        message=("The DataLoader hands out pageable memory: each copy to the GPU is staged through a pinned "
-                 "buffer first and cannot overlap compute."
-                 + (f" Copies take {share:.0%} of step time." if share else "")),
-        fix=Fix("DataLoader(..., pin_memory=True), then batch.to(device, non_blocking=True)",
-                plan={"pin_memory": True}, lightning="DataLoader(..., pin_memory=True)",
-                accelerate="DataLoader(..., pin_memory=True) before accelerator.prepare(...)",
-                hf_trainer="TrainingArguments(dataloader_pin_memory=True)"),
-        request=CopyRequest() if share else None)
+        "pin-memory",
+        site=record.site,
+        category="host_to_device",
+        speedup=speedup_for_rule("pin-memory"),
+        message=(
+            "The DataLoader hands out pageable memory: each copy to the GPU is staged through a pinned "
+            "buffer first and cannot overlap compute." + (f" Copies take {share:.0%} of step time." if share else "")
+        ),
+        fix=Fix(
+            "DataLoader(..., pin_memory=True), then batch.to(device, non_blocking=True)",
+            plan={"pin_memory": True},
+            lightning="DataLoader(..., pin_memory=True)",
+            accelerate="DataLoader(..., pin_memory=True) before accelerator.prepare(...)",
+            hf_trainer="TrainingArguments(dataloader_pin_memory=True)",
+        ),
+        request=CopyRequest() if share else None,
+    )
     if share:
         f.set_gain(share, measured=False)
         f.note = "est_speedup is the upper bound: all copy time hidden."
@@ -150,16 +196,23 @@ def non_blocking(ctx: Context) -> Iterator[Finding]:
         share = ctx.share("host_to_device") * stat.seconds_per_step / total
         pinned = stat.detail.get("pinned")
         f = Finding(
-            "non-blocking", site=stat.site, category="host_to_device",
+            "non-blocking",
+            site=stat.site,
+            category="host_to_device",
             speedup=speedup_for_rule("non-blocking", "device_prefetch"),
-            message=(f"This copy to the GPU blocks the host {stat.per_step:g}x per step "
-                     f"({stat.bytes_per_step / 2**20:.1f} MiB, {_ms(stat.seconds_per_step)} per step)"
-                     + ("." if pinned else "; its source is pageable memory, so pin it first (pin-memory).")),
-            fix=Fix("tensor.to(device, non_blocking=True) from pinned memory; or prefetch the next batch on a side "
-                    "stream", plan={"device_prefetch": True, "pin_memory": True},
-                    lightning="automatic (Lightning moves batches with non_blocking when pinned)",
-                    accelerate="Accelerator(dataloader_config=DataLoaderConfiguration(non_blocking=True))"),
-            evidence={"per_step": stat.per_step, "mib_per_step": round(stat.bytes_per_step / 2**20, 3)})
+            message=(
+                f"This copy to the GPU blocks the host {stat.per_step:g}x per step "
+                f"({stat.bytes_per_step / 2**20:.1f} MiB, {_ms(stat.seconds_per_step)} per step)"
+                + ("." if pinned else "; its source is pageable memory, so pin it first (pin-memory).")
+            ),
+            fix=Fix(
+                "tensor.to(device, non_blocking=True) from pinned memory; or prefetch the next batch on a side stream",
+                plan={"device_prefetch": True, "pin_memory": True},
+                lightning="automatic (Lightning moves batches with non_blocking when pinned)",
+                accelerate="Accelerator(dataloader_config=DataLoaderConfiguration(non_blocking=True))",
+            ),
+            evidence={"per_step": stat.per_step, "mib_per_step": round(stat.bytes_per_step / 2**20, 3)},
+        )
         f.set_gain(share, measured=False)
         f.note = "est_speedup is the upper bound: the copy fully overlapped with compute."
         yield f
@@ -191,20 +244,32 @@ def host_sync(ctx: Context) -> Iterator[Finding]:
         names = ", ".join(sorted(_SYNC_NAMES.get(k, k) for k in entry.kinds))
         share = sync_share * entry.seconds / total_sync
         f = Finding(
-            "host-sync-in-loop", site=site, category="host_sync",
-            message=(f"{names} here makes the host wait for the device {entry.per_step:g}x per step "
-                     f"({_ms(entry.seconds)} per step, {share:.1%} of step time)."),
-            fix=Fix("Keep values on the device inside the step (e.g. running_loss += loss.detach()) and read them "
-                    "with .item() only every N steps; no print/f-string/if on tensors in the step.",
-                    lightning="self.log(name, value) (logged lazily) with Trainer(log_every_n_steps=N)",
-                    accelerate="accelerator.gather(...) and .item() only on logging steps",
-                    hf_trainer="TrainingArguments(logging_steps=N): the Trainer reads the loss on logging steps"),
-            evidence={"per_step": entry.per_step, "kinds": sorted(entry.kinds),
-                      "ms_per_step": round(entry.seconds * 1e3, 4)})
+            "host-sync-in-loop",
+            site=site,
+            category="host_sync",
+            message=(
+                f"{names} here makes the host wait for the device {entry.per_step:g}x per step "
+                f"({_ms(entry.seconds)} per step, {share:.1%} of step time)."
+            ),
+            fix=Fix(
+                "Keep values on the device inside the step (e.g. running_loss += loss.detach()) and read them "
+                "with .item() only every N steps; no print/f-string/if on tensors in the step.",
+                lightning="self.log(name, value) (logged lazily) with Trainer(log_every_n_steps=N)",
+                accelerate="accelerator.gather(...) and .item() only on logging steps",
+                hf_trainer="TrainingArguments(logging_steps=N): the Trainer reads the loss on logging steps",
+            ),
+            evidence={
+                "per_step": entry.per_step,
+                "kinds": sorted(entry.kinds),
+                "ms_per_step": round(entry.seconds * 1e3, 4),
+            },
+        )
         f.set_gain(share, measured=True)
         if not ctx.on_gpu:
-            f.note = ("On this CPU run the call itself is cheap; on a GPU each one stalls the host until every "
-                      "queued kernel has finished, so the host can no longer run ahead.")
+            f.note = (
+                "On this CPU run the call itself is cheap; on a GPU each one stalls the host until every "
+                "queued kernel has finished, so the host can no longer run ahead."
+            )
         yield f
 
 
@@ -218,13 +283,23 @@ def _timed_sites(ctx: Context, kind: str) -> Iterator[tuple[SiteStat, float]]:
 def tensor_from_numpy(ctx: Context) -> Iterator[Finding]:
     for stat, share in _timed_sites(ctx, "tensor_copy"):
         f = Finding(
-            "tensor-from-numpy-copy", site=stat.site, category="data_loading",
-            message=(f"torch.tensor() copies a NumPy array here {stat.per_step:g}x per step "
-                     f"({stat.bytes_per_step / 2**20:.2f} MiB, {_ms(stat.seconds_per_step)} per step)."),
-            fix=Fix("torch.from_numpy(array) (or torch.as_tensor(array)) shares the array's memory instead of "
-                    "copying it; when the data never changes, convert it once before the loop."),
-            evidence={"per_step": stat.per_step, "mib_per_step": round(stat.bytes_per_step / 2**20, 4),
-                      "ms_per_step": round(stat.seconds_per_step * 1e3, 4)})
+            "tensor-from-numpy-copy",
+            site=stat.site,
+            category="data_loading",
+            message=(
+                f"torch.tensor() copies a NumPy array here {stat.per_step:g}x per step "
+                f"({stat.bytes_per_step / 2**20:.2f} MiB, {_ms(stat.seconds_per_step)} per step)."
+            ),
+            fix=Fix(
+                "torch.from_numpy(array) (or torch.as_tensor(array)) shares the array's memory instead of "
+                "copying it; when the data never changes, convert it once before the loop."
+            ),
+            evidence={
+                "per_step": stat.per_step,
+                "mib_per_step": round(stat.bytes_per_step / 2**20, 4),
+                "ms_per_step": round(stat.seconds_per_step * 1e3, 4),
+            },
+        )
         f.set_gain(share, measured=True)
         yield f
 
@@ -233,15 +308,23 @@ def tensor_from_numpy(ctx: Context) -> Iterator[Finding]:
 def save_in_loop(ctx: Context) -> Iterator[Finding]:
     for stat, share in _timed_sites(ctx, "save"):
         f = Finding(
-            "save-in-loop", site=stat.site, category="outside_step",
-            message=(f"torch.save runs {stat.per_step:g}x per step here ({_ms(stat.seconds_per_step / stat.per_step)} "
-                     f"each, {share:.0%} of step time)."),
-            fix=Fix("Checkpoint every N steps or once per epoch, in the background when it is large "
-                    "(turbotrain.train.checkpoint writes atomically)",
-                    lightning="ModelCheckpoint(every_n_train_steps=N)",
-                    accelerate="accelerator.save_state(...) every N steps",
-                    fabric="fabric.save(path, state) every N steps", hf_trainer="TrainingArguments(save_steps=N)"),
-            evidence={"per_step": stat.per_step, "ms_per_step": round(stat.seconds_per_step * 1e3, 3)})
+            "save-in-loop",
+            site=stat.site,
+            category="outside_step",
+            message=(
+                f"torch.save runs {stat.per_step:g}x per step here ({_ms(stat.seconds_per_step / stat.per_step)} "
+                f"each, {share:.0%} of step time)."
+            ),
+            fix=Fix(
+                "Checkpoint every N steps or once per epoch, in the background when it is large "
+                "(turbotrain.train.checkpoint writes atomically)",
+                lightning="ModelCheckpoint(every_n_train_steps=N)",
+                accelerate="accelerator.save_state(...) every N steps",
+                fabric="fabric.save(path, state) every N steps",
+                hf_trainer="TrainingArguments(save_steps=N)",
+            ),
+            evidence={"per_step": stat.per_step, "ms_per_step": round(stat.seconds_per_step * 1e3, 3)},
+        )
         f.set_gain(share, measured=True)
         yield f
 
@@ -250,13 +333,20 @@ def save_in_loop(ctx: Context) -> Iterator[Finding]:
 def empty_cache(ctx: Context) -> Iterator[Finding]:
     for stat in ctx.ran_sites("empty_cache"):
         f = Finding(
-            "empty-cache-in-loop", site=stat.site, category="compute",
-            message=(f"torch.cuda.empty_cache() runs {stat.per_step:g}x per step: it hands the caching allocator's "
-                     "free blocks back to the driver, so the next step allocates them again with slow, "
-                     "synchronizing cudaMalloc calls."),
-            fix=Fix("Remove it from the loop (call it at most once, e.g. before evaluation of a different model); "
-                    "use torch.cuda.memory_summary() to find what really holds memory."),
-            evidence={"per_step": stat.per_step})
+            "empty-cache-in-loop",
+            site=stat.site,
+            category="compute",
+            message=(
+                f"torch.cuda.empty_cache() runs {stat.per_step:g}x per step: it hands the caching allocator's "
+                "free blocks back to the driver, so the next step allocates them again with slow, "
+                "synchronizing cudaMalloc calls."
+            ),
+            fix=Fix(
+                "Remove it from the loop (call it at most once, e.g. before evaluation of a different model); "
+                "use torch.cuda.memory_summary() to find what really holds memory."
+            ),
+            evidence={"per_step": stat.per_step},
+        )
         f.provisional("medium")
         yield f.on_cpu(ctx)
 
@@ -269,16 +359,23 @@ def grad_in_validation(ctx: Context) -> Iterator[Finding]:
         total_s = sum(s.duration for s in ctx.step_records) or 1.0
         share = seconds / (ctx.step_s * max(1, len(ctx.measured_steps))) if count else all_seconds / total_s
         f = Finding(
-            "grad-in-validation", site=site, category="outside_step",
-            message=(f"The model runs in eval mode with autograd on here ({all_count} forward(s), none followed by "
-                     f"a backward): every activation is kept for a backward that never comes "
-                     f"({share:.0%} of run time)."),
-            fix=Fix("Wrap validation/inference in `with torch.inference_mode():` (or torch.no_grad())",
-                    lightning="automatic: validation_step already runs under inference_mode",
-                    accelerate="`with torch.no_grad():` around the evaluation loop",
-                    hf_trainer="automatic: Trainer.evaluate() runs under torch.no_grad()"),
+            "grad-in-validation",
+            site=site,
+            category="outside_step",
+            message=(
+                f"The model runs in eval mode with autograd on here ({all_count} forward(s), none followed by "
+                f"a backward): every activation is kept for a backward that never comes "
+                f"({share:.0%} of run time)."
+            ),
+            fix=Fix(
+                "Wrap validation/inference in `with torch.inference_mode():` (or torch.no_grad())",
+                lightning="automatic: validation_step already runs under inference_mode",
+                accelerate="`with torch.no_grad():` around the evaluation loop",
+                hf_trainer="automatic: Trainer.evaluate() runs under torch.no_grad()",
+            ),
             evidence={"forwards": all_count, "ms_total": round(all_seconds * 1e3, 2), "share_of_run": share},
-            request=EvalGradRequest(share))
+            request=EvalGradRequest(share),
+        )
         f.provisional("low")  # what autograd costs here is measured by the what-if
         yield f
 
@@ -294,18 +391,26 @@ def accumulation_syncs(ctx: Context) -> Iterator[Finding]:
         return
     site = ctx.capture.site if ctx.capture else None
     f = Finding(
-        "accumulation-syncs", site=site, category="compute", speedup=speedup_for_rule("accumulation-syncs"),
-        message=(f"Gradients are accumulated over {backwards:.0f} backward passes per optimizer step, and DDP "
-                 f"all-reduces them after every one of them: {backwards - 1:.0f} of {backwards:.0f} all-reduces "
-                 "per step are wasted."),
-        fix=Fix("`with model.no_sync():` around the backward of every micro-batch but the last",
-                plan={"grad_accum_steps": round(backwards)},
-                lightning=f"Trainer(accumulate_grad_batches={round(backwards)}) (skips the sync for you)",
-                accelerate=f"Accelerator(gradient_accumulation_steps={round(backwards)}) and "
-                           "`with accelerator.accumulate(model):`",
-                fabric="`with fabric.no_backward_sync(model):` around the backward of every micro-batch but the last",
-                hf_trainer=f"TrainingArguments(gradient_accumulation_steps={round(backwards)})"),
-        evidence={"backwards_per_step": backwards, "world_size": ctx.world_size})
+        "accumulation-syncs",
+        site=site,
+        category="compute",
+        speedup=speedup_for_rule("accumulation-syncs"),
+        message=(
+            f"Gradients are accumulated over {backwards:.0f} backward passes per optimizer step, and DDP "
+            f"all-reduces them after every one of them: {backwards - 1:.0f} of {backwards:.0f} all-reduces "
+            "per step are wasted."
+        ),
+        fix=Fix(
+            "`with model.no_sync():` around the backward of every micro-batch but the last",
+            plan={"grad_accum_steps": round(backwards)},
+            lightning=f"Trainer(accumulate_grad_batches={round(backwards)}) (skips the sync for you)",
+            accelerate=f"Accelerator(gradient_accumulation_steps={round(backwards)}) and "
+            "`with accelerator.accumulate(model):`",
+            fabric="`with fabric.no_backward_sync(model):` around the backward of every micro-batch but the last",
+            hf_trainer=f"TrainingArguments(gradient_accumulation_steps={round(backwards)})",
+        ),
+        evidence={"backwards_per_step": backwards, "world_size": ctx.world_size},
+    )
     if ctx.world_size > 1:
         f.provisional("medium")
     else:
@@ -323,19 +428,29 @@ def fuse_with_compile(ctx: Context) -> Iterator[Finding]:
     if not (overhead >= 0.3 or (compute >= 0.4 and pointwise >= 0.3)):
         return
     mode = "reduce-overhead" if ctx.on_gpu and overhead >= 0.3 else True
-    why = (f"{overhead:.0%} of step time is per-op dispatch overhead" if overhead >= 0.3 else
-           f"{pointwise:.0%} of op time is elementwise ops, each its own kernel and memory round trip")
+    why = (
+        f"{overhead:.0%} of step time is per-op dispatch overhead"
+        if overhead >= 0.3
+        else f"{pointwise:.0%} of op time is elementwise ops, each its own kernel and memory round trip"
+    )
     f = Finding(
-        "jit-script", site=ctx.module_site(ctx.model), category="compute", speedup=speedup_for_rule("jit-script"),
-        message=f"{why}; torch.compile fuses them into fewer kernels" +
-                (" and CUDA graphs replay the step without per-op launches." if mode == "reduce-overhead" else "."),
-        fix=Fix(f"model = torch.compile(model{', mode=' + repr(mode) if mode != True else ''})",  # noqa: E712 - mode is a name or True
-                plan={"compile": mode}, lightning="model = torch.compile(model) before trainer.fit(model)",
-                accelerate='Accelerator(dynamo_backend="inductor")',
-                fabric="model = torch.compile(model) before fabric.setup(model)",
-                hf_trainer="TrainingArguments(torch_compile=True)"),
+        "jit-script",
+        site=ctx.module_site(ctx.model),
+        category="compute",
+        speedup=speedup_for_rule("jit-script"),
+        message=f"{why}; torch.compile fuses them into fewer kernels"
+        + (" and CUDA graphs replay the step without per-op launches." if mode == "reduce-overhead" else "."),
+        fix=Fix(
+            f"model = torch.compile(model{', mode=' + repr(mode) if mode != True else ''})",  # noqa: E712 - mode is a name or True
+            plan={"compile": mode},
+            lightning="model = torch.compile(model) before trainer.fit(model)",
+            accelerate='Accelerator(dynamo_backend="inductor")',
+            fabric="model = torch.compile(model) before fabric.setup(model)",
+            hf_trainer="TrainingArguments(torch_compile=True)",
+        ),
         evidence={"python_overhead_share": round(overhead, 3), "pointwise_share": round(pointwise, 3)},
-        request=PlanRequest({"compile": mode}, compile=True))
+        request=PlanRequest({"compile": mode}, compile=True),
+    )
     f.provisional("low")
     f.note = "Not measured by default (compiling takes a while); run the doctor with --compile to time it."
     yield f
@@ -352,9 +467,15 @@ def slow_storage(ctx: Context) -> Iterator[Finding]:
     if not found:
         return
     record = ctx.main_loader
-    f = Finding("slow-storage", message=found["message"], fix=Fix(found["fix"]), category="data_loading",
-                site=record.site if record else None, where=found.get("where"),
-                evidence={k: v for k, v in found.items() if k in ("scheme", "mb_per_s")})
+    f = Finding(
+        "slow-storage",
+        message=found["message"],
+        fix=Fix(found["fix"]),
+        category="data_loading",
+        site=record.site if record else None,
+        where=found.get("where"),
+        evidence={k: v for k, v in found.items() if k in ("scheme", "mb_per_s")},
+    )
     est = found.get("est_speedup")
     f.set_gain(1.0 - 1.0 / est if est else None, measured=bool(found.get("measured")))
     f.severity = found.get("severity", f.severity)
@@ -369,15 +490,27 @@ def periodic_work(ctx: Context) -> Iterator[Finding]:
             continue  # seen once (its period unknown), or cheap enough
         kind, every, better = row["kind"], row["every"], row["suggested_every"]
         f = Finding(
-            "periodic-work", site=row["site"], category="outside_step",
-            message=(f"{kind.capitalize()} every {every} steps costs {_ms(row['cost_ms'] / 1e3)} each time: "
-                     f"{share:.0%} of training time."),
-            fix=Fix(f"run the {kind} every {better} steps (under {PERIODIC_TARGET_SHARE:.0%} of training time)"
-                    + (", and under torch.inference_mode()" if kind == "validation" else ""),
-                    lightning=f"Trainer(val_check_interval={better})" if kind == "validation" else None,
-                    hf_trainer=(f"TrainingArguments(eval_strategy='steps', eval_steps={better})" if kind == "validation"
-                                else f"TrainingArguments(save_steps={better})" if kind == "checkpoint" else None)),
-            evidence={k: row[k] for k in ("every", "cost_ms", "share", "steps")})
+            "periodic-work",
+            site=row["site"],
+            category="outside_step",
+            message=(
+                f"{kind.capitalize()} every {every} steps costs {_ms(row['cost_ms'] / 1e3)} each time: "
+                f"{share:.0%} of training time."
+            ),
+            fix=Fix(
+                f"run the {kind} every {better} steps (under {PERIODIC_TARGET_SHARE:.0%} of training time)"
+                + (", and under torch.inference_mode()" if kind == "validation" else ""),
+                lightning=f"Trainer(val_check_interval={better})" if kind == "validation" else None,
+                hf_trainer=(
+                    f"TrainingArguments(eval_strategy='steps', eval_steps={better})"
+                    if kind == "validation"
+                    else f"TrainingArguments(save_steps={better})"
+                    if kind == "checkpoint"
+                    else None
+                ),
+            ),
+            evidence={k: row[k] for k in ("every", "cost_ms", "share", "steps")},
+        )
         # Moving to the suggested cadence saves all but its own (under 5%) share.
         saved = share * (1 - every / better) if better else 0.0
         f.set_gain(max(0.0, saved), measured=True)

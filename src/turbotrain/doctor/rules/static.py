@@ -19,8 +19,24 @@ from ..sites import Site
 if TYPE_CHECKING:
     from ..analysis.context import Context
 
-FACTORIES = ("zeros", "ones", "empty", "full", "rand", "randn", "randint", "arange", "eye", "linspace", "tensor",
-             "zeros_like", "ones_like", "rand_like", "randn_like", "full_like")
+FACTORIES = (
+    "zeros",
+    "ones",
+    "empty",
+    "full",
+    "rand",
+    "randn",
+    "randint",
+    "arange",
+    "eye",
+    "linspace",
+    "tensor",
+    "zeros_like",
+    "ones_like",
+    "rand_like",
+    "randn_like",
+    "full_like",
+)
 
 
 def _sources(ctx: Context) -> list[SourceIndex]:
@@ -43,19 +59,27 @@ def _ran(ctx: Context, kind: str, site: Site) -> float:
 def jit_script(ctx: Context) -> Iterator[Finding]:
     for index in _sources(ctx):
         for call, name in index.calls("torch.jit.script", "torch.jit.trace", "jit.script", "jit.trace"):
-            yield _static("jit-script", index, call,
-                          f"{name} compiles with TorchScript, which is in maintenance mode and fuses less than "
-                          "torch.compile.", Fix("torch.compile(fn_or_model)", plan={"compile": True}),
-                          speedup=speedup_for_rule("jit-script"))
+            yield _static(
+                "jit-script",
+                index,
+                call,
+                f"{name} compiles with TorchScript, which is in maintenance mode and fuses less than torch.compile.",
+                Fix("torch.compile(fn_or_model)", plan={"compile": True}),
+                speedup=speedup_for_rule("jit-script"),
+            )
         for node in ast.walk(index.tree):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 for deco in node.decorator_list:
                     if dotted_name(deco).endswith(("jit.script", "jit.trace")):
-                        yield _static("jit-script", index, deco,
-                                      f"@{dotted_name(deco)} compiles {node.name} with TorchScript, which is in "
-                                      "maintenance mode and fuses less than torch.compile.",
-                                      Fix("@torch.compile", plan={"compile": True}),
-                                      speedup=speedup_for_rule("jit-script"))
+                        yield _static(
+                            "jit-script",
+                            index,
+                            deco,
+                            f"@{dotted_name(deco)} compiles {node.name} with TorchScript, which is in "
+                            "maintenance mode and fuses less than torch.compile.",
+                            Fix("@torch.compile", plan={"compile": True}),
+                            speedup=speedup_for_rule("jit-script"),
+                        )
 
 
 @rule("empty-cache-in-loop", "static")
@@ -63,10 +87,14 @@ def empty_cache_static(ctx: Context) -> Iterator[Finding]:
     for index in _sources(ctx):
         for call, _ in index.calls("cuda.empty_cache"):
             if index.runs_per_step(call):
-                yield _static("empty-cache-in-loop", index, call,
-                              "torch.cuda.empty_cache() runs inside the training loop: each call returns cached "
-                              "blocks to the driver, so the next allocations are slow cudaMalloc calls again.",
-                              Fix("remove it from the loop"))
+                yield _static(
+                    "empty-cache-in-loop",
+                    index,
+                    call,
+                    "torch.cuda.empty_cache() runs inside the training loop: each call returns cached "
+                    "blocks to the driver, so the next allocations are slow cudaMalloc calls again.",
+                    Fix("remove it from the loop"),
+                )
 
 
 @rule("zero-grad-not-none", "static")
@@ -75,16 +103,24 @@ def zero_grad_static(ctx: Context) -> Iterator[Finding]:
         for call, _ in index.calls("zero_grad"):
             arg = keyword(call, "set_to_none") or (call.args[0] if call.args else None)
             if is_const(arg, False):
-                yield _static("zero-grad-not-none", index, call,
-                              "zero_grad(set_to_none=False) writes zeros into every gradient instead of dropping it.",
-                              Fix("optimizer.zero_grad()", plan={"set_to_none": True}),
-                              speedup=speedup_for_rule("zero-grad-not-none"))
+                yield _static(
+                    "zero-grad-not-none",
+                    index,
+                    call,
+                    "zero_grad(set_to_none=False) writes zeros into every gradient instead of dropping it.",
+                    Fix("optimizer.zero_grad()", plan={"set_to_none": True}),
+                    speedup=speedup_for_rule("zero-grad-not-none"),
+                )
         for call, name in index.calls("zero_"):
             if (name.endswith(".grad.zero_") or name.endswith(".grad.data.zero_")) and index.runs_per_step(call):
-                yield _static("zero-grad-not-none", index, call,
-                              f"{name}() zeroes a gradient in place every step instead of dropping it.",
-                              Fix("param.grad = None (or optimizer.zero_grad())", plan={"set_to_none": True}),
-                              speedup=speedup_for_rule("zero-grad-not-none"))
+                yield _static(
+                    "zero-grad-not-none",
+                    index,
+                    call,
+                    f"{name}() zeroes a gradient in place every step instead of dropping it.",
+                    Fix("param.grad = None (or optimizer.zero_grad())", plan={"set_to_none": True}),
+                    speedup=speedup_for_rule("zero-grad-not-none"),
+                )
 
 
 @rule("tensor-created-off-device", "static")
@@ -92,8 +128,9 @@ def created_off_device(ctx: Context) -> Iterator[Finding]:
     for index in _sources(ctx):
         for node in ast.walk(index.tree):
             # torch.zeros(...).to(device) / .cuda(): made on the host, then copied.
-            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                    and node.func.attr in ("to", "cuda")):
+            if not (
+                isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("to", "cuda")
+            ):
                 continue
             inner = node.func.value
             if not isinstance(inner, ast.Call):
@@ -103,9 +140,13 @@ def created_off_device(ctx: Context) -> Iterator[Finding]:
                 continue
             if keyword(inner, "device") is not None or not index.runs_per_step(node):
                 continue
-            f = _static("tensor-created-off-device", index, node,
-                        f"{name}(...) builds the tensor in host memory and then copies it to the device, every step.",
-                        Fix(f"{name}(..., device=device)"))
+            f = _static(
+                "tensor-created-off-device",
+                index,
+                node,
+                f"{name}(...) builds the tensor in host memory and then copies it to the device, every step.",
+                Fix(f"{name}(..., device=device)"),
+            )
             yield f.on_cpu(ctx)
 
 
@@ -121,17 +162,27 @@ def non_blocking_static(ctx: Context) -> Iterator[Finding]:
                 continue
             if call.func.attr == "to" and not call.args:
                 continue
-            if call.func.attr == "to" and isinstance(call.args[0], ast.Attribute) and "dtype" not in dotted_name(
-                    call.args[0]) and dotted_name(call.args[0]).startswith("torch."):
+            if (
+                call.func.attr == "to"
+                and isinstance(call.args[0], ast.Attribute)
+                and "dtype" not in dotted_name(call.args[0])
+                and dotted_name(call.args[0]).startswith("torch.")
+            ):
                 continue  # .to(torch.float16): a dtype, not a device
             nb = keyword(call, "non_blocking")
             if nb is None or is_const(nb, False):
-                f = _static("non-blocking", index, call,
-                            f"{name}(...) copies to the GPU synchronously inside the loop: the host waits for each "
-                            "copy instead of queuing it behind the running kernels.",
-                            Fix(".to(device, non_blocking=True) with DataLoader(pin_memory=True)",
-                                plan={"non_blocking": True, "pin_memory": True}),
-                            speedup=speedup_for_rule("non-blocking", "non_blocking"))
+                f = _static(
+                    "non-blocking",
+                    index,
+                    call,
+                    f"{name}(...) copies to the GPU synchronously inside the loop: the host waits for each "
+                    "copy instead of queuing it behind the running kernels.",
+                    Fix(
+                        ".to(device, non_blocking=True) with DataLoader(pin_memory=True)",
+                        plan={"non_blocking": True, "pin_memory": True},
+                    ),
+                    speedup=speedup_for_rule("non-blocking", "non_blocking"),
+                )
                 yield f.on_cpu(ctx)
 
 
@@ -145,11 +196,16 @@ def numpy_copy_static(ctx: Context) -> Iterator[Finding]:
                 continue
             site = index.site(call)
             if _ran(ctx, "tensor_copy", site) or any(
-                    seen.file == site.file and seen.line == site.line for _, seen, _ in ctx.seen("tensor_")):
+                seen.file == site.file and seen.line == site.line for _, seen, _ in ctx.seen("tensor_")
+            ):
                 continue  # the runtime rule measured it, or the run saw what this line passes (not an array)
-            yield _static("tensor-from-numpy-copy", index, call,
-                          "torch.tensor(...) always copies its input; for a NumPy array torch.from_numpy shares "
-                          "the memory.", Fix("torch.from_numpy(array) or torch.as_tensor(array)"))
+            yield _static(
+                "tensor-from-numpy-copy",
+                index,
+                call,
+                "torch.tensor(...) always copies its input; for a NumPy array torch.from_numpy shares the memory.",
+                Fix("torch.from_numpy(array) or torch.as_tensor(array)"),
+            )
 
 
 def _grad_disabled(index: SourceIndex, node: ast.AST) -> bool:
@@ -157,9 +213,12 @@ def _grad_disabled(index: SourceIndex, node: ast.AST) -> bool:
     parent = index.parents.get(node)
     while parent is not None:
         if isinstance(parent, (ast.With, ast.AsyncWith)):
-            if any(dotted_name(item.context_expr.func if isinstance(item.context_expr, ast.Call)
-                               else item.context_expr).endswith(("no_grad", "inference_mode"))
-                   for item in parent.items):
+            if any(
+                dotted_name(
+                    item.context_expr.func if isinstance(item.context_expr, ast.Call) else item.context_expr
+                ).endswith(("no_grad", "inference_mode"))
+                for item in parent.items
+            ):
                 return True
         if isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef)) and _turns_grad_off(parent.decorator_list):
             return True
@@ -168,8 +227,10 @@ def _grad_disabled(index: SourceIndex, node: ast.AST) -> bool:
 
 
 def _turns_grad_off(decorators: list[ast.expr]) -> bool:
-    return any(dotted_name(d.func if isinstance(d, ast.Call) else d).endswith(("no_grad", "inference_mode"))
-               for d in decorators)
+    return any(
+        dotted_name(d.func if isinstance(d, ast.Call) else d).endswith(("no_grad", "inference_mode"))
+        for d in decorators
+    )
 
 
 def _decorator_named(index: SourceIndex, func: ast.AST | None) -> str | None:
@@ -179,8 +240,9 @@ def _decorator_named(index: SourceIndex, func: ast.AST | None) -> str | None:
     while isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
         outer = index.enclosing_function(func)
         if not isinstance(outer, (ast.FunctionDef, ast.AsyncFunctionDef)) or not any(
-                isinstance(node, ast.Return) and isinstance(node.value, ast.Name) and node.value.id == func.name
-                for node in outer.body):
+            isinstance(node, ast.Return) and isinstance(node.value, ast.Name) and node.value.id == func.name
+            for node in outer.body
+        ):
             break
         name, func = outer.name, outer
     return name
@@ -192,8 +254,9 @@ def _decorated_with(ctx: Context, decorator: str) -> list[ast.FunctionDef | ast.
     for index in _sources(ctx):
         for node in ast.walk(index.tree):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and any(
-                    dotted_name(d.func if isinstance(d, ast.Call) else d).split(".")[-1] == decorator
-                    for d in node.decorator_list):
+                dotted_name(d.func if isinstance(d, ast.Call) else d).split(".")[-1] == decorator
+                for d in node.decorator_list
+            ):
                 found.append(node)
     return found
 
@@ -220,10 +283,14 @@ def grad_in_validation_static(ctx: Context) -> Iterator[Finding]:
             text = ast.unparse(scope)
             if "no_grad" in text or "inference_mode" in text or _called_without_grad(ctx, index, call):
                 continue
-            yield _static("grad-in-validation", index, call,
-                          f"{name}() switches to evaluation, but nothing here turns autograd off: the forward "
-                          "passes that follow keep activations for a backward that never comes.",
-                          Fix("`with torch.inference_mode():` around the evaluation"))
+            yield _static(
+                "grad-in-validation",
+                index,
+                call,
+                f"{name}() switches to evaluation, but nothing here turns autograd off: the forward "
+                "passes that follow keep activations for a backward that never comes.",
+                Fix("`with torch.inference_mode():` around the evaluation"),
+            )
 
 
 @rule("save-in-loop", "static")
@@ -239,9 +306,13 @@ def save_in_loop_static(ctx: Context) -> Iterator[Finding]:
                     guarded = True
                 parent = index.parents.get(parent)
             if not guarded and not _ran(ctx, "save", index.site(call)):
-                yield _static("save-in-loop", index, call,
-                              "torch.save runs on every iteration of this loop.",
-                              Fix("save every N steps or once per epoch"))
+                yield _static(
+                    "save-in-loop",
+                    index,
+                    call,
+                    "torch.save runs on every iteration of this loop.",
+                    Fix("save every N steps or once per epoch"),
+                )
 
 
 def _has_transposed_matmul(node: ast.AST) -> bool:
@@ -269,22 +340,27 @@ def manual_attention(ctx: Context) -> Iterator[Finding]:
                 continue
             if not _has_transposed_matmul(body):
                 continue
-            softmax = next(c for c in ast.walk(body) if isinstance(c, ast.Call)
-                           and dotted_name(c.func).split(".")[-1] == "softmax")
+            softmax = next(
+                c for c in ast.walk(body) if isinstance(c, ast.Call) and dotted_name(c.func).split(".")[-1] == "softmax"
+            )
             site = index.site(softmax)
             per_step = _ran(ctx, "softmax", site)
             lines = (func.lineno, func.end_lineno or func.lineno)
             source = ast.unparse(func)
             causal = any(word in source for word in ("triu", "tril", "causal"))
             f = Finding(
-                "manual-attention", site=site, category="compute",
-                message=(f"{func.name}() computes attention by hand (matmul, softmax, matmul): the full score "
-                         "matrix is written to memory and read back, and no fused flash/memory-efficient kernel "
-                         "can run." + (f" It runs {per_step:g}x per step." if per_step else "")),
-                fix=Fix("torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=..., "
-                        "is_causal=...)"),
+                "manual-attention",
+                site=site,
+                category="compute",
+                message=(
+                    f"{func.name}() computes attention by hand (matmul, softmax, matmul): the full score "
+                    "matrix is written to memory and read back, and no fused flash/memory-efficient kernel "
+                    "can run." + (f" It runs {per_step:g}x per step." if per_step else "")
+                ),
+                fix=Fix("torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=..., is_causal=...)"),
                 evidence={"function": func.name, "per_step": per_step},
-                request=AttentionRequest(index.path, lines, site, per_step, bool(causal)))
+                request=AttentionRequest(index.path, lines, site, per_step, bool(causal)),
+            )
             f.provisional("medium" if per_step else "low")
             if not per_step:
                 f.note = "Not seen running during the measured steps."
@@ -295,10 +371,17 @@ def manual_attention(ctx: Context) -> Iterator[Finding]:
 def data_parallel_static(ctx: Context) -> Iterator[Finding]:
     for index in _sources(ctx):
         for call, _ in index.calls("DataParallel"):
-            yield _static("data-parallel", index, call,
-                          "nn.DataParallel drives all GPUs from one process (replicate, scatter, gather every step).",
-                          Fix("DistributedDataParallel with one process per GPU (torchrun / turbotrain launch)",
-                              plan={"strategy": "ddp"}), speedup=speedup_for_rule("data-parallel")).on_cpu(ctx)
+            yield _static(
+                "data-parallel",
+                index,
+                call,
+                "nn.DataParallel drives all GPUs from one process (replicate, scatter, gather every step).",
+                Fix(
+                    "DistributedDataParallel with one process per GPU (torchrun / turbotrain launch)",
+                    plan={"strategy": "ddp"},
+                ),
+                speedup=speedup_for_rule("data-parallel"),
+            ).on_cpu(ctx)
 
 
 @rule("syncbn-with-compile", "static")
@@ -307,10 +390,14 @@ def syncbn_static(ctx: Context) -> Iterator[Finding]:
         syncbn = list(index.calls("convert_sync_batchnorm", "SyncBatchNorm"))
         compiled = list(index.calls("torch.compile"))
         if syncbn and compiled:
-            yield _static("syncbn-with-compile", index, compiled[0][0],
-                          "The script both converts to SyncBatchNorm and compiles: each SyncBatchNorm breaks the "
-                          "compiled graph.", Fix("drop one of the two"),
-                          speedup=speedup_for_rule("syncbn-with-compile")).on_cpu(ctx)
+            yield _static(
+                "syncbn-with-compile",
+                index,
+                compiled[0][0],
+                "The script both converts to SyncBatchNorm and compiles: each SyncBatchNorm breaks the compiled graph.",
+                Fix("drop one of the two"),
+                speedup=speedup_for_rule("syncbn-with-compile"),
+            ).on_cpu(ctx)
 
 
 @rule("accumulation-syncs", "static")
@@ -323,11 +410,15 @@ def accumulation_static(ctx: Context) -> Iterator[Finding]:
             while parent is not None and not isinstance(parent, ast.If):
                 parent = index.parents.get(parent)
             if parent is not None and "%" in ast.unparse(parent.test) and index.in_direct_loop(call):
-                yield _static("accumulation-syncs", index, call,
-                              "Gradients are accumulated (optimizer step every few iterations) under DDP without "
-                              "no_sync(): every micro-batch's backward all-reduces the gradients.",
-                              Fix("`with model.no_sync():` for all micro-batches but the last",
-                                  plan={"grad_accum_steps": 2}), speedup=speedup_for_rule("accumulation-syncs"))
+                yield _static(
+                    "accumulation-syncs",
+                    index,
+                    call,
+                    "Gradients are accumulated (optimizer step every few iterations) under DDP without "
+                    "no_sync(): every micro-batch's backward all-reduces the gradients.",
+                    Fix("`with model.no_sync():` for all micro-batches but the last", plan={"grad_accum_steps": 2}),
+                    speedup=speedup_for_rule("accumulation-syncs"),
+                )
                 break
 
 
@@ -357,10 +448,20 @@ def nccl_env_static(ctx: Context) -> Iterator[Finding]:
 def cudnn_static(ctx: Context) -> Iterator[Finding]:
     for index in _sources(ctx):
         for node in ast.walk(index.tree):
-            if (isinstance(node, ast.Assign) and dotted_name(node.targets[0]).endswith("cudnn.benchmark")
-                    and is_const(node.value, False)):
-                yield _static("cudnn-benchmark-off", index, node,
-                              "cudnn.benchmark is switched off explicitly.",
-                              Fix("torch.backends.cudnn.benchmark = True (fixed input shapes)",
-                                  plan={"cudnn_benchmark": True}, lightning=lightning_call(cudnn_benchmark=True)),
-                              speedup=speedup_for_rule("cudnn-benchmark-off")).on_cpu(ctx)
+            if (
+                isinstance(node, ast.Assign)
+                and dotted_name(node.targets[0]).endswith("cudnn.benchmark")
+                and is_const(node.value, False)
+            ):
+                yield _static(
+                    "cudnn-benchmark-off",
+                    index,
+                    node,
+                    "cudnn.benchmark is switched off explicitly.",
+                    Fix(
+                        "torch.backends.cudnn.benchmark = True (fixed input shapes)",
+                        plan={"cudnn_benchmark": True},
+                        lightning=lightning_call(cudnn_benchmark=True),
+                    ),
+                    speedup=speedup_for_rule("cudnn-benchmark-off"),
+                ).on_cpu(ctx)

@@ -70,16 +70,31 @@ def cpu_oversubscribed(ctx: Context) -> Iterator[Finding]:
     if w != workers:
         fix += f", and DataLoader(..., num_workers={w})"
     f = Finding(
-        "cpu-oversubscribed", site=ctx.main_loader.site if ctx.main_loader and w != workers else None,
-        where=None, category="compute", speedup=speedup_for_rule("cpu-oversubscribed"),
-        message=(f"torch runs {threads} intra-op thread(s) and the DataLoader {workers} worker(s) on {usable} usable "
-                 f"core(s){busy}: parallel ops wait at a barrier for threads that have no core."),
-        fix=Fix(fix, plan={"intra_op_threads": k, **({"num_workers": w} if w != workers else {})},
-                lightning=f"{env} in the environment (Lightning does not set torch's threads)",
-                accelerate=f"{env} in the environment, or torch.set_num_threads({k}) before accelerator.prepare"),
-        evidence={"threads": threads, "workers": workers, "usable_cores": usable, "other_load": others,
-                  "recommended_threads": k, "recommended_workers": w},
-        request=ThreadsRequest(tuple(candidates(ctx, found))))
+        "cpu-oversubscribed",
+        site=ctx.main_loader.site if ctx.main_loader and w != workers else None,
+        where=None,
+        category="compute",
+        speedup=speedup_for_rule("cpu-oversubscribed"),
+        message=(
+            f"torch runs {threads} intra-op thread(s) and the DataLoader {workers} worker(s) on {usable} usable "
+            f"core(s){busy}: parallel ops wait at a barrier for threads that have no core."
+        ),
+        fix=Fix(
+            fix,
+            plan={"intra_op_threads": k, **({"num_workers": w} if w != workers else {})},
+            lightning=f"{env} in the environment (Lightning does not set torch's threads)",
+            accelerate=f"{env} in the environment, or torch.set_num_threads({k}) before accelerator.prepare",
+        ),
+        evidence={
+            "threads": threads,
+            "workers": workers,
+            "usable_cores": usable,
+            "other_load": others,
+            "recommended_threads": k,
+            "recommended_workers": w,
+        },
+        request=ThreadsRequest(tuple(candidates(ctx, found))),
+    )
     f.provisional("medium")
     f.note = "Threads and workers are timed on your model and DataLoader, interleaved with what the script uses."
     yield f

@@ -30,8 +30,15 @@ import types
 from typing import TYPE_CHECKING, Callable, Iterator
 
 from ..findings import Finding
-from ..requests import (AttentionRequest, BatchBuildRequest, BatchRequest, EvalGradRequest, LoaderRequest, PlanRequest,
-                        ThreadsRequest)
+from ..requests import (
+    AttentionRequest,
+    BatchBuildRequest,
+    BatchRequest,
+    EvalGradRequest,
+    LoaderRequest,
+    PlanRequest,
+    ThreadsRequest,
+)
 from .common import Budget
 from .switches import batch_trial, plan_trials
 from .settings import loader_trial, threads_trial
@@ -77,6 +84,7 @@ def run_what_ifs(ctx: Context, findings: list[Finding], budget_s: float = 30.0, 
 
 def _run_what_ifs(ctx: Context, findings: list[Finding], budget_s: float, allow_compile: bool) -> None:
     budget = Budget(budget_s)
+
     def of(kind: type) -> list[Finding]:
         return [f for f in findings if isinstance(f.request, kind)]
 

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 __all__ = ["batch_build_trial"]
 
-PAIR_ROUNDS = 2   # fastest_pair's 7 alternations, held to the noise floor as two interleaved rounds
+PAIR_ROUNDS = 2  # fastest_pair's 7 alternations, held to the noise floor as two interleaved rounds
 
 
 def _int_value(node: ast.expr, var: str, namespace: dict[str, Any]) -> int | None:
@@ -74,7 +74,7 @@ def batch_build_trial(ctx: Context, finding: Finding, budget: Budget) -> None:
     offsets = torch.arange(lo, hi)
 
     def per_sample() -> torch.Tensor:
-        return torch.stack([data[i + lo:i + hi] for i in indices])
+        return torch.stack([data[i + lo : i + hi] for i in indices])
 
     def one_op() -> torch.Tensor:
         return data[ix[:, None] + offsets]
@@ -86,14 +86,22 @@ def batch_build_trial(ctx: Context, finding: Finding, budget: Budget) -> None:
     # timing above is warm): the one-op build leaves t_one / t_per of it.
     share = request.share * max(0.0, 1.0 - t_one / t_per) if t_per > 0 else 0.0
     finding.what_if = BatchBuildResult(
-        per_sample_ms=round(t_per * 1e3, 3), one_op_ms=round(t_one * 1e3, 3), rows=rows,
-        sample_shape=(hi - lo, *data.shape[1:]), data=build.data, same_batch=same,
-        pair_ratio=round(t_per / t_one, 3) if t_one > 0 else 1.0, pair_rounds=PAIR_ROUNDS)
+        per_sample_ms=round(t_per * 1e3, 3),
+        one_op_ms=round(t_one * 1e3, 3),
+        rows=rows,
+        sample_shape=(hi - lo, *data.shape[1:]),
+        data=build.data,
+        same_batch=same,
+        pair_ratio=round(t_per / t_one, 3) if t_one > 0 else 1.0,
+        pair_rounds=PAIR_ROUNDS,
+    )
     if not same:
         _not_timed(finding, "the one-op batch differed from the per-sample one; the share above is the line's.")
         finding.what_if = None
         return
     finding.set_gain(share, measured=True)
-    finding.note = (f"Timed on your `{build.data}` ({rows} samples of {hi - lo}): built one sample at a time "
-                    f"{t_per * 1e3:.2f} ms, with one indexing op {t_one * 1e3:.3f} ms, the same batch; the gain is "
-                    "the line's measured share of the step less what the one-op build leaves of it.")
+    finding.note = (
+        f"Timed on your `{build.data}` ({rows} samples of {hi - lo}): built one sample at a time "
+        f"{t_per * 1e3:.2f} ms, with one indexing op {t_one * 1e3:.3f} ms, the same batch; the gain is "
+        "the line's measured share of the step less what the one-op build leaves of it."
+    )

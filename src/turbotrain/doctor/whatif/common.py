@@ -42,8 +42,10 @@ def optimizer_recipe(ctx: Context) -> tuple[type, dict[str, Any]]:
     """The user's optimizer's class and constructor settings (SGD when there is none, or when it cannot be
     rebuilt from its defaults)."""
     model_params = {id(p) for p in ctx.model.parameters()} if ctx.model is not None else set()
-    chosen = next((opt for opt, _ in ctx.optimizers
-                   if any(id(p) in model_params for g in opt.param_groups for p in g["params"])), None)
+    chosen = next(
+        (opt for opt, _ in ctx.optimizers if any(id(p) in model_params for g in opt.param_groups for p in g["params"])),
+        None,
+    )
     if chosen is None:
         return torch.optim.SGD, {"lr": 1e-3}
     cls, defaults = type(chosen), constructor_defaults(chosen)
@@ -51,8 +53,9 @@ def optimizer_recipe(ctx: Context) -> tuple[type, dict[str, Any]]:
         cls([torch.zeros(1, requires_grad=True)], **defaults)
     except Exception:  # noqa: BLE001 - a custom optimizer whose defaults are not constructor arguments
         lr = defaults.get("lr", 1e-3)
-        log.warning("turbotrain doctor: %s cannot be rebuilt from its defaults; the what-ifs time SGD instead",
-                    cls.__name__)
+        log.warning(
+            "turbotrain doctor: %s cannot be rebuilt from its defaults; the what-ifs time SGD instead", cls.__name__
+        )
         return torch.optim.SGD, {"lr": float(lr) if not torch.is_tensor(lr) else lr.item()}
     return cls, defaults
 
@@ -71,11 +74,19 @@ def baseline_plan(ctx: Context) -> Plan:
     facts = ctx.facts
     precision: Precision = "fp32"
     if facts.autocast:
-        precision = "fp16-mixed" if "float16" in str(facts.autocast_dtype) and "b" not in str(
-            facts.autocast_dtype) else "bf16-mixed"
+        precision = (
+            "fp16-mixed"
+            if "float16" in str(facts.autocast_dtype) and "b" not in str(facts.autocast_dtype)
+            else "bf16-mixed"
+        )
     zeros = bool(ctx.ran_sites("zero_grad_zeros"))
-    return Plan(device=ctx.device, precision=precision, set_to_none=not zeros,
-                channels_last=bool(facts.input_channels_last), cudnn_benchmark=bool(facts.cudnn_benchmark))
+    return Plan(
+        device=ctx.device,
+        precision=precision,
+        set_to_none=not zeros,
+        channels_last=bool(facts.input_channels_last),
+        cudnn_benchmark=bool(facts.cudnn_benchmark),
+    )
 
 
 def typical_s(trial: Trial) -> float:
@@ -104,8 +115,14 @@ def changes_numerics(finding: Finding) -> bool:
         return False
 
 
-def apply_ratio(finding: Finding, ctx: Context, verdict: Comparison, what_if: WhatIf, unit: str = "step time",
-                applies_to: float | None = None) -> None:
+def apply_ratio(
+    finding: Finding,
+    ctx: Context,
+    verdict: Comparison,
+    what_if: WhatIf,
+    unit: str = "step time",
+    applies_to: float | None = None,
+) -> None:
     """Turn a judged speed ratio of the model's step (:func:`turbotrain.measure.judge`) into the finding's
     share of the whole step.
 
@@ -123,8 +140,11 @@ def apply_ratio(finding: Finding, ctx: Context, verdict: Comparison, what_if: Wh
     finding.severity = severity_for(share)
     if not verdict.faster:
         finding.severity = "low"
-        why = (f"not separable from noise here (x{ratio:.2f}, needs over x{1 + max(MIN_GAIN, verdict.noise):.2f})"
-               if ratio >= 1 + MIN_GAIN else f"no gain (x{ratio:.2f} on the model's {unit})")
+        why = (
+            f"not separable from noise here (x{ratio:.2f}, needs over x{1 + max(MIN_GAIN, verdict.noise):.2f})"
+            if ratio >= 1 + MIN_GAIN
+            else f"no gain (x{ratio:.2f} on the model's {unit})"
+        )
         finding.note = f"Measured on this machine: {why}. {finding.note or ''}"
     elif changes_numerics(finding) and share < 0.10 and finding.severity != "low":
         finding.severity = "low"
@@ -132,7 +152,7 @@ def apply_ratio(finding: Finding, ctx: Context, verdict: Comparison, what_if: Wh
     finding.note = (finding.note or "").strip() or None
 
 
-TRIAL_S = 0.1           # the least time a what-if trial's timed steps span
+TRIAL_S = 0.1  # the least time a what-if trial's timed steps span
 MAX_TRIAL_STEPS = 50
 
 
@@ -157,8 +177,17 @@ class ModelTrials:
         self.baselines: list[Trial] = []
 
     def trial(self, plan: Plan, batches=None, warmup: int | None = None, give_up_s: float | None = None) -> Trial:
-        return run_trial(self.model, self.optimizer_fn, None, batches or self.batches, plan, steps=self.steps,
-                         warmup=warmup or self.warmup, step_fn=surrogate_step, give_up_s=give_up_s)
+        return run_trial(
+            self.model,
+            self.optimizer_fn,
+            None,
+            batches or self.batches,
+            plan,
+            steps=self.steps,
+            warmup=warmup or self.warmup,
+            step_fn=surrogate_step,
+            give_up_s=give_up_s,
+        )
 
     def baseline(self) -> Trial | None:
         if not self.budget.allows(self.cost):
@@ -174,8 +203,13 @@ class ModelTrials:
         return min(typical_s(t) for t in self.baselines) if self.baselines else float("inf")
 
 
-def interleaved_rounds(ctx: Context, budget: Budget, cost: float, first: tuple[float, float] | None,
-            pair: Callable[[], tuple[float, float] | None]) -> list[float]:
+def interleaved_rounds(
+    ctx: Context,
+    budget: Budget,
+    cost: float,
+    first: tuple[float, float] | None,
+    pair: Callable[[], tuple[float, float] | None],
+) -> list[float]:
     """Per-round speed ratios (baseline seconds / candidate seconds), A/B interleaved: two rounds, and a
     third when the two disagree about the direction and the budget allows."""
     times = [first] if first is not None else []

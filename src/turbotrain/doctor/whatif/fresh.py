@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 # Pages mapped in per step above which the allocator's history counts in a step's time (256 pages: 1 MiB a step).
 FAULTS_PER_STEP = 256
-START_S = 5.0          # two interpreters importing torch at once on a small machine
+START_S = 5.0  # two interpreters importing torch at once on a small machine
 
 
 def allocator_churn(*trials: Trial | None) -> float:
@@ -90,9 +90,14 @@ class FreshProcesses:
         self._baselines = [(plan, child) for plan, child in self._baselines if plan != base]
 
     def _start(self, plan: Plan, keep: bool) -> FreshTrial:
-        child = FreshTrial(self._bundle_path(), plan, script=self.ctx.script, warmup=self.trials.warmup,
-                           timeout_s=max(30.0, self.budget.left),
-                           clear_grads_before_backward=self.ctx.zero_grad_before_backward)
+        child = FreshTrial(
+            self._bundle_path(),
+            plan,
+            script=self.ctx.script,
+            warmup=self.trials.warmup,
+            timeout_s=max(30.0, self.budget.left),
+            clear_grads_before_backward=self.ctx.zero_grad_before_backward,
+        )
         if keep:
             self._baselines.append((plan, child))
         return child
@@ -104,7 +109,8 @@ class FreshProcesses:
             try:
                 write_bundle(path, self.trials.model, self.trials.batches, self.trials.optimizer, surrogate_step)
             except Exception as exc:  # an unpicklable model (a local class, a lambda attribute)
-                raise FreshTrialError(f"the model cannot be saved for another process ({type(exc).__name__}: {exc})"
-                                      ) from exc
+                raise FreshTrialError(
+                    f"the model cannot be saved for another process ({type(exc).__name__}: {exc})"
+                ) from exc
             self._bundle = path
         return self._bundle

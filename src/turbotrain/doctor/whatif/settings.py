@@ -19,16 +19,18 @@ if TYPE_CHECKING:
     from ..analysis.context import Context
 
 
-def setting_rounds(ctx: Context, budget: Budget, now: tuple[int, int], options: list[tuple[int, int]]
-                    ) -> tuple[tuple[int, int], list[float], dict[str, Trial]] | str:
+def setting_rounds(
+    ctx: Context, budget: Budget, now: tuple[int, int], options: list[tuple[int, int]]
+) -> tuple[tuple[int, int], list[float], dict[str, Trial]] | str:
     """:func:`_timed_settings` without torch's "more workers than cores" advice (the trial means it)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         return _timed_settings(ctx, budget, now, options)
 
 
-def _timed_settings(ctx: Context, budget: Budget, now: tuple[int, int], options: list[tuple[int, int]]
-                    ) -> tuple[tuple[int, int], list[float], dict[str, Trial]] | str:
+def _timed_settings(
+    ctx: Context, budget: Budget, now: tuple[int, int], options: list[tuple[int, int]]
+) -> tuple[tuple[int, int], list[float], dict[str, Trial]] | str:
     """(intra-op threads, DataLoader workers) settings timed against the script's own ``now`` on a copy of its
     model, each step also pulling a batch from its own loader (so workers compete for the cores as they do
     in the script), A/B interleaved: the best option, its per-round ratios and the last trials; or why not.
@@ -62,10 +64,16 @@ def _timed_settings(ctx: Context, budget: Budget, now: tuple[int, int], options:
         buffered = workers * (getattr(record.loader, "prefetch_factor", None) or 2) if record is not None else 0
         streams.pop(workers, None)
         try:
-            trial = run_trial(trials.model, trials.optimizer_fn, None, trials.batches,
-                              trials.base_plan.replace(intra_op_threads=threads),
-                              steps=max(trials.steps, 2 * buffered, 3 * workers),
-                              warmup=trials.warmup + workers + buffered, step_fn=step)
+            trial = run_trial(
+                trials.model,
+                trials.optimizer_fn,
+                None,
+                trials.batches,
+                trials.base_plan.replace(intra_op_threads=threads),
+                steps=max(trials.steps, 2 * buffered, 3 * workers),
+                warmup=trials.warmup + workers + buffered,
+                step_fn=step,
+            )
             trial.loader_round = workers
             return trial
         finally:
@@ -107,9 +115,14 @@ def threads_trial(ctx: Context, finding: Finding, budget: Budget) -> None:
     fix, ratios, seen = got
     _name_the_fix(finding, now, fix)
     applies = model_share(ctx) + ctx.share("data_loading")
-    result = ThreadsResult(now=ThreadSetting(*now), tried=tuple(options), candidate=ThreadSetting(*fix),
-                           rounds=tuple(round(r, 3) for r in ratios), baseline_ms=round(seen["now"].step_s * 1e3, 3),
-                           candidate_ms=round(seen["fix"].step_s * 1e3, 3))
+    result = ThreadsResult(
+        now=ThreadSetting(*now),
+        tried=tuple(options),
+        candidate=ThreadSetting(*fix),
+        rounds=tuple(round(r, 3) for r in ratios),
+        baseline_ms=round(seen["now"].step_s * 1e3, 3),
+        candidate_ms=round(seen["fix"].step_s * 1e3, 3),
+    )
     apply_ratio(finding, ctx, judge(ratios, noise_floor=ctx.noise_floor), result, applies_to=min(1.0, applies))
 
 
@@ -160,6 +173,7 @@ def loader_trial(ctx: Context, finding: Finding, budget: Budget) -> None:
                 break  # stopped improving
     if not rates or best_rate <= 0:
         return
+
     def projected(workers: int) -> float:
         rate = rates[workers]
         return max(other, 1.0 / rate) if workers > 0 else other + 1.0 / rate
@@ -168,10 +182,14 @@ def loader_trial(ctx: Context, finding: Finding, budget: Budget) -> None:
     now = projected(current) if current in rates else step
     share = max(0.0, 1.0 - projected(best) / now) if now else 0.0
     finding.what_if = LoaderResult(
-        batches_per_s={k: round(v, 2) for k, v in rates.items()}, best_num_workers=best,
-        projected_step_ms=round(projected(best) * 1e3, 3), current_projected_step_ms=round(now * 1e3, 3),
+        batches_per_s={k: round(v, 2) for k, v in rates.items()},
+        best_num_workers=best,
+        projected_step_ms=round(projected(best) * 1e3, 3),
+        current_projected_step_ms=round(now * 1e3, 3),
         step_ms=round(step * 1e3, 3),
-        pair_ratio=round(now / projected(best), 3) if projected(best) > 0 else 1.0, pair_rounds=1)  # one timing each
+        pair_ratio=round(now / projected(best), 3) if projected(best) > 0 else 1.0,
+        pair_rounds=1,
+    )  # one timing each
     if best != current:
         finding.fix.plan = {"num_workers": best}
         finding.fix.pytorch = f"DataLoader(..., num_workers={best}, persistent_workers=True)"
@@ -179,8 +197,10 @@ def loader_trial(ctx: Context, finding: Finding, budget: Budget) -> None:
         finding.fix.accelerate = f"DataLoader(..., num_workers={best}) before accelerator.prepare(...)"
         finding.fix.hf_trainer = f"TrainingArguments(dataloader_num_workers={best})"
     finding.set_gain(share, measured=True)
-    finding.note = (f"Loader rates measured for num_workers {', '.join(map(str, rates))}; the step is projected as "
-                    "max(the rest of the step, one batch's loading time). Workers share the CPU with training.")
+    finding.note = (
+        f"Loader rates measured for num_workers {', '.join(map(str, rates))}; the step is projected as "
+        "max(the rest of the step, one batch's loading time). Workers share the CPU with training."
+    )
     if best != current and ctx.capture is not None:
         _verify_workers(ctx, finding, budget, current, best)
 
@@ -195,10 +215,20 @@ def _verify_workers(ctx: Context, finding: Finding, budget: Budget, current: int
     _, ratios, seen = got
     what_if = finding.what_if
     assert isinstance(what_if, LoaderResult)  # loader_trial set it before
-    what_if = dataclasses.replace(what_if, rounds=tuple(round(r, 3) for r in ratios),
-                                  baseline_ms=round(seen["now"].step_s * 1e3, 3),
-                                  candidate_ms=round(seen["fix"].step_s * 1e3, 3))
-    apply_ratio(finding, ctx, judge(ratios, noise_floor=ctx.noise_floor), what_if,
-                applies_to=min(1.0, model_share(ctx) + ctx.share("data_loading")))
-    finding.note = (f"num_workers={best} had the best loader rate alone; timed with your model training beside the "
-                    "loader (workers share the cores with training), interleaved with your setting.")
+    what_if = dataclasses.replace(
+        what_if,
+        rounds=tuple(round(r, 3) for r in ratios),
+        baseline_ms=round(seen["now"].step_s * 1e3, 3),
+        candidate_ms=round(seen["fix"].step_s * 1e3, 3),
+    )
+    apply_ratio(
+        finding,
+        ctx,
+        judge(ratios, noise_floor=ctx.noise_floor),
+        what_if,
+        applies_to=min(1.0, model_share(ctx) + ctx.share("data_loading")),
+    )
+    finding.note = (
+        f"num_workers={best} had the best loader rate alone; timed with your model training beside the "
+        "loader (workers share the cores with training), interleaved with your setting."
+    )

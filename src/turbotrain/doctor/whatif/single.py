@@ -28,8 +28,9 @@ def _pair_ratio(slow_s: float, fast_s: float) -> float:
 PAIR_ROUNDS = 2
 
 
-def _time_pair(finding: Finding, slow: Callable[[], None], fast: Callable[[], None],
-               cuda: bool, repeats: int = 7) -> tuple[float, float] | None:
+def _time_pair(
+    finding: Finding, slow: Callable[[], None], fast: Callable[[], None], cuda: bool, repeats: int = 7
+) -> tuple[float, float] | None:
     """:func:`fastest_pair` after one untimed call of each; None (and a note) when one fails."""
     try:
         slow()
@@ -51,6 +52,7 @@ def eval_grad_trial(ctx: Context, finding: Finding, budget: Budget) -> None:
         def run() -> None:
             with torch.enable_grad() if grad else torch.inference_mode():
                 model(*args, **kwargs)
+
         return run
 
     pair = _time_pair(finding, forward(True), forward(False), cuda=ctx.device == "cuda")
@@ -61,9 +63,12 @@ def eval_grad_trial(ctx: Context, finding: Finding, budget: Budget) -> None:
     request = finding.request
     assert isinstance(request, EvalGradRequest)  # run_what_ifs passes only these
     share = request.share * saving
-    finding.what_if = EvalGradResult(forward_ms_with_grad=round(with_grad * 1e3, 3),
-                                     forward_ms_inference_mode=round(without * 1e3, 3),
-                                     pair_ratio=_pair_ratio(with_grad, without), pair_rounds=PAIR_ROUNDS)
+    finding.what_if = EvalGradResult(
+        forward_ms_with_grad=round(with_grad * 1e3, 3),
+        forward_ms_inference_mode=round(without * 1e3, 3),
+        pair_ratio=_pair_ratio(with_grad, without),
+        pair_rounds=PAIR_ROUNDS,
+    )
     finding.set_gain(share, measured=True)
 
 
@@ -75,13 +80,26 @@ def attention_trial(ctx: Context, finding: Finding, budget: Budget) -> None:
     first, last = request.lines
     softmax = ctx.stat_at("softmax", request.softmax)
     score_shape = softmax.detail.get("shape") if softmax else None
-    shapes = [(site, s) for site, s in ctx.matmul_shapes.items()
-              if site.file == request.file and first <= site.line <= last]
-    qk = next(((a, b) for _, (a, b) in shapes if len(a) >= 3 and len(b) >= 3 and score_shape is not None
-               and tuple(a[:-1]) + (b[-1],) == tuple(score_shape)), None)
+    shapes = [
+        (site, s) for site, s in ctx.matmul_shapes.items() if site.file == request.file and first <= site.line <= last
+    ]
+    qk = next(
+        (
+            (a, b)
+            for _, (a, b) in shapes
+            if len(a) >= 3
+            and len(b) >= 3
+            and score_shape is not None
+            and tuple(a[:-1]) + (b[-1],) == tuple(score_shape)
+        ),
+        None,
+    )
     if qk is None or ctx.model is None:
-        finding.note = ("Not measured: the attention's operand shapes were not seen during warm-up." if qk is None
-                        else "Not measured: no model was seen training.")
+        finding.note = (
+            "Not measured: the attention's operand shapes were not seen during warm-up."
+            if qk is None
+            else "Not measured: no model was seen training."
+        )
         return
     (q_shape, kt_shape) = qk
     lead, length, dim, keys = q_shape[:-2], q_shape[-2], q_shape[-1], kt_shape[-1]
@@ -97,7 +115,7 @@ def attention_trial(ctx: Context, finding: Finding, budget: Budget) -> None:
     mask = torch.ones(length, keys, dtype=torch.bool, device=device).triu(1) if causal else None
 
     def manual():
-        scores = (q @ k.transpose(-2, -1)) * dim ** -0.5
+        scores = (q @ k.transpose(-2, -1)) * dim**-0.5
         if mask is not None:
             scores = scores.masked_fill(mask, float("-inf"))
         out = scores.softmax(-1) @ v
@@ -113,13 +131,22 @@ def attention_trial(ctx: Context, finding: Finding, budget: Budget) -> None:
     t_manual, t_fused = pair
     saved = request.per_step * max(0.0, t_manual - t_fused)
     share = min(saved / ctx.step_s, model_share(ctx)) if ctx.step_s else 0.0
-    finding.what_if = AttentionResult(q_shape=tuple(q_shape), keys=keys, causal=causal,
-                                      manual_ms=round(t_manual * 1e3, 3), sdpa_ms=round(t_fused * 1e3, 3),
-                                      calls_per_step=request.per_step, pair_ratio=_pair_ratio(t_manual, t_fused),
-                                      pair_rounds=PAIR_ROUNDS)
+    finding.what_if = AttentionResult(
+        q_shape=tuple(q_shape),
+        keys=keys,
+        causal=causal,
+        manual_ms=round(t_manual * 1e3, 3),
+        sdpa_ms=round(t_fused * 1e3, 3),
+        calls_per_step=request.per_step,
+        pair_ratio=_pair_ratio(t_manual, t_fused),
+        pair_rounds=PAIR_ROUNDS,
+    )
     finding.set_gain(share, measured=True)
-    finding.note = ("Timed forward+backward at your attention's shapes, hand-written"
-                    + (" with a causal mask" if causal else "") + " against scaled_dot_product_attention.")
+    finding.note = (
+        "Timed forward+backward at your attention's shapes, hand-written"
+        + (" with a causal mask" if causal else "")
+        + " against scaled_dot_product_attention."
+    )
 
 
 def cap_to_noise(finding: Finding, ctx: Context) -> None:
@@ -133,5 +160,8 @@ def cap_to_noise(finding: Finding, ctx: Context) -> None:
     pair = what_if.pair_ratio
     verdict = judge([pair] * what_if.pair_rounds, noise_floor=ctx.noise_floor)
     if not verdict.faster and finding.severity != "low":
-        finding.cap("low", f"This machine was too noisy during the run to tell the measured x{pair:.2f} from no "
-                           f"gain (it needs over x{1 + verdict.noise:.2f}).")
+        finding.cap(
+            "low",
+            f"This machine was too noisy during the run to tell the measured x{pair:.2f} from no "
+            f"gain (it needs over x{1 + verdict.noise:.2f}).",
+        )

@@ -50,8 +50,9 @@ def plan_trials(ctx: Context, findings: list[Finding], budget: Budget, allow_com
                 ref = trials.trial(base)
                 if not ref.ok:
                     return None
-                trial = trials.trial(plan, warmup=3 if compiling else None,
-                                     give_up_s=None if compiling else HOPELESS * typical_s(ref))
+                trial = trials.trial(
+                    plan, warmup=3 if compiling else None, give_up_s=None if compiling else HOPELESS * typical_s(ref)
+                )
                 seen.setdefault("first", trial)
                 seen["ref"], seen["last"] = ref, trial
                 if not trial.ok:
@@ -64,7 +65,8 @@ def plan_trials(ctx: Context, findings: list[Finding], budget: Budget, allow_com
             skipped = [name for name, _ in trial.skipped if name in entries] if trial is not None else []
             if trial is None or skipped or (first_round is None and not trial.stopped_early):
                 why = (trial.error if trial is not None else None) or "; ".join(
-                    w for _, w in (trial.skipped if trial else []))
+                    w for _, w in (trial.skipped if trial else [])
+                )
                 f.note = f"Not measured: {why or 'the baseline failed'}. {f.note or ''}".strip()
                 continue
             if trial.stopped_early:
@@ -72,17 +74,23 @@ def plan_trials(ctx: Context, findings: list[Finding], budget: Budget, allow_com
             else:
                 assert first_round is not None  # only a trial that stopped early has none here
                 # Compile: one round (the graph compiles once per trial).
-                ratios = [first_round[0] / first_round[1]] if compiling else interleaved_rounds(
-                    ctx, budget, trials.cost * 2, first_round, pair)
-            result = PlanResult(changes=changes, steps=trials.steps,
-                                losses_finite=all(map(math.isfinite, trial.losses)))
+                ratios = (
+                    [first_round[0] / first_round[1]]
+                    if compiling
+                    else interleaved_rounds(ctx, budget, trials.cost * 2, first_round, pair)
+                )
+            result = PlanResult(
+                changes=changes, steps=trials.steps, losses_finite=all(map(math.isfinite, trial.losses))
+            )
             churn = allocator_churn(seen.get("ref"), seen.get("last"))
             if churn >= FAULTS_PER_STEP and not compiling and not trial.stopped_early:
                 ratios, result = _fresh_or_in_process(fresh_processes, base, plan, ratios, churn, f, result)
             result = dataclasses.replace(
-                result, rounds=tuple(round(r, 3) for r in ratios),
+                result,
+                rounds=tuple(round(r, 3) for r in ratios),
                 candidate_ms=round(typical_s(trial) * 1e3, 3) if trial.ok else None,
-                compile_s=round(trial.warmup_s, 2) if compiling else None)
+                compile_s=round(trial.warmup_s, 2) if compiling else None,
+            )
             if compiling:
                 f.note = f"Compiling took {trial.warmup_s:.1f} s (once per run)."
             apply_ratio(f, ctx, judge(ratios, noise_floor=ctx.noise_floor), result)
@@ -93,20 +101,35 @@ def _plan_trial(f: Finding) -> PlanRequest:
     return cast(PlanRequest, f.request)
 
 
-def _fresh_or_in_process(fresh_processes: FreshProcesses, base: Plan, plan: Plan, ratios: list[float], churn: float,
-                         f: Finding, result: PlanResult) -> tuple[list[float], PlanResult]:
+def _fresh_or_in_process(
+    fresh_processes: FreshProcesses,
+    base: Plan,
+    plan: Plan,
+    ratios: list[float],
+    churn: float,
+    f: Finding,
+    result: PlanResult,
+) -> tuple[list[float], PlanResult]:
     """The switch re-timed in fresh processes (:meth:`FreshProcesses.rounds`): the rounds judged from then on, and
     ``result`` saying where they were timed."""
     fresh = fresh_processes.rounds(base, plan)
     if isinstance(fresh, str):
-        f.note = (f"Timed in the doctor's process, whose steps page-faulted {churn:.0f} pages each: a training "
-                  f"process's allocator may differ (a fresh-process trial failed: {fresh}). {f.note or ''}").strip()
+        f.note = (
+            f"Timed in the doctor's process, whose steps page-faulted {churn:.0f} pages each: a training "
+            f"process's allocator may differ (a fresh-process trial failed: {fresh}). {f.note or ''}"
+        ).strip()
         return ratios, dataclasses.replace(result, page_faults_per_step=round(churn), timed_in="this process")
-    f.note = (f"Timed with your setting and the switch each in a fresh process: in the doctor's process the steps "
-              f"page-faulted {churn:.0f} pages each, so its allocator's history was part of the time (it read "
-              f"x{statistics.median(ratios):.2f} there). {f.note or ''}").strip()
-    return fresh, dataclasses.replace(result, page_faults_per_step=round(churn), timed_in="fresh processes",
-                                      in_process_rounds=tuple(round(r, 3) for r in ratios))
+    f.note = (
+        f"Timed with your setting and the switch each in a fresh process: in the doctor's process the steps "
+        f"page-faulted {churn:.0f} pages each, so its allocator's history was part of the time (it read "
+        f"x{statistics.median(ratios):.2f} there). {f.note or ''}"
+    ).strip()
+    return fresh, dataclasses.replace(
+        result,
+        page_faults_per_step=round(churn),
+        timed_in="fresh processes",
+        in_process_rounds=tuple(round(r, 3) for r in ratios),
+    )
 
 
 def _entry_for_field(field: str) -> str:
@@ -149,13 +172,24 @@ def batch_trial(ctx: Context, finding: Finding, budget: Budget) -> None:
     model, data = model_share(ctx), ctx.share("data_loading")
     ratios = [(model + data) / (model / r + data / loader_ratio) for r in model_rounds if r > 0]
     finding.fix.plan = {"batch_size": batch * k}
-    result = BatchResult(batch_size=batch, candidate_batch_size=batch * k, rounds=tuple(round(r, 3) for r in ratios),
-                         model_rounds=tuple(round(r, 3) for r in model_rounds),
-                         loader_samples_ratio=round(loader_ratio, 3), loader=loader_note,
-                         baseline_samples_per_s=round(base.samples_per_step / typical_s(base), 1),
-                         candidate_samples_per_s=round(big.samples_per_step / typical_s(big), 1))
-    apply_ratio(finding, ctx, judge(ratios, noise_floor=ctx.noise_floor), result, unit="samples/s",
-                applies_to=min(1.0, model + data))
+    result = BatchResult(
+        batch_size=batch,
+        candidate_batch_size=batch * k,
+        rounds=tuple(round(r, 3) for r in ratios),
+        model_rounds=tuple(round(r, 3) for r in model_rounds),
+        loader_samples_ratio=round(loader_ratio, 3),
+        loader=loader_note,
+        baseline_samples_per_s=round(base.samples_per_step / typical_s(base), 1),
+        candidate_samples_per_s=round(big.samples_per_step / typical_s(big), 1),
+    )
+    apply_ratio(
+        finding,
+        ctx,
+        judge(ratios, noise_floor=ctx.noise_floor),
+        result,
+        unit="samples/s",
+        applies_to=min(1.0, model + data),
+    )
 
 
 def loader_samples_ratio(ctx: Context, batch: int, k: int, budget: Budget) -> tuple[float, str]:
@@ -172,8 +206,10 @@ def loader_samples_ratio(ctx: Context, batch: int, k: int, budget: Budget) -> tu
     if record is None or not isinstance(record.loader, DataLoader):
         return 1.0, "not timed (no DataLoader): loading taken to cost per sample"
     if record.loader.batch_size != batch:
-        return 1.0, (f"not timed (the DataLoader's batch_size is {record.loader.batch_size}, the model saw {batch}): "
-                     "loading taken to cost per sample")
+        return 1.0, (
+            f"not timed (the DataLoader's batch_size is {record.loader.batch_size}, the model saw {batch}): "
+            "loading taken to cost per sample"
+        )
     batches = int(min(30, max(4, 0.2 / data_s)))
     start_s = 1.0 if record.settings.get("num_workers") else 0.0  # worker processes start with each timing
     if not budget.allows(2 * (start_s + (batches + 2) * data_s * (1 + k))):
