@@ -188,3 +188,16 @@ def test_a_gpu_only_finding_is_folded_only_on_the_cpu_and_only_while_low():
     measured = habit(on_gpu=False)
     measured.set_gain(0.3, measured=True)  # a what-if that measured a real gain here: it matters after all
     assert not measured.folded and "folded" not in measured.to_dict()
+
+
+def test_a_loader_fix_without_workers_leaves_persistent_workers_out():
+    """The fix line a user pastes must run: PyTorch refuses persistent_workers=True with num_workers=0 (seen
+    on karpathy/makemore, where the measured best on 2 cores was num_workers=0)."""
+    from torch.utils.data import DataLoader
+
+    from turbotrain.doctor.rules.recorded import loader_fix
+
+    assert loader_fix(4) == "DataLoader(..., num_workers=4, persistent_workers=True)"
+    assert loader_fix(0) == "DataLoader(..., num_workers=0)"
+    with pytest.raises(ValueError, match="persistent_workers"):
+        DataLoader([1], num_workers=0, persistent_workers=True)

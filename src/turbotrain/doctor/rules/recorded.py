@@ -37,6 +37,12 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.1f} ms" if seconds >= 1e-3 else f"{seconds * 1e6:.0f} us"
 
 
+def loader_fix(num_workers: int) -> str:
+    """The DataLoader line for ``num_workers``: PyTorch refuses persistent_workers=True without workers."""
+    persistent = ", persistent_workers=True" if num_workers > 0 else ""
+    return f"DataLoader(..., num_workers={num_workers}{persistent})"
+
+
 @rule("num-workers", "runtime")
 def num_workers(ctx: Context) -> Iterator[Finding]:
     share = ctx.share("data_loading")
@@ -97,7 +103,7 @@ def num_workers(ctx: Context) -> Iterator[Finding]:
             )
         ),
         fix=Fix(
-            f"DataLoader(..., num_workers={suggest}, persistent_workers=True)",
+            loader_fix(suggest),
             plan={"num_workers": suggest},
             lightning=f"DataLoader(..., num_workers={suggest}) (Lightning passes your loader through)",
             accelerate=f"DataLoader(..., num_workers={suggest}) before accelerator.prepare(...)",

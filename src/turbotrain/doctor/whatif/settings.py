@@ -13,6 +13,7 @@ from ...measure import Trial, judge, run_trial, time_loader
 from ..findings import Finding
 from ..requests import ThreadsRequest
 from ..results import LoaderResult, ThreadSetting, ThreadsResult
+from ..rules.recorded import loader_fix
 from .common import Budget, ModelTrials, apply_ratio, interleaved_rounds, model_share, surrogate_step
 
 if TYPE_CHECKING:
@@ -192,7 +193,7 @@ def loader_trial(ctx: Context, finding: Finding, budget: Budget) -> None:
     )  # one timing each
     if best != current:
         finding.fix.plan = {"num_workers": best}
-        finding.fix.pytorch = f"DataLoader(..., num_workers={best}, persistent_workers=True)"
+        finding.fix.pytorch = loader_fix(best)
         finding.fix.lightning = f"DataLoader(..., num_workers={best})"
         finding.fix.accelerate = f"DataLoader(..., num_workers={best}) before accelerator.prepare(...)"
         finding.fix.hf_trainer = f"TrainingArguments(dataloader_num_workers={best})"
