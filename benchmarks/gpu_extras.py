@@ -46,13 +46,12 @@ import torch.nn.functional as F
 from torch import nn
 
 import turbotrain as tt
-from turbotrain.bench.models import TinyMLP
 from turbotrain.data import DeviceLoader
 from turbotrain.data.transfer import move_batch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from overhead import Batches  # noqa: E402  # the CPU overhead benchmark's batches, reused as they are
+from overhead import Batches, fresh, plain_steps, plain_steps_dropping_grads  # noqa: E402  # the CPU benchmark's batches, model and loops
 
 DOCTOR_SCRIPTS = ("gpu_data_bound.py", "gpu_sync_bound.py")
 STARTED = time.perf_counter()
@@ -82,12 +81,6 @@ def table(header: list[str], rows: list[list[Any]]) -> str:
 
 # -- overhead: the Trainer against a plain loop on the device ----------------------------------
 
-def fresh(device: torch.device) -> tuple[nn.Module, torch.optim.Optimizer]:
-    torch.manual_seed(0)
-    model = TinyMLP().to(device)
-    return model, torch.optim.SGD(model.parameters(), lr=0.01)
-
-
 def timed(device: torch.device, run: Callable[[], None]) -> float:
     sync(device)
     start = time.perf_counter()
@@ -98,29 +91,13 @@ def timed(device: torch.device, run: Callable[[], None]) -> float:
 
 def plain(data: list, device: torch.device) -> float:
     model, opt = fresh(device)
-
-    def loop() -> None:
-        for x, y in data:
-            loss = F.cross_entropy(model(x), y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-    return timed(device, loop)
+    return timed(device, lambda: plain_steps(model, opt, data))
 
 
 def plain_dropping_grads(data: list, device: torch.device) -> float:
     """The plain loop dropping gradients with ``p.grad = None``, as the Trainer does."""
     model, opt = fresh(device)
-    params = list(model.parameters())
-
-    def loop() -> None:
-        for x, y in data:
-            loss = F.cross_entropy(model(x), y)
-            loss.backward()
-            opt.step()
-            for p in params:
-                p.grad = None
-    return timed(device, loop)
+    return timed(device, lambda: plain_steps_dropping_grads(model, opt, data))
 
 
 def trainer_runner(guard: bool) -> Callable[[list, torch.device], float]:

@@ -450,12 +450,13 @@ def _train_step(
     needed, so fetching them is part of the step); returns the mean loss. The gradients are dropped after
     the optimizer step, or with ``clear_grads_before_backward`` between the first forward and its backward."""
     loss_sum = 0.0
+    run_loss = rt.wrap_loss(loss_fn)
     for j, batch in enumerate(micro_batches):
         with rt.autocast():
             if step_fn:
                 loss = step_fn(rt.model, batch)
             else:
-                loss = rt.wrap_loss(loss_fn)(rt.model(batch[0]), batch[1])  # type: ignore[misc]  # callers pass one of the two
+                loss = run_loss(rt.model(batch[0]), batch[1])  # type: ignore[misc]  # callers pass one of the two
         if clear_grads_before_backward and j == 0:
             rt.clear_grads()
         with rt.no_sync(j + 1 < rt.accum_steps):
