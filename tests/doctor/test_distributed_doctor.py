@@ -352,6 +352,15 @@ def test_failure_messages_name_the_rank_and_what_it_was_doing():
     assert text is not None and text.startswith("rank 1 (h, pid 101) ended without finishing (killed or crashed), "
                                                 "at step 8, in the forward, at train.py:40.")
     assert "Ended with it: rank 0" in text
+    # The killed rank's peer may raise first (its collective breaks): the killed one is still named.
+    lost = "RuntimeError: [gloo/transport/tcp/pair.cc:534] Connection reset by peer [10.0.0.2]:5000"
+    peer_first = JobRun(["torchrun"], 1, 9.0, [
+        RankOutcome(0, run={"status": "error", "error": lost, "where": "train.py:41"},
+                    status=status(0, 8, waiting, "train.py:41", 9.0)),
+        RankOutcome(1, status=status(1, 8, "in the forward", "train.py:40", 7.5))])
+    text = _failure(peer_first, 60.0, False)
+    assert text is not None and text.startswith("rank 1 (h, pid 101) ended without finishing (killed or crashed)")
+    assert f"Lost the connection to it: rank 0 (h, pid 100) ({lost})." in text
     done = JobRun(["torchrun"], 0, 9.0, [RankOutcome(r, run={"status": "stopped"},
                                                      status=status(r, 14, None, None, 9.0)) for r in (0, 1)])
     assert _failure(done, 60.0, False) is None

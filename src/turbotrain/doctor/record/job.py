@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -176,7 +177,9 @@ def _failure(job: JobRun, hang_timeout_s: float, stalled: bool) -> str | None:
         if others:
             text += " The others: " + "; ".join(f"{r.name()} {r.doing()}" for r in others) + "."
         return text
-    failed = [r for r in ranks if r.failed]
+    # A rank whose collective broke because a peer vanished is a casualty, not the cause: a killed rank
+    # leaves no error of its own, so it is named before the ranks that lost their connection to it.
+    failed = [r for r in ranks if r.failed and not (_lost_a_peer(r) and any(g.run is None for g in ranks))]
     if failed:
         first = failed[0]
         run = first.run or {}
@@ -186,6 +189,7 @@ def _failure(job: JobRun, hang_timeout_s: float, stalled: bool) -> str | None:
             text += " (The launcher kept the other ranks waiting; the doctor ended them.)"
         return text
     gone = [r for r in ranks if r.run is None]
+    casualties = [r for r in ranks if r.failed and r not in gone]
     if job.returncode not in (0, None) or gone:
         if not ranks:
             return f"The launcher exited with code {job.returncode} before any rank started: {' '.join(job.command)}"
@@ -199,9 +203,27 @@ def _failure(job: JobRun, hang_timeout_s: float, stalled: bool) -> str | None:
             )
             if rest:
                 text += " Ended with it: " + "; ".join(f"{r.name()} {r.doing()}" for r in rest) + "."
+            if casualties:
+                text += (
+                    " Lost the connection to it: "
+                    + "; ".join(f"{r.name()} ({(r.run or {}).get('error')})" for r in casualties)
+                    + "."
+                )
             return text
         return f"The launcher exited with code {job.returncode} after every rank finished."
     return None
+
+
+# How gloo and NCCL word an error raised on a rank whose peer has gone (killed, crashed, unreachable).
+_PEER_LOST = re.compile(
+    r"connection (reset|closed) by peer|broken pipe|remote process exited|communicator was aborted"
+    r"|DistNetworkError|socket closed|connection refused",
+    re.IGNORECASE,
+)
+
+
+def _lost_a_peer(rank: RankOutcome) -> bool:
+    return bool(_PEER_LOST.search(str((rank.run or {}).get("error") or "")))
 
 
 def _in_collective(rank: RankOutcome) -> bool:
