@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import torch
 
 from turbotrain.doctor import DoctorOptions, diagnose_script
+from turbotrain.doctor.record.collectives import CommStep
+from turbotrain.doctor.record.measurements import StepRecord
+from turbotrain.doctor.record.rank_main import ENV_FOLDER
+from turbotrain.doctor.record.recording import Recording, Window
 
 SCRIPTS = Path(__file__).parent / "scripts"
+ROOT = Path(__file__).resolve().parents[2]
 _MARK = re.compile(r"#\s*doctor:\s*([a-z0-9-]+)")
 
 
@@ -58,3 +67,61 @@ def git_apply(folder: Path, patch: Path) -> None:
         git("init", "-q")
     git("apply", "--check", str(patch))
     git("apply", str(patch))
+
+
+def rank_recording(rank: int, data_ms: list[float], exposed_ms: list[float], step_ms: float = 40.0,
+               cpu_ms: float | None = None, cpu_wait_ms: float | None = None) -> Recording:
+    """One rank's recording of a 2-rank job, built by hand: per step its data and exposed all-reduce ms."""
+    steps, comm, t = [], [], 100.0
+    for i, (data, exposed) in enumerate(zip(data_ms, exposed_ms)):
+        steps.append(StepRecord(index=i, start=t, end=t + step_ms / 1e3, phases={"data": data / 1e3},
+                                gap_before_forward=0.0, forwards=1, backwards=1, optimizers=1))
+        comm.append(CommStep(step=i, buckets=1, exposed_s=exposed / 1e3, busy_s=(exposed + 1) / 1e3,
+                             overlap_s=0.0005, done_at=t + step_ms / 1e3 - 0.001,
+                             cpu_s=None if cpu_ms is None else cpu_ms / 1e3,
+                             cpu_wait_s=None if cpu_wait_ms is None else cpu_wait_ms / 1e3))
+        t += step_ms / 1e3
+    return Recording(window=Window(warmup=1, measure=len(steps) - 1, asked=len(steps) - 1, profile_steps=0),
+                     steps=tuple(steps), step_delimiter="optimizer.step()", events=(), loaders=(),
+                     optimizer_sites=(), module_sites=(), matmul_shapes=(), gap_samples=(), rank=rank,
+                     world_size=2, host=f"node{rank}", communication=tuple(comm))
+
+
+# -- the doctor on a multi-process job, as a user runs it -----------------------------------------------
+
+JOB_FAST = ["--steps", "10", "--warmup", "2"]
+
+
+def _job_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), env.get("PYTHONPATH")]))
+    env["OMP_NUM_THREADS"] = "1"
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", ENV_FOLDER):
+        env.pop(key, None)
+    return env
+
+
+def job_processes(script: str) -> list[int]:
+    """Processes of a doctor job on ``script`` still running (ranks, launchers, their children)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if ENV_FOLDER.encode() in (entry / "environ").read_bytes() and \
+                        script.encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def doctor_job(tmp: Path, *args: str, timeout: float = 240,
+               what_if: bool = False) -> tuple[subprocess.CompletedProcess, dict]:
+    """``turbotrain doctor`` in a subprocess with ``args`` (a launcher or --nproc-per-node): its exit and JSON
+    report. Without ``what_if`` the fixes are not timed (each timing re-runs the whole job)."""
+    out = tmp / "report.json"
+    fast = JOB_FAST if what_if else [*JOB_FAST, "--no-what-if"]
+    proc = subprocess.run([sys.executable, "-m", "turbotrain", "doctor", *fast, "--json", str(out), *args],
+                          cwd=tmp, env=_job_env(), capture_output=True, text=True, timeout=timeout)
+    report = json.loads(out.read_text()) if out.exists() else {}
+    return proc, report

@@ -9,82 +9,44 @@ from __future__ import annotations
 
 import dataclasses
 import io
-import json
-import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from doctor_helpers import doctor_job, job_processes, rank_recording
 from turbotrain.doctor.analysis.ranks import analyse_ranks
-from turbotrain.doctor.record.collectives import CommStep
-from turbotrain.doctor.record.measurements import StepRecord
-from turbotrain.doctor.record.rank_main import ENV_FOLDER
-from turbotrain.doctor.record.recording import Recording, Window, from_json, to_json
+from turbotrain.doctor.record.recording import from_json, to_json
 
-ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = Path(__file__).parent / "scripts"
-FAST = ["--steps", "10", "--warmup", "2", "--no-what-if"]
-
-
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), env.get("PYTHONPATH")]))
-    env["OMP_NUM_THREADS"] = "1"
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", ENV_FOLDER):
-        env.pop(key, None)
-    return env
-
-
-def _job_processes(script: str) -> list[int]:
-    """Processes of a doctor job on ``script`` still running (ranks, launchers, their children)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if ENV_FOLDER.encode() in (entry / "environ").read_bytes() and \
-                        script.encode() in (entry / "cmdline").read_bytes():
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-    return found
-
-
-def doctor(tmp: Path, *args: str, timeout: float = 240) -> tuple[subprocess.CompletedProcess, dict]:
-    out = tmp / "report.json"
-    proc = subprocess.run([sys.executable, "-m", "turbotrain", "doctor", *FAST, "--json", str(out), *args],
-                          cwd=tmp, env=_env(), capture_output=True, text=True, timeout=timeout)
-    report = json.loads(out.read_text()) if out.exists() else {}
-    return proc, report
 
 
 @pytest.fixture(scope="module")
 def slow_data_rank0(tmp_path_factory):
     """The doctor starts the ranks itself; rank 0 loads its data slower."""
     tmp = tmp_path_factory.mktemp("data")
-    return doctor(tmp, "--html", str(tmp / "report.html"), "--nproc-per-node", "2",
+    return doctor_job(tmp, "--html", str(tmp / "report.html"), "--nproc-per-node", "2",
                   str(SCRIPTS / "ddp_straggler_data.py"), "--slow-rank", "0")
 
 
 @pytest.fixture(scope="module")
 def slow_compute_rank1(tmp_path_factory):
     """The user's own torchrun, wrapped; rank 1 computes more."""
-    return doctor(tmp_path_factory.mktemp("compute"), "--", sys.executable, "-m", "torch.distributed.run",
+    return doctor_job(tmp_path_factory.mktemp("compute"), "--", sys.executable, "-m", "torch.distributed.run",
                   "--standalone", "--nproc-per-node", "2", str(SCRIPTS / "ddp_straggler_compute.py"),
                   "--slow-rank", "1")
 
 
 @pytest.fixture(scope="module")
 def clean(tmp_path_factory):
-    return doctor(tmp_path_factory.mktemp("clean"), "--nproc-per-node", "2", str(SCRIPTS / "ddp_clean.py"))
+    return doctor_job(tmp_path_factory.mktemp("clean"), "--nproc-per-node", "2", str(SCRIPTS / "ddp_clean.py"))
 
 
 @pytest.fixture(scope="module")
 def killed(tmp_path_factory):
     """Rank 1 is killed (SIGKILL) in the middle of the measured steps."""
-    return doctor(tmp_path_factory.mktemp("killed"), "--nproc-per-node", "2", str(SCRIPTS / "ddp_clean.py"),
+    return doctor_job(tmp_path_factory.mktemp("killed"), "--nproc-per-node", "2", str(SCRIPTS / "ddp_clean.py"),
                   "--kill-rank", "1", "--kill-at", "8")
 
 
@@ -169,32 +131,15 @@ def test_a_killed_rank_ends_the_job_with_its_name_and_no_process_left(killed):
     message = " ".join(report["messages"])
     assert "rank 1" in message and "killed or crashed" in message, message
     assert "rank 1" in proc.stderr
-    assert _job_processes("ddp_clean.py") == []
+    assert job_processes("ddp_clean.py") == []
 
 
 # -- the analysis on recordings built by hand -----------------------------------------------------------
 
-def _recording(rank: int, data_ms: list[float], exposed_ms: list[float], step_ms: float = 40.0,
-               cpu_ms: float | None = None, cpu_wait_ms: float | None = None) -> Recording:
-    steps, comm, t = [], [], 100.0
-    for i, (data, exposed) in enumerate(zip(data_ms, exposed_ms)):
-        steps.append(StepRecord(index=i, start=t, end=t + step_ms / 1e3, phases={"data": data / 1e3},
-                                gap_before_forward=0.0, forwards=1, backwards=1, optimizers=1))
-        comm.append(CommStep(step=i, buckets=1, exposed_s=exposed / 1e3, busy_s=(exposed + 1) / 1e3,
-                             overlap_s=0.0005, done_at=t + step_ms / 1e3 - 0.001,
-                             cpu_s=None if cpu_ms is None else cpu_ms / 1e3,
-                             cpu_wait_s=None if cpu_wait_ms is None else cpu_wait_ms / 1e3))
-        t += step_ms / 1e3
-    return Recording(window=Window(warmup=1, measure=len(steps) - 1, asked=len(steps) - 1, profile_steps=0),
-                     steps=tuple(steps), step_delimiter="optimizer.step()", events=(), loaders=(),
-                     optimizer_sites=(), module_sites=(), matmul_shapes=(), gap_samples=(), rank=rank,
-                     world_size=2, host=f"node{rank}", communication=tuple(comm))
-
-
 @pytest.mark.parametrize("slow", [0, 1])
 def test_the_straggler_and_its_cost_come_from_the_others_wait(slow):
     n = 9
-    recs = [_recording(r, [25.0 if r == slow else 1.0] * n, [1.0 if r == slow else 25.0] * n) for r in (0, 1)]
+    recs = [rank_recording(r, [25.0 if r == slow else 1.0] * n, [1.0 if r == slow else 25.0] * n) for r in (0, 1)]
     job = analyse_ranks(recs)
     assert job is not None and job.straggler is not None
     s = job.straggler
@@ -210,8 +155,8 @@ def test_a_rank_slowed_by_other_processes_is_named_as_contention_and_kept_low():
     from turbotrain.doctor.analysis.context import build_context
     from turbotrain.doctor.rules import evaluate
 
-    recs = [_recording(r, [1.0] * 9, [1.0 if r == 1 else 21.0] * 9, cpu_ms=10.0, cpu_wait_ms=22.0 if r == 1 else 1.0)
-            for r in (0, 1)]
+    recs = [rank_recording(r, [1.0] * 9, [1.0 if r == 1 else 21.0] * 9, cpu_ms=10.0,
+                           cpu_wait_ms=22.0 if r == 1 else 1.0) for r in (0, 1)]
     job = analyse_ranks(recs)
     assert job is not None and job.straggler is not None
     assert (job.straggler.rank, job.straggler.cause) == (1, "cpu_contention")
@@ -219,7 +164,7 @@ def test_a_rank_slowed_by_other_processes_is_named_as_contention_and_kept_low():
     (finding,) = evaluate(ctx, only=["straggler"])
     assert finding.severity == "low" and "waiting for a CPU" in finding.message
     # The same wait with 20 ms more CPU time is the rank's own compute, and it costs the job.
-    recs = [_recording(r, [1.0] * 9, [1.0 if r == 1 else 21.0] * 9, cpu_ms=30.0 if r == 1 else 10.0,
+    recs = [rank_recording(r, [1.0] * 9, [1.0 if r == 1 else 21.0] * 9, cpu_ms=30.0 if r == 1 else 10.0,
                        cpu_wait_ms=22.0 if r == 1 else 1.0) for r in (0, 1)]
     ctx = build_context(dataclasses.replace(recs[0], job=tuple(recs)))
     (finding,) = evaluate(ctx, only=["straggler"])
@@ -227,13 +172,13 @@ def test_a_rank_slowed_by_other_processes_is_named_as_contention_and_kept_low():
 
 
 def test_balanced_ranks_have_no_straggler():
-    recs = [_recording(r, [1.0] * 9, [2.0 + (i % 2 == r) for i in range(9)]) for r in (0, 1)]
+    recs = [rank_recording(r, [1.0] * 9, [2.0 + (i % 2 == r) for i in range(9)]) for r in (0, 1)]
     job = analyse_ranks(recs)
     assert job is not None and job.straggler is None
 
 
 def test_a_recording_with_communication_round_trips_and_stays_small():
-    rec = _recording(0, [1.0] * 20, [2.0] * 20)
+    rec = rank_recording(0, [1.0] * 20, [2.0] * 20)
     text = to_json(rec)
     assert from_json(text) == rec
     assert len(text) < 20_000   # 20 steps of one rank: a few KiB to send
@@ -245,7 +190,7 @@ def test_the_rank_table_fits_80_columns_and_summarises_many_ranks():
     from turbotrain.doctor.report.ranks import print_ranks
 
     for world in (8, 16):
-        recs = [_recording(r, [25.0 if r == 3 else 1.0] * 9, [1.0 if r == 3 else 25.0] * 9) for r in range(world)]
+        recs = [rank_recording(r, [25.0 if r == 3 else 1.0] * 9, [1.0 if r == 3 else 25.0] * 9) for r in range(world)]
         recs = [dataclasses.replace(r, host=f"a-rather-long-host-name-{r.rank}") for r in recs]
         job = analyse_ranks(recs)
         assert job is not None
@@ -260,19 +205,19 @@ def test_the_rank_table_fits_80_columns_and_summarises_many_ranks():
 
 @pytest.mark.slow
 def test_a_hung_rank_ends_the_job_within_the_timeout(tmp_path):
-    proc, report = doctor(tmp_path, "--rank-timeout", "4", "--nproc-per-node", "2", str(SCRIPTS / "ddp_clean.py"),
+    proc, report = doctor_job(tmp_path, "--rank-timeout", "4", "--nproc-per-node", "2", str(SCRIPTS / "ddp_clean.py"),
                           "--hang-rank", "0", "--hang-at", "6")
     assert proc.returncode != 0
     message = " ".join(report["messages"])
     assert "no progress for 4 s" in message and "Stuck: rank 0" in message and "ddp_clean.py" in message, message
     assert "rank 1" in message   # the other rank, waiting for it at the all-reduce
-    assert _job_processes("ddp_clean.py") == []
+    assert job_processes("ddp_clean.py") == []
 
 
 @pytest.mark.slow
 def test_work_only_rank_0_does_is_named_from_the_others_wait(tmp_path):
     """Rank 0 saves a checkpoint every step; rank 1 waits for it at the next all-reduce."""
-    proc, report = doctor(tmp_path, "--nproc-per-node", "2", str(SCRIPTS / "ddp_rank0_checkpoint.py"))
+    proc, report = doctor_job(tmp_path, "--nproc-per-node", "2", str(SCRIPTS / "ddp_rank0_checkpoint.py"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     straggler = report["straggler"]
     assert straggler is not None and (straggler["rank"], straggler["cause"]) == (0, "outside_step"), \

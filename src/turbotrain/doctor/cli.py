@@ -83,6 +83,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="on several processes: end the job when no rank makes progress for this long (default 120)",
     )
     parser.add_argument(
+        "--job-what-if-budget",
+        type=float,
+        default=180.0,
+        metavar="SECONDS",
+        help="on several processes: time for timing fixes on every rank, as runs of the whole job (default 180)",
+    )
+    parser.add_argument(
         "script",
         help="the training script, run unmodified as __main__; or, after --, a launcher "
         "command (torchrun ... script.py)",
@@ -221,7 +228,8 @@ def run(args: argparse.Namespace) -> int:
 
         from .diagnose import diagnose_job
 
-        report = diagnose_job(command, replace(options, hang_timeout_s=args.rank_timeout))
+        job_options = replace(options, hang_timeout_s=args.rank_timeout, job_what_if_budget_s=args.job_what_if_budget)
+        report = diagnose_job(command, job_options)
     else:
         report = diagnose_script(args.script, list(args.script_args), options)
     if args.json:

@@ -38,6 +38,7 @@ class DoctorOptions:
     verify_rounds: int = 2  # interleaved original/patched rounds per comparison
     fix_rules: tuple[str, ...] | None = None  # only these rules' fixes (None: every fixable finding)
     hang_timeout_s: float = 120.0  # a multi-process job with no rank making progress this long is ended
+    job_what_if_budget_s: float = 180.0  # a job's fixes are timed as whole runs of the launcher, with and without
     watch_s: float = 20.0  # after the window, watch the step clock this long for work at longer periods
 
 
@@ -132,17 +133,43 @@ def diagnose_job(command: list[str], options: DoctorOptions | None = None) -> Re
         exit_code=int(info.get("exit_code") or 0),
     )
     recording = dataclasses.replace(lead.recording, job=tuple(recordings))
-    # The what-ifs and --fix re-run the model in one process: on a job they would have to run on every rank
-    # in lockstep, which they do not yet.
+    # The single-process what-ifs and --fix re-run the model in the doctor's process; a job's fixes are timed
+    # below, on every rank, as runs of the whole job.
     single = dataclasses.replace(options, what_if=False, fix=None, verify=False)
     report = analyse(recording, None, run, single, script=script, run_seconds=seconds)
     report.argv = list(command)
     report.ranks = analyse_ranks(recordings)
+    timed = ""
+    if options.what_if:
+        timed = _time_on_the_job(command, report, options, seconds)
     report.messages.append(
-        f"{len(recordings)} ranks recorded; the step breakdown is rank {lead.rank}'s (the "
-        "per-rank table follows it). Fixes are not timed on multi-process jobs yet."
+        f"{len(recordings)} ranks recorded; the step breakdown is rank {lead.rank}'s (the per-rank table follows "
+        f"it). {timed}--fix does not edit multi-process jobs yet."
     )
     return report
+
+
+def _time_on_the_job(command: list[str], report: Report, options: DoctorOptions, run_s: float) -> str:
+    """Time the findings' fixes on every rank (re-runs of the whole job); a sentence on what was timed."""
+    from .analysis.machine import noise_floor
+    from .requests import JobRequest
+    from .whatif.job import JobTiming, job_runner, time_on_the_job
+
+    asked = [f for f in report.findings if isinstance(f.request, JobRequest)]
+    if not asked:
+        return ""
+    started = time.perf_counter()
+    timing = JobTiming(
+        job_runner(command, options.hang_timeout_s),
+        run_s=run_s,
+        budget_s=options.job_what_if_budget_s,
+        noise_floor=noise_floor(report.machine or {}),
+    )
+    time_on_the_job(timing, report.findings)
+    report.findings = order(report.findings)
+    report.doctor_seconds["what_if"] = time.perf_counter() - started
+    timed = sum(1 for f in asked if f.measured)
+    return f"{timed} of {len(asked)} fixes timed on every rank, as runs of the whole job with and without each. "
 
 
 def _messages(recording: Recording, run: ScriptRun | None, ctx: Context | None, requested: int) -> list[str]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Union
 
+from .rank_change import RankChange
 from .sites import Site
 
 __all__ = [
@@ -21,6 +22,7 @@ __all__ = [
     "AttentionRequest",
     "ThreadsRequest",
     "BatchBuildRequest",
+    "JobRequest",
     "WhatIfRequest",
 ]
 
@@ -84,6 +86,14 @@ class BatchBuildRequest:
     share: float
 
 
+@dataclass(frozen=True)
+class JobRequest:
+    """A fix applied on every rank of a multi-process job (``change``: a :class:`.rank_change.RankChange`), timed by
+    re-running the user's launcher with and without it, alternately (:mod:`.whatif.job`)."""
+
+    change: RankChange
+
+
 WhatIfRequest = Union[
     PlanRequest,
     BatchRequest,
@@ -93,4 +103,5 @@ WhatIfRequest = Union[
     AttentionRequest,
     ThreadsRequest,
     BatchBuildRequest,
+    JobRequest,
 ]

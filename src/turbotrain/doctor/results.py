@@ -13,7 +13,8 @@ their rounding are what the report has always carried). The values are held as t
 * :class:`ThreadsResult` (``threads``): a :class:`~.requests.ThreadsRequest`;
 * :class:`EvalGradResult` (``eval_grad``): an :class:`~.requests.EvalGradRequest`;
 * :class:`AttentionResult` (``attention``): an :class:`~.requests.AttentionRequest`;
-* :class:`BatchBuildResult` (``batch_build``): a :class:`~.requests.BatchBuildRequest`.
+* :class:`BatchBuildResult` (``batch_build``): a :class:`~.requests.BatchBuildRequest`;
+* :class:`JobResult` (``job``): a :class:`~.requests.JobRequest`, timed on every rank of a job.
 
 A :class:`~.requests.CopyRequest` has no result yet: nothing is timed for it.
 """
@@ -39,6 +40,7 @@ __all__ = [
     "EvalGradResult",
     "AttentionResult",
     "BatchBuildResult",
+    "JobResult",
     "WhatIfResult",
 ]
 
@@ -296,7 +298,31 @@ class BatchBuildResult(PairTimed):
         }
 
 
+@dataclass(frozen=True, kw_only=True)
+class JobResult(WhatIf):
+    """A fix applied on every rank of a job, timed as whole runs of the user's launcher, alternately with and
+    without it: the job's step time (its slowest rank's median) each way, and what the fixed ranks trained with."""
+
+    kind: ClassVar[str] = "job"
+    change: str  # the fix, in words (RankChange.describe)
+    ranks: int
+    rounds: tuple[float, ...]  # per round: step time without / with the fix
+    baseline_ms: float
+    candidate_ms: float
+    observed: dict[str, Any]  # what the fixed run's ranks trained with (record.apply_change.observed)
+
+    def _fields(self) -> dict[str, Any]:
+        return {
+            "change": self.change,
+            "ranks": self.ranks,
+            "rounds": list(self.rounds),
+            "baseline_ms": self.baseline_ms,
+            "candidate_ms": self.candidate_ms,
+            "observed": self.observed,
+        }
+
+
 # Every kind, for code that matches on them all.
 WhatIfResult = Union[
-    PlanResult, BatchResult, LoaderResult, ThreadsResult, EvalGradResult, AttentionResult, BatchBuildResult
+    PlanResult, BatchResult, LoaderResult, ThreadsResult, EvalGradResult, AttentionResult, BatchBuildResult, JobResult
 ]

@@ -41,6 +41,7 @@ class CommStep:
     # run while another process held the CPU (Linux schedstat; None where the kernel does not say).
     cpu_s: float | None = None
     cpu_wait_s: float | None = None
+    passes: int = 1  # backward passes whose gradients were all-reduced (more than one: accumulation without no_sync)
 
 
 # DDP's reducer timings (``_get_ddp_logging_data``, nanoseconds), averaged over its sampled iterations.
@@ -182,8 +183,15 @@ class GradientSync:
                 return {}
             out = {key: data[key] / 1e9 for key in REDUCER_TIMES if isinstance(data.get(key), (int, float))}
             out["sampled_iterations"] = float(data["iteration"])
-            if isinstance(data.get("bucket_cap_bytes"), int):
-                out["bucket_cap_bytes"] = float(data["bucket_cap_bytes"])
+            # Settings and what the reducer saw, as numbers: the DDP rules read them (0/1 for a flag).
+            for key in (
+                "bucket_cap_bytes",
+                "find_unused_parameters",
+                "unused_parameter_size",
+                "gradient_as_bucket_view",
+            ):
+                if isinstance(data.get(key), (int, bool)):
+                    out[key] = float(data[key])
             return out
         return {}
 
@@ -218,6 +226,7 @@ class GradientSync:
                     done_at=max(c[1] for cells in passes for c in cells),
                     cpu_s=cpu,
                     cpu_wait_s=wait,
+                    passes=len(passes),
                 )
             )
         return tuple(out)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from ..rank_change import RankChange
 from .rank_main import ENV_CLAIMED, ENV_FOLDER, ENV_OPTIONS, SITECUSTOMIZE
 from .rank_status import read_json
 from .recording import Recording, from_json
@@ -84,13 +85,18 @@ def run_job(
     stdout: IO[str] | int | None = None,
     stderr: IO[str] | int | None = None,
     poll_s: float = 0.2,
+    change: RankChange | None = None,
 ) -> JobRun:
-    """Run ``command`` (a launcher and its arguments) with every rank recorded; always leaves no process."""
+    """Run ``command`` (a launcher and its arguments) with every rank recorded; always leaves no process.
+    ``change``: a fix every rank applies before its script starts (the job what-ifs)."""
     folder = Path(tempfile.mkdtemp(prefix="turbotrain-doctor-job-"))
     env = dict(os.environ)
     env.pop(ENV_CLAIMED, None)
     env[ENV_FOLDER] = str(folder)
-    env[ENV_OPTIONS] = json.dumps({"steps": steps, "warmup": warmup, "profile": profile})
+    options: dict[str, Any] = {"steps": steps, "warmup": warmup, "profile": profile}
+    if change is not None:
+        options["change"] = change.to_dict()
+    env[ENV_OPTIONS] = json.dumps(options)
     site = folder / "site"
     site.mkdir()
     (site / "sitecustomize.py").write_text(SITECUSTOMIZE)

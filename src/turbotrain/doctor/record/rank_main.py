@@ -19,7 +19,7 @@ from .rank_status import Heartbeat, result_path, write_json
 __all__ = ["ENV_FOLDER", "ENV_OPTIONS", "ENV_CLAIMED", "SITECUSTOMIZE", "from_site", "run_rank"]
 
 ENV_FOLDER = "TURBOTRAIN_DOCTOR_JOB_DIR"  # where ranks write their status and recording
-ENV_OPTIONS = "TURBOTRAIN_DOCTOR_JOB_OPTIONS"  # {"steps": 20, "warmup": 3, "profile": 2}
+ENV_OPTIONS = "TURBOTRAIN_DOCTOR_JOB_OPTIONS"  # {"steps": 20, "warmup": 3, "profile": 2, "change": {...}}
 ENV_CLAIMED = "TURBOTRAIN_DOCTOR_JOB_CLAIMED"  # set in a rank: its own child processes record nothing
 
 # Written as ``sitecustomize.py`` into a folder of the job's own (record/job.py). The checks come before any import
@@ -91,6 +91,11 @@ def run_rank(folder: str, rank: int, script: str, argv: list[str]) -> int:
     from .runner import run_script
 
     options = json.loads(os.environ.get(ENV_OPTIONS) or "{}")
+    if options.get("change"):  # a job what-if: this rank trains with the fix being timed
+        from ..rank_change import RankChange
+        from .apply_change import apply_change
+
+        apply_change(RankChange.from_dict(options["change"]))
     recorder = Recorder(
         measure=int(options.get("steps", 20)),
         warmup=int(options.get("warmup", 3)),

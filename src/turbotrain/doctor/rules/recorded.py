@@ -10,8 +10,10 @@ from typing import TYPE_CHECKING, Iterator
 from ...data import stats as data_stats
 from ..findings import Finding, Fix, speedup_for_rule
 from ..analysis.periodic import PERIODIC_TARGET_SHARE, periodic_table
+from .ranks import on_a_job
 from .registry import rule
-from ..requests import CopyRequest, EvalGradRequest, LoaderRequest, PlanRequest
+from ..rank_change import RankChange
+from ..requests import CopyRequest, EvalGradRequest, JobRequest, LoaderRequest, PlanRequest
 
 if TYPE_CHECKING:
     from ..analysis.context import Context, SiteStat
@@ -390,10 +392,11 @@ def grad_in_validation(ctx: Context) -> Iterator[Finding]:
 def accumulation_syncs(ctx: Context) -> Iterator[Finding]:
     from torch.nn.parallel import DistributedDataParallel
 
-    if not any(isinstance(m, DistributedDataParallel) for m in ctx.modules + [ctx.model]):
+    synced = [c.passes for c in ctx.recording.communication] if ctx.recording is not None else []
+    if not synced and not any(isinstance(m, DistributedDataParallel) for m in ctx.modules + [ctx.model]):
         return
     backwards = ctx.backwards_per_step()
-    if backwards <= 1.01 or ctx.seen("no_sync"):
+    if backwards <= 1.01 or ctx.seen("no_sync") or (synced and max(synced) <= 1):
         return
     site = ctx.capture.site if ctx.capture else None
     f = Finding(
@@ -417,7 +420,11 @@ def accumulation_syncs(ctx: Context) -> Iterator[Finding]:
         ),
         evidence={"backwards_per_step": backwards, "world_size": ctx.world_size},
     )
-    if ctx.world_size > 1:
+    if on_a_job(ctx):
+        # Timed on every rank: each forward of a micro-batch but the last runs as under no_sync().
+        f.request = JobRequest(RankChange(sync_every=round(backwards)))
+        f.provisional("medium")
+    elif ctx.world_size > 1:
         f.provisional("medium")
     else:
         f.provisional("low")

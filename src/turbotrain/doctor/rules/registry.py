@@ -30,6 +30,7 @@ HABIT_RULES = (
     "periodic-work",
     "straggler",
     "exposed-gradient-sync",
+    "ddp-find-unused-parameters",
     "per-sample-batch",
     "eval-every-step",
     "unattributed-time",

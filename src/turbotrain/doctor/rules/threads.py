@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Iterator
 
 from ...speedups.cpu_threads import fit_to_cores
 from ..findings import Finding, Fix, speedup_for_rule
+from .ranks import on_a_job
 from .registry import rule
 from ..requests import ThreadsRequest
 
@@ -59,6 +60,8 @@ def candidates(ctx: Context, found: tuple[int, int, int, int, float]) -> list[tu
 
 @rule("cpu-oversubscribed", "runtime")
 def cpu_oversubscribed(ctx: Context) -> Iterator[Finding]:
+    if on_a_job(ctx):
+        return  # on a job the other ranks are not other load: rules/ranks.py counts every rank's threads
     found = recommended(ctx)
     if found is None or ctx.capture is None:
         return

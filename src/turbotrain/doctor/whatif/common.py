@@ -117,10 +117,10 @@ def changes_numerics(finding: Finding) -> bool:
 
 def apply_ratio(
     finding: Finding,
-    ctx: Context,
+    ctx: Context | None,
     verdict: Comparison,
     what_if: WhatIf,
-    unit: str = "step time",
+    unit: str = "model's step time",
     applies_to: float | None = None,
 ) -> None:
     """Turn a judged speed ratio of the model's step (:func:`turbotrain.measure.judge`) into the finding's
@@ -131,7 +131,12 @@ def apply_ratio(
     reads; a switch that changes numerics must buy at least 10% to rate above ``low``.
     """
     ratio = verdict.speedup
-    part = model_share(ctx) if applies_to is None else applies_to
+    if applies_to is not None:
+        part = applies_to
+    elif ctx is not None:
+        part = model_share(ctx)
+    else:
+        raise ValueError("apply_ratio needs the context, or the share of the step the ratio applies to")
     share = part * (1.0 - 1.0 / ratio) if ratio > 0 else 0.0
     finding.what_if = what_if.judged(verdict)
     finding.measured = True
@@ -143,7 +148,7 @@ def apply_ratio(
         why = (
             f"not separable from noise here (x{ratio:.2f}, needs over x{1 + max(MIN_GAIN, verdict.noise):.2f})"
             if ratio >= 1 + MIN_GAIN
-            else f"no gain (x{ratio:.2f} on the model's {unit})"
+            else f"no gain (x{ratio:.2f} on the {unit})"
         )
         finding.note = f"Measured on this machine: {why}. {finding.note or ''}"
     elif changes_numerics(finding) and share < 0.10 and finding.severity != "low":

@@ -187,7 +187,7 @@ def batch_trial(ctx: Context, finding: Finding, budget: Budget) -> None:
         ctx,
         judge(ratios, noise_floor=ctx.noise_floor),
         result,
-        unit="samples/s",
+        unit="model's samples/s",
         applies_to=min(1.0, model + data),
     )
 

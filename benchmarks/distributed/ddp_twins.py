@@ -1,0 +1,70 @@
+"""One DDP training script (gloo) whose flags make it a slow or a fixed twin of benchmarks/doctor_distributed.py.
+
+Slow habits: ``--threads-all`` (every rank sizes torch's threads to all cores), ``--find-unused``
+(find_unused_parameters=True with every parameter used), ``--accumulate K`` without ``--no-sync`` (each
+micro-batch's backward all-reduced), ``--rank0-save`` (rank 0 saves a checkpoint every step while the others
+wait at the next all-reduce), ``--slow-data-rank R`` (rank R waits 15 ms for every batch).
+
+Rank 0 times the loop itself: every step after ``--warmup`` with time.perf_counter, and prints
+``STEP_MS <median ms per optimizer step>`` (every rank ends a step at the same all-reduce, so rank 0's step
+is the job's).
+"""
+import argparse
+import contextlib
+import os
+import statistics
+import tempfile
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--steps", type=int, default=60)
+parser.add_argument("--warmup", type=int, default=5)
+parser.add_argument("--threads-all", action="store_true")
+parser.add_argument("--find-unused", action="store_true")
+parser.add_argument("--accumulate", type=int, default=1)
+parser.add_argument("--no-sync", action="store_true")
+parser.add_argument("--rank0-save", action="store_true")
+parser.add_argument("--slow-data-rank", type=int, default=-1)
+args = parser.parse_args()
+
+torch.set_num_threads(os.cpu_count() if args.threads_all else 1)
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+torch.manual_seed(0)
+net = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 1))
+model = DistributedDataParallel(net, find_unused_parameters=args.find_unused)
+opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+data = [(torch.randn(64, 256), torch.randn(64, 1)) for _ in range(16)]
+folder = tempfile.mkdtemp()
+
+
+def batch(i):
+    if rank == args.slow_data_rank:
+        time.sleep(0.015)  # a slow disk or a costly transform on this rank only
+    return data[i % len(data)]
+
+
+times = []
+for step in range(args.warmup + args.steps):
+    started = time.perf_counter()
+    for micro in range(args.accumulate):
+        last = micro == args.accumulate - 1
+        quiet = model.no_sync() if args.no_sync and not last else contextlib.nullcontext()
+        with quiet:
+            x, y = batch(step * args.accumulate + micro)
+            loss = nn.functional.mse_loss(model(x), y) / args.accumulate
+            loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    if args.rank0_save and rank == 0:
+        torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, os.path.join(folder, "last.pt"))
+    if step >= args.warmup:
+        times.append(time.perf_counter() - started)
+if rank == 0:
+    print(f"STEP_MS {statistics.median(times) * 1e3:.3f}", flush=True)
+dist.destroy_process_group()

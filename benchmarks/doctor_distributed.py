@@ -1,0 +1,146 @@
+"""The doctor on torchrun against reality: predicted against real speed-up on slow/fixed twins of a DDP job.
+
+Each pair is ``benchmarks/distributed/ddp_twins.py`` run two ways under ``torchrun --nproc-per-node 2``
+(gloo): with one slow habit (the slow twin) and without it (the fixed twin). For each pair this
+
+1. runs ``turbotrain doctor --nproc-per-node 2 --json`` on the slow twin and reads the finding of the pair's
+   rule: its ``est_speedup`` is the prediction, and whether it was timed on every rank (a ``job`` what-if) or
+   estimated (the straggler's cost, read from the other ranks' wait);
+2. times both twins for real under plain torchrun, interleaved in rounds (slow, fixed, slow, fixed, ...);
+   rank 0 times its own loop and prints its median step (``STEP_MS``). The real gain is the fastest slow run
+   over the fastest fixed run (other processes only ever add time);
+3. prints pair, rule, how it was predicted, predicted, real, predicted/real and the target verdict of the
+   calibration benchmark (a real gain of 1.2x or more predicted within 0.8x-1.25x; under 1.05x not predicted
+   above 1.2x).
+
+    python benchmarks/doctor_distributed.py [--pairs threads,accumulation] [--rounds 3] [--json PATH]
+                                            [--markdown PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from doctor_calibration import machine, verdict
+
+ROOT = Path(__file__).resolve().parents[1]
+TWINS = ROOT / "benchmarks" / "distributed" / "ddp_twins.py"
+STEP_LINE = re.compile(r"^STEP_MS ([\d.]+)$", re.M)
+
+
+@dataclass(frozen=True)
+class Pair:
+    name: str
+    rule: str
+    slow: tuple[str, ...]
+    fixed: tuple[str, ...] = ()
+
+
+PAIRS = (
+    Pair("threads", "cpu-oversubscribed", ("--threads-all",)),
+    Pair("accumulation", "accumulation-syncs", ("--accumulate", "4"), ("--accumulate", "4", "--no-sync")),
+    Pair("find_unused", "ddp-find-unused-parameters", ("--find-unused",)),
+    Pair("rank0_checkpoint", "straggler", ("--rank0-save",)),
+    Pair("slow_data_rank1", "straggler", ("--slow-data-rank", "1")),
+)
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), env.get("PYTHONPATH")]))
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    return env
+
+
+def predict(pair: Pair, budget_s: float) -> dict:
+    """The doctor's finding for the pair's rule on the slow twin: est_speedup and how it was had."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "report.json"
+        command = [sys.executable, "-m", "turbotrain", "doctor", "--quiet", "--json", str(out),
+                   "--job-what-if-budget", str(budget_s), "--nproc-per-node", "2", str(TWINS), "--steps", "1000",
+                   *pair.slow]
+        proc = subprocess.run(command, cwd=tmp, env=_env(), capture_output=True, text=True, timeout=900)
+        if not out.exists():
+            return {"predicted": None, "how": f"doctor failed: {proc.stderr[-300:]}"}
+        report = json.loads(out.read_text())
+    found = [f for f in report.get("findings", []) if f["rule"] == pair.rule]
+    if not found:
+        return {"predicted": None, "how": "not found", "rules": [f["rule"] for f in report.get("findings", [])]}
+    f = found[0]
+    what_if = f.get("what_if") or {}
+    how = "timed on every rank" if what_if.get("kind") == "job" else "estimated"
+    return {"predicted": f.get("est_speedup"), "how": how, "severity": f["severity"], "what_if": what_if}
+
+
+def time_twin(args: tuple[str, ...], steps: int) -> float | None:
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(TWINS),
+               "--steps", str(steps), *args]
+    proc = subprocess.run(command, env=_env(), capture_output=True, text=True, timeout=600)
+    found = STEP_LINE.search(proc.stdout)
+    return float(found.group(1)) if found else None
+
+
+def calibrate(pair: Pair, rounds: int, steps: int, budget_s: float) -> dict:
+    row: dict = {"pair": pair.name, "rule": pair.rule, **predict(pair, budget_s)}
+    slow, fixed = [], []
+    for _ in range(rounds):
+        for twin, into in ((pair.slow, slow), (pair.fixed, fixed)):
+            ms = time_twin(twin, steps)
+            if ms is not None:
+                into.append(ms)
+    row.update(slow_ms=slow, fixed_ms=fixed)
+    row["real"] = round(min(slow) / min(fixed), 3) if slow and fixed else None
+    row["verdict"] = verdict(row["predicted"], row["real"])
+    return row
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| pair | rule | prediction | predicted | real | pred/real | target |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        pred, real = r.get("predicted"), r.get("real")
+        ratio = f"{pred / real:.2f}" if pred and real else "-"
+        lines.append(f"| {r['pair']} | `{r['rule']}` | {r['how']} | {f'x{pred:.2f}' if pred else '-'} | "
+                     f"{f'x{real:.2f}' if real else '-'} | {ratio} | {r['verdict']} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pairs", help="comma-separated pair names (default: all)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=60, help="timed steps per twin run (after 5 warm-up)")
+    parser.add_argument("--budget", type=float, default=120.0, help="the doctor's --job-what-if-budget")
+    parser.add_argument("--json")
+    parser.add_argument("--markdown")
+    args = parser.parse_args()
+    chosen = set(args.pairs.split(",")) if args.pairs else None
+    unknown = (chosen or set()) - {p.name for p in PAIRS}
+    if unknown:
+        parser.error(f"unknown pair(s) {sorted(unknown)}; the pairs are {[p.name for p in PAIRS]}")
+    rows = []
+    for pair in PAIRS:
+        if chosen is None or pair.name in chosen:
+            rows.append(calibrate(pair, args.rounds, args.steps, args.budget))
+            print(table(rows[-1:]).splitlines()[-1], flush=True)
+    facts = machine()
+    text = f"Machine: {facts}\n\n{table(rows)}\n"
+    print(text)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"machine": facts, "rows": rows}, indent=1))
+    if args.markdown:
+        Path(args.markdown).write_text(text)
+
+
+if __name__ == "__main__":
+    main()

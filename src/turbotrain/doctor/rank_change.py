@@ -1,0 +1,48 @@
+"""A fix applied on every rank of a job while the doctor times it: the job what-ifs' one lever.
+
+The doctor re-runs the user's launcher with a :class:`RankChange` in the ranks' options (record/job.py); each
+rank applies it (:func:`.record.apply_change.apply_change`) before its script starts, so every rank trains with
+the fix, in lockstep, exactly as the user would after making it. Plain data: a rule asks for one
+(:class:`.requests.JobRequest`), the job what-if (:mod:`.whatif.job`) times it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+__all__ = ["RankChange"]
+
+
+@dataclass(frozen=True)
+class RankChange:
+    """What every rank does differently in a timed run. Unset fields leave the script as it is."""
+
+    threads: int | None = None  # torch's intra-op threads (and OMP_NUM_THREADS), whatever the script sets
+    ddp: dict[str, Any] = field(default_factory=dict)  # keyword arguments forced on every DistributedDataParallel
+    sync_every: int | None = None  # one gradient all-reduce per this many backward passes (no_sync on the others)
+
+    def __post_init__(self) -> None:
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"RankChange.threads must be 1 or more, not {self.threads}")
+        if self.sync_every is not None and self.sync_every < 2:
+            raise ValueError(f"RankChange.sync_every must be 2 or more, not {self.sync_every}")
+
+    def describe(self) -> str:
+        """``torch.set_num_threads(1)``, ``DistributedDataParallel(..., find_unused_parameters=False)``, ..."""
+        parts = []
+        if self.threads is not None:
+            parts.append(f"torch.set_num_threads({self.threads})")
+        if self.ddp:
+            args = ", ".join(f"{k}={v!r}" for k, v in self.ddp.items())
+            parts.append(f"DistributedDataParallel(..., {args})")
+        if self.sync_every is not None:
+            parts.append(f"no_sync() on {self.sync_every - 1} of every {self.sync_every} backward passes")
+        return "; ".join(parts) or "no change"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v not in (None, {})}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RankChange:
+        return cls(**data)

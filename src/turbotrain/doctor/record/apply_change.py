@@ -1,0 +1,85 @@
+"""A rank applies the job what-if's :class:`~..rank_change.RankChange` to itself before its script starts, and
+the doctor reads back from the timed run's recordings what the ranks really trained with (:func:`observed`): a
+what-if whose fix did not take (a script that overrides it) says so.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from typing import TYPE_CHECKING, Any, Callable
+
+from ..rank_change import RankChange
+from .patcher import Patcher
+
+if TYPE_CHECKING:
+    from .recording import Recording
+
+__all__ = ["apply_change", "observed"]
+
+
+def apply_change(change: RankChange) -> Patcher:
+    """Make this process train with ``change`` (a rank, before its script runs); the patcher undoes it."""
+    patcher = Patcher()
+    if change.threads is not None:
+        _force_threads(patcher, change.threads)
+    if change.ddp or change.sync_every is not None:
+        from torch.nn.parallel import DistributedDataParallel
+
+        if change.ddp:
+            patcher.replace(DistributedDataParallel, "__init__", lambda init: _with_keywords(init, change.ddp))
+        if change.sync_every is not None:
+            every = change.sync_every
+            patcher.replace(DistributedDataParallel, "forward", lambda forward: _syncing_every(forward, every))
+    return patcher
+
+
+def _force_threads(patcher: Patcher, threads: int) -> None:
+    import torch
+
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    torch.set_num_threads(threads)
+    # The script's own call would undo the change being timed: it keeps the trial's count.
+    patcher.replace(torch, "set_num_threads", lambda _original: lambda _n: None)
+
+
+def _with_keywords(init: Callable[..., None], forced: dict[str, Any]) -> Callable[..., None]:
+    signature = inspect.signature(init)
+
+    def __init__(model: Any, *args: Any, **kwargs: Any) -> None:
+        bound = signature.bind(model, *args, **kwargs)  # a keyword the script passed by position still counts
+        bound.arguments.update(forced)
+        init(*bound.args, **bound.kwargs)
+
+    return __init__
+
+
+def _syncing_every(forward: Callable[..., Any], every: int) -> Callable[..., Any]:
+    def forward_(model: Any, *args: Any, **kwargs: Any) -> Any:
+        import torch
+
+        # What no_sync() does, decided per training forward: DDP reads the flag when the forward starts.
+        if model.training and torch.is_grad_enabled():
+            count = getattr(model, "_tt_forwards", 0)
+            model._tt_forwards = count + 1
+            model.require_backward_grad_sync = count % every == every - 1
+        return forward(model, *args, **kwargs)
+
+    return forward_
+
+
+def observed(recordings: list[Recording]) -> dict[str, Any]:
+    """What a timed run's ranks really trained with: threads, DDP's settings, all-reduces per step."""
+    out: dict[str, Any] = {"ranks": len(recordings)}
+    threads = sorted({r.threads_seen for r in recordings if r.threads_seen is not None})
+    if threads:
+        out["threads"] = threads
+    unused = sorted(
+        {bool(r.reducer["find_unused_parameters"]) for r in recordings if "find_unused_parameters" in r.reducer}
+    )
+    if unused:
+        out["find_unused_parameters"] = unused
+    passes = [c.passes for r in recordings for c in r.communication]
+    if passes:
+        out["synced_passes_per_step"] = round(sum(passes) / len(passes), 2)
+    return out

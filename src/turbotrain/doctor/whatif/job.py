@@ -1,0 +1,134 @@
+"""Fixes timed on every rank of a multi-process job, in lockstep: the user's launcher run again, alternately
+as it is and with the fix applied on every rank (:class:`~..rank_change.RankChange`).
+
+One round is a run of the job as it is followed by a run with each fix; the ratio of a round is the job's step
+time without the fix over with it. The job's step time is its slowest rank's median step: in data-parallel
+training every rank ends each step at the same all-reduce, so the job goes as fast as its slowest rank.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
+
+from ...measure import judge
+from ..analysis.ranks import analyse_ranks
+from ..record.job import JobRun, run_job
+from ..rank_change import RankChange
+from ..record.apply_change import observed
+from ..requests import JobRequest
+from ..results import JobResult
+from .common import apply_ratio
+
+if TYPE_CHECKING:
+    from ..findings import Finding
+
+__all__ = ["JobTiming", "time_on_the_job", "job_step_s", "job_runner"]
+
+log = logging.getLogger("turbotrain")
+
+ROUNDS = 2  # the least that judge() calls (both rounds must agree); a third where the budget has room
+MAX_ROUNDS = 3
+STEPS, WARMUP = 12, 3  # per timed run: enough steps for a median; no profiler window
+
+
+def job_step_s(job: JobRun) -> float | None:
+    """The job's step time: its slowest rank's median measured step (None when a rank sent nothing)."""
+    recordings = job.recordings
+    if job.failure is not None or not recordings or len(recordings) < len(job.ranks):
+        return None
+    analysis = analyse_ranks(recordings)
+    if analysis is None:
+        return None
+    return max(r.step_s for r in analysis.ranks)
+
+
+@dataclass
+class JobTiming:
+    """How to run the job once (``run(change)``) and how long a run takes, for the budget."""
+
+    run: Callable[[RankChange | None], JobRun]
+    run_s: float  # seconds one run of the job took (the doctor's own run)
+    budget_s: float
+    noise_floor: float = 0.0
+
+
+def time_on_the_job(timing: JobTiming, findings: list[Finding]) -> None:
+    """Measure, in place, what each finding's :class:`JobRequest` buys on the whole job."""
+    asked = [f for f in findings if isinstance(f.request, JobRequest)]
+    if not asked:
+        return
+    started = time.monotonic()
+    # As many fixes as the budget times in ROUNDS rounds, in the order the rules rated them.
+    fits = int(timing.budget_s / (ROUNDS * max(timing.run_s, 1e-3))) - 1
+    for f in asked[max(fits, 0) :]:
+        f.note = (
+            f"Not timed: one run of the job takes about {timing.run_s:.0f} s, and the job what-if budget "
+            f"({timing.budget_s:.0f} s, --job-what-if-budget) has no room for {ROUNDS} more with this fix."
+        )
+    asked = asked[: max(fits, 0)]
+    if not asked:
+        return
+    per_round = timing.run_s * (1 + len(asked))
+    times: dict[int, list[tuple[float, float]]] = {id(f): [] for f in asked}
+    seen: dict[int, dict[str, Any]] = {}
+    failed: dict[int, str] = {}
+    for done in range(MAX_ROUNDS):
+        spent = time.monotonic() - started
+        if done >= ROUNDS and spent + per_round > timing.budget_s:
+            break
+        base = job_step_s(timing.run(None))
+        if base is None:
+            break  # the job as it is did not run again: nothing to compare with
+        for f in asked:
+            if id(f) in failed:
+                continue
+            request = f.request
+            assert isinstance(request, JobRequest)  # filtered above
+            run = timing.run(request.change)
+            step = job_step_s(run)
+            if step is None:
+                failed[id(f)] = run.failure or "a rank sent no recording"
+                continue
+            times[id(f)].append((base, step))
+            seen[id(f)] = observed(run.recordings)
+    for f in asked:
+        _conclude(f, times[id(f)], seen.get(id(f), {}), failed.get(id(f)), timing.noise_floor)
+
+
+def _conclude(
+    finding: Finding, pairs: list[tuple[float, float]], seen: dict[str, Any], failure: str | None, noise: float
+) -> None:
+    request = finding.request
+    assert isinstance(request, JobRequest)
+    if failure is not None:
+        finding.severity = "low"
+        finding.note = f"Timed on every rank, the job failed with the fix ({request.change.describe()}): {failure}"
+        return
+    if len(pairs) < ROUNDS:
+        finding.note = "Not timed: the job did not run again as it was."
+        return
+    ratios = [base / step for base, step in pairs]
+    result = JobResult(
+        change=request.change.describe(),
+        ranks=int(seen.get("ranks", 0)),
+        rounds=tuple(round(r, 3) for r in ratios),
+        baseline_ms=round(sorted(b for b, _ in pairs)[len(pairs) // 2] * 1e3, 3),
+        candidate_ms=round(sorted(s for _, s in pairs)[len(pairs) // 2] * 1e3, 3),
+        observed=seen,
+    )
+    # The ratio is of the whole job's step: all of the step is what it applies to.
+    apply_ratio(finding, None, judge(ratios, noise_floor=noise), result, unit="whole job's step time", applies_to=1.0)
+    timed = f"Timed on all {result.ranks} ranks, {len(pairs)} rounds of the job with and without the fix."
+    finding.note = f"{timed} {finding.note or ''}".strip()
+
+
+def job_runner(command: list[str], hang_timeout_s: float) -> Callable[[RankChange | None], JobRun]:
+    """``run(change)``: the user's launcher once, every rank recorded, ``change`` applied on every rank."""
+
+    def run(change: RankChange | None) -> JobRun:
+        return run_job(command, steps=STEPS, warmup=WARMUP, profile=0, hang_timeout_s=hang_timeout_s, change=change)
+
+    return run

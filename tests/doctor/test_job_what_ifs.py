@@ -1,0 +1,186 @@
+"""Fixes timed on every rank of a job: the launcher re-run with a RankChange applied on every rank, alternately
+with the job as it is.
+
+One real job (gloo, 2 ranks, three habits switched on) and the pieces on their own: each change applied in one
+process, and the timing loop on job runs built by hand.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import tempfile
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from doctor_helpers import SCRIPTS, doctor_job, job_processes, rank_recording
+from turbotrain.doctor.findings import Finding, Fix, severity_for
+from turbotrain.doctor.record.job import JobRun, RankOutcome
+from turbotrain.doctor.rank_change import RankChange
+from turbotrain.doctor.record.apply_change import apply_change
+from turbotrain.doctor.requests import JobRequest
+from turbotrain.doctor.whatif.job import JobTiming, time_on_the_job
+
+
+@pytest.fixture(scope="module")
+def habits(tmp_path_factory):
+    """Every rank: threads sized to all cores, find_unused_parameters=True, 4 micro-batches without no_sync."""
+    tmp = tmp_path_factory.mktemp("habits")
+    proc, report = doctor_job(tmp, "--what-if-budget", "20", "--job-what-if-budget", "60", "--nproc-per-node", "2",
+                          str(SCRIPTS / "ddp_habits.py"), "--threads-all", "--find-unused", "--accumulate", "4",
+                          what_if=True)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return report
+
+
+def _finding(report: dict, rule: str) -> dict:
+    found = [f for f in report["findings"] if f["rule"] == rule]
+    assert len(found) == 1, [f["rule"] for f in report["findings"]]
+    return found[0]
+
+
+@pytest.mark.parametrize("rule, fact, value", [
+    ("accumulation-syncs", "synced_passes_per_step", 1.0),
+    ("ddp-find-unused-parameters", "find_unused_parameters", [False]),
+    ("cpu-oversubscribed", "threads", None),  # None: the recommended count
+])
+def test_each_fix_is_timed_on_every_rank_and_took_effect_there(habits, rule, fact, value):
+    f = _finding(habits, rule)
+    what_if = f["what_if"]
+    assert what_if["kind"] == "job" and what_if["ranks"] == 2, what_if
+    assert len(what_if["rounds"]) >= 2
+    expected = [f["evidence"]["recommended_threads"]] if value is None else value
+    assert what_if["observed"][fact] == expected, what_if["observed"]
+    # Each candidate run carries its own fix only: the other habits are still there.
+    others = {"synced_passes_per_step": 4.0, "find_unused_parameters": [True]}
+    for other, before in others.items():
+        if other != fact:
+            assert what_if["observed"][other] == before, what_if["observed"]
+    # The severity follows what the job measured, whichever way it went on this machine.
+    if what_if["verdict"] == "faster":
+        assert f["severity"] == severity_for(f["gain_share"])
+    else:
+        assert f["severity"] == "low"
+
+
+def test_the_job_findings_point_at_the_lines_to_change(habits):
+    lines = (SCRIPTS / "ddp_habits.py").read_text().splitlines()
+    threads = _finding(habits, "cpu-oversubscribed")
+    assert "torch.set_num_threads(" in lines[int(threads["where"].rsplit(":", 1)[1]) - 1]
+    assert threads["evidence"]["threads"] == [threads["evidence"]["usable_cores"]] * 2
+    unused = _finding(habits, "ddp-find-unused-parameters")
+    assert "find_unused_parameters=" in lines[int(unused["where"].rsplit(":", 1)[1]) - 1]
+    assert any("fixes timed on every rank" in m for m in habits["messages"]), habits["messages"]
+    assert job_processes("ddp_habits.py") == []
+
+
+# -- each change in one process -------------------------------------------------------------------------
+
+
+@pytest.fixture
+def one_rank_group():
+    dist.init_process_group("gloo", init_method=f"file://{tempfile.mkdtemp()}/store", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def _all_reduces(model: DistributedDataParallel, forwards: int) -> int:
+    calls = []
+
+    def counting(state, bucket):
+        calls.append(1)
+        fut = torch.futures.Future()
+        fut.set_result(bucket.buffer())
+        return fut
+
+    model.register_comm_hook(None, counting)
+    for _ in range(forwards):
+        model(torch.randn(4, 8)).sum().backward()
+    return len(calls)
+
+
+def test_forced_ddp_keywords_win_even_when_passed_by_position(one_rank_group):
+    params = list(inspect.signature(DistributedDataParallel.__init__).parameters.values())[2:]
+    upto = next(i for i, p in enumerate(params) if p.name == "find_unused_parameters")
+    positional = [p.default for p in params[:upto]] + [True]  # find_unused_parameters=True, given by position
+    patcher = apply_change(RankChange(ddp={"find_unused_parameters": False, "gradient_as_bucket_view": True}))
+    try:
+        model = DistributedDataParallel(nn.Linear(8, 1), *positional)
+    finally:
+        patcher.restore()
+    assert model.find_unused_parameters is False and model.gradient_as_bucket_view is True
+    assert DistributedDataParallel(nn.Linear(8, 1), find_unused_parameters=True).find_unused_parameters is True
+
+
+def test_sync_every_all_reduces_once_per_that_many_backward_passes(one_rank_group):
+    patcher = apply_change(RankChange(sync_every=3))
+    try:
+        assert _all_reduces(DistributedDataParallel(nn.Linear(8, 1)), forwards=6) == 2
+    finally:
+        patcher.restore()
+    assert _all_reduces(DistributedDataParallel(nn.Linear(8, 1)), forwards=6) == 6
+
+
+def test_forced_threads_outlast_the_scripts_own_call():
+    before = torch.get_num_threads()
+    patcher = apply_change(RankChange(threads=1))
+    try:
+        torch.set_num_threads(2)  # what the script does: ignored while the change is timed
+        assert torch.get_num_threads() == 1
+    finally:
+        patcher.restore()
+        torch.set_num_threads(before)
+    torch.set_num_threads(2)
+    assert torch.get_num_threads() == 2
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("bad", [dict(threads=0), dict(sync_every=1)])
+def test_a_change_that_cannot_be_applied_is_refused(bad):
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        RankChange(**bad)
+
+
+# -- the timing loop on job runs built by hand ----------------------------------------------------------
+
+
+def _job(step_ms: float) -> JobRun:
+    outcomes = [RankOutcome(r, recording=rank_recording(r, [1.0] * 9, [1.0] * 9, step_ms=step_ms)) for r in (0, 1)]
+    return JobRun(["torchrun"], 0, 1.0, outcomes)
+
+
+def _asking(change: RankChange) -> Finding:
+    f = Finding("accumulation-syncs", message="m", fix=Fix("f"), request=JobRequest(change))
+    f.provisional("medium")
+    return f
+
+
+def test_the_ratio_is_the_job_as_it_is_over_the_job_with_the_fix():
+    fast, broken = RankChange(sync_every=4), RankChange(threads=1)
+    runs = []
+
+    def run(change):
+        runs.append(change)
+        if change is broken:
+            return dataclasses.replace(_job(40.0), failure="rank 1 failed at step 3: RuntimeError: boom")
+        return _job(20.0 if change is fast else 40.0)
+
+    findings = [_asking(fast), _asking(broken)]
+    time_on_the_job(JobTiming(run, run_s=1.0, budget_s=100.0), findings)
+    assert runs[:3] == [None, fast, broken]  # the job as it is first in every round, then each fix
+    timed, failed = findings
+    assert timed.what_if.kind == "job" and timed.what_if.rounds[:2] == (2.0, 2.0)
+    assert timed.gain_share == pytest.approx(0.5) and timed.severity == "high"
+    assert failed.severity == "low" and failed.what_if is None and "RuntimeError: boom" in failed.note
+
+
+def test_fixes_beyond_the_budget_are_said_not_timed():
+    findings = [_asking(RankChange(sync_every=2)), _asking(RankChange(threads=1))]
+    time_on_the_job(JobTiming(lambda change: _job(40.0), run_s=10.0, budget_s=45.0), findings)
+    timed, skipped = findings
+    assert timed.what_if is not None and skipped.what_if is None
+    assert "Not timed" in skipped.note and "--job-what-if-budget" in skipped.note
