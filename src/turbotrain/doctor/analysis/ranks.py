@@ -9,7 +9,8 @@ per step, the least any other rank waited beyond the straggler's own wait is the
 if the straggler ran like the others (the next rank in line would then be the last to arrive).
 
 Ranks are lined up on the completion of each step's last all-reduce (the same instant on every rank), never on
-host clocks, so the offsets hold across nodes.
+host clocks, so the offsets hold across nodes. On that common clock each rank's *lane* is its measured steps, each
+with its interval and its seconds per category, for the report's picture of the ranks side by side.
 """
 
 from __future__ import annotations
@@ -21,7 +22,15 @@ from ..record.measurements import CATEGORIES, StepRecord
 from ..record.recording import Recording
 from ..sites import Site
 
-__all__ = ["RankSummary", "Straggler", "RankAnalysis", "analyse_ranks", "RANK_CATEGORIES", "STRAGGLER_SHARE"]
+__all__ = [
+    "RankSummary",
+    "Straggler",
+    "LaneStep",
+    "RankAnalysis",
+    "analyse_ranks",
+    "RANK_CATEGORIES",
+    "STRAGGLER_SHARE",
+]
 
 # The breakdown's categories as recorded (python overhead is a model of the whole run, not of a rank's step) plus
 # the exposed communication, in the order a rank's row shows them.
@@ -71,6 +80,16 @@ class Straggler:
 
 
 @dataclass(frozen=True)
+class LaneStep:
+    """One measured step of one rank on the ranks' common clock (seconds from the earliest step's start)."""
+
+    step: int
+    start_s: float
+    end_s: float
+    parts_s: dict[str, float]  # per category (RANK_CATEGORIES), the exposed communication out of compute
+
+
+@dataclass(frozen=True)
 class RankAnalysis:
     ranks: list[RankSummary]
     median_rank: int
@@ -81,6 +100,7 @@ class RankAnalysis:
     straggler: Straggler | None
     offsets_s: dict[int, float] = field(default_factory=dict)  # clock offset of each rank to the lowest rank
     steps: list[int] = field(default_factory=list)  # the measured steps every rank has
+    lanes: dict[int, tuple[LaneStep, ...]] = field(default_factory=dict)  # per rank, its steps on the common clock
 
     @property
     def step_s(self) -> float:
@@ -156,6 +176,31 @@ def _offsets(recordings: list[Recording], steps: list[int]) -> dict[int, float]:
         diffs = [mine[s] - base[s] for s in steps if s in mine and s in base]
         if diffs:
             out[rec.rank] = statistics.median(diffs)
+    return out
+
+
+def _lanes(recordings: list[Recording], steps: list[int], offsets: dict[int, float]) -> dict[int, tuple[LaneStep, ...]]:
+    """Each rank's measured steps on the lowest rank's clock, time zero at the earliest step's start."""
+    measured = {r.rank: _measured(r) for r in recordings}
+    lowest = measured[recordings[0].rank]
+    shift = {}
+    for rec in recordings:
+        # A rank whose all-reduces were not timed is lined up on its step ends (they follow the same all-reduce).
+        fallback = statistics.median(measured[rec.rank][s].end - lowest[s].end for s in steps)
+        shift[rec.rank] = offsets.get(rec.rank, fallback)
+    zero = min(measured[r.rank][steps[0]].start - shift[r.rank] for r in recordings)
+    out = {}
+    for rec in recordings:
+        chosen = measured[rec.rank]
+        out[rec.rank] = tuple(
+            LaneStep(
+                step=index,
+                start_s=chosen[index].start - shift[rec.rank] - zero,
+                end_s=chosen[index].end - shift[rec.rank] - zero,
+                parts_s=parts,
+            )
+            for index, parts in zip(steps, _per_step(rec, steps))
+        )
     return out
 
 
@@ -243,6 +288,7 @@ def analyse_ranks(recordings: list[Recording] | tuple[Recording, ...]) -> RankAn
             contention_s=contention,
             cpu_gap_s=cpu_gap,
         )
+    offsets = _offsets(recordings, steps)
     return RankAnalysis(
         ranks=summaries,
         median_rank=median.rank,
@@ -251,6 +297,7 @@ def analyse_ranks(recordings: list[Recording] | tuple[Recording, ...]) -> RankAn
         exposed_share=total_exposed / total_step if total_step > 0 else 0.0,
         overlap=overlapped / busy if busy > 0 else None,
         straggler=straggler,
-        offsets_s=_offsets(recordings, steps),
+        offsets_s=offsets,
         steps=steps,
+        lanes=_lanes(recordings, steps, offsets),
     )

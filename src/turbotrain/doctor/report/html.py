@@ -37,7 +37,7 @@ pre.diff .add{color:#1a7f37} pre.diff .del{color:#cf222e} pre.diff .hunk{color:#
 """
 
 
-def _png(fig) -> str:
+def png_uri(fig) -> str:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
@@ -66,7 +66,7 @@ def _plots(report: Report) -> list[tuple[str, str]]:
     ax.set_yticks([])
     ax.set_xlabel(f"ms per step (mean; delimited by {report.step_delimiter})")
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.55), ncol=4, fontsize=8, frameon=False)
-    out.append(("Where a step's time goes", _png(fig)))
+    out.append(("Where a step's time goes", png_uri(fig)))
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(9, 3.2))
@@ -93,7 +93,7 @@ def _plots(report: Report) -> list[tuple[str, str]]:
     ax.set_xlabel("step")
     ax.set_ylabel("ms")
     ax.legend(fontsize=7, ncol=4, frameon=False)
-    out.append(("Per-step timeline", _png(fig)))
+    out.append(("Per-step timeline", png_uri(fig)))
     plt.close(fig)
     return out
 

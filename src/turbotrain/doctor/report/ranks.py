@@ -1,5 +1,6 @@
-"""A multi-process job's ranks in the report: the JSON keys (``ranks``, ``straggler``, ``communication``) and
-the terminal's per-rank table (80 columns up to 8 ranks; above that, the median and worst ranks and a summary).
+"""A multi-process job's ranks in the report: the JSON keys (``ranks``, ``straggler``, ``communication``), the
+terminal's per-rank table (80 columns up to 8 ranks; above that, the median and worst ranks and a summary) and the
+HTML's table and picture of the ranks' lanes (their steps side by side on a common clock, the waits visible).
 """
 
 from __future__ import annotations
@@ -11,12 +12,22 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
-from ..analysis.ranks import RankAnalysis, RankSummary
+from ..analysis.ranks import LaneStep, RankAnalysis, RankSummary
 from ..findings import speedup_from_share
+from .html import png_uri
+from .model import CATEGORY_LABELS
+from .terminal import COLORS
 
-__all__ = ["ranks_json", "print_ranks", "ranks_html", "TABLE_MAX_RANKS", "RANK_COLUMNS"]
+__all__ = ["ranks_json", "print_ranks", "ranks_html", "lane_ranks", "TABLE_MAX_RANKS", "RANK_COLUMNS", "LANE_STEPS"]
 
 TABLE_MAX_RANKS = 8
+# The picture draws this many measured steps (every step is in the JSON): enough to see who waits, each step wide.
+LANE_STEPS = 10
+# A step's parts are stacked in this order (what ran before the all-reduce, the wait for it, the optimizer after),
+# not the order the rank ran them in; the wait stands out in a colour and hatch no phase has.
+LANE_ORDER = ("outside_step", "data_loading", "host_to_device", "compute", "host_sync", "communication", "optimizer")
+WAIT_STYLE: dict[str, Any] = {"facecolor": "#f8bbd9", "edgecolor": "#c2185b", "hatch": "///"}
+WAIT_LABEL = "waiting for the all-reduce (exposed communication)"
 # (category, column header): host-to-device copies and host syncs share a column to fit 80 columns.
 RANK_COLUMNS = (
     ("data_loading", "data"),
@@ -35,6 +46,18 @@ def _ms(seconds: float) -> float:
 def _shares(summary: RankSummary) -> dict[str, float]:
     total = sum(summary.mean_s.values())
     return {k: round(v / total, 4) if total > 0 else 0.0 for k, v in summary.mean_s.items()}
+
+
+def _lane(steps: tuple[LaneStep, ...]) -> list[dict[str, Any]]:
+    return [
+        {
+            "step": s.step,
+            "start": _ms(s.start_s),
+            "end": _ms(s.end_s),
+            "parts": {k: _ms(v) for k, v in s.parts_s.items()},
+        }
+        for s in steps
+    ]
 
 
 def ranks_json(job: RankAnalysis, base: str | None = None) -> dict[str, Any]:
@@ -60,6 +83,8 @@ def ranks_json(job: RankAnalysis, base: str | None = None) -> dict[str, Any]:
             }
             or None,
             "clock_offset_ms": _ms(job.offsets_s[r.rank]) if r.rank in job.offsets_s else None,
+            # Its measured steps on the ranks' common clock (ms from the earliest step's start), ms per phase.
+            "lane_ms": _lane(job.lanes.get(r.rank, ())),
         }
         for r in job.ranks
     ]
@@ -167,6 +192,66 @@ def print_ranks(console: Console, job: RankAnalysis, width: int) -> None:
     )
 
 
+def lane_ranks(data: dict[str, Any]) -> list[int]:
+    """The ranks the picture draws: every rank up to 8; above that, the median rank, the worst and the straggler."""
+    ranks = [r["rank"] for r in data.get("ranks", []) if r.get("lane_ms")]
+    if len(ranks) <= TABLE_MAX_RANKS:
+        return ranks
+    c, s = data.get("communication") or {}, data.get("straggler") or {}
+    keep = {c.get("median_rank"), c.get("worst_rank"), s.get("rank")}
+    return [rank for rank in ranks if rank in keep]
+
+
+def _lanes_png(data: dict[str, Any]) -> str | None:
+    """The ranks' lanes as an embedded PNG (None without matplotlib or without lanes)."""
+    shown = lane_ranks(data)
+    if not shown:
+        return None
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg", force=False)
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    by_rank = {r["rank"]: r for r in data["ranks"]}
+    straggler = (data.get("straggler") or {}).get("rank")
+    fig, ax = plt.subplots(figsize=(9, 0.9 + 0.45 * len(shown)))
+    drawn: set[str] = set()
+    for y, rank in enumerate(shown):
+        lane = by_rank[rank]["lane_ms"][:LANE_STEPS]
+        for key in LANE_ORDER:
+            spans = []
+            for step in lane:
+                left = step["start"] + sum(step["parts"].get(k, 0.0) for k in LANE_ORDER[: LANE_ORDER.index(key)])
+                if step["parts"].get(key, 0.0) > 0:
+                    spans.append((left, step["parts"][key]))
+            if not spans:
+                continue
+            style: dict[str, Any] = WAIT_STYLE if key == "communication" else {"facecolor": COLORS[key]}
+            label = WAIT_LABEL if key == "communication" else CATEGORY_LABELS[key]
+            ax.broken_barh(spans, (y - 0.35, 0.7), linewidth=0, label=None if key in drawn else label, **style)
+            drawn.add(key)
+        # Step boundaries: a thin white line at each step's start.
+        ax.vlines([s["start"] for s in lane], y - 0.35, y + 0.35, colors="white", linewidth=0.8)
+    ax.set_yticks(range(len(shown)))
+    # Above 8 ranks the lanes drawn are picked ones: say which is the median rank.
+    median = (data.get("communication") or {}).get("median_rank") if len(shown) < len(data["ranks"]) else None
+    roles = {straggler: "  straggler", median: "  median"}
+    labels = ax.set_yticklabels([f"rank {rank}{roles.get(rank, '')}" for rank in shown], fontsize=8)
+    for tick, rank in zip(labels, shown):
+        if rank == straggler:
+            tick.set_color("#c0392b")
+            tick.set_fontweight("bold")
+    ax.set_ylim(len(shown) - 0.5, -0.5)
+    ax.set_xlim(left=min(by_rank[rank]["lane_ms"][0]["start"] for rank in shown))
+    ax.set_xlabel("ms, ranks lined up on each step's all-reduce completion")
+    ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=4, fontsize=7, frameon=False)
+    uri = png_uri(fig)
+    plt.close(fig)
+    return uri
+
+
 def ranks_html(data: dict[str, Any]) -> str:
     """The ranks' table (ms per step, medians, every rank) and the straggler and communication lines."""
     esc = html.escape
@@ -200,4 +285,17 @@ def ranks_html(data: dict[str, Any]) -> str:
         lines.append(f"Communication: {c['exposed_share']:.0%} of the step waits on gradient synchronization{overlap}.")
     text = "".join(f"<p>{esc(line)}</p>" for line in lines)
     title = f"Ranks ({len(data.get('ranks', []))}), ms per step (medians)"
-    return f'<h2>{title}</h2><table id="ranks"><tr>{head}</tr>{rows}</table>{text}'
+    out = f'<h2>{title}</h2><table id="ranks"><tr>{head}</tr>{rows}</table>{text}'
+    uri = _lanes_png(data)
+    if uri is not None:
+        shown, steps = lane_ranks(data), min(LANE_STEPS, len(data["ranks"][0]["lane_ms"]))
+        which = "every rank" if len(shown) == len(data["ranks"]) else "the median rank, the worst and the straggler"
+        caption = (
+            f"The ranks' lanes: {which}, the first {steps} measured steps, lined up on the completion of each "
+            "step's gradient all-reduce (the same instant on every rank), not on host clocks. Each step's phases "
+            "are stacked in a fixed order, not the order they ran; the hatched pink part is the time the rank "
+            "waited for the all-reduce after its own backward: the ranks that wait are waiting for the last to "
+            "arrive (the straggler, in red, when one is named)."
+        )
+        out += f'<img id="rank-lanes" alt="Lanes of the ranks" src="{uri}"><p class="note">{esc(caption)}</p>'
+    return out
