@@ -21,3 +21,10 @@ def test_a_larger_batch_is_not_credited_with_loading_that_costs_per_sample():
     assert report.breakdown.shares["data_loading"] > 0.2, report.breakdown.shares
     # The model alone gains several-fold per sample; the whole step far less, its loading being unchanged.
     assert finding.est_speedup < 0.7 * statistics.median(what_if.model_rounds), (finding.est_speedup, what_if)
+
+
+def test_a_batch_that_cannot_grow_along_dimension_0_leaves_the_finding_low():
+    report = run_doctor("batch_not_dim0", what_if_budget_s=20.0)
+    finding = next(f for f in report.findings if f.rule == "small-batch")
+    assert not finding.measured and finding.severity == "low", (finding.severity, finding.note)
+    assert "could not be made" in finding.note and "RuntimeError" in finding.note

@@ -164,6 +164,9 @@ def batch_trial(ctx: Context, finding: Finding, budget: Budget) -> None:
     first = pair()
     if first is None:
         finding.note = f"Not measured: {seen['base'].error or seen['big'].error}. {finding.note or ''}".strip()
+        if seen["base"].ok:
+            # The model trains on its own batch and not on k of them: the dimension read as the batch is not one.
+            finding.cap("low", f"Dimension 0 of the batch ({batch}) could not be made {k}x larger.")
         return
     model_rounds = interleaved_rounds(ctx, budget, trials.cost * 3, first, pair)
     base, big = seen["base"], seen["big"]
