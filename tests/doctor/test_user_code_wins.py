@@ -56,13 +56,18 @@ def test_evaluation_every_300_steps_is_found_beyond_a_short_window(eval_every_30
     assert any("the step clock was watched" in m and "occurrence(s) found" in m for m in report.messages)
 
 
-def _fake_run(period, steps, measure=5, eval_s=0.5, watch_s=60.0):
-    """A loop whose `if step % period == 0:` runs a 0.5 s validation, on a fake clock: its steps take 10 ms."""
+def _fake_recorder(measure, watch_s):
+    """A recorder on a fake clock (its steps are ticked by hand), and a fake optimizer to step."""
     recorder = Recorder(capture=False, measure=measure, warmup=1, profile=0, watch_s=watch_s)
     now = FakeClock()
     recorder.clock.now = now
     recorder.tracker.restart()
-    opt = FakeOptimizer()
+    return recorder, now, FakeOptimizer()
+
+
+def _fake_run(period, steps, measure=5, eval_s=0.5, watch_s=60.0):
+    """A loop whose `if step % period == 0:` runs a 0.5 s validation, on a fake clock: its steps take 10 ms."""
+    recorder, now, opt = _fake_recorder(measure, watch_s)
     try:
         for step in range(steps):
             if step % period == 0:
@@ -92,6 +97,73 @@ def test_the_step_clock_is_watched_until_two_periods_of_the_loops_cadence():
     assert from_json(to_json(recording)) == recording
     message = watch_message(build_context(recording))
     assert "steps 6-81" in message and "every 40 steps" in message and "2 occurrence(s) found" in message
+
+
+def _fake_epochs(per_epoch, every_epochs, measure=5):
+    """Epochs of ``per_epoch`` 10-ms steps; after every ``every_epochs``-th a 0.5 s validation, on a fake clock."""
+    recorder, now, opt = _fake_recorder(measure, 60.0)
+    try:
+        for epoch in range(10_000):
+            for _ in range(per_epoch):
+                now.tick(0.01)
+                recorder.tracker.before_optimizer_step(opt)
+                now.tick(0.001)
+                recorder.tracker.after_optimizer_step(opt)
+            if (epoch + 1) % every_epochs == 0:
+                recorder.clock.push("eval")
+                now.tick(0.5)
+                recorder.clock.pop()
+    except Stop:
+        pass
+    return recorder.recording()
+
+
+def test_a_cadence_on_an_outer_loops_counter_is_watched_in_steps():
+    """`if (epoch + 1) % 10 == 0:` around 4 steps an epoch recurs every 40 steps, not every 10."""
+    recording = _fake_epochs(per_epoch=4, every_epochs=10)
+    watched = recording.watched
+    assert watched is not None and watched.ended == "occurrences", watched
+    [cadence] = watched.cadences
+    # The epoch counter moved once in the window's 5 steps: about 5 steps an epoch, an estimate.
+    assert cadence.outer and cadence.per_count == 5.0 and cadence.every == 50
+    assert [s.index for s in watched.spikes] == [40, 80, 120]  # three periods of the estimate's 50 steps
+    [periodic] = find_watched(watched, list(recording.steps))
+    assert periodic.every == 40 and periodic.cost_s == pytest.approx(0.5, rel=0.05)
+    assert from_json(to_json(recording)) == recording
+    message = watch_message(build_context(recording))
+    assert "every 10 iterations of the loop around the step (about 50 steps)" in message, message
+
+
+def test_work_more_frequent_than_the_cadence_does_not_end_the_watch():
+    """A 0.5 s validation every 4 steps (in the window already) while the loop's `% 50` asks for more: the
+    watch goes on for a whole period of the cadence, not just three occurrences of the frequent work."""
+    recorder, now, opt = _fake_recorder(20, 60.0)
+    try:
+        for step in range(10_000):
+            if step % 4 == 3:
+                recorder.clock.push("eval")
+                now.tick(0.5)
+                recorder.clock.pop()
+            if step % 50 == 49:
+                pass  # the cadence the watch is for; its work costs nothing here
+            now.tick(0.01)
+            recorder.tracker.before_optimizer_step(opt)
+            now.tick(0.001)
+            recorder.tracker.after_optimizer_step(opt)
+    except Stop:
+        pass
+    recording = recorder.recording()
+    watched = recording.watched
+    assert watched is not None and watched.first == 21 and watched.last >= 50, watched
+    assert len(watched.spikes) > 3  # three of them came within 12 steps of the window's end
+    message = watch_message(build_context(recording))
+    assert "none of them recurring work beyond what the window found" in message or "occurrence(s) found" in message
+
+
+def test_an_outer_counter_that_did_not_move_in_the_window_is_not_watched():
+    # 100 steps an epoch: the window's 5 steps never see the counter move, so its period in steps is unknown.
+    recording = _fake_epochs(per_epoch=100, every_epochs=10)
+    assert recording.watched is None and len(recording.steps) == 6
 
 
 def test_one_occurrence_takes_its_period_from_the_code():

@@ -11,6 +11,7 @@ import ast
 from collections import defaultdict
 from typing import Any
 
+from ..record.cadence import Cadence
 from ..record.recurring import Periodic
 from ..record.measurements import StepRecord
 from ..record.watch import WatchedRun
@@ -155,6 +156,14 @@ def _watch_note(p: Periodic, watched: WatchedRun) -> str:
     )
 
 
+def _period(cadence: Cadence) -> str:
+    """``100 steps``; an outer loop's ``100 iterations of the loop around the step (about 1100 steps)``."""
+    if not cadence.outer:
+        return f"{cadence.every} steps"
+    times = round(cadence.every / cadence.per_count)
+    return f"{times} iterations of the loop around the step (about {cadence.every} steps)"
+
+
 def watch_message(ctx: Context) -> str | None:
     """What the watch after the window did, for the report's messages (None: there was none)."""
     watched = ctx.recording.watched if ctx.recording is not None else None
@@ -162,11 +171,12 @@ def watch_message(ctx: Context) -> str | None:
         return None
     cadences = ", ".join(
         sorted(
-            {f"every {c.every} steps ({relative_where(c.site.file, ctx.base)}:{c.site.line})" for c in watched.cadences}
+            {f"every {_period(c)} ({relative_where(c.site.file, ctx.base)}:{c.site.line})" for c in watched.cadences}
         )
     )
     why = {
         "periods": "two periods of its longest cadence",
+        "occurrences": "three occurrences of work over the ordinary step",
         "budget": f"its {watched.budget_s:g} s budget",
         "script": "the script's end",
     }.get(watched.ended, watched.ended)
@@ -174,5 +184,14 @@ def watch_message(ctx: Context) -> str | None:
     return (
         f"After the window, the step clock was watched for {watched.seconds:.1f} s (steps {watched.first}-"
         f"{watched.last}, until {why}) for the work the loop runs {cadences}: "
-        + (f"{sum(len(p.steps) for p in found)} occurrence(s) found." if found else "none ran over the ordinary step.")
+        + (f"{sum(len(p.steps) for p in found)} occurrence(s) found." if found else _nothing_new(watched))
+    )
+
+
+def _nothing_new(watched: WatchedRun) -> str:
+    if not watched.spikes:
+        return "none ran over the ordinary step."
+    return (
+        f"{len(watched.spikes)} step(s) ran over the ordinary one, none of them recurring work beyond what the "
+        "window found."
     )

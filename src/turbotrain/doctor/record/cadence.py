@@ -11,24 +11,31 @@ from __future__ import annotations
 import ast
 import inspect
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import FrameType
 from typing import Any
 
 from ..sites import Site, is_user_file
 
-__all__ = ["Cadence", "running_cadences", "syntax_tree"]
+__all__ = ["Cadence", "running_cadences", "in_steps", "syntax_tree"]
 
 _NO_VALUE = object()
 
 
 @dataclass(frozen=True, slots=True)
 class Cadence:
-    """An ``if`` whose test holds ``... % every``: what its body runs comes back every ``every`` iterations."""
+    """An ``if`` whose test holds ``... % every``: what its body runs comes back every ``every`` steps.
+
+    An ``if`` in a loop around the one that steps (``if epoch % 10 == 0:`` around the batches) counts that
+    loop's iterations: it is ``outer`` until :func:`in_steps` turns ``every`` into steps (``per_count`` steps
+    an iteration, from two readings of its ``count``)."""
 
     site: Site  # the ``if``
     every: int
     calls: tuple[str, ...] = ()  # the functions its body calls (``estimate_loss``, ``save``), by name
+    outer: bool = False  # counts the iterations of a loop around the stepping one, not steps
+    count: int | None = None  # the tested counter's value when read (None: not a plain variable)
+    per_count: float = 1.0  # steps per unit of the counter
 
 
 _TREES: dict[str, tuple[float, ast.Module | None]] = {}
@@ -100,13 +107,25 @@ def _value(node: ast.expr, frame: FrameType) -> Any:
     return _NO_VALUE
 
 
-def _periods(test: ast.expr, frame: FrameType) -> list[int]:
+def _count(node: ast.expr, frame: FrameType) -> int | None:
+    """The counter a ``%`` tests (``step``, ``epoch + 1``, ``self.it``), read from the frame; None otherwise."""
+    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub)):
+        left, right = _count(node.left, frame), _value(node.right, frame)
+        if left is None or not isinstance(right, int) or isinstance(right, bool):
+            return None
+        return left + right if isinstance(node.op, ast.Add) else left - right
+    value = _value(node, frame)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _periods(test: ast.expr, frame: FrameType) -> list[tuple[int, int | None]]:
+    """``(every, the counter's value now)`` of each ``counter % every`` in ``test``."""
     out = []
     for node in ast.walk(test):
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod):
             value = _value(node.right, frame)
             if isinstance(value, int) and not isinstance(value, bool) and value >= 2:
-                out.append(value)
+                out.append((value, _count(node.left, frame)))
     return out
 
 
@@ -128,11 +147,33 @@ def _at(frame: FrameType) -> list[Cadence]:
     if tree is None:
         return []
     out = []
-    for loop in _loops_around(tree, frame.f_lineno):
+    loops = _loops_around(tree, frame.f_lineno)
+    stepping = max(loops, key=lambda loop: loop.lineno, default=None)  # the innermost: it holds the step
+    for loop in loops:
         for node in _ifs_in(loop):
-            for every in _periods(node.test, frame):
-                out.append(Cadence(Site(code.co_filename, node.lineno, code.co_name), every, _called(node.body)))
+            outer = stepping is not None and not (stepping.lineno <= node.lineno <= (stepping.end_lineno or 0))
+            for every, count in _periods(node.test, frame):
+                site = Site(code.co_filename, node.lineno, code.co_name)
+                out.append(Cadence(site, every, _called(node.body), outer=outer, count=count))
     return out
+
+
+def in_steps(now: tuple[Cadence, ...], before: tuple[Cadence, ...], steps_between: int) -> tuple[Cadence, ...]:
+    """``now``'s cadences with every period in steps: an outer loop's, from how far its counter moved over
+    ``steps_between`` steps since ``before`` was read. One whose counter did not move (its iterations are longer
+    than that) or could not be read is left out: its period in steps is not known."""
+    earlier = {(c.site, c.every): c.count for c in before}
+    out = []
+    for cadence in now:
+        if not cadence.outer:
+            out.append(cadence)
+            continue
+        start = earlier.get((cadence.site, cadence.every))
+        if cadence.count is None or start is None or cadence.count <= start or steps_between <= 0:
+            continue
+        per = steps_between / (cadence.count - start)
+        out.append(replace(cadence, every=max(2, round(cadence.every * per)), per_count=round(per, 2)))
+    return tuple(out)
 
 
 def running_cadences(frame: FrameType | None, max_depth: int = 64) -> tuple[Cadence, ...]:

@@ -46,7 +46,7 @@ from .run_queue import RunQueue
 from ..sites import user_site
 from .schedule import StepSchedule
 from .watch import RunWatch
-from .cadence import running_cadences
+from .cadence import Cadence, in_steps, running_cadences
 
 __all__ = ["Recorder", "Stop"]
 
@@ -113,6 +113,7 @@ class Recorder:
         self.load_start: LoadSample | None = None
         self.load_end: LoadSample | None = None
         self.threads_seen: int | None = None
+        self.cadences_at_start: tuple[int, tuple[Cadence, ...]] = (0, ())  # (steps done, the loop's cadences)
         self.reads_at_start: Any = None
         self.reads_at_end: Any = None
         # DDP's gradient all-reduces, timed per step (exposed communication on a multi-process job).
@@ -214,6 +215,8 @@ class Recorder:
         if done == self.warmup:
             schedule.extend_warmup(self._prefetched_batches(done))
         if done == self.warmup:
+            # Read again when the window ends: how far an outer loop's counter moved gives its period in steps.
+            self.cadences_at_start = (done, running_cadences(sys._getframe(0)))
             self.reads_at_start = data_stats.snapshot()
             self.functions.trace(False)
             self.load_start, self.threads_seen = sample_load(), torch.get_num_threads()
@@ -261,7 +264,8 @@ class Recorder:
             # Ranks would end their watches at different steps (time, occurrences) and leave the others
             # waiting in a collective: a multi-process job ends with the window.
             return False
-        cadences = running_cadences(sys._getframe(1))
+        start, before = self.cadences_at_start
+        cadences = in_steps(running_cadences(sys._getframe(1)), before, done - start)
         if not RunWatch.wanted(cadences, done):
             return False
         measured = [s.duration - (s.preempted or 0.0) for s in self.steps[self.warmup :] if not s.profiled]

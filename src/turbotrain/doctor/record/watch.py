@@ -4,7 +4,8 @@ An evaluation every 300 steps never shows in a 20-step window. When the loop tha
 (``if step % N == 0:``, :mod:`.cadence`) whose second occurrence lies beyond the window, the script is not
 ended with the window: its steps go on, with the same wrappers, but only their durations are kept, and the
 steps that ran far over the ordinary one (the occurrences) are kept whole. The watch ends when the loop has
-run past two periods of its longest cadence, when ``budget_s`` seconds have passed, or when the script ends.
+run past two periods of its longest cadence (three for an outer loop's), after three occurrences at least half
+its shortest cadence apart, when ``budget_s`` seconds have passed, or when the script ends.
 """
 
 from __future__ import annotations
@@ -35,12 +36,18 @@ class WatchedRun:
     ordinary_s: float  # median duration of the watched steps
     spikes: tuple[StepRecord, ...]  # the watched steps that ran far over the ordinary one, whole
     cadences: tuple[Cadence, ...]  # the ``% N`` tests of the running loop that asked for the watch
-    ended: str  # "periods" (two of the longest cadence seen), "budget" or "script"
+    ended: str  # "periods" (two of the longest cadence seen), "occurrences", "budget" or "script"
     budget_s: float = 0.0
 
     @property
     def steps(self) -> int:
         return self.last - self.first + 1 if self.last >= self.first else 0
+
+
+def _periods_to_see(cadence: Cadence) -> int:
+    """Periods the watch waits for: two, and three for an outer loop's, whose period in steps is an estimate
+    (its counter read twice, a whole number of iterations apart)."""
+    return 3 if cadence.outer else 2
 
 
 class RunWatch:
@@ -52,11 +59,16 @@ class RunWatch:
         self.cadences = cadences
         self.first = first
         self.budget_s = budget_s
-        self.until = 2 * max(c.every for c in cadences) + 2 if cadences else first
+        self.until = max((_periods_to_see(c) * c.every + 2 for c in cadences), default=first)
         self.threshold_s = 3 * baseline_s + max(SPIKE_FLOOR_S, 0.5 * baseline_s)
         self.started = time.perf_counter() if now is None else now
         self.durations: list[float] = []
         self.spikes: list[StepRecord] = []
+        # Occurrences count toward stopping only as far apart as half the shortest cadence: work that recurs
+        # more often (a validation every epoch, already in the window) says nothing of the period watched for.
+        beyond = [c.every for c in cadences if _periods_to_see(c) * c.every + 2 > first]
+        self.spacing = max(1, min(beyond, default=2) // 2)
+        self.counted: list[int] = []
         self.last = first - 1
         self.ended = "script"
         self.elapsed = 0.0
@@ -64,7 +76,7 @@ class RunWatch:
     @staticmethod
     def wanted(cadences: tuple[Cadence, ...], done: int) -> bool:
         """Whether a cadence's second occurrence lies beyond the ``done`` steps the window ran."""
-        return any(2 * c.every + 2 > done for c in cadences)
+        return any(_periods_to_see(c) * c.every + 2 > done for c in cadences)
 
     def add(self, record: StepRecord, now: float | None = None) -> bool:
         """One more watched step; True when the watch has seen enough (it then says why in ``ended``)."""
@@ -73,9 +85,14 @@ class RunWatch:
         self.last = record.index
         if own > self.threshold_s:
             self.spikes.append(record)
+            if not self.counted or record.index - self.counted[-1] >= self.spacing:
+                self.counted.append(record.index)
         self.elapsed = (time.perf_counter() if now is None else now) - self.started
-        if record.index + 1 >= self.until or len(self.spikes) >= ENOUGH_OCCURRENCES:
+        if record.index + 1 >= self.until:
             self.ended = "periods"
+            return True
+        if len(self.counted) >= ENOUGH_OCCURRENCES:
+            self.ended = "occurrences"
             return True
         if self.elapsed > self.budget_s:
             self.ended = "budget"
