@@ -122,6 +122,14 @@ def test_exposed_gradient_sync_is_named_when_no_rank_is_late(clean):
     for finding in found:
         assert finding["severity"] == "low" and not finding["measured"], finding
         assert f"{report['communication']['exposed_share']:.0%}" in finding["message"]
+    # The bar is rank 0's, its backward holding the wait: the report says how much of its compute that is.
+    wait = next(r for r in report["ranks"] if r["rank"] == 0)["breakdown_ms"]["communication"]
+    said = [m for m in report["messages"] if m.startswith("Rank 0's compute in the bar includes")]
+    floor = 0.05 * report["ranks"][0]["step_time_ms"]["median"]  # JSON values are rounded: 0.01 ms either way
+    assert (wait >= floor - 0.01) if said else (wait < floor + 0.01), (wait, report["messages"])
+    for message in said:
+        shown = float(re.search(r"includes ([\d.]+) ms a step", message).group(1))
+        assert abs(shown - wait) <= 0.051, (wait, message)  # one decimal shown
 
 
 def test_a_killed_rank_ends_the_job_with_its_name_and_no_process_left(killed):

@@ -139,6 +139,9 @@ def diagnose_job(command: list[str], options: DoctorOptions | None = None) -> Re
     report = analyse(recording, None, run, single, script=script, run_seconds=seconds)
     report.argv = list(command)
     report.ranks = analyse_ranks(recordings)
+    waited = _compute_waits(report, lead.rank)
+    if waited:
+        report.messages.append(waited)
     timed = ""
     if options.what_if:
         timed = _time_on_the_job(command, report, options, seconds)
@@ -147,6 +150,19 @@ def diagnose_job(command: list[str], options: DoctorOptions | None = None) -> Re
         f"it). {timed}--fix does not edit multi-process jobs yet."
     )
     return report
+
+
+def _compute_waits(report: Report, rank: int) -> str | None:
+    """The bar is one rank's: its backward includes the wait for the gradient all-reduce, said here in ms."""
+    job = report.ranks
+    row = next((r for r in job.ranks if r.rank == rank), None) if job is not None else None
+    wait = row.median_s.get("communication", 0.0) if row is not None else 0.0
+    if row is None or wait < 0.05 * row.step_s:
+        return None
+    return (
+        f"Rank {rank}'s compute in the bar includes {wait * 1e3:.1f} ms a step ({wait / row.step_s:.0%}) waiting for "
+        "the gradient all-reduce after its own backward: the comm column of the per-rank table."
+    )
 
 
 def _time_on_the_job(command: list[str], report: Report, options: DoctorOptions, run_s: float) -> str:

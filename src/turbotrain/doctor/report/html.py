@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import base64
 import html
-import io
 import os
 from typing import Any
 
 from ..record.measurements import CATEGORIES
-from .model import CATEGORY_LABELS, Report
-from .terminal import COLORS, gain_text, machine_items, noise_text, periodic_text, steps_text
+from .figures import png_uri
+from .model import Report
+from .palette import CATEGORY_LABELS, COLORS
+from .terminal import gain_text, machine_items, noise_text, periodic_text, steps_text
 
 __all__ = ["render_html", "write_html"]
 
@@ -35,12 +35,6 @@ dl.whatif{font-size:.85em;color:#555;margin:.3em 0} dl.whatif dt{display:inline;
 dl.whatif dd{display:inline;margin:0 1em 0 .3em}
 pre.diff .add{color:#1a7f37} pre.diff .del{color:#cf222e} pre.diff .hunk{color:#0969da} pre.diff .file{color:#666}
 """
-
-
-def png_uri(fig) -> str:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
-    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
 
 def _plots(report: Report) -> list[tuple[str, str]]:

@@ -23,16 +23,6 @@ from ..record.runner import ScriptRun
 
 __all__ = ["Report", "exact_shares"]
 
-CATEGORY_LABELS = {
-    "data_loading": "data loading",
-    "host_to_device": "host->device copies",
-    "compute": "compute (fwd+bwd)",
-    "optimizer": "optimizer",
-    "host_sync": "host syncs",
-    "python_overhead": "python/dispatch overhead",
-    "outside_step": "outside the step",
-}
-
 
 def exact_shares(shares: dict[str, float], digits: int = 4) -> dict[str, float]:
     """Rounded shares that still sum to exactly 1 (the rounding error goes to the largest)."""

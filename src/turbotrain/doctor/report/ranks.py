@@ -14,9 +14,8 @@ from rich.text import Text
 
 from ..analysis.ranks import LaneStep, RankAnalysis, RankSummary
 from ..findings import speedup_from_share
-from .html import png_uri
-from .model import CATEGORY_LABELS
-from .terminal import COLORS
+from .figures import png_uri
+from .palette import CATEGORY_LABELS, COLORS
 
 __all__ = ["ranks_json", "print_ranks", "ranks_html", "lane_ranks", "TABLE_MAX_RANKS", "RANK_COLUMNS", "LANE_STEPS"]
 

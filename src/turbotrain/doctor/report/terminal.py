@@ -21,7 +21,8 @@ from rich.text import Text
 
 from ..findings import FOLDS, FRAMEWORK_LABELS, Finding
 from ..record.measurements import CATEGORIES
-from .model import CATEGORY_LABELS, Report
+from .model import Report
+from .palette import CATEGORY_LABELS, COLORS
 
 __all__ = [
     "print_report",
@@ -38,15 +39,6 @@ __all__ = [
     "folded_text",
 ]
 
-COLORS = {
-    "data_loading": "#e4572e",
-    "host_to_device": "#f3a712",
-    "compute": "#29335c",
-    "optimizer": "#669bbc",
-    "host_sync": "#a8c686",
-    "python_overhead": "#8e6c8a",
-    "outside_step": "#9a9a9a",
-}
 SEVERITY_STYLE = {"high": "bold red", "medium": "yellow", "low": "dim"}
 FINDING_LINES = 6  # the most lines one finding takes in the terminal (its blank separator aside)
 _INDENT = "  "
