@@ -13,8 +13,11 @@ Each pair is ``benchmarks/distributed/ddp_twins.py`` run two ways under ``torchr
    calibration benchmark (a real gain of 1.2x or more predicted within 0.8x-1.25x; under 1.05x not predicted
    above 1.2x).
 
-    python benchmarks/doctor_distributed.py [--pairs threads,accumulation] [--rounds 3] [--json PATH]
-                                            [--markdown PATH]
+With ``--overhead`` it also times the doctor's own cost per rank: the fixed twin's median step under the
+doctor's recorder on every rank (what-ifs off) over the same job under plain torchrun, interleaved.
+
+    python benchmarks/doctor_distributed.py [--pairs threads,accumulation] [--rounds 3] [--overhead]
+                                            [--json PATH] [--markdown PATH]
 """
 
 from __future__ import annotations
@@ -104,6 +107,32 @@ def calibrate(pair: Pair, rounds: int, steps: int, budget_s: float) -> dict:
     return row
 
 
+def doctor_step_ms(args: tuple[str, ...]) -> float | None:
+    """The job's median step under the doctor's recorder on every rank (what-ifs off): its slowest rank's."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "report.json"
+        command = [sys.executable, "-m", "turbotrain", "doctor", "--quiet", "--no-what-if", "--watch", "0",
+                   "--json", str(out), "--nproc-per-node", "2", str(TWINS), "--steps", "1000", *args]
+        subprocess.run(command, cwd=tmp, env=_env(), capture_output=True, text=True, timeout=900)
+        if not out.exists():
+            return None
+        ranks = json.loads(out.read_text()).get("ranks") or []
+    return max((r["step_time_ms"]["median"] for r in ranks), default=None)
+
+
+def overhead(rounds: int, steps: int) -> dict:
+    """The doctor's own cost per rank: the fixed twin's step under the doctor over the same job under plain
+    torchrun, interleaved; the lowest of each (other processes only ever add time)."""
+    plain, doctored = [], []
+    for _ in range(rounds):
+        for timed, into in ((lambda: time_twin((), steps)), plain), ((lambda: doctor_step_ms(())), doctored):
+            ms = timed()
+            if ms is not None:
+                into.append(ms)
+    ratio = round(min(doctored) / min(plain), 3) if plain and doctored else None
+    return {"plain_ms": plain, "doctor_ms": doctored, "ratio": ratio}
+
+
 def table(rows: list[dict]) -> str:
     lines = ["| pair | rule | prediction | predicted | real | pred/real | target |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
@@ -117,14 +146,15 @@ def table(rows: list[dict]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--pairs", help="comma-separated pair names (default: all)")
+    parser.add_argument("--pairs", help="comma-separated pair names (default: all; none: no pair)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=60, help="timed steps per twin run (after 5 warm-up)")
     parser.add_argument("--budget", type=float, default=120.0, help="the doctor's --job-what-if-budget")
+    parser.add_argument("--overhead", action="store_true", help="also time the doctor's own cost per rank")
     parser.add_argument("--json")
     parser.add_argument("--markdown")
     args = parser.parse_args()
-    chosen = set(args.pairs.split(",")) if args.pairs else None
+    chosen = set() if args.pairs == "none" else set(args.pairs.split(",")) if args.pairs else None
     unknown = (chosen or set()) - {p.name for p in PAIRS}
     if unknown:
         parser.error(f"unknown pair(s) {sorted(unknown)}; the pairs are {[p.name for p in PAIRS]}")
@@ -135,9 +165,13 @@ def main() -> None:
             print(table(rows[-1:]).splitlines()[-1], flush=True)
     facts = machine()
     text = f"Machine: {facts}\n\n{table(rows)}\n"
+    cost = overhead(args.rounds, args.steps) if args.overhead else None
+    if cost is not None:
+        text += (f"\nThe doctor's own cost per rank (fixed twin, 2 ranks): plain torchrun {cost['plain_ms']} ms, "
+                 f"under the doctor {cost['doctor_ms']} ms a step: x{cost['ratio']} (target <= 1.05)\n")
     print(text)
     if args.json:
-        Path(args.json).write_text(json.dumps({"machine": facts, "rows": rows}, indent=1))
+        Path(args.json).write_text(json.dumps({"machine": facts, "rows": rows, "overhead": cost}, indent=1))
     if args.markdown:
         Path(args.markdown).write_text(text)
 

@@ -66,6 +66,11 @@ def test_every_rank_is_reported(slow_data_rank0):
         assert rank["step_time_ms"]["median"] > 0
         # DDP's own reducer statistics (its logger samples iteration 10), beside the doctor's wall clock.
         assert rank["ddp_reducer_ms"]["backward_comm"] > 0 and rank["clock_offset_ms"] is not None
+        # ... checked against the doctor's own timing of the same all-reduces.
+        check = rank["reducer_check"]
+        assert check["ddp_backward_comm_ms"] == rank["ddp_reducer_ms"]["backward_comm"] and check["timed_comm_ms"] > 0
+        assert check["ratio"] == pytest.approx(check["ddp_backward_comm_ms"] / check["timed_comm_ms"], rel=0.01)
+        assert check["agrees"] == (0.5 <= check["ratio"] <= 2.0)
 
 
 @pytest.mark.parametrize("fixture, rank, cause", [("slow_data_rank0", 0, "data_loading"),
@@ -143,6 +148,20 @@ def test_a_killed_rank_ends_the_job_with_its_name_and_no_process_left(killed):
 
 
 # -- the analysis on recordings built by hand -----------------------------------------------------------
+
+def test_a_reducer_that_disagrees_with_the_clock_is_said():
+    from turbotrain.doctor.report.ranks import ranks_json, reducer_disagreement
+
+    recs = [rank_recording(r, [1.0] * 9, [1.0] * 9) for r in (0, 1)]  # 2 ms of all-reduce in flight a step
+    agreeing = [dataclasses.replace(r, reducer={"avg_backward_comm_time": 0.003}) for r in recs]
+    assert reducer_disagreement(analyse_ranks(agreeing)) is None
+    off = [agreeing[0], dataclasses.replace(recs[1], reducer={"avg_backward_comm_time": 0.020})]
+    job = analyse_ranks(off)
+    text = reducer_disagreement(job)
+    assert text is not None and "rank 1: DDP 20.0 ms, timed 2.0 ms" in text and "rank 0" not in text
+    checks = [r["reducer_check"] for r in ranks_json(job)["ranks"]]
+    assert [c["agrees"] for c in checks] == [True, False] and checks[1]["ratio"] == pytest.approx(10.0)
+
 
 @pytest.mark.parametrize("slow", [0, 1])
 def test_the_straggler_and_its_cost_come_from_the_others_wait(slow):

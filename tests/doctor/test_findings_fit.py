@@ -123,6 +123,23 @@ def test_each_framework_shows_its_own_fix_and_falls_back_to_pytorchs():
     assert "Fabric: Fabric(precision='bf16-mixed')" in fix.text() and "HF Trainer: " in fix.text()
 
 
+def test_the_thread_fix_is_said_in_every_framework_with_its_workers_where_they_change():
+    from turbotrain.doctor.rules.threads import threads_fix
+
+    fix = threads_fix(1, 4, 0)
+    for how in ("pytorch", "lightning", "fabric", "accelerate", "hf_trainer"):
+        text = fix.in_framework(how)
+        assert text and "OMP_NUM_THREADS=1" in text, (how, text)
+    assert "fabric.launch()" in fix.fabric and "TrainingArguments(dataloader_num_workers=0)" in fix.hf_trainer
+    assert all("num_workers=0" in fix.in_framework(how) for how in ("pytorch", "lightning", "fabric", "accelerate"))
+    assert fix.plan == {"intra_op_threads": 1, "num_workers": 0}
+    same_workers = threads_fix(2, 0, 0)
+    assert "num_workers" not in same_workers.hf_trainer and same_workers.plan == {"intra_op_threads": 2}
+    finding = Finding("cpu-oversubscribed", "threads over the cores", fix)
+    assert chosen_fix(finding, "fabric") == ("Fabric", fix.fabric)
+    assert chosen_fix(finding, "hf_trainer") == ("HF Trainer", fix.hf_trainer)
+
+
 # -- library code, judged by how it is called ----------------------------------------------------------------
 
 def test_any_site_packages_folder_is_library_code(tmp_path):

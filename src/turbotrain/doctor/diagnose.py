@@ -139,9 +139,11 @@ def diagnose_job(command: list[str], options: DoctorOptions | None = None) -> Re
     report = analyse(recording, None, run, single, script=script, run_seconds=seconds)
     report.argv = list(command)
     report.ranks = analyse_ranks(recordings)
-    waited = _compute_waits(report, lead.rank)
-    if waited:
-        report.messages.append(waited)
+    from .report.ranks import reducer_disagreement
+
+    for said in (_compute_waits(report, lead.rank), reducer_disagreement(report.ranks) if report.ranks else None):
+        if said:
+            report.messages.append(said)
     timed = ""
     if options.what_if:
         timed = _time_on_the_job(command, report, options, seconds)

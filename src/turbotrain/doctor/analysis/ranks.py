@@ -62,6 +62,15 @@ class RankSummary:
     cpu_s: float | None = None  # median CPU seconds of its thread per step (None: not known)
     cpu_wait_s: float | None = None  # median seconds per step its thread waited for a CPU others held
     reducer: dict[str, float] = field(default_factory=dict)  # DDP's own reducer statistics (seconds)
+    comm_busy_s: float | None = None  # median seconds per step the gradient all-reduces were in flight (timed)
+
+    def reducer_check(self) -> tuple[float, float, float] | None:
+        """(DDP's own backward communication time, the doctor's timed all-reduce time, their ratio) per step,
+        where both exist: the reducer's averages checked against the wall clock."""
+        ddp = self.reducer.get("avg_backward_comm_time")
+        if not ddp or not self.comm_busy_s:
+            return None
+        return ddp, self.comm_busy_s, ddp / self.comm_busy_s
 
 
 @dataclass(frozen=True)
@@ -164,6 +173,7 @@ def _summary(recording: Recording, steps: list[int]) -> RankSummary:
         cpu_s=_median_of([comm[i].cpu_s if i in comm else None for i in steps]),
         cpu_wait_s=_median_of([comm[i].cpu_wait_s if i in comm else None for i in steps]),
         reducer=dict(recording.reducer),
+        comm_busy_s=_median_of([comm[i].busy_s if i in comm else None for i in steps]),
     )
 
 

@@ -59,6 +59,42 @@ def _lane(steps: tuple[LaneStep, ...]) -> list[dict[str, Any]]:
     ]
 
 
+# DDP's reducer and the doctor's clock agree when their all-reduce times per step are within this factor.
+REDUCER_AGREES = 2.0
+
+
+def _reducer_check(r: RankSummary) -> dict[str, Any] | None:
+    check = r.reducer_check()
+    if check is None:
+        return None
+    ddp, timed, ratio = check
+    return {
+        "ddp_backward_comm_ms": _ms(ddp),
+        "timed_comm_ms": _ms(timed),
+        "ratio": round(ratio, 3),
+        "agrees": _agrees(ratio),
+    }
+
+
+def reducer_disagreement(job: RankAnalysis) -> str | None:
+    """A sentence for the report when a rank's DDP reducer and the doctor's clock disagree on its all-reduces."""
+    off = [(r.rank, c) for r in job.ranks if (c := r.reducer_check()) is not None and not _agrees(c[2])]
+    if not off:
+        return None
+    parts = "; ".join(
+        f"rank {rank}: DDP {ddp * 1e3:.1f} ms, timed {timed * 1e3:.1f} ms" for rank, (ddp, timed, _) in off
+    )
+    return (
+        f"DDP's reducer and the doctor's clock disagree on the all-reduce time per step ({parts}). DDP averages "
+        "the iterations its logger sampled (10, 20, 50, ...), the doctor the measured window: a job whose "
+        "communication changes over the run (warm-up, bucket rebuilds) reads differently in each."
+    )
+
+
+def _agrees(ratio: float) -> bool:
+    return 1 / REDUCER_AGREES <= ratio <= REDUCER_AGREES
+
+
 def ranks_json(job: RankAnalysis, base: str | None = None) -> dict[str, Any]:
     """``ranks``, ``straggler`` and ``communication`` (docs/doctor.md, Reports)."""
     ranks = [
@@ -81,6 +117,7 @@ def ranks_json(job: RankAnalysis, base: str | None = None) -> dict[str, Any]:
                 if k.endswith("_time")
             }
             or None,
+            "reducer_check": _reducer_check(r),
             "clock_offset_ms": _ms(job.offsets_s[r.rank]) if r.rank in job.offsets_s else None,
             # Its measured steps on the ranks' common clock (ms from the earliest step's start), ms per phase.
             "lane_ms": _lane(job.lanes.get(r.rank, ())),

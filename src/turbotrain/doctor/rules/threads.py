@@ -58,6 +58,23 @@ def candidates(ctx: Context, found: tuple[int, int, int, int, float]) -> list[tu
     return [c for i, c in enumerate(out) if c not in out[:i] and c != (threads, workers)]
 
 
+def threads_fix(threads: int, workers_now: int, workers: int) -> Fix:
+    """``threads`` intra-op threads (and ``workers`` DataLoader workers where they change), said in each
+    framework's way: none of them sets torch's threads for a single process, so the line is the same."""
+    env = f"OMP_NUM_THREADS={threads}"
+    call = f"torch.set_num_threads({threads})"
+    loader = f", and DataLoader(..., num_workers={workers})" if workers != workers_now else ""
+    return Fix(
+        f"{call} at the top of the script (or {env} in its environment){loader}",
+        plan={"intra_op_threads": threads, **({"num_workers": workers} if workers != workers_now else {})},
+        lightning=f"{env} in the environment (Lightning does not set torch's threads){loader}",
+        fabric=f"{env} in the environment of `fabric run`, or {call} after fabric.launch(){loader}",
+        accelerate=f"{env} in the environment, or {call} before accelerator.prepare{loader}",
+        hf_trainer=f"{env} in the environment, or {call} before Trainer(...)"
+        + (f", and TrainingArguments(dataloader_num_workers={workers})" if workers != workers_now else ""),
+    )
+
+
 @rule("cpu-oversubscribed", "runtime")
 def cpu_oversubscribed(ctx: Context) -> Iterator[Finding]:
     if on_a_job(ctx):
@@ -68,10 +85,6 @@ def cpu_oversubscribed(ctx: Context) -> Iterator[Finding]:
     threads, workers, k, w, others = found
     usable = ctx.machine.get("usable_cores")
     busy = f"; other processes kept {others:.1f} of them busy" if others >= 0.5 else ""
-    env = f"OMP_NUM_THREADS={k}"
-    fix = f"torch.set_num_threads({k}) at the top of the script (or {env} in its environment)"
-    if w != workers:
-        fix += f", and DataLoader(..., num_workers={w})"
     f = Finding(
         "cpu-oversubscribed",
         site=ctx.main_loader.site if ctx.main_loader and w != workers else None,
@@ -82,12 +95,7 @@ def cpu_oversubscribed(ctx: Context) -> Iterator[Finding]:
             f"torch runs {threads} intra-op thread(s) and the DataLoader {workers} worker(s) on {usable} usable "
             f"core(s){busy}: parallel ops wait at a barrier for threads that have no core."
         ),
-        fix=Fix(
-            fix,
-            plan={"intra_op_threads": k, **({"num_workers": w} if w != workers else {})},
-            lightning=f"{env} in the environment (Lightning does not set torch's threads)",
-            accelerate=f"{env} in the environment, or torch.set_num_threads({k}) before accelerator.prepare",
-        ),
+        fix=threads_fix(k, workers, w),
         evidence={
             "threads": threads,
             "workers": workers,

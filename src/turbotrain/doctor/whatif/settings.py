@@ -14,6 +14,7 @@ from ..findings import Finding
 from ..requests import ThreadsRequest
 from ..results import LoaderResult, ThreadSetting, ThreadsResult
 from ..rules.recorded import loader_fix
+from ..rules.threads import threads_fix
 from .common import Budget, ModelTrials, apply_ratio, interleaved_rounds, model_share, surrogate_step
 
 if TYPE_CHECKING:
@@ -128,14 +129,11 @@ def threads_trial(ctx: Context, finding: Finding, budget: Budget) -> None:
 
 
 def _name_the_fix(finding: Finding, now: tuple[int, int], fix: tuple[int, int]) -> None:
-    """Say the measured setting: the exact line and environment variable."""
+    """Say the measured setting: the exact line and environment variable, in every framework's way."""
     threads, workers = fix
-    text = f"torch.set_num_threads({threads}) at the top of the script (or OMP_NUM_THREADS={threads})"
-    plan: dict[str, Any] = {"intra_op_threads": threads}
-    if workers != now[1]:
-        text += f", and DataLoader(..., num_workers={workers})"
-        plan["num_workers"] = workers
-    finding.fix.pytorch, finding.fix.plan = text, plan
+    framework = finding.fix.framework
+    finding.fix = threads_fix(threads, now[1], workers)
+    finding.fix.framework = framework
     finding.evidence.update(recommended_threads=threads, recommended_workers=workers)
 
 
