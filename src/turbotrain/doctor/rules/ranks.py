@@ -205,8 +205,8 @@ def ranks_oversubscribed(ctx: Context) -> Iterator[Finding]:
             f"torch.set_num_threads({fit}) in every rank (cores // ranks per node), or {env} in the launcher's "
             "environment (torchrun sets 1 unless told otherwise)",
             plan={"intra_op_threads": fit},
-            lightning=f"{env} in the environment (Lightning does not set torch's threads)",
-            fabric=f"{env} in the environment: fabric run sets it to the core count for every rank",
+            lightning=f"{env} in the environment of the launch (set, it overrides any count Lightning would pick)",
+            fabric=f"{env} in the environment of `fabric run` (set, it overrides any count Fabric would pick)",
             accelerate=f"{env} in the environment, or torch.set_num_threads({fit}) before accelerator.prepare",
         ),
         evidence={"ranks_on_host": len(local), "threads": threads, "usable_cores": usable, "recommended_threads": fit},

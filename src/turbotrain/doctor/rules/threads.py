@@ -67,7 +67,7 @@ def threads_fix(threads: int, workers_now: int, workers: int) -> Fix:
     return Fix(
         f"{call} at the top of the script (or {env} in its environment){loader}",
         plan={"intra_op_threads": threads, **({"num_workers": workers} if workers != workers_now else {})},
-        lightning=f"{env} in the environment (Lightning does not set torch's threads){loader}",
+        lightning=f"{env} in the environment of the run (set, it overrides any count Lightning would pick){loader}",
         fabric=f"{env} in the environment of `fabric run`, or {call} after fabric.launch(){loader}",
         accelerate=f"{env} in the environment, or {call} before accelerator.prepare{loader}",
         hf_trainer=f"{env} in the environment, or {call} before Trainer(...)"
