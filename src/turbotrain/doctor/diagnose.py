@@ -12,6 +12,7 @@ from .record.recording import LiveObjects, Recording
 from .analysis.machine import noise_state
 from .record.recorder import Recorder
 from .report.model import Report
+from .report.ranks import reducer_disagreement
 from .rules import evaluate, order
 from .analysis.periodic import periodic_table, watch_message
 from .report.tables import copy_table, sync_table
@@ -139,8 +140,6 @@ def diagnose_job(command: list[str], options: DoctorOptions | None = None) -> Re
     report = analyse(recording, None, run, single, script=script, run_seconds=seconds)
     report.argv = list(command)
     report.ranks = analyse_ranks(recordings)
-    from .report.ranks import reducer_disagreement
-
     for said in (_compute_waits(report, lead.rank), reducer_disagreement(report.ranks) if report.ranks else None):
         if said:
             report.messages.append(said)

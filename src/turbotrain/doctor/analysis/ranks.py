@@ -193,11 +193,13 @@ def _lanes(recordings: list[Recording], steps: list[int], offsets: dict[int, flo
     """Each rank's measured steps on the lowest rank's clock, time zero at the earliest step's start."""
     measured = {r.rank: _measured(r) for r in recordings}
     lowest = measured[recordings[0].rank]
-    shift = {}
-    for rec in recordings:
-        # A rank whose all-reduces were not timed is lined up on its step ends (they follow the same all-reduce).
-        fallback = statistics.median(measured[rec.rank][s].end - lowest[s].end for s in steps)
-        shift[rec.rank] = offsets.get(rec.rank, fallback)
+    # A rank whose all-reduces were not timed is lined up on its step ends (they follow the same all-reduce).
+    shift = {
+        r.rank: offsets[r.rank]
+        if r.rank in offsets
+        else statistics.median(measured[r.rank][s].end - lowest[s].end for s in steps)
+        for r in recordings
+    }
     zero = min(measured[r.rank][steps[0]].start - shift[r.rank] for r in recordings)
     out = {}
     for rec in recordings:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Iterator
 
 from ..analysis.ranks import RankAnalysis, analyse_ranks
-from ..findings import Finding, Fix, speedup_for_rule
+from ..findings import Finding, Fix
 from ..rank_change import RankChange
 from ..requests import JobRequest
 from ..sites import Site
@@ -14,7 +14,7 @@ from .registry import rule
 if TYPE_CHECKING:
     from ..analysis.context import Context
 
-__all__ = ["straggler", "exposed_gradient_sync", "ddp_find_unused_parameters", "ranks_oversubscribed", "on_a_job"]
+__all__ = ["straggler", "exposed_gradient_sync", "ddp_find_unused_parameters", "on_a_job", "call_site"]
 
 _CAUSE_WORDS = {
     "data_loading": "its data loading",
@@ -51,7 +51,7 @@ def on_a_job(ctx: Context) -> bool:
     return ctx.recording is not None and len(ctx.recording.job) >= 2
 
 
-def _call_site(ctx: Context, name: str, keyword: str | None = None) -> Site | None:
+def call_site(ctx: Context, name: str, keyword: str | None = None) -> Site | None:
     """The first call to ``name`` in the user's sources (with ``keyword`` among its arguments, if given)."""
     for index in ctx.sources.values():
         for call, _ in index.calls(name):
@@ -150,7 +150,7 @@ def ddp_find_unused_parameters(ctx: Context) -> Iterator[Finding]:
         return
     finding = Finding(
         rule="ddp-find-unused-parameters",
-        site=_call_site(ctx, "DistributedDataParallel", "find_unused_parameters"),
+        site=call_site(ctx, "DistributedDataParallel", "find_unused_parameters"),
         category="compute",
         message=(
             "DistributedDataParallel was built with find_unused_parameters=True, and its reducer found no unused "
@@ -166,51 +166,11 @@ def ddp_find_unused_parameters(ctx: Context) -> Iterator[Finding]:
         ),
         evidence={"ranks": len(stats), "unused_parameter_size": 0},
     )
+    finding.provisional("low")  # until a job what-if times it on every rank
     if on_a_job(ctx):
         finding.request = JobRequest(RankChange(ddp={"find_unused_parameters": False}))
-        finding.provisional("low")  # until the job what-if times it on every rank
     else:
-        finding.provisional("low")
         finding.note = (
             "One process: the flag's cost is timed on a multi-process job (turbotrain doctor --nproc-per-node)."
         )
-    yield finding
-
-
-@rule("cpu-oversubscribed", "runtime")
-def ranks_oversubscribed(ctx: Context) -> Iterator[Finding]:
-    """The ranks on this host run more intra-op threads together than the host has cores."""
-    if not on_a_job(ctx) or ctx.on_gpu or not ctx.machine:
-        return
-    recording = ctx.recording
-    assert recording is not None  # on_a_job
-    local = [r for r in recording.job if r.host == recording.host]
-    usable = ctx.machine.get("usable_cores") or 1
-    threads = [r.threads_seen or 1 for r in local]
-    fit = max(1, usable // len(local))
-    if sum(threads) <= usable or all(t <= fit for t in threads):
-        return  # they fit, or more ranks than cores: fewer threads cannot help
-    env = f"OMP_NUM_THREADS={fit}"
-    finding = Finding(
-        rule="cpu-oversubscribed",
-        site=_call_site(ctx, "set_num_threads"),
-        category="compute",
-        speedup=speedup_for_rule("cpu-oversubscribed"),
-        message=(
-            f"{len(local)} ranks on {recording.host or 'this host'} run {'+'.join(map(str, threads))} intra-op "
-            f"threads on {usable} usable core(s): each rank's parallel ops wait at a barrier for threads the "
-            "other ranks' threads keep off a core."
-        ),
-        fix=Fix(
-            f"torch.set_num_threads({fit}) in every rank (cores // ranks per node), or {env} in the launcher's "
-            "environment (torchrun sets 1 unless told otherwise)",
-            plan={"intra_op_threads": fit},
-            lightning=f"{env} in the environment of the launch (set, it overrides any count Lightning would pick)",
-            fabric=f"{env} in the environment of `fabric run` (set, it overrides any count Fabric would pick)",
-            accelerate=f"{env} in the environment, or torch.set_num_threads({fit}) before accelerator.prepare",
-        ),
-        evidence={"ranks_on_host": len(local), "threads": threads, "usable_cores": usable, "recommended_threads": fit},
-        request=JobRequest(RankChange(threads=fit)),
-    )
-    finding.provisional("medium")
     yield finding

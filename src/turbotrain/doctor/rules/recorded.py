@@ -423,8 +423,7 @@ def accumulation_syncs(ctx: Context) -> Iterator[Finding]:
     if on_a_job(ctx):
         # Timed on every rank: each forward of a micro-batch but the last runs as under no_sync().
         f.request = JobRequest(RankChange(sync_every=round(backwards)))
-        f.provisional("medium")
-    elif ctx.world_size > 1:
+    if ctx.world_size > 1:
         f.provisional("medium")
     else:
         f.provisional("low")

@@ -4,7 +4,9 @@ torch sizes its intra-op pool to the cores it sees. When another process holds o
 the DataLoader's workers take them, every parallel op waits at a barrier for a thread that has
 no core: a 15-22x slower step on a 2-core machine with one other busy process. The fix is
 measured on the user's own model (:func:`turbotrain.doctor.whatif.run_what_ifs`, trial kind
-``threads``): the current threads and workers against the recommended ones, interleaved.
+``threads``): the current threads and workers against the recommended ones, interleaved. On a
+multi-process job the ranks of a host are counted together, and cores // ranks is timed on every rank
+(:mod:`..whatif.job`).
 """
 
 from __future__ import annotations
@@ -13,9 +15,10 @@ from typing import TYPE_CHECKING, Iterator
 
 from ...speedups.cpu_threads import fit_to_cores
 from ..findings import Finding, Fix, speedup_for_rule
-from .ranks import on_a_job
+from .ranks import call_site, on_a_job
 from .registry import rule
-from ..requests import ThreadsRequest
+from ..rank_change import RankChange
+from ..requests import JobRequest, ThreadsRequest
 
 if TYPE_CHECKING:
     from ..analysis.context import Context
@@ -60,7 +63,7 @@ def candidates(ctx: Context, found: tuple[int, int, int, int, float]) -> list[tu
 
 def threads_fix(threads: int, workers_now: int, workers: int) -> Fix:
     """``threads`` intra-op threads (and ``workers`` DataLoader workers where they change), said in each
-    framework's way: none of them sets torch's threads for a single process, so the line is the same."""
+    framework's way; the environment variable, once set, is what Lightning and Fabric keep."""
     env = f"OMP_NUM_THREADS={threads}"
     call = f"torch.set_num_threads({threads})"
     loader = f", and DataLoader(..., num_workers={workers})" if workers != workers_now else ""
@@ -109,3 +112,40 @@ def cpu_oversubscribed(ctx: Context) -> Iterator[Finding]:
     f.provisional("medium")
     f.note = "Threads and workers are timed on your model and DataLoader, interleaved with what the script uses."
     yield f
+
+
+@rule("cpu-oversubscribed", "runtime")
+def ranks_oversubscribed(ctx: Context) -> Iterator[Finding]:
+    """The ranks on this host run more intra-op threads together than the host has cores."""
+    if not on_a_job(ctx) or ctx.on_gpu or not ctx.machine:
+        return
+    recording = ctx.recording
+    assert recording is not None  # on_a_job
+    local = [r for r in recording.job if r.host == recording.host]
+    usable = ctx.machine.get("usable_cores") or 1
+    threads = [r.threads_seen or 1 for r in local]
+    fit = max(1, usable // len(local))
+    if sum(threads) <= usable or all(t <= fit for t in threads):
+        return  # they fit, or more ranks than cores: fewer threads cannot help
+    fix = threads_fix(fit, 0, 0)
+    # Every rank, not one process: the launcher's environment is the one place that reaches them all.
+    fix.pytorch = (
+        f"torch.set_num_threads({fit}) in every rank (cores // ranks per node), or OMP_NUM_THREADS={fit} in the "
+        "launcher's environment (torchrun sets 1 unless told otherwise)"
+    )
+    finding = Finding(
+        rule="cpu-oversubscribed",
+        site=call_site(ctx, "set_num_threads"),
+        category="compute",
+        speedup=speedup_for_rule("cpu-oversubscribed"),
+        message=(
+            f"{len(local)} ranks on {recording.host or 'this host'} run {'+'.join(map(str, threads))} intra-op "
+            f"threads on {usable} usable core(s): each rank's parallel ops wait at a barrier for threads the "
+            "other ranks' threads keep off a core."
+        ),
+        fix=fix,
+        evidence={"ranks_on_host": len(local), "threads": threads, "usable_cores": usable, "recommended_threads": fit},
+        request=JobRequest(RankChange(threads=fit)),
+    )
+    finding.provisional("medium")
+    yield finding

@@ -8,7 +8,7 @@ training every rank ends each step at the same all-reduce, so the job goes as fa
 
 from __future__ import annotations
 
-import logging
+import statistics
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
@@ -26,8 +26,6 @@ if TYPE_CHECKING:
     from ..findings import Finding
 
 __all__ = ["JobTiming", "time_on_the_job", "job_step_s", "job_runner"]
-
-log = logging.getLogger("turbotrain")
 
 ROUNDS = 2  # the least that judge() calls (both rounds must agree); a third where the budget has room
 MAX_ROUNDS = 3
@@ -115,8 +113,8 @@ def _conclude(
         change=request.change.describe(),
         ranks=int(seen.get("ranks", 0)),
         rounds=tuple(round(r, 3) for r in ratios),
-        baseline_ms=round(sorted(b for b, _ in pairs)[len(pairs) // 2] * 1e3, 3),
-        candidate_ms=round(sorted(s for _, s in pairs)[len(pairs) // 2] * 1e3, 3),
+        baseline_ms=round(statistics.median(b for b, _ in pairs) * 1e3, 3),
+        candidate_ms=round(statistics.median(s for _, s in pairs) * 1e3, 3),
         observed=seen,
     )
     # The ratio is of the whole job's step: all of the step is what it applies to.
