@@ -92,7 +92,7 @@ def rank_recording(rank: int, data_ms: list[float], exposed_ms: list[float], ste
 JOB_FAST = ["--steps", "10", "--warmup", "2"]
 
 
-def _job_env() -> dict[str, str]:
+def job_env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), env.get("PYTHONPATH")]))
     env["OMP_NUM_THREADS"] = "1"
@@ -122,6 +122,6 @@ def doctor_job(tmp: Path, *args: str, timeout: float = 240,
     out = tmp / "report.json"
     fast = JOB_FAST if what_if else [*JOB_FAST, "--no-what-if"]
     proc = subprocess.run([sys.executable, "-m", "turbotrain", "doctor", *fast, "--json", str(out), *args],
-                          cwd=tmp, env=_job_env(), capture_output=True, text=True, timeout=timeout)
+                          cwd=tmp, env=job_env(), capture_output=True, text=True, timeout=timeout)
     report = json.loads(out.read_text()) if out.exists() else {}
     return proc, report

@@ -80,7 +80,7 @@ def test_a_verify_run_drains_the_queue_and_is_timed_in_rounds_of_the_workers(tmp
     import sys
 
     from doctor_helpers import script
-    from turbotrain.doctor.fixes.verify import _Run
+    from turbotrain.doctor.fixes.verify import TimedRun
 
     out = tmp_path / "run.json"
     proc = subprocess.run([sys.executable, "-m", "turbotrain.doctor.fixes.child", "--steps", "8", "--warmup", "2",
@@ -89,9 +89,9 @@ def test_a_verify_run_drains_the_queue_and_is_timed_in_rounds_of_the_workers(tmp
     data = json.loads(out.read_text())
     assert (data["warmup"], data["loader_round"], len(data["step_s"])) == (10, 2, 8)
     assert sum(data["step_s"]) / 8 >= 0.6 * STEADY_WAIT_S, data["step_s"]
-    run = _Run(step_ms=[20.0, 1.0] * 6, loader_round=2)
+    run = TimedRun(step_ms=[20.0, 1.0] * 6, loader_round=2)
     assert run.ms(periodic=False) == pytest.approx(10.5)
-    assert _Run(step_ms=[20.0, 1.0] * 6 + [1.0]).ms(periodic=False) == pytest.approx(1.0)
+    assert TimedRun(step_ms=[20.0, 1.0] * 6 + [1.0]).ms(periodic=False) == pytest.approx(1.0)
 
 
 class _TraceSeen(Dataset):

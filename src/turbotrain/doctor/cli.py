@@ -220,13 +220,15 @@ def run(args: argparse.Namespace) -> int:
         fix_rules=tuple(args.fix_only.split(",")) if args.fix_only else None,
     )
     if command is not None:
-        if args.fix or args.verify:
-            raise ConfigError(
-                "doctor --fix/--verify: not on several processes yet; run the doctor on one process for the patch."
-            )
         from dataclasses import replace
 
-        from .diagnose import diagnose_job
+        from .diagnose import diagnose_job, script_in
+
+        if (args.fix or args.verify) and script_in(command) is None:
+            raise ConfigError(
+                f"doctor --fix/--verify: no script (.py file) in the launcher command {' '.join(command)!r} to edit; "
+                "name the training script in it (torchrun ... train.py)."
+            )
 
         job_options = replace(options, hang_timeout_s=args.rank_timeout, job_what_if_budget_s=args.job_what_if_budget)
         report = diagnose_job(command, job_options)

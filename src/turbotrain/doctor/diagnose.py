@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
+import sys
 import time
 from dataclasses import dataclass
 
@@ -16,6 +18,7 @@ from .report.ranks import reducer_disagreement
 from .rules import evaluate, order
 from .analysis.periodic import periodic_table, watch_message
 from .report.tables import copy_table, sync_table
+from .record.own_ranks import StartsOwnRanks, refusing_own_ranks
 from .record.runner import ScriptRun, run_script
 from .sites import relative_where
 
@@ -56,7 +59,23 @@ def diagnose_script(
         watch_s=options.watch_s,
     )
     started = time.perf_counter()
-    run = run_script(script, list(argv or []), recorder)
+    environ = dict(os.environ)
+    try:
+        with refusing_own_ranks():
+            run = run_script(script, list(argv or []), recorder)
+    except StartsOwnRanks as started_ranks:
+        # Lightning set its rank variables in this process before it started the others: the job starts clean.
+        os.environ.clear()
+        os.environ.update(environ)
+        report = diagnose_job([sys.executable, str(script), *(argv or [])], options)
+        report.argv = list(argv or [])
+        report.messages.insert(
+            0,
+            f"The script starts its own ranks (it was starting {started_ranks}, as Lightning's and Fabric's DDP "
+            "do), so the doctor ran it as a job: its first process recorded as rank 0, each rank it starts as its "
+            "own.",
+        )
+        return report
     return analyse(
         recorder.recording(),
         recorder.live_objects(),
@@ -77,7 +96,6 @@ def diagnose_job(command: list[str], options: DoctorOptions | None = None) -> Re
     recorded, and return one report for the whole job: rank 0's breakdown and findings, every rank side by
     side, the straggler and the exposed communication. A rank that crashes or hangs ends the job; the report
     then says which rank and what it was doing."""
-    import dataclasses
 
     from .analysis.ranks import analyse_ranks
     from .record.job import run_job
@@ -144,13 +162,46 @@ def diagnose_job(command: list[str], options: DoctorOptions | None = None) -> Re
         if said:
             report.messages.append(said)
     timed = ""
-    if options.what_if:
+    if options.what_if and job.nodes > 1:
+        timed = (
+            f"The job spans {job.nodes} nodes: its fixes are not timed (each timing re-runs the whole job, which "
+            "would take every node's doctor at once). "
+        )
+    elif options.what_if:
         timed = _time_on_the_job(command, report, options, seconds)
+    world = lead.recording.world_size or len(recordings)
+    missing = f" of {world}" if len(recordings) < world else ""
     report.messages.append(
-        f"{len(recordings)} ranks recorded; the step breakdown is rank {lead.rank}'s (the per-rank table follows "
-        f"it). {timed}--fix does not edit multi-process jobs yet."
+        f"{len(recordings)}{missing} ranks recorded; the step breakdown is rank {lead.rank}'s (the per-rank table "
+        f"follows it). {timed}".rstrip()
     )
+    if (options.fix or options.verify) and script:
+        _job_fixes(command, report, recording, options, script, nodes=job.nodes)
     return report
+
+
+def _job_fixes(
+    command: list[str], report: Report, recording: Recording, options: DoctorOptions, script: str, nodes: int
+) -> None:
+    """``--fix``/``--verify`` on a job: the edits of the fixes timed on every rank, verified as runs of the job."""
+    from .fixes.attach import attach_fixes
+    from .fixes.verify_job import JobVerifier
+
+    started = time.perf_counter()
+    if nodes > 1 and options.verify:
+        options = dataclasses.replace(options, verify=False)
+        report.messages.append(f"--verify does not run on a job over {nodes} nodes; the patch is not verified.")
+    script_path = os.path.realpath(script)
+    ctx = build_context(recording, None, script_path)
+    report.fixes = attach_fixes(
+        report,
+        ctx,
+        report.findings,
+        options,
+        script_path,
+        lambda opts: JobVerifier(command, script_path, os.path.dirname(script_path), opts, options.hang_timeout_s),
+    )
+    report.doctor_seconds["fix"] = time.perf_counter() - started
 
 
 def _compute_waits(report: Report, rank: int) -> str | None:

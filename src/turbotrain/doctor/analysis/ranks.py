@@ -28,6 +28,7 @@ __all__ = [
     "LaneStep",
     "RankAnalysis",
     "analyse_ranks",
+    "measured_steps",
     "RANK_CATEGORIES",
     "STRAGGLER_SHARE",
 ]
@@ -116,7 +117,8 @@ class RankAnalysis:
         return statistics.median(r.step_s for r in self.ranks)
 
 
-def _measured(recording: Recording) -> dict[int, StepRecord]:
+def measured_steps(recording: Recording) -> dict[int, StepRecord]:
+    """The measured steps by index: after the warm-up, before the profiler window."""
     window = recording.window
     end = window.warmup + window.measure if window.measure is not None else len(recording.steps)
     chosen = {s.index: s for s in recording.steps if window.warmup <= s.index < end and not s.profiled}
@@ -132,7 +134,7 @@ def _p90(values: list[float]) -> float:
 
 def _per_step(recording: Recording, steps: list[int]) -> list[dict[str, float]]:
     """Seconds per category for each of ``steps``, the exposed communication out of compute."""
-    chosen = _measured(recording)
+    chosen = measured_steps(recording)
     comm = {c.step: c for c in recording.communication}
     out = []
     for index in steps:
@@ -154,7 +156,7 @@ def _median_of(values: list[float | None]) -> float | None:
 def _summary(recording: Recording, steps: list[int]) -> RankSummary:
     rows = _per_step(recording, steps)
     comm = {c.step: c for c in recording.communication}
-    chosen = _measured(recording)
+    chosen = measured_steps(recording)
     durations = [chosen[i].duration for i in steps]
     per = {k: [r[k] for r in rows] for k in RANK_CATEGORIES}
     busy = [d - r["communication"] for d, r in zip(durations, rows)]
@@ -191,7 +193,7 @@ def _offsets(recordings: list[Recording], steps: list[int]) -> dict[int, float]:
 
 def _lanes(recordings: list[Recording], steps: list[int], offsets: dict[int, float]) -> dict[int, tuple[LaneStep, ...]]:
     """Each rank's measured steps on the lowest rank's clock, time zero at the earliest step's start."""
-    measured = {r.rank: _measured(r) for r in recordings}
+    measured = {r.rank: measured_steps(r) for r in recordings}
     lowest = measured[recordings[0].rank]
     # A rank whose all-reduces were not timed is lined up on its step ends (they follow the same all-reduce).
     shift = {
@@ -239,7 +241,7 @@ def analyse_ranks(recordings: list[Recording] | tuple[Recording, ...]) -> RankAn
     recordings = sorted((r for r in recordings if r.steps), key=lambda r: r.rank)
     if len(recordings) < 2:
         return None
-    common = set.intersection(*(set(_measured(r)) for r in recordings))
+    common = set.intersection(*(set(measured_steps(r)) for r in recordings))
     steps = sorted(common)
     if not steps:
         return None

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
@@ -162,8 +162,17 @@ def _header(report: Any, fix_report: FixReport, patch_name: str, base: str, veri
     return [" ".join(line.split("\n")) for line in lines]
 
 
-def attach_fixes(report: Report, ctx: Context, findings: list[Finding], options: Any, script_path: str) -> FixReport:
-    """Plan, diff, (verify,) and write the patch of ``report``'s findings; the outcome as a :class:`FixReport`."""
+def attach_fixes(
+    report: Report,
+    ctx: Context,
+    findings: list[Finding],
+    options: Any,
+    script_path: str,
+    make_verifier: Callable[[VerifyOptions], Verifier] | None = None,
+) -> FixReport:
+    """Plan, diff, (verify,) and write the patch of ``report``'s findings; the outcome as a :class:`FixReport`.
+    ``make_verifier``: how the original and the patched script are run (default: the script alone, in a process
+    of its own; a multi-process job passes its launcher's)."""
     base = os.path.dirname(script_path)
     fix_report = FixReport()
     results = plan_fixes(ctx, findings, base, options.fix_rules)
@@ -178,8 +187,10 @@ def attach_fixes(report: Report, ctx: Context, findings: list[Finding], options:
             threads=torch.get_num_threads(),
             noise_floor=ctx.noise_floor,
         )
+        argv = report.run.argv
         try:
-            with Verifier(script_path, report.run.argv, base, verify_options) as verifier:
+            verifier_of = make_verifier or (lambda opts: Verifier(script_path, argv, base, opts))
+            with verifier_of(verify_options) as verifier:
                 _verify(fix_report, results, originals, base, verifier, options.steps, ctx.step_s * options.steps)
         except VerifyError as exc:
             fix_report.messages.append(str(exc))

@@ -15,7 +15,7 @@ from torch import nn
 from ..findings import Finding
 from ..analysis.periodic import periodic_table, suggested_every
 from ..sites import relative_where
-from ..requests import AttentionRequest, LoaderRequest
+from ..requests import AttentionRequest, JobRequest, LoaderRequest
 from .model import EXACT, PRECISION, REINITIALISED, ByHand, EditRequest
 from ..report.fix_results import FixResult
 
@@ -168,6 +168,27 @@ def _autocast(ctx: Context, f: Finding) -> dict[str, Any]:
     }
 
 
+def _rank_change(ctx: Context, f: Finding) -> dict[str, Any]:
+    """A job's fix timed on every rank, as the edit of the line it names: DDP's keywords or the thread count."""
+    change = f.request.change if isinstance(f.request, JobRequest) else None
+    if change is None:
+        raise ByHand(f.fix.pytorch)
+    if change.ddp:
+        keywords = ", ".join(f"{k}={v!r}" for k, v in change.ddp.items())
+        return {
+            "kind": "ddp",
+            "params": {"keywords": dict(change.ddp)},
+            "label": f"DistributedDataParallel(..., {keywords})",
+        }
+    if change.threads is not None:
+        return {
+            "kind": "threads",
+            "params": {"threads": change.threads},
+            "label": f"torch.set_num_threads({change.threads}) on every rank",
+        }
+    raise ByHand(f.fix.pytorch)
+
+
 _PLANNERS: dict[str, Callable[[Context, Finding], dict[str, Any]]] = {
     "num-workers": _loader,
     "persistent-workers": _loader,
@@ -182,6 +203,8 @@ _PLANNERS: dict[str, Callable[[Context, Finding], dict[str, Any]]] = {
     "conv-bias-before-bn": _conv_bias,
     "manual-attention": _attention,
     "no-mixed-precision": _autocast,
+    "ddp-find-unused-parameters": _rank_change,
+    "cpu-oversubscribed": _rank_change,
 }
 FIXABLE_RULES = frozenset(_PLANNERS)
 

@@ -9,7 +9,7 @@ import libcst as cst
 from .cst_tools import Source, code_of, dotted, keyword_value, replace, set_keyword
 from .model import ByHand, EditRequest
 
-__all__ = ["loader", "optimizer", "zero_grad", "conv_bias", "from_numpy"]
+__all__ = ["loader", "optimizer", "zero_grad", "conv_bias", "from_numpy", "ddp", "threads"]
 
 # Where an argument sits when passed positionally (torch's own signatures), so `DataLoader(ds, 32, True,
 # None, None, 0)` has its 0 replaced rather than a second num_workers added.
@@ -93,3 +93,18 @@ def from_numpy(source: Source, req: EditRequest) -> str:
     new_func = func.with_changes(attr=cst.Name(name))
     args = call.args if keywords else [positional[0].with_changes(comma=cst.MaybeSentinel.DEFAULT)]
     return _one_call(source, req, call, call.with_changes(func=new_func, args=args))
+
+
+def ddp(source: Source, req: EditRequest) -> str:
+    """``DistributedDataParallel(model, ..., find_unused_parameters=False)``: the keywords timed on every rank."""
+    call = source.call_at(req.line, "DistributedDataParallel", "DDP", what="DistributedDataParallel(...)")
+    new = call
+    for name, value in req.params["keywords"].items():
+        new = set_keyword(new, name, repr(value), None, req.where)
+    return _one_call(source, req, call, new)
+
+
+def threads(source: Source, req: EditRequest) -> str:
+    """``torch.set_num_threads(N)``: the script's own call given the count timed on every rank."""
+    call = source.call_at(req.line, "set_num_threads", what="torch.set_num_threads(...)")
+    return _one_call(source, req, call, set_keyword(call, "int", repr(req.params["threads"]), 0, req.where))

@@ -16,6 +16,8 @@ EDIT_KINDS: dict[str, Callable[[Source, EditRequest], str]] = {
     "zero_grad": keywords.zero_grad,  # set_to_none=True
     "conv_bias": keywords.conv_bias,  # bias=False before a BatchNorm
     "from_numpy": keywords.from_numpy,  # torch.from_numpy for torch.tensor(ndarray)
+    "ddp": keywords.ddp,  # DistributedDataParallel's keywords (find_unused_parameters=False)
+    "threads": keywords.threads,  # torch.set_num_threads(N) per rank
     "inference_mode": statements.inference_mode,  # around validation run with autograd on
     "autocast": statements.autocast,  # around the forward and the loss
     "cudnn_benchmark": statements.cudnn_benchmark,  # after the imports

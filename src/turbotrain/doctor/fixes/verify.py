@@ -29,7 +29,7 @@ from ...measure import judge, run_means
 from .losses import loss_match
 from ..report.fix_results import Verification
 
-__all__ = ["Verifier", "VerifyError", "VerifyOptions"]
+__all__ = ["TimedRun", "Verifier", "VerifyError", "VerifyOptions"]
 
 _SKIP = shutil.ignore_patterns(
     ".git", "__pycache__", ".venv", "venv", "node_modules", ".tox", ".mypy_cache", ".pytest_cache", "*.pyc"
@@ -56,7 +56,9 @@ class VerifyOptions:
 
 
 @dataclass
-class _Run:
+class TimedRun:
+    """One run of the original or a patched script: its step times, losses, or why it failed."""
+
     step_ms: list[float] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)
     error: str | None = None
@@ -152,7 +154,7 @@ class Verifier:
         except ValueError:
             return here
 
-    def run(self, folder: Path, steps: int) -> _Run:
+    def run(self, folder: Path, steps: int) -> TimedRun:
         out = folder / ".turbotrain-verify.json"
         out.unlink(missing_ok=True)
         script = folder / os.path.relpath(self.script, self.base)
@@ -179,28 +181,30 @@ class Verifier:
                 cmd, cwd=self._cwd(folder), env=env, capture_output=True, text=True, timeout=self.options.run_timeout_s
             )
         except subprocess.TimeoutExpired:
-            return _Run(error=f"did not finish within {self.options.run_timeout_s:.0f} s")
+            return TimedRun(error=f"did not finish within {self.options.run_timeout_s:.0f} s")
         wall = time.perf_counter() - started
         self.run_s = max(self.run_s, wall)
         if not out.is_file():
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or [f"exit code {proc.returncode}"]
-            return _Run(error=tail[0], wall_s=wall)
+            return TimedRun(error=tail[0], wall_s=wall)
         data = json.loads(out.read_text())
         losses = [float.fromhex(v) for v in data["losses"]]
         if data["status"] in ("error", "exit"):
-            return _Run(losses=losses, error=data["error"] or "the script failed", wall_s=wall)
+            return TimedRun(losses=losses, error=data["error"] or "the script failed", wall_s=wall)
         if not data["step_s"]:
-            return _Run(
+            return TimedRun(
                 losses=losses, error="no step was measured (the script ended before the warm-up was over)", wall_s=wall
             )
-        return _Run([v * 1e3 for v in data["step_s"]], losses, wall_s=wall, loader_round=data.get("loader_round", 0))
+        return TimedRun(
+            [v * 1e3 for v in data["step_s"]], losses, wall_s=wall, loader_round=data.get("loader_round", 0)
+        )
 
     def compare(self, folder: Path, steps: int, numerics: str, periodic: bool = False) -> Verification:
         """Original against ``folder``'s patched copy, ``rounds`` interleaved rounds of ``steps`` steps;
         ``periodic``: a fix changes a cadence, so each run counts as its mean over whole periods."""
         result = Verification(steps=steps)
-        originals: list[_Run] = []
-        patched: list[_Run] = []
+        originals: list[TimedRun] = []
+        patched: list[TimedRun] = []
         for round_ in range(self.options.rounds):
             order = [(self.original, originals), (folder, patched)]
             for where, runs in order if round_ % 2 == 0 else reversed(order):

@@ -6,6 +6,7 @@ thread, not inside torch.compile's tracing) and otherwise calls the original unc
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 import weakref
@@ -224,14 +225,24 @@ def _loader_record(probe: Probe, loader: DataLoader, site: Site | None = None) -
 
 
 def _loader_init(original: Callable) -> Callable:
+    # The original's signature shows through: Lightning rebuilds a DataLoader (a DistributedSampler on DDP) from
+    # the attributes matching ``DataLoader.__init__``'s parameters, and without them trains with batch size 1.
+    @functools.wraps(original)
     def __init__(self, *args, **kwargs):
         original(self, *args, **kwargs)
         probe = _live()
         if probe is not None:
-            _loader_record(probe, self, user_site(sys._getframe(1)))
+            caller = sys._getframe(1)
+            site = caller_site(caller)
+            if site is None:  # a framework rebuilt it (Lightning, for a DistributedSampler): the user's loader's line
+                site = _site_of_loader_over(probe, self.dataset) or user_site(caller)
+            _loader_record(probe, self, site)
 
-    __init__.__doc__ = original.__doc__
     return __init__
+
+
+def _site_of_loader_over(probe: Probe, dataset: Any) -> Site | None:
+    return next((t.site for t in probe.tallies.loaders.values() if t.site and t.loader.dataset is dataset), None)
 
 
 def _loader_iter(original: Callable) -> Callable:

@@ -15,6 +15,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -22,11 +23,11 @@ from pathlib import Path
 from typing import IO, Any
 
 from ..rank_change import RankChange
-from .rank_main import ENV_CLAIMED, ENV_FOLDER, ENV_OPTIONS, SITECUSTOMIZE
-from .rank_status import read_json
+from .rank_main import ENV_CLAIMED, ENV_FOLDER, ENV_OPTIONS, ENV_ROOT, SITECUSTOMIZE
+from .rank_status import read_json, result_path
 from .recording import Recording, from_json
 
-__all__ = ["RankOutcome", "JobRun", "run_job"]
+__all__ = ["RankOutcome", "JobRun", "run_job", "script_is_launcher"]
 
 _SRC = Path(__file__).resolve().parents[3]  # the folder holding the turbotrain package the ranks import
 FAILED_RANK_GRACE_S = 15.0  # a launcher that does not end the job by itself after a rank failed
@@ -40,6 +41,7 @@ class RankOutcome:
     recording: Recording | None = None
     run: dict[str, Any] | None = None  # how the rank's script ended (status, error, where, traceback)
     status: dict[str, Any] | None = None  # its last heartbeat (step, doing, where, pid, host, time)
+    node: str | None = None  # torchrun's node (GROUP_RANK) on a job over several nodes
 
     @property
     def failed(self) -> bool:
@@ -72,6 +74,10 @@ class JobRun:
     left_behind: list[int] = field(default_factory=list)  # pids still alive after the clean-up (none expected)
 
     @property
+    def nodes(self) -> int:
+        return len({r.node for r in self.ranks if r.node is not None}) or 1
+
+    @property
     def recordings(self) -> list[Recording]:
         return [r.recording for r in sorted(self.ranks, key=lambda r: r.rank) if r.recording is not None]
 
@@ -86,12 +92,16 @@ def run_job(
     stderr: IO[str] | int | None = None,
     poll_s: float = 0.2,
     change: RankChange | None = None,
+    cwd: str | os.PathLike | None = None,
 ) -> JobRun:
     """Run ``command`` (a launcher and its arguments) with every rank recorded; always leaves no process.
     ``change``: a fix every rank applies before its script starts (the job what-ifs)."""
     folder = Path(tempfile.mkdtemp(prefix="turbotrain-doctor-job-"))
     env = dict(os.environ)
     env.pop(ENV_CLAIMED, None)
+    env.pop(ENV_ROOT, None)
+    if script_is_launcher(command):
+        env[ENV_ROOT] = "1"
     env[ENV_FOLDER] = str(folder)
     options: dict[str, Any] = {"steps": steps, "warmup": warmup, "profile": profile}
     if change is not None:
@@ -103,7 +113,7 @@ def run_job(
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), str(_SRC), env.get("PYTHONPATH")]))
     started = time.monotonic()
     try:
-        proc = subprocess.Popen(command, env=env, start_new_session=True, stdout=stdout, stderr=stderr)
+        proc = subprocess.Popen(command, env=env, cwd=cwd, start_new_session=True, stdout=stdout, stderr=stderr)
     except OSError as exc:
         shutil.rmtree(folder, ignore_errors=True)
         return JobRun(command, None, 0.0, [], failure=f"could not start {command[0]!r}: {exc}")
@@ -127,6 +137,8 @@ def run_job(
                 hung = True
                 break
             time.sleep(poll_s)
+        if not (hung or stalled):
+            _let_ranks_finish(folder, poll_s)
     finally:
         pids = [int(s["pid"]) for s in _statuses(folder).values() if s.get("pid")]
         left = _stop(proc, pids, folder)
@@ -135,6 +147,26 @@ def run_job(
     job = JobRun(command, proc.returncode, time.monotonic() - started, outcomes, hung=hung, left_behind=left)
     job.failure = _failure(job, hang_timeout_s, stalled)
     return job
+
+
+def _let_ranks_finish(folder: Path, poll_s: float) -> None:
+    """The launcher ended; ranks it did not wait for (a script that started its own ranks and returned first)
+    get a grace period to write their recordings before they are stopped."""
+    deadline = time.monotonic() + FAILED_RANK_GRACE_S
+    while time.monotonic() < deadline:
+        statuses = _statuses(folder)
+        running = [r for r in statuses if not result_path(folder, r).exists()]
+        if not any(_ours(int(statuses[r].get("pid") or 0), folder) for r in running):
+            return
+        time.sleep(poll_s)
+
+
+def script_is_launcher(command: list[str]) -> bool:
+    """``python train.py ...``: the script is its own launcher (Lightning's DDP starts the other ranks from
+    it), so its first process is rank 0."""
+    first = os.path.basename(command[0]) if command else ""
+    python = first == os.path.basename(sys.executable) or re.fullmatch(r"python[0-9.]*", first) is not None
+    return python and len(command) > 1 and command[1].endswith(".py")
 
 
 # -- reading the folder --------------------------------------------------------------------------------
@@ -157,6 +189,7 @@ def _outcomes(folder: Path) -> list[RankOutcome]:
             continue
         outcome = outcomes.setdefault(int(data["rank"]), RankOutcome(int(data["rank"])))
         outcome.run = data.get("run")
+        outcome.node = data.get("node")
         outcome.recording = from_json(json.dumps(data["recording"])) if data.get("recording") else None
     return sorted(outcomes.values(), key=lambda o: o.rank)
 

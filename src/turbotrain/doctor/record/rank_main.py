@@ -6,6 +6,11 @@ holding :data:`SITECUSTOMIZE` first on ``PYTHONPATH``: every Python process the 
 start-up. A process that is a rank (the launcher gave it ``RANK`` or ``LOCAL_RANK``) and runs a script calls
 :func:`from_site` and records itself; any other (the launcher itself, DataLoader workers it spawns) goes on
 untouched, without importing turbotrain.
+
+A script that starts its own ranks (Lightning's ``Trainer(strategy="ddp", devices=N)`` runs ``python train.py``
+again with ``LOCAL_RANK=1..N-1``) is its own launcher: the doctor starts it with :data:`ENV_ROOT` set, and that
+first process records itself as rank 0. A rank's children inherit :data:`ENV_CLAIMED` (the rank's number) and
+record nothing, unless they were given another rank number: those are the ranks the script started itself.
 """
 
 from __future__ import annotations
@@ -14,13 +19,15 @@ import json
 import os
 import sys
 
+from .across_nodes import share_result, spans_nodes
 from .rank_status import Heartbeat, result_path, write_json
 
-__all__ = ["ENV_FOLDER", "ENV_OPTIONS", "ENV_CLAIMED", "SITECUSTOMIZE", "from_site", "run_rank"]
+__all__ = ["ENV_FOLDER", "ENV_OPTIONS", "ENV_CLAIMED", "ENV_ROOT", "SITECUSTOMIZE", "from_site", "run_rank"]
 
 ENV_FOLDER = "TURBOTRAIN_DOCTOR_JOB_DIR"  # where ranks write their status and recording
 ENV_OPTIONS = "TURBOTRAIN_DOCTOR_JOB_OPTIONS"  # {"steps": 20, "warmup": 3, "profile": 2, "change": {...}}
-ENV_CLAIMED = "TURBOTRAIN_DOCTOR_JOB_CLAIMED"  # set in a rank: its own child processes record nothing
+ENV_CLAIMED = "TURBOTRAIN_DOCTOR_JOB_CLAIMED"  # "rank:pid", set in a rank: its children of that rank record nothing
+ENV_ROOT = "TURBOTRAIN_DOCTOR_JOB_ROOT"  # the launcher is the script itself: its first process is rank 0
 
 # Written as ``sitecustomize.py`` into a folder of the job's own (record/job.py). The checks come before any import
 # of turbotrain, so the launcher and other Python processes pay nothing; a ``sitecustomize`` this one shadows
@@ -38,10 +45,10 @@ def _turbotrain_doctor_rank():
     spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
     if spec is not None and spec.loader is not None:
         spec.loader.exec_module(importlib.util.module_from_spec(spec))
-    rank = os.environ.get("RANK", os.environ.get("LOCAL_RANK", ""))
+    rank = os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0" if os.environ.get("{ENV_ROOT}") else ""))
+    claimed = os.environ.get("{ENV_CLAIMED}", "").partition(":")[0]
     script = sys.argv[0] if sys.argv else ""
-    if os.environ.get("{ENV_FOLDER}") and not os.environ.get("{ENV_CLAIMED}") and rank.isdigit() \\
-            and script.endswith(".py"):
+    if os.environ.get("{ENV_FOLDER}") and rank.isdigit() and rank != claimed and script.endswith(".py"):
         from turbotrain.doctor.record.rank_main import from_site
 
         from_site()
@@ -56,7 +63,7 @@ def _rank_from_env() -> int | None:
         value = os.environ.get(key, "")
         if value.isdigit():
             return int(value)
-    return None
+    return 0 if os.environ.get(ENV_ROOT) else None
 
 
 def from_site() -> None:
@@ -67,12 +74,13 @@ def from_site() -> None:
     if (
         not folder
         or rank is None
-        or os.environ.get(ENV_CLAIMED)
+        or os.environ.get(ENV_CLAIMED, "").partition(":")[0] == str(rank)
         or not script.endswith(".py")
         or not os.path.isfile(script)
     ):
         return
-    os.environ[ENV_CLAIMED] = str(os.getpid())  # inherited by DataLoader workers and any other child
+    os.environ.pop(ENV_ROOT, None)  # only the first process is the root; the ranks it starts say their number
+    os.environ[ENV_CLAIMED] = f"{rank}:{os.getpid()}"  # inherited by DataLoader workers and any other child
     code = run_rank(folder, rank, script, sys.argv[1:])
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -124,7 +132,21 @@ def run_rank(folder: str, rank: int, script: str, argv: list[str]) -> int:
         outcome.update(
             status="error", error=f"the doctor could not write this rank's recording: {type(exc).__name__}: {exc}"
         )
-    write_json(result_path(folder, rank), {"rank": rank, "pid": os.getpid(), "run": outcome, "recording": recorded})
+    result = {
+        "rank": rank,
+        "pid": os.getpid(),
+        "node": os.environ.get("GROUP_RANK"),
+        "run": outcome,
+        "recording": recorded,
+    }
+    write_json(result_path(folder, rank), result)
+    if spans_nodes():
+        why = share_result(folder, rank, result)
+        if why:
+            print(
+                f"[rank {rank}] turbotrain doctor: the other nodes' ranks did not reach this node: {why}",
+                file=sys.stderr,
+            )
     if run.traceback:
         print(f"[rank {rank}] {run.traceback}", file=sys.stderr, end="")
     return (run.exit_code or 1) if run.failed or recorded is None else 0

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from ...measure import judge
-from ..analysis.ranks import analyse_ranks
+from ..analysis.ranks import analyse_ranks, measured_steps
 from ..record.job import JobRun, run_job
 from ..rank_change import RankChange
 from ..record.apply_change import observed
@@ -25,7 +25,7 @@ from .common import apply_ratio
 if TYPE_CHECKING:
     from ..findings import Finding
 
-__all__ = ["JobTiming", "time_on_the_job", "job_step_s", "job_runner"]
+__all__ = ["JobTiming", "time_on_the_job", "job_step_s", "job_steps_ms", "job_runner"]
 
 ROUNDS = 2  # the least that judge() calls (both rounds must agree); a third where the budget has room
 MAX_ROUNDS = 3
@@ -41,6 +41,17 @@ def job_step_s(job: JobRun) -> float | None:
     if analysis is None:
         return None
     return max(r.step_s for r in analysis.ranks)
+
+
+def job_steps_ms(job: JobRun) -> list[float]:
+    """Each measured step of the job, in ms: the slowest rank's, step by step (every rank's step ends at the
+    same all-reduce). Empty when a rank sent nothing."""
+    recordings = job.recordings
+    if job.failure is not None or not recordings or len(recordings) < len(job.ranks):
+        return []
+    per_rank = [measured_steps(r) for r in recordings]
+    common = sorted(set.intersection(*(set(steps) for steps in per_rank)))
+    return [max(steps[i].duration for steps in per_rank) * 1e3 for i in common]
 
 
 @dataclass
