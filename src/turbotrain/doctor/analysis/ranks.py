@@ -25,6 +25,7 @@ from ..sites import Site
 __all__ = [
     "RankSummary",
     "Straggler",
+    "Imbalance",
     "LaneStep",
     "RankAnalysis",
     "analyse_ranks",
@@ -43,6 +44,8 @@ STRAGGLER_SHARE = 0.05
 # wait is noise around zero.
 CONSISTENT = 0.75
 ABOVE_SPREAD = 1.5
+# Ranks late in turns are named when the first rank's mean wait for the last is at least this share of the step.
+IMBALANCE_SHARE = 0.10
 # Causes that are the thread's own CPU work on a CPU run (data loading and work between steps may wait on I/O).
 CPU_BOUND = ("compute", "optimizer", "host_sync", "unexplained")
 
@@ -90,6 +93,20 @@ class Straggler:
 
 
 @dataclass(frozen=True)
+class Imbalance:
+    """No one rank is late, yet in each step the ranks wait for one another: the work differs from rank to rank
+    step by step (batches of different lengths, uneven reads), and each step waits for whichever rank got more."""
+
+    cost_s: float  # per step, what work evened out would save: the ranks' mean wait for the last one
+    cost_share: float  # of the median step
+    first_wait_s: float  # per step, the mean wait of the rank that arrived first for the one that arrived last
+    last_shares: dict[int, float]  # per rank, the share of the measured steps it arrived last in
+    cause: str  # the category (RANK_CATEGORIES) the last rank spent most more time in than the first
+    cause_gap_s: float  # that category's mean per step: the last rank's minus the first rank's
+    cpu_gap_s: float | None  # the same for the CPU time of their threads (None: not known)
+
+
+@dataclass(frozen=True)
 class LaneStep:
     """One measured step of one rank on the ranks' common clock (seconds from the earliest step's start)."""
 
@@ -108,6 +125,7 @@ class RankAnalysis:
     exposed_share: float  # exposed communication over step time, all ranks
     overlap: float | None  # share of the all-reduces' time that ran while backward computed
     straggler: Straggler | None
+    imbalance: Imbalance | None = None  # ranks late in turns (only when no straggler is named)
     offsets_s: dict[int, float] = field(default_factory=dict)  # clock offset of each rank to the lowest rank
     steps: list[int] = field(default_factory=list)  # the measured steps every rank has
     lanes: dict[int, tuple[LaneStep, ...]] = field(default_factory=dict)  # per rank, its steps on the common clock
@@ -218,6 +236,45 @@ def _lanes(recordings: list[Recording], steps: list[int], offsets: dict[int, flo
     return out
 
 
+def _imbalance(
+    recordings: list[Recording], steps: list[int], exposed: dict[int, list[float]], step_s: float
+) -> Imbalance | None:
+    """Ranks late in turns: per step, the first rank to arrive (it waited most) against the last (least)."""
+    if step_s <= 0:
+        return None
+    rows = {r.rank: _per_step(r, steps) for r in recordings}
+    cpu = {r.rank: {c.step: c.cpu_s for c in r.communication} for r in recordings}
+    waits, saved, gaps = [], [], {k: 0.0 for k in RANK_CATEGORIES if k != "communication"}
+    cpu_gaps, last = [], []
+    for i, index in enumerate(steps):
+        first = max(exposed, key=lambda rank: exposed[rank][i])
+        late = min(exposed, key=lambda rank: exposed[rank][i])
+        last.append(late)
+        waits.append(exposed[first][i] - exposed[late][i])
+        # Evened out, a step takes the ranks' mean work instead of the most any rank got.
+        saved.append(statistics.fmean(exposed[rank][i] - exposed[late][i] for rank in exposed))
+        for k in gaps:
+            gaps[k] += (rows[late][i][k] - rows[first][i][k]) / len(steps)
+        late_cpu, first_cpu = cpu[late].get(index), cpu[first].get(index)
+        if late_cpu is not None and first_cpu is not None:
+            cpu_gaps.append(late_cpu - first_cpu)
+    first_wait = statistics.fmean(waits)
+    cost = statistics.fmean(saved)
+    shares = {r.rank: last.count(r.rank) / len(last) for r in recordings}
+    if first_wait / step_s < IMBALANCE_SHARE or max(shares.values()) >= CONSISTENT:
+        return None
+    cause = max(gaps, key=lambda k: gaps[k])
+    return Imbalance(
+        cost_s=cost,
+        cost_share=cost / step_s,
+        first_wait_s=first_wait,
+        last_shares=shares,
+        cause=cause,
+        cause_gap_s=gaps[cause],
+        cpu_gap_s=statistics.fmean(cpu_gaps) if len(cpu_gaps) == len(steps) else None,
+    )
+
+
 def _cause_site(recording: Recording, cause: str, steps: list[int]) -> Site | None:
     """The line that explains the straggler's cause on its own recording, when one is known."""
     if cause == "data_loading":
@@ -302,6 +359,7 @@ def analyse_ranks(recordings: list[Recording] | tuple[Recording, ...]) -> RankAn
             contention_s=contention,
             cpu_gap_s=cpu_gap,
         )
+    imbalance = None if straggler is not None else _imbalance(recordings, steps, exposed, step)
     offsets = _offsets(recordings, steps)
     return RankAnalysis(
         ranks=summaries,
@@ -311,6 +369,7 @@ def analyse_ranks(recordings: list[Recording] | tuple[Recording, ...]) -> RankAn
         exposed_share=total_exposed / total_step if total_step > 0 else 0.0,
         overlap=overlapped / busy if busy > 0 else None,
         straggler=straggler,
+        imbalance=imbalance,
         offsets_s=offsets,
         steps=steps,
         lanes=_lanes(recordings, steps, offsets),

@@ -143,9 +143,25 @@ def ranks_json(job: RankAnalysis, base: str | None = None) -> dict[str, Any]:
             "cpu_wait_gap_ms": _ms(s.contention_s) if s.contention_s is not None else None,
             "cpu_gap_ms": _ms(s.cpu_gap_s) if s.cpu_gap_s is not None else None,
         }
+    u = job.imbalance
+    imbalance = None
+    if u is not None:
+        imbalance = {
+            "cost": {
+                "ms_per_step": _ms(u.cost_s),
+                "share": round(u.cost_share, 4),
+                "est_speedup": round(speedup_from_share(u.cost_share), 3),
+            },
+            "first_wait_ms": _ms(u.first_wait_s),
+            "last_shares": {str(k): round(v, 3) for k, v in u.last_shares.items()},
+            "cause": u.cause,
+            "cause_gap_ms": _ms(u.cause_gap_s),
+            "cpu_gap_ms": _ms(u.cpu_gap_s) if u.cpu_gap_s is not None else None,
+        }
     return {
         "ranks": ranks,
         "straggler": straggler,
+        "imbalance": imbalance,
         "communication": {
             "exposed_share": round(job.exposed_share, 4),
             "overlap": round(job.overlap, 4) if job.overlap is not None else None,
@@ -222,6 +238,16 @@ def print_ranks(console: Console, job: RankAnalysis, width: int) -> None:
         )
     else:
         console.print(Text("No straggler: no rank keeps the others waiting for 5% of the step or more."))
+    if job.imbalance is not None:
+        u = job.imbalance
+        console.print(
+            Text.assemble(
+                ("Ranks late in turns: ", "bold"),
+                f"the first to arrive waits {u.first_wait_s * 1e3:.1f} ms per step for the last, whose "
+                f"{u.cause} is {u.cause_gap_s * 1e3:.1f} ms longer; even work saves {u.cost_s * 1e3:.1f} ms "
+                f"({u.cost_share:.0%})",
+            )
+        )
     overlap = f", {job.overlap:.0%} of the all-reduce time overlapped the backward" if job.overlap is not None else ""
     console.print(
         Text(f"Communication: {job.exposed_share:.0%} of the step waits on gradient synchronization{overlap}.")
@@ -312,6 +338,13 @@ def ranks_html(data: dict[str, Any]) -> str:
         )
     else:
         lines.append("No straggler: no rank keeps the others waiting for 5% of the step or more.")
+    u = data.get("imbalance")
+    if u:
+        lines.append(
+            f"Ranks late in turns: the first to arrive waits {u['first_wait_ms']:.1f} ms per step for the last, "
+            f"whose {u['cause']} is {u['cause_gap_ms']:.1f} ms longer; even work saves "
+            f"{u['cost']['ms_per_step']:.1f} ms ({u['cost']['share']:.0%})."
+        )
     if c:
         overlap = (
             f", {c['overlap']:.0%} of the all-reduce time overlapped the backward"

@@ -14,7 +14,14 @@ from .registry import rule
 if TYPE_CHECKING:
     from ..analysis.context import Context
 
-__all__ = ["straggler", "exposed_gradient_sync", "ddp_find_unused_parameters", "on_a_job", "call_site"]
+__all__ = [
+    "straggler",
+    "uneven_work",
+    "exposed_gradient_sync",
+    "ddp_find_unused_parameters",
+    "on_a_job",
+    "call_site",
+]
 
 _CAUSE_WORDS = {
     "data_loading": "its data loading",
@@ -108,6 +115,61 @@ def straggler(ctx: Context) -> Iterator[Finding]:
     yield finding
 
 
+_UNEVEN_FIXES = {
+    "compute": "Give every rank the same work per step: batches of sequences bucketed by length (the same padded "
+    "length on every rank in a step), a fixed token budget per batch, or a sampler that balances lengths "
+    "across ranks.",
+    "data_loading": "Even out the reads: DataLoader workers on every rank (num_workers > 0) so a slow batch is "
+    "fetched ahead, and samples of similar cost in each rank's shard.",
+}
+
+
+@rule("uneven-work", "runtime")
+def uneven_work(ctx: Context) -> Iterator[Finding]:
+    """No rank is late every step, yet each step waits for whichever rank got more work."""
+    job = _job(ctx)
+    if job is None or job.imbalance is None:
+        return
+    u = job.imbalance
+    turns = ", ".join(f"rank {rank} in {share:.0%}" for rank, share in sorted(u.last_shares.items()))
+    finding = Finding(
+        rule="uneven-work",
+        message=(
+            f"No single rank is late, yet every step waits for one: the rank that arrived first at the gradient "
+            f"all-reduce waited {u.first_wait_s * 1e3:.1f} ms per step on average for the one that arrived last. "
+            f"The ranks were last in turns ({turns}), and the last one's "
+            f"{_CAUSE_WORDS.get(u.cause, u.cause).removeprefix('its ')} took {u.cause_gap_s * 1e3:.1f} ms more "
+            "than the first one's: the work differs from rank to rank, step by step. Evened out, each step would "
+            f"take the ranks' mean work: {u.cost_s * 1e3:.1f} ms ({u.cost_share:.0%} of the step) less."
+        ),
+        fix=Fix(pytorch=_UNEVEN_FIXES.get(u.cause, _UNEVEN_FIXES["compute"])),
+        category=u.cause,
+        evidence={
+            "cost_ms": round(u.cost_s * 1e3, 3),
+            "first_wait_ms": round(u.first_wait_s * 1e3, 3),
+            "last_shares": {str(k): round(v, 3) for k, v in u.last_shares.items()},
+            "cause": u.cause,
+            "cause_gap_ms": round(u.cause_gap_s * 1e3, 3),
+            "cpu_gap_ms": round(u.cpu_gap_s * 1e3, 3) if u.cpu_gap_s is not None else None,
+        },
+    )
+    # The gain is read from the waiting, not timed with the work evened out.
+    finding.set_gain(u.cost_share, measured=False)
+    # Only the threads' CPU time tells more work from a wait for a core (other processes, the hypervisor).
+    if u.cpu_gap_s is None or u.cpu_gap_s < 0.5 * u.cause_gap_s:
+        said = (
+            "The ranks' CPU time is not known"
+            if u.cpu_gap_s is None
+            else f"The last rank's thread used {u.cpu_gap_s * 1e3:+.1f} ms of CPU time against the first one's"
+        )
+        finding.cap(
+            "low",
+            f"{said}, for {u.cause_gap_s * 1e3:.1f} ms more {u.cause}: a wait for a core explains the turns as "
+            "well as uneven work does.",
+        )
+    yield finding
+
+
 # Exposed gradient synchronization worth a line of its own: a quarter of the step.
 EXPOSED_SHARE = 0.25
 
@@ -116,7 +178,7 @@ EXPOSED_SHARE = 0.25
 def exposed_gradient_sync(ctx: Context) -> Iterator[Finding]:
     """Every rank waits on the all-reduce after its own backward, and no straggler explains the wait."""
     job = _job(ctx)
-    if job is None or job.straggler is not None or job.exposed_share < EXPOSED_SHARE:
+    if job is None or job.straggler is not None or job.imbalance is not None or job.exposed_share < EXPOSED_SHARE:
         return
     overlap = f"{job.overlap:.0%}" if job.overlap is not None else "none"
     finding = Finding(

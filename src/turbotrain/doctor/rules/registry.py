@@ -29,6 +29,7 @@ HABIT_RULES = (
     "slow-storage",
     "periodic-work",
     "straggler",
+    "uneven-work",
     "exposed-gradient-sync",
     "ddp-find-unused-parameters",
     "per-sample-batch",

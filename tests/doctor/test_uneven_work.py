@@ -1,0 +1,53 @@
+"""Ranks late in turns: each rank draws its own sequence length every step (tests/doctor/scripts/
+ddp_uneven_lengths.py), so no rank is the straggler, yet every step waits for whichever drew more."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from doctor_helpers import doctor_job, job_processes, rank_recording
+from turbotrain.doctor.analysis.ranks import analyse_ranks
+
+SCRIPT = Path(__file__).parent / "scripts" / "ddp_uneven_lengths.py"
+
+
+def test_ranks_late_in_turns_are_named_with_the_phase_that_differs(tmp_path):
+    proc, report = doctor_job(tmp_path, "--nproc-per-node", "2", str(SCRIPT))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert report["straggler"] is None, report["ranks"]
+    u = report["imbalance"]
+    assert u is not None and u["cause"] == "compute", report["ranks"]
+    assert all(share < 0.75 for share in u["last_shares"].values())
+    # Evened out, a step takes the mean of the two ranks' work: half the first one's wait on 2 ranks.
+    assert u["cost"]["ms_per_step"] == pytest.approx(u["first_wait_ms"] / 2, rel=0.02)
+    (finding,) = [f for f in report["findings"] if f["rule"] == "uneven-work"]
+    assert "last in turns" in finding["message"]
+    assert not any(f["rule"] == "exposed-gradient-sync" for f in report["findings"])
+    assert job_processes(str(SCRIPT)) == []
+
+
+def _turns(waits_ms: list[list[float]]):
+    """Two ranks whose waits at the all-reduce per step are ``waits_ms[rank]`` (the other rank's extra work)."""
+    return analyse_ranks([rank_recording(r, data_ms=[1.0] * len(w), exposed_ms=w) for r, w in enumerate(waits_ms)])
+
+
+def test_waits_in_turns_make_an_imbalance_and_a_steady_late_rank_a_straggler():
+    steps = 12
+    alternating = [[8.0 if i % 2 else 0.2 for i in range(steps)], [0.2 if i % 2 else 8.0 for i in range(steps)]]
+    job = _turns(alternating)
+    assert job is not None and job.straggler is None
+    assert job.imbalance is not None
+    shares = job.imbalance.last_shares
+    assert sorted(shares) == [0, 1] and max(shares.values()) < 0.75 and sum(shares.values()) == pytest.approx(1.0)
+    assert job.imbalance.first_wait_s == pytest.approx(7.8e-3)
+    steady = [[8.0] * steps, [0.2] * steps]  # rank 1 waits least every step: it is the one the other waits for
+    job = _turns(steady)
+    assert job is not None and job.imbalance is None and job.straggler is not None and job.straggler.rank == 1
+
+
+def test_small_waits_in_turns_are_not_an_imbalance():
+    steps = 12
+    job = _turns([[1.0 if i % 2 else 0.2 for i in range(steps)], [0.2 if i % 2 else 1.0 for i in range(steps)]])
+    assert job is not None and job.imbalance is None  # 0.8 ms of a 40 ms step
