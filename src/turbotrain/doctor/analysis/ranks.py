@@ -101,9 +101,10 @@ class Imbalance:
     cost_share: float  # of the median step
     first_wait_s: float  # per step, the mean wait of the rank that arrived first for the one that arrived last
     last_shares: dict[int, float]  # per rank, the share of the measured steps it arrived last in
-    cause: str  # the category (RANK_CATEGORIES) the last rank spent most more time in than the first
+    cause: str  # the category (RANK_CATEGORIES) the last rank spent most more time in, or "unexplained"
     cause_gap_s: float  # that category's mean per step: the last rank's minus the first rank's
     cpu_gap_s: float | None  # the same for the CPU time of their threads (None: not known)
+    larger_input_share: float  # share of the steps whose last rank's forwards took more elements than the first's
 
 
 @dataclass(frozen=True)
@@ -245,11 +246,13 @@ def _imbalance(
     rows = {r.rank: _per_step(r, steps) for r in recordings}
     cpu = {r.rank: {c.step: c.cpu_s for c in r.communication} for r in recordings}
     waits, saved, gaps = [], [], {k: 0.0 for k in RANK_CATEGORIES if k != "communication"}
-    cpu_gaps, last = [], []
+    cpu_gaps, last, larger = [], [], 0
+    inputs = {r.rank: r.input_numel for r in recordings}
     for i, index in enumerate(steps):
         first = max(exposed, key=lambda rank: exposed[rank][i])
         late = min(exposed, key=lambda rank: exposed[rank][i])
         last.append(late)
+        larger += inputs[late].get(index, 0) > inputs[first].get(index, 0)
         waits.append(exposed[first][i] - exposed[late][i])
         # Evened out, a step takes the ranks' mean work instead of the most any rank got.
         saved.append(statistics.fmean(exposed[rank][i] - exposed[late][i] for rank in exposed))
@@ -264,14 +267,17 @@ def _imbalance(
     if first_wait / step_s < IMBALANCE_SHARE or max(shares.values()) >= CONSISTENT:
         return None
     cause = max(gaps, key=lambda k: gaps[k])
+    if gaps[cause] < 0.5 * first_wait:  # no phase of the late ranks holds the wait: step-to-step noise as well
+        cause = "unexplained"
     return Imbalance(
         cost_s=cost,
         cost_share=cost / step_s,
         first_wait_s=first_wait,
         last_shares=shares,
         cause=cause,
-        cause_gap_s=gaps[cause],
+        cause_gap_s=max(gaps.values()),
         cpu_gap_s=statistics.fmean(cpu_gaps) if len(cpu_gaps) == len(steps) else None,
+        larger_input_share=larger / len(steps),
     )
 
 

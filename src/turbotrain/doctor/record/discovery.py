@@ -15,6 +15,7 @@ forward with autograd on (``eval_grad``, charged as training if a backward follo
 from __future__ import annotations
 
 import sys
+from collections import defaultdict
 import threading
 import weakref
 from typing import TYPE_CHECKING, Any
@@ -61,6 +62,8 @@ class ModuleCalls:
         self._gpu_forward_open = False
         self._trained_ids: set[int] | None = None
         self._trained_cache: dict[int, bool] = {}
+        # Elements of the tensors each step's training forwards took: ranks given batches of other sizes.
+        self.input_numel: defaultdict[int, int] = defaultdict(int)
 
     # -- which modules -----------------------------------------------------------------------------
 
@@ -211,6 +214,7 @@ class ModuleCalls:
         if not opened.marks:
             opened.marks.append((at, rec.clock.timed_so_far()))
         opened.forwards += 1
+        self.input_numel[rec.steps.step_index] += _numel(args) + (_numel(tuple(kwargs.values())) if kwargs else 0)
         if rec.gpu and not self._gpu_forward_open:
             rec.gpu_mark("forward", True)
             self._gpu_forward_open = True
@@ -230,3 +234,16 @@ class ModuleCalls:
         tally = self.probe.tallies.tally("eval_forward", user_site(sys._getframe(2)))
         if tally is not None:
             tally.add(self.probe.steps.step_index)
+
+
+def _numel(args: tuple) -> int:
+    """Elements of the tensors among ``args`` and one level inside their lists, tuples and dicts."""
+    total = 0
+    for arg in args:
+        if isinstance(arg, torch.Tensor):
+            total += arg.numel()
+        elif isinstance(arg, (list, tuple)):
+            total += sum(a.numel() for a in arg if isinstance(a, torch.Tensor))
+        elif isinstance(arg, dict):
+            total += sum(a.numel() for a in arg.values() if isinstance(a, torch.Tensor))
+    return total

@@ -369,6 +369,7 @@ class Recorder:
             driver=self.driver.name,
             communication=self.gradient_sync.steps(),
             reducer=self.gradient_sync.reducer_stats(),
+            input_numel=dict(self.modules.input_numel),
         )
 
     def live_objects(self) -> LiveObjects:

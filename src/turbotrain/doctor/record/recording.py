@@ -112,6 +112,7 @@ class Recording:
     watched: WatchedRun | None = None
     communication: tuple[CommStep, ...] = ()  # DDP's gradient all-reduces per step (record/collectives.py)
     reducer: dict[str, float] = field(default_factory=dict)  # DDP's own reducer statistics, seconds
+    input_numel: dict[int, int] = field(default_factory=dict)  # per step: elements its training forwards took
     # Every rank's recording of a multi-process job (this one included), once the doctor gathered them.
     job: tuple[Recording, ...] = ()
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterator
 
-from ..analysis.ranks import RankAnalysis, analyse_ranks
+from ..analysis.ranks import CONSISTENT, RankAnalysis, analyse_ranks
 from ..findings import Finding, Fix
 from ..rank_change import RankChange
 from ..requests import JobRequest
@@ -132,15 +132,20 @@ def uneven_work(ctx: Context) -> Iterator[Finding]:
         return
     u = job.imbalance
     turns = ", ".join(f"rank {rank} in {share:.0%}" for rank, share in sorted(u.last_shares.items()))
+    why = (
+        ", and no phase of the last one explains it"
+        if u.cause == "unexplained"
+        else f", and the last one's {_CAUSE_WORDS.get(u.cause, u.cause).removeprefix('its ')} took "
+        f"{u.cause_gap_s * 1e3:.1f} ms more than the first one's, and its batch was the larger one in "
+        f"{u.larger_input_share:.0%} of the steps"
+    )
     finding = Finding(
         rule="uneven-work",
         message=(
             f"No single rank is late, yet every step waits for one: the rank that arrived first at the gradient "
             f"all-reduce waited {u.first_wait_s * 1e3:.1f} ms per step on average for the one that arrived last. "
-            f"The ranks were last in turns ({turns}), and the last one's "
-            f"{_CAUSE_WORDS.get(u.cause, u.cause).removeprefix('its ')} took {u.cause_gap_s * 1e3:.1f} ms more "
-            "than the first one's: the work differs from rank to rank, step by step. Evened out, each step would "
-            f"take the ranks' mean work: {u.cost_s * 1e3:.1f} ms ({u.cost_share:.0%} of the step) less."
+            f"The ranks were last in turns ({turns}){why}. Evened out, each step would take the ranks' mean "
+            f"work: {u.cost_s * 1e3:.1f} ms ({u.cost_share:.0%} of the step) less."
         ),
         fix=Fix(pytorch=_UNEVEN_FIXES.get(u.cause, _UNEVEN_FIXES["compute"])),
         category=u.cause,
@@ -151,21 +156,24 @@ def uneven_work(ctx: Context) -> Iterator[Finding]:
             "cause": u.cause,
             "cause_gap_ms": round(u.cause_gap_s * 1e3, 3),
             "cpu_gap_ms": round(u.cpu_gap_s * 1e3, 3) if u.cpu_gap_s is not None else None,
+            "larger_input_share": round(u.larger_input_share, 3),
         },
     )
     # The gain is read from the waiting, not timed with the work evened out.
     finding.set_gain(u.cost_share, measured=False)
-    # Only the threads' CPU time tells more work from a wait for a core (other processes, the hypervisor).
-    if u.cpu_gap_s is None or u.cpu_gap_s < 0.5 * u.cause_gap_s:
-        said = (
-            "The ranks' CPU time is not known"
-            if u.cpu_gap_s is None
-            else f"The last rank's thread used {u.cpu_gap_s * 1e3:+.1f} ms of CPU time against the first one's"
-        )
+    if u.cause == "unexplained":
         finding.cap(
             "low",
-            f"{said}, for {u.cause_gap_s * 1e3:.1f} ms more {u.cause}: a wait for a core explains the turns as "
-            "well as uneven work does.",
+            f"No phase of the late rank explains the turns (the largest, {u.cause_gap_s * 1e3:.1f} ms, is under half "
+            "the wait): step-to-step noise explains them as well.",
+        )
+    # Batches of other sizes are the evidence: ranks given the same sizes are late in turns from noise as well
+    # (a wait for a core, a slower step now and then), and more so on a loaded machine.
+    elif u.larger_input_share < CONSISTENT:
+        finding.cap(
+            "low",
+            f"The last rank's batch was the larger one in only {u.larger_input_share:.0%} of the steps: a wait for a "
+            "core or step-to-step noise explains the turns as well as uneven work does.",
         )
     yield finding
 
