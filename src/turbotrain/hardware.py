@@ -297,6 +297,13 @@ def other_busy_cores(before: LoadSample | None, after: LoadSample | None) -> flo
     return round(max(0.0, busy_cores(before.cpu_times, after.cpu_times, after.cpus) - own), 2)
 
 
+def own_busy_cores(before: LoadSample | None, after: LoadSample | None) -> float | None:
+    """Cores this process (and its counted children) kept busy between two samples; None when unknown."""
+    if before is None or after is None or after.at <= before.at:
+        return None
+    return (after.own_s - before.own_s) / (after.at - before.at)
+
+
 def other_load(window_s: float = 0.25, children_are_own: bool = True) -> float:
     """Cores that *other* processes kept busy over the next ``window_s`` seconds, on the CPUs this
     process may run on (:func:`other_busy_cores`); 0.0 where /proc is not readable. Blocks for ``window_s``."""

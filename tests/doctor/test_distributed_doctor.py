@@ -108,6 +108,17 @@ def test_wrapping_torchrun_prints_the_rank_table(slow_compute_rank1):
     assert "Ranks (2)" in proc.stdout and "Straggler: rank 1" in proc.stdout
 
 
+def test_the_bottleneck_line_says_how_much_of_the_compute_is_the_wait(slow_compute_rank1):
+    """Rank 1 computes more, so rank 0 (whose bar it is) waits at the all-reduce: that wait sits in its backward."""
+    proc, report = slow_compute_rank1
+    lead = min(report["ranks"], key=lambda r: r["rank"])
+    wait = lead["breakdown_ms"]["communication"] / lead["step_time_ms"]["median"]
+    assert report["bottleneck"] == "compute" and wait >= 0.05, (report["bottleneck"], lead)
+    line = " ".join(" ".join(proc.stdout[proc.stdout.index("Bottleneck:"):].split("\n")[:2]).split())
+    said = re.search(r"(\d+)% of it waiting for the gradient all-reduce", line)
+    assert said is not None and abs(int(said.group(1)) - 100 * wait) <= 1, line  # the JSON's ms are rounded
+
+
 def test_a_clean_job_has_no_straggler(clean):
     """No rank does more work; on a shared machine one rank may still wait for a CPU other processes hold,
     which is named as such and kept at ``low``."""

@@ -15,7 +15,7 @@ from typing import Any
 from torch import nn
 
 from ...data.stats import ReadStats
-from ...hardware import Hardware, detect
+from ...hardware import Hardware, detect, own_busy_cores
 from ...measure import run_means
 from ...speedups.model_info import ModelInfo, inspect_model
 from .breakdown import Breakdown, Overhead, compute_breakdown
@@ -252,6 +252,16 @@ def loader_round(loaders: list[LoaderRecord], steps: list[int]) -> int:
     return max((r.settings.get("num_workers") or 0 for r in loaders if r.nexts.total(wanted)[0]), default=0)
 
 
+def _siblings_load(recording: Recording) -> float:
+    """Cores the job's other ranks on this host kept busy over their measured steps."""
+    busy = [
+        own_busy_cores(r.load_start, r.load_end)
+        for r in recording.job
+        if r.rank != recording.rank and r.host == recording.host
+    ]
+    return sum(b for b in busy if b is not None)
+
+
 def build_context(
     recording: Recording, live: LiveObjects | None = None, script: str | None = None, device: str | None = None
 ) -> Context:
@@ -318,6 +328,7 @@ def build_context(
             loaders,
             load,
             recording.threads_seen,
+            _siblings_load(recording),
         ),
         recording=recording,
     )

@@ -36,14 +36,18 @@ def machine_facts(
     loaders: list[Any],
     load: tuple[LoadSample | None, LoadSample | None],
     threads: int | None = None,
+    job_load: float = 0.0,
 ) -> dict[str, Any]:
-    """What the report states about the machine (all keys optional in readers)."""
+    """What the report states about the machine (all keys optional in readers). ``job_load``: cores the job's
+    other ranks on this host kept busy, which are not other processes' load."""
     usable = hw.usable_cores
     workers = max((r.settings.get("num_workers", 0) for r in loaders), default=0)
     ordered = sorted(step_seconds)
     p10 = ordered[int(0.1 * (len(ordered) - 1))] if ordered else 0.0
     p90 = ordered[int(round(0.9 * (len(ordered) - 1)))] if ordered else 0.0
     others = other_busy_cores(*load)
+    if others is not None and job_load:
+        others = round(max(0.0, others - job_load), 2)
     facts: dict[str, Any] = {
         "usable_cores": usable,
         "host_cores": os.cpu_count(),

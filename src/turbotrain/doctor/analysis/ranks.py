@@ -30,6 +30,7 @@ __all__ = [
     "RankAnalysis",
     "analyse_ranks",
     "measured_steps",
+    "oversubscribed",
     "RANK_CATEGORIES",
     "STRAGGLER_SHARE",
 ]
@@ -134,6 +135,17 @@ class RankAnalysis:
     @property
     def step_s(self) -> float:
         return statistics.median(r.step_s for r in self.ranks)
+
+
+def oversubscribed(recording: Recording, usable_cores: int) -> tuple[list[int], int] | None:
+    """The intra-op threads of each rank on ``recording``'s host and the count per rank that fits its cores, when
+    together they run more threads than the host has cores and fewer per rank can help; else None."""
+    local = [r for r in recording.job if r.host == recording.host]
+    threads = [r.threads_seen or 1 for r in local]
+    fit = max(1, usable_cores // max(1, len(local)))
+    if len(local) < 2 or sum(threads) <= usable_cores or all(t <= fit for t in threads):
+        return None
+    return threads, fit
 
 
 def measured_steps(recording: Recording) -> dict[int, StepRecord]:

@@ -149,10 +149,12 @@ def render_html(report: Report) -> str:
     body += [f'<div class="msg">{esc(m)}</div>' for m in data["messages"]]
     if b is not None and b.steps:
         before, median, after = steps_text(report)
+        from .ranks import bottleneck_wait
+
         body.append(
             f"<p>{esc(before)}<b>{esc(median)}</b>{esc(after)}. Bottleneck: "
             f'<b id="bottleneck">{esc(CATEGORY_LABELS[b.bottleneck])}</b> '
-            f"({b.shares[b.bottleneck]:.0%} of step time).</p>"
+            f"({b.shares[b.bottleneck]:.0%} of step time{esc(bottleneck_wait(report))}).</p>"
         )
         segments = "".join(
             f'<div title="{esc(CATEGORY_LABELS[k])}" style="width:{b.shares[k] * 100:.2f}%;'

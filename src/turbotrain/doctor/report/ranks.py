@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import html
 import statistics
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.text import Text
@@ -16,6 +16,9 @@ from ..analysis.ranks import LaneStep, RankAnalysis, RankSummary
 from ..findings import speedup_from_share
 from .figures import png_uri
 from .palette import CATEGORY_LABELS, COLORS
+
+if TYPE_CHECKING:
+    from .model import Report
 
 __all__ = ["ranks_json", "print_ranks", "ranks_html", "lane_ranks", "TABLE_MAX_RANKS", "RANK_COLUMNS", "LANE_STEPS"]
 
@@ -173,6 +176,16 @@ def ranks_json(job: RankAnalysis, base: str | None = None) -> dict[str, Any]:
             "steps": len(job.steps),
         },
     }
+
+
+def bottleneck_wait(report: Report) -> str:
+    """On a job whose bar is compute-bound: how much of that compute is the lead rank's wait for the all-reduce."""
+    b, job = report.breakdown, report.ranks
+    if b is None or job is None or b.bottleneck != "compute" or not job.ranks:
+        return ""
+    lead = min(job.ranks, key=lambda r: r.rank)  # the bar is the lowest recorded rank's
+    wait = lead.median_s.get("communication", 0.0) / lead.step_s if lead.step_s > 0 else 0.0
+    return f", {wait:.0%} of it waiting for the gradient all-reduce" if wait >= 0.05 else ""
 
 
 def _cells(r: RankSummary) -> list[str]:

@@ -283,11 +283,13 @@ def print_report(report: Report, file: IO[str] | None = None, width: int | None 
     if b.interference_s >= 0.005 * (sum(b.seconds.values()) + b.interference_s):
         legend.append(Text(f"other processes {b.interference_s * 1e3:.1f} ms (not in the bar)"))
     _packed(console, legend, width)
+    from .ranks import bottleneck_wait
+
     console.print(
         Text.assemble(
             "Bottleneck: ",
             (CATEGORY_LABELS[b.bottleneck], f"bold {COLORS[b.bottleneck]}"),
-            f" ({b.shares[b.bottleneck]:.0%} of step time)",
+            f" ({b.shares[b.bottleneck]:.0%} of step time{bottleneck_wait(report)})",
         )
     )
     for entry in report.periodic:

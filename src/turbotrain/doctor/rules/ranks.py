@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterator
 
-from ..analysis.ranks import CONSISTENT, RankAnalysis, analyse_ranks
+from ..analysis.ranks import CONSISTENT, RankAnalysis, analyse_ranks, oversubscribed
 from ..findings import Finding, Fix
 from ..rank_change import RankChange
 from ..requests import JobRequest
@@ -67,6 +67,22 @@ def call_site(ctx: Context, name: str, keyword: str | None = None) -> Site | Non
     return None
 
 
+def _cap_if_oversubscribed(ctx: Context, finding: Finding) -> None:
+    """On cores the ranks oversubscribe, which rank is late is the scheduler's choice as much as the script's."""
+    recording = ctx.recording
+    if recording is None or ctx.on_gpu or not ctx.machine:
+        return
+    usable = ctx.machine.get("usable_cores") or 1
+    found = oversubscribed(recording, usable)
+    if found is not None:
+        finding.cap(
+            "low",
+            f"The ranks on {recording.host or 'this host'} run {sum(found[0])} threads on {usable} usable core(s) "
+            "(cpu-oversubscribed): which rank is late is the scheduler's choice as much as the script's. Fix the "
+            "threads first, then see which rank is still late.",
+        )
+
+
 def _job(ctx: Context) -> RankAnalysis | None:
     """Every rank side by side, on a job of two or more recorded ranks (else None)."""
     recording = ctx.recording
@@ -112,6 +128,7 @@ def straggler(ctx: Context) -> Iterator[Finding]:
             f"{s.compared_with} and waited {(s.contention_s or 0.0) * 1e3:+.1f} ms more for a core: the "
             "machine's load, not the script; it goes away on cores of its own.",
         )
+    _cap_if_oversubscribed(ctx, finding)
     yield finding
 
 
@@ -124,6 +141,12 @@ _UNEVEN_FIXES = {
 }
 
 
+_SAME_SIZE_FIX = (
+    "The batches had one size on every rank: give each rank cores of its own (nothing else on them, ranks x threads "
+    "per rank <= cores) and see whether the turns stay; if they do, look for work that differs with the data."
+)
+
+
 @rule("uneven-work", "runtime")
 def uneven_work(ctx: Context) -> Iterator[Finding]:
     """No rank is late every step, yet each step waits for whichever rank got more work."""
@@ -131,6 +154,7 @@ def uneven_work(ctx: Context) -> Iterator[Finding]:
     if job is None or job.imbalance is None:
         return
     u = job.imbalance
+    sized = u.larger_input_share >= CONSISTENT  # the late rank had the larger batch: the evidence of uneven work
     turns = ", ".join(f"rank {rank} in {share:.0%}" for rank, share in sorted(u.last_shares.items()))
     why = (
         ", and no phase of the last one explains it"
@@ -147,7 +171,7 @@ def uneven_work(ctx: Context) -> Iterator[Finding]:
             f"The ranks were last in turns ({turns}){why}. Evened out, each step would take the ranks' mean "
             f"work: {u.cost_s * 1e3:.1f} ms ({u.cost_share:.0%} of the step) less."
         ),
-        fix=Fix(pytorch=_UNEVEN_FIXES.get(u.cause, _UNEVEN_FIXES["compute"])),
+        fix=Fix(pytorch=_UNEVEN_FIXES.get(u.cause, _UNEVEN_FIXES["compute"]) if sized else _SAME_SIZE_FIX),
         category=u.cause,
         evidence={
             "cost_ms": round(u.cost_s * 1e3, 3),
@@ -169,12 +193,13 @@ def uneven_work(ctx: Context) -> Iterator[Finding]:
         )
     # Batches of other sizes are the evidence: ranks given the same sizes are late in turns from noise as well
     # (a wait for a core, a slower step now and then), and more so on a loaded machine.
-    elif u.larger_input_share < CONSISTENT:
+    elif not sized:
         finding.cap(
             "low",
             f"The last rank's batch was the larger one in only {u.larger_input_share:.0%} of the steps: a wait for a "
             "core or step-to-step noise explains the turns as well as uneven work does.",
         )
+    _cap_if_oversubscribed(ctx, finding)
     yield finding
 
 

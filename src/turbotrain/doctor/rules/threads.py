@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterator
 
+from ..analysis.ranks import oversubscribed
 from ...speedups.cpu_threads import fit_to_cores
 from ..findings import Finding, Fix, speedup_for_rule
 from .ranks import call_site, on_a_job
@@ -71,7 +72,8 @@ def threads_fix(threads: int, workers_now: int, workers: int) -> Fix:
         f"{call} at the top of the script (or {env} in its environment){loader}",
         plan={"intra_op_threads": threads, **({"num_workers": workers} if workers != workers_now else {})},
         lightning=f"{env} in the environment of the run (set, it overrides any count Lightning would pick){loader}",
-        fabric=f"{env} in the environment of `fabric run`, or {call} after fabric.launch(){loader}",
+        fabric=f"{env} in the environment of `fabric run`, or {call} after Fabric(...) (and its launch(), if the "
+        f"script calls it){loader}",
         accelerate=f"{env} in the environment, or {call} before accelerator.prepare{loader}",
         hf_trainer=f"{env} in the environment, or {call} before Trainer(...)"
         + (f", and TrainingArguments(dataloader_num_workers={workers})" if workers != workers_now else ""),
@@ -121,12 +123,11 @@ def ranks_oversubscribed(ctx: Context) -> Iterator[Finding]:
         return
     recording = ctx.recording
     assert recording is not None  # on_a_job
-    local = [r for r in recording.job if r.host == recording.host]
     usable = ctx.machine.get("usable_cores") or 1
-    threads = [r.threads_seen or 1 for r in local]
-    fit = max(1, usable // len(local))
-    if sum(threads) <= usable or all(t <= fit for t in threads):
+    found = oversubscribed(recording, usable)
+    if found is None:
         return  # they fit, or more ranks than cores: fewer threads cannot help
+    threads, fit = found
     fix = threads_fix(fit, 0, 0)
     # Every rank, not one process: the launcher's environment is the one place that reaches them all.
     fix.pytorch = (
@@ -139,12 +140,17 @@ def ranks_oversubscribed(ctx: Context) -> Iterator[Finding]:
         category="compute",
         speedup=speedup_for_rule("cpu-oversubscribed"),
         message=(
-            f"{len(local)} ranks on {recording.host or 'this host'} run {'+'.join(map(str, threads))} intra-op "
+            f"{len(threads)} ranks on {recording.host or 'this host'} run {'+'.join(map(str, threads))} intra-op "
             f"threads on {usable} usable core(s): each rank's parallel ops wait at a barrier for threads the "
             "other ranks' threads keep off a core."
         ),
         fix=fix,
-        evidence={"ranks_on_host": len(local), "threads": threads, "usable_cores": usable, "recommended_threads": fit},
+        evidence={
+            "ranks_on_host": len(threads),
+            "threads": threads,
+            "usable_cores": usable,
+            "recommended_threads": fit,
+        },
         request=JobRequest(RankChange(threads=fit)),
     )
     finding.provisional("medium")
