@@ -186,3 +186,37 @@ def test_fixes_beyond_the_budget_are_said_not_timed():
     timed, skipped = findings
     assert timed.what_if is not None and skipped.what_if is None
     assert "Not timed" in skipped.note and "--job-what-if-budget" in skipped.note
+
+
+def test_autocast_wraps_every_ddp_call_hooks_included(one_rank_group):
+    seen = []
+    patcher = apply_change(RankChange(autocast="bfloat16"))
+    try:
+        model = DistributedDataParallel(nn.Linear(8, 4))
+        model.register_forward_pre_hook(lambda *_: seen.append(torch.is_autocast_enabled("cpu")))
+        assert model(torch.randn(2, 8)).dtype == torch.bfloat16
+    finally:
+        patcher.restore()
+    assert model(torch.randn(2, 8)).dtype == torch.float32
+    assert seen == [True, False]  # the doctor's forward hook records what the fixed run trained with
+
+
+def test_mixed_precision_on_a_job_is_asked_of_every_rank():
+    """On a job the model is in the ranks, not the doctor: bf16 is timed as autocast on every rank, where this
+    CPU has bf16 at all (hardware facts, not speed)."""
+    import dataclasses
+
+    from doctor_helpers import rank_recording
+    from turbotrain.doctor.analysis.context import build_context
+    from turbotrain.doctor.requests import JobRequest
+    from turbotrain.doctor.rules import evaluate
+
+    recs = [rank_recording(r, [1.0] * 9, [2.0] * 9) for r in (0, 1)]
+    ctx = build_context(dataclasses.replace(recs[0], job=tuple(recs)))
+    found = evaluate(ctx, only=["no-mixed-precision"])
+    if not ctx.hw.bf16:
+        assert all(not isinstance(f.request, JobRequest) for f in found)
+        return
+    (finding,) = found
+    assert isinstance(finding.request, JobRequest) and finding.request.change == RankChange(autocast="bfloat16")
+    assert evaluate(build_context(recs[0]), only=["no-mixed-precision"]) == []  # one process, no model: nothing

@@ -21,12 +21,15 @@ class RankChange:
     threads: int | None = None  # torch's intra-op threads (and OMP_NUM_THREADS), whatever the script sets
     ddp: dict[str, Any] = field(default_factory=dict)  # keyword arguments forced on every DistributedDataParallel
     sync_every: int | None = None  # one gradient all-reduce per this many backward passes (no_sync on the others)
+    autocast: str | None = None  # "bfloat16": every DistributedDataParallel forward under torch.autocast
 
     def __post_init__(self) -> None:
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"RankChange.threads must be 1 or more, not {self.threads}")
         if self.sync_every is not None and self.sync_every < 2:
             raise ValueError(f"RankChange.sync_every must be 2 or more, not {self.sync_every}")
+        if self.autocast not in (None, "bfloat16", "float16"):
+            raise ValueError(f"RankChange.autocast must be 'bfloat16' or 'float16', not {self.autocast!r}")
 
     def describe(self) -> str:
         """``torch.set_num_threads(1)``, ``DistributedDataParallel(..., find_unused_parameters=False)``, ..."""
@@ -38,6 +41,8 @@ class RankChange:
             parts.append(f"DistributedDataParallel(..., {args})")
         if self.sync_every is not None:
             parts.append(f"no_sync() on {self.sync_every - 1} of every {self.sync_every} backward passes")
+        if self.autocast is not None:
+            parts.append(f"torch.autocast(dtype=torch.{self.autocast}) around the model's forward")
         return "; ".join(parts) or "no change"
 
     def to_dict(self) -> dict[str, Any]:

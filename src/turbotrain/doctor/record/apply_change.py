@@ -23,7 +23,7 @@ def apply_change(change: RankChange) -> Patcher:
     patcher = Patcher()
     if change.threads is not None:
         _force_threads(patcher, change.threads)
-    if change.ddp or change.sync_every is not None:
+    if change.ddp or change.sync_every is not None or change.autocast is not None:
         from torch.nn.parallel import DistributedDataParallel
 
         if change.ddp:
@@ -31,6 +31,9 @@ def apply_change(change: RankChange) -> Patcher:
         if change.sync_every is not None:
             every = change.sync_every
             patcher.replace(DistributedDataParallel, "forward", lambda forward: _syncing_every(forward, every))
+        if change.autocast is not None:
+            dtype = change.autocast
+            patcher.replace(DistributedDataParallel, "__call__", lambda call: _under_autocast(call, dtype))
     return patcher
 
 
@@ -68,6 +71,17 @@ def _syncing_every(forward: Callable[..., Any], every: int) -> Callable[..., Any
     return forward_
 
 
+def _under_autocast(call: Callable[..., Any], dtype: str) -> Callable[..., Any]:
+    def __call__(model: Any, *args: Any, **kwargs: Any) -> Any:
+        import torch
+
+        # Around the whole call, hooks included: the doctor's own forward hook sees autocast on, as the fix would.
+        with torch.autocast(getattr(model, "device_type", "cpu"), dtype=getattr(torch, dtype)):
+            return call(model, *args, **kwargs)
+
+    return __call__
+
+
 def observed(recordings: list[Recording]) -> dict[str, Any]:
     """What a timed run's ranks really trained with: threads, DDP's settings, all-reduces per step."""
     out: dict[str, Any] = {"ranks": len(recordings)}
@@ -79,6 +93,9 @@ def observed(recordings: list[Recording]) -> dict[str, Any]:
     )
     if unused:
         out["find_unused_parameters"] = unused
+    autocast = sorted({r.facts.autocast_dtype or "off" for r in recordings if r.facts is not None})
+    if autocast:
+        out["autocast"] = autocast
     passes = [c.passes for r in recordings for c in r.communication]
     if passes:
         out["synced_passes_per_step"] = round(sum(passes) / len(passes), 2)

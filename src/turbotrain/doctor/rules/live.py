@@ -12,7 +12,9 @@ from ...speedups.policy import call_text
 from ...speedups.registry import by_field
 from ..findings import Finding, Fix, lightning_call, speedup_for_rule
 from .registry import rule
-from ..requests import BatchRequest, PlanRequest
+from ..rank_change import RankChange
+from ..requests import BatchRequest, JobRequest, PlanRequest
+from .ranks import on_a_job
 from .nccl import check_nccl_env
 
 if TYPE_CHECKING:
@@ -68,7 +70,8 @@ def small_batch(ctx: Context) -> Iterator[Finding]:
 @rule("no-mixed-precision", "live")
 def no_mixed_precision(ctx: Context) -> Iterator[Finding]:
     facts = ctx.facts
-    if ctx.model is None or facts.autocast or "16" in facts.param_dtype:
+    job = on_a_job(ctx)  # the ranks' model is not in this process: the fix is timed on every rank
+    if (ctx.model is None and not job) or facts.autocast or "16" in facts.param_dtype:
         return
     precision = _precision_for(ctx.hw)
     if precision is None or ctx.share("compute") + ctx.share("python_overhead") < 0.25:
@@ -97,7 +100,7 @@ def no_mixed_precision(ctx: Context) -> Iterator[Finding]:
             fabric=call_text("Fabric", by_field("precision").export.lightning_flags(Plan(precision=precision))),
             hf_trainer=call_text("TrainingArguments", {"bf16" if precision == "bf16-mixed" else "fp16": True}),
         ),
-        request=None if float64 else PlanRequest({"precision": precision}),
+        request=None if float64 else _precision_request(precision, job),
     )
     if float64:
         f.provisional("low")
@@ -111,6 +114,13 @@ def no_mixed_precision(ctx: Context) -> Iterator[Finding]:
     f.provisional("medium" if ctx.on_gpu else "low")
     f.note = "Changes numerics slightly (bf16 keeps fp32's range); check the loss curve."
     yield f
+
+
+def _precision_request(precision: Precision, job: bool) -> PlanRequest | JobRequest | None:
+    if not job:
+        return PlanRequest({"precision": precision})
+    # bf16 only: float16 needs a GradScaler around the backward and the step, which a forward's wrapper is not.
+    return JobRequest(RankChange(autocast="bfloat16")) if precision == "bf16-mixed" else None
 
 
 @rule("zero-grad-not-none", "live")
