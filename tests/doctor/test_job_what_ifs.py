@@ -188,17 +188,23 @@ def test_fixes_beyond_the_budget_are_said_not_timed():
     assert "Not timed" in skipped.note and "--job-what-if-budget" in skipped.note
 
 
-def test_autocast_wraps_every_ddp_call_hooks_included(one_rank_group):
-    seen = []
+def test_autocast_wraps_every_ddp_call_and_counts_the_training_forwards(one_rank_group):
+    from turbotrain.doctor.record.apply_change import APPLIED
+
+    key, seen = "forwards under autocast bfloat16", []
+    before = APPLIED[key]
     patcher = apply_change(RankChange(autocast="bfloat16"))
     try:
         model = DistributedDataParallel(nn.Linear(8, 4))
         model.register_forward_pre_hook(lambda *_: seen.append(torch.is_autocast_enabled("cpu")))
         assert model(torch.randn(2, 8)).dtype == torch.bfloat16
+        with torch.no_grad():
+            model(torch.randn(2, 8))  # not a training forward: not counted
     finally:
         patcher.restore()
     assert model(torch.randn(2, 8)).dtype == torch.float32
-    assert seen == [True, False]  # the doctor's forward hook records what the fixed run trained with
+    assert seen == [True, True, False]
+    assert APPLIED[key] - before == 1  # what the rank's result reports: the fix ran
 
 
 def test_mixed_precision_on_a_job_is_asked_of_every_rank():

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import inspect
 import os
+from collections import Counter
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..rank_change import RankChange
@@ -15,7 +16,7 @@ from .patcher import Patcher
 if TYPE_CHECKING:
     from .recording import Recording
 
-__all__ = ["apply_change", "observed"]
+__all__ = ["APPLIED", "apply_change", "observed"]
 
 
 def apply_change(change: RankChange) -> Patcher:
@@ -71,20 +72,29 @@ def _syncing_every(forward: Callable[..., Any], every: int) -> Callable[..., Any
     return forward_
 
 
+# What this rank applied while it ran, for its result (record/rank_main.py): a fix that never ran shows.
+APPLIED: Counter[str] = Counter()
+
+
 def _under_autocast(call: Callable[..., Any], dtype: str) -> Callable[..., Any]:
     def __call__(model: Any, *args: Any, **kwargs: Any) -> Any:
         import torch
 
-        # Around the whole call, hooks included: the doctor's own forward hook sees autocast on, as the fix would.
+        if model.training and torch.is_grad_enabled():
+            APPLIED[f"forwards under autocast {dtype}"] += 1
         with torch.autocast(getattr(model, "device_type", "cpu"), dtype=getattr(torch, dtype)):
             return call(model, *args, **kwargs)
 
     return __call__
 
 
-def observed(recordings: list[Recording]) -> dict[str, Any]:
-    """What a timed run's ranks really trained with: threads, DDP's settings, all-reduces per step."""
+def observed(recordings: list[Recording], applied: list[dict[str, int]] | None = None) -> dict[str, Any]:
+    """What a timed run's ranks really trained with: threads, DDP's settings, all-reduces per step, and (from each
+    rank's ``APPLIED``) the forwards a wrapper changed."""
     out: dict[str, Any] = {"ranks": len(recordings)}
+    for counts in applied or ():
+        for key, n in counts.items():
+            out[key] = out.get(key, 0) + n
     threads = sorted({r.threads_seen for r in recordings if r.threads_seen is not None})
     if threads:
         out["threads"] = threads
@@ -93,9 +103,6 @@ def observed(recordings: list[Recording]) -> dict[str, Any]:
     )
     if unused:
         out["find_unused_parameters"] = unused
-    autocast = sorted({r.facts.autocast_dtype or "off" for r in recordings if r.facts is not None})
-    if autocast:
-        out["autocast"] = autocast
     passes = [c.passes for r in recordings for c in r.communication]
     if passes:
         out["synced_passes_per_step"] = round(sum(passes) / len(passes), 2)

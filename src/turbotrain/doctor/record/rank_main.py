@@ -132,6 +132,10 @@ def run_rank(folder: str, rank: int, script: str, argv: list[str]) -> int:
         outcome.update(
             status="error", error=f"the doctor could not write this rank's recording: {type(exc).__name__}: {exc}"
         )
+    if options.get("change"):
+        from .apply_change import APPLIED
+
+        outcome["applied"] = dict(APPLIED)
     result = {
         "rank": rank,
         "pid": os.getpid(),

@@ -102,7 +102,7 @@ def time_on_the_job(timing: JobTiming, findings: list[Finding]) -> None:
                 failed[id(f)] = run.failure or "a rank sent no recording"
                 continue
             times[id(f)].append((base, step))
-            seen[id(f)] = observed(run.recordings)
+            seen[id(f)] = observed(run.recordings, [r.run.get("applied", {}) for r in run.ranks if r.run])
     for f in asked:
         _conclude(f, times[id(f)], seen.get(id(f), {}), failed.get(id(f)), timing.noise_floor)
 
