@@ -30,9 +30,9 @@ from turbotrain.doctor.whatif.job import JobTiming, time_on_the_job
 def habits(tmp_path_factory):
     """Every rank: threads sized to all cores, find_unused_parameters=True, 4 micro-batches without no_sync."""
     tmp = tmp_path_factory.mktemp("habits")
-    # The budget times all three fixes in two rounds while one run of this job takes up to 15 s (it fits
-    # (budget / (2 rounds x a run)) - 1 fixes); about 5 s on a 2-core Xeon.
-    proc, report = doctor_job(tmp, "--what-if-budget", "20", "--job-what-if-budget", "120", "--nproc-per-node", "2",
+    # The budget times all three fixes, and bf16 autocast where the CPU has bf16, in two rounds while one run
+    # of this job takes up to 15 s (it fits (budget / (2 rounds x a run)) - 1 fixes); about 5 s on a 2-core Xeon.
+    proc, report = doctor_job(tmp, "--what-if-budget", "20", "--job-what-if-budget", "150", "--nproc-per-node", "2",
                           str(SCRIPTS / "ddp_habits.py"), "--threads-all", "--find-unused", "--accumulate", "4",
                           what_if=True)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
