@@ -57,3 +57,23 @@ def two_network_nodes() -> Iterator[list[tuple[str, str, str]]]:
     finally:
         for ns in nodes:  # deleting a namespace deletes its end of the veth pair, and so the pair
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+
+def run_on_nodes(nodes: list[tuple[str, str, str]], commands: list[list[str]], env: dict[str, str],
+                 cwd: str | os.PathLike, timeout: float) -> list[str]:
+    """Run ``commands[n]`` in ``nodes[n]``'s namespace, all at once; their outputs. Fails the test, killing them
+    all, when one does not finish within ``timeout`` seconds; and when one exits with an error."""
+    procs = [subprocess.Popen(["ip", "netns", "exec", ns, *cmd], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for (ns, _, _), cmd in zip(nodes, commands)]
+    outputs = []
+    for proc in procs:
+        try:
+            outputs.append(proc.communicate(timeout=timeout)[0])
+        except subprocess.TimeoutExpired:
+            for p in procs:
+                p.kill()
+            pytest.fail(f"the nodes did not finish within {timeout:.0f} s:\n"
+                        + "\n".join(p.communicate()[0] for p in procs))
+    assert [p.returncode for p in procs] == [0] * len(procs), "\n\n".join(o[-4000:] for o in outputs)
+    return outputs

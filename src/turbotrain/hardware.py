@@ -292,8 +292,7 @@ def other_busy_cores(before: LoadSample | None, after: LoadSample | None) -> flo
     own (a child that started or ended in between counts approximately). None when unknown."""
     if before is None or after is None or after.cpu_times[1] <= before.cpu_times[1]:
         return None
-    wall = after.at - before.at
-    own = (after.own_s - before.own_s) / wall if wall > 0 else 0.0
+    own = own_busy_cores(before, after) or 0.0
     return round(max(0.0, busy_cores(before.cpu_times, after.cpu_times, after.cpus) - own), 2)
 
 

@@ -52,7 +52,7 @@ def share_result(folder: str, rank: int, result: dict[str, Any]) -> str | None:
     world, nodes = int(env.get("WORLD_SIZE", "1")), int(env.get("GROUP_WORLD_SIZE", "1"))
     try:
         store = _store()
-        store.set(f"{key}/rank-{rank}", json.dumps({**result, "node": env.get("GROUP_RANK")}))
+        store.set(f"{key}/rank-{rank}", json.dumps(result))
         if env.get("LOCAL_RANK") != "0":
             return None
         others = [r for r in range(world) if r != rank]

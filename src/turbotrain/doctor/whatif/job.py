@@ -24,6 +24,7 @@ from .common import apply_ratio
 
 if TYPE_CHECKING:
     from ..findings import Finding
+    from ..record.recording import Recording
 
 __all__ = ["JobTiming", "time_on_the_job", "job_step_s", "job_steps_ms", "job_runner"]
 
@@ -32,10 +33,16 @@ MAX_ROUNDS = 3
 STEPS, WARMUP = 12, 3  # per timed run: enough steps for a median; no profiler window
 
 
+def _every_rank(job: JobRun) -> list[Recording]:
+    """Every rank's recording; none when the job failed or a rank sent nothing."""
+    recordings = job.recordings
+    return recordings if job.failure is None and recordings and len(recordings) == len(job.ranks) else []
+
+
 def job_step_s(job: JobRun) -> float | None:
     """The job's step time: its slowest rank's median measured step (None when a rank sent nothing)."""
-    recordings = job.recordings
-    if job.failure is not None or not recordings or len(recordings) < len(job.ranks):
+    recordings = _every_rank(job)
+    if not recordings:
         return None
     analysis = analyse_ranks(recordings)
     if analysis is None:
@@ -46,10 +53,9 @@ def job_step_s(job: JobRun) -> float | None:
 def job_steps_ms(job: JobRun) -> list[float]:
     """Each measured step of the job, in ms: the slowest rank's, step by step (every rank's step ends at the
     same all-reduce). Empty when a rank sent nothing."""
-    recordings = job.recordings
-    if job.failure is not None or not recordings or len(recordings) < len(job.ranks):
+    per_rank = [measured_steps(r) for r in _every_rank(job)]
+    if not per_rank:
         return []
-    per_rank = [measured_steps(r) for r in recordings]
     common = sorted(set.intersection(*(set(steps) for steps in per_rank)))
     return [max(steps[i].duration for steps in per_rank) * 1e3 for i in common]
 
