@@ -52,6 +52,7 @@ PAIRS = (
     Pair("threads", "cpu-oversubscribed", ("--threads-all",)),
     Pair("accumulation", "accumulation-syncs", ("--accumulate", "4"), ("--accumulate", "4", "--no-sync")),
     Pair("find_unused", "ddp-find-unused-parameters", ("--find-unused",)),
+    Pair("default_buckets", "ddp-bucket-settings", (), ("--bucket-settings",)),
     Pair("rank0_checkpoint", "straggler", ("--rank0-save",)),
     Pair("slow_data_rank1", "straggler", ("--slow-data-rank", "1")),
 )

@@ -3,7 +3,9 @@
 Slow habits: ``--threads-all`` (every rank sizes torch's threads to all cores), ``--find-unused``
 (find_unused_parameters=True with every parameter used), ``--accumulate K`` without ``--no-sync`` (each
 micro-batch's backward all-reduced), ``--rank0-save`` (rank 0 saves a checkpoint every step while the others
-wait at the next all-reduce), ``--slow-data-rank R`` (rank R waits 15 ms for every batch).
+wait at the next all-reduce), ``--slow-data-rank R`` (rank R waits 15 ms for every batch), and DDP's default
+buckets (fixed by ``--bucket-settings``: gradient_as_bucket_view=True; the model's 6 tensors keep 2 buckets
+at any bucket size).
 
 Rank 0 times the loop itself: every step after ``--warmup`` with time.perf_counter, and prints
 ``STEP_MS <median ms per optimizer step>`` (every rank ends a step at the same all-reduce, so rank 0's step
@@ -26,6 +28,7 @@ parser.add_argument("--steps", type=int, default=60)
 parser.add_argument("--warmup", type=int, default=5)
 parser.add_argument("--threads-all", action="store_true")
 parser.add_argument("--find-unused", action="store_true")
+parser.add_argument("--bucket-settings", action="store_true")  # the fixed twin of DDP's default buckets
 parser.add_argument("--accumulate", type=int, default=1)
 parser.add_argument("--no-sync", action="store_true")
 parser.add_argument("--rank0-save", action="store_true")
@@ -37,7 +40,8 @@ dist.init_process_group("gloo")
 rank = dist.get_rank()
 torch.manual_seed(0)
 net = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 1))
-model = DistributedDataParallel(net, find_unused_parameters=args.find_unused)
+buckets = dict(gradient_as_bucket_view=True) if args.bucket_settings else {}
+model = DistributedDataParallel(net, find_unused_parameters=args.find_unused, **buckets)
 opt = torch.optim.Adam(model.parameters(), lr=1e-3)
 data = [(torch.randn(64, 256), torch.randn(64, 1)) for _ in range(16)]
 folder = tempfile.mkdtemp()

@@ -186,6 +186,19 @@ def test_a_per_step_save_goes_under_the_loop_counter():
         edit("while True:\n    torch.save(m, 'p')  # here\n", "save_every", every=25)
 
 
+def test_a_save_only_rank_0_does_keeps_its_rank_test_and_gets_the_cadence_inside():
+    source = """
+        for step in range(steps):
+            train(step)
+            if rank == 0:
+                torch.save(model.state_dict(), "last.pt")  # here
+    """
+    new = edit(source, "save_every", every=13)
+    assert "    if rank == 0:\n        if (step + 1) % 13 == 0:\n            torch.save(" in new, new
+    with pytest.raises(ByHand, match="already under a condition"):
+        edit(source.replace("rank == 0", "step % 10 == 0"), "save_every", every=13)
+
+
 ATTENTION = """
     import math
     import torch

@@ -30,9 +30,10 @@ from turbotrain.doctor.whatif.job import JobTiming, time_on_the_job
 def habits(tmp_path_factory):
     """Every rank: threads sized to all cores, find_unused_parameters=True, 4 micro-batches without no_sync."""
     tmp = tmp_path_factory.mktemp("habits")
-    # The budget times all three fixes, and bf16 autocast where the CPU has bf16, in two rounds while one run
-    # of this job takes up to 15 s (it fits (budget / (2 rounds x a run)) - 1 fixes); about 5 s on a 2-core Xeon.
-    proc, report = doctor_job(tmp, "--what-if-budget", "20", "--job-what-if-budget", "150", "--nproc-per-node", "2",
+    # The budget times all three fixes, DDP's bucket settings, and bf16 autocast where the CPU has bf16, in two
+    # rounds while one run of this job takes up to 15 s (it fits (budget / (2 rounds x a run)) - 1 fixes); about
+    # 5 s on a 2-core Xeon.
+    proc, report = doctor_job(tmp, "--what-if-budget", "20", "--job-what-if-budget", "180", "--nproc-per-node", "2",
                           str(SCRIPTS / "ddp_habits.py"), "--threads-all", "--find-unused", "--accumulate", "4",
                           what_if=True)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -141,7 +142,26 @@ def test_forced_threads_outlast_the_scripts_own_call():
     torch.set_num_threads(before)
 
 
-@pytest.mark.parametrize("bad", [dict(threads=0), dict(sync_every=1)])
+def test_rarer_saves_write_one_call_in_every_n_from_the_named_line_only(tmp_path):
+    def save_here(i):
+        torch.save({"i": i}, tmp_path / f"here-{i}.pt")  # the line the change names
+
+    line = save_here.__code__.co_firstlineno + 1
+    patcher = apply_change(RankChange(save_every=3, save_at=f"{__file__}:{line}"))
+    try:
+        for i in range(7):
+            save_here(i)
+            torch.save({"i": i}, tmp_path / f"other-{i}.pt")
+    finally:
+        patcher.restore()
+    # The third and sixth calls write, as ``if (step + 1) % 3 == 0:`` around the save would; other lines all do.
+    assert sorted(p.name for p in tmp_path.glob("here-*")) == ["here-2.pt", "here-5.pt"]
+    assert len(list(tmp_path.glob("other-*"))) == 7
+    torch.save({}, tmp_path / "after.pt")  # restored: every call writes again
+    assert (tmp_path / "after.pt").exists()
+
+
+@pytest.mark.parametrize("bad", [dict(threads=0), dict(sync_every=1), dict(save_every=1)])
 def test_a_change_that_cannot_be_applied_is_refused(bad):
     with pytest.raises(ValueError, match=next(iter(bad))):
         RankChange(**bad)

@@ -8,6 +8,7 @@ the fix, in lockstep, exactly as the user would after making it. Plain data: a r
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -22,12 +23,16 @@ class RankChange:
     ddp: dict[str, Any] = field(default_factory=dict)  # keyword arguments forced on every DistributedDataParallel
     sync_every: int | None = None  # one gradient all-reduce per this many backward passes (no_sync on the others)
     autocast: str | None = None  # "bfloat16": every DistributedDataParallel forward under torch.autocast
+    save_every: int | None = None  # torch.save writes on one call in this many (the others return at once)
+    save_at: str | None = None  # "file:line": only the torch.save calls from this user line (None: every call)
 
     def __post_init__(self) -> None:
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"RankChange.threads must be 1 or more, not {self.threads}")
         if self.sync_every is not None and self.sync_every < 2:
             raise ValueError(f"RankChange.sync_every must be 2 or more, not {self.sync_every}")
+        if self.save_every is not None and self.save_every < 2:
+            raise ValueError(f"RankChange.save_every must be 2 or more, not {self.save_every}")
         if self.autocast not in (None, "bfloat16", "float16"):
             raise ValueError(f"RankChange.autocast must be 'bfloat16' or 'float16', not {self.autocast!r}")
 
@@ -43,6 +48,9 @@ class RankChange:
             parts.append(f"no_sync() on {self.sync_every - 1} of every {self.sync_every} backward passes")
         if self.autocast is not None:
             parts.append(f"torch.autocast(dtype=torch.{self.autocast}) around the model's forward")
+        if self.save_every is not None:
+            where = f" at {os.path.basename(self.save_at)}" if self.save_at else ""
+            parts.append(f"torch.save{where} on one call in {self.save_every}")
         return "; ".join(parts) or "no change"
 
     def to_dict(self) -> dict[str, Any]:

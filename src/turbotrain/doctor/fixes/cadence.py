@@ -110,7 +110,8 @@ def save_every(source: Source, req: EditRequest) -> str:
     statement = source.statement(call)
     loop = None
     for node in source.ancestors(statement):
-        if isinstance(node, cst.If):
+        # A condition that is not a cadence (``if rank == 0:``) keeps the save; the cadence goes inside it.
+        if isinstance(node, cst.If) and _divisors(source, node.test):
             raise ByHand(f"{req.where}: the save is already under a condition; make it rarer there")
         if isinstance(node, (cst.For, cst.While, cst.FunctionDef)):
             loop = node

@@ -12,42 +12,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
-
 import torch
 
 from ..analysis.context import loader_round
 from ..analysis.machine import others_share
+from ..record.loss_tap import LossTap
 from ..record.recorder import Recorder
 from ..record.runner import run_script
 
-__all__ = ["main", "LossTap"]
-
-
-class LossTap:
-    """Keeps every scalar that ``torch.autograd.backward`` is called on (``loss.backward()`` goes through it)."""
-
-    def __init__(self) -> None:
-        self.losses: list[torch.Tensor] = []
-        self._original: Any = None
-
-    def __enter__(self) -> "LossTap":
-        self._original = original = torch.autograd.backward
-        kept = self.losses
-
-        def backward(tensors, *args, **kwargs):
-            if isinstance(tensors, torch.Tensor) and tensors.numel() == 1:
-                kept.append(tensors.detach().clone())
-            return original(tensors, *args, **kwargs)
-
-        torch.autograd.backward = backward
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        torch.autograd.backward = self._original
-
-    def values(self) -> list[float]:
-        return [float(t.float().item()) for t in self.losses]
+__all__ = ["main"]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -169,7 +169,8 @@ def _autocast(ctx: Context, f: Finding) -> dict[str, Any]:
 
 
 def _rank_change(ctx: Context, f: Finding) -> dict[str, Any]:
-    """A job's fix timed on every rank, as the edit of the line it names: DDP's keywords or the thread count."""
+    """A job's fix timed on every rank, as the edit of the line it names: DDP's keywords, the thread count or
+    the checkpoint's cadence."""
     change = f.request.change if isinstance(f.request, JobRequest) else None
     if change is None:
         raise ByHand(f.fix.pytorch)
@@ -179,6 +180,12 @@ def _rank_change(ctx: Context, f: Finding) -> dict[str, Any]:
             "kind": "ddp",
             "params": {"keywords": dict(change.ddp)},
             "label": f"DistributedDataParallel(..., {keywords})",
+        }
+    if change.save_every is not None:
+        return {
+            "kind": "save_every",
+            "params": {"every": change.save_every},
+            "label": f"torch.save every {change.save_every} steps (was every step)",
         }
     if change.threads is not None:
         return {
@@ -204,7 +211,9 @@ _PLANNERS: dict[str, Callable[[Context, Finding], dict[str, Any]]] = {
     "manual-attention": _attention,
     "no-mixed-precision": _autocast,
     "ddp-find-unused-parameters": _rank_change,
+    "ddp-bucket-settings": _rank_change,
     "cpu-oversubscribed": _rank_change,
+    "straggler": _rank_change,
 }
 FIXABLE_RULES = frozenset(_PLANNERS)
 

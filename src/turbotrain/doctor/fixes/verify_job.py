@@ -2,7 +2,7 @@
 launcher with every rank recorded, interleaved in rounds like a single script's (:mod:`.verify`).
 
 A run's steps are the job's: each measured step's time is its slowest rank's (every rank ends the step at the
-same all-reduce). Losses are not compared yet: the ranks record no losses.
+same all-reduce). Its losses are every rank's, step by step (rank 0's, rank 1's, ... of each step).
 """
 
 from __future__ import annotations
@@ -11,8 +11,7 @@ import os
 import time
 from pathlib import Path
 
-from ..record.job import run_job
-from ..report.fix_results import Verification
+from ..record.job import RankOutcome, run_job
 from ..whatif.job import job_steps_ms
 from .verify import Verifier, VerifyOptions, TimedRun
 
@@ -40,6 +39,7 @@ class JobVerifier(Verifier):
             profile=0,
             hang_timeout_s=self.hang_timeout_s,
             cwd=self._cwd(folder),
+            losses=True,
         )
         wall = time.perf_counter() - started
         self.run_s = max(self.run_s, wall)
@@ -48,16 +48,11 @@ class JobVerifier(Verifier):
         step_ms = job_steps_ms(job)
         if not step_ms:
             return TimedRun(error="no step was measured on every rank", wall_s=wall)
-        return TimedRun(step_ms, [], wall_s=wall)
+        return TimedRun(step_ms, _losses(job.ranks), wall_s=wall)
 
-    def compare(self, folder: Path, steps: int, numerics: str, periodic: bool = False) -> Verification:
-        result = super().compare(folder, steps, numerics, periodic)
-        if result.loss_match is not None:
-            result.loss_match = {
-                "compared": 0,
-                "expected": "none",
-                "match": None,
-                "max_rel_diff": None,
-                "note": "the ranks of a job record no losses yet",
-            }
-        return result
+
+def _losses(ranks: list[RankOutcome]) -> list[float]:
+    """Every rank's losses interleaved step by step, over the steps every rank took."""
+    ordered = sorted(ranks, key=lambda r: r.rank)
+    per_rank = [[float.fromhex(v) for v in (r.run or {}).get("losses", [])] for r in ordered]
+    return [loss for step in zip(*per_rank) for loss in step]

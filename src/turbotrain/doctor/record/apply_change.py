@@ -5,8 +5,10 @@ what-if whose fix did not take (a script that overrides it) says so.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
+import sys
 from collections import Counter
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -24,6 +26,8 @@ def apply_change(change: RankChange) -> Patcher:
     patcher = Patcher()
     if change.threads is not None:
         _force_threads(patcher, change.threads)
+    if change.save_every is not None:
+        _thin_saves(patcher, change.save_every, change.save_at)
     if change.ddp or change.sync_every is not None or change.autocast is not None:
         from torch.nn.parallel import DistributedDataParallel
 
@@ -76,6 +80,34 @@ def _syncing_every(forward: Callable[..., Any], every: int) -> Callable[..., Any
 APPLIED: Counter[str] = Counter()
 
 
+def _thin_saves(patcher: Patcher, every: int, at: str | None) -> None:
+    """torch.save writes on the last call of every ``every`` (from the line ``at``), as ``if (step + 1) % every ==
+    0:`` around it would; the others return without serializing."""
+    import torch
+
+    from ..sites import user_site
+
+    def thinned(save: Callable[..., Any]) -> Callable[..., Any]:
+        calls: Counter[str] = Counter()
+
+        @functools.wraps(save)
+        def save_(*args: Any, **kwargs: Any) -> Any:
+            site = user_site(sys._getframe(1))
+            where = f"{site.file}:{site.line}" if site is not None else "?"
+            if at is not None and where != at:
+                return save(*args, **kwargs)
+            calls[where] += 1
+            if calls[where] % every:
+                APPLIED["torch.save calls skipped"] += 1
+                return None
+            APPLIED["torch.save calls written"] += 1
+            return save(*args, **kwargs)
+
+        return save_
+
+    patcher.replace(torch, "save", thinned)
+
+
 def _under_autocast(call: Callable[..., Any], dtype: str) -> Callable[..., Any]:
     def __call__(model: Any, *args: Any, **kwargs: Any) -> Any:
         import torch
@@ -89,8 +121,8 @@ def _under_autocast(call: Callable[..., Any], dtype: str) -> Callable[..., Any]:
 
 
 def observed(recordings: list[Recording], applied: list[dict[str, int]] | None = None) -> dict[str, Any]:
-    """What a timed run's ranks really trained with: threads, DDP's settings, all-reduces per step, and (from each
-    rank's ``APPLIED``) the forwards a wrapper changed."""
+    """What a timed run's ranks really trained with: threads, DDP's settings and buckets, all-reduces per step, and
+    (from each rank's ``APPLIED``) what a wrapper changed."""
     out: dict[str, Any] = {"ranks": len(recordings)}
     for counts in applied or ():
         for key, n in counts.items():
@@ -103,6 +135,10 @@ def observed(recordings: list[Recording], applied: list[dict[str, int]] | None =
     )
     if unused:
         out["find_unused_parameters"] = unused
+    for key, kind in (("gradient_as_bucket_view", bool), ("buckets", int)):
+        values = sorted({kind(r.reducer[key]) for r in recordings if key in r.reducer})
+        if values:
+            out[key] = values
     passes = [c.passes for r in recordings for c in r.communication]
     if passes:
         out["synced_passes_per_step"] = round(sum(passes) / len(passes), 2)

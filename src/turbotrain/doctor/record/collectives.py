@@ -189,9 +189,14 @@ class GradientSync:
                 "find_unused_parameters",
                 "unused_parameter_size",
                 "gradient_as_bucket_view",
+                "total_parameter_size_bytes",
+                "num_parameter_tensors",
             ):
                 if isinstance(data.get(key), (int, bool)):
                     out[key] = float(data[key])
+            sizes = data.get("rebuilt_bucket_sizes") or data.get("bucket_sizes")
+            if isinstance(sizes, str) and sizes.strip():
+                out["buckets"] = float(len(sizes.split(",")))  # "4198400, 1052672": bytes of each bucket
             return out
         return {}
 

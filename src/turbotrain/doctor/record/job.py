@@ -93,9 +93,11 @@ def run_job(
     poll_s: float = 0.2,
     change: RankChange | None = None,
     cwd: str | os.PathLike | None = None,
+    losses: bool = False,
 ) -> JobRun:
     """Run ``command`` (a launcher and its arguments) with every rank recorded; always leaves no process.
-    ``change``: a fix every rank applies before its script starts (the job what-ifs)."""
+    ``change``: a fix every rank applies before its script starts (the job what-ifs); ``losses``: each rank's
+    result carries the losses its backward passes took (``run["losses"]``, float.hex)."""
     folder = Path(tempfile.mkdtemp(prefix="turbotrain-doctor-job-"))
     env = dict(os.environ)
     env.pop(ENV_CLAIMED, None)
@@ -106,6 +108,8 @@ def run_job(
     options: dict[str, Any] = {"steps": steps, "warmup": warmup, "profile": profile}
     if change is not None:
         options["change"] = change.to_dict()
+    if losses:
+        options["losses"] = True
     env[ENV_OPTIONS] = json.dumps(options)
     site = folder / "site"
     site.mkdir()

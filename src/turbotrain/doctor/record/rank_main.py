@@ -15,6 +15,7 @@ record nothing, unless they were given another rank number: those are the ranks 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -94,6 +95,7 @@ def from_site() -> None:
 
 def run_rank(folder: str, rank: int, script: str, argv: list[str]) -> int:
     """Run ``script`` under the recorder; write ``rank-N.result.json``; the exit code the launcher should see."""
+    from .loss_tap import LossTap
     from .recorder import Recorder
     from .recording import to_json
     from .runner import run_script
@@ -114,7 +116,9 @@ def run_rank(folder: str, rank: int, script: str, argv: list[str]) -> int:
     recorder.schedule.extends_for_period = False
     heartbeat = Heartbeat(folder, rank, recorder)
     heartbeat.start()
-    run = run_script(script, argv, recorder)
+    tap = LossTap()
+    with tap if options.get("losses") else contextlib.nullcontext():
+        run = run_script(script, argv, recorder)
     heartbeat.stop("failed" if run.failed else "done")
     site = run.error_site
     outcome = {
@@ -132,6 +136,8 @@ def run_rank(folder: str, rank: int, script: str, argv: list[str]) -> int:
         outcome.update(
             status="error", error=f"the doctor could not write this rank's recording: {type(exc).__name__}: {exc}"
         )
+    if options.get("losses"):  # doctor --verify compares them between the original and the patch
+        outcome["losses"] = [v.hex() for v in tap.values()]
     if options.get("change"):
         from .apply_change import APPLIED
 

@@ -65,8 +65,9 @@ def evaluate(ctx: Context, only: Iterable[str] | None = None) -> list[Finding]:
         except Exception as exc:  # noqa: BLE001 - one broken rule must not cost the whole report
             log.warning("turbotrain doctor: rule %s failed: %s: %s", rule_id, type(exc).__name__, exc)
     from .attribution import explained
+    from .ranks import absorbed_by_straggler
 
-    findings = order(explained(_merge([f for f in found if _confirmed(ctx, f)])))
+    findings = order(absorbed_by_straggler(explained(_merge([f for f in found if _confirmed(ctx, f)]))))
     framework = ctx.recording.driver if ctx.recording is not None and ctx.recording.driver else "pytorch"
     for f in findings:  # each fix is shown in the framework whose loop ran (record/drivers.py)
         f.fix.framework = framework

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
+from ..analysis.periodic import suggested_every
 from ..analysis.ranks import CONSISTENT, RankAnalysis, analyse_ranks, oversubscribed
 from ..findings import Finding, Fix
 from ..rank_change import RankChange
@@ -19,8 +20,10 @@ __all__ = [
     "uneven_work",
     "exposed_gradient_sync",
     "ddp_find_unused_parameters",
+    "ddp_bucket_settings",
     "on_a_job",
     "call_site",
+    "absorbed_by_straggler",
 ]
 
 _CAUSE_WORDS = {
@@ -129,7 +132,50 @@ def straggler(ctx: Context) -> Iterator[Finding]:
             "machine's load, not the script; it goes away on cores of its own.",
         )
     _cap_if_oversubscribed(ctx, finding)
+    if s.cause == "outside_step":
+        _time_rarer_saves(ctx, job, finding)
     yield finding
+
+
+def _time_rarer_saves(ctx: Context, job: RankAnalysis, finding: Finding) -> None:
+    """A straggler late from its own torch.save at one line: time the save every N steps on every rank, N the
+    cadence at which the save costs under 5% of the step."""
+    s, jobs = job.straggler, ctx.recording.job if ctx.recording is not None else ()
+    recording = next((r for r in jobs if s is not None and r.rank == s.rank), None)
+    if s is None or s.site is None or recording is None:
+        return
+    count, seconds, _ = next(
+        (e.total(job.steps) for e in recording.events if e.kind == "save" and e.site == s.site), (0, 0.0, 0)
+    )
+    if count != len(job.steps):  # one save per step: the edit's ``if (step + 1) % N == 0:`` fits it
+        return
+    per_save = seconds / count
+    step = max(r.step_s for r in job.ranks)
+    every = max(2, suggested_every(per_save, max(step - per_save, 1e-6), 1))
+    finding.evidence["save_every"] = every
+    finding.request = JobRequest(RankChange(save_every=every, save_at=f"{s.site.file}:{s.site.line}"))
+    finding.fix = Fix(
+        pytorch=f"Save rank {s.rank}'s checkpoint every {every} steps, not every step (`if (step + 1) % {every} == "
+        "0:` around torch.save), or write it from a background thread after copying the state to CPU: the "
+        "others wait for it at the next all-reduce."
+    )
+
+
+def absorbed_by_straggler(findings: list[Finding]) -> list[Finding]:
+    """The straggler's finding absorbs another rule's about the same line and phase (rank 0's ``save-in-loop``
+    at the line that makes it late): one finding per cause, the one that says who waits for it."""
+    stragglers = [f for f in findings if f.rule == "straggler" and f.site is not None]
+    out = []
+    for f in findings:
+        by = next((s for s in stragglers if f is not s and (f.site, f.category) == (s.site, s.category)), None)
+        if by is None:
+            out.append(f)
+            continue
+        by.evidence.setdefault("absorbed", []).append(f.rule)
+        for framework in ("lightning", "fabric", "accelerate", "hf_trainer"):  # its fix in the user's framework
+            if getattr(by.fix, framework) is None:
+                setattr(by.fix, framework, getattr(f.fix, framework))
+    return out
 
 
 _UNEVEN_FIXES = {
@@ -268,4 +314,73 @@ def ddp_find_unused_parameters(ctx: Context) -> Iterator[Finding]:
         finding.note = (
             "One process: the flag's cost is timed on a multi-process job (turbotrain doctor --nproc-per-node)."
         )
+    yield finding
+
+
+# Exposed all-reduce worth timing DDP's bucket settings for; a model this large is spread over BUCKETS buckets.
+BUCKET_SETTINGS_SHARE = 0.10
+BUCKETS = 4
+_MIB = 1 << 20
+
+
+def _bucket_change(reducer: dict[str, float]) -> dict[str, Any]:
+    """The DDP keywords to time: gradients as views of the buckets (no copy into them), and a bucket size that
+    spreads a model of 4 MiB or more over BUCKETS buckets, so the first all-reduces start while backward runs.
+    A bucket holds whole tensors: a model of few tensors keeps its buckets whatever the size, so it gets none."""
+    change: dict[str, Any] = {}
+    if not reducer.get("gradient_as_bucket_view"):
+        change["gradient_as_bucket_view"] = True
+    size = reducer.get("total_parameter_size_bytes") or 0.0
+    tensors = reducer.get("num_parameter_tensors") or 0.0
+    if size >= BUCKETS * _MIB and tensors >= 2 * BUCKETS and (reducer.get("buckets") or 1) < BUCKETS:
+        change["bucket_cap_mb"] = max(1, int(size / BUCKETS / _MIB))
+    return change
+
+
+@rule("ddp-bucket-settings", "runtime")
+def ddp_bucket_settings(ctx: Context) -> Iterator[Finding]:
+    """The ranks wait on the all-reduce, no rank is late, and DDP runs with its default buckets."""
+    job = _job(ctx)
+    recording = ctx.recording
+    if recording is None or job is None or job.straggler is not None:
+        return
+    if job.imbalance is not None and job.imbalance.larger_input_share >= CONSISTENT:
+        return  # the wait is for the rank given the larger batch: bucket settings would not shorten it
+    if job.exposed_share < BUCKET_SETTINGS_SHARE or not recording.reducer:
+        return
+    change = _bucket_change(recording.reducer)
+    if not change:
+        return
+    keywords = ", ".join(f"{k}={v!r}" for k, v in change.items())
+    size = (recording.reducer.get("total_parameter_size_bytes") or 0.0) / _MIB
+    buckets = int(recording.reducer.get("buckets") or 0)
+    layout = f"{size:.1f} MiB of gradients in {buckets} bucket(s)" if buckets else f"{size:.1f} MiB of gradients"
+    finding = Finding(
+        rule="ddp-bucket-settings",
+        site=call_site(ctx, "DistributedDataParallel"),
+        category=None,
+        message=(
+            f"{job.exposed_share:.0%} of every rank's step waits on the gradient all-reduce, and DDP runs with its "
+            f"default buckets ({layout}): it copies each gradient into its bucket and all-reduces a bucket only when "
+            f"every gradient in it is ready. Timed on every rank: DistributedDataParallel(..., {keywords})."
+        ),
+        fix=Fix(
+            f"DistributedDataParallel(model, ..., {keywords})",
+            lightning=f"Trainer(strategy=DDPStrategy({keywords}))",
+            fabric=f"Fabric(strategy=DDPStrategy({keywords}))",
+            accelerate=f"Accelerator(kwargs_handlers=[DistributedDataParallelKwargs({keywords})])",
+            hf_trainer=(
+                f"TrainingArguments(ddp_bucket_cap_mb={change['bucket_cap_mb']})" if "bucket_cap_mb" in change else None
+            ),
+        ),
+        evidence={
+            "exposed_share": round(job.exposed_share, 4),
+            "overlap": job.overlap,
+            "gradient_mib": round(size, 2),
+            "buckets": buckets or None,
+            "keywords": change,
+        },
+    )
+    finding.provisional("low")  # until the job what-if times it on every rank
+    finding.request = JobRequest(RankChange(ddp=change))
     yield finding
