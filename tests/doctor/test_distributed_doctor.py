@@ -307,6 +307,27 @@ def test_work_only_rank_0_does_is_named_timed_rarer_on_every_rank_and_patched(tm
     assert job_processes(script.name) == []
 
 
+def test_only_a_straggler_whose_fix_is_timed_absorbs_a_finding_of_its_line_and_phase():
+    from turbotrain.doctor.findings import Finding, Fix
+    from turbotrain.doctor.rank_change import RankChange
+    from turbotrain.doctor.requests import JobRequest
+    from turbotrain.doctor.rules.ranks import absorbed_by_straggler
+    from turbotrain.doctor.sites import Site
+
+    def finding(rule, line, category, **fix):
+        return Finding(rule=rule, message="", fix=Fix("by hand", **fix), site=Site("train.py", line, "<module>"),
+                       category=category)
+
+    straggler = finding("straggler", 33, "outside_step")
+    save = finding("save-in-loop", 33, "outside_step", lightning="ModelCheckpoint")
+    other_line = finding("save-in-loop", 40, "outside_step")
+    workers = finding("num-workers", 33, "data_loading")
+    assert absorbed_by_straggler([straggler, save, other_line, workers]) == [straggler, save, other_line, workers]
+    straggler.request = JobRequest(RankChange(save_every=12, save_at="train.py:33"))
+    assert absorbed_by_straggler([straggler, save, other_line, workers]) == [straggler, other_line, workers]
+    assert straggler.evidence["absorbed"] == ["save-in-loop"] and straggler.fix.lightning == "ModelCheckpoint"
+
+
 def test_the_scripts_own_comm_hook_still_runs_under_the_timing_hook(tmp_path):
     """A hook the script registers (or a built-in one) runs inside the doctor's, and is timed; a second
     registration is refused as DDP refuses it."""

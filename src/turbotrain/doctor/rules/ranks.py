@@ -162,9 +162,10 @@ def _time_rarer_saves(ctx: Context, job: RankAnalysis, finding: Finding) -> None
 
 
 def absorbed_by_straggler(findings: list[Finding]) -> list[Finding]:
-    """The straggler's finding absorbs another rule's about the same line and phase (rank 0's ``save-in-loop``
-    at the line that makes it late): one finding per cause, the one that says who waits for it."""
-    stragglers = [f for f in findings if f.rule == "straggler" and f.site is not None]
+    """A straggler's finding whose fix is timed on every rank absorbs another rule's about the same line and
+    phase (rank 0's ``save-in-loop`` at the line that makes it late): one finding per cause, the one that says
+    who waits for it and what the fix buys the whole job."""
+    stragglers = [f for f in findings if f.rule == "straggler" and f.site is not None and f.request is not None]
     out = []
     for f in findings:
         by = next((s for s in stragglers if f is not s and (f.site, f.category) == (s.site, s.category)), None)
