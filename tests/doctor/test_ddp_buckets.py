@@ -1,6 +1,7 @@
 """``ddp-bucket-settings``: ranks that wait on the gradient all-reduce with DDP's default buckets get
 ``gradient_as_bucket_view=True`` and a bucket size that spreads the gradients over several buckets, timed on every
-rank; DDP built that way already, or a wait some rank's lateness explains, gets nothing."""
+rank; DDP built that way already, or a wait that only the ranks arriving early have (some rank's lateness),
+gets nothing."""
 
 from __future__ import annotations
 

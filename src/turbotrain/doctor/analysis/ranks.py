@@ -131,6 +131,7 @@ class RankAnalysis:
     offsets_s: dict[int, float] = field(default_factory=dict)  # clock offset of each rank to the lowest rank
     steps: list[int] = field(default_factory=list)  # the measured steps every rank has
     lanes: dict[int, tuple[LaneStep, ...]] = field(default_factory=dict)  # per rank, its steps on the common clock
+    shared_wait_s: float = 0.0  # per step, the median of the least any rank waited: the wait no lateness explains
 
     @property
     def step_s(self) -> float:
@@ -385,6 +386,7 @@ def analyse_ranks(recordings: list[Recording] | tuple[Recording, ...]) -> RankAn
         worst_rank=worst.rank,
         skew=(worst.busy_s - median.busy_s) / median.busy_s if median.busy_s > 0 else 0.0,
         exposed_share=total_exposed / total_step if total_step > 0 else 0.0,
+        shared_wait_s=statistics.median(min(exposed[r][i] for r in exposed) for i in range(len(steps))),
         overlap=overlapped / busy if busy > 0 else None,
         straggler=straggler,
         imbalance=imbalance,

@@ -168,6 +168,7 @@ def ranks_json(job: RankAnalysis, base: str | None = None) -> dict[str, Any]:
         "imbalance": imbalance,
         "communication": {
             "exposed_share": round(job.exposed_share, 4),
+            "shared_wait_ms": _ms(job.shared_wait_s),  # the least any rank waited, per step (median)
             "overlap": round(job.overlap, 4) if job.overlap is not None else None,
             "median_rank": job.median_rank,
             "worst_rank": job.worst_rank,

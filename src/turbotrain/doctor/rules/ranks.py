@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from typing import TYPE_CHECKING, Any, Iterator
 
 from ..analysis.periodic import suggested_every
@@ -340,14 +341,15 @@ def _bucket_change(reducer: dict[str, float]) -> dict[str, Any]:
 
 @rule("ddp-bucket-settings", "runtime")
 def ddp_bucket_settings(ctx: Context) -> Iterator[Finding]:
-    """The ranks wait on the all-reduce, no rank is late, and DDP runs with its default buckets."""
+    """Even the rank that arrives last waits on the all-reduce, and DDP runs with its default buckets."""
     job = _job(ctx)
     recording = ctx.recording
-    if recording is None or job is None or job.straggler is not None:
+    if recording is None or job is None or not recording.reducer:
         return
-    if job.imbalance is not None and job.imbalance.larger_input_share >= CONSISTENT:
-        return  # the wait is for the rank given the larger batch: bucket settings would not shorten it
-    if job.exposed_share < BUCKET_SETTINGS_SHARE or not recording.reducer:
+    step = statistics.median(r.step_s for r in job.ranks)
+    # The least any rank waited in a step is the all-reduce's own exposed time: no rank's lateness is in it.
+    shared = job.shared_wait_s / step if step > 0 else 0.0
+    if shared < BUCKET_SETTINGS_SHARE:
         return
     change = _bucket_change(recording.reducer)
     if not change:
@@ -361,9 +363,10 @@ def ddp_bucket_settings(ctx: Context) -> Iterator[Finding]:
         site=call_site(ctx, "DistributedDataParallel"),
         category=None,
         message=(
-            f"{job.exposed_share:.0%} of every rank's step waits on the gradient all-reduce, and DDP runs with its "
-            f"default buckets ({layout}): it copies each gradient into its bucket and all-reduces a bucket only when "
-            f"every gradient in it is ready. Timed on every rank: DistributedDataParallel(..., {keywords})."
+            f"Even the rank that arrives last waits {shared:.0%} of the step on the gradient all-reduce, and DDP "
+            f"runs with its default buckets ({layout}): it copies each gradient into its bucket and all-reduces a "
+            f"bucket only when every gradient in it is ready. Timed on every rank: "
+            f"DistributedDataParallel(..., {keywords})."
         ),
         fix=Fix(
             f"DistributedDataParallel(model, ..., {keywords})",
@@ -375,6 +378,7 @@ def ddp_bucket_settings(ctx: Context) -> Iterator[Finding]:
             ),
         ),
         evidence={
+            "shared_wait_share": round(shared, 4),
             "exposed_share": round(job.exposed_share, 4),
             "overlap": job.overlap,
             "gradient_mib": round(size, 2),
