@@ -309,6 +309,27 @@ def test_work_only_rank_0_does_is_named_timed_rarer_on_every_rank_and_patched(tm
     assert job_processes(script.name) == []
 
 
+def test_work_rank_0_does_every_other_step_is_named_with_the_wait_averaged(tmp_path):
+    """Rank 0 alone evaluates every other step: late in half the steps, which the median wait (the steady
+    straggler's test) does not see; its cost is rank 1's wait averaged over every step."""
+    proc, report = doctor_job(tmp_path, "--nproc-per-node", "2", str(SCRIPTS / "ddp_rank0_eval.py"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    straggler = report["straggler"]
+    assert straggler is not None and (straggler["rank"], straggler["cause"]) == (0, "outside_step"), \
+        (straggler, report["ranks"])
+    assert straggler["periodic"] and 0.35 <= straggler["last_share"] <= 0.65, straggler
+    ((_, line),) = marked_lines("ddp_rank0_eval")
+    assert straggler["where"].endswith(f"ddp_rank0_eval.py:{line}")
+    waits = [s["parts"]["communication"] for s in next(r for r in report["ranks"] if r["rank"] == 1)["lane_ms"]]
+    # Rank 1's mean wait, less what it waits in a step rank 0 does not evaluate: within the JSON's rounding.
+    assert straggler["cost"]["ms_per_step"] <= statistics.fmean(waits) + 0.01, (straggler, waits)
+    finding = next(f for f in report["findings"] if f["rule"] == "straggler")
+    assert "averaged over every step" in finding["message"]
+    # The wait is rank 0's evaluation, not the all-reduce itself: no finding says no rank is late.
+    assert not [f for f in report["findings"] if f["rule"] == "exposed-gradient-sync"], report["findings"]
+    assert job_processes("ddp_rank0_eval.py") == []
+
+
 def test_only_a_straggler_whose_fix_is_timed_absorbs_a_finding_of_its_line_and_phase():
     from turbotrain.doctor.findings import Finding, Fix
     from turbotrain.doctor.rank_change import RankChange

@@ -91,6 +91,7 @@ class Straggler:
     site: Site | None = None  # a line that explains the cause, when one is known
     contention_s: float | None = None  # its extra wait for a CPU others held, against the median rank
     cpu_gap_s: float | None = None  # its extra CPU time, against the median rank
+    periodic: bool = False  # late only in the steps it does work between steps (an evaluation every N steps)
 
 
 @dataclass(frozen=True)
@@ -294,6 +295,53 @@ def _imbalance(
     )
 
 
+def _periodic_straggler(
+    recordings: list[Recording], steps: list[int], exposed: dict[int, list[float]], summaries: list[RankSummary]
+) -> Straggler | None:
+    """A rank that does work between steps every few steps which the others do not (rank 0 evaluating every N
+    steps): in those steps the others wait for it at the all-reduce. Its cost is their wait in those steps averaged
+    over every step, which the median the steady straggler is judged by does not see when the work skips steps."""
+    step = statistics.fmean(sum(s.mean_s.values()) for s in summaries)  # the mean step: the work is amortised
+    rows = {r.rank: _per_step(r, steps) for r in recordings}
+    found = None
+    for rec in recordings:
+        others = [rank for rank in exposed if rank != rec.rank]
+        waits = [max(0.0, min(exposed[o][i] for o in others) - exposed[rec.rank][i]) for i in range(len(steps))]
+        late = [i for i, wait in enumerate(waits) if wait >= STRAGGLER_SHARE * step]
+        # The steps its own work between steps explains: on a balanced job that work is nobody's, and a wait
+        # another step has (a core taken by another process) is noise, not counted.
+        explained = [
+            i
+            for i in late
+            if rows[rec.rank][i]["outside_step"] - min(rows[o][i]["outside_step"] for o in others) >= 0.5 * waits[i]
+        ]
+        cost = sum(waits[i] for i in explained) / len(steps)
+        if len(explained) >= 2 and cost >= STRAGGLER_SHARE * step:
+            if found is None or cost > found[0]:
+                found = (cost, rec, explained)
+    if found is None:
+        return None
+    cost, rec, late = found
+    median = sorted((s for s in summaries if s.rank != rec.rank), key=lambda s: s.busy_s)[(len(summaries) - 2) // 2]
+    gap = {
+        k: statistics.fmean(rows[rec.rank][i][k] - rows[median.rank][i][k] for i in late)
+        for k in RANK_CATEGORIES
+        if k != "communication"
+    }
+    return Straggler(
+        rank=rec.rank,
+        host=rec.host,
+        cause="outside_step",
+        cost_s=cost,
+        cost_share=cost / step,
+        compared_with=median.rank,
+        gap_s=gap,
+        last_share=len(late) / len(steps),
+        site=_cause_site(rec, "outside_step", steps),
+        periodic=True,
+    )
+
+
 def _cause_site(recording: Recording, cause: str, steps: list[int]) -> Site | None:
     """The line that explains the straggler's cause on its own recording, when one is known."""
     if cause == "data_loading":
@@ -378,6 +426,8 @@ def analyse_ranks(recordings: list[Recording] | tuple[Recording, ...]) -> RankAn
             contention_s=contention,
             cpu_gap_s=cpu_gap,
         )
+    if straggler is None:
+        straggler = _periodic_straggler(recordings, steps, exposed, summaries)
     imbalance = None if straggler is not None else _imbalance(recordings, steps, exposed, step)
     offsets = _offsets(recordings, steps)
     return RankAnalysis(

@@ -142,6 +142,7 @@ def ranks_json(job: RankAnalysis, base: str | None = None) -> dict[str, Any]:
             "compared_with": s.compared_with,
             "gap_ms": {k: _ms(v) for k, v in s.gap_s.items()},
             "last_share": round(s.last_share, 3),
+            "periodic": s.periodic,  # late only in the steps it does its extra work, the cost averaged
             "where": s.site.where(base) if s.site else None,
             "cpu_wait_gap_ms": _ms(s.contention_s) if s.contention_s is not None else None,
             "cpu_gap_ms": _ms(s.cpu_gap_s) if s.cpu_gap_s is not None else None,

@@ -101,7 +101,8 @@ def straggler(ctx: Context) -> Iterator[Finding]:
     s = job.straggler
     cause = _CAUSE_WORDS.get(s.cause, s.cause)
     gap = s.gap_s.get(s.cause)
-    gap_text = f" ({gap * 1e3:.1f} ms more per step than rank {s.compared_with})" if gap is not None else ""
+    more = "more in those steps" if s.periodic else "more per step"
+    gap_text = f" ({gap * 1e3:.1f} ms {more} than rank {s.compared_with})" if gap is not None else ""
     host = f" on {s.host}" if s.host else ""
     finding = Finding(
         rule="straggler",
@@ -109,6 +110,11 @@ def straggler(ctx: Context) -> Iterator[Finding]:
             f"Rank {s.rank}{host} holds every rank back: the others wait {s.cost_s * 1e3:.1f} ms per step "
             f"({s.cost_share:.0%} of the step) for it at the gradient all-reduce; the cause is {cause}"
             f"{gap_text}. It arrived last in {s.last_share:.0%} of the measured steps."
+            + (
+                " The wait comes in the steps it does that work: per step, it is their wait averaged over every step."
+                if s.periodic
+                else ""
+            )
         ),
         fix=Fix(pytorch=_FIXES.get(s.cause, _FIXES["unexplained"]).format(rank=s.rank)),
         site=s.site,
@@ -119,6 +125,7 @@ def straggler(ctx: Context) -> Iterator[Finding]:
             "cause": s.cause,
             "cost_ms": round(s.cost_s * 1e3, 3),
             "compared_with": s.compared_with,
+            "periodic": s.periodic,
             "gap_ms": {k: round(v * 1e3, 3) for k, v in s.gap_s.items()},
         },
     )
