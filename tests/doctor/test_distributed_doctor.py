@@ -132,12 +132,12 @@ def test_a_clean_job_has_no_straggler(clean):
 
 def test_ddp_default_buckets_are_read_from_every_ranks_reducer(clean):
     """ddp_clean.py's DDP keeps its defaults: the finding's layout is its reducer's (1.5 MiB of gradients in
-    5 tensors, in 2 buckets), and it asks for gradient_as_bucket_view only (too few tensors to re-bucket)."""
+    6 tensors, in 2 buckets), and it asks for gradient_as_bucket_view only (too small to re-bucket)."""
     report = _ok(clean)
     found = [f for f in report["findings"] if f["rule"] == "ddp-bucket-settings"]
     step = statistics.median(r["step_time_ms"]["median"] for r in report["ranks"])
-    if report["communication"]["shared_wait_ms"] < 0.10 * step - 0.01:  # JSON values are rounded
-        assert not found  # even the last rank to arrive waits little: lateness explains the wait
+    if not found:  # even the last rank to arrive waited little (JSON values are rounded: 0.01 ms either way)
+        assert report["communication"]["shared_wait_ms"] < 0.10 * step + 0.01, report["communication"]
         return
     (finding,) = found
     evidence = finding["evidence"]
@@ -282,7 +282,8 @@ def test_work_only_rank_0_does_is_named_timed_rarer_on_every_rank_and_patched(tm
     script.parent.mkdir()
     shutil.copy(SCRIPTS / script.name, script)
     patch = tmp_path / "fixes.patch"
-    proc, report = doctor_job(script.parent, "--job-what-if-budget", "60", "--fix", str(patch),
+    # The budget fits the straggler's fix (the highest rated) while one run of the job takes up to 25 s.
+    proc, report = doctor_job(script.parent, "--job-what-if-budget", "100", "--fix", str(patch),
                               "--fix-only", "straggler", "--nproc-per-node", "2", script.name,
                               what_if=True, timeout=400)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -320,14 +321,30 @@ def test_work_rank_0_does_every_other_step_is_named_with_the_wait_averaged(tmp_p
     assert straggler["periodic"] and 0.35 <= straggler["last_share"] <= 0.65, straggler
     ((_, line),) = marked_lines("ddp_rank0_eval")
     assert straggler["where"].endswith(f"ddp_rank0_eval.py:{line}")
-    waits = [s["parts"]["communication"] for s in next(r for r in report["ranks"] if r["rank"] == 1)["lane_ms"]]
-    # Rank 1's mean wait, less what it waits in a step rank 0 does not evaluate: within the JSON's rounding.
-    assert straggler["cost"]["ms_per_step"] <= statistics.fmean(waits) + 0.01, (straggler, waits)
+    lanes = {r["rank"]: r["lane_ms"] for r in report["ranks"]}
+    waits = [max(0.0, one["parts"]["communication"] - zero["parts"]["communication"])
+             for zero, one in zip(lanes[0], lanes[1])]
+    # Rank 1's wait beyond rank 0's, averaged over every step (not only the evaluating ones), less the steps
+    # rank 0's evaluation does not explain; those hold little of it (JSON values are rounded: 0.01 ms).
+    assert 0.25 * statistics.fmean(waits) <= straggler["cost"]["ms_per_step"] <= statistics.fmean(waits) + 0.01, \
+        (straggler, waits)
     finding = next(f for f in report["findings"] if f["rule"] == "straggler")
     assert "averaged over every step" in finding["message"]
     # The wait is rank 0's evaluation, not the all-reduce itself: no finding says no rank is late.
     assert not [f for f in report["findings"] if f["rule"] == "exposed-gradient-sync"], report["findings"]
     assert job_processes("ddp_rank0_eval.py") == []
+
+
+def test_a_wait_in_seven_steps_of_twelve_is_not_a_steady_straggler():
+    """Rank 1 waits 8 ms for rank 0 in 7 of 12 steps: the median wait is 8 ms, but the steps between say the
+    work skips steps; only every step's wait makes the steady straggler."""
+    def job(heavy: int):
+        waits = [8.0 if i < heavy else 0.2 for i in range(12)]
+        return analyse_ranks([rank_recording(0, [1.0] * 12, [0.2] * 12), rank_recording(1, [1.0] * 12, waits)])
+
+    assert job(7).straggler is None
+    steady = job(12).straggler
+    assert steady is not None and steady.rank == 0 and not steady.periodic
 
 
 def test_only_a_straggler_whose_fix_is_timed_absorbs_a_finding_of_its_line_and_phase():

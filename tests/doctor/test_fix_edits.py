@@ -195,8 +195,23 @@ def test_a_save_only_rank_0_does_keeps_its_rank_test_and_gets_the_cadence_inside
     """
     new = edit(source, "save_every", every=13)
     assert "    if rank == 0:\n        if (step + 1) % 13 == 0:\n            torch.save(" in new, new
-    with pytest.raises(ByHand, match="already under a condition"):
-        edit(source.replace("rank == 0", "step % 10 == 0"), "save_every", every=13)
+    assert "if (step + 1) % 13 == 0:" in edit(source.replace("rank == 0", "dist.get_rank() == 0"), "save_every",
+                                              every=13)
+    # A cadence under any other condition would drop saves the script means to make (the best model's).
+    for condition in ("step % 10 == 0", "val_loss < best", "is_best"):
+        with pytest.raises(ByHand, match="already under a condition"):
+            edit(source.replace("rank == 0", condition), "save_every", every=13)
+
+
+def test_a_loop_without_a_step_counter_gets_no_cadence():
+    """``for batch in loader:`` names a batch, not a number: ``(batch + 1) % N`` would break the script."""
+    with pytest.raises(ByHand, match="counter"):
+        edit("for batch in loader:\n    torch.save(m, 'p')  # here\n", "save_every", every=25)
+    assert "if (step + 1) % 25 == 0:" in edit("for step in range(n):\n    torch.save(m, 'p')  # here\n",
+                                              "save_every", every=25)
+    # A counter's name over the script's own step generator still counts.
+    assert "if (global_step + 1) % 25 == 0:" in edit(
+        "for global_step in timed_steps(n):\n    torch.save(m, 'p')  # here\n", "save_every", every=25)
 
 
 ATTENTION = """

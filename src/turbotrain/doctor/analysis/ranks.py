@@ -295,6 +295,12 @@ def _imbalance(
     )
 
 
+def _median_other(summaries: list[RankSummary], rank: int) -> RankSummary:
+    """The median (the lower of two) by own work of the ranks other than ``rank``: what it is compared with."""
+    others = sorted((s for s in summaries if s.rank != rank), key=lambda s: s.busy_s)
+    return others[(len(others) - 1) // 2]
+
+
 def _periodic_straggler(
     recordings: list[Recording], steps: list[int], exposed: dict[int, list[float]], summaries: list[RankSummary]
 ) -> Straggler | None:
@@ -302,6 +308,8 @@ def _periodic_straggler(
     steps): in those steps the others wait for it at the all-reduce. Its cost is their wait in those steps averaged
     over every step, which the median the steady straggler is judged by does not see when the work skips steps."""
     step = statistics.fmean(sum(s.mean_s.values()) for s in summaries)  # the mean step: the work is amortised
+    if step <= 0:
+        return None
     rows = {r.rank: _per_step(r, steps) for r in recordings}
     found = None
     for rec in recordings:
@@ -322,7 +330,7 @@ def _periodic_straggler(
     if found is None:
         return None
     cost, rec, late = found
-    median = sorted((s for s in summaries if s.rank != rec.rank), key=lambda s: s.busy_s)[(len(summaries) - 2) // 2]
+    median = _median_other(summaries, rec.rank)
     gap = {
         k: statistics.fmean(rows[rec.rank][i][k] - rows[median.rank][i][k] for i in late)
         for k in RANK_CATEGORIES
@@ -374,12 +382,15 @@ def analyse_ranks(recordings: list[Recording] | tuple[Recording, ...]) -> RankAn
     # Per step, the rank that waited least arrived last.
     last = [min(exposed, key=lambda rank: exposed[rank][i]) for i in range(len(steps))]
     worst = min(summaries, key=lambda s: (s.exposed_s, -s.busy_s))
-    others = sorted((s for s in summaries if s.rank != worst.rank), key=lambda s: s.busy_s)
-    median = others[(len(others) - 1) // 2]
+    others = [s for s in summaries if s.rank != worst.rank]
+    median = _median_other(summaries, worst.rank)
     # Every step loses the least any other rank waited beyond the straggler's own wait.
     waits = [min(exposed[o.rank][i] for o in others) - exposed[worst.rank][i] for i in range(len(steps))]
     cost = max(0.0, statistics.median(waits))
     spread = statistics.median(abs(w - cost) for w in waits)
+    # A steady straggler makes the others wait in (nearly) every step; one whose wait skips steps (work every
+    # other step) has a median that is one mode of two, and is judged by its average (_periodic_straggler).
+    steady = sum(w >= 0.5 * cost for w in waits) >= CONSISTENT * len(waits)
     step = statistics.median(s.step_s for s in summaries)
     total_step = sum(s.mean_s[k] for s in summaries for k in RANK_CATEGORIES)
     total_exposed = sum(s.mean_s["communication"] for s in summaries)
@@ -392,6 +403,7 @@ def analyse_ranks(recordings: list[Recording] | tuple[Recording, ...]) -> RankAn
         and cost / step >= STRAGGLER_SHARE
         and last_share >= CONSISTENT
         and cost > ABOVE_SPREAD * spread
+        and steady
         and worst.timed_sync
     ):
         gap = {k: worst.median_s[k] - median.median_s[k] for k in RANK_CATEGORIES if k != "communication"}

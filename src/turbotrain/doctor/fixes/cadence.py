@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import cast
 
 import libcst as cst
@@ -90,9 +91,15 @@ def periodic(source: Source, req: EditRequest) -> str:
     return replace(source, {value: lambda node: node.with_changes(value=str(new_every))})
 
 
+_COUNTER = re.compile(r"^(i|it|n|idx|index|step|steps|iteration|iter_num|\w*_step|step_\w*|\w*_iter)$")
+
+
 def _counter(loop: cst.For) -> str | None:
-    """The loop's step counter: ``step`` of ``for step in ...`` or of ``for step, batch in enumerate(...)``."""
-    if isinstance(loop.target, cst.Name):
+    """The loop's step counter: ``step`` of ``for step in range(...)`` (or of any iterable, for a counter's
+    name) or of ``for step, batch in enumerate(...)``; ``for batch in loader`` has none: a batch is not a number."""
+    if isinstance(loop.target, cst.Name) and (
+        (isinstance(loop.iter, cst.Call) and dotted(loop.iter.func) == "range") or _COUNTER.match(loop.target.value)
+    ):
         return loop.target.value
     if (
         isinstance(loop.target, cst.Tuple)
@@ -104,14 +111,22 @@ def _counter(loop: cst.For) -> str | None:
     return None
 
 
+# Names a test of which process this is: ``rank == 0``, ``dist.get_rank() == 0``, ``is_main_process``, ...
+_RANK_TEST = re.compile(
+    r"\b(rank|local_rank|global_rank|node_rank|get_rank|is_main_process|is_local_main_process|master_process"
+    r"|is_master|is_global_zero|main_process)\b"
+)
+
+
 def save_every(source: Source, req: EditRequest) -> str:
     """``if (step + 1) % N == 0:`` around the ``torch.save`` that runs every step."""
     call = source.call_at(req.line, "save", what="torch.save(...)")
     statement = source.statement(call)
     loop = None
     for node in source.ancestors(statement):
-        # A condition that is not a cadence (``if rank == 0:``) keeps the save; the cadence goes inside it.
-        if isinstance(node, cst.If) and _divisors(source, node.test):
+        # Only a rank test (``if rank == 0:``) keeps the save with the cadence inside it: under any other
+        # condition (``if val_loss < best:``) a cadence would drop saves the script means to make.
+        if isinstance(node, cst.If) and (_divisors(source, node.test) or not _RANK_TEST.search(code_of(node.test))):
             raise ByHand(f"{req.where}: the save is already under a condition; make it rarer there")
         if isinstance(node, (cst.For, cst.While, cst.FunctionDef)):
             loop = node

@@ -109,11 +109,12 @@ def straggler(ctx: Context) -> Iterator[Finding]:
         message=(
             f"Rank {s.rank}{host} holds every rank back: the others wait {s.cost_s * 1e3:.1f} ms per step "
             f"({s.cost_share:.0%} of the step) for it at the gradient all-reduce; the cause is {cause}"
-            f"{gap_text}. It arrived last in {s.last_share:.0%} of the measured steps."
+            f"{gap_text}. "
             + (
-                " The wait comes in the steps it does that work: per step, it is their wait averaged over every step."
+                f"It made them wait for that work in {s.last_share:.0%} of the measured steps; per step, their wait "
+                "in those steps is averaged over every step."
                 if s.periodic
-                else ""
+                else f"It arrived last in {s.last_share:.0%} of the measured steps."
             )
         ),
         fix=Fix(pytorch=_FIXES.get(s.cause, _FIXES["unexplained"]).format(rank=s.rank)),
@@ -346,6 +347,15 @@ def _bucket_change(reducer: dict[str, float]) -> dict[str, Any]:
     return change
 
 
+def _what_defaults_cost(change: dict[str, Any]) -> str:
+    parts = []
+    if "gradient_as_bucket_view" in change:
+        parts.append("it copies each gradient into its bucket")
+    if "bucket_cap_mb" in change:
+        parts.append("it all-reduces a bucket only when every gradient in it is ready, and its buckets are few")
+    return "; ".join(parts)
+
+
 @rule("ddp-bucket-settings", "runtime")
 def ddp_bucket_settings(ctx: Context) -> Iterator[Finding]:
     """Even the rank that arrives last waits on the all-reduce, and DDP runs with its default buckets."""
@@ -371,8 +381,7 @@ def ddp_bucket_settings(ctx: Context) -> Iterator[Finding]:
         category=None,
         message=(
             f"Even the rank that arrives last waits {shared:.0%} of the step on the gradient all-reduce, and DDP "
-            f"runs with its default buckets ({layout}): it copies each gradient into its bucket and all-reduces a "
-            f"bucket only when every gradient in it is ready. Timed on every rank: "
+            f"runs with its defaults ({layout}): {_what_defaults_cost(change)}. Timed on every rank: "
             f"DistributedDataParallel(..., {keywords})."
         ),
         fix=Fix(
