@@ -6,7 +6,7 @@ import statistics
 from typing import TYPE_CHECKING, Any, Iterator
 
 from ..analysis.periodic import suggested_every
-from ..analysis.ranks import CONSISTENT, RankAnalysis, analyse_ranks, oversubscribed
+from ..analysis.ranks import CONSISTENT, RankAnalysis, Straggler, analyse_ranks, oversubscribed
 from ..findings import Finding, Fix
 from ..rank_change import RankChange
 from ..requests import JobRequest
@@ -142,16 +142,16 @@ def straggler(ctx: Context) -> Iterator[Finding]:
         )
     _cap_if_oversubscribed(ctx, finding)
     if s.cause == "outside_step":
-        _time_rarer_saves(ctx, job, finding)
+        _time_rarer_saves(ctx, job, s, finding)
     yield finding
 
 
-def _time_rarer_saves(ctx: Context, job: RankAnalysis, finding: Finding) -> None:
+def _time_rarer_saves(ctx: Context, job: RankAnalysis, s: Straggler, finding: Finding) -> None:
     """A straggler late from its own torch.save at one line: time the save every N steps on every rank, N the
     cadence at which the save costs under 5% of the step."""
-    s, jobs = job.straggler, ctx.recording.job if ctx.recording is not None else ()
-    recording = next((r for r in jobs if s is not None and r.rank == s.rank), None)
-    if s is None or s.site is None or recording is None:
+    ranks = ctx.recording.job if ctx.recording is not None else ()
+    recording = next((r for r in ranks if r.rank == s.rank), None)
+    if s.site is None or recording is None:
         return
     count, seconds, _ = next(
         (e.total(job.steps) for e in recording.events if e.kind == "save" and e.site == s.site), (0, 0.0, 0)
