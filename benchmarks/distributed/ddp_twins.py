@@ -3,13 +3,14 @@
 Slow habits: ``--threads-all`` (every rank sizes torch's threads to all cores), ``--find-unused``
 (find_unused_parameters=True with every parameter used), ``--accumulate K`` without ``--no-sync`` (each
 micro-batch's backward all-reduced), ``--rank0-save`` (rank 0 saves a checkpoint every step while the others
-wait at the next all-reduce), ``--slow-data-rank R`` (rank R waits 15 ms for every batch), and DDP's default
+wait at the next all-reduce), ``--rank0-eval N`` (rank 0 alone evaluates 20 held-out batches every N steps),
+``--slow-data-rank R`` (rank R waits 15 ms for every batch), and DDP's default
 buckets (fixed by ``--bucket-settings``: gradient_as_bucket_view=True; the model's 6 tensors keep 2 buckets
 at any bucket size).
 
 Rank 0 times the loop itself: every step after ``--warmup`` with time.perf_counter, and prints
 ``STEP_MS <median ms per optimizer step>`` (every rank ends a step at the same all-reduce, so rank 0's step
-is the job's).
+is the job's); with ``--mean``, the mean step (work every few steps is in the mean only).
 """
 import argparse
 import contextlib
@@ -32,7 +33,9 @@ parser.add_argument("--bucket-settings", action="store_true")  # the fixed twin 
 parser.add_argument("--accumulate", type=int, default=1)
 parser.add_argument("--no-sync", action="store_true")
 parser.add_argument("--rank0-save", action="store_true")
+parser.add_argument("--rank0-eval", type=int, default=0)
 parser.add_argument("--slow-data-rank", type=int, default=-1)
+parser.add_argument("--mean", action="store_true")
 args = parser.parse_args()
 
 torch.set_num_threads(os.cpu_count() if args.threads_all else 1)
@@ -45,6 +48,15 @@ model = DistributedDataParallel(net, find_unused_parameters=args.find_unused, **
 opt = torch.optim.Adam(model.parameters(), lr=1e-3)
 data = [(torch.randn(64, 256), torch.randn(64, 1)) for _ in range(16)]
 folder = tempfile.mkdtemp()
+held_out = [(torch.randn(256, 256), torch.randn(256, 1)) for _ in range(20)]
+
+
+def evaluate():
+    net.eval()
+    with torch.no_grad():
+        total = sum(float(nn.functional.mse_loss(net(x), y)) for x, y in held_out)
+    net.train()
+    return total / len(held_out)
 
 
 def batch(i):
@@ -67,8 +79,11 @@ for step in range(args.warmup + args.steps):
     opt.zero_grad(set_to_none=True)
     if args.rank0_save and rank == 0:
         torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, os.path.join(folder, "last.pt"))
+    if args.rank0_eval and rank == 0 and step % args.rank0_eval == 0:
+        evaluate()
     if step >= args.warmup:
         times.append(time.perf_counter() - started)
 if rank == 0:
-    print(f"STEP_MS {statistics.median(times) * 1e3:.3f}", flush=True)
+    step_s = statistics.fmean(times) if args.mean else statistics.median(times)
+    print(f"STEP_MS {step_s * 1e3:.3f}", flush=True)
 dist.destroy_process_group()

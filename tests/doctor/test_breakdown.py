@@ -90,6 +90,20 @@ def test_periodic_validation_stays_in_the_numbers():
     assert b.seconds["outside_step"] == pytest.approx(0.050 / 4)
 
 
+def test_validation_every_other_step_is_periodic_work_in_every_window():
+    """Work in half the steps: a median would land between the two kinds of step and see no spike at all in an
+    even window; the ordinary step is the lower quartile's."""
+    for n in (12, 13, 14):
+        steps = [step(i, 0.010, {"forward": 0.006, "optimizer": 0.004}, preempted=0.0) for i in range(n)]
+        for i in range(2, n, 2):
+            steps[i] = step(i, 0.060, {"forward": 0.006, "optimizer": 0.004, "eval": 0.050}, preempted=0.0)
+        b = compute_breakdown(steps, warmup=1)
+        [periodic] = b.periodic
+        assert periodic.every == 2 and periodic.steps == list(range(2, n, 2)), (n, periodic)
+        assert periodic.cost_s == pytest.approx(0.050)
+        assert b.seconds["outside_step"] == pytest.approx(0.050 / 2)
+
+
 def test_the_work_around_a_validation_is_part_of_its_cost():
     # The steps that validate also spend 3 ms more before their next forward (model.train(), the loop resuming)
     # and 1 ms more in the forward (caches the validation batches evicted): running the validation less often

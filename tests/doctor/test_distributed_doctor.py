@@ -275,21 +275,29 @@ def test_a_hung_rank_ends_the_job_within_the_timeout(tmp_path):
     assert job_processes("ddp_clean.py") == []
 
 
-def test_work_only_rank_0_does_is_named_timed_rarer_on_every_rank_and_patched(tmp_path):
-    """Rank 0 saves a checkpoint every step; rank 1 waits for it at the next all-reduce. The save every N steps is
-    timed on both ranks, then written into the script (test_job_fixes verifies a patched job)."""
-    script = tmp_path / "job" / "ddp_rank0_checkpoint.py"
+def _rank0_straggler_fixed(tmp_path, name: str):
+    """The doctor with the straggler's fix timed on both ranks and patched, on a copy of ``name``: the script, the
+    patch, and the report, whose straggler is rank 0, late from work between steps."""
+    script = tmp_path / "job" / name
     script.parent.mkdir()
-    shutil.copy(SCRIPTS / script.name, script)
+    shutil.copy(SCRIPTS / name, script)
     patch = tmp_path / "fixes.patch"
     # The budget fits the straggler's fix (the highest rated) while one run of the job takes up to 25 s.
     proc, report = doctor_job(script.parent, "--job-what-if-budget", "100", "--fix", str(patch),
-                              "--fix-only", "straggler", "--nproc-per-node", "2", script.name,
+                              "--fix-only", "straggler", "--nproc-per-node", "2", name,
                               what_if=True, timeout=400)
     assert proc.returncode == 0, proc.stderr[-3000:]
     straggler = report["straggler"]
     assert straggler is not None and (straggler["rank"], straggler["cause"]) == (0, "outside_step"), \
         (straggler, report["ranks"])
+    return script, patch, report
+
+
+def test_work_only_rank_0_does_is_named_timed_rarer_on_every_rank_and_patched(tmp_path):
+    """Rank 0 saves a checkpoint every step; rank 1 waits for it at the next all-reduce. The save every N steps is
+    timed on both ranks, then written into the script (test_job_fixes verifies a patched job)."""
+    script, patch, report = _rank0_straggler_fixed(tmp_path, "ddp_rank0_checkpoint.py")
+    straggler = report["straggler"]
     ((_, line),) = marked_lines("ddp_rank0_checkpoint")
     assert straggler["where"].endswith(f"ddp_rank0_checkpoint.py:{line}")
     finding = next(f for f in report["findings"] if f["rule"] == "straggler")
@@ -310,14 +318,12 @@ def test_work_only_rank_0_does_is_named_timed_rarer_on_every_rank_and_patched(tm
     assert job_processes(script.name) == []
 
 
-def test_work_rank_0_does_every_other_step_is_named_with_the_wait_averaged(tmp_path):
+def test_work_rank_0_does_every_other_step_is_named_with_the_wait_averaged_timed_rarer_and_patched(tmp_path):
     """Rank 0 alone evaluates every other step: late in half the steps, which the median wait (the steady
-    straggler's test) does not see; its cost is rank 1's wait averaged over every step."""
-    proc, report = doctor_job(tmp_path, "--nproc-per-node", "2", str(SCRIPTS / "ddp_rank0_eval.py"))
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    straggler's test) does not see; its cost is rank 1's wait averaged over every step. The ``if`` that runs the
+    evaluation is timed rarer on both ranks, then its period is written into the script."""
+    script, patch, report = _rank0_straggler_fixed(tmp_path, "ddp_rank0_eval.py")
     straggler = report["straggler"]
-    assert straggler is not None and (straggler["rank"], straggler["cause"]) == (0, "outside_step"), \
-        (straggler, report["ranks"])
     assert straggler["periodic"] and 0.35 <= straggler["last_share"] <= 0.65, straggler
     ((_, line),) = marked_lines("ddp_rank0_eval")
     assert straggler["where"].endswith(f"ddp_rank0_eval.py:{line}")
@@ -332,6 +338,23 @@ def test_work_rank_0_does_every_other_step_is_named_with_the_wait_averaged(tmp_p
     assert "averaged over every step" in finding["message"]
     # The wait is rank 0's evaluation, not the all-reduce itself: no finding says no rank is late.
     assert not [f for f in report["findings"] if f["rule"] == "exposed-gradient-sync"], report["findings"]
+    # The ``if`` in the loop that calls the evaluation, every EVAL_EVERY = 2 steps, taken on one pass in N.
+    branch = finding["evidence"]["branch"]
+    source = script.read_text().splitlines()
+    assert source[int(branch["at"].rsplit(":", 1)[1]) - 1].lstrip().startswith("if rank == 0 and step %"), branch
+    assert (branch["period"], branch["call"]) == (2, "evaluate") and branch["new_period"] % 2 == 0, branch
+    every = branch["new_period"] // 2
+    timed = finding["what_if"]
+    assert timed["kind"] == "job" and timed["ranks"] == 2 and f"one pass in {every}" in timed["change"], timed
+    # Rank 0 skipped the passes the cadence skips; rank 1's test never allowed one.
+    skipped, taken = (timed["observed"].get(f"branch passes {k}", 0) for k in ("skipped", "taken"))
+    assert skipped > 0 and taken <= skipped / (every - 1), timed
+    # Rank 0's own eval-every-step at that line is the straggler's one cause.
+    assert not [f for f in report["findings"] if f["rule"] == "eval-every-step"], report["findings"]
+    (fix,) = report["fixes"]
+    assert fix["in_patch"], fix
+    git_apply(script.parent, patch)
+    assert f"\nEVAL_EVERY = {branch['new_period']}  #" in script.read_text()
     assert job_processes("ddp_rank0_eval.py") == []
 
 

@@ -203,6 +203,21 @@ def test_a_save_only_rank_0_does_keeps_its_rank_test_and_gets_the_cadence_inside
             edit(source.replace("rank == 0", condition), "save_every", every=13)
 
 
+def test_work_only_rank_0_does_every_step_gets_a_cadence_around_its_call():
+    """The straggler's evaluation, run every step under ``if rank == 0:``: the statement that calls it goes under
+    the loop counter's test (the --fix of a job what-if that made that ``if`` rarer)."""
+    source = """
+        for step in range(steps):
+            train(step)
+            if rank == 0:
+                print(step, float(evaluate()))  # here
+    """
+    assert changed(source, edit(source, "save_every", every=7, call="evaluate")) == [
+        "if (step + 1) % 7 == 0:", "print(step, float(evaluate()))  # here"]
+    with pytest.raises(ByHand, match=r"no validate\(...\) call"):
+        edit(source, "save_every", every=7, call="validate")
+
+
 def test_a_loop_without_a_step_counter_gets_no_cadence():
     """``for batch in loader:`` names a batch, not a number: ``(batch + 1) % N`` would break the script."""
     with pytest.raises(ByHand, match="counter"):

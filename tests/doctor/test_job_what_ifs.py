@@ -8,6 +8,7 @@ process, and the timing loop on job runs built by hand.
 from __future__ import annotations
 
 import dataclasses
+import json
 import inspect
 import tempfile
 
@@ -161,7 +162,46 @@ def test_rarer_saves_write_one_call_in_every_n_from_the_named_line_only(tmp_path
     assert (tmp_path / "after.pt").exists()
 
 
-@pytest.mark.parametrize("bad", [dict(threads=0), dict(sync_every=1), dict(save_every=1)])
+RARER = """\
+import json, sys
+hits = []
+for step in range(10):
+    if step % 2 == 0:
+        hits.append(step)
+json.dump(hits, open(sys.argv[1], "w"))
+raise RuntimeError("the end of the script")
+"""
+
+
+def _hits_when_rarer(tmp_path, every: int) -> list[int]:
+    from turbotrain.doctor.record.rarer_branch import TAKE, rarer_branch_code, taking_one_in
+    from turbotrain.doctor.record.recorder import Recorder
+    from turbotrain.doctor.record.runner import run_script
+
+    script, out = tmp_path / "loop.py", tmp_path / "hits.json"
+    script.write_text(RARER)
+    code = rarer_branch_code(str(script), f"{script}:4", every)
+    run = run_script(script, [str(out)], Recorder(measure=1), code, {TAKE: taking_one_in(every)})
+    # The code compiled with the wrapped test keeps every other line's number.
+    assert run.error == "RuntimeError: the end of the script" and run.error_site.line == 7, run
+    return json.loads(out.read_text())
+
+
+def test_a_rarer_branch_runs_its_body_on_one_allowed_pass_in_n(tmp_path):
+    """Of the passes ``step % 2 == 0`` allows (steps 0, 2, 4, 6, 8), every n-th runs the body, as a period n times
+    longer would."""
+    from turbotrain.doctor.record.rarer_branch import rarer_branch_code
+
+    assert _hits_when_rarer(tmp_path, 3) == [4]
+    assert _hits_when_rarer(tmp_path, 2) == [2, 6]
+    with pytest.raises(ValueError, match="no `if` starts on this line"):
+        rarer_branch_code(str(tmp_path / "loop.py"), f"{tmp_path / 'loop.py'}:3", 2)
+    with pytest.raises(ValueError, match="not a line of the script"):
+        rarer_branch_code(str(tmp_path / "loop.py"), "other.py:4", 2)
+
+
+@pytest.mark.parametrize("bad", [dict(threads=0), dict(sync_every=1), dict(save_every=1),
+                                 dict(branch_every=4), dict(branch_every=1, branch_at="t.py:3")])
 def test_a_change_that_cannot_be_applied_is_refused(bad):
     with pytest.raises(ValueError, match=next(iter(bad))):
         RankChange(**bad)
@@ -198,6 +238,30 @@ def test_the_ratio_is_the_job_as_it_is_over_the_job_with_the_fix():
     assert timed.what_if.kind == "job" and timed.what_if.rounds[:2] == (2.0, 2.0)
     assert timed.gain_share == pytest.approx(0.5) and timed.severity == "high"
     assert failed.severity == "low" and failed.what_if is None and "RuntimeError: boom" in failed.note
+
+
+def _every_other_step(long_ms: float, short_ms: float) -> JobRun:
+    """A job whose even steps take ``long_ms`` (rank 0 evaluating every other step) and odd ones ``short_ms``."""
+    def recording(rank):
+        built, t, steps = rank_recording(rank, [1.0] * 10, [1.0] * 10), 100.0, []
+        for s in built.steps:
+            duration = (long_ms if s.index % 2 == 0 else short_ms) / 1e3
+            steps.append(dataclasses.replace(s, start=t, end=t + duration))
+            t += duration
+        return dataclasses.replace(built, steps=tuple(steps))
+
+    return JobRun(["torchrun"], 0, 1.0, [RankOutcome(r, recording=recording(r)) for r in (0, 1)])
+
+
+def test_a_fix_that_makes_work_rarer_compares_the_jobs_mean_step():
+    """Of 9 measured steps, 4 evaluate (50 ms) and 5 do not (10 ms): the median is an ordinary step, so only the
+    mean (27.8 ms) says what evaluating on one pass in 4 buys; a fix of every step compares the medians."""
+    rarer, threads = RankChange(branch_every=4, branch_at="train.py:40"), RankChange(threads=1)
+    findings = [_asking(rarer), _asking(threads)]
+    time_on_the_job(JobTiming(lambda change: _job(10.0) if change else _every_other_step(50.0, 10.0), run_s=1.0,
+                              budget_s=100.0), findings)
+    assert findings[0].what_if.rounds[0] == pytest.approx((4 * 50 + 5 * 10) / 9 / 10, abs=1e-3)
+    assert findings[1].what_if.rounds[0] == pytest.approx(1.0)
 
 
 def test_fixes_beyond_the_budget_are_said_not_timed():

@@ -56,6 +56,20 @@ def test_evaluation_every_300_steps_is_found_beyond_a_short_window(eval_every_30
     assert any("the step clock was watched" in m and "occurrence(s) found" in m for m in report.messages)
 
 
+def test_evaluation_every_other_step_is_periodic_work_not_every_step_work():
+    """Work in half the steps has a period of 2: one finding says so, with a cadence that is a multiple of it, and
+    no eval-every-step says the same evaluation runs after every step."""
+    report = cached_report("eval_every_other_step", what_if=False)
+    assert report.status == "ok", report.messages
+    _points_at_marked_lines("eval_every_other_step", report)
+    [row] = report.periodic
+    assert row["every"] == 2 and row["kind"] == "validation" and row["suggested_every"] % 2 == 0, row
+    [finding] = _findings(report, "periodic-work")
+    assert "every 2 steps" in finding["message"] and not _findings(report, "eval-every-step"), report.findings
+    # Each measured step either ran the evaluation or not: the occurrences are every other one.
+    assert {b - a for a, b in zip(row["steps"], row["steps"][1:])} == {2}, row
+
+
 def _fake_recorder(measure, watch_s):
     """A recorder on a fake clock (its steps are ticked by hand), and a fake optimizer to step."""
     recorder = Recorder(capture=False, measure=measure, warmup=1, profile=0, watch_s=watch_s)

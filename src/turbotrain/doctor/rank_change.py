@@ -25,6 +25,8 @@ class RankChange:
     autocast: str | None = None  # "bfloat16": every DistributedDataParallel forward under torch.autocast
     save_every: int | None = None  # torch.save writes on one call in this many (the others return at once)
     save_at: str | None = None  # "file:line": only the torch.save calls from this user line (None: every call)
+    branch_every: int | None = None  # the ``if`` at branch_at runs its body on one in this many passes it allows
+    branch_at: str | None = None  # "file:line" of that ``if``, in the script the ranks run
 
     def __post_init__(self) -> None:
         if self.threads is not None and self.threads < 1:
@@ -33,8 +35,18 @@ class RankChange:
             raise ValueError(f"RankChange.sync_every must be 2 or more, not {self.sync_every}")
         if self.save_every is not None and self.save_every < 2:
             raise ValueError(f"RankChange.save_every must be 2 or more, not {self.save_every}")
+        if self.branch_every is not None and (self.branch_every < 2 or not self.branch_at):
+            raise ValueError(
+                f"RankChange.branch_every must be 2 or more, with branch_at, not {self.branch_every} at "
+                f"{self.branch_at!r}"
+            )
         if self.autocast not in (None, "bfloat16", "float16"):
             raise ValueError(f"RankChange.autocast must be 'bfloat16' or 'float16', not {self.autocast!r}")
+
+    @property
+    def changes_cadence(self) -> bool:
+        """Work made rarer (saves, a branch): the job's steps then differ one from the next, and compare by mean."""
+        return self.save_every is not None or self.branch_every is not None
 
     def describe(self) -> str:
         """``torch.set_num_threads(1)``, ``DistributedDataParallel(..., find_unused_parameters=False)``, ..."""
@@ -51,6 +63,8 @@ class RankChange:
         if self.save_every is not None:
             where = f" at {os.path.basename(self.save_at)}" if self.save_at else ""
             parts.append(f"torch.save{where} on one call in {self.save_every}")
+        if self.branch_every is not None and self.branch_at:
+            parts.append(f"the `if` at {os.path.basename(self.branch_at)} taken on one pass in {self.branch_every}")
         return "; ".join(parts) or "no change"
 
     def to_dict(self) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from typing import cast
 
 import libcst as cst
 
+from ..analysis.branch import RANK_TEST
 from .cst_tools import Source, callee, code_of, dotted, replace
 from .model import ByHand, EditRequest
 
@@ -111,29 +112,24 @@ def _counter(loop: cst.For) -> str | None:
     return None
 
 
-# Names a test of which process this is: ``rank == 0``, ``dist.get_rank() == 0``, ``is_main_process``, ...
-_RANK_TEST = re.compile(
-    r"\b(rank|local_rank|global_rank|node_rank|get_rank|is_main_process|is_local_main_process|master_process"
-    r"|is_master|is_global_zero|main_process)\b"
-)
-
-
 def save_every(source: Source, req: EditRequest) -> str:
-    """``if (step + 1) % N == 0:`` around the ``torch.save`` that runs every step."""
-    call = source.call_at(req.line, "save", what="torch.save(...)")
+    """``if (step + 1) % N == 0:`` around the ``torch.save`` (or the call ``params["call"]`` names) that runs
+    every step."""
+    name = req.params.get("call", "save")
+    call = source.call_at(req.line, name, what="torch.save(...)" if name == "save" else f"{name}(...)")
     statement = source.statement(call)
     loop = None
     for node in source.ancestors(statement):
         # Only a rank test (``if rank == 0:``) keeps the save with the cadence inside it: under any other
         # condition (``if val_loss < best:``) a cadence would drop saves the script means to make.
-        if isinstance(node, cst.If) and (_divisors(source, node.test) or not _RANK_TEST.search(code_of(node.test))):
-            raise ByHand(f"{req.where}: the save is already under a condition; make it rarer there")
+        if isinstance(node, cst.If) and (_divisors(source, node.test) or not RANK_TEST.search(code_of(node.test))):
+            raise ByHand(f"{req.where}: the call is already under a condition; make it rarer there")
         if isinstance(node, (cst.For, cst.While, cst.FunctionDef)):
             loop = node
             break
     if not isinstance(loop, cst.For) or _counter(loop) is None:
         raise ByHand(
-            f"{req.where}: no step counter in the loop around the save; save every {req.params['every']} "
+            f"{req.where}: no step counter in the loop around the call; run it every {req.params['every']} "
             "steps with a counter of your own"
         )
     every = req.params["every"]

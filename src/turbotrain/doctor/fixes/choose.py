@@ -187,11 +187,35 @@ def _rank_change(ctx: Context, f: Finding) -> dict[str, Any]:
             "params": {"every": change.save_every},
             "label": f"torch.save every {change.save_every} steps (was every step)",
         }
+    if change.branch_every is not None:
+        return _rarer_branch(f, change.branch_every)
     if change.threads is not None:
         return {
             "kind": "threads",
             "params": {"threads": change.threads},
             "label": f"torch.set_num_threads({change.threads}) on every rank",
+        }
+    raise ByHand(f.fix.pytorch)
+
+
+def _rarer_branch(f: Finding, every: int) -> dict[str, Any]:
+    """The straggler's work run ``every`` times less often: the period of its ``if`` (``step % 2`` to ``step %
+    2N``), or, under a rank test alone, ``if (step + 1) % N == 0:`` around the call that runs it."""
+    branch = f.evidence.get("branch") or {}
+    period, call = branch.get("period"), branch.get("call")
+    if period:
+        return {
+            "kind": "cadence",
+            "label": f"rank {f.evidence.get('rank')}'s work every {period * every} steps (was {period})",
+            "params": {"every": period, "new_every": period * every, "kind": "work", "function": call},
+        }
+    if call and branch.get("call_line") and f.site is not None:
+        return {
+            "kind": "save_every",
+            "line": branch["call_line"],
+            "file": branch.get("file") or f.site.file,
+            "params": {"every": every, "call": call},
+            "label": f"{call}() every {every} steps (was every step)",
         }
     raise ByHand(f.fix.pytorch)
 

@@ -101,11 +101,18 @@ def run_rank(folder: str, rank: int, script: str, argv: list[str]) -> int:
     from .runner import run_script
 
     options = json.loads(os.environ.get(ENV_OPTIONS) or "{}")
+    code, init_globals = None, None
     if options.get("change"):  # a job what-if: this rank trains with the fix being timed
         from ..rank_change import RankChange
         from .apply_change import apply_change
 
-        apply_change(RankChange.from_dict(options["change"]))
+        change = RankChange.from_dict(options["change"])
+        apply_change(change)
+        if change.branch_every is not None and change.branch_at:
+            from .rarer_branch import TAKE, rarer_branch_code, taking_one_in
+
+            code = rarer_branch_code(script, change.branch_at, change.branch_every)
+            init_globals = {TAKE: taking_one_in(change.branch_every)}
     recorder = Recorder(
         measure=int(options.get("steps", 20)),
         warmup=int(options.get("warmup", 3)),
@@ -118,7 +125,7 @@ def run_rank(folder: str, rank: int, script: str, argv: list[str]) -> int:
     heartbeat.start()
     tap = LossTap()
     with tap if options.get("losses") else contextlib.nullcontext():
-        run = run_script(script, argv, recorder)
+        run = run_script(script, argv, recorder, code, init_globals)
     heartbeat.stop("failed" if run.failed else "done")
     site = run.error_site
     outcome = {

@@ -49,8 +49,8 @@ class Periodic:
 def find_periodic(steps: list[StepRecord], first: int = 1) -> list[Periodic]:
     """Recurring spikes per category over ``steps`` (from index ``first``: step 0 holds the script's setup).
 
-    A spike is a step whose category time exceeds 3x the median plus half an ordinary step (and
-    at least 2 ms): well past a scheduler hiccup, and a real cost. Its period is the median gap
+    A spike is a step whose category time exceeds 3x an ordinary step's (the lower quartile) plus half the median
+    step (and at least 2 ms): well past a scheduler hiccup, and a real cost. Its period is the median gap
     between spikes. Its cost is the spike's excess plus what the same steps take over the median in
     the other phases: the work around a validation (``model.train()``, the loop's resumption, caches
     the validation batches evicted) is gone with it when it runs less often.
@@ -63,7 +63,9 @@ def find_periodic(steps: list[StepRecord], first: int = 1) -> list[Periodic]:
     out = []
     for category in PERIODIC_CATEGORIES:
         values = _own_time(chosen, per_step, category)
-        med = statistics.median(values)
+        # An ordinary step's time: the lower quartile, which work every other step (half the steps) leaves
+        # ordinary, where a median would fall between the two kinds of step.
+        med = statistics.quantiles(values, n=4, method="inclusive")[0]
         spikes = [(s.index, v) for s, v in zip(chosen, values) if v > 3 * med + floor]
         if not spikes or len(spikes) > len(chosen) // 2:
             continue  # none, or most steps: that is the step itself, not periodic work

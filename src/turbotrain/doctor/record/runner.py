@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import builtins
 import gc
 import os
 import runpy
 import sys
 import time
 import traceback
+import types
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import CodeType
+from typing import Any
 
 from .recorder import Recorder, Stop
 from ..sites import Site, is_user_file
@@ -46,8 +50,34 @@ def error_site_of(tb) -> Site | None:
     return site
 
 
-def run_script(script: str | os.PathLike, argv: list[str], recorder: Recorder) -> ScriptRun:
-    """Run ``script`` as ``python script argv...`` would, with ``recorder`` installed."""
+def _run_as_main(code: CodeType, path: str, init_globals: dict[str, Any]) -> None:
+    """What ``runpy.run_path`` does with a file, for code compiled from it here: a fresh ``__main__`` module for
+    the run, the old one back after it."""
+    main = types.ModuleType("__main__")
+    main.__dict__.update(init_globals)
+    main.__dict__.update(
+        __file__=path, __cached__=None, __loader__=None, __package__="", __spec__=None, __builtins__=builtins
+    )
+    saved = sys.modules.get("__main__")
+    sys.modules["__main__"] = main
+    try:
+        exec(code, main.__dict__)  # noqa: S102 - the user's own script, as python would run it
+    finally:
+        if saved is not None:
+            sys.modules["__main__"] = saved
+        else:
+            del sys.modules["__main__"]
+
+
+def run_script(
+    script: str | os.PathLike,
+    argv: list[str],
+    recorder: Recorder,
+    code: CodeType | None = None,
+    init_globals: dict[str, Any] | None = None,
+) -> ScriptRun:
+    """Run ``script`` as ``python script argv...`` would, with ``recorder`` installed. ``code``: the script as
+    compiled with a job what-if's edit (record/rarer_branch.py), run in its place, with ``init_globals``."""
     path = Path(script).resolve()
     if not path.is_file():
         raise FileNotFoundError(f"no such script: {script}")
@@ -60,14 +90,17 @@ def run_script(script: str | os.PathLike, argv: list[str], recorder: Recorder) -
     try:
         with recorder:
             try:
-                runpy.run_path(str(path), run_name="__main__")
+                if code is None:
+                    runpy.run_path(str(path), run_name="__main__")
+                else:
+                    _run_as_main(code, str(path), init_globals or {})
             except Stop:
                 run.status = "stopped"
             except SystemExit as exc:
-                code = exc.code
-                if code not in (None, 0):
-                    run.status, run.exit_code = "exit", code if isinstance(code, int) else 1
-                    run.error = f"the script called sys.exit({code!r})"
+                exit_code = exc.code
+                if exit_code not in (None, 0):
+                    run.status, run.exit_code = "exit", exit_code if isinstance(exit_code, int) else 1
+                    run.error = f"the script called sys.exit({exit_code!r})"
                     run.error_site = error_site_of(exc.__traceback__)
             except KeyboardInterrupt:
                 run.status, run.exit_code, run.error = "error", 130, "interrupted (KeyboardInterrupt)"

@@ -15,7 +15,7 @@ import statistics
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
-from ..analysis.periodic import PERIODIC_TARGET_SHARE, SUGGESTED_SHARE, suggested_every
+from ..analysis.periodic import PERIODIC_TARGET_SHARE, SUGGESTED_SHARE, periodic_table, suggested_every
 from ..findings import Finding, Fix
 from .registry import rule
 
@@ -50,10 +50,13 @@ def eval_every_step(ctx: Context) -> Iterator[Finding]:
     steps = ctx.measured_steps
     if not steps or not ctx.step_s:
         return
+    # Validation the recurring-work rule found a period for is its finding (every other step is a period).
+    periodic = {row["site"] for row in periodic_table(ctx) if row["every"]}
     stats = [
         s
         for s in ctx.ran_sites("eval_forward")
         if len(set(ctx.tallies[(s.kind, s.site)].by_step) & set(steps)) >= EVERY_STEP * len(steps)
+        and s.site not in periodic
     ]
     eval_s = _eval_seconds_per_step(ctx)
     share = eval_s / ctx.step_s

@@ -5,6 +5,7 @@ from __future__ import annotations
 import statistics
 from typing import TYPE_CHECKING, Any, Iterator
 
+from ..analysis.branch import branch_running
 from ..analysis.periodic import suggested_every
 from ..analysis.ranks import CONSISTENT, RankAnalysis, Straggler, analyse_ranks, oversubscribed
 from ..findings import Finding, Fix
@@ -143,6 +144,8 @@ def straggler(ctx: Context) -> Iterator[Finding]:
     _cap_if_oversubscribed(ctx, finding)
     if s.cause == "outside_step":
         _time_rarer_saves(ctx, job, s, finding)
+        if finding.request is None:
+            _time_rarer_branch(ctx, job, s, finding)
     yield finding
 
 
@@ -167,6 +170,38 @@ def _time_rarer_saves(ctx: Context, job: RankAnalysis, s: Straggler, finding: Fi
         pytorch=f"Save rank {s.rank}'s checkpoint every {every} steps, not every step (`if (step + 1) % {every} == "
         "0:` around torch.save), or write it from a background thread after copying the state to CPU: the "
         "others wait for it at the next all-reduce."
+    )
+
+
+def _time_rarer_branch(ctx: Context, job: RankAnalysis, s: Straggler, finding: Finding) -> None:
+    """A straggler late from work an ``if`` of the script's loop runs (``if rank == 0 and step % 2 == 0:
+    evaluate()``): time that ``if`` taken on one pass in N on every rank, N the factor that puts the work under 5%
+    of the step, as the same test with a period N times longer would."""
+    if s.site is None or ctx.script is None:
+        return
+    branch = branch_running(ctx.sources, s.site)
+    if branch is None or branch.site.file != ctx.script:
+        return
+    # The work's cost each time it runs: the others' wait averaged over the steps it was late in.
+    per_run = s.cost_s / max(s.last_share, 1e-9)
+    period = branch.period or max(1, round(1 / max(s.last_share, 1e-9)))
+    step = s.cost_s / s.cost_share if s.cost_share > 0 else max(r.step_s for r in job.ranks)
+    new_period = suggested_every(per_run, max(step - s.cost_s, 1e-6), period)
+    every = max(2, new_period // period)
+    finding.evidence["branch"] = {
+        "at": branch.site.where(),
+        "file": branch.site.file,
+        "period": branch.period,
+        "new_period": period * every,
+        "call": branch.call,
+        "call_line": branch.call_line,
+    }
+    finding.request = JobRequest(RankChange(branch_every=every, branch_at=f"{branch.site.file}:{branch.site.line}"))
+    was = f"every {period} steps (the period in its `if`)" if branch.period else "every step"
+    finding.fix = Fix(
+        pytorch=f"Run rank {s.rank}'s work at {branch.site.where(ctx.base)} every {period * every} steps, not "
+        f"{was}, or share it over every rank (each evaluating its slice): the others wait for it at the next "
+        "all-reduce."
     )
 
 

@@ -3,7 +3,9 @@ as it is and with the fix applied on every rank (:class:`~..rank_change.RankChan
 
 One round is a run of the job as it is followed by a run with each fix; the ratio of a round is the job's step
 time without the fix over with it. The job's step time is its slowest rank's median step: in data-parallel
-training every rank ends each step at the same all-reduce, so the job goes as fast as its slowest rank.
+training every rank ends each step at the same all-reduce, so the job goes as fast as its slowest rank. A fix
+that makes work rarer (a save, an evaluation every few steps) compares the job's mean step instead: its steps
+differ one from the next.
 """
 
 from __future__ import annotations
@@ -50,6 +52,15 @@ def job_step_s(job: JobRun) -> float | None:
     return max(r.step_s for r in analysis.ranks)
 
 
+def _job_time(job: JobRun, change: RankChange) -> float | None:
+    """The job's step time to compare for ``change``: its mean step where the change makes work rarer (work every
+    other step leaves a median that is one kind of step or the other), else :func:`job_step_s`."""
+    if not change.changes_cadence:
+        return job_step_s(job)
+    steps = job_steps_ms(job)
+    return statistics.fmean(steps) / 1e3 if steps else None
+
+
 def job_steps_ms(job: JobRun) -> list[float]:
     """Each measured step of the job, in ms: the slowest rank's, step by step (every rank's step ends at the
     same all-reduce). Empty when a rank sent nothing."""
@@ -94,8 +105,8 @@ def time_on_the_job(timing: JobTiming, findings: list[Finding]) -> None:
         spent = time.monotonic() - started
         if done >= ROUNDS and spent + per_round > timing.budget_s:
             break
-        base = job_step_s(timing.run(None))
-        if base is None:
+        as_it_is = timing.run(None)
+        if job_step_s(as_it_is) is None:
             break  # the job as it is did not run again: nothing to compare with
         for f in asked:
             if id(f) in failed:
@@ -103,11 +114,13 @@ def time_on_the_job(timing: JobTiming, findings: list[Finding]) -> None:
             request = f.request
             assert isinstance(request, JobRequest)  # filtered above
             run = timing.run(request.change)
-            step = job_step_s(run)
+            step = _job_time(run, request.change)
             if step is None:
                 failed[id(f)] = run.failure or "a rank sent no recording"
                 continue
-            times[id(f)].append((base, step))
+            base = _job_time(as_it_is, request.change)
+            if base is not None:
+                times[id(f)].append((base, step))
             seen[id(f)] = observed(run.recordings, [r.run.get("applied", {}) for r in run.ranks if r.run])
     for f in asked:
         _conclude(f, times[id(f)], seen.get(id(f), {}), failed.get(id(f)), timing.noise_floor)
