@@ -55,6 +55,7 @@ PAIRS = (
     Pair("default_buckets", "ddp-bucket-settings", (), ("--bucket-settings",)),
     Pair("rank0_checkpoint", "straggler", ("--rank0-save",)),
     Pair("slow_data_rank1", "straggler", ("--slow-data-rank", "1")),
+    Pair("slow_loader_rank1", "straggler", ("--loader", "--slow-data-rank", "1"), ("--loader",)),
     # Rank 0 evaluates every other step: the twins' mean steps, which hold the evaluation spread over its period.
     Pair("rank0_eval", "straggler", ("--rank0-eval", "2", "--mean"), ("--mean",)),
 )

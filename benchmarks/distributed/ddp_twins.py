@@ -4,7 +4,8 @@ Slow habits: ``--threads-all`` (every rank sizes torch's threads to all cores), 
 (find_unused_parameters=True with every parameter used), ``--accumulate K`` without ``--no-sync`` (each
 micro-batch's backward all-reduced), ``--rank0-save`` (rank 0 saves a checkpoint every step while the others
 wait at the next all-reduce), ``--rank0-eval N`` (rank 0 alone evaluates 20 held-out batches every N steps),
-``--slow-data-rank R`` (rank R waits 15 ms for every batch), and DDP's default
+``--slow-data-rank R`` (rank R waits 15 ms for every batch; with ``--loader`` the batches come from a
+DataLoader without workers, whose dataset waits), and DDP's default
 buckets (fixed by ``--bucket-settings``: gradient_as_bucket_view=True; the model's 6 tensors keep 2 buckets
 at any bucket size).
 
@@ -23,6 +24,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, Dataset
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=60)
@@ -35,6 +37,7 @@ parser.add_argument("--no-sync", action="store_true")
 parser.add_argument("--rank0-save", action="store_true")
 parser.add_argument("--rank0-eval", type=int, default=0)
 parser.add_argument("--slow-data-rank", type=int, default=-1)
+parser.add_argument("--loader", action="store_true")
 parser.add_argument("--mean", action="store_true")
 args = parser.parse_args()
 
@@ -65,6 +68,19 @@ def batch(i):
     return data[i % len(data)]
 
 
+class Batches(Dataset):
+    """Each item a whole batch, read as ``batch`` reads it."""
+
+    def __len__(self):
+        return 1_000_000
+
+    def __getitem__(self, i):
+        return batch(i)
+
+
+batches = iter(DataLoader(Batches(), batch_size=None)) if args.loader else None
+
+
 times = []
 for step in range(args.warmup + args.steps):
     started = time.perf_counter()
@@ -72,7 +88,7 @@ for step in range(args.warmup + args.steps):
         last = micro == args.accumulate - 1
         quiet = model.no_sync() if args.no_sync and not last else contextlib.nullcontext()
         with quiet:
-            x, y = batch(step * args.accumulate + micro)
+            x, y = next(batches) if batches is not None else batch(step * args.accumulate + micro)
             loss = nn.functional.mse_loss(model(x), y) / args.accumulate
             loss.backward()
     opt.step()

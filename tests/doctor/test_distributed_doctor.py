@@ -26,10 +26,13 @@ SCRIPTS = Path(__file__).parent / "scripts"
 
 @pytest.fixture(scope="module")
 def slow_data_rank0(tmp_path_factory):
-    """The doctor starts the ranks itself; rank 0 loads its data slower."""
+    """The doctor starts the ranks itself; rank 0 loads its data slower. The straggler's fix is timed on both ranks
+    (the budget fits it, the highest rated, while one run of the job takes up to 15 s) and written as a patch."""
     tmp = tmp_path_factory.mktemp("data")
-    return doctor_job(tmp, "--html", str(tmp / "report.html"), "--nproc-per-node", "2",
-                  str(SCRIPTS / "ddp_straggler_data.py"), "--slow-rank", "0")
+    return doctor_job(tmp, "--html", str(tmp / "report.html"), "--job-what-if-budget", "60",
+                      "--job-what-if-rules", "straggler", "--fix",
+                      str(tmp / "fixes.patch"), "--fix-only", "straggler", "--nproc-per-node", "2",
+                      str(SCRIPTS / "ddp_straggler_data.py"), "--slow-rank", "0", what_if=True, timeout=400)
 
 
 @pytest.fixture(scope="module")
@@ -103,6 +106,23 @@ def test_the_data_straggler_points_at_its_loader(slow_data_rank0):
     line = next(n for n, text in enumerate((SCRIPTS / "ddp_straggler_data.py").read_text().splitlines(), 1)
                 if "# doctor: straggler" in text)
     assert report["straggler"]["where"].endswith(f"ddp_straggler_data.py:{line}")
+
+
+def test_the_data_stragglers_loader_is_timed_with_workers_on_every_rank_and_patched(slow_data_rank0,
+                                                                                    tmp_path_factory):
+    """Rank 0 waits 25 ms for each batch from a loader without workers: every rank's DataLoader is timed with the
+    workers that fetch a batch in the other rank's step, and that count is written at the loader's line."""
+    report = _ok(slow_data_rank0)
+    finding = next(f for f in report["findings"] if f["rule"] == "straggler")
+    workers = finding["evidence"]["num_workers"]
+    assert workers["now"] == 0 and 2 <= workers["timed"] <= 8, workers
+    timed = finding["what_if"]
+    assert timed["kind"] == "job" and timed["ranks"] == 2, timed
+    assert timed["observed"]["num_workers"] == [workers["timed"]], timed
+    (fix,) = report["fixes"]
+    assert fix["in_patch"] and fix["where"] == report["straggler"]["where"].rsplit("/", 1)[-1], fix
+    patch = next(Path(tmp_path_factory.getbasetemp()).glob("data*/fixes.patch")).read_text()
+    assert f"num_workers={workers['timed']}, persistent_workers=True" in patch, patch
 
 
 def test_wrapping_torchrun_prints_the_rank_table(slow_compute_rank1):
@@ -283,7 +303,8 @@ def _rank0_straggler_fixed(tmp_path, name: str):
     shutil.copy(SCRIPTS / name, script)
     patch = tmp_path / "fixes.patch"
     # The budget fits the straggler's fix (the highest rated) while one run of the job takes up to 25 s.
-    proc, report = doctor_job(script.parent, "--job-what-if-budget", "100", "--fix", str(patch),
+    proc, report = doctor_job(script.parent, "--job-what-if-budget", "100", "--job-what-if-rules", "straggler",
+                              "--fix", str(patch),
                               "--fix-only", "straggler", "--nproc-per-node", "2", name,
                               what_if=True, timeout=400)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -27,16 +27,20 @@ from turbotrain.doctor.requests import JobRequest
 from turbotrain.doctor.whatif.job import JobTiming, time_on_the_job
 
 
+HABITS = ("accumulation-syncs", "ddp-find-unused-parameters", "cpu-oversubscribed")
+
+
 @pytest.fixture(scope="module")
 def habits(tmp_path_factory):
     """Every rank: threads sized to all cores, find_unused_parameters=True, 4 micro-batches without no_sync."""
     tmp = tmp_path_factory.mktemp("habits")
-    # The budget times all three fixes, DDP's bucket settings, and bf16 autocast where the CPU has bf16, in two
-    # rounds while one run of this job takes up to 15 s (it fits (budget / (2 rounds x a run)) - 1 fixes); about
-    # 5 s on a 2-core Xeon.
-    proc, report = doctor_job(tmp, "--what-if-budget", "20", "--job-what-if-budget", "180", "--nproc-per-node", "2",
-                          str(SCRIPTS / "ddp_habits.py"), "--threads-all", "--find-unused", "--accumulate", "4",
-                          what_if=True)
+    # Only the three habits' fixes are timed (not DDP's bucket settings or bf16 autocast, which their own tests
+    # time); the budget fits them in two rounds while one run of this job takes up to 15 s (it fits (budget / (2
+    # rounds x a run)) - 1 fixes); about 5 s on a 2-core Xeon.
+    proc, report = doctor_job(tmp, "--what-if-budget", "20", "--job-what-if-budget", "180",
+                              "--job-what-if-rules", ",".join(HABITS), "--nproc-per-node", "2",
+                              str(SCRIPTS / "ddp_habits.py"), "--threads-all", "--find-unused", "--accumulate", "4",
+                              what_if=True)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return report
 
@@ -162,6 +166,28 @@ def test_rarer_saves_write_one_call_in_every_n_from_the_named_line_only(tmp_path
     assert (tmp_path / "after.pt").exists()
 
 
+def test_forced_workers_reach_every_map_style_loader_and_keep_its_signature():
+    """Every DataLoader the script builds gets the workers being timed, however it passed num_workers; one over an
+    IterableDataset keeps its own (workers would each yield all of it); Lightning reads the signature."""
+    from torch.utils.data import DataLoader, IterableDataset, TensorDataset
+
+    class Stream(IterableDataset):
+        def __iter__(self):
+            return iter(range(4))
+
+    data = TensorDataset(torch.arange(8.0))
+    patcher = apply_change(RankChange(loader_workers=3))
+    try:
+        by_keyword, by_position = DataLoader(data, batch_size=2, num_workers=0), DataLoader(data, 2, False)
+        stream = DataLoader(Stream(), batch_size=2)
+        assert "num_workers" in inspect.signature(DataLoader.__init__).parameters
+    finally:
+        patcher.restore()
+    assert [(lo.num_workers, lo.persistent_workers) for lo in (by_keyword, by_position)] == [(3, True)] * 2
+    assert (stream.num_workers, stream.persistent_workers) == (0, False)
+    assert DataLoader(data).num_workers == 0  # restored
+
+
 RARER = """\
 import json, sys
 hits = []
@@ -201,7 +227,8 @@ def test_a_rarer_branch_runs_its_body_on_one_allowed_pass_in_n(tmp_path):
 
 
 @pytest.mark.parametrize("bad", [dict(threads=0), dict(sync_every=1), dict(save_every=1),
-                                 dict(branch_every=4), dict(branch_every=1, branch_at="t.py:3")])
+                                 dict(branch_every=4), dict(branch_every=1, branch_at="t.py:3"),
+                                 dict(loader_workers=0)])
 def test_a_change_that_cannot_be_applied_is_refused(bad):
     with pytest.raises(ValueError, match=next(iter(bad))):
         RankChange(**bad)
@@ -262,6 +289,22 @@ def test_a_fix_that_makes_work_rarer_compares_the_jobs_mean_step():
                               budget_s=100.0), findings)
     assert findings[0].what_if.rounds[0] == pytest.approx((4 * 50 + 5 * 10) / 9 / 10, abs=1e-3)
     assert findings[1].what_if.rounds[0] == pytest.approx(1.0)
+
+
+def test_only_the_rules_asked_for_are_timed_on_the_job(habits):
+    timed = {f["rule"] for f in habits["findings"] if (f.get("what_if") or {}).get("kind") == "job"}
+    assert timed == set(HABITS), habits["findings"]
+    left = [f for f in habits["findings"] if f["rule"] not in HABITS and "--job-what-if-rules" in (f["note"] or "")]
+    assert all(f.get("what_if") is None for f in left), left
+
+
+def test_an_unknown_rule_to_time_is_an_error_naming_it(capsys):
+    from turbotrain.cli import main
+
+    assert main(["doctor", "--job-what-if-rules", "straggler,stragler", "--nproc-per-node", "2",
+                 str(SCRIPTS / "ddp_clean.py")]) == 2
+    err = capsys.readouterr().err
+    assert "stragler is not a rule id" in err and "straggler," not in err.split("rule ids:")[0], err
 
 
 def test_fixes_beyond_the_budget_are_said_not_timed():

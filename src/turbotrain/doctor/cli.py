@@ -90,6 +90,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="on several processes: time for timing fixes on every rank, as runs of the whole job (default 180)",
     )
     parser.add_argument(
+        "--job-what-if-rules",
+        metavar="RULES",
+        help="on several processes: time only these rules' fixes on every rank (comma-separated rule ids, e.g. "
+        "straggler); the others keep their estimates",
+    )
+    parser.add_argument(
         "script",
         help="the training script, run unmodified as __main__; or, after --, a launcher "
         "command (torchrun ... script.py)",
@@ -107,6 +113,23 @@ _TRAILING = {
     "--fix-only": "fix_only",
 }
 _CONVERT = {"verify_budget": float, "verify_rounds": int}
+
+
+def _job_what_if_rules(value: str | None) -> tuple[str, ...] | None:
+    """``--job-what-if-rules straggler,cpu-oversubscribed`` as rule ids; an unknown one is an error naming it."""
+    if not value:
+        return None
+    from ..config import ConfigError
+    from .rules.registry import RULE_IDS
+
+    rules = tuple(r.strip() for r in value.split(",") if r.strip())
+    unknown = [r for r in rules if r not in RULE_IDS]
+    if unknown:
+        raise ConfigError(
+            f"doctor --job-what-if-rules: {', '.join(unknown)} is not a rule id; "
+            f"rule ids: {', '.join(sorted(RULE_IDS))}"
+        )
+    return rules
 
 
 def take_trailing_options(args: argparse.Namespace) -> None:
@@ -230,7 +253,12 @@ def run(args: argparse.Namespace) -> int:
                 "name the training script in it (torchrun ... train.py)."
             )
 
-        job_options = replace(options, hang_timeout_s=args.rank_timeout, job_what_if_budget_s=args.job_what_if_budget)
+        job_options = replace(
+            options,
+            hang_timeout_s=args.rank_timeout,
+            job_what_if_budget_s=args.job_what_if_budget,
+            job_what_if_rules=_job_what_if_rules(args.job_what_if_rules),
+        )
         report = diagnose_job(command, job_options)
     else:
         report = diagnose_script(args.script, list(args.script_args), options)

@@ -43,6 +43,7 @@ class DoctorOptions:
     fix_rules: tuple[str, ...] | None = None  # only these rules' fixes (None: every fixable finding)
     hang_timeout_s: float = 120.0  # a multi-process job with no rank making progress this long is ended
     job_what_if_budget_s: float = 180.0  # a job's fixes are timed as whole runs of the launcher, with and without
+    job_what_if_rules: tuple[str, ...] | None = None  # only these rules' fixes are timed on a job (None: every one)
     watch_s: float = 20.0  # after the window, watch the step clock this long for work at longer periods
 
 
@@ -233,7 +234,7 @@ def _time_on_the_job(command: list[str], report: Report, options: DoctorOptions,
         budget_s=options.job_what_if_budget_s,
         noise_floor=noise_floor(report.machine or {}),
     )
-    time_on_the_job(timing, report.findings)
+    time_on_the_job(timing, report.findings, options.job_what_if_rules)
     report.findings = order(report.findings)
     report.doctor_seconds["what_if"] = time.perf_counter() - started
     timed = sum(1 for f in asked if f.measured)

@@ -27,6 +27,7 @@ class RankChange:
     save_at: str | None = None  # "file:line": only the torch.save calls from this user line (None: every call)
     branch_every: int | None = None  # the ``if`` at branch_at runs its body on one in this many passes it allows
     branch_at: str | None = None  # "file:line" of that ``if``, in the script the ranks run
+    loader_workers: int | None = None  # every DataLoader built with this many (persistent) worker processes
 
     def __post_init__(self) -> None:
         if self.threads is not None and self.threads < 1:
@@ -40,6 +41,8 @@ class RankChange:
                 f"RankChange.branch_every must be 2 or more, with branch_at, not {self.branch_every} at "
                 f"{self.branch_at!r}"
             )
+        if self.loader_workers is not None and self.loader_workers < 1:
+            raise ValueError(f"RankChange.loader_workers must be 1 or more, not {self.loader_workers}")
         if self.autocast not in (None, "bfloat16", "float16"):
             raise ValueError(f"RankChange.autocast must be 'bfloat16' or 'float16', not {self.autocast!r}")
 
@@ -63,6 +66,8 @@ class RankChange:
         if self.save_every is not None:
             where = f" at {os.path.basename(self.save_at)}" if self.save_at else ""
             parts.append(f"torch.save{where} on one call in {self.save_every}")
+        if self.loader_workers is not None:
+            parts.append(f"DataLoader(..., num_workers={self.loader_workers}, persistent_workers=True)")
         if self.branch_every is not None and self.branch_at:
             parts.append(f"the `if` at {os.path.basename(self.branch_at)} taken on one pass in {self.branch_every}")
         return "; ".join(parts) or "no change"

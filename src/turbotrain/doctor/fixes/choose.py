@@ -38,13 +38,17 @@ def _loader(ctx: Context, f: Finding) -> dict[str, Any]:
         params: dict[str, Any] = {"num_workers": workers}
         if workers > 0:
             params["persistent_workers"] = True
-        return {
-            "kind": "loader",
-            "params": params,
-            "label": "DataLoader(" + ", ".join(f"{k}={v!r}" for k, v in params.items()) + ")",
-        }
+        return _loader_spec(params)
     name = "persistent_workers" if f.rule == "persistent-workers" else "pin_memory"
     return {"kind": "loader", "params": {name: True}, "label": f"DataLoader({name}=True)"}
+
+
+def _loader_spec(params: dict[str, Any], where: str = "") -> dict[str, Any]:
+    return {
+        "kind": "loader",
+        "params": params,
+        "label": "DataLoader(" + ", ".join(f"{k}={v!r}" for k, v in params.items()) + ")" + where,
+    }
 
 
 def _optimizer(ctx: Context, f: Finding) -> dict[str, Any]:
@@ -189,6 +193,8 @@ def _rank_change(ctx: Context, f: Finding) -> dict[str, Any]:
         }
     if change.branch_every is not None:
         return _rarer_branch(f, change.branch_every)
+    if change.loader_workers is not None:
+        return _loader_spec({"num_workers": change.loader_workers, "persistent_workers": True}, " on every rank")
     if change.threads is not None:
         return {
             "kind": "threads",

@@ -28,6 +28,11 @@ def apply_change(change: RankChange) -> Patcher:
         _force_threads(patcher, change.threads)
     if change.save_every is not None:
         _thin_saves(patcher, change.save_every, change.save_at)
+    if change.loader_workers is not None:
+        from torch.utils.data import DataLoader
+
+        forced = {"num_workers": change.loader_workers, "persistent_workers": True}
+        patcher.replace(DataLoader, "__init__", lambda init: _with_keywords(init, forced, _map_style))
     if change.ddp or change.sync_every is not None or change.autocast is not None:
         from torch.nn.parallel import DistributedDataParallel
 
@@ -51,15 +56,28 @@ def _force_threads(patcher: Patcher, threads: int) -> None:
     patcher.replace(torch, "set_num_threads", lambda _original: lambda _n: None)
 
 
-def _with_keywords(init: Callable[..., None], forced: dict[str, Any]) -> Callable[..., None]:
+def _with_keywords(
+    init: Callable[..., None], forced: dict[str, Any], applies: Callable[[dict[str, Any]], bool] | None = None
+) -> Callable[..., None]:
+    """``init`` with ``forced`` keyword arguments, wherever the call's arguments satisfy ``applies``."""
     signature = inspect.signature(init)
 
-    def __init__(model: Any, *args: Any, **kwargs: Any) -> None:
-        bound = signature.bind(model, *args, **kwargs)  # a keyword the script passed by position still counts
-        bound.arguments.update(forced)
+    # The original's signature shows through (Lightning rebuilds a DataLoader from the parameters it names).
+    @functools.wraps(init)
+    def __init__(obj: Any, *args: Any, **kwargs: Any) -> None:
+        bound = signature.bind(obj, *args, **kwargs)  # a keyword the script passed by position still counts
+        if applies is None or applies(bound.arguments):
+            bound.arguments.update(forced)
         init(*bound.args, **bound.kwargs)
 
     return __init__
+
+
+def _map_style(arguments: dict[str, Any]) -> bool:
+    """Workers each iterate an IterableDataset whole, unless it shards itself: only a map-style one gets them."""
+    from torch.utils.data import IterableDataset
+
+    return not isinstance(arguments.get("dataset"), IterableDataset)
 
 
 def _syncing_every(forward: Callable[..., Any], every: int) -> Callable[..., Any]:
@@ -135,6 +153,9 @@ def observed(recordings: list[Recording], applied: list[dict[str, int]] | None =
     )
     if unused:
         out["find_unused_parameters"] = unused
+    workers = sorted({int(loader.settings.get("num_workers", 0)) for r in recordings for loader in r.loaders})
+    if workers:
+        out["num_workers"] = workers
     for key, kind in (("gradient_as_bucket_view", bool), ("buckets", int)):
         values = sorted({kind(r.reducer[key]) for r in recordings if key in r.reducer})
         if values:

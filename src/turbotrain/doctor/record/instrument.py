@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, IterableDataset
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from . import active
@@ -211,6 +211,7 @@ def _loader_settings(loader: DataLoader) -> dict[str, Any]:
         "batch_size": loader.batch_size,
         "prefetch_factor": loader.prefetch_factor,
         "dataset": type(dataset).__name__,
+        "iterable": isinstance(dataset, IterableDataset),  # workers would each yield all of it, unless sharded
         "dataset_len": length,
         "batches_per_epoch": batches,
         "drop_last": loader.drop_last,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 from typing import TYPE_CHECKING, Any, Iterator
 
@@ -146,6 +147,8 @@ def straggler(ctx: Context) -> Iterator[Finding]:
         _time_rarer_saves(ctx, job, s, finding)
         if finding.request is None:
             _time_rarer_branch(ctx, job, s, finding)
+    elif s.cause == "data_loading":
+        _time_more_workers(ctx, job, s, finding)
     yield finding
 
 
@@ -202,6 +205,38 @@ def _time_rarer_branch(ctx: Context, job: RankAnalysis, s: Straggler, finding: F
         pytorch=f"Run rank {s.rank}'s work at {branch.site.where(ctx.base)} every {period * every} steps, not "
         f"{was}, or share it over every rank (each evaluating its slice): the others wait for it at the next "
         "all-reduce."
+    )
+
+
+# Worker processes per rank the data what-if asks for at most.
+MAX_WORKERS = 8
+
+
+def _time_more_workers(ctx: Context, job: RankAnalysis, s: Straggler, finding: Finding) -> None:
+    """A straggler late from its DataLoader at one line: time every rank's DataLoaders with enough worker processes
+    to fetch a batch in the time the median rank works a step (map-style datasets only)."""
+    ranks = ctx.recording.job if ctx.recording is not None else ()
+    recording = next((r for r in ranks if r.rank == s.rank), None)
+    loader = next((lo for lo in recording.loaders if lo.site == s.site), None) if recording is not None else None
+    if loader is None or loader.settings.get("iterable"):
+        return
+    count, waited, _ = loader.nexts.total(job.steps)
+    # The pace to keep: the median rank's own work per step, without its wait for the straggler.
+    pace = next((r.busy_s for r in job.ranks if r.rank == s.compared_with), 0.0)
+    if count == 0 or pace <= 0:
+        return
+    now, per_batch = int(loader.settings.get("num_workers") or 0), waited / count
+    # A batch every ``pace`` seconds from workers that each take the wait a batch has now, and one to spare.
+    workers = min(MAX_WORKERS, max(2 * now, math.ceil(per_batch / pace) + 1))
+    if workers <= now:
+        return
+    finding.evidence["num_workers"] = {"now": now, "timed": workers}
+    finding.request = JobRequest(RankChange(loader_workers=workers))
+    finding.fix = Fix(
+        pytorch=f"DataLoader(..., num_workers={workers}, persistent_workers=True) on every rank: rank {s.rank} waits "
+        f"{1e3 * per_batch:.1f} ms for each batch, and workers fetch the next ones while it trains; then give "
+        "its shard storage as fast as the others'.",
+        lightning=f"DataLoader(..., num_workers={workers}, persistent_workers=True) in the DataModule",
     )
 
 

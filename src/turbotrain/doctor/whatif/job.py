@@ -81,9 +81,15 @@ class JobTiming:
     noise_floor: float = 0.0
 
 
-def time_on_the_job(timing: JobTiming, findings: list[Finding]) -> None:
-    """Measure, in place, what each finding's :class:`JobRequest` buys on the whole job."""
+def time_on_the_job(timing: JobTiming, findings: list[Finding], rules: tuple[str, ...] | None = None) -> None:
+    """Measure, in place, what each finding's :class:`JobRequest` buys on the whole job (of ``rules``' findings,
+    when given)."""
     asked = [f for f in findings if isinstance(f.request, JobRequest)]
+    if rules is not None:
+        for f in asked:
+            if f.rule not in rules:
+                f.note = f"Not timed on the job: --job-what-if-rules {','.join(rules)} leaves {f.rule} out."
+        asked = [f for f in asked if f.rule in rules]
     if not asked:
         return
     started = time.monotonic()
