@@ -60,8 +60,13 @@ def _top_level_int(index: SourceIndex, name: str) -> int | None:
     return value.value if isinstance(value, ast.Constant) and type(value.value) is int else None
 
 
-def _period(index: SourceIndex, test: ast.expr) -> int | None:
-    divisors = [n.right for n in ast.walk(test) if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mod)]
+def _divisors(test: ast.expr) -> list[ast.expr]:
+    """The right-hand sides of the ``%`` in ``test``: ``EVERY`` of ``step % EVERY == 0``."""
+    return [n.right for n in ast.walk(test) if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mod)]
+
+
+def _period(index: SourceIndex, divisors: list[ast.expr]) -> int | None:
+    """The period of one ``%``'s divisor: a literal, or one top-level ``NAME = <int>``."""
     if len(divisors) != 1:
         return None
     divisor = divisors[0]
@@ -112,10 +117,10 @@ def branch_running(sources: dict[str, SourceIndex], site: Site) -> Branch | None
         return None
     index, node, call = innermost[0]
     text = ast.get_source_segment(index.text, node.test) or ""
-    periodic = any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mod) for n in ast.walk(node.test))
-    if not periodic and not RANK_TEST.search(text):
+    divisors = _divisors(node.test)
+    if not divisors and not RANK_TEST.search(text):
         return None
-    period = _period(index, node.test)
+    period = _period(index, divisors)
     return Branch(
         site=index.site(node),
         call=function if call is not None else None,

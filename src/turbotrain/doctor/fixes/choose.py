@@ -215,11 +215,11 @@ def _rarer_branch(f: Finding, every: int) -> dict[str, Any]:
             "label": f"rank {f.evidence.get('rank')}'s work every {period * every} steps (was {period})",
             "params": {"every": period, "new_every": period * every, "kind": "work", "function": call},
         }
-    if call and branch.get("call_line") and f.site is not None:
+    if call and branch.get("call_line"):
         return {
             "kind": "save_every",
             "line": branch["call_line"],
-            "file": branch.get("file") or f.site.file,
+            "file": branch["file"],
             "params": {"every": every, "call": call},
             "label": f"{call}() every {every} steps (was every step)",
         }

@@ -17,6 +17,7 @@ from .registry import rule
 
 if TYPE_CHECKING:
     from ..analysis.context import Context
+    from ..record.recording import Recording
 
 __all__ = [
     "straggler",
@@ -152,11 +153,16 @@ def straggler(ctx: Context) -> Iterator[Finding]:
     yield finding
 
 
+def _own_recording(ctx: Context, s: Straggler) -> Recording | None:
+    """The straggler's own recording, among the job's."""
+    ranks = ctx.recording.job if ctx.recording is not None else ()
+    return next((r for r in ranks if r.rank == s.rank), None)
+
+
 def _time_rarer_saves(ctx: Context, job: RankAnalysis, s: Straggler, finding: Finding) -> None:
     """A straggler late from its own torch.save at one line: time the save every N steps on every rank, N the
     cadence at which the save costs under 5% of the step."""
-    ranks = ctx.recording.job if ctx.recording is not None else ()
-    recording = next((r for r in ranks if r.rank == s.rank), None)
+    recording = _own_recording(ctx, s)
     if s.site is None or recording is None:
         return
     count, seconds, _ = next(
@@ -215,8 +221,7 @@ MAX_WORKERS = 8
 def _time_more_workers(ctx: Context, job: RankAnalysis, s: Straggler, finding: Finding) -> None:
     """A straggler late from its DataLoader at one line: time every rank's DataLoaders with enough worker processes
     to fetch a batch in the time the median rank works a step (map-style datasets only)."""
-    ranks = ctx.recording.job if ctx.recording is not None else ()
-    recording = next((r for r in ranks if r.rank == s.rank), None)
+    recording = _own_recording(ctx, s)
     loader = next((lo for lo in recording.loaders if lo.site == s.site), None) if recording is not None else None
     if loader is None or loader.settings.get("iterable"):
         return
