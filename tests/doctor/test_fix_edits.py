@@ -260,3 +260,18 @@ def test_a_file_that_does_not_parse_is_by_hand():
     request = EditRequest(rule="r", kind="loader", file="t.py", line=1, where="t.py:1", label="")
     with pytest.raises(ByHand, match="does not parse"):
         apply_edit("loader = DataLoader(ds,\n", request, "t.py")
+
+
+def test_fsdp_keyword_goes_into_every_fully_shard_call_that_leaves_it_to_fsdp():
+    source = """
+        from torch.distributed.fsdp import fully_shard
+        for block in model.blocks:
+            fully_shard(block)  # here
+        fully_shard(model.head, reshard_after_forward=True)  # the script's own choice stays
+        torch.distributed.fsdp.fully_shard(model, mesh=mesh)
+    """
+    new = edit(source, "fsdp", keywords={"reshard_after_forward": False})
+    assert changed(source, new) == ["fully_shard(block, reshard_after_forward=False)  # here",
+                                    "torch.distributed.fsdp.fully_shard(model, mesh=mesh, reshard_after_forward=False)"]
+    with pytest.raises(ByHand, match="no fully_shard"):
+        edit("x = 1  # here\n", "fsdp", keywords={"reshard_after_forward": False})

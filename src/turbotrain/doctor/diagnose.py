@@ -206,15 +206,16 @@ def _job_fixes(
 
 
 def _compute_waits(report: Report, rank: int) -> str | None:
-    """The bar is one rank's: its backward includes the wait for the gradient all-reduce, said here in ms."""
+    """The bar is one rank's: its compute includes its wait for the others (the gradient all-reduce, FSDP's
+    collectives), said here in ms."""
     job = report.ranks
     row = next((r for r in job.ranks if r.rank == rank), None) if job is not None else None
     wait = row.median_s.get("communication", 0.0) if row is not None else 0.0
-    if row is None or wait < 0.05 * row.step_s:
+    if job is None or row is None or wait < 0.05 * row.step_s:
         return None
     return (
         f"Rank {rank}'s compute in the bar includes {wait * 1e3:.1f} ms a step ({wait / row.step_s:.0%}) waiting for "
-        "the gradient all-reduce after its own backward: the comm column of the per-rank table."
+        f"{job.waited_on}: the comm column of the per-rank table."
     )
 
 

@@ -28,6 +28,7 @@ class RankChange:
     branch_every: int | None = None  # the ``if`` at branch_at runs its body on one in this many passes it allows
     branch_at: str | None = None  # "file:line" of that ``if``, in the script the ranks run
     loader_workers: int | None = None  # every DataLoader built with this many (persistent) worker processes
+    fsdp: dict[str, Any] = field(default_factory=dict)  # keyword arguments forced on every fully_shard call
 
     def __post_init__(self) -> None:
         if self.threads is not None and self.threads < 1:
@@ -68,6 +69,8 @@ class RankChange:
             parts.append(f"torch.save{where} on one call in {self.save_every}")
         if self.loader_workers is not None:
             parts.append(f"DataLoader(..., num_workers={self.loader_workers}, persistent_workers=True)")
+        if self.fsdp:
+            parts.append(f"fully_shard(..., {', '.join(f'{k}={v!r}' for k, v in self.fsdp.items())})")
         if self.branch_every is not None and self.branch_at:
             parts.append(f"the `if` at {os.path.basename(self.branch_at)} taken on one pass in {self.branch_every}")
         return "; ".join(parts) or "no change"

@@ -2,7 +2,8 @@
 
 Per rank and measured step, the step's time per category (:meth:`StepRecord.categories`) with its *exposed
 communication* taken out of compute: the time the step waited for the gradient all-reduce after the rank's own
-backward compute was done (:mod:`..record.collectives`). In a data-parallel step every rank ends at the same
+backward compute was done (:mod:`..record.collectives`), or, under FSDP, in its blocking all-gathers and
+reduce-scatters (:mod:`..record.blocking_collectives`). In a data-parallel step every rank ends at the same
 all-reduce, so the rank the others wait for is the one that waits least; what it spends more time on than
 the others (its data, its compute, work only it does) is the cause. Its cost is read from the others' waiting:
 per step, the least any other rank waited beyond the straggler's own wait is the time every step would lose
@@ -33,11 +34,18 @@ __all__ = [
     "oversubscribed",
     "RANK_CATEGORIES",
     "STRAGGLER_SHARE",
+    "WAITED_ON",
 ]
 
 # The breakdown's categories as recorded (python overhead is a model of the whole run, not of a rank's step) plus
 # the exposed communication, in the order a rank's row shows them.
 RANK_CATEGORIES = (*(c for c in CATEGORIES if c != "python_overhead"), "communication")
+# What a rank's exposed communication waits on, by the kind of its steps' records (record/collectives.py).
+WAITED_ON = {
+    "ddp": "the gradient all-reduce",
+    "fsdp": "FSDP's all-gathers and reduce-scatters",
+    "collectives": "the script's blocking collectives",
+}
 # A straggler is named when the others' wait for it is at least this share of the step (a finding's "medium").
 STRAGGLER_SHARE = 0.05
 # ... when it arrived last in at least this share of the measured steps, and when the others' wait for it
@@ -68,6 +76,7 @@ class RankSummary:
     cpu_wait_s: float | None = None  # median seconds per step its thread waited for a CPU others held
     reducer: dict[str, float] = field(default_factory=dict)  # DDP's own reducer statistics (seconds)
     comm_busy_s: float | None = None  # median seconds per step the gradient all-reduces were in flight (timed)
+    collectives: float | None = None  # median collectives per step (DDP's buckets, FSDP's gathers and scatters)
 
     def reducer_check(self) -> tuple[float, float, float] | None:
         """(DDP's own backward communication time, the doctor's timed all-reduce time, their ratio) per step,
@@ -133,10 +142,16 @@ class RankAnalysis:
     steps: list[int] = field(default_factory=list)  # the measured steps every rank has
     lanes: dict[int, tuple[LaneStep, ...]] = field(default_factory=dict)  # per rank, its steps on the common clock
     shared_wait_s: float = 0.0  # per step, the median of the least any rank waited: the wait no lateness explains
+    sync_kind: str = "ddp"  # what the ranks' exposed communication is: a key of WAITED_ON
 
     @property
     def step_s(self) -> float:
         return statistics.median(r.step_s for r in self.ranks)
+
+    @property
+    def waited_on(self) -> str:
+        """The words for what the ranks wait on: "the gradient all-reduce", "FSDP's all-gathers and ..."."""
+        return WAITED_ON[self.sync_kind]
 
 
 def oversubscribed(recording: Recording, usable_cores: int) -> tuple[list[int], int] | None:
@@ -209,6 +224,7 @@ def _summary(recording: Recording, steps: list[int]) -> RankSummary:
         cpu_wait_s=_median_of([comm[i].cpu_wait_s if i in comm else None for i in steps]),
         reducer=dict(recording.reducer),
         comm_busy_s=_median_of([comm[i].busy_s if i in comm else None for i in steps]),
+        collectives=_median_of([comm[i].buckets if i in comm else None for i in steps]),
     )
 
 
@@ -442,6 +458,8 @@ def analyse_ranks(recordings: list[Recording] | tuple[Recording, ...]) -> RankAn
         straggler = _periodic_straggler(recordings, steps, exposed, summaries)
     imbalance = None if straggler is not None else _imbalance(recordings, steps, exposed, step)
     offsets = _offsets(recordings, steps)
+    kinds = [c.kind for r in recordings for c in r.communication if c.step in common]
+    kind = statistics.mode(kinds) if kinds else "ddp"
     return RankAnalysis(
         ranks=summaries,
         median_rank=median.rank,
@@ -449,10 +467,12 @@ def analyse_ranks(recordings: list[Recording] | tuple[Recording, ...]) -> RankAn
         skew=(worst.busy_s - median.busy_s) / median.busy_s if median.busy_s > 0 else 0.0,
         exposed_share=total_exposed / total_step if total_step > 0 else 0.0,
         shared_wait_s=statistics.median(min(exposed[r][i] for r in exposed) for i in range(len(steps))),
-        overlap=overlapped / busy if busy > 0 else None,
+        # Blocking calls overlap nothing by construction: no share to report.
+        overlap=overlapped / busy if busy > 0 and kind == "ddp" else None,
         straggler=straggler,
         imbalance=imbalance,
         offsets_s=offsets,
         steps=steps,
         lanes=_lanes(recordings, steps, offsets),
+        sync_kind=kind,
     )

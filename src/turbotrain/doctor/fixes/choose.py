@@ -173,8 +173,8 @@ def _autocast(ctx: Context, f: Finding) -> dict[str, Any]:
 
 
 def _rank_change(ctx: Context, f: Finding) -> dict[str, Any]:
-    """A job's fix timed on every rank, as the edit of the line it names: DDP's keywords, the thread count or
-    the checkpoint's cadence."""
+    """A job's fix timed on every rank, as the edit of the line it names: DDP's or FSDP's keywords, the thread
+    count, the checkpoint's cadence, a branch's period or the loader's workers."""
     change = f.request.change if isinstance(f.request, JobRequest) else None
     if change is None:
         raise ByHand(f.fix.pytorch)
@@ -185,6 +185,9 @@ def _rank_change(ctx: Context, f: Finding) -> dict[str, Any]:
             "params": {"keywords": dict(change.ddp)},
             "label": f"DistributedDataParallel(..., {keywords})",
         }
+    if change.fsdp:
+        keywords = ", ".join(f"{k}={v!r}" for k, v in change.fsdp.items())
+        return {"kind": "fsdp", "params": {"keywords": dict(change.fsdp)}, "label": f"fully_shard(..., {keywords})"}
     if change.save_every is not None:
         return {
             "kind": "save_every",
@@ -242,6 +245,7 @@ _PLANNERS: dict[str, Callable[[Context, Finding], dict[str, Any]]] = {
     "no-mixed-precision": _autocast,
     "ddp-find-unused-parameters": _rank_change,
     "ddp-bucket-settings": _rank_change,
+    "exposed-gradient-sync": _rank_change,
     "cpu-oversubscribed": _rank_change,
     "straggler": _rank_change,
 }

@@ -9,7 +9,7 @@ import libcst as cst
 from .cst_tools import Source, code_of, dotted, keyword_value, replace, set_keyword
 from .model import ByHand, EditRequest
 
-__all__ = ["loader", "optimizer", "zero_grad", "conv_bias", "from_numpy", "ddp", "threads"]
+__all__ = ["loader", "optimizer", "zero_grad", "conv_bias", "from_numpy", "ddp", "fsdp", "threads"]
 
 # Where an argument sits when passed positionally (torch's own signatures), so `DataLoader(ds, 32, True,
 # None, None, 0)` has its 0 replaced rather than a second num_workers added.
@@ -102,6 +102,31 @@ def ddp(source: Source, req: EditRequest) -> str:
     for name, value in req.params["keywords"].items():
         new = set_keyword(new, name, repr(value), None, req.where)
     return _one_call(source, req, call, new)
+
+
+def fsdp(source: Source, req: EditRequest) -> str:
+    """``fully_shard(module, ..., reshard_after_forward=False)`` in every call of the file that leaves the keyword
+    to FSDP: the what-if forced it on every call, so the edit does too (a call that sets it is the script's choice).
+    """
+    forced = req.params["keywords"]
+    calls = [
+        call
+        for call in source.nodes(cst.Call)
+        if dotted(call.func).split(".")[-1] == "fully_shard" and not any(keyword_value(call, k) for k in forced)
+    ]
+    if not calls:
+        raise ByHand(f"{req.where}: no fully_shard(...) call without {', '.join(forced)} in {source.name}")
+    edits: dict[cst.CSTNode, Callable[[cst.CSTNode], object]] = {}
+    for call in calls:
+        new = call
+        for name, value in forced.items():
+            new = set_keyword(new, name, repr(value), None, req.where)
+        edits[call] = _becomes(new)
+    return replace(source, edits)
+
+
+def _becomes(new: cst.Call) -> Callable[[cst.CSTNode], object]:
+    return lambda _old: new
 
 
 def threads(source: Source, req: EditRequest) -> str:

@@ -17,6 +17,7 @@ EDIT_KINDS: dict[str, Callable[[Source, EditRequest], str]] = {
     "conv_bias": keywords.conv_bias,  # bias=False before a BatchNorm
     "from_numpy": keywords.from_numpy,  # torch.from_numpy for torch.tensor(ndarray)
     "ddp": keywords.ddp,  # DistributedDataParallel's keywords (find_unused_parameters=False)
+    "fsdp": keywords.fsdp,  # fully_shard(..., reshard_after_forward=False) on every call
     "threads": keywords.threads,  # torch.set_num_threads(N) per rank
     "inference_mode": statements.inference_mode,  # around validation run with autograd on
     "autocast": statements.autocast,  # around the forward and the loss

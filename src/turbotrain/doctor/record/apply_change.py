@@ -33,6 +33,8 @@ def apply_change(change: RankChange) -> Patcher:
 
         forced = {"num_workers": change.loader_workers, "persistent_workers": True}
         patcher.replace(DataLoader, "__init__", lambda init: _with_keywords(init, forced, _map_style))
+    if change.fsdp:
+        _force_fsdp_keywords(patcher, change.fsdp)
     if change.ddp or change.sync_every is not None or change.autocast is not None:
         from torch.nn.parallel import DistributedDataParallel
 
@@ -54,6 +56,32 @@ def _force_threads(patcher: Patcher, threads: int) -> None:
     torch.set_num_threads(threads)
     # The script's own call would undo the change being timed: it keeps the trial's count.
     patcher.replace(torch, "set_num_threads", lambda _original: lambda _n: None)
+
+
+def _force_fsdp_keywords(patcher: Patcher, forced: dict[str, Any]) -> None:
+    """Every ``fully_shard`` call takes ``forced``, whichever module the script imports it from."""
+    import importlib
+
+    def counted(shard: Callable[..., Any]) -> Callable[..., Any]:
+        with_keywords = _with_keywords(shard, forced)
+
+        @functools.wraps(shard)
+        def fully_shard(*args: Any, **kwargs: Any) -> Any:
+            APPLIED["fully_shard calls with " + ", ".join(f"{k}={v!r}" for k, v in forced.items())] += 1
+            return with_keywords(*args, **kwargs)
+
+        return fully_shard
+
+    wrapped: dict[int, Callable[..., Any]] = {}  # one wrapper per function, whatever names it goes by
+    for name in ("torch.distributed.fsdp", "torch.distributed.fsdp._fully_shard", "torch.distributed._composable.fsdp"):
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
+        shard = getattr(module, "fully_shard", None)
+        if shard is not None:
+            new = wrapped.setdefault(id(shard), counted(shard))
+            patcher.put(module, "fully_shard", new)
 
 
 def _with_keywords(
@@ -160,6 +188,9 @@ def observed(recordings: list[Recording], applied: list[dict[str, int]] | None =
         values = sorted({kind(r.reducer[key]) for r in recordings if key in r.reducer})
         if values:
             out[key] = values
+    gathers = [c.buckets for r in recordings for c in r.communication if c.kind == "fsdp"]
+    if gathers:
+        out["fsdp_collectives_per_step"] = round(sum(gathers) / len(gathers), 2)
     passes = [c.passes for r in recordings for c in r.communication]
     if passes:
         out["synced_passes_per_step"] = round(sum(passes) / len(passes), 2)

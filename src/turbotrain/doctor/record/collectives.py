@@ -22,7 +22,7 @@ from typing import Any
 
 from .patcher import Patcher
 
-__all__ = ["CommStep", "GradientSync", "REDUCER_TIMES"]
+__all__ = ["CommStep", "GradientSync", "REDUCER_TIMES", "ThreadCpu", "union", "merged"]
 
 log = logging.getLogger("turbotrain")
 
@@ -42,6 +42,9 @@ class CommStep:
     cpu_s: float | None = None
     cpu_wait_s: float | None = None
     passes: int = 1  # backward passes whose gradients were all-reduced (more than one: accumulation without no_sync)
+    # Whose communication: "ddp" (its gradient all-reduces), "fsdp" (its all-gathers and reduce-scatters) or
+    # "collectives" (the script's own blocking calls), the last two from :mod:`.blocking_collectives`.
+    kind: str = "ddp"
 
 
 # DDP's reducer timings (``_get_ddp_logging_data``, nanoseconds), averaged over its sampled iterations.
@@ -53,6 +56,33 @@ REDUCER_TIMES = (
 )
 
 
+class ThreadCpu:
+    """One thread's CPU time and its wait for a CPU others held, noted per step (Linux schedstat)."""
+
+    def __init__(self) -> None:
+        self.at: dict[int, tuple[int, int]] = {}  # step -> (cpu ns, run-queue wait ns) at its last note
+        self.follow_this_thread()
+
+    def follow_this_thread(self) -> None:
+        self._path = f"/proc/self/task/{threading.get_native_id()}/schedstat"
+
+    def note(self, step: int) -> None:
+        """Read now (a few microseconds): the last note of a step is the step's."""
+        try:
+            with open(self._path, "rb") as fh:
+                fields = fh.read().split()
+            self.at[step] = (int(fields[0]), int(fields[1]))
+        except (OSError, ValueError, IndexError):
+            pass
+
+    def since_last_step(self, step: int) -> tuple[float | None, float | None]:
+        """Seconds on a CPU, and seconds waiting for one, from the previous step's note to this step's."""
+        now, before = self.at.get(step), self.at.get(step - 1)
+        if now is None or before is None:
+            return None, None
+        return (now[0] - before[0]) / 1e9, (now[1] - before[1]) / 1e9
+
+
 class GradientSync:
     """Installs the timing hook on every DDP model built while the recording runs; ``steps()`` at the end."""
 
@@ -62,12 +92,11 @@ class GradientSync:
         self.cells: dict[tuple[int, int], list[list[float]]] = defaultdict(list)
         self.models = 0
         self._register: Callable | None = None  # DDP's own register_comm_hook
-        self.sched: dict[int, tuple[int, int]] = {}  # step -> (cpu ns, run-queue wait ns) at its last bucket
+        self.cpu = ThreadCpu()  # the script's thread's CPU time at each step's last bucket
         self.refs: list[weakref.ref] = []  # the DDP models timed, for their reducer's own statistics
-        self._schedstat = f"/proc/self/task/{threading.get_native_id()}/schedstat"
 
     def install(self, patcher: Patcher) -> None:
-        self._schedstat = f"/proc/self/task/{threading.get_native_id()}/schedstat"  # the script's thread
+        self.cpu.follow_this_thread()  # the script's thread
         from torch.nn.parallel import DistributedDataParallel
 
         patcher.replace(DistributedDataParallel, "__init__", self._wrap_init)
@@ -124,7 +153,7 @@ class GradientSync:
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
         inner: dict[str, Any] = {"state": model.process_group, "hook": default_hooks.allreduce_hook, "user": False}
-        cells, position, live, perf, sched = self.cells, self.position, self.live, time.perf_counter, self._sched
+        cells, position, live, perf, sched = self.cells, self.position, self.live, time.perf_counter, self.cpu.note
 
         # No annotations: DDP checks a hook's annotations against its own types (dist.GradBucket, Future).
         def timed_allreduce(state, bucket):
@@ -153,15 +182,6 @@ class GradientSync:
         model._tt_comm_inner = inner
         self.models += 1
         self.refs.append(weakref.ref(model))
-
-    def _sched(self, step: int) -> None:
-        """The script's thread's CPU time and run-queue wait now (a few microseconds per bucket)."""
-        try:
-            with open(self._schedstat, "rb") as fh:
-                fields = fh.read().split()
-            self.sched[step] = (int(fields[0]), int(fields[1]))
-        except (OSError, ValueError, IndexError):
-            pass
 
     def in_flight(self) -> bool:
         """An all-reduce of the current backward pass has not completed (the rank is waiting on the others)."""
@@ -214,13 +234,10 @@ class GradientSync:
             for cells in passes:
                 ready = max(c[0] for c in cells)
                 exposed += max(0.0, max(c[1] for c in cells) - ready)
-                spans = _union([(c[0], c[1]) for c in cells])
+                spans = union([(c[0], c[1]) for c in cells])
                 busy += sum(b - a for a, b in spans)
                 overlap += sum(max(0.0, min(b, ready) - a) for a, b in spans)
-            now, before = self.sched.get(step), self.sched.get(step - 1)
-            cpu = wait = None
-            if now is not None and before is not None:
-                cpu, wait = (now[0] - before[0]) / 1e9, (now[1] - before[1]) / 1e9
+            cpu, wait = self.cpu.since_last_step(step)
             out.append(
                 CommStep(
                     step=step,
@@ -237,7 +254,7 @@ class GradientSync:
         return tuple(out)
 
 
-def _union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
+def union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
     out: list[tuple[float, float]] = []
     for a, b in sorted(spans):
         if out and a <= out[-1][1]:
@@ -245,3 +262,11 @@ def _union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
         else:
             out.append((a, b))
     return out
+
+
+def merged(ddp: tuple[CommStep, ...], blocking: tuple[CommStep, ...]) -> tuple[CommStep, ...]:
+    """One record per step: DDP's where its hook timed the step (the script's own calls then come after ranks
+    lined up at the all-reduce), else the blocking collectives' (FSDP, gradients averaged by hand)."""
+    by_step = {c.step: c for c in blocking}
+    by_step.update((c.step, c) for c in ddp)
+    return tuple(by_step[s] for s in sorted(by_step))

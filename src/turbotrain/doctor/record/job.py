@@ -270,7 +270,8 @@ def _lost_a_peer(rank: RankOutcome) -> bool:
 
 
 def _in_collective(rank: RankOutcome) -> bool:
-    return "all-reduce" in str((rank.status or {}).get("doing") or "")
+    doing = str((rank.status or {}).get("doing") or "")
+    return "all-reduce" in doing or "torch.distributed." in doing
 
 
 # -- ending every process ------------------------------------------------------------------------------

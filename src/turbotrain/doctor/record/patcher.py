@@ -28,6 +28,10 @@ class Patcher:
             new = type(own)(new)
         setattr(owner, name, new)
 
+    def put(self, owner: Any, name: str, value: Any) -> None:
+        """``owner.name = value`` until restore (a replacement that does not wrap the original)."""
+        self.replace(owner, name, lambda _original: value)
+
     def restore(self) -> None:
         while self._saved:
             owner, name, own = self._saved.pop()

@@ -88,6 +88,8 @@ class Heartbeat:
         doing = PHASE_WORDS.get(top.phase, top.phase) if top is not None else None
         if recorder.gradient_sync.in_flight():
             doing = "waiting for the gradient all-reduce (DDP, in the backward)"
+        elif recorder.blocking.open is not None:
+            doing = f"waiting in torch.distributed.{recorder.blocking.open}"
         write_json(
             self.path,
             {

@@ -36,7 +36,8 @@ from .gpu_timing import GpuTimer
 from .patcher import Patcher
 from .profiling import PhaseRanges, ProfilerWindow, top_ops
 from .clock import PhaseClock
-from .collectives import GradientSync
+from .blocking_collectives import BlockingCollectives
+from .collectives import GradientSync, merged
 from .probe import Probe, no_device_marks
 from .recording import GpuPhases, LiveObjects, MatmulShape, ModuleSite, Recording, SiteCount, Window
 from .steps import StepTracker, Stop
@@ -117,9 +118,16 @@ class Recorder:
         self.reads_at_start: Any = None
         self.reads_at_end: Any = None
         # DDP's gradient all-reduces, timed per step (exposed communication on a multi-process job).
-        self.gradient_sync = GradientSync(
-            lambda: (self.tracker.step_index, self.tracker.open_step.backwards), lambda: active.current is self.probe
-        )
+        self.gradient_sync = GradientSync(self._comm_position, self._recording_live)
+        # FSDP's all-gathers and reduce-scatters, and the script's own blocking collectives.
+        self.blocking = BlockingCollectives(self._comm_position, self._recording_live)
+
+    def _comm_position(self) -> tuple[int, int]:
+        """Where a collective falls: (step index, backward passes so far in it)."""
+        return self.tracker.step_index, self.tracker.open_step.backwards
+
+    def _recording_live(self) -> bool:
+        return active.current is self.probe
 
     # -- what the recording holds (read by analysis) ------------------------------------------------
 
@@ -170,6 +178,7 @@ class Recorder:
             self.modules.set_discovery(True)
             instrument.install(self.patcher)
             self.gradient_sync.install(self.patcher)
+            self.blocking.install(self.patcher)
             if self.gpu:
                 self.gpu_timer.install_sync_debug(self.patcher, self._on_cuda_sync)
         except BaseException:
@@ -367,7 +376,7 @@ class Recorder:
             watched=self.watch.freeze() if self.watch is not None else None,
             host=socket.gethostname(),
             driver=self.driver.name,
-            communication=self.gradient_sync.steps(),
+            communication=merged(self.gradient_sync.steps(), self.blocking.steps()),
             reducer=self.gradient_sync.reducer_stats(),
             input_numel=dict(self.modules.input_numel),
         )

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.text import Text
 
-from ..analysis.ranks import LaneStep, RankAnalysis, RankSummary
+from ..analysis.ranks import WAITED_ON, LaneStep, RankAnalysis, RankSummary
 from ..findings import speedup_from_share
 from .figures import png_uri
 from .palette import CATEGORY_LABELS, COLORS
@@ -29,7 +29,13 @@ LANE_STEPS = 10
 # not the order the rank ran them in; the wait stands out in a colour and hatch no phase has.
 LANE_ORDER = ("outside_step", "data_loading", "host_to_device", "compute", "host_sync", "communication", "optimizer")
 WAIT_STYLE: dict[str, Any] = {"facecolor": "#f8bbd9", "edgecolor": "#c2185b", "hatch": "///"}
-WAIT_LABEL = "waiting for the all-reduce (exposed communication)"
+WAIT_LABEL = "waiting for the others (exposed communication)"
+# The per-rank table's legend for its comm column, short enough for 80 columns.
+_COMM_SHORT = {
+    "ddp": "the all-reduce after its backward",
+    "fsdp": "FSDP's all-gather/reduce-scatter",
+    "collectives": "its blocking collectives",
+}
 # (category, column header): host-to-device copies and host syncs share a column to fit 80 columns.
 RANK_COLUMNS = (
     ("data_loading", "data"),
@@ -110,6 +116,7 @@ def ranks_json(job: RankAnalysis, base: str | None = None) -> dict[str, Any]:
             "breakdown_ms": {k: _ms(v) for k, v in r.median_s.items()},
             "p90_ms": {k: _ms(v) for k, v in r.p90_s.items()},
             "exposed_communication_ms": _ms(r.exposed_s),
+            "collectives_per_step": r.collectives,
             "own_work_ms": _ms(r.busy_s),
             "cpu_ms": _ms(r.cpu_s) if r.cpu_s is not None else None,
             "cpu_wait_ms": _ms(r.cpu_wait_s) if r.cpu_wait_s is not None else None,
@@ -174,20 +181,21 @@ def ranks_json(job: RankAnalysis, base: str | None = None) -> dict[str, Any]:
             "median_rank": job.median_rank,
             "worst_rank": job.worst_rank,
             "skew": round(job.skew, 4),
-            "aligned_on": "gradient all-reduce completion",
+            "kind": job.sync_kind,  # what the ranks wait on: "ddp", "fsdp" or "collectives"
+            "aligned_on": "the completion of each step's last collective",
             "steps": len(job.steps),
         },
     }
 
 
 def bottleneck_wait(report: Report) -> str:
-    """On a job whose bar is compute-bound: how much of that compute is the lead rank's wait for the all-reduce."""
+    """On a job whose bar is compute-bound: how much of that compute is the lead rank's wait for the others."""
     b, job = report.breakdown, report.ranks
     if b is None or job is None or b.bottleneck != "compute" or not job.ranks:
         return ""
     lead = min(job.ranks, key=lambda r: r.rank)  # the bar is the lowest recorded rank's
     wait = lead.median_s.get("communication", 0.0) / lead.step_s if lead.step_s > 0 else 0.0
-    return f", {wait:.0%} of it waiting for the gradient all-reduce" if wait >= 0.05 else ""
+    return f", {wait:.0%} of it waiting for {job.waited_on}" if wait >= 0.05 else ""
 
 
 def _cells(r: RankSummary) -> list[str]:
@@ -233,7 +241,7 @@ def print_ranks(console: Console, job: RankAnalysis, width: int) -> None:
                 style="dim",
             )
         )
-    console.print(Text("other: copies + host syncs; comm: waiting for the all-reduce after its backward", style="dim"))
+    console.print(Text(f"other: copies + host syncs; comm: waiting for {_COMM_SHORT[job.sync_kind]}", style="dim"))
     by_rank = {r.rank: r for r in job.ranks}
     worst, median = by_rank[job.worst_rank], by_rank[job.median_rank]
     console.print(
@@ -264,10 +272,14 @@ def print_ranks(console: Console, job: RankAnalysis, width: int) -> None:
                 f"({u.cost_share:.0%})",
             )
         )
-    overlap = f", {job.overlap:.0%} of the all-reduce time overlapped the backward" if job.overlap is not None else ""
-    console.print(
-        Text(f"Communication: {job.exposed_share:.0%} of the step waits on gradient synchronization{overlap}.")
-    )
+    console.print(Text(_communication_line(job.exposed_share, job.overlap, job.sync_kind)))
+
+
+def _communication_line(share: float, overlap: float | None, kind: str) -> str:
+    if kind == "ddp":
+        said = f", {overlap:.0%} of the all-reduce time overlapped the backward" if overlap is not None else ""
+        return f"Communication: {share:.0%} of the step waits on gradient synchronization{said}."
+    return f"Communication: {share:.0%} of the step waits on {WAITED_ON[kind]}; the calls block, overlapping nothing."
 
 
 def lane_ranks(data: dict[str, Any]) -> list[int]:
@@ -323,7 +335,7 @@ def _lanes_png(data: dict[str, Any]) -> str | None:
             tick.set_fontweight("bold")
     ax.set_ylim(len(shown) - 0.5, -0.5)
     ax.set_xlim(left=min(by_rank[rank]["lane_ms"][0]["start"] for rank in shown))
-    ax.set_xlabel("ms, ranks lined up on each step's all-reduce completion")
+    ax.set_xlabel("ms, ranks lined up on each step's last collective")
     ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=4, fontsize=7, frameon=False)
     uri = png_uri(fig)
     plt.close(fig)
@@ -362,12 +374,7 @@ def ranks_html(data: dict[str, Any]) -> str:
             f"{u['cost']['ms_per_step']:.1f} ms ({u['cost']['share']:.0%})."
         )
     if c:
-        overlap = (
-            f", {c['overlap']:.0%} of the all-reduce time overlapped the backward"
-            if c.get("overlap") is not None
-            else ""
-        )
-        lines.append(f"Communication: {c['exposed_share']:.0%} of the step waits on gradient synchronization{overlap}.")
+        lines.append(_communication_line(c["exposed_share"], c.get("overlap"), c.get("kind", "ddp")))
     text = "".join(f"<p>{esc(line)}</p>" for line in lines)
     title = f"Ranks ({len(data.get('ranks', []))}), ms per step (medians)"
     out = f'<h2>{title}</h2><table id="ranks"><tr>{head}</tr>{rows}</table>{text}'
@@ -377,9 +384,9 @@ def ranks_html(data: dict[str, Any]) -> str:
         which = "every rank" if len(shown) == len(data["ranks"]) else "the median rank, the worst and the straggler"
         caption = (
             f"The ranks' lanes: {which}, the first {steps} measured steps, lined up on the completion of each "
-            "step's gradient all-reduce (the same instant on every rank), not on host clocks. Each step's phases "
+            "step's last collective (the same instant on every rank), not on host clocks. Each step's phases "
             "are stacked in a fixed order, not the order they ran; the hatched pink part is the time the rank "
-            "waited for the all-reduce after its own backward: the ranks that wait are waiting for the last to "
+            f"waited for {WAITED_ON[c.get('kind', 'ddp')]}: the ranks that wait are waiting for the last to "
             "arrive (the straggler, in red, when one is named)."
         )
         out += f'<img id="rank-lanes" alt="Lanes of the ranks" src="{uri}"><p class="note">{esc(caption)}</p>'

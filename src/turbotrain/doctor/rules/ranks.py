@@ -111,7 +111,7 @@ def straggler(ctx: Context) -> Iterator[Finding]:
         rule="straggler",
         message=(
             f"Rank {s.rank}{host} holds every rank back: the others wait {s.cost_s * 1e3:.1f} ms per step "
-            f"({s.cost_share:.0%} of the step) for it at the gradient all-reduce; the cause is {cause}"
+            f"({s.cost_share:.0%} of the step) for it at {job.waited_on}; the cause is {cause}"
             f"{gap_text}. "
             + (
                 f"It made them wait for that work in {s.last_share:.0%} of the measured steps; per step, their wait "
@@ -338,31 +338,75 @@ def uneven_work(ctx: Context) -> Iterator[Finding]:
 EXPOSED_SHARE = 0.25
 
 
+_EXPOSED_FIXES = {
+    "ddp": "Synchronize less often: a larger batch per rank (rescale the learning rate), or accumulate k "
+    "micro-batches under `with model.no_sync():` and all-reduce on the last one",
+    "fsdp": "Communicate less per sample: a larger batch per rank (rescale the learning rate); "
+    "fully_shard(module, reshard_after_forward=False) keeps the gathered parameters from forward to backward "
+    "(one all-gather a step instead of two, more memory); or DDP when the model and its optimizer state fit on "
+    "each rank (one all-reduce, overlapped with backward)",
+    "collectives": "Synchronize less often: a larger batch per rank, or accumulate several micro-batches before "
+    "the collective; DistributedDataParallel overlaps the gradient all-reduce with backward, a loop that calls "
+    "dist.all_reduce itself after backward overlaps nothing",
+}
+
+
+def _exposed_message(job: RankAnalysis) -> str:
+    if job.sync_kind == "ddp":
+        overlap = f"{job.overlap:.0%}" if job.overlap is not None else "none"
+        return (
+            f"{job.exposed_share:.0%} of every rank's step waits on the gradient all-reduce after its own "
+            f"backward ({overlap} of the all-reduce ran while backward still computed), and no rank is late: "
+            "each step synchronizes the whole model's gradients for little compute."
+        )
+    what = (
+        "parameters gathered before each sharded module's forward and backward, gradients scattered after"
+        if job.sync_kind == "fsdp"
+        else "calls to torch.distributed that block until every rank is there"
+    )
+    return (
+        f"{job.exposed_share:.0%} of every rank's step waits in {job.waited_on} ({what}), and no rank is late: "
+        "on CPU tensors each call blocks the step until it completes, so none of it overlaps compute."
+    )
+
+
 @rule("exposed-gradient-sync", "runtime")
 def exposed_gradient_sync(ctx: Context) -> Iterator[Finding]:
     """Every rank waits on the all-reduce after its own backward, and no straggler explains the wait."""
     job = _job(ctx)
     if job is None or job.straggler is not None or job.imbalance is not None or job.exposed_share < EXPOSED_SHARE:
         return
-    overlap = f"{job.overlap:.0%}" if job.overlap is not None else "none"
     finding = Finding(
         rule="exposed-gradient-sync",
-        message=(
-            f"{job.exposed_share:.0%} of every rank's step waits on the gradient all-reduce after its own "
-            f"backward ({overlap} of the all-reduce ran while backward still computed), and no rank is late: "
-            "each step synchronizes the whole model's gradients for little compute."
-        ),
-        fix=Fix(
-            pytorch="Synchronize less often: a larger batch per rank (rescale the learning rate), or accumulate "
-            "k micro-batches under `with model.no_sync():` and all-reduce on the last one"
-        ),
+        message=_exposed_message(job),
+        fix=Fix(pytorch=_EXPOSED_FIXES[job.sync_kind]),
         category=None,
-        evidence={"exposed_share": round(job.exposed_share, 4), "overlap": job.overlap},
+        evidence={"exposed_share": round(job.exposed_share, 4), "overlap": job.overlap, "kind": job.sync_kind},
     )
     finding.set_gain(job.exposed_share, measured=False)
-    # The share is measured; what a larger batch or accumulation buys is not timed on a job yet.
-    finding.cap("low", "The waiting is measured on every rank; the fix is not timed on several processes yet.")
+    reshard = _unset_reshard_site(ctx) if job.sync_kind == "fsdp" else None
+    if reshard is not None:
+        # One all-gather per sharded module a step instead of two: timed on every rank, the site is --fix's.
+        finding.site = reshard
+        finding.evidence["keywords"] = {"reshard_after_forward": False}
+        finding.provisional("low")
+        finding.request = JobRequest(RankChange(fsdp={"reshard_after_forward": False}))
+    else:
+        # The share is measured; what a larger batch or accumulation buys is not timed on a job.
+        finding.cap("low", "The waiting is measured on every rank; the fix is not timed on several processes yet.")
     yield finding
+
+
+def _unset_reshard_site(ctx: Context) -> Site | None:
+    """The script's first ``fully_shard(...)`` call that leaves ``reshard_after_forward`` to FSDP (None: every
+    call sets it, or the sharding is a library's)."""
+    sites = [
+        index.site(call)
+        for index in ctx.sources.values()
+        for call, _ in index.calls("fully_shard")
+        if not any(k.arg == "reshard_after_forward" for k in call.keywords)
+    ]
+    return min(sites, key=lambda site: (site.file, site.line)) if sites else None
 
 
 @rule("ddp-find-unused-parameters", "runtime")
