@@ -1,4 +1,5 @@
-"""The doctor on torchrun against reality: predicted against real speed-up on slow/fixed twins of a DDP job.
+"""The doctor on torchrun against reality: predicted against real speed-up on slow/fixed twins of a DDP (or
+FSDP) job.
 
 Each pair is ``benchmarks/distributed/ddp_twins.py`` run two ways under ``torchrun --nproc-per-node 2``
 (gloo): with one slow habit (the slow twin) and without it (the fixed twin). For each pair this
@@ -58,6 +59,8 @@ PAIRS = (
     Pair("slow_loader_rank1", "straggler", ("--loader", "--slow-data-rank", "1"), ("--loader",)),
     # Rank 0 evaluates every other step: the twins' mean steps, which hold the evaluation spread over its period.
     Pair("rank0_eval", "straggler", ("--rank0-eval", "2", "--mean"), ("--mean",)),
+    # FSDP: every layer's parameters gathered for its forward and again for its backward, or once.
+    Pair("fsdp_reshard", "exposed-gradient-sync", ("--fsdp",), ("--fsdp", "--no-reshard")),
 )
 
 

@@ -7,7 +7,9 @@ wait at the next all-reduce), ``--rank0-eval N`` (rank 0 alone evaluates 20 held
 ``--slow-data-rank R`` (rank R waits 15 ms for every batch; with ``--loader`` the batches come from a
 DataLoader without workers, whose dataset waits), and DDP's default
 buckets (fixed by ``--bucket-settings``: gradient_as_bucket_view=True; the model's 6 tensors keep 2 buckets
-at any bucket size).
+at any bucket size). ``--fsdp`` shards each layer and the model with ``fully_shard`` instead of DDP (every
+all-gather and reduce-scatter blocks the step on CPU); its fixed twin adds ``--no-reshard``
+(reshard_after_forward=False: one all-gather per layer a step instead of two).
 
 Rank 0 times the loop itself: every step after ``--warmup`` with time.perf_counter, and prints
 ``STEP_MS <median ms per optimizer step>`` (every rank ends a step at the same all-reduce, so rank 0's step
@@ -39,6 +41,8 @@ parser.add_argument("--rank0-eval", type=int, default=0)
 parser.add_argument("--slow-data-rank", type=int, default=-1)
 parser.add_argument("--loader", action="store_true")
 parser.add_argument("--mean", action="store_true")
+parser.add_argument("--fsdp", action="store_true")
+parser.add_argument("--no-reshard", action="store_true")  # the fixed twin of --fsdp
 args = parser.parse_args()
 
 torch.set_num_threads(os.cpu_count() if args.threads_all else 1)
@@ -47,7 +51,15 @@ rank = dist.get_rank()
 torch.manual_seed(0)
 net = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 1))
 buckets = dict(gradient_as_bucket_view=True) if args.bucket_settings else {}
-model = DistributedDataParallel(net, find_unused_parameters=args.find_unused, **buckets)
+if args.fsdp:
+    from torch.distributed.fsdp import fully_shard
+
+    reshard = dict(reshard_after_forward=False) if args.no_reshard else {}
+    for layer in net[::2]:
+        fully_shard(layer, **reshard)
+    model = fully_shard(net, **reshard)
+else:
+    model = DistributedDataParallel(net, find_unused_parameters=args.find_unused, **buckets)
 opt = torch.optim.Adam(model.parameters(), lr=1e-3)
 data = [(torch.randn(64, 256), torch.randn(64, 1)) for _ in range(16)]
 folder = tempfile.mkdtemp()

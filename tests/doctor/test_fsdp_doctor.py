@@ -31,7 +31,8 @@ def test_fsdp_waits_are_measured_and_reshard_after_forward_timed_and_patched(tmp
     folder.mkdir()
     (folder / SCRIPT.name).write_text(SCRIPT.read_text())
     patch = tmp_path / "fixes.patch"
-    report = _ok(doctor_job(folder, "--job-what-if-rules", "exposed-gradient-sync", "--fix", str(patch),
+    report = _ok(doctor_job(folder, "--job-what-if-rounds", "2", "--job-what-if-rules", "exposed-gradient-sync",
+                            "--fix", str(patch),
                             "--nproc-per-node", "2", SCRIPT.name, what_if=True, timeout=400))
     communication = report["communication"]
     assert communication["kind"] == "fsdp" and communication["overlap"] is None

@@ -37,7 +37,8 @@ def habits(tmp_path_factory):
     # Only the three habits' fixes are timed (not DDP's bucket settings or bf16 autocast, which their own tests
     # time); the budget fits them in two rounds while one run of this job takes up to 15 s (it fits (budget / (2
     # rounds x a run)) - 1 fixes); about 5 s on a 2-core Xeon.
-    proc, report = doctor_job(tmp, "--what-if-budget", "20", "--job-what-if-budget", "180",
+    proc, report = doctor_job(tmp, "--job-what-if-rounds", "2", "--what-if-budget", "20",
+                              "--job-what-if-budget", "180",
                               "--job-what-if-rules", ",".join(HABITS), "--nproc-per-node", "2",
                               str(SCRIPTS / "ddp_habits.py"), "--threads-all", "--find-unused", "--accumulate", "4",
                               what_if=True)
@@ -305,6 +306,21 @@ def test_an_unknown_rule_to_time_is_an_error_naming_it(capsys):
                  str(SCRIPTS / "ddp_clean.py")]) == 2
     err = capsys.readouterr().err
     assert "stragler is not a rule id" in err and "straggler," not in err.split("rule ids:")[0], err
+
+
+def test_rounds_stop_at_the_most_asked_for_whatever_the_budget():
+    findings = [_asking(RankChange(sync_every=2))]
+    runs = []
+
+    def run(change):
+        runs.append(change)
+        return _job(40.0 if change is None else 20.0)
+
+    time_on_the_job(JobTiming(run, run_s=1.0, budget_s=1000.0, max_rounds=2), findings)
+    assert len(runs) == 4 and len(findings[0].what_if.rounds) == 2
+    runs.clear()
+    time_on_the_job(JobTiming(run, run_s=1.0, budget_s=1000.0), [_asking(RankChange(sync_every=2))])
+    assert len(runs) == 6  # three rounds where the budget has room, by default
 
 
 def test_fixes_beyond_the_budget_are_said_not_timed():

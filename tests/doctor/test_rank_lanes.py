@@ -99,7 +99,7 @@ def test_the_html_report_draws_the_lanes_with_the_waits():
     image = _picture(page)
     assert _has_colour(image, WAIT_STYLE["facecolor"])  # the wait is drawn in its own colour
     assert f"the first {min(LANE_STEPS, len(job.steps))} measured steps" in page
-    assert "waited for the all-reduce after its own backward" in page
+    assert "waited for the gradient all-reduce" in page  # a DDP job: what its ranks wait on
 
 
 def test_without_waits_the_picture_has_no_wait_colour():

@@ -90,6 +90,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="on several processes: time for timing fixes on every rank, as runs of the whole job (default 180)",
     )
     parser.add_argument(
+        "--job-what-if-rounds",
+        type=int,
+        default=3,
+        metavar="N",
+        help="on several processes: at most N rounds of the job per fix timed (default 3; 2 at least, which "
+        "the judgement needs)",
+    )
+    parser.add_argument(
         "--job-what-if-rules",
         metavar="RULES",
         help="on several processes: time only these rules' fixes on every rank (comma-separated rule ids, e.g. "
@@ -216,6 +224,11 @@ def run(args: argparse.Namespace) -> int:
             f"doctor --verify-rounds {args.verify_rounds} / --verify-budget {args.verify_budget:g}: "
             "expected at least 1 round and a budget >= 0 seconds."
         )
+    if args.job_what_if_rounds < 2:
+        raise ConfigError(
+            f"doctor --job-what-if-rounds {args.job_what_if_rounds}: expected 2 or more (a fix's gain is judged "
+            "by two rounds that agree)."
+        )
     if args.fix or args.verify:
         from .fixes import require_libcst
 
@@ -258,6 +271,7 @@ def run(args: argparse.Namespace) -> int:
             hang_timeout_s=args.rank_timeout,
             job_what_if_budget_s=args.job_what_if_budget,
             job_what_if_rules=_job_what_if_rules(args.job_what_if_rules),
+            job_what_if_rounds=args.job_what_if_rounds,
         )
         report = diagnose_job(command, job_options)
     else:

@@ -44,6 +44,7 @@ class DoctorOptions:
     hang_timeout_s: float = 120.0  # a multi-process job with no rank making progress this long is ended
     job_what_if_budget_s: float = 180.0  # a job's fixes are timed as whole runs of the launcher, with and without
     job_what_if_rules: tuple[str, ...] | None = None  # only these rules' fixes are timed on a job (None: every one)
+    job_what_if_rounds: int = 3  # at most this many rounds of the job per fix (2, the least, whatever the budget)
     watch_s: float = 20.0  # after the window, watch the step clock this long for work at longer periods
 
 
@@ -234,6 +235,7 @@ def _time_on_the_job(command: list[str], report: Report, options: DoctorOptions,
         run_s=run_s,
         budget_s=options.job_what_if_budget_s,
         noise_floor=noise_floor(report.machine or {}),
+        max_rounds=options.job_what_if_rounds,
     )
     time_on_the_job(timing, report.findings, options.job_what_if_rules)
     report.findings = order(report.findings)

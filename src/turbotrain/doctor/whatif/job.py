@@ -79,6 +79,7 @@ class JobTiming:
     run_s: float  # seconds one run of the job took (the doctor's own run)
     budget_s: float
     noise_floor: float = 0.0
+    max_rounds: int = MAX_ROUNDS  # rounds beyond ROUNDS only where the budget has room
 
 
 def time_on_the_job(timing: JobTiming, findings: list[Finding], rules: tuple[str, ...] | None = None) -> None:
@@ -107,7 +108,7 @@ def time_on_the_job(timing: JobTiming, findings: list[Finding], rules: tuple[str
     times: dict[int, list[tuple[float, float]]] = {id(f): [] for f in asked}
     seen: dict[int, dict[str, Any]] = {}
     failed: dict[int, str] = {}
-    for done in range(MAX_ROUNDS):
+    for done in range(max(ROUNDS, timing.max_rounds)):
         spent = time.monotonic() - started
         if done >= ROUNDS and spent + per_round > timing.budget_s:
             break
