@@ -22,7 +22,7 @@ from doctor_helpers import SCRIPTS, doctor_job, job_processes, rank_recording
 from turbotrain.doctor.findings import Finding, Fix, severity_for
 from turbotrain.doctor.record.job import JobRun, RankOutcome
 from turbotrain.doctor.rank_change import RankChange
-from turbotrain.doctor.record.apply_change import apply_change
+from turbotrain.doctor.record.apply_change import APPLIED, apply_change
 from turbotrain.doctor.requests import JobRequest
 from turbotrain.doctor.whatif.job import JobTiming, time_on_the_job
 
@@ -187,6 +187,30 @@ def test_forced_workers_reach_every_map_style_loader_and_keep_its_signature():
     assert [(lo.num_workers, lo.persistent_workers) for lo in (by_keyword, by_position)] == [(3, True)] * 2
     assert (stream.num_workers, stream.persistent_workers) == (0, False)
     assert DataLoader(data).num_workers == 0  # restored
+
+
+def test_forced_fsdp_keywords_reach_every_name_of_fully_shard_and_its_result_comes_back(monkeypatch):
+    """Every name a script imports ``fully_shard`` by takes the keyword; the call still returns the sharded module
+    (a script that writes ``model = fully_shard(model)`` keeps its model)."""
+    import torch.distributed._composable.fsdp as composable
+    import torch.distributed.fsdp as fsdp
+    import torch.distributed.fsdp._fully_shard as inner
+
+    def fully_shard(module, *, mesh=None, reshard_after_forward=None):
+        return ("sharded", module, reshard_after_forward)
+
+    for module in (fsdp, inner, composable):
+        monkeypatch.setattr(module, "fully_shard", fully_shard)
+    APPLIED.clear()
+    patcher = apply_change(RankChange(fsdp={"reshard_after_forward": False}))
+    try:
+        results = [fsdp.fully_shard("block"), inner.fully_shard("model", reshard_after_forward=True),
+                   composable.fully_shard("head")]
+    finally:
+        patcher.restore()
+    assert results == [("sharded", "block", False), ("sharded", "model", False), ("sharded", "head", False)]
+    assert APPLIED["fully_shard calls with reshard_after_forward=False"] == 3
+    assert fsdp.fully_shard is fully_shard  # restored
 
 
 RARER = """\

@@ -48,7 +48,7 @@ torch.manual_seed(0)
 model = Net(args.width, args.extra if rank == args.slow_rank else 0)
 for block in model.blocks:
     fully_shard(block)  # doctor: exposed-gradient-sync
-fully_shard(model)
+model = fully_shard(model)  # the sharded model comes back (FSDP2 shards in place)
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 data = [(torch.randn(32, args.width), torch.randn(32, 1)) for _ in range(8)]
 for step in range(args.steps):

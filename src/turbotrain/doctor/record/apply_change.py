@@ -85,18 +85,19 @@ def _force_fsdp_keywords(patcher: Patcher, forced: dict[str, Any]) -> None:
 
 
 def _with_keywords(
-    init: Callable[..., None], forced: dict[str, Any], applies: Callable[[dict[str, Any]], bool] | None = None
-) -> Callable[..., None]:
-    """``init`` with ``forced`` keyword arguments, wherever the call's arguments satisfy ``applies``."""
+    init: Callable[..., Any], forced: dict[str, Any], applies: Callable[[dict[str, Any]], bool] | None = None
+) -> Callable[..., Any]:
+    """``init`` (a constructor's ``__init__`` or a function such as ``fully_shard``) with ``forced`` keyword
+    arguments, wherever the call's arguments satisfy ``applies``; it returns what ``init`` returns."""
     signature = inspect.signature(init)
 
     # The original's signature shows through (Lightning rebuilds a DataLoader from the parameters it names).
     @functools.wraps(init)
-    def __init__(obj: Any, *args: Any, **kwargs: Any) -> None:
+    def __init__(obj: Any, *args: Any, **kwargs: Any) -> Any:
         bound = signature.bind(obj, *args, **kwargs)  # a keyword the script passed by position still counts
         if applies is None or applies(bound.arguments):
             bound.arguments.update(forced)
-        init(*bound.args, **bound.kwargs)
+        return init(*bound.args, **bound.kwargs)
 
     return __init__
 
