@@ -275,3 +275,6 @@ def test_fsdp_keyword_goes_into_every_fully_shard_call_that_leaves_it_to_fsdp():
                                     "torch.distributed.fsdp.fully_shard(model, mesh=mesh, reshard_after_forward=False)"]
     with pytest.raises(ByHand, match="no fully_shard"):
         edit("x = 1  # here\n", "fsdp", keywords={"reshard_after_forward": False})
+    # The older FSDP's equivalent needs an import: named, left to the user.
+    with pytest.raises(ByHand, match="sharding_strategy=ShardingStrategy.SHARD_GRAD_OP"):
+        edit("model = FSDP(net)  # here\n", "fsdp", keywords={"reshard_after_forward": False})

@@ -1,7 +1,7 @@
 """The doctor on an FSDP job (``fully_shard``, gloo, 2 ranks): the blocking all-gathers and reduce-scatters are
-each rank's exposed communication, a straggler is named through them, and ``reshard_after_forward=False`` is
-timed on every rank and written into every ``fully_shard`` call. Then the timing of blocking collectives itself,
-in this process on a group of one."""
+each rank's exposed communication, a straggler is named through them (under the older FullyShardedDataParallel
+too), and ``reshard_after_forward=False`` is timed on every rank and written into every ``fully_shard`` call.
+Then the timing of blocking collectives itself, in this process on a group of one."""
 
 from __future__ import annotations
 
@@ -56,8 +56,9 @@ def test_fsdp_waits_are_measured_and_reshard_after_forward_timed_and_patched(tmp
     assert job_processes(SCRIPT.name) == []
 
 
-def test_a_straggler_under_fsdp_is_named_with_its_cause(tmp_path):
-    report = _ok(doctor_job(tmp_path, "--nproc-per-node", "2", str(SCRIPT), "--slow-rank", "0"))
+def test_a_straggler_under_the_older_fsdp_is_named_with_its_cause(tmp_path):
+    """The older FullyShardedDataParallel (each block wrapped by policy) blocks in the same collectives."""
+    report = _ok(doctor_job(tmp_path, "--nproc-per-node", "2", str(SCRIPT), "--slow-rank", "0", "--fsdp1"))
     assert report["communication"]["kind"] == "fsdp"
     straggler = report["straggler"]
     assert straggler is not None and (straggler["rank"], straggler["cause"]) == (0, "compute"), report["ranks"]

@@ -213,6 +213,29 @@ def test_forced_fsdp_keywords_reach_every_name_of_fully_shard_and_its_result_com
     assert fsdp.fully_shard is fully_shard  # restored
 
 
+def test_the_older_fsdp_shards_grad_and_optimizer_state_only_where_it_was_left_to_full_sharding(monkeypatch):
+    """reshard_after_forward=False for FullyShardedDataParallel: its default and FULL_SHARD become SHARD_GRAD_OP,
+    HYBRID_SHARD its ZeRO-2 twin; a strategy the script chose otherwise stays."""
+    from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
+
+    def __init__(self, module, process_group=None, sharding_strategy=None, **kwargs):
+        self.__dict__["chosen"] = sharding_strategy
+
+    monkeypatch.setattr(FullyShardedDataParallel, "__init__", __init__)
+    APPLIED.clear()
+    patcher = apply_change(RankChange(fsdp={"reshard_after_forward": False}))
+    try:
+        strategies = [{}, *({"sharding_strategy": getattr(ShardingStrategy, name)}
+                             for name in ("FULL_SHARD", "HYBRID_SHARD", "NO_SHARD"))]
+        chosen = [FullyShardedDataParallel(nn.Linear(2, 2), **kw).__dict__["chosen"] for kw in strategies]
+    finally:
+        patcher.restore()
+    assert chosen == [ShardingStrategy.SHARD_GRAD_OP, ShardingStrategy.SHARD_GRAD_OP,
+                      ShardingStrategy._HYBRID_SHARD_ZERO2, ShardingStrategy.NO_SHARD]
+    assert APPLIED["FullyShardedDataParallel with sharding_strategy=SHARD_GRAD_OP"] == 2
+    assert FullyShardedDataParallel.__init__ is __init__  # restored
+
+
 RARER = """\
 import json, sys
 hits = []

@@ -28,7 +28,9 @@ class RankChange:
     branch_every: int | None = None  # the ``if`` at branch_at runs its body on one in this many passes it allows
     branch_at: str | None = None  # "file:line" of that ``if``, in the script the ranks run
     loader_workers: int | None = None  # every DataLoader built with this many (persistent) worker processes
-    fsdp: dict[str, Any] = field(default_factory=dict)  # keyword arguments forced on every fully_shard call
+    # Keyword arguments forced on every fully_shard call (reshard_after_forward=False: the older
+    # FullyShardedDataParallel's full sharding becomes SHARD_GRAD_OP, its equivalent).
+    fsdp: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.threads is not None and self.threads < 1:
@@ -70,7 +72,9 @@ class RankChange:
         if self.loader_workers is not None:
             parts.append(f"DataLoader(..., num_workers={self.loader_workers}, persistent_workers=True)")
         if self.fsdp:
-            parts.append(f"fully_shard(..., {', '.join(f'{k}={v!r}' for k, v in self.fsdp.items())})")
+            zero2 = self.fsdp.get("reshard_after_forward") is False
+            older = " (FullyShardedDataParallel: SHARD_GRAD_OP)" if zero2 else ""
+            parts.append(f"fully_shard(..., {', '.join(f'{k}={v!r}' for k, v in self.fsdp.items())}){older}")
         if self.branch_every is not None and self.branch_at:
             parts.append(f"the `if` at {os.path.basename(self.branch_at)} taken on one pass in {self.branch_every}")
         return "; ".join(parts) or "no change"

@@ -1,5 +1,6 @@
 """FSDP2 (``fully_shard``) on gloo: four residual blocks sharded one by one, then the root. On CPU every
-all-gather and reduce-scatter blocks the step; ``--slow-rank`` makes one rank compute more in its forward."""
+all-gather and reduce-scatter blocks the step; ``--slow-rank`` makes one rank compute more in its forward.
+``--fsdp1``: the older ``FullyShardedDataParallel`` wrapping each block instead."""
 import argparse
 
 import torch
@@ -12,6 +13,7 @@ parser.add_argument("--slow-rank", type=int, default=-1)
 parser.add_argument("--extra", type=int, default=24)
 parser.add_argument("--width", type=int, default=768)
 parser.add_argument("--steps", type=int, default=200)
+parser.add_argument("--fsdp1", action="store_true")
 args = parser.parse_args()
 
 torch.set_num_threads(1)
@@ -46,9 +48,15 @@ class Net(nn.Module):
 
 torch.manual_seed(0)
 model = Net(args.width, args.extra if rank == args.slow_rank else 0)
-for block in model.blocks:
-    fully_shard(block)  # doctor: exposed-gradient-sync
-model = fully_shard(model)  # the sharded model comes back (FSDP2 shards in place)
+if args.fsdp1:
+    from torch.distributed.fsdp import FullyShardedDataParallel
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    model = FullyShardedDataParallel(model, device_id=torch.device("cpu"), auto_wrap_policy=ModuleWrapPolicy({Block}))
+else:
+    for block in model.blocks:
+        fully_shard(block)  # doctor: exposed-gradient-sync
+    model = fully_shard(model)  # the sharded model comes back (FSDP2 shards in place)
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 data = [(torch.randn(32, args.width), torch.randn(32, 1)) for _ in range(8)]
 for step in range(args.steps):

@@ -115,6 +115,14 @@ def fsdp(source: Source, req: EditRequest) -> str:
         if dotted(call.func).split(".")[-1] == "fully_shard" and not any(keyword_value(call, k) for k in forced)
     ]
     if not calls:
+        fsdp1 = ("FullyShardedDataParallel", "FSDP")
+        older = [c for c in source.nodes(cst.Call) if dotted(c.func).split(".")[-1] in fsdp1]
+        if older and forced.get("reshard_after_forward") is False:
+            # Its value needs an import the script may not have: the line is named, the edit is yours.
+            raise ByHand(
+                f"{req.where}: FullyShardedDataParallel(..., sharding_strategy=ShardingStrategy.SHARD_GRAD_OP), "
+                "with `from torch.distributed.fsdp import ShardingStrategy`"
+            )
         raise ByHand(f"{req.where}: no fully_shard(...) call without {', '.join(forced)} in {source.name}")
     edits: dict[cst.CSTNode, Callable[[cst.CSTNode], object]] = {}
     for call in calls:

@@ -72,6 +72,8 @@ def _force_fsdp_keywords(patcher: Patcher, forced: dict[str, Any]) -> None:
 
         return fully_shard
 
+    if forced.get("reshard_after_forward") is False:
+        _shard_grad_op(patcher)
     wrapped: dict[int, Callable[..., Any]] = {}  # one wrapper per function, whatever names it goes by
     for name in ("torch.distributed.fsdp", "torch.distributed.fsdp._fully_shard", "torch.distributed._composable.fsdp"):
         try:
@@ -82,6 +84,34 @@ def _force_fsdp_keywords(patcher: Patcher, forced: dict[str, Any]) -> None:
         if shard is not None:
             new = wrapped.setdefault(id(shard), counted(shard))
             patcher.put(module, "fully_shard", new)
+
+
+def _shard_grad_op(patcher: Patcher) -> None:
+    """The older ``FullyShardedDataParallel``'s reshard_after_forward=False: its ZeRO-2 strategies, where the
+    script left the default full sharding (an explicit other strategy stays)."""
+    from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
+
+    instead = {
+        None: ShardingStrategy.SHARD_GRAD_OP,
+        ShardingStrategy.FULL_SHARD: ShardingStrategy.SHARD_GRAD_OP,
+        ShardingStrategy.HYBRID_SHARD: ShardingStrategy._HYBRID_SHARD_ZERO2,
+    }
+
+    def wrap(init: Callable[..., Any]) -> Callable[..., Any]:
+        signature = inspect.signature(init)
+
+        @functools.wraps(init)
+        def __init__(obj: Any, *args: Any, **kwargs: Any) -> Any:
+            bound = signature.bind(obj, *args, **kwargs)
+            strategy = bound.arguments.get("sharding_strategy")
+            if strategy in instead:
+                bound.arguments["sharding_strategy"] = instead[strategy]
+                APPLIED[f"FullyShardedDataParallel with sharding_strategy={instead[strategy].name}"] += 1
+            return init(*bound.args, **bound.kwargs)
+
+        return __init__
+
+    patcher.replace(FullyShardedDataParallel, "__init__", wrap)
 
 
 def _with_keywords(

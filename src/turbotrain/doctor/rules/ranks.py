@@ -338,13 +338,21 @@ def uneven_work(ctx: Context) -> Iterator[Finding]:
 EXPOSED_SHARE = 0.25
 
 
+_FSDP_FIX = Fix(
+    pytorch="Communicate less per sample: a larger batch per rank (rescale the learning rate); "
+    "fully_shard(module, reshard_after_forward=False), or FullyShardedDataParallel(..., "
+    "sharding_strategy=ShardingStrategy.SHARD_GRAD_OP), keeps the gathered parameters from forward to backward "
+    "(one all-gather a step instead of two, more memory); or DDP when the model and its optimizer state fit on "
+    "each rank (one all-reduce, overlapped with backward)",
+    lightning='Trainer(strategy=FSDPStrategy(sharding_strategy="SHARD_GRAD_OP"))',
+    fabric='Fabric(strategy=FSDPStrategy(sharding_strategy="SHARD_GRAD_OP"))',
+    accelerate="FullyShardedDataParallelPlugin(reshard_after_forward=False) (fsdp_reshard_after_forward: false "
+    "in the accelerate config; SHARD_GRAD_OP as the sharding strategy with FSDP1)",
+    hf_trainer='TrainingArguments(fsdp="shard_grad_op")',
+)
 _EXPOSED_FIXES = {
     "ddp": "Synchronize less often: a larger batch per rank (rescale the learning rate), or accumulate k "
     "micro-batches under `with model.no_sync():` and all-reduce on the last one",
-    "fsdp": "Communicate less per sample: a larger batch per rank (rescale the learning rate); "
-    "fully_shard(module, reshard_after_forward=False) keeps the gathered parameters from forward to backward "
-    "(one all-gather a step instead of two, more memory); or DDP when the model and its optimizer state fit on "
-    "each rank (one all-reduce, overlapped with backward)",
     "collectives": "Synchronize less often: a larger batch per rank, or accumulate several micro-batches before "
     "the collective; DistributedDataParallel overlaps the gradient all-reduce with backward, a loop that calls "
     "dist.all_reduce itself after backward overlaps nothing",
@@ -379,7 +387,7 @@ def exposed_gradient_sync(ctx: Context) -> Iterator[Finding]:
     finding = Finding(
         rule="exposed-gradient-sync",
         message=_exposed_message(job),
-        fix=Fix(pytorch=_EXPOSED_FIXES[job.sync_kind]),
+        fix=_FSDP_FIX if job.sync_kind == "fsdp" else Fix(pytorch=_EXPOSED_FIXES[job.sync_kind]),
         category=None,
         evidence={"exposed_share": round(job.exposed_share, 4), "overlap": job.overlap, "kind": job.sync_kind},
     )
@@ -397,16 +405,27 @@ def exposed_gradient_sync(ctx: Context) -> Iterator[Finding]:
     yield finding
 
 
+# The keyword of each FSDP that decides whether parameters are gathered again for backward.
+_RESHARD_KEYWORD = {
+    "fully_shard": "reshard_after_forward",
+    "FullyShardedDataParallel": "sharding_strategy",
+    "FSDP": "sharding_strategy",
+}
+
+
 def _unset_reshard_site(ctx: Context) -> Site | None:
-    """The script's first ``fully_shard(...)`` call that leaves ``reshard_after_forward`` to FSDP (None: every
-    call sets it, or the sharding is a library's)."""
-    sites = [
-        index.site(call)
-        for index in ctx.sources.values()
-        for call, _ in index.calls("fully_shard")
-        if not any(k.arg == "reshard_after_forward" for k in call.keywords)
-    ]
-    return min(sites, key=lambda site: (site.file, site.line)) if sites else None
+    """The script's first FSDP call (``fully_shard`` or ``FullyShardedDataParallel``) that leaves resharding after
+    forward to FSDP (None: every call decides it, or the sharding is a library's)."""
+    for name, keyword in _RESHARD_KEYWORD.items():  # fully_shard's first: a script with both runs either
+        sites = [
+            index.site(call)
+            for index in ctx.sources.values()
+            for call, _ in index.calls(name)
+            if not any(k.arg == keyword for k in call.keywords)
+        ]
+        if sites:
+            return min(sites, key=lambda site: (site.file, site.line))
+    return None
 
 
 @rule("ddp-find-unused-parameters", "runtime")
