@@ -69,6 +69,15 @@ def test_a_straggler_under_the_older_fsdp_is_named_with_its_cause(tmp_path):
     assert job_processes(SCRIPT.name) == []
 
 
+def test_fsdp_reduce_scattering_every_micro_batch_is_named(tmp_path):
+    report = _ok(doctor_job(tmp_path, "--nproc-per-node", "2", str(SCRIPT), "--accumulate", "3"))
+    finding = next(f for f in report["findings"] if f["rule"] == "accumulation-syncs")
+    assert finding["evidence"]["kind"] == "fsdp" and finding["evidence"]["backwards_per_step"] == 3
+    assert "FSDP reduce-scatters them in every one" in finding["message"], finding["message"]
+    assert "set_requires_gradient_sync(False)" in finding["fixes"]["pytorch"]
+    assert job_processes(SCRIPT.name) == []
+
+
 # -- the timing of blocking collectives, in this process -----------------------------------------------------
 
 
@@ -132,6 +141,26 @@ def test_blocking_calls_are_timed_per_step_by_whose_they_are(group_of_one):
     queued = timing._timed("all_reduce", lambda tensor: "queued")
     live[0] = True
     assert queued(torch.ones(8, device="meta")) == "queued" and len(timing.steps()) == 2
+
+
+def _scatter(scatter):
+    scatter()
+
+
+def test_fsdp_reduce_scatters_count_the_backward_passes_that_synchronized():
+    where = [0, 0]
+    timing = BlockingCollectives(lambda: tuple(where), lambda: True)
+    scatter = timing._timed("reduce_scatter_single", lambda: None)
+    gather = timing._timed("all_gather_single", lambda: None)
+    from_fsdp = types.FunctionType(_scatter.__code__, {"__name__": "torch.distributed.fsdp._fully_shard._x"})
+    for step, passes in ((0, 3), (1, 1)):
+        where[:] = [step, 0]
+        for backward in range(1, passes + 1):
+            from_fsdp(gather)  # the forward's all-gather: not a synchronized pass
+            where[1] = backward
+            from_fsdp(scatter)
+            from_fsdp(scatter)  # two sharded modules, one backward
+    assert [(s.step, s.passes, s.buckets) for s in timing.steps()] == [(0, 3, 9), (1, 1, 3)]
 
 
 def test_ddp_timing_wins_a_step_both_timed():

@@ -1,6 +1,7 @@
 """FSDP2 (``fully_shard``) on gloo: four residual blocks sharded one by one, then the root. On CPU every
 all-gather and reduce-scatter blocks the step; ``--slow-rank`` makes one rank compute more in its forward.
-``--fsdp1``: the older ``FullyShardedDataParallel`` wrapping each block instead."""
+``--fsdp1``: the older ``FullyShardedDataParallel`` wrapping each block instead. ``--accumulate K``: K
+micro-batches per optimizer step, each one's gradients reduce-scattered (no set_requires_gradient_sync)."""
 import argparse
 
 import torch
@@ -14,6 +15,7 @@ parser.add_argument("--extra", type=int, default=24)
 parser.add_argument("--width", type=int, default=768)
 parser.add_argument("--steps", type=int, default=200)
 parser.add_argument("--fsdp1", action="store_true")
+parser.add_argument("--accumulate", type=int, default=1)
 args = parser.parse_args()
 
 torch.set_num_threads(1)
@@ -60,9 +62,10 @@ else:
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 data = [(torch.randn(32, args.width), torch.randn(32, 1)) for _ in range(8)]
 for step in range(args.steps):
-    x, y = data[step % len(data)]
-    loss = nn.functional.mse_loss(model(x), y)
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
+    for micro in range(args.accumulate):
+        x, y = data[(step * args.accumulate + micro) % len(data)]
+        loss = nn.functional.mse_loss(model(x), y) / args.accumulate
+        loss.backward()
     opt.step()
+    opt.zero_grad(set_to_none=True)
 dist.destroy_process_group()

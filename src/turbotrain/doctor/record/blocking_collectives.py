@@ -21,7 +21,7 @@ import time
 import types
 from collections import defaultdict
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from .collectives import CommStep, ThreadCpu, union
 from .patcher import Patcher
@@ -65,13 +65,21 @@ def _first_tensor(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return None
 
 
+class _Call(NamedTuple):
+    start: float
+    end: float
+    kind: str  # caller_kind's
+    name: str  # the torch.distributed function
+    passes: int  # backward passes begun in the step when it was called
+
+
 class BlockingCollectives:
     """Times the script thread's blocking collectives per step (``position()[0]``); ``steps()`` at the end."""
 
     def __init__(self, position: Callable[[], tuple[int, int]], live: Callable[[], bool]) -> None:
         self.position = position
         self.live = live
-        self.cells: dict[int, list[tuple[float, float, str]]] = defaultdict(list)  # step -> (start, end, kind)
+        self.cells: dict[int, list[_Call]] = defaultdict(list)  # per step, its calls
         self.cpu = ThreadCpu()  # the script's thread's CPU time at the start of each step's last call
         self.open: str | None = None  # the call the thread is blocked in now ("all_gather_into_tensor (fsdp)")
         self._thread = threading.get_ident()
@@ -101,14 +109,14 @@ class BlockingCollectives:
             if tensor is not None and tensor.device.type != "cpu":  # queued on a stream, not waited for
                 return original(*args, **kwargs)
             kind = caller_kind(sys._getframe(1).f_globals.get("__name__", ""))
-            step = self.position()[0]
+            step, passes = self.position()
             self.cpu.note(step)
             self.open = f"{name} ({kind})"
             start = perf()
             try:
                 return original(*args, **kwargs)
             finally:
-                cells[step].append((start, perf(), kind))
+                cells[step].append(_Call(start, perf(), kind, name, passes))
                 self.open = None
 
         return timed
@@ -116,7 +124,7 @@ class BlockingCollectives:
     def steps(self) -> tuple[CommStep, ...]:
         out = []
         for step, cells in sorted(self.cells.items()):
-            spans = union([(a, b) for a, b, _ in cells])
+            spans = union([(c.start, c.end) for c in cells])
             waited = sum(b - a for a, b in spans)
             cpu, wait = self.cpu.since_last_step(step)
             out.append(
@@ -126,10 +134,17 @@ class BlockingCollectives:
                     exposed_s=waited,  # the thread blocked for all of it: nothing overlapped its compute
                     busy_s=waited,
                     overlap_s=0.0,
-                    done_at=max(b for _, b, _ in cells),
+                    done_at=max(c.end for c in cells),
                     cpu_s=cpu,
                     cpu_wait_s=wait,
-                    kind="fsdp" if any(k == "fsdp" for _, _, k in cells) else "collectives",
+                    kind="fsdp" if any(c.kind == "fsdp" for c in cells) else "collectives",
+                    passes=_scattered_passes(cells),
                 )
             )
         return tuple(out)
+
+
+def _scattered_passes(cells: list[_Call]) -> int:
+    """The backward passes whose gradients FSDP reduce-scattered (more than one: micro-batches accumulated with
+    each one synchronized); 1 where none was."""
+    return len({c.passes for c in cells if c.kind == "fsdp" and "reduce_scatter" in c.name}) or 1

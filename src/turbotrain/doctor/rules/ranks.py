@@ -380,7 +380,8 @@ def _exposed_message(job: RankAnalysis) -> str:
 
 @rule("exposed-gradient-sync", "runtime")
 def exposed_gradient_sync(ctx: Context) -> Iterator[Finding]:
-    """Every rank waits on the all-reduce after its own backward, and no straggler explains the wait."""
+    """Every rank waits on its synchronization (DDP's all-reduce after its own backward, FSDP's blocking
+    all-gathers and reduce-scatters), and no straggler explains the wait."""
     job = _job(ctx)
     if job is None or job.straggler is not None or job.imbalance is not None or job.exposed_share < EXPOSED_SHARE:
         return

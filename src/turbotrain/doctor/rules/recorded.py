@@ -399,27 +399,26 @@ def accumulation_syncs(ctx: Context) -> Iterator[Finding]:
     if backwards <= 1.01 or ctx.seen("no_sync") or (synced and max(synced) <= 1):
         return
     site = ctx.capture.site if ctx.capture else None
+    fsdp = any(c.kind == "fsdp" and c.passes > 1 for c in ctx.recording.communication) if ctx.recording else False
+    sync = "FSDP reduce-scatters them in every one" if fsdp else "DDP all-reduces them after every one"
     f = Finding(
         "accumulation-syncs",
         site=site,
         category="compute",
         speedup=speedup_for_rule("accumulation-syncs"),
         message=(
-            f"Gradients are accumulated over {backwards:.0f} backward passes per optimizer step, and DDP "
-            f"all-reduces them after every one of them: {backwards - 1:.0f} of {backwards:.0f} all-reduces "
-            "per step are wasted."
+            f"Gradients are accumulated over {backwards:.0f} backward passes per optimizer step, and {sync} of "
+            f"them: {backwards - 1:.0f} of {backwards:.0f} {'reduce-scatters' if fsdp else 'all-reduces'} per step "
+            "are wasted."
         ),
-        fix=Fix(
-            "`with model.no_sync():` around the backward of every micro-batch but the last",
-            plan={"grad_accum_steps": round(backwards)},
-            lightning=f"Trainer(accumulate_grad_batches={round(backwards)}) (skips the sync for you)",
-            accelerate=f"Accelerator(gradient_accumulation_steps={round(backwards)}) and "
-            "`with accelerator.accumulate(model):`",
-            fabric="`with fabric.no_backward_sync(model):` around the backward of every micro-batch but the last",
-            hf_trainer=f"TrainingArguments(gradient_accumulation_steps={round(backwards)})",
-        ),
-        evidence={"backwards_per_step": backwards, "world_size": ctx.world_size},
+        fix=_accumulation_fix(round(backwards), fsdp),
+        evidence={"backwards_per_step": backwards, "world_size": ctx.world_size, "kind": "fsdp" if fsdp else "ddp"},
     )
+    if fsdp:
+        f.provisional("low")
+        f.note = "The reduce-scatters of every micro-batch are recorded on every rank; skipping them is not timed."
+        yield f
+        return
     if on_a_job(ctx):
         # Timed on every rank: each forward of a micro-batch but the last runs as under no_sync().
         f.request = JobRequest(RankChange(sync_every=round(backwards)))
@@ -429,6 +428,27 @@ def accumulation_syncs(ctx: Context) -> Iterator[Finding]:
         f.provisional("low")
         f.note = "This run has one process, where the all-reduce is cheap; it costs real time with several."
     yield f
+
+
+def _accumulation_fix(k: int, fsdp: bool) -> Fix:
+    accelerate = f"Accelerator(gradient_accumulation_steps={k}) and `with accelerator.accumulate(model):`"
+    hf_trainer = f"TrainingArguments(gradient_accumulation_steps={k})"
+    if fsdp:
+        return Fix(
+            "fully_shard: model.set_requires_gradient_sync(False) before every micro-batch but the last, True "
+            "before the last; FullyShardedDataParallel: `with model.no_sync():` around every micro-batch but the "
+            "last (both keep unsharded gradients until then: more memory)",
+            accelerate=accelerate,
+            hf_trainer=hf_trainer,
+        )
+    return Fix(
+        "`with model.no_sync():` around the backward of every micro-batch but the last",
+        plan={"grad_accum_steps": k},
+        lightning=f"Trainer(accumulate_grad_batches={k}) (skips the sync for you)",
+        accelerate=accelerate,
+        fabric="`with fabric.no_backward_sync(model):` around the backward of every micro-batch but the last",
+        hf_trainer=hf_trainer,
+    )
 
 
 @rule("jit-script", "runtime")
