@@ -97,28 +97,24 @@ def _shard_grad_op(patcher: Patcher) -> None:
         ShardingStrategy.HYBRID_SHARD: ShardingStrategy._HYBRID_SHARD_ZERO2,
     }
 
-    def wrap(init: Callable[..., Any]) -> Callable[..., Any]:
-        signature = inspect.signature(init)
+    def zero2(arguments: dict[str, Any]) -> dict[str, Any]:
+        strategy = arguments.get("sharding_strategy")
+        if strategy not in instead:
+            return {}
+        APPLIED[f"FullyShardedDataParallel with sharding_strategy={instead[strategy].name}"] += 1
+        return {"sharding_strategy": instead[strategy]}
 
-        @functools.wraps(init)
-        def __init__(obj: Any, *args: Any, **kwargs: Any) -> Any:
-            bound = signature.bind(obj, *args, **kwargs)
-            strategy = bound.arguments.get("sharding_strategy")
-            if strategy in instead:
-                bound.arguments["sharding_strategy"] = instead[strategy]
-                APPLIED[f"FullyShardedDataParallel with sharding_strategy={instead[strategy].name}"] += 1
-            return init(*bound.args, **bound.kwargs)
-
-        return __init__
-
-    patcher.replace(FullyShardedDataParallel, "__init__", wrap)
+    patcher.replace(FullyShardedDataParallel, "__init__", lambda init: _with_keywords(init, zero2))
 
 
 def _with_keywords(
-    init: Callable[..., Any], forced: dict[str, Any], applies: Callable[[dict[str, Any]], bool] | None = None
+    init: Callable[..., Any],
+    forced: dict[str, Any] | Callable[[dict[str, Any]], dict[str, Any]],
+    applies: Callable[[dict[str, Any]], bool] | None = None,
 ) -> Callable[..., Any]:
     """``init`` (a constructor's ``__init__`` or a function such as ``fully_shard``) with ``forced`` keyword
-    arguments, wherever the call's arguments satisfy ``applies``; it returns what ``init`` returns."""
+    arguments (or those ``forced`` makes of the call's arguments), wherever the call's arguments satisfy
+    ``applies``; it returns what ``init`` returns."""
     signature = inspect.signature(init)
 
     # The original's signature shows through (Lightning rebuilds a DataLoader from the parameters it names).
@@ -126,7 +122,7 @@ def _with_keywords(
     def __init__(obj: Any, *args: Any, **kwargs: Any) -> Any:
         bound = signature.bind(obj, *args, **kwargs)  # a keyword the script passed by position still counts
         if applies is None or applies(bound.arguments):
-            bound.arguments.update(forced)
+            bound.arguments.update(forced(bound.arguments) if callable(forced) else forced)
         return init(*bound.args, **bound.kwargs)
 
     return __init__
