@@ -61,6 +61,12 @@ PAIRS = (
     Pair("rank0_eval", "straggler", ("--rank0-eval", "2", "--mean"), ("--mean",)),
     # FSDP: every layer's parameters gathered for its forward and again for its backward, or once.
     Pair("fsdp_reshard", "exposed-gradient-sync", ("--fsdp",), ("--fsdp", "--no-reshard")),
+    # FSDP reduce-scatters every micro-batch's gradients, or only the last one's.
+    Pair("fsdp_accumulation", "accumulation-syncs", ("--fsdp", "--accumulate", "4"),
+         ("--fsdp", "--accumulate", "4", "--no-sync")),
+    # DDP looks for the unused head's parameters after every forward, or learns them once.
+    Pair("static_graph", "ddp-static-graph", ("--find-unused", "--unused-head"),
+         ("--find-unused", "--unused-head", "--static-graph")),
 )
 
 

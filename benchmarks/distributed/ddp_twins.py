@@ -9,7 +9,9 @@ DataLoader without workers, whose dataset waits), and DDP's default
 buckets (fixed by ``--bucket-settings``: gradient_as_bucket_view=True; the model's 6 tensors keep 2 buckets
 at any bucket size). ``--fsdp`` shards each layer and the model with ``fully_shard`` instead of DDP (every
 all-gather and reduce-scatter blocks the step on CPU); its fixed twin adds ``--no-reshard``
-(reshard_after_forward=False: one all-gather per layer a step instead of two).
+(reshard_after_forward=False: one all-gather per layer a step instead of two); with ``--accumulate K``
+``--no-sync`` is ``set_requires_gradient_sync(False)`` on every micro-batch but the last. ``--unused-head`` adds
+a head no loss uses (DDP then needs ``--find-unused``); its fixed twin adds ``--static-graph``.
 
 Rank 0 times the loop itself: every step after ``--warmup`` with time.perf_counter, and prints
 ``STEP_MS <median ms per optimizer step>`` (every rank ends a step at the same all-reduce, so rank 0's step
@@ -43,6 +45,8 @@ parser.add_argument("--loader", action="store_true")
 parser.add_argument("--mean", action="store_true")
 parser.add_argument("--fsdp", action="store_true")
 parser.add_argument("--no-reshard", action="store_true")  # the fixed twin of --fsdp
+parser.add_argument("--unused-head", action="store_true")
+parser.add_argument("--static-graph", action="store_true")  # the fixed twin of --find-unused --unused-head
 args = parser.parse_args()
 
 torch.set_num_threads(os.cpu_count() if args.threads_all else 1)
@@ -50,7 +54,20 @@ dist.init_process_group("gloo")
 rank = dist.get_rank()
 torch.manual_seed(0)
 net = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 1))
-buckets = dict(gradient_as_bucket_view=True) if args.bucket_settings else {}
+
+
+class WithUnusedHead(nn.Module):
+    def __init__(self, body):
+        super().__init__()
+        self.body, self.aux = body, nn.Linear(1024, 10)  # aux: in no loss, so DDP must look for unused parameters
+
+    def forward(self, x):
+        return self.body(x)
+
+
+keywords = dict(gradient_as_bucket_view=True) if args.bucket_settings else {}
+if args.static_graph:
+    keywords["static_graph"] = True
 if args.fsdp:
     from torch.distributed.fsdp import fully_shard
 
@@ -59,7 +76,8 @@ if args.fsdp:
         fully_shard(layer, **reshard)
     model = fully_shard(net, **reshard)
 else:
-    model = DistributedDataParallel(net, find_unused_parameters=args.find_unused, **buckets)
+    wrapped = WithUnusedHead(net) if args.unused_head else net
+    model = DistributedDataParallel(wrapped, find_unused_parameters=args.find_unused, **keywords)
 opt = torch.optim.Adam(model.parameters(), lr=1e-3)
 data = [(torch.randn(64, 256), torch.randn(64, 1)) for _ in range(16)]
 folder = tempfile.mkdtemp()
@@ -98,7 +116,11 @@ for step in range(args.warmup + args.steps):
     started = time.perf_counter()
     for micro in range(args.accumulate):
         last = micro == args.accumulate - 1
-        quiet = model.no_sync() if args.no_sync and not last else contextlib.nullcontext()
+        if args.fsdp:
+            model.set_requires_gradient_sync(last or not args.no_sync)
+            quiet = contextlib.nullcontext()
+        else:
+            quiet = model.no_sync() if args.no_sync and not last else contextlib.nullcontext()
         with quiet:
             x, y = next(batches) if batches is not None else batch(step * args.accumulate + micro)
             loss = nn.functional.mse_loss(model(x), y) / args.accumulate

@@ -12,7 +12,8 @@ CATALOGUE = {
     "conv-bias-before-bn", "data-parallel", "syncbn-with-compile", "empty-cache-in-loop", "jit-script",
     "manual-attention", "non-foreach-optimizer", "save-in-loop", "accumulation-syncs", "nccl-env", "slow-storage",
     "periodic-work", "cpu-oversubscribed", "straggler", "exposed-gradient-sync", "ddp-find-unused-parameters",
-    "ddp-bucket-settings", "per-sample-batch", "eval-every-step", "unattributed-time", "uneven-work",
+    "ddp-static-graph", "ddp-bucket-settings", "per-sample-batch", "eval-every-step", "unattributed-time",
+    "uneven-work",
 }
 
 

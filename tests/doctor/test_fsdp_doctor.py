@@ -1,6 +1,7 @@
 """The doctor on an FSDP job (``fully_shard``, gloo, 2 ranks): the blocking all-gathers and reduce-scatters are
 each rank's exposed communication, a straggler is named through them (under the older FullyShardedDataParallel
-too), and ``reshard_after_forward=False`` is timed on every rank and written into every ``fully_shard`` call.
+too), ``reshard_after_forward=False`` is timed on every rank and written into every ``fully_shard`` call, and
+accumulation that reduce-scatters every micro-batch is timed with the sync skipped on all but the last.
 Then the timing of blocking collectives itself, in this process on a group of one."""
 
 from __future__ import annotations
@@ -26,19 +27,23 @@ def _ok(result):
     return report
 
 
-def test_fsdp_waits_are_measured_and_reshard_after_forward_timed_and_patched(tmp_path):
+def test_fsdp_waits_are_measured_and_its_two_fixes_timed_on_every_rank(tmp_path):
+    """Two micro-batches a step, each reduce-scattered: both reshard_after_forward=False and skipping the first
+    micro-batch's reduce-scatter are timed on every rank, and the keyword is written into every call."""
     folder = tmp_path / "job"
     folder.mkdir()
     (folder / SCRIPT.name).write_text(SCRIPT.read_text())
     patch = tmp_path / "fixes.patch"
-    report = _ok(doctor_job(folder, "--job-what-if-rounds", "2", "--job-what-if-rules", "exposed-gradient-sync",
-                            "--fix", str(patch),
-                            "--nproc-per-node", "2", SCRIPT.name, what_if=True, timeout=400))
+    report = _ok(doctor_job(folder, "--job-what-if-rounds", "2",
+                            "--job-what-if-rules", "exposed-gradient-sync,accumulation-syncs", "--fix", str(patch),
+                            "--nproc-per-node", "2", SCRIPT.name, "--accumulate", "2", what_if=True, timeout=400))
     communication = report["communication"]
     assert communication["kind"] == "fsdp" and communication["overlap"] is None
     for rank in report["ranks"]:
-        # Every step all-gathers each block for its forward and again for its backward, and reduce-scatters it.
-        assert rank["exposed_communication_ms"] > 0 and rank["collectives_per_step"] >= 10, rank
+        # Every micro-batch all-gathers each block for its forward and again for its backward, and
+        # reduce-scatters it.
+        assert rank["exposed_communication_ms"] > 0 and rank["collectives_per_step"] >= 20, rank
+    baseline = min(r["collectives_per_step"] for r in report["ranks"])
     finding = next(f for f in report["findings"] if f["rule"] == "exposed-gradient-sync")
     assert "FSDP's all-gathers and reduce-scatters" in finding["message"]
     assert finding["where"] == "{}:{}".format(SCRIPT.name, dict(marked_lines("fsdp_blocks"))["exposed-gradient-sync"])
@@ -47,8 +52,18 @@ def test_fsdp_waits_are_measured_and_reshard_after_forward_timed_and_patched(tmp
     seen = what_if["observed"]
     # Both ranks took the keyword in all five calls; their blocks were no longer gathered again for backward.
     assert seen["fully_shard calls with reshard_after_forward=False"] == 10, seen
-    baseline = min(r["collectives_per_step"] for r in report["ranks"])
-    assert seen["fsdp_collectives_per_step"] < baseline, (seen, baseline)
+    assert seen["fsdp_collectives_per_step"] < baseline and seen["synced_passes_per_step"] == 2.0, (seen, baseline)
+
+    accumulation = next(f for f in report["findings"] if f["rule"] == "accumulation-syncs")
+    assert accumulation["evidence"]["kind"] == "fsdp" and accumulation["evidence"]["backwards_per_step"] == 2
+    assert "FSDP reduce-scatters them in every one" in accumulation["message"], accumulation["message"]
+    assert "set_requires_gradient_sync(False)" in accumulation["fixes"]["pytorch"]
+    what_if = accumulation["what_if"]
+    assert what_if["kind"] == "job" and what_if["ranks"] == 2, what_if
+    seen = what_if["observed"]
+    # Only the second micro-batch's backward reduce-scattered, on both ranks.
+    assert seen["synced_passes_per_step"] == 1.0 and seen["fsdp_collectives_per_step"] < baseline, seen
+
     git_apply(folder, patch)
     text = (folder / SCRIPT.name).read_text()
     assert "fully_shard(block, reshard_after_forward=False)" in text
@@ -66,15 +81,6 @@ def test_a_straggler_under_the_older_fsdp_is_named_with_its_cause(tmp_path):
     assert waits[1] > waits[0], waits  # rank 1 waits for rank 0 in the collectives
     finding = next(f for f in report["findings"] if f["rule"] == "straggler")
     assert "at FSDP's all-gathers and reduce-scatters" in finding["message"]
-    assert job_processes(SCRIPT.name) == []
-
-
-def test_fsdp_reduce_scattering_every_micro_batch_is_named(tmp_path):
-    report = _ok(doctor_job(tmp_path, "--nproc-per-node", "2", str(SCRIPT), "--accumulate", "3"))
-    finding = next(f for f in report["findings"] if f["rule"] == "accumulation-syncs")
-    assert finding["evidence"]["kind"] == "fsdp" and finding["evidence"]["backwards_per_step"] == 3
-    assert "FSDP reduce-scatters them in every one" in finding["message"], finding["message"]
-    assert "set_requires_gradient_sync(False)" in finding["fixes"]["pytorch"]
     assert job_processes(SCRIPT.name) == []
 
 

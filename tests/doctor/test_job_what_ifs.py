@@ -134,6 +134,52 @@ def test_sync_every_all_reduces_once_per_that_many_backward_passes(one_rank_grou
     assert _all_reduces(DistributedDataParallel(nn.Linear(8, 1)), forwards=6) == 6
 
 
+def _fsdp_syncs(model: nn.Module, forwards: int) -> list[bool]:
+    """Whether FSDP was set to reduce-scatter after each training forward of ``model`` (both FSDPs' flags)."""
+    from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
+
+    syncs = []
+    for _ in range(forwards):
+        model(torch.randn(4, 8)).sum().backward()
+        if isinstance(model, FSDPModule):
+            groups = [g for m in model.modules() if isinstance(m, FSDPModule)
+                      for g in m._get_fsdp_state()._fsdp_param_groups]
+            flags = {g.reduce_grads for g in groups}
+        else:
+            flags = {m._sync_gradients for m in model.modules() if isinstance(m, FullyShardedDataParallel)}
+        assert len(flags) == 1, flags  # the root and every sharded module under it alike
+        syncs.append(flags.pop())
+    with torch.no_grad():
+        model(torch.randn(4, 8))  # an evaluation forward is not a micro-batch
+    return syncs
+
+
+def _fully_shard() -> nn.Module:
+    from torch.distributed.fsdp import fully_shard
+
+    net = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 1))
+    fully_shard(net[0])
+    return fully_shard(net)
+
+
+def _older_fsdp() -> nn.Module:
+    from torch.distributed.fsdp import FullyShardedDataParallel
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    return FullyShardedDataParallel(nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 1)), device_id=torch.device("cpu"),
+                                    auto_wrap_policy=ModuleWrapPolicy({nn.Linear}))
+
+
+@pytest.mark.parametrize("build", [_fully_shard, _older_fsdp], ids=["fully_shard", "FullyShardedDataParallel"])
+def test_sync_every_makes_fsdp_reduce_scatter_one_micro_batch_in_that_many(one_rank_group, build):
+    patcher = apply_change(RankChange(sync_every=3))
+    try:
+        assert _fsdp_syncs(build(), forwards=7) == [False, False, True, False, False, True, False]
+    finally:
+        patcher.restore()
+    assert _fsdp_syncs(build(), forwards=2) == [True, True]
+
+
 def test_forced_threads_outlast_the_scripts_own_call():
     before = torch.get_num_threads()
     patcher = apply_change(RankChange(threads=1))

@@ -111,6 +111,25 @@ def test_validation_under_no_grad_is_fine(tmp_path):
     assert found(ctx, "grad-in-validation") == []
 
 
+def test_a_call_by_the_name_it_was_imported_as_is_found_by_its_own_name(tmp_path):
+    """nanoGPT's ``from torch.nn.parallel import DistributedDataParallel as DDP``: the rules that point at the
+    DistributedDataParallel call (and --fix, which edits it) find ``DDP(...)``."""
+    from turbotrain.doctor.rules.ranks import call_site
+
+    ctx = context_for(tmp_path, """
+        import torch
+        from torch.nn import DataParallel as DP
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        model = torch.nn.Linear(4, 4)
+        wrapped = DP(model)
+        ddp = DDP(model, device_ids=None)
+    """)
+    assert call_site(ctx, "DistributedDataParallel").line == line_of(ctx, "ddp = DDP(")
+    assert call_site(ctx, "DistributedDataParallel", "device_ids").line == line_of(ctx, "ddp = DDP(")
+    assert [line for line, _ in found(ctx, "data-parallel")] == [line_of(ctx, "wrapped = DP(")]
+
+
 def test_static_findings_are_low_on_their_own(tmp_path):
     ctx = context_for(tmp_path, SOURCE)
     assert {f.severity for f in evaluate(ctx)} == {"low"}

@@ -21,7 +21,7 @@ class RankChange:
 
     threads: int | None = None  # torch's intra-op threads (and OMP_NUM_THREADS), whatever the script sets
     ddp: dict[str, Any] = field(default_factory=dict)  # keyword arguments forced on every DistributedDataParallel
-    sync_every: int | None = None  # one gradient all-reduce per this many backward passes (no_sync on the others)
+    sync_every: int | None = None  # one gradient sync (DDP or FSDP) per this many backward passes
     autocast: str | None = None  # "bfloat16": every DistributedDataParallel forward under torch.autocast
     save_every: int | None = None  # torch.save writes on one call in this many (the others return at once)
     save_at: str | None = None  # "file:line": only the torch.save calls from this user line (None: every call)
@@ -63,7 +63,10 @@ class RankChange:
             args = ", ".join(f"{k}={v!r}" for k, v in self.ddp.items())
             parts.append(f"DistributedDataParallel(..., {args})")
         if self.sync_every is not None:
-            parts.append(f"no_sync() on {self.sync_every - 1} of every {self.sync_every} backward passes")
+            parts.append(
+                f"no gradient sync (DDP's no_sync(), FSDP's set_requires_gradient_sync(False)) on "
+                f"{self.sync_every - 1} of every {self.sync_every} backward passes"
+            )
         if self.autocast is not None:
             parts.append(f"torch.autocast(dtype=torch.{self.autocast}) around the model's forward")
         if self.save_every is not None:

@@ -118,11 +118,26 @@ class SourceIndex:
 
     # -- queries ----------------------------------------------------------------------------------
 
+    @functools.cached_property
+    def imported_as(self) -> dict[str, str]:
+        """Names this file imports under a name of its own: ``{"DDP": "DistributedDataParallel"}`` for
+        ``from torch.nn.parallel import DistributedDataParallel as DDP``."""
+        return {
+            alias.asname: alias.name
+            for node in ast.walk(self.tree)
+            if isinstance(node, ast.ImportFrom)
+            for alias in node.names
+            if alias.asname and alias.asname != alias.name
+        }
+
     def calls(self, *suffixes: str) -> Iterator[tuple[ast.Call, str]]:
-        """Calls whose dotted name ends with one of ``suffixes`` (``"torch.save"`` matches ``torch.save``)."""
+        """Calls whose dotted name ends with one of ``suffixes`` (``"torch.save"`` matches ``torch.save``); a
+        name imported under another (``DDP``) is matched by the name it was imported as."""
         for node in ast.walk(self.tree):
             if isinstance(node, ast.Call):
                 name = dotted_name(node.func)
+                head, dot, rest = name.partition(".")
+                name = self.imported_as.get(head, head) + dot + rest
                 if any(
                     name == s or name.endswith("." + s) or (not s.count(".") and name.split(".")[-1] == s)
                     for s in suffixes

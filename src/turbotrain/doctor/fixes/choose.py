@@ -244,6 +244,7 @@ _PLANNERS: dict[str, Callable[[Context, Finding], dict[str, Any]]] = {
     "manual-attention": _attention,
     "no-mixed-precision": _autocast,
     "ddp-find-unused-parameters": _rank_change,
+    "ddp-static-graph": _rank_change,
     "ddp-bucket-settings": _rank_change,
     "exposed-gradient-sync": _rank_change,
     "cpu-oversubscribed": _rank_change,

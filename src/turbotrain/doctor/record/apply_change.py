@@ -10,7 +10,7 @@ import inspect
 import os
 import sys
 from collections import Counter
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, cast
 
 from ..rank_change import RankChange
 from .patcher import Patcher
@@ -35,6 +35,8 @@ def apply_change(change: RankChange) -> Patcher:
         patcher.replace(DataLoader, "__init__", lambda init: _with_keywords(init, forced, _map_style))
     if change.fsdp:
         _force_fsdp_keywords(patcher, change.fsdp)
+    if change.sync_every is not None:
+        _fsdp_syncing_every(patcher, change.sync_every)
     if change.ddp or change.sync_every is not None or change.autocast is not None:
         from torch.nn.parallel import DistributedDataParallel
 
@@ -149,6 +151,51 @@ def _syncing_every(forward: Callable[..., Any], every: int) -> Callable[..., Any
     return forward_
 
 
+def _fsdp_syncing_every(patcher: Patcher, every: int) -> None:
+    """FSDP reduce-scatters the gradients of one training forward of the root in ``every``: what
+    ``set_requires_gradient_sync(False)`` (``fully_shard``) or ``no_sync()`` (the older FullyShardedDataParallel)
+    around the others does. Both read the flag in the backward that follows."""
+    from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
+
+    depth = [0]  # FSDP modules inside the one being called: only the outermost (the root) counts forwards
+
+    def counting(call: Callable[..., Any], set_sync: Callable[[Any, bool], None]) -> Callable[..., Any]:
+        def __call__(module: Any, *args: Any, **kwargs: Any) -> Any:
+            import torch
+
+            if depth[0] == 0 and module.training and torch.is_grad_enabled():
+                count = getattr(module, "_tt_forwards", 0)
+                module._tt_forwards = count + 1
+                set_sync(module, count % every == every - 1)
+            depth[0] += 1
+            try:
+                return call(module, *args, **kwargs)
+            finally:
+                depth[0] -= 1
+
+        return __call__
+
+    # FSDPModule sits before the original class in a sharded module's MRO: its __call__ is found first.
+    patcher.put(
+        FSDPModule,
+        "__call__",
+        counting(lambda module, *a, **k: super(FSDPModule, module).__call__(*a, **k), _fsdp2_sync),
+    )
+    patcher.replace(FullyShardedDataParallel, "__call__", lambda call: counting(call, _fsdp1_sync))
+
+
+def _fsdp2_sync(root: Any, sync: bool) -> None:
+    root.set_requires_gradient_sync(sync)
+
+
+def _fsdp1_sync(root: Any, sync: bool) -> None:
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    for module in root.modules():  # as no_sync() sets it: on every FSDP module under the root
+        if isinstance(module, FullyShardedDataParallel):
+            cast(Any, module)._sync_gradients = sync  # a flag FSDP reads, which its type does not declare
+
+
 # What this rank applied while it ran, for its result (record/rank_main.py): a fix that never ran shows.
 APPLIED: Counter[str] = Counter()
 
@@ -211,7 +258,7 @@ def observed(recordings: list[Recording], applied: list[dict[str, int]] | None =
     workers = sorted({int(loader.settings.get("num_workers", 0)) for r in recordings for loader in r.loaders})
     if workers:
         out["num_workers"] = workers
-    for key, kind in (("gradient_as_bucket_view", bool), ("buckets", int)):
+    for key, kind in (("gradient_as_bucket_view", bool), ("static_graph", bool), ("buckets", int)):
         values = sorted({kind(r.reducer[key]) for r in recordings if key in r.reducer})
         if values:
             out[key] = values

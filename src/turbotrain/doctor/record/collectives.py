@@ -214,6 +214,12 @@ class GradientSync:
             ):
                 if isinstance(data.get(key), (int, bool)):
                     out[key] = float(data[key])
+            out["static_graph"] = float(bool(getattr(model, "static_graph", False)))
+            # The reducer's own check that the set of unused parameters never changed from one iteration to the
+            # next (it compares them only under find_unused_parameters=True).
+            graph_static = getattr(getattr(model, "reducer", None), "_ddp_graph_static", None)
+            if callable(graph_static):
+                out["graph_static"] = float(bool(graph_static()))
             sizes = data.get("rebuilt_bucket_sizes") or data.get("bucket_sizes")
             if isinstance(sizes, str) and sizes.strip():
                 out["buckets"] = float(len(sizes.split(",")))  # "4198400, 1052672": bytes of each bucket

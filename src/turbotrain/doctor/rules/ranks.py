@@ -24,6 +24,7 @@ __all__ = [
     "uneven_work",
     "exposed_gradient_sync",
     "ddp_find_unused_parameters",
+    "ddp_static_graph",
     "ddp_bucket_settings",
     "on_a_job",
     "call_site",
@@ -463,6 +464,55 @@ def ddp_find_unused_parameters(ctx: Context) -> Iterator[Finding]:
         finding.note = (
             "One process: the flag's cost is timed on a multi-process job (turbotrain doctor --nproc-per-node)."
         )
+    yield finding
+
+
+@rule("ddp-static-graph", "runtime")
+def ddp_static_graph(ctx: Context) -> Iterator[Finding]:
+    """DDP looks for unused parameters after every forward and finds the same ones every time, on every rank."""
+    recording = ctx.recording
+    if recording is None:
+        return
+    stats = [r.reducer for r in (recording.job or (recording,))]
+    if not stats or not all(
+        s.get("find_unused_parameters")
+        and s.get("unused_parameter_size", 0.0) > 0
+        and s.get("graph_static") == 1.0
+        and not s.get("static_graph")
+        for s in stats
+    ):
+        return
+    unused_mib = max(s["unused_parameter_size"] for s in stats) / _MIB
+    finding = Finding(
+        rule="ddp-static-graph",
+        site=call_site(ctx, "DistributedDataParallel", "find_unused_parameters")
+        or call_site(ctx, "DistributedDataParallel"),
+        category="compute",
+        message=(
+            f"DistributedDataParallel looks for unused parameters after every forward "
+            f"(find_unused_parameters=True) and found the same ones every time on every rank ({unused_mib:.2f} MiB "
+            "of parameters no loss uses): the graph is static. With static_graph=True DDP learns them in the "
+            "first iteration, stops walking the autograd graph and all-reducing its map of used parameters every "
+            "step, and rebuilds its buckets in the order gradients arrive. DDP raises an error if the graph "
+            "changes after all."
+        ),
+        fix=Fix(
+            "DistributedDataParallel(model, ..., static_graph=True)",
+            lightning="Trainer(strategy=DDPStrategy(static_graph=True))",
+            fabric="Fabric(strategy=DDPStrategy(static_graph=True))",
+            accelerate="Accelerator(kwargs_handlers=[DistributedDataParallelKwargs(static_graph=True)])",
+        ),
+        evidence={
+            "ranks": len(stats),
+            "unused_parameter_mib": round(unused_mib, 3),
+            "keywords": {"static_graph": True},
+        },
+    )
+    finding.provisional("low")  # until a job what-if times it on every rank
+    if on_a_job(ctx):
+        finding.request = JobRequest(RankChange(ddp={"static_graph": True}))
+    else:
+        finding.note = "One process: static_graph is timed on a multi-process job (turbotrain doctor --nproc-per-node)."
     yield finding
 
 

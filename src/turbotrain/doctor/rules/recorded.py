@@ -414,13 +414,9 @@ def accumulation_syncs(ctx: Context) -> Iterator[Finding]:
         fix=_accumulation_fix(round(backwards), fsdp),
         evidence={"backwards_per_step": backwards, "world_size": ctx.world_size, "kind": "fsdp" if fsdp else "ddp"},
     )
-    if fsdp:
-        f.provisional("low")
-        f.note = "The reduce-scatters of every micro-batch are recorded on every rank; skipping them is not timed."
-        yield f
-        return
     if on_a_job(ctx):
-        # Timed on every rank: each forward of a micro-batch but the last runs as under no_sync().
+        # Timed on every rank: each forward of a micro-batch but the last runs as under no_sync() (DDP) or
+        # set_requires_gradient_sync(False) (FSDP).
         f.request = JobRequest(RankChange(sync_every=round(backwards)))
     if ctx.world_size > 1:
         f.provisional("medium")

@@ -32,6 +32,7 @@ HABIT_RULES = (
     "uneven-work",
     "exposed-gradient-sync",
     "ddp-find-unused-parameters",
+    "ddp-static-graph",
     "ddp-bucket-settings",
     "per-sample-batch",
     "eval-every-step",
