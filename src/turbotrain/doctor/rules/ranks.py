@@ -50,7 +50,9 @@ _FIXES = {
     "compute": "Even out the work: the same batch size and sequence lengths on every rank, and no other load on "
     "rank {rank}'s cores (threads per rank x ranks <= cores).",
     "optimizer": "Use the same optimizer settings on every rank (foreach/fused), and nothing extra in rank "
-    "{rank}'s step.",
+    "{rank}'s step. Where its step is already the same as the others' (DDP's replicated parameters), its core ran "
+    "it slower: give rank {rank} a core of its own (no other process, no busy hyperthread sibling) or check its "
+    "node.",
     "host_sync": "Take the host syncs (.item(), print of a tensor) out of rank {rank}'s step, or do them every N "
     "steps on every rank.",
     "outside_step": "Do rank {rank}'s extra work (checkpoint, evaluation, logging) less often, asynchronously, or "
