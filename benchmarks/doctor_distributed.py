@@ -18,7 +18,7 @@ With ``--overhead`` it also times the doctor's own cost per rank: the fixed twin
 doctor's recorder on every rank (what-ifs off) over the same job under plain torchrun, interleaved.
 
     python benchmarks/doctor_distributed.py [--pairs threads,accumulation] [--rounds 3] [--overhead]
-                                            [--overhead-twin '--fsdp'] [--json PATH] [--markdown PATH]
+                                            [--overhead-twin=--fsdp] [--json PATH] [--markdown PATH]
 """
 
 from __future__ import annotations
@@ -168,7 +168,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60, help="timed steps per twin run (after 5 warm-up)")
     parser.add_argument("--budget", type=float, default=120.0, help="the doctor's --job-what-if-budget")
     parser.add_argument("--overhead", action="store_true", help="also time the doctor's own cost per rank")
-    parser.add_argument("--overhead-twin", default="", help="the twin's flags for --overhead (e.g. '--fsdp')")
+    parser.add_argument("--overhead-twin", default="", help="the twin's flags for --overhead, after an = sign: --overhead-twin='--fsdp --no-reshard'")
     parser.add_argument("--json")
     parser.add_argument("--markdown")
     args = parser.parse_args()

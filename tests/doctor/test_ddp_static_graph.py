@@ -80,7 +80,7 @@ def _job(*reducers: dict[str, float]):
 def test_the_same_unused_parameters_on_every_rank_time_static_graph_on_every_rank():
     (finding,) = evaluate(_job(UNUSED, UNUSED), only=["ddp-static-graph"])
     assert isinstance(finding.request, JobRequest)
-    assert finding.request.change.ddp == {"static_graph": True}
+    assert finding.request.change.ddp == {"static_graph": True, "find_unused_parameters": False}
     assert finding.severity == "low" and not finding.measured  # until the job what-if times it
     assert "0.25 MiB" in finding.message and "static_graph=True" in finding.fix.pytorch
     assert "ddp-static-graph" in FIXABLE_RULES  # --fix writes the keyword into the DDP call

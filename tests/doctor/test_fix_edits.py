@@ -278,3 +278,13 @@ def test_fsdp_keyword_goes_into_every_fully_shard_call_that_leaves_it_to_fsdp():
     # The older FSDP's equivalent needs an import: named, left to the user.
     with pytest.raises(ByHand, match="sharding_strategy=ShardingStrategy.SHARD_GRAD_OP"):
         edit("model = FSDP(net)  # here\n", "fsdp", keywords={"reshard_after_forward": False})
+
+
+def test_ddp_keywords_reach_the_call_by_whatever_name_it_was_imported_as():
+    """``static_graph`` timed with ``find_unused_parameters=False``: the literal True becomes False in place."""
+    source = """
+        from torch.nn.parallel import DistributedDataParallel as TorchDDP
+        model = TorchDDP(net, find_unused_parameters=True)  # here
+    """
+    new = edit(source, "ddp", keywords={"static_graph": True, "find_unused_parameters": False})
+    assert changed(source, new) == ["model = TorchDDP(net, find_unused_parameters=False, static_graph=True)  # here"]

@@ -34,7 +34,8 @@ def test_fsdp_waits_are_measured_and_its_two_fixes_timed_on_every_rank(tmp_path)
     folder.mkdir()
     (folder / SCRIPT.name).write_text(SCRIPT.read_text())
     patch = tmp_path / "fixes.patch"
-    report = _ok(doctor_job(folder, "--job-what-if-rounds", "2",
+    # The budget fits both fixes in two rounds even where a run of this job takes 45 s (a loaded machine).
+    report = _ok(doctor_job(folder, "--job-what-if-rounds", "2", "--job-what-if-budget", "300",
                             "--job-what-if-rules", "exposed-gradient-sync,accumulation-syncs", "--fix", str(patch),
                             "--nproc-per-node", "2", SCRIPT.name, "--accumulate", "2", what_if=True, timeout=400))
     communication = report["communication"]
@@ -52,7 +53,8 @@ def test_fsdp_waits_are_measured_and_its_two_fixes_timed_on_every_rank(tmp_path)
     seen = what_if["observed"]
     # Both ranks took the keyword in all five calls; their blocks were no longer gathered again for backward.
     assert seen["fully_shard calls with reshard_after_forward=False"] == 10, seen
-    assert seen["fsdp_collectives_per_step"] < baseline and seen["synced_passes_per_step"] == 2.0, (seen, baseline)
+    # Both micro-batches still reduce-scattered (a step cut short at the end may have had one).
+    assert seen["fsdp_collectives_per_step"] < baseline and seen["synced_passes_per_step"] > 1.5, (seen, baseline)
 
     accumulation = next(f for f in report["findings"] if f["rule"] == "accumulation-syncs")
     assert accumulation["evidence"]["kind"] == "fsdp" and accumulation["evidence"]["backwards_per_step"] == 2

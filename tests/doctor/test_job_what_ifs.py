@@ -27,12 +27,14 @@ from turbotrain.doctor.requests import JobRequest
 from turbotrain.doctor.whatif.job import JobTiming, time_on_the_job
 
 
-HABITS = ("accumulation-syncs", "ddp-find-unused-parameters", "cpu-oversubscribed")
+HABITS = ("accumulation-syncs", "ddp-static-graph", "cpu-oversubscribed")
 
 
 @pytest.fixture(scope="module")
 def habits(tmp_path_factory):
-    """Every rank: threads sized to all cores, find_unused_parameters=True, 4 micro-batches without no_sync."""
+    """Every rank: threads sized to all cores, find_unused_parameters=True with the same parameters unused at every
+    step (a static graph not declared), 4 micro-batches without no_sync. (find_unused_parameters=True with nothing
+    unused is timed on a job in test_job_fixes.py.)"""
     tmp = tmp_path_factory.mktemp("habits")
     # Only the three habits' fixes are timed (not DDP's bucket settings or bf16 autocast, which their own tests
     # time); the budget fits them in two rounds while one run of this job takes up to 15 s (it fits (budget / (2
@@ -40,7 +42,8 @@ def habits(tmp_path_factory):
     proc, report = doctor_job(tmp, "--job-what-if-rounds", "2", "--what-if-budget", "20",
                               "--job-what-if-budget", "180",
                               "--job-what-if-rules", ",".join(HABITS), "--nproc-per-node", "2",
-                              str(SCRIPTS / "ddp_habits.py"), "--threads-all", "--find-unused", "--accumulate", "4",
+                              str(SCRIPTS / "ddp_habits.py"), "--threads-all", "--find-unused", "--unused-head",
+                              "--accumulate", "4",
                               what_if=True)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return report
@@ -54,7 +57,7 @@ def _finding(report: dict, rule: str) -> dict:
 
 @pytest.mark.parametrize("rule, fact, value", [
     ("accumulation-syncs", "synced_passes_per_step", 1.0),
-    ("ddp-find-unused-parameters", "find_unused_parameters", [False]),
+    ("ddp-static-graph", "static_graph", [True]),
     ("cpu-oversubscribed", "threads", None),  # None: the recommended count
 ])
 def test_each_fix_is_timed_on_every_rank_and_took_effect_there(habits, rule, fact, value):
@@ -65,7 +68,7 @@ def test_each_fix_is_timed_on_every_rank_and_took_effect_there(habits, rule, fac
     expected = [f["evidence"]["recommended_threads"]] if value is None else value
     assert what_if["observed"][fact] == expected, what_if["observed"]
     # Each candidate run carries its own fix only: the other habits are still there.
-    others = {"synced_passes_per_step": 4.0, "find_unused_parameters": [True]}
+    others = {"synced_passes_per_step": 4.0, "static_graph": [False]}
     for other, before in others.items():
         if other != fact:
             assert what_if["observed"][other] == before, what_if["observed"]
@@ -81,8 +84,9 @@ def test_the_job_findings_point_at_the_lines_to_change(habits):
     threads = _finding(habits, "cpu-oversubscribed")
     assert "torch.set_num_threads(" in lines[int(threads["where"].rsplit(":", 1)[1]) - 1]
     assert threads["evidence"]["threads"] == [threads["evidence"]["usable_cores"]] * 2
-    unused = _finding(habits, "ddp-find-unused-parameters")
-    assert "find_unused_parameters=" in lines[int(unused["where"].rsplit(":", 1)[1]) - 1]
+    static = _finding(habits, "ddp-static-graph")
+    assert "find_unused_parameters=" in lines[int(static["where"].rsplit(":", 1)[1]) - 1]
+    assert static["what_if"]["observed"]["find_unused_parameters"] == [False]  # static_graph finds them itself
     assert any("fixes timed on every rank" in m for m in habits["messages"]), habits["messages"]
     assert job_processes("ddp_habits.py") == []
 
@@ -97,7 +101,8 @@ def one_rank_group():
     dist.destroy_process_group()
 
 
-def _all_reduces(model: DistributedDataParallel, forwards: int) -> int:
+def _all_reduces(model: DistributedDataParallel, forwards: int, step_after: int | None = None) -> int:
+    """All-reduces in ``forwards`` micro-batches of ``model`` (an optimizer step after the first ``step_after``)."""
     calls = []
 
     def counting(state, bucket):
@@ -107,8 +112,11 @@ def _all_reduces(model: DistributedDataParallel, forwards: int) -> int:
         return fut
 
     model.register_comm_hook(None, counting)
-    for _ in range(forwards):
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for i in range(forwards):
         model(torch.randn(4, 8)).sum().backward()
+        if i + 1 == step_after:
+            opt.step()
     return len(calls)
 
 
@@ -129,28 +137,41 @@ def test_sync_every_all_reduces_once_per_that_many_backward_passes(one_rank_grou
     patcher = apply_change(RankChange(sync_every=3))
     try:
         assert _all_reduces(DistributedDataParallel(nn.Linear(8, 1)), forwards=6) == 2
+        # An optimizer step starts the count again: a stray forward shifts one step's micro-batches, not the run's.
+        assert _all_reduces(DistributedDataParallel(nn.Linear(8, 1)), forwards=4, step_after=2) == 0
     finally:
         patcher.restore()
     assert _all_reduces(DistributedDataParallel(nn.Linear(8, 1)), forwards=6) == 6
 
 
-def _fsdp_syncs(model: nn.Module, forwards: int) -> list[bool]:
-    """Whether FSDP was set to reduce-scatter after each training forward of ``model`` (both FSDPs' flags)."""
+def _fsdp_synced(model: nn.Module) -> bool:
+    """Whether FSDP is set to reduce-scatter in the next backward of ``model`` (either FSDP's flags)."""
     from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
 
+    if isinstance(model, FSDPModule):
+        states = [m._get_fsdp_state() for m in model.modules() if isinstance(m, FSDPModule)]
+        flags = {group.reduce_grads for state in states for group in state._fsdp_param_groups}
+    else:
+        flags = {m._sync_gradients for m in model.modules() if isinstance(m, FullyShardedDataParallel)}
+    assert len(flags) == 1, flags  # the root and every sharded module under it alike
+    return flags.pop()
+
+
+def _fsdp_syncs(model: nn.Module, script: str) -> list[bool]:
+    """Run ``script`` on ``model``: ``m`` a micro-batch (forward, backward), ``e`` an evaluation forward (no grad),
+    ``s`` an optimizer step; after each micro-batch, whether FSDP reduce-scattered it."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
     syncs = []
-    for _ in range(forwards):
-        model(torch.randn(4, 8)).sum().backward()
-        if isinstance(model, FSDPModule):
-            groups = [g for m in model.modules() if isinstance(m, FSDPModule)
-                      for g in m._get_fsdp_state()._fsdp_param_groups]
-            flags = {g.reduce_grads for g in groups}
+    for action in script:
+        if action == "m":
+            model(torch.randn(4, 8)).sum().backward()
+            syncs.append(_fsdp_synced(model))
+        elif action == "e":
+            with torch.no_grad():
+                model(torch.randn(4, 8))
         else:
-            flags = {m._sync_gradients for m in model.modules() if isinstance(m, FullyShardedDataParallel)}
-        assert len(flags) == 1, flags  # the root and every sharded module under it alike
-        syncs.append(flags.pop())
-    with torch.no_grad():
-        model(torch.randn(4, 8))  # an evaluation forward is not a micro-batch
+            opt.step()
+            opt.zero_grad()
     return syncs
 
 
@@ -174,10 +195,27 @@ def _older_fsdp() -> nn.Module:
 def test_sync_every_makes_fsdp_reduce_scatter_one_micro_batch_in_that_many(one_rank_group, build):
     patcher = apply_change(RankChange(sync_every=3))
     try:
-        assert _fsdp_syncs(build(), forwards=7) == [False, False, True, False, False, True, False]
+        # Every third micro-batch since the last optimizer step; an evaluation forward is not one, and an
+        # optimizer step after an uneven count starts the count again.
+        assert _fsdp_syncs(build(), "mmmsmemsmmmmm") == [False, False, True, False, False, False, False, True,
+                                                          False, False]
     finally:
         patcher.restore()
-    assert _fsdp_syncs(build(), forwards=2) == [True, True]
+    assert _fsdp_syncs(build(), "mmsm") == [True, True, True]
+
+
+def test_a_forward_run_again_inside_the_backward_is_not_a_micro_batch():
+    """Activation checkpointing runs a block's forward again inside the backward: not a micro-batch to count."""
+    from turbotrain.doctor.record.sync_every import _training_forward
+
+    model, seen = nn.Linear(2, 2), []
+    x = torch.ones(2, requires_grad=True)
+    x.register_hook(lambda grad: seen.append(_training_forward(model)))
+    assert _training_forward(model)
+    (x * 2).sum().backward()
+    assert seen == [False]
+    model.eval()
+    assert not _training_forward(model)
 
 
 def test_forced_threads_outlast_the_scripts_own_call():
@@ -372,6 +410,14 @@ def _every_other_step(long_ms: float, short_ms: float) -> JobRun:
         return dataclasses.replace(built, steps=tuple(steps))
 
     return JobRun(["torchrun"], 0, 1.0, [RankOutcome(r, recording=recording(r)) for r in (0, 1)])
+
+
+def test_each_timed_run_measures_half_a_second_of_steps_within_bounds():
+    from turbotrain.doctor.whatif.job import MAX_STEPS, STEPS, timed_steps
+
+    assert timed_steps(0.010) == 50  # a 10 ms step: half a second of them
+    assert timed_steps(0.300) == STEPS  # a slow step: no fewer than enough for a median
+    assert timed_steps(0.0005) == MAX_STEPS and timed_steps(0.0) == STEPS
 
 
 def test_a_fix_that_makes_work_rarer_compares_the_jobs_mean_step():

@@ -224,14 +224,15 @@ def _time_on_the_job(command: list[str], report: Report, options: DoctorOptions,
     """Time the findings' fixes on every rank (re-runs of the whole job); a sentence on what was timed."""
     from .analysis.machine import noise_floor
     from .requests import JobRequest
-    from .whatif.job import JobTiming, job_runner, time_on_the_job
+    from .whatif.job import JobTiming, job_runner, time_on_the_job, timed_steps
 
     asked = [f for f in report.findings if isinstance(f.request, JobRequest)]
     if not asked:
         return ""
     started = time.perf_counter()
+    step_s = max((r.step_s for r in report.ranks.ranks), default=0.0) if report.ranks else 0.0
     timing = JobTiming(
-        job_runner(command, options.hang_timeout_s),
+        job_runner(command, options.hang_timeout_s, timed_steps(step_s)),
         run_s=run_s,
         budget_s=options.job_what_if_budget_s,
         noise_floor=noise_floor(report.machine or {}),

@@ -120,26 +120,29 @@ class SourceIndex:
 
     @functools.cached_property
     def imported_as(self) -> dict[str, str]:
-        """Names this file imports under a name of its own: ``{"DDP": "DistributedDataParallel"}`` for
-        ``from torch.nn.parallel import DistributedDataParallel as DDP``."""
-        return {
-            alias.asname: alias.name
-            for node in ast.walk(self.tree)
-            if isinstance(node, ast.ImportFrom)
-            for alias in node.names
-            if alias.asname and alias.asname != alias.name
-        }
+        """Names this file binds by an import with ``as``, to what they name: ``{"DDP":
+        "torch.nn.parallel.DistributedDataParallel"}`` for ``from torch.nn.parallel import DistributedDataParallel as
+        DDP``, ``{"nnp": "torch.nn.parallel"}`` for ``import torch.nn.parallel as nnp``."""
+        out = {}
+        for node in ast.walk(self.tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                module = "." * getattr(node, "level", 0) + (getattr(node, "module", None) or "")
+                for alias in node.names:
+                    if alias.asname and alias.asname != alias.name:
+                        out[alias.asname] = f"{module}.{alias.name}" if isinstance(node, ast.ImportFrom) else alias.name
+        return out
 
     def calls(self, *suffixes: str) -> Iterator[tuple[ast.Call, str]]:
-        """Calls whose dotted name ends with one of ``suffixes`` (``"torch.save"`` matches ``torch.save``); a
-        name imported under another (``DDP``) is matched by the name it was imported as."""
+        """Calls whose dotted name ends with one of ``suffixes`` (``"torch.save"`` matches ``torch.save``), with the
+        name as the file writes it; a name bound by ``import ... as`` is matched by what it names (``DDP(...)`` is a
+        call of ``DistributedDataParallel``)."""
         for node in ast.walk(self.tree):
             if isinstance(node, ast.Call):
                 name = dotted_name(node.func)
                 head, dot, rest = name.partition(".")
-                name = self.imported_as.get(head, head) + dot + rest
+                resolved = self.imported_as.get(head, head) + dot + rest
                 if any(
-                    name == s or name.endswith("." + s) or (not s.count(".") and name.split(".")[-1] == s)
+                    resolved == s or resolved.endswith("." + s) or (not s.count(".") and resolved.split(".")[-1] == s)
                     for s in suffixes
                 ):
                     yield node, name

@@ -97,7 +97,12 @@ def from_numpy(source: Source, req: EditRequest) -> str:
 
 def ddp(source: Source, req: EditRequest) -> str:
     """``DistributedDataParallel(model, ..., find_unused_parameters=False)``: the keywords timed on every rank."""
-    call = source.call_at(req.line, "DistributedDataParallel", "DDP", what="DistributedDataParallel(...)")
+    # The names the file calls it by: its own, the usual DDP, and any other it is imported as.
+    imported = (
+        source.alias_of(f"{m}.DistributedDataParallel") for m in ("torch.nn.parallel", "torch.nn.parallel.distributed")
+    )
+    names = {"DistributedDataParallel", "DDP", *filter(None, imported)}
+    call = source.call_at(req.line, *sorted(names), what="DistributedDataParallel(...)")
     new = call
     for name, value in req.params["keywords"].items():
         new = set_keyword(new, name, repr(value), None, req.where)

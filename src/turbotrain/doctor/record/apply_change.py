@@ -10,10 +10,11 @@ import inspect
 import os
 import sys
 from collections import Counter
-from typing import TYPE_CHECKING, Any, Callable, cast
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..rank_change import RankChange
 from .patcher import Patcher
+from .sync_every import sync_every
 
 if TYPE_CHECKING:
     from .recording import Recording
@@ -36,15 +37,12 @@ def apply_change(change: RankChange) -> Patcher:
     if change.fsdp:
         _force_fsdp_keywords(patcher, change.fsdp)
     if change.sync_every is not None:
-        _fsdp_syncing_every(patcher, change.sync_every)
-    if change.ddp or change.sync_every is not None or change.autocast is not None:
+        sync_every(patcher, change.sync_every)
+    if change.ddp or change.autocast is not None:
         from torch.nn.parallel import DistributedDataParallel
 
         if change.ddp:
             patcher.replace(DistributedDataParallel, "__init__", lambda init: _with_keywords(init, change.ddp))
-        if change.sync_every is not None:
-            every = change.sync_every
-            patcher.replace(DistributedDataParallel, "forward", lambda forward: _syncing_every(forward, every))
         if change.autocast is not None:
             dtype = change.autocast
             patcher.replace(DistributedDataParallel, "__call__", lambda call: _under_autocast(call, dtype))
@@ -135,65 +133,6 @@ def _map_style(arguments: dict[str, Any]) -> bool:
     from torch.utils.data import IterableDataset
 
     return not isinstance(arguments.get("dataset"), IterableDataset)
-
-
-def _syncing_every(forward: Callable[..., Any], every: int) -> Callable[..., Any]:
-    def forward_(model: Any, *args: Any, **kwargs: Any) -> Any:
-        import torch
-
-        # What no_sync() does, decided per training forward: DDP reads the flag when the forward starts.
-        if model.training and torch.is_grad_enabled():
-            count = getattr(model, "_tt_forwards", 0)
-            model._tt_forwards = count + 1
-            model.require_backward_grad_sync = count % every == every - 1
-        return forward(model, *args, **kwargs)
-
-    return forward_
-
-
-def _fsdp_syncing_every(patcher: Patcher, every: int) -> None:
-    """FSDP reduce-scatters the gradients of one training forward of the root in ``every``: what
-    ``set_requires_gradient_sync(False)`` (``fully_shard``) or ``no_sync()`` (the older FullyShardedDataParallel)
-    around the others does. Both read the flag in the backward that follows."""
-    from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
-
-    depth = [0]  # FSDP modules inside the one being called: only the outermost (the root) counts forwards
-
-    def counting(call: Callable[..., Any], set_sync: Callable[[Any, bool], None]) -> Callable[..., Any]:
-        def __call__(module: Any, *args: Any, **kwargs: Any) -> Any:
-            import torch
-
-            if depth[0] == 0 and module.training and torch.is_grad_enabled():
-                count = getattr(module, "_tt_forwards", 0)
-                module._tt_forwards = count + 1
-                set_sync(module, count % every == every - 1)
-            depth[0] += 1
-            try:
-                return call(module, *args, **kwargs)
-            finally:
-                depth[0] -= 1
-
-        return __call__
-
-    # FSDPModule sits before the original class in a sharded module's MRO: its __call__ is found first.
-    patcher.put(
-        FSDPModule,
-        "__call__",
-        counting(lambda module, *a, **k: super(FSDPModule, module).__call__(*a, **k), _fsdp2_sync),
-    )
-    patcher.replace(FullyShardedDataParallel, "__call__", lambda call: counting(call, _fsdp1_sync))
-
-
-def _fsdp2_sync(root: Any, sync: bool) -> None:
-    root.set_requires_gradient_sync(sync)
-
-
-def _fsdp1_sync(root: Any, sync: bool) -> None:
-    from torch.distributed.fsdp import FullyShardedDataParallel
-
-    for module in root.modules():  # as no_sync() sets it: on every FSDP module under the root
-        if isinstance(module, FullyShardedDataParallel):
-            cast(Any, module)._sync_gradients = sync  # a flag FSDP reads, which its type does not declare
 
 
 # What this rank applied while it ran, for its result (record/rank_main.py): a fix that never ran shows.

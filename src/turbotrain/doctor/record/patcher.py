@@ -28,6 +28,10 @@ class Patcher:
             new = type(own)(new)
         setattr(owner, name, new)
 
+    def defer(self, undo: Callable[[], Any]) -> None:
+        """Call ``undo`` on restore, in its turn: for a change that is not an attribute (a hook's handle)."""
+        self._saved.append((None, "", undo))
+
     def put(self, owner: Any, name: str, value: Any) -> None:
         """``owner.name = value`` until restore (a replacement that does not wrap the original)."""
         self.replace(owner, name, lambda _original: value)
@@ -35,7 +39,9 @@ class Patcher:
     def restore(self) -> None:
         while self._saved:
             owner, name, own = self._saved.pop()
-            if own is _MISSING:
+            if owner is None:
+                own()
+            elif own is _MISSING:
                 try:
                     delattr(owner, name)
                 except AttributeError:

@@ -435,10 +435,7 @@ def _unset_reshard_site(ctx: Context) -> Site | None:
 @rule("ddp-find-unused-parameters", "runtime")
 def ddp_find_unused_parameters(ctx: Context) -> Iterator[Finding]:
     """DDP built with ``find_unused_parameters=True`` while its reducer found every parameter used."""
-    recording = ctx.recording
-    if recording is None:
-        return
-    stats = [r.reducer for r in (recording.job or (recording,)) if "find_unused_parameters" in r.reducer]
+    stats = _reducers(ctx)
     if not stats or not all(s["find_unused_parameters"] and s.get("unused_parameter_size", 1.0) == 0 for s in stats):
         return
     finding = Finding(
@@ -469,15 +466,25 @@ def ddp_find_unused_parameters(ctx: Context) -> Iterator[Finding]:
     yield finding
 
 
-@rule("ddp-static-graph", "runtime")
-def ddp_static_graph(ctx: Context) -> Iterator[Finding]:
-    """DDP looks for unused parameters after every forward and finds the same ones every time, on every rank."""
+def _reducers(ctx: Context) -> list[dict[str, float]]:
+    """DDP's reducer statistics and settings on every rank (the one process's off a job); empty without DDP."""
     recording = ctx.recording
     if recording is None:
-        return
-    stats = [r.reducer for r in (recording.job or (recording,))]
+        return []
+    return [r.reducer for r in (recording.job or (recording,)) if "find_unused_parameters" in r.reducer]
+
+
+# What ddp-static-graph times: the graph declared static, and DDP no longer told to look for unused parameters
+# (static_graph finds them in its first iteration; with both set, DDP warns that the search is not needed).
+_STATIC_GRAPH = {"static_graph": True, "find_unused_parameters": False}
+
+
+@rule("ddp-static-graph", "runtime")
+def ddp_static_graph(ctx: Context) -> Iterator[Finding]:
+    """DDP looks for unused parameters after every forward, and each rank finds the same ones at every iteration."""
+    stats = _reducers(ctx)
     if not stats or not all(
-        s.get("find_unused_parameters")
+        s["find_unused_parameters"]
         and s.get("unused_parameter_size", 0.0) > 0
         and s.get("graph_static") == 1.0
         and not s.get("static_graph")
@@ -485,34 +492,31 @@ def ddp_static_graph(ctx: Context) -> Iterator[Finding]:
     ):
         return
     unused_mib = max(s["unused_parameter_size"] for s in stats) / _MIB
+    keywords = ", ".join(f"{k}={v!r}" for k, v in _STATIC_GRAPH.items())
     finding = Finding(
         rule="ddp-static-graph",
         site=call_site(ctx, "DistributedDataParallel", "find_unused_parameters")
         or call_site(ctx, "DistributedDataParallel"),
         category="compute",
         message=(
-            f"DistributedDataParallel looks for unused parameters after every forward "
-            f"(find_unused_parameters=True) and found the same ones every time on every rank ({unused_mib:.2f} MiB "
-            "of parameters no loss uses): the graph is static. With static_graph=True DDP learns them in the "
-            "first iteration, stops walking the autograd graph and all-reducing its map of used parameters every "
-            "step, and rebuilds its buckets in the order gradients arrive. DDP raises an error if the graph "
-            "changes after all."
+            "DistributedDataParallel looks for unused parameters after every forward (find_unused_parameters=True), "
+            f"and each rank found the same ones at every iteration of this run ({unused_mib:.2f} MiB of parameters "
+            "no loss uses): the graph is static. With static_graph=True DDP finds them in its first iteration, "
+            "then stops walking the autograd graph and all-reducing its map of used parameters every step, and "
+            "rebuilds its buckets in the order gradients arrive. Should the graph change after all, DDP raises an "
+            "error on the rank where it changed (the others wait for it until the collective's timeout)."
         ),
         fix=Fix(
-            "DistributedDataParallel(model, ..., static_graph=True)",
-            lightning="Trainer(strategy=DDPStrategy(static_graph=True))",
-            fabric="Fabric(strategy=DDPStrategy(static_graph=True))",
-            accelerate="Accelerator(kwargs_handlers=[DistributedDataParallelKwargs(static_graph=True)])",
+            f"DistributedDataParallel(model, ..., {keywords})",
+            lightning=f"Trainer(strategy=DDPStrategy({keywords}))",
+            fabric=f"Fabric(strategy=DDPStrategy({keywords}))",
+            accelerate=f"Accelerator(kwargs_handlers=[DistributedDataParallelKwargs({keywords})])",
         ),
-        evidence={
-            "ranks": len(stats),
-            "unused_parameter_mib": round(unused_mib, 3),
-            "keywords": {"static_graph": True},
-        },
+        evidence={"ranks": len(stats), "unused_parameter_mib": round(unused_mib, 3), "keywords": _STATIC_GRAPH},
     )
     finding.provisional("low")  # until a job what-if times it on every rank
     if on_a_job(ctx):
-        finding.request = JobRequest(RankChange(ddp={"static_graph": True}))
+        finding.request = JobRequest(RankChange(ddp=dict(_STATIC_GRAPH)))
     else:
         finding.note = "One process: static_graph is timed on a multi-process job (turbotrain doctor --nproc-per-node)."
     yield finding

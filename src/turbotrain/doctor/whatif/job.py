@@ -10,6 +10,7 @@ differ one from the next.
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from dataclasses import dataclass
@@ -28,11 +29,19 @@ if TYPE_CHECKING:
     from ..findings import Finding
     from ..record.recording import Recording
 
-__all__ = ["JobTiming", "time_on_the_job", "job_step_s", "job_steps_ms", "job_runner"]
+__all__ = ["JobTiming", "time_on_the_job", "job_step_s", "job_steps_ms", "job_runner", "timed_steps"]
 
 ROUNDS = 2  # the least that judge() calls (both rounds must agree); a third where the budget has room
 MAX_ROUNDS = 3
-STEPS, WARMUP = 12, 3  # per timed run: enough steps for a median; no profiler window
+STEPS, WARMUP = 12, 3  # per timed run, at the least: enough steps for a median; no profiler window
+# The least time a timed run's measured steps span, and the most steps that takes: 12 steps of 10 ms are one
+# eighth of a second, which one burst of other work on the machine can make look faster or slower.
+TRIAL_S, MAX_STEPS = 0.5, 100
+
+
+def timed_steps(step_s: float) -> int:
+    """Steps each timed run measures, for a job whose step takes ``step_s``."""
+    return int(min(MAX_STEPS, max(STEPS, math.ceil(TRIAL_S / step_s)))) if step_s > 0 else STEPS
 
 
 def _every_rank(job: JobRun) -> list[Recording]:
@@ -160,10 +169,11 @@ def _conclude(
     finding.note = f"{timed} {finding.note or ''}".strip()
 
 
-def job_runner(command: list[str], hang_timeout_s: float) -> Callable[[RankChange | None], JobRun]:
-    """``run(change)``: the user's launcher once, every rank recorded, ``change`` applied on every rank."""
+def job_runner(command: list[str], hang_timeout_s: float, steps: int = STEPS) -> Callable[[RankChange | None], JobRun]:
+    """``run(change)``: the user's launcher once, every rank recorded over ``steps`` steps, ``change`` applied on
+    every rank."""
 
     def run(change: RankChange | None) -> JobRun:
-        return run_job(command, steps=STEPS, warmup=WARMUP, profile=0, hang_timeout_s=hang_timeout_s, change=change)
+        return run_job(command, steps=steps, warmup=WARMUP, profile=0, hang_timeout_s=hang_timeout_s, change=change)
 
     return run
