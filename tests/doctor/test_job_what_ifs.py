@@ -462,6 +462,32 @@ def test_rounds_stop_at_the_most_asked_for_whatever_the_budget():
     assert len(runs) == 6  # three rounds where the budget has room, by default
 
 
+def test_a_fix_whose_rounds_disagree_gets_two_rounds_more_and_a_clear_one_does_not():
+    """A fix worth nothing on a machine where one launch of the job runs 20% faster than the next: its three
+    rounds say x1.22, x1.02, x1.29 (the judge would call that a gain); a fourth says x1.0, and the four no longer
+    clear the noise they show, so no fifth is run."""
+    noisy, clear = RankChange(sync_every=2), RankChange(threads=1)
+    ratios = iter([1.22, 1.02, 1.29, 1.0, 0.95])
+    runs = []
+
+    def run(change):
+        runs.append(change)
+        if change is noisy:
+            return _job(40.0 / next(ratios))
+        return _job(20.0 if change is clear else 40.0)
+
+    findings = [_asking(noisy), _asking(clear)]
+    time_on_the_job(JobTiming(run, run_s=1.0, budget_s=1000.0), findings)
+    assert findings[0].what_if.rounds == pytest.approx((1.22, 1.02, 1.29, 1.0), abs=1e-3)
+    assert findings[0].what_if.verdict == "within noise" and findings[0].severity == "low"
+    assert len(findings[1].what_if.rounds) == 3 and findings[1].what_if.verdict == "faster"
+    assert runs.count(clear) == 3 and runs.count(None) == 4  # the extra round runs only the disputed fix
+    # Where the user asked for two rounds at most, two it is.
+    ratios = iter([1.22, 1.02])
+    time_on_the_job(JobTiming(run, run_s=1.0, budget_s=1000.0, max_rounds=2), [f := _asking(noisy)])
+    assert len(f.what_if.rounds) == 2
+
+
 def test_fixes_beyond_the_budget_are_said_not_timed():
     findings = [_asking(RankChange(sync_every=2)), _asking(RankChange(threads=1))]
     time_on_the_job(JobTiming(lambda change: _job(40.0), run_s=10.0, budget_s=45.0), findings)

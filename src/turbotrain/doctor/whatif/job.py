@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
-from ...measure import judge
+from ...measure import FASTER, MIN_GAIN, SLOWER, judge
 from ..analysis.ranks import analyse_ranks, measured_steps
 from ..record.job import JobRun, run_job
 from ..rank_change import RankChange
@@ -33,6 +33,7 @@ __all__ = ["JobTiming", "time_on_the_job", "job_step_s", "job_steps_ms", "job_ru
 
 ROUNDS = 2  # the least that judge() calls (both rounds must agree); a third where the budget has room
 MAX_ROUNDS = 3
+DISPUTED_ROUNDS = 2  # more for a fix whose rounds disagree, where --job-what-if-rounds allows MAX_ROUNDS
 STEPS, WARMUP = 12, 3  # per timed run, at the least: enough steps for a median; no profiler window
 # The least time a timed run's measured steps span, and the most steps that takes: 12 steps of 10 ms are one
 # eighth of a second, which one burst of other work on the machine can make look faster or slower.
@@ -113,20 +114,22 @@ def time_on_the_job(timing: JobTiming, findings: list[Finding], rules: tuple[str
     asked = asked[: max(fits, 0)]
     if not asked:
         return
-    per_round = timing.run_s * (1 + len(asked))
     times: dict[int, list[tuple[float, float]]] = {id(f): [] for f in asked}
     seen: dict[int, dict[str, Any]] = {}
     failed: dict[int, str] = {}
-    for done in range(max(ROUNDS, timing.max_rounds)):
+    rounds = max(ROUNDS, timing.max_rounds)
+    extra = DISPUTED_ROUNDS if timing.max_rounds >= MAX_ROUNDS else 0
+    for done in range(rounds + extra):
+        timed = [
+            f for f in asked if id(f) not in failed and (done < rounds or _disputed(times[id(f)], timing.noise_floor))
+        ]
         spent = time.monotonic() - started
-        if done >= ROUNDS and spent + per_round > timing.budget_s:
+        if not timed or (done >= ROUNDS and spent + timing.run_s * (1 + len(timed)) > timing.budget_s):
             break
         as_it_is = timing.run(None)
         if job_step_s(as_it_is) is None:
             break  # the job as it is did not run again: nothing to compare with
-        for f in asked:
-            if id(f) in failed:
-                continue
+        for f in timed:
             request = f.request
             assert isinstance(request, JobRequest)  # filtered above
             run = timing.run(request.change)
@@ -140,6 +143,16 @@ def time_on_the_job(timing: JobTiming, findings: list[Finding], rules: tuple[str
             seen[id(f)] = observed(run.recordings, [r.run.get("applied", {}) for r in run.ranks if r.run])
     for f in asked:
         _conclude(f, times[id(f)], seen.get(id(f), {}), failed.get(id(f)), timing.noise_floor)
+
+
+def _disputed(pairs: list[tuple[float, float]], noise: float) -> bool:
+    """Rounds that disagree: the judge calls a gain while a round saw none, or a loss while a round saw a gain.
+    On a noisy machine one launch of a job can run 20% faster than the next, fix or no fix."""
+    ratios = [base / step for base, step in pairs]
+    if len(ratios) < ROUNDS:
+        return False
+    verdict = judge(ratios, noise_floor=noise).verdict
+    return (verdict == FASTER and min(ratios) < 1 + MIN_GAIN) or (verdict == SLOWER and max(ratios) > 1 + MIN_GAIN)
 
 
 def _conclude(
