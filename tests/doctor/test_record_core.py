@@ -289,3 +289,27 @@ def test_the_report_says_too_few_steps_ran_to_skip_warm_up():
     _run_steps(recorder, now, 3, FakeOptimizer())
     messages = _messages(recorder.recording(), status="finished")
     assert any("Too few steps ran to skip the warm-up" in m for m in messages), messages
+
+
+def test_a_threads_cpu_time_is_read_per_step_from_one_open_schedstat():
+    """The comm hooks note the script thread's CPU time at every all-reduce: one file kept open, read again."""
+    import os
+    import time
+
+    from turbotrain.doctor.record.collectives import ThreadCpu
+
+    cpu = ThreadCpu()
+    cpu.note(0)
+    if cpu._fd is None:
+        pytest.skip("no /proc/self/task/<tid>/schedstat here")
+    fd, started = cpu._fd, time.process_time()
+    while time.process_time() - started < 0.02:  # 20 ms on a CPU
+        pass
+    cpu.note(1)
+    used, waited = cpu.since_last_step(1)
+    assert cpu._fd == fd and used is not None and used >= 0.015 and waited is not None and waited >= 0
+    assert cpu.since_last_step(2) == (None, None)  # step 2 was never noted
+    cpu.follow_this_thread()  # a new thread to follow closes the old file
+    assert cpu._fd is None
+    with pytest.raises(OSError):
+        os.fstat(fd)

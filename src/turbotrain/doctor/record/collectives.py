@@ -12,6 +12,7 @@ completion time lines ranks up without trusting host clocks.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 import weakref
@@ -61,19 +62,30 @@ class ThreadCpu:
 
     def __init__(self) -> None:
         self.at: dict[int, tuple[int, int]] = {}  # step -> (cpu ns, run-queue wait ns) at its last note
+        self._fd: int | None = None
         self.follow_this_thread()
+        weakref.finalize(self, ThreadCpu._close, self.__dict__)
 
     def follow_this_thread(self) -> None:
+        ThreadCpu._close(self.__dict__)
         self._path = f"/proc/self/task/{threading.get_native_id()}/schedstat"
 
     def note(self, step: int) -> None:
-        """Read now (a few microseconds): the last note of a step is the step's."""
+        """Read now: the last note of a step is the step's. The file stays open: a read at offset 0 of an open
+        /proc file costs about a microsecond, an open and a read ten (it runs in every all-reduce's hook)."""
         try:
-            with open(self._path, "rb") as fh:
-                fields = fh.read().split()
+            if self._fd is None:
+                self._fd = os.open(self._path, os.O_RDONLY)
+            fields = os.pread(self._fd, 128, 0).split()
             self.at[step] = (int(fields[0]), int(fields[1]))
         except (OSError, ValueError, IndexError):
             pass
+
+    @staticmethod
+    def _close(state: dict[str, Any]) -> None:
+        fd, state["_fd"] = state.get("_fd"), None
+        if fd is not None:
+            os.close(fd)
 
     def since_last_step(self, step: int) -> tuple[float | None, float | None]:
         """Seconds on a CPU, and seconds waiting for one, from the previous step's note to this step's."""
