@@ -1,5 +1,7 @@
 """DDP on gloo with two habits written as literals, so ``doctor --fix`` can edit them: every rank sizes torch's
 threads to 4 (two ranks on this 2-core machine run 8), and DDP looks for unused parameters there are none of."""
+import gc
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -19,4 +21,8 @@ for step in range(300):
     loss.backward()
     opt.step()
     opt.zero_grad(set_to_none=True)
+# DDP holds the group in a reference cycle: free it first, so that destroying the group joins gloo's threads
+# now, not during interpreter shutdown, where they can abort the process (docs/launch.md, known issues).
+del model
+gc.collect()
 dist.destroy_process_group()
