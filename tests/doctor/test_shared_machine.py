@@ -98,7 +98,13 @@ def _doctor(name: str, threads: int, **options):
     return diagnose_script(script(name), [], DoctorOptions(**{**defaults, **options}))
 
 
-def test_a_busy_neighbour_is_named_first_with_the_thread_fix(busy_run):
+def _measured(findings) -> list[tuple]:
+    """What ranked each finding: its rule, severity, measured gain and the what-if's rounds."""
+    return [(f.rule, f.severity, f.measured, f.est_speedup, f.what_if and f.what_if.verdict,
+             f.what_if and getattr(f.what_if, "rounds", None)) for f in findings]
+
+
+def test_a_busy_neighbour_is_named_with_the_thread_fix_behind_only_fixes_measured_to_buy_more(busy_run):
     report = busy_run.report
     data = report.to_dict()
     # The spinner shares its core with our threads and workers: the scheduler gives it a quarter to a half
@@ -107,11 +113,18 @@ def test_a_busy_neighbour_is_named_first_with_the_thread_fix(busy_run):
     assert neighbour > 0.1, neighbour
     assert data["machine"]["other_load"] >= neighbour - tolerance > 0, (neighbour, tolerance, data["machine"])
     assert data["noise"] is not None and data["noise"]["reasons"]
-    first = report.findings[0]
-    assert first.rule == "cpu-oversubscribed", [f.to_dict() for f in report.findings]
-    assert first.measured and first.what_if.verdict == "faster", first.what_if
-    assert "torch.set_num_threads(1)" in first.fix.pytorch
-    assert first.fix.plan["intra_op_threads"] == 1
+    rules = [f.rule for f in report.findings]
+    assert "cpu-oversubscribed" in rules, _measured(report.findings)
+    at = rules.index("cpu-oversubscribed")
+    threads = report.findings[at]
+    assert threads.measured and threads.what_if.verdict == "faster", _measured(report.findings)
+    assert "torch.set_num_threads(1)" in threads.fix.pytorch
+    assert threads.fix.plan["intra_op_threads"] == 1
+    # Fewer DataLoader workers relieve the same cores and can measure more on some CPUs: only a fix timed
+    # faster, by more, may come first.
+    for ahead in report.findings[:at]:
+        assert ahead.measured and ahead.what_if.verdict == "faster", _measured(report.findings)
+        assert ahead.est_speedup >= threads.est_speedup, _measured(report.findings)
 
 
 def test_no_serious_finding_rests_on_noise(busy_run):
