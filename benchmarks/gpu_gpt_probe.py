@@ -1,10 +1,14 @@
 """What limits GPT-2 124M's MFU on a GPU: the loss inside or outside torch.compile, the batch size; a profile.
 
 A plain loop (bf16 autocast, TF32, fused AdamW, torch.compile) on the bench's GPT-2 small, so the
-numbers say what the model can reach without turbotrain in the way. CUDA only; about 2 minutes on an H100.
+numbers say what the model can reach without turbotrain in the way, and the attention kernels alone
+(each SDPA backend, forward and backward, at GPT-2's shape). CUDA only; the default run is about
+2 minutes on an H100; `make gpu-check` runs the short one (`--short`: batch 64 and the attention).
 
-    python benchmarks/gpu_gpt_probe.py
+    python benchmarks/gpu_gpt_probe.py [--short]
 """
+import argparse
+import statistics
 import time
 import torch
 import torch.nn.functional as F
@@ -70,8 +74,43 @@ def run(batch, loss_in_compile, steps=20, warm=4, profile=False, mode=None):
     torch.cuda.reset_peak_memory_stats()
 
 
+def attention(batch=16, heads=12, seq=1024, head_dim=64, reps=20):
+    """Each SDPA backend's causal forward + backward at GPT-2's shape: ms and TFLOP/s (causal: half the square)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    flops = 4 * batch * heads * seq * seq * head_dim / 2 * 3.5  # forward 1, backward 2.5
+    g = torch.Generator(device=dev).manual_seed(0)
+    q, k, v = (torch.randn(batch, heads, seq, head_dim, device=dev, dtype=torch.bfloat16, generator=g)
+               .requires_grad_() for _ in range(3))
+    grad = torch.randn_like(q)
+    for backend in (SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION):
+        try:
+            with sdpa_kernel(backend):
+                def step():
+                    F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(grad)
+                for _ in range(3):
+                    step()
+                times = []
+                for _ in range(reps):
+                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    start.record()
+                    step()
+                    end.record()
+                    end.synchronize()
+                    times.append(start.elapsed_time(end))
+            ms = statistics.median(times)
+            print(f"attention {backend.name:20s} fwd+bwd {ms:7.3f} ms  {flops / ms / 1e9:6.0f} TFLOP/s "
+                  f"(batch {batch}, {heads} heads, {seq} tokens, head dim {head_dim})", flush=True)
+        except RuntimeError as exc:
+            print(f"attention {backend.name:20s} not available: {str(exc).splitlines()[0]}", flush=True)
+
+
 if __name__ == "__main__":
     if not torch.cuda.is_available():
         raise SystemExit("gpu_gpt_probe.py needs a CUDA device")
-    for args in [(16, False), (16, True), (32, True), (64, True)]:
-        run(*args, profile=(args == (16, True)))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--short", action="store_true", help="batch 64 with the loss compiled, and the attention")
+    short = parser.parse_args().short
+    attention()
+    for args in [(64, True)] if short else [(16, False), (16, True), (32, True), (64, True)]:
+        run(*args, profile=(args == (64, True)))

@@ -12,17 +12,20 @@
 #   bench-gpt  `turbotrain bench --workload gpt`  (GPT-2 124M, 1024 tokens: naive, each speed-up, fast, tuned, MFU)
 #   bench-cnn  `turbotrain bench --workload cnn`  (ResNet-50 at 224x224)
 #   extras     benchmarks/gpu_extras.py: the Trainer's per-step cost against a plain loop, device prefetch's
-#              wait on copies, host syncs per step (set_sync_debug_mode), the doctor on a data-bound and a
-#              sync-bound GPU script; its tables go at the end of bench.md
-#   doctor     (not in the default list) `turbotrain doctor` on $GPU_CHECK_DOCTOR_SCRIPTS
+#              wait on copies, host syncs per step (set_sync_debug_mode); its tables go at the end of bench.md
+#              (GPU_CHECK_EXTRAS_ARGS="--parts overhead prefetch syncs doctor" adds the doctor on two GPU scripts)
+#   doctor     `turbotrain doctor --fix --verify` on $GPU_CHECK_DOCTOR_SCRIPTS (default gpu_habits.py): the
+#              patch and its verified speed-up on the GPU (needs libcst: carry .whl from scripts/gpu_wheels.sh)
+#   probe      benchmarks/gpu_gpt_probe.py --short: each SDPA backend at GPT-2's shape, a plain compiled loop at
+#              batch 64 and its profile (what limits MFU, without turbotrain in the way)
 #
 # What comes back ($OUT, at most 8 files): gpu-check.log (everything, each line stamped [part +seconds]),
 # summary.txt, env.txt, junit-gpu.xml, bench.md (the bench tables, to paste into docs/benchmarks.md),
 # bench.json ({workload: the --json of its run}), results.tar.gz (per-workload JSON, markdown and PNG plot;
 # doctor JSON; pip's install log). The exit status is non-zero when any part failed.
 #
-# Knobs (environment): OUT (default runs/gpu-check), GPU_CHECK_PARTS, GPU_CHECK_BUDGET_S (540: the whole run
-# ends by then, leaving the 600-s call time for kills and the copy back), GPU_CHECK_BENCH_ARGS (an empty
+# Knobs (environment): OUT (default runs/gpu-check), GPU_CHECK_PARTS, GPU_CHECK_BUDGET_S (465: the whole run
+# ends by then, inside the 8 minutes a session's one full call may take, kills and the copy back included), GPU_CHECK_BENCH_ARGS (an empty
 # string: the bench's own defaults), GPU_CHECK_BENCH_S / GPU_CHECK_PYTEST_S (a part's cap), GPU_CHECK_PYTEST_ARGS
 # (e.g. --collect-only -q), GPU_CHECK_PYTHON (python3), GPU_CHECK_INSTALL=0 (no pip install: PYTHONPATH=src),
 # GPU_CHECK_DEVICE (cuda) and GPU_CHECK_ALLOW_CPU=1, for a dry run on a machine without a GPU.
@@ -46,7 +49,10 @@ ok = torch.cuda.is_available()
 print(f"CUDA available: {ok}" + (f", {torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}" if ok else ""))
 sys.exit(0 if ok else 3)
 EOF
-  if compgen -G ".whl/*.whl" >/dev/null; then
+  if [ "$INSTALL" != 1 ] && compgen -G ".whl/*.whl" >/dev/null; then
+    # A dry run: the wheels are built for the device's Python (scripts/gpu_wheels.sh), not this one's.
+    echo "setup: dry run (GPU_CHECK_INSTALL=0): the carried wheels in .whl/ are not installed"
+  elif compgen -G ".whl/*.whl" >/dev/null; then
     echo "installing the carried wheels: $(cd .whl && echo *.whl)"
     # GPU_CHECK_INSTALL=0 (a dry run in a venv of this machine) leaves $PY's environment alone.
     if [ "$INSTALL" != 1 ] || ! "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir .whl/*.whl; then
@@ -170,9 +176,22 @@ part_doctor() {
   for s in ${GPU_CHECK_DOCTOR_SCRIPTS:-tests/doctor/scripts/gpu_habits.py}; do
     section "turbotrain doctor $s"
     # shellcheck disable=SC2086
-    "$PY" -m turbotrain doctor --json "$WORK/doctor-$(basename "$s" .py).json" ${GPU_CHECK_DOCTOR_ARGS:-} "$s" || rc=1
+    local name
+    name=$(basename "$s" .py)
+    # shellcheck disable=SC2086
+    "$PY" -m turbotrain doctor --json "$WORK/doctor-$name.json" --fix "$WORK/doctor-$name.patch" \
+      ${GPU_CHECK_DOCTOR_ARGS---verify --verify-budget 45} "$s" || rc=1
+    [ -s "$WORK/doctor-$name.patch" ] && cat "$WORK/doctor-$name.patch"
   done
   return $rc
+}
+
+part_probe() {
+  if [ "$DEVICE" = cpu ]; then
+    echo "probe: a CUDA-only probe, not run on the CPU (dry run)"
+    return 0
+  fi
+  "$PY" benchmarks/gpu_gpt_probe.py --short
 }
 
 if [ "${1:-}" = "--part" ]; then
@@ -192,12 +211,13 @@ export PY=${GPU_CHECK_PYTHON:-python3}
 export DEVICE=${GPU_CHECK_DEVICE:-cuda}
 export ALLOW_CPU=${GPU_CHECK_ALLOW_CPU:-0}
 export INSTALL=${GPU_CHECK_INSTALL:-1}
-# Sized to end with the rest inside one 10-minute call (each GPT-2 / ResNet-50 compile is cold once per plan);
-# set it to "" for the bench's own defaults (20 steps, 3 repeats, a 60-s tuner) in a call of its own.
-export BENCH_ARGS=${GPU_CHECK_BENCH_ARGS---repeats 2 --steps 10 --warmup 2 --min-time 0.5 --tune-budget 30}
-export EXTRAS_ARGS=${GPU_CHECK_EXTRAS_ARGS:-}
-BUDGET=${GPU_CHECK_BUDGET_S:-540}
-read -r -a PARTS <<<"${GPU_CHECK_PARTS:-setup env pytest bench-gpt bench-cnn extras}"
+# Sized to end with the rest inside one 8-minute call (each GPT-2 / ResNet-50 compile is cold once per plan):
+# naive, fast and tuned on both paths (--no-ablation; the rows of each switch alone were recorded on an H100);
+# set it to "" for the bench's own defaults (every row, 20 steps, 3 repeats, a 60-s tuner) in a call of its own.
+export BENCH_ARGS=${GPU_CHECK_BENCH_ARGS---no-ablation --repeats 2 --steps 10 --warmup 2 --min-time 0.5 --tune-budget 30}
+export EXTRAS_ARGS=${GPU_CHECK_EXTRAS_ARGS:---parts overhead prefetch syncs}
+BUDGET=${GPU_CHECK_BUDGET_S:-465}
+read -r -a PARTS <<<"${GPU_CHECK_PARTS:-setup env pytest bench-gpt bench-cnn extras doctor probe}"
 # Every other part runs what setup installs, and a lent machine starts bare: setup always comes first.
 if [ "${PARTS[0]:-}" != setup ]; then
   rest=()
@@ -211,21 +231,23 @@ cap_of() {
     env) echo "${GPU_CHECK_ENV_S:-60}" ;;
     pytest) echo "${GPU_CHECK_PYTEST_S:-200}" ;;
     bench-*) echo "${GPU_CHECK_BENCH_S:-230}" ;;
-    doctor) echo "${GPU_CHECK_DOCTOR_S:-120}" ;;
-    extras) echo "${GPU_CHECK_EXTRAS_S:-150}" ;;
+    doctor) echo "${GPU_CHECK_DOCTOR_S:-90}" ;;
+    extras) echo "${GPU_CHECK_EXTRAS_S:-90}" ;;
+    probe) echo "${GPU_CHECK_PROBE_S:-75}" ;;
   esac
 }
 # Seconds held back for each later part, so that one slow part cannot starve all the others.
 reserve_of() {
   case $1 in
-    setup) echo 20 ;; env) echo 15 ;; pytest) echo 60 ;; bench-*) echo 120 ;; doctor) echo 40 ;; extras) echo 60 ;;
+    setup) echo 20 ;; env) echo 15 ;; pytest) echo 60 ;; bench-*) echo 90 ;; doctor) echo 30 ;; extras) echo 30 ;;
+    probe) echo 35 ;;
   esac
 }
 
 for p in "${PARTS[@]}"; do  # a typo must cost no device minute
   case $p in
-    setup | env | pytest | doctor | extras | bench-gpt | bench-cnn | bench-mlp | bench-data) ;;
-    *) echo "gpu-check: unknown part '$p' (setup env pytest bench-gpt bench-cnn bench-mlp bench-data extras doctor)" >&2; exit 2 ;;
+    setup | env | pytest | doctor | extras | probe | bench-gpt | bench-cnn | bench-mlp | bench-data) ;;
+    *) echo "gpu-check: unknown part '$p' (setup env pytest bench-gpt bench-cnn bench-mlp bench-data extras doctor probe)" >&2; exit 2 ;;
   esac
 done
 

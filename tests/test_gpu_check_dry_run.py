@@ -24,5 +24,5 @@ def test_the_documented_dry_run_runs_every_part(tmp_path):
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     assert PROMISED <= {p.name for p in tmp_path.iterdir()}, sorted(p.name for p in tmp_path.iterdir())
     summary = (tmp_path / "summary.txt").read_text()
-    for part in ("setup", "env", "pytest", "bench-gpt", "bench-cnn", "extras"):
+    for part in ("setup", "env", "pytest", "bench-gpt", "bench-cnn", "extras", "doctor", "probe"):
         assert re.search(rf"\b{re.escape(part)}\b.*\bok\b", summary), summary

@@ -322,29 +322,34 @@ def run_trial(
             def micro(i: int) -> Iterable[Any]:
                 return itertools.islice(stream, rt.accum_steps)  # lazy: fetching is part of the step
 
+        clock = StepClock(rt.device)
         warm_start = time.perf_counter()
         # Compiled plans are never stopped: a recompile (dynamic shapes marked on a later call) can make
         # any early step slow once, and their cost is bounded by the callers' compile budgets.
         judged_from = 1 if plan.compile is False else warmup + steps
         faults_before = 0
+        losses: list[Any] = []
         for i in range(warmup + steps):
             if i == warmup:
                 faults_before = minor_page_faults()
-            started = time.perf_counter()
-            trial.losses.append(_train_step(rt, micro(i), loss_fn, step_fn))
-            took = time.perf_counter() - started
+            clock.start(i)
+            losses.append(_train_step(rt, micro(i), loss_fn, step_fn, read_loss=not clock.on_device))
+            took = clock.finish(i)  # a GPU's previous step (the host runs one step ahead), else this one
             if i == warmup - 1:
+                clock.drain()  # once: compile and warm-up work queued on the device counts as warm-up
                 trial.warmup_s = time.perf_counter() - warm_start
-            elif i >= warmup:
-                trial.step_times_s.append(took)
-            if give_up_s is not None and i >= judged_from and took > max(give_up_s, HOPELESS_FLOOR_S):
-                trial.error = (
-                    f"stopped early: a step took {took:.3g} s, over {give_up_s:.3g} s "
-                    f"({HOPELESS:g}x the baseline's step): it cannot be faster"
-                )
-                trial.step_times_s.clear()
-                trial.stopped_early = True
-                return
+            if give_up_s is not None and took is not None and took[0] >= judged_from:
+                if took[1] > max(give_up_s, HOPELESS_FLOOR_S):
+                    trial.error = (
+                        f"stopped early: a step took {took[1]:.3g} s, over {give_up_s:.3g} s "
+                        f"({HOPELESS:g}x the baseline's step): it cannot be faster"
+                    )
+                    trial.stopped_early = True
+                    clock.drain()
+                    trial.losses = _as_floats(losses)
+                    return
+        trial.step_times_s = clock.durations(first=warmup)
+        trial.losses = _as_floats(losses)
         if trial.step_times_s:
             trial.page_faults_per_step = (minor_page_faults() - faults_before) / len(trial.step_times_s)
 
@@ -433,6 +438,61 @@ def run_epochs(
     return trial
 
 
+class StepClock:
+    """Per-step times of a training loop, on the host's clock or, on a GPU, on the device's own.
+
+    On a GPU an event is recorded on the compute stream as each step starts, and the host runs one
+    step ahead of the device (it waits for a step's start marker only after queuing the next step):
+    the device never idles for a per-step sync, as in a real training run, and a step's time is the
+    stream's time from its marker to the next one, host stalls (data loading, launches) included.
+    """
+
+    def __init__(self, device: torch.device):
+        self.on_device = device.type == "cuda"
+        self._starts: list[Any] = []  # one per step: an event (GPU) or a perf_counter() reading
+        self._host_times: list[float] = []
+
+    def start(self, step: int) -> None:
+        if self.on_device:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self._starts.append(event)
+        else:
+            self._starts.append(time.perf_counter())
+
+    def finish(self, step: int) -> tuple[int, float] | None:
+        """(step, seconds) of the latest step whose time is known now, or None."""
+        if not self.on_device:
+            self._host_times.append(time.perf_counter() - self._starts[step])
+            return step, self._host_times[-1]
+        if step == 0:
+            return None
+        self._starts[step].synchronize()  # step - 1 is done; step runs while the host queues step + 1
+        return step - 1, self._starts[step - 1].elapsed_time(self._starts[step]) / 1e3
+
+    def drain(self) -> None:
+        """Wait for every step queued on the device."""
+        if self.on_device:
+            torch.cuda.current_stream().synchronize()
+
+    def durations(self, first: int) -> list[float]:
+        """Seconds per step from step ``first`` on (on a GPU, after waiting for the last)."""
+        if not self.on_device:
+            return self._host_times[first:]
+        end = torch.cuda.Event(enable_timing=True)
+        end.record()
+        end.synchronize()
+        marks = [*self._starts, end]
+        return [marks[i].elapsed_time(marks[i + 1]) / 1e3 for i in range(first, len(self._starts))]
+
+
+def _as_floats(losses: list[Any]) -> list[float]:
+    """Step losses as floats: device tensors read in one transfer at the end."""
+    if not losses or not isinstance(losses[0], torch.Tensor):
+        return [float(v) for v in losses]
+    return [float(v) for v in torch.stack(losses).tolist()]
+
+
 def minor_page_faults() -> int:
     """This process's minor page faults so far (pages the kernel mapped in on first touch): a step that
     counts thousands is paying for its allocator handing memory back to the system and taking it again."""
@@ -445,11 +505,15 @@ def _train_step(
     loss_fn: Callable[..., Any] | None,
     step_fn: Callable[..., Any] | None,
     clear_grads_before_backward: bool = False,
-) -> float:
+    read_loss: bool = True,
+) -> Any:
     """One optimizer step over ``rt.accum_steps`` micro-batches (taken from the iterable as they are
     needed, so fetching them is part of the step); returns the mean loss. The gradients are dropped after
-    the optimizer step, or with ``clear_grads_before_backward`` between the first forward and its backward."""
-    loss_sum = 0.0
+    the optimizer step, or with ``clear_grads_before_backward`` between the first forward and its backward.
+
+    ``read_loss=False`` returns the mean loss as a detached tensor and waits for no device (the caller
+    reads it later); by default it is a float, read once per micro-batch and synchronized on a GPU."""
+    loss_sum: Any = 0.0
     run_loss = rt.wrap_loss(loss_fn)
     for j, batch in enumerate(micro_batches):
         with rt.autocast():
@@ -461,11 +525,12 @@ def _train_step(
             rt.clear_grads()
         with rt.no_sync(j + 1 < rt.accum_steps):
             rt.backward(loss / rt.accum_steps if rt.accum_steps > 1 else loss)
-        loss_sum += float(loss.detach())  # trials measure: a sync per micro-batch is accepted
+        # Read now, this is a host-device sync per micro-batch; unread, it is one more kernel on the device.
+        loss_sum = loss_sum + (float(loss.detach()) if read_loss else loss.detach().float())
     for opt in rt.optimizers:
         rt.optimizer_step(opt, clear_grads=not clear_grads_before_backward)
     rt.end_step()
-    if rt.device.type == "cuda":
+    if read_loss and rt.device.type == "cuda":
         torch.cuda.synchronize()
     return loss_sum / rt.accum_steps
 

@@ -58,9 +58,12 @@ def test_a_tip_the_naive_plan_already_has_is_priced_by_turning_it_off():
 
 def test_a_bench_change_that_changes_nothing_is_skipped():
     wl, model, _ = _rows("cnn", detect("cpu"))
-    wl = dataclasses.replace(wl, batch_size=128)      # the batch_size entry asks for 128 too
-    rows = {c.label: c for c in candidates(wl, model, detect("cpu"), device="cpu")}
-    assert "no change" in rows["batch_size"].skip
+    for batch in (128, 256):  # the batch_size entry asks for 128: the same batch, or a smaller one
+        wl = dataclasses.replace(wl, batch_size=batch)
+        rows = {c.label: c for c in candidates(wl, model, detect("cpu"), device="cpu")}
+        assert f"no larger batch: the cnn workload already uses batch_size {batch}" in rows["batch_size"].skip
+    wl = dataclasses.replace(wl, batch_size=64)
+    assert {c.label: c for c in candidates(wl, model, detect("cpu"), device="cpu")}["batch_size"].measured
 
 
 def test_tuned_row_uses_the_tuner_or_says_why_not(monkeypatch):
@@ -99,3 +102,14 @@ def test_tuned_row_from_the_real_tuner():
     assert tuned.measured, tuned.skip
     assert tuned.plan.device == "cpu" and tuned.plan.compile is False
     assert "tuned within 8 s" in tuned.note
+
+
+def test_without_the_ablation_only_naive_and_fast_are_measured_on_each_path():
+    """`--no-ablation` (the GPU check's short run): every entry alone is listed with the reason, unmeasured;
+    naive and fast keep their rows on both paths."""
+    _, _, full = _rows("cnn", _cuda_like(detect("cpu")))
+    _, _, rows = _rows("cnn", _cuda_like(detect("cpu")), ablation=False)
+    assert rows.keys() == full.keys()
+    measured = {label for label, c in rows.items() if c.measured}
+    assert measured == {"naive", "fast", "naive (data path)", "fast (data path)"}
+    assert all("--no-ablation" in c.skip for label, c in rows.items() if full[label].measured and label not in measured)

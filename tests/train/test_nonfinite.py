@@ -82,3 +82,34 @@ def test_ignore_mode_lets_the_nan_through_like_plain_pytorch():
     trainer, model, _, _ = _fit(_poisoned_loss(2), on_nonfinite="ignore")
     result = trainer.fit(make_loader(shuffle=False))
     assert result.skipped_steps == 0 and not all(torch.isfinite(p).all() for p in model.parameters())
+
+
+@pytest.mark.parametrize("steps, bad", [(5, (3,)), (600, (2, 300, 599))])
+def test_the_device_window_names_the_first_bad_step_and_counts_each_one(steps, bad):
+    """The GPU path on the CPU: each step's kernel writes its own flag (no zeroing, no count per step);
+    a read names the first bad step and counts every bad one, also past the first window's length."""
+    from turbotrain.speedups.fused_optimizer import make_fused
+    from turbotrain.train.nonfinite import WINDOW, FiniteGuard
+
+    model = make_mlp()
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    assert make_fused(opt) == "fused"
+    guard = FiniteGuard([opt], torch.device("cpu"), "skip")
+    guard.on_host, guard.on_device_skip = False, True
+    first = 10
+    for step in range(first, first + steps):
+        opt.zero_grad()
+        loss = model(torch.ones(2, 8)).sum() * (float("nan") if step - first in bad else 1.0)
+        loss.backward()
+        assert guard.check(loss.detach(), step)
+        assert guard.found.item() == (1.0 if step - first in bad else 0.0)  # this step's own flag
+    assert (steps > WINDOW) == (len(guard._slots) > WINDOW)  # grew rather than shared a flag
+    assert guard.report() == len(bad)
+    assert guard.report() == len(bad)  # read once: the window started over
+    guard.mode = "stop"
+    for step in (1000, 1001):
+        opt.zero_grad()
+        (model(torch.ones(2, 8)).sum() * float("inf")).backward()
+        guard.check(None, step)
+    with pytest.raises(tt.NonFiniteError, match="at step 1000"):
+        guard.report()

@@ -107,8 +107,8 @@ def _alone(entry: Speedup, workload: Workload, hw: Hardware, device: str, compil
         cand.skip = "compile rows are off for this run (--quick or --no-compile)"
     elif (reason := _hardware_reason(plan, hw, entry)) is not None:
         cand.skip = reason + script_note
-    elif plan.batch_size is not None and plan.batch_size == workload.batch_size:
-        cand.skip = f"no change: the {workload.name} workload already uses batch_size {workload.batch_size}"
+    elif plan.batch_size is not None and plan.batch_size <= workload.batch_size:
+        cand.skip = f"no larger batch: the {workload.name} workload already uses batch_size {workload.batch_size}"
     return cand
 
 
@@ -122,9 +122,17 @@ def _fast(model: nn.Module, device: str, compile_ok: bool) -> Candidate:
 
 
 def candidates(
-    workload: Workload, model: nn.Module, hw: Hardware, device: str = "auto", compile_ok: bool = True
+    workload: Workload,
+    model: nn.Module,
+    hw: Hardware,
+    device: str = "auto",
+    compile_ok: bool = True,
+    ablation: bool = True,
 ) -> list[Candidate]:
-    """The rows for ``workload`` on ``hw``: naive, each registry entry alone, fast (not tuned)."""
+    """The rows for ``workload`` on ``hw``: naive, each registry entry alone, fast (not tuned).
+
+    ``ablation=False`` leaves the entries alone unmeasured (listed with the reason): naive and fast only,
+    on each path."""
     naive = Candidate("naive", "naive", Plan(device=device))
     alone = [_alone(entry, workload, hw, device, compile_ok) for entry in all_speedups()]
     fast_row = _fast(model, device, compile_ok)
@@ -132,7 +140,12 @@ def candidates(
         return _data_candidates(naive, alone, fast_row)
     rows = [naive, *(c for c in alone if c.path == RESIDENT), fast_row]
     loader_rows = [c for c in alone if c.path == LOADER]
-    if any(c.measured for c in loader_rows):
+    data_path = any(c.measured for c in loader_rows)
+    if not ablation:
+        for cand in alone:
+            if cand.measured:
+                cand.skip = "the rows of each speed-up alone are off for this run (--no-ablation)"
+    if data_path:
         rows += [
             dataclasses.replace(naive, label="naive (data path)", path=LOADER),
             *loader_rows,

@@ -39,6 +39,11 @@ def add_arguments(parser) -> None:
     parser.add_argument("--no-compile", action="store_true", help="skip the plans that use torch.compile")
     parser.add_argument("--no-tune", action="store_true", help="skip the tuned plan")
     parser.add_argument(
+        "--no-ablation",
+        action="store_true",
+        help="skip the rows of each speed-up alone: naive, fast and tuned only (on both paths)",
+    )
+    parser.add_argument(
         "--tune-budget",
         type=float,
         default=60.0,
@@ -109,6 +114,8 @@ def settings_from_args(args):
         settings.compile = False
     if args.no_tune:
         settings.tune = False
+    if args.no_ablation:
+        settings.ablation = False
     return settings
 
 

@@ -142,7 +142,7 @@ def run_workload(
     options = {"tokens": settings.gpt_tokens} if name == "gpt" else {}
     wl = get_workload(name, scale, **options)
     model, _ = wl.build(settings.seed)
-    cands = candidates(wl, model, hw, settings.device, compile_ok=settings.compile)
+    cands = candidates(wl, model, hw, settings.device, compile_ok=settings.compile, ablation=settings.ablation)
     if settings.tune:
         progress(f"{name}: tuning (budget {settings.tune_budget_s:.0f} s)")
         tuned = tuned_candidate(wl, model, settings.device, settings.tune_budget_s, tune_fn, settings.compile)

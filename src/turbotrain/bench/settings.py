@@ -20,6 +20,7 @@ class BenchSettings:
     repeats: int = 3  # interleaved rounds; median and spread come from them
     batches: int = 4  # distinct batches cycled by resident-path trials
     compile: bool = True  # measure plans that use torch.compile
+    ablation: bool = True  # measure each speed-up alone (False: naive, fast and tuned only)
     tune: bool = True  # add the tuned plan when turbotrain.tuning is installed
     tune_budget_s: float = 60.0
     scale: str = "auto"  # "cpu", "gpu" (GPT-2 small, ResNet-50), "auto": gpu when on CUDA

@@ -15,28 +15,43 @@ class LossMeter:
     """Mean training loss over a logging window, kept where reading it is free.
 
     On the host, step losses arrive as floats (reading a CPU tensor waits for nothing); on a
-    GPU they stay device tensors, summed on the device and read once per window.
+    GPU they stay device tensors, kept as they are (no kernel per step) and summed when the
+    window is read, once.
     """
+
+    FOLD = 512  # device losses held before they are summed into one (a long window holds few tensors)
 
     def __init__(self, device: torch.device):
         self.on_host = device.type != "cuda"
-        self.total: Any = 0.0 if self.on_host else torch.zeros((), device=device)
+        self.total: Any = 0.0
+        self.pending: list[torch.Tensor] = []
         self.count = 0
+        self.hold = True  # False: a device loss is summed as it comes (it may not outlive its step)
 
     def add(self, loss: Any) -> None:
         if self.on_host:
             self.total += loss
+        elif self.hold:
+            self.pending.append(loss)
+            if len(self.pending) >= self.FOLD:
+                self._fold()
         else:
-            self.total.add_(loss)
+            self.total = self.total + loss.float()
         self.count += 1
+
+    def _fold(self) -> None:
+        self.total = self.total + torch.stack(self.pending).float().sum()
+        self.pending = []
 
     def pop_mean(self) -> float | None:
         if not self.count:
             return None
-        total = self.total if self.on_host else float(self.total.item())  # the window's one sync
-        mean = total / self.count
-        self.total = 0.0 if self.on_host else self.total.zero_()
-        self.count = 0
+        if not self.on_host:
+            if self.pending:
+                self._fold()
+            self.total = float(self.total)  # the window's one sync
+        mean = self.total / self.count
+        self.total, self.count = 0.0, 0
         return mean
 
 

@@ -4,7 +4,8 @@ never reaches the weights either (the exception: stop mode on a GPU without fuse
 Before every optimizer step one fused kernel (the one GradScaler uses) checks the loss and
 all gradients. On the CPU the verdict is read right away (no device to wait for). On a GPU
 the flag stays on the device and the host reads it only at the logging cadence and before
-each checkpoint:
+each checkpoint. Each step's kernel writes its own flag in a window of flags zeroed at each
+read, so the step pays for that one kernel alone and the read still names the first bad step:
 - every optimizer fused: the flag goes to the fused kernel, which leaves the weights
   untouched, so stop and skip are exact without a sync;
 - otherwise, in "stop" mode, the bad update happens, training stops at the next read naming
@@ -28,6 +29,9 @@ from ..speedups.fused_optimizer import takes_found_inf
 __all__ = ["NonFiniteError", "FiniteGuard"]
 
 log = logging.getLogger("turbotrain")
+
+WINDOW = 256
+"""Step flags kept between two reads of the verdict at first (the window doubles when reads are rarer)."""
 
 
 class NonFiniteError(FloatingPointError):
@@ -65,13 +69,15 @@ class FiniteGuard:
         self.on_host, self.on_device_skip, self.deferred = verdict_paths(
             device.type, all_fused, mode, scaler is not None
         )
-        self.found = torch.zeros((), device=device)
         self.one = torch.ones((), device=device)
         self.skipped = 0
         # Distributed runs: makes every rank's flag the largest over ranks (see RankCoordinator).
         self.agree: Callable[[torch.Tensor], None] | None = None
-        self._pending = torch.zeros((), device=device)  # device-skipped steps not yet reported
-        self._first_bad = torch.full((), -1, dtype=torch.long, device=device)
+        # Device paths: one flag per step since the last read; ``found`` is the latest step's flag.
+        self._window = torch.zeros(WINDOW, device=device)
+        self._slots = self._window.unbind()  # views made once: a step's flag costs no host work
+        self._window_start: int | None = None  # the step whose flag is slot 0
+        self.found = self._slots[0]
         # The scale before any step (no device sync: the scaler has not made its tensor yet), so
         # the GradScaler's skips before the first report are counted too.
         self._last_scale: float | None = float(scaler.get_scale()) if scaler is not None else None
@@ -97,7 +103,11 @@ class FiniteGuard:
             return True
         if self.on_host:
             return self._check_on_host(loss, step)
-        self.found.zero_()
+        deferred = self.on_device_skip or self.deferred
+        if deferred:
+            self.found = self._slot(step)  # zeroed at the last read: the kernel below only ever sets it
+        else:
+            self.found.zero_()
         for group in self.param_groups:
             grads = [p.grad for p in group if p.grad is not None]
             if isinstance(loss, torch.Tensor) and grads and grads[0].dtype == loss.dtype:
@@ -112,13 +122,34 @@ class FiniteGuard:
             torch.maximum(self.found, bad, out=self.found)
         if self.agree is not None:
             self.agree(self.found)  # a collective on the device: still no host sync
-        if self.on_device_skip or self.deferred:
-            self._pending.add_(self.found)
-            self._first_bad.masked_fill_((self._first_bad < 0) & (self.found > 0), step)  # in place, no sync
+        if deferred:
             return True
         if self.found.item() == 0.0:  # the one sync per step of this path (said once at start)
             return True
         return self._bad(step)
+
+    def _slot(self, step: int) -> torch.Tensor:
+        """This step's flag, in a window that doubles (on the device, no sync) when reads are rarer than it is long."""
+        if self._window_start is None:
+            self._window_start = step
+        i = step - self._window_start
+        if i >= len(self._slots):
+            grown = torch.zeros(max(2 * len(self._slots), i + 1), device=self._window.device)
+            grown[: len(self._slots)].copy_(self._window)
+            self._window, self._slots = grown, grown.unbind()
+        return self._slots[i]
+
+    def _read_window(self) -> tuple[int, int]:
+        """(bad steps, the first bad step or -1) since the last read; the window starts over. One sync."""
+        if self._window_start is None:
+            return 0, -1
+        flags = self._window.tolist()  # the logging cadence's one read
+        start, self._window_start = self._window_start, None
+        bad = [i for i, flag in enumerate(flags) if flag > 0]
+        if not bad:
+            return 0, -1
+        self._window.zero_()
+        return len(bad), start + bad[0]
 
     def _check_on_host(self, loss: torch.Tensor | float | None, step: int) -> bool:
         """CPU path: the loss is already a float, and reading the flag waits for no device."""
@@ -142,8 +173,9 @@ class FiniteGuard:
     def resume(self, skipped: int) -> None:
         """Continue a resumed run's count, from the loss scale its checkpoint restored."""
         self.skipped = skipped
-        self._pending.zero_()  # verdicts of the run that stopped belong to it, not to this one
-        self._first_bad.fill_(-1)
+        # Verdicts of the run that stopped belong to it, not to this one.
+        self._window.zero_()
+        self._window_start = None
         if self.scaler is not None:
             self._last_scale = float(self.scaler.get_scale())
 
@@ -174,11 +206,8 @@ class FiniteGuard:
             self._last_scale = scale
             return self.skipped
         if self.on_device_skip or self.deferred:
-            pending = int(self._pending.item())  # the logging cadence's one read
+            pending, first_bad = self._read_window()
             if pending:
-                first_bad = int(self._first_bad.item())
-                self._pending.zero_()
-                self._first_bad.fill_(-1)
                 if self.mode == "stop":
                     raise NonFiniteError(first_bad, reached_weights=self.deferred)
                 self.skipped += pending

@@ -131,6 +131,8 @@ class Trainer:
             self.config, self.state, source, val_loader, self.rt.device, self.rt.accum_steps, self.is_rank_zero
         )
         run.next_event = self._next_event_after(self.state.step, run)
+        # A CUDA graph's outputs are overwritten by its next replay: losses from one are summed at once.
+        run.loss_meter.hold = self.rt.plan.compile_mode not in ("reduce-overhead", "max-autotune")
         self.rt.module.train()
         try:
             try:
