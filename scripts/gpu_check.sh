@@ -6,18 +6,18 @@
 #   setup      the machine's own python3 (torch with CUDA is preinstalled there) + turbotrain from this tree,
 #              `pip install --no-index --no-deps --no-build-isolation -e .` (else PYTHONPATH=src), plus any
 #              wheels carried in .whl/ (scripts/gpu_wheels.sh); lists what `.[all,test]` lacks (scripts/gpu_deps.py)
-#   env        nvidia-smi, torch and the device's two ceilings (bf16 matmul TFLOP/s, copy GB/s), `turbotrain env`
+#   env        nvidia-smi, torch and the device's two ceilings (bf16 matmul TFLOP/s, copy GB/s), `turbotrain env --json`
 #              (table and --json), the dependency list, pip freeze: all into $OUT/env.txt
 #   pytest     `pytest -m gpu` over the test files that mark tests gpu -> $OUT/junit-gpu.xml
 #   bench-gpt  `turbotrain bench --workload gpt`  (GPT-2 124M, 1024 tokens: naive, each speed-up, fast, tuned, MFU)
 #   bench-cnn  `turbotrain bench --workload cnn`  (ResNet-50 at 224x224)
 #   extras     benchmarks/gpu_extras.py: the Trainer's per-step cost against a plain loop, device prefetch's
 #              wait on copies, host syncs per step (set_sync_debug_mode); its tables go at the end of bench.md
-#              (GPU_CHECK_EXTRAS_ARGS="--parts overhead prefetch syncs doctor" adds the doctor on two GPU scripts)
+#              (default --parts overhead syncs; "--parts overhead prefetch syncs doctor" for all four)
 #   doctor     `turbotrain doctor --fix --verify` on $GPU_CHECK_DOCTOR_SCRIPTS (default gpu_habits.py): the
 #              patch and its verified speed-up on the GPU (needs libcst: carry .whl from scripts/gpu_wheels.sh)
-#   probe      benchmarks/gpu_gpt_probe.py --short: each SDPA backend at GPT-2's shape, a plain compiled loop at
-#              batch 64 and its profile (what limits MFU, without turbotrain in the way)
+#   probe      (not in the default list) benchmarks/gpu_gpt_probe.py --short: each SDPA backend at GPT-2's shape,
+#              a plain compiled loop at batch 64 and its profile (what limits MFU, without turbotrain in the way)
 #
 # What comes back ($OUT, at most 8 files): gpu-check.log (everything, each line stamped [part +seconds]),
 # summary.txt, env.txt, junit-gpu.xml, bench.md (the bench tables, to paste into docs/benchmarks.md),
@@ -133,8 +133,7 @@ if torch.cuda.is_available():
 else:
     print("no CUDA device: no ceilings measured")
 EOF
-    section "turbotrain env"
-    "$PY" -m turbotrain env || rc=1
+    # --json alone: the table holds the same facts, and each run of the command took 13-15 s on an H200.
     section "turbotrain env --json"
     "$PY" -m turbotrain env --json || rc=1
     section "dependencies of .[all,test] (scripts/gpu_deps.py)"
@@ -180,7 +179,7 @@ part_doctor() {
     name=$(basename "$s" .py)
     # shellcheck disable=SC2086
     "$PY" -m turbotrain doctor --json "$WORK/doctor-$name.json" --fix "$WORK/doctor-$name.patch" \
-      ${GPU_CHECK_DOCTOR_ARGS---verify --verify-budget 45} "$s" || rc=1
+      ${GPU_CHECK_DOCTOR_ARGS---verify --verify-budget 30} "$s" || rc=1
     [ -s "$WORK/doctor-$name.patch" ] && cat "$WORK/doctor-$name.patch"
   done
   return $rc
@@ -214,10 +213,13 @@ export INSTALL=${GPU_CHECK_INSTALL:-1}
 # Sized to end with the rest inside one 8-minute call (each GPT-2 / ResNet-50 compile is cold once per plan):
 # naive, fast and tuned on both paths (--no-ablation; the rows of each switch alone were recorded on an H100);
 # set it to "" for the bench's own defaults (every row, 20 steps, 3 repeats, a 60-s tuner) in a call of its own.
-export BENCH_ARGS=${GPU_CHECK_BENCH_ARGS---no-ablation --repeats 2 --steps 10 --warmup 2 --min-time 0.5 --tune-budget 30}
-export EXTRAS_ARGS=${GPU_CHECK_EXTRAS_ARGS:---parts overhead prefetch syncs}
-BUDGET=${GPU_CHECK_BUDGET_S:-465}
-read -r -a PARTS <<<"${GPU_CHECK_PARTS:-setup env pytest bench-gpt bench-cnn extras doctor probe}"
+# Part times on an H200 (2026-11-28, two calls): setup 17-24 s, env 35 s (with the table), pytest 125 s before the
+# batch-size finder's test (since capped), bench-gpt 56 s and bench-cnn 79 s without the tuner (it took 5 s and
+# 27 s of its budget), extras' overhead 40 s, probe 35 s.
+export BENCH_ARGS=${GPU_CHECK_BENCH_ARGS---no-ablation --repeats 2 --steps 8 --warmup 2 --min-time 0.3 --tune-budget 20}
+export EXTRAS_ARGS=${GPU_CHECK_EXTRAS_ARGS:---parts overhead syncs}
+BUDGET=${GPU_CHECK_BUDGET_S:-470}
+read -r -a PARTS <<<"${GPU_CHECK_PARTS:-setup env pytest bench-gpt bench-cnn doctor extras}"
 # Every other part runs what setup installs, and a lent machine starts bare: setup always comes first.
 if [ "${PARTS[0]:-}" != setup ]; then
   rest=()
@@ -227,20 +229,20 @@ fi
 
 cap_of() {
   case $1 in
-    setup) echo "${GPU_CHECK_SETUP_S:-120}" ;;
-    env) echo "${GPU_CHECK_ENV_S:-60}" ;;
-    pytest) echo "${GPU_CHECK_PYTEST_S:-200}" ;;
-    bench-*) echo "${GPU_CHECK_BENCH_S:-230}" ;;
-    doctor) echo "${GPU_CHECK_DOCTOR_S:-90}" ;;
-    extras) echo "${GPU_CHECK_EXTRAS_S:-90}" ;;
-    probe) echo "${GPU_CHECK_PROBE_S:-75}" ;;
+    setup) echo "${GPU_CHECK_SETUP_S:-40}" ;;
+    env) echo "${GPU_CHECK_ENV_S:-30}" ;;
+    pytest) echo "${GPU_CHECK_PYTEST_S:-150}" ;;
+    bench-*) echo "${GPU_CHECK_BENCH_S:-120}" ;;
+    doctor) echo "${GPU_CHECK_DOCTOR_S:-60}" ;;
+    extras) echo "${GPU_CHECK_EXTRAS_S:-70}" ;;
+    probe) echo "${GPU_CHECK_PROBE_S:-60}" ;;
   esac
 }
 # Seconds held back for each later part, so that one slow part cannot starve all the others.
 reserve_of() {
   case $1 in
-    setup) echo 20 ;; env) echo 15 ;; pytest) echo 60 ;; bench-*) echo 90 ;; doctor) echo 30 ;; extras) echo 30 ;;
-    probe) echo 35 ;;
+    setup) echo 20 ;; env) echo 15 ;; pytest) echo 100 ;; bench-*) echo 70 ;; doctor) echo 40 ;; extras) echo 50 ;;
+    probe) echo 40 ;;
   esac
 }
 

@@ -130,8 +130,15 @@ def test_gpu_out_of_memory_is_caught_and_memory_comes_back():
     # Earlier tests' cyclic garbage may still hold device memory; the finder collects it, so collect it first.
     gc.collect()
     before = torch.cuda.memory_allocated()
-    result = find_batch_size(model, adamw, loss_fn, batch, Plan(device="cuda"), max_batch_size=2**20,
-                             time_budget_s=300)
+    # A few GiB of the card, whatever its size: on a 140 GiB H200 the doublings up to the whole card took
+    # over 40 s; the allocator refuses past this cap with the same OutOfMemoryError a full card raises.
+    fraction = min(1.0, 6 * 2**30 / torch.cuda.get_device_properties(0).total_memory)
+    torch.cuda.set_per_process_memory_fraction(fraction)
+    try:
+        result = find_batch_size(model, adamw, loss_fn, batch, Plan(device="cuda"), max_batch_size=2**20,
+                                 time_budget_s=300)
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
     assert any(outcome == "out of memory" for _, _, outcome in result.tried)
     assert result.batch_size % 8 == 0
     assert result.allocated_after == result.allocated_before == before

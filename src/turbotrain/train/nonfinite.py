@@ -111,7 +111,8 @@ class FiniteGuard:
         for group in self.param_groups:
             grads = [p.grad for p in group if p.grad is not None]
             if isinstance(loss, torch.Tensor) and grads and grads[0].dtype == loss.dtype:
-                grads.append(loss.reshape(()))  # the loss rides along in the same kernel
+                # The loss rides along in the same kernel (a 0-d loss as it is: a reshape is one more op a step).
+                grads.append(loss if loss.dim() == 0 else loss.reshape(()))
                 loss = None
             if grads:
                 # One kernel over every gradient; with a scale of 1 it only checks.
