@@ -454,7 +454,7 @@ class StepClock:
 
     def start(self, step: int) -> None:
         if self.on_device:
-            event = torch.cuda.Event(enable_timing=True)
+            event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]  # torch leaves Event unannotated
             event.record()
             self._starts.append(event)
         else:
@@ -479,7 +479,7 @@ class StepClock:
         """Seconds per step from step ``first`` on (on a GPU, after waiting for the last)."""
         if not self.on_device:
             return self._host_times[first:]
-        end = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]  # torch leaves Event unannotated
         end.record()
         end.synchronize()
         marks = [*self._starts, end]
