@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+
+import pytest
 from turbotrain.plan import Plan
 from turbotrain.tuning.candidates import Candidates, Switch
 from turbotrain.tuning.search import search_plan
@@ -290,3 +293,127 @@ def test_switches_the_rules_recommend_are_timed_first():
     search_plan(measure, Candidates(timed=[bias, precision]), time_budget_s=60, clock=clock)
     tried = [p for p in measure.calls if p != Plan()]
     assert tried and tried[0] == Plan(precision="bf16-mixed")
+
+
+# -- from the rules' plan (issue 46): a synthetic GPU-like machine, through the measure seam ---------------
+
+LOADERISH = [Switch(name, name, (True,), Order.OPTIMIZER, recommended=True)
+             for name in ("cudnn_benchmark", "tf32", "fused_optimizer")]
+RULE_PRECISION = Switch("precision", "precision", ("bf16-mixed", "fp16-mixed"), Order.MODEL_DTYPE,
+                        recommended=True, rule_value="bf16-mixed")
+RULE_COMPILE = Switch("compile", "compile", (True, "max-autotune-no-cudagraphs"), Order.MODEL_COMPILE,
+                      expensive=True, recommended=True, rule_value=True)
+
+
+class CompilesOnce(FakeMeasure):
+    """A compiled plan pays its compile on its first trial only: later trials find the graph cached."""
+
+    def __call__(self, plan, steps, warmup):
+        cost, self.compile_s = self.compile_s, (self.compile_s if plan not in self.calls else 0.0)
+        try:
+            return super().__call__(plan, steps, warmup)
+        finally:
+            self.compile_s = cost
+
+
+def _gpu_like(clock, **extra):
+    """A ResNet-50-like step of 0.3 s: three small switches buy 1.08x each, bf16 3x, compile 1.5x after a
+    40-s compile (another compile mode the same, after its own 40 s)."""
+    factors = {("cudnn_benchmark", True): 1 / 1.08, ("tf32", True): 1 / 1.08, ("fused_optimizer", True): 1 / 1.08,
+               ("precision", "bf16-mixed"): 1 / 3, ("precision", "fp16-mixed"): 1 / 2.9,
+               ("compile", True): 1 / 1.5, ("compile", "max-autotune-no-cudagraphs"): 1 / 1.5, **extra}
+    return CompilesOnce(factors, base_s=0.3, compile_s=40.0, clock=clock)
+
+
+def test_from_the_rules_plan_a_60s_budget_finds_precision_and_compile():
+    """The greedy walk from naive spent 60 s on the small switches and never reached bf16 or compile (the
+    H100 bench's ResNet-50); starting from the rules' plan it keeps both and times little else."""
+    clock = Clock()
+    measure = _gpu_like(clock)
+    result = search_plan(measure, Candidates(timed=[*LOADERISH, RULE_PRECISION, RULE_COMPILE]), time_budget_s=60,
+                         clock=clock, device_type="cuda")
+    assert result.plan.precision == "bf16-mixed" and result.plan.compile is True
+    assert result.rules == result.plan and "(the rules' plan)" in result.message
+    assert result.attempts[1].stage == "rules" and result.attempts[1].status == "accepted"
+    assert result.speedup > 4
+    assert clock.now <= 60 + 45   # one compile may overrun (it cannot be interrupted): never two
+
+
+def test_a_rule_the_machine_disagrees_with_is_taken_out():
+    """bf16 recommended by rule on a CPU where it is slower (17x on one AMD EPYC without bf16; 1.3x here):
+    the rules' plan still beats naive through its fused optimizer, and the ablation takes bf16 out."""
+    measure = FakeMeasure({("precision", "bf16-mixed"): 1.3, ("fused_optimizer", True): 0.5})
+    rule_fused = dataclasses.replace(FUSED, recommended=True)
+    rule_bf16 = dataclasses.replace(PRECISION, recommended=True)
+    result = search_plan(measure, Candidates(timed=[rule_bf16, rule_fused]), time_budget_s=120)
+    assert result.plan == Plan(fused_optimizer=True)
+    rows = _rows(result)
+    assert rows["without precision=bf16-mixed"].status == "accepted"
+    assert rows["without fused_optimizer=True"].status == "rejected"
+    assert result.attempts[1].stage == "rules" and result.attempts[1].status == "accepted"
+    assert "precision=bf16-mixed" not in rows   # taken out by a measurement: not added back
+
+
+def test_rules_that_lose_to_naive_leave_the_search_to_start_from_naive():
+    measure = FakeMeasure({("precision", "bf16-mixed"): 4.0, ("fused_optimizer", True): 0.8})
+    rule_bf16 = dataclasses.replace(PRECISION, recommended=True)
+    result = search_plan(measure, Candidates(timed=[rule_bf16, FUSED]), time_budget_s=120)
+    assert result.attempts[1].stage == "rules" and result.attempts[1].status == "rejected"
+    assert result.plan == Plan(fused_optimizer=True) and result.rules == Plan(precision="bf16-mixed")
+
+
+def test_a_budget_that_cannot_fit_compile_says_so_before_the_search():
+    clock = Clock()
+    measure = _gpu_like(clock)
+    result = search_plan(measure, Candidates(timed=[*LOADERISH, RULE_PRECISION, RULE_COMPILE]), time_budget_s=20,
+                         clock=clock, device_type="cuda")
+    assert any("cannot time the rules' plan with compile" in note and "time_budget_s=" in note
+               for note in result.notes)
+    assert not any(p.compile for p in measure.calls)
+    assert result.plan.precision == "bf16-mixed"     # what fitted: the rules' plan without compile
+    assert clock.now <= 20
+
+
+def test_the_search_never_returns_a_plan_the_rules_beat_side_by_side():
+    """An addition wins its pair by noise, then loses to the rules' plan side by side: the rules' plan comes back."""
+    clock = Clock()
+    rule_fused = dataclasses.replace(FUSED, recommended=True)
+    measure = FakeMeasure({("fused_optimizer", True): 0.5, ("channels_last", True): 1.0}, clock=clock)
+    plain = measure.step_s
+    lucky = Plan(fused_optimizer=True, channels_last=True)
+
+    def noisy(plan):    # the layout reads 0.8x in its own pairs, and is really 1.3x slower
+        if plan == lucky:
+            return plain(plan) * (0.8 if measure.calls.count(plan) <= 2 else 1.3)
+        return plain(plan)
+    measure.step_s = noisy
+    result = search_plan(measure, Candidates(timed=[rule_fused, LAYOUT]), time_budget_s=120, clock=clock)
+    assert _rows(result)["channels_last=True"].status == "accepted"
+    assert result.plan == Plan(fused_optimizer=True)
+    assert "measured 0.77x the rules' plan side by side" in result.message
+
+
+@pytest.mark.parametrize("run_steps, kept", [(300, False), (50_000, True)])
+def test_compile_is_judged_over_the_run_and_says_when_it_pays(run_steps, kept):
+    """Compile costs 40 s and saves 0.1 s a step (0.3 -> 0.2 s): it pays after 400 steps."""
+    clock = Clock()
+    measure = CompilesOnce({("compile", True): 2 / 3}, base_s=0.3, compile_s=40.0, clock=clock)
+    result = search_plan(measure, Candidates(timed=[COMPILE]), time_budget_s=300, clock=clock, run_steps=run_steps)
+    row = _rows(result)["compile=True"]
+    assert row.pays_after_steps == pytest.approx(400, rel=0.01)
+    assert (result.plan.compile is True) == kept
+    if not kept:
+        assert row.status == "rejected"
+        assert "compile costs 40.0 s and saves 100.00 ms a step: it pays after 400 steps; this run has 300" in row.reason
+
+
+def test_without_a_budget_one_is_derived_from_the_naive_step():
+    clock = Clock()
+    measure = _gpu_like(clock)
+    result = search_plan(measure, Candidates(timed=[*LOADERISH, RULE_PRECISION, RULE_COMPILE]), time_budget_s=None,
+                         clock=clock, device_type="cuda")
+    assert result.budget_s > 60 and result.notes[0].startswith(f"budget: {result.budget_s:.0f}s, derived from")
+    assert result.plan.precision == "bf16-mixed" and result.plan.compile is not False
+    # the derived budget had room for the other compile mode and fp16 too
+    labels = {row.label for row in result.attempts}
+    assert "compile=max-autotune-no-cudagraphs" in labels and "precision=fp16-mixed" in labels

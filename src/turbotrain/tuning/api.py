@@ -1,6 +1,6 @@
 """``tt.tune``: the fastest safe Plan for this model on this machine, measured on the user's own data.
 
-    plan = tt.tune(model, loss_fn, loader, optimizer_fn, time_budget_s=120)
+    plan = tt.tune(model, loss_fn, loader, optimizer_fn, steps=5000)   # budget: derived from the first trials
     tt.Trainer(model, optimizer_fn(model.parameters()), loss_fn, plan=plan).fit(loader)
 
 Everything is timed on deep copies (``measure.run_trial``); the model, any optimizer built on
@@ -42,7 +42,8 @@ from .workers import WorkersResult
 __all__ = ["tune", "tune_report", "TuneResult", "TuneError"]
 
 BatchSizeMode = Literal[False, True, "max", "keep-effective"]
-_CACHE_VERSION = 1
+_CACHE_VERSION = 2  # 2: the search starts from the rules' plan; rows say when compile pays
+_FINDERS_S = 30.0  # with a derived budget, what the finders get after the search
 
 
 @dataclass
@@ -115,7 +116,7 @@ def _sample_batches(loader: Iterable, count: int) -> list[Any]:
     return batches
 
 
-def _status_measure(measure: Measure, console: Console | None, deadline: float) -> Measure:
+def _status_measure(measure: Measure, console: Console | None, deadline: float | None) -> Measure:
     """``measure`` that shows which plan is being timed and how much of the budget is left."""
     if console is None:
         return measure
@@ -125,8 +126,8 @@ def _status_measure(measure: Measure, console: Console | None, deadline: float) 
     def shown(plan: Plan, steps: int, warmup: int, give_up_s: float | None = None) -> Trial:
         # One line per trial, no live spinner: a refresh thread competes with the timed steps
         # for the cores (on 2 cores that alone slows OpenMP kernels measurably).
-        left = max(0.0, deadline - time.monotonic())
-        console.print(f"[dim]tuning: timing {plan.describe()} ({left:.0f}s of the budget left)[/]")
+        left = f" ({max(0.0, deadline - time.monotonic()):.0f}s of the budget left)" if deadline is not None else ""
+        console.print(f"[dim]tuning: timing {plan.describe()}{left}[/]")
         if gives_up and give_up_s is not None:
             return measure(plan, steps, warmup, give_up_s=give_up_s)
         return measure(plan, steps, warmup)
@@ -139,8 +140,9 @@ def tune_report(
     loss_fn: Callable | None,
     loader: Iterable,
     optimizer_fn: Callable,
-    time_budget_s: float = 120.0,
+    time_budget_s: float | None = None,
     *,
+    steps: int | None = None,
     plan: Plan | None = None,
     step_fn: Callable | None = None,
     batches: int = 4,
@@ -162,6 +164,10 @@ def tune_report(
     called on deep copies of ``model`` by default through :func:`turbotrain.measure.run_trial`.
     """
     started = time.monotonic()
+    if time_budget_s is not None and not time_budget_s > 0:
+        raise ValueError(f"tune: time_budget_s={time_budget_s!r}; give seconds > 0, or None to derive it")
+    if steps is not None and (not isinstance(steps, int) or steps < 1):
+        raise ValueError(f"tune: steps={steps!r}; give the run's length in optimizer steps (an integer >= 1)")
     if not isinstance(model, nn.Module):
         raise TypeError(f"tune: model must be a torch.nn.Module, got {type(model).__name__}")
     if loss_fn is None and step_fn is None:
@@ -179,6 +185,7 @@ def tune_report(
         sample = _sample_batches(loader, batches)
         options = {
             "budget": time_budget_s,
+            "steps": steps,
             "tolerance": tolerance,
             "min_gain": min_gain,
             "include": sorted(include) if include is not None else None,
@@ -211,6 +218,7 @@ def tune_report(
                 hw,
                 time_budget_s,
                 started,
+                run_steps=steps,
                 step_fn=step_fn,
                 tolerance=tolerance,
                 min_gain=min_gain,
@@ -238,9 +246,10 @@ def _tune(
     sample,
     base: Plan,
     hw,
-    budget_s: float,
+    budget_s: float | None,
     started: float,
     *,
+    run_steps,
     step_fn,
     tolerance,
     min_gain,
@@ -256,9 +265,11 @@ def _tune(
     candidates = build_candidates(hw, info, base, include=include, exclude=exclude)
     use_workers = find_num_workers and isinstance(loader, DataLoader)
     # Time kept back for the finders: the loader timing is short, the batch-size search is not.
-    reserve = (min(10.0, 0.1 * budget_s) if use_workers else 0.0) + (0.25 * budget_s if find_batch_size else 0.0)
-    deadline = started + budget_s
-    search_budget = max(0.0, deadline - reserve - time.monotonic())
+    shares = budget_s if budget_s is not None else 4 * _FINDERS_S
+    reserve = (min(10.0, 0.1 * shares) if use_workers else 0.0) + (0.25 * shares if find_batch_size else 0.0)
+    deadline = started + budget_s if budget_s is not None else None
+    search_budget = max(0.0, deadline - reserve - time.monotonic()) if deadline is not None else None
+    status_until = deadline - reserve if deadline is not None else None  # a derived budget is known later
 
     def real_measure(plan: Plan, steps: int, warmup: int, give_up_s: float | None = None) -> Trial:
         return run_trial(
@@ -266,14 +277,21 @@ def _tune(
         )
 
     found = search_plan(
-        _status_measure(measure or real_measure, console, deadline - reserve),
+        _status_measure(measure or real_measure, console, status_until),
         candidates,
         base,
         time_budget_s=search_budget,
         tolerance=tolerance,
         min_gain=min_gain,
         device_type=hw.device_type,
+        run_steps=run_steps,
     )
+    found.notes.append(
+        f"timed on the first {len(sample)} batches of the loader, held on the {hw.device_type} (the training "
+        "step alone: batch copies and loading are left to the rules and the num_workers finder)"
+    )
+    if deadline is None:  # a derived budget: the search's, then the finders' share
+        deadline = time.monotonic() + reserve
     chosen = found.plan.replace(**candidates.by_rule)
     batch_result = None
     if find_batch_size:
@@ -308,7 +326,7 @@ def _tune(
         plan=chosen,
         search=found,
         hardware=hw.summary(),
-        budget_s=budget_s,
+        budget_s=budget_s if budget_s is not None else found.budget_s + reserve,
         elapsed_s=time.monotonic() - started,
         by_rule=dict(candidates.by_rule),
         workers=workers_result,
@@ -321,10 +339,15 @@ def tune(
     loss_fn: Callable | None,
     loader: Iterable,
     optimizer_fn: Callable,
-    time_budget_s: float = 120.0,
+    time_budget_s: float | None = None,
     **options: Any,
 ) -> Plan:
     """The fastest plan that trains like fp32, measured on ``model`` and ``loader`` within the budget.
+
+    The search starts from the rules' plan (what ``Plan.fast`` picks) and never returns a plan slower than
+    it or the naive plan. ``time_budget_s=None`` derives the budget from the naive plan's step time;
+    ``steps=N`` (the run's length) prices compile over that run: a compile that would not pay back
+    within N steps is not chosen.
 
     ``optimizer_fn(params) -> optimizer`` builds a fresh optimizer for each trial. Prints a
     table of every candidate (samples/s, speed-up against the naive plan, peak memory,

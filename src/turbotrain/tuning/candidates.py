@@ -46,7 +46,13 @@ class Switch:
     values: tuple[Any, ...]
     order: int
     expensive: bool = False  # compiles: tried after the cheap switches, within the budget
-    recommended: bool = False  # the registry's rule picks it here: timed first, while the budget is fresh
+    recommended: bool = False  # the registry's rule picks it here: part of the rules' plan the search starts from
+    rule_value: Any = None  # the value the rule picks (None: the first of ``values``)
+
+    @property
+    def rules_pick(self) -> Any:
+        """The value the rules' plan gives this switch (only meaningful when ``recommended``)."""
+        return self.rule_value if self.rule_value in self.values else self.values[0]
 
     @property
     def interacts_with_compile(self) -> bool:
@@ -115,7 +121,8 @@ def build_candidates(
             else:
                 why = reason
         if allowed:
-            recommended = entry.recommendation(hw, info) not in (None, getattr(Plan(), entry.field))
+            rule = entry.recommendation(hw, info)
+            recommended = rule not in (None, getattr(Plan(), entry.field)) and rule in allowed
             out.timed.append(
                 Switch(
                     entry.name,
@@ -124,6 +131,7 @@ def build_candidates(
                     entry.order,
                     expensive=entry.tune.expensive,
                     recommended=recommended,
+                    rule_value=rule if recommended else None,
                 )
             )
         else:

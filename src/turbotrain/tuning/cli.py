@@ -18,7 +18,16 @@ def add_arguments(parser) -> None:
     )
     parser.add_argument("--scale", choices=("cpu", "gpu"), help="workload size (default: the recipe's, else cpu)")
     parser.add_argument(
-        "--time-budget", type=float, default=120.0, metavar="S", help="seconds tuning may take in all (default: 120)"
+        "--time-budget",
+        type=float,
+        metavar="S",
+        help="seconds tuning may take in all (default: derived from the naive plan's step time)",
+    )
+    parser.add_argument(
+        "--steps",
+        type=int,
+        metavar="N",
+        help="the run's length in optimizer steps, over which compile is priced (default: the recipe's max_steps)",
     )
     parser.add_argument("--yaml", metavar="PATH", help="write the plan as YAML ('-' for stdout)")
     parser.add_argument("--lightning", metavar="PATH", help="write the Lightning Trainer equivalent ('-' for stdout)")
@@ -77,14 +86,14 @@ def _setup(args):
             wl = dataclasses.replace(wl, lr=recipe.lr)
         if isinstance(recipe.plan, Plan):  # what the recipe fixes beyond speed: device, accumulation
             base = Plan(device=recipe.plan.device, grad_accum_steps=recipe.plan.grad_accum_steps)
-    return wl, seed, (recipe.batch_size if recipe else None), base
+    return wl, seed, (recipe.batch_size if recipe else None), base, (recipe.trainer.max_steps if recipe else None)
 
 
 def run(args) -> int:
     from .api import tune_report
     from .export import accelerate_yaml, lightning_snippet, plan_yaml
 
-    wl, seed, batch_size, base = _setup(args)
+    wl, seed, batch_size, base, recipe_steps = _setup(args)
     model, _ = wl.build(seed)
     options = {}
     if args.tolerance is not None:
@@ -95,6 +104,7 @@ def run(args) -> int:
         wl.loader(batch_size, seed=seed),
         wl.optimizer_fn,
         args.time_budget,
+        steps=args.steps or recipe_steps,
         plan=base,
         include=_names(args.include) or None,
         exclude=_names(args.exclude),

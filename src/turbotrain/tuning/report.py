@@ -62,6 +62,9 @@ def attempts_table(result: "TuneResult") -> Table:
         candidate = Text("\n".join(lines))
         if row.reason:
             candidate.append("\n" + row.reason, style="dim")
+        if row.pays_after_steps is not None and "pays after" not in row.reason:
+            pays = f"{row.pays_after_steps:,.0f} steps" if row.pays_after_steps != float("inf") else "never"
+            candidate.append(f"\ncompile pays after {pays}", style="dim")
         table.add_row(
             str(i),
             candidate,
@@ -82,6 +85,8 @@ def _say(console: Console, markup: str) -> None:
 def render(result: "TuneResult", console: Console | None = None) -> None:
     console = console or Console()
     search = result.search
+    for note in search.notes:
+        _say(console, escape(note))
     console.print(attempts_table(result))
     for name, why in search.left_out:
         _say(console, f"not tried: [bold]{name}[/]: {escape(why)}")

@@ -1,21 +1,25 @@
-"""The plan search: greedy over the cheap switches, then compile, then what compile changes.
+"""The plan search: from the rules' plan, remove what does not pay, add what does.
 
-1. The naive plan is timed first; its per-step losses are the numerics reference.
-2. Each cheap switch (precision, fused optimizer, layout, ...) is tried on top of the best plan
-   so far, those the registry's rules recommend here first. Every comparison is paired: the plan
-   it is added to is timed right before it, so both see the same machine load (a shared
-   machine's load drifts by multiples within seconds). A switch is kept when it passes the
-   numerics guard and is faster by ``min_gain`` in two such pairs (a pair measured through a
-   load burst is measured again instead). A close loss is measured again too, and two pairs that
-   disagree get a third, which decides.
-3. torch.compile (and on CUDA its modes) is tried on top of that: the expensive step, so it
-   comes once the cheap wins are in and only when the time left covers a compile.
-4. When compile is kept, the switches whose effect compile changes (precision, layout,
-   model rewrites) are flipped once more under compile, within the budget: compile and
-   AMP together can win where either alone does not.
-5. Never slower: the result is timed next to the naive plan once more (twice when time
-   allows); unless it is faster, the naive plan is returned and the report says so. The
-   speed-ups shown are these paired ratios (chained through the plans each was added to).
+1. The naive plan is timed first; its per-step losses are the numerics reference, its step time
+   sizes the trials and, when no budget is given, the budget.
+2. The rules' plan (every timed switch the registry's rules pick here: what ``Plan.fast`` would
+   set) is timed next to the naive plan. Starting from the best guess spends the budget where the
+   big wins are: on a GPU, bf16 and compile, which a greedy walk from the naive plan reached last.
+3. Ablation: each switch of the rules' plan is taken out once (compile first: its removal is the
+   largest change and the cheapest trial), and stays out only when the plan without it is faster.
+4. Additions: every other timed value (a switch the rules leave off, another precision, another
+   compile mode) is tried on top of the plan so far, cheap ones first, then the compiles.
+5. When compile came in as an addition, the switches whose effect compile changes (precision,
+   layout, model rewrites) are flipped once more under it.
+6. Never slower than the rules or the naive plan: the result is timed next to both once more and
+   the fastest of the three is returned, the report saying which won and why.
+
+Every comparison is paired (the plan a change is made to is timed right before the candidate, so
+both see the same machine load); a change is kept when it passes the numerics guard and is faster
+by ``min_gain`` in two pairs (``measure.judge``). Compile is priced honestly: its warm-up is
+measured once per plan (later trials reuse the compiled graph), and with a run length
+(``run_steps``) a compiled plan must also win once its compile is spread over that run; each
+compiled row says from which step its compile pays.
 
 Time is measured by a ``measure(plan, steps, warmup) -> Trial`` callable (``run_trial`` on
 the user's model in ``tt.tune``), which is also the seam tests use to inject results.
@@ -48,9 +52,11 @@ UNSURE = 0.85
 one pair on a shared 2-core machine has read bf16 on the GPT as 0.91x where a grid measured 1.09x."""
 
 # Before any compile was seen in this search. Measured on the 2-core CPU: 3-35 s for the small
-# reference models with 2 threads, up to 90 s with one thread on a busy machine.
-_COMPILE_GUESS_S = {"cpu": 60.0, "cuda": 90.0}
+# reference models with 2 threads, up to 90 s with one thread on a busy machine; on an H100 and an
+# H200, 19-21 s for GPT-2 124M and 37-44 s for ResNet-50, cold.
+_COMPILE_GUESS_S = {"cpu": 60.0, "cuda": 45.0}
 _MIN_STEPS, _MAX_STEPS = 5, 50
+_AUTO_BUDGET_S = (30.0, 900.0)  # a derived budget's floor and ceiling
 
 
 class TuneError(RuntimeError):
@@ -72,6 +78,7 @@ class Attempt:
     peak_memory_bytes: int | None = None
     compile_s: float | None = None  # first steps' time beyond steady state (None without compile)
     max_deviation: float | None = None
+    pays_after_steps: float | None = None  # compile only: steps after which its saving repays its compile
 
     def to_dict(self) -> dict[str, Any]:
         return {**{k: v for k, v in self.__dict__.items() if k != "plan"}, "plan": self.plan.to_dict()}
@@ -94,6 +101,9 @@ class SearchResult:
     samples_per_s: float
     baseline_samples_per_s: float
     left_out: list[tuple[str, str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # said before the table: a budget too small, the path timed
+    rules: Plan | None = None  # the rules' plan the search started from (None: the rules pick nothing here)
+    budget_s: float = 0.0  # the search's budget (derived from the first measurements when none was given)
 
 
 def _median(values: list[float]) -> float:
@@ -106,30 +116,38 @@ class _Search:
         measure: Measure,
         candidates: Candidates,
         base: Plan,
-        budget_s: float,
+        budget_s: float | None,
         tolerance: float,
         min_gain: float,
         warmup: int,
         device_type: str,
         clock: Callable[[], float],
+        run_steps: int | None = None,
     ):
         self.measure, self.candidates, self.base = measure, candidates, base
         self.tolerance, self.min_gain, self.warmup = tolerance, min_gain, warmup
         self.clock = clock
         self.started = clock()
-        self.deadline = self.started + budget_s
-        self.budget_s = budget_s
+        self.given_budget = budget_s
+        self.budget_s = budget_s if budget_s is not None else 0.0  # derived after the baseline when None
+        self.deadline = self.started + (budget_s if budget_s is not None else float("inf"))
+        self.run_steps = run_steps
         self.compile_guess = _COMPILE_GUESS_S.get(device_type, 60.0)
         self.attempts: list[Attempt] = []
+        self.notes: list[str] = []
         self.times: dict[Plan, list[float]] = {}  # every steady-state step time seen, per plan
         self.compiled: set[Plan] = set()  # plans whose compile is cached in this process
         self.compile_seen: list[float] = []
+        self.compile_of: dict[Plan, float] = {}  # each compiled plan's own compile seconds (its first trial)
         self.steps = _MIN_STEPS  # the first baseline trial sizes the others
         self.samples_per_step = 1
         self.reference: list[float] = []
         self.speedup_of: dict[Plan, float] = {base: 1.0}  # against naive, chained through paired ratios
         self.accepted: list[Plan] = []  # the best plan after each step of the search
         self.recent_step_s: float | None = None  # the latest eager trial's step time
+        self.rules: Plan | None = None
+        self.rules_ok = False  # the rules' plan ran and passed the numerics guard
+        self.ablated: set[tuple[str, Any]] = set()  # (field, value) the ablation took out: not added back
         self._measure_gives_up = "give_up_s" in inspect.signature(measure).parameters
 
     # -- measuring -------------------------------------------------------------------------
@@ -157,7 +175,8 @@ class _Search:
                 self.recent_step_s = trial.step_s
             if plan.compile is not False and plan not in self.compiled:
                 self.compiled.add(plan)
-                self.compile_seen.append(self._compile_s(trial))
+                self.compile_of[plan] = self._compile_s(trial)
+                self.compile_seen.append(self.compile_of[plan])
         return trial
 
     def _compile_s(self, trial: Trial) -> float:
@@ -187,12 +206,14 @@ class _Search:
 
     def attempt(self, plan: Plan, against: Plan, label: str, stage: str) -> Attempt:
         """Time ``plan`` next to ``against``; accept it when it passes the guard and beats it in two pairs
-        (or two of three)."""
+        (or two of three), and, where compile differs between the two, over the run's length too."""
         row = Attempt(label=label, plan=plan, stage=stage, status="rejected")
         self.attempts.append(row)
         need = self._estimate(against) + self._estimate(plan)
-        # Time for the final side-by-side check (never slower) is kept back from every candidate.
-        left = self.remaining() - self._estimate(self.base) - self._estimate(against)
+        # Time for the final side-by-side checks (never slower) is kept back from every candidate but the
+        # rules' plan, whose pair with the naive plan is itself the check the final one repeats.
+        held = 0.0 if stage == "rules" else self._estimate(self.base) + self._estimate(against)
+        left = self.remaining() - held
         if need > left:
             row.status = "skipped"
             row.reason = (
@@ -203,7 +224,7 @@ class _Search:
         ref, trial = self._pair(against, plan)
         row.peak_memory_bytes = trial.peak_memory_bytes
         if plan.compile is not False and trial.ok:
-            row.compile_s = self._compile_s(trial)
+            row.compile_s = self.compile_of.get(plan, self._compile_s(trial))
         if not trial.ok:
             row.reason = (
                 f"not faster ({trial.error})"
@@ -229,15 +250,47 @@ class _Search:
             if wins[0] != wins[1] and self._can_pair_again(need):
                 ratios.append(self._paired_ratio(against, plan))  # the two disagree: a third decides
         ratio, won = self._verdict(ratios)
+        won = self._priced(row, plan, against, ratio, won)
         row.speedup = self.speedup_of.get(against, 1.0) * ratio
         if not won:
-            shown = " and ".join(f"{r:.2f}x" for r in ratios)
-            row.reason = f"not faster ({shown})" if len(ratios) == 1 else f"not faster when re-measured ({shown})"
+            if not row.reason:
+                shown = " and ".join(f"{r:.2f}x" for r in ratios)
+                row.reason = f"not faster ({shown})" if len(ratios) == 1 else f"not faster when re-measured ({shown})"
             return row
         row.status = "accepted"
-        row.reason = f"{ratio:.2f}x the plan before"
+        row.reason = f"{ratio:.2f}x the plan before" + (f"; {row.reason}" if row.reason else "")
         self.speedup_of[plan] = row.speedup
         return row
+
+    def _priced(self, row: Attempt, plan: Plan, against: Plan, ratio: float, won: bool) -> bool:
+        """Compile's one-off cost against what it saves a step: when one side compiles and the other does not,
+        says from which step the compile pays and, with a run length, judges the change over that run."""
+        compiled, eager = (plan, against) if plan.compile is not False else (against, plan)
+        if (compiled.compile is False) or (eager.compile is not False) or compiled not in self.compile_of:
+            return won
+        cost = self.compile_of[compiled]
+        t_eager, t_compiled = self.median(eager), self.median(compiled)
+        saving = t_eager - t_compiled
+        pays = cost / saving if saving > 0 else float("inf")
+        if compiled == plan:
+            row.pays_after_steps = pays
+        if self.run_steps is None:
+            return won
+        run = self.run_steps
+        amortised = (t_eager * run) / (t_compiled * run + cost)  # > 1: the compiled run ends first
+        said = (
+            f"compile costs {cost:.1f} s and saves {saving * 1e3:.2f} ms a step: it pays after {pays:,.0f} steps; "
+            f"this run has {run:,}"
+            if saving > 0
+            else f"compile costs {cost:.1f} s and saves nothing a step"
+        )
+        if compiled == plan and won and amortised < 1 + self.min_gain:
+            row.reason = said
+            return False
+        if compiled == against and not won and amortised < 1.0:
+            row.reason = said  # removing compile wins over this run, though each compiled step is faster
+            return True
+        return won
 
     def _can_pair_again(self, need: float) -> bool:
         return need <= self.remaining() - self._estimate(self.base)
@@ -251,6 +304,8 @@ class _Search:
         """Try each value of ``switch`` on top of ``current``; the fastest accepted one wins."""
         winners = []
         for value in switch.values:
+            if value == getattr(current, switch.field) or (switch.field, value) in self.ablated:
+                continue  # already in the plan, or taken out of it by a measurement
             plan = current.replace(**{switch.field: value})
             row = self.attempt(plan, current, f"{switch.field}={value}{suffix}", stage)
             if row.status == "accepted":
@@ -276,7 +331,7 @@ class _Search:
             raise TuneError(str(exc)) from None
         self.samples_per_step = trial.samples_per_step
         # Size the trials so each takes about budget/60 seconds (0.5 to 4 s) of steady state.
-        target = min(4.0, max(0.5, self.budget_s / 60))
+        target = min(4.0, max(0.5, (self.given_budget or 120.0) / 60))
         steps = int(min(_MAX_STEPS, max(_MIN_STEPS, round(target / max(trial.step_s, 1e-6)))))
         first_steps, self.steps = self.steps, steps
         if steps > first_steps:
@@ -300,17 +355,64 @@ class _Search:
             )
         )
 
+    def _rules_plan(self) -> Plan:
+        picks = {s.field: s.rules_pick for s in self.candidates.timed if s.recommended}
+        return self.base.replace(**picks)
+
+    def _size_budget(self, rules: Plan) -> None:
+        """With no budget given, one from what the baseline showed: room for the rules' plan, its ablation,
+        the additions and the final checks, each trial at the naive plan's cost, plus each compile."""
+        per_trial = self._estimate(self.base)
+        values = sum(len(s.values) for s in self.candidates.timed)
+        trials = 2 * (1 + len(rules.changes(self.base)) + values) * 2 + 6
+        compiles = sum(len(s.values) for s in self.candidates.timed if s.expensive)
+        wanted = trials * per_trial + compiles * self.compile_guess
+        self.budget_s = min(_AUTO_BUDGET_S[1], max(_AUTO_BUDGET_S[0], wanted))
+        self.deadline = self.clock() + self.budget_s
+        self.notes.append(
+            f"budget: {self.budget_s:.0f}s, derived from a {per_trial:.1f}s trial of the naive plan "
+            f"({trials} trials{f' and {compiles} compiles' if compiles else ''})"
+        )
+
+    def _say_if_short(self, rules: Plan) -> None:
+        """A budget that cannot time the rules' plan (a compile, mostly) says so before the search, not after."""
+        need = self._estimate(self.base) * 2 + self._estimate(rules)
+        if rules.compile is not False and need > self.remaining():
+            self.notes.append(
+                f"a {self.budget_s:.0f}s budget cannot time the rules' plan with compile (~{need:.0f}s with one "
+                f"compile): compile is left untried unless it fits later; give time_budget_s={need * 2:.0f} or more"
+            )
+
     def run(self) -> SearchResult:
         self.baseline()
+        rules = self._rules_plan()
+        if self.given_budget is None:
+            self._size_budget(rules)
         current = self.base
-        # The switches the registry's rules recommend are the likeliest wins: time them first, so
-        # a tight budget runs out on the long shots (a plan applies switches in registry order anyway).
+        if rules != self.base:
+            self.rules = rules
+            self._say_if_short(rules)
+            if rules.compile is not False and self._estimate(self.base) + self._estimate(rules) > self.remaining():
+                rules = rules.replace(compile=self.base.compile)  # what of the rules fits the budget
+                self.rules = rules if rules != self.base else None
+        if self.rules is not None:
+            row = self.attempt(self.rules, self.base, "rules: " + self.rules.describe(), "rules")
+            self.rules_ok = (
+                row.status in ("accepted", "rejected")
+                and row.samples_per_s > 0
+                and not (row.reason.startswith(("numerics", "failed")))
+            )
+            if row.status == "accepted":
+                current = self.rules
+                self.accepted.append(current)
+                current = self.ablate(current)
         cheap = sorted((s for s in self.candidates.timed if not s.expensive), key=lambda s: not s.recommended)
+        compiled_before = current.compile is not False
         for switch in cheap:
             current = self.best_of(switch, current, "switch")
         for switch in (s for s in self.candidates.timed if s.expensive):
             current = self.best_of(switch, current, "compile")
-        if current.compile is not False:
+        if current.compile is not False and not compiled_before:
             for switch in (s for s in cheap if s.interacts_with_compile):
                 plain = getattr(self.base, switch.field)
                 if getattr(current, switch.field) != plain:  # kept before compile: try it off again
@@ -318,24 +420,54 @@ class _Search:
                 current = self.best_of(switch, current, "under-compile", " (under compile)")
         return self.finish()
 
-    def _final_ratio(self, plan: Plan) -> float:
+    def ablate(self, current: Plan) -> Plan:
+        """Each switch of the rules' plan taken out once, compile first; out for good when that is faster."""
+        order = {s.field: (not s.expensive, s.order) for s in self.candidates.timed}
+        for field_name in sorted(current.changes(self.base), key=lambda f: order.get(f, (True, 0))):
+            without = current.replace(**{field_name: getattr(self.base, field_name)})
+            row = self.attempt(without, current, f"without {field_name}={getattr(current, field_name)}", "ablation")
+            if row.status == "accepted":
+                self.ablated.add((field_name, getattr(current, field_name)))
+                current = without
+                self.accepted.append(current)
+        return current
+
+    def _final_ratio(self, against: Plan, plan: Plan) -> float:
         ratios: list[float] = []
         for _ in range(2):
-            if ratios and self._estimate(self.base) + self._estimate(plan) > self.remaining():
+            if ratios and self._estimate(against) + self._estimate(plan) > self.remaining():
                 break
-            ratios.append(self._paired_ratio(self.base, plan))
+            ratios.append(self._paired_ratio(against, plan))
         return statistics.geometric_mean(ratios) if min(ratios) > 0 else 0.0
+
+    def _not_slower_than_rules(self, plan: Plan, said: list[str]) -> bool:
+        """The rules' plan side by side with ``plan``: False (and why, in ``said``) when the rules win beyond noise."""
+        if self.rules is None or not self.rules_ok or plan == self.rules:
+            return True
+        if self._estimate(self.rules) + self._estimate(plan) > self.remaining():
+            return True  # no time for the check: the search's own pairs stand
+        ratio = self._final_ratio(self.rules, plan)
+        if ratio >= 1.0 / (1.0 + self.min_gain):
+            return True
+        said.append(f"{plan.describe()} measured {ratio:.2f}x the rules' plan side by side")
+        return False
 
     def finish(self) -> SearchResult:
         refused: list[str] = []
         message, speedup, chosen = "", 1.0, self.base
-        # Never slower: the chosen plan is timed next to the naive one once more (twice when time
-        # allows). If it does not win there, the plans accepted before it are checked the same way,
-        # latest first, so one noisy last step does not throw away the earlier wins.
-        for plan in [p for p in reversed(self.accepted) if p != self.base]:
+        # Never slower: the chosen plan is timed next to the rules' plan and the naive one once more (twice
+        # when time allows). If it loses, the rules' plan and then the plans accepted before it are checked
+        # the same way, latest first, so one noisy last step does not throw away the earlier wins.
+        order = [p for p in reversed(self.accepted) if p != self.base]
+        if self.rules is not None and self.rules_ok and self.rules in order:
+            order.remove(self.rules)
+            order.insert(1 if order else 0, self.rules)  # the first fallback
+        for plan in dict.fromkeys(order):
             if refused and self._estimate(self.base) + self._estimate(plan) > self.remaining():
                 break
-            ratio = self._final_ratio(plan)
+            if not self._not_slower_than_rules(plan, refused):
+                continue
+            ratio = self._final_ratio(self.base, plan)
             if ratio > 1.0:
                 chosen, speedup = plan, ratio
                 break
@@ -349,7 +481,10 @@ class _Search:
                 row.step_s = self.median(row.plan)
                 row.samples_per_s = self.samples_per_step / row.step_s
         if chosen != self.base:
-            message = f"{speedup:.2f}x the naive plan: {chosen.describe()}" + (f" ({message})" if message else "")
+            which = " (the rules' plan)" if chosen == self.rules else ""
+            message = f"{speedup:.2f}x the naive plan: {chosen.describe()}{which}" + (
+                f" ({message})" if message else ""
+            )
         chosen_step = self.median(chosen)
         self.attempts.append(
             Attempt(
@@ -361,6 +496,7 @@ class _Search:
                 self.samples_per_step / chosen_step,
                 chosen_step,
                 speedup,
+                pays_after_steps=self._pays_after(chosen),
             )
         )
         return SearchResult(
@@ -375,21 +511,45 @@ class _Search:
             samples_per_s=self.samples_per_step / chosen_step,
             baseline_samples_per_s=self.samples_per_step / self.median(self.base),
             left_out=list(self.candidates.left_out),
+            notes=self.notes,
+            rules=self.rules,
+            budget_s=self.budget_s,
         )
+
+    def _pays_after(self, plan: Plan) -> float | None:
+        """From which step the chosen plan's compile pays, against the same plan without compile (when timed)."""
+        eager = plan.replace(compile=False)
+        if plan.compile is False or plan not in self.compile_of or eager not in self.times:
+            return None
+        saving = self.median(eager) - self.median(plan)
+        return self.compile_of[plan] / saving if saving > 0 else float("inf")
 
 
 def search_plan(
     measure: Measure,
     candidates: Candidates,
     base: Plan | None = None,
-    time_budget_s: float = 120.0,
+    time_budget_s: float | None = 120.0,
     tolerance: float = DEFAULT_TOLERANCE,
     min_gain: float = MIN_GAIN,
     warmup: int = 3,
     device_type: str = "cpu",
     clock: Callable[[], float] = time.monotonic,
+    run_steps: int | None = None,
 ) -> SearchResult:
-    """Find the fastest plan that passes the numerics guard, within ``time_budget_s`` seconds."""
+    """Find the fastest plan that passes the numerics guard, within ``time_budget_s`` seconds (None: a budget
+    derived from the naive plan's step time); ``run_steps``: the run's length, over which compile is priced."""
+    if run_steps is not None and run_steps < 1:
+        raise ValueError(f"run_steps must be a positive number of optimizer steps, got {run_steps}")
     return _Search(
-        measure, candidates, base or Plan(), time_budget_s, tolerance, min_gain, warmup, device_type, clock
+        measure,
+        candidates,
+        base or Plan(),
+        time_budget_s,
+        tolerance,
+        min_gain,
+        warmup,
+        device_type,
+        clock,
+        run_steps,
     ).run()
