@@ -114,6 +114,9 @@ class FileDataset(Dataset):
             policy = self.fetcher.retry
             patience = policy.attempts * (policy.timeout_s + policy.max_backoff_s)
             found.update((self.urls[i], data) for i, data in readahead.read_in_worker(self, indices, patience).items())
+        writer = self._writer
+        if writer is not None and writer.pid == os.getpid():
+            writer.check()  # a read-ahead write that failed (a full disk) is raised here, in the loop's thread
         if self.cache is not None:
             for url in urls:
                 if url not in found:

@@ -171,7 +171,8 @@ class _Reader:
                     policy = self.ds.fetcher.retry
                     give_up = time.monotonic() + policy.attempts * (policy.timeout_s + policy.max_backoff_s)
                     pause = 0.002
-                    # Only a DiskCache claims files (self.elsewhere holds no others).
+                    # Only a DiskCache claims files (self.elsewhere holds no others). claimed() is False as soon
+                    # as the claim's process is gone (killed, say): then this process fetches the file itself.
                     while (
                         isinstance(cache, DiskCache)
                         and cache.claimed(url)
@@ -313,9 +314,14 @@ class ParquetDataset(IterableDataset):
 
         url = self.urls[file]
         if self.cache is not None and (whole or url in self.cache):
-            self._cache_file(url)
             if isinstance(self.cache, DiskCache):
-                return self.cache.local_path(url)
+                # local_path checks the entry against its record (a wrong length is dropped): then fetch it.
+                path = self.cache.local_path(url)
+                if path is None:
+                    self._cache_file(url)
+                    path = self.cache.local_path(url)
+                return path if path is not None else pa.BufferReader(self.fetcher.read(url))
+            self._cache_file(url)
             return pa.BufferReader(self.cache.get(url))
         if scheme_of(url) == "file":
             return url

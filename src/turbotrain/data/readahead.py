@@ -56,6 +56,9 @@ class CacheWriter:
 
     A file counts as in flight while its request runs; once its bytes are here, writing them is
     this writer's job, and ``pending`` (bounded by the callers) says how many wait for the disk.
+    A write that fails (a full disk: :class:`~turbotrain.data.CacheFullError`) is kept in ``error``
+    and raised by :meth:`check`, which the dataset calls on each batch and the stream at the epoch's
+    end, as a write in the caller's own thread would have raised it.
     """
 
     def __init__(self, dataset: Any, threads: int = WRITE_THREADS):
@@ -63,8 +66,8 @@ class CacheWriter:
         self.pool = ThreadPoolExecutor(threads, thread_name_prefix="turbotrain-cache-write")
         self.pending = 0
         self.pid = os.getpid()
+        self.error: BaseException | None = None
         self._lock = threading.Lock()
-        self._warned = False
         self._jobs: set[Future] = set()
 
     def write(self, url: str, data: bytes, then: Callable[[bool], None]) -> None:
@@ -75,12 +78,13 @@ class CacheWriter:
         def job() -> None:
             stored = False
             try:
-                self.ds.store(url, data)
-                stored = True
-            except Exception as exc:  # noqa: BLE001 - a worker re-reads the file and raises it there
-                if not self._warned:
-                    self._warned = True
-                    log.warning("turbotrain: read-ahead could not cache %s: %s", url, exc)
+                if self.error is None:  # after a failure (a full disk) the next writes would fail alike
+                    self.ds.store(url, data)
+                    stored = True
+            except Exception as exc:  # noqa: BLE001 - kept, and raised in the training loop's thread by check()
+                with self._lock:
+                    if self.error is None:
+                        self.error = exc
             finally:
                 with self._lock:
                     self.pending -= 1
@@ -95,11 +99,19 @@ class CacheWriter:
         with self._lock:
             self._jobs.discard(fut)
 
+    def check(self) -> None:
+        """Raise the first write that failed since the last check (writes go on: space may have been freed)."""
+        with self._lock:
+            error, self.error = self.error, None
+        if error is not None:
+            raise error
+
     def flush(self) -> None:
-        """Wait for the writes submitted so far."""
+        """Wait for the writes submitted so far, then raise the first that failed."""
         with self._lock:
             jobs = list(self._jobs)
         wait(jobs)
+        self.check()
 
 
 class ReadAheadStream:
