@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import inspect
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Literal
@@ -40,6 +41,8 @@ from . import workers as workers_finder
 from .workers import WorkersResult
 
 __all__ = ["tune", "tune_report", "TuneResult", "TuneError"]
+
+log = logging.getLogger("turbotrain")
 
 BatchSizeMode = Literal[False, True, "max", "keep-effective"]
 _CACHE_VERSION = 2  # 2: the search starts from the rules' plan; rows say when compile pays
@@ -204,10 +207,8 @@ def tune_report(
         }
         key = tune_cache.cache_key(model, sample[0], optimizer_fn, loss_fn, hw, options) if cache else None
         entry = tune_cache.load(key) if key else None
-        if entry and entry.get("version") == _CACHE_VERSION:
-            result = TuneResult.from_dict(entry["result"])
-            result.from_cache, result.cache_path = True, str(tune_cache.cache_dir() / f"{key}.json")
-        else:
+        result = _cached_result(entry, key) if entry and entry.get("version") == _CACHE_VERSION else None
+        if result is None:
             result = _tune(
                 model,
                 loss_fn,
@@ -235,6 +236,17 @@ def tune_report(
                 result.cache_path = str(path) if path else None
     if console is not None:
         render(result, console)
+    return result
+
+
+def _cached_result(entry: dict[str, Any], key: str | None) -> TuneResult | None:
+    """The cached result, or None (tune again) for an entry of the right version but the wrong shape."""
+    try:
+        result = TuneResult.from_dict(entry["result"])
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:  # ConfigError is a ValueError
+        log.warning("turbotrain: ignoring a malformed tune cache entry %s.json (%s); tuning again", key, exc)
+        return None
+    result.from_cache, result.cache_path = True, str(tune_cache.cache_dir() / f"{key}.json")
     return result
 
 

@@ -86,21 +86,35 @@ def cache_key(
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
+def _private_folder() -> Path:
+    """The tune cache's folder, 0700 and this user's (another user's folder is refused: it could hold a
+    planted plan)."""
+    from ..data.cache import private_dir
+
+    return private_dir(cache_dir(), "tune cache directory")
+
+
 def load(key: str) -> dict[str, Any] | None:
     path = cache_dir() / f"{key}.json"
     try:
-        return json.loads(path.read_text())
+        if not path.exists():
+            return None
+        entry = json.loads((_private_folder() / path.name).read_text())
     except FileNotFoundError:
         return None
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError) as exc:  # UnsafeCacheDirError is a PermissionError: an OSError
         log.warning("turbotrain: ignoring unreadable tune cache entry %s (%s); tuning again", path, exc)
         return None
+    if not isinstance(entry, dict):
+        log.warning("turbotrain: ignoring tune cache entry %s (not a JSON object); tuning again", path)
+        return None
+    return entry
 
 
 def store(key: str, entry: dict[str, Any]) -> Path | None:
     folder = cache_dir()
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        folder = _private_folder()
         fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{key}.", suffix=".tmp")
         with os.fdopen(fd, "w") as fh:
             json.dump(entry, fh, indent=1, default=repr)
