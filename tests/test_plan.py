@@ -120,3 +120,10 @@ def test_intra_op_threads_round_trips_and_is_validated(tmp_path):
             tt.Plan(intra_op_threads=bad)
     with pytest.raises(ConfigError, match="unknown key 'intra_op_thread'.*Did you mean 'intra_op_threads'"):
         tt.Plan.from_yaml("intra_op_thread: 2\n")
+
+
+@pytest.mark.parametrize("field, most", [("num_workers", 256), ("intra_op_threads", 1024)])
+def test_a_worker_or_thread_count_past_any_machine_is_a_typo(field, most):
+    assert getattr(tt.Plan(**{field: most}), field) == most
+    with pytest.raises(tt.ConfigError, match=f"Plan.{field}: {most + 1} is not allowed; expected at most {most}"):
+        tt.Plan(**{field: most + 1})

@@ -30,6 +30,8 @@ CompileMode = Literal["default", "reduce-overhead", "max-autotune", "max-autotun
 Strategy = Literal["auto", "ddp", "fsdp", "pipeline"]
 PipelineSchedule = Literal["gpipe", "1f1b", "interleaved-1f1b"]
 _PIPELINE_SETTINGS = ("pipeline_stages", "microbatches", "schedule", "stages_per_process")
+# Each worker is a process and each thread a thread of its own: past these a count is a typo, not a setting.
+_MOST = {"num_workers": 256, "intra_op_threads": 1024}
 
 
 @strict
@@ -96,6 +98,13 @@ class Plan:
             raise ConfigError(
                 f"Plan.intra_op_threads: {self.intra_op_threads} is not allowed; expected an integer >= 1 or null."
             )
+        for name, most in _MOST.items():
+            value = getattr(self, name)
+            if value is not None and value > most:
+                raise ConfigError(
+                    f"Plan.{name}: {value} is not allowed; expected at most {most} (each one is a process or "
+                    "thread of its own: more is a typo, not a setting)."
+                )
         if self.batch_size is not None and self.batch_size < 1:
             raise ConfigError(f"Plan.batch_size: {self.batch_size} is not allowed; expected an integer >= 1 or null.")
         if self.persistent_workers and self.num_workers == 0:

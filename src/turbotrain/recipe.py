@@ -29,6 +29,8 @@ from .train.config import TrainerConfig
 
 __all__ = ["Recipe", "load_yaml", "load_recipe", "TrainingHyperparams"]
 
+_MAX_SEED = 2**64 - 1  # the largest seed torch's generators take
+
 
 @strict
 @dataclass(frozen=True)
@@ -57,6 +59,8 @@ class Recipe:
             raise ConfigError(f"Recipe.lr: {self.lr} is not allowed; expected a finite number > 0.")
         if self.batch_size is not None and self.batch_size < 1:
             raise ConfigError(f"Recipe.batch_size: {self.batch_size} is not allowed; expected an integer >= 1.")
+        if not 0 <= self.seed <= _MAX_SEED:
+            raise ConfigError(f"Recipe.seed: {self.seed} is not allowed; expected an integer from 0 to {_MAX_SEED}.")
 
     def resolved_plan(self, model=None) -> Plan:
         """The plan to train with: named or explicit, plus the SuperGradients compile switch."""

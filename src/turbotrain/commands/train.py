@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 
 def add_arguments(parser) -> None:
     parser.add_argument("recipe", help="recipe YAML (workload, plan, training_hyperparams, trainer)")
@@ -12,8 +14,9 @@ def run(args) -> int:
     from rich.console import Console
 
     from ..bench.workloads import get_workload
+    from ..config import ConfigError, to_mapping
     from ..recipe import load_recipe
-    from ..config import to_mapping
+    from ..train.checkpoint import CheckpointError
     from ..train.trainer import Trainer
 
     recipe = load_recipe(args.recipe)
@@ -29,7 +32,13 @@ def run(args) -> int:
         return 0
     console.print(f"[bold]{recipe.workload}[/] with plan: {plan.describe()}")
     trainer = Trainer(model, optimizer, wl.loss_fn, plan=plan, **to_mapping(recipe.trainer))
-    result = trainer.fit(wl.loader(recipe.batch_size, seed=recipe.seed), resume=recipe.resume)
+    try:
+        result = trainer.fit(wl.loader(recipe.batch_size, seed=recipe.seed), resume=recipe.resume)
+    except CheckpointError as exc:
+        if isinstance(exc, ConfigError):  # a checkpoint that does not fit this recipe: main() says so, exit 2
+            raise
+        print(f"turbotrain: {exc}", file=sys.stderr)  # damaged or refused checkpoints, each file named
+        return 1
     console.print(
         f"stopped by {result.stopped_by} after {result.steps} steps: "
         f"{result.samples_per_s * wl.units_per_sample:,.0f} {wl.unit}/s, "

@@ -11,13 +11,18 @@ every call returns its input unchanged, so the Trainer has no ``if distributed:`
   continues every rank's exact stream), FSDP shards are written by every rank through
   ``torch.distributed.checkpoint``, rank 0 commits, and nobody trains past a checkpoint
   before it is committed;
-* resume: rank 0 picks the newest complete checkpoint and every rank loads that one.
+* resume: rank 0 picks the newest complete checkpoint and every rank loads that one; a sharded
+  folder only once the manifest's hashes cover it, its ``.metadata`` read by an unpickler that
+  knows DCP's metadata classes and nothing else, every other pickle with ``weights_only``.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import pickle
 import re
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -139,14 +144,17 @@ class RankCoordinator:
 
     def save_checkpoint(self, state: dict[str, Any], directory: str, step: int, keep: int) -> Path | None:
         """Commit ``state`` as step ``step``; returns the path on rank 0 (None elsewhere). Every rank calls it."""
+        ckpt.own_directory(directory, create=True)  # every rank, before any writes: none waits for a refusal
         positions = tdist.gather_objects(state["position"])
+        folders: tuple[str, ...] = ()
         if self.sharded:
             fsdp.save_sharded(self.module, self.optimizers, _sharded_dir(directory, step))
-            state = {**state, "model": None, "optimizers": None, "sharded": _sharded_dir(directory, step).name}
+            folders = (_sharded_dir(directory, step).name,)
+            state = {**state, "model": None, "optimizers": None, "sharded": folders[0]}
         path = None
         if self.rank == 0:
-            # The step file (and its manifest) is the commit; FSDP shards were complete before it.
-            path = ckpt.save_checkpoint({**state, "positions": positions}, directory, step)
+            # The step file (and its manifest, hashing every shard) is the commit; the shards were complete before it.
+            path = ckpt.save_checkpoint({**state, "positions": positions}, directory, step, folders)
             ckpt.prune_checkpoints(directory, keep)
             _remove_stale_sharded(directory)
         tdist.barrier()  # nobody trains past a checkpoint before it is committed
@@ -154,12 +162,20 @@ class RankCoordinator:
 
     def find_checkpoint(self, directory: str) -> tuple[Path, dict[str, Any]] | None:
         """The newest complete checkpoint, chosen by rank 0 and loaded by every rank."""
-        found = None
+        found, refusal = None, None
         if self.rank == 0:
-            ckpt.clean_temporary_files(directory)
-            _remove_stale_sharded(directory)
-            found = ckpt.latest_checkpoint(directory)
-        step = tdist.broadcast_object(None if found is None else int(found[1]["step"]))
+            try:
+                ckpt.own_directory(directory, create=False)
+                ckpt.clean_temporary_files(directory)
+                _remove_stale_sharded(directory)
+                found = ckpt.latest_checkpoint(directory)
+            except (ckpt.CheckpointError, ConfigError) as exc:
+                refusal = exc  # told to every rank below: none waits for a broadcast that never comes
+        step = tdist.broadcast_object(str(refusal) if refusal else None if found is None else int(found[1]["step"]))
+        if refusal is not None:
+            raise refusal
+        if isinstance(step, str):
+            raise ConfigError(f"rank 0 cannot resume: {step}")
         if step is None or self.rank == 0:
             return found
         path = ckpt.checkpoint_path(directory, step)
@@ -174,18 +190,230 @@ class RankCoordinator:
             ) from None
 
     def load_weights(self, path: Path, state: dict[str, Any]) -> None:
-        """Model and optimizer state from a checkpoint written with any strategy and number of processes."""
+        """Model and optimizer state from a checkpoint written with any strategy and number of processes.
+
+        Checked against the model and optimizers first: one that does not fit changes nothing.
+        """
         if state.get("sharded"):
-            fsdp.load_sharded(self.module, self.optimizers, Path(path).parent / state["sharded"])
+            # load_checkpoint verified it: a plain folder name of checkpoint_dir, every file hash-checked.
+            load_sharded(self.module, self.optimizers, Path(path).parent / state["sharded"])
             return
         if self.sharded:
             raise ConfigError(
                 f"checkpoint {path} was written without FSDP, and this run shards the model with FSDP; "
                 "resume it with the strategy that wrote it."
             )
+        problems = weight_mismatches(self.module, self.optimizers, state["model"], state["optimizers"])
+        if problems:
+            raise ckpt.CheckpointMismatchError(path, problems)
         self.module.load_state_dict(state["model"])
         for opt, opt_state in zip(self.optimizers, state["optimizers"], strict=True):
             opt.load_state_dict(opt_state)
 
     def position(self, state: dict[str, Any]) -> dict[str, Any]:
         return position_for_rank(state, self.rank, self.world)
+
+
+# -- does a checkpoint fit this run ---------------------------------------------------------------
+
+
+def _listed(names: list[str], limit: int = 4) -> str:
+    more = f" and {len(names) - limit} more" if len(names) > limit else ""
+    return ", ".join(names[:limit]) + more
+
+
+def _shapes(state: Mapping[str, Any]) -> dict[str, tuple[int, ...] | None]:
+    return {k: tuple(v.shape) if isinstance(v, torch.Tensor) else None for k, v in state.items()}
+
+
+def _mismatches(saved: Mapping[str, Any], own: Mapping[str, Any], what: str) -> list[str]:
+    """Missing, unexpected and differently shaped entries; both map a key to its shape (None: not a tensor)."""
+    problems = []
+    missing = [k for k in own if k not in saved]
+    unexpected = [k for k in saved if k not in own]
+    shapes = [
+        f"{k} is {list(saved[k])} there, {list(own[k])} here"
+        for k in own
+        if k in saved and None not in (saved[k], own[k]) and saved[k] != own[k]
+    ]
+    if missing:
+        problems.append(f"{what} has {_listed(missing)}, which the checkpoint lacks")
+    if unexpected:
+        problems.append(f"the checkpoint has {_listed(unexpected)}, which {what} lacks")
+    if shapes:
+        problems.append(f"shapes differ: {_listed(shapes, 3)}")
+    return problems
+
+
+def weight_mismatches(
+    module: nn.Module, optimizers: list[torch.optim.Optimizer], model_state: Any, optimizer_states: Any
+) -> list[str]:
+    """How a (non-sharded) checkpoint's model and optimizer state differ from ``module`` and ``optimizers``."""
+    if not isinstance(model_state, Mapping) or not isinstance(optimizer_states, list):
+        return ["it holds no model or optimizer state (it was not written by a Trainer)"]
+    problems = _mismatches(_shapes(model_state), _shapes(module.state_dict()), "the model")
+    if len(optimizer_states) != len(optimizers):
+        return [*problems, f"it holds {len(optimizer_states)} optimizer(s), this run has {len(optimizers)}"]
+    for i, (opt, saved) in enumerate(zip(optimizers, optimizer_states)):
+        sizes = [len(g["params"]) for g in opt.param_groups]
+        try:
+            groups, state = saved["param_groups"], saved["state"]
+            saved_sizes = [len(g["params"]) for g in groups]
+        except (TypeError, KeyError):
+            return [*problems, f"optimizer {i}'s saved state is not an optimizer's"]
+        if saved_sizes != sizes or not isinstance(state, Mapping):
+            problems.append(f"optimizer {i} has parameter groups of {sizes} parameters, the checkpoint {saved_sizes}")
+            continue
+        for group, saved_group in zip(opt.param_groups, groups):
+            for param, key in zip(group["params"], saved_group["params"]):
+                values = state.get(key)
+                for name, value in values.items() if isinstance(values, Mapping) else ():
+                    if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape != param.shape:
+                        # One is enough to tell: the optimizer was built for another model.
+                        return [
+                            *problems,
+                            f"optimizer {i}'s {name} for a parameter of shape {list(param.shape)} is "
+                            f"{list(value.shape)} in the checkpoint",
+                        ]
+    return problems
+
+
+# -- sharded checkpoints (torch.distributed.checkpoint), read as data only ------------------------
+
+# What DCP's ``.metadata`` pickle holds (torch 2.13): its dataclasses, torch.Size, dtypes and layouts by
+# name, and the path it was saved to. Unpickling anything else could run code: it is refused.
+_METADATA_GLOBALS = {
+    *(
+        ("torch.distributed.checkpoint.metadata", name)
+        for name in (
+            "Metadata",
+            "MetadataIndex",
+            "StorageMeta",
+            "TensorProperties",
+            "TensorStorageMetadata",
+            "BytesStorageMetadata",
+            "ChunkStorageMetadata",
+            "_MEM_FORMAT_ENCODING",
+        )
+    ),
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("torch", "Size"),
+    ("torch.serialization", "_get_layout"),  # a lookup of torch's layouts by name
+    ("pathlib", "PosixPath"),
+    ("collections", "OrderedDict"),
+}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in _METADATA_GLOBALS or (
+            module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)
+        ):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"{module}.{name} is not part of a sharded checkpoint's metadata")
+
+
+def read_sharded_metadata(folder: Path) -> Any:
+    """The ``.metadata`` of a sharded checkpoint folder, unpickled with DCP's metadata classes only, and
+    checked to read nothing but plain files of ``folder`` itself."""
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    path = folder / ".metadata"
+    try:
+        with open(path, "rb") as fh:
+            metadata = _MetadataUnpickler(fh).load()
+    except Exception as exc:  # noqa: BLE001 - unpickling junk raises many types; one error type out
+        raise ckpt.CheckpointError(
+            path, f"is not a sharded checkpoint's metadata ({type(exc).__name__}: {exc}); nothing else is unpickled"
+        ) from None
+    if not isinstance(metadata, Metadata) or not isinstance(metadata.storage_data, Mapping):
+        raise ckpt.CheckpointError(path, "is not a sharded checkpoint's metadata")
+    for info in metadata.storage_data.values():
+        name = getattr(info, "relative_path", None)
+        if (
+            not isinstance(info, _StorageInfo)
+            or not isinstance(name, str)
+            or os.sep in name
+            or name in ("", ".", "..")
+            or not (folder / name).is_file()
+            or info.transform_descriptors
+        ):
+            raise ckpt.CheckpointError(path, f"names {name!r}, which is not a file of its own folder {folder}")
+    return metadata
+
+
+def _tensor_leaves(value: Any, key: str) -> Iterator[tuple[str, torch.Tensor]]:
+    """The tensors of a nested state dict under DCP's flattened keys ("optimizers.state.fc.weight.exp_avg")."""
+    if isinstance(value, torch.Tensor):
+        yield key, value
+    elif isinstance(value, Mapping):
+        for k, v in value.items():
+            yield from _tensor_leaves(v, f"{key}.{k}")
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            yield from _tensor_leaves(v, f"{key}.{i}")
+
+
+def _cause(exc: BaseException) -> BaseException:
+    """The first process's error inside DCP's CheckpointException (which holds each one's, and a traceback)."""
+    failures = getattr(exc, "failures", None)
+    return next(iter(failures.values()))[0] if failures else exc
+
+
+def load_sharded(module: nn.Module, optimizers: list[torch.optim.Optimizer], folder: Path) -> None:
+    """Load a sharded checkpoint folder (``fsdp.save_sharded``) into ``module`` and ``optimizers``,
+    resharding as needed, once it is checked to fit them. load_checkpoint hash-checked every file of it."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint._traverse import set_element
+    from torch.distributed.checkpoint.metadata import StorageMeta, TensorStorageMetadata
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    if not (folder / ".metadata").is_file():
+        raise ConfigError(
+            f"sharded checkpoint {folder} is incomplete (no .metadata); every process must see the same "
+            "checkpoint_dir (a shared filesystem when training on several nodes)."
+        )
+    metadata = read_sharded_metadata(folder)
+    model_state, optim_state = get_state_dict(module, optimizers)
+    state: dict[str, Any] = {"model": model_state, "optimizers": optim_state}
+    own = {k[1:]: tuple(v.shape) for k, v in _tensor_leaves(state, "")}  # k[1:]: no leading "."
+    # Only what this process loads: a pipeline's process holds its own stages of the whole saved model.
+    saved = {
+        k: tuple(md.size)
+        for k, md in metadata.state_dict_metadata.items()
+        if isinstance(md, TensorStorageMetadata) and k in own
+    }
+    problems = _mismatches(saved, own, "this run")
+
+    class Reader(dcp.FileSystemReader):
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+            # The metadata read and checked above, not the file again: nothing is unpickled twice.
+            if getattr(metadata, "storage_meta", None) is None:
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    class DataOnlyPlanner(dcp.DefaultLoadPlanner):
+        def create_local_plan(self) -> Any:
+            # Refused here, before any data is read, inside DCP's collective: every process hears of it.
+            if problems:
+                raise ckpt.CheckpointMismatchError(folder, problems)
+            return super().create_local_plan()
+
+        def load_bytes(self, read_item: Any, value: Any) -> None:
+            # DefaultLoadPlanner unpickles these (param-group settings: lr, betas, ...) with weights_only=False.
+            obj = torch.load(value, map_location="cpu", weights_only=True)
+            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
+
+    try:
+        with fsdp._single_process_is_intended():
+            dcp.load(
+                state, storage_reader=Reader(folder), planner=DataOnlyPlanner(), no_dist=not tdist.is_initialized()
+            )
+    except (Exception, dcp.CheckpointException) as exc:  # noqa: BLE001 - DCP wraps each rank's error its own way
+        cause = _cause(exc)
+        if isinstance(cause, ckpt.CheckpointMismatchError):
+            raise cause from None
+        raise ckpt.CheckpointError(folder, f"could not be loaded ({ckpt.load_error(cause)})") from None
+    set_state_dict(module, optimizers, model_state_dict=state["model"], optim_state_dict=state["optimizers"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Literal
@@ -67,25 +68,34 @@ class TrainerConfig:
         ):
             value = getattr(self, name)
             if value is not None and value < 1:
-                raise ConfigError(f"Trainer.{name}: {value} is not allowed; expected an integer >= 1.")
+                raise ConfigError(f"TrainerConfig.{name}: {value} is not allowed; expected an integer >= 1.")
         for name in ("min_epochs", "min_steps", "warmup_steps"):
             if getattr(self, name) < 0:
-                raise ConfigError(f"Trainer.{name}: must be >= 0, got {getattr(self, name)}.")
+                raise ConfigError(f"TrainerConfig.{name}: must be >= 0, got {getattr(self, name)}.")
         v = self.val_check_interval
         if isinstance(v, float) and not 0.0 < v <= 1.0:
             raise ConfigError(
-                f"Trainer.val_check_interval: {v} is not allowed; a fraction must be in (0, 1], "
+                f"TrainerConfig.val_check_interval: {v} is not allowed; a fraction must be in (0, 1], "
                 "an integer counts optimizer steps."
             )
         if isinstance(v, int) and v < 1:
-            raise ConfigError(f"Trainer.val_check_interval: {v} is not allowed; expected >= 1 steps.")
+            raise ConfigError(f"TrainerConfig.val_check_interval: {v} is not allowed; expected >= 1 steps.")
         if self.checkpoint_every_n_steps is not None and self.checkpoint_dir is None:
             raise ConfigError(
-                "Trainer.checkpoint_every_n_steps: checkpoints need checkpoint_dir, the directory to write them to."
+                "TrainerConfig.checkpoint_every_n_steps: checkpoints need checkpoint_dir, the directory to write "
+                "them to."
             )
-        parse_duration(self.max_time)
+        seconds = parse_duration(self.max_time)
+        if seconds is not None and not 0 < seconds < math.inf:  # NaN included: it would mean no limit
+            raise ConfigError(
+                f"TrainerConfig.max_time: {self.max_time!r} is not allowed; expected a duration > 0 (seconds or "
+                "'DD:HH:MM:SS'), or null for no limit."
+            )
+        for name in ("checkpoint_dir", "log_dir"):
+            if getattr(self, name) == "":  # Path("") is the working folder: files would land wherever one runs
+                raise ConfigError(f"TrainerConfig.{name}: '' is not allowed; name a folder, or null for none.")
         if self.gradient_clip_val is not None and not self.gradient_clip_val > 0:  # NaN included
-            raise ConfigError(f"Trainer.gradient_clip_val: {self.gradient_clip_val} is not allowed; must be > 0.")
+            raise ConfigError(f"TrainerConfig.gradient_clip_val: {self.gradient_clip_val} is not allowed; must be > 0.")
 
     @property
     def max_time_s(self) -> float | None:

@@ -19,6 +19,7 @@ reproduced when they derive their randomness from the sample index.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import signal
@@ -27,6 +28,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 from torch.utils.data import DataLoader, Sampler
 
+from ..config import ConfigError
 from ..data import pipeline
 from . import rng
 
@@ -44,6 +46,17 @@ class Position:
     rng: dict  # the random state to continue with
     epoch_rng: dict | None  # the state the epoch started with (needed when batches_done > 0)
     iterator_reused: bool  # the epoch's DataLoader iterator was a persistent one, reused
+    batch_size: int | None = None  # the loader's when saved: a resume with another one continues at the same sample
+
+
+def _skip(it: Iterator[Any], skip: int) -> None:
+    """Draw ``skip`` items of ``it``; a clear error (not "generator raised StopIteration") when it has fewer."""
+    for done in range(skip):
+        if next(it, None) is None:
+            raise ConfigError(
+                f"resuming at batch {skip} of the epoch, but the batch sampler has only {done}: the data or the "
+                "batch size changed since the checkpoint; resume with the loader that wrote it."
+            )
 
 
 class ResumableBatches(Sampler):
@@ -65,8 +78,7 @@ class ResumableBatches(Sampler):
     def prime(self, skip: int) -> None:
         """Draw the epoch's indices now (the sampler's RNG draws happen here) and skip ``skip``."""
         it = iter(self.inner)
-        for _ in range(skip):
-            next(it)
+        _skip(it, skip)
         head = next(it, None)
         self._primed = iter(()) if head is None else itertools.chain([head], it)
         self._skip, self._after_skip = 0, None
@@ -79,8 +91,7 @@ class ResumableBatches(Sampler):
         else:
             it = iter(self.inner)
             skip, after, self._skip, self._after_skip = self._skip, self._after_skip, 0, None
-            for _ in range(skip):
-                next(it)
+            _skip(it, skip)
             if after is not None:
                 after()
         yield from it
@@ -161,6 +172,86 @@ class EpochSource:
         except TypeError:
             return False
         return True
+
+    def _batching(self) -> tuple[int | None, bool | None, int | None]:
+        """Batch size, drop_last and samples an epoch (this process's), where the loader says."""
+        owner = self.batches.inner if self.batches is not None else self.loader
+        size, drop = getattr(owner, "batch_size", None), getattr(owner, "drop_last", None)
+        try:
+            samples: int | None = len(getattr(owner, "sampler", None))  # type: ignore[arg-type]  # TypeError if unsized
+        except (TypeError, NotImplementedError):
+            samples = None
+        return size if isinstance(size, int) else None, drop if isinstance(drop, bool) else None, samples
+
+    @property
+    def batch_size(self) -> int | None:
+        return self._batching()[0]
+
+    def describe(self) -> str:
+        """The training loader in words, for errors: its type, samples an epoch, batch size, drop_last."""
+        size, drop, samples = self._batching()
+        parts = [
+            f"{samples} samples an epoch" if samples is not None else "",
+            f"batch_size={size}" if size is not None else "",
+            f"drop_last={drop}" if drop is not None else "",
+        ]
+        return f"{type(self.user_loader).__name__}({', '.join(p for p in parts if p)})"
+
+    def no_batches(self, epoch: int) -> ConfigError:
+        """The error for an epoch that yielded no batch: no step limit would ever be reached."""
+        size, drop, samples = self._batching()
+        if drop and size is not None and 0 < (samples or 0) < size:
+            fix = (
+                f"drop_last drops every batch, since {samples} samples do not fill one of {size}: lower the "
+                f"batch size to {samples} or less, or set drop_last=False."
+            )
+        elif samples == 0:
+            fix = "Its data set is empty: check the data's path and any filter."
+        elif epoch > 0:
+            fix = (
+                "A generator or iterator is used up after one pass: give a loader that can be iterated again "
+                "(a DataLoader or a list), or limit training with max_epochs."
+            )
+        else:
+            fix = "Check that it yields batches (is its data set empty?)."
+        return ConfigError(f"the training loader {self.describe()} yielded no batch in epoch {epoch}. {fix}")
+
+    def resume_position(self, pos: Position, accum_steps: int) -> Position:
+        """``pos`` for this loader: at the same sample when its batch size changed since the checkpoint.
+
+        ValueError, saying why, when this loader cannot continue from ``pos``.
+        """
+        size, drop, samples = self._batching()
+        length = len(self) if self.has_length else None
+        done, old = pos.batches_done, pos.batch_size
+        if done and old and size and old != size:
+            seen = done * old
+            finished = samples is not None and done >= (samples // old if drop else -(-samples // old))
+            if finished:
+                done = length if length is not None else -(-seen // size)
+            elif seen % size or (seen // size) % accum_steps:
+                raise ValueError(
+                    f"it was saved {done} batches of {old} ({seen} samples) into epoch {pos.epoch}, which is not a "
+                    f"whole number of optimizer steps with batches of {size}; finish this epoch with "
+                    f"batch_size={old}, or use a batch size that divides {seen}"
+                )
+            else:
+                done = seen // size
+            log.warning(
+                "turbotrain: the batch size changed from %d to %d since the checkpoint; resuming epoch %d after "
+                "the same %d samples (batch %d)",
+                old,
+                size,
+                pos.epoch,
+                seen,
+                done,
+            )
+        if length is not None and done > length:
+            raise ValueError(
+                f"it was saved at batch {done} of epoch {pos.epoch}, and this run's loader {self.describe()} has "
+                f"{length} batches an epoch: the data or the batch size changed"
+            )
+        return dataclasses.replace(pos, batches_done=done, batch_size=size)
 
     def _set_epoch(self, epoch: int) -> None:
         for owner in (

@@ -126,7 +126,7 @@ class Trainer:
         train_loader, val_loader = self.ranks.shard_loader(train_loader), self.ranks.shard_loader(val_loader)
         source = EpochSource(train_loader, self.rt.rebuild_loader)
         val_loader = self.rt.rebuild_loader(val_loader) if val_loader is not None else None
-        position = self._resume() if resume else None
+        position = self._resume(source) if resume else None
         run = self.fit_state = FitState.start(
             self.config, self.state, source, val_loader, self.rt.device, self.rt.accum_steps, self.is_rank_zero
         )
@@ -227,6 +227,8 @@ class Trainer:
             position = None  # the next epochs start at their beginning
             if self._run_epoch(run, batches):
                 break
+            if self.state.batches_done == 0:  # an epoch without a batch: max_steps would never be reached
+                raise run.source.no_batches(self.state.epoch)
             self._end_epoch()
 
     def _run_epoch(self, run: FitState, batches: Iterable) -> bool:
@@ -477,8 +479,8 @@ class Trainer:
         self.checkpoints.save(self.state_dict(at_epoch_end), self.state.step)
         self._run.clock.exclude(time.monotonic() - started)
 
-    def _resume(self) -> Position | None:
-        resumed = self.checkpoints.resume()
+    def _resume(self, source: EpochSource) -> Position | None:
+        resumed = self.checkpoints.resume(source)
         if resumed is None:
             return None
         self.state, position = resumed
