@@ -11,13 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from turbotrain.tuning import api
 from turbotrain.tuning.api import tune_report
 
 from tune_helpers import adamw, loss_fn, tiny_loader, tiny_mlp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data"))
-from test_hardening_cache_private import ATTACKER, as_user  # noqa: E402  # the real-second-user helper
+from test_hardening_cache_private import ATTACKER, as_user  # the real-second-user helper
 
 
 def _tune():
@@ -41,7 +40,7 @@ def test_a_malformed_cache_entry_of_the_current_version_is_tuned_again(isolated_
 def test_a_tune_cache_folder_another_user_made_is_not_read_nor_written(isolated_cache, monkeypatch, caplog):
     """Another user makes the tune folder first (under a shared TURBOTRAIN_CACHE) and plants a plan under this
     call's key: it is not served, nothing is written there, and tuning runs and says why."""
-    first = _tune()
+    _tune()
     (entry,) = isolated_cache.glob("*.json")
     planted = json.loads(entry.read_text())
     planted["result"]["plan"] = {"precision": "bf16-mixed", "compile": True}
