@@ -39,13 +39,29 @@ import torch
 
 from .plan import Plan
 
-__all__ = ["FreshTrial", "write_bundle", "FreshTrialError"]
+__all__ = ["FreshTrial", "write_bundle", "FreshTrialError", "die_with_parent"]
 
 _FRAME = struct.Struct("<Q")
 
 
 class FreshTrialError(RuntimeError):
     """The child process failed (its own error, or it died; the message ends with its stderr)."""
+
+
+def die_with_parent(parent: int) -> None:
+    """In a child process: be killed when ``parent`` (the process, strictly the thread, that started it) ends,
+    however it ends (``kill -9`` included), through Linux's ``PR_SET_PDEATHSIG``; exit now if it already has."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # 1: PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass  # no prctl: the doctor's guard process still ends this one (doctor/lifeline.py)
+    if parent and os.getppid() != parent:
+        os._exit(1)  # the parent died before the signal was set: nobody is left to read the answer
 
 
 def write_bundle(
@@ -73,7 +89,8 @@ def write_bundle(
 class FreshTrial:
     """One child process training the bundle's model under ``plan``. ``steps(n)`` runs ``n`` more steps
     there and returns their seconds each; the process keeps its model, optimizer and allocator between
-    calls. A context manager: the child ends on exit (and on :meth:`close`)."""
+    calls. A context manager: the child ends on exit (and on :meth:`close`), and with this process however it
+    ends (:func:`die_with_parent`). ``extra_env``: variables added to the child's environment."""
 
     def __init__(
         self,
@@ -83,6 +100,7 @@ class FreshTrial:
         warmup: int = 3,
         timeout_s: float = 120.0,
         clear_grads_before_backward: bool = False,
+        extra_env: dict[str, str] | None = None,
     ):
         self.timeout_s = timeout_s
         self._err = tempfile.TemporaryFile()
@@ -90,12 +108,12 @@ class FreshTrial:
         try:
             # stdout goes nowhere: a print in the user's forward must not garble the replies (own pipe).
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "turbotrain.fresh_trial", str(write_end)],
+                [sys.executable, "-m", "turbotrain.fresh_trial", str(write_end), str(os.getpid())],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.DEVNULL,
                 stderr=self._err,
                 pass_fds=(write_end,),
-                env=_child_env(),
+                env={**_child_env(), **(extra_env or {})},
             )
         except OSError:
             os.close(read_end)
@@ -288,6 +306,7 @@ def _serve(requests: BinaryIO, replies: BinaryIO) -> None:
 
 
 if __name__ == "__main__":
+    die_with_parent(int(sys.argv[2]) if len(sys.argv) > 2 else 0)
     _replies = os.fdopen(int(sys.argv[1]), "wb")
     sys.stdout = sys.stderr  # the user's prints stay off the reply pipe
     try:

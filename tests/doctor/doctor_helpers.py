@@ -125,3 +125,17 @@ def doctor_job(tmp: Path, *args: str, timeout: float = 240,
                           cwd=tmp, env=job_env(), capture_output=True, text=True, timeout=timeout)
     report = json.loads(out.read_text()) if out.exists() else {}
     return proc, report
+
+
+# A tiny loop with one fixable habit (zero_grad(set_to_none=False)), for the CLI's output and --verify tests.
+ZERO_GRAD_LOOP = """import torch
+torch.manual_seed(0)
+model = torch.nn.Linear(8, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+data = torch.randn(64, 8)
+for step in range(1000):
+    loss = model(data[step % 8 * 8:step % 8 * 8 + 8]).pow(2).mean()
+    opt.zero_grad(set_to_none=False)
+    loss.backward()
+    opt.step()
+"""

@@ -219,6 +219,12 @@ def run(args: argparse.Namespace) -> int:
     command = _job_command(args)
     if command is None and not Path(args.script).is_file():
         raise ConfigError(f"doctor: no such script: {args.script}")
+    from .diagnose import script_in
+    from .report.files import check_outputs
+
+    # Before anything runs: no output may overwrite the script, a Python file or another output.
+    outputs = {"--fix": args.fix, "--json": args.json, "--html": args.html, "--trace": args.trace}
+    check_outputs(args.script if command is None else script_in(command), outputs)
     if args.verify_rounds < 1 or args.verify_budget < 0:
         raise ConfigError(
             f"doctor --verify-rounds {args.verify_rounds} / --verify-budget {args.verify_budget:g}: "
@@ -258,7 +264,7 @@ def run(args: argparse.Namespace) -> int:
     if command is not None:
         from dataclasses import replace
 
-        from .diagnose import diagnose_job, script_in
+        from .diagnose import diagnose_job
 
         if (args.fix or args.verify) and script_in(command) is None:
             raise ConfigError(
@@ -276,18 +282,15 @@ def run(args: argparse.Namespace) -> int:
         report = diagnose_job(command, job_options)
     else:
         report = diagnose_script(args.script, list(args.script_args), options)
-    if args.json:
-        report.write_json(args.json)
-    if args.html:
-        from .report.html import write_html
+    from .report.outputs import write_reports
 
-        write_html(report, args.html)
+    written = write_reports(report, json=args.json, html=args.html)
     if not args.quiet:
         from .report.terminal import print_report
 
         print_report(report)
         for label, path in (("JSON", args.json), ("HTML", args.html)):
-            if path:
+            if path and label in written:
                 print(f"{label} report: {path}")
         if report.fixes is not None and report.fixes.path:
             print(f"Patch: {report.fixes.path} (review it, then: git apply {report.fixes.path})")
@@ -296,7 +299,10 @@ def run(args: argparse.Namespace) -> int:
     if report.run is not None and report.run.traceback and report.status == "error":
         print(report.run.traceback, file=sys.stderr, end="")
     if args.fix and report.fixes is not None and report.fixes.path is None:
-        # Refused: the combined patch would not compile (each fix alone did). Nothing was written.
+        # Refused (the combined patch would not compile, each fix alone did), or it could not be written.
         print(f"doctor --fix: no patch written to {args.fix}: {' '.join(report.fixes.messages)}", file=sys.stderr)
         return 1
+    for failure in report.failures:
+        if failure["part"] in ("json", "html"):
+            print(f"turbotrain doctor: {failure['message']}", file=sys.stderr)
     return report.exit_code

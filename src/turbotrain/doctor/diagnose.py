@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import logging
 import os
 import sys
 import time
@@ -13,6 +12,8 @@ from .analysis.context import Context, build_context
 from .record.recording import LiveObjects, Recording
 from .analysis.machine import noise_state
 from .record.recorder import Recorder
+from .lifeline import guarded
+from .report.files import check_outputs, write_output
 from .report.model import Report
 from .report.ranks import reducer_disagreement
 from .rules import evaluate, order
@@ -23,8 +24,6 @@ from .record.runner import ScriptRun, run_script
 from .sites import relative_where
 
 __all__ = ["DoctorOptions", "diagnose_script", "diagnose_job", "analyse", "script_in"]
-
-log = logging.getLogger("turbotrain")
 
 
 @dataclass
@@ -48,11 +47,13 @@ class DoctorOptions:
     watch_s: float = 20.0  # after the window, watch the step clock this long for work at longer periods
 
 
+@guarded()  # what it starts and the temporary folders it makes end with it, whatever ends it
 def diagnose_script(
     script: str | os.PathLike, argv: list[str] | None = None, options: DoctorOptions | None = None
 ) -> Report:
     """Run ``script`` with ``argv`` under the doctor and return its report."""
     options = options or DoctorOptions()
+    check_outputs(str(script), {"--fix": options.fix, "--trace": options.trace_path})
     recorder = Recorder(
         measure=options.steps,
         warmup=options.warmup,
@@ -93,6 +94,7 @@ def script_in(command: list[str]) -> str | None:
     return next((arg for arg in command if arg.endswith(".py") and os.path.isfile(arg)), None)
 
 
+@guarded()
 def diagnose_job(command: list[str], options: DoctorOptions | None = None) -> Report:
     """Run a multi-process job (``command``: a launcher such as torchrun and its arguments) with every rank
     recorded, and return one report for the whole job: rank 0's breakdown and findings, every rank side by
@@ -103,6 +105,7 @@ def diagnose_job(command: list[str], options: DoctorOptions | None = None) -> Re
     from .record.job import run_job
 
     options = options or DoctorOptions()
+    check_outputs(script_in(command), {"--fix": options.fix, "--trace": options.trace_path})
     started = time.perf_counter()
     job = run_job(
         command,
@@ -285,6 +288,7 @@ def _messages(recording: Recording, run: ScriptRun | None, ctx: Context | None, 
     return out
 
 
+@guarded()  # watch() analyses here: its what-ifs' processes too
 def analyse(
     recording: Recording,
     live: LiveObjects | None,
@@ -322,7 +326,8 @@ def analyse(
         )
     started = time.perf_counter()
     ctx = build_context(recording, live, script_path)
-    findings = evaluate(ctx)
+    rules_failed: list[tuple[str, str]] = []
+    findings = evaluate(ctx, failed=rules_failed)
     timings["rules"] = time.perf_counter() - started
     if options.what_if:
         started = time.perf_counter()
@@ -331,14 +336,18 @@ def analyse(
         run_what_ifs(ctx, findings, budget_s=options.what_if_budget_s, allow_compile=options.compile)
         timings["what_if"] = time.perf_counter() - started
         findings = order(findings)
-    trace = None
+    trace = trace_failed = None
     profiler = live.profiler if live is not None else None
     if options.trace_path and profiler is not None:
         try:
-            profiler.export_chrome_trace(str(options.trace_path))
+            # torch's export does not raise on a path it cannot write: the file must be there and not empty.
+            write_output(options.trace_path, profiler.export_chrome_trace, nonempty=True)
             trace = str(options.trace_path)
         except Exception as exc:  # noqa: BLE001 - a trace that cannot be written costs the trace, not the report
-            log.warning("turbotrain doctor: could not write the trace: %s", exc)
+            trace_failed = (
+                f"The trace was not written to {options.trace_path}: {exc}. Give --trace a path in a folder "
+                "you can write to."
+            )
     if run is None or run.failed:
         status = "error"
     elif len(recording.steps) < requested and run.status != "stopped":
@@ -346,7 +355,7 @@ def analyse(
     else:
         status = "ok"
     messages = _messages(recording, run, ctx, requested)
-    if options.trace_path and trace is None:
+    if options.trace_path and trace is None and trace_failed is None:
         messages.append("No trace was written: the script stopped before the profiler window.")
     report = Report(
         status=status,
@@ -372,6 +381,14 @@ def analyse(
         machine=ctx.machine,
         noise=noise_state(ctx.machine),
     )
+    for rule_id, error in rules_failed:
+        report.fail(
+            f"rule {rule_id}",
+            f"The rule {rule_id} failed ({error}): what it would find is missing from this report. This is a bug "
+            "in turbotrain; please report it with this message.",
+        )
+    if trace_failed:
+        report.fail("trace", trace_failed)
     if (options.fix or options.verify) and script_path:
         started = time.perf_counter()
         from .fixes.attach import attach_fixes

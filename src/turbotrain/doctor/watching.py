@@ -105,12 +105,9 @@ def watch(
         recorder.recording(), recorder.live_objects(), run, options, script=script, run_seconds=run.seconds
     )
     handle.report = report
-    if json:
-        report.write_json(json)
-    if html:
-        from .report.html import write_html
+    from .report.outputs import write_reports
 
-        write_html(report, html)
+    write_reports(report, json=json, html=html)  # one that cannot be written is a failure in the report
     if print_report:
         from .report.terminal import print_report as show
 

@@ -7,25 +7,32 @@
 This is torchrun, not a launcher of our own: the options are translated to torchrun's
 (:func:`torchrun_argv`) and handed to ``torch.distributed.run`` in this process, which
 becomes the elastic agent. What turbotrain adds: one-node runs need no rendezvous options
-(``--standalone``), ``--node-rank 0`` names the node that hosts the c10d rendezvous store,
-and NCCL settings are validated and passed to every worker's environment.
+(``--standalone``) and listen on the loopback only (:func:`loopback_only`), ``--node-rank 0``
+names the node that hosts the c10d rendezvous store, and NCCL settings are validated and
+passed to every worker's environment.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import shlex
+import socket
 import sys
 from dataclasses import dataclass
+from datetime import timedelta
+from typing import Iterator
 
 from ..config import ConfigError
 from .nccl import NcclSettings, check_environment, parse_size
 
 log = logging.getLogger("turbotrain")
 
-__all__ = ["add_arguments", "run", "LaunchOptions", "torchrun_argv", "launch"]
+__all__ = ["add_arguments", "run", "LaunchOptions", "torchrun_argv", "launch", "loopback_only"]
+
+LOOPBACK = "127.0.0.1"
 
 
 @dataclass(frozen=True)
@@ -46,6 +53,11 @@ class LaunchOptions:
     @property
     def max_nodes(self) -> int:
         return int(self.nnodes.split(":")[-1])
+
+    @property
+    def one_node(self) -> bool:
+        """A job on this machine alone: nothing outside it needs to reach its rendezvous or its ranks."""
+        return self.max_nodes == 1 and self.rdzv_endpoint is None
 
 
 def _check(opts: LaunchOptions) -> None:
@@ -87,7 +99,7 @@ def torchrun_argv(opts: LaunchOptions) -> list[str]:
     """The torchrun command line (without the program name) that ``opts`` mean."""
     _check(opts)
     argv = ["--nproc-per-node", opts.nproc_per_node]
-    if opts.max_nodes == 1 and opts.rdzv_endpoint is None:
+    if opts.one_node:
         # One node: a private rendezvous on a free local port, nothing to configure.
         argv += ["--standalone", "--nnodes", opts.nnodes]
     else:
@@ -108,8 +120,10 @@ def torchrun_argv(opts: LaunchOptions) -> list[str]:
             # hosts the rendezvous store (torchrun otherwise guesses from host names, which fails when
             # nodes share a host name or the endpoint is an address the host name does not resolve to).
             argv += ["--rdzv-conf", f"is_host={'true' if opts.node_rank == 0 else 'false'}"]
-    if opts.local_addr:
-        argv += ["--local-addr", opts.local_addr]
+    # One node: the ranks meet the store at the loopback (MASTER_ADDR), which is all the store listens on (launch).
+    local_addr = opts.local_addr or (LOOPBACK if opts.one_node else None)
+    if local_addr:
+        argv += ["--local-addr", local_addr]
     argv += ["--max-restarts", str(opts.max_restarts)]
     if opts.monitor_interval is not None:
         argv += ["--monitor-interval", str(opts.monitor_interval)]
@@ -137,6 +151,9 @@ def launch(opts: LaunchOptions, nccl: NcclSettings | None = None) -> int:
         # the killed attempt's addresses (gloo/NCCL connect to a dead port; pytorch/pytorch#135712). With this
         # opt-out, rank 0 of each attempt starts a fresh store.
         os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    loopback = opts.one_node and opts.local_addr is None
+    if loopback and sys.platform.startswith("linux") and "GLOO_SOCKET_IFNAME" not in os.environ:
+        os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # the ranks' gloo sockets on the loopback too, not the host's address
     log.info("turbotrain launch: torchrun %s", shlex.join(argv))
     # torchrun's parser would read the script's own options too (``--log`` is an ambiguous prefix of its
     # ``--log-dir`` ...): it parses up to the script's name, and the script's arguments are set untouched.
@@ -144,11 +161,68 @@ def launch(opts: LaunchOptions, nccl: NcclSettings | None = None) -> int:
     args = get_args_parser().parse_args(argv[: len(argv) - n_script_args])
     args.training_script_args = list(opts.script_args)
     try:
-        torchrun(args)
+        with loopback_only() if loopback else contextlib.nullcontext():
+            torchrun(args)
     except ChildFailedError as exc:
         print(exc.format_msg(), file=sys.stderr)
         return 1
     return 0
+
+
+@contextlib.contextmanager
+def loopback_only() -> Iterator[None]:
+    """While inside, the TCP stores this process hosts (torchrun's rendezvous store, and the store the ranks meet
+    at) listen on 127.0.0.1 only. torch 2.13's ``TCPStore`` binds every interface and has no option for an
+    address, but takes a socket it is given (``master_listen_fd``): one bound to the loopback is made here."""
+    import torch.distributed as dist
+    from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend
+
+    class LoopbackTCPStore(dist.TCPStore):
+        def __init__(
+            self,
+            host_name: str,
+            port: int,
+            world_size: int | None = None,
+            is_master: bool = False,
+            timeout: timedelta = timedelta(seconds=300),
+            wait_for_workers: bool = True,
+            multi_tenant: bool = False,
+            master_listen_fd: int | None = None,
+            use_libuv: bool = True,
+        ) -> None:
+            if is_master and master_listen_fd is None:
+                listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                try:
+                    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                    listener.bind((LOOPBACK, port))
+                    listener.listen(socket.SOMAXCONN)
+                except OSError as exc:
+                    listener.close()
+                    raise RuntimeError(f"turbotrain launch: cannot listen on {LOOPBACK}:{port}: {exc}") from exc
+                port = listener.getsockname()[1]
+                master_listen_fd = listener.detach()  # the store owns the socket from here
+            super().__init__(
+                host_name,
+                port,
+                world_size=world_size,
+                is_master=is_master,
+                timeout=timeout,
+                wait_for_workers=wait_for_workers,
+                multi_tenant=multi_tenant,
+                master_listen_fd=master_listen_fd,
+                use_libuv=use_libuv,
+            )
+
+    # torchrun's modules look the class up in torch.distributed when they run; the c10d backend imported it by name.
+    modules = (dist, c10d_rendezvous_backend)
+    saved = [module.TCPStore for module in modules]
+    for module in modules:
+        setattr(module, "TCPStore", LoopbackTCPStore)  # noqa: B010 - mypy refuses to assign to a module's class
+    try:
+        yield
+    finally:
+        for module, original in zip(modules, saved):
+            setattr(module, "TCPStore", original)  # noqa: B010 - as above
 
 
 # -- the command line ------------------------------------------------------------------------

@@ -192,12 +192,14 @@ def attach_fixes(
             verifier_of = make_verifier or (lambda opts: Verifier(script_path, argv, base, opts))
             with verifier_of(verify_options) as verifier:
                 _verify(fix_report, results, originals, base, verifier, options.steps, ctx.step_s * options.steps)
-        except VerifyError as exc:
-            fix_report.messages.append(str(exc))
+                fix_report.messages += verifier.notes
+        except Exception as exc:  # noqa: BLE001 - a verification that fails costs the verification, not the report
+            said = str(exc) if isinstance(exc, VerifyError) else f"{type(exc).__name__}: {exc}"
+            fix_report.messages.append(f"--verify could not run: {said}")
+            report.fail("verify", f"--verify could not run: {said}. The fixes it did not verify are not verified.")
+            _unverified(results, "--verify could not time it")
     elif not options.verify:
-        for result in results:
-            if result.in_patch and result.doubt:
-                result.dropped = f"{result.doubt}; left out (--verify times it on the whole script)"
+        _unverified(results, "--verify times it on the whole script")
     texts = combine(fix_report.kept, originals, base)  # may drop a fix that no longer applies on the others
     fix_report.predicted_together = predicted_together(fix_report.kept)
     if not options.fix:
@@ -207,6 +209,14 @@ def attach_fixes(
         fix_report.patch = render_patch(header, originals, texts, base)
         write_patch(options.fix, fix_report.patch)
         fix_report.path = str(options.fix)
-    except PatchError as exc:
+    except (PatchError, OSError) as exc:
         fix_report.messages.append(f"The patch was not written: {exc}")
+        report.fail("fix", f"The patch was not written to {options.fix}: {exc}")
     return fix_report
+
+
+def _unverified(results: list[FixResult], why: str) -> None:
+    """Without a verification, a fix the what-if doubted stays out of the patch (the others are exact or measured)."""
+    for result in results:
+        if result.in_patch and result.doubt and result.verification is None:
+            result.dropped = f"{result.doubt}; left out ({why})"

@@ -14,6 +14,7 @@ import json
 import sys
 import torch
 
+from ...fresh_trial import die_with_parent
 from ..analysis.context import loader_round
 from ..analysis.machine import others_share
 from ..record.loss_tap import LossTap
@@ -29,9 +30,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, required=True)
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--parent", type=int, default=0, help="the doctor's pid: this run ends when it does")
     parser.add_argument("script")
     parser.add_argument("script_args", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
+    die_with_parent(args.parent)
     if args.threads:
         torch.set_num_threads(args.threads)  # the thread count the doctor's own run had
     recorder = Recorder(

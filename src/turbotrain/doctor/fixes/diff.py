@@ -13,6 +13,7 @@ import difflib
 import os
 from pathlib import Path
 
+from ..report.files import write_text
 from .model import ByHand, EditRequest
 from ..report.fix_results import FixResult
 from .table import apply_edit
@@ -140,4 +141,4 @@ def write_patch(path: str | os.PathLike, text: str) -> None:
     if target.is_dir():
         raise PatchError(f"doctor --fix {path}: that is a folder; give the patch file's path, e.g. fixes.patch")
     target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(text, encoding="utf-8")
+    write_text(target, text)  # replaces a symlink at the path rather than writing through it

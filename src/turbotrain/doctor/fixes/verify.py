@@ -1,6 +1,7 @@
 """``doctor --verify``: the original and the patched script, run for real, interleaved in rounds.
 
-The script's folder is copied to a temporary place (once for the original, once per variant), the
+The script's folder is copied to a temporary place outside it (once for the original, once per variant;
+sockets, named pipes and what cannot be read are left out, saying so), the
 patched files are written into their copy, and both run under the doctor's recorder in their own
 processes (:mod:`.child`), on the same steps, alternating: original, patched; then patched, original;
 ... so load that comes and goes falls on both. Each run's time is the median of its own steps (a
@@ -17,22 +18,32 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...measure import judge, run_means
+from .. import lifeline
 from .losses import loss_match
 from ..report.fix_results import Verification
 
 __all__ = ["TimedRun", "Verifier", "VerifyError", "VerifyOptions"]
 
 _SKIP = shutil.ignore_patterns(
-    ".git", "__pycache__", ".venv", "venv", "node_modules", ".tox", ".mypy_cache", ".pytest_cache", "*.pyc"
+    ".git",
+    "__pycache__",
+    ".venv",
+    "venv",
+    "node_modules",
+    ".tox",
+    ".mypy_cache",
+    ".pytest_cache",
+    "*.pyc",
+    "turbotrain-doctor-run-*",  # a doctor's temporary folders, where TMPDIR is the script's folder
 )
 LINK_ABOVE_BYTES = 16 * 2**20  # bigger files (data, checkpoints) are linked into the copy, not copied
 MAX_COPY_BYTES = 512 * 2**20
@@ -72,14 +83,46 @@ class TimedRun:
         return statistics.median(run_means(self.step_ms, min(self.loader_round, len(self.step_ms) // 3)))
 
 
-def _copy(src: Path, dst: Path) -> None:
+def _copy(src: Path, dst: Path) -> list[str]:
+    """Copy the folder ``src`` to ``dst``: files, folders and symlinks (as links). Sockets, named pipes and devices
+    are left out, and so are ``dst`` itself (where it lies inside ``src``) and what cannot be read; what was left
+    out, in words."""
+    special: list[str] = []
+    inside = os.path.realpath(dst)
+
+    def ignore(folder: str, names: list[str]) -> set[str]:
+        skipped = set(_SKIP(folder, names))
+        for name in names:
+            path = os.path.join(folder, name)
+            try:
+                mode = os.lstat(path).st_mode
+            except OSError:
+                continue  # gone meanwhile: the copy says so
+            if stat.S_ISDIR(mode) and os.path.realpath(path) == inside:
+                skipped.add(name)
+            elif not (stat.S_ISREG(mode) or stat.S_ISDIR(mode) or stat.S_ISLNK(mode)) and name not in skipped:
+                special.append(os.path.relpath(path, src))
+                skipped.add(name)
+        return skipped
+
     def copy(s: str, d: str) -> None:
         if os.path.getsize(s) > LINK_ABOVE_BYTES:
             os.symlink(os.path.realpath(s), d)  # read-only data stays where it is
         else:
             shutil.copy2(s, d)
 
-    shutil.copytree(src, dst, ignore=_SKIP, symlinks=True, copy_function=copy)
+    notes = []
+    try:
+        shutil.copytree(src, dst, ignore=ignore, symlinks=True, copy_function=copy)
+    except shutil.Error as exc:  # every file that could be copied was: the rest is named
+        failed = [f"{os.path.relpath(s, src)} ({why})" for s, _, why in exc.args[0]]
+        notes.append(f"--verify's copy of {src} is missing what could not be copied: {'; '.join(failed)}.")
+    if special:
+        notes.append(
+            f"--verify's copy of {src} leaves out {', '.join(sorted(special))}: sockets, named pipes and devices "
+            "are not copied (a script that needs one fails in the copy)."
+        )
+    return notes
 
 
 def _check_size(base: Path) -> None:
@@ -108,19 +151,25 @@ class Verifier:
         self.script, self.argv, self.base, self.options = Path(script), list(argv), Path(base), options
         self.started = time.perf_counter()
         self.run_s = 0.0  # the longest run so far: what a comparison will cost
-        self._tmp: tempfile.TemporaryDirectory | None = None
+        self._tmp: str | None = None
         self._variants = 0
+        self.notes: list[str] = []  # what the copies left out, for the report
 
     def __enter__(self) -> "Verifier":
         _check_size(self.base)
-        self._tmp = tempfile.TemporaryDirectory(prefix="turbotrain-verify-")
-        self.original = Path(self._tmp.name) / "original"
-        _copy(self.base, self.original)
+        # Outside the folder copied, or the copy would copy itself (TMPDIR in the script's folder).
+        self._tmp = lifeline.temp_folder("verify-", outside=str(self.base))
+        try:
+            self.original = Path(self._tmp) / "original"
+            self.notes += _copy(self.base, self.original)
+        except BaseException:
+            lifeline.remove(self._tmp)
+            raise
         return self
 
     def __exit__(self, *exc: object) -> None:
         if self._tmp is not None:
-            self._tmp.cleanup()
+            lifeline.remove(self._tmp)
 
     # -- budget -----------------------------------------------------------------------------------
 
@@ -140,8 +189,8 @@ class Verifier:
         """A copy of the folder with ``texts`` (absolute original path -> new text) written in."""
         self._variants += 1
         assert self._tmp is not None  # made on entering the with-block
-        folder = Path(self._tmp.name) / f"patched-{self._variants}"
-        _copy(self.base, folder)
+        folder = Path(self._tmp) / f"patched-{self._variants}"
+        _copy(self.base, folder)  # leaves out what the original's copy did, said once
         for path, text in texts.items():
             (folder / os.path.relpath(path, self.base)).write_text(text, encoding="utf-8")
         return folder
@@ -160,10 +209,13 @@ class Verifier:
         script = folder / os.path.relpath(self.script, self.base)
         package_root = str(Path(__file__).resolve().parents[3])
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([package_root, os.environ.get("PYTHONPATH", "")]))
+        env.update(lifeline.mark())  # ended with the doctor, whatever ends it
         cmd = [
             sys.executable,
             "-m",
             "turbotrain.doctor.fixes.child",
+            "--parent",
+            str(os.getpid()),
             "--steps",
             str(steps),
             "--warmup",

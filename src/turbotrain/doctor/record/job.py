@@ -16,12 +16,12 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from .. import lifeline
 from ..rank_change import RankChange
 from .rank_main import ENV_CLAIMED, ENV_FOLDER, ENV_OPTIONS, ENV_ROOT, SITECUSTOMIZE
 from .rank_status import read_json, result_path
@@ -98,8 +98,8 @@ def run_job(
     """Run ``command`` (a launcher and its arguments) with every rank recorded; always leaves no process.
     ``change``: a fix every rank applies before its script starts (the job what-ifs); ``losses``: each rank's
     result carries the losses its backward passes took (``run["losses"]``, float.hex)."""
-    folder = Path(tempfile.mkdtemp(prefix="turbotrain-doctor-job-"))
-    env = dict(os.environ)
+    folder = Path(lifeline.temp_folder("job-"))
+    env = {**os.environ, **lifeline.mark()}  # the launcher and every rank end with the doctor, however it ends
     env.pop(ENV_CLAIMED, None)
     env.pop(ENV_ROOT, None)
     if script_is_launcher(command):

@@ -212,5 +212,6 @@ def render_html(report: Report) -> str:
 
 
 def write_html(report: Report, path: str | os.PathLike) -> None:
-    with open(path, "w", encoding="utf-8") as fh:
-        fh.write(render_html(report))
+    from .files import write_text
+
+    write_text(path, render_html(report))

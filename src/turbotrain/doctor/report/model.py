@@ -36,7 +36,7 @@ def exact_shares(shares: dict[str, float], digits: int = 4) -> dict[str, float]:
 
 @dataclass
 class Report:
-    status: str  # ok, incomplete (fewer steps than asked), error, no-steps
+    status: str  # ok, incomplete (fewer steps than asked), error, no-steps, partial (a part of the doctor failed)
     breakdown: Breakdown | None
     findings: list[Finding]
     device: str = "cpu"
@@ -70,12 +70,23 @@ class Report:
     fixes: FixReport | None = None
     # A multi-process job: every rank side by side, the straggler, the exposed communication (report/ranks.py).
     ranks: RankAnalysis | None = None
+    # The parts of the doctor that failed (a rule that crashed, a trace, patch or report not written, a --verify
+    # that could not run): [{"part": "trace", "message": "..."}]. Each is also a message; the exit code is 1.
+    failures: list[dict[str, str]] = field(default_factory=list)
+
+    def fail(self, part: str, message: str) -> None:
+        """Say that ``part`` failed, in every report, and make the exit code non-zero: a report never claims what
+        did not happen."""
+        self.failures.append({"part": part, "message": message})
+        self.messages.append(message)
+        if self.status == "ok":
+            self.status = "partial"
 
     @property
     def exit_code(self) -> int:
         if self.status == "error":
             return self.run.exit_code or 1 if self.run else 1
-        return 1 if self.status == "no-steps" else 0
+        return 1 if self.status == "no-steps" or self.failures else 0
 
     @property
     def bottleneck(self) -> str | None:
@@ -141,6 +152,7 @@ class Report:
         out["findings"] = [f.to_dict(self.base) for f in self.findings]
         out["syncs"], out["copies"], out["top_ops"] = self.syncs, self.copies, self.top_ops
         out["messages"] = self.messages
+        out["failures"] = self.failures
         if self.fixes is not None:
             out["fixes"] = [f.to_dict() for f in self.fixes.fixes]
             out["patch"] = self.fixes.summary()
@@ -163,5 +175,6 @@ class Report:
         return json.dumps(self.to_dict(), indent=2, default=str)
 
     def write_json(self, path: str | os.PathLike) -> None:
-        with open(path, "w") as fh:
-            fh.write(self.to_json())
+        from .files import write_text
+
+        write_text(path, self.to_json())

@@ -50,8 +50,11 @@ def _merge(findings: list[Finding]) -> list[Finding]:
     ]
 
 
-def evaluate(ctx: Context, only: Iterable[str] | None = None) -> list[Finding]:
-    """Every rule's findings for ``ctx``, merged; a rule that crashes is logged and skipped."""
+def evaluate(
+    ctx: Context, only: Iterable[str] | None = None, failed: list[tuple[str, str]] | None = None
+) -> list[Finding]:
+    """Every rule's findings for ``ctx``, merged; a rule that crashes is skipped, and added to ``failed`` as
+    (rule id, error) for the report to say so."""
     _load()
     wanted = set(only) if only else None
     found: list[Finding] = []
@@ -64,6 +67,8 @@ def evaluate(ctx: Context, only: Iterable[str] | None = None) -> list[Finding]:
                 found.append(finding)
         except Exception as exc:  # noqa: BLE001 - one broken rule must not cost the whole report
             log.warning("turbotrain doctor: rule %s failed: %s: %s", rule_id, type(exc).__name__, exc)
+            if failed is not None:
+                failed.append((rule_id, f"{type(exc).__name__}: {exc}"))
     from .attribution import explained
     from .ranks import absorbed_by_straggler
 

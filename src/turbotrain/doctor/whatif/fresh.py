@@ -9,12 +9,12 @@ the user would run it: the script's setting and the switch each in a process of 
 from __future__ import annotations
 
 import os
-import tempfile
 from typing import TYPE_CHECKING
 
 from ...fresh_trial import FreshTrial, FreshTrialError, write_bundle
 from ...measure import Trial
 from ...plan import Plan
+from .. import lifeline
 from .common import Budget, ModelTrials, lower_quartile, surrogate_step
 
 if TYPE_CHECKING:
@@ -37,7 +37,7 @@ class FreshProcesses:
 
     def __init__(self, ctx: Context, trials: ModelTrials, budget: Budget):
         self.ctx, self.trials, self.budget = ctx, trials, budget
-        self._folder: tempfile.TemporaryDirectory | None = None
+        self._folder: str | None = None
         self._bundle: str | None = None
         self._baselines: list[tuple[Plan, FreshTrial]] = []
 
@@ -71,7 +71,7 @@ class FreshProcesses:
             child.close()
         self._baselines.clear()
         if self._folder is not None:
-            self._folder.cleanup()
+            lifeline.remove(self._folder)
             self._folder = None
 
     def __enter__(self) -> "FreshProcesses":
@@ -97,6 +97,7 @@ class FreshProcesses:
             warmup=self.trials.warmup,
             timeout_s=max(30.0, self.budget.left),
             clear_grads_before_backward=self.ctx.zero_grad_before_backward,
+            extra_env=lifeline.mark(),  # ended with the doctor, whatever ends it
         )
         if keep:
             self._baselines.append((plan, child))
@@ -104,8 +105,8 @@ class FreshProcesses:
 
     def _bundle_path(self) -> str:
         if self._bundle is None:
-            self._folder = tempfile.TemporaryDirectory(prefix="turbotrain-fresh-")
-            path = os.path.join(self._folder.name, "trial.pt")
+            self._folder = lifeline.temp_folder("fresh-")
+            path = os.path.join(self._folder, "trial.pt")
             try:
                 write_bundle(path, self.trials.model, self.trials.batches, self.trials.optimizer, surrogate_step)
             except Exception as exc:  # an unpicklable model (a local class, a lambda attribute)
