@@ -39,6 +39,8 @@ __all__ = [
 ]
 
 ENV_VAR = "TURBOTRAIN_READ_STATS"
+_MEMFD_NAME = "turbotrain-reads"
+_kept: list[int] = []  # memory files this process created, open until it exits
 CACHE_SCHEME = "cache"  # reads served by turbotrain's own cache, kept apart from storage reads
 
 _RECORD = struct.Struct("<24sQQQ")  # scheme, bytes, nanoseconds, files
@@ -105,12 +107,9 @@ class _CounterFile:
         if self._fd is not None and self._pid == os.getpid() and os.environ.get(ENV_VAR) == self._path:
             return self._fd
         path = os.environ.get(ENV_VAR)
-        if not path or not os.path.exists(path):
-            fd, path = tempfile.mkstemp(prefix="turbotrain-reads-", suffix=".bin")
-            os.ftruncate(fd, _SIZE)
-            os.close(fd)
+        if not path or not _ours(path):
+            path = _new_counter_file()
             os.environ[ENV_VAR] = path  # spawned workers and child processes inherit it
-            atexit.register(_remove_if_owner, path, os.getpid())
         self._fd = os.open(path, os.O_RDWR)
         self._pid, self._path = os.getpid(), path
         return self._fd
@@ -157,6 +156,35 @@ class _CounterFile:
             if key:
                 out[key.decode()] = SchemeReads(b, ns / 1e9, n)
         return ReadStats(out)
+
+
+def _new_counter_file() -> str:
+    """A zeroed counter file; its path for the processes this one starts.
+
+    On Linux an anonymous memory file, reached by children through /proc/<pid>/fd/<n>: nothing is left on
+    disk whatever ends this process (a SIGKILL runs no exit hook). Elsewhere a temporary file removed at exit.
+    """
+    if hasattr(os, "memfd_create") and os.path.isdir("/proc/self/fd"):
+        fd = os.memfd_create(_MEMFD_NAME, os.MFD_CLOEXEC)  # children open it by path, never inherit the fd
+        os.ftruncate(fd, _SIZE)
+        _kept.append(fd)  # held open for the process's life: the file lives as long as its creator
+        return f"/proc/{os.getpid()}/fd/{fd}"
+    fd, path = tempfile.mkstemp(prefix="turbotrain-reads-", suffix=".bin")
+    os.ftruncate(fd, _SIZE)
+    os.close(fd)
+    atexit.register(_remove_if_owner, path, os.getpid())
+    return path
+
+
+def _ours(path: str) -> bool:
+    """Whether ``path`` is still a counter file: a /proc path of a creator that has exited may name another
+    process's file once its pid is reused."""
+    if not path.startswith("/proc/"):
+        return os.path.exists(path)
+    try:
+        return os.readlink(path).startswith(f"/memfd:{_MEMFD_NAME}")
+    except OSError:
+        return False
 
 
 def _remove_if_owner(path: str, pid: int) -> None:
