@@ -180,6 +180,16 @@ def _timed_site(kind: str, phase: str | None, original: Callable) -> Callable:
     return wrapper
 
 
+def _frames_up_one_more(script: Callable) -> Callable:
+    """``torch.jit.script`` resolving names from its caller's caller: the wrapper around it is one frame more,
+    and TorchScript reads the globals and locals of the frame ``_frames_up`` above its own."""
+
+    def script_from_the_callers_frame(obj, optimize=None, _frames_up=0, _rcb=None, **kwargs):
+        return script(obj, optimize, _frames_up + 2, _rcb, **kwargs)  # + this function + _timed_site's wrapper
+
+    return script_from_the_callers_frame
+
+
 # -- data ----------------------------------------------------------------------------------------------
 
 
@@ -402,7 +412,7 @@ def install(patcher: Patcher) -> None:
     patcher.replace(torch, "save", lambda orig: _timed_site("save", "save", orig))
     patcher.replace(torch.cuda, "empty_cache", lambda orig: _timed_site("empty_cache", None, orig))
     patcher.replace(torch, "compile", lambda orig: _timed_site("compile", None, orig))
-    patcher.replace(torch.jit, "script", lambda orig: _timed_site("jit", None, orig))
+    patcher.replace(torch.jit, "script", lambda orig: _timed_site("jit", None, _frames_up_one_more(orig)))
     patcher.replace(torch.jit, "trace", lambda orig: _timed_site("jit", None, orig))
     patcher.replace(torch, "tensor", _tensor_factory)
     patcher.replace(torch, "softmax", _softmax)

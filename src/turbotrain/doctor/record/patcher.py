@@ -27,6 +27,7 @@ class Patcher:
         if isinstance(own, (staticmethod, classmethod)):
             new = type(own)(new)
         setattr(owner, name, new)
+        self.defer(_script_as(new, original))
 
     def defer(self, undo: Callable[[], Any]) -> None:
         """Call ``undo`` on restore, in its turn: for a change that is not an attribute (a hook's handle)."""
@@ -48,3 +49,38 @@ class Patcher:
                     pass
             else:
                 setattr(owner, name, own)
+
+
+def _script_as(wrapper: Any, original: Any) -> Callable[[], None]:
+    """Make TorchScript see ``original`` wherever scripted code names ``wrapper`` (a library that scripts a
+    function calling ``torch.tensor`` at import must compile as it does without the doctor); returns the undo.
+
+    A builtin (``torch.tensor``: ``aten::tensor``) is found in TorchScript's table of builtins by the object's
+    id, so the wrapper is entered under the same op; a scriptable Python function (``F.softmax``) is compiled
+    once and the wrapper mapped to that compilation in TorchScript's cache.
+    """
+    try:
+        from torch.jit import _builtins, _state
+    except ImportError:  # pragma: no cover - a torch without TorchScript
+        return lambda: None
+    op = _builtins._find_builtin(original)
+    if op is not None:
+        table = _builtins._get_builtin_table()
+        table[id(wrapper)] = op
+
+        def undo() -> None:
+            if table.get(id(wrapper)) == op:  # keyed by id: an entry left behind could name a later object
+                del table[id(wrapper)]
+
+        return undo
+    if getattr(original, "__module__", None) == "torch.nn.functional" and callable(original):
+        import torch
+
+        try:
+            torch.jit.script(original)  # 10-15 ms, once per process: cached by TorchScript itself
+            qualified = _state._jit_caching_layer.get(original)
+        except Exception:  # noqa: BLE001 - not scriptable: TorchScript would not take it without the doctor either
+            qualified = None
+        if qualified is not None:
+            _state._jit_caching_layer[wrapper] = qualified  # a weak key: gone with the wrapper
+    return lambda: None
