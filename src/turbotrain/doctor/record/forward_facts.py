@@ -18,11 +18,24 @@ __all__ = ["batch_dim", "forward_facts", "capture_inputs"]
 log = logging.getLogger("turbotrain")
 
 
-def batch_dim(module: nn.Module) -> int:
-    """Where the batch is in the model's inputs: 1 when its recurrent layers take ``[seq, batch, ...]``
-    (``batch_first=False``, torch's default for nn.RNN/LSTM/GRU), else 0."""
-    rnns = [m for m in module.modules() if isinstance(m, nn.RNNBase)]
-    return 1 if rnns and not any(m.batch_first for m in rnns) else 0
+# The layers that take ``batch_first`` and default it to False: ``[seq, batch, ...]`` unless told otherwise.
+_SEQUENCE_FIRST = (
+    nn.RNNBase,
+    nn.MultiheadAttention,
+    nn.Transformer,
+    nn.TransformerEncoderLayer,
+    nn.TransformerDecoderLayer,
+)
+
+
+def batch_dim(module: nn.Module, first_input: torch.Tensor | None = None) -> int:
+    """Where the batch is in the model's inputs: 1 when its sequence layers (RNNs, attention, transformer
+    layers) all take ``[seq, batch, ...]`` (``batch_first=False``, torch's default for each) and the input is a
+    sequence (token ids ``[seq, batch]`` or embeddings ``[seq, batch, dim]``, not an image), else 0."""
+    layers = [m for m in module.modules() if isinstance(m, _SEQUENCE_FIRST)]
+    if not layers or any(getattr(m, "batch_first", False) for m in layers):
+        return 0
+    return 1 if first_input is None or first_input.dim() in (2, 3) else 0
 
 
 def forward_facts(module: nn.Module, args: tuple, kwargs: dict | None) -> ForwardFacts:
@@ -35,7 +48,7 @@ def forward_facts(module: nn.Module, args: tuple, kwargs: dict | None) -> Forwar
     except (TypeError, RuntimeError, AttributeError):
         autocast, autocast_dtype = torch.is_autocast_enabled(), None
     images = [t for t in inputs if t.dim() == 4 and t.is_floating_point()]
-    dim = batch_dim(module)
+    dim = batch_dim(module, inputs[0] if inputs else None)
     return ForwardFacts(
         module_type=type(module).__name__,
         device=device,

@@ -224,7 +224,9 @@ def dims_not_multiple_of_8(ctx: Context) -> Iterator[Finding]:
 
 @rule("batch-size-not-multiple-of-8", "live")
 def batch_size_not_multiple_of_8(ctx: Context) -> Iterator[Finding]:
-    batch = ctx.facts.batch_size
+    loader = ctx.main_loader
+    # The loader says what a batch is; the model's input only guesses at its dimension (sequences, images).
+    batch = (loader.settings.get("batch_size") if loader else None) or ctx.facts.batch_size
     if not batch or batch < 8 or batch % 8 == 0:
         return
     site = ctx.main_loader.site if ctx.main_loader else (ctx.capture.site if ctx.capture else None)
