@@ -116,7 +116,7 @@ def periodic_table(ctx: Context) -> list[dict[str, Any]]:
     watched = ctx.recording.watched if ctx.recording is not None else None
     for p in all_periodic(ctx):
         kind = periodic_kind(ctx, p)
-        site = periodic_site(ctx, kind, p)
+        site = periodic_site(ctx, kind, p) or p.site  # else the loop's `% N` test its occurrences fell on
         if kind == "validation" and site is not None and _samples(ctx, site):
             kind = "sampling"
         share = p.amortised_s / step_s if step_s and p.every else None  # the breakdown amortised it into the step

@@ -10,7 +10,9 @@ import statistics
 from dataclasses import dataclass
 
 from .measurements import CATEGORIES, StepRecord
+from .cadence import Cadence
 from .watch import WatchedRun
+from ..sites import Site
 
 __all__ = [
     "PERIODIC_CATEGORIES",
@@ -40,6 +42,7 @@ class Periodic:
     # how its period was known: "gaps" between occurrences, or "code" (the loop's ``% N`` test, one occurrence).
     watched: bool = False
     period_from: str = "gaps"
+    site: Site | None = None  # the loop's ``if step % N`` whose grid the occurrences fall on: the script's own work
 
     @property
     def amortised_s(self) -> float:
@@ -128,6 +131,16 @@ def find_watched(watched: WatchedRun | None, steps: list[StepRecord], first: int
     chosen = [s for s in steps if s.index >= first and not s.profiled]
     if not spikes or not chosen:
         return []
+    # Where two or more occurrences fall on the grid of one of the loop's ``% N`` tests, that is the work and its
+    # period; the occurrences off it are other processes taking the CPU (a plot every 50 steps read "every 7").
+    cadence: Cadence | None = None
+    spikes_on_grid: list[StepRecord] = []
+    for c in sorted((c for c in watched.cadences if c.every >= 2), key=lambda c: -c.every):
+        on_it = [s for s in spikes if on_grid(s.index, c.every)]
+        if len(on_it) >= 2 and (cadence is None or len(on_it) > len(spikes_on_grid)):
+            cadence, spikes_on_grid = c, on_it
+    if cadence is not None:
+        spikes = spikes_on_grid
     per_step = [s.categories() for s in chosen]
     medians = {c: statistics.median(_own_time(chosen, per_step, c)) for c in CATEGORIES}
     spike_cats = [s.categories() for s in spikes]
@@ -139,14 +152,29 @@ def find_watched(watched: WatchedRun | None, steps: list[StepRecord], first: int
     indices = [s.index for s in spikes]
     gaps = [b - a for a, b in zip(indices, indices[1:])]
     every, source = (int(statistics.median(gaps)), "gaps") if gaps else (None, "gaps")
-    near = [c.every for c in watched.cadences if on_grid(indices[0], c.every)]
-    if every is None and near:
-        every, source = max(near), "code"
+    near = [c for c in watched.cadences if on_grid(indices[0], c.every)]
+    if cadence is not None:
+        every, source = cadence.every, "code"
+    elif every is None and near:
+        cadence = max(near, key=lambda c: c.every)
+        every, source = cadence.every, "code"
     elif every is not None:
         # The loop's own N where the gaps show it (a step counted one off at either end moves a gap by one).
-        every = next((n for n in sorted(near, reverse=True) if abs(n - every) <= 1), every)
+        cadence = next((c for c in sorted(near, key=lambda c: -c.every) if abs(c.every - every) <= 1), None)
+        every = cadence.every if cadence is not None else every
+    site = cadence.site if cadence is not None else None
     return [
-        Periodic(category, indices, every, max(0.0, cost), medians[category], around, watched=True, period_from=source)
+        Periodic(
+            category,
+            indices,
+            every,
+            max(0.0, cost),
+            medians[category],
+            around,
+            watched=True,
+            period_from=source,
+            site=site,
+        )
     ]
 
 

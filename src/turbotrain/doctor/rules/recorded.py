@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import ast
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 from ...data import stats as data_stats
 from ..findings import Finding, Fix, speedup_for_rule
@@ -13,11 +14,12 @@ from ..analysis.periodic import PERIODIC_TARGET_SHARE, periodic_table
 from .ranks import on_a_job
 from .registry import rule
 from ..rank_change import RankChange
+from ..record.cadence import syntax_tree
+from ..sites import Site
 from ..requests import CopyRequest, EvalGradRequest, JobRequest, LoaderRequest, PlanRequest
 
 if TYPE_CHECKING:
     from ..analysis.context import Context, SiteStat
-    from ..sites import Site
 
 _SYNC_NAMES = {
     "item": ".item()",
@@ -62,6 +64,8 @@ def num_workers(ctx: Context) -> Iterator[Finding]:
         if share < 0.20 or data_s < 1e-3:
             return
         busiest = max(ctx.gap_samples.items(), key=lambda kv: kv[1], default=(None, 0))[0]
+        if busiest is not None and _in_periodic_branch(busiest):
+            return  # work the script runs every N steps (a plot, a log), not batch building: periodic-work's
         site = busiest or (ctx.capture.site if ctx.capture else None)
         f = Finding(
             "num-workers",
@@ -120,6 +124,22 @@ def num_workers(ctx: Context) -> Iterator[Finding]:
         # Handing a batch over from a worker process costs about this much itself.
         f.cap("low", "Each batch loads in under a millisecond; workers may not win it back.")
     yield f
+
+
+def _in_periodic_branch(site: Site) -> bool:
+    """Whether ``site`` lies in an ``if`` whose test takes a remainder (``if step % 50 == 0:``), its test's line
+    included: a sampler can catch a one-line branch, or a body that calls into a library, there."""
+    tree = syntax_tree(site.file)
+    if tree is None:
+        return False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and any(
+            isinstance(t, ast.BinOp) and isinstance(t.op, ast.Mod) for t in ast.walk(node.test)
+        ):
+            body = node.body  # the branch that runs every N steps, from its test (``if step % 50 == 0: plot()``)
+            if node.lineno <= site.line <= (body[-1].end_lineno or body[-1].lineno):
+                return True
+    return False
 
 
 @rule("persistent-workers", "runtime")
@@ -514,9 +534,12 @@ def slow_storage(ctx: Context) -> Iterator[Finding]:
 def periodic_work(ctx: Context) -> Iterator[Finding]:
     for row in periodic_table(ctx):
         share = row["share"]
-        if share is None or share < PERIODIC_TARGET_SHARE:
-            continue  # seen once (its period unknown), or cheap enough
+        if share is None or share < PERIODIC_TARGET_SHARE or not row["every"] or row["every"] < 2:
+            continue  # seen once (its period unknown), cheap enough, or every step's own cost: not periodic
         kind, every, better = row["kind"], row["every"], row["suggested_every"]
+        if kind == "work between steps" and row["site"] is None:
+            yield _unexplained_slow_steps(row)
+            continue
         f = Finding(
             "periodic-work",
             site=row["site"],
@@ -546,3 +569,23 @@ def periodic_work(ctx: Context) -> Iterator[Finding]:
         if row.get("note"):  # found beyond the window: how (analysis/periodic.py)
             f.note = f"{f.note} {row['note']}"
         yield f
+
+
+def _unexplained_slow_steps(row: dict[str, Any]) -> Finding:
+    """Slow steps at a period with nothing of the script's own seen in them (no line, no validation, no save): on
+    a shared machine, the scheduler's doing as often as the script's. Said, never rated above low, never timed."""
+    f = Finding(
+        "periodic-work",
+        site=None,
+        category="outside_step",
+        message=(
+            f"Steps {', '.join(str(i) for i in row['steps'][:6])} ran {_ms(row['cost_ms'] / 1e3)} over the ordinary "
+            "step with no work of the script's own seen in them (no line, validation or checkpoint): other "
+            "processes taking the CPU look the same."
+        ),
+        fix=Fix("nothing to change in the script unless it does work every few steps the doctor did not see"),
+        evidence={k: row[k] for k in ("every", "cost_ms", "share", "steps")},
+    )
+    f.set_gain(None, measured=False)
+    f.cap("low", "No evidence of work: counted as noise, not as a cost of the script.")
+    return f

@@ -1,0 +1,77 @@
+"""Periodic work needs evidence of work (issue 45): synthetic watches and rows, milliseconds each.
+
+A GAN tutorial redraws a plot every 50 steps (`if step % 50 == 0:`); on a shared machine its watch also saw
+two scheduler stalls, and the doctor read "every 7 steps, no line". A character transformer on a machine with
+another process spinning had slow steps at 49, 51-54, 84-87 and was told of work "every 1 steps" at x9.26.
+"""
+
+from __future__ import annotations
+
+from turbotrain.doctor.record.cadence import Cadence
+from turbotrain.doctor.record.measurements import StepRecord
+from turbotrain.doctor.record.recurring import find_watched
+from turbotrain.doctor.record.watch import WatchedRun
+from turbotrain.doctor.rules import recorded
+from turbotrain.doctor.sites import Site
+
+PLOT = Site("gan.py", 88, "train")
+
+
+def _step(index: int, seconds: float) -> StepRecord:
+    phases = {"forward": seconds * 0.4, "backward": seconds * 0.4}
+    return StepRecord(index, index * 0.02, index * 0.02 + seconds, phases)
+
+
+def _watch(spikes: dict[int, float], cadences=()) -> tuple[WatchedRun, list[StepRecord]]:
+    window = [_step(i, 0.02) for i in range(1, 11)]
+    spiked = tuple(_step(i, s) for i, s in spikes.items())
+    return WatchedRun(11, 120, 3.0, 0.02, spiked, tuple(cadences), "periods"), window
+
+
+def test_occurrences_on_the_grid_of_the_loops_test_take_its_period_and_line():
+    watched, window = _watch({51: 0.3, 58: 0.08, 59: 0.08, 101: 0.3}, [Cadence(PLOT, 50)])
+    [periodic] = find_watched(watched, window)
+    assert (periodic.every, periodic.steps, periodic.site) == (50, [51, 101], PLOT)
+    assert abs(periodic.cost_s - 0.28) < 1e-9   # the plot's own steps: the two stalls off the grid left out
+
+
+def test_stalls_with_no_test_of_the_loop_behind_them_have_no_line():
+    watched, window = _watch({49: 0.5, 51: 0.5, 52: 0.5, 53: 0.5, 54: 0.5, 84: 0.5, 85: 0.5, 86: 0.5, 87: 0.5})
+    [periodic] = find_watched(watched, window)
+    assert periodic.every == 1 and periodic.site is None
+
+
+def _row(every, site, kind="work between steps", share=0.89):
+    return {"kind": kind, "category": "outside_step", "every": every, "steps": [49, 51, 52], "cost_ms": 524.1,
+            "share": share, "where": None, "site": site, "suggested_every": 331, "target_share": 0.05}
+
+
+def test_the_rule_names_work_only_where_the_script_did_some(monkeypatch):
+    rows = []
+    monkeypatch.setattr(recorded, "periodic_table", lambda ctx: rows)
+    rows[:] = [_row(1, None)]                  # every step: not periodic at all
+    assert list(recorded.periodic_work(None)) == []
+    rows[:] = [_row(7, None)]                  # a period, but nothing of the script's own seen in it
+    [noise] = recorded.periodic_work(None)
+    assert noise.severity == "low" and noise.est_speedup is None and not noise.measured
+    assert "no work of the script's own" in noise.message
+    rows[:] = [_row(50, PLOT)]                 # the loop's `% 50` test: the script's own work, at its line
+    [work] = recorded.periodic_work(None)
+    assert work.severity == "high" and work.site == PLOT and work.est_speedup > 2
+    rows[:] = [_row(20, None, kind="validation")]  # validation the recorder saw: work, though its line is unknown
+    [validation] = recorded.periodic_work(None)
+    assert validation.severity == "high" and validation.message.startswith("Validation every 20 steps")
+
+
+def test_a_line_in_the_body_of_an_every_n_steps_branch_is_periodic_not_batch_building(tmp_path):
+    script = tmp_path / "gan.py"
+    script.write_text(
+        "for step in range(1000):\n"
+        "    batch = make_batch()\n"
+        "    if step % 50 == 0:\n"
+        "        plt.clf()\n"
+        "        plt.plot(losses)\n"
+        "    train(batch)\n"
+    )
+    inside = [recorded._in_periodic_branch(Site(str(script), line, "<module>")) for line in range(1, 7)]
+    assert inside == [False, False, True, True, True, False]
