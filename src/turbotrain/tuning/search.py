@@ -272,7 +272,7 @@ class _Search:
         t_eager, t_compiled = self.median(eager), self.median(compiled)
         saving = t_eager - t_compiled
         pays = cost / saving if saving > 0 else float("inf")
-        if compiled == plan:
+        if compiled == plan and plan.replace(compile=against.compile) == against:  # compile alone: its own saving
             row.pays_after_steps = pays
         if self.run_steps is None:
             return won
@@ -371,7 +371,7 @@ class _Search:
         self.deadline = self.clock() + self.budget_s
         self.notes.append(
             f"budget: {self.budget_s:.0f}s, derived from a {per_trial:.1f}s trial of the naive plan "
-            f"({trials} trials{f' and {compiles} compiles' if compiles else ''})"
+            f"({trials} trials{f' and {compiles} compile' + ('s' if compiles > 1 else '') if compiles else ''})"
         )
 
     def _say_if_short(self, rules: Plan) -> None:
