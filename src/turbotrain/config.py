@@ -12,16 +12,19 @@ decorated with :func:`strict`. Two things follow:
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import difflib
 import functools
+import inspect
+import textwrap
 import reprlib
 import types
 import typing
 from collections.abc import Mapping
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 
-__all__ = ["ConfigError", "strict", "from_mapping", "to_mapping", "describe_type"]
+__all__ = ["ConfigError", "strict", "from_mapping", "to_mapping", "describe_type", "field_docs"]
 
 
 class ConfigError(ValueError):
@@ -36,6 +39,24 @@ _T = TypeVar("_T")
 _repr = reprlib.Repr()  # attributes, not keywords: Repr(maxlevel=...) needs Python 3.12
 _repr.maxlevel, _repr.maxlist, _repr.maxtuple, _repr.maxdict, _repr.maxstring, _repr.maxother = 2, 6, 6, 6, 80, 80
 _quote = _repr.repr
+
+
+@functools.cache
+def field_docs(cls: type) -> dict[str, str]:
+    """Each field's docstring (the string right under its annotation, as the Plan writes them), on one line."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+    docs = {}
+    for node, after in zip(body, body[1:]):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and isinstance(after, ast.Expr)
+            and isinstance(after.value, ast.Constant)
+            and isinstance(after.value.value, str)
+        ):
+            docs[node.target.id] = " ".join(after.value.value.split())
+    return docs
 
 
 def _field_names(cls: Any) -> list[str]:

@@ -19,7 +19,7 @@ def test_patch_options_after_the_scripts_arguments_are_the_doctors_and_after_dou
     args = build_parser().parse_args(["doctor", "train.py", "--lr", "3e-4", "--fix", "f.patch", "--verify",
                                       "--verify-budget=30", "--", "--verify"])
     take_trailing_options(args)
-    assert (args.fix, args.verify, args.verify_budget) == ("f.patch", True, 30.0)
+    assert (args.fix, args.verify, args.verify_budget_s) == ("f.patch", True, 30.0)
     assert args.script_args == ["--lr", "3e-4", "--verify"]
 
 
@@ -42,7 +42,7 @@ def test_the_cli_writes_the_patch_and_every_report_shows_it(tmp_path, capsys):
 
 @pytest.mark.parametrize("argv, message", [
     (["--fix-only", "small-batch"], "small-batch is not a rule whose fix the doctor can edit"),
-    (["--verify-rounds", "0"], "--verify-rounds 0"),
+    (["--verify-rounds", "0"], "(--verify-rounds): 0 is not allowed"),
 ])
 def test_bad_patch_options_are_refused_before_the_script_runs(tmp_path, capsys, argv, message):
     script = tmp_path / "never_runs.py"

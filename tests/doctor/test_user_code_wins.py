@@ -292,7 +292,7 @@ def test_watch_zero_ends_the_script_with_the_window(capsys):
     assert report.status == "ok" and not [r for r in report.periodic if r.get("found_by") == "watch"]
     assert not any("the step clock was watched" in m for m in report.messages)
     assert main(["doctor", "--watch", "-1", str(script("eval_every_300"))]) == 2
-    assert "doctor --watch: -1" in capsys.readouterr().err
+    assert "DoctorOptions.watch_s (--watch): -1 is not allowed" in capsys.readouterr().err
 
 
 def test_work_that_generates_samples_is_called_sampling_not_validation():

@@ -8,100 +8,24 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any, Callable
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--steps",
-        type=int,
-        default=20,
-        help="steps to measure: optimizer steps, or backward passes when no optimizer steps (default 20)",
-    )
-    parser.add_argument("--warmup", type=int, default=3, help="steps before measuring (default 3, at least 1)")
+    from .options import add_option_arguments
+
+    # What a run does: one flag per DoctorOptions field (doctor/options.py), defaults and help from there.
+    add_option_arguments(parser)
+    # What the command does with the report, and how it starts the script.
     parser.add_argument("--json", metavar="PATH", help="write the report as JSON")
     parser.add_argument("--html", metavar="PATH", help="write a self-contained HTML report with plots")
-    parser.add_argument(
-        "--trace", metavar="PATH", help="write a Chrome/Perfetto trace of the profiled steps (open in ui.perfetto.dev)"
-    )
-    parser.add_argument("--no-what-if", action="store_true", help="do not measure the fixes (faster, estimates only)")
-    parser.add_argument(
-        "--what-if-budget",
-        type=float,
-        default=20.0,
-        metavar="SECONDS",
-        help="time allowed for measuring fixes (default 20)",
-    )
-    parser.add_argument("--compile", action="store_true", help="also measure torch.compile (compiling takes a while)")
-    parser.add_argument(
-        "--watch",
-        type=float,
-        default=20.0,
-        metavar="SECONDS",
-        help="after the window, watch the step clock this long at most for work the loop runs "
-        "every N steps beyond it (evaluation, checkpoints); 0: end with the window (default 20)",
-    )
     parser.add_argument("--quiet", action="store_true", help="no terminal report")
-    parser.add_argument(
-        "--fix", metavar="PATH", help="write each finding's fix as one unified diff of your script (git apply PATH)"
-    )
-    parser.add_argument(
-        "--verify",
-        action="store_true",
-        help="run the original and the patched script interleaved: verified speed-up and losses",
-    )
-    parser.add_argument(
-        "--verify-budget",
-        type=float,
-        default=120.0,
-        metavar="SECONDS",
-        help="time for verifying fixes one at a time (default 120); together always runs",
-    )
-    parser.add_argument(
-        "--fix-only",
-        metavar="RULES",
-        help="comma-separated rule ids: patch only their findings (default: every fixable one)",
-    )
-    parser.add_argument(
-        "--verify-rounds",
-        type=int,
-        default=2,
-        metavar="N",
-        help="interleaved original/patched rounds per comparison (default 2)",
-    )
     parser.add_argument(
         "--nproc-per-node",
         type=int,
         default=None,
         metavar="N",
         help="run the script on N processes (torchrun, via turbotrain launch) and report every rank",
-    )
-    parser.add_argument(
-        "--rank-timeout",
-        type=float,
-        default=120.0,
-        metavar="SECONDS",
-        help="on several processes: end the job when no rank makes progress for this long (default 120)",
-    )
-    parser.add_argument(
-        "--job-what-if-budget",
-        type=float,
-        default=180.0,
-        metavar="SECONDS",
-        help="on several processes: time for timing fixes on every rank, as runs of the whole job (default 180)",
-    )
-    parser.add_argument(
-        "--job-what-if-rounds",
-        type=int,
-        default=3,
-        metavar="N",
-        help="on several processes: at most N rounds of the job per fix timed (default 3; 2 at least, which "
-        "the judgement needs)",
-    )
-    parser.add_argument(
-        "--job-what-if-rules",
-        metavar="RULES",
-        help="on several processes: time only these rules' fixes on every rank (comma-separated rule ids, e.g. "
-        "straggler); the others keep their estimates",
     )
     parser.add_argument(
         "script",
@@ -116,28 +40,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 _TRAILING = {
     "--fix": "fix",
     "--verify": "verify",
-    "--verify-budget": "verify_budget",
+    "--verify-budget": "verify_budget_s",
     "--verify-rounds": "verify_rounds",
-    "--fix-only": "fix_only",
+    "--fix-only": "fix_rules",
 }
-_CONVERT = {"verify_budget": float, "verify_rounds": int}
-
-
-def _job_what_if_rules(value: str | None) -> tuple[str, ...] | None:
-    """``--job-what-if-rules straggler,cpu-oversubscribed`` as rule ids; an unknown one is an error naming it."""
-    if not value:
-        return None
-    from ..config import ConfigError
-    from .rules.registry import RULE_IDS
-
-    rules = tuple(r.strip() for r in value.split(",") if r.strip())
-    unknown = [r for r in rules if r not in RULE_IDS]
-    if unknown:
-        raise ConfigError(
-            f"doctor --job-what-if-rules: {', '.join(unknown)} is not a rule id; "
-            f"rule ids: {', '.join(sorted(RULE_IDS))}"
-        )
-    return rules
+_CONVERT: dict[str, Callable[[str], Any]] = {
+    "verify_budget_s": float,
+    "verify_rounds": int,
+    "fix_rules": lambda v: tuple(v.split(",")),
+}
 
 
 def take_trailing_options(args: argparse.Namespace) -> None:
@@ -204,18 +115,11 @@ def _job_command(args: argparse.Namespace) -> list[str] | None:
 
 def run(args: argparse.Namespace) -> int:
     from ..config import ConfigError
-    from .diagnose import DoctorOptions, diagnose_script
+    from .diagnose import diagnose_script
+    from .options import options_from_args
 
     take_trailing_options(args)
-    if args.steps < 1:
-        raise ConfigError(f"doctor --steps: {args.steps} is not allowed; expected an integer >= 1.")
-    if args.watch < 0:
-        raise ConfigError(f"doctor --watch: {args.watch:g} is not allowed; expected seconds >= 0 (0: no watch).")
-    if args.warmup < 1:
-        raise ConfigError(
-            f"doctor --warmup: {args.warmup} is not allowed; the first step holds the script's set-up "
-            "time, so at least 1 warm-up step is needed."
-        )
+    options = options_from_args(args)  # every value checked, the errors naming the flag
     command = _job_command(args)
     if command is None and not Path(args.script).is_file():
         raise ConfigError(f"doctor: no such script: {args.script}")
@@ -223,47 +127,21 @@ def run(args: argparse.Namespace) -> int:
     from .report.files import check_outputs
 
     # Before anything runs: no output may overwrite the script, a Python file or another output.
-    outputs = {"--fix": args.fix, "--json": args.json, "--html": args.html, "--trace": args.trace}
+    outputs = {"--fix": options.fix, "--json": args.json, "--html": args.html, "--trace": options.trace_path}
     check_outputs(args.script if command is None else script_in(command), outputs)
-    if args.verify_rounds < 1 or args.verify_budget < 0:
-        raise ConfigError(
-            f"doctor --verify-rounds {args.verify_rounds} / --verify-budget {args.verify_budget:g}: "
-            "expected at least 1 round and a budget >= 0 seconds."
-        )
-    if args.job_what_if_rounds < 2:
-        raise ConfigError(
-            f"doctor --job-what-if-rounds {args.job_what_if_rounds}: expected 2 or more (a fix's gain is judged "
-            "by two rounds that agree)."
-        )
     if args.fix or args.verify:
         from .fixes import require_libcst
 
         require_libcst()
-        if args.fix_only:
+        if options.fix_rules:
             from .fixes.choose import check_rules
 
-            check_rules(args.fix_only.split(","))
+            check_rules(list(options.fix_rules))
         if args.fix and Path(args.fix).is_dir():
             raise ConfigError(
                 f"doctor --fix {args.fix}: that is a folder; give the patch file's path, e.g. --fix fixes.patch"
             )
-    options = DoctorOptions(
-        steps=args.steps,
-        warmup=args.warmup,
-        what_if=not args.no_what_if,
-        what_if_budget_s=args.what_if_budget,
-        compile=args.compile,
-        trace_path=args.trace,
-        fix=args.fix,
-        verify=args.verify,
-        verify_budget_s=args.verify_budget,
-        verify_rounds=args.verify_rounds,
-        watch_s=args.watch,
-        fix_rules=tuple(args.fix_only.split(",")) if args.fix_only else None,
-    )
     if command is not None:
-        from dataclasses import replace
-
         from .diagnose import diagnose_job
 
         if (args.fix or args.verify) and script_in(command) is None:
@@ -272,14 +150,7 @@ def run(args: argparse.Namespace) -> int:
                 "name the training script in it (torchrun ... train.py)."
             )
 
-        job_options = replace(
-            options,
-            hang_timeout_s=args.rank_timeout,
-            job_what_if_budget_s=args.job_what_if_budget,
-            job_what_if_rules=_job_what_if_rules(args.job_what_if_rules),
-            job_what_if_rounds=args.job_what_if_rounds,
-        )
-        report = diagnose_job(command, job_options)
+        report = diagnose_job(command, options)
     else:
         report = diagnose_script(args.script, list(args.script_args), options)
     from .report.outputs import write_reports

@@ -6,7 +6,6 @@ import dataclasses
 import os
 import sys
 import time
-from dataclasses import dataclass
 
 from .analysis.context import Context, build_context
 from .record.recording import LiveObjects, Recording
@@ -21,30 +20,10 @@ from .analysis.periodic import periodic_table, watch_message
 from .report.tables import copy_table, sync_table
 from .record.own_ranks import StartsOwnRanks, refusing_own_ranks
 from .record.runner import ScriptRun, run_script
+from .options import DoctorOptions
 from .sites import relative_where
 
 __all__ = ["DoctorOptions", "diagnose_script", "diagnose_job", "analyse", "script_in"]
-
-
-@dataclass
-class DoctorOptions:
-    steps: int = 20  # measured optimizer steps
-    warmup: int = 3  # steps before measuring (compile, caches, the outermost module found)
-    profile_steps: int = 2  # steps under torch.profiler after the measured ones (op table, trace)
-    what_if: bool = True  # measure the fixes on the captured model / loader
-    what_if_budget_s: float = 20.0
-    compile: bool = False  # include a torch.compile what-if (slow to compile)
-    trace_path: str | None = None  # Chrome/Perfetto trace of the profiled steps
-    fix: str | None = None  # write the fixes as one unified diff here (doctor.fixes)
-    verify: bool = False  # run original and patched interleaved, per fix and together
-    verify_budget_s: float = 120.0  # time for verifying fixes one at a time (together always runs)
-    verify_rounds: int = 2  # interleaved original/patched rounds per comparison
-    fix_rules: tuple[str, ...] | None = None  # only these rules' fixes (None: every fixable finding)
-    hang_timeout_s: float = 120.0  # a multi-process job with no rank making progress this long is ended
-    job_what_if_budget_s: float = 180.0  # a job's fixes are timed as whole runs of the launcher, with and without
-    job_what_if_rules: tuple[str, ...] | None = None  # only these rules' fixes are timed on a job (None: every one)
-    job_what_if_rounds: int = 3  # at most this many rounds of the job per fix (2, the least, whatever the budget)
-    watch_s: float = 20.0  # after the window, watch the step clock this long for work at longer periods
 
 
 @guarded()  # what it starts and the temporary folders it makes end with it, whatever ends it

@@ -14,6 +14,7 @@ Steps are optimizer steps, as with the CLI. A loop without a torch optimizer cal
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import sys
 import time
 from dataclasses import dataclass, field
@@ -69,8 +70,8 @@ def watch(
     until the block ends by itself. An exception from the block is reported (with where it
     came from) and then re-raised.
     """
-    options = DoctorOptions(
-        steps=steps or 0,
+    options = DoctorOptions(  # checked as the command's are: watch(steps=0) is an error naming steps
+        steps=steps if steps is not None else 1,
         warmup=warmup,
         profile_steps=profile_steps,
         what_if=what_if,
@@ -100,7 +101,10 @@ def watch(
         run.seconds = time.perf_counter() - started
     if steps is None:
         # Every step after warm-up counts; the report compares with what ran, not with a target.
-        options.steps = max(0, len(recorder.steps) - warmup - len(recorder.profiled_steps))
+        options = dataclasses.replace(
+            options, steps=max(1, len(recorder.steps) - warmup - len(recorder.profiled_steps))
+        )
+        handle.options = options
     report = analyse(
         recorder.recording(), recorder.live_objects(), run, options, script=script, run_seconds=run.seconds
     )

@@ -1,0 +1,49 @@
+"""DoctorOptions in the Plan's idiom: typed, checked once, the command's flags built from its fields."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+import pytest
+
+import turbotrain as tt
+from turbotrain.cli import build_parser
+from turbotrain.config import ConfigError
+from turbotrain.doctor.options import DoctorOptions, add_option_arguments, options_from_args
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"steps": 0}, "DoctorOptions.steps (--steps): 0 is not allowed; expected an integer >= 1."),
+    ({"warmup": 0}, "first step holds the script's set-up"),
+    ({"job_what_if_rounds": 1}, "two rounds that agree"),
+    ({"what_if_budget_s": float("nan")}, "DoctorOptions.what_if_budget_s (--what-if-budget): nan is not allowed"),
+    ({"fix_rules": ("num-workers", "num-wrokers")}, "num-wrokers is not a rule id"),
+    ({"steps": "20"}, "DoctorOptions.steps"),            # the type, checked as the Plan's are
+    ({"stpes": 20}, "Did you mean 'steps'?"),
+])
+def test_a_bad_option_is_an_error_naming_it(changes, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)").replace("?", r"\?")):
+        DoctorOptions(**changes)
+
+
+def test_the_command_s_flags_are_the_fields_with_their_defaults_and_docs():
+    args = build_parser().parse_args(["doctor", "train.py"])
+    assert options_from_args(args) == DoctorOptions()  # every default written once, in the dataclass
+    args = build_parser().parse_args(["doctor", "--steps", "7", "--no-what-if", "--watch", "0", "--fix-only",
+                                      "num-workers,pin-memory", "--rank-timeout", "30", "train.py"])
+    options = options_from_args(args)
+    assert (options.steps, options.what_if, options.watch_s, options.fix_rules, options.hang_timeout_s) == (
+        7, False, 0.0, ("num-workers", "pin-memory"), 30.0)
+    parser = argparse.ArgumentParser()
+    add_option_arguments(parser)
+    helps = {action.dest: action.help for action in parser._actions}
+    docstring = "Steps to measure: optimizer steps, or backward passes when no optimizer steps"
+    assert helps["steps"] == f"{docstring} (default 20)"
+    assert dataclasses.is_dataclass(options) and dataclasses.fields(options)[0].metadata["flag"] == "--steps"
+
+
+def test_watch_is_checked_as_the_command_is():
+    with pytest.raises(ConfigError, match=r"DoctorOptions.steps \(--steps\): 0 is not allowed"):
+        with tt.doctor.watch(steps=0, print_report=False):
+            pass
