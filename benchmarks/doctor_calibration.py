@@ -57,7 +57,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from turbotrain.doctor.fixes.choose import FIXABLE_RULES
+from turbotrain.doctor.fixes.choose import fixable_rules
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT / "benchmarks" / "calibration"
@@ -114,7 +114,7 @@ def predict(pair: Pair, doctor_steps: int, budget_s: float, script_args: list[st
     with tempfile.TemporaryDirectory(prefix="calib-doctor-") as tmp:
         out = Path(tmp) / "report.json"
         # Only a rule --fix can edit gets a patch (the others would make the doctor refuse the command).
-        editable = verify and pair.rule in FIXABLE_RULES
+        editable = verify and pair.rule in fixable_rules()
         fix = ["--fix", str(Path(tmp) / "fixes.patch"), "--fix-only", pair.rule, "--verify",
                "--verify-rounds", str(verify_rounds)] if editable else []
         cmd = [*_turbotrain(), "doctor", "--quiet", "--json", str(out), "--steps", str(doctor_steps),

@@ -13,7 +13,7 @@ from doctor_helpers import rank_recording
 from turbotrain.doctor.analysis.context import build_context
 from turbotrain.doctor.requests import JobRequest
 from turbotrain.doctor.rules import evaluate
-from turbotrain.doctor.rules.ranks import BUCKETS, _bucket_change
+from turbotrain.doctor.rules.job.ddp_bucket_settings import BUCKETS, _bucket_change
 
 MIB = 1 << 20
 

@@ -15,7 +15,7 @@ from torch import nn
 
 from doctor_helpers import rank_recording
 from turbotrain.doctor.analysis.context import build_context
-from turbotrain.doctor.fixes.choose import FIXABLE_RULES
+from turbotrain.doctor.fixes.choose import fixable_rules
 from turbotrain.doctor.record.collectives import GradientSync
 from turbotrain.doctor.record.patcher import Patcher
 from turbotrain.doctor.requests import JobRequest
@@ -83,7 +83,7 @@ def test_the_same_unused_parameters_on_every_rank_time_static_graph_on_every_ran
     assert finding.request.change.ddp == {"static_graph": True, "find_unused_parameters": False}
     assert finding.severity == "low" and not finding.measured  # until the job what-if times it
     assert "0.25 MiB" in finding.message and "static_graph=True" in finding.fix.pytorch
-    assert "ddp-static-graph" in FIXABLE_RULES  # --fix writes the keyword into the DDP call
+    assert "ddp-static-graph" in fixable_rules()  # --fix writes the keyword into the DDP call
 
 
 @pytest.mark.parametrize("other", [

@@ -397,7 +397,7 @@ def test_only_a_straggler_whose_fix_is_timed_absorbs_a_finding_of_its_line_and_p
     from turbotrain.doctor.findings import Finding, Fix
     from turbotrain.doctor.rank_change import RankChange
     from turbotrain.doctor.requests import JobRequest
-    from turbotrain.doctor.rules.ranks import absorbed_by_straggler
+    from turbotrain.doctor.rules.job.straggler import absorbed_by_straggler
     from turbotrain.doctor.sites import Site
 
     def finding(rule, line, category, **fix):
@@ -458,7 +458,7 @@ def test_the_scripts_own_comm_hook_still_runs_under_the_timing_hook(tmp_path):
 
 
 def test_failure_messages_name_the_rank_and_what_it_was_doing():
-    from turbotrain.doctor.record.job import JobRun, RankOutcome, _failure
+    from turbotrain.doctor.job.launcher import JobRun, RankOutcome, _failure
 
     def status(rank, step, doing, where, t):
         return {"rank": rank, "pid": 100 + rank, "host": "h", "step": step, "doing": doing, "where": where, "time": t}

@@ -124,7 +124,7 @@ def test_each_framework_shows_its_own_fix_and_falls_back_to_pytorchs():
 
 
 def test_the_thread_fix_is_said_in_every_framework_with_its_workers_where_they_change():
-    from turbotrain.doctor.rules.threads import threads_fix
+    from turbotrain.doctor.rules.machine.cpu_oversubscribed import threads_fix
 
     fix = threads_fix(1, 4, 0)
     for how in ("pytorch", "lightning", "fabric", "accelerate", "hf_trainer"):
@@ -212,7 +212,7 @@ def test_a_loader_fix_without_workers_leaves_persistent_workers_out():
     on karpathy/makemore, where the measured best on 2 cores was num_workers=0)."""
     from torch.utils.data import DataLoader
 
-    from turbotrain.doctor.rules.recorded import loader_fix
+    from turbotrain.doctor.rules.data.num_workers import loader_fix
 
     assert loader_fix(4) == "DataLoader(..., num_workers=4, persistent_workers=True)"
     assert loader_fix(0) == "DataLoader(..., num_workers=0)"

@@ -7,11 +7,14 @@ another process spinning had slow steps at 49, 51-54, 84-87 and was told of work
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from turbotrain.doctor.record.cadence import Cadence
 from turbotrain.doctor.record.measurements import StepRecord
 from turbotrain.doctor.record.recurring import find_watched
 from turbotrain.doctor.record.watch import WatchedRun
-from turbotrain.doctor.rules import recorded
+from turbotrain.doctor.rules.data.num_workers import _in_periodic_branch
+from turbotrain.doctor.rules.loop import periodic_work as periodic_rule
 from turbotrain.doctor.sites import Site
 
 PLOT = Site("gan.py", 88, "train")
@@ -46,20 +49,20 @@ def _row(every, site, kind="work between steps", share=0.89):
             "share": share, "where": None, "site": site, "suggested_every": 331, "target_share": 0.05}
 
 
-def test_the_rule_names_work_only_where_the_script_did_some(monkeypatch):
+def test_the_rule_names_work_only_where_the_script_did_some():
     rows = []
-    monkeypatch.setattr(recorded, "periodic_table", lambda ctx: rows)
+    ctx = SimpleNamespace(periodic_rows=rows)  # all the rule reads
     rows[:] = [_row(1, None)]                  # every step: not periodic at all
-    assert list(recorded.periodic_work(None)) == []
+    assert list(periodic_rule.periodic_work(ctx)) == []
     rows[:] = [_row(7, None)]                  # a period, but nothing of the script's own seen in it
-    [noise] = recorded.periodic_work(None)
+    [noise] = periodic_rule.periodic_work(ctx)
     assert noise.severity == "low" and noise.est_speedup is None and not noise.measured
     assert "no work of the script's own" in noise.message
     rows[:] = [_row(50, PLOT)]                 # the loop's `% 50` test: the script's own work, at its line
-    [work] = recorded.periodic_work(None)
+    [work] = periodic_rule.periodic_work(ctx)
     assert work.severity == "high" and work.site == PLOT and work.est_speedup > 2
     rows[:] = [_row(20, None, kind="validation")]  # validation the recorder saw: work, though its line is unknown
-    [validation] = recorded.periodic_work(None)
+    [validation] = periodic_rule.periodic_work(ctx)
     assert validation.severity == "high" and validation.message.startswith("Validation every 20 steps")
 
 
@@ -73,5 +76,5 @@ def test_a_line_in_the_body_of_an_every_n_steps_branch_is_periodic_not_batch_bui
         "        plt.plot(losses)\n"
         "    train(batch)\n"
     )
-    inside = [recorded._in_periodic_branch(Site(str(script), line, "<module>")) for line in range(1, 7)]
+    inside = [_in_periodic_branch(Site(str(script), line, "<module>")) for line in range(1, 7)]
     assert inside == [False, False, True, True, True, False]

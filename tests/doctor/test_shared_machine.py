@@ -166,7 +166,7 @@ def test_one_thread_and_no_workers_on_a_busy_machine_has_nothing_to_reduce():
     threads exist, so there is no oversubscription finding (the busy machine is the noise warning's job)."""
     from types import SimpleNamespace
 
-    from turbotrain.doctor.rules.threads import recommended
+    from turbotrain.doctor.rules.machine.cpu_oversubscribed import recommended
 
     ctx = SimpleNamespace(on_gpu=False, main_loader=None,
                           machine={"usable_cores": 2, "intra_op_threads": 1, "other_load": 1.4})

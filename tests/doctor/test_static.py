@@ -9,7 +9,7 @@ import pytest
 from turbotrain.doctor.analysis.breakdown import compute_breakdown
 from turbotrain.doctor.analysis.context import Context
 from turbotrain.doctor.rules import evaluate
-from turbotrain.doctor.rules.nccl import check_nccl_env
+from turbotrain.doctor.rules.job.nccl_env import check_nccl_env
 from turbotrain.doctor.analysis.source import load_sources
 from turbotrain.hardware import detect
 
@@ -114,7 +114,7 @@ def test_validation_under_no_grad_is_fine(tmp_path):
 def test_a_call_by_the_name_it_was_imported_as_is_found_by_its_own_name(tmp_path):
     """nanoGPT's ``from torch.nn.parallel import DistributedDataParallel as DDP``: the rules that point at the
     DistributedDataParallel call (and --fix, which edits it) find ``DDP(...)``."""
-    from turbotrain.doctor.rules.ranks import call_site
+    from turbotrain.doctor.rules.common import call_site
 
     ctx = context_for(tmp_path, """
         import torch

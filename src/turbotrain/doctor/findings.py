@@ -7,7 +7,7 @@ at least 5% ``medium``, anything less (or unmeasured and unproven on this hardwa
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, get_args
 
 from ..plan import Plan
 from ..speedups.policy import call_text
@@ -26,6 +26,10 @@ __all__ = [
     "speedup_for_rule",
     "lightning_call",
     "SEVERITIES",
+    "Severity",
+    "Framework",
+    "FindingSource",
+    "framework_named",
     "FRAMEWORK_LABELS",
     "FOLDS",
 ]
@@ -38,7 +42,10 @@ class RunPlace(Protocol):
     def on_gpu(self) -> bool: ...
 
 
-SEVERITIES = ("high", "medium", "low")
+Severity = Literal["high", "medium", "low"]
+SEVERITIES: tuple[Severity, ...] = get_args(Severity)  # most severe first
+# Where a finding came from: the recorded run, the live objects the script built, or its source.
+FindingSource = Literal["runtime", "live", "static"]
 # Why a low finding cannot matter on the machine and model at hand: the terminal folds such findings into one
 # line per reason (the JSON and HTML reports keep them whole). The text counts them: "3 GPU-only habits".
 FOLDS = {
@@ -48,7 +55,7 @@ FOLDS = {
 HIGH_SHARE, MEDIUM_SHARE = 0.20, 0.05
 
 
-def severity_for(gain_share: float | None) -> str:
+def severity_for(gain_share: float | None) -> Severity:
     """``high``/``medium``/``low`` for the share of step time a fix saves."""
     if gain_share is None:
         return "low"
@@ -84,13 +91,22 @@ def lightning_call(**changes: Any) -> str:
 
 
 # The frameworks a fix is said in (the names record/drivers.py gives the loop that ran), and their labels.
-FRAMEWORK_LABELS = {
+Framework = Literal["pytorch", "lightning", "fabric", "accelerate", "hf_trainer"]
+FRAMEWORK_LABELS: dict[Framework, str] = {
     "pytorch": "PyTorch",
     "lightning": "Lightning",
     "fabric": "Fabric",
     "accelerate": "Accelerate",
     "hf_trainer": "HF Trainer",
 }
+
+
+def framework_named(name: str | None) -> Framework:
+    """The framework a recorded loop's driver name says (record/drivers.py); ``pytorch`` for any other."""
+    for framework in FRAMEWORK_LABELS:
+        if framework == name:
+            return framework
+    return "pytorch"
 
 
 @dataclass
@@ -109,9 +125,9 @@ class Fix:
     accelerate: str | None = None
     fabric: str | None = None
     hf_trainer: str | None = None
-    framework: str = "pytorch"
+    framework: Framework = "pytorch"
 
-    def in_framework(self, name: str) -> str | None:
+    def in_framework(self, name: Framework) -> str | None:
         """The fix for a script written in ``name`` (a key of :data:`FRAMEWORK_LABELS`), if there is one."""
         return {
             "pytorch": self.pytorch,
@@ -139,7 +155,7 @@ class Finding:
     rule: str
     message: str
     fix: Fix
-    severity: str = "low"
+    severity: Severity = "low"
     site: Site | None = None
     where: str | None = None
     est_speedup: float | None = None
@@ -150,7 +166,7 @@ class Finding:
     note: str | None = None
     evidence: dict[str, Any] = field(default_factory=dict)
     what_if: WhatIf | None = None  # the measured trial behind est_speedup (doctor.results)
-    source: str = "runtime"  # "runtime", "live" (objects) or "static" (source code)
+    source: FindingSource = "runtime"
     request: "WhatIfRequest | None" = None  # the what-if that can measure this finding's gain (doctor.requests)
     fold: str | None = None  # a key of FOLDS: why it cannot matter here, if it cannot
 
@@ -159,7 +175,7 @@ class Finding:
         """Left out of the terminal's findings (one line per reason instead): low, and unable to matter here."""
         return self.fold is not None and self.severity == "low"
 
-    def provisional(self, severity: str) -> None:
+    def provisional(self, severity: Severity) -> None:
         """A severity before (or without) a measurement; est_speedup stays unknown."""
         self.severity = severity
         self.measured = False
@@ -183,7 +199,7 @@ class Finding:
             self.est_speedup = round(speedup_from_share(share), 3)
         self.severity = severity_for(share)
 
-    def cap(self, severity: str, note: str) -> None:
+    def cap(self, severity: Severity, note: str) -> None:
         """Lower the severity (never raise it) and say why."""
         if SEVERITIES.index(severity) > SEVERITIES.index(self.severity):
             self.severity = severity

@@ -23,6 +23,7 @@ __all__ = [
     "ThreadsRequest",
     "BatchBuildRequest",
     "JobRequest",
+    "OwnTrial",
     "WhatIfRequest",
 ]
 
@@ -87,6 +88,12 @@ class BatchBuildRequest:
 
 
 @dataclass(frozen=True)
+class OwnTrial:
+    """Timed by the finding's own rule (``Rule.measure``, in the rule's module); the what-if stage attaches what it
+    returns."""
+
+
+@dataclass(frozen=True)
 class JobRequest:
     """A fix applied on every rank of a multi-process job (``change``: a :class:`.rank_change.RankChange`), timed by
     re-running the user's launcher with and without it, alternately (:mod:`.whatif.job`)."""
@@ -104,4 +111,5 @@ WhatIfRequest = Union[
     ThreadsRequest,
     BatchBuildRequest,
     JobRequest,
+    OwnTrial,
 ]

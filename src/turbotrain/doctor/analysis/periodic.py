@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import ast
 from collections import defaultdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..record.cadence import Cadence
 from ..record.recurring import Periodic
 from ..record.measurements import StepRecord
 from ..record.watch import WatchedRun
-from .context import Context
 from .source import dotted_name
 from ..sites import Site, relative_where
+
+if TYPE_CHECKING:
+    from .context import Context
 
 __all__ = [
     "PERIODIC_TARGET_SHARE",

@@ -1,12 +1,9 @@
-"""Why an edit could not be made (:class:`ByHand`); the plain data of ``doctor --fix`` (what to edit, what came
-of each fix) is :mod:`turbotrain.doctor.report.fix_results`, re-exported here for the edit modules."""
+"""Re-exported for the edit modules: why an edit could not be made (:class:`ByHand`, from :mod:`..edits`) and the
+plain data of ``doctor --fix`` (:mod:`turbotrain.doctor.report.fix_results`)."""
 
 from __future__ import annotations
 
-from ..report.fix_results import EXACT, PRECISION, REINITIALISED, EditRequest
+from ..edits import EXACT, PRECISION, REINITIALISED, ByHand
+from ..report.fix_results import EditRequest
 
 __all__ = ["ByHand", "EditRequest", "EXACT", "PRECISION", "REINITIALISED"]
-
-
-class ByHand(Exception):
-    """An edit that cannot be made safely on the source; the message says why, for the patch header."""

@@ -10,10 +10,7 @@ from typing import Any
 
 __all__ = ["EditRequest", "FixResult", "FixReport", "Verification", "EXACT", "PRECISION", "REINITIALISED"]
 
-# How a fix relates to the original's numbers, which sets what "the losses match" means for it:
-EXACT = "exact"  # the same arithmetic: losses bitwise equal on the CPU
-PRECISION = "precision"  # lower precision or another kernel: within the numerics guard's tolerance
-REINITIALISED = "reinitialised"  # the same model family, other random draws at construction: not compared
+from ..edits import EXACT, PRECISION, REINITIALISED, EditKind, Numerics
 
 
 @dataclass(frozen=True)
@@ -21,12 +18,12 @@ class EditRequest:
     """One finding's fix as an edit of one file: which edit kind, at which lines, with which values."""
 
     rule: str
-    kind: str  # a key of fixes.table.EDIT_KINDS
+    kind: EditKind  # a key of fixes.table.EDIT_KINDS
     file: str  # absolute path of the file the edit changes
     line: int  # the line the finding names
     where: str  # ``train.py:26``, relative to the script's folder
     label: str  # what the edit does, one line
-    numerics: str = EXACT
+    numerics: Numerics = EXACT
     params: dict[str, Any] = field(default_factory=dict)
     lines: tuple[int, ...] = ()  # further lines the same fix edits (every conv a BatchNorm follows)
     predicted: float | None = None
@@ -72,7 +69,7 @@ class FixResult:
     rule: str
     where: str
     label: str
-    numerics: str = EXACT
+    numerics: Numerics = EXACT
     predicted: float | None = None
     diff: str | None = None  # this fix alone against the original
     by_hand: str | None = None  # not an edit: why, and the line to change

@@ -1,10 +1,9 @@
-"""The doctor's rules: each reads a :class:`~turbotrain.doctor.analysis.context.Context` and yields findings.
+"""The doctor's rules: one module per rule, ``rules/<topic>/<rule_id>.py`` (:mod:`.rule` says what a rule
+declares, and refuses one that leaves a part out); :func:`evaluate` runs them all over a
+:class:`~turbotrain.doctor.analysis.context.Context` and returns their findings, merged and in order.
 
-Three sources, one module each: ``runtime`` (the measured breakdown and per-site events),
-``live`` (the model, loader, optimizer and hardware objects the script built) and ``static``
-(the script's source). Rule ids are the catalogue in docs/doctor.md; :data:`RULE_IDS` lists them all:
-the ones a speed-up declares next to its registry entry (``Speedup.doctor_rules``), read from the
-registry, and :data:`HABIT_RULES`, the habits no Plan switch answers.
+The topics: ``data`` (feeding the step), ``step`` (the step itself), ``loop`` (the loop around it), ``job``
+(a multi-process job's ranks) and ``machine`` (cores and threads). What several rules share is in ``common``.
 """
 
 from __future__ import annotations
@@ -12,20 +11,15 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Iterable
 
-from ..findings import SEVERITIES, Finding
-from .registry import HABIT_RULES, RULE_IDS, RULES, rule
+from ..findings import SEVERITIES, Finding, framework_named
+from .rule import Rule, all_rules, by_id, habit_rules, rule_ids
 
 if TYPE_CHECKING:
     from ..analysis.context import Context
 
-__all__ = ["rule", "evaluate", "RULES", "RULE_IDS", "HABIT_RULES"]
+__all__ = ["evaluate", "order", "Rule", "all_rules", "by_id", "rule_ids", "habit_rules"]
 
 log = logging.getLogger("turbotrain")
-
-
-def _load() -> None:
-    # Importing them registers their rules.
-    from . import attribution, batch_building, live, ranks, recorded, static, threads  # noqa: F401 - registers them
 
 
 def _merge(findings: list[Finding]) -> list[Finding]:
@@ -55,25 +49,25 @@ def evaluate(
 ) -> list[Finding]:
     """Every rule's findings for ``ctx``, merged; a rule that crashes is skipped, and added to ``failed`` as
     (rule id, error) for the report to say so."""
-    _load()
     wanted = set(only) if only else None
     found: list[Finding] = []
-    for rule_id, source, fn in RULES:
-        if wanted is not None and rule_id not in wanted:
+    for rule in all_rules():
+        if wanted is not None and rule.id not in wanted:
             continue
-        try:
-            for finding in fn(ctx) or ():
-                finding.source = source
-                found.append(finding)
-        except Exception as exc:  # noqa: BLE001 - one broken rule must not cost the whole report
-            log.warning("turbotrain doctor: rule %s failed: %s: %s", rule_id, type(exc).__name__, exc)
-            if failed is not None:
-                failed.append((rule_id, f"{type(exc).__name__}: {exc}"))
-    from .attribution import explained
-    from .ranks import absorbed_by_straggler
+        for detect in rule.detect:
+            try:
+                for finding in detect.fn(ctx) or ():
+                    finding.source = detect.source
+                    found.append(finding)
+            except Exception as exc:  # noqa: BLE001 - one broken rule must not cost the whole report
+                log.warning("turbotrain doctor: rule %s failed: %s: %s", rule.id, type(exc).__name__, exc)
+                if failed is not None:
+                    failed.append((rule.id, f"{type(exc).__name__}: {exc}"))
+    from .job.straggler import absorbed_by_straggler
+    from .loop.unattributed_time import explained
 
     findings = order(absorbed_by_straggler(explained(_merge([f for f in found if _confirmed(ctx, f)]))))
-    framework = ctx.recording.driver if ctx.recording is not None and ctx.recording.driver else "pytorch"
+    framework = framework_named(ctx.recording.driver if ctx.recording is not None else None)
     for f in findings:  # each fix is shown in the framework whose loop ran (record/drivers.py)
         f.fix.framework = framework
     return findings

@@ -24,6 +24,7 @@ two ways); this module runs them in order.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import sys
 import types
@@ -36,10 +37,12 @@ from ..requests import (
     BatchRequest,
     EvalGradRequest,
     LoaderRequest,
+    OwnTrial,
     PlanRequest,
     ThreadsRequest,
 )
-from .common import Budget
+from ..rules import by_id
+from .common import Budget, apply_ratio
 from .switches import batch_trial, plan_trials
 from .settings import loader_trial, threads_trial
 from .single import attention_trial, cap_to_noise, eval_grad_trial
@@ -82,6 +85,21 @@ def run_what_ifs(ctx: Context, findings: list[Finding], budget_s: float = 30.0, 
         _run_what_ifs(ctx, findings, budget_s, allow_compile)
 
 
+def _own_trial(ctx: Context, finding: Finding, budget: Budget) -> None:
+    """Time ``finding`` with its rule's measurer and attach the result: the one place such a finding changes."""
+    rule = by_id(finding.rule)
+    if rule.measure is None:
+        raise ValueError(f"rule {rule.id} asked for its own trial (OwnTrial) but declares no measure")
+    measured = rule.measure(ctx, finding, budget)
+    if measured is None:
+        return
+    if measured.fix is not None:
+        finding.fix = dataclasses.replace(measured.fix, framework=finding.fix.framework)
+    if measured.note:
+        finding.note = measured.note
+    apply_ratio(finding, ctx, measured.verdict, measured.what_if, applies_to=measured.applies_to)
+
+
 def _run_what_ifs(ctx: Context, findings: list[Finding], budget_s: float, allow_compile: bool) -> None:
     budget = Budget(budget_s)
 
@@ -103,6 +121,8 @@ def _run_what_ifs(ctx: Context, findings: list[Finding], budget_s: float, allow_
         steps.append(("attention", lambda f=f: attention_trial(ctx, f, budget)))
     for f in of(EvalGradRequest):
         steps.append(("eval_grad", lambda f=f: eval_grad_trial(ctx, f, budget)))
+    for f in of(OwnTrial):  # a rule that times its own fix (Rule.measure)
+        steps.append((f.rule, lambda f=f: _own_trial(ctx, f, budget)))
     for name, fn in steps:
         if budget.left <= 0:
             break

@@ -13,8 +13,8 @@ from ...measure import Trial, judge, run_trial, time_loader
 from ..findings import Finding
 from ..requests import ThreadsRequest
 from ..results import LoaderResult, ThreadSetting, ThreadsResult
-from ..rules.recorded import loader_fix
-from ..rules.threads import threads_fix
+from ..rules.data.num_workers import workers_fix
+from ..rules.machine.cpu_oversubscribed import threads_fix
 from .common import Budget, ModelTrials, apply_ratio, interleaved_rounds, model_share, surrogate_step
 
 if TYPE_CHECKING:
@@ -190,11 +190,7 @@ def loader_trial(ctx: Context, finding: Finding, budget: Budget) -> None:
         pair_rounds=1,
     )  # one timing each
     if best != current:
-        finding.fix.plan = {"num_workers": best}
-        finding.fix.pytorch = loader_fix(best)
-        finding.fix.lightning = f"DataLoader(..., num_workers={best})"
-        finding.fix.accelerate = f"DataLoader(..., num_workers={best}) before accelerator.prepare(...)"
-        finding.fix.hf_trainer = f"TrainingArguments(dataloader_num_workers={best})"
+        finding.fix = dataclasses.replace(workers_fix(best), framework=finding.fix.framework)
     finding.set_gain(share, measured=True)
     finding.note = (
         f"Loader rates measured for num_workers {', '.join(map(str, rates))}; the step is projected as "

@@ -1,14 +1,23 @@
-"""NCCL environment variables: which names NCCL reads, and which settings slow it down.
+"""`nccl-env`: a mistyped NCCL variable (`NCCL_BUFF_SIZE`: NCCL reads `NCCL_BUFFSIZE`), a transport switched off, debug
+logging
 
-NCCL silently ignores a name it does not know, so a typo (``NCCL_BUFF_SIZE`` for
-``NCCL_BUFFSIZE``) leaves the tuning the user thinks they applied switched off.
+Reads: environment, source (docs/doctor.md, "Findings").
 """
 
 from __future__ import annotations
 
+import ast
 import difflib
+from typing import TYPE_CHECKING, Iterator
 
-__all__ = ["KNOWN", "check_nccl_env"]
+from ...analysis.source import dotted_name
+from ...findings import Finding, Fix, speedup_for_rule
+from ..common import sources, static_finding
+from ..rule import Detect, Rule, register
+
+if TYPE_CHECKING:
+    from ...analysis.context import Context
+
 
 # Documented in NCCL's "Environment Variables" guide (2.x) plus PyTorch's own TORCH_NCCL_* names.
 KNOWN = frozenset(
@@ -45,8 +54,10 @@ NCCL_HEARTBEAT_TIMEOUT_SEC NCCL_TRACE_BUFFER_SIZE NCCL_DUMP_ON_TIMEOUT NCCL_AVOI
 """.split()
 )
 
+
 # Not a setting: NVIDIA's CUDA container images label the NCCL they ship with it (nothing reads it).
 IMAGE_LABELS = frozenset({"NCCL_VERSION"})
+
 
 # Settings that turn a fast transport off: right while debugging, slow when forgotten.
 DISABLERS = {
@@ -55,6 +66,7 @@ DISABLERS = {
     "NCCL_SHM_DISABLE": "shared-memory transfers between GPUs of one node",
     "NCCL_NVLS_ENABLE": None,  # 0 turns NVLink SHARP off; only flagged when set to 0 below
 }
+
 
 # PyTorch renamed its own NCCL switches; the old names still work but warn and will go.
 RENAMED = {
@@ -129,3 +141,52 @@ def check_nccl_env(env: dict[str, str]) -> list[tuple[str, str, str, str]]:
                 )
             )
     return problems
+
+
+def nccl_env(ctx: Context) -> Iterator[Finding]:
+    for name, kind, message, fix in check_nccl_env(ctx.env):
+        f = Finding(
+            "nccl-env",
+            where=f"env {name}",
+            message=message,
+            fix=Fix(fix),
+            category="compute",
+            speedup=speedup_for_rule("nccl-env"),
+            evidence={"variable": name, "kind": kind},
+        )
+        f.provisional("medium" if kind in ("typo", "disabled") and (ctx.on_gpu or ctx.world_size > 1) else "low")
+        if f.severity == "low" and kind in ("typo", "disabled"):
+            f.note = "This run does not use NCCL (no GPU or process group); it matters on multi-GPU runs."
+        yield f
+
+
+def nccl_env_static(ctx: Context) -> Iterator[Finding]:
+    for index in sources(ctx):
+        for node in ast.walk(index.tree):
+            name = None
+            if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Subscript):
+                target = node.targets[0]
+                if dotted_name(target.value).endswith("environ") and isinstance(target.slice, ast.Constant):
+                    name = target.slice.value
+            elif isinstance(node, ast.Call) and dotted_name(node.func).endswith(("environ.setdefault", "putenv")):
+                if node.args and isinstance(node.args[0], ast.Constant):
+                    name = node.args[0].value
+            if not isinstance(name, str) or not name.startswith("NCCL_"):
+                continue
+            for _var, kind, message, fix in check_nccl_env({name: "1"}):
+                if kind in ("typo", "unknown", "renamed"):
+                    f = static_finding("nccl-env", index, node, message, Fix(fix), speedup=speedup_for_rule("nccl-env"))
+                    if kind == "typo" and (ctx.on_gpu or ctx.world_size > 1):
+                        f.provisional("medium")
+                    yield f
+
+
+RULE = register(
+    Rule(
+        "nccl-env",
+        detect=(
+            Detect("live", nccl_env),
+            Detect("static", nccl_env_static),
+        ),
+    )
+)

@@ -1,42 +1,28 @@
-"""No unexplained share: every phase over a tenth of the step that is not the training step's own work (the
-model's forward and backward, their dispatch, the optimizer's update) ends in a finding with a line of the
-user's code, or in one that says plainly what could not be attributed, and why.
+"""`eval-every-step`: validation forwards (autograd off) after every step take over 10% of it: names each line and the
+forwards per step (two of the same batch: one serves both).
 
-``eval-every-step`` names the validation forwards that run after every optimizer step (no autograd: the
-autograd-on kind is ``grad-in-validation``'s). ``unattributed-time`` holds, for each such phase, the best line
-the run knows and why nothing finer was found; :func:`explained` drops it wherever another finding of the same
-phase already points at a line.
+Reads: run (the rule table in docs/doctor.md).
 """
 
 from __future__ import annotations
 
 import ast
 import statistics
-from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
-from ..analysis.periodic import PERIODIC_TARGET_SHARE, SUGGESTED_SHARE, periodic_table, suggested_every
-from ..findings import Finding, Fix
-from .registry import rule
+from ...analysis.periodic import PERIODIC_TARGET_SHARE, SUGGESTED_SHARE, suggested_every
+from ...findings import Finding, Fix
+from ...record.cadence import syntax_tree
+from ..common import ATTRIBUTED_SHARE, ms
+from ..rule import Detect, Rule, register
 
 if TYPE_CHECKING:
-    from ..analysis.context import Context
-    from ..sites import Site
+    from ...analysis.context import Context
+    from ...sites import Site
 
-__all__ = ["explained", "ATTRIBUTED_SHARE"]
 
-# A phase over this share of the step must be explained by a finding with a line.
-ATTRIBUTED_SHARE = 0.10
 # Validation forwards in at least this share of the measured steps run "every step" (not periodic work).
 EVERY_STEP = 0.5
-# The training step's own work: the model's forward and backward, their dispatch (jit-script's) and the update
-# (timed inside optimizer.step(), whose line the breakdown names).
-_OWN_WORK = ("compute", "python_overhead", "optimizer")
-_GAP_SAMPLED_FROM_S = 1e-3  # the recorder samples untimed batch building from a millisecond a step
-
-
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1e3:.1f} ms" if seconds >= 1e-3 else f"{seconds * 1e6:.0f} us"
 
 
 def _eval_seconds_per_step(ctx: Context) -> float:
@@ -45,13 +31,12 @@ def _eval_seconds_per_step(ctx: Context) -> float:
     return statistics.fmean(s.phases.get("eval", 0.0) for s in chosen) if chosen else 0.0
 
 
-@rule("eval-every-step", "runtime")
 def eval_every_step(ctx: Context) -> Iterator[Finding]:
     steps = ctx.measured_steps
     if not steps or not ctx.step_s:
         return
     # Validation the recurring-work rule found a period for is its finding (every other step is a period).
-    periodic = {row["site"] for row in periodic_table(ctx) if row["every"]}
+    periodic = {row["site"] for row in ctx.periodic_rows if row["every"]}
     stats = [
         s
         for s in ctx.ran_sites("eval_forward")
@@ -87,7 +72,7 @@ def eval_every_step(ctx: Context) -> Iterator[Finding]:
                 message=(
                     f"`{call}` runs {stat.per_step:g} times per step here, after every optimizer step, on the "
                     f"same inputs (names of the module, not of the function): the same output computed "
-                    f"{stat.per_step:g} times, {site_share:.0%} of each step ({_ms(eval_s * part)})."
+                    f"{stat.per_step:g} times, {site_share:.0%} of each step ({ms(eval_s * part)})."
                 ),
                 fix=Fix(
                     f"compute `{call}` once per evaluation and reuse its output for every metric; and {cadence}",
@@ -113,7 +98,7 @@ def eval_every_step(ctx: Context) -> Iterator[Finding]:
                 category="outside_step",
                 message=(
                     f"The model runs {stat.per_step:g} validation forward(s) per step here, after every "
-                    f"optimizer step: {site_share:.0%} of each step ({_ms(eval_s * part)})." + repeated
+                    f"optimizer step: {site_share:.0%} of each step ({ms(eval_s * part)})." + repeated
                 ),
                 fix=Fix(
                     f"{cadence}; and compute the evaluation's output once for every metric",
@@ -133,9 +118,8 @@ def eval_every_step(ctx: Context) -> Iterator[Finding]:
 def _same_inputs_call(site: Site) -> str | None:
     """The call at ``site`` (``model(val_x)``) when every argument is a name its function neither takes nor
     assigns: a module-level tensor, the same one at every call."""
-    try:
-        tree = ast.parse(Path(site.file).read_text(encoding="utf-8"))
-    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+    tree = syntax_tree(site.file)
+    if tree is None:
         return None
     scopes = [
         n
@@ -164,78 +148,4 @@ def _same_inputs_call(site: Site) -> str | None:
     return None
 
 
-def _why_data(ctx: Context) -> tuple[Site | None, str]:
-    record = ctx.main_loader
-    if record is not None:
-        return record.site, "the step waits on this DataLoader"
-    gap = ctx.seconds("data_loading")
-    site = ctx.capture.site if ctx.capture is not None else None
-    if ctx.gap_samples:
-        busiest = max(ctx.gap_samples.items(), key=lambda kv: kv[1])[0]
-        return busiest, (
-            "this line was caught running most often in the untimed time before the step's forward "
-            "(which is charged to data loading), and no rule has a fix for it"
-        )
-    if gap < _GAP_SAMPLED_FROM_S:
-        why = (
-            f"each step spends {_ms(gap)} before this forward with no timed call (building the batch in the "
-            "loop: indexing, random draws), under the millisecond from which the doctor samples which line "
-            "runs there"
-        )
-    else:
-        why = (
-            "the time before this forward ran in no timed call and the sampler caught no line of yours in it "
-            "(it ran in a library's code)"
-        )
-    return site, why
-
-
-def _why(ctx: Context, category: str) -> tuple[Site | None, str]:
-    """The best line the run knows for ``category``'s time, and why nothing finer was found."""
-    if category == "data_loading":
-        return _why_data(ctx)
-    kinds = {
-        "outside_step": ("eval_forward", "eval_grad_forward", "save"),
-        "host_sync": ("sync:",),
-        "host_to_device": ("h2d",),
-    }.get(category, ())
-    for kind in kinds:
-        stats = ctx.ran_sites(kind)
-        if stats:
-            return stats[0].site, "the time is the calls at this line and its like"
-    return None, "no call of your code was timed in it (the time ran between the hooks the doctor installs)"
-
-
-@rule("unattributed-time", "runtime")
-def unattributed_time(ctx: Context) -> Iterator[Finding]:
-    if not ctx.step_s:
-        return
-    for category, share in sorted(ctx.breakdown.shares.items(), key=lambda kv: -kv[1]):
-        if category in _OWN_WORK or share < ATTRIBUTED_SHARE:
-            continue
-        site, why = _why(ctx, category)
-        label = category.replace("_", " ")
-        f = Finding(
-            "unattributed-time",
-            site=site,
-            category=category,
-            message=(
-                f"{share:.0%} of each step ({_ms(ctx.seconds(category))}) is {label} that no finding explains: {why}."
-            ),
-            fix=Fix(
-                "no measured fix: look at the line above, or run with --trace and open the trace to see what runs there"
-            ),
-            evidence={"share": round(share, 4), "ms_per_step": round(ctx.seconds(category) * 1e3, 3)},
-        )
-        f.provisional("low")
-        yield f
-
-
-def explained(findings: list[Finding]) -> list[Finding]:
-    """``unattributed-time`` findings less those whose phase another finding already ties to a line."""
-    covered = {
-        f.category
-        for f in findings
-        if f.rule != "unattributed-time" and f.source != "static" and (f.site is not None or f.where)
-    }
-    return [f for f in findings if f.rule != "unattributed-time" or f.category not in covered]
+RULE = register(Rule("eval-every-step", detect=(Detect("runtime", eval_every_step),)))

@@ -1,28 +1,24 @@
-"""CPU threads and DataLoader workers against the cores really free: the oversubscription rule.
+"""`cpu-oversubscribed`: intra-op threads above the cores really free, or threads + workers above the usable cores
+(threads and workers timed); on a job, the ranks on a host running more threads together than it has cores (cores //
+ranks timed on every rank)
 
-torch sizes its intra-op pool to the cores it sees. When another process holds one of them, or
-the DataLoader's workers take them, every parallel op waits at a barrier for a thread that has
-no core: a 15-22x slower step on a 2-core machine with one other busy process. The fix is
-measured on the user's own model (:func:`turbotrain.doctor.whatif.run_what_ifs`, trial kind
-``threads``): the current threads and workers against the recommended ones, interleaved. On a
-multi-process job the ranks of a host are counted together, and cores // ranks is timed on every rank
-(:mod:`..whatif.job`).
+Reads: machine + run (docs/doctor.md, "Findings").
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterator
 
-from ..analysis.ranks import oversubscribed
-from ...speedups.cpu_threads import fit_to_cores
-from ..findings import Finding, Fix, speedup_for_rule
-from .ranks import call_site, on_a_job
-from .registry import rule
-from ..rank_change import RankChange
-from ..requests import JobRequest, ThreadsRequest
+from ....speedups.cpu_threads import fit_to_cores
+from ...analysis.ranks import oversubscribed
+from ...findings import Finding, Fix, speedup_for_rule
+from ...rank_change import RankChange
+from ...requests import JobRequest, ThreadsRequest
+from ..common import call_site, on_a_job, rank_change_edit
+from ..rule import Detect, Rule, register
 
 if TYPE_CHECKING:
-    from ..analysis.context import Context
+    from ...analysis.context import Context
 
 
 # Background load below a quarter of a core (a shell, a logger) leaves a core free. A neighbour pinned to one
@@ -80,7 +76,6 @@ def threads_fix(threads: int, workers_now: int, workers: int) -> Fix:
     )
 
 
-@rule("cpu-oversubscribed", "runtime")
 def cpu_oversubscribed(ctx: Context) -> Iterator[Finding]:
     if on_a_job(ctx):
         return  # on a job the other ranks are not other load: rules/ranks.py counts every rank's threads
@@ -116,7 +111,6 @@ def cpu_oversubscribed(ctx: Context) -> Iterator[Finding]:
     yield f
 
 
-@rule("cpu-oversubscribed", "runtime")
 def ranks_oversubscribed(ctx: Context) -> Iterator[Finding]:
     """The ranks on this host run more intra-op threads together than the host has cores."""
     if not on_a_job(ctx) or ctx.on_gpu or not ctx.machine:
@@ -155,3 +149,15 @@ def ranks_oversubscribed(ctx: Context) -> Iterator[Finding]:
     )
     finding.provisional("medium")
     yield finding
+
+
+RULE = register(
+    Rule(
+        "cpu-oversubscribed",
+        detect=(
+            Detect("runtime", cpu_oversubscribed),
+            Detect("runtime", ranks_oversubscribed),
+        ),
+        edit=rank_change_edit,
+    )
+)

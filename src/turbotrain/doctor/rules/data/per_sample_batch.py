@@ -1,26 +1,31 @@
-"""Per-sample Python in the batch path: a batch built one sample at a time (a list comprehension of slices,
-stacked) at a line the gap sampler caught building batches while the step waited."""
+"""`per-sample-batch`: a batch built one sample at a time (a list comprehension of slices, per-row `torch.tensor`,
+stacked) at a line the step waited on (one-op build timed on your data).
+
+Reads: run, source (the rule table in docs/doctor.md).
+"""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterator
 
-from ..analysis.batch_building import per_sample_build
-from ..findings import Finding, Fix
-from ..requests import BatchBuildRequest
-from .registry import rule
+from ...analysis.batch_building import per_sample_build
+from ...findings import Finding, Fix
+from ...requests import BatchBuildRequest
+from ..rule import Detect, Rule, register
 
 if TYPE_CHECKING:
-    from ..analysis.context import Context
-    from ..sites import Site
+    from ...analysis.context import Context
+    from ...sites import Site
+
 
 # Data loading under this share of the step: the batch is not what the step waits on.
 DATA_SHARE = 0.10
+
+
 # A line holding less of the data wait than this is not worth its own finding.
 LINE_SHARE = 0.02
 
 
-@rule("per-sample-batch", "runtime")
 def per_sample_batch(ctx: Context) -> Iterator[Finding]:
     share = ctx.share("data_loading")
     total = sum(ctx.gap_samples.values())
@@ -67,3 +72,6 @@ def per_sample_batch(ctx: Context) -> Iterator[Finding]:
             "from your data without changing it; the share above is what the line measured."
         )
         yield f
+
+
+RULE = register(Rule("per-sample-batch", detect=(Detect("runtime", per_sample_batch),)))

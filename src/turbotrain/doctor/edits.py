@@ -1,0 +1,51 @@
+"""A rule's fix as an edit of the user's code: the typed spec a rule's edit planner returns, and why one cannot be
+made (:class:`ByHand`). ``fixes/`` turns a spec into a diff (``fixes.table.EDIT_KINDS`` holds one function per
+kind)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+__all__ = ["EditSpec", "EditKind", "Numerics", "ByHand", "EXACT", "PRECISION", "REINITIALISED"]
+
+# How a fix relates to the original's numbers, which sets what "the losses match" means for it:
+Numerics = Literal["exact", "precision", "reinitialised"]
+EXACT: Numerics = "exact"  # the same arithmetic: losses bitwise equal on the CPU
+PRECISION: Numerics = "precision"  # lower precision or another kernel: within the numerics guard's tolerance
+REINITIALISED: Numerics = "reinitialised"  # the same model family, other random draws at construction: not compared
+
+EditKind = Literal[
+    "loader",  # num_workers / persistent_workers / pin_memory
+    "optimizer",  # fused=True / foreach=True
+    "zero_grad",  # set_to_none=True
+    "conv_bias",  # bias=False before a BatchNorm
+    "from_numpy",  # torch.from_numpy for torch.tensor(ndarray)
+    "ddp",  # DistributedDataParallel's keywords
+    "fsdp",  # fully_shard's keywords on every call
+    "threads",  # torch.set_num_threads(N) per rank
+    "inference_mode",  # around validation run with autograd on
+    "autocast",  # around the forward and the loss
+    "cudnn_benchmark",  # after the imports
+    "cadence",  # validation / checkpoint every N steps
+    "save_every",  # a per-step torch.save under a step test
+    "sdpa",  # hand-written attention as one SDPA call
+]
+
+
+class ByHand(Exception):
+    """An edit that cannot be made safely on the source; the message says why, for the patch header."""
+
+
+@dataclass(frozen=True)
+class EditSpec:
+    """One finding's fix as an edit: its kind, what it does in one line, and where (the finding's line unless
+    ``file``/``line`` say otherwise; ``lines``: further lines the same fix edits)."""
+
+    kind: EditKind
+    label: str
+    params: dict[str, Any] = field(default_factory=dict)
+    numerics: Numerics = EXACT
+    file: str | None = None
+    line: int | None = None
+    lines: tuple[int, ...] = ()

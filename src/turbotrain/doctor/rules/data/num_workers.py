@@ -1,0 +1,142 @@
+"""`num-workers`: the step waits on data (DataLoader with too few workers, or batches built in the loop).
+
+Reads: run (the rule table in docs/doctor.md).
+"""
+
+from __future__ import annotations
+
+import ast
+from typing import TYPE_CHECKING, Any, Iterator
+
+from ...edits import ByHand, EditSpec
+from ...findings import Finding, Fix, speedup_for_rule
+from ...record.cadence import syntax_tree
+from ...requests import LoaderRequest
+from ...sites import Site
+from ..common import loader_edit, ms
+from ..rule import Detect, Rule, register
+
+if TYPE_CHECKING:
+    from ...analysis.context import Context
+
+
+def loader_fix(num_workers: int) -> str:
+    """The DataLoader line for ``num_workers``: PyTorch refuses persistent_workers=True without workers."""
+    persistent = ", persistent_workers=True" if num_workers > 0 else ""
+    return f"DataLoader(..., num_workers={num_workers}{persistent})"
+
+
+def workers_fix(workers: int) -> Fix:
+    """The fix for a loader given ``workers``, in every framework (the what-if says it again with its measured
+    best count)."""
+    return Fix(
+        loader_fix(workers),
+        plan={"num_workers": workers},
+        lightning=f"DataLoader(..., num_workers={workers}) (Lightning passes your loader through)",
+        accelerate=f"DataLoader(..., num_workers={workers}) before accelerator.prepare(...)",
+        hf_trainer=f"TrainingArguments(dataloader_num_workers={workers})",
+    )
+
+
+def num_workers(ctx: Context) -> Iterator[Finding]:
+    share = ctx.share("data_loading")
+    if share < 0.10:
+        return
+    data_s = ctx.seconds("data_loading")
+    record = ctx.main_loader
+    cores = max(1, ctx.hw.cpu_cores)
+    if record is None:
+        # Without a DataLoader nothing can be timed with workers; a batch built in well under a
+        # millisecond would not pay for a worker's inter-process hand-off either. Time the run
+        # already pinned on a line (torch.tensor copies) has its own finding and fix.
+        data_s -= sum(stat.seconds_per_step for stat in ctx.site_stats("tensor_copy"))
+        share = data_s / ctx.step_s if ctx.step_s else 0.0
+        if share < 0.20 or data_s < 1e-3:
+            return
+        busiest = max(ctx.gap_samples.items(), key=lambda kv: kv[1], default=(None, 0))[0]
+        if busiest is not None and _in_periodic_branch(busiest):
+            return  # work the script runs every N steps (a plot, a log), not batch building: periodic-work's
+        site = busiest or (ctx.capture.site if ctx.capture else None)
+        f = Finding(
+            "num-workers",
+            site=site,
+            category="data_loading",
+            message=(
+                f"{share:.0%} of each step ({ms(data_s)}) goes to making the next batch in the training "
+                "process itself (no DataLoader): the model waits while the batch is built."
+            ),
+            fix=Fix(
+                "Move the per-batch work into a torch.utils.data.Dataset and iterate "
+                f"DataLoader(dataset, batch_size=..., num_workers={min(4, cores)}, persistent_workers=True), so "
+                "worker processes build batches while the model trains; or precompute the data once."
+            ),
+            evidence={
+                "data_ms_per_step": round(data_s * 1e3, 3),
+                "sampled_lines": {
+                    ctx.where(k): v for k, v in sorted(ctx.gap_samples.items(), key=lambda kv: -kv[1])[:5]
+                },
+            },
+        )
+        f.set_gain(share, measured=False)
+        f.note = "est_speedup is the upper bound: all of the batch preparation hidden behind compute."
+        if busiest is None:
+            f.note += " No line was caught building a batch (the sampler saw none): the site is the model's call."
+        yield f
+        return
+    workers = record.settings["num_workers"]
+    suggest = max(2, min(4, cores)) if workers == 0 else workers * 2
+    f = Finding(
+        "num-workers",
+        site=record.site,
+        category="data_loading",
+        speedup=speedup_for_rule("num-workers"),
+        message=(
+            f"{share:.0%} of step time ({ms(data_s)} per step) waits on the DataLoader, "
+            + (
+                "which loads every batch in the training process (num_workers=0)."
+                if workers == 0
+                else f"even with num_workers={workers}."
+            )
+        ),
+        fix=workers_fix(suggest),
+        evidence={"data_ms_per_step": round(data_s * 1e3, 3), "num_workers": workers},
+        request=LoaderRequest(),
+    )
+    f.set_gain(share, measured=False)
+    f.note = "est_speedup is the upper bound until the worker counts are timed."
+    if data_s < 1e-3:
+        # Handing a batch over from a worker process costs about this much itself.
+        f.cap("low", "Each batch loads in under a millisecond; workers may not win it back.")
+    yield f
+
+
+def _in_periodic_branch(site: Site) -> bool:
+    """Whether ``site`` lies in an ``if`` whose test takes a remainder (``if step % 50 == 0:``), its test's line
+    included: a sampler can catch a one-line branch, or a body that calls into a library, there."""
+    tree = syntax_tree(site.file)
+    if tree is None:
+        return False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and any(
+            isinstance(t, ast.BinOp) and isinstance(t.op, ast.Mod) for t in ast.walk(node.test)
+        ):
+            body = node.body  # the branch that runs every N steps, from its test (``if step % 50 == 0: plot()``)
+            if node.lineno <= site.line <= (body[-1].end_lineno or body[-1].lineno):
+                return True
+    return False
+
+
+def edit(ctx: Context, f: Finding) -> EditSpec:
+    if not isinstance(f.request, LoaderRequest):
+        raise ByHand(
+            "the batches are built in the loop, not by a DataLoader: move that work into a Dataset "
+            "read by DataLoader(..., num_workers=N)"
+        )
+    workers = int((f.fix.plan or {}).get("num_workers", 2))
+    params: dict[str, Any] = {"num_workers": workers}
+    if workers > 0:
+        params["persistent_workers"] = True
+    return loader_edit(params)
+
+
+RULE = register(Rule("num-workers", detect=(Detect("runtime", num_workers),), edit=edit))

@@ -1,0 +1,94 @@
+"""`periodic-work`: validation or checkpoints every N steps cost over 5% of training time, amortised over their period;
+N beyond the window found by watching the step clock after it.
+
+Reads: run (the rule table in docs/doctor.md).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Iterator
+
+from ...analysis.periodic import PERIODIC_TARGET_SHARE
+from ...edits import ByHand, EditSpec
+from ...findings import Finding, Fix
+from ..common import ms
+from ..rule import Detect, Rule, register
+
+if TYPE_CHECKING:
+    from ...analysis.context import Context
+
+
+def periodic_work(ctx: Context) -> Iterator[Finding]:
+    for row in ctx.periodic_rows:
+        share = row["share"]
+        if share is None or share < PERIODIC_TARGET_SHARE or not row["every"] or row["every"] < 2:
+            continue  # seen once (its period unknown), cheap enough, or every step's own cost: not periodic
+        kind, every, better = row["kind"], row["every"], row["suggested_every"]
+        if kind == "work between steps" and row["site"] is None:
+            yield _unexplained_slow_steps(row)
+            continue
+        f = Finding(
+            "periodic-work",
+            site=row["site"],
+            category="outside_step",
+            message=(
+                f"{kind.capitalize()} every {every} steps costs {ms(row['cost_ms'] / 1e3)} each time: "
+                f"{share:.0%} of training time."
+            ),
+            fix=Fix(
+                f"run the {kind} every {better} steps (under {PERIODIC_TARGET_SHARE:.0%} of training time)"
+                + (", and under torch.inference_mode()" if kind == "validation" else ""),
+                lightning=f"Trainer(val_check_interval={better})" if kind == "validation" else None,
+                hf_trainer=(
+                    f"TrainingArguments(eval_strategy='steps', eval_steps={better})"
+                    if kind == "validation"
+                    else f"TrainingArguments(save_steps={better})"
+                    if kind == "checkpoint"
+                    else None
+                ),
+            ),
+            evidence={k: row[k] for k in ("every", "cost_ms", "share", "steps")},
+        )
+        # Moving to the suggested cadence saves all but its own (under 5%) share.
+        saved = share * (1 - every / better) if better else 0.0
+        f.set_gain(max(0.0, saved), measured=True)
+        f.note = f"Measured over {len(row['steps'])} occurrence(s); the numbers above spread it over its period."
+        if row.get("note"):  # found beyond the window: how (analysis/periodic.py)
+            f.note = f"{f.note} {row['note']}"
+        yield f
+
+
+def _unexplained_slow_steps(row: dict[str, Any]) -> Finding:
+    """Slow steps at a period with nothing of the script's own seen in them (no line, no validation, no save): on
+    a shared machine, the scheduler's doing as often as the script's. Said, never rated above low, never timed."""
+    f = Finding(
+        "periodic-work",
+        site=None,
+        category="outside_step",
+        message=(
+            f"Steps {', '.join(str(i) for i in row['steps'][:6])} ran {ms(row['cost_ms'] / 1e3)} over the ordinary "
+            "step with no work of the script's own seen in them (no line, validation or checkpoint): other "
+            "processes taking the CPU look the same."
+        ),
+        fix=Fix("nothing to change in the script unless it does work every few steps the doctor did not see"),
+        evidence={k: row[k] for k in ("every", "cost_ms", "share", "steps")},
+    )
+    f.set_gain(None, measured=False)
+    f.cap("low", "No evidence of work: counted as noise, not as a cost of the script.")
+    return f
+
+
+def edit(ctx: Context, f: Finding) -> EditSpec:
+    assert f.site is not None  # fixes.choose plans only findings with a site
+    row = next((r for r in ctx.periodic_rows if r["site"] == f.site and r["every"]), None)
+    if row is None or not row["suggested_every"]:
+        raise ByHand("the period of the recurring work is not known")
+    every, better, kind = row["every"], row["suggested_every"], row["kind"]
+    return EditSpec(
+        "cadence",
+        f"{kind} every {better} steps (was {every})",
+        params={"every": every, "new_every": better, "kind": kind, "function": f.site.function},
+    )
+
+
+RULE = register(Rule("periodic-work", detect=(Detect("runtime", periodic_work),), edit=edit))

@@ -1,0 +1,84 @@
+"""`save-in-loop`: `torch.save` in the step (timed).
+
+Reads: run, source (the rule table in docs/doctor.md).
+"""
+
+from __future__ import annotations
+
+import ast
+from typing import TYPE_CHECKING, Iterator
+
+from ...analysis.periodic import suggested_every
+from ...edits import ByHand, EditSpec
+from ...findings import Finding, Fix
+from ..common import ms, ran_per_step, sources, static_finding, timed_sites
+from ..rule import Detect, Rule, register
+
+if TYPE_CHECKING:
+    from ...analysis.context import Context
+
+
+def save_in_loop(ctx: Context) -> Iterator[Finding]:
+    for stat, share in timed_sites(ctx, "save"):
+        f = Finding(
+            "save-in-loop",
+            site=stat.site,
+            category="outside_step",
+            message=(
+                f"torch.save runs {stat.per_step:g}x per step here ({ms(stat.seconds_per_step / stat.per_step)} "
+                f"each, {share:.0%} of step time)."
+            ),
+            fix=Fix(
+                "Checkpoint every N steps or once per epoch, in the background when it is large "
+                "(turbotrain.train.checkpoint writes atomically)",
+                lightning="ModelCheckpoint(every_n_train_steps=N)",
+                accelerate="accelerator.save_state(...) every N steps",
+                fabric="fabric.save(path, state) every N steps",
+                hf_trainer="TrainingArguments(save_steps=N)",
+            ),
+            evidence={"per_step": stat.per_step, "ms_per_step": round(stat.seconds_per_step * 1e3, 3)},
+        )
+        f.set_gain(share, measured=True)
+        yield f
+
+
+def save_in_loop_static(ctx: Context) -> Iterator[Finding]:
+    for index in sources(ctx):
+        for call, _ in index.calls("torch.save"):
+            if not index.in_direct_loop(call):
+                continue
+            guarded = False
+            parent = index.parents.get(call)
+            while parent is not None and not isinstance(parent, (ast.For, ast.While)):
+                if isinstance(parent, ast.If):
+                    guarded = True
+                parent = index.parents.get(parent)
+            if not guarded and not ran_per_step(ctx, "save", index.site(call)):
+                yield static_finding(
+                    "save-in-loop",
+                    index,
+                    call,
+                    "torch.save runs on every iteration of this loop.",
+                    Fix("save every N steps or once per epoch"),
+                )
+
+
+def edit(ctx: Context, f: Finding) -> EditSpec:
+    per_step = f.evidence.get("per_step") or 1.0
+    if per_step > 1.0:
+        raise ByHand("torch.save runs more than once per step here; checkpoint less often by hand")
+    cost_s = f.evidence.get("ms_per_step", 0.0) / 1e3 / per_step
+    every = max(2, suggested_every(cost_s, max(ctx.step_s - cost_s, 1e-6), 1))
+    return EditSpec("save_every", f"torch.save every {every} steps (was every step)", params={"every": every})
+
+
+RULE = register(
+    Rule(
+        "save-in-loop",
+        detect=(
+            Detect("runtime", save_in_loop),
+            Detect("static", save_in_loop_static),
+        ),
+        edit=edit,
+    )
+)

@@ -1,0 +1,1 @@
+"""Rules on the machine the run shares: cores, threads and workers."""

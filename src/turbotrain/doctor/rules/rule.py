@@ -1,0 +1,204 @@
+"""A rule, and the registry of rules: one module per rule, ``rules/<topic>/<rule_id>.py``.
+
+A rule module ends with ``RULE = register(Rule(...))``: its id (the module's name, ``-`` for ``_``), how it
+detects (one :class:`Detect` per source it reads: the recorded run, the live objects, the script's source),
+where it times its own fix, how (:data:`Measurer`: a finding asks for it with ``request=OwnTrial()``, and the
+rule returns a :class:`Measured` that the what-if stage attaches; the rule never edits the finding) and, where
+its fix is an edit of the user's code, how that edit is planned (:data:`EditPlanner`, a typed
+:class:`~turbotrain.doctor.edits.EditSpec`). Which speed-up answers it is read from the speed-up registry
+(``Speedup.doctor_rules``); a rule no speed-up declares is a habit of the script's own. :func:`register` refuses a
+rule that leaves a declared part out or lives in a module not named after it, as ``speedups/`` does.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Iterable, Literal, Optional, Protocol, get_args
+
+from ...speedups.registry import all_speedups
+
+if TYPE_CHECKING:
+    from ...measure import Comparison
+    from ..analysis.context import Context
+    from ..edits import EditSpec
+    from ..findings import Finding, Fix
+    from ..results import WhatIf
+
+__all__ = [
+    "Rule",
+    "Detect",
+    "Measured",
+    "TimeLeft",
+    "Source",
+    "SOURCES",
+    "register",
+    "all_rules",
+    "by_id",
+    "rule_ids",
+    "habit_rules",
+    "TOPICS",
+]
+
+# What a detector reads: the recorded run, the live objects the script built, or the script's source.
+Source = Literal["runtime", "live", "static"]
+SOURCES: tuple[Source, ...] = get_args(Source)
+# The folders of rules/ that hold rule modules, one topic each.
+TOPICS = ("data", "step", "loop", "job", "machine", "compile", "memory")
+
+# A detector: the findings it sees in a Context (a generator; None where it has nothing to say at all).
+Detector = Callable[["Context"], Optional[Iterable["Finding"]]]
+# An edit planner: the edit that fixes one of the rule's findings; raises fixes.model.ByHand when it cannot.
+EditPlanner = Callable[["Context", "Finding"], "EditSpec"]
+
+
+class TimeLeft(Protocol):
+    """The what-ifs' budget as a rule's measurer sees it (:class:`..whatif.common.Budget`)."""
+
+    @property
+    def left(self) -> float: ...
+
+    def allows(self, cost_s: float) -> bool: ...
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What a rule's own trial measured, for the what-if stage to attach to the finding: the result to show, the
+    judged ratio (:func:`turbotrain.measure.judge`) and the share of the step that ratio applies to; ``fix``, the
+    fix said again with what was measured (the best setting found), and ``note``, one line on how it was timed."""
+
+    what_if: WhatIf
+    verdict: Comparison
+    applies_to: float
+    fix: Fix | None = None
+    note: str | None = None
+
+
+# A measurer: times one of the rule's findings within the budget; None when it cannot (no model, no time).
+Measurer = Callable[["Context", "Finding", TimeLeft], Optional[Measured]]
+
+_ID = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
+
+
+@dataclass(frozen=True)
+class Detect:
+    """One way a rule detects: from ``source``, with ``fn``."""
+
+    source: Source
+    fn: Detector
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One doctor rule: its id, its detectors and, for a fix that is an edit, its edit planner.
+
+    ``measure``: times a finding that asks for it (``request=OwnTrial()``). ``edits_without_site``: the edit goes
+    where the rule says, not at the finding's line (a process-wide flag such as ``cudnn.benchmark`` after the
+    imports), so a finding without a line can still be fixed.
+    """
+
+    id: str
+    detect: tuple[Detect, ...]
+    measure: Measurer | None = None
+    edit: EditPlanner | None = None
+    edits_without_site: bool = False
+
+    @property
+    def module(self) -> str:
+        return self.detect[0].fn.__module__ if self.detect else ""
+
+    @property
+    def speedups(self) -> tuple[str, ...]:
+        """The speed-up registry's entries that answer this rule (none for a habit of the script)."""
+        return tuple(s.name for s in all_speedups() if self.id in s.doctor_rules)
+
+    @property
+    def summary(self) -> str:
+        """The first line of the rule module's docstring: what it catches."""
+        doc = importlib.import_module(self.module).__doc__ or ""
+        return doc.strip().splitlines()[0] if doc.strip() else ""
+
+
+_RULES: dict[str, Rule] = {}
+
+
+def _refusals(rule: Rule) -> list[str]:
+    wrong = []
+    if not _ID.match(rule.id):
+        wrong.append(f"its id {rule.id!r} is not lower-case words joined by '-'")
+    if not rule.detect:
+        wrong.append("detect: no Detect(source, function) given")
+    for d in rule.detect:
+        if d.source not in SOURCES:
+            wrong.append(f"detect: source {d.source!r} is not one of {', '.join(SOURCES)}")
+    modules = {d.fn.__module__ for d in rule.detect} | ({rule.measure.__module__} if rule.measure else set())
+    if rule.edit is not None and rule.edit.__module__ != f"{__package__}.common":  # shared planners live there
+        modules.add(rule.edit.__module__)
+    if len(modules) > 1:
+        wrong.append(f"its detectors and edit come from {len(modules)} modules ({', '.join(sorted(modules))}): one")
+    module = rule.module.rsplit(".", 2)
+    if len(module) < 3 or module[-2] not in TOPICS or module[-1] != rule.id.replace("-", "_"):
+        wrong.append(
+            f"it lives in {rule.module}; a rule lives in turbotrain.doctor.rules.<topic>.{rule.id.replace('-', '_')} "
+            f"(topics: {', '.join(TOPICS)})"
+        )
+    if rule.edits_without_site and rule.edit is None:
+        wrong.append("edits_without_site is set but it has no edit")
+    if rule.id in _RULES and _RULES[rule.id] is not rule:
+        wrong.append(f"{rule.id!r} is registered already, by {_RULES[rule.id].module}")
+    return wrong
+
+
+def register(rule: Rule) -> Rule:
+    """Add ``rule`` to the registry; a ValueError naming each missing or wrong part if it is incomplete."""
+    wrong = _refusals(rule)
+    if wrong:
+        raise ValueError(f"doctor rule {rule.id!r} is incomplete: " + "; ".join(wrong))
+    _RULES[rule.id] = rule
+    return rule
+
+
+def _rule_modules() -> list[str]:
+    """``rules.<topic>.<module>`` for every rule module on disk (found without importing them)."""
+    here = Path(__file__).parent
+    return [
+        f"{__package__}.{topic}.{info.name}"
+        for topic in TOPICS
+        for info in pkgutil.iter_modules([str(here / topic)])
+        if not info.name.startswith("_")
+    ]
+
+
+def rule_ids() -> tuple[str, ...]:
+    """Every rule id, from the rule modules' names (nothing imported)."""
+    return tuple(sorted(name.rsplit(".", 1)[1].replace("_", "-") for name in _rule_modules()))
+
+
+def habit_rules() -> tuple[str, ...]:
+    """The rules no Plan switch answers: the fix is a change to the user's code."""
+    declared = {rule_id for entry in all_speedups() for rule_id in entry.doctor_rules}
+    return tuple(r for r in rule_ids() if r not in declared)
+
+
+def all_rules() -> tuple[Rule, ...]:
+    """Every rule, its module imported (which registers it); a module that registers no RULE is an error."""
+    for name in _rule_modules():
+        module = importlib.import_module(name)
+        registered = getattr(module, "RULE", None)
+        if not isinstance(registered, Rule) or _RULES.get(registered.id) is not registered:
+            raise ValueError(
+                f"{name} defines no RULE = register(Rule(...)): every module under rules/<topic>/ is a rule"
+            )
+    return tuple(_RULES[r] for r in sorted(_RULES))
+
+
+def by_id(rule_id: str) -> Rule:
+    """The rule ``rule_id``; a KeyError naming the known ones if there is none."""
+    rules = {r.id: r for r in all_rules()}
+    try:
+        return rules[rule_id]
+    except KeyError:
+        raise KeyError(f"no doctor rule {rule_id!r}; known: {', '.join(sorted(rules))}") from None

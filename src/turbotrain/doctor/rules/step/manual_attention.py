@@ -1,0 +1,82 @@
+"""`manual-attention`: matmul-softmax-matmul attention that ran in the step (timed).
+
+Reads: source + run (the rule table in docs/doctor.md).
+"""
+
+from __future__ import annotations
+
+import ast
+from typing import TYPE_CHECKING, Iterator
+
+from ...analysis.source import dotted_name
+from ...edits import PRECISION, EditSpec
+from ...findings import Finding, Fix
+from ...requests import AttentionRequest
+from ..common import ran_per_step, sources
+from ..rule import Detect, Rule, register
+
+if TYPE_CHECKING:
+    from ...analysis.context import Context
+
+
+def _has_transposed_matmul(node: ast.AST) -> bool:
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.BinOp) and isinstance(sub.op, ast.MatMult):
+            text = ast.unparse(sub)
+        elif isinstance(sub, ast.Call) and dotted_name(sub.func).split(".")[-1] in ("matmul", "bmm", "einsum"):
+            text = ast.unparse(sub)
+        else:
+            continue
+        if any(t in text for t in (".transpose(", ".mT", ".T", ".permute(", "->")):
+            return True
+    return False
+
+
+def manual_attention(ctx: Context) -> Iterator[Finding]:
+    for index in sources(ctx):
+        for func in ast.walk(index.tree):
+            if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            body = ast.Module(body=func.body, type_ignores=[])
+            names = {dotted_name(c.func).split(".")[-1] for c in ast.walk(body) if isinstance(c, ast.Call)}
+            if "softmax" not in names or "scaled_dot_product_attention" in names:
+                continue
+            if not _has_transposed_matmul(body):
+                continue
+            softmax = next(
+                c for c in ast.walk(body) if isinstance(c, ast.Call) and dotted_name(c.func).split(".")[-1] == "softmax"
+            )
+            site = index.site(softmax)
+            per_step = ran_per_step(ctx, "softmax", site)
+            lines = (func.lineno, func.end_lineno or func.lineno)
+            source = ast.unparse(func)
+            causal = any(word in source for word in ("triu", "tril", "causal"))
+            f = Finding(
+                "manual-attention",
+                site=site,
+                category="compute",
+                message=(
+                    f"{func.name}() computes attention by hand (matmul, softmax, matmul): the full score "
+                    "matrix is written to memory and read back, and no fused flash/memory-efficient kernel "
+                    "can run." + (f" It runs {per_step:g}x per step." if per_step else "")
+                ),
+                fix=Fix("torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=..., is_causal=...)"),
+                evidence={"function": func.name, "per_step": per_step},
+                request=AttentionRequest(index.path, lines, site, per_step, bool(causal)),
+            )
+            f.provisional("medium" if per_step else "low")
+            if not per_step:
+                f.note = "Not seen running during the measured steps."
+            yield f
+
+
+def edit(ctx: Context, f: Finding) -> EditSpec:
+    assert f.site is not None  # fixes.choose plans only findings with a site
+    name = f.evidence.get("function", "the attention")
+    line = f.request.softmax.line if isinstance(f.request, AttentionRequest) else f.site.line
+    return EditSpec(
+        "sdpa", f"scaled_dot_product_attention for the attention in {name}()", numerics=PRECISION, line=line
+    )
+
+
+RULE = register(Rule("manual-attention", detect=(Detect("static", manual_attention),), edit=edit))

@@ -1,0 +1,72 @@
+"""Every rule is one module that registers a complete Rule (rules/rule.py), documented and tested, and says nothing
+(without failing) about a run that recorded nothing; the registry refuses a rule that leaves a part out."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from turbotrain.doctor.analysis.breakdown import compute_breakdown
+from turbotrain.doctor.analysis.context import Context
+from turbotrain.doctor.rules import all_rules, by_id, evaluate, habit_rules, rule_ids
+from turbotrain.doctor.rules.rule import Detect, Rule, register
+from turbotrain.hardware import detect
+from turbotrain.speedups.registry import all_speedups
+
+ROOT = Path(__file__).resolve().parents[2]
+RULES = all_rules()
+DOCS_TABLE = {m.group(1) for m in re.finditer(r"^\| `([a-z0-9-]+)` \|", (ROOT / "docs" / "doctor.md").read_text(),
+                                             re.MULTILINE)}
+TESTS = "\n".join(p.read_text() for p in (ROOT / "tests" / "doctor").glob("test_*.py") if p.name != Path(__file__).name)
+
+
+def test_every_rule_module_registers_its_rule_and_the_ids_are_the_modules():
+    assert [r.id for r in RULES] == sorted(rule_ids()) and len(RULES) >= 37
+    assert set(habit_rules()) == set(rule_ids()) - {r for s in all_speedups() for r in s.doctor_rules}
+
+
+@pytest.mark.parametrize("rule", RULES, ids=lambda r: r.id)
+def test_every_rule_is_documented_and_tested(rule):
+    assert rule.summary.startswith(f"`{rule.id}`: ") and len(rule.summary) > len(rule.id) + 10, rule.summary
+    assert rule.id in DOCS_TABLE, f"{rule.id}: no row in the rule table of docs/doctor.md"
+    assert f'"{rule.id}"' in TESTS, f"{rule.id}: no test in tests/doctor names it"
+    assert by_id(rule.id) is rule
+
+
+@pytest.mark.parametrize("rule", RULES, ids=lambda r: r.id)
+def test_every_rule_says_nothing_about_a_run_that_recorded_nothing(rule, monkeypatch):
+    for name in [n for n in os.environ if n.startswith("NCCL_")]:
+        monkeypatch.delenv(name)  # nccl-env reads the environment
+    ctx = Context(script=None, base=None, hw=detect("cpu"), device="cpu", breakdown=compute_breakdown([], 1),
+                  measured_steps=[])
+    failed: list = []
+    assert evaluate(ctx, only=[rule.id], failed=failed) == [] and failed == []
+
+
+def _a_detector(ctx):
+    return ()
+
+
+@pytest.mark.parametrize("change, says", [
+    ({"detect": ()}, "no Detect"),
+    ({"detect": (Detect("guessed", _a_detector),)}, "source 'guessed'"),
+    ({"id": "Num_Workers"}, "not lower-case words"),
+    ({"edits_without_site": True, "edit": None}, "has no edit"),
+])
+def test_an_incomplete_rule_is_refused_naming_what_is_missing(change, says):
+    rule = dataclasses.replace(by_id("zero-grad-not-none"), **change)
+    with pytest.raises(ValueError, match=says):
+        register(rule)
+
+
+def test_a_rule_outside_its_own_module_or_registered_twice_is_refused():
+    elsewhere = Rule("zero-grad-not-none", detect=(Detect("live", _a_detector),))
+    with pytest.raises(ValueError, match=r"lives in .*test_rule_contract; a rule lives in turbotrain\.doctor\.rules\."):
+        register(elsewhere)
+    again = dataclasses.replace(by_id("zero-grad-not-none"))
+    with pytest.raises(ValueError, match="registered already"):
+        register(again)
