@@ -14,7 +14,7 @@ import torch
 from turbotrain.doctor import DoctorOptions, diagnose_script
 from turbotrain.doctor.record.collectives import CommStep
 from turbotrain.doctor.record.measurements import StepRecord
-from turbotrain.doctor.record.rank_main import ENV_FOLDER
+from turbotrain.doctor.job.rank_main import ENV_FOLDER
 from turbotrain.doctor.record.recording import Recording, Window
 
 SCRIPTS = Path(__file__).parent / "scripts"

@@ -20,9 +20,9 @@ from torch.nn.parallel import DistributedDataParallel
 
 from doctor_helpers import SCRIPTS, doctor_job, job_processes, rank_recording
 from turbotrain.doctor.findings import Finding, Fix, severity_for
-from turbotrain.doctor.record.job import JobRun, RankOutcome
+from turbotrain.doctor.job.launcher import JobRun, RankOutcome
 from turbotrain.doctor.rank_change import RankChange
-from turbotrain.doctor.record.apply_change import APPLIED, apply_change
+from turbotrain.doctor.apply.change import APPLIED, apply_change
 from turbotrain.doctor.requests import JobRequest
 from turbotrain.doctor.whatif.job import JobTiming, time_on_the_job
 
@@ -206,7 +206,7 @@ def test_sync_every_makes_fsdp_reduce_scatter_one_micro_batch_in_that_many(one_r
 
 def test_a_forward_run_again_inside_the_backward_is_not_a_micro_batch():
     """Activation checkpointing runs a block's forward again inside the backward: not a micro-batch to count."""
-    from turbotrain.doctor.record.sync_every import _training_forward
+    from turbotrain.doctor.apply.sync_every import _training_forward
 
     model, seen = nn.Linear(2, 2), []
     x = torch.ones(2, requires_grad=True)
@@ -332,7 +332,7 @@ raise RuntimeError("the end of the script")
 
 
 def _hits_when_rarer(tmp_path, every: int) -> list[int]:
-    from turbotrain.doctor.record.rarer_branch import TAKE, rarer_branch_code, taking_one_in
+    from turbotrain.doctor.apply.rarer_branch import TAKE, rarer_branch_code, taking_one_in
     from turbotrain.doctor.record.recorder import Recorder
     from turbotrain.doctor.record.runner import run_script
 
@@ -348,7 +348,7 @@ def _hits_when_rarer(tmp_path, every: int) -> list[int]:
 def test_a_rarer_branch_runs_its_body_on_one_allowed_pass_in_n(tmp_path):
     """Of the passes ``step % 2 == 0`` allows (steps 0, 2, 4, 6, 8), every n-th runs the body, as a period n times
     longer would."""
-    from turbotrain.doctor.record.rarer_branch import rarer_branch_code
+    from turbotrain.doctor.apply.rarer_branch import rarer_branch_code
 
     assert _hits_when_rarer(tmp_path, 3) == [4]
     assert _hits_when_rarer(tmp_path, 2) == [2, 6]
@@ -497,7 +497,7 @@ def test_fixes_beyond_the_budget_are_said_not_timed():
 
 
 def test_autocast_wraps_every_ddp_call_and_counts_the_training_forwards(one_rank_group):
-    from turbotrain.doctor.record.apply_change import APPLIED
+    from turbotrain.doctor.apply.change import APPLIED
 
     key, seen = "forwards under autocast bfloat16", []
     before = APPLIED[key]

@@ -15,8 +15,8 @@ from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
 from doctor_helpers import doctor_job, job_processes, marked_lines
-from turbotrain.doctor.record.job import script_is_launcher
-from turbotrain.doctor.record.own_ranks import StartsOwnRanks, refusing_own_ranks
+from turbotrain.doctor.job.launcher import script_is_launcher
+from turbotrain.doctor.job.own_ranks import StartsOwnRanks, refusing_own_ranks
 from turbotrain.doctor.record.recorder import Recorder
 
 SCRIPTS = Path(__file__).parent / "scripts"

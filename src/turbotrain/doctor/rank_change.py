@@ -1,7 +1,7 @@
 """A fix applied on every rank of a job while the doctor times it: the job what-ifs' one lever.
 
-The doctor re-runs the user's launcher with a :class:`RankChange` in the ranks' options (record/job.py); each
-rank applies it (:func:`.record.apply_change.apply_change`) before its script starts, so every rank trains with
+The doctor re-runs the user's launcher with a :class:`RankChange` in the ranks' options (job/launcher.py); each
+rank applies it (:func:`.apply.change.apply_change`) before its script starts, so every rank trains with
 the fix, in lockstep, exactly as the user would after making it. Plain data: a rule asks for one
 (:class:`.requests.JobRequest`), the job what-if (:mod:`.whatif.job`) times it.
 """

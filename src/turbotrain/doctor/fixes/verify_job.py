@@ -11,7 +11,7 @@ import os
 import time
 from pathlib import Path
 
-from ..record.job import RankOutcome, run_job
+from ..job.launcher import RankOutcome, run_job
 from ..whatif.job import job_steps_ms
 from .verify import Verifier, VerifyOptions, TimedRun
 

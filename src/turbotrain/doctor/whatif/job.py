@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from ...measure import FASTER, MIN_GAIN, SLOWER, judge
 from ..analysis.ranks import analyse_ranks, measured_steps
-from ..record.job import JobRun, run_job
+from ..job.launcher import JobRun, run_job
 from ..rank_change import RankChange
-from ..record.apply_change import observed
+from ..apply.change import observed
 from ..requests import JobRequest
 from ..results import JobResult
 from .common import apply_ratio

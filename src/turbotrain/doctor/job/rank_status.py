@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from ..sites import is_user_file
 
 if TYPE_CHECKING:
-    from .recorder import Recorder
+    from ..record.recorder import Recorder
 
 __all__ = ["Heartbeat", "status_path", "result_path", "read_json", "PHASE_WORDS"]
 

@@ -13,11 +13,11 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..rank_change import RankChange
-from .patcher import Patcher
+from ..record.patcher import Patcher
 from .sync_every import sync_every
 
 if TYPE_CHECKING:
-    from .recording import Recording
+    from ..record.recording import Recording
 
 __all__ = ["APPLIED", "apply_change", "observed"]
 
@@ -135,7 +135,7 @@ def _map_style(arguments: dict[str, Any]) -> bool:
     return not isinstance(arguments.get("dataset"), IterableDataset)
 
 
-# What this rank applied while it ran, for its result (record/rank_main.py): a fix that never ran shows.
+# What this rank applied while it ran, for its result (job/rank_main.py): a fix that never ran shows.
 APPLIED: Counter[str] = Counter()
 
 

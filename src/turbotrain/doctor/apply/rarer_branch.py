@@ -11,7 +11,7 @@ from pathlib import Path
 from types import CodeType
 from typing import Any, Callable
 
-from .apply_change import APPLIED
+from .change import APPLIED
 
 __all__ = ["TAKE", "rarer_branch_code", "taking_one_in"]
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import weakref
 from typing import Any, Callable, cast
 
-from .patcher import Patcher
+from ..record.patcher import Patcher
 
 __all__ = ["sync_every"]
 

@@ -30,7 +30,7 @@ ENV_OPTIONS = "TURBOTRAIN_DOCTOR_JOB_OPTIONS"  # {"steps": 20, "warmup": 3, "pro
 ENV_CLAIMED = "TURBOTRAIN_DOCTOR_JOB_CLAIMED"  # "rank:pid", set in a rank: its children of that rank record nothing
 ENV_ROOT = "TURBOTRAIN_DOCTOR_JOB_ROOT"  # the launcher is the script itself: its first process is rank 0
 
-# Written as ``sitecustomize.py`` into a folder of the job's own (record/job.py). The checks come before any import
+# Written as ``sitecustomize.py`` into a folder of the job's own (job/launcher.py). The checks come before any import
 # of turbotrain, so the launcher and other Python processes pay nothing; a ``sitecustomize`` this one shadows
 # (a distribution's, a virtualenv's) still runs.
 SITECUSTOMIZE = f'''"""turbotrain doctor: record this process if it is a rank of the job (written by turbotrain)."""
@@ -50,7 +50,7 @@ def _turbotrain_doctor_rank():
     claimed = os.environ.get("{ENV_CLAIMED}", "").partition(":")[0]
     script = sys.argv[0] if sys.argv else ""
     if os.environ.get("{ENV_FOLDER}") and rank.isdigit() and rank != claimed and script.endswith(".py"):
-        from turbotrain.doctor.record.rank_main import from_site
+        from turbotrain.doctor.job.rank_main import from_site
 
         from_site()
 
@@ -95,21 +95,21 @@ def from_site() -> None:
 
 def run_rank(folder: str, rank: int, script: str, argv: list[str]) -> int:
     """Run ``script`` under the recorder; write ``rank-N.result.json``; the exit code the launcher should see."""
-    from .loss_tap import LossTap
-    from .recorder import Recorder
-    from .recording import to_json
-    from .runner import run_script
+    from ..record.loss_tap import LossTap
+    from ..record.recorder import Recorder
+    from ..record.recording import to_json
+    from ..record.runner import run_script
 
     options = json.loads(os.environ.get(ENV_OPTIONS) or "{}")
     code, init_globals = None, None
     if options.get("change"):  # a job what-if: this rank trains with the fix being timed
         from ..rank_change import RankChange
-        from .apply_change import apply_change
+        from ..apply.change import apply_change
 
         change = RankChange.from_dict(options["change"])
         apply_change(change)
         if change.branch_every is not None and change.branch_at:
-            from .rarer_branch import TAKE, rarer_branch_code, taking_one_in
+            from ..apply.rarer_branch import TAKE, rarer_branch_code, taking_one_in
 
             code = rarer_branch_code(script, change.branch_at, change.branch_every)
             init_globals = {TAKE: taking_one_in(change.branch_every)}
@@ -149,7 +149,7 @@ def run_rank(folder: str, rank: int, script: str, argv: list[str]) -> int:
         except Exception:  # noqa: BLE001 - a device that failed cannot give its losses; the error still goes out
             outcome["losses"] = []
     if options.get("change"):
-        from .apply_change import APPLIED
+        from ..apply.change import APPLIED
 
         outcome["applied"] = dict(APPLIED)
     result = {

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from .patcher import Patcher
+from ..record.patcher import Patcher
 
 __all__ = ["StartsOwnRanks", "refusing_own_ranks"]
 

@@ -25,7 +25,7 @@ from .. import lifeline
 from ..rank_change import RankChange
 from .rank_main import ENV_CLAIMED, ENV_FOLDER, ENV_OPTIONS, ENV_ROOT, SITECUSTOMIZE
 from .rank_status import read_json, result_path
-from .recording import Recording, from_json
+from ..record.recording import Recording, from_json
 
 __all__ = ["RankOutcome", "JobRun", "run_job", "script_is_launcher"]
 
