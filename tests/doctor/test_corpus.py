@@ -36,6 +36,12 @@ CORPUS = {
                     "cudnn-benchmark-off"}, None, set()),
     "accumulation_ddp": ({"accumulation-syncs"}, None, set()),
     "lightning_slow_data": ({"num-workers"}, {"data_loading"}, {"num-workers"}),
+    # Memory: a loss kept across steps, a step whose activations hold most of its peak (rules/memory/).
+    "memory_loss_kept": ({"graph-kept-alive"}, None, set()),
+    "memory_big_activations": ({"activation-memory"}, None, set()),
+    # Scripts that compile: what torch.compile did is read from torch's own records (record/compile_watch.py).
+    "compile_item_break": ({"compile-graph-break", "compile-pays-back"}, None, set()),
+    "compile_new_shapes": ({"compile-recompile", "compile-pays-back"}, None, set()),
 }
 
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 DOCTOR = Path(__file__).resolve().parents[2] / "src" / "turbotrain" / "doctor"
 # The shared vocabulary first, the stages in order, and the entry points that run them all last.
-STAGES = {"lifeline": 0, "sites": 0, "findings": 0, "requests": 0, "results": 0, "rank_change": 0, "record": 1,
-          "analysis": 2, "rules": 3, "whatif": 4, "report": 5, "fixes": 6, "diagnose": 7, "watching": 7, "cli": 7,
-          "options": 7, "__init__": 7}
+STAGES = {"lifeline": 0, "sites": 0, "edits": 0, "findings": 0, "requests": 0, "results": 0, "rank_change": 0,
+          "record": 1, "job": 1, "apply": 1, "analysis": 2, "rules": 3, "whatif": 4, "report": 5, "fixes": 6,
+          "diagnose": 7, "watching": 7, "cli": 7, "options": 7, "__init__": 7}
 
 
 def _imports(source: str, package: list[str]) -> list[str]:
@@ -62,3 +62,13 @@ def test_the_check_resolves_relative_and_lazy_imports():
               "def f():\n    from turbotrain.doctor.fixes import attach\n")
     assert _imports(source, ["record"]) == ["report.model", "record.clock", "fixes"]
     assert _stage("report.model") > _stage("record.clock")
+
+
+def test_the_architecture_page_names_every_doctor_module():
+    """docs/architecture.md draws the doctor module by module (a rule module by its topic: rules/<topic>/)."""
+    page = (DOCTOR.parents[2] / "docs" / "architecture.md").read_text()
+    unnamed = [str(p.relative_to(DOCTOR)) for p in sorted(DOCTOR.rglob("*.py"))
+               if p.name != "__init__.py" and p.relative_to(DOCTOR).parts[0] != "rules"
+               and f"`{p.name}`" not in page]
+    topics = sorted({p.parent.name for p in (DOCTOR / "rules").glob("*/*.py")})
+    assert unnamed == [] and all(f"`{t}/`" in page for t in topics), (unnamed, topics)

@@ -16,9 +16,9 @@ from .report.files import check_outputs, write_output
 from .report.model import Report
 from .report.ranks import reducer_disagreement
 from .rules import evaluate, order
-from .analysis.periodic import periodic_table, watch_message
+from .analysis.periodic import watch_message
 from .report.tables import copy_table, sync_table
-from .record.own_ranks import StartsOwnRanks, refusing_own_ranks
+from .job.own_ranks import StartsOwnRanks, refusing_own_ranks
 from .record.runner import ScriptRun, run_script
 from .options import DoctorOptions
 from .sites import relative_where
@@ -81,7 +81,7 @@ def diagnose_job(command: list[str], options: DoctorOptions | None = None) -> Re
     then says which rank and what it was doing."""
 
     from .analysis.ranks import analyse_ranks
-    from .record.job import run_job
+    from .job.launcher import run_job
 
     options = options or DoctorOptions()
     check_outputs(script_in(command), {"--fix": options.fix, "--trace": options.trace_path})
@@ -282,7 +282,7 @@ def analyse(
     script_path = os.path.realpath(script) if script else None
     base = os.path.dirname(script_path) if script_path else None
     timings = {"run": run_seconds}
-    if not recording.steps:
+    if not recording.steps and recording.out_of_memory is None:  # a run that died of one is explained
         message = (
             "The script never called optimizer.step() nor loss.backward(), so there was no training step to "
             "measure. The doctor marks steps at the optimizer, or at the backward when no optimizer steps; "
@@ -305,6 +305,7 @@ def analyse(
         )
     started = time.perf_counter()
     ctx = build_context(recording, live, script_path)
+    ctx.memory_allowed = options.what_if  # one measured step of copies: a what-if's cost
     rules_failed: list[tuple[str, str]] = []
     findings = evaluate(ctx, failed=rules_failed)
     timings["rules"] = time.perf_counter() - started
@@ -334,6 +335,11 @@ def analyse(
     else:
         status = "ok"
     messages = _messages(recording, run, ctx, requested)
+    started = time.perf_counter()
+    from .report.memory import memory_section
+
+    memory = memory_section(ctx) if live is not None else None
+    timings["memory"] = time.perf_counter() - started
     if options.trace_path and trace is None and trace_failed is None:
         messages.append("No trace was written: the script stopped before the profiler window.")
     report = Report(
@@ -356,9 +362,11 @@ def analyse(
         doctor_seconds=timings,
         base=base,
         step_delimiter=recording.step_delimiter,
-        periodic=[{k: v for k, v in row.items() if k != "site"} for row in periodic_table(ctx)],
+        periodic=[{k: v for k, v in row.items() if k != "site"} for row in ctx.periodic_rows],
         machine=ctx.machine,
         noise=noise_state(ctx.machine),
+        memory=memory,
+        compiled=ctx.compiled,
     )
     for rule_id, error in rules_failed:
         report.fail(

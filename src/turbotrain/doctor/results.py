@@ -14,7 +14,10 @@ their rounding are what the report has always carried). The values are held as t
 * :class:`EvalGradResult` (``eval_grad``): an :class:`~.requests.EvalGradRequest`;
 * :class:`AttentionResult` (``attention``): an :class:`~.requests.AttentionRequest`;
 * :class:`BatchBuildResult` (``batch_build``): a :class:`~.requests.BatchBuildRequest`;
-* :class:`JobResult` (``job``): a :class:`~.requests.JobRequest`, timed on every rank of a job.
+* :class:`JobResult` (``job``): a :class:`~.requests.JobRequest`, timed on every rank of a job;
+* :class:`MemoryResult` (``memory``): an :class:`~.requests.OwnTrial` of a memory rule, bytes and time.
+* :class:`CompileResult` (``compile``): an :class:`~.requests.OwnTrial` of a compile rule, the script's compiled
+  model run two ways.
 
 A :class:`~.requests.CopyRequest` has no result yet: nothing is timed for it.
 """
@@ -41,6 +44,8 @@ __all__ = [
     "AttentionResult",
     "BatchBuildResult",
     "JobResult",
+    "MemoryResult",
+    "CompileResult",
     "WhatIfResult",
 ]
 
@@ -309,7 +314,7 @@ class JobResult(WhatIf):
     rounds: tuple[float, ...]  # per round: step time without / with the fix
     baseline_ms: float
     candidate_ms: float
-    observed: dict[str, Any]  # what the fixed run's ranks trained with (record.apply_change.observed)
+    observed: dict[str, Any]  # what the fixed run's ranks trained with (apply.change.observed)
 
     def _fields(self) -> dict[str, Any]:
         return {
@@ -322,7 +327,57 @@ class JobResult(WhatIf):
         }
 
 
+@dataclass(frozen=True, kw_only=True)
+class MemoryResult(WhatIf):
+    """Fixes that trade memory for time (:mod:`.whatif.memory_fixes`), each measured against the same baseline
+    for a step's peak bytes and its time: ``fixes`` holds one row per fix, ``{"fix", "detail", "baseline_bytes",
+    "fixed_bytes", "baseline_ms", "fixed_ms"}``, and ``rows`` the batch they were measured at."""
+
+    kind: ClassVar[str] = "memory"
+    rows: int | None
+    fixes: tuple[dict[str, Any], ...]
+
+    def _fields(self) -> dict[str, Any]:
+        return {"rows": self.rows, "fixes": [dict(f) for f in self.fixes]}
+
+
+@dataclass(frozen=True, kw_only=True)
+class CompileResult(WhatIf):
+    """The script's compiled model run two ways on its captured batch, interleaved (``rounds``: baseline seconds
+    / candidate seconds): as the script compiles it against a fix (``capture_scalar_outputs``), or compiled
+    against eager; ``compile_s``: what compiling cost in the run (torch's own count), ``pays_after_steps``: the
+    steps a faster compiled step takes to win it back."""
+
+    kind: ClassVar[str] = "compile"
+    baseline: str  # what was timed as the baseline, in words ("compiled as the script compiles it")
+    candidate: str  # and the candidate ("compiled with capture_scalar_outputs=True")
+    rounds: tuple[float, ...]
+    baseline_ms: float
+    candidate_ms: float
+    compile_s: float | None = None
+    pays_after_steps: int | None = None
+
+    def _fields(self) -> dict[str, Any]:
+        return {
+            "baseline": self.baseline,
+            "candidate": self.candidate,
+            "rounds": list(self.rounds),
+            "baseline_ms": self.baseline_ms,
+            "candidate_ms": self.candidate_ms,
+            **_present(compile_s=self.compile_s, pays_after_steps=self.pays_after_steps),
+        }
+
+
 # Every kind, for code that matches on them all.
 WhatIfResult = Union[
-    PlanResult, BatchResult, LoaderResult, ThreadsResult, EvalGradResult, AttentionResult, BatchBuildResult, JobResult
+    PlanResult,
+    BatchResult,
+    LoaderResult,
+    ThreadsResult,
+    EvalGradResult,
+    AttentionResult,
+    BatchBuildResult,
+    JobResult,
+    MemoryResult,
+    CompileResult,
 ]

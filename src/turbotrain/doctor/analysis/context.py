@@ -10,7 +10,8 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
@@ -26,6 +27,12 @@ from ..record.recurring import find_watched
 from ..record.measurements import EventCounts, ForwardFacts, LoaderRecord, StepRecord
 from ..sites import Site
 from .source import SourceIndex, load_sources
+
+if TYPE_CHECKING:
+    from ..record.compile_watch import CompileFacts
+    from .ranks import RankAnalysis
+    from ..record.memory_watch import StepMemory
+    from .memory import FitMeasure
 
 __all__ = ["Context", "SiteStat", "build_context"]
 
@@ -73,6 +80,7 @@ class Context:
     ran_lines: dict[str, tuple[int, ...]] | None = None
     machine: dict[str, Any] = field(default_factory=dict)  # cores, threads, workers, other load (doctor.machine)
     recording: Recording | None = None  # what this context was read from
+    memory_allowed: bool = True  # False (--no-what-if): the step's memory is not measured (analysis/memory.py)
 
     @property
     def noise_floor(self) -> float:
@@ -83,6 +91,52 @@ class Context:
 
     def replace(self, **changes: Any) -> "Context":
         return dataclasses.replace(self, **changes)
+
+    # -- analyses several rules read, each computed once -------------------------------------------
+
+    @cached_property
+    def periodic_rows(self) -> list[dict[str, Any]]:
+        """Each recurring piece of work, its amortised cost and a cadence under 5% (:func:`.periodic_table`)."""
+        from .periodic import periodic_table  # it reads this context: imported late, no cycle
+
+        return periodic_table(self)
+
+    @cached_property
+    def job(self) -> RankAnalysis | None:
+        """Every rank side by side, on a job of two or more recorded ranks (else None)."""
+        from .ranks import analyse_ranks
+
+        recording = self.recording
+        return analyse_ranks(recording.job) if recording is not None and len(recording.job) >= 2 else None
+
+    @cached_property
+    def step_memory(self) -> StepMemory | None:
+        """One step of copies of the captured model measured for memory (:mod:`.memory`); None where nothing was
+        captured, the run died of an out-of-memory error, or measuring is off."""
+        from .memory import measure_captured
+
+        recording = self.recording
+        died = recording is not None and recording.out_of_memory is not None
+        if self.capture is None or not self.memory_allowed or died:
+            return None
+        return measure_captured(self.capture, [opt for opt, _ in self.optimizers])
+
+    @cached_property
+    def fit_after_oom(self) -> FitMeasure | None:
+        """After the run died of an out-of-memory error: the step at a batch that fits and the fixes measured there
+        (:func:`.memory.fit_after_oom`); None otherwise, or where measuring is off."""
+        from .memory import fit_after_oom
+
+        recording = self.recording
+        oom = recording.out_of_memory if recording is not None else None
+        if oom is None or self.capture is None or not self.memory_allowed:
+            return None
+        return fit_after_oom(self.capture, [opt for opt, _ in self.optimizers], oom)
+
+    @property
+    def compiled(self) -> CompileFacts | None:
+        """What torch.compile did in the run, where the script compiled (:mod:`..record.compile_watch`)."""
+        return self.recording.compiled if self.recording is not None else None
 
     # -- conveniences for rules --------------------------------------------------------------------
 

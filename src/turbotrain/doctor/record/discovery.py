@@ -173,7 +173,8 @@ class ModuleCalls:
 
     def _forward_pre(self, module: nn.Module, args: tuple) -> None:
         rec = self.probe
-        if active.current is not rec or get_ident() != rec.thread or active.compiling():
+        # Compiling first: torch.compile traces what comes before it, and a thread id breaks the user's graph.
+        if active.compiling() or active.current is not rec or get_ident() != rec.thread:
             return
         if self.discovery:
             rec.steps.open_step.module_calls += 1
@@ -195,7 +196,7 @@ class ModuleCalls:
 
     def _forward_post(self, module: nn.Module, args: tuple, output: Any) -> None:
         rec = self.probe
-        if self._depth == 0 or get_ident() != rec.thread or active.compiling():
+        if active.compiling() or self._depth == 0 or get_ident() != rec.thread:
             return
         self._depth -= 1
         if self._depth != 0 or not self._top_phases:

@@ -49,7 +49,8 @@ _compiling = active.compiling
 def _live() -> Probe | None:
     """The active recording's probe when this call should be recorded, else None."""
     probe = active.current
-    if probe is None or probe.busy or _get_ident() != probe.thread or _compiling():
+    # Compiling first: torch.compile traces what comes before it, and a thread id breaks the user's graph.
+    if _compiling() or probe is None or probe.busy or _get_ident() != probe.thread:
         return None
     return probe
 
@@ -459,7 +460,7 @@ def wrap_sync(kind: str, original: Callable) -> Callable:
 
     def method(self, *args, **kwargs):
         probe = active.current
-        if probe is None or probe.busy:
+        if probe is None or probe.busy or _compiling():  # under compile, before the frame read that breaks a graph
             return original(self, *args, **kwargs)
         frame = sys._getframe(1)
         if USER_FILES.get(frame.f_code.co_filename) is False and not probe.gpu:
@@ -469,7 +470,7 @@ def wrap_sync(kind: str, original: Callable) -> Callable:
         else:
             # Cheapest test first: torch's own calls (an optimizer reading its step count) are not syncs.
             site = caller_site(frame)
-        if site is None or _get_ident() != probe.thread or _compiling():
+        if site is None or _get_ident() != probe.thread:
             return original(self, *args, **kwargs)
         probe.busy = True
         probe.clock.push("sync")
@@ -495,13 +496,13 @@ def _wrap_sync_no_args(kind: str, original: Callable) -> Callable:
 
     def method(self):
         probe = active.current
-        if probe is None or probe.busy:
+        if probe is None or probe.busy or _compiling():  # under compile, before the frame read that breaks a graph
             return original(self)
         frame = sys._getframe(1)
         if not probe.gpu and USER_FILES.get(frame.f_code.co_filename) is False:
             return original(self)
         site = (user_site(frame) if self.is_cuda else None) if probe.gpu else caller_site(frame)
-        if site is None or _get_ident() != probe.thread or _compiling():
+        if site is None or _get_ident() != probe.thread:
             return original(self)
         probe.busy = True
         probe.clock.push("sync")

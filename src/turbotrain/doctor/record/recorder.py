@@ -15,6 +15,7 @@ the trace of the user's functions (:mod:`.function_trace`).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import socket
@@ -25,6 +26,9 @@ from typing import Any
 
 import torch
 
+from .compile_watch import CompileFacts, CompileWatch
+from .graph_watch import GraphWatch
+from .out_of_memory import OutOfMemory, out_of_memory
 from ...data import stats as data_stats
 from ...hardware import LoadSample, sample_load
 from . import active, instrument
@@ -55,6 +59,7 @@ log = logging.getLogger("turbotrain")
 
 # Under a millisecond of untimed batch building per step, no finding names a line (num-workers needs 1 ms).
 GAP_WORTH_SAMPLING_S = 1e-3
+GRAPH_SAMPLES = 4  # step boundaries at which the graphs alive are counted (three or more tell growth)
 
 
 class Recorder:
@@ -121,6 +126,12 @@ class Recorder:
         self.gradient_sync = GradientSync(self._comm_position, self._recording_live)
         # FSDP's all-gathers and reduce-scatters, and the script's own blocking collectives.
         self.blocking = BlockingCollectives(self._comm_position, self._recording_live)
+        # What torch.compile did (graphs, breaks, recompiles, compile time), where the script compiles.
+        self.compile_watch: CompileWatch | None = None
+        self.compiled: CompileFacts | None = None
+        # Graphs kept alive across steps: counted at a few boundaries whose cost lands in no measured step.
+        self.graph_watch = GraphWatch()
+        self.out_of_memory: OutOfMemory | None = None  # the error the script died of, where it was one
 
     def _comm_position(self) -> tuple[int, int]:
         """Where a collective falls: (step index, backward passes so far in it)."""
@@ -175,6 +186,8 @@ class Recorder:
             register_optimizer_step_post_hook(self.tracker.after_optimizer_step),
         ]
         try:
+            self.compile_watch = CompileWatch()
+            self.compile_watch.start()
             self.modules.set_discovery(True)
             instrument.install(self.patcher)
             self.gradient_sync.install(self.patcher)
@@ -199,6 +212,8 @@ class Recorder:
         self._handles.clear()
         self.modules.set_discovery(False, attach=False)
         self.patcher.restore()
+        if self.compile_watch is not None:
+            self.compiled, self.compile_watch = self.compile_watch.stop(), None
         if self.gpu:
             self.gpu_timer.remove_sync_debug()
             self.gpu_timer.resolve(block=True)
@@ -261,11 +276,26 @@ class Recorder:
             else:
                 self.profiled_steps.append(done)
                 self.window.open_step_range(done)
+        self._sample_graphs(done)
         if schedule.stop_after is not None and done >= schedule.stop_after:
             if self._start_watch(done):
                 return
             self.tracker.stopping = True
             raise Stop()
+
+    def _sample_graphs(self, done: int) -> None:
+        """Count the autograd graphs alive at this boundary, up to four times, only where the count's cost (a
+        walk of the garbage collector's objects) cannot fall into a measured step."""
+        end = self.schedule.measured_end
+        off_window = done < self.warmup or (end is not None and done >= end)
+        if off_window and self.graph_watch.samples < GRAPH_SAMPLES:
+            self.graph_watch.sample(done, sys._getframe(2))
+
+    def failed(self, exc: BaseException) -> None:
+        """The script raised ``exc``: keep it as an out-of-memory error, with its step, where it is one."""
+        found = out_of_memory(exc)
+        if found is not None:
+            self.out_of_memory = dataclasses.replace(found, step=self.tracker.step_index)
 
     def _start_watch(self, done: int) -> bool:
         """At the window's end: watch the step clock on where the running loop's cadences reach beyond it."""
@@ -379,6 +409,9 @@ class Recorder:
             communication=merged(self.gradient_sync.steps(), self.blocking.steps()),
             reducer=self.gradient_sync.reducer_stats(),
             input_numel=dict(self.modules.input_numel),
+            compiled=self.compiled if self.compiled is not None and self.compiled.compiled else None,
+            graph_growth=self.graph_watch.result(),
+            out_of_memory=self.out_of_memory,
         )
 
     def live_objects(self) -> LiveObjects:

@@ -18,7 +18,10 @@ from typing import Any, Union
 from ...data.stats import ReadStats
 from ...hardware import LoadSample
 from .collectives import CommStep
+from .compile_watch import CompileFacts
+from .graph_watch import GraphGrowth
 from .measurements import EventCounts, ForwardFacts, LoaderRecord, StepRecord
+from .out_of_memory import OutOfMemory
 from .watch import WatchedRun
 from ..sites import Site
 
@@ -115,6 +118,10 @@ class Recording:
     input_numel: dict[int, int] = field(default_factory=dict)  # per step: elements its training forwards took
     # Every rank's recording of a multi-process job (this one included), once the doctor gathered them.
     job: tuple[Recording, ...] = ()
+    compiled: CompileFacts | None = None  # what torch.compile did, where the script compiled (record/compile_watch.py)
+    # Autograd graphs alive at a few step boundaries off the measured steps (record/graph_watch.py).
+    graph_growth: GraphGrowth | None = None
+    out_of_memory: OutOfMemory | None = None  # the script died of it (record/out_of_memory.py)
 
     def gpu_phase_seconds(self) -> dict[int, dict[str, float]]:
         return {g.step: dict(g.seconds) for g in self.gpu_phases}

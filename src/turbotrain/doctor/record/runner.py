@@ -77,7 +77,7 @@ def run_script(
     init_globals: dict[str, Any] | None = None,
 ) -> ScriptRun:
     """Run ``script`` as ``python script argv...`` would, with ``recorder`` installed. ``code``: the script as
-    compiled with a job what-if's edit (record/rarer_branch.py), run in its place, with ``init_globals``."""
+    compiled with a job what-if's edit (apply/rarer_branch.py), run in its place, with ``init_globals``."""
     path = Path(script).resolve()
     if not path.is_file():
         raise FileNotFoundError(f"no such script: {script}")
@@ -106,6 +106,7 @@ def run_script(
                 run.status, run.exit_code, run.error = "error", 130, "interrupted (KeyboardInterrupt)"
             except Exception as exc:  # noqa: BLE001 - the user's failure is reported, not re-raised
                 run.status, run.exit_code = "error", 1
+                recorder.failed(exc)
                 run.error = f"{type(exc).__name__}: {exc}"
                 run.error_site = error_site_of(exc.__traceback__)
                 run.traceback = "".join(traceback.format_exception(exc))

@@ -16,12 +16,53 @@ import torch
 
 from ..analysis.breakdown import Breakdown
 from ..analysis.ranks import RankAnalysis
-from ..findings import Finding
+from ..findings import Finding, Framework
 from .fix_results import FixReport
+from ..record.compile_watch import CompileFacts
 from ..record.measurements import CATEGORIES
 from ..record.runner import ScriptRun
 
-__all__ = ["Report", "exact_shares"]
+__all__ = ["Report", "exact_shares", "compiled_json"]
+
+
+def compiled_json(facts: CompileFacts, base: str | None) -> dict[str, Any]:
+    """The report's "compiled" section: totals, and per compiled code its graphs, breaks, recompiles and seconds."""
+
+    def where(site: Any) -> str | None:
+        return site.where(base) if site is not None else None
+
+    return {
+        "graphs": facts.graphs,
+        "breaks": facts.breaks,
+        "recompiles": facts.recompiles,
+        "compile_s": round(facts.compile_s, 3),
+        "fell_back": facts.fell_back,
+        "codes": [
+            {
+                "name": c.name,
+                "where": where(c.site),
+                "compiles": c.compiles,
+                "graphs": c.graphs,
+                "first_compile_s": round(c.first_compile_s, 3),
+                "recompile_s": round(c.recompile_s, 3),
+                "breaks": [
+                    {"where": where(b.site), "title": b.title, "gb_id": b.gb_id, "count": b.count, "eager": b.skipped}
+                    for b in c.breaks
+                ],
+                "recompiles": [
+                    {
+                        "kind": r.kind,
+                        "guard": r.guard,
+                        "where": where(r.caller or r.site),
+                        "seconds": round(r.seconds, 3),
+                    }
+                    for r in c.recompiles
+                ],
+                "fell_back": c.fallback is not None,
+            }
+            for c in facts.codes
+        ],
+    }
 
 
 def exact_shares(shares: dict[str, float], digits: int = 4) -> dict[str, float]:
@@ -73,6 +114,11 @@ class Report:
     # The parts of the doctor that failed (a rule that crashed, a trace, patch or report not written, a --verify
     # that could not run): [{"part": "trace", "message": "..."}]. Each is also a message; the exit code is 1.
     failures: list[dict[str, str]] = field(default_factory=list)
+    # What torch.compile did, where the script compiled (record/compile_watch.py): JSON "compiled".
+    compiled: CompileFacts | None = None
+    # The step's peak memory split into what holds it, and the device's headroom (report/memory.py); None: not
+    # looked at (a job, no steps).
+    memory: dict[str, Any] | None = None
 
     def fail(self, part: str, message: str) -> None:
         """Say that ``part`` failed, in every report, and make the exit code non-zero: a report never claims what
@@ -96,7 +142,7 @@ class Report:
         return {f.rule for f in self.findings}
 
     @property
-    def framework(self) -> str | None:
+    def framework(self) -> Framework | None:
         """The framework whose loop ran (``pytorch``, ``lightning``, ``fabric``, ``accelerate``, ``hf_trainer``),
         as the findings' fixes carry it (the rules set it on each); None without findings."""
         if not self.findings:
@@ -153,6 +199,8 @@ class Report:
         out["syncs"], out["copies"], out["top_ops"] = self.syncs, self.copies, self.top_ops
         out["messages"] = self.messages
         out["failures"] = self.failures
+        if self.memory is not None:
+            out["memory"] = self.memory
         if self.fixes is not None:
             out["fixes"] = [f.to_dict() for f in self.fixes.fixes]
             out["patch"] = self.fixes.summary()
@@ -166,6 +214,8 @@ class Report:
             from .ranks import ranks_json
 
             out.update(ranks_json(self.ranks, self.base))
+        if self.compiled is not None:
+            out["compiled"] = compiled_json(self.compiled, self.base)
         if self.trace_path:
             out["trace"] = self.trace_path
         out["doctor_seconds"] = {k: round(v, 2) for k, v in self.doctor_seconds.items()}

@@ -14,12 +14,13 @@ The ``*_text`` helpers say the report's figures in words; the HTML report uses t
 
 from __future__ import annotations
 
+import os
 from typing import IO, Any
 
 from rich.console import Console
 from rich.text import Text
 
-from ..findings import FOLDS, FRAMEWORK_LABELS, Finding
+from ..findings import FOLDS, FRAMEWORK_LABELS, Finding, Framework
 from ..record.measurements import CATEGORIES
 from .model import Report
 from .palette import CATEGORY_LABELS, COLORS
@@ -42,13 +43,13 @@ __all__ = [
 SEVERITY_STYLE = {"high": "bold red", "medium": "yellow", "low": "dim"}
 FINDING_LINES = 6  # the most lines one finding takes in the terminal (its blank separator aside)
 _INDENT = "  "
-_FRAMEWORK_LABEL = {**FRAMEWORK_LABELS, "pytorch": ""}
+_FRAMEWORK_LABEL: dict[Framework, str] = {**FRAMEWORK_LABELS, "pytorch": ""}
 
 
 # -- the report's figures in words (shared with the HTML report) ------------------------------------
 
 
-def framework(report: Report) -> str:
+def framework(report: Report) -> Framework:
     """The framework whose loop ran: ``pytorch``, ``lightning`` (its ``Trainer``), ``fabric``, ``accelerate`` or
     ``hf_trainer``, as the recording saw it step the optimizer (an import alone decides nothing)."""
     return report.framework or "pytorch"
@@ -70,7 +71,7 @@ def folded_text(findings: list[Finding]) -> list[str]:
     return lines
 
 
-def chosen_fix(finding: Finding, how: str = "pytorch") -> tuple[str, str]:
+def chosen_fix(finding: Finding, how: Framework = "pytorch") -> tuple[str, str]:
     """(framework label, text) of the one fix to show: the script's framework's, else PyTorch's, else the Plan's."""
     fix = finding.fix
     for name in (how, "pytorch"):
@@ -218,7 +219,7 @@ def _packed(console: Console, items: list[Text], width: int, indent: str = "") -
         console.print(line)
 
 
-def _finding(console: Console, f: Finding, report: Report, how: str, width: int) -> None:
+def _finding(console: Console, f: Finding, report: Report, how: Framework, width: int) -> None:
     where = f.where or (f.site.where(report.base) if f.site else "")
     gain = gain_text(f.est_speedup, f.measured)
     head = Text.assemble((f"{f.severity.upper():<6}", SEVERITY_STYLE.get(f.severity, "")), " ", (f.rule, "bold"))
@@ -267,6 +268,7 @@ def print_report(report: Report, file: IO[str] | None = None, width: int | None 
         _hanging(console, "! ", Text(message, style="yellow"), width)
     b = report.breakdown
     if b is None or not b.steps:
+        _memory(console, report, width, findings=True)  # a run that died of an out-of-memory error
         return
     before, median, after = steps_text(report)
     console.print(Text.assemble(before, (median, "bold"), after))
@@ -292,6 +294,9 @@ def print_report(report: Report, file: IO[str] | None = None, width: int | None 
             f" ({b.shares[b.bottleneck]:.0%} of step time{bottleneck_wait(report)})",
         )
     )
+    _memory(console, report, width)
+    for line in compiled_lines(report):
+        _hanging(console, "", Text(line), width)
     for entry in report.periodic:
         _hanging(console, "↻ ", Text(periodic_text(entry)), width)
     if report.ranks is not None:
@@ -357,6 +362,42 @@ def print_report(report: Report, file: IO[str] | None = None, width: int | None 
         )
     if report.trace_path:
         console.print(f"Trace: {report.trace_path} (open in https://ui.perfetto.dev or chrome://tracing)")
+
+
+def compiled_lines(report: Report) -> list[str]:
+    """What torch.compile did: one line of totals, one per compiled code of the script's (the findings say why)."""
+    facts = report.compiled
+    if facts is None:
+        return []
+    package = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    codes = [c for c in facts.codes if not c.code.file.startswith(package)]  # the doctor's own hooks compiled too
+    lines = [
+        f"torch.compile: {facts.compile_s:.1f} s compiling; {sum(c.graphs for c in codes)} graphs, "
+        f"{sum(len(c.breaks) for c in codes)} graph breaks, {sum(len(c.recompiles) for c in codes)} recompiles"
+        + (f", {facts.fell_back} fell back to eager" if facts.fell_back else "")
+    ]
+    for c in codes[:4]:
+        where = c.site.where(report.base) if c.site is not None else c.name
+        lines.append(
+            f"  {c.name} ({where}): {c.graphs} graphs, {len(c.breaks)} breaks, {len(c.recompiles)} recompiles, "
+            f"{c.first_compile_s:.1f} s first compile + {c.recompile_s:.1f} s recompiling"
+            + ("; hit the recompile limit, eager since" if c.fallback is not None else "")
+        )
+    return lines
+
+
+def _memory(console: Console, report: Report, width: int, findings: bool = False) -> None:
+    """The memory section's lines; with ``findings``, also the out-of-memory finding (a run with no step)."""
+    from .memory import memory_lines
+
+    if report.memory is not None:
+        for line in memory_lines(report.memory):
+            text = line.lstrip()
+            _hanging(console, line[: len(line) - len(text)], Text(text), width)
+    for f in report.findings if findings else ():
+        if f.rule == "out-of-memory":
+            console.print()
+            _finding(console, f, report, framework(report), width)
 
 
 def _rows(console: Console, title: str, columns: list[str], rows: list[list[str]], width: int) -> None:

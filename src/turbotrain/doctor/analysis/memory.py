@@ -1,0 +1,189 @@
+"""The step's memory as the rules and the report read it: one step of the captured model measured on copies, and,
+for a run that died of an out-of-memory error, the step measured at a batch that fits, what the whole batch would
+need (estimated), and the fixes measured there with what each would need at the whole batch.
+
+Measured: every byte figure of a :class:`~..record.memory_watch.StepMemory` and of a fix
+(:mod:`.memory_fixes`). Estimated: a figure "at the whole batch" scales the batch-sized part of a measured peak
+(inputs, activations, temporaries) linearly with the rows; parameters, buffers, gradients and optimizer state
+stay as measured.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_map
+
+from ...data.transfer import resize_batch
+from ..record.memory_watch import ModuleActivations, StepMemory, measure_step
+from ..record.out_of_memory import OutOfMemory, out_of_memory
+from ..record.recording import Capture
+from .memory_fixes import FixCost, bf16_autocast, checkpointing, micro_batches
+from .replay import surrogate_step
+
+__all__ = [
+    "FitMeasure",
+    "FixEstimate",
+    "measure_captured",
+    "scaled_bytes",
+    "capacity_bytes",
+    "blocks_to_checkpoint",
+    "fit_after_oom",
+    "MEASURE_CAP_BYTES",
+    "size_text",
+]
+
+# A batch measured after an out-of-memory error is one whose failing allocation, scaled to it, is under this:
+# cheap to measure on any device; the figures at the whole batch are scaled from it.
+MEASURE_CAP_BYTES = 64 * 2**20
+
+
+@dataclass(frozen=True)
+class FixEstimate:
+    """A fix measured at ``rows`` and the bytes it would need at the whole batch (estimated), and whether that fits."""
+
+    cost: FixCost
+    estimated_bytes: int
+    fits: bool
+
+
+@dataclass(frozen=True)
+class FitMeasure:
+    """After an out-of-memory error: the step measured at ``rows`` of the script's ``full_rows``, what the whole
+    batch would need (estimated), the device's capacity, and each fix measured at ``rows``."""
+
+    rows: int
+    full_rows: int
+    memory: StepMemory
+    estimated_bytes: int
+    capacity_bytes: int | None
+    fixes: tuple[FixEstimate, ...]
+
+
+def size_text(nbytes: float | None) -> str:
+    """``1.5 GiB``, ``320.0 KiB``, ``12 bytes``; ``not known`` for None."""
+    if nbytes is None:
+        return "not known"
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(nbytes) >= scale:
+            return f"{nbytes / scale:.1f} {unit}"
+    return f"{nbytes:.0f} bytes"
+
+
+def _copies(capture: Capture, optimizers: Sequence[Any]) -> tuple[torch.nn.Module, list[Any]]:
+    # One deepcopy of both: the copied optimizers then update the copied parameters.
+    return copy.deepcopy((capture.module, list(optimizers)))
+
+
+def _batch(capture: Capture, rows: int | None) -> Any:
+    batch = (capture.args, capture.kwargs)
+    if rows is None or rows == capture.batch_size:
+        return batch
+    cut = resize_batch(batch, rows, rows=capture.batch_size, dim=capture.batch_dim)
+    # Copies, not views: a view would hold (and be counted as) the whole batch's storage.
+    return tree_map(lambda v: v.clone() if isinstance(v, torch.Tensor) else v, cut)
+
+
+def measure_captured(capture: Capture, optimizers: Sequence[Any], rows: int | None = None) -> StepMemory:
+    """One training step of copies of the captured model and its optimizers on the captured batch (cut to ``rows``),
+    measured after a warm-up step that creates the optimizers' state; the surrogate loss of the what-ifs."""
+    model, opts = _copies(capture, optimizers)
+    batch = _batch(capture, rows)
+    for opt in opts:
+        opt.zero_grad(set_to_none=True)
+    surrogate_step(model, batch).backward()
+    for opt in opts:
+        opt.step()
+    return measure_step(model, opts, [batch], surrogate_step)
+
+
+def _resident(memory: StepMemory) -> int:
+    """The peak's part that does not grow with the batch."""
+    peak = memory.peak
+    return peak.parameters + peak.buffers + peak.gradients + peak.optimizer_state
+
+
+def scaled_bytes(memory: StepMemory, peak_bytes: int, rows: int, full_rows: int) -> int:
+    """``peak_bytes`` measured at ``rows``, estimated at ``full_rows``: its batch-sized part scaled linearly."""
+    resident = min(_resident(memory), peak_bytes)
+    return resident + math.ceil((peak_bytes - resident) * full_rows / max(rows, 1))
+
+
+def capacity_bytes(memory: StepMemory) -> int | None:
+    """What a step may use: the GPU's total memory; on the CPU, the memory available now."""
+    device = memory.memory
+    return device.total_bytes if device.device.startswith("cuda") else device.free_bytes
+
+
+def blocks_to_checkpoint(modules: Sequence[ModuleActivations], step_activations: int, most: int = 2) -> list[str]:
+    """Up to ``most`` submodules that together hold the most saved activations, none inside another; only those
+    that hold a quarter of the step's activations or more are worth recomputing."""
+    chosen: list[str] = []
+    for row in modules:
+        if not row.name or row.total_bytes * 4 < step_activations:
+            continue
+        if any(row.name.startswith(c + ".") or c.startswith(row.name + ".") for c in chosen):
+            continue
+        chosen.append(row.name)
+        if len(chosen) == most:
+            break
+    return chosen
+
+
+def _fitting_rows(capture: Capture, optimizers: Sequence[Any], oom: OutOfMemory) -> tuple[int, StepMemory] | None:
+    """The largest halving of the captured batch that fits and is cheap to measure, and its step's memory."""
+    full, rows = capture.batch_size, capture.batch_size // 2
+    while rows >= 1:
+        # The failing allocation scaled to this batch: skip a batch that would take long to measure (on the CPU,
+        # an allocation the system grants is touched page by page, never refused).
+        if oom.requested_bytes is None or oom.requested_bytes * rows / full <= MEASURE_CAP_BYTES:
+            try:
+                return rows, measure_captured(capture, optimizers, rows)
+            except (RuntimeError, MemoryError) as exc:
+                if out_of_memory(exc) is None:
+                    raise
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
+        rows //= 2
+    return None
+
+
+def _micro_batches_for(memory: StepMemory, rows: int, full: int, capacity: int | None) -> int:
+    """The fewest micro-batches (a power of two dividing ``rows``) whose estimate fits ``capacity``; 2 at least."""
+    k = 2
+    while k * 2 <= rows and rows % (k * 2) == 0:
+        if capacity is not None and scaled_bytes(memory, memory.peak_bytes, rows * k, full) <= capacity:
+            break
+        k *= 2
+    return k
+
+
+def fit_after_oom(capture: Capture, optimizers: Sequence[Any], oom: OutOfMemory, repeats: int = 2) -> FitMeasure | None:
+    """After ``oom``: the step at a batch that fits, the whole batch's estimate, and the fixes measured there (micro-
+    batches to the whole batch, bf16 autocast, checkpointing of the blocks that save the most); None when no
+    halving of the captured batch fits."""
+    found = _fitting_rows(capture, optimizers, oom)
+    if found is None:
+        return None
+    rows, memory = found
+    full, capacity = capture.batch_size, capacity_bytes(memory)
+    batch = _batch(capture, rows)
+    costs: list[FixCost] = []
+    if rows >= 2:
+        k = _micro_batches_for(memory, rows, full, capacity)
+        costs.append(micro_batches(capture.module, optimizers, batch, k, rows, capture.batch_dim, repeats=repeats))
+    costs.append(bf16_autocast(capture.module, optimizers, batch, repeats=repeats))
+    blocks = blocks_to_checkpoint(memory.modules, memory.activation_bytes)
+    if blocks:
+        costs.append(checkpointing(capture.module, optimizers, batch, blocks, repeats=repeats))
+    fixes = []
+    for cost in costs:
+        needed = scaled_bytes(memory, cost.fixed.peak_bytes, rows, full)
+        fixes.append(FixEstimate(cost, needed, capacity is not None and needed <= capacity))
+    estimated = scaled_bytes(memory, memory.peak_bytes, rows, full)
+    return FitMeasure(rows, full, memory, estimated, capacity, tuple(fixes))

@@ -1,0 +1,179 @@
+"""Fixes that trade memory for time, each measured for both on fresh copies of the user's model: activation
+checkpointing of chosen blocks, bf16 autocast, ``zero_grad(set_to_none=True)``, and a smaller micro-batch
+with gradient accumulation to the same effective batch. Here, not in ``whatif/``: a memory rule's own measurer
+(stage 3) calls them.
+
+Each fix runs its baseline and itself in the same call, on their own ``copy.deepcopy`` of the model and its
+optimizers (copied together, so the copied optimizers update the copied parameters): one warm-up step, one
+step measured by :func:`~turbotrain.doctor.record.memory_watch.measure_step` for the peak, then plain steps,
+baseline and fix alternating, the fastest of each for the time. The batch is ``(args, kwargs)`` as captured.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from .replay import surrogate_step
+from ..record.memory_watch import LossFn, Optimizers, measure_step
+
+__all__ = ["Cost", "FixCost", "checkpoint_blocks", "checkpointing", "bf16_autocast", "set_to_none", "micro_batches"]
+
+
+@dataclass(frozen=True, slots=True)
+class Cost:
+    """A step's peak bytes (``StepMemory.peak_bytes``; on CUDA the allocator's peak) and its seconds."""
+
+    peak_bytes: int
+    step_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class FixCost:
+    """A fix and its baseline, measured in the same call. ``detail`` says what was changed."""
+
+    fix: str
+    detail: str
+    baseline: Cost
+    fixed: Cost
+
+
+@dataclass
+class _Variant:
+    model: torch.nn.Module
+    optimizers: Sequence[torch.optim.Optimizer]
+    batches: Sequence[Any]
+    loss_fn: LossFn
+    set_to_none: bool = True
+
+
+def checkpointing(
+    model: torch.nn.Module,
+    optimizers: Optimizers,
+    batch: Any,
+    blocks: Sequence[str],
+    loss_fn: LossFn = surrogate_step,
+    repeats: int = 3,
+) -> FixCost:
+    """Activation checkpointing (``torch.utils.checkpoint``, non-reentrant) of the submodules named ``blocks``."""
+    fixed = _variant(model, optimizers, batch, loss_fn)
+    checkpoint_blocks(fixed.model, blocks)
+    return _compare("checkpointing", ", ".join(blocks), _variant(model, optimizers, batch, loss_fn), fixed, repeats)
+
+
+def checkpoint_blocks(model: torch.nn.Module, blocks: Sequence[str]) -> None:
+    """Make the submodules of ``model`` named ``blocks`` recompute their forward in the backward instead of
+    saving its activations. In place: each gets an instance ``forward``, so it keeps its name, hooks and state."""
+    modules = dict(model.named_modules())
+    for name in blocks:
+        module = modules[name]
+        module.forward = functools.partial(checkpoint, module.forward, use_reentrant=False)
+
+
+def bf16_autocast(
+    model: torch.nn.Module, optimizers: Optimizers, batch: Any, loss_fn: LossFn = surrogate_step, repeats: int = 3
+) -> FixCost:
+    """The forward and the loss under ``torch.autocast`` in bfloat16 on the model's device."""
+    device = next((p.device.type for p in model.parameters()), "cpu")
+
+    def autocast_loss(m: torch.nn.Module, b: Any) -> torch.Tensor:
+        with torch.autocast(device, dtype=torch.bfloat16):
+            return loss_fn(m, b)
+
+    baseline = _variant(model, optimizers, batch, loss_fn)
+    return _compare("bf16-autocast", device, baseline, _variant(model, optimizers, batch, autocast_loss), repeats)
+
+
+def set_to_none(
+    model: torch.nn.Module, optimizers: Optimizers, batch: Any, loss_fn: LossFn = surrogate_step, repeats: int = 3
+) -> FixCost:
+    """``zero_grad(set_to_none=True)`` against gradients zero-filled and kept between steps."""
+    baseline = _variant(model, optimizers, batch, loss_fn, set_to_none=False)
+    return _compare(
+        "set-to-none", "zero_grad(set_to_none=True)", baseline, _variant(model, optimizers, batch, loss_fn), repeats
+    )
+
+
+def micro_batches(
+    model: torch.nn.Module,
+    optimizers: Optimizers,
+    batch: Any,
+    k: int,
+    rows: int,
+    dim: int = 0,
+    loss_fn: LossFn = surrogate_step,
+    repeats: int = 3,
+) -> FixCost:
+    """``k`` micro-batches of ``rows // k`` with their gradients accumulated, against the whole batch of ``rows``
+    (tensors whose dimension ``dim`` is ``rows`` are split; the rest go to every micro-batch)."""
+    if k < 1 or rows % k:
+        raise ValueError(f"{rows} rows do not split into {k} equal micro-batches")
+    parts = [_rows(batch, rows, dim, i * (rows // k), rows // k) for i in range(k)]
+    fixed = _variant(model, optimizers, batch, loss_fn)
+    fixed.batches = parts
+    return _compare("micro-batches", f"{k} x {rows // k}", _variant(model, optimizers, batch, loss_fn), fixed, repeats)
+
+
+def _rows(batch: Any, rows: int, dim: int, start: int, length: int) -> Any:
+    if isinstance(batch, torch.Tensor):
+        return batch.narrow(dim, start, length) if batch.dim() > dim and batch.shape[dim] == rows else batch
+    if isinstance(batch, (list, tuple)):
+        items = [_rows(b, rows, dim, start, length) for b in batch]
+        return type(batch)(*items) if hasattr(batch, "_fields") else type(batch)(items)
+    if isinstance(batch, dict):
+        return type(batch)((key, _rows(v, rows, dim, start, length)) for key, v in batch.items())
+    return batch
+
+
+def _variant(
+    model: torch.nn.Module, optimizers: Optimizers, batch: Any, loss_fn: LossFn, set_to_none: bool = True
+) -> _Variant:
+    # One deepcopy of both: its memo maps each parameter to one copy, which the copied optimizers then hold.
+    model_copy, optimizer_copies = copy.deepcopy((model, list(optimizers)))
+    return _Variant(model_copy, optimizer_copies, [batch], loss_fn, set_to_none)
+
+
+def _compare(fix: str, detail: str, baseline: _Variant, fixed: _Variant, repeats: int) -> FixCost:
+    for variant in (baseline, fixed):
+        _step(variant)  # warm-up: the optimizer's state exists and, when kept, the gradients
+    peaks = [_peak(v) for v in (baseline, fixed)]
+    seconds = [float("inf"), float("inf")]
+    for _ in range(repeats):
+        for i, variant in enumerate((baseline, fixed)):
+            seconds[i] = min(seconds[i], _timed(variant))
+    return FixCost(fix, detail, Cost(peaks[0], seconds[0]), Cost(peaks[1], seconds[1]))
+
+
+def _peak(variant: _Variant) -> int:
+    memory = measure_step(
+        variant.model, variant.optimizers, variant.batches, variant.loss_fn, set_to_none=variant.set_to_none
+    )
+    return memory.allocator_peak_bytes if memory.allocator_peak_bytes is not None else memory.peak_bytes
+
+
+def _step(variant: _Variant) -> None:
+    for opt in variant.optimizers:
+        opt.zero_grad(set_to_none=variant.set_to_none)
+    for batch in variant.batches:
+        (variant.loss_fn(variant.model, batch) / len(variant.batches)).backward()
+    for opt in variant.optimizers:
+        opt.step()
+
+
+def _timed(variant: _Variant) -> float:
+    """Seconds for one step, the device's queued work included."""
+    device = next((p.device for p in variant.model.parameters()), torch.device("cpu"))
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    started = time.perf_counter()
+    _step(variant)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - started

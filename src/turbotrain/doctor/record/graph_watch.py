@@ -1,0 +1,208 @@
+"""Autograd graphs kept alive across training steps: a loss kept in a list, a running sum without
+``.detach()``. :class:`GraphWatch` counts the graphs alive at a few step boundaries and names the user's variable
+whose count grows, and the line that adds to it."""
+
+from __future__ import annotations
+
+import ast
+import gc
+import inspect
+import sys
+import textwrap
+from collections import deque
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from types import CodeType, FrameType
+from typing import Any
+
+import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
+
+from ..sites import Site, is_user_file
+from .memory_watch import storages
+
+__all__ = ["GraphGrowth", "GraphWatch", "sampling_at_optimizer_steps"]
+
+
+@dataclass(frozen=True, slots=True)
+class GraphGrowth:
+    """Autograd graphs alive at sampled step boundaries: tensors that have a ``grad_fn``, the graph nodes they
+    keep, and the bytes of those tensors and of the saved tensors their graphs still hold."""
+
+    steps: tuple[int, ...]
+    tensors: tuple[int, ...]
+    nodes: tuple[int, ...]
+    bytes: tuple[int, ...]
+    growing: bool  # more tensors with a grad_fn at every sample than at the one before
+    # The least growth per step over the intervals between samples (0 when any interval did not grow).
+    tensors_per_step: float
+    nodes_per_step: float
+    bytes_per_step: float
+    holder: str = ""  # the user's variable whose count grew, e.g. "losses"
+    site: Site | None = None  # the line that adds to it (or the holder's frame's line)
+
+
+_GROWS = frozenset({"append", "extend", "insert", "add", "appendleft", "update", "setdefault"})
+_SAVED_NAMES: dict[type, tuple[str, ...]] = {}  # node type -> its "_saved_*" attributes (dir() is slow per node)
+
+
+@dataclass
+class _Census:
+    tensors: int
+    nodes: int
+    bytes: int
+    holders: dict[tuple[CodeType, str], int] = field(default_factory=dict)
+
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+class GraphWatch:
+    """Counts the autograd graphs alive at step boundaries (``sample`` at three or more), then says whether they
+    grow: a clean loop holds the same few (this step's loss) at every boundary, a loop that keeps its losses
+    holds one more each step. Each sample walks the garbage collector's objects: sample a few steps only."""
+
+    def __init__(self) -> None:
+        self._samples: list[tuple[int, _Census]] = []
+        self._frames: dict[CodeType, int] = {}  # a holder's frame's line at its last sample
+
+    @property
+    def samples(self) -> int:
+        """How many boundaries were counted."""
+        return len(self._samples)
+
+    def sample(self, step: int, frame: FrameType | None = None) -> None:
+        """Count now; ``frame`` (default: the caller's) and the frames above it are searched for holders."""
+        frame = frame if frame is not None else sys._getframe(1)
+        self._samples.append((step, self._census(frame)))
+
+    def _census(self, frame: FrameType | None) -> _Census:
+        # type(), not isinstance(): a deprecated proxy among the objects warns when asked its __class__. Plain
+        # tensors and parameters only: torch.compile's fake tensors carry graphs of their own tracing, not the loop's.
+        roots = [o for o in gc.get_objects() if type(o) in _PLAIN and o.grad_fn is not None]
+        nodes, saved = _walk(t.grad_fn for t in roots)
+        census = _Census(len(roots), nodes, sum({**storages(roots), **storages(saved)}.values()))
+        while frame is not None:
+            if is_user_file(frame.f_code.co_filename):
+                self._frames[frame.f_code] = frame.f_lineno
+                for name, value in list(frame.f_locals.items()):
+                    count = _grad_tensors_in(value)
+                    if count:
+                        census.holders[(frame.f_code, name)] = count
+            frame = frame.f_back
+        return census
+
+    def result(self) -> GraphGrowth | None:
+        """The growth between the samples; None before three."""
+        if len(self._samples) < 3:
+            return None
+        steps = tuple(s for s, _ in self._samples)
+        counts = [c for _, c in self._samples]
+        tensors = tuple(c.tensors for c in counts)
+        growing = all(b > a for a, b in zip(tensors, tensors[1:]))
+        holder, site = self._holder(counts) if growing else ("", None)
+        nodes, nbytes = tuple(c.nodes for c in counts), tuple(c.bytes for c in counts)
+        rates = (_least_rate(steps, tensors), _least_rate(steps, nodes), _least_rate(steps, nbytes))
+        return GraphGrowth(steps, tensors, nodes, nbytes, growing, *rates, holder=holder, site=site)
+
+    def _holder(self, counts: list[_Census]) -> tuple[str, Site | None]:
+        growing = [
+            key
+            for key in counts[-1].holders
+            if all(b.holders.get(key, 0) > a.holders.get(key, 0) for a, b in zip(counts, counts[1:]))
+        ]
+        if not growing:
+            return "", None
+        code, name = growing[0]
+        line = _line_adding_to(code, name) or self._frames[code]
+        return name, Site(code.co_filename, line, code.co_name)
+
+
+def _least_rate(steps: tuple[int, ...], values: tuple[int, ...]) -> float:
+    """The least growth per step between consecutive samples: a leak's every interval, not a one-off rise."""
+    return max(0.0, min((b - a) / max(t - s, 1) for s, t, a, b in zip(steps, steps[1:], values, values[1:])))
+
+
+def _walk(grad_fns: Iterable[Any], limit: int = 200_000) -> tuple[int, list[torch.Tensor]]:
+    """How many distinct graph nodes are reachable from ``grad_fns``, and the saved tensors they still hold."""
+    seen: dict[int, Any] = {}  # id -> node, kept alive so that no id is reused during the walk
+    saved: list[torch.Tensor] = []
+    todo = deque(grad_fns)
+    while todo and len(seen) < limit:
+        node = todo.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen[id(node)] = node
+        saved += _saved_tensors(node)
+        todo.extend(next_fn for next_fn, _ in node.next_functions)
+    return len(seen), saved
+
+
+def _saved_tensors(node: Any) -> list[torch.Tensor]:
+    names = _SAVED_NAMES.get(type(node))
+    if names is None:
+        names = _SAVED_NAMES[type(node)] = tuple(n for n in dir(node) if n.startswith("_saved_"))
+    out = []
+    for name in names:
+        try:
+            value = getattr(node, name)
+        except RuntimeError:
+            continue  # freed by the backward that already ran through this node
+        out += [v for v in (value if isinstance(value, tuple) else (value,)) if isinstance(v, torch.Tensor)]
+    return out
+
+
+def _grad_tensors_in(value: Any) -> int:
+    if isinstance(value, torch.Tensor):
+        return int(value.grad_fn is not None)
+    if isinstance(value, dict):
+        value = value.values()
+    elif not isinstance(value, (list, tuple, set, deque)):
+        return 0
+    return sum(1 for v in value if isinstance(v, torch.Tensor) and v.grad_fn is not None)
+
+
+def _line_adding_to(code: CodeType, name: str) -> int | None:
+    """The first line of ``code``'s function that appends to ``name`` or adds to it in place."""
+    try:
+        lines, first = inspect.getsourcelines(code)
+        tree = ast.parse(textwrap.dedent("".join(lines)))
+    except (OSError, TypeError, SyntaxError):
+        return None
+    found = [node.lineno for node in ast.walk(tree) if isinstance(node, ast.stmt | ast.expr) and _adds_to(node, name)]
+    return min(found) + max(first, 1) - 1 if found else None
+
+
+def _adds_to(node: ast.AST, name: str) -> bool:
+    if isinstance(node, ast.AugAssign):
+        return isinstance(node.target, ast.Name) and node.target.id == name
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _GROWS:
+        return isinstance(node.func.value, ast.Name) and node.func.value.id == name
+    if isinstance(node, ast.Assign):
+        return any(
+            isinstance(t, ast.Subscript) and isinstance(t.value, ast.Name) and t.value.id == name for t in node.targets
+        )
+    return False
+
+
+@contextmanager
+def sampling_at_optimizer_steps(watch: GraphWatch, steps: Iterable[int] = (2, 3, 4, 5)) -> Iterator[GraphWatch]:
+    """Sample ``watch`` after the given optimizer steps (1-based; of the first optimizer that steps)."""
+    wanted = set(steps)
+    first: list[int] = []  # the id of the first optimizer that steps
+    count = 0
+
+    def hook(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        nonlocal count
+        first[:] = first or [id(optimizer)]
+        if id(optimizer) == first[0]:
+            count += 1
+            if count in wanted:
+                watch.sample(count, sys._getframe(1))
+
+    handle = register_optimizer_step_post_hook(hook)
+    try:
+        yield watch
+    finally:
+        handle.remove()

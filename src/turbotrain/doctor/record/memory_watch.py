@@ -1,0 +1,395 @@
+"""Where a training step's memory goes: its parts in bytes and its peak. Graphs kept alive across steps are
+:mod:`.graph_watch`'s, out-of-memory errors :mod:`.out_of_memory`'s.
+
+The peak is measured the same way on every device: a dispatch mode sees every storage an op returns and a
+weak reference sees it freed, so the live bytes the step allocated are known after every op; the peak is
+what was resident when the step began (parameters, buffers, gradients, optimizer state, the batch) plus the
+most the step's own tensors held at once. It cannot see memory an op allocates and frees inside itself (a
+kernel's workspace) nor what the allocator keeps cached; on CUDA the allocator's own peak is reported beside
+it (``torch.cuda.max_memory_allocated``), and the cache it holds beyond live tensors (reserved - allocated).
+On the CPU the allocator's cache is not known, and is reported as None.
+"""
+
+from __future__ import annotations
+
+import inspect
+import weakref
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import astuple, dataclass
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from ...data.transfer import tensors_in
+from ..sites import Site, is_user_file
+
+__all__ = [
+    "DeviceMemory",
+    "ModuleActivations",
+    "PeakSplit",
+    "StepMemory",
+    "device_memory",
+    "measure_step",
+    "storages",
+    "Optimizers",
+    "LossFn",
+]
+
+Optimizers = Sequence[torch.optim.Optimizer]
+LossFn = Callable[[torch.nn.Module, Any], torch.Tensor]
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceMemory:
+    """The device's memory now. ``allocated``/``reserved`` are the CUDA caching allocator's (None on the CPU)."""
+
+    device: str
+    total_bytes: int | None
+    free_bytes: int | None
+    allocated_bytes: int | None = None
+    reserved_bytes: int | None = None
+    source: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ModuleActivations:
+    """Bytes saved for backward while ``name`` (qualified, "" for the root) was the innermost running module
+    (``self_bytes``) and while it or a submodule was (``total_bytes``)."""
+
+    name: str
+    class_name: str
+    self_bytes: int
+    total_bytes: int
+    tensors: int
+    site: Site | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PeakSplit:
+    """What was live at the step's peak, by kind. ``gradients`` and ``optimizer_state`` include those resident
+    before the step; ``temporaries`` is every other tensor the step's ops had made and still held."""
+
+    parameters: int
+    buffers: int
+    inputs: int
+    gradients: int
+    optimizer_state: int
+    activations: int
+    temporaries: int
+
+
+@dataclass(frozen=True, slots=True)
+class StepMemory:
+    """One training step's memory. Sizes after the step; ``peak`` at its peak (see the module's docstring)."""
+
+    device: str
+    parameter_bytes: int
+    buffer_bytes: int
+    gradient_bytes: int
+    optimizer_state_bytes: int
+    input_bytes: int
+    activation_bytes: int  # saved for backward by the step's forward, each storage once
+    modules: tuple[ModuleActivations, ...]  # by total_bytes, largest first: a prefix keeps every ancestor
+    peak: PeakSplit
+    peak_bytes: int
+    peak_phase: str  # "forward", "backward" or "optimizer"
+    allocator_peak_bytes: int | None  # CUDA: resident + (max_memory_allocated - allocated at the start)
+    allocator_reserved_peak_bytes: int | None  # CUDA: max_memory_reserved, the whole process
+    allocator_held_bytes: int | None  # CUDA: reserved - allocated after the step; None: not known on the CPU
+    memory: DeviceMemory
+
+
+# -- the device ---------------------------------------------------------------------------------------------
+
+
+def device_memory(device: torch.device | str) -> DeviceMemory:
+    """The device's total and free memory (CPU: available RAM), and on CUDA its allocator's counters."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        allocated, reserved = torch.cuda.memory_allocated(device), torch.cuda.memory_reserved(device)
+        return DeviceMemory(str(device), total, free, allocated, reserved, "torch.cuda.mem_get_info")
+    if device.type == "cpu":
+        return _cpu_memory()
+    return DeviceMemory(str(device), None, None, source="not known for this device")
+
+
+def _cpu_memory() -> DeviceMemory:
+    try:
+        import psutil
+
+        vm = psutil.virtual_memory()
+        return DeviceMemory("cpu", int(vm.total), int(vm.available), source="psutil.virtual_memory")
+    except ImportError:
+        info = _meminfo()
+        total, free = info.get("MemTotal"), info.get("MemAvailable")
+        return DeviceMemory("cpu", total, free, source="/proc/meminfo" if total else "not known")
+
+
+def _meminfo() -> dict[str, int]:
+    try:
+        with open("/proc/meminfo") as f:
+            rows = [line.split() for line in f]
+    except OSError:
+        return {}
+    return {row[0].rstrip(":"): int(row[1]) * 1024 for row in rows if len(row) >= 2 and row[1].isdigit()}
+
+
+# -- one step ----------------------------------------------------------------------------------------------
+
+
+def storages(tensors: Iterable[torch.Tensor]) -> dict[int, int]:
+    """data_ptr -> bytes of each distinct strided storage (views of one storage count once)."""
+    out = {}
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and t.layout is torch.strided and t.device.type != "meta":
+            try:
+                st = t.untyped_storage()
+                ptr = st.data_ptr()
+            except (RuntimeError, NotImplementedError):
+                continue  # a tensor with no memory of its own: torch.compile's fake tensors, functional wrappers
+            if ptr:
+                out[ptr] = st.nbytes()
+    return out
+
+
+def _optimizer_tensors(optimizers: Optimizers) -> list[torch.Tensor]:
+    return [t for opt in optimizers for state in opt.state.values() for t in tensors_in(state)]
+
+
+class _Timeline(TorchDispatchMode):
+    """Every storage the step's ops return, when it is freed, and in which phase; its saved and its gradient
+    labels come from outside."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.phase = "forward"
+        self.by_ptr: dict[int, int] = {}  # data_ptr -> serial, while live
+        self.sizes: list[int] = []  # serial -> bytes
+        self.events: list[tuple[int, int, str]] = []  # (serial, +bytes or -bytes, phase)
+        self._finalizers: list[weakref.finalize] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        seen = storages(t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor))
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t.layout is torch.strided and t.device.type != "meta":
+                self._note(t.untyped_storage(), seen)
+        return out
+
+    def _note(self, storage: torch.UntypedStorage, inputs: dict[int, int]) -> None:
+        ptr = storage.data_ptr()
+        if not ptr or ptr in inputs or ptr in self.by_ptr:
+            return  # a view or an in-place result: nothing new
+        serial = len(self.sizes)
+        self.sizes.append(storage.nbytes())
+        self.by_ptr[ptr] = serial
+        self.events.append((serial, storage.nbytes(), self.phase))
+        self._finalizers.append(weakref.finalize(storage, self._freed, ptr, serial))
+
+    def _freed(self, ptr: int, serial: int) -> None:
+        if self.by_ptr.get(ptr) == serial:
+            del self.by_ptr[ptr]
+        self.events.append((serial, -self.sizes[serial], self.phase))
+
+    def close(self) -> None:
+        for f in self._finalizers:
+            f.detach()  # storages that outlive the step must not call back into a finished timeline
+
+    def peak(self) -> tuple[set[int], str]:
+        """The serials live at the step's peak, and the phase it fell in."""
+        live = best = 0
+        at, phase = -1, "forward"
+        for i, (_, delta, when) in enumerate(self.events):
+            live += delta
+            if live > best:
+                best, at, phase = live, i, when
+        held: set[int] = set()
+        for serial, delta, _ in self.events[: at + 1]:
+            (held.add if delta > 0 else held.discard)(serial)
+        return held, phase
+
+
+class _SavedByModule:
+    """Saved-for-backward storages the step allocated, each once, keyed by the innermost running module."""
+
+    def __init__(self, model: torch.nn.Module, timeline: _Timeline) -> None:
+        self.timeline = timeline
+        self.names = {id(m): name for name, m in model.named_modules()}
+        self.stack: list[str] = []
+        self.serials: set[int] = set()
+        self.by_module: dict[str | None, list[int]] = {}  # name (None: outside the model) -> [bytes, tensors]
+
+    @contextmanager
+    def hooked(self, model: torch.nn.Module) -> Iterator[None]:
+        handles = []
+        for module in model.modules():
+            handles.append(module.register_forward_pre_hook(self._enter))
+            handles.append(module.register_forward_hook(self._leave, always_call=True))
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack):
+                yield
+        finally:
+            for h in handles:
+                h.remove()
+
+    def _enter(self, module: torch.nn.Module, args: Any) -> None:
+        self.stack.append(self.names.get(id(module), ""))
+
+    def _leave(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        self.stack.pop()
+
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        serial = self.timeline.by_ptr.get(t.untyped_storage().data_ptr()) if t.layout is torch.strided else None
+        if serial is not None and serial not in self.serials:
+            self.serials.add(serial)
+            row = self.by_module.setdefault(self.stack[-1] if self.stack else None, [0, 0])
+            row[0] += self.timeline.sizes[serial]
+            row[1] += 1
+        return t  # returned as is: the hooks only look
+
+
+def _unpack(t: torch.Tensor) -> torch.Tensor:
+    return t
+
+
+def _module_rows(
+    model: torch.nn.Module, by_module: dict[str | None, list[int]], top: int
+) -> tuple[ModuleActivations, ...]:
+    totals: dict[str, list[int]] = {}
+    for name, (nbytes, count) in by_module.items():
+        if name is None:
+            continue  # the loss's own saves: in activation_bytes, under no module
+        parts = name.split(".") if name else []
+        for depth in range(len(parts) + 1):
+            row = totals.setdefault(".".join(parts[:depth]), [0, 0])
+            row[0] += nbytes
+            row[1] += count
+    modules = dict(model.named_modules())
+    rows = [
+        ModuleActivations(
+            name, type(modules[name]).__name__, by_module.get(name, [0])[0], total, count, _class_site(modules[name])
+        )
+        for name, (total, count) in totals.items()
+        if name in modules
+    ]
+    return tuple(sorted(rows, key=lambda r: (-r.total_bytes, r.name))[:top])
+
+
+def _class_site(module: torch.nn.Module) -> Site | None:
+    """The user's ``forward`` of the module's class; None for library classes."""
+    forward = type(module).forward
+    try:
+        file = inspect.getsourcefile(forward)
+        line = inspect.getsourcelines(forward)[1]
+    except (OSError, TypeError):
+        return None
+    return Site(file, line, f"{type(module).__name__}.forward") if file and is_user_file(file) else None
+
+
+def measure_step(
+    model: torch.nn.Module,
+    optimizers: Optimizers,
+    batches: Sequence[Any],
+    loss_fn: LossFn,
+    *,
+    set_to_none: bool = True,
+    top: int = 32,
+) -> StepMemory:
+    """Train ``model`` one step (it and its optimizers change: pass copies to keep the originals) and measure
+    it: ``zero_grad(set_to_none)``, then forward and backward of ``loss_fn(model, batch) / len(batches)`` for
+    each micro-batch, then every optimizer's step."""
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    for opt in optimizers:
+        opt.zero_grad(set_to_none=set_to_none)
+    params, buffers = storages(model.parameters()), storages(model.buffers())
+    inputs = storages(t for b in batches for t in tensors_in(b))
+    grads_before = storages(p.grad for p in model.parameters() if p.grad is not None)
+    state_before = storages(_optimizer_tensors(optimizers))
+    resident = sum({**params, **buffers, **inputs, **grads_before, **state_before}.values())
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        allocated_at_start = torch.cuda.memory_allocated(device)
+    timeline = _Timeline()
+    saved = _SavedByModule(model, timeline)
+    try:
+        with timeline, saved.hooked(model):
+            _train_step(model, optimizers, batches, loss_fn, timeline)
+        held, phase = timeline.peak()
+    finally:
+        timeline.close()
+    grads = storages(p.grad for p in model.parameters() if p.grad is not None)
+    state = storages(_optimizer_tensors(optimizers))
+    split = _split(timeline, held, saved.serials, grads, state, params, buffers, inputs, grads_before, state_before)
+    memory = device_memory(device)
+    held_by_cache = None
+    if cuda:
+        torch.cuda.synchronize(device)
+        allocator_peak = resident + torch.cuda.max_memory_allocated(device) - allocated_at_start
+        reserved_peak = torch.cuda.max_memory_reserved(device)
+        held_by_cache = (memory.reserved_bytes or 0) - (memory.allocated_bytes or 0)
+    return StepMemory(
+        str(device),
+        sum(params.values()),
+        sum(buffers.values()),
+        sum(grads.values()),
+        sum(state.values()),
+        sum(inputs.values()),
+        sum(timeline.sizes[s] for s in saved.serials),
+        _module_rows(model, saved.by_module, top),
+        split,
+        sum(astuple(split)),
+        phase,
+        allocator_peak if cuda else None,
+        reserved_peak if cuda else None,
+        held_by_cache,
+        memory,
+    )
+
+
+def _train_step(
+    model: torch.nn.Module, optimizers: Optimizers, batches: Sequence[Any], loss_fn: LossFn, timeline: _Timeline
+) -> None:
+    for batch in batches:
+        timeline.phase = "forward"
+        loss = loss_fn(model, batch) / len(batches)
+        timeline.phase = "backward"
+        loss.backward()
+    timeline.phase = "optimizer"
+    for opt in optimizers:
+        opt.step()
+
+
+def _split(
+    timeline: _Timeline,
+    held: set[int],
+    saved: set[int],
+    grads: dict[int, int],
+    state: dict[int, int],
+    params: dict[int, int],
+    buffers: dict[int, int],
+    inputs: dict[int, int],
+    grads_before: dict[int, int],
+    state_before: dict[int, int],
+) -> PeakSplit:
+    grad_serials = {timeline.by_ptr[p] for p in grads if p in timeline.by_ptr}
+    state_serials = {timeline.by_ptr[p] for p in state if p in timeline.by_ptr}
+
+    def held_bytes(serials: set[int]) -> int:
+        return sum(timeline.sizes[s] for s in held & serials)
+
+    kinds = grad_serials | state_serials | saved
+    return PeakSplit(
+        parameters=sum(params.values()),
+        buffers=sum(buffers.values()),
+        inputs=sum(inputs.values()),
+        gradients=sum(grads_before.values()) + held_bytes(grad_serials),
+        optimizer_state=sum(state_before.values()) + held_bytes(state_serials),
+        activations=held_bytes(saved - grad_serials - state_serials),
+        temporaries=sum(timeline.sizes[s] for s in held - kinds),
+    )

@@ -1,0 +1,1 @@
+"""Rules on torch.compile: graph breaks, recompiles, compile time against what compile buys."""

@@ -1,0 +1,232 @@
+"""What the compile rules share: the user's part of what torch.compile did, and the script's compiled model run
+two ways on its captured batch, interleaved.
+
+Not a rule (the leading ``_`` keeps it out of the rule registry).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import functools
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ContextManager
+
+import torch
+
+from ...analysis.replay import surrogate_step
+from ...record.compile_watch import CompiledCode, GraphBreak, Recompile
+
+if TYPE_CHECKING:
+    from ...analysis.context import Context
+    from ..rule import TimeLeft
+
+__all__ = [
+    "user_codes",
+    "user_breaks",
+    "compiled_model",
+    "Variant",
+    "PairTiming",
+    "time_variants",
+    "seconds_text",
+    "backend_name",
+    "recompiled",
+    "eager_copy",
+    "user_recompiles",
+    "is_item_break",
+]
+
+_TURBOTRAIN = str(Path(__file__).resolve().parents[3])  # the turbotrain package: the doctor's own code
+_PROBE_CALLS = ("get_ident", "_getframe")  # the builtins the doctor's probes call
+ROUNDS = 2  # interleaved rounds; a third when the two disagree about the direction
+STEPS = 5  # timed steps per variant per round (at least; more for a short step)
+ROUND_S = 0.1  # the least time one variant's steps span in a round
+
+
+def _doctors(code: CompiledCode) -> bool:
+    """The doctor's own hooks compiled into the user's graph (record/discovery.py, record/instrument.py)."""
+    return code.code.file.startswith(_TURBOTRAIN)
+
+
+def _doctor_made(b: GraphBreak) -> bool:
+    """A break on the doctor's probes: they call ``threading.get_ident`` and ``sys._getframe``, which dynamo
+    cannot trace, where the user's code calls them.
+
+    The recorder's hooks run inside the compiled forward; until they are hidden from dynamo, their breaks are the
+    doctor's, not the script's (a script that calls either in its forward is rare)."""
+    return b.gb_id == "GB0007" and any(f"qualname: {name}," in b.reason for name in _PROBE_CALLS)
+
+
+def user_codes(ctx: Context) -> list[CompiledCode]:
+    """The compiled codes that are the script's (the doctor's own hooks left out)."""
+    facts = ctx.compiled
+    return [c for c in facts.codes if not _doctors(c)] if facts is not None else []
+
+
+def user_breaks(code: CompiledCode) -> list[GraphBreak]:
+    """The code's graph breaks that the script made (at a user line, not on the doctor's probes)."""
+    return [b for b in code.breaks if b.site is not None and not _doctor_made(b)]
+
+
+def user_recompiles(code: CompiledCode) -> list[Recompile]:
+    """The code's recompiles, less the one a ``.item()`` break brings (torch specialises on the float it read:
+    a changed value recompiles once; the break's finding covers it)."""
+    items = sum(1 for b in user_breaks(code) if is_item_break(b))
+    kept = []
+    for r in code.recompiles:
+        if items and r.kind == "changed-value":
+            items -= 1
+            continue
+        kept.append(r)
+    return kept
+
+
+def is_item_break(b: GraphBreak) -> bool:
+    """A break on ``Tensor.item()`` (torch's GB0124), which capture_scalar_outputs=True keeps in the graph."""
+    return b.gb_id == "GB0124" or "item()" in b.title
+
+
+def compiled_model(ctx: Context) -> torch.nn.Module | None:
+    """The captured model where the script compiled it (an OptimizedModule, its eager original ``_orig_mod``)."""
+    module = ctx.capture.module if ctx.capture is not None else None
+    return module if module is not None and isinstance(getattr(module, "_orig_mod", None), torch.nn.Module) else None
+
+
+def seconds_text(seconds: float) -> str:
+    return f"{seconds:.1f} s" if seconds >= 0.1 else f"{seconds * 1e3:.0f} ms"
+
+
+def _fresh_backend(backend: Any) -> Any:
+    """The script's backend under a new identity: torch guards each compiled entry on its backend's id, so two
+    copies compiled with different settings never run each other's code."""
+    fresh = copy.copy(backend)
+    if fresh is not backend:
+        return fresh
+
+    @functools.wraps(backend)
+    def again(*args: Any, **kwargs: Any) -> Any:
+        return backend(*args, **kwargs)
+
+    return again
+
+
+def _script_backend(model: torch.nn.Module) -> Any:
+    """The backend the script gave torch.compile (mode and options inside), None where torch does not say."""
+    callback = model.dynamo_ctx.callback  # type: ignore[union-attr]  # an OptimizedModule has one
+    # torch keeps it on the frame converter: private, no other way to read it.
+    return getattr(getattr(callback, "_torchdynamo_orig_backend", None), "_torchdynamo_orig_backend", None)
+
+
+def backend_name(model: torch.nn.Module) -> str:
+    """The name of the script's torch.compile backend ("inductor", "eager", ...), "" where torch does not say."""
+    return str(getattr(_script_backend(model), "_compiler_name", "") or "")
+
+
+def recompiled(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of the script's compiled model compiled again from scratch, as the script compiled it (its backend,
+    mode, ``dynamic`` and ``fullgraph``)."""
+    dynamo_ctx = model.dynamo_ctx
+    backend = _script_backend(model)
+    original = eager_copy(model)
+    # torch.compile is typed for functions; given a Module it returns an OptimizedModule, a Module.
+    return torch.compile(  # type: ignore[return-value]  # a Module in, a Module out
+        original,
+        backend=_fresh_backend(backend) if backend is not None else "inductor",
+        dynamic=getattr(dynamo_ctx, "_dynamic", None),
+        fullgraph=bool(getattr(dynamo_ctx, "fullgraph", False)),
+    )
+
+
+def eager_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of the compiled model's eager original."""
+    original = model._orig_mod
+    assert isinstance(original, torch.nn.Module)  # compiled_model checked it
+    return copy.deepcopy(original)
+
+
+@dataclass
+class Variant:
+    """One way of running the model: the module and the torch settings it compiles and runs under."""
+
+    label: str
+    module: torch.nn.Module
+    settings: Callable[[], ContextManager[Any]] = contextlib.nullcontext
+
+
+@dataclass(frozen=True)
+class PairTiming:
+    """Per-step seconds of two variants, interleaved: per-round ratios (a / b) and each side's best round."""
+
+    ratios: tuple[float, ...]
+    a_s: float
+    b_s: float
+    warm_s: tuple[float, float]  # the seconds each variant's first calls took (their compile, for a compiled one)
+
+
+def _step(module: torch.nn.Module, batch: tuple[tuple[Any, ...], dict[str, Any]], cuda: bool) -> Callable[[], float]:
+    def run() -> float:
+        if cuda:
+            torch.cuda.synchronize()
+        started = time.perf_counter()
+        loss = surrogate_step(module, batch)
+        # torch's Tensor.backward is untyped.
+        loss.backward()  # type: ignore[no-untyped-call]  # torch leaves it untyped
+        if cuda:
+            torch.cuda.synchronize()
+        module.zero_grad(set_to_none=True)
+        return time.perf_counter() - started
+
+    return run
+
+
+def _timed(variant: Variant, step: Callable[[], float], steps: int) -> float:
+    """Seconds per step: the lower quartile of ``steps`` (other processes only ever add time)."""
+    with variant.settings():
+        times = sorted(step() for _ in range(steps))
+    return times[(len(times) - 1) // 4]
+
+
+@contextlib.contextmanager
+def _fresh_dynamo() -> Iterator[None]:
+    """torch.compile with nothing left of the script's run: the code torch marked to skip (a break in a loop) and
+    its compiled entries are dropped, so each variant compiles as a fresh process would."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    try:
+        yield
+    finally:
+        torch._dynamo.reset()
+
+
+def time_variants(ctx: Context, budget: TimeLeft, a: Variant, b: Variant, compile_s: float) -> PairTiming | None:
+    """``a`` and ``b`` on the captured batch, warmed (compiled) first, then timed in interleaved rounds; None when
+    the budget cannot hold compiling them (``compile_s``: what compiling took in the run) or a round."""
+    assert ctx.capture is not None  # the callers check it
+    batch = (ctx.capture.args, ctx.capture.kwargs)
+    cuda = ctx.on_gpu
+    if not budget.allows(2 * compile_s + 1.0):
+        return None
+    with _fresh_dynamo():
+        runs = (_step(a.module, batch, cuda), _step(b.module, batch, cuda))
+        warm = []
+        for variant, run in zip((a, b), runs):
+            with variant.settings():
+                warm.append(run() + run())  # the first call compiles; the second runs what the first compiled
+        per_step = max(1e-5, min(warm) / 2)
+        steps = max(STEPS, min(50, int(ROUND_S / per_step)))
+        round_cost = 2 * steps * max(per_step, 1e-4) * 3
+        ratios: list[float] = []
+        best = [float("inf"), float("inf")]
+        while budget.allows(round_cost) and (
+            len(ratios) < ROUNDS or (len(ratios) == ROUNDS and (ratios[0] > 1) != (ratios[1] > 1))
+        ):
+            a_s, b_s = _timed(a, runs[0], steps), _timed(b, runs[1], steps)
+            best = [min(best[0], a_s), min(best[1], b_s)]
+            ratios.append(a_s / b_s if b_s > 0 else 0.0)
+    if not ratios:
+        return None
+    return PairTiming(tuple(ratios), best[0], best[1], (warm[0], warm[1]))

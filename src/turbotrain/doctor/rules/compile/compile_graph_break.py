@@ -1,0 +1,158 @@
+"""`compile-graph-break`: torch.compile ended a graph at a line of the script to run Python (timed for `.item()`).
+
+Reads: run (torch.compile's own records, record/compile_watch.py; the rule table in docs/doctor.md).
+Each break is one finding at the user's line, with torch's reason and how many compiles met it, and the fix by
+kind of break. A ``.item()`` break is timed: the script's model compiled as it is against compiled with
+``torch._dynamo.config.capture_scalar_outputs = True``, on its captured batch; the other kinds are not.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Iterator
+
+from ...findings import Finding, Fix
+from ...record.compile_watch import CompiledCode, GraphBreak
+from ...requests import OwnTrial
+from ...results import CompileResult
+from ..rule import Detect, Measured, Rule, TimeLeft, register
+from ._common import Variant, compiled_model, is_item_break, recompiled, time_variants, user_breaks, user_codes
+
+if TYPE_CHECKING:
+    from ...analysis.context import Context
+
+# The kinds of break, from torch's title and reason.
+ITEM, BRANCH, PRINT, UNSUPPORTED = "item", "data-dependent-branch", "print-or-logging", "unsupported-call"
+_FLAG = "torch._dynamo.config.capture_scalar_outputs = True"
+
+
+def break_kind(b: GraphBreak) -> str:
+    """ITEM, BRANCH, PRINT or UNSUPPORTED for a break as torch words it."""
+    text = f"{b.title}\n{b.reason}".lower()
+    if is_item_break(b):
+        return ITEM
+    if "data-dependent" in text or "data dependent" in text or "generic_jump" in text:
+        return BRANCH
+    if "print" in text or "logging" in text or "logger" in text:
+        return PRINT
+    return UNSUPPORTED
+
+
+def _fix(kind: str, b: GraphBreak) -> Fix:
+    """The fix for a break of ``kind``, in each framework (the same code change in all: compile is the model's)."""
+    if kind == ITEM:
+        text = (
+            "Keep the number a tensor (torch.where(...) or tensor arithmetic instead of .item()); or set "
+            f"{_FLAG} before compiling, so the value stays in the graph"
+        )
+    elif kind == BRANCH:
+        text = (
+            "Replace the Python `if` on a tensor with torch.where(cond, a, b) (both sides computed) or torch.cond("
+            "pred, true_fn, false_fn, operands)"
+        )
+    elif kind == PRINT:
+        text = "Move the print/logging out of forward (log the returned tensors after the step, every N steps)"
+    else:
+        text = f"Move the call out of the compiled forward, or wrap it in a torch.library custom op (torch: {b.title})"
+    lightning = f"{text} (in the LightningModule's forward; Lightning compiles it the same way)"
+    return Fix(text, lightning=lightning, fabric=text, accelerate=text, hf_trainer=text)
+
+
+def _message(code: CompiledCode, b: GraphBreak, kind: str) -> str:
+    what = {
+        ITEM: "reads a tensor's value into Python (.item())",
+        BRANCH: "branches in Python on a tensor's value",
+        PRINT: "prints or logs inside the compiled region",
+        UNSUPPORTED: "calls something torch.compile cannot trace",
+    }[kind]
+    said = (
+        f"torch.compile ends the graph of {code.name}() here: the line {what}. Torch: {b.title}"
+        f" ({b.count} compile(s) met it{', ' + b.gb_id if b.gb_id else ''}). "
+    )
+    if b.skipped:
+        return said + (
+            "Torch could not resume after it (a break inside a loop) and ran the whole enclosing function eagerly, "
+            "compiling only what it calls: most of the forward runs as plain Python."
+        )
+    return said + "Each step runs the graph before it, this line as Python, then a new graph."
+
+
+def graph_breaks(ctx: Context) -> Iterator[Finding]:
+    timed_one = False  # the flag keeps every .item() in the graph at once: one trial answers them all
+    for code in user_codes(ctx):
+        for b in user_breaks(code):
+            kind = break_kind(b)
+            timed = kind == ITEM and not timed_one and compiled_model(ctx) is not None
+            timed_one = timed_one or timed
+            f = Finding(
+                "compile-graph-break",
+                site=b.site,
+                category="python_overhead",
+                message=_message(code, b, kind),
+                fix=_fix(kind, b),
+                evidence={
+                    "code": code.name,
+                    "kind": kind,
+                    "torch": b.title,
+                    "gb_id": b.gb_id,
+                    "compiles_met": b.count,
+                    "whole_function_eager": b.skipped,
+                    "reason": b.reason,
+                },
+                request=OwnTrial() if timed else None,
+            )
+            # Not timed: what is known sets it, a whole function run eagerly above a break between graphs.
+            f.provisional("medium" if b.skipped or kind == ITEM else "low")
+            f.note = (
+                "Unmeasured: what the break costs depends on the graphs around it; the fix is timed for .item() "
+                "breaks only." + (" Timed below when the what-ifs run." if timed else "")
+            )
+            yield f
+
+
+def _scalars_captured() -> object:
+    import torch._dynamo
+
+    return torch._dynamo.config.patch(capture_scalar_outputs=True)
+
+
+def measure(ctx: Context, f: Finding, budget: TimeLeft) -> Measured | None:
+    """The script's model compiled as it is against compiled with capture_scalar_outputs=True, interleaved."""
+    from ....measure import judge
+
+    model = compiled_model(ctx)
+    facts = ctx.compiled
+    if model is None or facts is None:
+        return None
+    as_is = Variant("compiled as the script compiles it", recompiled(model))
+    fixed = Variant(f"compiled with {_FLAG}", recompiled(model), _scalars_captured)  # type: ignore[arg-type]  # a config patch is a context manager
+    timing = time_variants(ctx, budget, as_is, fixed, facts.compile_s)
+    if timing is None:
+        return None
+    verdict = judge(list(timing.ratios), noise_floor=ctx.noise_floor)
+    return Measured(
+        what_if=CompileResult(
+            baseline=as_is.label,
+            candidate=fixed.label,
+            rounds=tuple(round(r, 3) for r in timing.ratios),
+            baseline_ms=round(timing.a_s * 1e3, 3),
+            candidate_ms=round(timing.b_s * 1e3, 3),
+            compile_s=round(timing.warm_s[1], 3),
+        ),
+        verdict=verdict,
+        applies_to=ctx.share("compute") + ctx.share("python_overhead"),
+        fix=Fix(
+            f"{_FLAG} before torch.compile (the .item() value stays in the graph; code that branches on it "
+            "still breaks: use torch.where there)",
+            lightning=f"{_FLAG} before Trainer.fit (Lightning compiles the module with torch.compile)",
+            fabric=f"{_FLAG} before fabric.setup(model)",
+            accelerate=f"{_FLAG} before accelerator.prepare(model)",
+            hf_trainer=f"{_FLAG} before Trainer(...) with torch_compile=True",
+        ),
+        note=(
+            f"Timed on the captured batch: {timing.a_s * 1e3:.2f} ms a step compiled as it is, "
+            f"{timing.b_s * 1e3:.2f} ms with capture_scalar_outputs (fresh compiles of each, interleaved)."
+        ),
+    )
+
+
+RULE = register(Rule("compile-graph-break", detect=(Detect("runtime", graph_breaks),), measure=measure))

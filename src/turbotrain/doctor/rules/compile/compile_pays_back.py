@@ -1,0 +1,156 @@
+"""`compile-pays-back`: what torch.compile cost in compile seconds against what it saves a step (timed).
+
+Reads: run + the captured model (torch.compile's own records, record/compile_watch.py; the rule table in
+docs/doctor.md). The compile seconds are torch's count for the run (first compiles and recompiles); the step is
+timed on the captured batch, the compiled model's eager original against a fresh compile of it as the script
+compiles it, interleaved. It answers "why is compile slower than eager": when the compiled step is slower, running
+eagerly is the fix it times (and rates); when it is faster, it says after how many steps compile has paid.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Iterator
+
+from ...findings import Finding, Fix
+from ...requests import OwnTrial
+from ...results import CompileResult
+from ..rule import Detect, Measured, Rule, TimeLeft, register
+from ._common import (
+    PairTiming,
+    Variant,
+    backend_name,
+    compiled_model,
+    eager_copy,
+    recompiled,
+    seconds_text,
+    time_variants,
+    user_breaks,
+    user_codes,
+    user_recompiles,
+)
+
+if TYPE_CHECKING:
+    from ...analysis.context import Context
+
+
+def compile_seconds(ctx: Context) -> tuple[float, float]:
+    """(first compiles, recompiles) in seconds, the script's codes only."""
+    codes = user_codes(ctx)
+    return sum(c.first_compile_s for c in codes), sum(r.seconds for c in codes for r in user_recompiles(c))
+
+
+def pays_after(compile_s: float, eager_s: float, compiled_s: float) -> int | None:
+    """Steps until what a faster compiled step saves covers ``compile_s``; None when it saves nothing."""
+    saved = eager_s - compiled_s
+    return math.ceil(compile_s / saved) if saved > 0 else None
+
+
+def pays_back(ctx: Context) -> Iterator[Finding]:
+    codes = user_codes(ctx)
+    if not codes:
+        return
+    first, again = compile_seconds(ctx)
+    model = compiled_model(ctx)
+    f = Finding(
+        "compile-pays-back",
+        site=ctx.capture.site if ctx.capture is not None else codes[0].site,
+        category="python_overhead",
+        message=(
+            f"torch.compile spent {seconds_text(first + again)} compiling {', '.join(sorted({c.name for c in codes}))}"
+            f" in this run ({seconds_text(first)} first compiles, {seconds_text(again)} recompiles): paid once per "
+            "run and per new input. Whether the compiled step wins it back is timed against eager."
+        ),
+        fix=Fix("Keep torch.compile where the compiled step is faster; run eagerly where it is not"),
+        evidence={
+            "first_compile_s": round(first, 3),
+            "recompile_s": round(again, 3),
+            "graphs": sum(c.graphs for c in codes),
+            "breaks": sum(len(user_breaks(c)) for c in codes),
+        },
+        request=OwnTrial() if model is not None else None,
+    )
+    f.provisional("low")
+    f.note = (
+        "Unmeasured: the what-ifs time the compiled step against eager."
+        if model is not None
+        else "The script compiles a function, not the model the doctor captured: the step is not timed."
+    )
+    yield f
+
+
+def _why_slower(ctx: Context, model_backend: str) -> str:
+    """What can make this compiled step slower than eager, from what the run saw."""
+    codes = user_codes(ctx)
+    breaks = sum(len(user_breaks(c)) for c in codes)
+    reasons = []
+    if model_backend in ("eager", "aot_eager"):
+        reasons.append(f"backend='{model_backend}' only traces the model (no kernels are generated), adding guards")
+    if breaks:
+        reasons.append(f"{breaks} graph break(s) split the step into small graphs with Python between them")
+    if any(user_recompiles(c) for c in codes):
+        reasons.append("recompiles add guard checks on every call")
+    if not ctx.on_gpu:
+        reasons.append("on a CPU with small ops, each graph's call overhead can exceed what fusing saves")
+    return "; ".join(reasons) or "the graphs are too small for fusion to beat their call overhead"
+
+
+def _said(ctx: Context, timing: PairTiming, compile_s: float, backend: str) -> tuple[str, Fix]:
+    """The note and the fix, from the timed eager (``b``) and compiled (``a``) steps."""
+    compiled_s, eager_s = timing.a_s, timing.b_s
+    steps = pays_after(compile_s, eager_s, compiled_s)
+    if steps is not None:
+        note = (
+            f"Compile costs {seconds_text(compile_s)} and saves {(eager_s - compiled_s) * 1e3:.2f} ms a step "
+            f"({eager_s * 1e3:.2f} ms eager, {compiled_s * 1e3:.2f} ms compiled): it pays after {steps:,} steps. "
+            "Running eagerly instead would be slower."
+        )
+        return note, Fix(f"Keep torch.compile on runs longer than {steps:,} steps; run shorter ones eagerly")
+    note = (
+        f"The compiled step is slower than eager: {compiled_s * 1e3:.2f} ms compiled against {eager_s * 1e3:.2f} ms "
+        f"eager, after {seconds_text(compile_s)} of compiling; compile never pays back here. Why: "
+        f"{_why_slower(ctx, backend)}."
+    )
+    fix = Fix(
+        "Run this model eagerly (drop torch.compile), or fix its graph breaks first and time it again",
+        lightning="Drop the torch.compile of the LightningModule (or fix its graph breaks first)",
+        hf_trainer="TrainingArguments(torch_compile=False)",
+    )
+    return note, fix
+
+
+def measure(ctx: Context, f: Finding, budget: TimeLeft) -> Measured | None:
+    """The compiled model (fresh, as the script compiles it) against its eager original, interleaved."""
+    from ....measure import judge
+
+    model = compiled_model(ctx)
+    if model is None:
+        return None
+    first, again = compile_seconds(ctx)
+    compiled = Variant("compiled as the script compiles it", recompiled(model))
+    eager = Variant("eager (no torch.compile)", eager_copy(model))
+    timing = time_variants(ctx, budget, compiled, eager, first + again)
+    if timing is None:
+        return None
+    backend = backend_name(model)
+    note, fix = _said(ctx, timing, first + again, backend)
+    # The ratio judged is what running eagerly buys: > 1 where compile made the step slower.
+    verdict = judge(list(timing.ratios), noise_floor=ctx.noise_floor)
+    return Measured(
+        what_if=CompileResult(
+            baseline=compiled.label,
+            candidate=eager.label,
+            rounds=tuple(round(r, 3) for r in timing.ratios),
+            baseline_ms=round(timing.a_s * 1e3, 3),
+            candidate_ms=round(timing.b_s * 1e3, 3),
+            compile_s=round(first + again, 3),
+            pays_after_steps=pays_after(first + again, timing.b_s, timing.a_s),
+        ),
+        verdict=verdict,
+        applies_to=ctx.share("compute") + ctx.share("python_overhead"),
+        fix=fix,
+        note=note,
+    )
+
+
+RULE = register(Rule("compile-pays-back", detect=(Detect("runtime", pays_back),), measure=measure))

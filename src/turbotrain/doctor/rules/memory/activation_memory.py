@@ -1,0 +1,118 @@
+"""`activation-memory`: activations saved for backward hold most of the step's peak (fixes measured for bytes and time).
+
+Reads: model (the rule table in docs/doctor.md). One step of the captured model is measured on copies
+(``Context.step_memory``); the blocks that save the most are named with their class and line, and the fixes that
+trade memory for time (checkpointing those blocks, bf16 autocast, two micro-batches with accumulation) are each
+measured against the same baseline for the peak and the step time (:mod:`~turbotrain.doctor.analysis.memory_fixes`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable, Iterator
+
+from ....measure import judge
+from ...analysis.memory import blocks_to_checkpoint, capacity_bytes
+from ...analysis.memory_fixes import FixCost, bf16_autocast, checkpointing, micro_batches
+from ...findings import Finding
+from ...requests import OwnTrial
+from ...results import MemoryResult
+from ..rule import Detect, Measured, Rule, TimeLeft, register
+from ._text import fix_for, size_text
+
+if TYPE_CHECKING:
+    from ...analysis.context import Context
+
+# Activations must hold at least this share of the step's peak, and more than any other part, for the finding.
+ACTIVATION_SHARE = 1 / 3
+# Steps one fix costs to measure (warm-up, the dispatch-mode step at several times a step, timed steps; both sides).
+STEPS_PER_FIX = 20
+
+
+def activation_memory(ctx: Context) -> Iterator[Finding]:
+    memory = ctx.step_memory
+    if memory is None or not memory.peak_bytes:
+        return
+    share = memory.peak.activations / memory.peak_bytes
+    blocks = blocks_to_checkpoint(memory.modules, memory.activation_bytes)
+    peak = memory.peak
+    largest = max(peak.parameters + peak.buffers, peak.gradients, peak.optimizer_state, peak.temporaries, peak.inputs)
+    if share < ACTIVATION_SHARE or peak.activations <= largest or not blocks:
+        return
+    rows = {m.name: m for m in memory.modules}
+    named = "; ".join(
+        f"{name} ({rows[name].class_name}{', ' + (ctx.where(rows[name].site) or '') if rows[name].site else ''}) "
+        f"{size_text(rows[name].total_bytes)}"
+        for name in blocks
+    )
+    capacity = capacity_bytes(memory)
+    headroom = f"; {size_text(capacity - memory.peak_bytes)} of the device left" if capacity else ""
+    f = Finding(
+        "activation-memory",
+        site=rows[blocks[0]].site,
+        message=(
+            f"Activations saved for backward are {share:.0%} of the step's peak ({size_text(memory.peak.activations)} "
+            f"of {size_text(memory.peak_bytes)}, at the {memory.peak_phase}{headroom}). The blocks that save the "
+            f"most: {named}."
+        ),
+        fix=fix_for("checkpointing", ", ".join(blocks)),
+        evidence={
+            "peak_bytes": memory.peak_bytes,
+            "activation_bytes": memory.peak.activations,
+            "blocks": {name: rows[name].total_bytes for name in blocks},
+            "capacity_bytes": capacity,
+        },
+        request=OwnTrial(),
+    )
+    tight = capacity is not None and memory.peak_bytes * 2 > capacity
+    f.provisional("medium" if tight else "low")
+    f.note = "Memory for time: worth it where the step does not fit, or to fit a larger batch."
+    yield f
+
+
+def _row(cost: FixCost) -> dict[str, object]:
+    return {
+        "fix": cost.fix,
+        "detail": cost.detail,
+        "baseline_bytes": cost.baseline.peak_bytes,
+        "fixed_bytes": cost.fixed.peak_bytes,
+        "baseline_ms": round(cost.baseline.step_seconds * 1e3, 3),
+        "fixed_ms": round(cost.fixed.step_seconds * 1e3, 3),
+    }
+
+
+def measure(ctx: Context, finding: Finding, budget: TimeLeft) -> Measured | None:
+    """Checkpointing the named blocks, bf16 autocast and two micro-batches, each against its own baseline."""
+    capture, memory = ctx.capture, ctx.step_memory
+    if capture is None or memory is None:
+        return None
+    optimizers = [opt for opt, _ in ctx.optimizers]
+    batch = (capture.args, capture.kwargs)
+    blocks = list(finding.evidence.get("blocks", {}))
+    trials: list[Callable[[], FixCost]] = [lambda: checkpointing(capture.module, optimizers, batch, blocks, repeats=2)]
+    trials.append(lambda: bf16_autocast(capture.module, optimizers, batch, repeats=2))
+    if capture.batch_size % 2 == 0:
+        rows = capture.batch_size
+        trials.append(lambda: micro_batches(capture.module, optimizers, batch, 2, rows, capture.batch_dim, repeats=2))
+    costs: list[FixCost] = []
+    for trial in trials:
+        if not budget.allows(STEPS_PER_FIX * max(ctx.step_s, 1e-3)):
+            break
+        costs.append(trial())
+    if not costs:
+        return None
+    first = costs[0]
+    ratio = first.baseline.step_seconds / first.fixed.step_seconds if first.fixed.step_seconds else 0.0
+    said = "; ".join(
+        f"{c.fix} {c.detail}: {size_text(c.baseline.peak_bytes)} -> {size_text(c.fixed.peak_bytes)}, "
+        f"{c.baseline.step_seconds * 1e3:.1f} -> {c.fixed.step_seconds * 1e3:.1f} ms"
+        for c in costs
+    )
+    return Measured(
+        what_if=MemoryResult(rows=capture.batch_size, fixes=tuple(_row(c) for c in costs)),
+        verdict=judge([ratio]),
+        applies_to=ctx.share("compute") + ctx.share("optimizer") + ctx.share("python_overhead"),
+        note=f"Measured, peak and step: {said}.",
+    )
+
+
+RULE = register(Rule("activation-memory", detect=(Detect("live", activation_memory),), measure=measure))

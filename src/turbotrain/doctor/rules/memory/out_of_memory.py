@@ -1,0 +1,110 @@
+"""`out-of-memory`: the script died of an out-of-memory error: where, what held the memory, which fix fits.
+
+Reads: run + model (the rule table in docs/doctor.md). The step is measured again at the largest halving of the
+captured batch that fits and is cheap to measure; what the whole batch needs is scaled from it (estimated), and
+the fixes (micro-batches with accumulation, bf16 autocast, checkpointing the blocks that save the most) are each
+measured there for bytes and time (:mod:`~turbotrain.doctor.analysis.memory`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Iterator
+
+from ...findings import Finding, Fix
+from ..rule import Detect, Rule, register
+from ._text import fix_for, size_text
+
+if TYPE_CHECKING:
+    from ...analysis.context import Context
+    from ...analysis.memory import FitMeasure
+    from ...analysis.memory_fixes import FixCost
+
+
+def _fixes_json(fit: FitMeasure) -> list[dict[str, Any]]:
+    return [
+        {
+            "fix": e.cost.fix,
+            "detail": e.cost.detail,
+            "baseline_bytes": e.cost.baseline.peak_bytes,
+            "fixed_bytes": e.cost.fixed.peak_bytes,
+            "baseline_ms": round(e.cost.baseline.step_seconds * 1e3, 3),
+            "fixed_ms": round(e.cost.fixed.step_seconds * 1e3, 3),
+            "estimated_bytes_at_batch": e.estimated_bytes,
+            "fits": e.fits,
+        }
+        for e in fit.fixes
+    ]
+
+
+def _held(fit: FitMeasure) -> str:
+    peak = fit.memory.peak
+    parts = (
+        ("parameters", peak.parameters + peak.buffers),
+        ("gradients", peak.gradients),
+        ("optimizer state", peak.optimizer_state),
+        ("activations", peak.activations),
+        ("temporaries", peak.temporaries + peak.inputs),
+    )
+    return ", ".join(f"{name} {size_text(b)}" for name, b in parts if b)
+
+
+def _said(cost: FixCost, full_rows: int) -> str:
+    """The fix at the script's batch: ``32 micro-batches of 8192 rows``, ``checkpointing expand``."""
+    if cost.fix == "micro-batches":
+        k = int(cost.detail.split(" x ")[0])
+        return f"{k} micro-batches of {full_rows // k} rows"
+    return f"{cost.fix} {cost.detail}"
+
+
+def out_of_memory(ctx: Context) -> Iterator[Finding]:
+    oom = ctx.recording.out_of_memory if ctx.recording is not None else None
+    if oom is None:
+        return
+    where = f" in the {oom.phase}" if oom.phase else ""
+    step = f" at step {oom.step + 1}" if oom.step is not None else ""
+    asked = f", asking for {size_text(oom.requested_bytes)}" if oom.requested_bytes else ""
+    message = f"The script ran out of {oom.device or 'device'} memory{step}{where}{asked}."
+    evidence: dict[str, Any] = {"device": oom.device, "phase": oom.phase, "step": oom.step, "error": oom.message}
+    fix = Fix(
+        "make the step smaller: fewer rows per forward with gradient accumulation, bf16 autocast, or activation "
+        "checkpointing of the largest blocks",
+        lightning="Trainer(accumulate_grad_batches=k) with a smaller batch, precision='bf16-mixed'",
+        hf_trainer="TrainingArguments(gradient_accumulation_steps=k, bf16=True, gradient_checkpointing=True)",
+    )
+    fit = ctx.fit_after_oom
+    if fit is not None:
+        fits = sorted((e for e in fit.fixes if e.fits), key=lambda e: e.cost.fixed.step_seconds)
+        capacity = f" of {size_text(fit.capacity_bytes)} available" if fit.capacity_bytes else ""
+        message += (
+            f" Measured at {fit.rows} of its {fit.full_rows} rows the step holds {size_text(fit.memory.peak_bytes)} "
+            f"({_held(fit)}); the whole batch needs about {size_text(fit.estimated_bytes)}{capacity}. "
+        )
+        message += (
+            "Fits: "
+            + "; ".join(f"{_said(e.cost, fit.full_rows)} (~{size_text(e.estimated_bytes)})" for e in fits)
+            + "."
+            if fits
+            else "None of the fixes measured fits alone: a smaller batch does."
+        )
+        evidence.update(
+            rows=fit.rows,
+            full_rows=fit.full_rows,
+            peak_bytes=fit.memory.peak_bytes,
+            estimated_bytes=fit.estimated_bytes,
+            capacity_bytes=fit.capacity_bytes,
+            fixes=_fixes_json(fit),
+        )
+        if fits:
+            fix = fix_for(fits[0].cost.fix, fits[0].cost.detail)
+    elif not ctx.memory_allowed:
+        message += " The step was not measured again (--no-what-if): run without it to see what fits."
+    f = Finding("out-of-memory", site=oom.site, message=message, fix=fix, evidence=evidence)
+    f.provisional("high")
+    f.note = (
+        "Bytes at the measured batch are measured; at the script's batch they are estimated (the batch-sized part "
+        "scaled linearly)."
+    )
+    yield f
+
+
+RULE = register(Rule("out-of-memory", detect=(Detect("runtime", out_of_memory),)))

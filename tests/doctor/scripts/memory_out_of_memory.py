@@ -1,0 +1,46 @@
+"""A model that runs out of memory at its batch size: a radial-basis expansion makes every sample's activations
+2048x its input (B x 64 x 2048 floats), so the script's 2**18 rows ask for 128 GiB at once, which no allocator
+grants. The doctor must say at which step, phase and line, what held the memory at a batch that fits, and which
+fix fits (micro-batches with accumulation do)."""
+
+import torch
+from torch import nn
+
+
+class Expansion(nn.Module):
+    """Each feature against 2048 centres: exp(-(x - c)^2), weighted and summed back to one value per feature."""
+
+    def __init__(self, features=64, centres=2048):
+        super().__init__()
+        self.register_buffer("centres", torch.linspace(-3, 3, centres))
+        self.weight = nn.Parameter(torch.randn(features, centres) / centres)
+
+    def forward(self, x):
+        basis = torch.exp(-(x.unsqueeze(-1) - self.centres).pow(2))  # doctor: out-of-memory
+        return (basis * self.weight).sum(-1)
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.expand = Expansion()
+        self.head = nn.Linear(64, 10)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.expand(x)))
+
+
+def main():
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(3):
+        x, y = torch.randn(2**18, 64), torch.randint(0, 10, (2**18,))
+        loss = nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,164 @@
+"""The compile rules on synthetic CompileFacts: each break, recompile and compile second at the user's line, with
+the fix by kind; the doctor's own probes left out; "compile is slower than eager" said plainly. No compiling here:
+the corpus runs (test_corpus.py) are the end-to-end ones."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from turbotrain.doctor.analysis.breakdown import compute_breakdown
+from turbotrain.doctor.analysis.context import Context
+from turbotrain.doctor.record.compile_watch import (
+    CHANGED_VALUE,
+    NEW_SHAPE,
+    CompiledCode,
+    CompileFacts,
+    Fallback,
+    GraphBreak,
+    Recompile,
+)
+from turbotrain.doctor.report.model import Report, compiled_json
+from turbotrain.doctor.report.terminal import compiled_lines
+from turbotrain.doctor.requests import OwnTrial
+from turbotrain.doctor.rules import evaluate
+from turbotrain.doctor.rules.compile import _common
+from turbotrain.doctor.rules.compile.compile_graph_break import BRANCH, ITEM, PRINT, UNSUPPORTED, break_kind
+from turbotrain.doctor.rules.compile.compile_pays_back import _said, pays_after
+from turbotrain.doctor.sites import Site
+from turbotrain.hardware import detect
+
+USER = "/home/me/train.py"
+HW = detect("cpu")
+
+
+def site(line: int, function: str = "forward") -> Site:
+    return Site(USER, line, function)
+
+
+def a_break(line: int, title: str, gb_id: str = "", reason: str = "", skipped: bool = False) -> GraphBreak:
+    return GraphBreak(site(line), title, gb_id, reason or title, count=2, skipped=skipped)
+
+
+ITEM_BREAK = a_break(18, "Unsupported Tensor.item() call with capture_scalar_outputs=False", "GB0124")
+PROBE_BREAK = a_break(30, "Attempted to call function marked as skipped", "GB0007",
+                      "Developer debug context: module: _thread, qualname: get_ident, skip reason: builtin")
+
+
+def recompile(kind: str, guard: str, line: int = 41, seconds: float = 0.5) -> Recompile:
+    return Recompile("0/1", kind, guard, guard, site(line, "main"), site(line, "main"), seconds)
+
+
+def code(breaks=(), recompiles=(), fallback=None, file: str = USER, name: str = "forward") -> CompiledCode:
+    return CompiledCode(name, Site(file, 16, name), Site(file, 16, name), compiles=1 + len(recompiles),
+                        graphs=2, breaks=tuple(breaks), recompiles=tuple(recompiles), first_compile_s=1.5,
+                        fallback=fallback)
+
+
+def context(*codes: CompiledCode) -> Context:
+    facts = CompileFacts(codes=codes, graphs=sum(c.graphs for c in codes),
+                         breaks=sum(len(c.breaks) for c in codes), recompiles=sum(len(c.recompiles) for c in codes),
+                         compile_s=sum(c.compile_s for c in codes),
+                         fell_back=sum(c.fallback is not None for c in codes))
+    recording = SimpleNamespace(compiled=facts, driver=None, job=())  # what the rules read of a Recording
+    return Context(script=USER, base="/home/me", hw=HW, device="cpu", breakdown=compute_breakdown([], 1),
+                   measured_steps=[], recording=recording)  # type: ignore[arg-type]  # a stand-in Recording
+
+
+def findings(ctx: Context, rule: str):
+    failed: list = []
+    found = evaluate(ctx, only=[rule], failed=failed)
+    assert failed == []
+    return found
+
+
+def test_an_item_break_is_found_at_the_users_line_with_torchs_reason_and_the_flag_as_fix():
+    [f] = findings(context(code([ITEM_BREAK])), "compile-graph-break")
+    assert (f.site.file, f.site.line) == (USER, 18) and f.severity == "medium" and not f.measured
+    assert "Unsupported Tensor.item()" in f.message and "2 compile(s)" in f.message
+    assert "capture_scalar_outputs = True" in f.fix.pytorch and "torch.where" in f.fix.pytorch
+    assert f.evidence["kind"] == ITEM
+    # No captured compiled model in this context: nothing can be timed, so nothing is asked for.
+    assert f.request is None
+
+
+def test_only_the_first_item_break_asks_for_the_trial(monkeypatch):
+    monkeypatch.setattr("turbotrain.doctor.rules.compile.compile_graph_break.compiled_model", lambda ctx: object())
+    second = a_break(24, ITEM_BREAK.title, "GB0124")
+    found = findings(context(code([ITEM_BREAK, second])), "compile-graph-break")
+    assert [isinstance(f.request, OwnTrial) for f in sorted(found, key=lambda f: f.site.line)] == [True, False]
+
+
+def test_each_kind_of_break_gets_its_own_fix():
+    assert break_kind(a_break(5, "Data-dependent branching")) == BRANCH
+    assert break_kind(a_break(5, "Failed to trace builtin operator", reason="builtin print")) == PRINT
+    assert break_kind(a_break(5, "Unsupported context manager")) == UNSUPPORTED
+    ctx = context(code([a_break(5, "Data-dependent branching"), a_break(6, "Logger not supported: logging.info"),
+                        a_break(7, "Unsupported context manager")]))
+    fixes = {f.site.line: f.fix.pytorch for f in findings(ctx, "compile-graph-break")}
+    assert "torch.cond" in fixes[5] and "Move the print/logging out" in fixes[6] and "custom op" in fixes[7]
+
+
+def test_a_break_in_a_loop_that_made_the_function_eager_says_so():
+    [f] = findings(context(code([a_break(30, ITEM_BREAK.title, "GB0124", skipped=True)])), "compile-graph-break")
+    assert "ran the whole enclosing function eagerly" in f.message and f.severity == "medium"
+
+
+def test_the_doctors_own_probes_and_hooks_are_not_the_scripts_breaks():
+    doctors = code([ITEM_BREAK], file=_common._TURBOTRAIN + "/doctor/record/discovery.py", name="_forward_pre")
+    assert findings(context(code([PROBE_BREAK]), doctors), "compile-graph-break") == []
+
+
+def test_new_lengths_every_step_are_priced_in_compile_seconds_at_the_calling_line():
+    shapes = [recompile(NEW_SHAPE, f"tensor 'tokens' size mismatch at index 1. expected 16, actual {n}")
+              for n in (21, 26)]
+    [f] = findings(context(code(recompiles=shapes)), "compile-recompile")
+    assert (f.site.line, f.severity) == (41, "medium")
+    assert "2 more time(s) (2 for a new shape)" in f.message and "1.0 s of compiling" in f.message
+    assert "dynamic=True" in f.fix.pytorch and "mark_dynamic" in f.fix.pytorch and "bucket" in f.fix.pytorch
+    assert f.evidence["recompile_s"] == 1.0
+
+
+def test_one_new_length_is_low_and_the_value_an_item_break_read_is_the_breaks():
+    [f] = findings(context(code(recompiles=[recompile(NEW_SHAPE, "size mismatch")])), "compile-recompile")
+    assert f.severity == "low" and "dynamic" in (f.note or "")
+    folded = code([ITEM_BREAK], [recompile(CHANGED_VALUE, "L['peak'] == 0.98")])
+    assert findings(context(folded), "compile-recompile") == []
+
+
+def test_the_recompile_limit_hit_is_high_and_says_the_rest_ran_eagerly():
+    limit = Fallback("recompile_limit", 8, NEW_SHAPE, "size mismatch at index 1", site(41, "main"))
+    [f] = findings(context(code(recompiles=[recompile(NEW_SHAPE, "size mismatch")], fallback=limit)),
+                   "compile-recompile")
+    assert f.severity == "high" and "recompile_limit=8" in f.message and "eagerly" in f.message
+    assert f.site.line == 41 and "dynamic=True" in f.fix.pytorch
+
+
+def test_compile_seconds_are_reported_and_timed_only_with_a_compiled_model():
+    [f] = findings(context(code(recompiles=[recompile(NEW_SHAPE, "size mismatch", seconds=0.5)])),
+                   "compile-pays-back")
+    assert "2.0 s compiling forward" in f.message and "1.5 s first compiles, 0.5 s recompiles" in f.message
+    assert f.request is None and f.severity == "low"  # the script compiled no captured model here
+
+
+def test_compile_pays_back_after_the_steps_it_saves_and_says_plainly_when_it_is_slower():
+    assert pays_after(10.0, eager_s=0.004, compiled_s=0.003) == 10_000
+    assert pays_after(10.0, eager_s=0.003, compiled_s=0.004) is None
+    ctx = context(code([ITEM_BREAK]))
+    faster = _common.PairTiming((0.75, 0.75), a_s=0.003, b_s=0.004, warm_s=(1.0, 0.0))
+    note, fix = _said(ctx, faster, 10.0, "inductor")
+    assert "Compile costs 10.0 s and saves 1.00 ms a step" in note and "pays after 10,000 steps" in note
+    slower = _common.PairTiming((1.3, 1.3), a_s=0.0052, b_s=0.004, warm_s=(1.0, 0.0))
+    note, fix = _said(ctx, slower, 10.0, "eager")
+    assert note.startswith("The compiled step is slower than eager: 5.20 ms compiled against 4.00 ms eager")
+    assert "backend='eager'" in note and "1 graph break(s)" in note and "eagerly" in fix.pytorch
+
+
+def test_the_report_carries_what_compile_did():
+    ctx = context(code([ITEM_BREAK], [recompile(NEW_SHAPE, "size mismatch")]))
+    data = compiled_json(ctx.compiled, "/home/me")
+    assert data["codes"][0]["breaks"][0]["where"] == "train.py:18" and data["recompiles"] == 1
+    report = Report(status="ok", breakdown=None, findings=[], compiled=ctx.compiled, base="/home/me")
+    assert report.to_dict()["compiled"] == data
+    lines = compiled_lines(report)
+    assert lines[0].startswith("torch.compile: 2.0 s compiling; 2 graphs, 1 graph breaks, 1 recompiles")
+    assert "forward (train.py:16)" in lines[1]

@@ -1,0 +1,249 @@
+"""CompileWatch: what torch.compile did in a run, read from torch's own records, as plain data at the user's lines."""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import runpy
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch._dynamo
+
+from doctor_helpers import marked_lines
+from turbotrain.doctor.record.compile_watch import (
+    CHANGED_VALUE,
+    NEW_DTYPE,
+    NEW_INSTANCE,
+    NEW_SHAPE,
+    OTHER,
+    CompileFacts,
+    CompileWatch,
+    classify_guard,
+)
+
+SCRIPTS = Path(__file__).parent / "scripts"
+THIS = str(Path(__file__).resolve())
+BREAK_LOGGERS = [f"torch._dynamo.{m}.__graph_breaks" for m in ("exc", "convert_frame", "symbolic_convert")]
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    """Each test compiles its own code from an empty cache (torch keeps compiled code per code object)."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def line_of(text: str) -> int:
+    """The line of this file that holds ``text``."""
+    return next(
+        n for n, line in enumerate(Path(THIS).read_text().splitlines(), 1) if text in line and "line_of" not in line
+    )
+
+
+def same_file(site, path: str) -> bool:
+    return site is not None and Path(site.file).resolve() == Path(path).resolve()
+
+
+class Tiny(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.linear(x).relu()
+
+
+def test_item_in_forward_breaks_the_graph_at_the_users_line():
+    def forward(x):
+        h = torch.tanh(x)
+        peak = h.abs().max().item()  # breaks here
+        return h / (peak + 1.0)
+
+    compiled = torch.compile(forward, backend="eager")
+    with CompileWatch() as watch:
+        compiled(torch.randn(3, 4))
+    facts = watch.facts
+    (code,) = facts.codes
+    assert code.name == "forward" and same_file(code.site, THIS)
+    (brk,) = code.breaks
+    assert same_file(brk.site, THIS) and brk.site.line == line_of("peak = h.abs().max().item()  # breaks here")
+    assert "item()" in brk.title and brk.gb_id == "GB0124" and brk.count == 1 and not brk.skipped
+    assert code.graphs == 2 and facts.graphs == 2 and facts.breaks == 1  # before and after the break
+    assert code.first_compile_s > 0 and facts.compile_s >= code.compile_s
+
+
+def test_a_new_length_each_step_recompiles_for_the_new_shape():
+    compiled = torch.compile(Tiny(), backend="eager")
+    with CompileWatch() as watch:
+        for length in (5, 6, 7):
+            compiled(torch.randn(length, 4))  # the call with a new length
+    (code,) = watch.facts.codes
+    (recompile,) = code.recompiles  # torch makes the length dynamic after the first change
+    assert recompile.kind == NEW_SHAPE and "size mismatch at index 0" in recompile.guard
+    assert same_file(recompile.caller, THIS) and recompile.caller.line == line_of("# the call with a new length")
+    assert recompile.site == recompile.caller and recompile.seconds > 0
+    assert watch.facts.recompiles == 1 and code.fallback is None and code.compiles == 2
+
+
+@pytest.mark.parametrize("how", ["dynamic=True", "mark_dynamic"])
+def test_dynamic_lengths_compile_once(how):
+    compiled = torch.compile(Tiny(), backend="eager", dynamic=True if how == "dynamic=True" else None)
+    with CompileWatch() as watch:
+        for length in (5, 6, 7):
+            x = torch.randn(length, 4)
+            if how == "mark_dynamic":
+                torch._dynamo.mark_dynamic(x, 0)
+            compiled(x)
+    (code,) = watch.facts.codes
+    assert code.recompiles == () and code.compiles == 1 and watch.facts.recompiles == 0
+
+
+def test_the_recompile_limit_is_reported_as_falling_back_to_eager():
+    compiled = torch.compile(Tiny(), backend="eager", dynamic=False)
+    with torch._dynamo.config.patch(recompile_limit=2), CompileWatch() as watch:
+        for length in (2, 3, 4, 5):
+            compiled(torch.randn(length, 4))  # one length too many
+    (code,) = watch.facts.codes
+    assert code.compiles == 2 and len(code.recompiles) == 1 and watch.facts.fell_back == 1
+    fallback = code.fallback
+    assert fallback is not None and fallback.limit == "recompile_limit" and fallback.value == 2
+    assert fallback.kind == NEW_SHAPE and "size mismatch" in fallback.guard
+    assert same_file(fallback.caller, THIS) and fallback.caller.line == line_of("# one length too many")
+    assert torch._dynamo.config.recompile_limit == 8  # the patch restored it, untouched by the watch
+
+
+def test_a_script_that_never_compiles_has_empty_facts():
+    with CompileWatch() as watch:
+        Tiny()(torch.randn(2, 4)).sum().backward()
+    assert watch.facts == CompileFacts() and not watch.facts.compiled
+
+
+def logging_state():
+    loggers = [logging.getLogger(n) for n in [*BREAK_LOGGERS, "torch._dynamo.convert_frame"]]
+    return [(lg.level, lg.propagate, list(lg.filters), list(lg.handlers)) for lg in loggers]
+
+
+def test_the_watch_leaves_torch_as_it_found_it():
+    import torch._dynamo.utils as utils
+
+    before = (
+        logging_state(),
+        torch._dynamo.config.get_config_copy(),
+        utils._compilation_metrics.maxlen,
+        list(sys.meta_path),
+        list(torch._dynamo.callback_handler.start_callbacks),
+    )
+    compiled = torch.compile(Tiny(), backend="eager")
+    with CompileWatch():
+        compiled(torch.randn(2, 4))
+        assert utils._compilation_metrics.maxlen > 64  # every compile entry kept while it watches
+    after = (
+        logging_state(),
+        torch._dynamo.config.get_config_copy(),
+        utils._compilation_metrics.maxlen,
+        list(sys.meta_path),
+        list(torch._dynamo.callback_handler.start_callbacks),
+    )
+    assert after == before
+
+
+def test_breaks_stay_off_the_terminal(capfd):
+    def forward(x):
+        print("inside", x.shape)  # a print in the compiled region
+        return x * 2
+
+    with CompileWatch() as watch:
+        torch.compile(forward, backend="eager")(torch.randn(2))
+    (brk,) = watch.facts.codes[0].breaks
+    assert brk.site.line == line_of("# a print in the compiled region") and brk.gb_id == "GB0059"
+    assert "Graph break" not in capfd.readouterr().err
+
+
+def test_the_facts_pickle():
+    def forward(x, scale):
+        return x * scale + x.sum().item()
+
+    compiled = torch.compile(forward, backend="eager")
+    with CompileWatch() as watch:
+        compiled(torch.randn(3), 2.0)
+        compiled(torch.randn(3, dtype=torch.float64), 2.0)
+    facts = watch.facts
+    assert facts.breaks == 1 and facts.recompiles >= 1
+    # Unpickles only the bytes pickled on the same line.
+    assert pickle.loads(pickle.dumps(facts)) == facts  # noqa: S301 - our own bytes, just written
+
+
+@pytest.mark.parametrize(
+    "guard, kind",
+    [
+        ("tensor 'x' size mismatch at index 1. expected 12, actual 13", NEW_SHAPE),
+        ("tensor 'x' stride mismatch at index 0. expected 8, actual 24", NEW_SHAPE),
+        ("tensor 'x' dtype mismatch. expected Float, actual Double", NEW_DTYPE),
+        ("self.k == 1", CHANGED_VALUE),
+        ("len(lst) == 1", CHANGED_VALUE),
+        ("___check_type_id(mod, 94099695982656), type=<class '__main__.M'>", NEW_INSTANCE),
+        ("tensor 'x' requires_grad mismatch. expected requires_grad=0", OTHER),
+        ("Unable to find recompilation reasons", OTHER),
+    ],
+)
+def test_guards_are_classified(guard, kind):
+    assert classify_guard(guard) == kind
+
+
+def run_script(name: str) -> CompileFacts:
+    """The script run in this process as the doctor runs it, under the watch."""
+    with CompileWatch() as watch:
+        runpy.run_path(str(SCRIPTS / f"{name}.py"), run_name="__main__")
+    return watch.facts
+
+
+def test_corpus_a_break_per_block_from_item():
+    facts = run_script("compile_item_break")
+    ((rule, line),) = marked_lines("compile_item_break")
+    script = str(SCRIPTS / "compile_item_break.py")
+    breaks = [b for c in facts.codes for b in c.breaks]
+    assert breaks and all(same_file(b.site, script) and b.site.line == line and b.gb_id == "GB0124" for b in breaks)
+    assert facts.breaks == 1  # one line, met in each block
+    # The break sits in a loop over the blocks: torch runs Net.forward eagerly and compiles each block alone.
+    block_line, net_line = (
+        n for n, text in enumerate(Path(script).read_text().splitlines(), 1) if "def forward" in text
+    )
+    net = next(c for c in facts.codes if c.code.line == net_line)
+    assert net.graphs == 0 and net.breaks[0].skipped
+    block = next(c for c in facts.codes if c.code.line == block_line)
+    assert block.graphs >= 2 and not block.breaks[0].skipped
+
+
+def test_corpus_a_new_length_every_step():
+    facts = run_script("compile_new_shapes")
+    ((rule, line),) = marked_lines("compile_new_shapes")
+    (code,) = facts.codes
+    assert code.recompiles and all(r.kind == NEW_SHAPE for r in code.recompiles)
+    assert all(same_file(r.caller, str(SCRIPTS / "compile_new_shapes.py")) for r in code.recompiles)
+    assert {r.caller.line for r in code.recompiles} == {line} and code.breaks == () and code.fallback is None
+
+
+LAZY = """
+import sys, torch
+from turbotrain.doctor.record.compile_watch import CompileWatch
+with CompileWatch() as watch:
+    torch.ones(2) + 1
+assert "torch._dynamo" not in sys.modules, "the watch imported torch._dynamo"
+assert watch.facts.codes == ()
+with CompileWatch() as watch:
+    f = torch.compile(lambda x: x.sum().item() + 1, backend="eager")
+    f(torch.ones(3))
+import torch._dynamo.utils as utils
+assert utils._compilation_metrics.maxlen == 64, utils._compilation_metrics.maxlen
+assert watch.facts.graphs == 1 and watch.facts.breaks == 1, watch.facts
+"""
+
+
+def test_a_script_that_imports_dynamo_late_is_seen_and_one_that_never_does_pays_nothing():
+    done = subprocess.run([sys.executable, "-c", LAZY], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]

@@ -1,0 +1,118 @@
+"""The memory rules on synthetic inputs (a StepMemory, a GraphGrowth, an OutOfMemory in a hand-built Context), in
+milliseconds; and the out-of-memory corpus script end to end: the line, the step, the phase, and a fix that fits."""
+
+from __future__ import annotations
+
+import dataclasses
+from functools import cached_property
+
+import pytest
+
+from doctor_helpers import cached_report, marked_lines
+from turbotrain.doctor.analysis.breakdown import compute_breakdown
+from turbotrain.doctor.analysis.context import Context
+from turbotrain.doctor.analysis.memory import blocks_to_checkpoint, scaled_bytes
+from turbotrain.doctor.record.graph_watch import GraphGrowth
+from turbotrain.doctor.record.memory_watch import DeviceMemory, ModuleActivations, PeakSplit, StepMemory
+from turbotrain.doctor.record.out_of_memory import OutOfMemory
+from turbotrain.doctor.record.recording import Recording, Window
+from turbotrain.doctor.report.memory import memory_lines, memory_section
+from turbotrain.doctor.rules import evaluate
+from turbotrain.doctor.sites import Site
+from turbotrain.hardware import detect
+
+MIB = 2**20
+
+
+def _recording(**fields) -> Recording:
+    return Recording(window=Window(1, 3, 3, 0), steps=(), step_delimiter="optimizer.step()", events=(), loaders=(),
+                     optimizer_sites=(), module_sites=(), matmul_shapes=(), gap_samples=(), **fields)
+
+
+def _context(recording: Recording | None = None, memory: StepMemory | None = None) -> Context:
+    ctx = Context(script=None, base=None, hw=detect("cpu"), device="cpu", breakdown=compute_breakdown([], 1),
+                  measured_steps=[], recording=recording)
+    ctx.__dict__["step_memory"] = memory  # a cached_property: set as computed
+    return ctx
+
+
+def _memory(activations: int, params: int = MIB, total: int = 16 * 1024 * MIB) -> StepMemory:
+    block = ModuleActivations("blocks.0", "Block", 0, activations, 4, Site("/u/train.py", 12, "Block.forward"))
+    root = ModuleActivations("", "Net", 0, activations, 4)
+    peak = PeakSplit(parameters=params, buffers=0, inputs=MIB, gradients=params, optimizer_state=2 * params,
+                     activations=activations, temporaries=MIB)
+    return StepMemory("cpu", params, 0, params, 2 * params, MIB, activations, (root, block), peak,
+                      sum(dataclasses.astuple(peak)), "backward", None, None, None,
+                      DeviceMemory("cpu", total, total // 2))
+
+
+def test_cached_properties_can_be_set_by_a_test():
+    assert isinstance(Context.__dict__["step_memory"], cached_property)
+
+
+def test_graph_kept_alive_names_the_holder_and_what_it_keeps_per_step():
+    site = Site("/u/train.py", 21, "main")
+    growth = GraphGrowth(steps=(1, 2, 3), tensors=(2, 3, 4), nodes=(10, 20, 30), bytes=(8, 12, 16), growing=True,
+                         tensors_per_step=1.0, nodes_per_step=10.0, bytes_per_step=4.0, holder="losses", site=site)
+    [f] = evaluate(_context(_recording(graph_growth=growth)), only=["graph-kept-alive"])
+    assert f.site == site and f.severity == "low" and "`losses`" in f.message and "10 graph node(s)" in f.message
+    assert "loss.item()" in f.fix.pytorch and f.evidence["bytes_per_step"] == 4.0
+
+
+def test_graph_kept_alive_is_silent_on_a_clean_loop():
+    flat = GraphGrowth(steps=(1, 2, 3), tensors=(1, 1, 1), nodes=(9, 9, 9), bytes=(4, 4, 4), growing=False,
+                       tensors_per_step=0.0, nodes_per_step=0.0, bytes_per_step=0.0)
+    assert evaluate(_context(_recording(graph_growth=flat)), only=["graph-kept-alive"]) == []
+
+
+def test_activation_memory_fires_where_activations_dominate_and_names_the_block():
+    [f] = evaluate(_context(memory=_memory(activations=64 * MIB)), only=["activation-memory"])
+    assert "blocks.0 (Block" in f.message and f.site.line == 12 and f.evidence["blocks"] == {"blocks.0": 64 * MIB}
+    assert "checkpoint" in f.fix.pytorch and f.request is not None
+    assert evaluate(_context(memory=_memory(activations=MIB // 2)), only=["activation-memory"]) == []
+
+
+def test_out_of_memory_says_step_phase_and_line_without_a_measurement():
+    site = Site("/u/train.py", 19, "forward")
+    oom = OutOfMemory("cpu", 128 * 2**30, "can't allocate memory", site, phase="forward", step=0)
+    ctx = _context(_recording(out_of_memory=oom))
+    ctx.__dict__["fit_after_oom"] = None
+    [f] = evaluate(ctx, only=["out-of-memory"])
+    assert f.severity == "high" and f.site == site
+    assert "at step 1 in the forward, asking for 128.0 GiB" in f.message
+
+
+def test_the_batch_sized_part_scales_and_the_rest_stays():
+    memory = _memory(activations=64 * MIB)
+    resident = memory.peak.parameters + memory.peak.gradients + memory.peak.optimizer_state
+    assert scaled_bytes(memory, memory.peak_bytes, 128, 256) == resident + 2 * (memory.peak_bytes - resident)
+    assert blocks_to_checkpoint(memory.modules, memory.activation_bytes) == ["blocks.0"]
+
+
+def test_the_memory_section_says_what_it_does_not_know():
+    ctx = _context(memory=_memory(activations=64 * MIB))
+    section = memory_section(ctx)
+    assert section["allocator_beyond_live_bytes"] is None and section["parts"]["activations"] == 64 * MIB
+    text = "\n".join(memory_lines(section))
+    assert "allocator beyond live tensors: not known" in text and "blocks.0 (Block" in text
+    ctx.memory_allowed = False
+    assert memory_lines(memory_section(ctx)) == ["Memory: not measured (--no-what-if)."]
+
+
+def test_a_script_that_runs_out_of_memory_is_explained_with_a_fix_that_fits():
+    report = cached_report("memory_out_of_memory")
+    [f] = [f for f in report.findings if f.rule == "out-of-memory"]
+    [(_, line)] = marked_lines("memory_out_of_memory")
+    assert f.to_dict(report.base)["where"] == f"memory_out_of_memory.py:{line}"
+    assert "at step 1 in the forward" in f.message and f.evidence["rows"] < f.evidence["full_rows"]
+    fits = [fix for fix in f.evidence["fixes"] if fix["fits"]]
+    assert fits and fits[0]["fix"] == "micro-batches" and "micro-batches" in f.fix.pytorch
+    assert report.memory is not None and report.memory["parts"]["activations"] > 0
+
+
+@pytest.mark.parametrize("name, rule", [("memory_loss_kept", "graph-kept-alive"),
+                                        ("memory_big_activations", "activation-memory")])
+def test_the_corpus_memory_findings_and_section(name, rule):
+    report = cached_report(name)
+    assert rule in report.rules()
+    assert report.memory is not None and report.memory["measured"] and report.memory["peak_bytes"] > 0

@@ -1,0 +1,179 @@
+"""The memory a training step holds, measured: its parts against what the shapes imply, the module whose
+activations are largest, graphs kept alive across steps, out-of-memory errors, and the fixes' measured peaks."""
+
+from __future__ import annotations
+
+import copy
+import pickle
+import runpy
+
+import pytest
+import torch
+from torch import nn
+
+from doctor_helpers import script
+from turbotrain.doctor.record import graph_watch as gw
+from turbotrain.doctor.record import memory_watch as mw
+from turbotrain.doctor.record import out_of_memory as om
+from turbotrain.doctor.analysis import memory_fixes as mf
+
+
+def _cross_entropy(model, batch):
+    x, y = batch
+    return nn.functional.cross_entropy(model(x), y)
+
+
+def _big_activations():
+    ns = runpy.run_path(str(script("memory_big_activations")))
+    torch.manual_seed(0)
+    return ns["Net"](), ns["make_batch"]()
+
+
+def test_parameter_gradient_and_adam_state_bytes_follow_the_shapes():
+    model = nn.Sequential(nn.Linear(10, 20), nn.ReLU(), nn.Linear(20, 3), nn.BatchNorm1d(3))
+    opt = torch.optim.Adam(model.parameters())
+    batch = (torch.randn(8, 10), torch.randint(0, 3, (8,)))
+    memory = mw.measure_step(model, [opt], [batch], _cross_entropy)
+    numels = [p.numel() for p in model.parameters()]
+    assert memory.parameter_bytes == 4 * sum(numels)
+    assert memory.gradient_bytes == 4 * sum(numels)
+    assert memory.optimizer_state_bytes == sum(2 * 4 * n + 4 for n in numels)  # exp_avg, exp_avg_sq, step
+    assert memory.buffer_bytes == 4 * (3 + 3) + 8  # running mean and var, num_batches_tracked (int64)
+    assert memory.input_bytes == 8 * 10 * 4 + 8 * 8
+
+
+def test_the_peak_is_its_parts_and_holds_the_saved_activations():
+    model, batch = _big_activations()
+    memory = mw.measure_step(model, [torch.optim.SGD(model.parameters(), lr=0.1)], [batch], _cross_entropy)
+    peak = memory.peak
+    assert memory.peak_bytes == sum(getattr(peak, f) for f in type(peak).__slots__)
+    assert 0 < peak.activations <= memory.activation_bytes
+    assert memory.peak_phase in ("forward", "backward", "optimizer")
+    assert memory.allocator_held_bytes is None and memory.allocator_peak_bytes is None  # not known on the CPU
+    assert memory.memory.total_bytes and 0 < memory.memory.free_bytes <= memory.memory.total_bytes
+
+
+def test_the_module_with_the_biggest_activations_is_named():
+    model, batch = _big_activations()
+    memory = mw.measure_step(model, [torch.optim.SGD(model.parameters(), lr=0.1)], [batch], _cross_entropy)
+    biggest = next(m for m in memory.modules if m.name)  # "" is the whole model
+    assert (biggest.name, biggest.class_name) == ("wide", "WideBlock")
+    assert biggest.total_bytes > memory.activation_bytes / 2
+    assert biggest.site is not None and biggest.site.file.endswith("memory_big_activations.py")
+    assert sum(m.self_bytes for m in memory.modules) <= memory.activation_bytes
+
+
+def test_checkpointing_the_block_lowers_the_saved_activation_bytes():
+    model, batch = _big_activations()
+    plain = copy.deepcopy(model)
+    mf.checkpoint_blocks(model, ["wide"])
+    before = mw.measure_step(plain, [torch.optim.SGD(plain.parameters(), lr=0.1)], [batch], _cross_entropy)
+    after = mw.measure_step(model, [torch.optim.SGD(model.parameters(), lr=0.1)], [batch], _cross_entropy)
+    wide_before, wide_after = ({m.name: m for m in r.modules}["wide"] for r in (before, after))
+    assert after.activation_bytes < before.activation_bytes / 2
+    assert wide_after.total_bytes == wide_after.self_bytes == 4 * batch[0].numel()  # the checkpoint keeps its input
+    assert wide_after.total_bytes < wide_before.total_bytes / 4
+
+
+def test_measuring_leaves_no_hook_and_measures_the_same_twice():
+    model, batch = _big_activations()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    first = mw.measure_step(model, [opt], [batch], _cross_entropy)
+    second = mw.measure_step(model, [opt], [batch], _cross_entropy)
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+    assert first.activation_bytes == second.activation_bytes
+
+
+def test_a_loss_kept_in_a_list_is_flagged_with_its_line():
+    path = script("memory_loss_kept")
+    with gw.sampling_at_optimizer_steps(gw.GraphWatch()) as watch:
+        runpy.run_path(str(path), run_name="__main__")
+    growth = watch.result()
+    lines = path.read_text().splitlines()
+    line = next(i for i, text in enumerate(lines, 1) if text.strip().startswith("losses.append(loss)"))
+    assert growth is not None and growth.growing
+    assert growth.tensors_per_step == 1 and growth.nodes_per_step > 0 and growth.bytes_per_step >= 4
+    assert growth.holder == "losses"
+    assert growth.site is not None and (growth.site.line, growth.site.function) == (line, "main")
+
+
+def test_a_clean_loop_is_not_flagged():
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    total = 0.0
+    with gw.sampling_at_optimizer_steps(gw.GraphWatch()) as watch:
+        for _ in range(6):
+            loss = nn.functional.cross_entropy(model(torch.randn(8, 16)), torch.randint(0, 2, (8,)))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            total += loss.item()
+    growth = watch.result()
+    assert growth is not None and not growth.growing
+    assert growth.tensors_per_step == 0 and growth.holder == "" and growth.site is None
+
+
+def test_outputs_kept_without_a_backward_count_the_activations_they_hold():
+    model = nn.Sequential(nn.Linear(16, 256), nn.ReLU(), nn.Linear(256, 2))
+    watch, kept = gw.GraphWatch(), []
+    for step in range(4):
+        kept.append(model(torch.randn(64, 16)))
+        watch.sample(step)
+    growth = watch.result()
+    assert growth is not None and growth.growing and growth.holder == "kept"
+    assert growth.bytes_per_step >= 64 * 256 * 4  # at least the saved hidden layer of each step
+
+
+def test_a_real_cpu_out_of_memory_is_classified_with_its_request_and_line():
+    with pytest.raises(RuntimeError) as raised:
+        torch.empty(2**50, dtype=torch.uint8)
+    oom = om.out_of_memory(raised.value)
+    assert oom is not None and oom.device == "cpu" and oom.requested_bytes == 2**50
+    assert oom.site is not None and oom.site.file == __file__ and oom.site.function.startswith("test_a_real_cpu")
+
+
+def test_an_out_of_memory_raised_from_is_found_and_others_are_not():
+    try:
+        try:
+            torch.empty(2**50, dtype=torch.uint8)
+        except RuntimeError as exc:
+            raise ValueError("the step failed") from exc
+    except ValueError as wrapped:
+        assert om.out_of_memory(wrapped) is not None
+    with pytest.raises(RuntimeError) as ordinary:
+        torch.randn(2, 3) @ torch.randn(2, 3)
+    assert om.out_of_memory(ordinary.value) is None
+    assert om.out_of_memory(ValueError("out of memory")) is None  # the text alone does not make one
+
+
+def test_the_cuda_message_gives_the_device_and_the_bytes():
+    message = "CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has a total capacity of 15.77 GiB"
+    oom = om.out_of_memory(torch.OutOfMemoryError(message))
+    assert oom is not None and (oom.device, oom.requested_bytes) == ("cuda", 20 * 2**20)
+
+
+def test_the_fixes_measure_both_sides_and_the_smaller_micro_batch_holds_less():
+    model, (x, y) = _big_activations()
+    opt = torch.optim.Adam(model.parameters())
+    batch = ((x,), {})
+    split = mf.micro_batches(model, [opt], batch, k=4, rows=x.shape[0], repeats=1)
+    none = mf.set_to_none(model, [opt], batch, repeats=1)
+    assert split.fixed.peak_bytes < split.baseline.peak_bytes
+    assert none.fixed.peak_bytes < none.baseline.peak_bytes  # zero-filled grads are held through the forward
+    for fix in (split, none, mf.bf16_autocast(model, [opt], batch, repeats=1)):
+        assert fix.baseline.step_seconds > 0 and fix.fixed.step_seconds > 0
+    assert all(p.grad is None for p in model.parameters())  # the user's model is left as it was
+    with pytest.raises(ValueError):
+        mf.micro_batches(model, [opt], batch, k=3, rows=x.shape[0])
+
+
+def test_the_results_pickle():
+    model, batch = _big_activations()
+    memory = mw.measure_step(model, [torch.optim.SGD(model.parameters(), lr=0.1)], [batch], _cross_entropy)
+    with gw.sampling_at_optimizer_steps(gw.GraphWatch()) as watch:
+        runpy.run_path(str(script("memory_loss_kept")), run_name="__main__")
+    oom = om.out_of_memory(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    fix = mf.FixCost("set-to-none", "", mf.Cost(1, 0.5), mf.Cost(2, 0.25))
+    for value in (memory, watch.result(), oom, fix):
+        # our own bytes, made on this line
+        assert pickle.loads(pickle.dumps(value)) == value  # noqa: S301 - our own bytes, just written
