@@ -256,8 +256,8 @@ def _messages(recording: Recording, run: ScriptRun | None, ctx: Context | None, 
     if window.warmup_extended_by:
         out.append(
             f"Warm-up was extended by {window.warmup_extended_by} steps, the batches the DataLoader's workers "
-            "queue ahead (num_workers x prefetch_factor): a window that opened on a full queue would not see "
-            "the loader."
+            "queue ahead (num_workers x prefetch_factor, and those they still held ready after them): a window "
+            "that opened on a full queue would not see the loader."
         )
     if not window.profiler_ran and done:
         out.append("No profiler window ran (the script stopped first): no op table or trace.")

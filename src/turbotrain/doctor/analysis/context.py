@@ -8,6 +8,8 @@ that a GPU-only rule fires where it should.
 from __future__ import annotations
 
 import dataclasses
+import inspect
+import logging
 import os
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -35,6 +37,8 @@ if TYPE_CHECKING:
     from .memory import FitMeasure
 
 __all__ = ["Context", "SiteStat", "build_context"]
+
+log = logging.getLogger("turbotrain")
 
 
 @dataclass(frozen=True)
@@ -112,14 +116,20 @@ class Context:
     @cached_property
     def step_memory(self) -> StepMemory | None:
         """One step of copies of the captured model measured for memory (:mod:`.memory`); None where nothing was
-        captured, the run died of an out-of-memory error, or measuring is off."""
+        captured, the run died of an out-of-memory error, measuring is off, an optimizer steps only with a closure
+        (LBFGS: its step re-runs the script's own closure, which the copies cannot), or the step failed on copies."""
         from .memory import measure_captured
 
         recording = self.recording
         died = recording is not None and recording.out_of_memory is not None
-        if self.capture is None or not self.memory_allowed or died:
+        optimizers = [opt for opt, _ in self.optimizers]
+        if self.capture is None or not self.memory_allowed or died or any(map(_steps_with_closure, optimizers)):
             return None
-        return measure_captured(self.capture, [opt for opt, _ in self.optimizers])
+        try:
+            return measure_captured(self.capture, optimizers)
+        except Exception as exc:  # noqa: BLE001 - a model the copies cannot train costs the memory section only
+            log.warning("turbotrain doctor: the step's memory was not measured: %s: %s", type(exc).__name__, exc)
+            return None
 
     @cached_property
     def fit_after_oom(self) -> FitMeasure | None:
@@ -386,3 +396,9 @@ def build_context(
         ),
         recording=recording,
     )
+
+
+def _steps_with_closure(optimizer: Any) -> bool:
+    """Whether ``optimizer.step`` needs a closure (LBFGS), which re-runs the script's forward itself."""
+    closure = inspect.signature(type(optimizer).step).parameters.get("closure")
+    return closure is not None and closure.default is inspect.Parameter.empty

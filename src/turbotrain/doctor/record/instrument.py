@@ -285,6 +285,7 @@ def _iter_next(original: Callable) -> Callable:
         record = probe.tallies.loaders.get(getattr(self, "_tt_loader", -1))
         if record is not None:
             record.nexts.add(probe.steps.step_index, seconds)
+            record.iterator = weakref.ref(self)
             start = self.__dict__.pop("_tt_start", None)
             if start is not None:
                 record.starts.append((probe.steps.step_index, start + seconds))

@@ -62,6 +62,10 @@ GAP_WORTH_SAMPLING_S = 1e-3
 GRAPH_SAMPLES = 4  # step boundaries at which the graphs alive are counted (three or more tell growth)
 
 
+# Warm-up is extended at most this many times more for batches still queued (a loader faster than the step never
+# drains: it is not data-bound, and its window need not wait).
+MAX_DRAINS = 3
+
 class Recorder:
     """Installs the hooks; ``steps`` holds one :class:`StepRecord` per completed optimizer step.
 
@@ -129,6 +133,7 @@ class Recorder:
         # What torch.compile did (graphs, breaks, recompiles, compile time), where the script compiles.
         self.compile_watch: CompileWatch | None = None
         self.compiled: CompileFacts | None = None
+        self._drains = 0  # warm-up extensions for batches the workers still held ready (MAX_DRAINS at most)
         # Graphs kept alive across steps: counted at a few boundaries whose cost lands in no measured step.
         self.graph_watch = GraphWatch()
         self.out_of_memory: OutOfMemory | None = None  # the error the script died of, where it was one
@@ -236,8 +241,18 @@ class Recorder:
         if done == max(1, self.warmup - 1) and not schedule.warmup_extended_by:
             self.module_calls_per_step = record.module_calls  # counted under the global hooks
             self.modules.set_discovery(False)
-        if done == self.warmup:
+        if done == self.warmup and not schedule.warmup_extended_by:
+            # Off before any extension: traced steps run slower than the workers refill their queue, which
+            # would then never drain and the window would open on queued batches after all.
+            self.functions.trace(False)
             schedule.extend_warmup(self._prefetched_batches(done))
+        elif done == self.warmup and self._drains < MAX_DRAINS:
+            # Workers refill while the queue drains (and while slow first steps run): what they still hold
+            # ready here would be taken without a wait by the window's first steps.
+            ready = self._ready_batches()
+            if ready:
+                self._drains += 1
+                schedule.drain_more(ready)
         if done == self.warmup:
             # Read again when the window ends: how far an outer loop's counter moved gives its period in steps.
             self.cadences_at_start = (done, running_cadences(sys._getframe(0)))
@@ -326,6 +341,20 @@ class Recorder:
             if workers and any(step < done for step in record.nexts.by_step):
                 queued = max(queued, workers * (record.settings.get("prefetch_factor") or 2))
         return queued
+
+    def _ready_batches(self) -> int:
+        """Batches the workers of the loaders being read hold ready now (0 where torch does not say)."""
+        ready = 0
+        for record in self.tallies.loaders.values():
+            it = record.iterator() if record.iterator is not None else None
+            try:
+                # The iterator's private queue and task table: torch offers no public count of ready batches.
+                queued = it._data_queue.qsize() if it is not None else 0
+                early = sum(1 for task in it._task_info.values() if len(task) == 2) if it is not None else 0
+            except (AttributeError, NotImplementedError):  # not a worker iterator; qsize() on macOS
+                continue
+            ready = max(ready, queued + early)
+        return ready
 
     @property
     def profiler(self) -> Any:

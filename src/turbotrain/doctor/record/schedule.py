@@ -57,6 +57,14 @@ class StepSchedule:
         if self.stop_after is not None:
             self.stop_after += steps
 
+    def drain_more(self, steps: int) -> None:
+        """``steps`` more warm-up steps after the extension, for batches the workers still held ready."""
+        self.warmup_extended_by += steps
+        self.warmup += steps
+        self.profile_at += steps
+        if self.stop_after is not None:
+            self.stop_after += steps
+
     @property
     def measured_end(self) -> int | None:
         """The number of steps done when the measured window ends (None: it does not)."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import weakref
 from collections import Counter, defaultdict
-from typing import Any
+from typing import Any, Callable
 
 from .measurements import EventCounts, LoaderRecord
 from ..sites import Site
@@ -78,10 +78,11 @@ class Tally:
 class LoaderTally:
     """A DataLoader the script iterates, while it runs: its batches' waits per step."""
 
-    __slots__ = ("loader", "site", "settings", "nexts", "starts")
+    __slots__ = ("loader", "site", "settings", "nexts", "starts", "iterator")
 
     def __init__(self, loader: Any, site: Site | None, settings: dict[str, Any]) -> None:
         self.loader, self.site, self.settings = loader, site, settings
+        self.iterator: Callable[[], Any] | None = None  # a weak reference to the iterator last read
         self.nexts = Tally()  # batches fetched and seconds waited
         self.starts: list[tuple[int, float]] = []  # (step, seconds to the first batch) per iter()
 
