@@ -218,3 +218,12 @@ def test_a_loader_fix_without_workers_leaves_persistent_workers_out():
     assert loader_fix(0) == "DataLoader(..., num_workers=0)"
     with pytest.raises(ValueError, match="persistent_workers"):
         DataLoader([1], num_workers=0, persistent_workers=True)
+
+
+def test_the_framework_is_the_loops_even_without_a_finding():
+    """A machine where nothing is worth fixing (no fast bf16: no mixed-precision finding) still reports the Fabric
+    loop as Fabric's: the framework is what stepped the optimizer, not what the findings say."""
+    from turbotrain.doctor.report.model import Report
+
+    assert Report(status="ok", breakdown=None, findings=[], driver="fabric").framework == "fabric"
+    assert Report(status="no-steps", breakdown=None, findings=[]).framework is None

@@ -21,6 +21,7 @@ from .report.tables import copy_table, sync_table
 from .job.own_ranks import StartsOwnRanks, refusing_own_ranks
 from .record.runner import ScriptRun, run_script
 from .options import DoctorOptions
+from .findings import framework_named
 from .sites import relative_where
 
 __all__ = ["DoctorOptions", "diagnose_script", "diagnose_job", "analyse", "script_in"]
@@ -367,6 +368,7 @@ def analyse(
         noise=noise_state(ctx.machine),
         memory=memory,
         compiled=ctx.compiled,
+        driver=framework_named(recording.driver),
     )
     for rule_id, error in rules_failed:
         report.fail(

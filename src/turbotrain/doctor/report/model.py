@@ -119,6 +119,8 @@ class Report:
     # The step's peak memory split into what holds it, and the device's headroom (report/memory.py); None: not
     # looked at (a job, no steps).
     memory: dict[str, Any] | None = None
+    # The framework whose loop stepped the optimizer, as the recording saw it (record/drivers.py).
+    driver: Framework | None = None
 
     def fail(self, part: str, message: str) -> None:
         """Say that ``part`` failed, in every report, and make the exit code non-zero: a report never claims what
@@ -143,11 +145,13 @@ class Report:
 
     @property
     def framework(self) -> Framework | None:
-        """The framework whose loop ran (``pytorch``, ``lightning``, ``fabric``, ``accelerate``, ``hf_trainer``),
-        as the findings' fixes carry it (the rules set it on each); None without findings."""
-        if not self.findings:
-            return None
-        return next((f.fix.framework for f in self.findings if f.fix.framework != "pytorch"), "pytorch")
+        """The framework whose loop ran (``pytorch``, ``lightning``, ``fabric``, ``accelerate``, ``hf_trainer``), as
+        the recording saw it step the optimizer, with findings or without; None where nothing stepped."""
+        if self.driver is not None:
+            return self.driver
+        return next((f.fix.framework for f in self.findings if f.fix.framework != "pytorch"), None) or (
+            "pytorch" if self.findings else None
+        )
 
     def to_dict(self) -> dict[str, Any]:
         b = self.breakdown
