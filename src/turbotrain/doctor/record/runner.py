@@ -15,6 +15,8 @@ from pathlib import Path
 from types import CodeType
 from typing import Any
 
+import torch
+
 from .recorder import Recorder, Stop
 from ..sites import Site, is_user_file
 
@@ -82,6 +84,9 @@ def run_script(
     if not path.is_file():
         raise FileNotFoundError(f"no such script: {script}")
     saved_argv, saved_path0 = sys.argv[:], sys.path[0] if sys.path else None
+    # Autograd switches a script may flip for good (set_detect_anomaly(True), set_grad_enabled(False)): the
+    # what-ifs that follow in this process time the model with torch's settings, not the script's leftovers.
+    saved_autograd = (torch.is_grad_enabled(), torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled())
     sys.argv = [str(path), *argv]
     # Like `python script.py`: the script's folder comes first on the import path.
     sys.path.insert(0, str(path.parent))
@@ -113,6 +118,8 @@ def run_script(
     finally:
         run.seconds = time.perf_counter() - started
         sys.argv = saved_argv
+        torch.set_grad_enabled(saved_autograd[0])
+        torch.autograd.set_detect_anomaly(saved_autograd[1], check_nan=saved_autograd[2])
         if sys.path and sys.path[0] == str(path.parent):
             sys.path.pop(0)
         elif saved_path0 is not None and str(path.parent) in sys.path:
