@@ -92,8 +92,15 @@ def rank_recording(rank: int, data_ms: list[float], exposed_ms: list[float], ste
 JOB_FAST = ["--steps", "10", "--warmup", "2"]
 
 
+# Marks every process a test of this pytest run starts through job_env(): job_processes() counts only this run's,
+# not those of another test run on the same machine (another clone's suite, a developer's doctor on the same script).
+TEST_RUN = "TURBOTRAIN_TEST_RUN"
+_TEST_RUN_ID = f"{os.getpid()}-{os.urandom(4).hex()}"
+
+
 def job_env() -> dict[str, str]:
     env = dict(os.environ)
+    env[TEST_RUN] = _TEST_RUN_ID
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), env.get("PYTHONPATH")]))
     env["OMP_NUM_THREADS"] = "1"
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", ENV_FOLDER):
@@ -102,12 +109,15 @@ def job_env() -> dict[str, str]:
 
 
 def job_processes(script: str) -> list[int]:
-    """Processes of a doctor job on ``script`` still running (ranks, launchers, their children)."""
+    """Processes of a doctor job on ``script`` that this test run started (job_env()) still running (ranks,
+    launchers, their children)."""
     found = []
+    ours = f"{TEST_RUN}={_TEST_RUN_ID}".encode()
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if ENV_FOLDER.encode() in (entry / "environ").read_bytes() and \
+                environ = (entry / "environ").read_bytes()
+                if ENV_FOLDER.encode() in environ and ours in environ and \
                         script.encode() in (entry / "cmdline").read_bytes():
                     found.append(int(entry.name))
             except OSError:

@@ -27,10 +27,11 @@ SCRIPTS = Path(__file__).parent / "scripts"
 @pytest.fixture(scope="module")
 def slow_data_rank0(tmp_path_factory):
     """The doctor starts the ranks itself; rank 0 loads its data slower. The straggler's fix is timed on both ranks
-    (the budget fits it, the highest rated, while one run of the job takes up to 15 s) and written as a patch."""
+    (the budget fits it, the highest rated, while one run of the job takes up to 50 s: with --job-what-if-rounds 2
+    it decides only what fits, never how many rounds run) and written as a patch."""
     tmp = tmp_path_factory.mktemp("data")
     return doctor_job(tmp, "--job-what-if-rounds", "2", "--html", str(tmp / "report.html"),
-                      "--job-what-if-budget", "60",
+                      "--job-what-if-budget", "200",
                       "--job-what-if-rules", "straggler", "--fix",
                       str(tmp / "fixes.patch"), "--fix-only", "straggler", "--nproc-per-node", "2",
                       str(SCRIPTS / "ddp_straggler_data.py"), "--slow-rank", "0", what_if=True, timeout=400)
@@ -303,8 +304,9 @@ def _rank0_straggler_fixed(tmp_path, name: str):
     script.parent.mkdir()
     shutil.copy(SCRIPTS / name, script)
     patch = tmp_path / "fixes.patch"
-    # The budget fits the straggler's fix (the highest rated) while one run of the job takes up to 25 s.
-    proc, report = doctor_job(script.parent, "--job-what-if-rounds", "2", "--job-what-if-budget", "100",
+    # The budget fits the straggler's fix (the highest rated) while one run of the job takes up to 50 s (with two
+    # rounds at most it decides only what fits, never how many rounds run).
+    proc, report = doctor_job(script.parent, "--job-what-if-rounds", "2", "--job-what-if-budget", "200",
                               "--job-what-if-rules", "straggler",
                               "--fix", str(patch),
                               "--fix-only", "straggler", "--nproc-per-node", "2", name,
