@@ -15,7 +15,7 @@ import logging
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence, TypeVar
 
 import torch
 from torch import nn
@@ -50,6 +50,7 @@ __all__ = [
     "SLOWER",
     "NOISE",
     "UNVERIFIED",
+    "copy_for_trial",
 ]
 
 log = logging.getLogger("turbotrain")
@@ -85,6 +86,37 @@ class Comparison:
     @property
     def faster(self) -> bool:
         return self.verdict == FASTER
+
+
+T = TypeVar("T")
+
+
+def copy_for_trial(obj: T) -> T:
+    """``copy.deepcopy(obj)`` (a model, or models and optimizers together), where a tensor a module keeps that is
+    part of an autograd graph (an RL policy's saved log-probabilities) is copied detached: deepcopy refuses a
+    tensor that is not a graph leaf, and a trial needs none of the user's graph."""
+    memo: dict[int, Any] = {id(t): t.detach().clone() for t in _graph_tensors(obj)}
+    return copy.deepcopy(obj, memo)
+
+
+def _graph_tensors(obj: Any, depth: int = 0) -> Iterator[torch.Tensor]:
+    """Non-leaf tensors held in the plain attributes of ``obj``'s modules (lists, tuples, dicts, a few deep)."""
+    if isinstance(obj, nn.Module):
+        if depth:
+            return  # a module met inside another's attributes: walked through the outer one's modules()
+        for module in obj.modules():
+            kept = [v for k, v in vars(module).items() if k not in ("_parameters", "_buffers", "_modules")]
+            yield from _graph_tensors(kept, depth + 1)
+    elif isinstance(obj, torch.Tensor):
+        if obj.grad_fn is not None:
+            yield obj
+    elif isinstance(obj, (list, tuple, set)) and depth < 4:
+        for item in obj:
+            # the models and optimizers copied together: each model walked from the top
+            yield from _graph_tensors(item, 0 if depth == 0 and isinstance(item, nn.Module) else depth + 1)
+    elif isinstance(obj, dict) and depth < 4:
+        for item in obj.values():
+            yield from _graph_tensors(item, depth + 1)
 
 
 def relative_spread(values: Sequence[float]) -> float:
@@ -252,7 +284,7 @@ def _on_a_copy(
     with preserved_state():
         torch.manual_seed(seed)
         try:
-            work = copy.deepcopy(model)
+            work = copy_for_trial(model)
             rt = prepare(
                 work, optimizer_fn(work.parameters()), plan, on_skip=lambda name, why: trial.skipped.append((name, why))
             )

@@ -30,6 +30,7 @@ __all__ = [
     "Framework",
     "FindingSource",
     "framework_named",
+    "one_line",
     "FRAMEWORK_LABELS",
     "FOLDS",
 ]
@@ -53,6 +54,13 @@ FOLDS = {
     "float64": ("float32-only switch (the model is float64)", "float32-only switches (the model is float64)"),
 }
 HIGH_SHARE, MEDIUM_SHARE = 0.20, 0.05
+
+
+def one_line(exc: BaseException) -> str:
+    """An error as one line of a report or a warning: its type and its message's first line (torch's dispatcher
+    errors run to fifty)."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" + (" (...)" if len(lines) > 1 else "") if lines else type(exc).__name__
 
 
 def severity_for(gain_share: float | None) -> Severity:

@@ -23,6 +23,7 @@ from ...measure import run_means
 from ...speedups.model_info import ModelInfo, inspect_model
 from .breakdown import Breakdown, Overhead, compute_breakdown
 from .machine import machine_facts, others_share
+from ..findings import one_line
 from ..record.recording import LiveObjects, Recording
 from ..record.recording import Capture
 from ..record.recurring import find_watched
@@ -128,7 +129,7 @@ class Context:
         try:
             return measure_captured(self.capture, optimizers)
         except Exception as exc:  # noqa: BLE001 - a model the copies cannot train costs the memory section only
-            log.warning("turbotrain doctor: the step's memory was not measured: %s: %s", type(exc).__name__, exc)
+            log.warning("turbotrain doctor: the step's memory was not measured: %s", one_line(exc))
             return None
 
     @cached_property

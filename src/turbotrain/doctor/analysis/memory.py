@@ -10,7 +10,6 @@ stay as measured.
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ import torch
 from torch.utils._pytree import tree_map
 
 from ...data.transfer import resize_batch
+from ...measure import copy_for_trial
 from ..record.memory_watch import ModuleActivations, StepMemory, measure_step
 from ..record.out_of_memory import OutOfMemory, out_of_memory
 from ..record.recording import Capture
@@ -77,7 +77,7 @@ def size_text(nbytes: float | None) -> str:
 
 def _copies(capture: Capture, optimizers: Sequence[Any]) -> tuple[torch.nn.Module, list[Any]]:
     # One deepcopy of both: the copied optimizers then update the copied parameters.
-    return copy.deepcopy((capture.module, list(optimizers)))
+    return copy_for_trial((capture.module, list(optimizers)))
 
 
 def _batch(capture: Capture, rows: int | None) -> Any:

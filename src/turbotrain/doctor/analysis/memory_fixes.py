@@ -11,7 +11,6 @@ baseline and fix alternating, the fastest of each for the time. The batch is ``(
 
 from __future__ import annotations
 
-import copy
 import functools
 import time
 from collections.abc import Sequence
@@ -21,8 +20,9 @@ from typing import Any
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from .replay import surrogate_step
+from ...measure import copy_for_trial
 from ..record.memory_watch import LossFn, Optimizers, measure_step
+from .replay import surrogate_step
 
 __all__ = ["Cost", "FixCost", "checkpoint_blocks", "checkpointing", "bf16_autocast", "set_to_none", "micro_batches"]
 
@@ -136,7 +136,7 @@ def _variant(
     model: torch.nn.Module, optimizers: Optimizers, batch: Any, loss_fn: LossFn, set_to_none: bool = True
 ) -> _Variant:
     # One deepcopy of both: its memo maps each parameter to one copy, which the copied optimizers then hold.
-    model_copy, optimizer_copies = copy.deepcopy((model, list(optimizers)))
+    model_copy, optimizer_copies = copy_for_trial((model, list(optimizers)))
     return _Variant(model_copy, optimizer_copies, [batch], loss_fn, set_to_none)
 
 

@@ -16,7 +16,6 @@ cost of a do-nothing op stands in.
 
 from __future__ import annotations
 
-import copy
 import functools
 import time
 from typing import Any, Callable
@@ -24,6 +23,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
+from ...measure import copy_for_trial
 
 __all__ = ["dispatch_floor", "bandwidth", "count_ops", "counted_overhead", "op_floor", "optimizer_overhead_s"]
 
@@ -120,7 +120,7 @@ def counted_overhead(capture: Any, budget_s: float = 2.0) -> dict[str, float] | 
     batch sizes."""
     from .replay import surrogate_step, time_once
 
-    model = copy.deepcopy(capture.module)
+    model = copy_for_trial(capture.module)
     cuda = any(p.is_cuda for p in model.parameters())
 
     def step() -> None:

@@ -66,6 +66,7 @@ GRAPH_SAMPLES = 4  # step boundaries at which the graphs alive are counted (thre
 # drains: it is not data-bound, and its window need not wait).
 MAX_DRAINS = 3
 
+
 class Recorder:
     """Installs the hooks; ``steps`` holds one :class:`StepRecord` per completed optimizer step.
 

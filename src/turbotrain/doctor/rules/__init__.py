@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Iterable
 
-from ..findings import SEVERITIES, Finding, framework_named
+from ..findings import SEVERITIES, Finding, framework_named, one_line
 from .rule import Rule, all_rules, by_id, habit_rules, rule_ids
 
 if TYPE_CHECKING:
@@ -60,9 +60,9 @@ def evaluate(
                     finding.source = detect.source
                     found.append(finding)
             except Exception as exc:  # noqa: BLE001 - one broken rule must not cost the whole report
-                log.warning("turbotrain doctor: rule %s failed: %s: %s", rule.id, type(exc).__name__, exc)
+                log.warning("turbotrain doctor: rule %s failed: %s", rule.id, one_line(exc))
                 if failed is not None:
-                    failed.append((rule.id, f"{type(exc).__name__}: {exc}"))
+                    failed.append((rule.id, one_line(exc)))
     from .job.straggler import absorbed_by_straggler
     from .loop.unattributed_time import explained
 

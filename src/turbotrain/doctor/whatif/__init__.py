@@ -30,7 +30,7 @@ import sys
 import types
 from typing import TYPE_CHECKING, Callable, Iterator
 
-from ..findings import Finding
+from ..findings import Finding, one_line
 from ..requests import (
     AttentionRequest,
     BatchBuildRequest,
@@ -129,7 +129,7 @@ def _run_what_ifs(ctx: Context, findings: list[Finding], budget_s: float, allow_
         try:
             fn()
         except Exception as exc:  # noqa: BLE001 - a failed what-if leaves the finding estimated
-            log.warning("turbotrain doctor: what-if %s failed: %s: %s", name, type(exc).__name__, exc)
+            log.warning("turbotrain doctor: what-if %s failed: %s", name, one_line(exc))
     for f in findings:
         if f.measured and f.what_if is not None:
             cap_to_noise(f, ctx)

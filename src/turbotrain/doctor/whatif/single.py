@@ -3,12 +3,11 @@ autograd, an attention by hand and fused), and hold that single comparison to th
 
 from __future__ import annotations
 
-import copy
 from typing import TYPE_CHECKING, Callable
 
 import torch
 
-from ...measure import judge
+from ...measure import copy_for_trial, judge
 from ..findings import Finding
 from ..requests import AttentionRequest, EvalGradRequest
 from ..results import AttentionResult, EvalGradResult, PairTimed
@@ -44,7 +43,7 @@ def _time_pair(
 def eval_grad_trial(ctx: Context, finding: Finding, budget: Budget) -> None:
     if ctx.capture is None or not budget.allows(2.0):
         return
-    model = copy.deepcopy(ctx.capture.module).eval()
+    model = copy_for_trial(ctx.capture.module).eval()
     # The validation forward's own inputs where they were seen (its batch is often larger than training's).
     args, kwargs = ctx.eval_grad_inputs or (ctx.capture.args, ctx.capture.kwargs)
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, ContextManager
 
 import torch
 
+from ....measure import copy_for_trial
 from ...analysis.replay import surrogate_step
 from ...record.compile_watch import CompiledCode, GraphBreak, Recompile
 
@@ -144,7 +145,7 @@ def eager_copy(model: torch.nn.Module) -> torch.nn.Module:
     """A copy of the compiled model's eager original."""
     original = model._orig_mod
     assert isinstance(original, torch.nn.Module)  # compiled_model checked it
-    return copy.deepcopy(original)
+    return copy_for_trial(original)
 
 
 @dataclass

@@ -1,0 +1,43 @@
+"""A trial copies the user's model even where a module keeps tensors of its autograd graph (an actor-critic policy's
+saved log-probabilities): deepcopy alone refuses them."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from turbotrain.doctor.findings import one_line
+from turbotrain.measure import copy_for_trial
+
+
+class Policy(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.head = nn.Linear(4, 2)
+        self.saved_actions: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        probs = self.head(x).softmax(-1)
+        self.saved_actions.append((probs.log()[0], probs.sum()))  # kept with their graph, as the RL example does
+        return probs
+
+
+def test_a_module_holding_graph_tensors_is_copied_with_them_detached():
+    torch.manual_seed(0)
+    policy = Policy()
+    policy(torch.randn(4))
+    with pytest.raises(RuntimeError, match="graph leaves"):
+        copy.deepcopy(policy)
+    model, optimizers = copy_for_trial((policy, [torch.optim.SGD(policy.parameters(), lr=0.1)]))
+    kept, copied = policy.saved_actions[0][0], model.saved_actions[0][0]
+    assert kept.grad_fn is not None and copied.grad_fn is None and torch.equal(kept, copied)
+    assert model.head.weight is not policy.head.weight and torch.equal(model.head.weight, policy.head.weight)
+    assert optimizers[0].param_groups[0]["params"][0] is model.head.weight  # copied together, as deepcopy does
+
+
+def test_an_error_reads_as_one_line():
+    assert one_line(RuntimeError("first\nsecond\nthird")) == "RuntimeError: first (...)"
+    assert one_line(ValueError("")) == "ValueError" and one_line(KeyError("k")) == "KeyError: 'k'"
