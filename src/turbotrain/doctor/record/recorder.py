@@ -247,9 +247,11 @@ class Recorder:
             # would then never drain and the window would open on queued batches after all.
             self.functions.trace(False)
             schedule.extend_warmup(self._prefetched_batches(done))
-        elif done == self.warmup and self._drains < MAX_DRAINS:
+        elif done == self.warmup and self._drains < MAX_DRAINS and _rank_and_world()[1] == 1:
             # Workers refill while the queue drains (and while slow first steps run): what they still hold
-            # ready here would be taken without a wait by the window's first steps.
+            # ready here would be taken without a wait by the window's first steps. One process only: each
+            # rank would count its own queue, and ranks whose windows end at different steps leave the others
+            # waiting in a collective.
             ready = self._ready_batches()
             if ready:
                 self._drains += 1
