@@ -113,6 +113,19 @@ def test_a_clean_loop_is_not_flagged():
     assert growth.tensors_per_step == 0 and growth.holder == "" and growth.site is None
 
 
+def test_a_view_torch_refuses_to_give_the_graph_of_is_skipped_not_raised():
+    """FSDP's flat parameters are such views: asking their grad_fn raises, and a count of the graphs alive taken
+    at a step boundary must never end the user's script."""
+    base = torch.randn(4, requires_grad=True).clone()
+    view, _ = base.split(2)  # a view of a function that returns several
+    base.mul_(2)  # its base changed in place: torch now raises on view.grad_fn
+    with pytest.raises(RuntimeError):
+        _ = view.grad_fn
+    watch = gw.GraphWatch()
+    watch.sample(0)
+    assert watch.samples == 1 and gw._grad_fn(view) is None
+
+
 def test_outputs_kept_without_a_backward_count_the_activations_they_hold():
     model = nn.Sequential(nn.Linear(16, 256), nn.ReLU(), nn.Linear(256, 2))
     watch, kept = gw.GraphWatch(), []

@@ -80,8 +80,8 @@ class GraphWatch:
     def _census(self, frame: FrameType | None) -> _Census:
         # type(), not isinstance(): a deprecated proxy among the objects warns when asked its __class__. Plain
         # tensors and parameters only: torch.compile's fake tensors carry graphs of their own tracing, not the loop's.
-        roots = [o for o in gc.get_objects() if type(o) in _PLAIN and o.grad_fn is not None]
-        nodes, saved = _walk(t.grad_fn for t in roots)
+        roots = [o for o in gc.get_objects() if type(o) in _PLAIN and _grad_fn(o) is not None]
+        nodes, saved = _walk(_grad_fn(t) for t in roots)
         census = _Census(len(roots), nodes, sum({**storages(roots), **storages(saved)}.values()))
         while frame is not None:
             if is_user_file(frame.f_code.co_filename):
@@ -124,6 +124,15 @@ def _least_rate(steps: tuple[int, ...], values: tuple[int, ...]) -> float:
     return max(0.0, min((b - a) / max(t - s, 1) for s, t, a, b in zip(steps, steps[1:], values, values[1:])))
 
 
+def _grad_fn(tensor: torch.Tensor) -> Any:
+    """``tensor.grad_fn``, or None where torch refuses to give it (a view whose base a later op changed in place
+    raises on the attribute itself: FSDP's flat parameters do)."""
+    try:
+        return tensor.grad_fn
+    except RuntimeError:
+        return None
+
+
 def _walk(grad_fns: Iterable[Any], limit: int = 200_000) -> tuple[int, list[torch.Tensor]]:
     """How many distinct graph nodes are reachable from ``grad_fns``, and the saved tensors they still hold."""
     seen: dict[int, Any] = {}  # id -> node, kept alive so that no id is reused during the walk
@@ -155,12 +164,12 @@ def _saved_tensors(node: Any) -> list[torch.Tensor]:
 
 def _grad_tensors_in(value: Any) -> int:
     if isinstance(value, torch.Tensor):
-        return int(value.grad_fn is not None)
+        return int(_grad_fn(value) is not None)
     if isinstance(value, dict):
         value = value.values()
     elif not isinstance(value, (list, tuple, set, deque)):
         return 0
-    return sum(1 for v in value if isinstance(v, torch.Tensor) and v.grad_fn is not None)
+    return sum(1 for v in value if isinstance(v, torch.Tensor) and _grad_fn(v) is not None)
 
 
 def _line_adding_to(code: CodeType, name: str) -> int | None:

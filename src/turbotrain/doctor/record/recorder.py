@@ -134,6 +134,7 @@ class Recorder:
         # What torch.compile did (graphs, breaks, recompiles, compile time), where the script compiles.
         self.compile_watch: CompileWatch | None = None
         self.compiled: CompileFacts | None = None
+        self._graphs_failed = False  # a count of the graphs alive failed once: no more counts this run
         self._drains = 0  # warm-up extensions for batches the workers still held ready (MAX_DRAINS at most)
         # Graphs kept alive across steps: counted at a few boundaries whose cost lands in no measured step.
         self.graph_watch = GraphWatch()
@@ -306,8 +307,12 @@ class Recorder:
         walk of the garbage collector's objects) cannot fall into a measured step."""
         end = self.schedule.measured_end
         off_window = done < self.warmup or (end is not None and done >= end)
-        if off_window and self.graph_watch.samples < GRAPH_SAMPLES:
-            self.graph_watch.sample(done, sys._getframe(2))
+        if off_window and self.graph_watch.samples < GRAPH_SAMPLES and not self._graphs_failed:
+            try:
+                self.graph_watch.sample(done, sys._getframe(2))
+            except Exception as exc:  # noqa: BLE001 - the count is the doctor's own business: never the script's end
+                self._graphs_failed = True
+                log.info("turbotrain doctor: graphs kept alive not counted: %s: %s", type(exc).__name__, exc)
 
     def failed(self, exc: BaseException) -> None:
         """The script raised ``exc``: keep it as an out-of-memory error, with its step, where it is one."""
