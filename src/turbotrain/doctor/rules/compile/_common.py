@@ -20,6 +20,7 @@ import torch
 from ....measure import copy_for_trial
 from ...analysis.replay import surrogate_step
 from ...record.compile_watch import CompiledCode, GraphBreak, Recompile
+from ...results import CompileResult
 
 if TYPE_CHECKING:
     from ...analysis.context import Context
@@ -231,3 +232,18 @@ def time_variants(ctx: Context, budget: TimeLeft, a: Variant, b: Variant, compil
     if not ratios:
         return None
     return PairTiming(tuple(ratios), best[0], best[1], (warm[0], warm[1]))
+
+
+def compile_result(
+    a: Variant, b: Variant, timing: PairTiming, compile_s: float, pays_after_steps: int | None = None
+) -> CompileResult:
+    """What two variants timed against each other measured, as the finding's result (``a`` the baseline)."""
+    return CompileResult(
+        baseline=a.label,
+        candidate=b.label,
+        rounds=tuple(round(r, 3) for r in timing.ratios),
+        baseline_ms=round(timing.a_s * 1e3, 3),
+        candidate_ms=round(timing.b_s * 1e3, 3),
+        compile_s=round(compile_s, 3),
+        pays_after_steps=pays_after_steps,
+    )

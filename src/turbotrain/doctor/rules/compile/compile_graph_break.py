@@ -13,9 +13,17 @@ from typing import TYPE_CHECKING, Iterator
 from ...findings import Finding, Fix
 from ...record.compile_watch import CompiledCode, GraphBreak
 from ...requests import OwnTrial
-from ...results import CompileResult
 from ..rule import Detect, Measured, Rule, TimeLeft, register
-from ._common import Variant, compiled_model, is_item_break, recompiled, time_variants, user_breaks, user_codes
+from ._common import (
+    Variant,
+    compile_result,
+    compiled_model,
+    is_item_break,
+    recompiled,
+    time_variants,
+    user_breaks,
+    user_codes,
+)
 
 if TYPE_CHECKING:
     from ...analysis.context import Context
@@ -130,14 +138,7 @@ def measure(ctx: Context, f: Finding, budget: TimeLeft) -> Measured | None:
         return None
     verdict = judge(list(timing.ratios), noise_floor=ctx.noise_floor)
     return Measured(
-        what_if=CompileResult(
-            baseline=as_is.label,
-            candidate=fixed.label,
-            rounds=tuple(round(r, 3) for r in timing.ratios),
-            baseline_ms=round(timing.a_s * 1e3, 3),
-            candidate_ms=round(timing.b_s * 1e3, 3),
-            compile_s=round(timing.warm_s[1], 3),
-        ),
+        what_if=compile_result(as_is, fixed, timing, timing.warm_s[1]),
         verdict=verdict,
         applies_to=ctx.share("compute") + ctx.share("python_overhead"),
         fix=Fix(

@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Iterator
 
 from ...findings import Finding, Fix
 from ...requests import OwnTrial
-from ...results import CompileResult
 from ..rule import Detect, Measured, Rule, TimeLeft, register
 from ._common import (
+    compile_result,
     PairTiming,
     Variant,
     backend_name,
@@ -137,14 +137,8 @@ def measure(ctx: Context, f: Finding, budget: TimeLeft) -> Measured | None:
     # The ratio judged is what running eagerly buys: > 1 where compile made the step slower.
     verdict = judge(list(timing.ratios), noise_floor=ctx.noise_floor)
     return Measured(
-        what_if=CompileResult(
-            baseline=compiled.label,
-            candidate=eager.label,
-            rounds=tuple(round(r, 3) for r in timing.ratios),
-            baseline_ms=round(timing.a_s * 1e3, 3),
-            candidate_ms=round(timing.b_s * 1e3, 3),
-            compile_s=round(first + again, 3),
-            pays_after_steps=pays_after(first + again, timing.b_s, timing.a_s),
+        what_if=compile_result(
+            compiled, eager, timing, first + again, pays_after(first + again, timing.b_s, timing.a_s)
         ),
         verdict=verdict,
         applies_to=ctx.share("compute") + ctx.share("python_overhead"),
