@@ -395,6 +395,19 @@ def test_a_wait_in_seven_steps_of_twelve_is_not_a_steady_straggler():
     assert steady is not None and steady.rank == 0 and not steady.periodic
 
 
+def test_a_straggler_seen_through_step_to_step_noise_is_steady():
+    """FSDP's blocking collectives on two ranks sharing two cores (a run of tests/doctor/scripts/fsdp_blocks.py
+    --slow-rank 0 --fsdp1): rank 1 waits 19 ms a step for rank 0 in the median, but descheduling moves single
+    steps' waits by +-10 ms, three of ten below half the cost. Within the job's own noise of the cost, they are
+    the same steady wait; a wait in seven steps of twelve (above) stays a wait that skips steps."""
+    slow = [125, 74, 81, 76, 64, 66, 58, 91, 52, 69]
+    fast = [110, 90, 110, 88, 97, 75, 81, 96, 77, 93]
+    job = analyse_ranks([rank_recording(0, [0.1] * 11, [60.0, *slow], step_ms=140.0),
+                         rank_recording(1, [0.1] * 11, [60.0, *fast], step_ms=140.0)])
+    assert job.straggler is not None and job.straggler.rank == 0 and not job.straggler.periodic
+    assert job.straggler.cost_s == pytest.approx(0.019, abs=0.001)
+
+
 def test_only_a_straggler_whose_fix_is_timed_absorbs_a_finding_of_its_line_and_phase():
     from turbotrain.doctor.findings import Finding, Fix
     from turbotrain.doctor.rank_change import RankChange
