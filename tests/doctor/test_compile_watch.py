@@ -13,7 +13,8 @@ import pytest
 import torch
 import torch._dynamo
 
-from doctor_helpers import marked_lines
+import turbotrain
+from doctor_helpers import FAST, cached_report, marked_lines
 from turbotrain.doctor.record.compile_watch import (
     CHANGED_VALUE,
     NEW_DTYPE,
@@ -217,6 +218,24 @@ def test_corpus_a_break_per_block_from_item():
     assert net.graphs == 0 and net.breaks[0].skipped
     block = next(c for c in facts.codes if c.code.line == block_line)
     assert block.graphs >= 2 and not block.breaks[0].skipped
+
+
+def test_under_the_doctor_a_compiled_script_compiles_as_it_does_alone():
+    """The recorder's global module hooks (warm-up) and its probes run inside the compiled script: torch guards
+    its graphs on the number of global hooks, and converts every frame the script calls. Under the doctor the
+    script compiles the same graphs, breaks and recompiles as under the watch alone, and no compile is the
+    doctor's own code."""
+    report = cached_report("compile_item_break")
+    ran = FAST["warmup"] + FAST["steps"] + FAST["profile_steps"]  # the doctor ends the script after these
+    corpus = runpy.run_path(str(SCRIPTS / "compile_item_break.py"), run_name="corpus")
+    with CompileWatch() as watch:
+        corpus["main"](steps=ran)
+    alone = watch.facts
+    doctored = report.compiled
+    assert doctored is not None and report.status == "ok", report.messages
+    assert (doctored.graphs, doctored.breaks, doctored.recompiles) == (alone.graphs, alone.breaks, alone.recompiles)
+    package = str(Path(turbotrain.__file__).parent)
+    assert not [c.code for c in doctored.codes if c.code.file.startswith(package)]
 
 
 def test_corpus_a_new_length_every_step():

@@ -28,6 +28,7 @@ import re
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import FrameType, ModuleType, TracebackType
 from typing import Any
 
@@ -56,6 +57,7 @@ NEW_INSTANCE = "new-instance"  # another object (or another type) where the grap
 OTHER = "other"  # requires_grad, device, grad mode, ... or a reason torch did not give
 
 _DYNAMO = "torch._dynamo"
+_OWN_PACKAGE = str(Path(__file__).resolve().parents[2])  # the turbotrain package: the doctor's own code
 _UTILS = "torch._dynamo.utils"
 # The loggers torch creates for the graph_breaks artifact (in torch._dynamo.exc, convert_frame, symbolic_convert).
 _BREAK_LOGGERS = tuple(f"torch._dynamo.{m}.__graph_breaks" for m in ("exc", "convert_frame", "symbolic_convert"))
@@ -386,7 +388,7 @@ class CompileWatch:
                 callbacks.remove(self._on_compile_start)
             utils = sys.modules[_UTILS]
             kept = [m for m in utils.get_compilation_metrics() if id(m) not in self._seen]
-            entries = [e for e in (_entry(m, self._live.callers) for m in kept) if e is not None]
+            entries = [e for e in (_entry(m, self._live.callers) for m in kept) if e is not None and not _doctors(e)]
             if self._bound is not None:
                 utils.set_compilation_metrics_limit(self._bound)
         self._facts = _build_facts(entries, self._live.breaks)
@@ -429,6 +431,12 @@ def _entry(metrics: Any, callers: dict[str, tuple[Site, ...]]) -> _Entry | None:
         fail_reason=str(getattr(metrics, "fail_reason", None) or ""),
         stack=stack,
     )
+
+
+def _doctors(entry: _Entry) -> bool:
+    """A compile of the doctor's own hooks: dynamo converts every frame a compiled script calls, the recorder's
+    hooks among them (no graph; the compile time is the doctor's, not the script's)."""
+    return entry.code is not None and entry.code[0].startswith(_OWN_PACKAGE)
 
 
 def _metrics_stack(lines: Iterable[str]) -> tuple[Site, ...]:

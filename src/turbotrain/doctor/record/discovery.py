@@ -6,7 +6,8 @@ modules' classes get a ``__call__`` (:func:`turbotrain.doctor.record.instrument.
 checks for those very instances: a training forward just marks where the batch was ready (its
 time is compute, like the rest of the step after it); a validation forward is timed apart. The
 classes are restored when the recording ends (instances, copies and pickles never carry anything
-of the doctor's).
+of the doctor's). A script whose compiled code traced the hooks keeps them, inert, until the end: torch
+guards its graphs on the number of global hooks, and removing them would recompile every compiled function.
 
 A call is a training forward, a validation forward without autograd (``eval``), or an eval-mode
 forward with autograd on (``eval_grad``, charged as training if a backward follows it).
@@ -55,6 +56,7 @@ class ModuleCalls:
         self.eval_grad_inputs: tuple[tuple, dict] | None = None
         self._facts_final = self._capture_final = False
         self._hook_handles: list[Any] = []
+        self.traced_by_compile = False  # torch.compile traced the global hooks (and guards on their number)
         self._wrapped_classes: set[type] = set()
         self._depth = 0
         self._top_phases: list[str] = []
@@ -71,10 +73,15 @@ class ModuleCalls:
         """Global module hooks (``on``), or a light wrapper on just the outermost modules found (``attach``)."""
         from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 
-        for handle in self._hook_handles:
-            handle.remove()
-        self._hook_handles = []
-        self.discovery = on
+        if not on and attach and self.traced_by_compile and self._hook_handles:
+            # torch.compile guarded its graphs on the number of global hooks: removing them would recompile every
+            # compiled function once (recompiles that were the doctor's, not the script's). They stay, inert.
+            self.discovery = False
+        else:
+            for handle in self._hook_handles:
+                handle.remove()
+            self._hook_handles = []
+            self.discovery = on
         if on:
             self._hook_handles = [
                 register_module_forward_pre_hook(self._forward_pre),
@@ -174,10 +181,12 @@ class ModuleCalls:
     def _forward_pre(self, module: nn.Module, args: tuple) -> None:
         rec = self.probe
         # Compiling first: torch.compile traces what comes before it, and a thread id breaks the user's graph.
-        if active.compiling() or active.current is not rec or get_ident() != rec.thread:
+        if active.compiling():
+            self.traced_by_compile = True
             return
-        if self.discovery:
-            rec.steps.open_step.module_calls += 1
+        if not self.discovery or active.current is not rec or get_ident() != rec.thread:
+            return
+        rec.steps.open_step.module_calls += 1
         self._depth += 1
         if self._depth != 1:
             return
@@ -196,7 +205,7 @@ class ModuleCalls:
 
     def _forward_post(self, module: nn.Module, args: tuple, output: Any) -> None:
         rec = self.probe
-        if active.compiling() or self._depth == 0 or get_ident() != rec.thread:
+        if active.compiling() or not self.discovery or self._depth == 0 or get_ident() != rec.thread:
             return
         self._depth -= 1
         if self._depth != 0 or not self._top_phases:

@@ -12,7 +12,6 @@ import functools
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, ContextManager
 
 import torch
@@ -41,16 +40,10 @@ __all__ = [
     "is_item_break",
 ]
 
-_TURBOTRAIN = str(Path(__file__).resolve().parents[3])  # the turbotrain package: the doctor's own code
 _PROBE_CALLS = ("get_ident", "_getframe")  # the builtins the doctor's probes call
 ROUNDS = 2  # interleaved rounds; a third when the two disagree about the direction
 STEPS = 5  # timed steps per variant per round (at least; more for a short step)
 ROUND_S = 0.1  # the least time one variant's steps span in a round
-
-
-def _doctors(code: CompiledCode) -> bool:
-    """The doctor's own hooks compiled into the user's graph (record/discovery.py, record/instrument.py)."""
-    return code.code.file.startswith(_TURBOTRAIN)
 
 
 def _doctor_made(b: GraphBreak) -> bool:
@@ -63,9 +56,9 @@ def _doctor_made(b: GraphBreak) -> bool:
 
 
 def user_codes(ctx: Context) -> list[CompiledCode]:
-    """The compiled codes that are the script's (the doctor's own hooks left out)."""
+    """The compiled codes of the script (the recording leaves the doctor's own hooks out)."""
     facts = ctx.compiled
-    return [c for c in facts.codes if not _doctors(c)] if facts is not None else []
+    return list(facts.codes) if facts is not None else []
 
 
 def user_breaks(code: CompiledCode) -> list[GraphBreak]:
