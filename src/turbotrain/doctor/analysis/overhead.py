@@ -25,7 +25,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from ...measure import copy_for_trial
 
-__all__ = ["dispatch_floor", "bandwidth", "count_ops", "counted_overhead", "op_floor", "optimizer_overhead_s"]
+__all__ = ["dispatch_floor", "bandwidth", "count_ops", "counted_overhead", "optimizer_overhead_s"]
 
 
 @functools.lru_cache(maxsize=1)
@@ -95,11 +95,10 @@ def count_ops(fn: Callable[[], object]) -> int:
     return counter.ops
 
 
-@functools.lru_cache(maxsize=1)
-def op_floor() -> float:
-    """Seconds per ATen op of a training step whose kernels do next to nothing (a 4-wide MLP at batch 1):
-    Python, module calls, dispatch and autograd bookkeeping, in the mix a real step has."""
-    from .replay import surrogate_step, time_once
+def _tiny_step() -> Callable[[], None]:
+    """A training step whose kernels do next to nothing (a 4-wide MLP at batch 1): Python, module calls, dispatch
+    and autograd bookkeeping, in the mix a real step has."""
+    from .replay import surrogate_step
 
     tiny = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 1))
     batch: tuple[tuple[torch.Tensor, ...], dict[str, Any]] = ((torch.randn(1, 4),), {})
@@ -107,17 +106,21 @@ def op_floor() -> float:
     def step() -> None:
         surrogate_step(tiny, batch).backward()
 
-    for _ in range(20):
-        step()
-    best = min(sum(time_once(step, False) for _ in range(20)) / 20 for _ in range(5))
-    return best / count_ops(step)
+    return step
+
+
+# Tiny steps timed per round: their mean is one op floor reading (a single one is a few hundred microseconds).
+TINY_STEPS = 20
 
 
 def counted_overhead(capture: Any, budget_s: float = 2.0) -> dict[str, float] | None:
-    """Share of one forward+backward of the captured model that is per-op overhead: its ATen op count
-    times :func:`op_floor`, over the same step timed without the doctor's hooks (which would otherwise
-    count as the model's own work). Kernel size cannot move the count, as it moved a timing at two
-    batch sizes."""
+    """Share of one forward+backward of the captured model that is per-op overhead: its ATen op count times the
+    cost of an op of :func:`_tiny_step`, over the same step timed without the doctor's hooks (which would otherwise
+    count as the model's own work). Kernel size cannot move the count, as it moved a timing at two batch sizes.
+
+    The tiny step and the model's are timed alternately, in the same rounds: one process's op cost moved 2x with
+    what ran in it before (a first measurement in a fresh process, or during the doctor's analysis, read 5-8 us an
+    op where a later one read 3.3), and only a ratio of the two taken together holds still."""
     from .replay import surrogate_step, time_once
 
     model = copy_for_trial(capture.module)
@@ -126,16 +129,21 @@ def counted_overhead(capture: Any, budget_s: float = 2.0) -> dict[str, float] | 
     def step() -> None:
         surrogate_step(model, (capture.args, capture.kwargs)).backward()
 
+    tiny = _tiny_step()
     try:
-        ops = count_ops(step)
-        timed = [time_once(step, cuda)]
-        while len(timed) < 5 and sum(timed) * 2 < budget_s:
+        ops, tiny_ops = count_ops(step), count_ops(tiny)
+        for _ in range(20):
+            tiny()
+        timed: list[float] = []
+        floors: list[float] = []
+        while len(timed) < 5 and (len(timed) < 2 or sum(timed) * 2 < budget_s):
             timed.append(time_once(step, cuda))
+            floors.append(sum(time_once(tiny, False) for _ in range(TINY_STEPS)) / TINY_STEPS / tiny_ops)
     except Exception:  # noqa: BLE001 - a model that cannot run twice: fall back to the profiler's estimate
         return None
     finally:
         model.zero_grad(set_to_none=True)
-    overhead, fwd_bwd = ops * op_floor(), min(timed)
+    overhead, fwd_bwd = ops * min(floors), min(timed)
     return {
         "ops_per_step": float(ops),
         "op_floor_us": overhead / ops * 1e6 if ops else 0.0,
