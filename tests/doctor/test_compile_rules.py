@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
+
 from turbotrain.doctor.analysis.breakdown import compute_breakdown
 from turbotrain.doctor.analysis.context import Context
 from turbotrain.doctor.record.compile_watch import (
@@ -108,6 +110,46 @@ def test_a_break_on_the_doctors_own_probes_is_not_the_scripts():
     (the recording already leaves the compiles of the doctor's own frames out: test_compile_watch.py)."""
     assert findings(context(code([PROBE_BREAK])), "compile-graph-break") == []
     assert findings(context(code([PROBE_BREAK, ITEM_BREAK])), "compile-graph-break")
+
+
+def test_the_first_item_break_is_fixed_by_the_flag_in_the_script_and_the_others_by_hand():
+    from turbotrain.doctor.edits import ByHand
+    from turbotrain.doctor.rules.compile.compile_graph_break import edit
+
+    second = a_break(25, "Unsupported Tensor.item() call with capture_scalar_outputs=False", "GB0124")
+    ctx = context(code([ITEM_BREAK, second, a_break(40, "Data-dependent branching", "GB0170")]))
+    first, other, branch = findings(ctx, "compile-graph-break")
+    spec = edit(ctx, first)
+    assert (spec.kind, spec.file, spec.params) == ("dynamo_config", USER, {"name": "capture_scalar_outputs",
+                                                                         "value": True})
+    assert spec.numerics == "precision"  # other graphs, other fused kernels
+    with pytest.raises(ByHand, match="keeps this one in the graph too"):
+        edit(ctx, other)
+    with pytest.raises(ByHand, match="torch.where"):
+        edit(ctx, branch)
+
+
+def test_new_shapes_get_dynamic_at_the_one_compile_call(tmp_path):
+    from turbotrain.doctor.analysis.source import load_sources
+    from turbotrain.doctor.edits import ByHand
+    from turbotrain.doctor.rules.compile.compile_recompile import edit
+
+    script = tmp_path / "train.py"
+    script.write_text("import torch as th\nmodel = th.compile(net)\n")
+    shapes = [recompile(NEW_SHAPE, f"size mismatch at index 1. expected 16, actual {n}") for n in (21, 26)]
+    ctx = context(code(recompiles=shapes))
+    ctx.sources = load_sources([str(script)])
+    [f] = findings(ctx, "compile-recompile")
+    spec = edit(ctx, f)
+    assert (spec.kind, spec.file, spec.line) == ("compile", str(script), 2)
+    assert spec.params == {"keywords": {"dynamic": True}}
+    script.write_text("import torch\nmodel = torch.compile(net)\nhead = torch.compile(head)\n")
+    ctx.sources = load_sources([str(script)])
+    with pytest.raises(ByHand, match="train.py:2, .*train.py:3"):
+        edit(ctx, f)
+    [value] = findings(context(code(recompiles=[recompile(CHANGED_VALUE, "L['n'] == 3")] * 2)), "compile-recompile")
+    with pytest.raises(ByHand, match="as a tensor"):
+        edit(ctx, value)
 
 
 def test_new_lengths_every_step_are_priced_in_compile_seconds_at_the_calling_line():

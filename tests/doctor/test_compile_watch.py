@@ -14,7 +14,7 @@ import torch
 import torch._dynamo
 
 import turbotrain
-from doctor_helpers import FAST, cached_report, marked_lines
+from doctor_helpers import FAST, cached_report, marked_lines, run_doctor
 from turbotrain.doctor.record.compile_watch import (
     CHANGED_VALUE,
     NEW_DTYPE,
@@ -266,3 +266,23 @@ assert watch.facts.graphs == 1 and watch.facts.breaks == 1, watch.facts
 def test_a_script_that_imports_dynamo_late_is_seen_and_one_that_never_does_pays_nothing():
     done = subprocess.run([sys.executable, "-c", LAZY], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_torchs_warning_about_the_doctors_global_hooks_stays_off_the_terminal():
+    """torch warns at a compiled module's call that global module hooks fire for its wrapper too: under the doctor
+    those hooks are the doctor's, and the warning is not the user's. The filter goes with the hooks."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        before = list(warnings.filters)
+        report = run_doctor("compile_new_shapes", what_if=False)
+        assert warnings.filters == before
+    assert report.status == "ok", report.messages
+    assert not [w for w in caught if "global hooks" in str(w.message)], [str(w.message) for w in caught]
+    with pytest.warns(UserWarning, match="global hooks"):  # the user's own global hooks still get the warning
+        handle = torch.nn.modules.module.register_module_forward_hook(lambda *a: None)
+        try:
+            torch.compile(torch.nn.Linear(2, 2), backend="eager")(torch.ones(1, 2))
+        finally:
+            handle.remove()

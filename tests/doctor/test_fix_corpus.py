@@ -38,6 +38,8 @@ CASES = {
     "conv-bias-before-bn": ("conv_bias_bn", 6),
     "manual-attention": ("manual_attention", 6),
     "no-mixed-precision": ("bf16_autocast_slow", 6),
+    "compile-graph-break": ("compile_item_break", 6),
+    "compile-recompile": ("compile_new_shapes", 6),
 }
 
 

@@ -157,6 +157,30 @@ def test_cudnn_benchmark_after_the_imports_or_flipped():
     assert flipped == "import torch\ntorch.backends.cudnn.benchmark = True  # here\n"
 
 
+def test_a_dynamo_flag_after_the_imports_or_its_own_assignment_changed():
+    source = "import torch\nfrom torch import nn  # here\n\nmodel = torch.compile(nn.Linear(2, 2))\n"
+    assert changed(source, edit(source, "dynamo_config", name="capture_scalar_outputs", value=True)) == [
+        "torch._dynamo.config.capture_scalar_outputs = True"]
+    assert edit(source, "dynamo_config", name="capture_scalar_outputs", value=True).index("capture") < \
+        edit(source, "dynamo_config", name="capture_scalar_outputs", value=True).index("model =")
+    own = "import torch as th\nth._dynamo.config.capture_scalar_outputs = False  # here\n"
+    assert edit(own, "dynamo_config", name="capture_scalar_outputs", value=True) == \
+        "import torch as th\nth._dynamo.config.capture_scalar_outputs = True  # here\n"
+    with pytest.raises(ByHand, match="already set to True"):
+        edit(own.replace("False", "True"), "dynamo_config", name="capture_scalar_outputs", value=True)
+
+
+def test_compile_keywords_at_the_compile_call():
+    source = "import torch\ncompiled = torch.compile(model, mode='max-autotune')  # here\n"
+    assert changed(source, edit(source, "compile", keywords={"dynamic": True})) == [
+        "compiled = torch.compile(model, mode='max-autotune', dynamic=True)  # here"]
+    method = "model.compile()  # here\n"
+    assert changed(method, edit(method, "compile", keywords={"dynamic": True})) == [
+        "model.compile(dynamic=True)  # here"]
+    with pytest.raises(ByHand, match="no torch.compile"):
+        edit("model = build()  # here\n", "compile", keywords={"dynamic": True})
+
+
 LOOP = """
     EVERY = 5
     for step in range(100):

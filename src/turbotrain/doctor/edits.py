@@ -27,6 +27,8 @@ EditKind = Literal[
     "inference_mode",  # around validation run with autograd on
     "autocast",  # around the forward and the loss
     "cudnn_benchmark",  # after the imports
+    "dynamo_config",  # torch._dynamo.config.<name> = <value> after the imports
+    "compile",  # torch.compile(..., dynamic=True)
     "cadence",  # validation / checkpoint every N steps
     "save_every",  # a per-step torch.save under a step test
     "sdpa",  # hand-written attention as one SDPA call

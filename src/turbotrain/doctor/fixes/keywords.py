@@ -1,4 +1,5 @@
-"""Edits of one call's arguments: the DataLoader's, the optimizer's, ``zero_grad``'s, a conv's, ``torch.tensor``."""
+"""Edits of one call's arguments: the DataLoader's, the optimizer's, ``zero_grad``'s, a conv's, ``torch.tensor``,
+``torch.compile``'s."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import libcst as cst
 from .cst_tools import Source, code_of, dotted, keyword_value, replace, set_keyword
 from .model import ByHand, EditRequest
 
-__all__ = ["loader", "optimizer", "zero_grad", "conv_bias", "from_numpy", "ddp", "fsdp", "threads"]
+__all__ = ["loader", "optimizer", "zero_grad", "conv_bias", "from_numpy", "ddp", "fsdp", "threads", "compile_call"]
 
 # Where an argument sits when passed positionally (torch's own signatures), so `DataLoader(ds, 32, True,
 # None, None, 0)` has its 0 replaced rather than a second num_workers added.
@@ -103,10 +104,14 @@ def ddp(source: Source, req: EditRequest) -> str:
     )
     names = {"DistributedDataParallel", "DDP", *filter(None, imported)}
     call = source.call_at(req.line, *sorted(names), what="DistributedDataParallel(...)")
-    new = call
+    return _one_call(source, req, call, _with_keywords(call, req))
+
+
+def _with_keywords(call: cst.Call, req: EditRequest) -> cst.Call:
+    """``call`` with each of the request's ``keywords`` set (added, or its value replaced)."""
     for name, value in req.params["keywords"].items():
-        new = set_keyword(new, name, repr(value), None, req.where)
-    return _one_call(source, req, call, new)
+        call = set_keyword(call, name, repr(value), None, req.where)
+    return call
 
 
 def fsdp(source: Source, req: EditRequest) -> str:
@@ -146,3 +151,9 @@ def threads(source: Source, req: EditRequest) -> str:
     """``torch.set_num_threads(N)``: the script's own call given the count timed on every rank."""
     call = source.call_at(req.line, "set_num_threads", what="torch.set_num_threads(...)")
     return _one_call(source, req, call, set_keyword(call, "int", repr(req.params["threads"]), 0, req.where))
+
+
+def compile_call(source: Source, req: EditRequest) -> str:
+    """``torch.compile(model, ..., dynamic=True)`` (or ``model.compile(...)``): the keywords at the compile call."""
+    call = source.call_at(req.line, "compile", what="torch.compile(...)")
+    return _one_call(source, req, call, _with_keywords(call, req))

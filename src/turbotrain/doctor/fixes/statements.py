@@ -1,5 +1,5 @@
 """Edits around whole statements: ``with torch.inference_mode():`` around validation, ``torch.autocast``
-around the forward and loss, ``torch.backends.cudnn.benchmark = True`` after the imports."""
+around the forward and loss, process-wide flags (``torch.backends.cudnn.benchmark = True``) after the imports."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import libcst as cst
 from .cst_tools import STATEMENTS, Source, callee, code_of, dotted, replace, wrap
 from .model import ByHand, EditRequest
 
-__all__ = ["inference_mode", "autocast", "cudnn_benchmark", "trains"]
+__all__ = ["inference_mode", "autocast", "cudnn_benchmark", "dynamo_config", "trains"]
 
 # Calls that make a statement part of training: no autograd switch may go around them.
 _TRAINING_CALLS = ("backward", "step", "zero_grad")
@@ -81,21 +81,21 @@ def autocast(source: Source, req: EditRequest) -> str:
     return wrap(source, run, item)
 
 
-def _flag_assignment(source: Source) -> cst.Assign | None:
+def _flag_assignment(source: Source, flag: str) -> cst.Assign | None:
     for node in source.nodes(cst.Assign):
-        if len(node.targets) == 1 and dotted(node.targets[0].target).endswith("cudnn.benchmark"):
+        if len(node.targets) == 1 and dotted(node.targets[0].target).endswith(flag):
             return node
     return None
 
 
-def cudnn_benchmark(source: Source, req: EditRequest) -> str:
-    """``torch.backends.cudnn.benchmark = True``: the script's own ``= False`` flipped, else a line after the
-    imports at the top of the file."""
-    assigned = _flag_assignment(source)
+def _set_flag(source: Source, req: EditRequest, flag: str, value: str) -> str:
+    """``<torch>.<flag> = <value>``: the script's own assignment of the flag changed, else a line after the imports
+    at the top of the file (process-wide settings, read when the work starts)."""
+    assigned = _flag_assignment(source, flag)
     if assigned is not None:
-        if code_of(assigned.value) == "True":
-            raise ByHand(f"{req.where}: cudnn.benchmark is already set to True")
-        return replace(source, {assigned: lambda node: node.with_changes(value=cst.Name("True"))})
+        if code_of(assigned.value) == value:
+            raise ByHand(f"{req.where}: {flag} is already set to {value}")
+        return replace(source, {assigned: lambda node: node.with_changes(value=cst.parse_expression(value))})
     torch = _torch(source, req)
     body = list(source.module.body)
     last_import = None
@@ -106,10 +106,22 @@ def cudnn_benchmark(source: Source, req: EditRequest) -> str:
         elif last_import is not None or not _docstring(node):
             break
     if last_import is None:
-        raise ByHand(f"{source.name}: no imports at the top of the file to put cudnn.benchmark after")
-    line = cst.parse_statement(f"{torch}.backends.cudnn.benchmark = True\n")
+        raise ByHand(f"{source.name}: no imports at the top of the file to put {flag} after")
+    line = cst.parse_statement(f"{torch}.{flag} = {value}\n")
     anchor = body[last_import]
     return replace(source, {anchor: lambda node: cst.FlattenSentinel([node, line])})
+
+
+def cudnn_benchmark(source: Source, req: EditRequest) -> str:
+    """``torch.backends.cudnn.benchmark = True``: the script's own ``= False`` flipped, else a line after the
+    imports at the top of the file."""
+    return _set_flag(source, req, "backends.cudnn.benchmark", "True")
+
+
+def dynamo_config(source: Source, req: EditRequest) -> str:
+    """``torch._dynamo.config.<name> = <value>`` (``capture_scalar_outputs = True``): before the script compiles
+    anything, so after the imports."""
+    return _set_flag(source, req, f"_dynamo.config.{req.params['name']}", repr(req.params["value"]))
 
 
 def _docstring(node: cst.CSTNode) -> bool:

@@ -22,6 +22,8 @@ EDIT_KINDS: dict[str, Callable[[Source, EditRequest], str]] = {
     "inference_mode": statements.inference_mode,  # around validation run with autograd on
     "autocast": statements.autocast,  # around the forward and the loss
     "cudnn_benchmark": statements.cudnn_benchmark,  # after the imports
+    "dynamo_config": statements.dynamo_config,  # torch._dynamo.config.<name> = <value> after the imports
+    "compile": keywords.compile_call,  # torch.compile(..., dynamic=True)
     "cadence": cadence.periodic,  # validation / checkpoint every N steps
     "save_every": cadence.save_every,  # a per-step torch.save under a step test
     "sdpa": attention.sdpa,  # hand-written attention as one SDPA call

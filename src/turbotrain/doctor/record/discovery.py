@@ -15,7 +15,9 @@ forward with autograd on (``eval_grad``, charged as training if a backward follo
 
 from __future__ import annotations
 
+import re
 import sys
+import warnings
 from collections import defaultdict
 import threading
 import weakref
@@ -37,6 +39,21 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["ModuleCalls"]
 
 get_ident = threading.get_ident
+
+# torch warns, at each compiled module's call, that global module hooks fire for its OptimizedModule too: the hooks
+# are the doctor's (its depth count sees the wrapper and the module as one call), so the warning is not the user's.
+_HOOKS_WARNING = r"Using `torch\.compile\(module\)` when there are global hooks"
+
+
+def _quiet_torch_about_the_hooks(on: bool) -> None:
+    if on:
+        warnings.filterwarnings("ignore", message=_HOOKS_WARNING, category=UserWarning)
+        return
+    ours = ("ignore", re.compile(_HOOKS_WARNING, re.IGNORECASE), UserWarning)
+    filters: list[Any] = warnings.filters  # type: ignore[assignment]  # a list at run time; typeshed says Sequence
+    filters[:] = [f for f in filters if f[:3] != ours]
+    # What filterwarnings() calls: warnings already decided at a line are decided again (CPython's own hook).
+    getattr(warnings, "_filters_mutated", lambda: None)()
 
 
 class ModuleCalls:
@@ -82,7 +99,9 @@ class ModuleCalls:
                 handle.remove()
             self._hook_handles = []
             self.discovery = on
+            _quiet_torch_about_the_hooks(False)
         if on:
+            _quiet_torch_about_the_hooks(True)
             self._hook_handles = [
                 register_module_forward_pre_hook(self._forward_pre),
                 register_module_forward_hook(self._forward_post, always_call=True),

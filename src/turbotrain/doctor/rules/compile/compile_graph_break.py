@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterator
 
+from ...edits import PRECISION, ByHand, EditSpec
 from ...findings import Finding, Fix
 from ...record.compile_watch import CompiledCode, GraphBreak
 from ...requests import OwnTrial
@@ -85,12 +86,13 @@ def _message(code: CompiledCode, b: GraphBreak, kind: str) -> str:
 
 
 def graph_breaks(ctx: Context) -> Iterator[Finding]:
-    timed_one = False  # the flag keeps every .item() in the graph at once: one trial answers them all
+    item_seen = False  # the flag keeps every .item() in the graph at once: one trial and one edit answer them all
     for code in user_codes(ctx):
         for b in user_breaks(code):
             kind = break_kind(b)
-            timed = kind == ITEM and not timed_one and compiled_model(ctx) is not None
-            timed_one = timed_one or timed
+            first_item = kind == ITEM and not item_seen
+            item_seen = item_seen or kind == ITEM
+            timed = first_item and compiled_model(ctx) is not None
             f = Finding(
                 "compile-graph-break",
                 site=b.site,
@@ -104,6 +106,7 @@ def graph_breaks(ctx: Context) -> Iterator[Finding]:
                     "gb_id": b.gb_id,
                     "compiles_met": b.count,
                     "whole_function_eager": b.skipped,
+                    "first_item": first_item,
                     "reason": b.reason,
                 },
                 request=OwnTrial() if timed else None,
@@ -156,4 +159,24 @@ def measure(ctx: Context, f: Finding, budget: TimeLeft) -> Measured | None:
     )
 
 
-RULE = register(Rule("compile-graph-break", detect=(Detect("runtime", graph_breaks),), measure=measure))
+def edit(ctx: Context, f: Finding) -> EditSpec:
+    """The flag after the script's imports, once for every ``.item()`` break (it is process-wide); other breaks
+    are a rewrite of the user's code."""
+    if f.evidence["kind"] != ITEM:
+        raise ByHand(f"a break that {f.evidence['kind']} is a change of the code itself: {f.fix.pytorch}")
+    if not f.evidence["first_item"]:
+        raise ByHand(f"{_FLAG}, set for the first .item() break, keeps this one in the graph too")
+    if ctx.script is None:
+        raise ByHand("the doctor did not run a script file to put the flag in")
+    # Other graphs can fuse other kernels: the loss within the numerics guard, not bitwise.
+    return EditSpec(
+        "dynamo_config",
+        _FLAG,
+        params={"name": "capture_scalar_outputs", "value": True},
+        numerics=PRECISION,
+        file=ctx.script,
+        line=0,
+    )
+
+
+RULE = register(Rule("compile-graph-break", detect=(Detect("runtime", graph_breaks),), measure=measure, edit=edit))

@@ -12,9 +12,11 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING, Iterator
 
+from ...edits import PRECISION, ByHand, EditSpec
 from ...findings import Finding, Fix
 from ...record.compile_watch import CHANGED_VALUE, NEW_DTYPE, NEW_INSTANCE, NEW_SHAPE, CompiledCode, Recompile
 from ..rule import Detect, Rule, register
+from ..common import sources
 from ._common import seconds_text, user_codes, user_recompiles
 
 if TYPE_CHECKING:
@@ -119,6 +121,7 @@ def recompiles(ctx: Context) -> Iterator[Finding]:
             fix=fix_for(kind),
             evidence={
                 "code": code.name,
+                "kind": kind,
                 "recompiles": [
                     {
                         "id": r.compile_id,
@@ -144,4 +147,27 @@ def recompiles(ctx: Context) -> Iterator[Finding]:
         yield f
 
 
-RULE = register(Rule("compile-recompile", detect=(Detect("runtime", recompiles),)))
+def edit(ctx: Context, f: Finding) -> EditSpec:
+    """``dynamic=True`` in the script's one ``torch.compile(...)`` call, for recompiles on new shapes; the other
+    kinds are a change of what the script passes."""
+    if f.evidence["kind"] != NEW_SHAPE:
+        raise ByHand(f"recompiles for {_WORDS.get(f.evidence['kind'], _OTHER)}: {f.fix.pytorch}")
+    calls = [(index, call) for index in sources(ctx) for call, _ in index.calls("torch.compile")]
+    if len(calls) != 1:
+        where = ", ".join(index.site(call).where(ctx.base) for index, call in calls) or "none in the script's files"
+        raise ByHand(f"torch.compile(..., dynamic=True) at the call that compiles {f.evidence['code']}() ({where})")
+    index, call = calls[0]
+    if any(k.arg == "dynamic" for k in call.keywords):
+        raise ByHand(f"{index.site(call).where(ctx.base)} sets dynamic= already: {f.fix.pytorch}")
+    # Kernels for symbolic shapes are other kernels: the loss within the numerics guard, not bitwise.
+    return EditSpec(
+        "compile",
+        "torch.compile(..., dynamic=True)",
+        params={"keywords": {"dynamic": True}},
+        numerics=PRECISION,
+        file=index.path,
+        line=call.lineno,
+    )
+
+
+RULE = register(Rule("compile-recompile", detect=(Detect("runtime", recompiles),), edit=edit))
