@@ -116,3 +116,20 @@ def test_the_corpus_memory_findings_and_section(name, rule):
     report = cached_report(name)
     assert rule in report.rules()
     assert report.memory is not None and report.memory["measured"] and report.memory["peak_bytes"] > 0
+
+
+def test_a_larger_batch_is_proposed_at_the_largest_multiple_that_fits():
+    """``small-batch``'s larger batch against the memory the step measured: the batch-sized part of the peak (inputs,
+    activations, temporaries: 66 MiB at 16 rows) scales with the rows, the rest (4 MiB) stays."""
+    from turbotrain.doctor.rules.step.small_batch import _fitting, _memory_text, larger_factor
+
+    assert (larger_factor(1), larger_factor(16), larger_factor(48)) == (8, 4, 2)
+    roomy = _memory(activations=64 * MIB)  # 8 GiB of RAM available
+    factor, said = _fitting(roomy, 16, 8)
+    assert factor == 8 and said["fits"] and said["needs_bytes"] == 4 * MIB + 8 * 66 * MIB
+    assert "A batch of 128 needs about 532.0 MiB" in _memory_text(said, 16) and "it fits" in _memory_text(said, 16)
+    # 512 MiB available, 90% of it planned for: 6x (400 MiB) fits, 7x (466 MiB) does not.
+    assert _fitting(_memory(activations=64 * MIB, total=1024 * MIB), 16, 8)[0] == 6
+    factor, said = _fitting(_memory(activations=64 * MIB, total=128 * MIB), 16, 8)
+    assert factor == 0 and not said["fits"] and said["batch_size"] == 32
+    assert "does not fit; accumulate gradients" in _memory_text(said, 16)

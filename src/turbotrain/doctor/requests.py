@@ -39,7 +39,9 @@ class PlanRequest:
 
 @dataclass(frozen=True)
 class BatchRequest:
-    """Samples/s at a multiple of the captured batch."""
+    """Samples/s at ``factor`` times the captured batch."""
+
+    factor: int = 8
 
 
 @dataclass(frozen=True)

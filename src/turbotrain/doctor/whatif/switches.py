@@ -12,7 +12,7 @@ from ..analysis.replay import repeat_batch
 from ...measure import HOPELESS, Trial, judge, time_loader
 from ...plan import Plan
 from ..findings import Finding
-from ..requests import PlanRequest
+from ..requests import BatchRequest, PlanRequest
 from ..results import BatchResult, PlanResult
 from .common import Budget, ModelTrials, apply_ratio, interleaved_rounds, model_share, typical_s
 from .fresh import FAULTS_PER_STEP, FreshProcesses, allocator_churn
@@ -145,7 +145,8 @@ def batch_trial(ctx: Context, finding: Finding, budget: Budget) -> None:
     if ctx.capture is None or ctx.facts.compiled:
         return
     batch = ctx.capture.batch_size
-    k = max(2, min(8, 64 // max(1, batch)))
+    assert isinstance(finding.request, BatchRequest)
+    k = finding.request.factor
     trials = ModelTrials(ctx, budget)
     if not budget.allows(trials.cost * 3):
         return

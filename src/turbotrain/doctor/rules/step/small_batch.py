@@ -1,18 +1,69 @@
-"""`small-batch`: small batches and dispatch overhead dominates (larger batch timed).
+"""`small-batch`: small batches and dispatch overhead dominates (larger batch timed, at a size that fits).
 
-Reads: model + run (the rule table in docs/doctor.md).
+Reads: model + run, and the step's measured memory (the rule table in docs/doctor.md).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
+from ...analysis.memory import capacity_bytes, scaled_bytes, size_text
 from ...findings import Finding, Fix, speedup_for_rule
 from ...requests import BatchRequest
 from ..rule import Detect, Rule, register
 
 if TYPE_CHECKING:
     from ...analysis.context import Context
+    from ...record.memory_watch import StepMemory
+
+# The share of the device's memory a larger batch may plan for: the allocator, the loader and the rest need some.
+HEADROOM = 0.9
+
+
+def larger_factor(batch: int) -> int:
+    """The multiple of the script's batch to propose and time: 8x, at least 2x, up to 64 samples."""
+    return max(2, min(8, 64 // max(1, batch)))
+
+
+def _fitting(memory: StepMemory, batch: int, factor: int) -> tuple[int, dict[str, Any]]:
+    """The largest multiple of ``batch`` up to ``factor`` whose estimated peak fits the device (0: not even 2x), and
+    the figures that say so."""
+    capacity = capacity_bytes(memory)
+    fitting = factor
+    if capacity is not None:
+        fits = [
+            k
+            for k in range(factor, 1, -1)
+            if scaled_bytes(memory, memory.peak_bytes, batch, batch * k) <= HEADROOM * capacity
+        ]
+        fitting = fits[0] if fits else 0
+    shown = max(fitting, 2) if fitting else 2
+    evidence = {
+        "batch_size": batch * shown,
+        "needs_bytes": scaled_bytes(memory, memory.peak_bytes, batch, batch * shown),
+        "measured_peak_bytes": memory.peak_bytes,
+        "capacity_bytes": capacity,
+        "device": memory.memory.device,
+        "fits": bool(fitting),
+    }
+    return fitting, evidence
+
+
+def _memory_text(memory: dict[str, Any], batch: int) -> str:
+    device = memory["device"]
+    room = (
+        "not known"
+        if memory["capacity_bytes"] is None
+        else f"{size_text(memory['capacity_bytes'])} of RAM available"
+        if device == "cpu"
+        else f"{size_text(memory['capacity_bytes'])} on {device}"
+    )
+    said = (
+        f" A batch of {memory['batch_size']} needs about {size_text(memory['needs_bytes'])} at the step's peak "
+        f"(the batch-sized part of the {size_text(memory['measured_peak_bytes'])} measured at {batch}, scaled), "
+        f"against {room}"
+    )
+    return said + (": it fits." if memory["fits"] else ": it does not fit; accumulate gradients instead.")
 
 
 def small_batch(ctx: Context) -> Iterator[Finding]:
@@ -20,6 +71,13 @@ def small_batch(ctx: Context) -> Iterator[Finding]:
     overhead = ctx.dispatch_share()
     if not batch or ctx.capture is None or batch > 32 or overhead < 0.25:
         return
+    factor = larger_factor(batch)
+    memory = ctx.step_memory
+    evidence: dict[str, Any] = {"batch_size": batch, "python_overhead_share": round(overhead, 3)}
+    said = ""
+    if memory is not None:
+        factor, evidence["memory"] = _fitting(memory, batch, factor)
+        said = _memory_text(evidence["memory"], batch)
     f = Finding(
         "small-batch",
         site=ctx.main_loader.site if ctx.main_loader else ctx.capture.site,
@@ -27,21 +85,26 @@ def small_batch(ctx: Context) -> Iterator[Finding]:
         speedup=speedup_for_rule("small-batch"),
         message=(
             f"Batches of {batch} sample(s) leave the step bound by per-op overhead ({overhead:.0%} of step "
-            "time is dispatching ops, not computing): a larger batch does more work per op."
+            "time is dispatching ops, not computing): a larger batch does more work per op." + said
         ),
         fix=Fix(
-            "Raise the batch size (the largest that fits; rescale the learning rate) or accumulate several "
-            "samples per forward",
-            plan={"batch_size": 8 * max(1, batch)},
+            (
+                f"Raise the batch size to {batch * factor} (rescale the learning rate) or accumulate several "
+                "samples per forward"
+                if factor
+                else "Accumulate gradients over several micro-batches (a larger batch does not fit in memory)"
+            ),
+            plan={"batch_size": batch * factor} if factor else None,
             lightning="DataLoader(batch_size=...); Trainer(accumulate_grad_batches=k) keeps the effective size",
             accelerate="DataLoader(batch_size=...)",
             hf_trainer="TrainingArguments(per_device_train_batch_size=...); gradient_accumulation_steps=k keeps "
             "the effective size",
         ),
-        evidence={"batch_size": batch, "python_overhead_share": round(overhead, 3)},
-        request=BatchRequest(),
+        evidence=evidence,
+        # Only a batch that fits is timed: a trial of one that does not would end in an out-of-memory error.
+        request=BatchRequest(factor) if factor else None,
     )
-    f.provisional("medium")
+    f.provisional("medium" if factor else "low")
     f.note = "A larger batch changes the optimisation (rescale the learning rate); est_speedup is samples/s."
     yield f
 
