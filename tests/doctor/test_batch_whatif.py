@@ -33,3 +33,13 @@ def test_a_batch_that_cannot_grow_along_dimension_0_leaves_the_finding_low():
     finding = next(f for f in report.findings if f.rule == "small-batch")
     assert not finding.measured and finding.severity == "low", (finding.severity, finding.note)
     assert "could not be made" in finding.note and "RuntimeError" in finding.note
+
+
+def test_one_unbatched_state_a_step_is_a_batch_of_one_and_batching_states_is_timed():
+    """A `[4]` state per step is one sample: the larger batch timed is 8 states stacked, per sample against one."""
+    report = run_doctor("unbatched_policy", what_if_budget_s=20.0)
+    finding = next(f for f in report.findings if f.rule == "small-batch")
+    assert finding.message.startswith("Batches of 1 sample(s)"), finding.message
+    what_if = finding.what_if
+    assert finding.measured and isinstance(what_if, BatchResult), (what_if, finding.note)
+    assert (what_if.batch_size, what_if.candidate_batch_size) == (1, 8), what_if

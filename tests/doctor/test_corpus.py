@@ -40,6 +40,8 @@ CORPUS = {
     "memory_loss_kept": ({"graph-kept-alive"}, None, set()),
     "memory_big_activations": ({"activation-memory"}, None, set()),
     # Scripts that compile: what torch.compile did is read from torch's own records (record/compile_watch.py).
+    # One state per step with no batch dimension (actor-critic): a batch of 1, not of its 4 features.
+    "unbatched_policy": ({"small-batch"}, None, set()),
     "compile_item_break": ({"compile-graph-break", "compile-pays-back"}, None, set()),
     "compile_new_shapes": ({"compile-recompile", "compile-pays-back"}, None, set()),
 }

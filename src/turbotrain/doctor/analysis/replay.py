@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.utils._pytree import tree_map
 
 from ...data.transfer import resize_batch, tensors_in
 from ..record.recording import Capture
@@ -47,6 +48,11 @@ def fastest_pair(a: Callable[[], object], b: Callable[[], object], cuda: bool, r
 
 
 def repeat_batch(capture: Capture, k: int) -> tuple[Any, ...]:
-    """The captured (args, kwargs) with every batch-sized tensor repeated ``k`` times along dim 0."""
+    """The captured (args, kwargs) with every batch-sized tensor repeated ``k`` times along dim 0; an unbatched
+    sample's tensors become ``k`` copies stacked on a new dim 0 (a batch of ``k`` such samples)."""
+    if capture.unbatched:
+        return tree_map(
+            lambda t: torch.stack([t] * k) if isinstance(t, torch.Tensor) else t, (capture.args, capture.kwargs)
+        )
     n = capture.batch_size
     return resize_batch((capture.args, capture.kwargs), n * k, rows=n, dim=capture.batch_dim)

@@ -13,7 +13,7 @@ from .recording import Capture
 from .measurements import ForwardFacts
 from ..sites import Site
 
-__all__ = ["batch_dim", "forward_facts", "capture_inputs"]
+__all__ = ["batch_dim", "unbatched", "forward_facts", "capture_inputs"]
 
 log = logging.getLogger("turbotrain")
 
@@ -38,6 +38,20 @@ def batch_dim(module: nn.Module, first_input: torch.Tensor | None = None) -> int
     return 1 if first_input is None or first_input.dim() in (2, 3) else 0
 
 
+def unbatched(module: nn.Module, first_input: torch.Tensor | None) -> bool:
+    """Whether the input is one sample without a batch dimension, as torch's layers accept it: a 1-D float vector
+    of exactly the first Linear's ``in_features`` (a policy fed one environment state), or a ``[C, ...]`` float tensor
+    of exactly the first convolution's channels and dimensions. Token ids and other shapes are read as batched."""
+    if first_input is None or not first_input.is_floating_point():
+        return False
+    first = next((m for m in module.modules() if isinstance(m, (nn.Linear, nn.modules.conv._ConvNd))), None)
+    if isinstance(first, nn.Linear):
+        return first_input.dim() == 1 and first_input.shape[0] == first.in_features
+    if isinstance(first, nn.modules.conv._ConvNd):
+        return first_input.dim() == len(first.kernel_size) + 1 and first_input.shape[0] == first.in_channels
+    return False
+
+
 def forward_facts(module: nn.Module, args: tuple, kwargs: dict | None) -> ForwardFacts:
     param = next(module.parameters(), None)
     device = param.device.type if param is not None else "cpu"
@@ -49,6 +63,7 @@ def forward_facts(module: nn.Module, args: tuple, kwargs: dict | None) -> Forwar
         autocast, autocast_dtype = torch.is_autocast_enabled(), None
     images = [t for t in inputs if t.dim() == 4 and t.is_floating_point()]
     dim = batch_dim(module, inputs[0] if inputs else None)
+    single = unbatched(module, inputs[0] if inputs else None)
     return ForwardFacts(
         module_type=type(module).__name__,
         device=device,
@@ -60,9 +75,10 @@ def forward_facts(module: nn.Module, args: tuple, kwargs: dict | None) -> Forwar
         input_channels_last=bool(images)
         and images[0].is_contiguous(memory_format=torch.channels_last)
         and not images[0].is_contiguous(),
-        batch_size=int(inputs[0].shape[dim]) if inputs and inputs[0].dim() > dim else None,
+        batch_size=1 if single else int(inputs[0].shape[dim]) if inputs and inputs[0].dim() > dim else None,
         batch_dim=dim,
         cudnn_benchmark=bool(torch.backends.cudnn.benchmark),
+        unbatched=single,
     )
 
 
@@ -81,7 +97,10 @@ def capture_inputs(
 ) -> Capture | None:
     """The module and a detached copy of its inputs (None when they cannot be copied: only the what-ifs lose)."""
     dim = facts.batch_dim if facts else 0
-    batch_size = facts.batch_size if dim and facts else batch_size_of(list(args) or list((kwargs or {}).values()))
+    single = bool(facts and facts.unbatched)
+    batch_size = (
+        facts.batch_size if (dim or single) and facts else batch_size_of(list(args) or list((kwargs or {}).values()))
+    )
     if batch_size is None:
         return None  # no input with more than ``dim`` dims: nothing to resize, so no batch the what-ifs can use
     try:
@@ -93,6 +112,7 @@ def capture_inputs(
                 batch_size=batch_size,
                 site=site,
                 batch_dim=dim,
+                unbatched=single,
             )
     except Exception as exc:  # noqa: BLE001 - an uncopyable input only costs the what-ifs
         log.info("turbotrain doctor: could not capture the model's inputs: %s", exc)

@@ -131,3 +131,4 @@ class ForwardFacts:
     batch_size: int | None = None
     batch_dim: int = 0  # 1 for an RNN fed [seq, batch, ...] (no batch_first)
     cudnn_benchmark: bool = False
+    unbatched: bool = False  # one sample with no batch dimension (a policy fed one state): batch_size 1

@@ -150,6 +150,7 @@ class Capture:
     batch_size: int
     site: Site | None = None
     batch_dim: int = 0
+    unbatched: bool = False  # one sample without a batch dimension: a larger batch stacks copies on a new dim 0
     # The globals of the user's modules whose lines built the batches untimed (the gap sampler's), per file:
     # the batch-building what-if reads the script's own data there.
     namespaces: dict[str, dict[str, Any]] = field(default_factory=dict)

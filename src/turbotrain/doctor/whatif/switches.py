@@ -157,6 +157,8 @@ def batch_trial(ctx: Context, finding: Finding, budget: Budget) -> None:
         """One round: the captured batch, then k times it; seconds per sample of each."""
         base = trials.trial(trials.base_plan)
         big = trials.trial(trials.base_plan, batches=bigger)
+        if ctx.capture is not None and ctx.capture.unbatched:
+            base.samples_per_step = 1  # one sample whose dim 0 is its features, not a batch
         seen["base"], seen["big"] = base, big
         if not (base.ok and big.ok):
             return None
