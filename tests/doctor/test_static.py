@@ -86,6 +86,25 @@ def test_static_rule_points_at_the_line(tmp_path, rule, text):
     assert line_of(ctx, text) in lines, (rule, lines)
 
 
+EPOCHS = """
+import torch
+for epoch in range(10):
+    for i, (x, y) in enumerate(loader):
+        loss = model(x).sum()
+        loss.backward()
+        opt.step()
+    torch.save(model.state_dict(), "epoch.pt")
+"""
+
+
+def test_a_save_in_the_epoch_loop_around_the_step_loop_is_once_per_epoch(tmp_path):
+    """pytorch/examples' DCGAN saves once per epoch, after its batch loop: already the fix, never the finding."""
+    assert found(context_for(tmp_path, EPOCHS), "save-in-loop") == []
+    per_step = EPOCHS.replace('    torch.save(model.state_dict(), "epoch.pt")', '        torch.save(model, "x.pt")')
+    ctx = context_for(tmp_path, per_step)
+    assert [line for line, _ in found(ctx, "save-in-loop")] == [line_of(ctx, '"x.pt"')]
+
+
 def test_calls_outside_the_loop_are_not_per_step(tmp_path):
     ctx = context_for(tmp_path, SOURCE)
     assert line_of(ctx, '"final.pt"') not in [line for line, _ in found(ctx, "save-in-loop")]

@@ -53,6 +53,8 @@ def save_in_loop_static(ctx: Context) -> Iterator[Finding]:
                 if isinstance(parent, ast.If):
                     guarded = True
                 parent = index.parents.get(parent)
+            if parent is not None and _holds_the_step_loop(parent):
+                continue  # an epoch loop around the step loop: a save per epoch is the fix itself
             if not guarded and not ran_per_step(ctx, "save", index.site(call)):
                 yield static_finding(
                     "save-in-loop",
@@ -61,6 +63,20 @@ def save_in_loop_static(ctx: Context) -> Iterator[Finding]:
                     "torch.save runs on every iteration of this loop.",
                     Fix("save every N steps or once per epoch"),
                 )
+
+
+_STEP_CALLS = ("backward", "step")
+
+
+def _holds_the_step_loop(loop: ast.AST) -> bool:
+    """Whether a loop nested in ``loop`` (not ``loop`` itself) calls ``.backward()`` or ``.step()``: then ``loop``
+    runs once per pass over the steps (an epoch), not once per step."""
+    inner = [n for n in ast.walk(loop) if n is not loop and isinstance(n, (ast.For, ast.While))]
+    return any(
+        isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _STEP_CALLS
+        for nested in inner
+        for node in ast.walk(nested)
+    )
 
 
 def edit(ctx: Context, f: Finding) -> EditSpec:
