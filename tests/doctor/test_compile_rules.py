@@ -152,6 +152,39 @@ def test_new_shapes_get_dynamic_at_the_one_compile_call(tmp_path):
         edit(ctx, value)
 
 
+def test_repeated_blocks_are_the_container_of_one_class_holding_most_parameters():
+    from torch import nn
+
+    from turbotrain.doctor.rules.compile.compile_regional import repeated_blocks
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.up = nn.Linear(16, 16)
+
+    class Net(nn.Module):
+        def __init__(self, depth, head=16):
+            super().__init__()
+            self.embed = nn.Linear(16, 16)
+            self.trunk = nn.Sequential(nn.Identity(), nn.ModuleList(Block() for _ in range(depth)))
+            self.head = nn.Linear(16, head)
+
+    assert repeated_blocks(Net(6)) == ("trunk.1", "Block", 6)
+    assert repeated_blocks(Net(2)) is None  # too few to compile one by one
+    assert repeated_blocks(Net(4, head=4096)) is None  # the blocks hold a small part of the model
+    assert repeated_blocks(nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4))) is None  # mixed classes
+
+
+def test_block_by_block_compiling_is_weighed_over_the_run():
+    from turbotrain.doctor.rules.compile.compile_regional import trade_off
+
+    assert trade_off(0.11, -0.00023) == (
+        "It saves compiling and costs step time: worth it for runs (or restarts) of under 479 steps.")
+    assert trade_off(-0.5, 0.001).endswith("of over 500 steps.")
+    assert trade_off(2.0, 0.0) == "It saves both: compile block by block."
+    assert "neither" in trade_off(-0.1, -0.001)
+
+
 def test_new_lengths_every_step_are_priced_in_compile_seconds_at_the_calling_line():
     shapes = [recompile(NEW_SHAPE, f"tensor 'tokens' size mismatch at index 1. expected 16, actual {n}")
               for n in (21, 26)]

@@ -42,3 +42,31 @@ def test_the_scripts_globals_are_main_while_its_layers_rerun():
     with script_as_main(SimpleNamespace(capture=SimpleNamespace(module=model))):
         assert sys.modules["__main__"].__dict__.get("_ScriptLayer") is _ScriptLayer
     assert sys.modules["__main__"] is before
+
+
+def test_a_model_of_repeated_blocks_is_timed_compiled_block_by_block():
+    """compile-regional on eight identical blocks compiled whole: found at the torch.compile line, and timed as the
+    model compiled whole against each block compiled, both compiled fresh: their first calls and their steps."""
+    from doctor_helpers import marked_lines
+    from turbotrain.doctor.results import CompileResult
+
+    report = run_doctor("compile_repeated_blocks", what_if_budget_s=60)
+    finding = next(f for f in report.findings if f.rule == "compile-regional")
+    ((_, line),) = [m for m in marked_lines("compile_repeated_blocks") if m[0] == "compile-regional"]
+    assert finding.site.line == line and finding.evidence["blocks"] == 8 and finding.evidence["container"] == "blocks"
+    assert "for block in model.blocks: block.compile()" in finding.fix.pytorch
+    what_if = finding.what_if
+    assert finding.measured and isinstance(what_if, CompileResult), finding.note
+    assert len(what_if.rounds) >= 2 and what_if.baseline_first_calls_s > 0 and what_if.candidate_first_calls_s > 0
+    assert "block by block" in finding.note
+
+
+def test_regional_compilation_compiles_each_block_of_a_copy_and_leaves_the_rest_eager():
+    from turbotrain.doctor.rules.compile._common import regionally_compiled
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ModuleList(torch.nn.Linear(4, 4) for _ in range(3)))
+    compiled = torch.compile(model, backend="eager")
+    copy = regionally_compiled(compiled, "1")
+    assert all(block._compiled_call_impl is not None for block in copy[1])
+    assert copy[0]._compiled_call_impl is None and model[1][0]._compiled_call_impl is None
+    assert copy[1][0].weight is not model[1][0].weight  # a copy: the script's model is untouched

@@ -356,6 +356,9 @@ class CompileResult(WhatIf):
     candidate_ms: float
     compile_s: float | None = None
     pays_after_steps: int | None = None
+    # Each side's first two calls in the trial, seconds: its compile (fresh) and one step.
+    baseline_first_calls_s: float | None = None
+    candidate_first_calls_s: float | None = None
 
     def _fields(self) -> dict[str, Any]:
         return {
@@ -364,7 +367,12 @@ class CompileResult(WhatIf):
             "rounds": list(self.rounds),
             "baseline_ms": self.baseline_ms,
             "candidate_ms": self.candidate_ms,
-            **_present(compile_s=self.compile_s, pays_after_steps=self.pays_after_steps),
+            **_present(
+                compile_s=self.compile_s,
+                pays_after_steps=self.pays_after_steps,
+                baseline_first_calls_s=self.baseline_first_calls_s,
+                candidate_first_calls_s=self.candidate_first_calls_s,
+            ),
         }
 
 

@@ -22,10 +22,14 @@ from ...record.compile_watch import CompiledCode, GraphBreak, Recompile
 from ...results import CompileResult
 
 if TYPE_CHECKING:
+    import ast
+
     from ...analysis.context import Context
+    from ...analysis.source import SourceIndex
     from ..rule import TimeLeft
 
 __all__ = [
+    "compile_calls",
     "user_codes",
     "user_breaks",
     "compiled_model",
@@ -36,6 +40,8 @@ __all__ = [
     "backend_name",
     "recompiled",
     "eager_copy",
+    "regionally_compiled",
+    "compile_seconds",
     "user_recompiles",
     "is_item_break",
 ]
@@ -82,6 +88,11 @@ def user_recompiles(code: CompiledCode) -> list[Recompile]:
 def is_item_break(b: GraphBreak) -> bool:
     """A break on ``Tensor.item()`` (torch's GB0124), which capture_scalar_outputs=True keeps in the graph."""
     return b.gb_id == "GB0124" or "item()" in b.title
+
+
+def compile_calls(ctx: Context) -> list[tuple[SourceIndex, ast.Call]]:
+    """The ``torch.compile(...)`` calls in the script's files, with the file each is in."""
+    return [(index, call) for index in ctx.sources.values() for call, _ in index.calls("torch.compile")]
 
 
 def compiled_model(ctx: Context) -> torch.nn.Module | None:
@@ -133,6 +144,25 @@ def recompiled(model: torch.nn.Module) -> torch.nn.Module:
         dynamic=getattr(dynamo_ctx, "_dynamic", None),
         fullgraph=bool(getattr(dynamo_ctx, "fullgraph", False)),
     )
+
+
+def regionally_compiled(model: torch.nn.Module, container: str) -> torch.nn.Module:
+    """A copy of the compiled model's eager original with each module of ``container`` (its repeated blocks)
+    compiled in place as the script compiled the model (its backend), the rest eager: regional compilation."""
+    script_backend = _script_backend(model)
+    # One backend for every block: torch guards a compiled entry on its backend, and only a shared one lets the
+    # blocks reuse the code compiled for the first.
+    backend = _fresh_backend(script_backend) if script_backend is not None else "inductor"
+    copy = eager_copy(model)
+    for block in copy.get_submodule(container).children():
+        block.compile(backend=backend)
+    return copy
+
+
+def compile_seconds(ctx: Context) -> tuple[float, float]:
+    """(first compiles, recompiles) in seconds, the script's codes only."""
+    codes = user_codes(ctx)
+    return sum(c.first_compile_s for c in codes), sum(r.seconds for c in codes for r in user_recompiles(c))
 
 
 def eager_copy(model: torch.nn.Module) -> torch.nn.Module:
@@ -239,4 +269,6 @@ def compile_result(
         candidate_ms=round(timing.b_s * 1e3, 3),
         compile_s=round(compile_s, 3),
         pays_after_steps=pays_after_steps,
+        baseline_first_calls_s=round(timing.warm_s[0], 3),
+        candidate_first_calls_s=round(timing.warm_s[1], 3),
     )

@@ -20,6 +20,7 @@ from ._common import (
     PairTiming,
     Variant,
     backend_name,
+    compile_seconds,
     compiled_model,
     eager_copy,
     recompiled,
@@ -32,12 +33,6 @@ from ._common import (
 
 if TYPE_CHECKING:
     from ...analysis.context import Context
-
-
-def compile_seconds(ctx: Context) -> tuple[float, float]:
-    """(first compiles, recompiles) in seconds, the script's codes only."""
-    codes = user_codes(ctx)
-    return sum(c.first_compile_s for c in codes), sum(r.seconds for c in codes for r in user_recompiles(c))
 
 
 def pays_after(compile_s: float, eager_s: float, compiled_s: float) -> int | None:

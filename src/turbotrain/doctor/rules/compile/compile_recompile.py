@@ -16,8 +16,7 @@ from ...edits import PRECISION, ByHand, EditSpec
 from ...findings import Finding, Fix
 from ...record.compile_watch import CHANGED_VALUE, NEW_DTYPE, NEW_INSTANCE, NEW_SHAPE, CompiledCode, Recompile
 from ..rule import Detect, Rule, register
-from ..common import sources
-from ._common import seconds_text, user_codes, user_recompiles
+from ._common import compile_calls, seconds_text, user_codes, user_recompiles
 
 if TYPE_CHECKING:
     from ...analysis.context import Context
@@ -152,7 +151,7 @@ def edit(ctx: Context, f: Finding) -> EditSpec:
     kinds are a change of what the script passes."""
     if f.evidence["kind"] != NEW_SHAPE:
         raise ByHand(f"recompiles for {_WORDS.get(f.evidence['kind'], _OTHER)}: {f.fix.pytorch}")
-    calls = [(index, call) for index in sources(ctx) for call, _ in index.calls("torch.compile")]
+    calls = compile_calls(ctx)
     if len(calls) != 1:
         where = ", ".join(index.site(call).where(ctx.base) for index, call in calls) or "none in the script's files"
         raise ByHand(f"torch.compile(..., dynamic=True) at the call that compiles {f.evidence['code']}() ({where})")

@@ -1,0 +1,145 @@
+"""`compile-regional`: a compiled model made of repeated blocks, compiled whole (timed: each block compiled instead).
+
+Reads: run + the captured model (torch.compile's own records, record/compile_watch.py; the rule table in
+docs/doctor.md). torch.compile of the whole model traces every block into one graph, so its compile time grows with
+the depth; compiling the block class instead (``block.compile()`` on each, PyTorch's "regional compilation") traces
+one block and reuses its code for the others. Timed on the captured batch: the model compiled whole, as the script
+compiles it, against each block compiled, fresh compiles of both; the compile seconds of each are their first calls,
+the step is interleaved. The verdict is the step's: compile time is said, never counted as a per-step gain.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from typing import TYPE_CHECKING, Iterator
+
+import torch
+
+from ...findings import Finding, Fix
+from ...requests import OwnTrial
+from ..rule import Detect, Measured, Rule, TimeLeft, register
+from ._common import (
+    Variant,
+    compile_calls,
+    compile_result,
+    compile_seconds,
+    compiled_model,
+    recompiled,
+    regionally_compiled,
+    seconds_text,
+    time_variants,
+    user_codes,
+)
+
+if TYPE_CHECKING:
+    from ...analysis.context import Context
+
+# Blocks worth compiling one by one: at least this many of one class in one container, holding at least this share
+# of the model's parameters; and a whole-model compile that took at least this long.
+MIN_BLOCKS = 3
+MIN_PARAMETER_SHARE = 0.5
+MIN_COMPILE_S = 0.25
+
+
+def repeated_blocks(model: torch.nn.Module) -> tuple[str, str, int] | None:
+    """The shallowest ``ModuleList``/``Sequential`` whose children are ``MIN_BLOCKS`` or more of one class holding
+    most of the parameters: (its name in the model, the class's name, how many)."""
+    total = sum(p.numel() for p in model.parameters())
+    if not total:
+        return None
+    for name, module in model.named_modules():
+        if not isinstance(module, (torch.nn.ModuleList, torch.nn.Sequential)):
+            continue
+        children = list(module.children())
+        counts = Counter(type(c) for c in children)
+        if not counts:
+            continue
+        cls, count = counts.most_common(1)[0]
+        held = sum(p.numel() for c in children if type(c) is cls for p in c.parameters())
+        if count >= MIN_BLOCKS and count == len(children) and held >= MIN_PARAMETER_SHARE * total:
+            return name, cls.__name__, count
+    return None
+
+
+def regional(ctx: Context) -> Iterator[Finding]:
+    model = compiled_model(ctx)
+    if model is None or not user_codes(ctx):
+        return
+    original = model._orig_mod
+    assert isinstance(original, torch.nn.Module)  # compiled_model checked it
+    found = repeated_blocks(original)
+    first, _ = compile_seconds(ctx)
+    if found is None or first < MIN_COMPILE_S:
+        return
+    container, cls, count = found
+    where = f"model.{container}" if container else "model"
+    text = (
+        f"Compile each {cls} instead of the whole model: `for block in {where}: block.compile()` in place of "
+        f"torch.compile(model); torch compiles the block's code once and reuses it for all {count}"
+    )
+    calls = compile_calls(ctx)  # the fix replaces the script's torch.compile call: there, when there is one
+    site = calls[0][0].site(calls[0][1]) if len(calls) == 1 else ctx.capture.site if ctx.capture is not None else None
+    f = Finding(
+        "compile-regional",
+        site=site,
+        category="python_overhead",
+        message=(
+            f"torch.compile traced the whole model, {count} {cls} blocks ({container or 'the model itself'}) "
+            f"inlined into one graph: {seconds_text(first)} of first compiles, growing with the depth."
+        ),
+        fix=Fix(
+            text,
+            lightning=f"In configure_model: `for block in self.{container}: block.compile()` (not the whole module)",
+            hf_trainer=f"Compile each {cls} yourself before Trainer(...) instead of torch_compile=True",
+        ),
+        evidence={"container": container, "block": cls, "blocks": count, "first_compile_s": round(first, 3)},
+        request=OwnTrial(),
+    )
+    f.provisional("low")
+    f.note = "Unmeasured: the what-ifs compile both ways and time the step."
+    yield f
+
+
+def measure(ctx: Context, f: Finding, budget: TimeLeft) -> Measured | None:
+    """The model compiled whole (fresh, as the script compiles it) against each block compiled, interleaved."""
+    from ....measure import judge
+
+    model = compiled_model(ctx)
+    if model is None:
+        return None
+    first, again = compile_seconds(ctx)
+    count, cls = f.evidence["blocks"], f.evidence["block"]
+    whole = Variant("the model compiled whole", recompiled(model))
+    blocks = Variant(f"each of the {count} {cls} compiled", regionally_compiled(model, f.evidence["container"]))
+    timing = time_variants(ctx, budget, whole, blocks, first + again)
+    if timing is None:
+        return None
+    (whole_s, blocks_s), step = timing.warm_s, timing.a_s - timing.b_s
+    return Measured(
+        what_if=compile_result(whole, blocks, timing, first + again),
+        verdict=judge(list(timing.ratios), noise_floor=ctx.noise_floor),
+        applies_to=ctx.share("compute") + ctx.share("python_overhead"),
+        note=(
+            f"First calls (compiling) {seconds_text(whole_s)} whole against {seconds_text(blocks_s)} block by block; "
+            f"the step {timing.a_s * 1e3:.2f} ms against {timing.b_s * 1e3:.2f} ms "
+            f"({'slower' if step < 0 else 'faster'} by {abs(step) * 1e3:.2f} ms block by block). "
+            + trade_off(whole_s - blocks_s, step)
+        ),
+    )
+
+
+def trade_off(compile_saved_s: float, step_saved_s: float) -> str:
+    """What block-by-block compiling buys over a run, from the compile seconds and the step time it saves."""
+    if compile_saved_s > 0 and step_saved_s >= 0:
+        return "It saves both: compile block by block."
+    if compile_saved_s <= 0 and step_saved_s <= 0:
+        return "It saves neither here: keep compiling the whole model."
+    if compile_saved_s > 0:
+        steps = math.ceil(compile_saved_s / -step_saved_s)
+        return f"It saves compiling and costs step time: worth it for runs (or restarts) of under {steps:,} steps."
+    steps = math.ceil(-compile_saved_s / step_saved_s)
+    return f"It costs compiling and saves step time: worth it for runs of over {steps:,} steps."
+
+
+RULE = register(Rule("compile-regional", detect=(Detect("runtime", regional),), measure=measure))
