@@ -39,9 +39,9 @@ class PlanRequest:
 
 @dataclass(frozen=True)
 class BatchRequest:
-    """Samples/s at ``factor`` times the captured batch."""
+    """Samples/s at ``factor`` times the captured batch (the rule chose a factor whose batch fits)."""
 
-    factor: int = 8
+    factor: int
 
 
 @dataclass(frozen=True)

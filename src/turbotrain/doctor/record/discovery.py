@@ -95,11 +95,12 @@ class ModuleCalls:
             # compiled function once (recompiles that were the doctor's, not the script's). They stay, inert.
             self.discovery = False
         else:
+            if self._hook_handles:
+                _quiet_torch_about_the_hooks(False)
             for handle in self._hook_handles:
                 handle.remove()
             self._hook_handles = []
             self.discovery = on
-            _quiet_torch_about_the_hooks(False)
         if on:
             _quiet_torch_about_the_hooks(True)
             self._hook_handles = [

@@ -37,7 +37,7 @@ def _fitting(memory: StepMemory, batch: int, factor: int) -> tuple[int, dict[str
             if scaled_bytes(memory, memory.peak_bytes, batch, batch * k) <= HEADROOM * capacity
         ]
         fitting = fits[0] if fits else 0
-    shown = max(fitting, 2) if fitting else 2
+    shown = fitting or 2  # where none fits, what the smallest larger batch would need
     evidence = {
         "batch_size": batch * shown,
         "needs_bytes": scaled_bytes(memory, memory.peak_bytes, batch, batch * shown),
