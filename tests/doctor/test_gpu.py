@@ -63,3 +63,31 @@ def test_device_time_drives_compute_on_cuda():
     attention = next(f for f in report.findings if f.rule == "manual-attention")
     assert attention.measured and attention.gain_share is not None
     assert (best(report, "manual-attention") >= SEVERITY["medium"]) == (attention.gain_share >= MEDIUM_SHARE)
+
+
+def test_a_compiled_model_on_cuda_is_seen_through():
+    """Inductor on the GPU: each block's .item() is a graph break at the user's line, the compile seconds are
+    measured, and the script compiles the same under the doctor as it does alone (no compile of the doctor's)."""
+    report = run_doctor("gpu_compiled", steps=10)
+    assert report.device == "cuda" and report.status == "ok", report.messages
+    assert_found_where_marked(report, "gpu_compiled")
+    compiled = report.compiled
+    assert compiled is not None and compiled.graphs >= 2 and compiled.breaks >= 1 and compiled.compile_s > 0
+    [(_, line)] = marked_lines("gpu_compiled")
+    sites = {(Path(b.site.file).name, b.site.line) for c in compiled.codes for b in c.breaks if b.site is not None}
+    assert ("gpu_compiled.py", line) in sites, sorted(sites)
+    assert_rated_by_what_it_buys(report)
+
+
+def test_a_cuda_out_of_memory_is_explained_with_a_fix_that_fits():
+    """The CUDA allocator's OutOfMemoryError (not the host's MemoryError): step, phase and line, the memory split
+    at a batch that fits on this GPU, and a fix measured to fit."""
+    report = run_doctor("gpu_out_of_memory")
+    [f] = [f for f in report.findings if f.rule == "out-of-memory"]
+    [(_, line)] = marked_lines("gpu_out_of_memory")
+    assert f.to_dict(report.base)["where"] == f"gpu_out_of_memory.py:{line}"
+    assert "in the forward" in f.message and f.evidence["rows"] < f.evidence["full_rows"]
+    assert any(fix["fits"] for fix in f.evidence["fixes"]), f.evidence["fixes"]
+    section = report.memory
+    assert section is not None and section["measured"] and section["device"].startswith("cuda"), section
+    assert section["parts"]["activations"] > 0 and section["device_total_bytes"] > 0
