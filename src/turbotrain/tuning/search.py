@@ -147,6 +147,9 @@ class _Search:
         self.recent_step_s: float | None = None  # the latest eager trial's step time
         self.rules: Plan | None = None
         self.rules_ok = False  # the rules' plan ran and passed the numerics guard
+        # The rules' compile, when the budget could not time it: kept as the rules pick it, untimed, unless a
+        # compiled plan is timed later. Dropping it would return a plan slower than Plan.fast for want of time.
+        self.untimed_compile: Any = None
         self.ablated: set[tuple[str, Any]] = set()  # (field, value) the ablation took out: not added back
         self._measure_gives_up = "give_up_s" in inspect.signature(measure).parameters
 
@@ -380,7 +383,8 @@ class _Search:
         if rules.compile is not False and need > self.remaining():
             self.notes.append(
                 f"a {self.budget_s:.0f}s budget cannot time the rules' plan with compile (~{need:.0f}s with one "
-                f"compile): compile is left untried unless it fits later; give time_budget_s={need * 2:.0f} or more"
+                f"compile): the rest is timed without it, and compile is kept as the rules pick it, untimed, unless "
+                f"it fits later; give time_budget_s={need * 2:.0f} or more to time it"
             )
 
     def run(self) -> SearchResult:
@@ -393,6 +397,7 @@ class _Search:
             self.rules = rules
             self._say_if_short(rules)
             if rules.compile is not False and self._estimate(self.base) + self._estimate(rules) > self.remaining():
+                self.untimed_compile = rules.compile
                 rules = rules.replace(compile=self.base.compile)  # what of the rules fits the budget
                 self.rules = rules if rules != self.base else None
         if self.rules is not None:
@@ -486,6 +491,12 @@ class _Search:
                 f" ({message})" if message else ""
             )
         chosen_step = self.median(chosen)
+        if self.untimed_compile is not None and chosen.compile is False and not self.compile_seen:
+            chosen = chosen.replace(compile=self.untimed_compile)
+            self.notes.append(
+                f"compile={self.untimed_compile!r} is the rules' pick, kept untimed: the budget could not hold a "
+                "compile; the speed-up and samples/s are those of the plan without it"
+            )
         self.attempts.append(
             Attempt(
                 f"chosen: {chosen.describe()}",
