@@ -178,7 +178,7 @@ part_extras() {
 
 part_doctor() {
   local rc=0 s
-  for s in ${GPU_CHECK_DOCTOR_SCRIPTS:-tests/doctor/scripts/gpu_habits.py tests/doctor/scripts/gpu_compiled.py}; do
+  for s in ${GPU_CHECK_DOCTOR_SCRIPTS:-tests/doctor/scripts/gpu_habits.py}; do
     section "turbotrain doctor $s"
     # shellcheck disable=SC2086
     local name
@@ -219,9 +219,9 @@ export INSTALL=${GPU_CHECK_INSTALL:-1}
 # Sized to end with the rest inside one 8-minute call (each GPT-2 / ResNet-50 compile is cold once per plan):
 # naive, fast and tuned on both paths (--no-ablation; the rows of each switch alone were recorded on an H100);
 # set it to "" for the bench's own defaults (every row, 20 steps, 3 repeats, a 60-s tuner) in a call of its own.
-# Part times on an H200 (2026-11-28, two calls): setup 17-24 s, env 35 s (with the table), pytest 125 s before the
-# batch-size finder's test (since capped), bench-gpt 56 s and bench-cnn 79 s without the tuner (it took 5 s and
-# 27 s of its budget), extras' overhead 40 s, probe 35 s.
+# Part times on an H200 (2026-11-28, one call of every part, 471 s): setup 20 s, env 15 s, pytest 54 s (4 workers),
+# bench-gpt 107 s and bench-cnn 131 s (each with the 50-s tuner), doctor on gpu_habits.py 69 s, extras 41 s+ (cut at
+# 40 s: its limit is now 70). The compile doctor on a GPU is in pytest -m gpu; its CLI run took over 70 s.
 export BENCH_ARGS=${GPU_CHECK_BENCH_ARGS---no-ablation --repeats 2 --steps 8 --warmup 2 --min-time 0.3 --tune-budget 50}
 export EXTRAS_ARGS=${GPU_CHECK_EXTRAS_ARGS:---parts overhead syncs}
 BUDGET=${GPU_CHECK_BUDGET_S:-470}
@@ -239,7 +239,7 @@ cap_of() {
     env) echo "${GPU_CHECK_ENV_S:-35}" ;;
     pytest) echo "${GPU_CHECK_PYTEST_S:-110}" ;;
     bench-*) echo "${GPU_CHECK_BENCH_S:-150}" ;;
-    doctor) echo "${GPU_CHECK_DOCTOR_S:-110}" ;;
+    doctor) echo "${GPU_CHECK_DOCTOR_S:-80}" ;;
     extras) echo "${GPU_CHECK_EXTRAS_S:-70}" ;;
     probe) echo "${GPU_CHECK_PROBE_S:-60}" ;;
   esac
@@ -247,7 +247,7 @@ cap_of() {
 # Seconds held back for each later part, so that one slow part cannot starve all the others.
 reserve_of() {
   case $1 in
-    setup) echo 20 ;; env) echo 15 ;; pytest) echo 60 ;; bench-*) echo 90 ;; doctor) echo 60 ;; extras) echo 40 ;;
+    setup) echo 20 ;; env) echo 15 ;; pytest) echo 60 ;; bench-*) echo 110 ;; doctor) echo 70 ;; extras) echo 45 ;;
     probe) echo 40 ;;
   esac
 }
