@@ -282,6 +282,7 @@ class Recorder:
                 self.tallies.gap_samples,
                 self.warmup,
                 sampling_interval(record.gap_before_forward, schedule.measure),
+                schedule.measure,
             )
             self._sampler.start()
         if done == measured_end and self._sampler is not None:
