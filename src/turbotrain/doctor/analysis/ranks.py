@@ -386,6 +386,21 @@ def _cause_site(recording: Recording, cause: str, steps: list[int]) -> Site | No
     return None
 
 
+def _same_work(a: Recording, b: Recording, steps: list[int]) -> bool:
+    """Both ranks ran the same work in ``steps``: as many module calls, the same matmul shapes at the same lines, and
+    as many input elements per step (False where the recordings do not say)."""
+    if not a.module_calls_per_step or a.module_calls_per_step != b.module_calls_per_step:
+        return False
+
+    def shapes(r: Recording) -> set[tuple[str, int, tuple[int, ...], tuple[int, ...]]]:
+        return {(m.site.file, m.site.line, m.a, m.b) for m in r.matmul_shapes}
+
+    def inputs(r: Recording) -> list[int | None]:
+        return [r.input_numel.get(i) for i in steps]
+
+    return shapes(a) == shapes(b) and inputs(a) == inputs(b)
+
+
 def analyse_ranks(recordings: list[Recording] | tuple[Recording, ...]) -> RankAnalysis | None:
     """The ranks side by side (None with fewer than two ranks that measured steps in common)."""
     recordings = sorted((r for r in recordings if r.steps), key=lambda r: r.rank)
@@ -432,6 +447,9 @@ def analyse_ranks(recordings: list[Recording] | tuple[Recording, ...]) -> RankAn
         if gap[cause] < 0.25 * cost:
             cause = "unexplained"
         contention = cpu_gap = None
+        # Only on a CPU run: a GPU's compute is not the thread's CPU time.
+        on_cpu = all((r.facts.device if r.facts else "cpu") == "cpu" for r in recordings)
+        rec = next(r for r in recordings if r.rank == worst.rank)
         if (
             worst.cpu_wait_s is not None
             and median.cpu_wait_s is not None
@@ -440,12 +458,18 @@ def analyse_ranks(recordings: list[Recording] | tuple[Recording, ...]) -> RankAn
         ):
             contention, cpu_gap = worst.cpu_wait_s - median.cpu_wait_s, worst.cpu_s - median.cpu_s
             # Late on work that is all CPU, without using more CPU than the others: its thread waited for a core
-            # (other processes, the hypervisor), the machine's cause. Only on a CPU run: a GPU's compute is not
-            # the thread's CPU time.
-            on_cpu = all((r.facts.device if r.facts else "cpu") == "cpu" for r in recordings)
+            # (other processes, the hypervisor), the machine's cause.
             if on_cpu and cause in CPU_BOUND and cpu_gap < 0.25 * cost:
                 cause = "cpu_contention"
-        rec = next(r for r in recordings if r.rank == worst.rank)
+        if (
+            on_cpu
+            and cause in CPU_BOUND
+            and _same_work(rec, next(r for r in recordings if r.rank == median.rank), steps)
+        ):
+            # Late on the very work the others did (the same module calls, matmul shapes and input elements): its
+            # core ran slower, shared with other processes or a hyperthread sibling, which also costs CPU time
+            # (a clean 2-rank job on 2 vCPUs: rank 1's compute 16% longer, with more CPU time than rank 0's).
+            cause = "cpu_contention"
         straggler = Straggler(
             rank=worst.rank,
             host=worst.host,

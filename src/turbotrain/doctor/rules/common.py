@@ -72,8 +72,8 @@ CAUSE_WORDS = {
     "host_sync": "its host syncs",
     "outside_step": "work only it does between steps",
     "unexplained": "time no phase explains",
-    "cpu_contention": "waiting for a CPU (its thread used no more CPU time than the others': other "
-    "processes or the hypervisor held its core)",
+    "cpu_contention": "a slower CPU for the same work (it waited for a core, or ran the others' very work "
+    "slower: other processes, a hyperthread sibling or the hypervisor held its core)",
 }
 
 
