@@ -4,6 +4,7 @@ shifts, by-hand entries naming the line, and no patch that does not compile."""
 from __future__ import annotations
 
 import textwrap
+from types import SimpleNamespace
 
 import pytest
 
@@ -65,3 +66,36 @@ def test_a_diff_of_a_file_without_a_final_newline_applies(tmp_path):
 def test_text_that_does_not_compile_is_refused():
     with pytest.raises(PatchError, match="does not compile"):
         check_compiles("def f(:\n", "train.py")
+
+
+def test_a_patch_verified_slower_together_keeps_only_fixes_verified_faster_alone(monkeypatch):
+    """On an H200, gpu_habits.py's patch (pin_memory, cudnn.benchmark) verified x0.84 together with no time left to
+    verify each alone, and was written anyway. --verify must not hand over a patch it measured slower."""
+    from turbotrain.doctor.fixes import attach
+    from turbotrain.doctor.report.fix_results import FixReport, FixResult, Verification
+    from turbotrain.measure import FASTER, SLOWER
+
+    def fix(rule: str, alone: Verification | None = None) -> FixResult:
+        return FixResult(rule=rule, where=f"train.py:{len(rule)}", label=rule, predicted=1.02, diff="-a\n+b\n",
+                         verification=alone)
+
+    class NoTimeToVerifyAlone:
+        options = SimpleNamespace(budget_s=25.0)
+
+        def affords(self, comparisons: int, run_s: float) -> bool:
+            return False
+
+    slower = Verification(speedup=0.84, verdict=SLOWER, ratios=[0.83, 0.85])
+    monkeypatch.setattr(attach, "_verify_one", lambda *args: slower)
+    unverified = [fix("pin-memory"), fix("cudnn-benchmark-off")]
+    report = FixReport(fixes=unverified)
+    attach._verify(report, unverified, {}, "/tmp", NoTimeToVerifyAlone(), 10, 1.0)
+    assert report.together is slower and report.kept == []
+    assert all("verified slower (x0.84)" in f.dropped for f in unverified)
+    assert any("x0.84 (slower)" in m and "0 of 2" in m for m in report.messages), report.messages
+
+    faster_alone = fix("non-blocking", Verification(speedup=1.3, verdict=FASTER, ratios=[1.3, 1.3]))
+    mixed = [faster_alone, fix("pin-memory")]
+    report = FixReport(fixes=mixed)
+    attach._verify(report, mixed, {}, "/tmp", NoTimeToVerifyAlone(), 10, 1.0)
+    assert report.kept == [faster_alone]

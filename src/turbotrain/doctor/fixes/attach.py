@@ -126,6 +126,16 @@ def _verify(
         for result in kept:
             result.dropped = f"the fixes together broke the script ({together.error})"
         fix_report.messages.append(f"With all fixes together, {together.error}; the patch holds none of them.")
+    elif together.verdict == SLOWER:
+        # --verify promises a patch measured not to slow the script: only fixes verified faster alone stay.
+        unproven = [r for r in kept if r.verification is None or r.verification.verdict != FASTER]
+        for result in unproven:
+            result.dropped = f"the fixes together verified slower (x{together.speedup:.2f}), this one not faster alone"
+        fix_report.messages.append(
+            f"With all fixes together the script ran x{together.speedup:.2f} (slower): the patch holds only fixes "
+            f"verified faster alone ({len(kept) - len(unproven)} of {len(kept)}); a larger --verify-budget times each "
+            "alone."
+        )
 
 
 def _judge_alone(result: FixResult) -> None:
