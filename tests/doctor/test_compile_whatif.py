@@ -70,3 +70,29 @@ def test_regional_compilation_compiles_each_block_of_a_copy_and_leaves_the_rest_
     assert all(block._compiled_call_impl is not None for block in copy[1])
     assert copy[0]._compiled_call_impl is None and model[1][0]._compiled_call_impl is None
     assert copy[1][0].weight is not model[1][0].weight  # a copy: the script's model is untouched
+
+
+@pytest.mark.skipif(not (shutil.which("g++") or shutil.which("c++")),
+                    reason="torch.compile on CPU needs a C++ compiler")
+def test_a_variant_compiles_without_the_graphs_the_script_cached():
+    """The script compiled this graph before the what-if: Inductor's on-disk cache holds it. A variant compiled for
+    a what-if must pay the compile a fresh run pays (no cache hit), or the compile seconds it is judged on are not
+    comparable with those of a variant whose graph is new."""
+    from torch._dynamo.utils import counters
+
+    from turbotrain.doctor.rules.compile._common import _fresh_dynamo
+
+    def scaled(x):
+        return torch.tanh(x) * 3 + 1
+
+    x = torch.randn(8, 8)
+    torch._dynamo.reset()
+    torch.compile(scaled)(x)  # the script's own compile: into the on-disk cache
+    torch._dynamo.reset()
+    counters.clear()
+    with _fresh_dynamo():
+        torch.compile(scaled)(x)
+    assert counters["inductor"]["fxgraph_cache_hit"] == 0, dict(counters["inductor"])
+    torch._dynamo.reset()
+    torch.compile(scaled)(x)  # outside a what-if the cache serves the graph again
+    assert counters["inductor"]["fxgraph_cache_hit"] == 1, dict(counters["inductor"])
