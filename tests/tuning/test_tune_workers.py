@@ -73,3 +73,19 @@ def test_a_loader_too_short_to_time_keeps_its_own_settings():
     result = find_num_workers(tiny_loader(), device_type="cpu", time_loader_fn=too_short)
     assert result.tried == [] and "too few batches" in result.stopped_by
     assert result.plan_changes() == {}
+
+
+def test_the_time_budget_stops_it_before_a_count_that_would_end_past_it():
+    """Each count here takes 4 s to time (ResNet-50's 150 MB host batches: the finder ran the tuner 30-47 s past
+    its budget on an H200): with 10 s left it times two counts, not a third that would end at 12 s."""
+    now = [0.0]
+    rates = [100, 200, 300, 400, 500]
+
+    def slow_timing(loader, batches, num_workers, **overrides):
+        now[0] += 4.0
+        return rates[num_workers]
+
+    result = find_num_workers(tiny_loader(), device_type="cpu", max_workers=4, time_loader_fn=slow_timing,
+                              time_budget_s=10.0, clock=lambda: now[0])
+    assert [n for n, _ in result.tried] == [0, 1] and result.num_workers == 1
+    assert result.stopped_by == "the time budget (10 s)" and now[0] <= 10.0

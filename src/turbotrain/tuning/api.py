@@ -330,6 +330,7 @@ def _tune(
             device_type=hw.device_type,
             sample_batch=sample[0],
             needed_batches_per_s=found.samples_per_s / rows,
+            time_budget_s=max(1.0, deadline - time.monotonic()),
         )
         chosen = chosen.replace(**workers_result.plan_changes())
     if not hw.is_cuda:  # threads and workers share the usable cores (quota and affinity)
