@@ -40,6 +40,7 @@ CASES = {
     "no-mixed-precision": ("bf16_autocast_slow", 6),
     "compile-graph-break": ("compile_item_break", 6),
     "compile-recompile": ("compile_new_shapes", 6),
+    "graph-kept-alive": ("memory_loss_kept", 6),
 }
 
 

@@ -3,6 +3,7 @@ and "by hand" (never a guessed edit) where the value comes from a config or the 
 
 from __future__ import annotations
 
+import re
 import textwrap
 
 import pytest
@@ -312,3 +313,25 @@ def test_ddp_keywords_reach_the_call_by_whatever_name_it_was_imported_as():
     """
     new = edit(source, "ddp", keywords={"static_graph": True, "find_unused_parameters": False})
     assert changed(source, new) == ["model = TorchDDP(net, find_unused_parameters=False, static_graph=True)  # here"]
+
+
+@pytest.mark.parametrize("line, fixed", [
+    ("losses.append(loss)  # here", "losses.append(loss.detach())  # here"),
+    ("self.losses.append(loss)  # here", "self.losses.append(loss.detach())  # here"),
+    ("losses.insert(0, loss * 2)  # here", "losses.insert(0, (loss * 2).detach())  # here"),
+    ("losses += loss + aux  # here", "losses += (loss + aux).detach()  # here"),
+])
+def test_what_a_loop_keeps_is_detached_at_the_line_and_holder_it_grew(line, fixed):
+    source = f"for x in batches:\n    loss = model(x).sum()\n    {line}\n    other.append(loss)\n"
+    new = edit(source, "detach", holder="losses")
+    assert changed(source, new) == [fixed]
+
+
+@pytest.mark.parametrize("line, why", [
+    ("losses.append(loss.item())  # here", "already keeps a value without a graph"),
+    ("history.append(loss)  # here", "no losses.append(...)"),
+    ("losses.extend([a, b])  # here", "no losses.append(...)"),
+])
+def test_a_kept_value_without_a_graph_or_another_holder_is_by_hand(line, why):
+    with pytest.raises(ByHand, match=re.escape(why)):
+        edit(f"for x in batches:\n    {line}\n", "detach", holder="losses")

@@ -32,6 +32,7 @@ EditKind = Literal[
     "cadence",  # validation / checkpoint every N steps
     "save_every",  # a per-step torch.save under a step test
     "sdpa",  # hand-written attention as one SDPA call
+    "detach",  # .detach() on what a loop keeps across steps (a loss in a list, a running sum)
 ]
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from . import attention, cadence, keywords, statements
+from . import attention, cadence, keywords, kept_graph, statements
 from .cst_tools import Source
 from .model import ByHand, EditRequest
 
@@ -27,6 +27,7 @@ EDIT_KINDS: dict[str, Callable[[Source, EditRequest], str]] = {
     "cadence": cadence.periodic,  # validation / checkpoint every N steps
     "save_every": cadence.save_every,  # a per-step torch.save under a step test
     "sdpa": attention.sdpa,  # hand-written attention as one SDPA call
+    "detach": kept_graph.detach_kept,  # .detach() on what a loop keeps across steps
 }
 
 

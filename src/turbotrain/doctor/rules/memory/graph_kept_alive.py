@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterator
 
+from ...edits import EditSpec
 from ...findings import Finding, Fix
 from ..rule import Detect, Rule, register
 
@@ -70,4 +71,10 @@ def graph_kept_alive(ctx: Context) -> Iterator[Finding]:
     yield f
 
 
-RULE = register(Rule("graph-kept-alive", detect=(Detect("runtime", graph_kept_alive),)))
+def edit(ctx: Context, f: Finding) -> EditSpec:
+    """``.detach()`` on what the loop keeps at the line the holder grew: the same values, no graph."""
+    holder = f.evidence.get("holder") or ""
+    return EditSpec("detach", f"{holder or 'what the loop keeps'}: keep .detach(), not the graph", {"holder": holder})
+
+
+RULE = register(Rule("graph-kept-alive", detect=(Detect("runtime", graph_kept_alive),), edit=edit))
