@@ -190,3 +190,23 @@ def test_the_results_pickle():
     for value in (memory, watch.result(), oom, fix):
         # our own bytes, made on this line
         assert pickle.loads(pickle.dumps(value)) == value  # noqa: S301 - our own bytes, just written
+
+
+def test_growth_is_read_past_two_first_boundaries_that_saw_the_same_step():
+    """memory_loss_kept.py under the doctor's defaults: the boundaries 1 and 2 both saw step 1's loss being made
+    (2 tensors with a graph each time), then 23 and 24 held one kept loss a step more. Equal counts one boundary
+    apart (boundary 1 closes in step 2: the tracker waits for a second optimizer) say nothing; a clean loop's equal
+    counts, later or further apart, still say "not growing"."""
+    from turbotrain.doctor.record.graph_watch import GraphWatch, _Census
+
+    def watch(counts: dict[int, int]) -> GraphWatch:
+        w = GraphWatch()
+        w._samples = [(step, _Census(n, 10 * n, 4 * n)) for step, n in counts.items()]
+        return w
+
+    leak = watch({1: 2, 2: 2, 23: 23, 24: 24}).result()
+    assert leak is not None and leak.growing and leak.tensors_per_step == 1.0
+    for clean in ({1: 2, 2: 2, 23: 2, 24: 2}, {1: 2, 2: 3, 23: 3, 24: 3}, {1: 2, 2: 2, 23: 23, 24: 22},
+                  {2: 1, 3: 2, 4: 2, 5: 2}):
+        flat = watch(clean).result()
+        assert flat is not None and not flat.growing, clean

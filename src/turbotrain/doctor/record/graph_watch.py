@@ -100,18 +100,14 @@ class GraphWatch:
         steps = tuple(s for s, _ in self._samples)
         counts = [c for _, c in self._samples]
         tensors = tuple(c.tensors for c in counts)
-        growing = all(b > a for a, b in zip(tensors, tensors[1:]))
-        holder, site = self._holder(counts) if growing else ("", None)
+        growing = _grows(steps, tensors)
+        holder, site = self._holder(steps, counts) if growing else ("", None)
         nodes, nbytes = tuple(c.nodes for c in counts), tuple(c.bytes for c in counts)
         rates = (_least_rate(steps, tensors), _least_rate(steps, nodes), _least_rate(steps, nbytes))
         return GraphGrowth(steps, tensors, nodes, nbytes, growing, *rates, holder=holder, site=site)
 
-    def _holder(self, counts: list[_Census]) -> tuple[str, Site | None]:
-        growing = [
-            key
-            for key in counts[-1].holders
-            if all(b.holders.get(key, 0) > a.holders.get(key, 0) for a, b in zip(counts, counts[1:]))
-        ]
+    def _holder(self, steps: tuple[int, ...], counts: list[_Census]) -> tuple[str, Site | None]:
+        growing = [key for key in counts[-1].holders if _grows(steps, tuple(c.holders.get(key, 0) for c in counts))]
         if not growing:
             return "", None
         code, name = growing[0]
@@ -119,9 +115,25 @@ class GraphWatch:
         return name, Site(code.co_filename, line, code.co_name)
 
 
+def _intervals(steps: tuple[int, ...], values: tuple[int, ...]) -> list[tuple[int, int, int]]:
+    """(steps apart, before, after) of consecutive samples. Two samples one boundary apart may fall in the same
+    training step: the first step closes only at the second step's optimizer.step (the tracker waits to see
+    whether another optimizer steps), so boundaries 1 and 2 both fall in step 1: no growth between those two says
+    nothing, and that interval counts only where it grew."""
+    pairs = [(s, t - s, a, b) for s, t, a, b in zip(steps, steps[1:], values, values[1:])]
+    return [(apart, a, b) for first, apart, a, b in pairs if not (first == 1 and apart == 1 and b <= a)]
+
+
+def _grows(steps: tuple[int, ...], values: tuple[int, ...]) -> bool:
+    """More at every sample than at the one before (boundaries 1 and 2 may hold as many) and more at the end."""
+    never_less = all(b >= a for a, b in zip(values, values[1:]))
+    return never_less and values[-1] > values[0] and all(b > a for _, a, b in _intervals(steps, values))
+
+
 def _least_rate(steps: tuple[int, ...], values: tuple[int, ...]) -> float:
-    """The least growth per step between consecutive samples: a leak's every interval, not a one-off rise."""
-    return max(0.0, min((b - a) / max(t - s, 1) for s, t, a, b in zip(steps, steps[1:], values, values[1:])))
+    """The least growth per step between samples: a leak's every interval, not a one-off rise."""
+    kept = _intervals(steps, values)
+    return max(0.0, min((b - a) / max(apart, 1) for apart, a, b in kept)) if kept else 0.0
 
 
 def _grad_fn(tensor: torch.Tensor) -> Any:
