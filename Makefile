@@ -5,6 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.turbotrain-installed
+TEST_WORKERS ?= 2
 
 .PHONY: demo test lint test-gpu gpu-check bench overhead clean
 
@@ -26,7 +27,11 @@ test: $(STAMP)
 	# and each of the suite's hundreds of Python processes (doctor ranks, --verify runs, launchers) would compile
 	# turbotrain's sources again at start-up, about 0.25 s of CPU each. Python still reads bytecode that is there.
 	$(PY) -m compileall -q -j 0 src
-	$(PY) -m pytest
+	# The tests that time real runs alone on one process, then the rest on $(TEST_WORKERS) (tests/conftest.py says
+	# which are which); both parts always run, and either failing fails the target.
+	$(PY) -m pytest -m 'exclusive and not gpu and not slow'; alone=$$?; \
+	$(PY) -m pytest -m 'not exclusive and not gpu and not slow' -n $(TEST_WORKERS) --dist loadgroup; shared=$$?; \
+	exit $$(( alone || shared ))
 
 # Lint and types (pyproject.toml [tool.ruff], [tool.mypy]); .ci/run runs it before the tests. A # noqa or
 # # type: ignore says why on its own line: a bare one (only codes after it) fails here.

@@ -1,9 +1,36 @@
-"""Shared fixtures. Tiny models and loaders live in ``tests/tiny.py``."""
+"""Shared fixtures and the suite's split. Tiny models and loaders live in ``tests/tiny.py``."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
+
+TESTS = Path(__file__).resolve().parent
+# The doctor's tests time real runs and read findings from those times: a test on the other core would make a rank
+# late or a loader look slow, so they run alone (`make test` runs the `exclusive` tests first, on one process).
+# The fix corpus's tests are about the patch and the report, never about which side is faster.
+SHARED_DOCTOR_FILES = frozenset({"test_fix_corpus.py"})
+# Folders whose session-scoped fixtures are expensive (a two-rank launch, nginx): one worker runs the whole folder.
+ONE_WORKER_FOLDERS = frozenset({"launch", "data"})
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects: the marks added here are selected on
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        path = Path(item.path)
+        folder = path.parent.relative_to(TESTS) if path.is_relative_to(TESTS) else None
+        if folder == Path("doctor") and path.name not in SHARED_DOCTOR_FILES:
+            item.add_marker(pytest.mark.exclusive)
+        # pytest-xdist (--dist loadgroup): a file's module-scoped fixtures are made once, on one worker (unless its
+        # tests say otherwise, with a group of their own).
+        if item.get_closest_marker("xdist_group") is not None:
+            continue
+        if folder is not None and folder.parts[:1] and folder.parts[0] in ONE_WORKER_FOLDERS:
+            item.add_marker(pytest.mark.xdist_group(folder.parts[0]))
+        else:
+            item.add_marker(pytest.mark.xdist_group(str(folder / path.name) if folder is not None else str(path)))
 
 
 @pytest.fixture(autouse=True)

@@ -18,7 +18,16 @@ def _blocks(path):
     return re.findall(r"```python\n(.*?)```", path.read_text(), flags=re.S)
 
 
-@pytest.mark.parametrize("path", [p for p in DOCS if _blocks(p)], ids=lambda p: p.name)
+def _example_files():
+    """The docs with Python examples; those that run the doctor, which times real runs, run alone (conftest.py)."""
+    for path in DOCS:
+        blocks = _blocks(path)
+        if blocks:
+            doctor = any("doctor" in code for code in blocks)
+            yield pytest.param(path, id=path.name, marks=[pytest.mark.exclusive] if doctor else [])
+
+
+@pytest.mark.parametrize("path", _example_files())
 def test_python_examples_run(path, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     namespace = {"__name__": "__docs__"}

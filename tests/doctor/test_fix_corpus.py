@@ -99,7 +99,9 @@ def fixed_run(tmp_path_factory):
     return run
 
 
-@pytest.mark.parametrize("rule", sorted(CASES))
+# One pytest-xdist group per script: its cases share one run, and the scripts spread over the workers.
+@pytest.mark.parametrize("rule", [pytest.param(rule, marks=pytest.mark.xdist_group(f"fix-corpus-{CASES[rule][0]}"))
+                                  for rule in sorted(CASES)])
 def test_the_patch_applies_runs_and_the_rule_no_longer_fires(rule, fixed_run):
     name, steps = CASES[rule]
     run = fixed_run(rule)
