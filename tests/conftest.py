@@ -10,8 +10,17 @@ import torch
 TESTS = Path(__file__).resolve().parent
 # The doctor's tests time real runs and read findings from those times: a test on the other core would make a rank
 # late or a loader look slow, so they run alone (`make test` runs the `exclusive` tests first, on one process).
-# The fix corpus's tests are about the patch and the report, never about which side is faster.
-SHARED_DOCTOR_FILES = frozenset({"test_fix_corpus.py"})
+# These files' assertions read no time: the patch and the report (the fix corpus), what torch.compile did, how
+# the report prints, how a failing script or a hostile folder is handled, the bytes a step holds.
+SHARED_DOCTOR_FILES = frozenset({
+    "test_fix_corpus.py",
+    "test_compile_watch.py",
+    "test_terminal_width.py",
+    "test_safety.py",
+    "test_hardening_doctor_verify_copy.py",
+    "test_hardening_doctor_outputs.py",
+    "test_memory_watch.py",
+})
 # Folders whose session-scoped fixtures are expensive (a two-rank launch, nginx): one worker runs the whole folder.
 ONE_WORKER_FOLDERS = frozenset({"launch", "data"})
 
