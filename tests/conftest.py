@@ -36,10 +36,9 @@ def pytest_collection_modifyitems(config, items):
         # tests say otherwise, with a group of their own).
         if item.get_closest_marker("xdist_group") is not None:
             continue
-        if folder is not None and folder.parts[:1] and folder.parts[0] in ONE_WORKER_FOLDERS:
-            item.add_marker(pytest.mark.xdist_group(folder.parts[0]))
-        else:
-            item.add_marker(pytest.mark.xdist_group(str(folder / path.name) if folder is not None else str(path)))
+        top = folder.parts[0] if folder is not None and folder.parts else None
+        group = top if top in ONE_WORKER_FOLDERS else str(path.relative_to(TESTS) if folder is not None else path)
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(autouse=True)

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..measure import HOPELESS, MIN_GAIN, Trial, judge
-from ..plan import Plan
+from ..plan import CompileMode, Plan
 from .candidates import Candidates, Switch
 from .guard import DEFAULT_TOLERANCE, check_losses
 
@@ -149,7 +149,7 @@ class _Search:
         self.rules_ok = False  # the rules' plan ran and passed the numerics guard
         # The rules' compile, when the budget could not time it: kept as the rules pick it, untimed, unless a
         # compiled plan is timed later. Dropping it would return a plan slower than Plan.fast for want of time.
-        self.untimed_compile: Any = None
+        self.untimed_compile: bool | CompileMode | None = None
         self.ablated: set[tuple[str, Any]] = set()  # (field, value) the ablation took out: not added back
         self._measure_gives_up = "give_up_s" in inspect.signature(measure).parameters
 
