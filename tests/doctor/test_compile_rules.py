@@ -7,6 +7,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from turbotrain.doctor.analysis.breakdown import compute_breakdown
 from turbotrain.doctor.analysis.context import Context
@@ -150,6 +151,66 @@ def test_new_shapes_get_dynamic_at_the_one_compile_call(tmp_path):
     [value] = findings(context(code(recompiles=[recompile(CHANGED_VALUE, "L['n'] == 3")] * 2)), "compile-recompile")
     with pytest.raises(ByHand, match="as a tensor"):
         edit(ctx, value)
+    # dynamic=False is what made one graph per length: the fix turns it over; another value is the user's.
+    script.write_text("import torch\nmodel = torch.compile(net, dynamic=False)\n")
+    ctx.sources = load_sources([str(script)])
+    assert edit(ctx, f).params == {"keywords": {"dynamic": True}}
+    script.write_text("import torch\nmodel = torch.compile(net, dynamic=cfg.dynamic)\n")
+    ctx.sources = load_sources([str(script)])
+    with pytest.raises(ByHand, match="sets dynamic= already"):
+        edit(ctx, f)
+
+
+def test_the_lengths_a_run_met_are_read_from_its_failed_size_guards():
+    from turbotrain.doctor.rules.compile.compile_recompile import size_guards
+
+    guards = [recompile(NEW_SHAPE, f"tensor 'tokens' size mismatch at index 1. expected {a}, actual {b}")
+              for a, b in ((16, 21), (21, 26), (26, 21))]
+    guards.append(recompile(NEW_SHAPE, "tensor 'tokens' size mismatch at index 0. expected 16, actual 8"))
+    assert size_guards(guards) == ("tokens", 1, [16, 21, 26])
+    assert size_guards([recompile(NEW_SHAPE, "tensor 'L['x']' size mismatch at index 0. expected 4, actual 5")]) \
+        == ("x", 0, [4, 5])
+    assert size_guards([recompile(CHANGED_VALUE, "L['n'] == 3")]) is None
+
+
+def test_the_captured_batch_is_cut_or_extended_to_each_length_with_the_tensors_that_share_it():
+    from torch import nn
+
+    from turbotrain.doctor.rules.compile.compile_recompile import other_lengths
+
+    class Tagger(nn.Module):
+        def forward(self, tokens, mask=None, scale=1.0):
+            return tokens
+
+    tokens = torch.arange(24).reshape(2, 12)
+    mask = torch.ones(2, 12, dtype=torch.bool)
+    bias = torch.zeros(12, 2)  # 12 long on dimension 0, not 1: left alone
+    batches = other_lengths(Tagger(), ((tokens,), {"mask": mask, "scale": bias}), "tokens", 1, [12, 5, 30])
+    assert [b[0][0].shape[1] for b in batches] == [5, 30]  # the captured length is not run again
+    short, long = batches
+    assert torch.equal(short[0][0], tokens[:, :5]) and short[1]["mask"].shape == (2, 5)
+    assert torch.equal(long[0][0][:, 12:24], tokens) and long[0][0].max() == tokens.max()  # its own values
+    assert short[1]["scale"] is bias
+    assert other_lengths(Tagger(), ((tokens,), {}), "inputs", 1, [5]) == []  # a name that is no argument
+
+
+def test_dynamic_is_priced_against_what_the_script_paid_and_what_it_ran_after_the_limit():
+    from turbotrain.doctor.rules.compile.compile_recompile import dynamic_note
+
+    # 0.5 s of first calls of which 2 steps are 1 ms each: 0.498 s of compiling; two other lengths, no new graph.
+    timing = _common.PairTiming((1.5, 1.5), a_s=0.0015, b_s=0.001, warm_s=(0.9, 0.5),
+                                other_s=(0.001, 0.001), other_graphs=0)
+    note = dynamic_note(timing, True, 4.0, 7, 2, fell_back=True)
+    assert note.startswith("With dynamic=True: one compile of 0.5 s, and on 2 other length(s) the run met it "
+                           "compiled 0 more graph(s); a step 1.00 ms against 1.50 ms as the script runs it.")
+    assert note.endswith("(7 recompile(s)) and ran it eagerly after the limit, which is slower than compiled with "
+                         "dynamic=True.")
+    assert "does not beat" in dynamic_note(timing, False, 4.0, 7, 2, fell_back=True)
+    assert dynamic_note(timing, False, 4.0, 1, 2, fell_back=False).endswith(
+        "alike within the noise: dynamic=True saves 3.5 s of compiling a run.")
+    slower = _common.PairTiming((0.8, 0.8), a_s=0.001, b_s=0.00125, warm_s=(0.9, 0.5))
+    assert dynamic_note(slower, True, 4.0, 1, 0, fell_back=False).endswith(
+        "It saves compiling and costs step time: worth it for runs (or restarts) of under 14,010 steps.")
 
 
 def test_repeated_blocks_are_the_container_of_one_class_holding_most_parameters():
@@ -176,13 +237,13 @@ def test_repeated_blocks_are_the_container_of_one_class_holding_most_parameters(
 
 
 def test_block_by_block_compiling_is_weighed_over_the_run():
-    from turbotrain.doctor.rules.compile.compile_regional import trade_off
+    from turbotrain.doctor.rules.compile._common import trade_off
 
-    assert trade_off(0.11, -0.00023) == (
+    assert trade_off(0.11, -0.00023, "compile block by block") == (
         "It saves compiling and costs step time: worth it for runs (or restarts) of under 479 steps.")
-    assert trade_off(-0.5, 0.001).endswith("of over 500 steps.")
-    assert trade_off(2.0, 0.0) == "It saves both: compile block by block."
-    assert "neither" in trade_off(-0.1, -0.001)
+    assert trade_off(-0.5, 0.001, "compile block by block").endswith("of over 500 steps.")
+    assert trade_off(2.0, 0.0, "compile block by block") == "It saves both: compile block by block."
+    assert "neither" in trade_off(-0.1, -0.001, "compile block by block")
 
 
 def test_new_lengths_every_step_are_priced_in_compile_seconds_at_the_calling_line():

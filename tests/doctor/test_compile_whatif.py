@@ -96,3 +96,21 @@ def test_a_variant_compiles_without_the_graphs_the_script_cached():
     torch._dynamo.reset()
     torch.compile(scaled)(x)  # outside a what-if the cache serves the graph again
     assert counters["inductor"]["fxgraph_cache_hit"] == 1, dict(counters["inductor"])
+
+
+def test_new_lengths_past_the_recompile_limit_are_timed_with_dynamic_against_the_eager_fallback():
+    """compile_recompile_limit.py compiles with dynamic=False and meets 20 lengths: torch falls back to eager after
+    8 graphs. dynamic=True is compiled fresh and timed against eager (what the script ran after the limit), then
+    stepped on lengths the run's failed guards named: one graph serves them all."""
+    from doctor_helpers import cached_report
+    from turbotrain.doctor.results import CompileResult
+
+    report = cached_report("compile_recompile_limit")
+    finding = next(f for f in report.findings if f.rule == "compile-recompile")
+    assert finding.evidence["limit"] == "recompile_limit" and finding.evidence["kind"] == "new-shape"
+    what_if = finding.what_if
+    assert finding.measured and isinstance(what_if, CompileResult), finding.note
+    assert what_if.baseline.startswith("eager") and what_if.candidate == "compiled with dynamic=True"
+    assert what_if.other_lengths == 4 and what_if.graphs_for_other_lengths == 0, what_if
+    assert len(what_if.rounds) >= 2 and what_if.candidate_first_calls_s > 0
+    assert "ran it eagerly after the limit" in finding.note

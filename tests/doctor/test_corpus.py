@@ -44,6 +44,7 @@ CORPUS = {
     "unbatched_policy": ({"small-batch"}, None, set()),
     "compile_item_break": ({"compile-graph-break", "compile-pays-back"}, None, set()),
     "compile_new_shapes": ({"compile-recompile", "compile-pays-back"}, None, set()),
+    "compile_recompile_limit": ({"compile-recompile", "compile-pays-back"}, None, set()),
     "compile_repeated_blocks": ({"compile-regional", "compile-pays-back"}, None, set()),
 }
 

@@ -39,7 +39,7 @@ CASES = {
     "manual-attention": ("manual_attention", 6),
     "no-mixed-precision": ("bf16_autocast_slow", 6),
     "compile-graph-break": ("compile_item_break", 6),
-    "compile-recompile": ("compile_new_shapes", 6),
+    "compile-recompile": ("compile_recompile_limit", 6),  # dynamic=False turned over
     "graph-kept-alive": ("memory_loss_kept", 6),
 }
 

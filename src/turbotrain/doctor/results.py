@@ -359,6 +359,9 @@ class CompileResult(WhatIf):
     # Each side's first two calls in the trial, seconds: its compile (fresh) and one step.
     baseline_first_calls_s: float | None = None
     candidate_first_calls_s: float | None = None
+    # The candidate stepped once on each of these other input lengths after its warm-up, compiling these graphs.
+    other_lengths: int | None = None
+    graphs_for_other_lengths: int | None = None
 
     def _fields(self) -> dict[str, Any]:
         return {
@@ -372,6 +375,8 @@ class CompileResult(WhatIf):
                 pays_after_steps=self.pays_after_steps,
                 baseline_first_calls_s=self.baseline_first_calls_s,
                 candidate_first_calls_s=self.candidate_first_calls_s,
+                other_lengths=self.other_lengths,
+                graphs_for_other_lengths=self.graphs_for_other_lengths,
             ),
         }
 

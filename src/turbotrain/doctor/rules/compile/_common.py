@@ -9,10 +9,11 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ContextManager
+from typing import TYPE_CHECKING, Any, ContextManager, Literal
 
 import torch
 
@@ -39,6 +40,8 @@ __all__ = [
     "seconds_text",
     "backend_name",
     "recompiled",
+    "script_dynamic",
+    "trade_off",
     "eager_copy",
     "regionally_compiled",
     "compile_seconds",
@@ -46,6 +49,7 @@ __all__ = [
     "is_item_break",
 ]
 
+Batch = tuple[tuple[Any, ...], dict[str, Any]]  # a forward's (args, kwargs)
 _PROBE_CALLS = ("get_ident", "_getframe")  # the builtins the doctor's probes call
 ROUNDS = 2  # interleaved rounds; a third when the two disagree about the direction
 STEPS = 5  # timed steps per variant per round (at least; more for a short step)
@@ -131,18 +135,22 @@ def backend_name(model: torch.nn.Module) -> str:
     return str(getattr(_script_backend(model), "_compiler_name", "") or "")
 
 
-def recompiled(model: torch.nn.Module) -> torch.nn.Module:
+def script_dynamic(model: torch.nn.Module) -> bool | None:
+    """The ``dynamic=`` the script compiled its model with (None: torch's default, dynamic after one new shape)."""
+    return getattr(model.dynamo_ctx, "_dynamic", None)
+
+
+def recompiled(model: torch.nn.Module, dynamic: bool | None | Literal["script"] = "script") -> torch.nn.Module:
     """A copy of the script's compiled model compiled again from scratch, as the script compiled it (its backend,
-    mode, ``dynamic`` and ``fullgraph``)."""
-    dynamo_ctx = model.dynamo_ctx
+    mode, ``dynamic`` and ``fullgraph``); ``dynamic``: another ``dynamic=`` than the script's."""
     backend = _script_backend(model)
     original = eager_copy(model)
     # torch.compile is typed for functions; given a Module it returns an OptimizedModule, a Module.
     return torch.compile(  # type: ignore[return-value]  # a Module in, a Module out
         original,
         backend=_fresh_backend(backend) if backend is not None else "inductor",
-        dynamic=getattr(dynamo_ctx, "_dynamic", None),
-        fullgraph=bool(getattr(dynamo_ctx, "fullgraph", False)),
+        dynamic=script_dynamic(model) if dynamic == "script" else dynamic,
+        fullgraph=bool(getattr(model.dynamo_ctx, "fullgraph", False)),
     )
 
 
@@ -189,9 +197,11 @@ class PairTiming:
     a_s: float
     b_s: float
     warm_s: tuple[float, float]  # the seconds each variant's first calls took (their compile, for a compiled one)
+    other_s: tuple[float, ...] = ()  # b's first step on each of the other batches, after its warm-up
+    other_graphs: int = 0  # the graphs torch compiled for those steps
 
 
-def _step(module: torch.nn.Module, batch: tuple[tuple[Any, ...], dict[str, Any]], cuda: bool) -> Callable[[], float]:
+def _step(module: torch.nn.Module, batch: Batch, cuda: bool) -> Callable[[], float]:
     def run() -> float:
         if cuda:
             torch.cuda.synchronize()
@@ -232,9 +242,15 @@ def _fresh_dynamo() -> Iterator[None]:
         torch._dynamo.reset()
 
 
-def time_variants(ctx: Context, budget: TimeLeft, a: Variant, b: Variant, compile_s: float) -> PairTiming | None:
+def time_variants(
+    ctx: Context, budget: TimeLeft, a: Variant, b: Variant, compile_s: float, other_batches: Sequence[Batch] = ()
+) -> PairTiming | None:
     """``a`` and ``b`` on the captured batch, warmed (compiled) first, then timed in interleaved rounds; None when
-    the budget cannot hold compiling them (``compile_s``: what compiling took in the run) or a round."""
+    the budget cannot hold compiling them (``compile_s``: the run's first compiles, what one fresh compile of the
+    model for one batch costs; recompiles for other inputs are not paid here) or a round.
+    ``other_batches``: ``b`` steps once on each after its warm-up, each timed, the graphs compiled for them counted."""
+    from torch._dynamo.utils import counters
+
     assert ctx.capture is not None  # the callers check it
     batch = (ctx.capture.args, ctx.capture.kwargs)
     cuda = ctx.on_gpu
@@ -246,6 +262,10 @@ def time_variants(ctx: Context, budget: TimeLeft, a: Variant, b: Variant, compil
         for variant, run in zip((a, b), runs):
             with variant.settings():
                 warm.append(run() + run())  # the first call compiles; the second runs what the first compiled
+        graphs_before = counters["stats"]["unique_graphs"]
+        with b.settings():
+            other_s = tuple(_step(b.module, other, cuda)() for other in other_batches)
+        other_graphs = counters["stats"]["unique_graphs"] - graphs_before
         per_step = max(1e-5, min(warm) / 2)
         steps = max(STEPS, min(50, int(ROUND_S / per_step)))
         round_cost = 2 * steps * max(per_step, 1e-4) * 3
@@ -259,7 +279,7 @@ def time_variants(ctx: Context, budget: TimeLeft, a: Variant, b: Variant, compil
             ratios.append(a_s / b_s if b_s > 0 else 0.0)
     if not ratios:
         return None
-    return PairTiming(tuple(ratios), best[0], best[1], (warm[0], warm[1]))
+    return PairTiming(tuple(ratios), best[0], best[1], (warm[0], warm[1]), other_s, other_graphs)
 
 
 def compile_result(
@@ -276,4 +296,19 @@ def compile_result(
         pays_after_steps=pays_after_steps,
         baseline_first_calls_s=round(timing.warm_s[0], 3),
         candidate_first_calls_s=round(timing.warm_s[1], 3),
+        other_lengths=len(timing.other_s) or None,
+        graphs_for_other_lengths=timing.other_graphs if timing.other_s else None,
     )
+
+
+def trade_off(compile_saved_s: float, step_saved_s: float, fix: str) -> str:
+    """What ``fix`` buys over a run, from the compile seconds and the step time it saves (either may be < 0)."""
+    if compile_saved_s > 0 and step_saved_s >= 0:
+        return f"It saves both: {fix}."
+    if compile_saved_s <= 0 and step_saved_s <= 0:
+        return "It saves neither here: keep compiling as the script does."
+    if compile_saved_s > 0:
+        steps = math.ceil(compile_saved_s / -step_saved_s)
+        return f"It saves compiling and costs step time: worth it for runs (or restarts) of under {steps:,} steps."
+    steps = math.ceil(-compile_saved_s / step_saved_s)
+    return f"It costs compiling and saves step time: worth it for runs of over {steps:,} steps."

@@ -18,6 +18,7 @@ from ..rule import Detect, Measured, Rule, TimeLeft, register
 from ._common import (
     Variant,
     compile_result,
+    compile_seconds,
     compiled_model,
     is_item_break,
     recompiled,
@@ -136,7 +137,7 @@ def measure(ctx: Context, f: Finding, budget: TimeLeft) -> Measured | None:
         return None
     as_is = Variant("compiled as the script compiles it", recompiled(model))
     fixed = Variant(f"compiled with {_FLAG}", recompiled(model), _scalars_captured)  # type: ignore[arg-type]  # a config patch is a context manager
-    timing = time_variants(ctx, budget, as_is, fixed, facts.compile_s)
+    timing = time_variants(ctx, budget, as_is, fixed, compile_seconds(ctx)[0])
     if timing is None:
         return None
     verdict = judge(list(timing.ratios), noise_floor=ctx.noise_floor)

@@ -124,7 +124,7 @@ def measure(ctx: Context, f: Finding, budget: TimeLeft) -> Measured | None:
     first, again = compile_seconds(ctx)
     compiled = Variant("compiled as the script compiles it", recompiled(model))
     eager = Variant("eager (no torch.compile)", eager_copy(model))
-    timing = time_variants(ctx, budget, compiled, eager, first + again)
+    timing = time_variants(ctx, budget, compiled, eager, first)
     if timing is None:
         return None
     backend = backend_name(model)

@@ -1,22 +1,45 @@
 """`compile-recompile`: torch.compile compiled the same code again for a new input, or hit its recompile limit.
 
-Reads: run (torch.compile's own records, record/compile_watch.py; the rule table in docs/doctor.md).
-One finding per compiled code that recompiled, at the user line whose call brought the new input: the guards
-that failed, classified (a new shape, dtype, Python value or object), and the compile seconds they cost as torch
-counted them, against the steps watched. A code that hit the recompile limit runs eagerly from then on: ``high``.
-Nothing is timed: the seconds are torch's own count of what the run paid.
+Reads: run + the captured model (torch.compile's own records, record/compile_watch.py; the rule table in
+docs/doctor.md). One finding per compiled code that recompiled, at the user line whose call brought the new input:
+the guards that failed, classified (a new shape, dtype, Python value or object), and the compile seconds they cost
+as torch counted them, against the steps watched. A code that hit the recompile limit runs eagerly from then on:
+``high``. New shapes of the captured model are timed: ``dynamic=True`` (fresh compile) against the model as the
+script runs it (compiled as the script compiles it, or eager after the limit) on the captured batch, interleaved,
+and stepped on the other lengths the failed guards name, counting the graphs it compiles for them.
 """
 
 from __future__ import annotations
 
+import ast
+import inspect
+import re
 from collections import Counter
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
+
+import torch
 
 from ...edits import PRECISION, ByHand, EditSpec
 from ...findings import Finding, Fix
 from ...record.compile_watch import CHANGED_VALUE, NEW_DTYPE, NEW_INSTANCE, NEW_SHAPE, CompiledCode, Recompile
-from ..rule import Detect, Rule, register
-from ._common import compile_calls, seconds_text, user_codes, user_recompiles
+from ...requests import OwnTrial
+from ..rule import Detect, Measured, Rule, TimeLeft, register
+from ._common import (
+    Batch,
+    PairTiming,
+    Variant,
+    compile_calls,
+    compile_result,
+    compiled_model,
+    eager_copy,
+    recompiled,
+    script_dynamic,
+    seconds_text,
+    time_variants,
+    trade_off,
+    user_codes,
+    user_recompiles,
+)
 
 if TYPE_CHECKING:
     from ...analysis.context import Context
@@ -28,6 +51,12 @@ _WORDS = {
     NEW_INSTANCE: "another object",
 }
 _OTHER = "another guard (requires_grad, device, grad mode)"
+# torch's text for a failed size guard: "tensor 'tokens' size mismatch at index 1. expected 16, actual 21"
+_SIZE_GUARD = re.compile(
+    r"tensor '(?P<name>.+?)' size mismatch at index (?P<index>\d+)\. expected (?P<expected>\d+), "
+    r"actual (?P<actual>\d+)"
+)
+OTHER_LENGTHS = 4  # the lengths of the run's failed guards the dynamic compile steps on
 
 
 def fix_for(kind: str) -> Fix:
@@ -92,7 +121,14 @@ def _fallback_finding(ctx: Context, code: CompiledCode) -> Finding:
     )
     f.provisional("high")
     f.note = "Raising torch._dynamo.config.recompile_limit only delays it: fix what changes between calls."
+    f.request = _trial(ctx, fallback.kind)
     return f
+
+
+def _trial(ctx: Context, kind: str) -> OwnTrial | None:
+    """A trial of ``dynamic=True`` where new shapes recompiled the captured model and it is not dynamic already."""
+    model = compiled_model(ctx)
+    return OwnTrial() if kind == NEW_SHAPE and model is not None and script_dynamic(model) is not True else None
 
 
 def recompiles(ctx: Context) -> Iterator[Finding]:
@@ -143,7 +179,50 @@ def recompiles(ctx: Context) -> Iterator[Finding]:
             if repeated
             else "after one recompile for a new length torch makes that dimension dynamic."
         )
+        f.request = _trial(ctx, kind)
         yield f
+
+
+def size_guards(recompiles: list[Recompile]) -> tuple[str, int, list[int]] | None:
+    """From the failed size guards: the input torch named, the dimension that changed most often and the sizes
+    the run met there, in the order met (the first guard's expected size first); None where no guard says."""
+    found = [m for m in (_SIZE_GUARD.search(r.guard) for r in recompiles) if m is not None]
+    if not found:
+        return None
+    index = Counter(int(m["index"]) for m in found).most_common(1)[0][0]
+    on_index = [m for m in found if int(m["index"]) == index]
+    name = re.sub(r"^L\['(.+)'\]$", r"\1", on_index[0]["name"])
+    sizes = [int(on_index[0]["expected"])] + [int(m["actual"]) for m in on_index]
+    return name, index, list(dict.fromkeys(sizes))
+
+
+def _resized(t: torch.Tensor, dim: int, size: int) -> torch.Tensor:
+    """``t`` cut, or repeated and cut, to ``size`` along ``dim``: its own values, so token ids stay in range."""
+    times = -(-size // t.shape[dim])
+    return (torch.cat([t] * times, dim) if times > 1 else t).narrow(dim, 0, size).contiguous()
+
+
+def other_lengths(model: torch.nn.Module, batch: Batch, name: str, dim: int, sizes: list[int]) -> list[Batch]:
+    """The captured batch at each of ``sizes`` along ``dim``: every tensor argument of that length there is cut or
+    extended with it (the input torch named and its companions, such as a mask); [] where the name is no argument."""
+    args, kwargs = batch
+    try:
+        named = inspect.signature(model.forward).bind_partial(*args, **kwargs).arguments.get(name)
+    except TypeError:
+        return []
+    if not isinstance(named, torch.Tensor) or named.dim() <= dim:
+        return []
+    length = named.shape[dim]
+
+    def at(value: Any, size: int) -> Any:
+        same = isinstance(value, torch.Tensor) and value.dim() > dim and value.shape[dim] == length
+        return _resized(value, dim, size) if same else value
+
+    return [
+        (tuple(at(a, size) for a in args), {k: at(v, size) for k, v in kwargs.items()})
+        for size in sizes
+        if size != length
+    ]
 
 
 def edit(ctx: Context, f: Finding) -> EditSpec:
@@ -156,7 +235,10 @@ def edit(ctx: Context, f: Finding) -> EditSpec:
         where = ", ".join(index.site(call).where(ctx.base) for index, call in calls) or "none in the script's files"
         raise ByHand(f"torch.compile(..., dynamic=True) at the call that compiles {f.evidence['code']}() ({where})")
     index, call = calls[0]
-    if any(k.arg == "dynamic" for k in call.keywords):
+    # dynamic=False (one graph per length) is the choice the fix reverses; any other value is the user's to change.
+    if any(
+        k.arg == "dynamic" and not (isinstance(k.value, ast.Constant) and k.value.value is False) for k in call.keywords
+    ):
         raise ByHand(f"{index.site(call).where(ctx.base)} sets dynamic= already: {f.fix.pytorch}")
     # Kernels for symbolic shapes are other kernels: the loss within the numerics guard, not bitwise.
     return EditSpec(
@@ -169,4 +251,66 @@ def edit(ctx: Context, f: Finding) -> EditSpec:
     )
 
 
-RULE = register(Rule("compile-recompile", detect=(Detect("runtime", recompiles),), edit=edit))
+def measure(ctx: Context, f: Finding, budget: TimeLeft) -> Measured | None:
+    """The model as the script runs it (compiled, or eager after the limit) against ``dynamic=True``, interleaved
+    on the captured batch; the dynamic compile also steps on the other lengths the run's guards name."""
+    from ....measure import judge
+
+    model = compiled_model(ctx)
+    assert model is not None and ctx.capture is not None  # _trial asked only with a captured compiled model
+    code = next(c for c in user_codes(ctx) if c.name == f.evidence["code"])
+    fell_back = code.fallback is not None
+    script = (
+        Variant("eager, as the script runs after the recompile limit", eager_copy(model))
+        if fell_back
+        else Variant("compiled as the script compiles it", recompiled(model))
+    )
+    dynamic = Variant("compiled with dynamic=True", recompiled(model, dynamic=True))
+    guards = size_guards(list(code.recompiles))
+    batch = (ctx.capture.args, ctx.capture.kwargs)
+    original = model._orig_mod
+    assert isinstance(original, torch.nn.Module)  # compiled_model checked it
+    others = other_lengths(original, batch, *guards[:2], guards[2])[:OTHER_LENGTHS] if guards else []
+    paid_s = code.first_compile_s + code.recompile_s
+    timing = time_variants(ctx, budget, script, dynamic, code.first_compile_s, others)
+    if timing is None:
+        return None
+    verdict = judge(list(timing.ratios), noise_floor=ctx.noise_floor)
+    return Measured(
+        what_if=compile_result(script, dynamic, timing, paid_s),
+        verdict=verdict,
+        applies_to=ctx.share("compute") + ctx.share("python_overhead"),
+        note=dynamic_note(timing, verdict.called, paid_s, len(code.recompiles), len(others), fell_back),
+    )
+
+
+def dynamic_note(
+    timing: PairTiming, step_differs: bool, paid_s: float, recompiles: int, others: int, fell_back: bool
+) -> str:
+    """What ``dynamic=True`` measured against the script's way, over the run: compile seconds and the step
+    (``step_differs``: the rounds called the steps apart, beyond the noise)."""
+    # Its compile: the first two calls less the step they include, and what the other lengths took beyond a step.
+    dynamic_s = max(0.0, timing.warm_s[1] - 2 * timing.b_s) + sum(max(0.0, s - timing.b_s) for s in timing.other_s)
+    lengths = f", and on {others} other length(s) the run met it compiled {timing.other_graphs} more graph(s)"
+    said = (
+        f"With dynamic=True: one compile of {seconds_text(dynamic_s)}{lengths if others else ''}; "
+        f"a step {timing.b_s * 1e3:.2f} ms "
+        f"against {timing.a_s * 1e3:.2f} ms as the script runs it. The script paid {seconds_text(paid_s)} compiling "
+        f"this code ({recompiles} recompile(s))"
+    )
+    if fell_back:
+        then = (
+            "and ran it eagerly after the limit, which is slower than compiled with dynamic=True."
+            if step_differs and timing.a_s > timing.b_s
+            else "and ran it eagerly after the limit, which compiled with dynamic=True does not beat here."
+        )
+        return f"{said} {then}"
+    if not step_differs:
+        saved_s = paid_s - dynamic_s
+        return f"{said}. The steps are alike within the noise: " + (
+            f"dynamic=True saves {seconds_text(saved_s)} of compiling a run." if saved_s > 0 else "nothing to gain."
+        )
+    return f"{said}. " + trade_off(paid_s - dynamic_s, timing.a_s - timing.b_s, "compile with dynamic=True")
+
+
+RULE = register(Rule("compile-recompile", detect=(Detect("runtime", recompiles),), measure=measure, edit=edit))

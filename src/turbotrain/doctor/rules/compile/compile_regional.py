@@ -10,7 +10,6 @@ the step is interleaved. The verdict is the step's: compile time is said, never 
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from typing import TYPE_CHECKING, Iterator
 
@@ -29,6 +28,7 @@ from ._common import (
     regionally_compiled,
     seconds_text,
     time_variants,
+    trade_off,
     user_codes,
 )
 
@@ -112,7 +112,7 @@ def measure(ctx: Context, f: Finding, budget: TimeLeft) -> Measured | None:
     count, cls = f.evidence["blocks"], f.evidence["block"]
     whole = Variant("the model compiled whole", recompiled(model))
     blocks = Variant(f"each of the {count} {cls} compiled", regionally_compiled(model, f.evidence["container"]))
-    timing = time_variants(ctx, budget, whole, blocks, first + again)
+    timing = time_variants(ctx, budget, whole, blocks, first)
     if timing is None:
         return None
     (whole_s, blocks_s), step = timing.warm_s, timing.a_s - timing.b_s
@@ -124,22 +124,9 @@ def measure(ctx: Context, f: Finding, budget: TimeLeft) -> Measured | None:
             f"First calls (compiling) {seconds_text(whole_s)} whole against {seconds_text(blocks_s)} block by block; "
             f"the step {timing.a_s * 1e3:.2f} ms against {timing.b_s * 1e3:.2f} ms "
             f"({'slower' if step < 0 else 'faster'} by {abs(step) * 1e3:.2f} ms block by block). "
-            + trade_off(whole_s - blocks_s, step)
+            + trade_off(whole_s - blocks_s, step, "compile block by block")
         ),
     )
-
-
-def trade_off(compile_saved_s: float, step_saved_s: float) -> str:
-    """What block-by-block compiling buys over a run, from the compile seconds and the step time it saves."""
-    if compile_saved_s > 0 and step_saved_s >= 0:
-        return "It saves both: compile block by block."
-    if compile_saved_s <= 0 and step_saved_s <= 0:
-        return "It saves neither here: keep compiling the whole model."
-    if compile_saved_s > 0:
-        steps = math.ceil(compile_saved_s / -step_saved_s)
-        return f"It saves compiling and costs step time: worth it for runs (or restarts) of under {steps:,} steps."
-    steps = math.ceil(-compile_saved_s / step_saved_s)
-    return f"It costs compiling and saves step time: worth it for runs of over {steps:,} steps."
 
 
 RULE = register(Rule("compile-regional", detect=(Detect("runtime", regional),), measure=measure))
