@@ -149,6 +149,32 @@ def test_any_site_packages_folder_is_library_code(tmp_path):
     assert is_user_file(str(tmp_path / "project" / "train.py"))
 
 
+def test_a_library_installed_with_pip_target_outside_site_packages_is_library_code(tmp_path, monkeypatch):
+    """``pip install --target libs`` with libs on PYTHONPATH: no site-packages in the path, but the distribution's
+    RECORD names what it installed. An editable install's RECORD names none of the project's sources."""
+    from turbotrain.doctor import sites
+
+    libs, project = tmp_path / "libs", tmp_path / "project"
+    for path, text in {
+        libs / "enginelib" / "core.py": "",
+        libs / "enginelib-1.0.dist-info" / "METADATA": "Metadata-Version: 2.1\nName: enginelib\nVersion: 1.0\n",
+        libs / "enginelib-1.0.dist-info" / "RECORD": "enginelib/core.py,,\nhelper.py,,\n../../bin/engine,,\n",
+        libs / "helper.py": "",
+        project / "src" / "mine" / "model.py": "",
+        project / "src" / "mine-0.1.dist-info" / "METADATA": "Metadata-Version: 2.1\nName: mine\nVersion: 0.1\n",
+        project / "src" / "mine-0.1.dist-info" / "RECORD": "__editable__.mine-0.1.pth,,\n",
+        project / "train.py": "",
+    }.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    monkeypatch.syspath_prepend(str(libs))
+    monkeypatch.syspath_prepend(str(project / "src"))
+    monkeypatch.setattr(sites, "_ROOTS", None)
+    monkeypatch.setattr(sites, "USER_FILES", {})
+    assert not is_user_file(str(libs / "enginelib" / "core.py")) and not is_user_file(str(libs / "helper.py"))
+    assert is_user_file(str(project / "src" / "mine" / "model.py")) and is_user_file(str(project / "train.py"))
+
+
 @pytest.fixture(scope="module")
 def library():
     return _report("library_decorator_no_grad")

@@ -4,7 +4,9 @@ A *user file* is any Python file that is not part of the standard library, an in
 package (site-packages), torch or turbotrain. Findings point at ``file:line`` of such a
 frame so the user lands on their own code, never inside a library. Installed means any
 ``site-packages`` or ``dist-packages`` folder, not only this interpreter's: the user's own
-(``pip install --user``), a distribution's, or one put on ``PYTHONPATH``.
+(``pip install --user``), a distribution's, or one put on ``PYTHONPATH``; and, anywhere else
+on ``sys.path`` (``pip install --target``), the files an installed distribution's RECORD lists
+(an editable install lists none of its sources: they stay the user's).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
+from typing import Iterable
 
 __all__ = ["Site", "is_user_file", "user_site", "caller_site", "relative_where", "source_lines"]
 
@@ -35,7 +38,31 @@ def _library_roots() -> tuple[str, ...]:
         roots.add(os.path.realpath(path))
     roots.add(os.path.realpath(os.path.dirname(torch.__file__)))
     roots.add(os.path.realpath(os.path.dirname(turbotrain.__file__)))
+    roots |= _installed_elsewhere(roots)
     return tuple(sorted(roots, key=len, reverse=True))
+
+
+def _under(path: str, roots: Iterable[str]) -> bool:
+    return any(path == root or path.startswith(root + os.sep) for root in roots)
+
+
+def _installed_elsewhere(roots: set[str]) -> set[str]:
+    """The package folders and modules that distributions installed outside ``roots`` put there, from their
+    RECORD (``pip install --target DIR``, with DIR on ``PYTHONPATH``): installed code, wherever it lives."""
+    from importlib import metadata
+
+    found = set()
+    for dist in metadata.distributions():
+        location = os.path.realpath(str(dist.locate_file("")))
+        # Only a dist-info RECORD lists what was installed (an egg-info's SOURCES.txt lists a project's sources).
+        if _under(location, roots) or dist.read_text("RECORD") is None:
+            continue
+        for file in dist.files or ():
+            top = file.parts[0]  # a package's folder, or a module
+            if top == ".." or top.endswith((".dist-info", ".data")) or (len(file.parts) == 1 and top[-3:] != ".py"):
+                continue  # scripts put in bin/, the record itself
+            found.add(os.path.join(location, top))
+    return found
 
 
 _ROOTS: tuple[str, ...] | None = None
@@ -55,9 +82,7 @@ def is_user_file(filename: str) -> bool:
         if _ROOTS is None:
             _ROOTS = _library_roots()
         path = os.path.realpath(filename)
-        answer = not any(path == root or path.startswith(root + os.sep) for root in _ROOTS) and not any(
-            folder in _INSTALLED for folder in Path(path).parts
-        )
+        answer = not _under(path, _ROOTS) and not any(folder in _INSTALLED for folder in Path(path).parts)
     USER_FILES[filename] = answer
     return answer
 
