@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import logging
+import os
 import pickle
 import runpy
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -286,3 +288,23 @@ def test_torchs_warning_about_the_doctors_global_hooks_stays_off_the_terminal():
             torch.compile(torch.nn.Linear(2, 2), backend="eager")(torch.ones(1, 2))
         finally:
             handle.remove()
+
+
+@pytest.mark.skipif(not (shutil.which("g++") or shutil.which("c++")),
+                    reason="torch.compile on CPU needs a C++ compiler")
+def test_graphs_read_from_inductors_cache_and_compiled_anew_are_counted():
+    """A graph compiled once is read from Inductor's on-disk cache by the next fresh compile: the watch counts the
+    miss, then the hit (a constant no other run used makes the graph new to the cache)."""
+    offset = float(int.from_bytes(os.urandom(4), "little"))
+
+    def scaled(x):
+        return torch.tanh(x) * 3 + offset
+
+    counts = []
+    for _ in range(2):
+        torch._dynamo.reset()
+        with CompileWatch() as watch, torch.no_grad():
+            torch.compile(scaled)(torch.randn(8, 8))
+        (code,) = watch.facts.codes
+        counts.append((code.cache_hits, code.cache_misses))
+    assert counts == [(0, 1), (1, 0)], counts

@@ -114,3 +114,33 @@ def test_new_lengths_past_the_recompile_limit_are_timed_with_dynamic_against_the
     assert what_if.other_lengths == 4 and what_if.graphs_for_other_lengths == 0, what_if
     assert len(what_if.rounds) >= 2 and what_if.candidate_first_calls_s > 0
     assert "ran it eagerly after the limit" in finding.note
+
+
+@pytest.mark.skipif(not (shutil.which("g++") or shutil.which("c++")),
+                    reason="torch.compile on CPU needs a C++ compiler")
+def test_a_rerun_compile_reads_the_graphs_the_run_left_in_inductors_cache():
+    """The run compiled the model (Inductor wrote its graphs to disk); a fresh compile of a copy, with nothing in
+    memory, reads them back: what a rerun on this machine pays. A budget under one compile times nothing."""
+    from types import SimpleNamespace
+
+    from turbotrain.doctor.record.compile_watch import CompileFacts, CompiledCode
+    from turbotrain.doctor.rules.compile._common import cached_compile
+    from turbotrain.doctor.sites import Site
+
+    class Budget:
+        def __init__(self, left):
+            self.left = left
+
+        def allows(self, cost_s):
+            return cost_s <= self.left
+
+    model = torch.compile(torch.nn.Sequential(torch.nn.Linear(24, 24), torch.nn.GELU()))
+    x = torch.randn(4, 24)
+    model(x).pow(2).mean().backward()  # the run: compiled (or read from an earlier run), its graphs on disk
+    code = CompiledCode("forward", Site("t.py", 1), None, 1, 1, (), (), first_compile_s=1.0)
+    ctx = SimpleNamespace(capture=SimpleNamespace(args=(x,), kwargs={}, module=model), on_gpu=False,
+                          compiled=CompileFacts(codes=(code,)))
+    cached = cached_compile(ctx, model, Budget(60.0))
+    assert cached is not None and cached.graphs_read >= 1, cached
+    assert cached_compile(ctx, model, Budget(1.5)) is None
+    torch._dynamo.reset()

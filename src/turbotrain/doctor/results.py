@@ -362,6 +362,8 @@ class CompileResult(WhatIf):
     # The candidate stepped once on each of these other input lengths after its warm-up, compiling these graphs.
     other_lengths: int | None = None
     graphs_for_other_lengths: int | None = None
+    # A fresh compile reading Inductor's on-disk cache (the run filled it): what a rerun on this machine pays.
+    cached_compile_s: float | None = None
 
     def _fields(self) -> dict[str, Any]:
         return {
@@ -377,6 +379,7 @@ class CompileResult(WhatIf):
                 candidate_first_calls_s=self.candidate_first_calls_s,
                 other_lengths=self.other_lengths,
                 graphs_for_other_lengths=self.graphs_for_other_lengths,
+                cached_compile_s=self.cached_compile_s,
             ),
         }
 

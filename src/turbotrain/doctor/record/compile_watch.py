@@ -75,6 +75,7 @@ _LIMIT_VALUE = re.compile(r"currently set to (?P<value>\d+)")
 _PREAMBLES = ("Encountered graph break when attempting to trace", "Failed to handle graph break gracefully")
 _SKIPPED = ("Skipping the function and falling back to eager", "will skip tracing the frame")
 _METRICS_BOUND = 100_000  # compile entries kept while watching (torch keeps 64)
+_CACHES = ("local", "remote")  # where Inductor looked a graph up (CompilationMetrics counts each)
 _STACK_DEPTH = 8  # user frames kept per compile
 
 
@@ -127,6 +128,9 @@ class CompiledCode:
     recompiles: tuple[Recompile, ...]
     first_compile_s: float  # the compiles that were no recompilation: paid once per run (backward included)
     fallback: Fallback | None = None  # the recompile limit hit: the rest of the run was eager
+    # Inductor's FX graph cache (local and remote), forward and backward graphs: read from it, or compiled anew.
+    cache_hits: int = 0
+    cache_misses: int = 0
 
     @property
     def recompile_s(self) -> float:
@@ -176,6 +180,8 @@ class _Entry:
     recompile_reason: str | None
     fail_reason: str
     stack: tuple[Site, ...]  # user frames calling it, innermost first
+    cache_hits: int = 0  # Inductor's FX graph cache
+    cache_misses: int = 0
 
 
 @dataclass(slots=True)
@@ -430,7 +436,14 @@ def _entry(metrics: Any, callers: dict[str, tuple[Site, ...]]) -> _Entry | None:
         recompile_reason=getattr(metrics, "recompile_reason", None),
         fail_reason=str(getattr(metrics, "fail_reason", None) or ""),
         stack=stack,
+        cache_hits=_count(metrics, "hit"),
+        cache_misses=_count(metrics, "miss"),
     )
+
+
+def _count(metrics: Any, outcome: str) -> int:
+    """Inductor's FX graph cache hits or misses of one entry, local and remote (None where no lookup ran)."""
+    return sum(int(getattr(metrics, f"inductor_fx_{where}_cache_{outcome}_count", None) or 0) for where in _CACHES)
 
 
 def _doctors(entry: _Entry) -> bool:
@@ -525,6 +538,8 @@ def _compiled_code(code: _Code, breaks: Sequence[_BreakRecord]) -> CompiledCode:
         ),
         first_compile_s=sum(e.seconds + backward_s.get(e.compile_id, 0.0) for e in done if not e.recompile_reason),
         fallback=_fallback(code.key, limit_hit) if limit_hit is not None else None,
+        cache_hits=sum(e.cache_hits for e in code.entries),
+        cache_misses=sum(e.cache_misses for e in code.entries),
     )
 
 

@@ -45,6 +45,8 @@ def compiled_json(facts: CompileFacts, base: str | None) -> dict[str, Any]:
                 "graphs": c.graphs,
                 "first_compile_s": round(c.first_compile_s, 3),
                 "recompile_s": round(c.recompile_s, 3),
+                "cache_hits": c.cache_hits,
+                "cache_misses": c.cache_misses,
                 "breaks": [
                     {"where": where(b.site), "title": b.title, "gb_id": b.gb_id, "count": b.count, "eager": b.skipped}
                     for b in c.breaks

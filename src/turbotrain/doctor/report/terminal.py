@@ -381,6 +381,7 @@ def compiled_lines(report: Report) -> list[str]:
         lines.append(
             f"  {c.name} ({where}): {c.graphs} graphs, {len(c.breaks)} breaks, {len(c.recompiles)} recompiles, "
             f"{c.first_compile_s:.1f} s first compile + {c.recompile_s:.1f} s recompiling"
+            + (f"; {c.cache_hits} of {c.cache_hits + c.cache_misses} graphs from the cache" if c.cache_hits else "")
             + ("; hit the recompile limit, eager since" if c.fallback is not None else "")
         )
     return lines

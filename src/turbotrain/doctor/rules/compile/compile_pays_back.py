@@ -9,6 +9,7 @@ eagerly is the fix it times (and rates); when it is faster, it says after how ma
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import TYPE_CHECKING, Iterator
 
@@ -16,8 +17,10 @@ from ...findings import Finding, Fix
 from ...requests import OwnTrial
 from ..rule import Detect, Measured, Rule, TimeLeft, register
 from ._common import (
+    CachedCompile,
     compile_result,
     PairTiming,
+    cached_compile,
     Variant,
     backend_name,
     compile_seconds,
@@ -129,17 +132,45 @@ def measure(ctx: Context, f: Finding, budget: TimeLeft) -> Measured | None:
         return None
     backend = backend_name(model)
     note, fix = _said(ctx, timing, first + again, backend)
+    # Inductor keeps compiled graphs on disk: what a rerun on this machine pays is measured beside the cold compile.
+    cached = cached_compile(ctx, model, budget) if backend == "inductor" else None
+    codes = user_codes(ctx)
+    hits, misses = sum(c.cache_hits for c in codes), sum(c.cache_misses for c in codes)
+    cold_s = max(0.0, timing.warm_s[0] - 2 * timing.a_s)  # the trial's compile ran with the caches off
+    note = " ".join(filter(None, [note, cache_note(hits, hits + misses, cold_s, cached, timing.b_s - timing.a_s)]))
     # The ratio judged is what running eagerly buys: > 1 where compile made the step slower.
     verdict = judge(list(timing.ratios), noise_floor=ctx.noise_floor)
+    result = compile_result(compiled, eager, timing, first + again, pays_after(first + again, timing.b_s, timing.a_s))
     return Measured(
-        what_if=compile_result(
-            compiled, eager, timing, first + again, pays_after(first + again, timing.b_s, timing.a_s)
-        ),
+        what_if=dataclasses.replace(result, cached_compile_s=round(cached.seconds, 3)) if cached else result,
         verdict=verdict,
         applies_to=ctx.share("compute") + ctx.share("python_overhead"),
         fix=fix,
         note=note,
     )
+
+
+def cache_note(run_hits: int, run_graphs: int, cold_s: float, cached: CachedCompile | None, saved_s: float) -> str:
+    """What Inductor's on-disk cache changes: a run that read from it, and what a rerun on this machine pays
+    (``saved_s``: what the compiled step saves against eager, per step)."""
+    said = []
+    if run_hits:
+        said.append(
+            f"This run read {run_hits} of {run_graphs} graph(s) from Inductor's cache: its compile seconds are a "
+            f"rerun's; compiling the model anew for one batch took {seconds_text(cold_s)} here (the cache off)."
+        )
+    if cached is not None and cached.graphs_read:
+        rerun = (
+            f"A rerun on this machine compiles from Inductor's cache: {seconds_text(cached.seconds)} for one batch "
+            f"({cached.graphs_read} graph(s) read, measured) against {seconds_text(cold_s)} anew"
+        )
+        if saved_s > 0:
+            rerun += f", and pays after {pays_after(cached.seconds, saved_s, 0.0):,} steps"
+        said.append(
+            rerun + ". To carry the cache to other machines (CI, a cluster's nodes): "
+            "torch.compiler.save_cache_artifacts() after a run, torch.compiler.load_cache_artifacts() before compiling."
+        )
+    return " ".join(said)
 
 
 RULE = register(Rule("compile-pays-back", detect=(Detect("runtime", pays_back),), measure=measure))
