@@ -120,6 +120,10 @@ def test_the_patch_applies_runs_and_the_rule_no_longer_fires(rule, fixed_run):
     assert check.loss_match["compared"] > 0
     if fix.numerics == "exact":
         assert check.loss_match["expected"] == "bitwise"
+    if rule == "graph-kept-alive":  # the memory the fix frees is verified beside the time
+        kept = check.graphs_kept
+        assert kept["original"]["growing"] and kept["original"]["bytes_per_step"] > 0, kept
+        assert not kept["patched"]["growing"], kept
     data = json.loads(report.to_json())
     entry = next(e for e in data["fixes"] if e["rule"] == rule)
     assert {"rule", "where", "diff", "predicted", "verified", "loss_match"} <= set(entry)

@@ -99,3 +99,24 @@ def test_a_patch_verified_slower_together_keeps_only_fixes_verified_faster_alone
     report = FixReport(fixes=mixed)
     attach._verify(report, mixed, {}, "/tmp", NoTimeToVerifyAlone(), 10, 1.0)
     assert report.kept == [faster_alone]
+
+
+def test_graphs_kept_from_step_to_step_are_verified_beside_the_time():
+    """--verify's children count the autograd graphs alive at a few step boundaries: where either side kept
+    some, the verification says what each kept a step; where neither did, it says nothing."""
+    from turbotrain.doctor.fixes.verify import graphs_kept
+    from turbotrain.doctor.report.fix_results import Verification
+    from turbotrain.doctor.report.fix_section import fix_line
+
+    leak = {"steps": [1, 2, 23, 24], "tensors": [2, 2, 23, 24], "bytes": [8, 8, 92, 96], "growing": True,
+            "bytes_per_step": 4.0, "nodes_per_step": 10.0}
+    clean = {"steps": [1, 2, 23, 24], "tensors": [1, 1, 1, 1], "bytes": [4, 4, 4, 4], "growing": False,
+             "bytes_per_step": 0.0, "nodes_per_step": 0.0}
+    kept = graphs_kept(leak, clean)
+    assert kept["original"] == {"growing": True, "bytes_per_step": 4, "nodes_per_step": 10.0,
+                                "tensors": [2, 2, 23, 24]} and not kept["patched"]["growing"]
+    assert graphs_kept(clean, clean) is None and graphs_kept(leak, None) is None
+    check = Verification(speedup=1.01, verdict="within noise", ratios=[1.01], graphs_kept=kept)
+    assert fix_line(None, check).endswith("graphs kept a step: original 10 nodes and 4 bytes, patched none")
+    assert check.to_dict()["graphs_kept"] == kept
+    assert "graphs_kept" not in Verification(speedup=1.0, verdict="within noise").to_dict()

@@ -17,6 +17,7 @@ import torch
 from ...fresh_trial import die_with_parent
 from ..analysis.context import loader_round
 from ..analysis.machine import others_share
+from ..record.graph_watch import GraphGrowth
 from ..record.loss_tap import LossTap
 from ..record.recorder import Recorder
 from ..record.runner import run_script
@@ -43,6 +44,10 @@ def main(argv: list[str] | None = None) -> int:
     # Both sides of a comparison run the same steps: the window is never extended to find a period (the
     # verifier picks whole periods itself). Warm-up still drains a DataLoader's queued batches.
     recorder.schedule.extends_for_period = False
+    # One unmeasured step after the window: a third step boundary at which the graphs alive are counted (the
+    # memory a fix frees is checked beside the time).
+    assert recorder.schedule.stop_after is not None  # a measured window with an end
+    recorder.schedule.stop_after += 1
     with LossTap() as tap:
         run = run_script(args.script, list(args.script_args), recorder)
     recording = recorder.recording()
@@ -57,10 +62,25 @@ def main(argv: list[str] | None = None) -> int:
         "step_s": [s.duration - (s.preempted or 0.0) * theirs for s in steps],
         "loader_round": loader_round(list(recording.loaders), [s.index for s in steps]),
         "losses": [v.hex() for v in tap.values()],
+        "graphs": _graphs(recording.graph_growth),
     }
     with open(args.out, "w") as fh:
         json.dump(out, fh)
     return 0 if not run.failed else 1
+
+
+def _graphs(growth: GraphGrowth | None) -> dict[str, object] | None:
+    """The autograd graphs alive at the counted step boundaries, and whether they grew (a step's graph kept)."""
+    if growth is None:
+        return None
+    return {
+        "steps": list(growth.steps),
+        "tensors": list(growth.tensors),
+        "bytes": list(growth.bytes),
+        "growing": growth.growing,
+        "bytes_per_step": growth.bytes_per_step,
+        "nodes_per_step": growth.nodes_per_step,
+    }
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ...measure import judge, run_means
 from .. import lifeline
@@ -75,6 +76,7 @@ class TimedRun:
     error: str | None = None
     wall_s: float = 0.0
     loader_round: int = 0  # steps one round of the DataLoader's workers feeds (0: no workers)
+    graphs: dict[str, Any] | None = None  # autograd graphs alive at a few step boundaries (child.py's "graphs")
 
     def ms(self, periodic: bool) -> float:
         if periodic:
@@ -248,7 +250,11 @@ class Verifier:
                 losses=losses, error="no step was measured (the script ended before the warm-up was over)", wall_s=wall
             )
         return TimedRun(
-            [v * 1e3 for v in data["step_s"]], losses, wall_s=wall, loader_round=data.get("loader_round", 0)
+            [v * 1e3 for v in data["step_s"]],
+            losses,
+            wall_s=wall,
+            loader_round=data.get("loader_round", 0),
+            graphs=data.get("graphs"),
         )
 
     def compare(self, folder: Path, steps: int, numerics: str, periodic: bool = False) -> Verification:
@@ -272,4 +278,21 @@ class Verifier:
         result.speedup, result.verdict = verdict.speedup, verdict.verdict
         again = originals[1].losses if len(originals) > 1 else None
         result.loss_match = loss_match(numerics, originals[0].losses, patched[0].losses, again)
+        result.graphs_kept = graphs_kept(originals[0].graphs, patched[0].graphs)
         return result
+
+
+def graphs_kept(original: dict[str, Any] | None, patched: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Each side's autograd graphs kept from step to step, where either side kept some (None: neither did, or a
+    side was not counted): the memory a fix such as ``.detach()`` frees, checked beside the time."""
+    if original is None or patched is None or not (original["growing"] or patched["growing"]):
+        return None
+    return {
+        side: {
+            "growing": g["growing"],
+            "bytes_per_step": round(g["bytes_per_step"]),
+            "nodes_per_step": round(g["nodes_per_step"], 1),
+            "tensors": g["tensors"],
+        }
+        for side, g in (("original", original), ("patched", patched))
+    }

@@ -43,6 +43,8 @@ class Verification:
     steps: int = 0
     loss_match: dict[str, Any] | None = None
     error: str | None = None  # the patched (or original) script failed: why
+    # Autograd graphs kept from step to step on each side, where either kept some (fixes/verify.py graphs_kept).
+    graphs_kept: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -53,6 +55,8 @@ class Verification:
             "patched_ms_per_step": [round(v, 3) for v in self.patched_ms],
             "steps": self.steps,
         }
+        if self.graphs_kept:
+            out["graphs_kept"] = self.graphs_kept
         if self.error:
             out["error"] = self.error
         return out

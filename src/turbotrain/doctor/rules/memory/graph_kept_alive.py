@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Iterator
 
 from ...edits import EditSpec
+from ...analysis.memory import size_text
 from ...findings import Finding, Fix
 from ..rule import Detect, Rule, register
 
@@ -20,13 +21,6 @@ if TYPE_CHECKING:
 SERIOUS_BYTES_PER_STEP = 2**20
 
 
-def _size(nbytes: float) -> str:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if nbytes >= scale:
-            return f"{nbytes / scale:.1f} {unit}"
-    return f"{nbytes:.0f} bytes"
-
-
 def graph_kept_alive(ctx: Context) -> Iterator[Finding]:
     growth = ctx.recording.graph_growth if ctx.recording is not None else None
     if growth is None or not growth.growing or growth.tensors_per_step <= 0:
@@ -34,7 +28,7 @@ def graph_kept_alive(ctx: Context) -> Iterator[Finding]:
     holder = f"`{growth.holder}`" if growth.holder else "a variable of the script"
     kept = (
         f"{growth.tensors_per_step:.2g} tensor(s) with their graph, {growth.nodes_per_step:.2g} graph node(s) and "
-        f"{_size(growth.bytes_per_step)} of tensors a step"
+        f"{size_text(growth.bytes_per_step)} of tensors a step"
     )
     freed = (
         " The backward already freed what those graphs saved, so the bytes are small; the graph nodes and the "
