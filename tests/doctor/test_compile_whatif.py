@@ -144,3 +144,19 @@ def test_a_rerun_compile_reads_the_graphs_the_run_left_in_inductors_cache():
     assert cached is not None and cached.graphs_read >= 1, cached
     assert cached_compile(ctx, model, Budget(1.5)) is None
     torch._dynamo.reset()
+
+
+def test_a_print_in_the_compiled_forward_is_timed_with_the_prints_taken_out():
+    """compile_print_in_forward.py prints a statistic inside its compiled forward: a graph break at that line,
+    timed as the model compiled as it is (its prints written nowhere) against print a no-op, which torch traces."""
+    from doctor_helpers import cached_report, marked_lines
+    from turbotrain.doctor.results import CompileResult
+
+    report = cached_report("compile_print_in_forward")
+    finding = next(f for f in report.findings if f.rule == "compile-graph-break")
+    ((_, line),) = marked_lines("compile_print_in_forward")
+    assert finding.site.line == line and finding.evidence["kind"] == "print-or-logging"
+    what_if = finding.what_if
+    assert finding.measured and isinstance(what_if, CompileResult), finding.note
+    assert what_if.candidate == "compiled with the prints out of forward" and len(what_if.rounds) >= 2
+    assert "print a no-op" in finding.note

@@ -1,14 +1,22 @@
-"""`compile-graph-break`: torch.compile ended a graph at a line of the script to run Python (timed for `.item()`).
+"""`compile-graph-break`: torch.compile ended a graph at a line of the script to run Python (timed for `.item()`
+and `print`).
 
 Reads: run (torch.compile's own records, record/compile_watch.py; the rule table in docs/doctor.md).
 Each break is one finding at the user's line, with torch's reason and how many compiles met it, and the fix by
 kind of break. A ``.item()`` break is timed: the script's model compiled as it is against compiled with
-``torch._dynamo.config.capture_scalar_outputs = True``, on its captured batch; the other kinds are not.
+``torch._dynamo.config.capture_scalar_outputs = True``, on its captured batch; a ``print`` break against the model
+compiled with ``print`` a no-op (which torch traces: the prints out of forward); the other kinds are not.
 """
 
 from __future__ import annotations
 
+import builtins
+import contextlib
+import os
 from typing import TYPE_CHECKING, Iterator
+from unittest import mock
+
+import torch
 
 from ...edits import PRECISION, ByHand, EditSpec
 from ...findings import Finding, Fix
@@ -86,14 +94,22 @@ def _message(code: CompiledCode, b: GraphBreak, kind: str) -> str:
     return said + "Each step runs the graph before it, this line as Python, then a new graph."
 
 
+def is_print_break(b: GraphBreak) -> bool:
+    """A break on the builtin ``print``, which a trial can take out of the graph (a no-op print traces)."""
+    return "builtin operator `print`" in b.reason or "builtin `print`" in b.reason
+
+
 def graph_breaks(ctx: Context) -> Iterator[Finding]:
     item_seen = False  # the flag keeps every .item() in the graph at once: one trial and one edit answer them all
+    print_seen = False  # one trial takes every print out of the forward at once
     for code in user_codes(ctx):
         for b in user_breaks(code):
             kind = break_kind(b)
             first_item = kind == ITEM and not item_seen
             item_seen = item_seen or kind == ITEM
-            timed = first_item and compiled_model(ctx) is not None
+            first_print = kind == PRINT and is_print_break(b) and not print_seen
+            print_seen = print_seen or first_print
+            timed = (first_item or first_print) and compiled_model(ctx) is not None
             f = Finding(
                 "compile-graph-break",
                 site=b.site,
@@ -116,7 +132,7 @@ def graph_breaks(ctx: Context) -> Iterator[Finding]:
             f.provisional("medium" if b.skipped or kind == ITEM else "low")
             f.note = (
                 "Unmeasured: what the break costs depends on the graphs around it; the fix is timed for .item() "
-                "breaks only." + (" Timed below when the what-ifs run." if timed else "")
+                "and print breaks only." + (" Timed below when the what-ifs run." if timed else "")
             )
             yield f
 
@@ -127,14 +143,57 @@ def _scalars_captured() -> object:
     return torch._dynamo.config.patch(capture_scalar_outputs=True)
 
 
+@contextlib.contextmanager
+def _printing() -> Iterator[None]:
+    """The script's prints, written to nowhere: the trial's rounds would fill the user's terminal."""
+    with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink):
+        yield
+
+
+@contextlib.contextmanager
+def _prints_out() -> Iterator[None]:
+    """``print`` as a function that does nothing: torch.compile traces it, so no graph ends there (what moving
+    the prints out of forward gives)."""
+
+    def nothing(*args: object, **kwargs: object) -> None:
+        return None
+
+    with _printing(), mock.patch.object(builtins, "print", nothing):
+        yield
+
+
+def _measure_prints(ctx: Context, budget: TimeLeft, model: torch.nn.Module) -> Measured | None:
+    """The model compiled as it is (printing to nowhere) against compiled with its prints taken out."""
+    from ....measure import judge
+
+    as_is = Variant("compiled as the script compiles it (prints to nowhere)", recompiled(model), _printing)
+    fixed = Variant("compiled with the prints out of forward", recompiled(model), _prints_out)
+    timing = time_variants(ctx, budget, as_is, fixed, compile_seconds(ctx)[0])
+    if timing is None:
+        return None
+    return Measured(
+        what_if=compile_result(as_is, fixed, timing, timing.warm_s[1]),
+        verdict=judge(list(timing.ratios), noise_floor=ctx.noise_floor),
+        applies_to=ctx.share("compute") + ctx.share("python_overhead"),
+        note=(
+            f"Timed on the captured batch: {timing.a_s * 1e3:.2f} ms a step compiled as it is (its prints written "
+            f"nowhere), {timing.b_s * 1e3:.2f} ms with print a no-op torch traces, so no graph ends there (fresh "
+            "compiles of each, interleaved)."
+        ),
+    )
+
+
 def measure(ctx: Context, f: Finding, budget: TimeLeft) -> Measured | None:
-    """The script's model compiled as it is against compiled with capture_scalar_outputs=True, interleaved."""
+    """The script's model compiled as it is against compiled with the break's fix (capture_scalar_outputs=True
+    for ``.item()``; print taken out for prints), interleaved."""
     from ....measure import judge
 
     model = compiled_model(ctx)
     facts = ctx.compiled
     if model is None or facts is None:
         return None
+    if f.evidence["kind"] == PRINT:
+        return _measure_prints(ctx, budget, model)
     as_is = Variant("compiled as the script compiles it", recompiled(model))
     fixed = Variant(f"compiled with {_FLAG}", recompiled(model), _scalars_captured)  # type: ignore[arg-type]  # a config patch is a context manager
     timing = time_variants(ctx, budget, as_is, fixed, compile_seconds(ctx)[0])
