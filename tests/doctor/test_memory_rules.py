@@ -133,3 +133,39 @@ def test_a_larger_batch_is_proposed_at_the_largest_multiple_that_fits():
     factor, said = _fitting(_memory(activations=64 * MIB, total=128 * MIB), 16, 8)
     assert factor == 0 and not said["fits"] and said["batch_size"] == 32
     assert "does not fit; accumulate gradients" in _memory_text(said, 16)
+
+
+@pytest.mark.parametrize("zeroes", [True, False])
+def test_set_to_none_joins_the_measured_memory_fixes_where_the_script_zero_fills_gradients(zeroes):
+    """A script calling zero_grad(set_to_none=False) keeps every gradient through the next forward: the activation
+    finding's trial then measures set_to_none=True beside checkpointing, bf16 and micro-batches, on copies."""
+    import runpy
+    from types import SimpleNamespace
+
+    import torch
+
+    from doctor_helpers import script
+    from turbotrain.doctor.rules.memory.activation_memory import measure
+
+    ns = runpy.run_path(str(script("memory_big_activations")))
+    torch.manual_seed(0)
+    model, (x, _) = ns["Net"](), ns["make_batch"]()
+    opt = torch.optim.Adam(model.parameters())
+    capture = SimpleNamespace(module=model, args=(x,), kwargs={}, batch_size=x.shape[0], batch_dim=0)
+    ctx = SimpleNamespace(capture=capture, step_memory=_memory(activations=64 * MIB), optimizers=[(opt, None)],
+                          ran_sites=lambda kind: [object()] if zeroes and kind == "zero_grad_zeros" else [],
+                          step_s=0.01, share=lambda category: 0.3)
+
+    class Roomy:
+        left = 600.0
+
+        def allows(self, cost_s):
+            return True
+
+    finding = SimpleNamespace(evidence={"blocks": {"wide": 1}})  # the block that saves the most
+    measured = measure(ctx, finding, Roomy())
+    rows = {row["fix"]: row for row in measured.what_if.fixes}
+    assert ("set-to-none" in rows) == zeroes, sorted(rows)
+    if zeroes:  # zero-filled gradients are live through the forward, where the peak is
+        assert rows["set-to-none"]["fixed_bytes"] < rows["set-to-none"]["baseline_bytes"], rows["set-to-none"]
+        assert "set-to-none zero_grad(set_to_none=True)" in measured.note

@@ -2,8 +2,9 @@
 
 Reads: model (the rule table in docs/doctor.md). One step of the captured model is measured on copies
 (``Context.step_memory``); the blocks that save the most are named with their class and line, and the fixes that
-trade memory for time (checkpointing those blocks, bf16 autocast, two micro-batches with accumulation) are each
-measured against the same baseline for the peak and the step time (:mod:`~turbotrain.doctor.analysis.memory_fixes`).
+trade memory for time (checkpointing those blocks, bf16 autocast, two micro-batches with accumulation, and where the
+script zero-fills its gradients, ``zero_grad(set_to_none=True)``) are each measured against the same baseline for the
+peak and the step time (:mod:`~turbotrain.doctor.analysis.memory_fixes`).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import TYPE_CHECKING, Callable, Iterator
 
 from ....measure import judge
 from ...analysis.memory import blocks_to_checkpoint, capacity_bytes
-from ...analysis.memory_fixes import FixCost, bf16_autocast, checkpointing, micro_batches
+from ...analysis.memory_fixes import FixCost, bf16_autocast, checkpointing, micro_batches, set_to_none
 from ...findings import Finding
 from ...requests import OwnTrial
 from ...results import MemoryResult
@@ -93,6 +94,8 @@ def measure(ctx: Context, finding: Finding, budget: TimeLeft) -> Measured | None
     if capture.batch_size % 2 == 0:
         rows = capture.batch_size
         trials.append(lambda: micro_batches(capture.module, optimizers, batch, 2, rows, capture.batch_dim, repeats=2))
+    if ctx.ran_sites("zero_grad_zeros"):  # zero-filled gradients, kept through the next forward
+        trials.append(lambda: set_to_none(capture.module, optimizers, batch, repeats=2))
     costs: list[FixCost] = []
     for trial in trials:
         if not budget.allows(STEPS_PER_FIX * max(ctx.step_s, 1e-3)):
