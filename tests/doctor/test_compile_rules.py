@@ -314,3 +314,43 @@ def test_inductors_cache_is_said_for_a_run_that_read_it_and_priced_for_a_rerun()
     assert "from Inductor's cache: 2.0 s for one batch (3 graph(s) read, measured) against 40.0 s anew" in rerun
     assert "pays after 2,000 steps" in rerun and "save_cache_artifacts()" in rerun and "load_cache_artifacts()" in rerun
     assert "pays after" not in cache_note(0, 3, 40.0, _common.CachedCompile(2.0, 3), -0.001)  # slower compiled
+
+
+@pytest.mark.parametrize("mode, said", [("max-autotune", "max-autotune"),
+                                        ("max-autotune-no-cudagraphs", "max-autotune"),
+                                        ("reduce-overhead", "cuda-graphs-without-cuda"), (None, None)])
+def test_a_mode_that_costs_compile_time_is_timed_and_cuda_graphs_on_a_cpu_run_are_said(mode, said):
+    ctx = context(code())
+    ctx.capture = SimpleNamespace(module=torch.compile(torch.nn.Linear(4, 4), mode=mode), site=site(40, "main"))
+    found = findings(ctx, "compile-mode")
+    assert [f.evidence["mode"] for f in found] == ([said] if said else [])
+    if said == "max-autotune":
+        (f,) = found
+        assert isinstance(f.request, OwnTrial) and "mode='max-autotune'" in f.message and f.site.line == 40
+        assert "default mode" in f.fix.pytorch and f.fix.hf_trainer == "TrainingArguments(torch_compile_mode='default')"
+    elif said:
+        assert found[0].request is None and "CUDA graphs need a CUDA device" in found[0].message
+
+
+def test_the_default_mode_is_written_at_the_one_compile_call(tmp_path):
+    from turbotrain.doctor.analysis.source import load_sources
+    from turbotrain.doctor.rules.compile.compile_mode import edit
+
+    script = tmp_path / "train.py"
+    script.write_text("import torch\nmodel = torch.compile(net, mode='max-autotune')\n")
+    ctx = context(code())
+    ctx.sources = load_sources([str(script)])
+    spec = edit(ctx, SimpleNamespace(evidence={"mode": "max-autotune"}))
+    assert (spec.kind, spec.line, spec.params) == ("compile", 2, {"keywords": {"mode": "default"}})
+
+
+def test_the_default_mode_is_weighed_against_max_autotune_over_the_run():
+    from turbotrain.doctor.rules.compile.compile_mode import mode_note
+
+    tuned_faster = mode_note((40.0, 10.0), 0.003, 0.004, step_differs=True)
+    assert tuned_faster.startswith("First calls (compiling) 40.0 s in max-autotune against 10.0 s in the default mode;")
+    assert tuned_faster.endswith("worth it for runs (or restarts) of under 30,000 steps.")
+    assert mode_note((40.0, 10.0), 0.004, 0.004, step_differs=False).endswith(
+        "the default mode saves 30.0 s of compiling a run.")
+    assert mode_note((1.0, 1.9), 0.0005, 0.0005, step_differs=False).endswith(
+        "compiled no slower here, and bought nothing.")

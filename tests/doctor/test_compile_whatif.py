@@ -160,3 +160,22 @@ def test_a_print_in_the_compiled_forward_is_timed_with_the_prints_taken_out():
     assert finding.measured and isinstance(what_if, CompileResult), finding.note
     assert what_if.candidate == "compiled with the prints out of forward" and len(what_if.rounds) >= 2
     assert "print a no-op" in finding.note
+
+
+@pytest.mark.skipif(not (shutil.which("g++") or shutil.which("c++")),
+                    reason="torch.compile on CPU needs a C++ compiler")
+def test_max_autotune_is_timed_against_the_default_mode_at_the_compile_line():
+    """compile_max_autotune.py compiles with mode="max-autotune" for a short run: found at its torch.compile line,
+    and timed as the model compiled in that mode against the default mode, fresh compiles of both."""
+    from doctor_helpers import marked_lines
+    from turbotrain.doctor.results import CompileResult
+
+    report = run_doctor("compile_max_autotune", what_if_budget_s=60)
+    finding = next(f for f in report.findings if f.rule == "compile-mode")
+    ((_, line),) = marked_lines("compile_max_autotune")
+    assert finding.site.line == line and finding.evidence["mode"] == "max-autotune"
+    what_if = finding.what_if
+    assert finding.measured and isinstance(what_if, CompileResult), finding.note
+    assert what_if.candidate == "compiled in the default mode" and len(what_if.rounds) >= 2
+    assert what_if.baseline_first_calls_s > 0 and what_if.candidate_first_calls_s > 0
+    assert "in max-autotune against" in finding.note

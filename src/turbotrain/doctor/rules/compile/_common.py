@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, ContextManager, Literal
 import torch
 
 from ....measure import copy_for_trial
+from ...edits import PRECISION, ByHand, EditSpec
 from ...analysis.replay import surrogate_step
 from ...record.compile_watch import CompiledCode, GraphBreak, Recompile
 from ...results import CompileResult
@@ -27,10 +28,14 @@ if TYPE_CHECKING:
 
     from ...analysis.context import Context
     from ...analysis.source import SourceIndex
-    from ..rule import TimeLeft
+    from ...sites import Site
+    from ..rule import Measured, TimeLeft
 
 __all__ = [
     "compile_calls",
+    "one_compile_call",
+    "compile_site",
+    "compile_edit",
     "user_codes",
     "user_breaks",
     "compiled_model",
@@ -39,11 +44,13 @@ __all__ = [
     "time_variants",
     "seconds_text",
     "backend_name",
+    "script_backend_config",
     "recompiled",
     "script_dynamic",
     "trade_off",
     "cached_compile",
     "CachedCompile",
+    "measured_pair",
     "eager_copy",
     "regionally_compiled",
     "compile_seconds",
@@ -101,6 +108,30 @@ def compile_calls(ctx: Context) -> list[tuple[SourceIndex, ast.Call]]:
     return [(index, call) for index in ctx.sources.values() for call, _ in index.calls("torch.compile")]
 
 
+def compile_site(ctx: Context) -> Site | None:
+    """Where a fix of the compile goes: the script's one ``torch.compile(...)`` call, else the captured call."""
+    calls = compile_calls(ctx)
+    return calls[0][0].site(calls[0][1]) if len(calls) == 1 else ctx.capture.site if ctx.capture is not None else None
+
+
+def one_compile_call(ctx: Context, fix: str, compiles: str) -> tuple[SourceIndex, ast.Call]:
+    """The script's one ``torch.compile(...)`` call, where ``fix`` goes; ByHand naming the calls where the
+    script's files have none or several (``compiles``: what the call compiles, in words)."""
+    calls = compile_calls(ctx)
+    if len(calls) != 1:
+        where = ", ".join(index.site(call).where(ctx.base) for index, call in calls) or "none in the script's files"
+        raise ByHand(f"{fix} at the call that compiles {compiles} ({where})")
+    return calls[0]
+
+
+def compile_edit(index: SourceIndex, call: ast.Call, fix: str, keywords: dict[str, Any]) -> EditSpec:
+    """``keywords`` set at the script's ``torch.compile(...)`` call: other kernels, so the loss is held to the
+    numerics guard, not bitwise."""
+    return EditSpec(
+        "compile", fix, params={"keywords": keywords}, numerics=PRECISION, file=index.path, line=call.lineno
+    )
+
+
 def compiled_model(ctx: Context) -> torch.nn.Module | None:
     """The captured model where the script compiled it (an OptimizedModule, its eager original ``_orig_mod``)."""
     module = ctx.capture.module if ctx.capture is not None else None
@@ -130,6 +161,13 @@ def _script_backend(model: torch.nn.Module) -> Any:
     callback = model.dynamo_ctx.callback  # type: ignore[union-attr]  # an OptimizedModule has one
     # torch keeps it on the frame converter: private, no other way to read it.
     return getattr(getattr(callback, "_torchdynamo_orig_backend", None), "_torchdynamo_orig_backend", None)
+
+
+def script_backend_config(model: torch.nn.Module) -> dict[str, Any]:
+    """The Inductor settings the script's ``mode=``/``options=`` made (``max_autotune``, ``triton.cudagraphs``),
+    {} for another backend or where torch does not say."""
+    config = getattr(_script_backend(model), "config", None)
+    return dict(config) if isinstance(config, dict) else {}
 
 
 def backend_name(model: torch.nn.Module) -> str:
@@ -282,6 +320,34 @@ def time_variants(
     if not ratios:
         return None
     return PairTiming(tuple(ratios), best[0], best[1], (warm[0], warm[1]), other_s, other_graphs)
+
+
+def measured_pair(
+    ctx: Context,
+    budget: TimeLeft,
+    a: Variant,
+    b: Variant,
+    say: Callable[[PairTiming, bool], str],
+    compile_s: float,
+    result_compile_s: float | None = None,
+    other_batches: Sequence[Batch] = (),
+) -> Measured | None:
+    """``a`` (the script's way) against ``b`` (the fix) timed by :func:`time_variants`, judged, as the finding's
+    result; ``say(timing, steps_differ)`` words it (``steps_differ``: the rounds called the steps apart). None when
+    the budget could not hold them. ``result_compile_s``: the compile seconds the result reports (the run's)."""
+    from ....measure import judge
+    from ..rule import Measured
+
+    timing = time_variants(ctx, budget, a, b, compile_s, other_batches)
+    if timing is None:
+        return None
+    verdict = judge(list(timing.ratios), noise_floor=ctx.noise_floor)
+    return Measured(
+        what_if=compile_result(a, b, timing, compile_s if result_compile_s is None else result_compile_s),
+        verdict=verdict,
+        applies_to=ctx.share("compute") + ctx.share("python_overhead"),
+        note=say(timing, verdict.called),
+    )
 
 
 @dataclass(frozen=True)

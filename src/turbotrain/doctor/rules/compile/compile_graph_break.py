@@ -24,11 +24,13 @@ from ...record.compile_watch import CompiledCode, GraphBreak
 from ...requests import OwnTrial
 from ..rule import Detect, Measured, Rule, TimeLeft, register
 from ._common import (
+    PairTiming,
     Variant,
     compile_result,
     compile_seconds,
     compiled_model,
     is_item_break,
+    measured_pair,
     recompiled,
     time_variants,
     user_breaks,
@@ -164,23 +166,17 @@ def _prints_out() -> Iterator[None]:
 
 def _measure_prints(ctx: Context, budget: TimeLeft, model: torch.nn.Module) -> Measured | None:
     """The model compiled as it is (printing to nowhere) against compiled with its prints taken out."""
-    from ....measure import judge
-
     as_is = Variant("compiled as the script compiles it (prints to nowhere)", recompiled(model), _printing)
     fixed = Variant("compiled with the prints out of forward", recompiled(model), _prints_out)
-    timing = time_variants(ctx, budget, as_is, fixed, compile_seconds(ctx)[0])
-    if timing is None:
-        return None
-    return Measured(
-        what_if=compile_result(as_is, fixed, timing, timing.warm_s[1]),
-        verdict=judge(list(timing.ratios), noise_floor=ctx.noise_floor),
-        applies_to=ctx.share("compute") + ctx.share("python_overhead"),
-        note=(
+
+    def say(timing: PairTiming, _steps_differ: bool) -> str:
+        return (
             f"Timed on the captured batch: {timing.a_s * 1e3:.2f} ms a step compiled as it is (its prints written "
             f"nowhere), {timing.b_s * 1e3:.2f} ms with print a no-op torch traces, so no graph ends there (fresh "
             "compiles of each, interleaved)."
-        ),
-    )
+        )
+
+    return measured_pair(ctx, budget, as_is, fixed, say, compile_seconds(ctx)[0])
 
 
 def measure(ctx: Context, f: Finding, budget: TimeLeft) -> Measured | None:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 
-from ...edits import PRECISION, ByHand, EditSpec
+from ...edits import ByHand, EditSpec
 from ...findings import Finding, Fix
 from ...record.compile_watch import CHANGED_VALUE, NEW_DTYPE, NEW_INSTANCE, NEW_SHAPE, CompiledCode, Recompile
 from ...requests import OwnTrial
@@ -28,14 +28,14 @@ from ._common import (
     Batch,
     PairTiming,
     Variant,
-    compile_calls,
-    compile_result,
+    compile_edit,
     compiled_model,
     eager_copy,
     recompiled,
     script_dynamic,
     seconds_text,
-    time_variants,
+    measured_pair,
+    one_compile_call,
     trade_off,
     user_codes,
     user_recompiles,
@@ -230,32 +230,19 @@ def edit(ctx: Context, f: Finding) -> EditSpec:
     kinds are a change of what the script passes."""
     if f.evidence["kind"] != NEW_SHAPE:
         raise ByHand(f"recompiles for {_WORDS.get(f.evidence['kind'], _OTHER)}: {f.fix.pytorch}")
-    calls = compile_calls(ctx)
-    if len(calls) != 1:
-        where = ", ".join(index.site(call).where(ctx.base) for index, call in calls) or "none in the script's files"
-        raise ByHand(f"torch.compile(..., dynamic=True) at the call that compiles {f.evidence['code']}() ({where})")
-    index, call = calls[0]
+    fix = "torch.compile(..., dynamic=True)"
+    index, call = one_compile_call(ctx, fix, f"{f.evidence['code']}()")
     # dynamic=False (one graph per length) is the choice the fix reverses; any other value is the user's to change.
     if any(
         k.arg == "dynamic" and not (isinstance(k.value, ast.Constant) and k.value.value is False) for k in call.keywords
     ):
         raise ByHand(f"{index.site(call).where(ctx.base)} sets dynamic= already: {f.fix.pytorch}")
-    # Kernels for symbolic shapes are other kernels: the loss within the numerics guard, not bitwise.
-    return EditSpec(
-        "compile",
-        "torch.compile(..., dynamic=True)",
-        params={"keywords": {"dynamic": True}},
-        numerics=PRECISION,
-        file=index.path,
-        line=call.lineno,
-    )
+    return compile_edit(index, call, fix, {"dynamic": True})
 
 
 def measure(ctx: Context, f: Finding, budget: TimeLeft) -> Measured | None:
     """The model as the script runs it (compiled, or eager after the limit) against ``dynamic=True``, interleaved
     on the captured batch; the dynamic compile also steps on the other lengths the run's guards name."""
-    from ....measure import judge
-
     model = compiled_model(ctx)
     assert model is not None and ctx.capture is not None  # _trial asked only with a captured compiled model
     code = next(c for c in user_codes(ctx) if c.name == f.evidence["code"])
@@ -272,16 +259,11 @@ def measure(ctx: Context, f: Finding, budget: TimeLeft) -> Measured | None:
     assert isinstance(original, torch.nn.Module)  # compiled_model checked it
     others = other_lengths(original, batch, *guards[:2], guards[2])[:OTHER_LENGTHS] if guards else []
     paid_s = code.first_compile_s + code.recompile_s
-    timing = time_variants(ctx, budget, script, dynamic, code.first_compile_s, others)
-    if timing is None:
-        return None
-    verdict = judge(list(timing.ratios), noise_floor=ctx.noise_floor)
-    return Measured(
-        what_if=compile_result(script, dynamic, timing, paid_s),
-        verdict=verdict,
-        applies_to=ctx.share("compute") + ctx.share("python_overhead"),
-        note=dynamic_note(timing, verdict.called, paid_s, len(code.recompiles), len(others), fell_back),
-    )
+
+    def say(timing: PairTiming, steps_differ: bool) -> str:
+        return dynamic_note(timing, steps_differ, paid_s, len(code.recompiles), len(others), fell_back)
+
+    return measured_pair(ctx, budget, script, dynamic, say, code.first_compile_s, paid_s, others)
 
 
 def dynamic_note(

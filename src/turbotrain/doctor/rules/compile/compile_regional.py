@@ -19,15 +19,15 @@ from ...findings import Finding, Fix
 from ...requests import OwnTrial
 from ..rule import Detect, Measured, Rule, TimeLeft, register
 from ._common import (
+    PairTiming,
     Variant,
-    compile_calls,
-    compile_result,
+    compile_site,
     compile_seconds,
     compiled_model,
     recompiled,
     regionally_compiled,
     seconds_text,
-    time_variants,
+    measured_pair,
     trade_off,
     user_codes,
 )
@@ -78,8 +78,7 @@ def regional(ctx: Context) -> Iterator[Finding]:
         f"Compile each {cls} instead of the whole model: `for block in {where}: block.compile()` in place of "
         f"torch.compile(model); torch compiles the block's code once and reuses it for all {count}"
     )
-    calls = compile_calls(ctx)  # the fix replaces the script's torch.compile call: there, when there is one
-    site = calls[0][0].site(calls[0][1]) if len(calls) == 1 else ctx.capture.site if ctx.capture is not None else None
+    site = compile_site(ctx)  # the fix replaces the script's torch.compile call: there, when there is one
     f = Finding(
         "compile-regional",
         site=site,
@@ -103,8 +102,6 @@ def regional(ctx: Context) -> Iterator[Finding]:
 
 def measure(ctx: Context, f: Finding, budget: TimeLeft) -> Measured | None:
     """The model compiled whole (fresh, as the script compiles it) against each block compiled, interleaved."""
-    from ....measure import judge
-
     model = compiled_model(ctx)
     if model is None:
         return None
@@ -112,21 +109,17 @@ def measure(ctx: Context, f: Finding, budget: TimeLeft) -> Measured | None:
     count, cls = f.evidence["blocks"], f.evidence["block"]
     whole = Variant("the model compiled whole", recompiled(model))
     blocks = Variant(f"each of the {count} {cls} compiled", regionally_compiled(model, f.evidence["container"]))
-    timing = time_variants(ctx, budget, whole, blocks, first)
-    if timing is None:
-        return None
-    (whole_s, blocks_s), step = timing.warm_s, timing.a_s - timing.b_s
-    return Measured(
-        what_if=compile_result(whole, blocks, timing, first + again),
-        verdict=judge(list(timing.ratios), noise_floor=ctx.noise_floor),
-        applies_to=ctx.share("compute") + ctx.share("python_overhead"),
-        note=(
+
+    def say(timing: PairTiming, _steps_differ: bool) -> str:
+        (whole_s, blocks_s), step = timing.warm_s, timing.a_s - timing.b_s
+        return (
             f"First calls (compiling) {seconds_text(whole_s)} whole against {seconds_text(blocks_s)} block by block; "
             f"the step {timing.a_s * 1e3:.2f} ms against {timing.b_s * 1e3:.2f} ms "
             f"({'slower' if step < 0 else 'faster'} by {abs(step) * 1e3:.2f} ms block by block). "
             + trade_off(whole_s - blocks_s, step, "compile block by block")
-        ),
-    )
+        )
+
+    return measured_pair(ctx, budget, whole, blocks, say, first, first + again)
 
 
 RULE = register(Rule("compile-regional", detect=(Detect("runtime", regional),), measure=measure))
