@@ -302,18 +302,19 @@ def test_the_report_carries_what_compile_did():
     assert "forward (train.py:16)" in lines[1]
 
 
-def test_inductors_cache_is_said_for_a_run_that_read_it_and_priced_for_a_rerun():
+def test_inductors_cache_is_said_for_a_run_that_read_it_and_for_one_that_filled_it():
     from turbotrain.doctor.rules.compile.compile_pays_back import cache_note
 
-    assert cache_note(0, 3, 40.0, None, 0.001) == ""  # nothing read, no rerun measured
-    assert cache_note(0, 3, 40.0, _common.CachedCompile(2.0, 0), 0.001) == ""  # the rerun read nothing: no claim
-    read = cache_note(3, 4, 40.0, None, 0.001)
-    assert read.startswith("This run read 3 of 4 graph(s) from Inductor's cache")
-    assert "anew for one batch took 40.0 s" in read
-    rerun = cache_note(0, 3, 40.0, _common.CachedCompile(2.0, 3), 0.001)
-    assert "from Inductor's cache: 2.0 s for one batch (3 graph(s) read, measured) against 40.0 s anew" in rerun
-    assert "pays after 2,000 steps" in rerun and "save_cache_artifacts()" in rerun and "load_cache_artifacts()" in rerun
-    assert "pays after" not in cache_note(0, 3, 40.0, _common.CachedCompile(2.0, 3), -0.001)  # slower compiled
+    folder = "/tmp/torchinductor_me"
+    assert cache_note(0, 3, 40.0, None, folder) == ""  # compiled anew, no rerun measured
+    assert cache_note(0, 3, 40.0, _common.CachedCompile(2.0, 0), folder) == ""  # the rerun read nothing: no claim
+    read = cache_note(3, 4, 9.5, None, folder)
+    assert read.startswith("This run read 3 of 4 graph(s) from Inductor's cache (/tmp/torchinductor_me): its 9.5 s "
+                           "of compiling is what a rerun on this machine pays.")
+    filled = cache_note(0, 3, 40.0, _common.CachedCompile(0.7, 2), folder)
+    assert "a fresh compile of one batch here read 2 graph(s) from it in 0.7 s" in filled
+    assert "reads them instead of compiling them anew" in filled and "part of this run's 40.0 s" in filled
+    assert "save_cache_artifacts()" in filled and "load_cache_artifacts()" in filled and "save_cache" in read
 
 
 @pytest.mark.parametrize("mode, said", [("max-autotune", "max-autotune"),

@@ -308,3 +308,31 @@ def test_graphs_read_from_inductors_cache_and_compiled_anew_are_counted():
         (code,) = watch.facts.codes
         counts.append((code.cache_hits, code.cache_misses))
     assert counts == [(0, 1), (1, 0)], counts
+
+
+def test_the_profiled_steps_are_split_into_time_in_compiled_graphs_and_outside_them():
+    """aot_eager runs the forward in dynamo's region and the backward as AOTAutograd's node: both are counted as
+    in the graphs, the optimizer and the loss outside; nothing runs in a graph without a compiled model."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from turbotrain.doctor.record.profiling import graph_time
+
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(16, 32)
+
+    def profiled(forward):
+        for _ in range(2):
+            forward(x).pow(2).mean().backward()
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for i in range(3):
+                with torch.autograd.profiler.record_function(f"turbotrain/step#{i}"):
+                    forward(x).pow(2).mean().backward()
+                    opt.step()
+                    opt.zero_grad()
+        return graph_time(prof)
+
+    timed = profiled(torch.compile(model, backend="aot_eager"))
+    assert timed is not None and timed.forward_ms > 0 and timed.backward_ms > 0, timed
+    assert timed.step_ms > timed.forward_ms + timed.backward_ms and timed.outside_ms > 0
+    assert profiled(model) is None

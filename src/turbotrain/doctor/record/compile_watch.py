@@ -142,6 +142,20 @@ class CompiledCode:
 
 
 @dataclass(frozen=True, slots=True)
+class GraphTime:
+    """Milliseconds per step of the profiler window spent running torch.compile's graphs, forward and backward,
+    and the whole step: the rest is Python and eager ops between and around the graphs."""
+
+    forward_ms: float
+    backward_ms: float
+    step_ms: float
+
+    @property
+    def outside_ms(self) -> float:
+        return max(0.0, self.step_ms - self.forward_ms - self.backward_ms)
+
+
+@dataclass(frozen=True, slots=True)
 class CompileFacts:
     """Everything torch.compile did in one run, per compiled code and in total."""
 
@@ -151,6 +165,7 @@ class CompileFacts:
     recompiles: int = 0
     compile_s: float = 0.0  # every compile's seconds, failed ones included
     fell_back: int = 0  # codes that hit the recompile limit
+    in_graphs: GraphTime | None = None  # the profiler window's steps in and out of the graphs (none: not profiled)
 
     @property
     def compiled(self) -> bool:

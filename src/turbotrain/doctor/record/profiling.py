@@ -12,7 +12,9 @@ from typing import Any
 
 import torch
 
-__all__ = ["ProfilerWindow", "PhaseRanges", "top_ops", "op_counts", "POINTWISE"]
+from .compile_watch import GraphTime
+
+__all__ = ["ProfilerWindow", "PhaseRanges", "top_ops", "op_counts", "graph_time", "POINTWISE"]
 
 log = logging.getLogger("turbotrain")
 
@@ -134,6 +136,45 @@ def op_counts(profiler: Any, steps: int) -> dict[str, Any]:
         if ev.name[6:].rstrip("_") in POINTWISE:
             pointwise += self_us
     return {"ops_per_step": top / steps, "pointwise_share": pointwise / total if total else 0.0}
+
+
+# torch.profiler's names for running a compiled graph: dynamo's forward region, and AOTAutograd's backward node.
+_FORWARD_GRAPH = "Torch-Compiled Region"
+_BACKWARD_GRAPH = "autograd::engine::evaluate_function: CompiledFunctionBackward"
+
+
+def graph_time(profiler: Any) -> GraphTime | None:
+    """Per profiled step (the ``turbotrain/step#N`` ranges): the time in torch.compile's graphs, forward and
+    backward, and the whole step; None where no compiled graph ran in the window."""
+    if profiler is None:
+        return None
+    try:
+        events = profiler.events()
+    except Exception:  # noqa: BLE001 - a profiler that collected nothing
+        return None
+    steps = [ev for ev in events if ev.name.startswith("turbotrain/step#")]
+    forward = backward = 0.0
+    for ev in events:
+        if _inside_a_graph(ev):
+            continue
+        if ev.name.startswith(_FORWARD_GRAPH):
+            forward += ev.cpu_time_total
+        elif ev.name == _BACKWARD_GRAPH:
+            backward += ev.cpu_time_total
+    if not steps or not forward + backward:
+        return None
+    n = len(steps)
+    return GraphTime(forward / 1e3 / n, backward / 1e3 / n, sum(ev.cpu_time_total for ev in steps) / 1e3 / n)
+
+
+def _inside_a_graph(ev: Any) -> bool:
+    """Nested in another graph's run (a compiled function called from a compiled region): counted there."""
+    parent = ev.cpu_parent
+    while parent is not None:
+        if parent.name.startswith(_FORWARD_GRAPH) or parent.name == _BACKWARD_GRAPH:
+            return True
+        parent = parent.cpu_parent
+    return False
 
 
 _NOT_COMPUTE = frozenset(f"turbotrain/{p}" for p in ("data", "h2d", "sync", "eval", "eval_grad", "save"))

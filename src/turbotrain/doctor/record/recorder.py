@@ -138,6 +138,7 @@ class Recorder:
         self._drains = 0  # warm-up extensions for batches the workers still held ready (MAX_DRAINS at most)
         # Graphs kept alive across steps: counted at a few boundaries whose cost lands in no measured step.
         self.graph_watch = GraphWatch()
+        self._graphs_sampled_at = -1  # the step boundary last counted
         self.out_of_memory: OutOfMemory | None = None  # the error the script died of, where it was one
 
     def _comm_position(self) -> tuple[int, int]:
@@ -287,6 +288,7 @@ class Recorder:
             self._sampler.start()
         if done == measured_end and self._sampler is not None:
             self._sampler.stop()
+        self._sample_graphs(done)  # before the profiler starts here (its walk would sit in a profiled step)
         if schedule.profile_steps and done == schedule.profile_at:
             self.functions.trace(True)
             self._start_profiler()
@@ -296,7 +298,7 @@ class Recorder:
             else:
                 self.profiled_steps.append(done)
                 self.window.open_step_range(done)
-        self._sample_graphs(done)
+        self._sample_graphs(done)  # ... or after it stopped here
         if schedule.stop_after is not None and done >= schedule.stop_after:
             if self._start_watch(done):
                 return
@@ -304,11 +306,19 @@ class Recorder:
             raise Stop()
 
     def _sample_graphs(self, done: int) -> None:
-        """Count the autograd graphs alive at this boundary, up to four times, only where the count's cost (a
-        walk of the garbage collector's objects) cannot fall into a measured step."""
+        """Count the autograd graphs alive at this boundary (once), up to four times, only where the count's cost
+        (a walk of the garbage collector's objects, 90 ms with torch.compile's modules loaded) cannot fall into a
+        measured or a profiled step."""
         end = self.schedule.measured_end
         off_window = done < self.warmup or (end is not None and done >= end)
-        if off_window and self.graph_watch.samples < GRAPH_SAMPLES and not self._graphs_failed:
+        if (
+            off_window
+            and not self.profiling
+            and self._graphs_sampled_at != done
+            and self.graph_watch.samples < GRAPH_SAMPLES
+            and not self._graphs_failed
+        ):
+            self._graphs_sampled_at = done
             try:
                 self.graph_watch.sample(done, sys._getframe(2))
             except Exception as exc:  # noqa: BLE001 - the count is the doctor's own business: never the script's end
@@ -399,7 +409,7 @@ class Recorder:
 
     def recording(self) -> Recording:
         """What was recorded, as plain data (call after the script ended)."""
-        from .profiling import op_counts
+        from .profiling import graph_time, op_counts
 
         tallies, schedule = self.tallies, self.schedule
         profiled = tuple(i for i in self.profiled_steps if i < len(self.steps))
@@ -447,7 +457,11 @@ class Recorder:
             communication=merged(self.gradient_sync.steps(), self.blocking.steps()),
             reducer=self.gradient_sync.reducer_stats(),
             input_numel=dict(self.modules.input_numel),
-            compiled=self.compiled if self.compiled is not None and self.compiled.compiled else None,
+            compiled=(
+                dataclasses.replace(self.compiled, in_graphs=graph_time(self.profiler))
+                if self.compiled is not None and self.compiled.compiled
+                else None
+            ),
             graph_growth=self.graph_watch.result(),
             out_of_memory=self.out_of_memory,
         )

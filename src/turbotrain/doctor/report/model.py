@@ -37,6 +37,14 @@ def compiled_json(facts: CompileFacts, base: str | None) -> dict[str, Any]:
         "recompiles": facts.recompiles,
         "compile_s": round(facts.compile_s, 3),
         "fell_back": facts.fell_back,
+        "in_graphs_ms_per_step": None
+        if facts.in_graphs is None
+        else {
+            "forward": round(facts.in_graphs.forward_ms, 3),
+            "backward": round(facts.in_graphs.backward_ms, 3),
+            "outside": round(facts.in_graphs.outside_ms, 3),
+            "step": round(facts.in_graphs.step_ms, 3),
+        },
         "codes": [
             {
                 "name": c.name,

@@ -376,6 +376,13 @@ def compiled_lines(report: Report) -> list[str]:
         f"{sum(len(c.breaks) for c in codes)} graph breaks, {sum(len(c.recompiles) for c in codes)} recompiles"
         + (f", {facts.fell_back} fell back to eager" if facts.fell_back else "")
     ]
+    timed = facts.in_graphs
+    if timed is not None and timed.step_ms > 0:
+        lines.append(
+            f"  profiled steps: {timed.forward_ms + timed.backward_ms:.2f} ms of {timed.step_ms:.2f} in compiled "
+            f"graphs (forward {timed.forward_ms:.2f}, backward {timed.backward_ms:.2f}); "
+            f"{timed.outside_ms / timed.step_ms:.0%} outside them (Python, eager ops, the optimizer)"
+        )
     for c in codes[:4]:
         where = c.site.where(report.base) if c.site is not None else c.name
         lines.append(

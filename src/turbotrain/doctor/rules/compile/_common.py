@@ -49,6 +49,7 @@ __all__ = [
     "script_dynamic",
     "trade_off",
     "cached_compile",
+    "inductor_cache_dir",
     "CachedCompile",
     "measured_pair",
     "eager_copy",
@@ -348,6 +349,13 @@ def measured_pair(
         applies_to=ctx.share("compute") + ctx.share("python_overhead"),
         note=say(timing, verdict.called),
     )
+
+
+def inductor_cache_dir() -> str:
+    """Where Inductor keeps its on-disk caches (``TORCHINDUCTOR_CACHE_DIR``, default /tmp/torchinductor_<user>)."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    return str(cache_dir())
 
 
 @dataclass(frozen=True)
