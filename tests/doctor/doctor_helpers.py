@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
@@ -131,8 +133,16 @@ def doctor_job(tmp: Path, *args: str, timeout: float = 240,
     report. Without ``what_if`` the fixes are not timed (each timing re-runs the whole job)."""
     out = tmp / "report.json"
     fast = JOB_FAST if what_if else [*JOB_FAST, "--no-what-if"]
-    proc = subprocess.run([sys.executable, "-m", "turbotrain", "doctor", *fast, "--json", str(out), *args],
-                          cwd=tmp, env=job_env(), capture_output=True, text=True, timeout=timeout)
+    # A temporary directory of the job's own (outside the script's folder): what the launchers leave there is seen.
+    temp = Path(tempfile.mkdtemp(prefix="doctor-job-tmp-"))
+    try:
+        proc = subprocess.run([sys.executable, "-m", "turbotrain", "doctor", *fast, "--json", str(out), *args],
+                              cwd=tmp, env={**job_env(), "TMPDIR": str(temp)}, capture_output=True, text=True,
+                              timeout=timeout)
+        left = sorted(p.name for p in temp.glob("torchelastic_*"))
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)
+    assert left == [], f"the job left torchrun's log folders in its TMPDIR: {left}"
     report = json.loads(out.read_text()) if out.exists() else {}
     return proc, report
 

@@ -173,3 +173,33 @@ def test_one_thread_and_no_workers_on_a_busy_machine_has_nothing_to_reduce():
     assert recommended(ctx) is None
     ctx.machine["intra_op_threads"] = 2
     assert recommended(ctx)[2] == 1  # two threads on the same machine: fit to one
+
+
+def test_the_thread_fix_applies_to_the_evaluation_forwards_between_steps_too():
+    """A GCN-like loop spends 90% of each step in evaluation forwards (no_grad) outside the captured step: a thread
+    count speeds those as much as the training step, so the measured ratio applies to nearly the whole step."""
+    from turbotrain.doctor.analysis.breakdown import compute_breakdown
+    from turbotrain.doctor.analysis.context import Context
+    from turbotrain.doctor.record.measurements import StepRecord
+    from turbotrain.doctor.record.recording import Recording, Window
+    from turbotrain.doctor.whatif.settings import threads_apply_to
+
+    def context(outside: str) -> Context:
+        steps, t = [], 0.0
+        for i in range(8):
+            phases = {"forward": 0.001, "backward": 0.001, "optimizer": 0.0002, outside: 0.0198}
+            duration = sum(phases.values())
+            steps.append(StepRecord(i, t, t + duration, phases, forwards=1, backwards=1, optimizers=1))
+            t += duration
+        recording = Recording(window=Window(2, 6, 0, 0), steps=tuple(steps), step_delimiter="optimizer.step()",
+                              events=(), loaders=(), optimizer_sites=(), module_sites=(), matmul_shapes=(),
+                              gap_samples=())
+        breakdown = compute_breakdown(steps, 2)
+        return Context(script=None, base=None, hw=hardware.detect("cpu"), device="cpu", breakdown=breakdown,
+                       measured_steps=breakdown.steps, recording=recording)
+
+    evaluating, saving = context("eval"), context("save")
+    assert evaluating.share("outside_step") > 0.85 and saving.share("outside_step") > 0.85
+    assert threads_apply_to(evaluating) == pytest.approx(1.0, abs=0.01)
+    # A checkpoint written between steps is not the thread count's: only the training step is.
+    assert threads_apply_to(saving) == pytest.approx(1 - saving.share("outside_step"), abs=0.01)

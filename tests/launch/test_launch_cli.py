@@ -100,10 +100,14 @@ def test_dry_run_prints_the_torchrun_command():
 def test_a_failing_script_fails_the_launch(tmp_path):
     script = tmp_path / "fails.py"
     script.write_text("import sys; sys.exit(3)\n")
-    proc = subprocess.run([sys.executable, "-m", "turbotrain", "launch", str(script)], cwd=ROOT, env=cli_env(),
-                          capture_output=True, text=True, timeout=120)
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    proc = subprocess.run([sys.executable, "-m", "turbotrain", "launch", str(script)], cwd=ROOT,
+                          env=cli_env(TMPDIR=str(temp)), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1
     assert "fails.py FAILED" in proc.stderr and "exitcode  : 3" in proc.stderr
+    # torchrun's per-launch log folder is not left behind (it held no file: no rank recorded an error).
+    assert list(temp.glob("torchelastic_*")) == []
 
 
 ECHO_ARGS = """import json, os, sys
@@ -123,11 +127,14 @@ def test_everything_after_the_script_reaches_it_untouched(tmp_path, script_args)
     script = tmp_path / "echo_args.py"
     script.write_text(ECHO_ARGS)
     out = tmp_path / "argv.json"
+    temp = tmp_path / "tmp"
+    temp.mkdir()
     proc = subprocess.run([sys.executable, "-m", "turbotrain", "launch", "--nproc-per-node", "1", str(script),
-                           *script_args], cwd=ROOT, env=cli_env(ECHO_OUT=str(out)), capture_output=True, text=True,
-                          timeout=120)
+                           *script_args], cwd=ROOT, env=cli_env(ECHO_OUT=str(out), TMPDIR=str(temp)),
+                          capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(out.read_text()) == script_args
+    assert list(temp.glob("torchelastic_*")) == []  # torchrun's per-launch log folder is not left behind
 
 
 def test_a_double_dash_before_the_script_only_ends_launch_options():

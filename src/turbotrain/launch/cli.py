@@ -19,11 +19,13 @@ import contextlib
 import logging
 import os
 import shlex
+import shutil
 import socket
 import sys
+import tempfile
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Iterator
+from typing import Any, Iterator
 
 from ..config import ConfigError
 from .nccl import NcclSettings, check_environment, parse_size
@@ -160,13 +162,30 @@ def launch(opts: LaunchOptions, nccl: NcclSettings | None = None) -> int:
     n_script_args = len(opts.script_args)
     args = get_args_parser().parse_args(argv[: len(argv) - n_script_args])
     args.training_script_args = list(opts.script_args)
-    try:
-        with loopback_only() if loopback else contextlib.nullcontext():
-            torchrun(args)
-    except ChildFailedError as exc:
-        print(exc.format_msg(), file=sys.stderr)
-        return 1
+    with _log_dir(args):
+        try:
+            with loopback_only() if loopback else contextlib.nullcontext():
+                torchrun(args)
+        except ChildFailedError as exc:
+            print(exc.format_msg(), file=sys.stderr)
+            return 1
     return 0
+
+
+@contextlib.contextmanager
+def _log_dir(args: Any) -> Iterator[None]:
+    """Where none is given (``--log-dir``, ``PET_LOG_DIR``), torchrun makes a ``torchelastic_*`` folder in the
+    temporary directory per launch and leaves it: one is made here instead, and removed after the run unless a
+    rank wrote a file there (an error record a failure message points at)."""
+    if args.log_dir is not None:
+        yield
+        return
+    args.log_dir = tempfile.mkdtemp(prefix="torchelastic_")
+    try:
+        yield
+    finally:
+        if not any(files for _, _, files in os.walk(args.log_dir)):
+            shutil.rmtree(args.log_dir, ignore_errors=True)
 
 
 @contextlib.contextmanager

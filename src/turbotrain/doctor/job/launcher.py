@@ -105,6 +105,8 @@ def run_job(
     if script_is_launcher(command):
         env[ENV_ROOT] = "1"
     env[ENV_FOLDER] = str(folder)
+    # torchrun's per-launch log folder inside the job's, which goes with it (torchrun's own is left in TMPDIR).
+    env.setdefault("PET_LOG_DIR", str(folder / "torchrun-logs"))
     options: dict[str, Any] = {"steps": steps, "warmup": warmup, "profile": profile}
     if change is not None:
         options["change"] = change.to_dict()

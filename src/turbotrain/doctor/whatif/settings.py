@@ -116,7 +116,7 @@ def threads_trial(ctx: Context, finding: Finding, budget: Budget) -> None:
         return
     fix, ratios, seen = got
     _name_the_fix(finding, now, fix)
-    applies = model_share(ctx) + ctx.share("data_loading")
+    applies = threads_apply_to(ctx)
     result = ThreadsResult(
         now=ThreadSetting(*now),
         tried=tuple(options),
@@ -125,7 +125,17 @@ def threads_trial(ctx: Context, finding: Finding, budget: Budget) -> None:
         baseline_ms=round(seen["now"].step_s * 1e3, 3),
         candidate_ms=round(seen["fix"].step_s * 1e3, 3),
     )
-    apply_ratio(finding, ctx, judge(ratios, noise_floor=ctx.noise_floor), result, applies_to=min(1.0, applies))
+    apply_ratio(finding, ctx, judge(ratios, noise_floor=ctx.noise_floor), result, applies_to=applies)
+
+
+def threads_apply_to(ctx: Context) -> float:
+    """The share of the step a thread count changes: the model's step and the loading, and the evaluation forwards
+    between steps (the same model's forward: on a busy machine they wait for cores as the training step does)."""
+    wanted = set(ctx.measured_steps)
+    steps = [s for s in (ctx.recording.steps if ctx.recording is not None else ()) if s.index in wanted]
+    total = sum(s.duration for s in steps)
+    evaluating = sum(s.phases.get("eval", 0.0) + s.phases.get("eval_grad", 0.0) for s in steps)
+    return min(1.0, model_share(ctx) + ctx.share("data_loading") + (evaluating / total if total > 0 else 0.0))
 
 
 def _name_the_fix(finding: Finding, now: tuple[int, int], fix: tuple[int, int]) -> None:
