@@ -20,6 +20,7 @@ SHARED_DOCTOR_FILES = frozenset({
     "test_hardening_doctor_verify_copy.py",
     "test_hardening_doctor_outputs.py",
     "test_memory_watch.py",
+    "test_verify_memory.py",
 })
 # Folders whose session-scoped fixtures are expensive (a two-rank launch, nginx): one worker runs the whole folder.
 ONE_WORKER_FOLDERS = frozenset({"launch", "data"})

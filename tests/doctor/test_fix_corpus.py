@@ -124,6 +124,8 @@ def test_the_patch_applies_runs_and_the_rule_no_longer_fires(rule, fixed_run):
         kept = check.graphs_kept
         assert kept["original"]["growing"] and kept["original"]["bytes_per_step"] > 0, kept
         assert not kept["patched"]["growing"], kept
+    # Each side's memory peak over its timed steps, set beside the time.
+    assert check.peak_memory is not None and min(check.peak_memory[k] for k in ("original_bytes", "patched_bytes")) > 0
     data = json.loads(report.to_json())
     entry = next(e for e in data["fixes"] if e["rule"] == rule)
     assert {"rule", "where", "diff", "predicted", "verified", "loss_match"} <= set(entry)

@@ -21,6 +21,7 @@ from ..record.graph_watch import GraphGrowth
 from ..record.loss_tap import LossTap
 from ..record.recorder import Recorder
 from ..record.runner import run_script
+from ..record.window_memory import PeakProbe
 
 __all__ = ["main"]
 
@@ -48,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     # memory a fix frees is checked beside the time).
     assert recorder.schedule.stop_after is not None  # a measured window with an end
     recorder.schedule.stop_after += 1
+    # The memory peak over the measured steps, set beside the time (a fix that frees memory is checked for it).
+    recorder.peak_probe = PeakProbe(recorder.gpu)
     with LossTap() as tap:
         run = run_script(args.script, list(args.script_args), recorder)
     recording = recorder.recording()
@@ -63,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         "loader_round": loader_round(list(recording.loaders), [s.index for s in steps]),
         "losses": [v.hex() for v in tap.values()],
         "graphs": _graphs(recording.graph_growth),
+        "memory": recorder.window_memory.to_dict() if recorder.window_memory is not None else None,
     }
     with open(args.out, "w") as fh:
         json.dump(out, fh)

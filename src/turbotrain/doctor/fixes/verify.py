@@ -77,6 +77,7 @@ class TimedRun:
     wall_s: float = 0.0
     loader_round: int = 0  # steps one round of the DataLoader's workers feeds (0: no workers)
     graphs: dict[str, Any] | None = None  # autograd graphs alive at a few step boundaries (child.py's "graphs")
+    memory: dict[str, Any] | None = None  # the memory peak over the measured steps (child.py's "memory")
 
     def ms(self, periodic: bool) -> float:
         if periodic:
@@ -255,6 +256,7 @@ class Verifier:
             wall_s=wall,
             loader_round=data.get("loader_round", 0),
             graphs=data.get("graphs"),
+            memory=data.get("memory"),
         )
 
     def compare(self, folder: Path, steps: int, numerics: str, periodic: bool = False) -> Verification:
@@ -279,7 +281,27 @@ class Verifier:
         again = originals[1].losses if len(originals) > 1 else None
         result.loss_match = loss_match(numerics, originals[0].losses, patched[0].losses, again)
         result.graphs_kept = graphs_kept(originals[0].graphs, patched[0].graphs)
+        result.peak_memory = peak_memory([r.memory for r in originals], [r.memory for r in patched])
         return result
+
+
+def peak_memory(original: list[dict[str, Any] | None], patched: list[dict[str, Any] | None]) -> dict[str, Any] | None:
+    """Each side's memory peak over its measured steps, the median over its runs (None where a run gave none):
+    what a fix frees, or costs, in memory, checked beside the time."""
+    first = original[0] if original else None
+    if first is None or not patched or any(m is None for m in (*original, *patched)):
+        return None
+
+    def median(runs: list[dict[str, Any] | None], key: str) -> int:
+        return round(statistics.median(m[key] for m in runs if m is not None))
+
+    return {
+        "kind": first["kind"],
+        "original_bytes": median(original, "peak_bytes"),
+        "patched_bytes": median(patched, "peak_bytes"),
+        "original_start_bytes": median(original, "start_bytes"),
+        "patched_start_bytes": median(patched, "start_bytes"),
+    }
 
 
 def graphs_kept(original: dict[str, Any] | None, patched: dict[str, Any] | None) -> dict[str, Any] | None:

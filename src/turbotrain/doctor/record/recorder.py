@@ -51,6 +51,7 @@ from .run_queue import RunQueue
 from ..sites import user_site
 from .schedule import StepSchedule
 from .watch import RunWatch
+from .window_memory import PeakProbe, WindowMemory
 from .cadence import Cadence, in_steps, running_cadences
 
 __all__ = ["Recorder", "Stop"]
@@ -140,6 +141,9 @@ class Recorder:
         self.graph_watch = GraphWatch()
         self._graphs_sampled_at = -1  # the step boundary last counted
         self.out_of_memory: OutOfMemory | None = None  # the error the script died of, where it was one
+        # The memory peak over the measured steps, where asked for (doctor --verify's runs): set before the run.
+        self.peak_probe: PeakProbe | None = None
+        self.window_memory: WindowMemory | None = None
 
     def _comm_position(self) -> tuple[int, int]:
         """Where a collective falls: (step index, backward passes so far in it)."""
@@ -264,9 +268,13 @@ class Recorder:
             self.reads_at_start = data_stats.snapshot()
             self.functions.trace(False)
             self.load_start, self.threads_seen = sample_load(), torch.get_num_threads()
+            if self.peak_probe is not None:
+                self.peak_probe.start()
         if done == measured_end:
             self.reads_at_end = data_stats.snapshot()
             self.load_end = sample_load()
+            if self.peak_probe is not None:
+                self.window_memory = self.peak_probe.stop()
         if (
             self._sampler is None
             and done >= self.warmup

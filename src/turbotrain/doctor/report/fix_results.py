@@ -45,6 +45,8 @@ class Verification:
     error: str | None = None  # the patched (or original) script failed: why
     # Autograd graphs kept from step to step on each side, where either kept some (fixes/verify.py graphs_kept).
     graphs_kept: dict[str, Any] | None = None
+    # Each side's memory peak over its measured steps (fixes/verify.py peak_memory).
+    peak_memory: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -57,6 +59,8 @@ class Verification:
         }
         if self.graphs_kept:
             out["graphs_kept"] = self.graphs_kept
+        if self.peak_memory:
+            out["peak_memory"] = self.peak_memory
         if self.error:
             out["error"] = self.error
         return out

@@ -43,7 +43,17 @@ def fix_line(predicted: float | None, check: Verification | None) -> str:
                 parts.append(loss)
             if check.graphs_kept:
                 parts.append(kept_text(check.graphs_kept))
+            if check.peak_memory:
+                parts.append(peak_text(check.peak_memory))
     return ", ".join(parts)
+
+
+def peak_text(peak: dict[str, Any]) -> str:
+    """``peak memory (process resident) 1.2 GiB, patched 880 MiB (-27%)``."""
+    original, patched = peak["original_bytes"], peak["patched_bytes"]
+    ratio = patched / original - 1 if original else None
+    change = "" if ratio is None else f" ({ratio:+.1%})" if abs(ratio) < 0.01 else f" ({ratio:+.0%})"
+    return f"peak memory ({peak['kind']}) {size_text(original)}, patched {size_text(patched)}{change}"
 
 
 def kept_text(kept: dict[str, Any]) -> str:
