@@ -62,6 +62,7 @@ from turbotrain.doctor.fixes.choose import fixable_rules
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT / "benchmarks" / "calibration"
 STEP_LINE = re.compile(r"^STEP_MS ([\d.]+) MEAN_MS ([\d.]+) SAMPLES (\d+)$", re.M)
+PEAK_LINE = re.compile(r"^PEAK_BYTES (\d+) START_BYTES (\d+)$", re.M)
 HEADER = re.compile(r"^# (?P<key>[a-z-]+): (?P<value>.+)$", re.M)
 
 # The targets of issue 13.
@@ -76,6 +77,7 @@ class Pair:
     expect: str = ""
     doctor_args: list[str] = field(default_factory=list)
     fixed_every: int | None = None
+    memory_fix: str | None = None  # a memory pair (benchmarks/memory_calibration.py): the fix's row to read
 
     @property
     def slow(self) -> Path:
@@ -86,9 +88,12 @@ class Pair:
         return CORPUS / f"{self.name}_fixed.py"
 
 
-def load_pairs(only: list[str] | None = None) -> list[Pair]:
-    """Every ``<name>_slow.py`` of the corpus with its header (``only``: these names, in this order)."""
-    names = only or sorted(p.name[:-len("_slow.py")] for p in CORPUS.glob("*_slow.py"))
+def load_pairs(only: list[str] | None = None, memory: bool = False) -> list[Pair]:
+    """Every ``<name>_slow.py`` of the corpus with its header (``only``: these names, in this order). The pairs
+    whose header names a ``memory-fix`` are benchmarks/memory_calibration.py's: only those with ``memory``,
+    else only the others."""
+    names = only or sorted(p.name[:-len("_slow.py")] for p in CORPUS.glob("*_slow.py")
+                           if ("# memory-fix: " in p.read_text()) == memory)
     pairs = []
     for name in names:
         path = CORPUS / f"{name}_slow.py"
@@ -99,7 +104,8 @@ def load_pairs(only: list[str] | None = None) -> list[Pair]:
             raise SystemExit(f"doctor_calibration: {path} declares no '# calibrates: RULE'")
         pairs.append(Pair(name, header["calibrates"], header.get("expect", ""),
                           shlex.split(header.get("doctor-args", "")),
-                          int(header["fixed-every"]) if "fixed-every" in header else None))
+                          int(header["fixed-every"]) if "fixed-every" in header else None,
+                          header.get("memory-fix")))
     return pairs
 
 
@@ -172,12 +178,18 @@ def _from_periodic(entries: list[dict], pair: Pair) -> dict:
             "from": "periodic"}
 
 
-def time_script(path: Path, script_args: list[str], whole_periods: bool = False) -> float | None:
-    """Milliseconds per sample of one plain run of ``path`` (its own STEP_MS line), None when it failed.
+@dataclass(frozen=True)
+class ScriptRun:
+    """What one plain run of a calibration script printed: its STEP_MS line and, where given, its PEAK_BYTES."""
 
-    ``whole_periods``: the plain mean (MEAN_MS) instead, for a cadence pair run over whole periods of its
-    fixed twin (a block median would leave the twin's remaining validations out, and the prediction
-    counts them)."""
+    step_ms: float
+    mean_ms: float
+    samples: int
+    peak_bytes: int | None = None
+
+
+def run_script(path: Path, script_args: list[str]) -> ScriptRun | None:
+    """One plain run of ``path`` (its own clock's lines), None when it failed."""
     proc = subprocess.run([sys.executable, str(path), *script_args], capture_output=True, text=True, cwd=CORPUS)
     lines = STEP_LINE.findall(proc.stdout)
     if proc.returncode != 0 or not lines:
@@ -185,7 +197,20 @@ def time_script(path: Path, script_args: list[str], whole_periods: bool = False)
         print(f"    {path.name} failed (exit {proc.returncode}): {' '.join(tail)}", file=sys.stderr)
         return None
     blocks, mean, samples = lines[-1]
-    return float(mean if whole_periods else blocks) / int(samples)
+    peaks = PEAK_LINE.findall(proc.stdout)
+    return ScriptRun(float(blocks), float(mean), int(samples), int(peaks[-1][0]) if peaks else None)
+
+
+def time_script(path: Path, script_args: list[str], whole_periods: bool = False) -> float | None:
+    """Milliseconds per sample of one plain run of ``path`` (its own STEP_MS line), None when it failed.
+
+    ``whole_periods``: the plain mean (MEAN_MS) instead, for a cadence pair run over whole periods of its
+    fixed twin (a block median would leave the twin's remaining validations out, and the prediction
+    counts them)."""
+    run = run_script(path, script_args)
+    if run is None:
+        return None
+    return (run.mean_ms if whole_periods else run.step_ms) / run.samples
 
 
 def time_round(pair: Pair, script_args: list[str]) -> tuple[float | None, float | None]:

@@ -2,7 +2,8 @@
 
 No doctor runs and no timing here (benchmarks/doctor_calibration.py does both): each pair exists,
 both scripts compile, the twins differ only by the fix, every timed rule has a pair, and every
-script runs two steps as a plain script and prints its STEP_MS line.
+script runs two steps as a plain script and prints its STEP_MS line (and its PEAK_BYTES line: the memory pairs
+of benchmarks/memory_calibration.py read it).
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ sys.modules[_spec.name] = calibration  # dataclasses look their module up there
 _spec.loader.exec_module(calibration)
 
 PAIRS = calibration.load_pairs()
+MEMORY_PAIRS = calibration.load_pairs(memory=True)
+# The fixes the activation-memory finding measures, each with a memory pair.
+MEMORY_FIXES = {"checkpointing", "bf16-autocast", "micro-batches"}
 # Every rule whose fix the doctor times (a what-if), plus the thread-oversubscription and cadence rules.
 TIMED_RULES = {"no-mixed-precision", "channels-last", "non-foreach-optimizer", "zero-grad-not-none",
                "conv-bias-before-bn", "jit-script", "small-batch", "num-workers", "grad-in-validation",
@@ -45,7 +49,13 @@ def test_the_corpus_has_twelve_pairs_covering_every_timed_rule():
     assert len({p.name for p in PAIRS}) == len(PAIRS)
 
 
-@pytest.mark.parametrize("pair", PAIRS, ids=lambda p: p.name)
+def test_every_measured_memory_fix_has_a_pair_the_time_calibration_leaves_out():
+    assert {p.memory_fix for p in MEMORY_PAIRS} == MEMORY_FIXES
+    assert {p.rule for p in MEMORY_PAIRS} == {"activation-memory"}
+    assert not [p for p in PAIRS if p.memory_fix], "doctor_calibration.py would time a memory pair as a speed-up"
+
+
+@pytest.mark.parametrize("pair", PAIRS + MEMORY_PAIRS, ids=lambda p: p.name)
 def test_pair_compiles_and_differs_only_by_the_fix(pair):
     for path in (pair.slow, pair.fixed):
         compile(path.read_text(), str(path), "exec")
@@ -57,7 +67,7 @@ def test_pair_compiles_and_differs_only_by_the_fix(pair):
 
 def test_every_script_runs_two_steps_as_a_plain_script():
     """All scripts in one interpreter (torch imported once), each run as `python script.py --steps 2` would."""
-    scripts = [p for pair in PAIRS for p in (pair.slow, pair.fixed) if p.name not in NOT_RUN]
+    scripts = [p for pair in PAIRS + MEMORY_PAIRS for p in (pair.slow, pair.fixed) if p.name not in NOT_RUN]
     driver = textwrap.dedent("""
         import runpy, sys, torch
         sys.path.insert(0, sys.argv[1])
@@ -75,3 +85,28 @@ def test_every_script_runs_two_steps_as_a_plain_script():
     assert len(runs) == len(scripts)
     for run in runs:
         assert calibration.STEP_LINE.search(run), run
+        peak = calibration.PEAK_LINE.search(run)
+        assert peak and int(peak[1]) >= int(peak[2]) > 0, run
+
+
+def _memory_calibration():
+    spec = importlib.util.spec_from_file_location("memory_calibration", ROOT / "benchmarks" / "memory_calibration.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # imports doctor_calibration, registered above
+    return module
+
+
+def test_a_memory_pair_is_scored_by_the_saving_and_the_time_against_the_twins():
+    memory = _memory_calibration()
+    mib, run = 2**20, calibration.ScriptRun
+    predicted = [{"detail": "blocks.1, blocks.0", "saved_bytes": 140 * mib, "time_ratio": 0.72, "doctor_s": 40.0},
+                 {"doctor_s": 3.0, "error": "no checkpointing row in the activation-memory finding"}]
+    slow = [run(430.0, 430.0, 2048, 700 * mib), run(440.0, 440.0, 2048, 702 * mib)]
+    fixed = [run(600.0, 600.0, 2048, 560 * mib), run(590.0, 590.0, 2048, 560 * mib), run(1.0, 1.0, 1, None)]
+    row = memory.score(predicted, slow, fixed)
+    assert row["predicted_saved_bytes"] == 140 * mib and row["real_saved_bytes"] == 141 * mib
+    assert row["memory_target"] == "ok" and row["time_target"] == "ok", row
+    assert row["real_time"] == round(430 / 590, 3) and row["errors"] == [predicted[1]["error"]]
+    # A prediction 20% under the real saving misses; no twin run with a peak leaves the memory unjudged.
+    assert memory.score([{**predicted[0], "saved_bytes": 112 * mib}], slow, fixed)["memory_target"] == "MISS"
+    assert "memory_target" not in memory.score(predicted, [run(1.0, 1.0, 1, None)], fixed[:1])

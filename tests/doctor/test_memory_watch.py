@@ -16,6 +16,7 @@ from turbotrain.doctor.record import graph_watch as gw
 from turbotrain.doctor.record import memory_watch as mw
 from turbotrain.doctor.record import out_of_memory as om
 from turbotrain.doctor.analysis import memory_fixes as mf
+from turbotrain.doctor.analysis.memory import blocks_to_checkpoint
 
 
 def _cross_entropy(model, batch):
@@ -51,6 +52,32 @@ def test_the_peak_is_its_parts_and_holds_the_saved_activations():
     assert memory.peak_phase in ("forward", "backward", "optimizer")
     assert memory.allocator_held_bytes is None and memory.allocator_peak_bytes is None  # not known on the CPU
     assert memory.memory.total_bytes and 0 < memory.memory.free_bytes <= memory.memory.total_bytes
+
+
+def test_blocks_in_a_module_list_are_named_each_not_as_the_list_that_never_runs():
+    """A ``ModuleList``'s forward never runs: checkpointing it would recompute nothing, so its children are the
+    rows (seen in the memory calibration: the list was named, and its checkpointing measured as no change)."""
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(16, 256), nn.GELU(), nn.Linear(256, 16))
+                                        for _ in range(2))
+
+        def forward(self, x):
+            for block in self.blocks:
+                x = x + block(x)
+            return x
+
+    model = Net()
+    batch = (torch.randn(64, 16), torch.randint(0, 16, (64,)))
+    memory = mw.measure_step(model, [torch.optim.SGD(model.parameters(), lr=0.1)], [batch], _cross_entropy)
+    names = [m.name for m in memory.modules]
+    assert "blocks" not in names and {"blocks.0", "blocks.1"} <= set(names), names
+    assert sorted(blocks_to_checkpoint(memory.modules, memory.activation_bytes)) == ["blocks.0", "blocks.1"]
+    cost = mf.checkpointing(model, [torch.optim.SGD(model.parameters(), lr=0.1)], batch, ["blocks.0", "blocks.1"],
+                            _cross_entropy, repeats=1)
+    assert cost.fixed.peak_bytes < cost.baseline.peak_bytes, cost
 
 
 def test_the_module_with_the_biggest_activations_is_named():

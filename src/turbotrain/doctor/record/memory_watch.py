@@ -222,6 +222,7 @@ class _SavedByModule:
         self.stack: list[str] = []
         self.serials: set[int] = set()
         self.by_module: dict[str | None, list[int]] = {}  # name (None: outside the model) -> [bytes, tensors]
+        self.called: set[str] = set()  # the modules whose forward ran (a ModuleList's never does)
 
     @contextmanager
     def hooked(self, model: torch.nn.Module) -> Iterator[None]:
@@ -237,7 +238,9 @@ class _SavedByModule:
                 h.remove()
 
     def _enter(self, module: torch.nn.Module, args: Any) -> None:
-        self.stack.append(self.names.get(id(module), ""))
+        name = self.names.get(id(module), "")
+        self.called.add(name)
+        self.stack.append(name)
 
     def _leave(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         self.stack.pop()
@@ -257,8 +260,10 @@ def _unpack(t: torch.Tensor) -> torch.Tensor:
 
 
 def _module_rows(
-    model: torch.nn.Module, by_module: dict[str | None, list[int]], top: int
+    model: torch.nn.Module, by_module: dict[str | None, list[int]], called: set[str], top: int
 ) -> tuple[ModuleActivations, ...]:
+    """A row per module that ran: a container never called (a ``ModuleList``) cannot be recomputed as one, its
+    children's rows stand for it."""
     totals: dict[str, list[int]] = {}
     for name, (nbytes, count) in by_module.items():
         if name is None:
@@ -274,7 +279,7 @@ def _module_rows(
             name, type(modules[name]).__name__, by_module.get(name, [0])[0], total, count, _class_site(modules[name])
         )
         for name, (total, count) in totals.items()
-        if name in modules
+        if name in modules and name in called
     ]
     return tuple(sorted(rows, key=lambda r: (-r.total_bytes, r.name))[:top])
 
@@ -341,7 +346,7 @@ def measure_step(
         sum(state.values()),
         sum(inputs.values()),
         sum(timeline.sizes[s] for s in saved.serials),
-        _module_rows(model, saved.by_module, top),
+        _module_rows(model, saved.by_module, saved.called, top),
         split,
         sum(astuple(split)),
         phase,

@@ -64,8 +64,10 @@ class PeakProbe:
             _CLEAR_REFS.write_text("5")  # the resident peak restarts at the resident size now
         except OSError:
             return
-        rss = _status_kib("VmRSS")
-        self._start = rss * 1024 if rss is not None else None
+        # The reset counter itself, not VmRSS read a moment later (which may already be higher): the peak is read
+        # from the same counter, which only rises until the next reset.
+        start = _status_kib("VmHWM")
+        self._start = start * 1024 if start is not None else None
 
     def stop(self) -> WindowMemory | None:
         if self._start is None:
