@@ -41,7 +41,10 @@ CASES = {
     "compile-graph-break": ("compile_item_break", 6),
     "compile-recompile": ("compile_recompile_limit", 6),  # dynamic=False turned over
     "graph-kept-alive": ("memory_loss_kept", 6),
+    "activation-memory": ("memory_checkpoint_blocks", 6),  # for memory: kept slower, where it lowers the peak
 }
+# Rules whose finding needs the step's memory measured on copies (a what-if's cost: none of the others run).
+MEASURES_MEMORY = {"memory_checkpoint_blocks"}
 
 
 def _copy(name: str, folder: Path) -> Path:
@@ -53,8 +56,10 @@ def _copy(name: str, folder: Path) -> Path:
     return folder / source.name
 
 
-def _options(steps: int, **extra) -> DoctorOptions:
-    return DoctorOptions(steps=steps, warmup=3 if steps > 6 else 2, profile_steps=1, what_if=False, **extra)
+def _options(name: str, steps: int, **extra) -> DoctorOptions:
+    memory = name in MEASURES_MEMORY
+    return DoctorOptions(steps=steps, warmup=3 if steps > 6 else 2, profile_steps=1, what_if=memory,
+                         what_if_budget_s=0.0, **extra)
 
 
 def _still_fires(report, rule: str, fix) -> list:
@@ -91,8 +96,8 @@ def fixed_run(tmp_path_factory):
             script = _copy(name, folder)
             patch = folder / "fixes.patch"
             rules = tuple(sorted(r for r, (n, _) in CASES.items() if n == name))
-            report = diagnose_script(script, [], _options(steps, fix=str(patch), verify=True, verify_rounds=1,
-                                                           verify_budget_s=0, fix_rules=rules))
+            report = diagnose_script(script, [], _options(name, steps, fix=str(patch), verify=True, verify_rounds=1,
+                                                                 verify_budget_s=0, fix_rules=rules))
             runs[name] = FixedRun(script, patch, report)
         return runs[name]
 
@@ -120,6 +125,8 @@ def test_the_patch_applies_runs_and_the_rule_no_longer_fires(rule, fixed_run):
     assert check.loss_match["compared"] > 0
     if fix.numerics == "exact":
         assert check.loss_match["expected"] == "bitwise"
+    if fix.purpose == "memory":  # kept for the memory it saves, whatever its time
+        assert check.peak_memory["patched_bytes"] < 0.98 * check.peak_memory["original_bytes"], check.peak_memory
     if rule == "graph-kept-alive":  # the memory the fix frees is verified beside the time
         kept = check.graphs_kept
         assert kept["original"]["growing"] and kept["original"]["bytes_per_step"] > 0, kept
@@ -138,7 +145,7 @@ def test_the_patch_applies_runs_and_the_rule_no_longer_fires(rule, fixed_run):
             assert "slower" in fix.dropped and "left out" in patch.read_text()
             patch.write_text(fix.diff)
         git_apply(script.parent, patch)
-        run.after = diagnose_script(script, [], _options(steps))
+        run.after = diagnose_script(script, [], _options(name, steps))
     elif fix.in_patch:  # a later case on the same script: its fix is in the patch that was applied
         assert f"+++ b/{script.name}" in patch.read_text(), fix
     else:  # the fixes verified slower together: the patch holds none; this one's own diff goes on top
@@ -146,7 +153,7 @@ def test_the_patch_applies_runs_and_the_rule_no_longer_fires(rule, fixed_run):
         more = script.parent / f"{rule}.patch"
         more.write_text(fix.diff)
         git_apply(script.parent, more)
-        run.after = diagnose_script(script, [], _options(steps))
+        run.after = diagnose_script(script, [], _options(name, steps))
     after = run.after
     assert after.status == "ok", after.messages
     assert not _still_fires(after, rule, fix), [f.to_dict(after.base) for f in after.findings if f.rule == rule]
@@ -155,7 +162,7 @@ def test_the_patch_applies_runs_and_the_rule_no_longer_fires(rule, fixed_run):
 def test_a_fix_from_a_config_value_is_by_hand_not_a_broken_patch(tmp_path):
     script = _copy("loader_from_config", tmp_path)
     patch = tmp_path / "fixes.patch"
-    report = diagnose_script(script, [], _options(6, fix=str(patch), fix_rules=("num-workers",)))
+    report = diagnose_script(script, [], _options("loader_from_config", 6, fix=str(patch), fix_rules=("num-workers",)))
     fix = next(f for f in report.fixes.fixes if f.rule == "num-workers")
     assert fix.diff is None and "args.workers" in fix.by_hand
     text = patch.read_text()

@@ -335,3 +335,39 @@ def test_what_a_loop_keeps_is_detached_at_the_line_and_holder_it_grew(line, fixe
 def test_a_kept_value_without_a_graph_or_another_holder_is_by_hand(line, why):
     with pytest.raises(ByHand, match=re.escape(why)):
         edit(f"for x in batches:\n    {line}\n", "detach", holder="losses")
+
+
+
+BLOCKS = """
+    import torch as T
+    class Net(T.nn.Module):
+        def forward(self, x):
+            x = self.stem(x)
+            x = self.wide(x, scale=2)
+            for block in self.blocks:
+                x = block(x)
+            return self.blocks[0](x)
+"""
+
+
+@pytest.mark.parametrize("blocks, line, fixed", [
+    (["wide"], "self.wide(", "x = T.utils.checkpoint.checkpoint(self.wide, x, scale=2, use_reentrant=False)"),
+    (["blocks.0", "blocks.1"], "block(x)", "x = T.utils.checkpoint.checkpoint(block, x, use_reentrant=False)"),
+    (["blocks.0"], "return", "return T.utils.checkpoint.checkpoint(self.blocks[0], x, use_reentrant=False)"),
+])
+def test_a_block_is_recomputed_where_its_parent_calls_it(blocks, line, fixed):
+    """The block's call, found by how the parent's forward names it (an attribute, the variable of a loop over a
+    list, an index into it), wrapped in torch.utils.checkpoint under the file's own name for torch."""
+    assert changed(BLOCKS, edit(BLOCKS, "checkpoint", line, blocks=blocks)) == [fixed]
+
+
+@pytest.mark.parametrize("source, blocks, why", [
+    ("from torch import nn\nclass N(nn.Module):\n    def forward(self, x):\n        return self.wide(x)  # here\n",
+     ["wide"], "does not `import torch`"),
+    (BLOCKS.replace("self.stem(x)", "self.stem(x)  # here"), ["blocks.0"], "no call of blocks.0 starts"),
+    ("import torch\nclass N(torch.nn.Module):\n    def forward(self, *a):\n        return self.wide(*a)  # here\n",
+     ["wide"], "arguments built at run time"),
+])
+def test_a_block_call_it_cannot_find_or_wrap_safely_is_by_hand(source, blocks, why):
+    with pytest.raises(ByHand, match=re.escape(why)):
+        edit(source, "checkpoint", blocks=blocks)

@@ -7,13 +7,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-__all__ = ["EditSpec", "EditKind", "Numerics", "ByHand", "EXACT", "PRECISION", "REINITIALISED"]
+__all__ = ["EditSpec", "EditKind", "Numerics", "Purpose", "ByHand", "EXACT", "PRECISION", "REINITIALISED"]
 
 # How a fix relates to the original's numbers, which sets what "the losses match" means for it:
 Numerics = Literal["exact", "precision", "reinitialised"]
 EXACT: Numerics = "exact"  # the same arithmetic: losses bitwise equal on the CPU
 PRECISION: Numerics = "precision"  # lower precision or another kernel: within the numerics guard's tolerance
 REINITIALISED: Numerics = "reinitialised"  # the same model family, other random draws at construction: not compared
+
+# What a fix is for, which sets what verifying it must show: a faster step, or a lower peak (at a cost in time the
+# report states: such a fix stays in the patch when slower, never when it saves no memory).
+Purpose = Literal["time", "memory"]
 
 EditKind = Literal[
     "loader",  # num_workers / persistent_workers / pin_memory
@@ -33,6 +37,7 @@ EditKind = Literal[
     "save_every",  # a per-step torch.save under a step test
     "sdpa",  # hand-written attention as one SDPA call
     "detach",  # .detach() on what a loop keeps across steps (a loss in a list, a running sum)
+    "checkpoint",  # a block's call wrapped in torch.utils.checkpoint.checkpoint (recomputed in the backward)
 ]
 
 
@@ -52,3 +57,4 @@ class EditSpec:
     file: str | None = None
     line: int | None = None
     lines: tuple[int, ...] = ()
+    purpose: Purpose = "time"

@@ -3,7 +3,8 @@
 Order of work: every fixable finding becomes an edit request (:mod:`.choose`); each is made alone on
 the original to get its own diff, and must compile (:mod:`.diff`); with ``verify``, each is timed
 alone against the original while the budget allows, then the ones kept together (:mod:`.verify`);
-a fix that verifies slower, or breaks the script, is dropped; the patch of what is left is written
+a fix that verifies slower, or breaks the script, is dropped (a fix for memory: one that saves none, whatever its
+time, which the report states); the patch of what is left is written
 with a header that also lists what is by hand and what was left out, and why.
 """
 
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
 __all__ = ["attach_fixes", "predicted_together"]
 
 _MAX_VERIFY_STEPS = 2000
+MEMORY_SAVED = 0.02  # a memory fix is kept when the patched peak is this share of the original's lower, or more
 
 
 def predicted_together(fixes: list[FixResult]) -> float | None:
@@ -128,7 +130,11 @@ def _verify(
         fix_report.messages.append(f"With all fixes together, {together.error}; the patch holds none of them.")
     elif together.verdict == SLOWER:
         # --verify promises a patch measured not to slow the script: only fixes verified faster alone stay.
-        unproven = [r for r in kept if r.verification is None or r.verification.verdict != FASTER]
+        unproven = [
+            r
+            for r in kept
+            if (r.verification is None or r.verification.verdict != FASTER) and not saves_memory(r.verification)
+        ]
         for result in unproven:
             result.dropped = f"the fixes together verified slower (x{together.speedup:.2f}), this one not faster alone"
         fix_report.messages.append(
@@ -138,11 +144,23 @@ def _verify(
         )
 
 
+def saves_memory(check: Verification | None) -> bool:
+    """The patched script's memory peak is lower than the original's by ``MEMORY_SAVED`` of it or more."""
+    peak = check.peak_memory if check is not None else None
+    return peak is not None and peak["patched_bytes"] <= (1 - MEMORY_SAVED) * peak["original_bytes"]
+
+
 def _judge_alone(result: FixResult) -> None:
     check = result.verification
     assert check is not None  # the callers set it just before
     if check.error:
         result.dropped = f"verifying it: {check.error}"
+    elif result.purpose == "memory":
+        if not saves_memory(check):
+            from ..report.fix_section import peak_text
+
+            said = f" ({peak_text(check.peak_memory)})" if check.peak_memory else ""
+            result.dropped = f"verified to save no memory{said}"
     elif check.verdict == SLOWER:
         result.dropped = f"verified slower (x{check.speedup:.2f} over {len(check.ratios)} round(s))"
     elif result.doubt and check.verdict != FASTER:

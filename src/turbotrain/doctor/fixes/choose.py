@@ -81,10 +81,12 @@ def plan_fixes(
                 gain_share=f.gain_share,
                 category=f.category,
             )
-            result.label, result.numerics = spec.label, result.request.numerics
+            result.label, result.numerics, result.purpose = spec.label, result.request.numerics, spec.purpose
         except ByHand as exc:
             result.by_hand = str(exc)
             continue
+        if result.purpose == "memory":
+            continue  # it trades time for memory: its time is no doubt (the rule's edit checked the bytes it saves)
         verdict = f.what_if.verdict if f.what_if is not None else None
         ratio = (f.what_if.ratio if f.what_if is not None else None) or 0.0
         if verdict == "slower":

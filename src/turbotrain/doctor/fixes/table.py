@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from . import attention, cadence, keywords, kept_graph, statements
+from . import attention, cadence, keywords, kept_graph, recompute, statements
 from .cst_tools import Source
 from .model import ByHand, EditRequest
 
@@ -28,6 +28,7 @@ EDIT_KINDS: dict[str, Callable[[Source, EditRequest], str]] = {
     "save_every": cadence.save_every,  # a per-step torch.save under a step test
     "sdpa": attention.sdpa,  # hand-written attention as one SDPA call
     "detach": kept_graph.detach_kept,  # .detach() on what a loop keeps across steps
+    "checkpoint": recompute.checkpoint_calls,  # a block's call recomputed in the backward
 }
 
 

@@ -13,6 +13,7 @@ On the CPU the allocator's cache is not known, and is reported as None.
 from __future__ import annotations
 
 import inspect
+import sys
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -24,7 +25,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from ...data.transfer import tensors_in
-from ..sites import Site, is_user_file
+from ..sites import Site, is_user_file, user_site
 
 __all__ = [
     "DeviceMemory",
@@ -64,7 +65,8 @@ class ModuleActivations:
     self_bytes: int
     total_bytes: int
     tensors: int
-    site: Site | None = None
+    site: Site | None = None  # the user's ``forward`` of the module's class
+    call: Site | None = None  # the user's line that called the module (in its parent's forward), where one did
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,7 +224,8 @@ class _SavedByModule:
         self.stack: list[str] = []
         self.serials: set[int] = set()
         self.by_module: dict[str | None, list[int]] = {}  # name (None: outside the model) -> [bytes, tensors]
-        self.called: set[str] = set()  # the modules whose forward ran (a ModuleList's never does)
+        self.called: dict[str, Site | None] = {}  # the modules whose forward ran (a ModuleList's never does): the
+        # user's line that first called each (the parent's forward; None for the root, which the doctor calls)
 
     @contextmanager
     def hooked(self, model: torch.nn.Module) -> Iterator[None]:
@@ -239,7 +242,8 @@ class _SavedByModule:
 
     def _enter(self, module: torch.nn.Module, args: Any) -> None:
         name = self.names.get(id(module), "")
-        self.called.add(name)
+        if name not in self.called:
+            self.called[name] = user_site(sys._getframe(1))
         self.stack.append(name)
 
     def _leave(self, module: torch.nn.Module, args: Any, output: Any) -> None:
@@ -260,7 +264,7 @@ def _unpack(t: torch.Tensor) -> torch.Tensor:
 
 
 def _module_rows(
-    model: torch.nn.Module, by_module: dict[str | None, list[int]], called: set[str], top: int
+    model: torch.nn.Module, by_module: dict[str | None, list[int]], called: dict[str, Site | None], top: int
 ) -> tuple[ModuleActivations, ...]:
     """A row per module that ran: a container never called (a ``ModuleList``) cannot be recomputed as one, its
     children's rows stand for it."""
@@ -276,7 +280,13 @@ def _module_rows(
     modules = dict(model.named_modules())
     rows = [
         ModuleActivations(
-            name, type(modules[name]).__name__, by_module.get(name, [0])[0], total, count, _class_site(modules[name])
+            name,
+            type(modules[name]).__name__,
+            by_module.get(name, [0])[0],
+            total,
+            count,
+            _class_site(modules[name]),
+            called[name],
         )
         for name, (total, count) in totals.items()
         if name in modules and name in called

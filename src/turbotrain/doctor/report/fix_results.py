@@ -10,7 +10,7 @@ from typing import Any
 
 __all__ = ["EditRequest", "FixResult", "FixReport", "Verification", "EXACT", "PRECISION", "REINITIALISED"]
 
-from ..edits import EXACT, PRECISION, REINITIALISED, EditKind, Numerics
+from ..edits import EXACT, PRECISION, REINITIALISED, EditKind, Numerics, Purpose
 
 
 @dataclass(frozen=True)
@@ -86,6 +86,7 @@ class FixResult:
     # Why the what-if speaks against it ("the what-if measured it slower (x0.62)"): then only verifying it alone,
     # faster, keeps it in the patch.
     doubt: str | None = None
+    purpose: Purpose = "time"  # a memory fix is kept when it lowers the peak, even at a cost in time
     request: EditRequest | None = field(default=None, repr=False)
 
     @property
@@ -110,6 +111,7 @@ class FixResult:
             "verified": _round(self.verified),
             "loss_match": self.verification.loss_match if self.verification else None,
             "numerics": self.numerics,
+            "purpose": self.purpose,
             "in_patch": self.in_patch,
         }
         if self.by_hand:
