@@ -355,3 +355,17 @@ def test_the_default_mode_is_weighed_against_max_autotune_over_the_run():
         "the default mode saves 30.0 s of compiling a run.")
     assert mode_note((1.0, 1.9), 0.0005, 0.0005, step_differs=False).endswith(
         "compiled no slower here, and bought nothing.")
+
+
+def test_two_compiled_forwards_are_told_apart_by_where_their_code_is():
+    """Two compiled modules' codes are both "forward": each finding names its own by file and first line, which is
+    how the dynamic=True trial finds the code whose guards it reads."""
+    import dataclasses
+
+    shapes = [recompile(NEW_SHAPE, f"tensor 'x' size mismatch at index 0. expected 8, actual {n}") for n in (9, 10)]
+    values = [recompile(CHANGED_VALUE, "L['n'] == 3", line=52)] * 2  # another calling line: two findings
+    first = code(recompiles=shapes)
+    second = dataclasses.replace(code(recompiles=values), code=Site(USER, 30, "forward"))
+    by_kind = {f.evidence["kind"]: f.evidence for f in findings(context(first, second), "compile-recompile")}
+    assert by_kind[NEW_SHAPE]["code_at"] == f"{USER}:16" and by_kind[CHANGED_VALUE]["code_at"] == f"{USER}:30"
+    assert by_kind[NEW_SHAPE]["code"] == by_kind[CHANGED_VALUE]["code"] == "forward"

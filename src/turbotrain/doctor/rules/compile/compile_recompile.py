@@ -92,6 +92,11 @@ def _kinds(recompiles: list[Recompile]) -> str:
     return ", ".join(f"{n} for {_WORDS.get(kind, _OTHER)}" for kind, n in counts.most_common())
 
 
+def _code_at(code: CompiledCode) -> str:
+    """Which compiled code a finding is about: its file and first line (two modules' codes are both "forward")."""
+    return f"{code.code.file}:{code.code.line}"
+
+
 def _watched_s(ctx: Context) -> float:
     return ctx.step_s * len(ctx.measured_steps)
 
@@ -111,6 +116,7 @@ def _fallback_finding(ctx: Context, code: CompiledCode) -> Finding:
         fix=fix_for(fallback.kind),
         evidence={
             "code": code.name,
+            "code_at": _code_at(code),
             "limit": fallback.limit,
             "limit_value": fallback.value,
             "guard": fallback.guard,
@@ -156,6 +162,7 @@ def recompiles(ctx: Context) -> Iterator[Finding]:
             fix=fix_for(kind),
             evidence={
                 "code": code.name,
+                "code_at": _code_at(code),
                 "kind": kind,
                 "recompiles": [
                     {
@@ -245,7 +252,7 @@ def measure(ctx: Context, f: Finding, budget: TimeLeft) -> Measured | None:
     on the captured batch; the dynamic compile also steps on the other lengths the run's guards name."""
     model = compiled_model(ctx)
     assert model is not None and ctx.capture is not None  # _trial asked only with a captured compiled model
-    code = next(c for c in user_codes(ctx) if c.name == f.evidence["code"])
+    code = next(c for c in user_codes(ctx) if _code_at(c) == f.evidence["code_at"])
     fell_back = code.fallback is not None
     script = (
         Variant("eager, as the script runs after the recompile limit", eager_copy(model))
