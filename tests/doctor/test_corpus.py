@@ -36,9 +36,11 @@ CORPUS = {
                     "cudnn-benchmark-off"}, None, set()),
     "accumulation_ddp": ({"accumulation-syncs"}, None, set()),
     "lightning_slow_data": ({"num-workers"}, {"data_loading"}, {"num-workers"}),
-    # Memory: a loss kept across steps, a step whose activations hold most of its peak (rules/memory/).
+    # Memory: a loss kept across steps, a step whose activations hold most of its peak, outputs gathered every
+    # step (rules/memory/).
     "memory_loss_kept": ({"graph-kept-alive"}, None, set()),
     "memory_big_activations": ({"activation-memory"}, None, set()),
+    "memory_outputs_kept": ({"tensors-kept"}, None, set()),
     # Scripts that compile: what torch.compile did is read from torch's own records (record/compile_watch.py).
     # One state per step with no batch dimension (actor-critic): a batch of 1, not of its 4 features.
     "unbatched_policy": ({"small-batch"}, None, set()),

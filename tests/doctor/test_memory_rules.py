@@ -12,7 +12,7 @@ from doctor_helpers import cached_report, marked_lines
 from turbotrain.doctor.analysis.breakdown import compute_breakdown
 from turbotrain.doctor.analysis.context import Context
 from turbotrain.doctor.analysis.memory import blocks_to_checkpoint, scaled_bytes
-from turbotrain.doctor.record.graph_watch import GraphGrowth
+from turbotrain.doctor.record.graph_watch import GraphGrowth, TensorGrowth
 from turbotrain.doctor.record.memory_watch import DeviceMemory, ModuleActivations, PeakSplit, StepMemory
 from turbotrain.doctor.record.out_of_memory import OutOfMemory
 from turbotrain.doctor.record.recording import Recording, Window
@@ -63,6 +63,30 @@ def test_graph_kept_alive_is_silent_on_a_clean_loop():
     flat = GraphGrowth(steps=(1, 2, 3), tensors=(1, 1, 1), nodes=(9, 9, 9), bytes=(4, 4, 4), growing=False,
                        tensors_per_step=0.0, nodes_per_step=0.0, bytes_per_step=0.0)
     assert evaluate(_context(_recording(graph_growth=flat)), only=["graph-kept-alive"]) == []
+
+
+def _kept(holder: str = "preds", with_graphs: bool = False, per_step: float = 40 * 1024) -> TensorGrowth:
+    return TensorGrowth(holder, steps=(2, 3, 24, 25), tensors=(2, 3, 24, 25),
+                        bytes=tuple(int(n * per_step) for n in (2, 3, 24, 25)), bytes_per_step=per_step,
+                        device="cpu", with_graphs=with_graphs, site=Site("/u/train.py", 23, "main"))
+
+
+def test_tensors_kept_every_step_are_named_with_the_line_and_the_growth():
+    [f] = evaluate(_context(_recording(tensor_growth=_kept())), only=["tensors-kept"])
+    assert f.site.line == 23 and f.severity == "low" and "`preds` keeps tensors from every step" in f.message
+    assert "40.0 KiB a step on cpu" in f.message and "2 -> 3 -> 24 -> 25 tensors" in f.message
+    assert "preds.clear()" in f.fix.pytorch and f.fix.lightning and f.evidence["bytes_per_step"] == 40 * 1024
+    [big] = evaluate(_context(_recording(tensor_growth=_kept(per_step=4 * MIB))), only=["tensors-kept"])
+    assert big.severity == "medium"
+
+
+def test_tensors_kept_with_their_graphs_are_left_to_graph_kept_alive():
+    graphs = GraphGrowth(steps=(2, 3, 24, 25), tensors=(2, 3, 24, 25), nodes=(2, 3, 24, 25), bytes=(8, 12, 96, 100),
+                         growing=True, tensors_per_step=1.0, nodes_per_step=1.0, bytes_per_step=4.0, holder="losses")
+    kept = _kept("losses", with_graphs=True, per_step=4.0)
+    recording = _recording(graph_growth=graphs, tensor_growth=kept)
+    assert evaluate(_context(recording), only=["tensors-kept"]) == []
+    assert [f.rule for f in evaluate(_context(recording), only=["graph-kept-alive"])] == ["graph-kept-alive"]
 
 
 def test_activation_memory_fires_where_activations_dominate_and_names_the_block():

@@ -111,17 +111,33 @@ def test_measuring_leaves_no_hook_and_measures_the_same_twice():
     assert first.activation_bytes == second.activation_bytes
 
 
-def test_a_loss_kept_in_a_list_is_flagged_with_its_line():
-    path = script("memory_loss_kept")
+def _watched(name: str, adds: str) -> tuple[gw.GraphWatch, int]:
+    """The corpus script ``name`` run under a GraphWatch sampled at optimizer steps, and the line starting ``adds``."""
+    path = script(name)
     with gw.sampling_at_optimizer_steps(gw.GraphWatch()) as watch:
         runpy.run_path(str(path), run_name="__main__")
-    growth = watch.result()
     lines = path.read_text().splitlines()
-    line = next(i for i, text in enumerate(lines, 1) if text.strip().startswith("losses.append(loss)"))
+    return watch, next(i for i, text in enumerate(lines, 1) if text.strip().startswith(adds))
+
+
+def test_a_loss_kept_in_a_list_is_flagged_with_its_line():
+    watch, line = _watched("memory_loss_kept", "losses.append(loss)")
+    growth = watch.result()
     assert growth is not None and growth.growing
     assert growth.tensors_per_step == 1 and growth.nodes_per_step > 0 and growth.bytes_per_step >= 4
     assert growth.holder == "losses"
     assert growth.site is not None and (growth.site.line, growth.site.function) == (line, "main")
+
+
+def test_outputs_gathered_every_step_are_found_with_their_line_and_no_graph():
+    watch, line = _watched("memory_outputs_kept", "preds.append(")
+    kept = watch.kept_result()
+    # The logits (256 x 10 float32) grow faster in bytes than the labels (256 int64): they are named.
+    assert kept is not None and kept.holder == "preds" and not kept.with_graphs and kept.device == "cpu"
+    # Sampled after optimizer steps 2 to 5, before that step's append.
+    assert kept.bytes_per_step == 256 * 10 * 4 and kept.tensors == (1, 2, 3, 4), kept
+    assert kept.site is not None and (kept.site.line, kept.site.function) == (line, "main")
+    assert watch.result() is not None and not watch.result().growing  # no graph kept: not graph-kept-alive's
 
 
 def test_a_clean_loop_is_not_flagged():
@@ -138,6 +154,7 @@ def test_a_clean_loop_is_not_flagged():
     growth = watch.result()
     assert growth is not None and not growth.growing
     assert growth.tensors_per_step == 0 and growth.holder == "" and growth.site is None
+    assert watch.kept_result() is None  # the running sum is a float
 
 
 def test_a_view_torch_refuses_to_give_the_graph_of_is_skipped_not_raised():

@@ -1,6 +1,7 @@
 """Autograd graphs kept alive across training steps: a loss kept in a list, a running sum without
 ``.detach()``. :class:`GraphWatch` counts the graphs alive at a few step boundaries and names the user's variable
-whose count grows, and the line that adds to it."""
+whose count grows, and the line that adds to it; at the same boundaries, the tensors each of the user's containers
+holds (graph or not): one that keeps a tensor every step is memory that grows with the run."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from ..sites import Site, is_user_file
 from .memory_watch import storages
 
-__all__ = ["GraphGrowth", "GraphWatch", "sampling_at_optimizer_steps"]
+__all__ = ["GraphGrowth", "TensorGrowth", "GraphWatch", "sampling_at_optimizer_steps"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +44,21 @@ class GraphGrowth:
     site: Site | None = None  # the line that adds to it (or the holder's frame's line)
 
 
+@dataclass(frozen=True, slots=True)
+class TensorGrowth:
+    """A container of the user's (a list, a dict, a deque) holding more tensors at every sampled step boundary:
+    how many and their bytes at each, the least growth per step, and the line that adds to it."""
+
+    holder: str
+    steps: tuple[int, ...]
+    tensors: tuple[int, ...]
+    bytes: tuple[int, ...]
+    bytes_per_step: float
+    device: str  # where the tensors it keeps are ("cpu", "cuda:0")
+    with_graphs: bool  # the tensors carry autograd graphs (graph-kept-alive's case)
+    site: Site | None = None
+
+
 _GROWS = frozenset({"append", "extend", "insert", "add", "appendleft", "update", "setdefault"})
 _SAVED_NAMES: dict[type, tuple[str, ...]] = {}  # node type -> its "_saved_*" attributes (dir() is slow per node)
 
@@ -53,6 +69,8 @@ class _Census:
     nodes: int
     bytes: int
     holders: dict[tuple[CodeType, str], int] = field(default_factory=dict)
+    # Every container of the user's frames that holds tensors: (tensors, bytes of their distinct storages, device).
+    kept: dict[tuple[CodeType, str], tuple[int, int, str]] = field(default_factory=dict)
 
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
@@ -90,6 +108,10 @@ class GraphWatch:
                     count = _grad_tensors_in(value)
                     if count:
                         census.holders[(frame.f_code, name)] = count
+                    tensors = _tensors_in(value)
+                    if tensors:
+                        kept = storages(tensors)
+                        census.kept[(frame.f_code, name)] = (len(tensors), sum(kept.values()), str(tensors[0].device))
             frame = frame.f_back
         return census
 
@@ -105,6 +127,29 @@ class GraphWatch:
         nodes, nbytes = tuple(c.nodes for c in counts), tuple(c.bytes for c in counts)
         rates = (_least_rate(steps, tensors), _least_rate(steps, nodes), _least_rate(steps, nbytes))
         return GraphGrowth(steps, tensors, nodes, nbytes, growing, *rates, holder=holder, site=site)
+
+    def kept_result(self) -> TensorGrowth | None:
+        """The user's container whose tensors grow at every sample (the one that grows most in bytes); None before
+        three samples or where none does."""
+        if len(self._samples) < 3:
+            return None
+        steps = tuple(s for s, _ in self._samples)
+        counts = [c for _, c in self._samples]
+        found = []
+        for key in counts[-1].kept:
+            tensors = tuple(c.kept.get(key, (0, 0, ""))[0] for c in counts)
+            nbytes = tuple(c.kept.get(key, (0, 0, ""))[1] for c in counts)
+            if _grows(steps, tensors) and _grows(steps, nbytes):
+                found.append((_least_rate(steps, nbytes), key, tensors, nbytes))
+        if not found:
+            return None
+        rate, (code, name), tensors, nbytes = max(found, key=lambda f: f[0])
+        graphs = any(c.holders.get((code, name), 0) for c in counts)
+        line = _line_adding_to(code, name) or self._frames[code]
+        device = counts[-1].kept[(code, name)][2]
+        return TensorGrowth(
+            name, steps, tensors, nbytes, rate, device, graphs, Site(code.co_filename, line, code.co_name)
+        )
 
     def _holder(self, steps: tuple[int, ...], counts: list[_Census]) -> tuple[str, Site | None]:
         growing = [key for key in counts[-1].holders if _grows(steps, tuple(c.holders.get(key, 0) for c in counts))]
@@ -172,6 +217,16 @@ def _saved_tensors(node: Any) -> list[torch.Tensor]:
             continue  # freed by the backward that already ran through this node
         out += [v for v in (value if isinstance(value, tuple) else (value,)) if isinstance(v, torch.Tensor)]
     return out
+
+
+def _tensors_in(value: Any) -> list[torch.Tensor]:
+    """The tensors a container holds directly (a list, a tuple, a set, a deque, a dict's values); [] for anything
+    else, a tensor itself included (one variable rebound every step does not grow)."""
+    if isinstance(value, dict):
+        value = value.values()
+    elif not isinstance(value, (list, tuple, set, deque)):
+        return []
+    return [v for v in value if type(v) in _PLAIN]
 
 
 def _grad_tensors_in(value: Any) -> int:

@@ -471,6 +471,7 @@ class Recorder:
                 else None
             ),
             graph_growth=self.graph_watch.result(),
+            tensor_growth=self.graph_watch.kept_result(),
             out_of_memory=self.out_of_memory,
         )
 

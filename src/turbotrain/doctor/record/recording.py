@@ -19,7 +19,7 @@ from ...data.stats import ReadStats
 from ...hardware import LoadSample
 from .collectives import CommStep
 from .compile_watch import CompileFacts
-from .graph_watch import GraphGrowth
+from .graph_watch import GraphGrowth, TensorGrowth
 from .measurements import EventCounts, ForwardFacts, LoaderRecord, StepRecord
 from .out_of_memory import OutOfMemory
 from .watch import WatchedRun
@@ -121,6 +121,7 @@ class Recording:
     compiled: CompileFacts | None = None  # what torch.compile did, where the script compiled (record/compile_watch.py)
     # Autograd graphs alive at a few step boundaries off the measured steps (record/graph_watch.py).
     graph_growth: GraphGrowth | None = None
+    tensor_growth: TensorGrowth | None = None  # a container of the user's keeping tensors every step (the same)
     out_of_memory: OutOfMemory | None = None  # the script died of it (record/out_of_memory.py)
 
     def gpu_phase_seconds(self) -> dict[int, dict[str, float]]:
