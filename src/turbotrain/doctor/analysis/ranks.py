@@ -119,6 +119,13 @@ class Imbalance:
     cpu_gap_s: float | None  # the same for the CPU time of their threads (None: not known)
     larger_input_share: float  # share of the steps whose last rank's forwards took more elements than the first's
 
+    @property
+    def evidenced(self) -> bool:
+        """Uneven work shown, not only turns: the late rank's phase holds the wait and it had the larger batch in 3
+        steps of 4. Ranks given batches of one size are late in turns from noise as well (a core's wait, a slower
+        collective now and then), more so on a loaded machine."""
+        return self.cause != "unexplained" and self.larger_input_share >= CONSISTENT
+
 
 @dataclass(frozen=True)
 class LaneStep:
