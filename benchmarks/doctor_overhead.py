@@ -8,7 +8,11 @@ reads the clock. Other processes only ever add time to a step, so each round's n
 lower quartile of its step times (the median is printed too); the ratio is doctor / plain per
 round, printed as the median over rounds and its spread (min..max). Target: <= 1.05.
 
+``--compile``: each model ``torch.compile``d first (compiled once, in the warm-up both loops share), so the
+doctor's cost is measured on a compiled script, its compile watch on.
+
     python benchmarks/doctor_overhead.py [--rounds 7] [--steps 30] [--workloads mlp,cnn,gpt] [--threads 1]
+                                         [--compile]
 """
 
 from __future__ import annotations
@@ -66,20 +70,26 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--workloads", default="mlp,cnn,gpt")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1: steadier on a shared box)")
+    parser.add_argument("--compile", action="store_true", help="torch.compile each model first (Inductor)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     hw = detect("cpu")
     print(f"machine: {hw.summary()}; torch {torch.__version__}; python {platform.python_version()}; "
-          f"threads {args.threads}")
+          f"threads {args.threads}{'; compiled' if args.compile else ''}")
     print(f"{'workload':8} {'plain ms/step':>14} {'doctor ms/step':>15} {'ratio (median)':>15} {'spread':>14}")
     print(f"{'':8} {'(lower quartile of all steps)':>30}")
     worst = 0.0
     for name in args.workloads.split(","):
         workload = get_workload(name)
         model, opt = workload.build()
+        if args.compile:
+            model = torch.compile(model)
         loader = workload.loader()
         batches = [b for _, b in zip(range(8), loader)]
-        train(workload, model, opt, batches, 5)  # first-touch costs out of the way
+        started = time.perf_counter()
+        train(workload, model, opt, batches, 5)  # first-touch costs (and compiling) out of the way
+        if args.compile:
+            print(f"  {name}: compiled in the first steps, {time.perf_counter() - started:.1f} s", flush=True)
         plain_all, doctor_all, ratios = [], [], []
         for _ in range(args.rounds):
             p = plain_steps(workload, model, opt, batches, args.steps + 3)
