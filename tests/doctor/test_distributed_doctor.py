@@ -174,10 +174,12 @@ def test_ddp_default_buckets_are_read_from_every_ranks_reducer(clean):
 
 def test_exposed_gradient_sync_is_named_when_no_rank_is_late(clean):
     """The all-reduce wait every rank shares is named (low: measured, its fix not yet timed on a job) exactly
-    when it is a quarter of the step or more and neither a straggler nor ranks late in turns explain it."""
+    when it is a quarter of the step or more and neither a straggler nor uneven work shown explain it (ranks late
+    in turns with batches of one size, which this balanced job may show by chance, do not)."""
     report = _ok(clean)
     found = [f for f in report["findings"] if f["rule"] == "exposed-gradient-sync"]
-    explained = report["straggler"] is not None or report["imbalance"] is not None
+    uneven = report["imbalance"] is not None and report["imbalance"]["evidenced"]
+    explained = report["straggler"] is not None or uneven
     expected = not explained and report["communication"]["exposed_share"] >= 0.25
     assert bool(found) == expected, (report["communication"], report["straggler"], report["imbalance"], found)
     for finding in found:

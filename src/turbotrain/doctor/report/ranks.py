@@ -169,6 +169,7 @@ def ranks_json(job: RankAnalysis, base: str | None = None) -> dict[str, Any]:
             "cause_gap_ms": _ms(u.cause_gap_s),
             "cpu_gap_ms": _ms(u.cpu_gap_s) if u.cpu_gap_s is not None else None,
             "larger_input_share": round(u.larger_input_share, 3),
+            "evidenced": u.evidenced,  # uneven work shown, not turns that noise explains as well
         }
     return {
         "ranks": ranks,
