@@ -64,9 +64,7 @@ class PeakProbe:
             _CLEAR_REFS.write_text("5")  # the resident peak restarts at the resident size now
         except OSError:
             return
-        # The reset counter itself, not VmRSS read a moment later (which may already be higher): the peak is read
-        # from the same counter, which only rises until the next reset.
-        start = _status_kib("VmHWM")
+        start = _status_kib("VmHWM")  # the reset counter itself: the resident size at the reset
         self._start = start * 1024 if start is not None else None
 
     def stop(self) -> WindowMemory | None:
@@ -75,4 +73,6 @@ class PeakProbe:
         if self.gpu:
             return WindowMemory(CUDA_ALLOCATED, self._start, torch.cuda.max_memory_allocated())
         peak = _status_kib("VmHWM")
-        return WindowMemory(RESIDENT, self._start, peak * 1024) if peak is not None else None
+        # The window's peak is at least what it opened with: the kernel's counters are batched per CPU, and VmHWM
+        # read at the end fell 150 KB under the start read just after its reset once (a run whose RSS then shrank).
+        return WindowMemory(RESIDENT, self._start, max(peak * 1024, self._start)) if peak is not None else None
