@@ -100,6 +100,17 @@ def test_a_patch_verified_slower_together_keeps_only_fixes_verified_faster_alone
     attach._verify(report, mixed, {}, "/tmp", NoTimeToVerifyAlone(), 10, 1.0)
     assert report.kept == [faster_alone]
 
+    # A memory fix that saved memory alone stays whatever its time; a fix for time that lowered the peak by chance
+    # is still judged by its time.
+    saved = {"original_bytes": 100 << 20, "patched_bytes": 50 << 20}
+    memory_fix = fix("activation-memory", Verification(speedup=0.7, verdict=SLOWER, ratios=[0.7], peak_memory=saved))
+    memory_fix.purpose = "memory"
+    time_fix = fix("pin-memory", Verification(speedup=0.99, verdict="within noise", ratios=[0.99], peak_memory=saved))
+    both = [memory_fix, time_fix]
+    report = FixReport(fixes=both)
+    attach._verify(report, both, {}, "/tmp", NoTimeToVerifyAlone(), 10, 1.0)
+    assert report.kept == [memory_fix] and "not faster alone" in time_fix.dropped
+
 
 def test_graphs_kept_from_step_to_step_are_verified_beside_the_time():
     """--verify's children count the autograd graphs alive at a few step boundaries: where either side kept

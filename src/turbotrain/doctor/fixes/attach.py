@@ -19,6 +19,7 @@ import torch
 from ...measure import FASTER, SLOWER
 from .losses import weakest
 from ..report.fix_results import FixReport, FixResult, Verification
+from ..report.fix_section import fix_line, peak_text
 from .diff import PatchError, combine, make_diffs, render_patch, write_patch
 from .choose import plan_fixes
 from .verify import Verifier, VerifyError, VerifyOptions
@@ -131,9 +132,7 @@ def _verify(
     elif together.verdict == SLOWER:
         # --verify promises a patch measured not to slow the script: only fixes verified faster alone stay.
         unproven = [
-            r
-            for r in kept
-            if (r.verification is None or r.verification.verdict != FASTER) and not saves_memory(r.verification)
+            r for r in kept if (r.verification is None or r.verification.verdict != FASTER) and not _kept_for_memory(r)
         ]
         for result in unproven:
             result.dropped = f"the fixes together verified slower (x{together.speedup:.2f}), this one not faster alone"
@@ -150,6 +149,12 @@ def saves_memory(check: Verification | None) -> bool:
     return peak is not None and peak["patched_bytes"] <= (1 - MEMORY_SAVED) * peak["original_bytes"]
 
 
+def _kept_for_memory(result: FixResult) -> bool:
+    """A fix made for memory that verified to save it: kept whatever its time (a fix for time that happens to
+    lower the peak is still judged by its time)."""
+    return result.purpose == "memory" and saves_memory(result.verification)
+
+
 def _judge_alone(result: FixResult) -> None:
     check = result.verification
     assert check is not None  # the callers set it just before
@@ -157,8 +162,6 @@ def _judge_alone(result: FixResult) -> None:
         result.dropped = f"verifying it: {check.error}"
     elif result.purpose == "memory":
         if not saves_memory(check):
-            from ..report.fix_section import peak_text
-
             said = f" ({peak_text(check.peak_memory)})" if check.peak_memory else ""
             result.dropped = f"verified to save no memory{said}"
     elif check.verdict == SLOWER:
@@ -170,8 +173,6 @@ def _judge_alone(result: FixResult) -> None:
 
 
 def _header(report: Any, fix_report: FixReport, patch_name: str, base: str, verified: bool) -> list[str]:
-    from ..report.fix_section import fix_line
-
     kept, fixes = fix_report.kept, fix_report.fixes
     by_hand = [f for f in fixes if f.by_hand]
     left_out = [f for f in fixes if f.edit and f.dropped]
