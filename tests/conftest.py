@@ -12,7 +12,7 @@ TESTS = Path(__file__).resolve().parent
 # late or a loader look slow, so they run alone (`make test` runs the `exclusive` tests first, on one process).
 # These files' assertions read no time: the patch and the report (the fix corpus), what torch.compile did, how
 # the report prints, how a failing script or a hostile folder is handled, the bytes a step holds, the calibration
-# corpus's scripts (run, not timed).
+# corpus's scripts (run, not timed), how a job's launcher starts.
 SHARED_DOCTOR_FILES = frozenset({
     "test_fix_corpus.py",
     "test_compile_watch.py",
@@ -23,6 +23,7 @@ SHARED_DOCTOR_FILES = frozenset({
     "test_memory_watch.py",
     "test_verify_memory.py",
     "test_calibration_corpus.py",
+    "test_forked_launch.py",
 })
 # Folders whose session-scoped fixtures are expensive (a two-rank launch, nginx): one worker runs the whole folder.
 ONE_WORKER_FOLDERS = frozenset({"launch", "data"})

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from .. import lifeline
+from .forked_launch import ForkedLauncher, start_launcher
 from ..rank_change import RankChange
 from .rank_main import ENV_CLAIMED, ENV_FOLDER, ENV_OPTIONS, ENV_ROOT, SITECUSTOMIZE
 from .rank_status import read_json, result_path
@@ -119,7 +120,7 @@ def run_job(
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), str(_SRC), env.get("PYTHONPATH")]))
     started = time.monotonic()
     try:
-        proc = subprocess.Popen(command, env=env, cwd=cwd, start_new_session=True, stdout=stdout, stderr=stderr)
+        proc = start_launcher(command, env, cwd, stdout, stderr)
     except OSError as exc:
         shutil.rmtree(folder, ignore_errors=True)
         return JobRun(command, None, 0.0, [], failure=f"could not start {command[0]!r}: {exc}")
@@ -297,7 +298,7 @@ def _signal(pid: int, sig: int, group: bool) -> None:
         pass
 
 
-def _stop(proc: subprocess.Popen, pids: list[int], folder: Path) -> list[int]:
+def _stop(proc: subprocess.Popen | ForkedLauncher, pids: list[int], folder: Path) -> list[int]:
     """End the launcher's session and every rank (and the rank's own process group); the pids left alive."""
     for sig, grace in ((signal.SIGTERM, TERM_GRACE_S), (signal.SIGKILL, 2.0)):
         ranks = [pid for pid in pids if _ours(pid, folder)]
