@@ -33,6 +33,7 @@ from .source import SourceIndex, load_sources
 
 if TYPE_CHECKING:
     from ..record.compile_watch import CompileFacts
+    from ..record.loss_capture import EagerLoss
     from .ranks import RankAnalysis
     from ..record.memory_watch import StepMemory
     from .memory import FitMeasure
@@ -72,6 +73,7 @@ class Context:
     facts: ForwardFacts = field(default_factory=ForwardFacts)
     capture: Capture | None = None
     eval_grad_inputs: tuple[tuple, dict] | None = None  # (args, kwargs) of a validation forward with autograd on
+    eager_loss: EagerLoss | None = None  # a loss on a compiled graph's output, computed outside the graph
     profile: dict[str, Any] = field(default_factory=dict)
     matmul_shapes: dict[Site, tuple] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
@@ -376,6 +378,7 @@ def build_context(
         facts=facts,
         capture=capture,
         eval_grad_inputs=live.eval_grad_inputs,
+        eager_loss=live.eager_loss,
         profile=prof,
         matmul_shapes={m.site: (m.a, m.b) for m in recording.matmul_shapes},
         env=dict(os.environ),

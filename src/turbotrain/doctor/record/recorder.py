@@ -28,6 +28,7 @@ import torch
 
 from .compile_watch import CompileFacts, CompileWatch
 from .graph_watch import GraphWatch
+from .loss_capture import LossCapture
 from .out_of_memory import OutOfMemory, out_of_memory
 from ...data import stats as data_stats
 from ...hardware import LoadSample, sample_load
@@ -135,6 +136,8 @@ class Recorder:
         # What torch.compile did (graphs, breaks, recompiles, compile time), where the script compiles.
         self.compile_watch: CompileWatch | None = None
         self.compiled: CompileFacts | None = None
+        # The loss a compiled model's output goes into, where the script computes it outside the graph.
+        self.loss_capture = LossCapture(self._recording_live)
         self._graphs_failed = False  # a count of the graphs alive failed once: no more counts this run
         self._drains = 0  # warm-up extensions for batches the workers still held ready (MAX_DRAINS at most)
         # Graphs kept alive across steps: counted at a few boundaries whose cost lands in no measured step.
@@ -204,6 +207,7 @@ class Recorder:
             instrument.install(self.patcher)
             self.gradient_sync.install(self.patcher)
             self.blocking.install(self.patcher)
+            self.loss_capture.install(self.patcher)
             if self.gpu:
                 self.gpu_timer.install_sync_debug(self.patcher, self._on_cuda_sync)
         except BaseException:
@@ -489,6 +493,7 @@ class Recorder:
             eval_grad_inputs=self.modules.eval_grad_inputs,
             loaders={key: record.loader for key, record in self.tallies.loaders.items()},
             profiler=self.profiler,
+            eager_loss=self.loss_capture.found,
         )
 
 

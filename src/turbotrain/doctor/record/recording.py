@@ -139,6 +139,7 @@ class LiveObjects:
     eval_grad_inputs: tuple[tuple[Any, ...], dict[str, Any]] | None = None
     loaders: dict[int, Any] = field(default_factory=dict)  # LoaderRecord.key -> the DataLoader
     profiler: Any = None  # torch.profiler.profile of the profiler window
+    eager_loss: Any = None  # record.loss_capture.EagerLoss: a loss on a compiled graph's output, outside the graph
 
 
 @dataclass

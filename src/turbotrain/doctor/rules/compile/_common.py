@@ -46,8 +46,10 @@ __all__ = [
     "backend_name",
     "script_backend_config",
     "recompiled",
+    "compiled_like",
     "script_dynamic",
     "trade_off",
+    "pair_text",
     "cached_compile",
     "inductor_cache_dir",
     "CachedCompile",
@@ -184,11 +186,18 @@ def script_dynamic(model: torch.nn.Module) -> bool | None:
 def recompiled(model: torch.nn.Module, dynamic: bool | None | Literal["script"] = "script") -> torch.nn.Module:
     """A copy of the script's compiled model compiled again from scratch, as the script compiled it (its backend,
     mode, ``dynamic`` and ``fullgraph``); ``dynamic``: another ``dynamic=`` than the script's."""
+    return compiled_like(model, eager_copy(model), dynamic)
+
+
+def compiled_like(
+    model: torch.nn.Module, module: torch.nn.Module, dynamic: bool | None | Literal["script"] = "script"
+) -> torch.nn.Module:
+    """``module`` compiled as the script compiled ``model`` (its backend, mode, ``dynamic`` and ``fullgraph``),
+    under a backend of its own (nothing compiled for another variant is reused)."""
     backend = _script_backend(model)
-    original = eager_copy(model)
     # torch.compile is typed for functions; given a Module it returns an OptimizedModule, a Module.
     return torch.compile(  # type: ignore[return-value]  # a Module in, a Module out
-        original,
+        module,
         backend=_fresh_backend(backend) if backend is not None else "inductor",
         dynamic=script_dynamic(model) if dynamic == "script" else dynamic,
         fullgraph=bool(getattr(model.dynamo_ctx, "fullgraph", False)),
@@ -403,6 +412,17 @@ def compile_result(
         candidate_first_calls_s=round(timing.warm_s[1], 3),
         other_lengths=len(timing.other_s) or None,
         graphs_for_other_lengths=timing.other_graphs if timing.other_s else None,
+    )
+
+
+def pair_text(timing: PairTiming, a: str, b: str, fix: str) -> str:
+    """Two compiled variants' first calls (their compiling) and step, ``a`` the script's way and ``b`` the fix's
+    ("whole", "block by block"), and what ``fix`` trades over a run."""
+    (a_s, b_s), step = timing.warm_s, timing.a_s - timing.b_s
+    return (
+        f"First calls (compiling) {seconds_text(a_s)} {a} against {seconds_text(b_s)} {b}; "
+        f"the step {timing.a_s * 1e3:.2f} ms against {timing.b_s * 1e3:.2f} ms "
+        f"({'slower' if step < 0 else 'faster'} by {abs(step) * 1e3:.2f} ms {b}). " + trade_off(a_s - b_s, step, fix)
     )
 
 

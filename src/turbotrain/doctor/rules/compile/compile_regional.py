@@ -28,7 +28,7 @@ from ._common import (
     regionally_compiled,
     seconds_text,
     measured_pair,
-    trade_off,
+    pair_text,
     user_codes,
 )
 
@@ -111,13 +111,7 @@ def measure(ctx: Context, f: Finding, budget: TimeLeft) -> Measured | None:
     blocks = Variant(f"each of the {count} {cls} compiled", regionally_compiled(model, f.evidence["container"]))
 
     def say(timing: PairTiming, _steps_differ: bool) -> str:
-        (whole_s, blocks_s), step = timing.warm_s, timing.a_s - timing.b_s
-        return (
-            f"First calls (compiling) {seconds_text(whole_s)} whole against {seconds_text(blocks_s)} block by block; "
-            f"the step {timing.a_s * 1e3:.2f} ms against {timing.b_s * 1e3:.2f} ms "
-            f"({'slower' if step < 0 else 'faster'} by {abs(step) * 1e3:.2f} ms block by block). "
-            + trade_off(whole_s - blocks_s, step, "compile block by block")
-        )
+        return pair_text(timing, "whole", "block by block", "compile block by block")
 
     return measured_pair(ctx, budget, whole, blocks, say, first, first + again)
 

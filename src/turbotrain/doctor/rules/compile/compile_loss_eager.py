@@ -1,0 +1,111 @@
+"""`compile-loss-eager`: a compiled model whose loss runs outside the graph (timed: the loss compiled with the model).
+
+Reads: the live objects (record/loss_capture.py: the first of ``torch.nn.functional``'s losses called on a compiled
+graph's output, nn's loss modules included) + the captured model. torch.compile of the model alone leaves the loss
+to eager PyTorch: its forward and backward run op by op, and Inductor cannot fuse it with the model's last ops (the
+head's matmul with cross-entropy's log-softmax). Timed on the captured batch and the script's own target: the
+model compiled as the script compiles it with the loss eager after it, against one compile of the model and the
+loss together; fresh compiles of both, interleaved. Compile time is said, never counted as a per-step gain.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Iterator
+
+import torch
+
+from ...findings import Finding, Fix
+from ...requests import OwnTrial
+from ..rule import Detect, Measured, Rule, TimeLeft, register
+from ._common import (
+    PairTiming,
+    Variant,
+    compile_seconds,
+    compiled_like,
+    compiled_model,
+    eager_copy,
+    measured_pair,
+    pair_text,
+    recompiled,
+)
+
+if TYPE_CHECKING:
+    from ...analysis.context import Context
+    from ...record.loss_capture import EagerLoss
+
+
+class ModelAndLoss(torch.nn.Module):
+    """The model's forward then the script's loss on its output (viewed as the script viewed it) and target."""
+
+    def __init__(self, model: torch.nn.Module, loss: EagerLoss) -> None:
+        super().__init__()
+        self.model = model
+        self.loss = loss
+
+    def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        out = self.model(*args, **kwargs)
+        if not isinstance(out, torch.Tensor):
+            raise TypeError("the compiled model returns no single tensor: the loss's input cannot be rebuilt")
+        return self.loss.call(out.reshape(self.loss.input_shape), *self.loss.rest, **self.loss.kwargs)
+
+
+def _replayable(ctx: Context, loss: EagerLoss, model: torch.nn.Module) -> bool:
+    """The loss's input is the compiled model's output reshaped (its elements, in order), on the captured batch."""
+    assert ctx.capture is not None  # compiled_model found the captured model
+    original = model._orig_mod
+    assert isinstance(original, torch.nn.Module)  # compiled_model checked it
+    with torch.no_grad():
+        out = original(*ctx.capture.args, **ctx.capture.kwargs)
+    return isinstance(out, torch.Tensor) and out.numel() == torch.Size(loss.input_shape).numel()
+
+
+def loss_outside(ctx: Context) -> Iterator[Finding]:
+    loss, model = ctx.eager_loss, compiled_model(ctx)
+    if loss is None or model is None or ctx.capture is None:
+        return
+    ops = ", ".join(loss.between[:3]) + (", ..." if len(loss.between) > 3 else "")
+    via = f" (after {len(loss.between)} eager op(s) on it: {ops})" if loss.between else ""
+    call = f"F.{loss.function}"
+    f = Finding(
+        "compile-loss-eager",
+        site=loss.site,
+        category="compute",
+        message=(
+            f"The loss, {call}, runs outside the compiled graph on the compiled model's output{via}: its forward "
+            "and backward run op by op, and torch.compile cannot fuse it with the model's last ops."
+        ),
+        fix=Fix(
+            f"Compile the model and the loss as one: a module (or function) whose forward returns {call}(model(x), "
+            "y), compiled in place of the model alone, e.g. `loss_fn = torch.compile(lambda x, y: "
+            f"{call}(model(x), y))`",
+            lightning="Compute the loss inside a compiled module: compile the LightningModule's training_step's "
+            "model and loss together (a module whose forward returns the loss), not the model alone",
+            hf_trainer="torch_compile=True compiles the model only: return the loss from the model's forward (pass "
+            "labels) so that it is compiled with it",
+        ),
+        evidence={"loss": loss.function, "between": list(loss.between), "input_shape": list(loss.input_shape)},
+        request=OwnTrial(),
+    )
+    f.provisional("low")
+    f.note = "Unmeasured: the what-ifs compile the model with the loss and time both ways."
+    yield f
+
+
+def measure(ctx: Context, f: Finding, budget: TimeLeft) -> Measured | None:
+    """The script's compiled model with its loss after it, eager, against the model and the loss compiled as one."""
+    model, loss = compiled_model(ctx), ctx.eager_loss
+    if model is None or loss is None or not _replayable(ctx, loss, model):
+        return None  # the loss's input is not the model's output reshaped: nothing to rebuild it from
+    first, again = compile_seconds(ctx)
+    apart = Variant(f"the model compiled, F.{loss.function} eager", ModelAndLoss(recompiled(model), loss))
+    together = Variant(
+        f"the model and F.{loss.function} compiled as one", compiled_like(model, ModelAndLoss(eager_copy(model), loss))
+    )
+
+    def say(timing: PairTiming, _steps_differ: bool) -> str:
+        return pair_text(timing, "with the loss eager", "with the loss compiled in", "compile the loss with the model")
+
+    return measured_pair(ctx, budget, apart, together, say, first, first + again)
+
+
+RULE = register(Rule("compile-loss-eager", detect=(Detect("live", loss_outside),), measure=measure))
