@@ -131,3 +131,19 @@ def test_graphs_kept_from_step_to_step_are_verified_beside_the_time():
     assert fix_line(None, check).endswith("graphs kept a step: original 10 nodes and 4 bytes, patched none")
     assert check.to_dict()["graphs_kept"] == kept
     assert "graphs_kept" not in Verification(speedup=1.0, verdict="within noise").to_dict()
+
+
+def test_the_predicted_speed_up_together_adds_shares_and_keeps_a_lone_slower_fix_slower():
+    """A lone fix predicted slower (checkpointing, made for memory) is predicted slower together too, not x1.00;
+    fixes of two categories add their shares of the step; within one category only the largest counts."""
+    from turbotrain.doctor.fixes.attach import predicted_together
+
+    def fix(predicted: float, category: str) -> FixResult:
+        request = EditRequest(rule=category, kind="keywords", file="/tmp/train.py", line=1, where="train.py:1",
+                              label=category, category=category)
+        return FixResult(rule=category, where=request.where, label=category, request=request, predicted=predicted)
+
+    assert predicted_together([fix(0.71, "compute")]) == 0.71
+    assert predicted_together([fix(2.0, "data_loading"), fix(1.25, "compute")]) == round(1 / (1 - 0.5 - 0.2), 3)
+    assert predicted_together([fix(2.0, "data_loading"), fix(1.25, "data_loading")]) == 2.0
+    assert predicted_together([]) is None

@@ -42,7 +42,8 @@ def predicted_together(fixes: list[FixResult]) -> float | None:
     for i, f in enumerate(fixes):
         if f.predicted:
             key = (f.request.category if f.request else None) or f"fix {i}"
-            by_category[key] = max(by_category.get(key, 0.0), 1.0 - 1.0 / f.predicted)
+            share = 1.0 - 1.0 / f.predicted  # < 0 for a fix predicted slower (one made for memory)
+            by_category[key] = max(by_category.get(key, share), share)
     if not by_category:
         return None
     return round(1.0 / (1.0 - min(0.95, max(-10.0, sum(by_category.values())))), 3)
