@@ -140,3 +140,24 @@ def test_both_ways_are_timed_and_compute_the_scripts_own_loss():
     assert result.baseline_ms > 0 and result.candidate_ms > 0 and "loss" in (measured.note or "")
     # A loss whose input is not the model's output reshaped is not timed.
     assert measure(_context(model, x, _eager_loss(y, shape=(3, 5))), f, _Budget()) is None
+
+
+def test_a_loss_inside_a_compiled_region_is_not_recompiled_when_another_is_caught():
+    """Inside a compiled region torch traces the doctor's wrapper: it must not guard the graph on what the capture
+    holds, or catching an eager loss elsewhere would recompile the graph that holds its own loss."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    model, head = _model(), torch.compile(_model(), backend="aot_eager")
+    together = torch.compile(lambda x, y: F.cross_entropy(model(x), y), backend="aot_eager")
+    x, y = torch.randn(4, 8), torch.randint(0, 5, (4,))
+    graphs = []
+
+    def steps():
+        for _ in range(3):
+            together(x, y).backward()
+            F.cross_entropy(head(x), y).backward()  # the eager loss caught in the first step
+            graphs.append(counters["stats"]["unique_graphs"])
+
+    assert _captured(steps).found is not None
+    assert graphs[1] == graphs[2] == graphs[0], graphs

@@ -86,7 +86,9 @@ class LossCapture:
     def _wrap(self, name: str, original: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
         @functools.wraps(original)
         def loss(*args: Any, **kwargs: Any) -> torch.Tensor:
-            if self.found is None and _something_compiled() and not torch.compiler.is_compiling() and self._live():
+            # is_compiling first: inside a compiled region torch traces this wrapper, and reading ``found`` there
+            # would guard the graph on it (a recompile once a loss is found).
+            if not torch.compiler.is_compiling() and self.found is None and _something_compiled() and self._live():
                 self._look(name, original, args, kwargs, sys._getframe(1))
             return original(*args, **kwargs)
 
