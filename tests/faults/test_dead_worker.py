@@ -72,3 +72,22 @@ def test_a_hung_worker_does_not_outlive_fit(tmp_path):
     assert len(pids) == 2
     for pid in pids:
         assert not os.path.exists(f"/proc/{pid}"), f"worker {pid} outlived fit"
+
+
+def test_a_worker_death_that_surfaced_as_another_error_is_still_named():
+    """PyTorch's SIGCHLD handler raises wherever the main process is: inside torch.save the checkpoint writer fails
+    with its own error ("unexpected pos") and PyTorch's is lost. A dead worker is the cause whatever surfaced."""
+    from types import SimpleNamespace
+
+    from turbotrain.train.resumable import worker_death
+
+    iterator = SimpleNamespace(_workers=[SimpleNamespace(exitcode=None, pid=11),
+                                         SimpleNamespace(exitcode=-signal.SIGKILL, pid=12)])
+    surfaced = RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 35468 vs 35356")
+    died = worker_death(surfaced, iterator, "after 16 optimizer steps (epoch 1)")
+    assert died is not None and "DataLoader worker 1 (pid 12) was killed by signal SIGKILL after 16" in str(died)
+    assert "surfaced where the loop was as RuntimeError: [enforce fail" in str(died)
+    said = worker_death(RuntimeError("DataLoader worker (pid 12) is killed by signal: Killed."), iterator, "here")
+    assert said is not None and "surfaced" not in str(said)
+    alive = SimpleNamespace(_workers=[SimpleNamespace(exitcode=None, pid=11), SimpleNamespace(exitcode=0, pid=12)])
+    assert worker_death(surfaced, alive, "here") is None

@@ -114,13 +114,14 @@ class WorkerDied(RuntimeError):
 
 
 def worker_death(exc: BaseException, iterator: Any, where: str) -> WorkerDied | None:
-    """A clearer error for PyTorch's "DataLoader worker (pid(s) N) exited unexpectedly"; None otherwise.
+    """A clearer error where a DataLoader worker of ``iterator`` died: the error that surfaced was its doing; None
+    when every worker is alive.
 
-    PyTorch names the pid only, and without a cause when the death is noticed while waiting
-    for data; the iterator's worker processes tell which worker it was and how it ended.
+    PyTorch names the pid only ("DataLoader worker (pid(s) N) exited unexpectedly"), and without a cause when the
+    death is noticed while waiting for data. Its SIGCHLD handler raises wherever the main process is: inside
+    ``torch.save`` the checkpoint writer then fails with an error of its own ("unexpected pos") and PyTorch's is
+    lost. The iterator's worker processes tell which worker it was and how it ended.
     """
-    if not str(exc).startswith("DataLoader worker (pid"):
-        return None
     dead = [(i, w) for i, w in enumerate(getattr(iterator, "_workers", ())) if w.exitcode not in (None, 0)]
     if not dead:
         return None
@@ -138,8 +139,14 @@ def worker_death(exc: BaseException, iterator: Any, where: str) -> WorkerDied | 
         if any(w.exitcode == -signal.SIGKILL for _, w in dead)
         else ""
     )
+    surfaced = (
+        ""
+        if str(exc).startswith("DataLoader worker (pid")
+        else f" It surfaced where the loop was as {type(exc).__name__}: {str(exc).strip()[:200]}."
+    )
     return WorkerDied(
-        f"{'; '.join(told)} {where}.{hint} Training stopped; fit(resume=True) continues from the last checkpoint."
+        f"{'; '.join(told)} {where}.{surfaced}{hint} Training stopped; fit(resume=True) continues from the last "
+        "checkpoint."
     )
 
 
