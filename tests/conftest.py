@@ -13,7 +13,7 @@ TESTS = Path(__file__).resolve().parent
 # These files' assertions read no time: the patch and the report (the fix corpus), what torch.compile did, how
 # the report prints, how a failing script or a hostile folder is handled, the bytes a step holds, the calibration
 # corpus's scripts (run, not timed), how a job's launcher starts, which loss a compiled
-# model's output went into.
+# model's output went into, how --verify's runs are forked.
 SHARED_DOCTOR_FILES = frozenset({
     "test_fix_corpus.py",
     "test_compile_watch.py",
@@ -26,6 +26,7 @@ SHARED_DOCTOR_FILES = frozenset({
     "test_calibration_corpus.py",
     "test_forked_launch.py",
     "test_compile_loss_eager.py",
+    "test_warm_start.py",
 })
 # Folders whose session-scoped fixtures are expensive (a two-rank launch, nginx): one worker runs the whole folder.
 ONE_WORKER_FOLDERS = frozenset({"launch", "data"})

@@ -67,6 +67,7 @@ def test_verify_measures_the_memory_a_patch_frees_on_each_side(tmp_path):
         patched = verifier.variant({str(script): SCRIPT.replace("SCRATCH_MIB = 96", "SCRATCH_MIB = 0")})
         check = verifier.compare(patched, steps=6, numerics="exact")
     assert check.error is None, check.error
+    assert verifier.warm_runs == 2  # both sides forked from one interpreter that imported torch (warm_start.py)
     peak = check.peak_memory
     assert peak is not None and peak["kind"] == RESIDENT, check
     for side in ("original", "patched"):

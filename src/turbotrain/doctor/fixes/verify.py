@@ -3,7 +3,8 @@
 The script's folder is copied to a temporary place outside it (once for the original, once per variant;
 sockets, named pipes and what cannot be read are left out, saying so), the
 patched files are written into their copy, and both run under the doctor's recorder in their own
-processes (:mod:`.child`), on the same steps, alternating: original, patched; then patched, original;
+processes (:mod:`.child`, each forked from one interpreter that imported torch once: :mod:`.warm_start`), on the
+same steps, alternating: original, patched; then patched, original;
 ... so load that comes and goes falls on both. Each run's time is the median of its own steps (a
 burst of another process's load spoils a step, not the run; with DataLoader workers, of runs of as
 many steps as one round of theirs feeds), or, when a fix changes a cadence, the
@@ -30,6 +31,7 @@ from typing import Any
 from ...measure import judge, run_means
 from .. import lifeline
 from .losses import loss_match
+from .warm_start import WarmStart
 from ..report.fix_results import Verification
 
 __all__ = ["TimedRun", "Verifier", "VerifyError", "VerifyOptions"]
@@ -50,6 +52,7 @@ LINK_ABOVE_BYTES = 16 * 2**20  # bigger files (data, checkpoints) are linked int
 MAX_COPY_BYTES = 512 * 2**20
 MAX_COPY_FILES = 20_000
 _STARTUP_S = 4.0  # a fresh interpreter importing torch, before the script's first line
+_CHILD = "turbotrain.doctor.fixes.child"
 
 
 class VerifyError(RuntimeError):
@@ -156,6 +159,8 @@ class Verifier:
         self.run_s = 0.0  # the longest run so far: what a comparison will cost
         self._tmp: str | None = None
         self._variants = 0
+        self._warm: WarmStart | None = None  # started by the first run, ended with the copies
+        self.warm_runs = 0  # runs forked from it (the others started a new interpreter)
         self.notes: list[str] = []  # what the copies left out, for the report
 
     def __enter__(self) -> "Verifier":
@@ -171,6 +176,8 @@ class Verifier:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if self._warm is not None:
+            self._warm.close()
         if self._tmp is not None:
             lifeline.remove(self._tmp)
 
@@ -210,37 +217,21 @@ class Verifier:
         out = folder / ".turbotrain-verify.json"
         out.unlink(missing_ok=True)
         script = folder / os.path.relpath(self.script, self.base)
-        package_root = str(Path(__file__).resolve().parents[3])
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([package_root, os.environ.get("PYTHONPATH", "")]))
-        env.update(lifeline.mark())  # ended with the doctor, whatever ends it
-        cmd = [
-            sys.executable,
-            "-m",
-            "turbotrain.doctor.fixes.child",
-            "--parent",
-            str(os.getpid()),
-            "--steps",
-            str(steps),
-            "--warmup",
-            str(self.options.warmup),
-            "--threads",
-            str(self.options.threads),
-            "--out",
-            str(out),
-            str(script),
-            *self.argv,
-        ]
+        args = ["--steps", str(steps), "--warmup", str(self.options.warmup), "--threads", str(self.options.threads)]
+        args += ["--out", str(out), str(script), *self.argv]
+        env = self._env()
+        if self._warm is None:
+            assert self._tmp is not None  # made on entering the with-block
+            self._warm = WarmStart(env, self._tmp)  # its imports, once, before the first run's clock starts
         started = time.perf_counter()
-        try:
-            proc = subprocess.run(
-                cmd, cwd=self._cwd(folder), env=env, capture_output=True, text=True, timeout=self.options.run_timeout_s
-            )
-        except subprocess.TimeoutExpired:
+        ended = self._run_child(args, env, str(self._cwd(folder)))
+        if ended is None:
             return TimedRun(error=f"did not finish within {self.options.run_timeout_s:.0f} s")
+        returncode, stdout, stderr = ended
         wall = time.perf_counter() - started
         self.run_s = max(self.run_s, wall)
         if not out.is_file():
-            tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or [f"exit code {proc.returncode}"]
+            tail = (stderr or stdout).strip().splitlines()[-1:] or [f"exit code {returncode}"]
             return TimedRun(error=tail[0], wall_s=wall)
         data = json.loads(out.read_text())
         losses = [float.fromhex(v) for v in data["losses"]]
@@ -258,6 +249,28 @@ class Verifier:
             graphs=data.get("graphs"),
             memory=data.get("memory"),
         )
+
+    def _env(self) -> dict[str, str]:
+        package_root = str(Path(__file__).resolve().parents[3])
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([package_root, os.environ.get("PYTHONPATH", "")]))
+        env.update(lifeline.mark())  # ended with the doctor, whatever ends it
+        return env
+
+    def _run_child(self, args: list[str], env: dict[str, str], cwd: str) -> tuple[int, str, str] | None:
+        """:mod:`.child` with ``args``, forked from the warm server where it can be, else in a new interpreter:
+        (exit code, stdout, stderr), or None at the time limit."""
+        limit = self.options.run_timeout_s
+        assert self._warm is not None  # started by run()
+        warm = self._warm.run(_CHILD, ["--parent", str(self._warm.pid), *args], env, cwd, limit)
+        if warm is not None:
+            self.warm_runs += warm.returncode is not None
+            return None if warm.returncode is None else (warm.returncode, warm.stdout, warm.stderr)
+        cmd = [sys.executable, "-m", _CHILD, "--parent", str(os.getpid()), *args]
+        try:
+            proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=limit)
+        except subprocess.TimeoutExpired:
+            return None
+        return proc.returncode, proc.stdout, proc.stderr
 
     def compare(self, folder: Path, steps: int, numerics: str, periodic: bool = False) -> Verification:
         """Original against ``folder``'s patched copy, ``rounds`` interleaved rounds of ``steps`` steps;
