@@ -371,3 +371,69 @@ def test_a_block_is_recomputed_where_its_parent_calls_it(blocks, line, fixed):
 def test_a_block_call_it_cannot_find_or_wrap_safely_is_by_hand(source, blocks, why):
     with pytest.raises(ByHand, match=re.escape(why)):
         edit(source, "checkpoint", blocks=blocks)
+
+
+MICRO = """
+    import torch
+    for step, (x, y) in enumerate(loader):
+        x = x.to(device)
+        out = model(x)  # here
+        loss = loss_fn(out, y) + 0 * self.x.sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+"""
+
+
+def test_micro_batches_run_the_forward_through_the_backward_per_chunk_with_zero_grad_moved_before():
+    new = edit(MICRO, "micro_batches", k=4)
+    assert new.splitlines()[3:11] == [
+        "    x = x.to(device)",
+        "    opt.zero_grad()",
+        "    # 4 micro-batches: their gradients add up to the whole batch's",
+        "    for x_micro, y_micro in zip(x.chunk(4), y.chunk(4)):",
+        "        out = model(x_micro)  # here",
+        "        loss = loss_fn(out, y_micro) + 0 * self.x.sum()",  # an attribute named like the batch is kept
+        "        (loss / 4).backward()",
+        "    opt.step()",
+    ]
+    # Sequence-first inputs are split along their batch dimension; `step` (not passed to a call) is not chunked.
+    assert "for x_micro, y_micro in zip(x.chunk(2, dim=1), y.chunk(2, dim=1)):" in edit(MICRO, "micro_batches", k=2,
+                                                                                        dim=1)
+
+
+def test_micro_batches_give_the_whole_batchs_gradients():
+    """The edited loop's gradients equal the original's for a mean loss (each backward of loss / k)."""
+    import torch
+
+    source = """
+        import torch
+        for step in range(1):
+            x, y = batch
+            loss = torch.nn.functional.mse_loss(model(x), y)  # here
+            opt.zero_grad()
+            loss.backward()
+    """
+    grads = []
+    for code in (textwrap.dedent(source), edit(source, "micro_batches", k=4)):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(8, 3)
+        scope = {"model": model, "opt": torch.optim.SGD(model.parameters(), lr=0.1),
+                 "batch": (torch.randn(32, 8), torch.randn(32, 3))}
+        exec(compile(code, "train.py", "exec"), scope)  # noqa: S102 - the edited loop, run
+        grads.append([p.grad.clone() for p in model.parameters()])
+    for whole, parts in zip(*grads):
+        torch.testing.assert_close(parts, whole)
+
+
+@pytest.mark.parametrize("source, why", [
+    ("for x, y in d:\n    loss_fn(model(x), y).backward()  # here\n", "not a statement of its own"),
+    ("for x, y in d:\n    loss = loss_fn(model(x), y)  # here\n    scaler.scale(loss).backward()\n",
+     "not `loss.backward()` on a name"),
+    ("def step(x, y):\n    loss = loss_fn(model(x), y)  # here\n    loss.backward()\n", "not directly inside"),
+    ("for x, y in d:\n    x_micro = 1\n    loss = loss_fn(model(x), y)  # here\n    loss.backward()\n", "is taken"),
+    ("for _ in d:\n    loss = loss_fn(model(X), Y)  # here\n    loss.backward()\n", "no batch made in the loop"),
+])
+def test_micro_batches_that_cannot_be_made_safely_are_by_hand(source, why):
+    with pytest.raises(ByHand, match=re.escape(why)):
+        edit(source, "micro_batches", k=2)

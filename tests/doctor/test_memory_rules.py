@@ -8,7 +8,7 @@ from functools import cached_property
 
 import pytest
 
-from doctor_helpers import cached_report, marked_lines
+from doctor_helpers import cached_report, marked_lines, run_doctor
 from turbotrain.doctor.analysis.breakdown import compute_breakdown
 from turbotrain.doctor.analysis.context import Context
 from turbotrain.doctor.analysis.memory import blocks_to_checkpoint, scaled_bytes
@@ -123,8 +123,10 @@ def test_the_memory_section_says_what_it_does_not_know():
     assert memory_lines(memory_section(ctx)) == ["Memory: not measured (--no-what-if)."]
 
 
-def test_a_script_that_runs_out_of_memory_is_explained_with_a_fix_that_fits():
-    report = cached_report("memory_out_of_memory")
+def test_a_script_that_runs_out_of_memory_is_explained_with_a_fix_that_fits_and_patched(tmp_path):
+    pytest.importorskip("libcst", reason="doctor --fix needs libcst: pip install -e '.[fix]'")
+    patch = tmp_path / "fixes.patch"
+    report = run_doctor("memory_out_of_memory", fix=str(patch))
     [f] = [f for f in report.findings if f.rule == "out-of-memory"]
     [(_, line)] = marked_lines("memory_out_of_memory")
     assert f.to_dict(report.base)["where"] == f"memory_out_of_memory.py:{line}"
@@ -132,6 +134,13 @@ def test_a_script_that_runs_out_of_memory_is_explained_with_a_fix_that_fits():
     fits = [fix for fix in f.evidence["fixes"] if fix["fits"]]
     assert fits and fits[0]["fix"] == "micro-batches" and "micro-batches" in f.fix.pytorch
     assert report.memory is not None and report.memory["parts"]["activations"] > 0
+    # --fix writes the fix that fits fastest into the training loop: k micro-batches, each backward of loss / k.
+    k = int(fits[0]["detail"].split(" x ")[0])
+    [fix] = [r for r in report.fixes.fixes if r.rule == "out-of-memory"]
+    assert fix.purpose == "memory" and fix.in_patch and not fix.by_hand, fix
+    text = patch.read_text()
+    assert f"+        for x_micro, y_micro in zip(x.chunk({k}), y.chunk({k})):" in text, text
+    assert f"+            ({'loss'} / {k}).backward()" in text and "-        loss.backward()" in text, text
 
 
 @pytest.mark.parametrize("name, rule", [("memory_loss_kept", "graph-kept-alive"),

@@ -76,3 +76,24 @@ def test_verify_measures_the_memory_a_patch_frees_on_each_side(tmp_path):
     # included); the patched copy none.
     assert peak["original_bytes"] - peak["patched_bytes"] >= 64 * MIB, peak
     assert "peak memory (process resident)" in fix_line(None, check)
+
+
+def test_an_original_that_runs_out_of_memory_is_run_once_and_the_patched_side_is_verified_to_fit(tmp_path):
+    """The out-of-memory fix's verification: the original dies of the CPU allocator's error (an allocation of 2**45
+    floats, refused at once), so only the patched script is measured, every round, and the fix is kept for memory."""
+    from turbotrain.doctor.fixes.attach import saves_memory
+
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT.replace("SCRATCH_MIB = 96", "SCRATCH_MIB = 2**27"))
+    options = VerifyOptions(steps=4, warmup=1, rounds=2, budget_s=0, threads=1)
+    with Verifier(str(script), [], str(tmp_path), options) as verifier:
+        patched = verifier.variant({str(script): SCRIPT.replace("SCRATCH_MIB = 96", "SCRATCH_MIB = 1")})
+        check = verifier.compare(patched, steps=4, numerics="precision")
+    assert check.error is None, check.error
+    assert check.original_out_of_memory and "allocate" in check.original_out_of_memory, check
+    assert verifier.warm_runs == 3  # the original once, the patched script in each of the 2 rounds
+    assert check.verdict == "fits" and check.speedup is None and len(check.patched_ms) == 2
+    assert check.peak_memory is not None and check.peak_memory["patched_bytes"] > 0
+    assert saves_memory(check)
+    assert "verified: the original ran out of memory, the patched script ran (" in fix_line(None, check)
+    assert check.to_dict()["original_out_of_memory"] == check.original_out_of_memory

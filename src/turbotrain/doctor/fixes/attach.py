@@ -146,6 +146,8 @@ def _verify(
 
 def saves_memory(check: Verification | None) -> bool:
     """The patched script's memory peak is lower than the original's by ``MEMORY_SAVED`` of it or more."""
+    if check is not None and check.original_out_of_memory and not check.error:
+        return True  # the original ran out of memory and the patched script ran: it fits now
     peak = check.peak_memory if check is not None else None
     return peak is not None and peak["patched_bytes"] <= (1 - MEMORY_SAVED) * peak["original_bytes"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from . import attention, cadence, keywords, kept_graph, recompute, statements
+from . import accumulate, attention, cadence, keywords, kept_graph, recompute, statements
 from .cst_tools import Source
 from .model import ByHand, EditRequest
 
@@ -29,6 +29,7 @@ EDIT_KINDS: dict[str, Callable[[Source, EditRequest], str]] = {
     "sdpa": attention.sdpa,  # hand-written attention as one SDPA call
     "detach": kept_graph.detach_kept,  # .detach() on what a loop keeps across steps
     "checkpoint": recompute.checkpoint_calls,  # a block's call recomputed in the backward
+    "micro_batches": accumulate.micro_batches,  # the forward through the backward once per micro-batch
 }
 
 

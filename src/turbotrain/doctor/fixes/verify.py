@@ -32,6 +32,7 @@ from ...measure import judge, run_means
 from .. import lifeline
 from .losses import loss_match
 from .warm_start import WarmStart
+from ..record.out_of_memory import OUT_OF_MEMORY_TEXT
 from ..report.fix_results import Verification
 
 __all__ = ["TimedRun", "Verifier", "VerifyError", "VerifyOptions"]
@@ -281,11 +282,17 @@ class Verifier:
         for round_ in range(self.options.rounds):
             order = [(self.original, originals), (folder, patched)]
             for where, runs in order if round_ % 2 == 0 else reversed(order):
+                if runs is originals and result.original_out_of_memory:
+                    continue  # it runs out of memory whenever it runs: the patched side is what is measured
                 runs.append(self.run(where, steps))
-            for side, run in (("original", originals[-1]), ("patched", patched[-1])):
-                if run.error:
-                    result.error = f"the {side} script failed: {run.error}"
+                if runs is originals and _out_of_memory(runs[-1].error):
+                    result.original_out_of_memory = runs.pop().error
+            for side, run in (("original", originals[-1:]), ("patched", patched[-1:])):
+                if run and run[0].error:
+                    result.error = f"the {side} script failed: {run[0].error}"
                     return result
+        if result.original_out_of_memory:
+            return _patched_only(result, patched, periodic)
         result.original_ms = [r.ms(periodic) for r in originals]
         result.patched_ms = [r.ms(periodic) for r in patched]
         result.ratios = [o / p for o, p in zip(result.original_ms, result.patched_ms)]
@@ -296,6 +303,28 @@ class Verifier:
         result.graphs_kept = graphs_kept(originals[0].graphs, patched[0].graphs)
         result.peak_memory = peak_memory([r.memory for r in originals], [r.memory for r in patched])
         return result
+
+
+def _out_of_memory(error: str | None) -> bool:
+    """The child's error is an out-of-memory error (CUDA's allocator, the CPU's, Python's MemoryError)."""
+    return error is not None and (
+        error.startswith(("MemoryError", "torch.OutOfMemoryError", "OutOfMemoryError"))
+        or any(text in error for text in OUT_OF_MEMORY_TEXT)
+    )
+
+
+def _patched_only(result: Verification, patched: list[TimedRun], periodic: bool) -> Verification:
+    """The original ran out of memory: the patched runs' steps and peak, no ratio (nothing ran to compare with)."""
+    result.patched_ms = [r.ms(periodic) for r in patched]
+    result.verdict = "fits"
+    peaks = [r.memory for r in patched if r.memory is not None]
+    if peaks:
+        result.peak_memory = {
+            "kind": peaks[0]["kind"],
+            "patched_bytes": round(statistics.median(m["peak_bytes"] for m in peaks)),
+            "patched_start_bytes": round(statistics.median(m["start_bytes"] for m in peaks)),
+        }
+    return result
 
 
 def peak_memory(original: list[dict[str, Any] | None], patched: list[dict[str, Any] | None]) -> dict[str, Any] | None:

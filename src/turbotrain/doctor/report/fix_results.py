@@ -47,6 +47,8 @@ class Verification:
     graphs_kept: dict[str, Any] | None = None
     # Each side's memory peak over its measured steps (fixes/verify.py peak_memory).
     peak_memory: dict[str, Any] | None = None
+    # The original ran out of memory (its error), so only the patched script was run: a fix that makes it fit.
+    original_out_of_memory: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -63,6 +65,8 @@ class Verification:
             out["peak_memory"] = self.peak_memory
         if self.error:
             out["error"] = self.error
+        if self.original_out_of_memory:
+            out["original_out_of_memory"] = self.original_out_of_memory
         return out
 
 

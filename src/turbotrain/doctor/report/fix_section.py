@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+import statistics
 from typing import Any
 
 from rich.console import Console
@@ -36,6 +37,13 @@ def fix_line(predicted: float | None, check: Verification | None) -> str:
     if check is not None:
         if check.error:
             parts.append(f"not verified: {check.error}")
+        elif check.original_out_of_memory and check.patched_ms:
+            peak = check.peak_memory
+            held = f", peak memory ({peak['kind']}) {size_text(peak['patched_bytes'])}" if peak else ""
+            parts.append(
+                f"verified: the original ran out of memory, the patched script ran "
+                f"({statistics.median(check.patched_ms):.1f} ms a step{held})"
+            )
         elif check.speedup is not None:
             parts.append(f"verified x{check.speedup:.2f} ({check.verdict})")
             loss = loss_text(check.loss_match)

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Iterator
 
+from ...edits import PRECISION, ByHand, EditSpec
 from ...findings import Finding, Fix
 from ..rule import Detect, Rule, register
 from ._text import fix_for, size_text
 
 if TYPE_CHECKING:
     from ...analysis.context import Context
-    from ...analysis.memory import FitMeasure
+    from ...analysis.memory import FixEstimate, FitMeasure
     from ...analysis.memory_fixes import FixCost
 
 
@@ -56,6 +57,11 @@ def _said(cost: FixCost, full_rows: int) -> str:
     return f"{cost.fix} {cost.detail}"
 
 
+def _fitting(fit: FitMeasure) -> list[FixEstimate]:
+    """The fixes measured to fit at the script's batch, fastest first."""
+    return sorted((e for e in fit.fixes if e.fits), key=lambda e: e.cost.fixed.step_seconds)
+
+
 def out_of_memory(ctx: Context) -> Iterator[Finding]:
     oom = ctx.recording.out_of_memory if ctx.recording is not None else None
     if oom is None:
@@ -73,7 +79,7 @@ def out_of_memory(ctx: Context) -> Iterator[Finding]:
     )
     fit = ctx.fit_after_oom
     if fit is not None:
-        fits = sorted((e for e in fit.fixes if e.fits), key=lambda e: e.cost.fixed.step_seconds)
+        fits = _fitting(fit)
         capacity = f" of {size_text(fit.capacity_bytes)} available" if fit.capacity_bytes else ""
         message += (
             f" Measured at {fit.rows} of its {fit.full_rows} rows the step holds {size_text(fit.memory.peak_bytes)} "
@@ -107,4 +113,28 @@ def out_of_memory(ctx: Context) -> Iterator[Finding]:
     yield f
 
 
-RULE = register(Rule("out-of-memory", detect=(Detect("runtime", out_of_memory),)))
+def edit(ctx: Context, f: Finding) -> EditSpec:
+    """The fastest fix measured to fit, where it is an edit of the training loop at its forward's line: micro-batches
+    (the forward through the backward once per micro-batch, the loss over their number) or bf16 autocast around the
+    forward and the loss. For memory: the step fits, at a cost in time the finding states."""
+    fit, capture = ctx.fit_after_oom, ctx.capture
+    fits = _fitting(fit) if fit is not None else []
+    if fit is None or not fits:
+        raise ByHand("no fix was measured to fit alone (or none was measured: --no-what-if); make the batch smaller")
+    best = fits[0].cost
+    if capture is None or capture.site is None:
+        raise ByHand(f"{best.fix} {best.detail} fits, but the training forward's line is not known; make it by hand")
+    file, line = capture.site.file, capture.site.line
+    if best.fix == "micro-batches":
+        k = int(best.detail.split(" x ")[0])
+        label = f"{_said(best, fit.full_rows)}, their gradients accumulated (loss / {k} each)"
+        params: dict[str, Any] = {"k": k, "dim": capture.batch_dim}
+        return EditSpec("micro_batches", label, params, PRECISION, file, line, purpose="memory")
+    if best.fix == "bf16-autocast":
+        label = f"torch.autocast({ctx.device!r}, dtype=torch.bfloat16) around the forward and loss"
+        params = {"device": ctx.device, "dtype": "bfloat16"}
+        return EditSpec("autocast", label, params, PRECISION, file, line, purpose="memory")
+    raise ByHand(f"{_said(best, fit.full_rows)} fits fastest: the activation-memory finding's edit makes it, by hand")
+
+
+RULE = register(Rule("out-of-memory", detect=(Detect("runtime", out_of_memory),), edit=edit))
