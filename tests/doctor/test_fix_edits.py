@@ -379,6 +379,7 @@ MICRO = """
         x = x.to(device)
         out = model(x)  # here
         loss = loss_fn(out, y) + 0 * self.x.sum()
+        print(step)
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -387,13 +388,14 @@ MICRO = """
 
 def test_micro_batches_run_the_forward_through_the_backward_per_chunk_with_zero_grad_moved_before():
     new = edit(MICRO, "micro_batches", k=4)
-    assert new.splitlines()[3:11] == [
+    assert new.splitlines()[3:12] == [
         "    x = x.to(device)",
         "    opt.zero_grad()",
         "    # 4 micro-batches: their gradients add up to the whole batch's",
         "    for x_micro, y_micro in zip(x.chunk(4), y.chunk(4)):",
         "        out = model(x_micro)  # here",
         "        loss = loss_fn(out, y_micro) + 0 * self.x.sum()",  # an attribute named like the batch is kept
+        "        print(step)",  # passed to a call, but neither to the forward nor to the loss: not chunked
         "        (loss / 4).backward()",
         "    opt.step()",
     ]

@@ -129,7 +129,9 @@ def micro_batches(source: Source, req: EditRequest) -> str:
     if loss is None:
         raise _by_hand(req, "no `loss.backward()` after the forward in the same block")
     known = _assigned(loop).union(*(_assigned(s) for s in statements[:start]))
-    batch = sorted(known & _call_args(run[:-1]))
+    # The batch: what the forward and the loss's own statement pass to calls (a `print(step)` between them is not).
+    feeding = [run[0], *(s for s in run[1:-1] if loss in _assigned(s))]
+    batch = sorted(known & _call_args(feeding))
     if not batch:
         raise _by_hand(req, "no batch made in the loop is passed to the forward")
     taken = {n.value for n in source.nodes(cst.Name)}
