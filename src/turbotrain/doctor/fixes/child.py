@@ -67,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         "losses": [v.hex() for v in tap.values()],
         "graphs": _graphs(recording.graph_growth),
         "memory": recorder.window_memory.to_dict() if recorder.window_memory is not None else None,
+        "out_of_memory": recording.out_of_memory is not None,  # the error it died of, read from the exception
     }
     with open(args.out, "w") as fh:
         json.dump(out, fh)

@@ -32,7 +32,6 @@ from ...measure import judge, run_means
 from .. import lifeline
 from .losses import loss_match
 from .warm_start import WarmStart
-from ..record.out_of_memory import OUT_OF_MEMORY_TEXT
 from ..report.fix_results import Verification
 
 __all__ = ["TimedRun", "Verifier", "VerifyError", "VerifyOptions"]
@@ -82,6 +81,7 @@ class TimedRun:
     loader_round: int = 0  # steps one round of the DataLoader's workers feeds (0: no workers)
     graphs: dict[str, Any] | None = None  # autograd graphs alive at a few step boundaries (child.py's "graphs")
     memory: dict[str, Any] | None = None  # the memory peak over the measured steps (child.py's "memory")
+    out_of_memory: bool = False  # the run died of an out-of-memory error (child.py's "out_of_memory")
 
     def ms(self, periodic: bool) -> float:
         if periodic:
@@ -237,7 +237,8 @@ class Verifier:
         data = json.loads(out.read_text())
         losses = [float.fromhex(v) for v in data["losses"]]
         if data["status"] in ("error", "exit"):
-            return TimedRun(losses=losses, error=data["error"] or "the script failed", wall_s=wall)
+            error = data["error"] or "the script failed"
+            return TimedRun(losses=losses, error=error, wall_s=wall, out_of_memory=data.get("out_of_memory", False))
         if not data["step_s"]:
             return TimedRun(
                 losses=losses, error="no step was measured (the script ended before the warm-up was over)", wall_s=wall
@@ -264,8 +265,10 @@ class Verifier:
         assert self._warm is not None  # started by run()
         warm = self._warm.run(_CHILD, ["--parent", str(self._warm.pid), *args], env, cwd, limit)
         if warm is not None:
-            self.warm_runs += warm.returncode is not None
-            return None if warm.returncode is None else (warm.returncode, warm.stdout, warm.stderr)
+            if warm.returncode is None:
+                return None
+            self.warm_runs += 1
+            return warm.returncode, warm.stdout, warm.stderr
         cmd = [sys.executable, "-m", _CHILD, "--parent", str(os.getpid()), *args]
         try:
             proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=limit)
@@ -285,7 +288,7 @@ class Verifier:
                 if runs is originals and result.original_out_of_memory:
                     continue  # it runs out of memory whenever it runs: the patched side is what is measured
                 runs.append(self.run(where, steps))
-                if runs is originals and _out_of_memory(runs[-1].error):
+                if runs is originals and runs[-1].out_of_memory:
                     result.original_out_of_memory = runs.pop().error
             for side, run in (("original", originals[-1:]), ("patched", patched[-1:])):
                 if run and run[0].error:
@@ -303,14 +306,6 @@ class Verifier:
         result.graphs_kept = graphs_kept(originals[0].graphs, patched[0].graphs)
         result.peak_memory = peak_memory([r.memory for r in originals], [r.memory for r in patched])
         return result
-
-
-def _out_of_memory(error: str | None) -> bool:
-    """The child's error is an out-of-memory error (CUDA's allocator, the CPU's, Python's MemoryError)."""
-    return error is not None and (
-        error.startswith(("MemoryError", "torch.OutOfMemoryError", "OutOfMemoryError"))
-        or any(text in error for text in OUT_OF_MEMORY_TEXT)
-    )
 
 
 def _patched_only(result: Verification, patched: list[TimedRun], periodic: bool) -> Verification:

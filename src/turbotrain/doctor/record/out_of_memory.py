@@ -11,7 +11,7 @@ import torch
 
 from ..sites import Site, is_user_file
 
-__all__ = ["OutOfMemory", "out_of_memory", "OUT_OF_MEMORY_TEXT"]
+__all__ = ["OutOfMemory", "out_of_memory"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,7 +29,7 @@ class OutOfMemory:
     step: int | None = None
 
 
-OUT_OF_MEMORY_TEXT = ("out of memory", "can't allocate memory", "not enough memory")  # in allocators' errors
+_OOM_TEXT = ("out of memory", "can't allocate memory", "not enough memory")
 _REQUEST = re.compile(r"tried to allocate\s+([\d.]+)\s*(bytes|[KMGT]iB|B)?", re.IGNORECASE)
 _UNITS = {None: 1, "bytes": 1, "B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
 
@@ -51,9 +51,7 @@ def _classify(exc: BaseException) -> OutOfMemory | None:
     text = str(exc)
     typed = isinstance(exc, torch.OutOfMemoryError)
     if not (
-        typed
-        or isinstance(exc, MemoryError)
-        or (isinstance(exc, RuntimeError) and any(s in text for s in OUT_OF_MEMORY_TEXT))
+        typed or isinstance(exc, MemoryError) or (isinstance(exc, RuntimeError) and any(s in text for s in _OOM_TEXT))
     ):
         return None
     lowered = text.lower()
