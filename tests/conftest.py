@@ -13,7 +13,7 @@ TESTS = Path(__file__).resolve().parent
 # These files' assertions read no time: the patch and the report (the fix corpus), what torch.compile did, how
 # the report prints, how a failing script or a hostile folder is handled, the bytes a step holds, the calibration
 # corpus's scripts (run, not timed), how a job's launcher starts, which loss a compiled
-# model's output went into, how --verify's runs are forked.
+# model's output went into, how --verify's runs and a job's warm ranks are forked.
 SHARED_DOCTOR_FILES = frozenset({
     "test_fix_corpus.py",
     "test_compile_watch.py",
@@ -27,6 +27,7 @@ SHARED_DOCTOR_FILES = frozenset({
     "test_forked_launch.py",
     "test_compile_loss_eager.py",
     "test_warm_start.py",
+    "test_warm_ranks.py",
 })
 # Folders whose session-scoped fixtures are expensive (a two-rank launch, nginx): one worker runs the whole folder.
 ONE_WORKER_FOLDERS = frozenset({"launch", "data"})
@@ -46,6 +47,15 @@ def pytest_collection_modifyitems(config, items):
         top = folder.parts[0] if folder is not None and folder.parts else None
         group = top if top in ONE_WORKER_FOLDERS else str(path.relative_to(TESTS) if folder is not None else path)
         item.add_marker(pytest.mark.xdist_group(group))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _warm_commands():
+    """warm_command.turbotrain_command's server lives for the session (or the worker) and ends with it."""
+    yield
+    from warm_command import close_warm_commands
+
+    close_warm_commands()
 
 
 @pytest.fixture(autouse=True)

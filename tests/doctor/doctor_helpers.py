@@ -7,7 +7,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from turbotrain.doctor.record.collectives import CommStep
 from turbotrain.doctor.record.measurements import StepRecord
 from turbotrain.doctor.job.rank_main import ENV_FOLDER
 from turbotrain.doctor.record.recording import Recording, Window
+from warm_command import turbotrain_command
 
 SCRIPTS = Path(__file__).parent / "scripts"
 ROOT = Path(__file__).resolve().parents[2]
@@ -112,15 +112,17 @@ def job_env() -> dict[str, str]:
 
 def job_processes(script: str) -> list[int]:
     """Processes of a doctor job on ``script`` that this test run started (job_env()) still running (ranks,
-    launchers, their children)."""
+    launchers, their children), and warm-rank servers and the ranks they forked, which the kernel shows with the
+    server's environment and command line (doctor/job/warm_ranks.py)."""
     found = []
     ours = f"{TEST_RUN}={_TEST_RUN_ID}".encode()
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
                 environ = (entry / "environ").read_bytes()
-                if ENV_FOLDER.encode() in environ and ours in environ and \
-                        script.encode() in (entry / "cmdline").read_bytes():
+                command = (entry / "cmdline").read_bytes()
+                job = ENV_FOLDER.encode() in environ and script.encode() in command
+                if ours in environ and (job or b"turbotrain.doctor.job.warm_ranks" in command):
                     found.append(int(entry.name))
             except OSError:
                 continue
@@ -136,9 +138,8 @@ def doctor_job(tmp: Path, *args: str, timeout: float = 240,
     # A temporary directory of the job's own (outside the script's folder): what the launchers leave there is seen.
     temp = Path(tempfile.mkdtemp(prefix="doctor-job-tmp-"))
     try:
-        proc = subprocess.run([sys.executable, "-m", "turbotrain", "doctor", *fast, "--json", str(out), *args],
-                              cwd=tmp, env={**job_env(), "TMPDIR": str(temp)}, capture_output=True, text=True,
-                              timeout=timeout)
+        proc = turbotrain_command(["doctor", *fast, "--json", str(out), *args], cwd=tmp,
+                                  env={**job_env(), "TMPDIR": str(temp)}, timeout=timeout)
         left = sorted(p.name for p in temp.glob("torchelastic_*"))
     finally:
         shutil.rmtree(temp, ignore_errors=True)

@@ -101,3 +101,21 @@ def test_a_server_whose_imports_start_a_thread_refuses_and_close_leaves_no_proce
     assert pid is not None and _alive(pid)
     served.close()
     assert not _alive(pid) and served.run("json.tool", ["--help"], env, str(tmp_path), 60) is None
+
+
+def test_a_server_for_any_environment_runs_each_in_its_own_with_its_temporary_folder(tmp_path):
+    """The test suite's command lines (tests/warm_command.py): each run's environment, TMPDIR included, as given,
+    though the server had read its own TMPDIR (tempfile caches it) before the fork."""
+    (tmp_path / "first").mkdir()
+    (tmp_path / "second").mkdir()
+    (tmp_path / "cached.py").write_text("import tempfile\ntempfile.gettempdir()\n")
+    (tmp_path / "where.py").write_text("import os, tempfile\nprint(os.environ['WARM_TEST'], tempfile.gettempdir())\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "TMPDIR": str(tmp_path / "first"), "WARM_TEST": "one"}
+    warm = WarmStart(env, str(tmp_path), preload=("cached",), any_env=True)
+    try:
+        other = {**env, "TMPDIR": str(tmp_path / "second"), "WARM_TEST": "two"}
+        finished = warm.run("where", [], other, str(tmp_path), timeout_s=60)
+        assert finished is not None and finished.returncode == 0, finished
+        assert finished.stdout.split() == ["two", str(tmp_path / "second")]
+    finally:
+        warm.close()

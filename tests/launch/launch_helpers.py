@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from warm_command import turbotrain_command
+
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).resolve().parent / "workers" / "train_tiny.py"
 
@@ -28,9 +30,13 @@ def cli_env(**extra: str) -> dict[str, str]:
 
 
 def launch(*args: str, timeout: float = 180, prefix: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
-    """``turbotrain launch ARGS`` in a fresh interpreter; fails the test with its output if it fails."""
-    proc = subprocess.run([*prefix, sys.executable, "-m", "turbotrain", "launch", *args], cwd=ROOT, env=cli_env(),
-                          capture_output=True, text=True, timeout=timeout)
+    """``turbotrain launch ARGS`` as a user runs it (forked warm where there is no ``prefix``: warm_command.py);
+    fails the test with its output if it fails."""
+    if prefix:
+        proc = subprocess.run([*prefix, sys.executable, "-m", "turbotrain", "launch", *args], cwd=ROOT,
+                              env=cli_env(), capture_output=True, text=True, timeout=timeout)
+    else:
+        proc = turbotrain_command(["launch", *args], cwd=ROOT, env=cli_env(), timeout=timeout)
     if proc.returncode != 0:
         pytest.fail(f"turbotrain launch {' '.join(args)} exited {proc.returncode}\n"
                     f"{proc.stdout}\n{proc.stderr[-6000:]}")

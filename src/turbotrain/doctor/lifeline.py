@@ -23,9 +23,9 @@ import tempfile
 import threading
 import time
 from contextlib import contextmanager
-from typing import IO, Iterator
+from typing import IO, Any, Callable, Iterator
 
-__all__ = ["ENV_MARK", "guarded", "mark", "temp_folder", "remove"]
+__all__ = ["ENV_MARK", "guarded", "mark", "temp_folder", "remove", "held"]
 
 ENV_MARK = "TURBOTRAIN_DOCTOR_RUN"
 _PREFIX = "turbotrain-doctor-run-"
@@ -58,6 +58,7 @@ class _Guard:
     def __init__(self) -> None:
         self.token = f"{os.getpid()}-{os.urandom(6).hex()}"
         self.folders: dict[str, str] = {}  # temporary root -> this run's folder there
+        self.held: dict[str, Any] = {}  # what the run keeps for all its steps (held()), closed at its end
         self._process: subprocess.Popen | None = None
         self._to_guard: IO[bytes] | None = None
 
@@ -99,6 +100,8 @@ class _Guard:
         return self.folders[root]
 
     def close(self) -> None:
+        for thing in self.held.values():
+            thing.close()
         for folder in self.folders.values():
             shutil.rmtree(folder, ignore_errors=True)
         if self._process is None:
@@ -144,6 +147,18 @@ def mark() -> dict[str, str]:
     empty outside :func:`guarded`."""
     with _lock:
         return _guard.mark() if _guard is not None else {}
+
+
+def held(key: str, make: Callable[[], Any] | None = None) -> Any | None:
+    """What this doctor run keeps for all its steps under ``key`` (a server, say): ``make()`` on first use (without
+    ``make``, None until then), its ``close()`` at the run's end; None outside :func:`guarded`."""
+    with _lock:
+        guard = _guard
+    if guard is None:
+        return None
+    if key not in guard.held and make is not None:
+        guard.held[key] = make()
+    return guard.held.get(key)
 
 
 def temp_folder(prefix: str, outside: str | None = None) -> str:

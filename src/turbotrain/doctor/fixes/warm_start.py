@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from typing import Any, Mapping
+
+from ...fork_server import JsonLines, exit_code_of, refusal, say, stop_server
 
 __all__ = ["Finished", "WarmStart", "PRELOAD"]
 
@@ -46,14 +46,21 @@ class Finished:
 
 
 class WarmStart:
-    """The server, started with ``env``; :meth:`run` forks a process per run, or answers None (start one cold)."""
+    """The server, started with ``env``; :meth:`run` forks a process per run, or answers None (start one cold).
 
-    def __init__(self, env: Mapping[str, str], folder: str, preload: tuple[str, ...] = PRELOAD) -> None:
+    ``any_env``: a run may have another environment than the server's. The kernel shows a fork the server's
+    (``/proc/PID/environ``), which is how the doctor's guard finds its processes; a caller whose runs nobody looks
+    for that way (the test suite's doctor command lines) may set it."""
+
+    def __init__(
+        self, env: Mapping[str, str], folder: str, preload: tuple[str, ...] = PRELOAD, any_env: bool = False
+    ) -> None:
         self.env = dict(env)
+        self.any_env = any_env
         self.folder = folder  # where each run's stdout and stderr files go
         self.pid: int | None = None  # the server's, once it is ready
         self._runs = 0
-        self._buffer = b""
+        self._lines: JsonLines | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         if not sys.platform.startswith("linux"):
             return
@@ -73,7 +80,9 @@ class WarmStart:
 
     def run(self, module: str, argv: list[str], env: Mapping[str, str], cwd: str, timeout_s: float) -> Finished | None:
         """``python -m module *argv`` in ``cwd`` with ``env``, forked from the server; None where it cannot be."""
-        if self._proc is None or self.pid is None or self._proc.poll() is not None or dict(env) != self.env:
+        if self._proc is None or self.pid is None or self._proc.poll() is not None:
+            return None
+        if not self.any_env and dict(env) != self.env:
             return None
         self._runs += 1
         out, err = (os.path.join(self.folder, f"run-{self._runs}.{name}") for name in ("stdout", "stderr"))
@@ -102,33 +111,14 @@ class WarmStart:
 
     def close(self) -> None:
         proc, self._proc, self.pid = self._proc, None, None
-        if proc is None:
-            return
-        try:
-            if proc.stdin is not None:
-                proc.stdin.close()  # the server's loop ends on end-of-file
-            proc.wait(timeout=_EXIT_S)
-        except (OSError, subprocess.TimeoutExpired):
-            proc.kill()
-            proc.wait()
-        if proc.stdout is not None:
-            proc.stdout.close()
+        if proc is not None:
+            stop_server(proc, self._lines)  # the server's loop ends on end-of-file
 
     def _reply(self, timeout_s: float) -> dict[str, Any] | None:
-        """The server's next JSON line, or None at the time limit or its end."""
-        assert self._proc is not None and self._proc.stdout is not None
-        fd = self._proc.stdout.fileno()
-        deadline = time.monotonic() + timeout_s
-        while b"\n" not in self._buffer:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([fd], [], [], left)[0]:
-                return None
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                return None
-            self._buffer += chunk
-        line, _, self._buffer = self._buffer.partition(b"\n")
-        return json.loads(line)
+        assert self._proc is not None
+        if self._lines is None:
+            self._lines = JsonLines(self._proc)
+        return self._lines.next(timeout_s)
 
 
 def _kill(pid: int) -> None:
@@ -149,24 +139,6 @@ def _read(path: str) -> str:
 # -- the server ------------------------------------------------------------------------------------------------
 
 
-def _say(message: dict[str, Any]) -> None:
-    sys.stdout.buffer.write(json.dumps(message).encode() + b"\n")
-    sys.stdout.buffer.flush()
-
-
-def _refusal() -> str | None:
-    """Why a fork of this process would not run like a new interpreter, or None. (NumPy's OpenBLAS starts its
-    threads at import: its own fork handlers stop and restart them, as for every forked DataLoader worker.)"""
-    import threading
-
-    if threading.active_count() != 1:
-        return f"{threading.active_count()} Python threads after the imports (a fork carries one)"
-    with open("/proc/self/maps") as fh:
-        if "libcuda.so" in fh.read():
-            return "the CUDA driver is loaded (a fork cannot use it)"
-    return None
-
-
 _STARTED_IN = os.getcwd()
 
 
@@ -178,18 +150,18 @@ def serve(parent: int, preload: list[str]) -> None:
     die_with_parent(parent)
     for name in preload:
         importlib.import_module(name)
-    refusal = _refusal()
-    _say({"ready": refusal is None, "refused": refusal})
-    if refusal is not None:
+    why = refusal()
+    say({"ready": why is None, "refused": why})
+    if why is not None:
         return
     for line in sys.stdin.buffer:
         request = json.loads(line)
         pid = os.fork()
         if pid == 0:
             _child(request)  # never returns
-        _say({"pid": pid})
+        say({"pid": pid})
         _, status = os.waitpid(pid, 0)
-        _say({"pid": pid, "returncode": os.waitstatus_to_exitcode(status)})
+        say({"pid": pid, "returncode": os.waitstatus_to_exitcode(status)})
 
 
 def _child(request: dict[str, Any]) -> None:
@@ -201,6 +173,9 @@ def _child(request: dict[str, Any]) -> None:
             sys.path[0] = os.getcwd()  # `-m` puts the folder it starts in first: the run's, not the server's
         os.environ.clear()
         os.environ.update(request["env"])
+        import tempfile
+
+        tempfile.tempdir = None  # a new interpreter reads TMPDIR (this environment) on first use
         # The server's pipes are fds 0 and 1: replaced here, so the run holds no end of them.
         os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
         for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
@@ -212,34 +187,10 @@ def _child(request: dict[str, Any]) -> None:
 
 def _run_module(module: str, argv: list[str]) -> int:
     """What the interpreter does for ``-m module``, then at its exit: the exit code."""
-    import atexit
     import runpy
-    import threading
-    import traceback
 
     sys.argv = [module, *argv]
-    code = 0
-    try:
-        runpy.run_module(module, run_name="__main__", alter_sys=True)
-    except SystemExit as exc:
-        if exc.code is None or isinstance(exc.code, int):
-            code = exc.code or 0
-        else:
-            print(exc.code, file=sys.stderr)
-            code = 1
-    except BaseException:  # noqa: BLE001 - an uncaught error of the run: printed and exit 1, as the interpreter does
-        traceback.print_exc()
-        code = 1
-    # A new interpreter's exit: wait for the run's non-daemon threads, then its atexit functions (DataLoader
-    # workers are joined there), as multiprocessing's own children do.
-    threading._shutdown()  # type: ignore[attr-defined]  # the interpreter's own exit step; no public name
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    return code
+    return exit_code_of(lambda: runpy.run_module(module, run_name="__main__", alter_sys=True))
 
 
 if __name__ == "__main__":

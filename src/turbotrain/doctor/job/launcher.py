@@ -22,11 +22,12 @@ from pathlib import Path
 from typing import IO, Any
 
 from .. import lifeline
-from .forked_launch import ForkedLauncher, start_launcher
+from .forked_launch import ForkedLauncher, own_launch_argv, start_launcher
 from ..rank_change import RankChange
 from .rank_main import ENV_CLAIMED, ENV_FOLDER, ENV_OPTIONS, ENV_ROOT, SITECUSTOMIZE
 from .rank_status import read_json, result_path
 from ..record.recording import Recording, from_json
+from .warm_ranks import WarmRanks
 
 __all__ = ["RankOutcome", "JobRun", "run_job", "script_is_launcher"]
 
@@ -95,10 +96,13 @@ def run_job(
     change: RankChange | None = None,
     cwd: str | os.PathLike | None = None,
     losses: bool = False,
+    warm: bool = False,
 ) -> JobRun:
     """Run ``command`` (a launcher and its arguments) with every rank recorded; always leaves no process.
     ``change``: a fix every rank applies before its script starts (the job what-ifs); ``losses``: each rank's
-    result carries the losses its backward passes took (``run["losses"]``, float.hex)."""
+    result carries the losses its backward passes took (``run["losses"]``, float.hex); ``warm``: the ranks of a
+    job the doctor launches itself start from the doctor run's warm-rank server (:mod:`.warm_ranks`), for runs
+    that repeat the job (what-ifs, ``--verify``): the server's start costs what one cold start does."""
     folder = Path(lifeline.temp_folder("job-"))
     env = {**os.environ, **lifeline.mark()}  # the launcher and every rank end with the doctor, however it ends
     env.pop(ENV_CLAIMED, None)
@@ -118,6 +122,9 @@ def run_job(
     site.mkdir()
     (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), str(_SRC), env.get("PYTHONPATH")]))
+    server = _warm_ranks() if warm and own_launch_argv(command) is not None and "PYTHON_EXEC" not in env else None
+    if server is not None:
+        env.update(server.env())
     started = time.monotonic()
     try:
         proc = start_launcher(command, env, cwd, stdout, stderr)
@@ -154,6 +161,17 @@ def run_job(
     job = JobRun(command, proc.returncode, time.monotonic() - started, outcomes, hung=hung, left_behind=left)
     job.failure = _failure(job, hang_timeout_s, stalled)
     return job
+
+
+def _warm_ranks() -> WarmRanks | None:
+    """The doctor run's warm-rank server (job/warm_ranks.py), started on its first job; None outside a doctor run.
+    It has the environment every launcher of this doctor run starts with, less what differs per run."""
+    env = {**os.environ, **lifeline.mark()}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_SRC), env.get("PYTHONPATH")]))
+    env.setdefault("OMP_NUM_THREADS", "1")  # what torchrun gives the ranks of a job of several
+    for key in (ENV_CLAIMED, ENV_ROOT, ENV_FOLDER, ENV_OPTIONS):
+        env.pop(key, None)
+    return lifeline.held("warm-ranks", lambda: WarmRanks(env, lifeline.temp_folder("warm-ranks-")))
 
 
 def _let_ranks_finish(folder: Path, poll_s: float) -> None:
@@ -281,11 +299,15 @@ def _in_collective(rank: RankOutcome) -> bool:
 
 
 def _ours(pid: int, folder: Path) -> bool:
-    """``pid`` is still one of this job's ranks (not a recycled pid)."""
+    """``pid`` is still one of this job's ranks (not a recycled pid): its environment says the job's folder, or it
+    is a warm rank (which the kernel shows with its server's environment), the job's as the runs are one at a time."""
     try:
-        return f"{ENV_FOLDER}={folder}".encode() in Path(f"/proc/{pid}/environ").read_bytes()
+        if f"{ENV_FOLDER}={folder}".encode() in Path(f"/proc/{pid}/environ").read_bytes():
+            return True
     except OSError:
         return False
+    warm = lifeline.held("warm-ranks")
+    return warm is not None and warm.forked(pid)
 
 
 def _signal(pid: int, sig: int, group: bool) -> None:

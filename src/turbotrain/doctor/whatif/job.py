@@ -187,6 +187,8 @@ def job_runner(command: list[str], hang_timeout_s: float, steps: int = STEPS) ->
     every rank."""
 
     def run(change: RankChange | None) -> JobRun:
-        return run_job(command, steps=steps, warmup=WARMUP, profile=0, hang_timeout_s=hang_timeout_s, change=change)
+        return run_job(
+            command, steps=steps, warmup=WARMUP, profile=0, hang_timeout_s=hang_timeout_s, change=change, warm=True
+        )
 
     return run
