@@ -15,7 +15,7 @@ import logging
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, Sequence, TypeVar
+from typing import Any, Callable, Final, Iterable, Iterator, Literal, Sequence, TypeVar
 
 import torch
 from torch import nn
@@ -58,7 +58,12 @@ log = logging.getLogger("turbotrain")
 
 # -- when a measured ratio is a gain: the one definition doctor, tune and bench share -----------------
 
-FASTER, SLOWER, NOISE, UNVERIFIED = "faster", "slower", "within noise", "unverified"
+Verdict = Literal["faster", "slower", "within noise", "unverified"]
+"""What :func:`judge` makes of a comparison (UNVERIFIED: fewer rounds than asked for)."""
+FASTER: Final = "faster"
+SLOWER: Final = "slower"
+NOISE: Final = "within noise"
+UNVERIFIED: Final = "unverified"
 
 MIN_GAIN = 0.03
 """The smallest gain called a gain, as a fraction (3%): below it is timing noise even on a quiet machine."""
@@ -77,7 +82,7 @@ sub-millisecond step 30x slower once, and letting such a trial finish costs next
 class Comparison:
     speedup: float  # candidate speed / baseline speed, over paired rounds (> 1: faster)
     noise: float  # the margin a speed-up had to clear: the larger of the given floor and the ratios' spread
-    verdict: str  # FASTER, SLOWER, NOISE, or UNVERIFIED (fewer rounds than asked for)
+    verdict: Verdict
 
     @property
     def called(self) -> bool:
@@ -172,6 +177,7 @@ def judge(
     speedup = statistics.geometric_mean(ratios) if len(ratios) == 2 else statistics.median(ratios)
     noise = max(noise_floor / len(ratios), robust_spread(ratios) if len(ratios) >= 3 else relative_spread(ratios))
     margin = 1.0 + max(min_gain, noise)
+    verdict: Verdict
     if len(ratios) < min_rounds:
         verdict = UNVERIFIED
     elif speedup >= margin and (len(ratios) != 2 or min(ratios) > 1.0):

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, Union
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..measure import Comparison
+    from ..measure import Comparison, Verdict
 
 __all__ = [
     "WhatIf",
@@ -63,7 +63,7 @@ class Judgement:
 
     ratio: float  # the judged speed ratio (> 1: the fix is faster), rounded to 3 places
     noise: float  # the margin it had to clear, rounded to 3 places
-    verdict: str  # measure.FASTER, SLOWER, NOISE or UNVERIFIED
+    verdict: Verdict
 
     @classmethod
     def of(cls, comparison: Comparison) -> Judgement:

@@ -32,7 +32,7 @@ from ...measure import judge, run_means
 from .. import lifeline
 from .losses import loss_match
 from .warm_start import WarmStart
-from ..report.fix_results import Verification
+from ..report.fix_results import FITS, Verification
 
 __all__ = ["TimedRun", "Verifier", "VerifyError", "VerifyOptions"]
 
@@ -311,7 +311,7 @@ class Verifier:
 def _patched_only(result: Verification, patched: list[TimedRun], periodic: bool) -> Verification:
     """The original ran out of memory: the patched runs' steps and peak, no ratio (nothing ran to compare with)."""
     result.patched_ms = [r.ms(periodic) for r in patched]
-    result.verdict = "fits"
+    result.verdict = FITS
     peaks = [r.memory for r in patched if r.memory is not None]
     if peaks:
         result.peak_memory = {

@@ -6,10 +6,11 @@ Plain data the report holds and shows; :mod:`turbotrain.doctor.fixes` fills it i
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final, Literal, Union
 
 __all__ = ["EditRequest", "FixResult", "FixReport", "Verification", "EXACT", "PRECISION", "REINITIALISED"]
 
+from ...measure import Verdict
 from ..edits import EXACT, PRECISION, REINITIALISED, EditKind, Numerics, Purpose
 
 
@@ -31,12 +32,16 @@ class EditRequest:
     category: str | None = None  # the breakdown category the finding's time is in
 
 
+FITS: Final = "fits"  # the original ran out of memory and the patched script ran: no ratio to judge
+VerifyVerdict = Union[Verdict, Literal["fits"]]
+
+
 @dataclass
 class Verification:
     """Original against patched, interleaved in rounds on the same steps."""
 
     speedup: float | None = None  # the judged median/geometric-mean ratio, original time / patched time
-    verdict: str = "unverified"  # measure.judge's: faster, slower, within noise, unverified
+    verdict: VerifyVerdict = "unverified"  # measure.judge's, or FITS
     ratios: list[float] = field(default_factory=list)
     original_ms: list[float] = field(default_factory=list)  # mean ms per step of each original run
     patched_ms: list[float] = field(default_factory=list)
