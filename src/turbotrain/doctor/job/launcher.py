@@ -164,8 +164,9 @@ def run_job(
 
 
 def _warm_ranks() -> WarmRanks | None:
-    """The doctor run's warm-rank server (job/warm_ranks.py), started on its first job; None outside a doctor run.
-    It has the environment every launcher of this doctor run starts with, less what differs per run."""
+    """The doctor run's warm-rank server (job/warm_ranks.py), started by the first run that repeats a job; None
+    outside a doctor run. It has the environment every launcher of this doctor run starts with, less what differs
+    per run."""
     env = {**os.environ, **lifeline.mark()}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_SRC), env.get("PYTHONPATH")]))
     env.setdefault("OMP_NUM_THREADS", "1")  # what torchrun gives the ranks of a job of several

@@ -196,7 +196,7 @@ def serve(parent: int, name: str, preload: list[str]) -> None:
         os.unlink(name)  # an earlier server's, in this folder that is the doctor run's, private to it
     listener.bind(name)
     listener.listen(16)
-    why = refusal()
+    why = refusal() or _no_pidfd()
     say({"ready": why is None, "refused": why})
     if why is not None:
         return
@@ -242,6 +242,15 @@ def serve(parent: int, name: str, preload: list[str]) -> None:
                         _kill_group(pid)  # the rank's pidfd reports its end next
                         selector.unregister(client)
                         break
+
+
+def _no_pidfd() -> str | None:
+    """The server learns a rank's end through its pidfd (Linux 5.3)."""
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+    except (AttributeError, OSError) as exc:
+        return f"no pidfd on this system ({exc})"
+    return None
 
 
 def _start_rank(
