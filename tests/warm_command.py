@@ -1,8 +1,13 @@
-"""``python -m turbotrain ...`` for the tests, forked from one interpreter that imported torch and turbotrain.
+"""``python -m turbotrain ...`` for the tests, and the ranks of the doctor's jobs, forked from interpreters that
+imported torch and turbotrain once.
 
 A new interpreter spends ~3 s of each test on imports before the command's first line. The fork runs ``python -m
 turbotrain`` as a new interpreter would (doctor/fixes/warm_start.py says how, and what it refuses, in which case the
 command starts cold). Tests of the command line's own start-up, or under a prefix (``unshare``), start it cold.
+
+A doctor run starts its own warm-rank server for the runs that repeat its job (doctor/job/warm_ranks.py), so the
+first run of each job, the recording, starts cold ranks: the session's one server (:func:`warm_ranks_env`) starts
+them warm too, the doctor taking it as a user's ``PYTHON_EXEC``.
 """
 
 from __future__ import annotations
@@ -14,12 +19,17 @@ import tempfile
 from pathlib import Path
 
 from turbotrain.doctor.fixes.warm_start import WarmStart
+from turbotrain.doctor.job.warm_ranks import WarmRanks
 
-__all__ = ["turbotrain_command", "close_warm_commands"]
+__all__ = ["turbotrain_command", "warm_ranks_env", "warm_ranks_pid", "close_warm_commands"]
 
 PRELOAD = ("torch", "torch._dynamo", "turbotrain.cli", "turbotrain.doctor.diagnose", "turbotrain.doctor.cli",
            "turbotrain.launch.cli", "torch.distributed.run")
 _warm: list[WarmStart] = []
+_ranks: list[WarmRanks] = []
+# What differs between the doctor runs of one session and no import reads: pytest's test name, the test's own tune
+# cache and temporary folder (and the Inductor cache folder torch's import names after it), the doctor run's mark.
+PER_TEST = ("PYTEST_CURRENT_TEST", "TURBOTRAIN_CACHE", "TMPDIR", "TORCHINDUCTOR_CACHE_DIR", "TURBOTRAIN_DOCTOR_RUN")
 
 
 def turbotrain_command(argv: list[str], cwd: Path, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
@@ -35,9 +45,23 @@ def turbotrain_command(argv: list[str], cwd: Path, env: dict[str, str], timeout:
     return subprocess.CompletedProcess(command, done.returncode, done.stdout, done.stderr)
 
 
+def warm_ranks_env(env: dict[str, str]) -> dict[str, str]:
+    """What a doctor's environment adds for its job's ranks to start from the session's warm-rank server, which the
+    first call starts with ``env`` (the job's, as doctor_helpers.job_env() makes it); nothing where it is not up."""
+    if not _ranks:
+        _ranks.append(WarmRanks(env, tempfile.mkdtemp(prefix="turbotrain-ranks-"), may_differ=PER_TEST))
+    return _ranks[0].env()
+
+
+def warm_ranks_pid() -> int | None:
+    """The session's warm-rank server, which stays up between tests (not a process a test left behind)."""
+    return _ranks[0].pid if _ranks else None
+
+
 def close_warm_commands() -> None:
-    """The session's end: the server and its output folder go."""
-    while _warm:
-        warm = _warm.pop()
-        warm.close()
-        shutil.rmtree(warm.folder, ignore_errors=True)
+    """The session's end: the servers and their folders go."""
+    for server in (*_warm, *_ranks):
+        server.close()
+        shutil.rmtree(server.folder, ignore_errors=True)
+    _warm.clear()
+    _ranks.clear()

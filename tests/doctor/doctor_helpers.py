@@ -17,7 +17,7 @@ from turbotrain.doctor.record.collectives import CommStep
 from turbotrain.doctor.record.measurements import StepRecord
 from turbotrain.doctor.job.rank_main import ENV_FOLDER
 from turbotrain.doctor.record.recording import Recording, Window
-from warm_command import turbotrain_command
+from warm_command import turbotrain_command, warm_ranks_env, warm_ranks_pid
 
 SCRIPTS = Path(__file__).parent / "scripts"
 ROOT = Path(__file__).resolve().parents[2]
@@ -113,11 +113,12 @@ def job_env() -> dict[str, str]:
 def job_processes(script: str) -> list[int]:
     """Processes of a doctor job on ``script`` that this test run started (job_env()) still running (ranks,
     launchers, their children), and warm-rank servers and the ranks they forked, which the kernel shows with the
-    server's environment and command line (doctor/job/warm_ranks.py)."""
+    server's environment and command line (doctor/job/warm_ranks.py), past the session's server."""
     found = []
     ours = f"{TEST_RUN}={_TEST_RUN_ID}".encode()
+    session = str(warm_ranks_pid())
     for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
+        if entry.name.isdigit() and entry.name != session:
             try:
                 environ = (entry / "environ").read_bytes()
                 command = (entry / "cmdline").read_bytes()
@@ -138,8 +139,9 @@ def doctor_job(tmp: Path, *args: str, timeout: float = 240,
     # A temporary directory of the job's own (outside the script's folder): what the launchers leave there is seen.
     temp = Path(tempfile.mkdtemp(prefix="doctor-job-tmp-"))
     try:
+        env = job_env()
         proc = turbotrain_command(["doctor", *fast, "--json", str(out), *args], cwd=tmp,
-                                  env={**job_env(), "TMPDIR": str(temp)}, timeout=timeout)
+                                  env={**env, **warm_ranks_env(env), "TMPDIR": str(temp)}, timeout=timeout)
         left = sorted(p.name for p in temp.glob("torchelastic_*"))
     finally:
         shutil.rmtree(temp, ignore_errors=True)

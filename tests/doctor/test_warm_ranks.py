@@ -26,7 +26,8 @@ PROBE = textwrap.dedent("""\
     import json, os, sys
     seen = dict(argv=sys.argv, cwd=os.getcwd(), path0=sys.path[0], rank=os.environ.get("RANK"), parent=os.getppid(),
                 pid=os.getpid(), session=os.getsid(0), site=os.environ.get("SITE_RAN"), stdin=sys.stdin.read(),
-                inductor=os.environ.get("TORCHINDUCTOR_CACHE_DIR"), write_through=sys.stdout.write_through)
+                inductor=os.environ.get("TORCHINDUCTOR_CACHE_DIR"), write_through=sys.stdout.write_through,
+                cache=os.environ.get("TURBOTRAIN_CACHE"))
     print(json.dumps(seen))
     print("to stderr", file=sys.stderr)
     if sys.argv[1] == "term":
@@ -37,7 +38,8 @@ PROBE = textwrap.dedent("""\
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    """One server for the module (it imports torch); the rank's folder holds a sitecustomize as the doctor's does."""
+    """One server for the module (it imports torch); the rank's folder holds a sitecustomize as the doctor's does.
+    Its starter allows the tune cache's folder to differ from rank to rank, as the test suite's session server does."""
     tmp = tmp_path_factory.mktemp("warm-ranks")
     (tmp / "site").mkdir()
     (tmp / "site" / "sitecustomize.py").write_text("import os\nos.environ['SITE_RAN'] = 'yes'\n")
@@ -46,7 +48,7 @@ def server(tmp_path_factory):
     (tmp / "server").mkdir(mode=0o700)
     env = {k: v for k, v in os.environ.items() if k != "PYTHON_EXEC"}
     env["OMP_NUM_THREADS"] = "1"
-    warm = WarmRanks(env, str(tmp / "server"))
+    warm = WarmRanks(env, str(tmp / "server"), may_differ=("TURBOTRAIN_CACHE",))
     assert warm.pid is not None, "the server did not start"
     yield warm, env, tmp
     warm.close()
@@ -73,6 +75,16 @@ def test_a_rank_runs_as_a_new_interpreter_would_with_its_exit_and_output(server)
     # What torch's import set in the server (its Inductor cache folder) is set in the rank, as its import would.
     assert seen["inductor"]
     assert done.stderr == "to stderr\n"
+
+
+def test_a_key_the_starter_allows_to_differ_is_the_ranks_own_in_a_warm_fork(server):
+    warm, env, tmp = server
+    done = _rank(warm, env, tmp, "-u", "job/probe.py", "0", TURBOTRAIN_CACHE=str(tmp / "rank-cache"))
+    seen = json.loads(done.stdout)
+    assert seen["parent"] == warm.pid and seen["cache"] == str(tmp / "rank-cache"), seen
+    # Only that key: a thread count the server's imports read still starts cold.
+    done = _rank(warm, env, tmp, "-u", "job/probe.py", "0", TURBOTRAIN_CACHE="elsewhere", OMP_NUM_THREADS="2")
+    assert json.loads(done.stdout)["parent"] == os.getpid(), done.stdout
 
 
 def test_a_rank_ended_by_a_signal_ends_its_client_the_same_way(server):
@@ -127,6 +139,7 @@ def test_only_what_differs_per_run_may_differ():
     assert differs({**rank, "OMP_NUM_THREADS": "4", "MKL_NUM_THREADS": "1"}, server, imported) == [
         "MKL_NUM_THREADS", "OMP_NUM_THREADS"]
     assert differs({k: v for k, v in rank.items() if k != "PATH"}, server, imported) == ["PATH"]
+    assert differs({**rank, "TMPDIR": "/t", "PATH": "/usr/bin"}, server, imported, may_differ={"TMPDIR"}) == ["PATH"]
 
 
 def test_close_ends_the_server_and_counts_what_it_served(tmp_path):

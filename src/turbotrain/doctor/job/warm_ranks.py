@@ -29,7 +29,7 @@ import signal
 import socket
 import subprocess
 import sys
-from typing import Any, Mapping
+from typing import Any, Collection, Iterable, Mapping
 
 from ...fork_server import JsonLines, exit_code_of, refusal, say, stop_server
 
@@ -105,7 +105,9 @@ os._exit(code & 0xFF)
 class WarmRanks:
     """The server for one doctor run, started with ``env``; :meth:`env` is what a launcher's environment adds."""
 
-    def __init__(self, env: Mapping[str, str], folder: str) -> None:
+    def __init__(self, env: Mapping[str, str], folder: str, may_differ: Iterable[str] = ()) -> None:
+        """``may_differ``: keys beyond :data:`PER_RUN` that the starter knows differ from rank to rank and that the
+        server's imports do not read (the test suite's per-test folders); the doctor passes none."""
         self.folder = folder  # private to this doctor run: the socket and the client live there
         self.pid: int | None = None
         self.served = 0  # ranks forked, known once closed
@@ -121,8 +123,9 @@ class WarmRanks:
                 shebang + CLIENT.format(real=sys.executable, env_socket=ENV_SOCKET, signals=[int(s) for s in _SIGNALS])
             )
         os.chmod(self._client, 0o700)
+        argv = [str(os.getpid()), os.path.basename(self._socket), json.dumps(sorted(may_differ)), *PRELOAD]
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", __name__, str(os.getpid()), os.path.basename(self._socket), *PRELOAD],
+            [sys.executable, "-m", __name__, *argv],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -160,14 +163,20 @@ class WarmRanks:
             self.served = int((stop_server(proc, self._lines) or {}).get("served", 0))
 
 
-def differs(env: Mapping[str, str], server: Mapping[str, str], imports_set: Mapping[str, str]) -> list[str]:
-    """The keys in which a rank's environment differs from the server's, past those that differ per run and those
-    the rank has as the server's imports set them (its launcher imported torch too)."""
+def differs(
+    env: Mapping[str, str],
+    server: Mapping[str, str],
+    imports_set: Mapping[str, str],
+    may_differ: Collection[str] = frozenset(),
+) -> list[str]:
+    """The keys in which a rank's environment differs from the server's, past those that differ per run (and
+    ``may_differ``) and those the rank has as the server's imports set them (its launcher imported torch too)."""
     keys = set(env) ^ set(server) | {k for k in set(env) & set(server) if env[k] != server[k]}
     return sorted(
         k
         for k in keys
         if k not in PER_RUN
+        and k not in may_differ
         and not k.startswith(PER_RUN_PREFIXES)
         and not (k in imports_set and env.get(k) == imports_set[k])
     )
@@ -176,7 +185,7 @@ def differs(env: Mapping[str, str], server: Mapping[str, str], imports_set: Mapp
 # -- the server ------------------------------------------------------------------------------------------------
 
 
-def serve(parent: int, name: str, preload: list[str]) -> None:
+def serve(parent: int, name: str, may_differ: frozenset[str], preload: list[str]) -> None:
     import importlib
 
     from ...fresh_trial import die_with_parent
@@ -218,7 +227,7 @@ def serve(parent: int, name: str, preload: list[str]) -> None:
             if key.data == "accept":
                 client, _ = listener.accept()
                 held = [listener, selector, *(c for c, _ in ranks.values()), *ranks]
-                forked = _start_rank(client, started_env, imports_set, python_path, base_path, held)
+                forked = _start_rank(client, started_env, imports_set, may_differ, python_path, base_path, held)
                 if forked is None:
                     client.close()
                     continue
@@ -257,6 +266,7 @@ def _start_rank(
     client: socket.socket,
     started_env: dict[str, str],
     imports_set: dict[str, str],
+    may_differ: frozenset[str],
     python_path: list[str],
     base_path: list[str],
     held: list[Any],
@@ -271,10 +281,11 @@ def _start_rank(
         return None
     finally:
         client.settimeout(None)
-    if len(fds) != 3 or differs(request["env"], started_env, imports_set):
+    different = differs(request["env"], started_env, imports_set, may_differ)
+    if len(fds) != 3 or different:
         for fd in fds:
             os.close(fd)
-        _send(client, {"refused": f"the environment differs in {differs(request['env'], started_env, imports_set)}"})
+        _send(client, {"refused": f"the environment differs in {different}"})
         return None
     request["env"] = {**imports_set, **request["env"]}
     pid = os.fork()
@@ -356,4 +367,4 @@ def _send(client: socket.socket, message: dict[str, Any]) -> None:
 
 
 if __name__ == "__main__":
-    serve(int(sys.argv[1]), sys.argv[2], sys.argv[3:])
+    serve(int(sys.argv[1]), sys.argv[2], frozenset(json.loads(sys.argv[3])), sys.argv[4:])
