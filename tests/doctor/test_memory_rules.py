@@ -141,6 +141,9 @@ def test_a_script_that_runs_out_of_memory_is_explained_with_a_fix_that_fits_and_
     text = patch.read_text()
     assert f"+        for x_micro, y_micro in zip(x.chunk({k}), y.chunk({k})):" in text, text
     assert f"+            ({'loss'} / {k}).backward()" in text and "-        loss.backward()" in text, text
+    # The patch's header names the line the edit changes (the loop), and the line the allocation failed at.
+    edited = fix.request.where
+    assert edited != fix.where and f"out-of-memory  {edited} (found at {fix.where})  " in text, text
 
 
 @pytest.mark.parametrize("name, rule", [("memory_loss_kept", "graph-kept-alive"),

@@ -188,10 +188,17 @@ def _header(report: Any, fix_report: FixReport, patch_name: str, base: str, veri
     if fix_report.predicted_together or fix_report.together:
         lines.append("Together: " + fix_line(fix_report.predicted_together, fix_report.together))
     lines.append("")
-    lines += [f"edit      {f.rule}  {f.where}  {f.label}  {fix_line(f.predicted, f.verification)}" for f in kept]
+    lines += [f"edit      {f.rule}  {_edited_at(f)}  {f.label}  {fix_line(f.predicted, f.verification)}" for f in kept]
     lines += [f"by hand   {f.rule}  {f.where}  {f.by_hand}" for f in by_hand]
-    lines += [f"left out  {f.rule}  {f.where}  {f.label}: {f.dropped}" for f in left_out]
+    lines += [f"left out  {f.rule}  {_edited_at(f)}  {f.label}: {f.dropped}" for f in left_out]
     return [" ".join(line.split("\n")) for line in lines]
+
+
+def _edited_at(fix: FixResult) -> str:
+    """The line the patch changes, and the finding's line where that differs (an out-of-memory error is found where
+    the allocation failed, and its micro-batches are written into the training loop)."""
+    edited = fix.request.where if fix.request is not None else fix.where
+    return edited if edited == fix.where else f"{edited} (found at {fix.where})"
 
 
 def attach_fixes(
