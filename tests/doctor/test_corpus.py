@@ -143,10 +143,10 @@ def test_measured_findings_carry_their_trial():
 
 def test_syncs_are_counted_per_step_at_each_line():
     report = cached_report("item_per_step")
-    by_line = {row["where"]: row for row in report.syncs}
+    by_line = {row.where: row for row in report.syncs}
     for _, line in marked_lines("item_per_step"):
         row = by_line[f"item_per_step.py:{line}"]
-        assert row["per_step"] == pytest.approx(1.0)
+        assert row.per_step == pytest.approx(1.0)
 
 
 def test_two_optimizers_make_one_step():

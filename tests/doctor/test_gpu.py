@@ -41,7 +41,7 @@ def test_gpu_habits_are_found_on_their_lines_and_rated_by_their_gain():
     assert_rated_by_what_it_buys(report)
     # empty_cache() costs a synchronizing cudaMalloc per step on any GPU: the rule rates it without a trial.
     assert best(report, "empty-cache-in-loop") >= SEVERITY["medium"]
-    assert report.copies and all(not row["pinned"] for row in report.copies)
+    assert report.copies and all(not row.pinned for row in report.copies)
     data = report.to_dict()
     assert sum(data["breakdown"].values()) == pytest.approx(1.0)
 
@@ -49,7 +49,7 @@ def test_gpu_habits_are_found_on_their_lines_and_rated_by_their_gain():
 def test_cuda_syncs_are_tied_to_the_users_lines():
     report = run_doctor("gpu_sync_bound", steps=10)
     assert report.device == "cuda"
-    rows = {row["where"] for row in report.syncs}
+    rows = {row.where for row in report.syncs}
     for _, line in marked_lines("gpu_sync_bound"):
         assert f"gpu_sync_bound.py:{line}" in rows, sorted(rows)
     assert_found_where_marked(report, "gpu_sync_bound")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+from turbotrain.doctor.analysis.periodic import PeriodicRow
 from turbotrain.doctor.record.cadence import Cadence
 from turbotrain.doctor.record.measurements import StepRecord
 from turbotrain.doctor.record.recurring import find_watched
@@ -45,8 +46,8 @@ def test_stalls_with_no_test_of_the_loop_behind_them_have_no_line():
 
 
 def _row(every, site, kind="work between steps", share=0.89):
-    return {"kind": kind, "category": "outside_step", "every": every, "steps": [49, 51, 52], "cost_ms": 524.1,
-            "share": share, "where": None, "site": site, "suggested_every": 331, "target_share": 0.05}
+    return PeriodicRow(kind=kind, category="outside_step", every=every, steps=[49, 51, 52], cost_ms=524.1,
+                       share=share, where=None, site=site, suggested_every=331)
 
 
 def test_the_rule_names_work_only_where_the_script_did_some():

@@ -96,4 +96,4 @@ def test_trace_opens_as_chrome_trace_with_phase_ranges(tmp_path):
     assert {"turbotrain/forward", "turbotrain/backward", "turbotrain/optimizer", "turbotrain/data"} <= names
     assert any(n.startswith("turbotrain/step#") for n in names)
     assert any(n.startswith("aten::convolution") or n == "aten::conv2d" for n in names)
-    assert report.top_ops and report.top_ops[0]["self_cpu_ms_per_step"] > 0
+    assert report.top_ops and report.top_ops[0].self_cpu_ms_per_step > 0

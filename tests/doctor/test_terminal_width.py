@@ -16,6 +16,8 @@ import pytest
 from doctor_helpers import script
 from pseudo_terminal import check_layout, in_terminal
 from turbotrain.doctor.analysis.breakdown import Breakdown
+from turbotrain.doctor.analysis.machine import NoiseWarning
+from turbotrain.doctor.analysis.periodic import PeriodicRow
 from turbotrain.doctor.findings import Finding, Fix
 from turbotrain.doctor.report.html import render_html
 from turbotrain.doctor.record.measurements import CATEGORIES
@@ -71,11 +73,10 @@ def sample_report(script_path: str = "train.py") -> Report:
         machine={"usable_cores": 2, "cpu_quota": 2.0, "affinity_cores": 2, "host_cores": 4, "intra_op_threads": 2,
                  "interop_threads": 2, "dataloader_workers": 4, "other_load": 1.02, "loadavg_1m": 2.31,
                  "dispersion": 6.1},
-        noise={"level": "high", "reasons": ["other processes kept 1.0 cores busy during the window",
-                                            "step time p90/p10 is 6.1 (a quiet machine stays under 1.3)"],
-               "min_speedup": 1.4},
-        periodic=[{"kind": "validation", "every": 20, "cost_ms": 812.0, "share": 0.41, "where": "train.py:57",
-                   "suggested_every": 160}],
+        noise=NoiseWarning("high", ("other processes kept 1.0 cores busy during the window",
+                                    "step time p90/p10 is 6.1 (a quiet machine stays under 1.3)"), min_speedup=1.4),
+        periodic=[PeriodicRow(kind="validation", category="outside_step", every=20, steps=[20, 40], cost_ms=812.0,
+                              share=0.41, where="train.py:57", site=None, suggested_every=160)],
     )
 
 

@@ -49,10 +49,10 @@ def test_evaluation_every_300_steps_is_found_beyond_a_short_window(eval_every_30
     assert finding["evidence"]["every"] == 300
     assert "every 300 steps" in finding["message"] and "watching the step clock" in finding["note"]
     assert SEVERITY[finding["severity"]] >= SEVERITY["medium"] and finding["est_speedup"] > 1.05
-    [row] = [r for r in report.periodic if r.get("found_by") == "watch"]
-    assert row["kind"] == "validation" and row["suggested_every"] > 300 and 0.05 < row["share"] < 1
+    [row] = [r for r in report.periodic if r.found_by == "watch"]
+    assert row.kind == "validation" and row.suggested_every > 300 and 0.05 < row.share < 1
     # The bar holds it too, spread over its period, and the report says what the watch did.
-    assert report.breakdown.shares["outside_step"] >= 0.9 * row["share"], (report.breakdown.shares, row)
+    assert report.breakdown.shares["outside_step"] >= 0.9 * row.share, (report.breakdown.shares, row)
     assert any("the step clock was watched" in m and "occurrence(s) found" in m for m in report.messages)
 
 
@@ -63,11 +63,11 @@ def test_evaluation_every_other_step_is_periodic_work_not_every_step_work():
     assert report.status == "ok", report.messages
     _points_at_marked_lines("eval_every_other_step", report)
     [row] = report.periodic
-    assert row["every"] == 2 and row["kind"] == "validation" and row["suggested_every"] % 2 == 0, row
+    assert row.every == 2 and row.kind == "validation" and row.suggested_every % 2 == 0, row
     [finding] = _findings(report, "periodic-work")
     assert "every 2 steps" in finding["message"] and not _findings(report, "eval-every-step"), report.findings
     # Each measured step either ran the evaluation or not: the occurrences are every other one.
-    assert {b - a for a, b in zip(row["steps"], row["steps"][1:])} == {2}, row
+    assert {b - a for a, b in zip(row.steps, row.steps[1:])} == {2}, row
 
 
 def _fake_recorder(measure, watch_s):
@@ -289,7 +289,7 @@ def test_watch_zero_ends_the_script_with_the_window(capsys):
     from turbotrain.cli import main
 
     report = cached_report("eval_every_300", what_if=False, watch_s=0.0)
-    assert report.status == "ok" and not [r for r in report.periodic if r.get("found_by") == "watch"]
+    assert report.status == "ok" and not [r for r in report.periodic if r.found_by == "watch"]
     assert not any("the step clock was watched" in m for m in report.messages)
     assert main(["doctor", "--watch", "-1", str(script("eval_every_300"))]) == 2
     assert "DoctorOptions.watch_s (--watch): -1 is not allowed" in capsys.readouterr().err
@@ -299,8 +299,8 @@ def test_work_that_generates_samples_is_called_sampling_not_validation():
     """Eval-mode forwards under no_grad inside a ``generate`` are sampling: no val loader, no inference_mode fix."""
     report = cached_report("sample_every_10", what_if=False)
     assert report.status == "ok", report.messages
-    [row] = [r for r in report.periodic if r["every"] == 10]
-    assert row["kind"] == "sampling", report.periodic
+    [row] = [r for r in report.periodic if r.every == 10]
+    assert row.kind == "sampling", report.periodic
     _points_at_marked_lines("sample_every_10", report)
     [finding] = _findings(report, "periodic-work")
     assert finding["message"].startswith("Sampling every 10 steps") and "inference_mode" not in finding["fix"]

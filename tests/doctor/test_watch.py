@@ -45,9 +45,9 @@ def test_syncs_in_the_callers_code_are_tied_to_its_lines():
             value = loss.item(); line = sys._getframe().f_lineno  # noqa: E702 - the sync and its line
             if loss > 100:
                 print(value)
-    rows = {(r["where"], r["kind"]): r for r in doctor.report.syncs}
-    assert rows[(f"test_watch.py:{line}", "item")]["per_step"] == pytest.approx(1.0)
-    assert rows[(f"test_watch.py:{line + 1}", "bool")]["per_step"] == pytest.approx(1.0)
+    rows = {(r.where, r.kind): r for r in doctor.report.syncs}
+    assert rows[(f"test_watch.py:{line}", "item")].per_step == pytest.approx(1.0)
+    assert rows[(f"test_watch.py:{line + 1}", "bool")].per_step == pytest.approx(1.0)
     assert {f.rule for f in doctor.report.findings} >= {"host-sync-in-loop"}
 
 

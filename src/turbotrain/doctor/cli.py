@@ -174,6 +174,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"doctor --fix: no patch written to {args.fix}: {' '.join(report.fixes.messages)}", file=sys.stderr)
         return 1
     for failure in report.failures:
-        if failure["part"] in ("json", "html"):
-            print(f"turbotrain doctor: {failure['message']}", file=sys.stderr)
+        if failure.part in ("json", "html"):
+            print(f"turbotrain doctor: {failure.message}", file=sys.stderr)
     return report.exit_code

@@ -13,7 +13,7 @@ from .analysis.machine import noise_state
 from .record.recorder import Recorder
 from .lifeline import guarded
 from .report.files import check_outputs, write_output
-from .report.model import Report
+from .report.model import Report, ReportStatus
 from .report.ranks import reducer_disagreement
 from .rules import evaluate, order
 from .analysis.periodic import watch_message
@@ -329,6 +329,7 @@ def analyse(
                 f"The trace was not written to {options.trace_path}: {exc}. Give --trace a path in a folder "
                 "you can write to."
             )
+    status: ReportStatus
     if run is None or run.failed:
         status = "error"
     elif len(recording.steps) < requested and run.status != "stopped":
@@ -363,7 +364,7 @@ def analyse(
         doctor_seconds=timings,
         base=base,
         step_delimiter=recording.step_delimiter,
-        periodic=[{k: v for k, v in row.items() if k != "site"} for row in ctx.periodic_rows],
+        periodic=list(ctx.periodic_rows),
         machine=ctx.machine,
         noise=noise_state(ctx.machine),
         memory=memory,

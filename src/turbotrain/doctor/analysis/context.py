@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from .ranks import RankAnalysis
     from ..record.memory_watch import StepMemory
     from .memory import FitMeasure
+    from .periodic import PeriodicRow
 
 __all__ = ["Context", "SiteStat", "build_context"]
 
@@ -102,7 +103,7 @@ class Context:
     # -- analyses several rules read, each computed once -------------------------------------------
 
     @cached_property
-    def periodic_rows(self) -> list[dict[str, Any]]:
+    def periodic_rows(self) -> list[PeriodicRow]:
         """Each recurring piece of work, its amortised cost and a cadence under 5% (:func:`.periodic_table`)."""
         from .periodic import periodic_table  # it reads this context: imported late, no cycle
 

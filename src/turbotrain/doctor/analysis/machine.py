@@ -12,14 +12,15 @@ of them every parallel op waits at a barrier for a descheduled thread.
 from __future__ import annotations
 
 import os
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import torch
 
 from ...hardware import LoadSample, children_busy_cores, other_busy_cores, thread_env
 from ...measure import MIN_GAIN
 
-__all__ = ["machine_facts", "noise_state", "noise_floor", "others_share"]
+__all__ = ["machine_facts", "NoiseWarning", "noise_state", "noise_floor", "others_share"]
 
 # A window is "noisy" past these: another process kept a quarter of a core busy (a neighbour pinned to
 # one of our cores gets only about half of it while our threads want it too), steps spread 1.5x from p10
@@ -89,7 +90,19 @@ def noise_floor(machine: dict[str, Any]) -> float:
     return min(NOISE_FLOOR_CAP, max(0.0, spread, machine.get("interference_share") or 0.0))
 
 
-def noise_state(machine: dict[str, Any]) -> dict[str, Any] | None:
+@dataclass(frozen=True)
+class NoiseWarning:
+    """Why the window was too noisy to trust small gains, and the least gain it can still tell (JSON ``noise``)."""
+
+    level: Literal["high"]
+    reasons: tuple[str, ...]
+    min_speedup: float  # gains under this ratio cannot be told from noise
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"level": self.level, "reasons": list(self.reasons), "min_speedup": self.min_speedup}
+
+
+def noise_state(machine: dict[str, Any]) -> NoiseWarning | None:
     """The warning the report opens with when the machine was too noisy to trust small gains."""
     reasons = []
     others, dispersion = machine.get("other_load"), machine.get("dispersion")
@@ -107,4 +120,4 @@ def noise_state(machine: dict[str, Any]) -> dict[str, Any] | None:
     if not reasons:
         return None
     # A speed-up ratio (x1.4), not a gain fraction like measure.MIN_GAIN (0.03): one name, one meaning.
-    return {"level": "high", "reasons": reasons, "min_speedup": round(1.0 + max(MIN_GAIN, noise_floor(machine)), 2)}
+    return NoiseWarning("high", tuple(reasons), min_speedup=round(1.0 + max(MIN_GAIN, noise_floor(machine)), 2))

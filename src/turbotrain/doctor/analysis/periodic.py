@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import ast
 from collections import defaultdict
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, fields, replace
+from typing import TYPE_CHECKING, Any, Literal
 
 from ..record.cadence import Cadence
 from ..record.recurring import Periodic
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
 __all__ = [
     "PERIODIC_TARGET_SHARE",
     "SUGGESTED_SHARE",
+    "PeriodicRow",
     "periodic_kind",
     "periodic_site",
     "suggested_every",
@@ -41,6 +43,32 @@ PERIODIC_TARGET_SHARE = 0.05
 SUGGESTED_SHARE = PERIODIC_TARGET_SHARE / 2
 _PERIODIC_KINDS = {"eval": "validation", "eval_grad": "validation", "save": "checkpoint"}
 _PERIODIC_SITES = {"validation": ("eval_forward", "eval_grad_forward"), "checkpoint": ("save",)}
+
+
+@dataclass(frozen=True)
+class PeriodicRow:
+    """One piece of recurring work as the report shows it: what it costs amortised, a cadence under 5%."""
+
+    kind: str  # validation, sampling, checkpoint, or work between steps
+    category: str
+    every: int | None  # steps between occurrences; None: seen once (the period is unknown)
+    steps: list[int]  # the steps it ran in
+    cost_ms: float  # each occurrence, over an ordinary step
+    share: float | None  # of training time, amortised over its period; None: no period
+    where: str | None
+    site: Site | None  # the line ``where`` names, for the rules and the fixes (not in the JSON)
+    suggested_every: int | None
+    target_share: float = PERIODIC_TARGET_SHARE
+    # Work the watch after the window found: how its period was known ("gaps" or "code") and a note for the finding.
+    found_by: Literal["watch"] | None = None
+    period_from: str | None = None
+    note: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        # The fields, in their order, are the JSON's keys (renaming one changes the report), less the line (``where``
+        # says it) and, on the window's own rows, the watch's three, which those rows have never carried.
+        left_out = {"site"} if self.found_by is not None else {"site", "found_by", "period_from", "note"}
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in left_out}
 
 
 def periodic_kind(ctx: Context, periodic: Periodic) -> str:
@@ -111,7 +139,7 @@ def suggested_every(cost_s: float, base_step_s: float, every: int, target: float
     return max(every, every * max(1, -(-int(need) // every)))
 
 
-def periodic_table(ctx: Context) -> list[dict[str, Any]]:
+def periodic_table(ctx: Context) -> list[PeriodicRow]:
     """The report's rows: each recurring piece of work, what it costs amortised, and a cadence under 5%."""
     rows = []
     step_s = ctx.step_s
@@ -123,24 +151,20 @@ def periodic_table(ctx: Context) -> list[dict[str, Any]]:
             kind = "sampling"
         share = p.amortised_s / step_s if step_s and p.every else None  # the breakdown amortised it into the step
         base_step = max(step_s - p.amortised_s, 1e-9)
-        extra = {}
-        if p.watched and watched is not None:
-            extra = {"found_by": "watch", "period_from": p.period_from, "note": _watch_note(p, watched)}
-        rows.append(
-            {
-                "kind": kind,
-                "category": p.category,
-                "every": p.every,
-                "steps": p.steps,
-                "cost_ms": round(p.cost_s * 1e3, 3),
-                "share": round(share, 4) if share is not None else None,
-                "where": ctx.where(site),
-                "site": site,
-                "suggested_every": suggested_every(p.cost_s, base_step, p.every, SUGGESTED_SHARE) if p.every else None,
-                "target_share": PERIODIC_TARGET_SHARE,
-                **extra,
-            }
+        row = PeriodicRow(
+            kind=kind,
+            category=p.category,
+            every=p.every,
+            steps=p.steps,
+            cost_ms=round(p.cost_s * 1e3, 3),
+            share=round(share, 4) if share is not None else None,
+            where=ctx.where(site),
+            site=site,
+            suggested_every=suggested_every(p.cost_s, base_step, p.every, SUGGESTED_SHARE) if p.every else None,
         )
+        if p.watched and watched is not None:
+            row = replace(row, found_by="watch", period_from=p.period_from, note=_watch_note(p, watched))
+        rows.append(row)
     return rows
 
 

@@ -22,6 +22,7 @@ from .compile_watch import CompileFacts
 from .graph_watch import GraphGrowth, TensorGrowth
 from .measurements import EventCounts, ForwardFacts, LoaderRecord, StepRecord
 from .out_of_memory import OutOfMemory
+from .profiling import TopOp
 from .watch import WatchedRun
 from ..sites import Site
 
@@ -98,7 +99,7 @@ class Recording:
     facts: ForwardFacts | None = None  # the trained model's forward, as first measured
     module_calls_per_step: int = 0  # module forward calls of a warm-up step
     profile: dict[str, float] = field(default_factory=dict)  # ops per step and pointwise share (profiler window)
-    top_ops: tuple[dict[str, Any], ...] = ()  # the busiest ops of the profiler window
+    top_ops: tuple[TopOp, ...] = ()  # the busiest ops of the profiler window
     gpu_phases: tuple[GpuPhases, ...] = ()
     # The user's lines inside functions seen running (warm-up, profiler window) per file; None: not traced.
     ran_lines: dict[str, tuple[int, ...]] | None = None

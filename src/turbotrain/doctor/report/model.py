@@ -9,20 +9,39 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
 
 import torch
 
 from ..analysis.breakdown import Breakdown
+from ..analysis.machine import NoiseWarning
+from ..analysis.periodic import PeriodicRow
 from ..analysis.ranks import RankAnalysis
 from ..findings import Finding, Framework
 from .fix_results import FixReport
+from .tables import CopyRow, SyncRow
 from ..record.compile_watch import CompileFacts
 from ..record.measurements import CATEGORIES
+from ..record.profiling import TopOp
 from ..record.runner import ScriptRun
 
-__all__ = ["Report", "exact_shares", "compiled_json"]
+__all__ = ["Report", "ReportStatus", "Failure", "exact_shares", "compiled_json"]
+
+# ok; incomplete: fewer steps than asked; error: the script failed; no-steps: nothing stepped; partial: a part of
+# the doctor failed (the report's failures say which).
+ReportStatus = Literal["ok", "incomplete", "error", "no-steps", "partial"]
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A part of the doctor that failed (a rule, the trace, the patch, a report, --verify) and why."""
+
+    part: str  # "trace", "fix", "verify", "json", "html" or "rule <id>"
+    message: str
+
+    def to_dict(self) -> dict[str, str]:
+        return asdict(self)
 
 
 def compiled_json(facts: CompileFacts, base: str | None) -> dict[str, Any]:
@@ -87,7 +106,7 @@ def exact_shares(shares: dict[str, float], digits: int = 4) -> dict[str, float]:
 
 @dataclass
 class Report:
-    status: str  # ok, incomplete (fewer steps than asked), error, no-steps, partial (a part of the doctor failed)
+    status: ReportStatus
     breakdown: Breakdown | None
     findings: list[Finding]
     device: str = "cpu"
@@ -99,9 +118,9 @@ class Report:
     warmup_steps: int = 0
     steps_completed: int = 0
     messages: list[str] = field(default_factory=list)
-    syncs: list[dict[str, Any]] = field(default_factory=list)
-    copies: list[dict[str, Any]] = field(default_factory=list)
-    top_ops: list[dict[str, Any]] = field(default_factory=list)
+    syncs: list[SyncRow] = field(default_factory=list)
+    copies: list[CopyRow] = field(default_factory=list)
+    top_ops: list[TopOp] = field(default_factory=list)
     trace_path: str | None = None
     doctor_seconds: dict[str, float] = field(default_factory=dict)
     base: str | None = None
@@ -110,20 +129,17 @@ class Report:
     # The machine as the run saw it: usable cores (affinity, cgroup quota), torch's threads, DataLoader
     # workers, other processes' load during the window, and the step-time dispersion (p90/p10).
     machine: dict[str, Any] = field(default_factory=dict)
-    # Set when the window's dispersion or the machine's outside load is too high to trust small gains:
-    # {"level": "high", "reasons": [...], "min_speedup": 1.4} (gains under min_speedup cannot be told from noise).
-    noise: dict[str, Any] | None = None
-    # Work that recurs every N steps (validation, checkpoints, logging), amortised over its period:
-    # [{"kind": "validation", "every": 20, "cost_ms": 812.0, "share": 0.41, "where": "train.py:57",
-    #   "suggested_every": 160}]
-    periodic: list[dict[str, Any]] = field(default_factory=list)
+    # Set when the window's dispersion or the machine's outside load is too high to trust small gains.
+    noise: NoiseWarning | None = None
+    # Work that recurs every N steps (validation, checkpoints, logging), amortised over its period.
+    periodic: list[PeriodicRow] = field(default_factory=list)
     # doctor --fix [--verify]: each fixable finding's diff, predicted and verified speed-up, the patch written.
     fixes: FixReport | None = None
     # A multi-process job: every rank side by side, the straggler, the exposed communication (report/ranks.py).
     ranks: RankAnalysis | None = None
     # The parts of the doctor that failed (a rule that crashed, a trace, patch or report not written, a --verify
-    # that could not run): [{"part": "trace", "message": "..."}]. Each is also a message; the exit code is 1.
-    failures: list[dict[str, str]] = field(default_factory=list)
+    # that could not run). Each is also a message; the exit code is 1.
+    failures: list[Failure] = field(default_factory=list)
     # What torch.compile did, where the script compiled (record/compile_watch.py): JSON "compiled".
     compiled: CompileFacts | None = None
     # The step's peak memory split into what holds it, and the device's headroom (report/memory.py); None: not
@@ -135,7 +151,7 @@ class Report:
     def fail(self, part: str, message: str) -> None:
         """Say that ``part`` failed, in every report, and make the exit code non-zero: a report never claims what
         did not happen."""
-        self.failures.append({"part": part, "message": message})
+        self.failures.append(Failure(part, message))
         self.messages.append(message)
         if self.status == "ok":
             self.status = "partial"
@@ -206,13 +222,15 @@ class Report:
             out["bottleneck"] = None
         out["step_delimiter"] = self.step_delimiter
         out["machine"] = self.machine
-        out["noise"] = self.noise
-        out["periodic"] = self.periodic
+        out["noise"] = self.noise.to_dict() if self.noise is not None else None
+        out["periodic"] = [r.to_dict() for r in self.periodic]
         out["framework"] = self.framework
         out["findings"] = [f.to_dict(self.base) for f in self.findings]
-        out["syncs"], out["copies"], out["top_ops"] = self.syncs, self.copies, self.top_ops
+        out["syncs"] = [r.to_dict() for r in self.syncs]
+        out["copies"] = [r.to_dict() for r in self.copies]
+        out["top_ops"] = [r.to_dict() for r in self.top_ops]
         out["messages"] = self.messages
-        out["failures"] = self.failures
+        out["failures"] = [f.to_dict() for f in self.failures]
         if self.memory is not None:
             out["memory"] = self.memory
         if self.fixes is not None:

@@ -20,6 +20,8 @@ from typing import IO, Any
 from rich.console import Console
 from rich.text import Text
 
+from ..analysis.machine import NoiseWarning
+from ..analysis.periodic import PeriodicRow
 from ..findings import FOLDS, FRAMEWORK_LABELS, Finding, Framework
 from ..record.measurements import CATEGORIES
 from .model import Report
@@ -147,32 +149,25 @@ def machine_items(machine: dict[str, Any]) -> list[str]:
     return items
 
 
-def noise_text(noise: dict[str, Any]) -> tuple[str, list[str]]:
+def noise_text(noise: NoiseWarning) -> tuple[str, list[str]]:
     """(headline, reasons) of the noise warning."""
-    level = noise.get("level")
-    head = f"Noisy measurement{f' ({level})' if level else ''}"
-    if noise.get("min_speedup") is not None:
-        head += f": gains under x{noise['min_speedup']:g} cannot be told from noise on this machine now."
-    else:
-        head += ": small gains cannot be told from noise on this machine now."
-    return head, [str(r) for r in noise.get("reasons") or []]
+    head = (
+        f"Noisy measurement ({noise.level}): gains under x{noise.min_speedup:g} cannot be told from noise on this "
+        "machine now."
+    )
+    return head, list(noise.reasons)
 
 
-def periodic_text(entry: dict[str, Any]) -> str:
+def periodic_text(row: PeriodicRow) -> str:
     """``validation every 20 steps costs 41% of training time (812 ms each) at train.py:57; every 160 ...``"""
-    kind = entry.get("kind") or "periodic work"
-    text = kind + (f" every {entry['every']} steps" if entry.get("every") else "")
-    costs = []
-    if entry.get("share") is not None:
-        costs.append(f"costs {entry['share']:.0%} of training time")
-    if entry.get("cost_ms") is not None:
-        costs.append(f"({entry['cost_ms']:.0f} ms each)")
-    text += (" " + " ".join(costs)) if costs else ""
-    if entry.get("where"):
-        text += f" at {entry['where']}"
-    suggested = entry.get("suggested_every")
-    if suggested:
-        text += f"; every {suggested} steps keeps it under {entry.get('target_share', 0.05):.0%}"
+    text = row.kind + (f" every {row.every} steps" if row.every else "")
+    if row.share is not None:
+        text += f" costs {row.share:.0%} of training time"
+    text += f" ({row.cost_ms:.0f} ms each)"
+    if row.where:
+        text += f" at {row.where}"
+    if row.suggested_every:
+        text += f"; every {row.suggested_every} steps keeps it under {row.target_share:.0%}"
     return text
 
 
@@ -339,7 +334,7 @@ def print_report(report: Report, file: IO[str] | None = None, width: int | None 
             "Host syncs per step",
             ["where", "kind", "per step", "ms/step", "code"],
             [
-                [shorten_left(r["where"], 32), r["kind"], f"{r['per_step']:g}", f"{r['ms_per_step']:.3f}", r["code"]]
+                [shorten_left(r.where, 32), r.kind, f"{r.per_step:g}", f"{r.ms_per_step:.3f}", r.code]
                 for r in report.syncs[:10]
             ],
             width,
@@ -351,10 +346,10 @@ def print_report(report: Report, file: IO[str] | None = None, width: int | None 
             ["calls", "self CPU ms", "self device ms", "op"],
             [
                 [
-                    f"{r['calls_per_step']:g}",
-                    f"{r['self_cpu_ms_per_step']:.3f}",
-                    f"{r['self_device_ms_per_step']:.3f}",
-                    r["op"],
+                    f"{r.calls_per_step:g}",
+                    f"{r.self_cpu_ms_per_step:.3f}",
+                    f"{r.self_device_ms_per_step:.3f}",
+                    r.op,
                 ]
                 for r in report.top_ops[:8]
             ],

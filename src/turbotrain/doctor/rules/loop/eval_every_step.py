@@ -36,7 +36,7 @@ def eval_every_step(ctx: Context) -> Iterator[Finding]:
     if not steps or not ctx.step_s:
         return
     # Validation the recurring-work rule found a period for is its finding (every other step is a period).
-    periodic = {row["site"] for row in ctx.periodic_rows if row["every"]}
+    periodic = {row.site for row in ctx.periodic_rows if row.every}
     stats = [
         s
         for s in ctx.ran_sites("eval_forward")

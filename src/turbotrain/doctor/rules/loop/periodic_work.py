@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Iterator
 
-from ...analysis.periodic import PERIODIC_TARGET_SHARE
+from ...analysis.periodic import PERIODIC_TARGET_SHARE, PeriodicRow
 from ...edits import ByHand, EditSpec
 from ...findings import Finding, Fix
 from ..common import ms
@@ -20,19 +20,19 @@ if TYPE_CHECKING:
 
 def periodic_work(ctx: Context) -> Iterator[Finding]:
     for row in ctx.periodic_rows:
-        share = row["share"]
-        if share is None or share < PERIODIC_TARGET_SHARE or not row["every"] or row["every"] < 2:
+        share = row.share
+        if share is None or share < PERIODIC_TARGET_SHARE or not row.every or row.every < 2:
             continue  # seen once (its period unknown), cheap enough, or every step's own cost: not periodic
-        kind, every, better = row["kind"], row["every"], row["suggested_every"]
-        if kind == "work between steps" and row["site"] is None:
+        kind, every, better = row.kind, row.every, row.suggested_every
+        if kind == "work between steps" and row.site is None:
             yield _unexplained_slow_steps(row)
             continue
         f = Finding(
             "periodic-work",
-            site=row["site"],
+            site=row.site,
             category="outside_step",
             message=(
-                f"{kind.capitalize()} every {every} steps costs {ms(row['cost_ms'] / 1e3)} each time: "
+                f"{kind.capitalize()} every {every} steps costs {ms(row.cost_ms / 1e3)} each time: "
                 f"{share:.0%} of training time."
             ),
             fix=Fix(
@@ -47,18 +47,23 @@ def periodic_work(ctx: Context) -> Iterator[Finding]:
                     else None
                 ),
             ),
-            evidence={k: row[k] for k in ("every", "cost_ms", "share", "steps")},
+            evidence=_evidence(row),
         )
         # Moving to the suggested cadence saves all but its own (under 5%) share.
         saved = share * (1 - every / better) if better else 0.0
         f.set_gain(max(0.0, saved), measured=True)
-        f.note = f"Measured over {len(row['steps'])} occurrence(s); the numbers above spread it over its period."
-        if row.get("note"):  # found beyond the window: how (analysis/periodic.py)
-            f.note = f"{f.note} {row['note']}"
+        f.note = f"Measured over {len(row.steps)} occurrence(s); the numbers above spread it over its period."
+        if row.note:  # found beyond the window: how (analysis/periodic.py)
+            f.note = f"{f.note} {row.note}"
         yield f
 
 
-def _unexplained_slow_steps(row: dict[str, Any]) -> Finding:
+def _evidence(row: PeriodicRow) -> dict[str, Any]:
+    """What the finding's JSON shows of the row."""
+    return {"every": row.every, "cost_ms": row.cost_ms, "share": row.share, "steps": row.steps}
+
+
+def _unexplained_slow_steps(row: PeriodicRow) -> Finding:
     """Slow steps at a period with nothing of the script's own seen in them (no line, no validation, no save): on
     a shared machine, the scheduler's doing as often as the script's. Said, never rated above low, never timed."""
     f = Finding(
@@ -66,12 +71,12 @@ def _unexplained_slow_steps(row: dict[str, Any]) -> Finding:
         site=None,
         category="outside_step",
         message=(
-            f"Steps {', '.join(str(i) for i in row['steps'][:6])} ran {ms(row['cost_ms'] / 1e3)} over the ordinary "
+            f"Steps {', '.join(str(i) for i in row.steps[:6])} ran {ms(row.cost_ms / 1e3)} over the ordinary "
             "step with no work of the script's own seen in them (no line, validation or checkpoint): other "
             "processes taking the CPU look the same."
         ),
         fix=Fix("nothing to change in the script unless it does work every few steps the doctor did not see"),
-        evidence={k: row[k] for k in ("every", "cost_ms", "share", "steps")},
+        evidence=_evidence(row),
     )
     f.set_gain(None, measured=False)
     f.cap("low", "No evidence of work: counted as noise, not as a cost of the script.")
@@ -80,10 +85,10 @@ def _unexplained_slow_steps(row: dict[str, Any]) -> Finding:
 
 def edit(ctx: Context, f: Finding) -> EditSpec:
     assert f.site is not None  # fixes.choose plans only findings with a site
-    row = next((r for r in ctx.periodic_rows if r["site"] == f.site and r["every"]), None)
-    if row is None or not row["suggested_every"]:
+    row = next((r for r in ctx.periodic_rows if r.site == f.site and r.every), None)
+    if row is None or not row.suggested_every:
         raise ByHand("the period of the recurring work is not known")
-    every, better, kind = row["every"], row["suggested_every"], row["kind"]
+    every, better, kind = row.every, row.suggested_every, row.kind
     return EditSpec(
         "cadence",
         f"{kind} every {better} steps (was {every})",
