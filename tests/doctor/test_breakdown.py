@@ -3,17 +3,24 @@
 from __future__ import annotations
 
 import statistics
+from typing import get_args
 
 import pytest
 
 from turbotrain.doctor.analysis.breakdown import Overhead, _gpu_categories, compute_breakdown
-from turbotrain.doctor.record.measurements import CATEGORIES, StepRecord
+from turbotrain.doctor.record.measurements import CATEGORIES, PHASE_CATEGORY, Phase, StepRecord
 from turbotrain.doctor.report.model import exact_shares
 
 
 def step(i, duration, phases, gap=0.0, preempted=None):
     return StepRecord(index=i, start=float(i), end=i + duration, phases=phases, gap_before_forward=gap,
                       forwards=1, backwards=1, optimizers=1, preempted=preempted)
+
+
+def test_every_phase_the_clock_times_is_charged_to_a_category():
+    # The types say each key is a Phase and each value a Category; only this says no Phase is left out.
+    assert set(PHASE_CATEGORY) == set(get_args(Phase))
+    assert set(PHASE_CATEGORY.values()) <= set(CATEGORIES)
 
 
 def test_a_step_s_categories_sum_to_its_duration_and_split_the_untimed_time():

@@ -7,6 +7,7 @@ round trips, and every note a report prints about how the run went.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pickle
 
@@ -14,7 +15,8 @@ import pytest
 
 from turbotrain.doctor import DoctorOptions, analyse
 from turbotrain.doctor.record.clock import PhaseClock
-from turbotrain.doctor.record.recording import from_json, to_json
+from turbotrain.doctor.record.out_of_memory import OutOfMemory
+from turbotrain.doctor.record.recording import GpuPhases, from_json, to_json
 from turbotrain.doctor.record.steps import Stop, StepTracker
 from turbotrain.doctor.record.tallies import Tallies
 from turbotrain.doctor.record.recorder import Recorder
@@ -237,6 +239,15 @@ def test_a_recording_round_trips_through_json_and_pickle():
     assert from_json(to_json(recording)) == recording
     assert pickle.loads(pickle.dumps(recording)) == recording  # noqa: S301 - our own bytes, made one line up
     assert recording.events[0].per_step(list(range(2, 22))) == pytest.approx((1.0, 0.002, 0.0))
+
+
+def test_device_time_per_phase_and_an_out_of_memory_error_round_trip_through_json():
+    # Dicts keyed by a Literal (a step's phases, the device's) come back with their keys as read.
+    oom = OutOfMemory("cuda", 2**20, "CUDA out of memory.", Site("/work/train.py", 30, "main"), "backward", 4)
+    recording = dataclasses.replace(
+        _small_recording(), gpu_phases=(GpuPhases(3, {"forward": 0.004, "optimizer": 0.001}),), out_of_memory=oom
+    )
+    assert from_json(to_json(recording)) == recording
 
 
 def test_a_recording_of_twenty_steps_is_small():

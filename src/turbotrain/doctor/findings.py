@@ -7,7 +7,7 @@ at least 5% ``medium``, anything less (or unmeasured and unproven on this hardwa
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Protocol, get_args
+from typing import TYPE_CHECKING, Any, Literal, Protocol, Union, get_args
 
 from ..plan import Plan
 from ..speedups.policy import call_text
@@ -27,6 +27,8 @@ __all__ = [
     "lightning_call",
     "SEVERITIES",
     "Severity",
+    "Category",
+    "LateCause",
     "Framework",
     "FindingSource",
     "framework_named",
@@ -45,6 +47,14 @@ class RunPlace(Protocol):
 
 Severity = Literal["high", "medium", "low"]
 SEVERITIES: tuple[Severity, ...] = get_args(Severity)  # most severe first
+# The breakdown's categories, in the order the report shows them (record/measurements.py's CATEGORIES): here, in
+# the shared vocabulary, because a finding names the one its time is in.
+Category = Literal[
+    "data_loading", "host_to_device", "compute", "optimizer", "host_sync", "python_overhead", "outside_step"
+]
+# Why a rank of a multi-process job is late (analysis/ranks.py): the category of its step it spent longer in, a
+# slower or shared CPU for the same work ("cpu_contention"), or none that holds the wait ("unexplained").
+LateCause = Union[Category, Literal["cpu_contention", "unexplained"]]
 # Where a finding came from: the recorded run, the live objects the script built, or its source.
 FindingSource = Literal["runtime", "live", "static"]
 # Why a low finding cannot matter on the machine and model at hand: the terminal folds such findings into one
@@ -169,7 +179,7 @@ class Finding:
     est_speedup: float | None = None
     measured: bool = False
     gain_share: float | None = None  # share of step time the fix would save (drives severity)
-    category: str | None = None  # the breakdown category it addresses
+    category: LateCause | None = None  # the breakdown category it addresses; on a job, a late rank's cause
     speedup: str | None = None  # registry entry name
     note: str | None = None
     evidence: dict[str, Any] = field(default_factory=dict)

@@ -19,7 +19,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..record.measurements import CATEGORIES, StepRecord
+from ..record.measurements import CATEGORIES, Category, Phase, StepRecord
 from ..record.recurring import Periodic, beyond_window, find_periodic
 
 __all__ = ["Breakdown", "Overhead", "Periodic", "compute_breakdown", "find_periodic", "select_steps"]
@@ -29,15 +29,15 @@ __all__ = ["Breakdown", "Overhead", "Periodic", "compute_breakdown", "find_perio
 class Breakdown:
     steps: list[int]  # indices of the steps the numbers come from
     step_seconds: list[float]
-    seconds: dict[str, float]  # mean seconds per step, per category
-    shares: dict[str, float]  # fractions of step time; sum to 1
-    bottleneck: str
+    seconds: dict[Category, float]  # mean seconds per step, per category
+    shares: dict[Category, float]  # fractions of step time; sum to 1
+    bottleneck: Category
     timeline: list[dict[str, Any]] = field(default_factory=list)
     warmup_included: bool = False  # too few steps ran: warm-up steps are in the numbers
     overhead: dict[str, Any] = field(default_factory=dict)
     interference_s: float = 0.0  # mean seconds per step lost to other processes (see below)
-    raw_shares: dict[str, float] = field(default_factory=dict)  # as timed (before any stall was taken out)
-    dispatch: dict[str, float] = field(default_factory=dict)  # seconds per step of each phase that are overhead
+    raw_shares: dict[Category, float] = field(default_factory=dict)  # as timed (before any stall was taken out)
+    dispatch: dict[Category, float] = field(default_factory=dict)  # seconds per step of each category that are overhead
     periodic: list["Periodic"] = field(default_factory=list)  # recurring work, amortised into the numbers
     settling: list[float] = field(default_factory=list)  # seconds of steps left out as still warming up
 
@@ -48,7 +48,7 @@ class Breakdown:
         own = sum(self.dispatch.values()) + self.seconds.get("python_overhead", 0.0)
         return own / total if total > 0 else 0.0
 
-    def dispatch_of(self, category: str) -> float:
+    def dispatch_of(self, category: Category) -> float:
         """Share of ``category``'s own time that is overhead."""
         seconds = self.seconds.get(category, 0.0)
         return min(1.0, self.dispatch.get(category, 0.0) / seconds) if seconds > 0 else 0.0
@@ -108,7 +108,11 @@ class Overhead:
     detail: dict[str, float] = field(default_factory=dict)
 
 
-def _carve_overhead(cats: dict[str, float], overhead: Overhead) -> dict[str, float]:
+# The model's own time, which the estimated overhead is carved out of in proportion.
+_MODEL: tuple[Category, ...] = ("compute", "optimizer")
+
+
+def _carve_overhead(cats: dict[Category, float], overhead: Overhead) -> dict[Category, float]:
     """Seconds of compute and of optimizer that are overhead (the model of :class:`Overhead`)."""
     if overhead.method == "counted":
         return {
@@ -118,11 +122,11 @@ def _carve_overhead(cats: dict[str, float], overhead: Overhead) -> dict[str, flo
     if overhead.method == "estimated":
         pool = cats["compute"] + cats["optimizer"]
         take = min(overhead.estimate_s, 0.95 * pool)
-        return {k: take * cats[k] / pool for k in ("compute", "optimizer")} if pool > 0 else {}
+        return {k: take * cats[k] / pool for k in _MODEL} if pool > 0 else {}
     return {}
 
 
-def _gpu_categories(cats: dict[str, float], duration: float, device: dict[str, float]) -> dict[str, float]:
+def _gpu_categories(cats: dict[Category, float], duration: float, device: dict[Phase, float]) -> dict[Category, float]:
     """Compute/optimizer as device time; device-idle time split by what the host was doing."""
     compute = min(device.get("forward", 0.0) + device.get("backward", 0.0), duration)
     optimizer = min(device.get("optimizer", 0.0), duration - compute)
@@ -142,12 +146,12 @@ def _gpu_categories(cats: dict[str, float], duration: float, device: dict[str, f
 # Without the kernel's run-queue accounting: categories where a rare, huge value is the machine
 # (another process took the core), not the script. Data loading and outside_step are left alone
 # there: their spikes (epoch start, validation) are real.
-_STALL_PRONE = ("compute", "optimizer", "python_overhead", "host_to_device", "host_sync")
+_STALL_PRONE: tuple[Category, ...] = ("compute", "optimizer", "python_overhead", "host_to_device", "host_sync")
 STALL_FLOOR_S = 1e-3
 SCHEDULER_SLICE_S = 5e-3  # about what Linux gives a task before another runnable one gets the core
 
 
-def _remove_preemption(per_step: list[dict[str, float]], preempted: list[float]) -> list[float]:
+def _remove_preemption(per_step: list[dict[Category, float]], preempted: list[float]) -> list[float]:
     """Take each step's measured run-queue wait out of the categories it inflated (in place).
 
     A short step is hit by one scheduler slice at most, in one place: the wait comes first out
@@ -174,7 +178,7 @@ def _remove_preemption(per_step: list[dict[str, float]], preempted: list[float])
     return removed
 
 
-def _remove_stalls(per_step: list[dict[str, float]]) -> list[float]:
+def _remove_stalls(per_step: list[dict[Category, float]]) -> list[float]:
     """Cap stall outliers at the category's median, in place; returns the seconds removed per step."""
     removed = [0.0] * len(per_step)
     if len(per_step) < 4:
@@ -192,7 +196,7 @@ def _remove_stalls(per_step: list[dict[str, float]]) -> list[float]:
 
 # Work that comes back every N steps (validation, checkpoints) shows as a few steps whose
 # outside_step time towers over the others'. (A new epoch's DataLoader start is persistent-workers'.)
-def _amortise(per_step: list[dict[str, float]], chosen: list[StepRecord], periodic: list[Periodic]) -> None:
+def _amortise(per_step: list[dict[Category, float]], chosen: list[StepRecord], periodic: list[Periodic]) -> None:
     """Replace each periodic spike in the window by its cost spread over its period (in place), so the
     numbers do not depend on how many occurrences the window happened to hold."""
     for p in periodic:
@@ -206,7 +210,7 @@ def _amortise(per_step: list[dict[str, float]], chosen: list[StepRecord], period
             cats[p.category] += p.amortised_s
 
 
-def _fractions(seconds: dict[str, float]) -> dict[str, float]:
+def _fractions(seconds: dict[Category, float]) -> dict[Category, float]:
     total = sum(seconds.values())
     return {k: (v / total if total > 0 else 0.0) for k, v in seconds.items()}
 
@@ -215,7 +219,7 @@ def compute_breakdown(
     steps: list[StepRecord],
     warmup: int,
     overhead: Overhead | None = None,
-    gpu_seconds: dict[int, dict[str, float]] | None = None,
+    gpu_seconds: dict[int, dict[Phase, float]] | None = None,
     others_share: float = 1.0,
     watched: list[Periodic] | None = None,
 ) -> Breakdown:
@@ -235,7 +239,7 @@ def compute_breakdown(
     overhead = overhead or Overhead()
     per_step = []
     raw = dict.fromkeys(CATEGORIES, 0.0)
-    dispatch = {"optimizer": 0.0}
+    dispatch: dict[Category, float] = {"optimizer": 0.0}
     for step in chosen:
         cats = step.categories()
         for key, value in cats.items():
@@ -257,7 +261,7 @@ def compute_breakdown(
             cats["python_overhead"] += moved
             dispatch["optimizer"] += carved.get("optimizer", 0.0)
     totals = dict.fromkeys(CATEGORIES, 0.0)
-    timeline = []
+    timeline: list[dict[str, Any]] = []
     for step, cats, lost in zip(chosen, per_step, removed):
         for key, value in cats.items():
             totals[key] += value
@@ -272,7 +276,7 @@ def compute_breakdown(
     durations = [s.duration for s in chosen]
     n = max(1, len(chosen))
     shares = _fractions(totals)
-    bottleneck = max(shares, key=lambda k: shares[k]) if sum(totals.values()) > 0 else "compute"
+    bottleneck: Category = max(shares, key=lambda k: shares[k]) if sum(totals.values()) > 0 else "compute"
     return Breakdown(
         steps=[s.index for s in chosen],
         step_seconds=durations,

@@ -27,7 +27,7 @@ from ..findings import one_line
 from ..record.recording import LiveObjects, Recording
 from ..record.recording import Capture
 from ..record.recurring import find_watched
-from ..record.measurements import EventCounts, ForwardFacts, LoaderRecord, StepRecord
+from ..record.measurements import Category, EventCounts, ForwardFacts, LoaderRecord, StepRecord
 from ..sites import Site
 from .source import SourceIndex, load_sources
 
@@ -164,10 +164,10 @@ class Context:
         (what shares of "the step" are shares of; the breakdown's seconds add up to it)."""
         return sum(self.breakdown.seconds.values()) or self.breakdown.mean_s
 
-    def share(self, category: str) -> float:
+    def share(self, category: Category) -> float:
         return self.breakdown.shares.get(category, 0.0)
 
-    def timed_share(self, category: str) -> float:
+    def timed_share(self, category: Category) -> float:
         """The share a phase took as timed, stalls from other processes included."""
         return self.breakdown.raw_shares.get(category, self.share(category))
 
@@ -175,7 +175,7 @@ class Context:
         """Share of step time that is per-op dispatch and interpreter overhead, in whichever phase."""
         return self.breakdown.dispatch_share
 
-    def seconds(self, category: str) -> float:
+    def seconds(self, category: Category) -> float:
         return self.breakdown.seconds.get(category, 0.0)
 
     def site_stats(self, kind_prefix: str) -> list[SiteStat]:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from ..record.cadence import Cadence
 from ..record.recurring import Periodic
-from ..record.measurements import StepRecord
+from ..record.measurements import Category, Phase, StepRecord
 from ..record.watch import WatchedRun
 from .source import dotted_name
 from ..sites import Site, relative_where
@@ -41,7 +41,7 @@ PERIODIC_TARGET_SHARE = 0.05
 # The cadence a fix suggests aims at half of it: the work found again after the fix (the watch after the window
 # sees it at any period) must stay under the threshold through a run's noise, not sit on its edge.
 SUGGESTED_SHARE = PERIODIC_TARGET_SHARE / 2
-_PERIODIC_KINDS = {"eval": "validation", "eval_grad": "validation", "save": "checkpoint"}
+_PERIODIC_KINDS: dict[Phase, str] = {"eval": "validation", "eval_grad": "validation", "save": "checkpoint"}
 _PERIODIC_SITES = {"validation": ("eval_forward", "eval_grad_forward"), "checkpoint": ("save",)}
 
 
@@ -50,7 +50,7 @@ class PeriodicRow:
     """One piece of recurring work as the report shows it: what it costs amortised, a cadence under 5%."""
 
     kind: str  # validation, sampling, checkpoint, or work between steps
-    category: str
+    category: Category
     every: int | None  # steps between occurrences; None: seen once (the period is unknown)
     steps: list[int]  # the steps it ran in
     cost_ms: float  # each occurrence, over an ordinary step

@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
+from typing import Literal, Union
 
-from ..record.measurements import CATEGORIES, StepRecord
+from ..findings import LateCause
+from ..record.measurements import CATEGORIES, Category, StepRecord
 from ..record.recording import Recording
 from ..sites import Site
 
@@ -33,13 +35,15 @@ __all__ = [
     "measured_steps",
     "oversubscribed",
     "RANK_CATEGORIES",
+    "RankCategory",
     "STRAGGLER_SHARE",
     "WAITED_ON",
 ]
 
 # The breakdown's categories as recorded (python overhead is a model of the whole run, not of a rank's step) plus
 # the exposed communication, in the order a rank's row shows them.
-RANK_CATEGORIES = (*(c for c in CATEGORIES if c != "python_overhead"), "communication")
+RankCategory = Union[Category, Literal["communication"]]
+RANK_CATEGORIES: tuple[RankCategory, ...] = (*(c for c in CATEGORIES if c != "python_overhead"), "communication")
 # What a rank's exposed communication waits on, by the kind of its steps' records (record/collectives.py).
 WAITED_ON = {
     "ddp": "the gradient all-reduce",
@@ -58,7 +62,7 @@ NOISE_SPREADS = 3.0
 # Ranks late in turns are named when the first rank's mean wait for the last is at least this share of the step.
 IMBALANCE_SHARE = 0.10
 # Causes that are the thread's own CPU work on a CPU run (data loading and work between steps may wait on I/O).
-CPU_BOUND = ("compute", "optimizer", "host_sync", "unexplained")
+CPU_BOUND: tuple[LateCause, ...] = ("compute", "optimizer", "host_sync", "unexplained")
 
 
 @dataclass(frozen=True)
@@ -68,9 +72,9 @@ class RankSummary:
     steps: int  # measured steps
     step_s: float  # median step time
     step_p90_s: float
-    median_s: dict[str, float]  # per category (RANK_CATEGORIES): median seconds per step
-    p90_s: dict[str, float]
-    mean_s: dict[str, float]  # per category: mean seconds per step (they add up to the mean step)
+    median_s: dict[RankCategory, float]  # per category (RANK_CATEGORIES): median seconds per step
+    p90_s: dict[RankCategory, float]
+    mean_s: dict[RankCategory, float]  # per category: mean seconds per step (they add up to the mean step)
     exposed_s: float  # median exposed communication per step
     busy_s: float  # median of (step - exposed communication): its own work
     timed_sync: bool  # gradient all-reduces were timed on this rank
@@ -93,11 +97,11 @@ class RankSummary:
 class Straggler:
     rank: int
     host: str
-    cause: str  # a category of RANK_CATEGORIES, "cpu_contention" or "unexplained"
+    cause: LateCause  # a category of RANK_CATEGORIES but communication, "cpu_contention" or "unexplained"
     cost_s: float  # per step: what every step loses waiting for it
     cost_share: float  # of the median step
     compared_with: int  # the median rank it is compared with
-    gap_s: dict[str, float]  # per category: its median minus the median rank's
+    gap_s: dict[Category, float]  # per category: its median minus the median rank's
     last_share: float  # share of measured steps it arrived last in
     site: Site | None = None  # a line that explains the cause, when one is known
     contention_s: float | None = None  # its extra wait for a CPU others held, against the median rank
@@ -114,7 +118,7 @@ class Imbalance:
     cost_share: float  # of the median step
     first_wait_s: float  # per step, the mean wait of the rank that arrived first for the one that arrived last
     last_shares: dict[int, float]  # per rank, the share of the measured steps it arrived last in
-    cause: str  # the category (RANK_CATEGORIES) the last rank spent most more time in, or "unexplained"
+    cause: Category | Literal["unexplained"]  # the category the last rank spent most more time in, or "unexplained"
     cause_gap_s: float  # that category's mean per step: the last rank's minus the first rank's
     cpu_gap_s: float | None  # the same for the CPU time of their threads (None: not known)
     larger_input_share: float  # share of the steps whose last rank's forwards took more elements than the first's
@@ -134,7 +138,7 @@ class LaneStep:
     step: int
     start_s: float
     end_s: float
-    parts_s: dict[str, float]  # per category (RANK_CATEGORIES), the exposed communication out of compute
+    parts_s: dict[RankCategory, float]  # per category (RANK_CATEGORIES), the exposed communication out of compute
 
 
 @dataclass(frozen=True)
@@ -189,13 +193,13 @@ def _p90(values: list[float]) -> float:
     return ordered[min(len(ordered) - 1, int(round(0.9 * (len(ordered) - 1))))] if ordered else 0.0
 
 
-def _per_step(recording: Recording, steps: list[int]) -> list[dict[str, float]]:
+def _per_step(recording: Recording, steps: list[int]) -> list[dict[RankCategory, float]]:
     """Seconds per category for each of ``steps``, the exposed communication out of compute."""
     chosen = measured_steps(recording)
     comm = {c.step: c for c in recording.communication}
     out = []
     for index in steps:
-        cats = {k: v for k, v in chosen[index].categories().items() if k in RANK_CATEGORIES}
+        cats: dict[RankCategory, float] = {k: v for k, v in chosen[index].categories().items() if k in RANK_CATEGORIES}
         exposed = comm[index].exposed_s if index in comm else 0.0
         # The wait happened inside the backward call, charged to compute (or to phases a profiler timed).
         take = min(exposed, cats["compute"])
@@ -305,9 +309,9 @@ def _imbalance(
     shares = {r.rank: last.count(r.rank) / len(last) for r in recordings}
     if first_wait / step_s < IMBALANCE_SHARE or max(shares.values()) >= CONSISTENT:
         return None
-    cause = max(gaps, key=lambda k: gaps[k])
-    if gaps[cause] < 0.5 * first_wait:  # no phase of the late ranks holds the wait: step-to-step noise as well
-        cause = "unexplained"
+    largest = max(gaps, key=lambda k: gaps[k])
+    # Under half the wait: no phase of the late ranks holds it, step-to-step noise as well.
+    cause: Category | Literal["unexplained"] = "unexplained" if gaps[largest] < 0.5 * first_wait else largest
     return Imbalance(
         cost_s=cost,
         cost_share=cost / step_s,
@@ -450,9 +454,8 @@ def analyse_ranks(recordings: list[Recording] | tuple[Recording, ...]) -> RankAn
         and worst.timed_sync
     ):
         gap = {k: worst.median_s[k] - median.median_s[k] for k in RANK_CATEGORIES if k != "communication"}
-        cause = max(gap, key=lambda k: gap[k])
-        if gap[cause] < 0.25 * cost:
-            cause = "unexplained"
+        largest = max(gap, key=lambda k: gap[k])
+        cause: LateCause = "unexplained" if gap[largest] < 0.25 * cost else largest
         contention = cpu_gap = None
         # Only on a CPU run: a GPU's compute is not the thread's CPU time.
         on_cpu = all((r.facts.device if r.facts else "cpu") == "cpu" for r in recordings)

@@ -12,7 +12,9 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol
+
+from .measurements import Phase
 
 __all__ = ["Frame", "PhaseClock", "Spans"]
 
@@ -20,7 +22,7 @@ __all__ = ["Frame", "PhaseClock", "Spans"]
 class Spans(Protocol):
     """Named ranges a profiler shows around each phase (torch.profiler's record_function, NVTX on CUDA)."""
 
-    def open(self, phase: str) -> object: ...
+    def open(self, phase: Phase) -> object: ...
 
     def close(self, span: object) -> None: ...
 
@@ -29,7 +31,7 @@ class Spans(Protocol):
 class Frame:
     """One phase in progress."""
 
-    phase: str
+    phase: Phase
     running_since: float  # when its own time last resumed (it pauses while a nested phase runs)
     own_s: float = 0.0  # its own seconds so far in this step
     span: object = None  # the profiler range around it, while profiling
@@ -43,7 +45,7 @@ class PhaseClock:
     def __init__(self, now: Callable[[], float] = time.perf_counter) -> None:
         self.frames: list[Frame] = []
         # Seconds per phase of the open step (a defaultdict: the step tracker hands the open step's).
-        self.acc: dict[str, float] = defaultdict(float)
+        self.acc: dict[Phase, float] = defaultdict(float)
         self.now = now
         self.spans: Spans | None = None  # set while a profiler window wants a range per phase
 
@@ -64,7 +66,7 @@ class PhaseClock:
         top.own_s += ran
         top.running_since = now
 
-    def push(self, phase: str) -> Frame:
+    def push(self, phase: Phase) -> Frame:
         now = self.now()
         if self.frames:
             self._flush(now)
@@ -72,7 +74,7 @@ class PhaseClock:
         self.frames.append(frame)
         return frame
 
-    def pop(self, record_as: str | None = "") -> float:
+    def pop(self, record_as: Phase | Literal[""] | None = "") -> float:
         """End the innermost phase and return its own seconds.
 
         ``record_as`` names the phase to charge instead (a copy that turned out to be a sync); None gives the
@@ -107,12 +109,12 @@ class PhaseClock:
             self._flush(self.now())
         return sum(self.acc.values())
 
-    def recharge(self, from_phase: str, to_phase: str, seconds: float) -> None:
+    def recharge(self, from_phase: Phase, to_phase: Phase, seconds: float) -> None:
         """Move ``seconds`` of the open step from one phase to another (a forward found to be training)."""
         self.acc[from_phase] -= seconds
         self.acc[to_phase] += seconds
 
-    def cut(self, now: float, acc: dict[str, float]) -> None:
+    def cut(self, now: float, acc: dict[Phase, float]) -> None:
         """A step ends at ``now`` while phases may still run: what they ran so far stays in the closed step,
         and from here on they charge ``acc``, the next step's accumulators."""
         if self.frames:

@@ -21,7 +21,7 @@ import warnings
 from collections import defaultdict
 import threading
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch import nn
@@ -29,7 +29,7 @@ from torch import nn
 from . import active, instrument
 from .forward_facts import capture_inputs, forward_facts
 from .recording import Capture
-from .measurements import ForwardFacts
+from .measurements import ForwardFacts, Phase
 from ..sites import user_site
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -76,8 +76,8 @@ class ModuleCalls:
         self.traced_by_compile = False  # torch.compile traced the global hooks (and guards on their number)
         self._wrapped_classes: set[type] = set()
         self._depth = 0
-        self._top_phases: list[str] = []
-        self._last_top_phase = ""
+        self._top_phases: list[Phase] = []
+        self._last_top_phase: Phase | Literal[""] = ""
         self._gpu_forward_open = False
         self._trained_ids: set[int] | None = None
         self._trained_cache: dict[int, bool] = {}
@@ -145,7 +145,7 @@ class ModuleCalls:
         self._trained_ids = None
         self._trained_cache.clear()
 
-    def classify(self, module: nn.Module) -> tuple[str, bool]:
+    def classify(self, module: nn.Module) -> tuple[Phase, bool]:
         trained = self.is_trained(module)
         if trained and (not torch.is_grad_enabled() or torch.is_inference_mode_enabled()):
             return "eval", trained
@@ -155,7 +155,7 @@ class ModuleCalls:
 
     # -- measured steps: the wrapped __call__ -------------------------------------------------------
 
-    def call_enter(self, module: nn.Module, args: tuple, kwargs: dict) -> str | None:
+    def call_enter(self, module: nn.Module, args: tuple, kwargs: dict) -> Phase | None:
         """An outermost module is called (measured steps): the phase to time it as, or None."""
         rec = self.probe
         phase, trained = self.classify(module)
@@ -177,7 +177,7 @@ class ModuleCalls:
             self._training_forward(module, args, kwargs, rec.clock.frames[-1].running_since)
         return phase
 
-    def call_exit(self, phase: str) -> None:
+    def call_exit(self, phase: Phase) -> None:
         seconds = self.probe.clock.pop()
         if phase == "eval_grad":
             self.probe.steps.open_step.pending_eval_grad.append((user_site(sys._getframe(2)), seconds))

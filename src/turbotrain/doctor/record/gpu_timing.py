@@ -12,6 +12,8 @@ from typing import Any, Callable
 
 import torch
 
+from .measurements import Phase
+
 __all__ = ["GpuTimer"]
 
 _SYNC_WARNING = re.compile(r"called a synchronizing CUDA operation")
@@ -19,13 +21,13 @@ _SYNC_WARNING = re.compile(r"called a synchronizing CUDA operation")
 
 class GpuTimer:
     def __init__(self) -> None:
-        self.phase_seconds: dict[int, dict[str, float]] = {}  # step -> phase -> device seconds
-        self._events: list[tuple[int, str, Any, Any]] = []
-        self._open: list[tuple[str, Any]] = []
+        self.phase_seconds: dict[int, dict[Phase, float]] = {}  # step -> phase -> device seconds
+        self._events: list[tuple[int, Phase, Any, Any]] = []
+        self._open: list[tuple[Phase, Any]] = []
         self._saved_sync_mode: Any = None
         self._warning_filter: tuple | None = None
 
-    def mark(self, phase: str, start: bool, step: int) -> None:
+    def mark(self, phase: Phase, start: bool, step: int) -> None:
         event = torch.cuda.Event(enable_timing=True)
         event.record()
         if start:

@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader, IterableDataset
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from . import active
+from .measurements import Phase
 from .patcher import Patcher
 from .tallies import LoaderTally
 from ..sites import USER_FILES, Site, caller_site, user_site
@@ -59,7 +60,7 @@ def _live() -> Probe | None:
 
 
 def _phase(
-    phase: str,
+    phase: Phase,
     original: Callable,
     on_enter: Callable | None = None,
     untimed_ok: bool = False,
@@ -156,7 +157,7 @@ def _zero_grad(original: Callable) -> Callable:
     return zero_grad
 
 
-def _timed_site(kind: str, phase: str | None, original: Callable) -> Callable:
+def _timed_site(kind: str, phase: Phase | None, original: Callable) -> Callable:
     """Calls counted (and timed) per site: torch.save, empty_cache, torch.compile, ..."""
 
     def wrapper(*args, **kwargs):
@@ -194,7 +195,7 @@ def _frames_up_one_more(script: Callable) -> Callable:
 # -- data ----------------------------------------------------------------------------------------------
 
 
-def _in_phase(probe: Probe, phase: str, fn: Callable, *args: Any) -> tuple[Any, float]:
+def _in_phase(probe: Probe, phase: Phase, fn: Callable, *args: Any) -> tuple[Any, float]:
     """``fn(*args)`` timed as ``phase``: its result and its own seconds."""
     probe.clock.push(phase)
     try:

@@ -5,16 +5,35 @@ DataLoaders and the trained model's forward. The breakdown and the rules read th
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Iterable, Literal, get_args
 
+from ..findings import Category
 from ..sites import Site
 
-__all__ = ["CATEGORIES", "PHASE_CATEGORY", "StepRecord", "EventCounts", "LoaderRecord", "ForwardFacts"]
+__all__ = [
+    "Category",
+    "CATEGORIES",
+    "Phase",
+    "MemoryPhase",
+    "PHASE_CATEGORY",
+    "StepRecord",
+    "EventCounts",
+    "LoaderRecord",
+    "ForwardFacts",
+]
 
-CATEGORIES = ("data_loading", "host_to_device", "compute", "optimizer", "host_sync", "python_overhead", "outside_step")
+# The breakdown's categories, in the order the report shows them (and its JSON holds them).
+CATEGORIES: tuple[Category, ...] = get_args(Category)
+
+# The phases the recorder's clock times a step in (record/clock.py): the keys of PHASE_CATEGORY.
+Phase = Literal["data", "h2d", "forward", "backward", "optimizer", "update", "sync", "eval", "eval_grad", "save"]
+
+# The part of a training step the memory watch finds its peak in (record/memory_watch.py), and an out-of-memory
+# error's (record/out_of_memory.py): coarser than Phase, from what ran rather than from the clock.
+MemoryPhase = Literal["forward", "backward", "optimizer"]
 
 # Phases the recorder times (exclusive time: a sync inside forward counts as host_sync only).
-PHASE_CATEGORY = {
+PHASE_CATEGORY: dict[Phase, Category] = {
     "data": "data_loading",  # waiting on a DataLoader iterator
     "h2d": "host_to_device",  # .to(device) / .cuda() copies from host memory
     "forward": "compute",  # the outermost module calls of the training step
@@ -35,7 +54,7 @@ class StepRecord:
     index: int
     start: float
     end: float
-    phases: dict[str, float]  # exclusive seconds per phase
+    phases: dict[Phase, float]  # exclusive seconds per phase
     gap_before_forward: float = 0.0  # untimed seconds before the step's first training forward
     forwards: int = 0  # outermost training forwards
     backwards: int = 0
@@ -52,7 +71,7 @@ class StepRecord:
     def untimed(self) -> float:
         return max(0.0, self.duration - sum(self.phases.values()))
 
-    def categories(self) -> dict[str, float]:
+    def categories(self) -> dict[Category, float]:
         """Seconds per breakdown category; sums to :attr:`duration`.
 
         Time no hook saw is split at the step's first training forward: before it the script

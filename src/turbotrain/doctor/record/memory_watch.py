@@ -25,6 +25,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from ...data.transfer import tensors_in
+from .measurements import MemoryPhase
 from ..sites import Site, is_user_file, user_site
 
 __all__ = [
@@ -97,7 +98,7 @@ class StepMemory:
     modules: tuple[ModuleActivations, ...]  # by total_bytes, largest first: a prefix keeps every ancestor
     peak: PeakSplit
     peak_bytes: int
-    peak_phase: str  # "forward", "backward" or "optimizer"
+    peak_phase: MemoryPhase
     allocator_peak_bytes: int | None  # CUDA: resident + (max_memory_allocated - allocated at the start)
     allocator_reserved_peak_bytes: int | None  # CUDA: max_memory_reserved, the whole process
     allocator_held_bytes: int | None  # CUDA: reserved - allocated after the step; None: not known on the CPU
@@ -168,10 +169,10 @@ class _Timeline(TorchDispatchMode):
 
     def __init__(self) -> None:
         super().__init__()
-        self.phase = "forward"
+        self.phase: MemoryPhase = "forward"
         self.by_ptr: dict[int, int] = {}  # data_ptr -> serial, while live
         self.sizes: list[int] = []  # serial -> bytes
-        self.events: list[tuple[int, int, str]] = []  # (serial, +bytes or -bytes, phase)
+        self.events: list[tuple[int, int, MemoryPhase]] = []  # (serial, +bytes or -bytes, phase)
         self._finalizers: list[weakref.finalize] = []
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
@@ -201,10 +202,11 @@ class _Timeline(TorchDispatchMode):
         for f in self._finalizers:
             f.detach()  # storages that outlive the step must not call back into a finished timeline
 
-    def peak(self) -> tuple[set[int], str]:
+    def peak(self) -> tuple[set[int], MemoryPhase]:
         """The serials live at the step's peak, and the phase it fell in."""
         live = best = 0
-        at, phase = -1, "forward"
+        at = -1
+        phase: MemoryPhase = "forward"
         for i, (_, delta, when) in enumerate(self.events):
             live += delta
             if live > best:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import NamedTuple
 
+from .measurements import Phase
 from ..sites import Site
 
 __all__ = ["OpenStep", "Closed"]
@@ -19,7 +20,7 @@ class Closed(NamedTuple):
     """What a finished step accumulated, up to ``end``."""
 
     end: float
-    acc: dict[str, float]
+    acc: dict[Phase, float]
     forwards: int
     backwards: int
     opt_steps: int
@@ -44,9 +45,9 @@ class OpenStep:
         "module_calls",
     )
 
-    def __init__(self, start: float, acc: dict[str, float] | None = None) -> None:
+    def __init__(self, start: float, acc: dict[Phase, float] | None = None) -> None:
         self.start = start
-        self.acc: dict[str, float] = defaultdict(float, acc or {})
+        self.acc: dict[Phase, float] = defaultdict(float, acc or {})
         self.marks: list[tuple[float, float]] = []  # (time, timed seconds so far) at each training forward
         self.forwards = self.backwards = self.opt_steps = self.module_calls = 0
         self.stepped: set[int] = set()  # ids of the optimizers that stepped in it

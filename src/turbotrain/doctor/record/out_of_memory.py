@@ -6,9 +6,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from types import TracebackType
+from typing import Literal
 
 import torch
 
+from .measurements import MemoryPhase
 from ..sites import Site, is_user_file
 
 __all__ = ["OutOfMemory", "out_of_memory"]
@@ -25,7 +27,7 @@ class OutOfMemory:
     requested_bytes: int | None
     message: str
     site: Site | None = None
-    phase: str = ""
+    phase: MemoryPhase | Literal[""] = ""
     step: int | None = None
 
 
@@ -66,14 +68,14 @@ def _classify(exc: BaseException) -> OutOfMemory | None:
 
 # Where a torch frame's file says the step was; the outermost such frame decides (a forward recomputed inside a
 # backward, by checkpointing, is the backward's).
-_PHASES = (
+_PHASES: tuple[tuple[MemoryPhase, tuple[str, ...]], ...] = (
     ("optimizer", ("/torch/optim/",)),
     ("backward", ("/torch/autograd/", "/torch/_tensor.py", "/torch/utils/checkpoint.py")),
     ("forward", ("/torch/nn/modules/module.py",)),
 )
 
 
-def _phase(tb: TracebackType | None) -> str:
+def _phase(tb: TracebackType | None) -> MemoryPhase | Literal[""]:
     """The phase of the step the traceback ran through: its outermost torch frame that names one."""
     files = []
     while tb is not None:

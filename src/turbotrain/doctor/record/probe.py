@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .clock import PhaseClock
+from .measurements import Phase
 from .steps import StepTracker
 from .tallies import Tallies
 
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
 __all__ = ["Probe", "no_device_marks"]
 
 
-def no_device_marks(phase: str, start: bool) -> None:
+def no_device_marks(phase: Phase, start: bool) -> None:
     """Without a GPU there are no device events to mark."""
 
 
@@ -36,5 +37,5 @@ class Probe:
     busy: bool = False  # inside a recorded call: the calls it makes itself are not the user's
     profiling: bool = False  # the profiler window is open: every phase is pushed (its range), none left untimed
     # CUDA events around a phase of a measured step.
-    gpu_mark: Callable[[str, bool], None] = no_device_marks
+    gpu_mark: Callable[[Phase, bool], None] = no_device_marks
     modules: ModuleCalls = field(init=False)  # the outermost module calls, made with this probe

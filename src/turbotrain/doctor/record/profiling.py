@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from .compile_watch import GraphTime
+from .measurements import Phase
 
 __all__ = ["ProfilerWindow", "PhaseRanges", "TopOp", "top_ops", "op_counts", "graph_time", "POINTWISE"]
 
@@ -71,7 +72,7 @@ class PhaseRanges:
     def __init__(self, nvtx: bool) -> None:
         self.nvtx = nvtx
 
-    def open(self, phase: str) -> object:
+    def open(self, phase: Phase) -> object:
         span = torch.autograd.profiler.record_function(f"turbotrain/{phase}")
         span.__enter__()
         if self.nvtx:

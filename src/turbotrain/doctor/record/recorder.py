@@ -47,7 +47,7 @@ from .probe import Probe, no_device_marks
 from .recording import GpuPhases, LiveObjects, MatmulShape, ModuleSite, Recording, SiteCount, Window
 from .steps import StepTracker, Stop
 from .tallies import Tallies
-from .measurements import StepRecord
+from .measurements import Phase, StepRecord
 from .run_queue import RunQueue
 from ..sites import user_site
 from .schedule import StepSchedule
@@ -405,7 +405,7 @@ class Recorder:
             self.clock.end_spans()
             self.window.stop()
 
-    def gpu_mark(self, phase: str, start: bool) -> None:
+    def gpu_mark(self, phase: Phase, start: bool) -> None:
         """CUDA events around a phase of a measured step (device time per phase)."""
         index = self.tracker.step_index
         if index >= self.warmup and self.watch is None:

@@ -13,14 +13,14 @@ import json
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any, Literal, Union
 
 from ...data.stats import ReadStats
 from ...hardware import LoadSample
 from .collectives import CommStep
 from .compile_watch import CompileFacts
 from .graph_watch import GraphGrowth, TensorGrowth
-from .measurements import EventCounts, ForwardFacts, LoaderRecord, StepRecord
+from .measurements import EventCounts, ForwardFacts, LoaderRecord, Phase, StepRecord
 from .out_of_memory import OutOfMemory
 from .profiling import TopOp
 from .watch import WatchedRun
@@ -78,7 +78,7 @@ class SiteCount:
 @dataclass(frozen=True, slots=True)
 class GpuPhases:
     step: int
-    seconds: dict[str, float]  # device seconds per phase of that step
+    seconds: dict[Phase, float]  # device seconds per phase of that step
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,7 +125,7 @@ class Recording:
     tensor_growth: TensorGrowth | None = None  # a container of the user's keeping tensors every step (the same)
     out_of_memory: OutOfMemory | None = None  # the script died of it (record/out_of_memory.py)
 
-    def gpu_phase_seconds(self) -> dict[int, dict[str, float]]:
+    def gpu_phase_seconds(self) -> dict[int, dict[Phase, float]]:
         return {g.step: dict(g.seconds) for g in self.gpu_phases}
 
 
@@ -204,7 +204,7 @@ def _build(hint: Any, value: Any) -> Any:
     if origin is list:
         return [_build(args[0], v) for v in value]
     if origin is dict:
-        key_type = args[0]
+        key_type = str if typing.get_origin(args[0]) is Literal else args[0]  # a Literal's keys: the strings read
         return {key_type(k): _build(args[1], v) for k, v in value.items()}
     if hint is float:
         return float(value)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from .measurements import CATEGORIES, StepRecord
+from .measurements import CATEGORIES, Category, StepRecord
 from .cadence import Cadence
 from .watch import WatchedRun
 from ..sites import Site
@@ -25,19 +25,19 @@ __all__ = [
 ]
 
 
-PERIODIC_CATEGORIES = ("outside_step",)
+PERIODIC_CATEGORIES: tuple[Category, ...] = ("outside_step",)
 
 
 @dataclass
 class Periodic:
     """Work recurring every ``every`` steps in ``category``, amortised over its period."""
 
-    category: str
+    category: Category
     steps: list[int]  # step indices where it happened
     every: int | None  # steps between occurrences; None: seen once (the period is unknown)
     cost_s: float  # seconds each occurrence adds over an ordinary step
     base_s: float  # an ordinary step's seconds in that category (the median)
-    around: tuple[str, ...] = ()  # other categories whose excess on these steps is part of cost_s
+    around: tuple[Category, ...] = ()  # other categories whose excess on these steps is part of cost_s
     # Found by watching the step clock after the window (not in the window's steps, not in its breakdown), and
     # how its period was known: "gaps" between occurrences, or "code" (the loop's ``% N`` test, one occurrence).
     watched: bool = False
@@ -88,7 +88,7 @@ def find_periodic(steps: list[StepRecord], first: int = 1) -> list[Periodic]:
     return out
 
 
-def _own_time(chosen: list[StepRecord], per_step: list[dict[str, float]], category: str) -> list[float]:
+def _own_time(chosen: list[StepRecord], per_step: list[dict[Category, float]], category: Category) -> list[float]:
     """Each step's seconds in ``category``. Time another process held the CPU is not the script's work; a long
     step loses it all along, so it comes out in proportion (a short stall in an ordinary step then stays under
     the spike threshold)."""
@@ -99,10 +99,10 @@ def _own_time(chosen: list[StepRecord], per_step: list[dict[str, float]], catego
 
 
 def _excess_around(
-    chosen: list[StepRecord], per_step: list[dict[str, float]], at: set[int], category: str
-) -> dict[str, float]:
+    chosen: list[StepRecord], per_step: list[dict[Category, float]], at: set[int], category: Category
+) -> dict[Category, float]:
     """Per other category, the mean seconds the steps ``at`` take over that category's median, where positive."""
-    out = {}
+    out: dict[Category, float] = {}
     for other in CATEGORIES:
         if other == category or other in PERIODIC_CATEGORIES:
             continue
@@ -146,7 +146,7 @@ def find_watched(watched: WatchedRun | None, steps: list[StepRecord], first: int
     spike_cats = [s.categories() for s in spikes]
     excess = {c: statistics.fmean(v - medians[c] for v in _own_time(spikes, spike_cats, c)) for c in CATEGORIES}
     # Validation or a checkpoint in those steps makes it theirs (its batches built untimed included).
-    category = "outside_step" if excess["outside_step"] > 0 else max(excess, key=lambda c: excess[c])
+    category: Category = "outside_step" if excess["outside_step"] > 0 else max(excess, key=lambda c: excess[c])
     around = tuple(c for c in CATEGORIES if c != category and excess[c] > 0)
     cost = statistics.fmean(s.duration - (s.preempted or 0.0) for s in spikes) - watched.ordinary_s
     indices = [s.index for s in spikes]

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .open_step import Closed, OpenStep
-from .measurements import StepRecord
+from .measurements import Phase, StepRecord
 from .clock import PhaseClock
 from .tallies import Tallies
 
@@ -60,7 +60,7 @@ class StepTracker:
         self.stopping = False  # the window is over: the next boundary ends the script
         self.profiling = False  # steps closed now ran under torch.profiler
         self.preempted: Callable[[float], float | None] = lambda seconds: None
-        self.gpu_mark: Callable[[str, bool], None] | None = None
+        self.gpu_mark: Callable[[Phase, bool], None] | None = None
         self.on_trained_changed: Callable[[], None] = lambda: None
         self.thread = threading.get_ident()
         # Held until the report is built: the script's namespace (and its last reference) goes when the doctor

@@ -12,6 +12,7 @@ __all__ = ["EditRequest", "FixResult", "FixReport", "Verification", "EXACT", "PR
 
 from ...measure import Verdict
 from ..edits import EXACT, PRECISION, REINITIALISED, EditKind, Numerics, Purpose
+from ..findings import LateCause
 
 
 @dataclass(frozen=True)
@@ -29,7 +30,7 @@ class EditRequest:
     lines: tuple[int, ...] = ()  # further lines the same fix edits (every conv a BatchNorm follows)
     predicted: float | None = None
     gain_share: float | None = None
-    category: str | None = None  # the breakdown category the finding's time is in
+    category: LateCause | None = None  # the breakdown category the finding's time is in (Finding.category)
 
 
 FITS: Final = "fits"  # the original ran out of memory and the patched script ran: no ratio to judge

@@ -22,7 +22,7 @@ from ..findings import Finding, Framework
 from .fix_results import FixReport
 from .tables import CopyRow, SyncRow
 from ..record.compile_watch import CompileFacts
-from ..record.measurements import CATEGORIES
+from ..record.measurements import CATEGORIES, Category
 from ..record.profiling import TopOp
 from ..record.runner import ScriptRun
 
@@ -94,7 +94,7 @@ def compiled_json(facts: CompileFacts, base: str | None) -> dict[str, Any]:
     }
 
 
-def exact_shares(shares: dict[str, float], digits: int = 4) -> dict[str, float]:
+def exact_shares(shares: dict[Category, float], digits: int = 4) -> dict[Category, float]:
     """Rounded shares that still sum to exactly 1 (the rounding error goes to the largest)."""
     rounded = {k: round(shares.get(k, 0.0), digits) for k in CATEGORIES}
     total = sum(rounded.values())

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from ..record.measurements import Category
+
 __all__ = ["CATEGORY_LABELS", "COLORS"]
 
-CATEGORY_LABELS = {
+CATEGORY_LABELS: dict[Category, str] = {
     "data_loading": "data loading",
     "host_to_device": "host->device copies",
     "compute": "compute (fwd+bwd)",
@@ -14,7 +16,7 @@ CATEGORY_LABELS = {
     "outside_step": "outside the step",
 }
 
-COLORS = {
+COLORS: dict[Category, str] = {
     "data_loading": "#e4572e",
     "host_to_device": "#f3a712",
     "compute": "#29335c",

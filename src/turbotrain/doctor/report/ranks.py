@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.text import Text
 
-from ..analysis.ranks import WAITED_ON, LaneStep, RankAnalysis, RankSummary
+from ..analysis.ranks import WAITED_ON, LaneStep, RankAnalysis, RankCategory, RankSummary
 from ..findings import speedup_from_share
 from .figures import png_uri
 from .palette import CATEGORY_LABELS, COLORS
@@ -27,7 +27,15 @@ TABLE_MAX_RANKS = 8
 LANE_STEPS = 10
 # A step's parts are stacked in this order (what ran before the all-reduce, the wait for it, the optimizer after),
 # not the order the rank ran them in; the wait stands out in a colour and hatch no phase has.
-LANE_ORDER = ("outside_step", "data_loading", "host_to_device", "compute", "host_sync", "communication", "optimizer")
+LANE_ORDER: tuple[RankCategory, ...] = (
+    "outside_step",
+    "data_loading",
+    "host_to_device",
+    "compute",
+    "host_sync",
+    "communication",
+    "optimizer",
+)
 WAIT_STYLE: dict[str, Any] = {"facecolor": "#f8bbd9", "edgecolor": "#c2185b", "hatch": "///"}
 WAIT_LABEL = "waiting for the others (exposed communication)"
 # The per-rank table's legend for its comm column, short enough for 80 columns.
@@ -51,7 +59,7 @@ def _ms(seconds: float) -> float:
     return round(seconds * 1e3, 3)
 
 
-def _shares(summary: RankSummary) -> dict[str, float]:
+def _shares(summary: RankSummary) -> dict[RankCategory, float]:
     total = sum(summary.mean_s.values())
     return {k: round(v / total, 4) if total > 0 else 0.0 for k, v in summary.mean_s.items()}
 
@@ -201,7 +209,8 @@ def bottleneck_wait(report: Report) -> str:
 
 def _cells(r: RankSummary) -> list[str]:
     m = r.median_s
-    values = {**m, "other": m.get("host_to_device", 0.0) + m.get("host_sync", 0.0)}
+    values: dict[str, float] = dict(m.items())  # the categories, and "other": two of them in one column
+    values["other"] = m.get("host_to_device", 0.0) + m.get("host_sync", 0.0)
     return [f"{values[key] * 1e3:.1f}" for key, _ in RANK_COLUMNS]
 
 

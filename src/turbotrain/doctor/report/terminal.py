@@ -23,7 +23,7 @@ from rich.text import Text
 from ..analysis.machine import NoiseWarning
 from ..analysis.periodic import PeriodicRow
 from ..findings import FOLDS, FRAMEWORK_LABELS, Finding, Framework
-from ..record.measurements import CATEGORIES
+from ..record.measurements import CATEGORIES, Category
 from .model import Report
 from .palette import CATEGORY_LABELS, COLORS
 
@@ -413,7 +413,7 @@ def _rows(console: Console, title: str, columns: list[str], rows: list[list[str]
         console.print(Text(f"{line}  {cells[-1]}", style=style), no_wrap=True, overflow="ellipsis")
 
 
-def _bar(shares: dict[str, float], width: int = 60) -> Text:
+def _bar(shares: dict[Category, float], width: int = 60) -> Text:
     text = Text()
     used = 0
     cells: list[list[Any]] = []  # [category, width]: the width is adjusted in place

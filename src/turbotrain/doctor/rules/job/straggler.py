@@ -13,6 +13,7 @@ from ...analysis.branch import branch_running
 from ...analysis.periodic import suggested_every
 from ...analysis.ranks import RankAnalysis, Straggler
 from ...findings import Finding, Fix
+from ...record.measurements import CATEGORIES
 from ...rank_change import RankChange
 from ...requests import JobRequest
 from ..common import CAUSE_WORDS, cap_if_oversubscribed, rank_change_edit
@@ -49,7 +50,7 @@ def straggler(ctx: Context) -> Iterator[Finding]:
         return
     s = job.straggler
     cause = CAUSE_WORDS.get(s.cause, s.cause)
-    gap = s.gap_s.get(s.cause)
+    gap = s.gap_s.get(s.cause) if s.cause in CATEGORIES else None  # "cpu_contention", "unexplained": none
     more = "more in those steps" if s.periodic else "more per step"
     gap_text = f" ({gap * 1e3:.1f} ms {more} than rank {s.compared_with})" if gap is not None else ""
     host = f" on {s.host}" if s.host else ""

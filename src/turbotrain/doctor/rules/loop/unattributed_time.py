@@ -14,12 +14,13 @@ from ..rule import Detect, Rule, register
 
 if TYPE_CHECKING:
     from ...analysis.context import Context
+    from ...record.measurements import Category
     from ...sites import Site
 
 
 # The training step's own work: the model's forward and backward, their dispatch (jit-script's) and the update
 # (timed inside optimizer.step(), whose line the breakdown names).
-_OWN_WORK = ("compute", "python_overhead", "optimizer")
+_OWN_WORK: tuple[Category, ...] = ("compute", "python_overhead", "optimizer")
 
 
 _GAP_SAMPLED_FROM_S = 1e-3  # the recorder samples untimed batch building from a millisecond a step
@@ -51,7 +52,7 @@ def _why_data(ctx: Context) -> tuple[Site | None, str]:
     return site, why
 
 
-def _why(ctx: Context, category: str) -> tuple[Site | None, str]:
+def _why(ctx: Context, category: Category) -> tuple[Site | None, str]:
     """The best line the run knows for ``category``'s time, and why nothing finer was found."""
     if category == "data_loading":
         return _why_data(ctx)
