@@ -3,6 +3,7 @@ shifts, by-hand entries naming the line, and no patch that does not compile."""
 
 from __future__ import annotations
 
+import dataclasses
 import textwrap
 from types import SimpleNamespace
 
@@ -147,3 +148,34 @@ def test_the_predicted_speed_up_together_adds_shares_and_keeps_a_lone_slower_fix
     assert predicted_together([fix(2.0, "data_loading"), fix(1.25, "compute")]) == round(1 / (1 - 0.5 - 0.2), 3)
     assert predicted_together([fix(2.0, "data_loading"), fix(1.25, "data_loading")]) == 2.0
     assert predicted_together([]) is None
+
+
+def test_an_edit_the_loop_does_not_take_is_made_as_the_one_its_rule_names_instead(tmp_path):
+    """activation-memory may choose micro-batches, with checkpointing instead: a batch made outside the loop takes no
+    micro-batches, so the blocks' recomputation is written, its label saying why; with nothing instead, by hand."""
+    path = tmp_path / "train.py"
+    path.write_text(textwrap.dedent("""\
+        import torch
+        class Net(torch.nn.Module):
+            def forward(self, x):
+                for block in self.blocks:
+                    x = block(x)
+                return x
+        x, y = torch.randn(64, 8), torch.randn(64, 1)
+        for step in range(10):
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()
+    """))
+    recompute = EditRequest(rule="activation-memory", kind="checkpoint", file=str(path), line=5,
+                            where="train.py:5", label="recompute blocks.0", params={"blocks": ["blocks.0"]},
+                            purpose="memory")
+    micro = EditRequest(rule="activation-memory", kind="micro_batches", file=str(path), line=9, where="train.py:9",
+                        label="2 micro-batches", params={"k": 2, "dim": 0}, purpose="memory", instead=recompute)
+    made = FixResult(rule="activation-memory", where="train.py:5", label="2 micro-batches", request=micro)
+    alone = FixResult(rule="activation-memory", where="train.py:5", label="2 micro-batches",
+                      request=dataclasses.replace(micro, instead=None))
+    make_diffs([made, alone], str(tmp_path))
+    assert made.request is recompute and "torch.utils.checkpoint.checkpoint(block, x" in made.diff
+    assert made.label.startswith("recompute blocks.0; micro_batches not made: no batch made in the loop") \
+        and "(line train.py:9: `loss = " in made.label, made.label
+    assert alone.diff is None and alone.request is None and alone.by_hand.startswith("no batch made in the loop")

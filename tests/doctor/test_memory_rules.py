@@ -15,7 +15,7 @@ from turbotrain.doctor.analysis.memory import blocks_to_checkpoint, scaled_bytes
 from turbotrain.doctor.record.graph_watch import GraphGrowth, TensorGrowth
 from turbotrain.doctor.record.memory_watch import DeviceMemory, ModuleActivations, PeakSplit, StepMemory
 from turbotrain.doctor.record.out_of_memory import OutOfMemory
-from turbotrain.doctor.record.recording import Recording, Window
+from turbotrain.doctor.record.recording import Capture, Recording, Window
 from turbotrain.doctor.report.memory import memory_lines, memory_section
 from turbotrain.doctor.rules import evaluate
 from turbotrain.doctor.sites import Site
@@ -205,3 +205,53 @@ def test_set_to_none_joins_the_measured_memory_fixes_where_the_script_zero_fills
     if zeroes:  # zero-filled gradients are live through the forward, where the peak is
         assert rows["set-to-none"]["fixed_bytes"] < rows["set-to-none"]["baseline_bytes"], rows["set-to-none"]
         assert "set-to-none zero_grad(set_to_none=True)" in measured.note
+
+
+def _row(fix: str, detail: str, saves: float, costs: float) -> dict:
+    """A measured memory fix: its peak ``saves`` of its baseline's 100 MiB away, its step ``costs`` x 10 ms."""
+    return {"fix": fix, "detail": detail, "baseline_bytes": 100 * MIB, "fixed_bytes": int((1 - saves) * 100 * MIB),
+            "baseline_ms": 10.0, "fixed_ms": 10.0 * costs}
+
+
+RECOMPUTE = _row("checkpointing", "blocks.0", saves=0.4, costs=1.5)
+
+
+@pytest.mark.parametrize("rows, order", [
+    ([RECOMPUTE, _row("bf16-autocast", "cpu", 0.3, 0.8)], ["checkpointing"]),  # faster, but keeps more of the peak
+    ([RECOMPUTE, _row("micro-batches", "2 x 32 rows", 0.45, 1.1), _row("bf16-autocast", "cpu", 0.5, 0.9)],
+     ["bf16-autocast", "micro-batches", "checkpointing"]),  # as far down and faster: fastest first
+    ([RECOMPUTE, _row("micro-batches", "2 x 32 rows", 0.45, 1.6)], ["checkpointing"]),  # further down, but slower
+    ([_row("checkpointing", "blocks.0", 0.0, 1.5), _row("bf16-autocast", "cpu", 0.1, 2.0),
+      _row("micro-batches", "2 x 32 rows", 0.3, 3.0)], ["micro-batches", "bf16-autocast"]),  # most saved first
+    ([_row("checkpointing", "blocks.0", 0.01, 1.5)], []),  # nothing lowers the peak 2%
+])
+def test_the_memory_fixes_are_tried_checkpointing_last_after_those_that_beat_it_on_both(rows, order):
+    from turbotrain.doctor.rules.memory.activation_memory import ranked
+
+    assert [r["fix"] for r in ranked(rows)] == order
+
+
+def test_a_faster_fix_as_far_down_is_written_into_the_loop_saying_why_with_the_next_instead():
+    """activation-memory's edit of the fixes that beat checkpointing: micro-batches at the training forward's line,
+    the measured trade in its label, bf16 autocast instead, then the recomputation; none lowering the peak is by
+    hand, naming what each measured."""
+    from turbotrain.doctor.edits import ByHand
+    from turbotrain.doctor.results import MemoryResult
+    from turbotrain.doctor.rules.memory.activation_memory import edit
+
+    memory = _memory(activations=64 * MIB)
+    root, block = memory.modules
+    called = dataclasses.replace(block, call=Site("/u/train.py", 20, "Net.forward"))  # where its parent calls it
+    ctx = _context(memory=dataclasses.replace(memory, modules=(root, called)))
+    ctx.capture = Capture(module=None, args=(), kwargs={}, batch_size=64, site=Site("/u/train.py", 30, "main"))
+    [f] = evaluate(ctx, only=["activation-memory"])
+    f.what_if = MemoryResult(rows=64, fixes=(RECOMPUTE, _row("micro-batches", "4 x 16 rows", 0.5, 1.2),
+                                            _row("bf16-autocast", "cpu", 0.45, 1.3)))
+    spec = edit(ctx, f)
+    assert (spec.kind, spec.line, spec.params, spec.purpose) == ("micro_batches", 30, {"k": 4, "dim": 0}, "memory")
+    assert spec.label.startswith("4 micro-batches of 16 rows") and "50% down against checkpointing's 40%" in spec.label
+    assert spec.instead.kind == "autocast" and spec.instead.instead.kind == "checkpoint"
+    assert spec.instead.instead.line == 20 and spec.instead.instead.instead is None  # the block's call
+    f.what_if = MemoryResult(rows=64, fixes=(_row("checkpointing", "blocks.0", 0.0, 1.5),))
+    with pytest.raises(ByHand, match="none of the fixes measured on copies lowers the step's peak"):
+        edit(ctx, f)

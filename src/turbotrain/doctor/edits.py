@@ -49,7 +49,8 @@ class ByHand(Exception):
 @dataclass(frozen=True)
 class EditSpec:
     """One finding's fix as an edit: its kind, what it does in one line, and where (the finding's line unless
-    ``file``/``line`` say otherwise; ``lines``: further lines the same fix edits)."""
+    ``file``/``line`` say otherwise; ``lines``: further lines the same fix edits). ``instead``: the edit to make where
+    this one cannot be made on the source (a loop whose batch is made outside it takes no micro-batches)."""
 
     kind: EditKind
     label: str
@@ -59,3 +60,4 @@ class EditSpec:
     line: int | None = None
     lines: tuple[int, ...] = ()
     purpose: Purpose = "time"
+    instead: EditSpec | None = None

@@ -14,6 +14,7 @@ from ..report.fix_results import FixResult
 
 if TYPE_CHECKING:
     from ..analysis.context import Context
+    from ..edits import EditSpec
 
 __all__ = ["plan_fixes", "fixable_rules", "check_rules"]
 
@@ -40,6 +41,33 @@ def _inside(path: str, base: str) -> bool:
     return os.path.commonpath([os.path.realpath(path), os.path.realpath(base)]) == os.path.realpath(base)
 
 
+def _request(f: Finding, spec: EditSpec, base: str) -> EditRequest:
+    """``spec`` (and what it makes instead) as a request on a file under ``base``; :class:`ByHand` outside it."""
+    path = spec.file
+    if not path:
+        assert f.site is not None  # a rule that edits without a site names the file
+        path = f.site.file
+    if not path or not _inside(path, base):
+        raise ByHand(f"{path} is outside the script's folder; the patch edits only files under it")
+    line = spec.line if spec.line is not None else (f.site.line if f.site else 0)
+    return EditRequest(
+        rule=f.rule,
+        kind=spec.kind,
+        file=os.path.realpath(path),
+        line=line,
+        where=f"{relative_where(path, base)}:{line}" if line else relative_where(path, base),
+        label=spec.label,
+        numerics=spec.numerics,
+        params=dict(spec.params),
+        lines=spec.lines,
+        predicted=f.est_speedup,
+        gain_share=f.gain_share,
+        category=f.category,
+        purpose=spec.purpose,
+        instead=_request(f, spec.instead, base) if spec.instead is not None else None,
+    )
+
+
 def plan_fixes(
     ctx: Context, findings: list[Finding], base: str, rules: tuple[str, ...] | None = None
 ) -> list[FixResult]:
@@ -59,29 +87,12 @@ def plan_fixes(
         result = FixResult(rule=f.rule, where=where, label=f.fix.pytorch, predicted=f.est_speedup)
         out.append(result)
         try:
-            spec = rule.edit(ctx, f)
-            path = spec.file
-            if not path:
-                assert f.site is not None  # a rule that edits without a site names the file
-                path = f.site.file
-            if not path or not _inside(path, base):
-                raise ByHand(f"{path} is outside the script's folder; the patch edits only files under it")
-            line = spec.line if spec.line is not None else (f.site.line if f.site else 0)
-            result.request = EditRequest(
-                rule=f.rule,
-                kind=spec.kind,
-                file=os.path.realpath(path),
-                line=line,
-                where=f"{relative_where(path, base)}:{line}" if line else relative_where(path, base),
-                label=spec.label,
-                numerics=spec.numerics,
-                params=dict(spec.params),
-                lines=spec.lines,
-                predicted=f.est_speedup,
-                gain_share=f.gain_share,
-                category=f.category,
+            result.request = _request(f, rule.edit(ctx, f), base)
+            result.label, result.numerics, result.purpose = (
+                result.request.label,
+                result.request.numerics,
+                result.request.purpose,
             )
-            result.label, result.numerics, result.purpose = spec.label, result.request.numerics, spec.purpose
         except ByHand as exc:
             result.by_hand = str(exc)
             continue

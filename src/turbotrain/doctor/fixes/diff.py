@@ -65,19 +65,30 @@ def _by_hand_text(request: EditRequest, reason: str, cache: dict[str, str]) -> s
 
 
 def make_diffs(results: list[FixResult], base: str) -> dict[str, str]:
-    """Each fix alone against the original (its ``diff``), or why it is by hand; the originals read, by path."""
+    """Each fix alone against the original (its ``diff``; where its edit cannot be made, the edit its rule makes
+    instead, saying so), or why it is by hand; the originals read, by path."""
     originals: dict[str, str] = {}
     for result in results:
         request = result.request
-        if request is None:
+        tried: list[tuple[str, str]] = []  # the edits that could not be made: their kind, and why
+        while request is not None:
+            name = os.path.relpath(request.file, base)
+            try:
+                new = apply_edit(_read(request.file, originals), request, name)
+                check_compiles(new, name)
+                break
+            except (ByHand, PatchError) as exc:
+                tried.append((request.kind, _by_hand_text(request, str(exc), originals)))
+                request = request.instead
+        if result.request is None:
             continue
-        name = os.path.relpath(request.file, base)
-        try:
-            new = apply_edit(_read(request.file, originals), request, name)
-            check_compiles(new, name)
-        except (ByHand, PatchError) as exc:
-            result.by_hand, result.request = _by_hand_text(request, str(exc), originals), None
+        not_made = [f"{kind} not made: {why}" for kind, why in tried]
+        if request is None:  # one edit: why; several: why each
+            result.by_hand, result.request = tried[0][1] if len(tried) == 1 else "; ".join(not_made), None
             continue
+        if tried:
+            result.request, result.numerics, result.purpose = request, request.numerics, request.purpose
+            result.label = "; ".join([request.label, *not_made])
         result.diff = unified_diff(originals[request.file], new, name)
     return originals
 

@@ -31,6 +31,8 @@ class EditRequest:
     predicted: float | None = None
     gain_share: float | None = None
     category: LateCause | None = None  # the breakdown category the finding's time is in (Finding.category)
+    purpose: Purpose = "time"
+    instead: EditRequest | None = None  # made where this edit cannot be
 
 
 FITS: Final = "fits"  # the original ran out of memory and the patched script ran: no ratio to judge

@@ -4,21 +4,24 @@ Reads: model (the rule table in docs/doctor.md). One step of the captured model 
 (``Context.step_memory``); the blocks that save the most are named with their class and line, and the fixes that
 trade memory for time (checkpointing those blocks, bf16 autocast, two micro-batches with accumulation, and where the
 script zero-fills its gradients, ``zero_grad(set_to_none=True)``) are each measured against the same baseline for the
-peak and the step time (:mod:`~turbotrain.doctor.analysis.memory_fixes`).
+peak and the step time (:mod:`~turbotrain.doctor.analysis.memory_fixes`). ``--fix`` writes checkpointing, unless
+another fix measured takes the peak as far down, faster (:func:`ranked`).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Iterator
+import dataclasses
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 from ....measure import judge
 from ...analysis.memory import blocks_to_checkpoint, capacity_bytes
 from ...analysis.memory_fixes import FixCost, bf16_autocast, checkpointing, micro_batches, set_to_none
-from ...edits import PRECISION, ByHand, EditSpec
+from ...edits import EXACT, PRECISION, ByHand, EditSpec
 from ...findings import Finding
 from ...requests import OwnTrial
 from ...results import MemoryResult
 from ..rule import Detect, Measured, Rule, TimeLeft, register
+from ._loop_edits import LOOP_FIXES, loop_edit
 from ._text import fix_for, size_text
 
 if TYPE_CHECKING:
@@ -26,6 +29,8 @@ if TYPE_CHECKING:
 
 # Activations must hold at least this share of the step's peak, and more than any other part, for the finding.
 ACTIVATION_SHARE = 1 / 3
+# A fix must take the step's peak this far under its baseline to be written, as --verify keeps a memory fix.
+SAVES = 0.98
 # Steps one fix costs to measure (warm-up, the dispatch-mode step at several times a step, timed steps; both sides).
 STEPS_PER_FIX = 20
 
@@ -72,7 +77,7 @@ def activation_memory(ctx: Context) -> Iterator[Finding]:
     yield f
 
 
-def _row(cost: FixCost) -> dict[str, object]:
+def _row(cost: FixCost) -> dict[str, Any]:
     return {
         "fix": cost.fix,
         "detail": cost.detail,
@@ -105,25 +110,104 @@ def measure(ctx: Context, finding: Finding, budget: TimeLeft) -> Measured | None
         costs.append(trial())
     if not costs:
         return None
-    first = costs[0]
-    ratio = first.baseline.step_seconds / first.fixed.step_seconds if first.fixed.step_seconds else 0.0
+    measured = tuple(_row(c) for c in costs)
+    # The fix --fix writes is the one judged, and said in each framework where it is not the recomputation.
+    order = ranked(measured)
+    pick = order[0] if order else measured[0]
+    ratio = pick["baseline_ms"] / pick["fixed_ms"] if pick["fixed_ms"] else 0.0
     said = "; ".join(
         f"{c.fix} {c.detail}: {size_text(c.baseline.peak_bytes)} -> {size_text(c.fixed.peak_bytes)}, "
         f"{c.baseline.step_seconds * 1e3:.1f} -> {c.fixed.step_seconds * 1e3:.1f} ms"
         for c in costs
     )
     return Measured(
-        what_if=MemoryResult(rows=capture.batch_size, fixes=tuple(_row(c) for c in costs)),
+        what_if=MemoryResult(rows=capture.batch_size, fixes=measured),
         verdict=judge([ratio]),
         applies_to=ctx.share("compute") + ctx.share("optimizer") + ctx.share("python_overhead"),
+        fix=fix_for(pick["fix"], pick["detail"]) if pick["fix"] != "checkpointing" else None,
         note=f"Measured, peak and step: {said}.",
     )
 
 
+def _ratio(row: dict[str, Any], what: str) -> float:
+    """A measured fix's bytes or ms over its own baseline's (each fix has its baseline, measured beside it)."""
+    base = row[f"baseline_{what}"]
+    return row[f"fixed_{what}"] / base if base else 1.0
+
+
+def ranked(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The measured fixes that lower the peak by :data:`SAVES` (as ``--verify`` keeps a memory fix), in the order
+    ``--fix`` tries them: those that take the peak as far down as checkpointing the named blocks and are faster
+    (fastest first), then the checkpointing; where checkpointing does not lower the peak, the fix that lowers it most
+    first."""
+    saving = [r for r in rows if _ratio(r, "bytes") < SAVES]
+    recompute = next((r for r in saving if r["fix"] == "checkpointing"), None)
+    if recompute is None:
+        return sorted(saving, key=lambda r: (_ratio(r, "bytes"), _ratio(r, "ms")))
+    bytes_, ms = _ratio(recompute, "bytes"), _ratio(recompute, "ms")
+    better = [r for r in saving if _ratio(r, "bytes") <= bytes_ and _ratio(r, "ms") < ms]
+    return [*sorted(better, key=lambda r: _ratio(r, "ms")), recompute]
+
+
 def edit(ctx: Context, f: Finding) -> EditSpec:
-    """Each named block's call, in its parent's forward, wrapped in ``torch.utils.checkpoint.checkpoint``: recomputed
-    in the backward (checkpoint restores the random state, so dropout draws the same); for memory, at a cost in time.
-    By hand where the checkpointing measured on copies saved nothing."""
+    """The first fix of :func:`ranked` the source takes, the next ones each its ``instead``. Checkpointing: each
+    named block's call, in its parent's forward, wrapped in ``torch.utils.checkpoint.checkpoint`` (recomputed in the
+    backward; checkpoint restores the random state, so dropout draws the same). Micro-batches or bf16 autocast:
+    written into the training loop (:mod:`._loop_edits`); ``zero_grad(set_to_none=True)`` at the zero-filling call.
+    For memory, at a cost in time. Checkpointing where nothing was measured; by hand where nothing measured lowers
+    the peak."""
+    rows = getattr(f.what_if, "fixes", ())
+    order = ranked(rows)
+    if rows and not order:
+        said = "; ".join(f"{r['fix']} {size_text(r['baseline_bytes'])} -> {size_text(r['fixed_bytes'])}" for r in rows)
+        raise ByHand(
+            f"none of the fixes measured on copies lowers the step's peak ({said}): the peak holds what the backward "
+            "needs again; a smaller batch does"
+        )
+    if not order:
+        return _checkpoint(ctx, f)
+    recompute = next((r for r in rows if r["fix"] == "checkpointing"), None)
+    specs: list[EditSpec] = []
+    reasons: list[str] = []
+    for row in order:
+        try:
+            specs.append(_spec(ctx, f, row, recompute))
+        except ByHand as exc:
+            reasons.append(str(exc))
+    if not specs:
+        raise ByHand("; ".join(reasons))
+    chain = specs[-1]
+    for spec in reversed(specs[:-1]):
+        chain = dataclasses.replace(spec, instead=chain)
+    return chain
+
+
+def _spec(ctx: Context, f: Finding, row: dict[str, Any], recompute: dict[str, Any] | None) -> EditSpec:
+    """``row``'s fix as an edit, its label ending in the trade it was measured to make against checkpointing."""
+    if row["fix"] == "checkpointing":
+        return _checkpoint(ctx, f)
+    down, time = 1 - _ratio(row, "bytes"), _ratio(row, "ms")
+    why = (
+        f" (measured to take the peak {down:.0%} down against checkpointing's {1 - _ratio(recompute, 'bytes'):.0%}, "
+        f"at x{time:.2f} the step time against its x{_ratio(recompute, 'ms'):.2f})"
+        if recompute is not None
+        else f" (measured to take the peak {down:.0%} down, at x{time:.2f} the step time)"
+    )
+    if row["fix"] in LOOP_FIXES:
+        return loop_edit(ctx, row["fix"], row["detail"], why=why)
+    return _set_to_none(ctx, why)
+
+
+def _set_to_none(ctx: Context, why: str) -> EditSpec:
+    sites = ctx.ran_sites("zero_grad_zeros")
+    if len(sites) != 1:
+        raise ByHand(f"zero_grad(set_to_none=True) lowers the peak{why}; write it at each zero_grad call by hand")
+    site = sites[0].site
+    label = f"optimizer.zero_grad(set_to_none=True): gradients freed until the next backward{why}"
+    return EditSpec("zero_grad", label, numerics=EXACT, file=site.file, line=site.line, purpose="memory")
+
+
+def _checkpoint(ctx: Context, f: Finding) -> EditSpec:
     memory = ctx.step_memory
     rows = {m.name: m for m in memory.modules} if memory is not None else {}
     blocks = list(f.evidence.get("blocks", {}))
@@ -133,13 +217,6 @@ def edit(ctx: Context, f: Finding) -> EditSpec:
         raise ByHand(
             f"{', '.join(blocks) or 'the blocks'}: not each called from one line of one of your files; wrap each "
             "call in torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False) by hand"
-        )
-    measured = next((r for r in getattr(f.what_if, "fixes", ()) if r["fix"] == "checkpointing"), None)
-    if measured is not None and measured["fixed_bytes"] >= measured["baseline_bytes"]:
-        raise ByHand(
-            f"recomputing {', '.join(blocks)} was measured to save no memory ({size_text(measured['baseline_bytes'])} "
-            f"-> {size_text(measured['fixed_bytes'])}): the peak holds what the backward needs again; of the fixes "
-            "measured, the one that lowers the peak is yours to write"
         )
     lines = sorted({c.line for c in sites})
     return EditSpec(

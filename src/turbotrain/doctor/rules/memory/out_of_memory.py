@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Iterator
 
-from ...edits import PRECISION, ByHand, EditSpec
+from ...edits import ByHand, EditSpec
 from ...findings import Finding, Fix
 from ..rule import Detect, Rule, register
+from ._loop_edits import LOOP_FIXES, loop_edit, micro_batch_count
 from ._text import fix_for, size_text
 
 if TYPE_CHECKING:
@@ -52,7 +53,7 @@ def _held(fit: FitMeasure) -> str:
 def _said(cost: FixCost, full_rows: int) -> str:
     """The fix at the script's batch: ``32 micro-batches of 8192 rows``, ``checkpointing expand``."""
     if cost.fix == "micro-batches":
-        k = int(cost.detail.split(" x ")[0])
+        k = micro_batch_count(cost.detail)
         return f"{k} micro-batches of {full_rows // k} rows"
     return f"{cost.fix} {cost.detail}"
 
@@ -114,26 +115,15 @@ def out_of_memory(ctx: Context) -> Iterator[Finding]:
 
 
 def edit(ctx: Context, f: Finding) -> EditSpec:
-    """The fastest fix measured to fit, where it is an edit of the training loop at its forward's line: micro-batches
-    (the forward through the backward once per micro-batch, the loss over their number) or bf16 autocast around the
-    forward and the loss. For memory: the step fits, at a cost in time the finding states."""
-    fit, capture = ctx.fit_after_oom, ctx.capture
+    """The fastest fix measured to fit, where it is an edit of the training loop at its forward's line (micro-batches
+    or bf16 autocast: :mod:`._loop_edits`). For memory: the step fits, at a cost in time the finding states."""
+    fit = ctx.fit_after_oom
     fits = _fitting(fit) if fit is not None else []
     if fit is None or not fits:
         raise ByHand("no fix was measured to fit alone (or none was measured: --no-what-if); make the batch smaller")
     best = fits[0].cost
-    if capture is None or capture.site is None:
-        raise ByHand(f"{best.fix} {best.detail} fits, but the training forward's line is not known; make it by hand")
-    file, line = capture.site.file, capture.site.line
-    if best.fix == "micro-batches":
-        k = int(best.detail.split(" x ")[0])
-        label = f"{_said(best, fit.full_rows)}, their gradients accumulated (loss / {k} each)"
-        params: dict[str, Any] = {"k": k, "dim": capture.batch_dim}
-        return EditSpec("micro_batches", label, params, PRECISION, file, line, purpose="memory")
-    if best.fix == "bf16-autocast":
-        label = f"torch.autocast({ctx.device!r}, dtype=torch.bfloat16) around the forward and loss"
-        params = {"device": ctx.device, "dtype": "bfloat16"}
-        return EditSpec("autocast", label, params, PRECISION, file, line, purpose="memory")
+    if best.fix in LOOP_FIXES:
+        return loop_edit(ctx, best.fix, best.detail, fit.full_rows)
     raise ByHand(f"{_said(best, fit.full_rows)} fits fastest: the activation-memory finding's edit makes it, by hand")
 
 
