@@ -59,6 +59,15 @@ def _warm_commands():
 
 
 @pytest.fixture(autouse=True)
+def _warm_verify(monkeypatch):
+    """--verify in a doctor run in the test's own process forks its runs from the session's server."""
+    from turbotrain.doctor.fixes import verify
+    from warm_command import verify_start
+
+    monkeypatch.setattr(verify, "WarmStart", verify_start)
+
+
+@pytest.fixture(autouse=True)
 def _private_turbotrain_cache(tmp_path, monkeypatch):
     """Nothing a test tunes lands in (or is answered from) the user's ~/.cache/turbotrain."""
     monkeypatch.setenv("TURBOTRAIN_CACHE", str(tmp_path / "turbotrain-cache"))

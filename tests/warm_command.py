@@ -7,7 +7,9 @@ command starts cold). Tests of the command line's own start-up, or under a prefi
 
 A doctor run starts its own warm-rank server for the runs that repeat its job (doctor/job/warm_ranks.py), so the
 first run of each job, the recording, starts cold ranks: the session's one server (:func:`warm_ranks_env`) starts
-them warm too, the doctor taking it as a user's ``PYTHON_EXEC``.
+them warm too, the doctor taking it as a user's ``PYTHON_EXEC``. In the same way each ``--verify`` starts a server
+for its runs (doctor/fixes/verify.py): the doctors the tests run in their own process fork them from the session's
+one (:func:`verify_start`); ``--verify`` through the command line keeps its own.
 """
 
 from __future__ import annotations
@@ -21,12 +23,13 @@ from pathlib import Path
 from turbotrain.doctor.fixes.warm_start import WarmStart
 from turbotrain.doctor.job.warm_ranks import WarmRanks
 
-__all__ = ["turbotrain_command", "warm_ranks_env", "warm_ranks_pid", "close_warm_commands"]
+__all__ = ["turbotrain_command", "warm_ranks_env", "warm_ranks_pid", "verify_start", "close_warm_commands"]
 
 PRELOAD = ("torch", "torch._dynamo", "turbotrain.cli", "turbotrain.doctor.diagnose", "turbotrain.doctor.cli",
            "turbotrain.launch.cli", "torch.distributed.run")
 _warm: list[WarmStart] = []
 _ranks: list[WarmRanks] = []
+_verify: list[WarmStart] = []
 # What differs between the doctor runs of one session and no import reads: pytest's test name, the test's own tune
 # cache and temporary folder (and the Inductor cache folder torch's import names after it), the doctor run's mark.
 PER_TEST = ("PYTEST_CURRENT_TEST", "TURBOTRAIN_CACHE", "TMPDIR", "TORCHINDUCTOR_CACHE_DIR", "TURBOTRAIN_DOCTOR_RUN")
@@ -58,10 +61,36 @@ def warm_ranks_pid() -> int | None:
     return _ranks[0].pid if _ranks else None
 
 
+class _SessionStart:
+    """What a Verifier holds of its server: the session's, which its end leaves running."""
+
+    def __init__(self, server: WarmStart) -> None:
+        self.server = server
+        self.pid = server.pid
+        self.run = server.run
+
+    def close(self) -> None:
+        pass
+
+
+def verify_start(env: dict[str, str], folder: str) -> _SessionStart:
+    """In place of ``WarmStart(env, folder)`` in doctor/fixes/verify.py: the session's server, started by the first
+    call with ``env`` (less the doctor run's mark, or that run's guard would end it) and the same imports; each run's
+    environment is its own (``any_env``)."""
+    from turbotrain.doctor.fixes.warm_start import PRELOAD as VERIFY_PRELOAD
+    from turbotrain.doctor.lifeline import ENV_MARK
+
+    if not _verify:
+        env = {k: v for k, v in env.items() if k != ENV_MARK}
+        _verify.append(WarmStart(env, tempfile.mkdtemp(prefix="turbotrain-verify-"), VERIFY_PRELOAD, any_env=True))
+    return _SessionStart(_verify[0])
+
+
 def close_warm_commands() -> None:
     """The session's end: the servers and their folders go."""
-    for server in (*_warm, *_ranks):
+    for server in (*_warm, *_ranks, *_verify):
         server.close()
         shutil.rmtree(server.folder, ignore_errors=True)
     _warm.clear()
     _ranks.clear()
+    _verify.clear()
