@@ -9,6 +9,7 @@ import torch
 
 from doctor_helpers import marked_lines, run_doctor
 from turbotrain.doctor.findings import MEDIUM_SHARE, severity_for
+from turbotrain.doctor.report.memory import MemoryMeasured
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -89,5 +90,5 @@ def test_a_cuda_out_of_memory_is_explained_with_a_fix_that_fits():
     assert "in the forward" in f.message and f.evidence["rows"] < f.evidence["full_rows"]
     assert any(fix["fits"] for fix in f.evidence["fixes"]), f.evidence["fixes"]
     section = report.memory
-    assert section is not None and section["measured"] and section["device"].startswith("cuda"), section
-    assert section["parts"]["activations"] > 0 and section["device_total_bytes"] > 0
+    assert isinstance(section, MemoryMeasured) and section.device.startswith("cuda"), section
+    assert section.parts.activations > 0 and section.device_total_bytes > 0

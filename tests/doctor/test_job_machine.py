@@ -39,6 +39,6 @@ def test_the_other_ranks_on_the_host_are_not_other_processes_load():
     lead = dataclasses.replace(recs[0], load_start=start, load_end=end)
     sibling = dataclasses.replace(recs[1], load_start=_load(0.0, 0, 5.0), load_end=_load(1.0, 180, 5.8))
     alone = build_context(lead)
-    assert alone.machine["other_load"] == pytest.approx(0.9)
+    assert alone.machine is not None and alone.machine.other_load == pytest.approx(0.9)
     on_the_job = build_context(dataclasses.replace(lead, job=(lead, sibling)))
-    assert on_the_job.machine["other_load"] == pytest.approx(0.1)
+    assert on_the_job.machine is not None and on_the_job.machine.other_load == pytest.approx(0.1)

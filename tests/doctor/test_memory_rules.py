@@ -16,7 +16,7 @@ from turbotrain.doctor.record.graph_watch import GraphGrowth, TensorGrowth
 from turbotrain.doctor.record.memory_watch import DeviceMemory, ModuleActivations, PeakSplit, StepMemory
 from turbotrain.doctor.record.out_of_memory import OutOfMemory
 from turbotrain.doctor.record.recording import Capture, Recording, Window
-from turbotrain.doctor.report.memory import memory_lines, memory_section
+from turbotrain.doctor.report.memory import MemoryMeasured, memory_lines, memory_section
 from turbotrain.doctor.rules import evaluate
 from turbotrain.doctor.sites import Site
 from turbotrain.hardware import detect
@@ -116,7 +116,8 @@ def test_the_batch_sized_part_scales_and_the_rest_stays():
 def test_the_memory_section_says_what_it_does_not_know():
     ctx = _context(memory=_memory(activations=64 * MIB))
     section = memory_section(ctx)
-    assert section["allocator_beyond_live_bytes"] is None and section["parts"]["activations"] == 64 * MIB
+    assert isinstance(section, MemoryMeasured)
+    assert section.allocator_beyond_live_bytes is None and section.parts.activations == 64 * MIB
     text = "\n".join(memory_lines(section))
     assert "allocator beyond live tensors: not known" in text and "blocks.0 (Block" in text
     ctx.memory_allowed = False
@@ -133,7 +134,7 @@ def test_a_script_that_runs_out_of_memory_is_explained_with_a_fix_that_fits_and_
     assert "at step 1 in the forward" in f.message and f.evidence["rows"] < f.evidence["full_rows"]
     fits = [fix for fix in f.evidence["fixes"] if fix["fits"]]
     assert fits and fits[0]["fix"] == "micro-batches" and "micro-batches" in f.fix.pytorch
-    assert report.memory is not None and report.memory["parts"]["activations"] > 0
+    assert isinstance(report.memory, MemoryMeasured) and report.memory.parts.activations > 0
     # --fix writes the fix that fits fastest into the training loop: k micro-batches, each backward of loss / k.
     k = int(fits[0]["detail"].split(" x ")[0])
     [fix] = [r for r in report.fixes.fixes if r.rule == "out-of-memory"]
@@ -151,7 +152,7 @@ def test_a_script_that_runs_out_of_memory_is_explained_with_a_fix_that_fits_and_
 def test_the_corpus_memory_findings_and_section(name, rule):
     report = cached_report(name)
     assert rule in report.rules()
-    assert report.memory is not None and report.memory["measured"] and report.memory["peak_bytes"] > 0
+    assert isinstance(report.memory, MemoryMeasured) and report.memory.measured and report.memory.peak_bytes > 0
 
 
 def test_a_larger_batch_is_proposed_at_the_largest_multiple_that_fits():

@@ -7,6 +7,7 @@ killed by the test, bounded in time. What is asserted is what the doctor says, n
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import subprocess
 import sys
@@ -166,12 +167,13 @@ def test_one_thread_and_no_workers_on_a_busy_machine_has_nothing_to_reduce():
     threads exist, so there is no oversubscription finding (the busy machine is the noise warning's job)."""
     from types import SimpleNamespace
 
+    from turbotrain.doctor.analysis.machine import MachineFacts
     from turbotrain.doctor.rules.machine.cpu_oversubscribed import recommended
 
     ctx = SimpleNamespace(on_gpu=False, main_loader=None,
-                          machine={"usable_cores": 2, "intra_op_threads": 1, "other_load": 1.4})
+                          machine=MachineFacts(usable_cores=2, intra_op_threads=1, other_load=1.4))
     assert recommended(ctx) is None
-    ctx.machine["intra_op_threads"] = 2
+    ctx.machine = dataclasses.replace(ctx.machine, intra_op_threads=2)
     assert recommended(ctx)[2] == 1  # two threads on the same machine: fit to one
 
 

@@ -16,7 +16,7 @@ import pytest
 from doctor_helpers import script
 from pseudo_terminal import check_layout, in_terminal
 from turbotrain.doctor.analysis.breakdown import Breakdown
-from turbotrain.doctor.analysis.machine import NoiseWarning
+from turbotrain.doctor.analysis.machine import MachineFacts, NoiseWarning
 from turbotrain.doctor.analysis.periodic import PeriodicRow
 from turbotrain.doctor.findings import Finding, Fix
 from turbotrain.doctor.report.html import render_html
@@ -70,9 +70,9 @@ def sample_report(script_path: str = "train.py") -> Report:
         hardware="Intel Xeon with AMX (cpu, 2 cores, 8 GiB; fast: bf16)", script=script_path,
         argv=["--epochs", "3", "--data", "/mnt/datasets/shakespeare-char/input.txt"], steps_requested=20,
         warmup_steps=3, steps_completed=23, step_delimiter="optimizer.step()",
-        machine={"usable_cores": 2, "cpu_quota": 2.0, "affinity_cores": 2, "host_cores": 4, "intra_op_threads": 2,
-                 "interop_threads": 2, "dataloader_workers": 4, "other_load": 1.02, "loadavg_1m": 2.31,
-                 "dispersion": 6.1},
+        machine=MachineFacts(usable_cores=2, cpu_quota=2.0, affinity_cores=2, host_cores=4, intra_op_threads=2,
+                             interop_threads=2, dataloader_workers=4, other_load=1.02, loadavg_1m=2.31,
+                             dispersion=6.1),
         noise=NoiseWarning("high", ("other processes kept 1.0 cores busy during the window",
                                     "step time p90/p10 is 6.1 (a quiet machine stays under 1.3)"), min_speedup=1.4),
         periodic=[PeriodicRow(kind="validation", category="outside_step", every=20, steps=[20, 40], cost_ms=812.0,
@@ -165,7 +165,7 @@ def test_a_lightning_script_gets_the_lightning_fix():
 
 def test_a_bare_report_renders_without_the_new_fields():
     report = sample_report()
-    report.machine, report.noise, report.periodic, report.findings = {}, None, [], []
+    report.machine, report.noise, report.periodic, report.findings = None, None, [], []
     text = _render(report, 80)
     assert "Noisy" not in text and "usable" not in text and "every 160" not in text
     assert "No findings" in text and "Bottleneck: compute" in text

@@ -218,7 +218,7 @@ def _time_on_the_job(command: list[str], report: Report, options: DoctorOptions,
         job_runner(command, options.hang_timeout_s, timed_steps(step_s)),
         run_s=run_s,
         budget_s=options.job_what_if_budget_s,
-        noise_floor=noise_floor(report.machine or {}),
+        noise_floor=noise_floor(report.machine) if report.machine is not None else 0.0,
         max_rounds=options.job_what_if_rounds,
     )
     time_on_the_job(timing, report.findings, options.job_what_if_rules)
@@ -366,7 +366,7 @@ def analyse(
         step_delimiter=recording.step_delimiter,
         periodic=list(ctx.periodic_rows),
         machine=ctx.machine,
-        noise=noise_state(ctx.machine),
+        noise=noise_state(ctx.machine) if ctx.machine is not None else None,
         memory=memory,
         compiled=ctx.compiled,
         driver=framework_named(recording.driver),

@@ -22,7 +22,7 @@ from ...hardware import Hardware, detect, own_busy_cores
 from ...measure import run_means
 from ...speedups.model_info import ModelInfo, inspect_model
 from .breakdown import Breakdown, Overhead, compute_breakdown
-from .machine import machine_facts, others_share
+from .machine import MachineFacts, machine_facts, others_share
 from ..findings import one_line
 from ..record.recording import LiveObjects, Recording
 from ..record.recording import Capture
@@ -86,7 +86,7 @@ class Context:
     zero_grad_before_backward: bool = False  # the script clears gradients between its forward and backward
     # The user's lines in functions seen running (warm-up, profiler window), per file; None: untraced.
     ran_lines: dict[str, tuple[int, ...]] | None = None
-    machine: dict[str, Any] = field(default_factory=dict)  # cores, threads, workers, other load (doctor.machine)
+    machine: MachineFacts | None = None  # cores, threads, workers, other load (doctor.machine); None: not known
     recording: Recording | None = None  # what this context was read from
     memory_allowed: bool = True  # False (--no-what-if): the step's memory is not measured (analysis/memory.py)
 
@@ -95,7 +95,7 @@ class Context:
         """The least relative gain this window can tell from noise (:func:`.machine.noise_floor`)."""
         from .machine import noise_floor
 
-        return noise_floor(self.machine) if self.machine else 0.0
+        return noise_floor(self.machine) if self.machine is not None else 0.0
 
     def replace(self, **changes: Any) -> "Context":
         return dataclasses.replace(self, **changes)

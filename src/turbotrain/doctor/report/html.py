@@ -143,7 +143,7 @@ def render_html(report: Report) -> str:
         head, reasons = noise_text(report.noise)
         items = "".join(f"<li>{esc(r)}</li>" for r in reasons)
         body.append(f'<div class="noise" id="noise"><b>{esc(head)}</b>{f"<ul>{items}</ul>" if items else ""}</div>')
-    if report.machine:
+    if report.machine is not None:
         machine = " &middot; ".join(esc(i) for i in machine_items(report.machine))
         body.append(f'<p class="machine" id="machine">{machine}</p>')
     body += [f'<div class="msg">{esc(m)}</div>' for m in data["messages"]]

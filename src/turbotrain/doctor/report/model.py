@@ -15,11 +15,12 @@ from typing import Any, Literal
 import torch
 
 from ..analysis.breakdown import Breakdown
-from ..analysis.machine import NoiseWarning
+from ..analysis.machine import MachineFacts, NoiseWarning
 from ..analysis.periodic import PeriodicRow
 from ..analysis.ranks import RankAnalysis
 from ..findings import Finding, Framework
 from .fix_results import FixReport
+from .memory import MemorySection
 from .tables import CopyRow, SyncRow
 from ..record.compile_watch import CompileFacts
 from ..record.measurements import CATEGORIES, Category
@@ -128,7 +129,8 @@ class Report:
     step_delimiter: str = "optimizer.step()"
     # The machine as the run saw it: usable cores (affinity, cgroup quota), torch's threads, DataLoader
     # workers, other processes' load during the window, and the step-time dispersion (p90/p10).
-    machine: dict[str, Any] = field(default_factory=dict)
+    # None: not known (no steps, a job that failed); JSON {}.
+    machine: MachineFacts | None = None
     # Set when the window's dispersion or the machine's outside load is too high to trust small gains.
     noise: NoiseWarning | None = None
     # Work that recurs every N steps (validation, checkpoints, logging), amortised over its period.
@@ -144,7 +146,7 @@ class Report:
     compiled: CompileFacts | None = None
     # The step's peak memory split into what holds it, and the device's headroom (report/memory.py); None: not
     # looked at (a job, no steps).
-    memory: dict[str, Any] | None = None
+    memory: MemorySection | None = None
     # The framework whose loop stepped the optimizer, as the recording saw it (record/drivers.py).
     driver: Framework | None = None
 
@@ -221,7 +223,7 @@ class Report:
             out["breakdown"] = dict.fromkeys(CATEGORIES, 0.0)
             out["bottleneck"] = None
         out["step_delimiter"] = self.step_delimiter
-        out["machine"] = self.machine
+        out["machine"] = self.machine.to_dict() if self.machine is not None else {}
         out["noise"] = self.noise.to_dict() if self.noise is not None else None
         out["periodic"] = [r.to_dict() for r in self.periodic]
         out["framework"] = self.framework
@@ -232,7 +234,7 @@ class Report:
         out["messages"] = self.messages
         out["failures"] = [f.to_dict() for f in self.failures]
         if self.memory is not None:
-            out["memory"] = self.memory
+            out["memory"] = self.memory.to_dict()
         if self.fixes is not None:
             out["fixes"] = [f.to_dict() for f in self.fixes.fixes]
             out["patch"] = self.fixes.summary()

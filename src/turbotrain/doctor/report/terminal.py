@@ -20,7 +20,7 @@ from typing import IO, Any
 from rich.console import Console
 from rich.text import Text
 
-from ..analysis.machine import NoiseWarning
+from ..analysis.machine import MachineFacts, NoiseWarning
 from ..analysis.periodic import PeriodicRow
 from ..findings import FOLDS, FRAMEWORK_LABELS, Finding, Framework
 from ..record.measurements import CATEGORIES, Category
@@ -111,41 +111,40 @@ def _num(value: Any) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def machine_items(machine: dict[str, Any]) -> list[str]:
+def machine_items(m: MachineFacts) -> list[str]:
     """The machine as the run saw it, one short phrase per fact present."""
-    m = machine or {}
     items = []
     limits = [
-        f"{label} {_num(m[key])}"
-        for key, label in (("cpu_quota", "quota"), ("affinity_cores", "affinity"))
-        if m.get(key) is not None
+        f"{label} {_num(value)}"
+        for value, label in ((m.cpu_quota, "quota"), (m.affinity_cores, "affinity"))
+        if value is not None
     ]
-    if m.get("usable_cores") is not None or m.get("host_cores") is not None:
-        cores = f"{_num(m['usable_cores'])} usable" if m.get("usable_cores") is not None else ""
-        if m.get("host_cores") is not None:
-            cores += f" of {_num(m['host_cores'])}" if cores else _num(m["host_cores"])
+    if m.usable_cores is not None or m.host_cores is not None:
+        cores = f"{_num(m.usable_cores)} usable" if m.usable_cores is not None else ""
+        if m.host_cores is not None:
+            cores += f" of {_num(m.host_cores)}" if cores else _num(m.host_cores)
         items.append(f"cores: {cores}" + (f" ({', '.join(limits)})" if limits else ""))
     elif limits:
         items.append(f"cores: {', '.join(limits)}")
     threads = [
-        f"{_num(m[key])} {label}"
-        for key, label in (("intra_op_threads", "intra-op"), ("interop_threads", "inter-op"))
-        if m.get(key) is not None
+        f"{_num(value)} {label}"
+        for value, label in ((m.intra_op_threads, "intra-op"), (m.interop_threads, "inter-op"))
+        if value is not None
     ]
     if threads:
         items.append(f"torch threads: {', '.join(threads)}")
-    if m.get("dataloader_workers") is not None:
-        busy = f" ({m['worker_load']:.1f} busy cores)" if m.get("worker_load") and m.get("dataloader_workers") else ""
-        items.append(f"DataLoader workers: {_num(m['dataloader_workers'])}{busy}")
+    if m.dataloader_workers is not None:
+        busy = f" ({m.worker_load:.1f} busy cores)" if m.worker_load and m.dataloader_workers else ""
+        items.append(f"DataLoader workers: {_num(m.dataloader_workers)}{busy}")
     load = []
-    if m.get("other_load") is not None:
-        load.append(f"{m['other_load']:.1f} busy cores")
-    if m.get("loadavg_1m") is not None:
-        load.append(f"load avg {m['loadavg_1m']:.2f}")
+    if m.other_load is not None:
+        load.append(f"{m.other_load:.1f} busy cores")
+    if m.loadavg_1m is not None:
+        load.append(f"load avg {m.loadavg_1m:.2f}")
     if load:
         items.append(f"other processes: {', '.join(load)}")
-    if m.get("dispersion") is not None:
-        items.append(f"step time p90/p10: {m['dispersion']:.1f}")
+    if m.dispersion is not None:
+        items.append(f"step time p90/p10: {m.dispersion:.1f}")
     return items
 
 
@@ -257,7 +256,7 @@ def print_report(report: Report, file: IO[str] | None = None, width: int | None 
         _hanging(console, "! ", Text(head, style="bold yellow"), width)
         for reason in reasons:
             _hanging(console, f"{_INDENT}- ", Text(reason, style="yellow"), width)
-    if report.machine:
+    if report.machine is not None:
         _packed(console, [Text(item, style="dim") for item in machine_items(report.machine)], width, indent="")
     for message in report.messages:
         _hanging(console, "! ", Text(message, style="yellow"), width)

@@ -94,9 +94,9 @@ def call_site(ctx: Context, name: str, keyword: str | None = None) -> Site | Non
 def cap_if_oversubscribed(ctx: Context, finding: Finding) -> None:
     """On cores the ranks oversubscribe, which rank is late is the scheduler's choice as much as the script's."""
     recording = ctx.recording
-    if recording is None or ctx.on_gpu or not ctx.machine:
+    if recording is None or ctx.on_gpu or ctx.machine is None:
         return
-    usable = ctx.machine.get("usable_cores") or 1
+    usable = ctx.machine.usable_cores or 1
     found = oversubscribed(recording, usable)
     if found is not None:
         finding.cap(

@@ -102,13 +102,18 @@ def _timed_settings(
         streams.clear()  # worker processes end with their iterators
 
 
+def _threads_now(ctx: Context) -> int:
+    """The script's intra-op threads as the run saw them (torch's count now where the machine is not known)."""
+    return (ctx.machine.intra_op_threads if ctx.machine is not None else None) or torch.get_num_threads()
+
+
 def threads_trial(ctx: Context, finding: Finding, budget: Budget) -> None:
     """The script's threads and workers against the recommended settings (:func:`setting_rounds`)."""
     request = finding.request
     assert isinstance(request, ThreadsRequest)  # run_what_ifs passes only these
     if ctx.capture is None or not request.candidates:
         return
-    now = (ctx.machine.get("intra_op_threads") or torch.get_num_threads(), finding.evidence.get("workers", 0))
+    now = (_threads_now(ctx), finding.evidence.get("workers", 0))
     options = list(request.candidates)
     got = setting_rounds(ctx, budget, now, options)
     if isinstance(got, str):
@@ -213,7 +218,7 @@ def loader_trial(ctx: Context, finding: Finding, budget: Budget) -> None:
 def _verify_workers(ctx: Context, finding: Finding, budget: Budget, current: int, best: int) -> None:
     """The projection leaves out that workers take cores from training: time the model training beside the
     loader, with the script's workers and with ``best``, interleaved (:func:`setting_rounds`)."""
-    threads = ctx.machine.get("intra_op_threads") or torch.get_num_threads()
+    threads = _threads_now(ctx)
     got = setting_rounds(ctx, budget, (threads, current), [(threads, best)])
     if isinstance(got, str):
         return  # the projection stands

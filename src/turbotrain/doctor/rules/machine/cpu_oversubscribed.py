@@ -35,12 +35,12 @@ def recommended(ctx: Context) -> tuple[int, int, int, int, float] | None:
     """(threads now, workers now, threads to use, workers to use, other processes' busy cores), or None
     when the run's threads and workers fit the cores that were free."""
     m = ctx.machine
-    if ctx.on_gpu or not m:
+    if ctx.on_gpu or m is None:
         return None
-    usable, threads = m.get("usable_cores") or 1, m.get("intra_op_threads") or 1
+    usable, threads = m.usable_cores or 1, m.intra_op_threads or 1
     record = ctx.main_loader
     workers = record.settings.get("num_workers", 0) if record is not None else 0
-    others = m.get("other_load") or 0.0
+    others = m.other_load or 0.0
     if threads <= usable - others + BACKGROUND_CORES and threads + workers <= usable:
         return None
     k, w = fit_to_cores(free_cores(usable, others), workers, threads)
@@ -53,7 +53,8 @@ def candidates(ctx: Context, found: tuple[int, int, int, int, float]) -> list[tu
     """The (threads, workers) settings the what-if times against the script's: the fitted one, and with
     workers none at all (cheap batches cost less in the training process than an inter-process hand-off)."""
     threads, workers, k, w, others = found
-    free = free_cores(ctx.machine.get("usable_cores") or 1, others)
+    assert ctx.machine is not None  # recommended(ctx) read it
+    free = free_cores(ctx.machine.usable_cores or 1, others)
     out = [(k, w), (fit_to_cores(free, 0, threads)[0], 0)]
     return [c for i, c in enumerate(out) if c not in out[:i] and c != (threads, workers)]
 
@@ -83,7 +84,8 @@ def cpu_oversubscribed(ctx: Context) -> Iterator[Finding]:
     if found is None or ctx.capture is None:
         return
     threads, workers, k, w, others = found
-    usable = ctx.machine.get("usable_cores")
+    assert ctx.machine is not None  # recommended(ctx) read it
+    usable = ctx.machine.usable_cores
     busy = f"; other processes kept {others:.1f} of them busy" if others >= 0.5 else ""
     f = Finding(
         "cpu-oversubscribed",
@@ -113,11 +115,11 @@ def cpu_oversubscribed(ctx: Context) -> Iterator[Finding]:
 
 def ranks_oversubscribed(ctx: Context) -> Iterator[Finding]:
     """The ranks on this host run more intra-op threads together than the host has cores."""
-    if not on_a_job(ctx) or ctx.on_gpu or not ctx.machine:
+    if not on_a_job(ctx) or ctx.on_gpu or ctx.machine is None:
         return
     recording = ctx.recording
     assert recording is not None  # on_a_job
-    usable = ctx.machine.get("usable_cores") or 1
+    usable = ctx.machine.usable_cores or 1
     found = oversubscribed(recording, usable)
     if found is None:
         return  # they fit, or more ranks than cores: fewer threads cannot help
