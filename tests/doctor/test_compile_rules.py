@@ -369,3 +369,27 @@ def test_two_compiled_forwards_are_told_apart_by_where_their_code_is():
     by_kind = {f.evidence["kind"]: f.evidence for f in findings(context(first, second), "compile-recompile")}
     assert by_kind[NEW_SHAPE]["code_at"] == f"{USER}:16" and by_kind[CHANGED_VALUE]["code_at"] == f"{USER}:30"
     assert by_kind[NEW_SHAPE]["code"] == by_kind[CHANGED_VALUE]["code"] == "forward"
+
+
+def test_the_loss_is_compiled_as_the_call_that_compiled_its_model(tmp_path):
+    """compile-loss-eager's edit takes the keywords of the torch.compile call whose result the loss's line calls,
+    the script's one, or of several the one assigned to that name; by hand where that says nothing."""
+    from turbotrain.doctor.analysis.source import load_sources
+    from turbotrain.doctor.edits import ByHand
+    from turbotrain.doctor.findings import Finding, Fix
+    from turbotrain.doctor.rules.compile.compile_loss_eager import edit
+
+    script = tmp_path / "train.py"
+    script.write_text("import torch\nfast = torch.compile(model, backend='aot_eager', dynamic=False)\n"
+                      "head = torch.compile(head)\nloss = F.cross_entropy(fast(x), y)\n")
+    ctx = context()
+    ctx.sources = load_sources([str(script)])
+    f = Finding("compile-loss-eager", site=Site(str(script), 4, "<module>"), message="", fix=Fix("compile both"),
+                evidence={"loss": "cross_entropy"})
+    spec = edit(ctx, f)
+    assert (spec.kind, spec.numerics) == ("compile_loss", "precision")
+    assert spec.params == {"loss": "cross_entropy", "compile": "backend='aot_eager', dynamic=False"}
+    script.write_text(script.read_text().replace("F.cross_entropy(fast(x), y)", "F.cross_entropy(out, y)"))
+    ctx.sources = load_sources([str(script)])
+    with pytest.raises(ByHand, match="train.py:2, .*train.py:3"):
+        edit(ctx, f)

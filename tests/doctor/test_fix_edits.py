@@ -439,3 +439,43 @@ def test_micro_batches_give_the_whole_batchs_gradients():
 def test_micro_batches_that_cannot_be_made_safely_are_by_hand(source, why):
     with pytest.raises(ByHand, match=re.escape(why)):
         edit(source, "micro_batches", k=2)
+
+
+COMPILED_LOSS = """
+    import torch
+    import torch.nn.functional as F
+    compiled = torch.compile(model, backend="aot_eager")
+    def step_loss(x, y):
+        # the loss, eager, on the compiled model's output
+        return F.cross_entropy(compiled(x), y, label_smoothing=0.1)  # here
+    for x, y in batches:
+        step_loss(x, y).backward()
+"""
+
+
+def test_a_loss_on_a_compiled_model_is_compiled_with_it_in_a_function_defined_before_its_statement():
+    new = edit(COMPILED_LOSS, "compile_loss", loss="cross_entropy", compile='backend="aot_eager"')
+    assert changed(COMPILED_LOSS, new) == [
+        '@torch.compile(backend="aot_eager")',
+        "def model_and_loss(compiled, x, y):",
+        '"""cross_entropy compiled with the model it is computed on, as one graph (turbotrain doctor: '
+        'compile-loss-eager)."""',
+        "return F.cross_entropy(compiled(x), y, label_smoothing=0.1)",  # the names it reads are its parameters
+        "return model_and_loss(compiled, x, y)  # here",
+    ]
+    lines = new.splitlines()
+    assert lines.index("def step_loss(x, y):") > lines.index("def model_and_loss(compiled, x, y):")
+    # A method's call reads ``self``: passed as it is; a name the file already has gets a number.
+    method = "import torch\nmodel_and_loss = 1\nclass M:\n    def loss(self, x):\n" \
+             "        return torch.nn.functional.mse_loss(self.net(x), self.target)  # here\n"
+    assert "        return model_and_loss1(self, x)  # here" in edit(method, "compile_loss", loss="mse_loss")
+
+
+@pytest.mark.parametrize("line, why", [
+    ("return F.cross_entropy(compiled(*batch), y)  # here", "arguments built at run time"),
+    ("return F.cross_entropy(compiled(x), y)  # here", "does not `import torch`"),
+])
+def test_a_loss_call_it_cannot_move_safely_is_by_hand(line, why):
+    source = ("" if "import" in why else "import torch\n") + "import torch.nn.functional as F\n"
+    with pytest.raises(ByHand, match=re.escape(why)):
+        edit(source + f"def f(x, y, batch):\n    {line}\n", "compile_loss", loss="cross_entropy")

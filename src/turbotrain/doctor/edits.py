@@ -39,6 +39,7 @@ EditKind = Literal[
     "detach",  # .detach() on what a loop keeps across steps (a loss in a list, a running sum)
     "checkpoint",  # a block's call wrapped in torch.utils.checkpoint.checkpoint (recomputed in the backward)
     "micro_batches",  # the forward through the backward once per micro-batch, the loss over their number
+    "compile_loss",  # a loss on a compiled model's output compiled with it, as one function
 ]
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from . import accumulate, attention, cadence, keywords, kept_graph, recompute, statements
+from . import accumulate, attention, cadence, compiled_loss, keywords, kept_graph, recompute, statements
 from .cst_tools import Source
 from .model import ByHand, EditRequest
 
@@ -30,6 +30,7 @@ EDIT_KINDS: dict[str, Callable[[Source, EditRequest], str]] = {
     "detach": kept_graph.detach_kept,  # .detach() on what a loop keeps across steps
     "checkpoint": recompute.checkpoint_calls,  # a block's call recomputed in the backward
     "micro_batches": accumulate.micro_batches,  # the forward through the backward once per micro-batch
+    "compile_loss": compiled_loss.compile_loss,  # the loss compiled with the compiled model it is computed on
 }
 
 

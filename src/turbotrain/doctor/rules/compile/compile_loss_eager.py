@@ -10,21 +10,25 @@ loss together; fresh compiles of both, interleaved. Compile time is said, never 
 
 from __future__ import annotations
 
+import ast
 from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 
+from ...edits import PRECISION, EditSpec
 from ...findings import Finding, Fix
 from ...requests import OwnTrial
 from ..rule import Detect, Measured, Rule, TimeLeft, register
 from ._common import (
     PairTiming,
     Variant,
+    compile_calls,
     compile_seconds,
     compiled_like,
     compiled_model,
     eager_copy,
     measured_pair,
+    one_compile_call,
     pair_text,
     recompiled,
 )
@@ -108,4 +112,44 @@ def measure(ctx: Context, f: Finding, budget: TimeLeft) -> Measured | None:
     return measured_pair(ctx, budget, apart, together, say, first, first + again)
 
 
-RULE = register(Rule("compile-loss-eager", detect=(Detect("live", loss_outside),), measure=measure))
+def _model_compile(ctx: Context, f: Finding) -> ast.Call:
+    """The ``torch.compile(...)`` call that compiled the model the loss is computed on: the script's one, or of
+    several the one assigned to the name the loss's call calls (``compiled = torch.compile(model, ...)`` for
+    ``F.cross_entropy(compiled(x), y)``)."""
+    fix = f"the loss compiled with the model ({f.fix.pytorch})"
+    calls = compile_calls(ctx)
+    if len(calls) <= 1 or f.site is None or f.site.file not in ctx.sources:
+        return one_compile_call(ctx, fix, "the model")[1]
+    index = ctx.sources[f.site.file]
+    # The calls on the loss's line whose first argument calls a plain name: the compiled model's.
+    models = {
+        node.args[0].func.id
+        for node in ast.walk(index.tree)
+        if isinstance(node, ast.Call)
+        and node.lineno == f.site.line
+        and node.args
+        and isinstance(node.args[0], ast.Call)
+        and isinstance(node.args[0].func, ast.Name)
+    }
+    assigned = [
+        call
+        for index, call in calls
+        if isinstance(assign := index.parents.get(call), ast.Assign)
+        and any(isinstance(t, ast.Name) and t.id in models for t in assign.targets)
+    ]
+    if len(assigned) != 1:
+        return one_compile_call(ctx, fix, "the model")[1]  # says where the calls are
+    return assigned[0]
+
+
+def edit(ctx: Context, f: Finding) -> EditSpec:
+    """The loss's call moved into a function compiled as the script compiles its model (the keywords of its one
+    ``torch.compile`` call, as written), called in its place: the model and the loss as one graph. Other kernels: the
+    loss is held to the numerics guard, not bitwise."""
+    loss = f.evidence["loss"]
+    keywords = ", ".join(ast.unparse(k) for k in _model_compile(ctx, f).keywords)
+    label = f"F.{loss} compiled with the model as one function ({keywords or 'torch.compile defaults'})"
+    return EditSpec("compile_loss", label, {"loss": loss, "compile": keywords}, numerics=PRECISION)
+
+
+RULE = register(Rule("compile-loss-eager", detect=(Detect("live", loss_outside),), measure=measure, edit=edit))
