@@ -179,3 +179,15 @@ def test_an_edit_the_loop_does_not_take_is_made_as_the_one_its_rule_names_instea
     assert made.label.startswith("recompute blocks.0; micro_batches not made: no batch made in the loop") \
         and "(line train.py:9: `loss = " in made.label, made.label
     assert alone.diff is None and alone.request is None and alone.by_hand.startswith("no batch made in the loop")
+
+
+def test_two_rules_fixes_that_are_the_same_edit_are_made_once_and_both_kept(tmp_path):
+    """bf16 autocast at the forward, for speed (no-mixed-precision) and for memory (activation-memory)."""
+    path = tmp_path / "train.py"
+    path.write_text(TRAIN)
+    results = [_result(path, "autocast", 6, rule, device="cpu", dtype="bfloat16")
+               for rule in ("no-mixed-precision", "activation-memory")]
+    originals = make_diffs(results, str(tmp_path))
+    texts = combine(results, originals, str(tmp_path))
+    assert [r.in_patch for r in results] == [True, True], [r.dropped for r in results]
+    assert texts[str(path)].count("torch.autocast") == 1

@@ -113,9 +113,14 @@ def combine(results: list[FixResult], originals: dict[str, str], base: str) -> d
     """The files' texts with every given fix made, one after another; a fix that no longer applies on
     top of the others is dropped, saying why."""
     texts = dict(originals)
+    made: set[str] = set()
     for result in results:
         request = result.request
         if request is None or not result.in_patch:
+            continue
+        # Two rules' fixes may be the same edit (bf16 autocast for speed and for memory): it is made once.
+        same = repr((request.kind, request.file, request.line, request.lines, sorted(request.params.items())))
+        if same in made:
             continue
         to_new = _line_map(originals[request.file], texts[request.file])
         moved = dataclasses.replace(
@@ -131,6 +136,7 @@ def combine(results: list[FixResult], originals: dict[str, str], base: str) -> d
             result.dropped = f"does not combine with the fixes before it: {exc}"
             continue
         texts[request.file] = new
+        made.add(same)
     return texts
 
 
