@@ -70,6 +70,8 @@ def make_diffs(results: list[FixResult], base: str) -> dict[str, str]:
     originals: dict[str, str] = {}
     for result in results:
         request = result.request
+        if request is None:
+            continue
         tried: list[tuple[str, str]] = []  # the edits that could not be made: their kind, and why
         while request is not None:
             name = os.path.relpath(request.file, base)
@@ -80,8 +82,6 @@ def make_diffs(results: list[FixResult], base: str) -> dict[str, str]:
             except (ByHand, PatchError) as exc:
                 tried.append((request.kind, _by_hand_text(request, str(exc), originals)))
                 request = request.instead
-        if result.request is None:
-            continue
         not_made = [f"{kind} not made: {why}" for kind, why in tried]
         if request is None:  # one edit: why; several: why each
             result.by_hand, result.request = tried[0][1] if len(tried) == 1 else "; ".join(not_made), None
