@@ -17,6 +17,7 @@ import dataclasses
 import difflib
 import functools
 import inspect
+import re
 import textwrap
 import reprlib
 import types
@@ -24,7 +25,7 @@ import typing
 from collections.abc import Mapping
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 
-__all__ = ["ConfigError", "strict", "from_mapping", "to_mapping", "describe_type", "field_docs"]
+__all__ = ["ConfigError", "strict", "from_mapping", "to_mapping", "describe_type", "field_docs", "parse_size"]
 
 
 class ConfigError(ValueError):
@@ -32,6 +33,20 @@ class ConfigError(ValueError):
 
 
 _T = TypeVar("_T")
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:([kmgt])i?b?|b)?\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str | int, what: str) -> int:
+    """Bytes from ``4194304``, ``4M``, ``4MiB``, ``1.5GiB`` or ``512k`` (binary units). ``what`` names the value
+    in the error: ``NCCL buffer size``, ``--memory-limit``."""
+    if isinstance(text, int):
+        return text
+    match = _SIZE.match(str(text))
+    if not match:
+        raise ConfigError(f"{what} {text!r} is not a size; give bytes (4194304) or 4M / 4MiB / 1.5GiB / 512K.")
+    scale = 2 ** (10 * " kmgt".index((match.group(2) or " ").lower()))
+    return int(float(match.group(1)) * scale)
 
 
 # Values are quoted in errors at a bounded length: nine levels of YAML aliases stand for 9**9

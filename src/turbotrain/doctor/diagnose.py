@@ -19,6 +19,7 @@ from .rules import evaluate, order
 from .analysis.periodic import watch_message
 from .report.tables import copy_table, sync_table
 from .job.own_ranks import StartsOwnRanks, refusing_own_ranks
+from .record.memory_limit import memory_limit
 from .record.runner import ScriptRun, run_script
 from .options import DoctorOptions
 from .findings import framework_named
@@ -33,6 +34,11 @@ def diagnose_script(
 ) -> Report:
     """Run ``script`` with ``argv`` under the doctor and return its report."""
     options = options or DoctorOptions()
+    with memory_limit(options.memory_limit_bytes):  # counted from here: the script's own memory is what counts
+        return _diagnose_script(script, list(argv or []), options)
+
+
+def _diagnose_script(script: str | os.PathLike, argv: list[str], options: DoctorOptions) -> Report:
     check_outputs(str(script), {"--fix": options.fix, "--trace": options.trace_path})
     recorder = Recorder(
         measure=options.steps,
@@ -45,13 +51,13 @@ def diagnose_script(
     environ = dict(os.environ)
     try:
         with refusing_own_ranks():
-            run = run_script(script, list(argv or []), recorder)
+            run = run_script(script, argv, recorder)
     except StartsOwnRanks as started_ranks:
         # Lightning set its rank variables in this process before it started the others: the job starts clean.
         os.environ.clear()
         os.environ.update(environ)
-        report = diagnose_job([sys.executable, str(script), *(argv or [])], options)
-        report.argv = list(argv or [])
+        report = diagnose_job([sys.executable, str(script), *argv], options)
+        report.argv = argv
         report.messages.insert(
             0,
             f"The script starts its own ranks (it was starting {started_ranks}, as Lightning's and Fabric's DDP "
@@ -80,11 +86,15 @@ def diagnose_job(command: list[str], options: DoctorOptions | None = None) -> Re
     recorded, and return one report for the whole job: rank 0's breakdown and findings, every rank side by
     side, the straggler and the exposed communication. A rank that crashes or hangs ends the job; the report
     then says which rank and what it was doing."""
+    options = options or DoctorOptions()
+    with memory_limit(options.memory_limit_bytes):  # the job's runs (run_job) pass it to every rank
+        return _diagnose_job(command, options)
 
+
+def _diagnose_job(command: list[str], options: DoctorOptions) -> Report:
     from .analysis.ranks import analyse_ranks
     from .job.launcher import run_job
 
-    options = options or DoctorOptions()
     check_outputs(script_in(command), {"--fix": options.fix, "--trace": options.trace_path})
     started = time.perf_counter()
     job = run_job(

@@ -13,7 +13,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..config import ConfigError, field_docs, strict
+from ..config import ConfigError, field_docs, parse_size, strict
 
 __all__ = ["DoctorOptions", "add_option_arguments", "options_from_args"]
 
@@ -58,6 +58,10 @@ class DoctorOptions:
     """Comma-separated rule ids: patch only their findings (default: every fixable one)."""
     hang_timeout_s: float = field(default=120.0, metadata=flag("--rank-timeout", "SECONDS"))
     """On several processes: end the job when no rank makes progress for this long."""
+    memory_limit_bytes: int | None = field(default=None, metadata=flag("--memory-limit", "SIZE"))
+    """Run as if the device had only this much memory for the step (e.g. 512MiB, 24GiB): an out-of-memory error
+    beyond it, and the memory fixes measured to fit it. On the CPU the process's data may grow by this much
+    beyond what it held when the script started; where CUDA is available, the CUDA allocator is capped."""
     job_what_if_budget_s: float = field(default=180.0, metadata=flag("--job-what-if-budget", "SECONDS"))
     """On several processes: seconds for timing fixes on every rank, as runs of the whole job."""
     job_what_if_rounds: int = field(default=3, metadata=flag("--job-what-if-rounds", "N"))
@@ -81,6 +85,10 @@ class DoctorOptions:
             value = getattr(self, name)
             if not value >= (1e-9 if name == "hang_timeout_s" else 0):  # NaN fails too
                 raise ConfigError(f"{_named(name)}: {value:g} is not allowed; expected seconds >= 0.")
+        if self.memory_limit_bytes is not None and self.memory_limit_bytes <= 0:
+            raise ConfigError(
+                f"{_named('memory_limit_bytes')}: {self.memory_limit_bytes} is not allowed; expected bytes > 0."
+            )
         for name in ("fix_rules", "job_what_if_rules"):
             rules = getattr(self, name)
             if rules is not None:
@@ -107,6 +115,16 @@ def _rule_list(value: str) -> tuple[str, ...]:
     return tuple(r.strip() for r in value.split(",") if r.strip())
 
 
+def _size(flag_name: str) -> Any:
+    def parse(text: str) -> int:
+        try:
+            return parse_size(text, flag_name)
+        except ConfigError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return parse
+
+
 def add_option_arguments(parser: argparse.ArgumentParser) -> None:
     """One flag per field that has one: its type, default and help from the field and its docstring."""
     docs = field_docs(DoctorOptions)
@@ -122,7 +140,11 @@ def add_option_arguments(parser: argparse.ArgumentParser) -> None:
                 name, dest=option.name, action="store_false" if default else "store_true", default=default, help=text
             )
             continue
-        kind: Any = _rule_list if option.name.endswith("_rules") else {int: int, float: float}.get(hint, str)
+        kind: Any = {int: int, float: float}.get(hint, str)
+        if option.name.endswith("_rules"):
+            kind = _rule_list
+        elif option.name.endswith("_bytes"):
+            kind = _size(name)
         parser.add_argument(
             name,
             dest=option.name,

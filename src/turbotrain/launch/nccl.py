@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Literal, Mapping
 
 from ..config import ConfigError, strict
+from ..config import parse_size as config_size
 
 __all__ = ["NcclSettings", "parse_size", "check_environment", "ALGORITHMS", "PROTOCOLS"]
 
@@ -29,19 +30,11 @@ ALGORITHMS = ("Ring", "Tree", "CollnetDirect", "CollnetChain", "NVLS", "NVLSTree
 PROTOCOLS = ("LL", "LL128", "Simple")
 _COLLECTIVES = ("allreduce", "allgather", "reducescatter", "broadcast", "reduce", "sendrecv", "alltoall")
 _DEBUG_LEVELS = ("VERSION", "WARN", "INFO", "TRACE")
-_SIZE = re.compile(r"^\s*(\d+)\s*([kmg]i?b?|b)?\s*$", re.IGNORECASE)
-_SIZE_UNITS = {"": 1, "b": 1, "k": 2**10, "m": 2**20, "g": 2**30}
 
 
 def parse_size(text: str | int) -> int:
     """Bytes from ``4194304``, ``4M``, ``4MiB`` or ``512k`` (binary units, as NCCL's docs use)."""
-    if isinstance(text, int):
-        return text
-    match = _SIZE.match(str(text))
-    if not match:
-        raise ConfigError(f"NCCL buffer size {text!r} is not a size; give bytes (4194304) or 4M / 4MiB / 512K.")
-    unit = (match.group(2) or "").lower()[:1]
-    return int(match.group(1)) * _SIZE_UNITS[unit]
+    return config_size(text, "NCCL buffer size")
 
 
 def _check_choice_list(name: str, value: str, choices: tuple[str, ...]) -> str:

@@ -115,8 +115,11 @@ def scaled_bytes(memory: StepMemory, peak_bytes: int, rows: int, full_rows: int)
 
 
 def capacity_bytes(memory: StepMemory) -> int | None:
-    """What a step may use: the GPU's total memory; on the CPU, the memory available now."""
+    """What a step may use: the GPU's total memory; on the CPU, the memory available now; under --memory-limit,
+    the limit."""
     device = memory.memory
+    if device.limit_bytes is not None:
+        return device.limit_bytes
     return device.total_bytes if device.device.startswith("cuda") else device.free_bytes
 
 
@@ -135,9 +138,12 @@ def blocks_to_checkpoint(modules: Sequence[ModuleActivations], step_activations:
     return chosen
 
 
-def _fitting_rows(capture: Capture, optimizers: Sequence[Any], oom: OutOfMemory) -> tuple[int, StepMemory] | None:
-    """The largest halving of the captured batch that fits and is cheap to measure, and its step's memory."""
-    full, rows = capture.batch_size, capture.batch_size // 2
+def _fitting_rows(
+    capture: Capture, optimizers: Sequence[Any], oom: OutOfMemory, rows: int
+) -> tuple[int, StepMemory] | None:
+    """The largest halving of the captured batch, from ``rows`` down, that fits and is cheap to measure, and its
+    step's memory."""
+    full = capture.batch_size
     while rows >= 1:
         # The failing allocation scaled to this batch: skip a batch that would take long to measure (on the CPU,
         # an allocation the system grants is touched page by page, never refused).
@@ -145,12 +151,16 @@ def _fitting_rows(capture: Capture, optimizers: Sequence[Any], oom: OutOfMemory)
             try:
                 return rows, measure_captured(capture, optimizers, rows)
             except (RuntimeError, MemoryError) as exc:
-                if out_of_memory(exc) is None:
-                    raise
-                if torch.cuda.is_available():
-                    torch.cuda.empty_cache()
+                _out_of_memory_or_raise(exc)
         rows //= 2
     return None
+
+
+def _out_of_memory_or_raise(exc: BaseException) -> None:
+    if out_of_memory(exc) is None:
+        raise exc
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def _micro_batches_for(memory: StepMemory, rows: int, full: int, capacity: int | None) -> int:
@@ -167,10 +177,20 @@ def fit_after_oom(capture: Capture, optimizers: Sequence[Any], oom: OutOfMemory,
     """After ``oom``: the step at a batch that fits, the whole batch's estimate, and the fixes measured there (micro-
     batches to the whole batch, bf16 autocast, checkpointing of the blocks that save the most); None when no
     halving of the captured batch fits."""
-    found = _fitting_rows(capture, optimizers, oom)
-    if found is None:
-        return None
-    rows, memory = found
+    rows = capture.batch_size // 2
+    while (found := _fitting_rows(capture, optimizers, oom, rows)) is not None:
+        rows, memory = found
+        try:
+            return _fixes_at(capture, optimizers, rows, memory, repeats)
+        except (RuntimeError, MemoryError) as exc:
+            # A size at the edge of the memory fits once and not the next time (the allocator's layout differs):
+            # the fixes are measured at the next halving instead.
+            _out_of_memory_or_raise(exc)
+            rows //= 2
+    return None
+
+
+def _fixes_at(capture: Capture, optimizers: Sequence[Any], rows: int, memory: StepMemory, repeats: int) -> FitMeasure:
     full, capacity = capture.batch_size, capacity_bytes(memory)
     batch = _batch(capture, rows)
     costs: list[FixCost] = []

@@ -225,6 +225,7 @@ def attach_fixes(
             budget_s=options.verify_budget_s,
             threads=torch.get_num_threads(),
             noise_floor=ctx.noise_floor,
+            memory_limit_bytes=options.memory_limit_bytes,
         )
         argv = report.run.argv
         try:

@@ -19,6 +19,7 @@ from ..analysis.context import loader_round
 from ..analysis.machine import others_share
 from ..record.graph_watch import GraphGrowth
 from ..record.loss_tap import LossTap
+from ..record.memory_limit import memory_limit
 from ..record.recorder import Recorder
 from ..record.runner import run_script
 from ..record.window_memory import PeakProbe
@@ -32,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, required=True)
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--memory-limit", type=int, default=None, help="bytes: the doctor's --memory-limit")
     parser.add_argument("--parent", type=int, default=0, help="the doctor's pid: this run ends when it does")
     parser.add_argument("script")
     parser.add_argument("script_args", nargs=argparse.REMAINDER)
@@ -51,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     recorder.schedule.stop_after += 1
     # The memory peak over the measured steps, set beside the time (a fix that frees memory is checked for it).
     recorder.peak_probe = PeakProbe(recorder.gpu)
-    with LossTap() as tap:
+    with LossTap() as tap, memory_limit(args.memory_limit):
         run = run_script(args.script, list(args.script_args), recorder)
     recording = recorder.recording()
     warmup = recording.window.warmup

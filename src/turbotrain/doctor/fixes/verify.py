@@ -68,6 +68,7 @@ class VerifyOptions:
     threads: int = 0  # torch threads for both sides (0: each script's default)
     noise_floor: float = 0.0  # this machine's noise, from the doctor's own run
     run_timeout_s: float = 600.0
+    memory_limit_bytes: int | None = None  # both sides run under the doctor's --memory-limit
 
 
 @dataclass
@@ -219,6 +220,8 @@ class Verifier:
         out.unlink(missing_ok=True)
         script = folder / os.path.relpath(self.script, self.base)
         args = ["--steps", str(steps), "--warmup", str(self.options.warmup), "--threads", str(self.options.threads)]
+        if self.options.memory_limit_bytes is not None:
+            args += ["--memory-limit", str(self.options.memory_limit_bytes)]
         args += ["--out", str(out), str(script), *self.argv]
         env = self._env()
         if self._warm is None:

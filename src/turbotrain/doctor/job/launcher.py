@@ -26,6 +26,7 @@ from .forked_launch import ForkedLauncher, own_launch_argv, start_launcher
 from ..rank_change import RankChange
 from .rank_main import ENV_CLAIMED, ENV_FOLDER, ENV_OPTIONS, ENV_ROOT, SITECUSTOMIZE
 from .rank_status import read_json, result_path
+from ..record.memory_limit import active as active_memory_limit
 from ..record.recording import Recording, from_json
 from .warm_ranks import WarmRanks
 
@@ -117,6 +118,9 @@ def run_job(
         options["change"] = change.to_dict()
     if losses:
         options["losses"] = True
+    limit = active_memory_limit()
+    if limit is not None:  # every rank runs under the doctor's --memory-limit
+        options["memory_limit"] = limit.limit_bytes
     env[ENV_OPTIONS] = json.dumps(options)
     site = folder / "site"
     site.mkdir()

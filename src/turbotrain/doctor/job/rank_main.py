@@ -96,6 +96,7 @@ def from_site() -> None:
 def run_rank(folder: str, rank: int, script: str, argv: list[str]) -> int:
     """Run ``script`` under the recorder; write ``rank-N.result.json``; the exit code the launcher should see."""
     from ..record.loss_tap import LossTap
+    from ..record.memory_limit import memory_limit
     from ..record.recorder import Recorder
     from ..record.recording import to_json
     from ..record.runner import run_script
@@ -124,7 +125,7 @@ def run_rank(folder: str, rank: int, script: str, argv: list[str]) -> int:
     heartbeat = Heartbeat(folder, rank, recorder)
     heartbeat.start()
     tap = LossTap()
-    with tap if options.get("losses") else contextlib.nullcontext():
+    with tap if options.get("losses") else contextlib.nullcontext(), memory_limit(options.get("memory_limit")):
         run = run_script(script, argv, recorder, code, init_globals)
     heartbeat.stop("failed" if run.failed else "done")
     site = run.error_site

@@ -17,7 +17,7 @@ import sys
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import astuple, dataclass
+from dataclasses import astuple, dataclass, replace
 from typing import Any
 
 import torch
@@ -26,6 +26,7 @@ from torch.utils._pytree import tree_leaves
 
 from ...data.transfer import tensors_in
 from .measurements import MemoryPhase
+from .memory_limit import active, enforced
 from ..sites import Site, is_user_file, user_site
 
 __all__ = [
@@ -54,6 +55,7 @@ class DeviceMemory:
     allocated_bytes: int | None = None
     reserved_bytes: int | None = None
     source: str = ""
+    limit_bytes: int | None = None  # --memory-limit: what the step may hold here (total_bytes is that too)
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,8 +111,19 @@ class StepMemory:
 
 
 def device_memory(device: torch.device | str) -> DeviceMemory:
-    """The device's total and free memory (CPU: available RAM), and on CUDA its allocator's counters."""
-    device = torch.device(device)
+    """The device's total and free memory (CPU: available RAM), and on CUDA its allocator's counters; under
+    --memory-limit, the device the doctor was told to pretend: its size the limit, its free part what is left."""
+    memory = _device_memory(torch.device(device))
+    limit = active()
+    if limit is None or torch.device(limit.device).type != torch.device(device).type:
+        return memory
+    left = max(0, limit.limit_bytes - limit.used_bytes())
+    return replace(
+        memory, total_bytes=limit.limit_bytes, free_bytes=left, source="--memory-limit", limit_bytes=limit.limit_bytes
+    )
+
+
+def _device_memory(device: torch.device) -> DeviceMemory:
     if device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
         allocated, reserved = torch.cuda.memory_allocated(device), torch.cuda.memory_reserved(device)
@@ -335,7 +348,9 @@ def measure_step(
     timeline = _Timeline()
     saved = _SavedByModule(model, timeline)
     try:
-        with timeline, saved.hooked(model):
+        # Under --memory-limit the step must fit as the script's had to (the original model beside this copy,
+        # and what the doctor holds, are not counted).
+        with enforced(held_bytes=resident), timeline, saved.hooked(model):
             _train_step(model, optimizers, batches, loss_fn, timeline)
         held, phase = timeline.peak()
     finally:

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from .memory_limit import enforced
 from .recorder import Recorder, Stop
 from ..sites import Site, is_user_file
 
@@ -93,7 +94,7 @@ def run_script(
     started = time.perf_counter()
     run = ScriptRun(script=str(path), argv=list(argv), status="finished", seconds=0.0)
     try:
-        with recorder:
+        with recorder, enforced():
             try:
                 if code is None:
                     runpy.run_path(str(path), run_name="__main__")

@@ -96,6 +96,7 @@ class MemoryMeasured:
     headroom_bytes: int | None
     top_modules: tuple[MemoryModuleRow, ...]
     fit: MemoryAtFit | None = None
+    memory_limit_bytes: int | None = None  # --memory-limit: the device's size the run was told to pretend
 
     def to_dict(self) -> dict[str, Any]:
         parts = self.parts
@@ -121,6 +122,7 @@ class MemoryMeasured:
             "device_free_bytes": self.device_free_bytes,
             "headroom_bytes": self.headroom_bytes,
             "top_modules": [m.to_dict() for m in self.top_modules],
+            "memory_limit_bytes": self.memory_limit_bytes,
         }
         if self.fit is not None:
             out.update(self.fit.to_dict())
@@ -162,6 +164,7 @@ def _step(ctx: Context, memory: StepMemory, rows: int | None, fit: MemoryAtFit |
             if m.name
         )[:TOP_MODULES],
         fit=fit,
+        memory_limit_bytes=memory.memory.limit_bytes,
     )
 
 
@@ -219,8 +222,9 @@ def memory_lines(section: MemorySection) -> list[str]:
             size_text(parts.temporaries),
             size_text(parts.inputs),
         ),
-        f"  allocator beyond live tensors: {size_text(section.allocator_beyond_live_bytes)} · device total "
-        f"{size_text(section.device_total_bytes)}, headroom {size_text(section.headroom_bytes)}",
+        f"  allocator beyond live tensors: {size_text(section.allocator_beyond_live_bytes)} · "
+        + ("device total" if section.memory_limit_bytes is None else "limit (--memory-limit)")
+        + f" {size_text(section.device_total_bytes)}, headroom {size_text(section.headroom_bytes)}",
     ]
     top = section.top_modules
     if top:

@@ -1,0 +1,144 @@
+"""``--memory-limit``: the script runs as if its device had only so much memory, so that a run can be made to
+run out of memory, and its fixes checked, at a size this machine would grant (or to ask whether a step fits a
+smaller device than the one at hand).
+
+On the CPU the process's data segment (what ``RLIMIT_DATA`` counts: the heap and private writable mappings,
+where tensors live) may grow by the limit beyond what it held when the limit was taken; a larger allocation is
+refused with the allocator's own out-of-memory error. Where CUDA is available the caching allocator is capped
+instead (``torch.cuda.set_per_process_memory_fraction`` on the process's device) and host memory is left alone.
+
+The limit is enforced while the script runs and while the doctor measures a step in this process
+(:func:`enforced`), not while the doctor analyses: the rules and the report never meet it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import resource
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["MemoryLimit", "memory_limit", "enforced", "active", "data_bytes"]
+
+_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+_VM_DATA = re.compile(r"^VmData:\s+(\d+)\s+kB", re.MULTILINE)
+
+
+def data_bytes() -> int:
+    """The process's data segment now (``VmData``): what ``RLIMIT_DATA`` counts."""
+    with open("/proc/self/status") as f:
+        match = _VM_DATA.search(f.read())
+    return int(match.group(1)) * 1024 if match else 0
+
+
+def _device() -> str:
+    if not torch.cuda.is_available():
+        return "cpu"
+    # A rank of a job uses its local rank's device; one process, the current one (without making a context).
+    return f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
+
+
+def _exact_large_allocations() -> None:
+    """glibc serves a large block from its heap once one was freed (its mmap threshold rises to 32 MiB) and keeps
+    freed heap: the data segment then runs ahead of the live tensors by chance. A fixed threshold maps every
+    block of 128 KiB or more on its own and unmaps it when freed, so the segment follows what is live."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return  # not glibc: its allocator is left as it is
+    libc.mallopt(_M_MMAP_THRESHOLD, 128 * 1024)
+
+
+@dataclass(frozen=True)
+class MemoryLimit:
+    """``limit_bytes`` for the step on ``device``; on the CPU counted from ``base_bytes``, the data segment when
+    the limit was taken."""
+
+    limit_bytes: int
+    device: str
+    base_bytes: int
+
+    @classmethod
+    def now(cls, limit_bytes: int) -> MemoryLimit:
+        # torch's optimizers import dynamo when they are made: its ~70 MiB of data are torch's, not the script's.
+        import torch._dynamo  # noqa: F401 - imported for its side effect on the data segment, before the base
+
+        device = _device()
+        if device == "cpu":
+            _exact_large_allocations()
+        return cls(limit_bytes, device, data_bytes() if device == "cpu" else 0)
+
+    def used_bytes(self) -> int:
+        """What counts against the limit now."""
+        if self.device == "cpu":
+            return max(0, data_bytes() - self.base_bytes)
+        return torch.cuda.memory_reserved(self.device)
+
+    @contextmanager
+    def enforced(self, held_bytes: int | None = None) -> Iterator[None]:
+        """The limit in force while the block runs; the previous setting after it. ``held_bytes``: a step the
+        doctor measures, which already holds this much of the limit: it may grow by the rest from now (whatever
+        the process holds beside it, the script's own model among it)."""
+        if self.device != "cpu":
+            total = torch.cuda.get_device_properties(self.device).total_memory
+            allowed = self.limit_bytes
+            if held_bytes is not None:
+                allowed = torch.cuda.memory_reserved(self.device) + max(0, self.limit_bytes - held_bytes)
+            torch.cuda.set_per_process_memory_fraction(min(1.0, allowed / total), self.device)
+            try:
+                yield
+            finally:
+                torch.cuda.set_per_process_memory_fraction(1.0, self.device)
+            return
+        soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
+        if held_bytes is None:
+            wanted = self.base_bytes + self.limit_bytes
+        else:
+            wanted = data_bytes() + max(0, self.limit_bytes - held_bytes)
+        resource.setrlimit(
+            resource.RLIMIT_DATA, (wanted if hard == resource.RLIM_INFINITY else min(wanted, hard), hard)
+        )
+        try:
+            yield
+        finally:
+            resource.setrlimit(resource.RLIMIT_DATA, (soft, hard))
+
+
+_active: MemoryLimit | None = None
+
+
+def active() -> MemoryLimit | None:
+    """The limit this process runs under, if any."""
+    return _active
+
+
+@contextmanager
+def memory_limit(limit_bytes: int | None) -> Iterator[MemoryLimit | None]:
+    """The process's limit while the block runs, counted from now (None: no limit)."""
+    global _active
+    if limit_bytes is None:
+        yield None
+        return
+    if limit_bytes <= 0:
+        raise ValueError(f"a memory limit must be positive bytes, not {limit_bytes}")
+    saved, _active = _active, MemoryLimit.now(limit_bytes)
+    try:
+        yield _active
+    finally:
+        _active = saved
+
+
+@contextmanager
+def enforced(held_bytes: int | None = None) -> Iterator[None]:
+    """The process's limit in force while the block runs (:meth:`MemoryLimit.enforced`); nothing where there is
+    none."""
+    if _active is None:
+        yield
+        return
+    with _active.enforced(held_bytes):
+        yield

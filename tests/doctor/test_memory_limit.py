@@ -1,0 +1,102 @@
+"""``doctor --memory-limit``: a run told its device holds so much runs out of memory beyond it, and the
+out-of-memory finding, its patch and its ``--verify`` are checked at a size CI runs.
+
+Each check runs in a process of its own: the limit fixes glibc's mmap threshold for the rest of a process's life,
+which the test session's other tests should not inherit."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from turbotrain.cli import build_parser
+from turbotrain.config import ConfigError
+from turbotrain.doctor.options import DoctorOptions
+
+from doctor_helpers import marked_lines, script
+
+MIB = 2**20
+
+
+def _python(code: str, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, cwd=cwd,
+                          timeout=300)
+
+
+def test_a_limit_refuses_what_exceeds_it_only_while_it_is_enforced():
+    proc = _python(f"""
+        import json, resource, torch
+        from turbotrain.doctor.record.memory_limit import active, enforced, memory_limit
+        from turbotrain.doctor.record.memory_watch import device_memory
+        from turbotrain.doctor.record.out_of_memory import out_of_memory
+
+        def refused(nbytes):
+            try:
+                torch.empty(nbytes // 4).fill_(1.0)
+            except RuntimeError as exc:
+                oom = out_of_memory(exc)
+                return [oom.device, oom.requested_bytes] if oom is not None else str(exc)
+            return None
+
+        before = resource.getrlimit(resource.RLIMIT_DATA)
+        out = {{}}
+        with memory_limit(64 * {MIB}) as limit:
+            out["device"] = [device_memory("cpu").total_bytes, device_memory("cpu").limit_bytes, limit.device]
+            out["unenforced"] = refused(96 * {MIB})
+            with enforced():
+                out["over"], out["under"] = refused(96 * {MIB}), refused(16 * {MIB})
+            with enforced(held_bytes=60 * {MIB}):  # a measured step that holds 60 MiB of it already
+                out["held"] = refused(16 * {MIB})
+        out["after"] = [refused(96 * {MIB}), active() is None, resource.getrlimit(resource.RLIMIT_DATA) == before]
+        print(json.dumps(out))
+    """)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.splitlines()[-1])
+    assert out["device"] == [64 * MIB, 64 * MIB, "cpu"]
+    assert out["unenforced"] is None and out["under"] is None  # the limit holds only inside enforced()
+    assert out["over"] == ["cpu", 96 * MIB]  # the CPU allocator's own error, read as out of memory
+    assert out["held"] == ["cpu", 16 * MIB]
+    assert out["after"] == [None, True, True]
+
+
+def test_the_limit_is_a_size_checked_where_it_is_given():
+    args = build_parser().parse_args(["doctor", "--memory-limit", "1.5GiB", "train.py"])
+    assert args.memory_limit_bytes == int(1.5 * 2**30)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["doctor", "--memory-limit", "lots", "train.py"])
+    with pytest.raises(ConfigError, match=r"memory_limit_bytes \(--memory-limit\): 0 is not allowed"):
+        DoctorOptions(memory_limit_bytes=0)
+
+
+def test_a_run_out_of_memory_under_the_limit_is_patched_and_verified_to_fit(tmp_path):
+    pytest.importorskip("libcst", reason="doctor --fix needs libcst: pip install -e '.[fix]'")
+    (tmp_path / "train.py").write_text(script("memory_out_of_memory").read_text())
+    proc = subprocess.run(
+        [sys.executable, "-m", "turbotrain", "doctor", "--memory-limit", "96MiB", "--steps", "2", "--warmup", "1",
+         "--verify-rounds", "1", "--json", "report.json", "train.py", "512", "512", "--fix", "fix.patch", "--verify"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=300,
+    )
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["status"] == "error", proc.stdout + proc.stderr  # the script itself died of it
+    [(_, line)] = marked_lines("memory_out_of_memory")
+    [finding] = [f for f in report["findings"] if f["rule"] == "out-of-memory"]
+    assert finding["where"] == f"train.py:{line}" and "at step 1 in the forward" in finding["message"]
+    memory = report["memory"]
+    assert memory["memory_limit_bytes"] == memory["capacity_bytes"] == 96 * MIB
+    # Measured at a halving that fits under the limit; the whole batch estimated beyond it.
+    assert memory["rows"] < memory["full_rows"] and memory["peak_bytes"] <= 96 * MIB
+    assert memory["estimated_bytes_at_full_batch"] > 96 * MIB
+    [fix] = report["fixes"]
+    k = int(fix["label"].split()[0])
+    assert fix["rule"] == "out-of-memory" and fix["in_patch"] and "micro-batches" in fix["label"]
+    assert memory["estimated_bytes_at_full_batch"] / k <= 96 * MIB
+    patch = (tmp_path / "fix.patch").read_text()
+    assert f"+        for x_micro, y_micro in zip(x.chunk({k}), y.chunk({k})):" in patch, patch
+    # --verify ran both under the same limit: the original ran out of memory, the patched script ran its steps.
+    check = fix["verification"]
+    assert check["verdict"] == "fits" and "can't allocate memory" in check["original_out_of_memory"]
+    assert len(check["patched_ms_per_step"]) == 1 and check["peak_memory"]["patched_bytes"] > 0
