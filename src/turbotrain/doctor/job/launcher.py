@@ -278,6 +278,13 @@ def _failure(job: JobRun, hang_timeout_s: float, stalled: bool) -> str | None:
                     + "; ".join(f"{r.name()} ({(r.run or {}).get('error')})" for r in casualties)
                     + "."
                 )
+            limit = active_memory_limit()
+            if limit is not None and limit.device == "cpu":
+                text += (
+                    f" It ran under --memory-limit {limit.limit_bytes / 2**20:.0f}MiB: on the CPU each thread a rank "
+                    "starts (its process group's among them) takes its stack from the limit, and a rank that cannot "
+                    "start one is ended by the C library without an error: give a larger limit."
+                )
             return text
         return f"The launcher exited with code {job.returncode} after every rank finished."
     return None
