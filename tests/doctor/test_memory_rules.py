@@ -17,6 +17,7 @@ from turbotrain.doctor.record.memory_watch import DeviceMemory, ModuleActivation
 from turbotrain.doctor.record.out_of_memory import OutOfMemory
 from turbotrain.doctor.record.recording import Capture, Recording, Window
 from turbotrain.doctor.report.memory import MemoryMeasured, memory_lines, memory_section
+from turbotrain.doctor.results import MeasuredFix
 from turbotrain.doctor.rules import evaluate
 from turbotrain.doctor.sites import Site
 from turbotrain.hardware import detect
@@ -201,17 +202,17 @@ def test_set_to_none_joins_the_measured_memory_fixes_where_the_script_zero_fills
 
     finding = SimpleNamespace(evidence={"blocks": {"wide": 1}})  # the block that saves the most
     measured = measure(ctx, finding, Roomy())
-    rows = {row["fix"]: row for row in measured.what_if.fixes}
+    rows = {row.fix: row for row in measured.what_if.fixes}
     assert ("set-to-none" in rows) == zeroes, sorted(rows)
     if zeroes:  # zero-filled gradients are live through the forward, where the peak is
-        assert rows["set-to-none"]["fixed_bytes"] < rows["set-to-none"]["baseline_bytes"], rows["set-to-none"]
+        assert rows["set-to-none"].fixed_bytes < rows["set-to-none"].baseline_bytes, rows["set-to-none"]
         assert "set-to-none zero_grad(set_to_none=True)" in measured.note
 
 
-def _row(fix: str, detail: str, saves: float, costs: float) -> dict:
+def _row(fix: str, detail: str, saves: float, costs: float) -> MeasuredFix:
     """A measured memory fix: its peak ``saves`` of its baseline's 100 MiB away, its step ``costs`` x 10 ms."""
-    return {"fix": fix, "detail": detail, "baseline_bytes": 100 * MIB, "fixed_bytes": int((1 - saves) * 100 * MIB),
-            "baseline_ms": 10.0, "fixed_ms": 10.0 * costs}
+    return MeasuredFix(fix=fix, detail=detail, baseline_bytes=100 * MIB, fixed_bytes=int((1 - saves) * 100 * MIB),
+                       baseline_ms=10.0, fixed_ms=10.0 * costs)
 
 
 RECOMPUTE = _row("checkpointing", "blocks.0", saves=0.4, costs=1.5)
@@ -229,7 +230,7 @@ RECOMPUTE = _row("checkpointing", "blocks.0", saves=0.4, costs=1.5)
 def test_the_memory_fixes_are_tried_checkpointing_last_after_those_that_beat_it_on_both(rows, order):
     from turbotrain.doctor.rules.memory.activation_memory import ranked
 
-    assert [r["fix"] for r in ranked(rows)] == order
+    assert [r.fix for r in ranked(rows)] == order
 
 
 def test_a_faster_fix_as_far_down_is_written_into_the_loop_saying_why_with_the_next_instead():

@@ -44,6 +44,7 @@ __all__ = [
     "AttentionResult",
     "BatchBuildResult",
     "JobResult",
+    "MeasuredFix",
     "MemoryResult",
     "CompileResult",
     "WhatIfResult",
@@ -327,18 +328,33 @@ class JobResult(WhatIf):
         }
 
 
+@dataclass(frozen=True)
+class MeasuredFix:
+    """A fix that trades memory for time (:mod:`.analysis.memory_fixes`), measured against its own baseline, measured
+    beside it: the step's peak bytes and its time each way."""
+
+    fix: str  # "checkpointing", "bf16-autocast", "micro-batches" or "set-to-none"
+    detail: str  # what was changed: the blocks, the dtype, "4 x 16"
+    baseline_bytes: int
+    fixed_bytes: int
+    baseline_ms: float
+    fixed_ms: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
 @dataclass(frozen=True, kw_only=True)
 class MemoryResult(WhatIf):
-    """Fixes that trade memory for time (:mod:`.whatif.memory_fixes`), each measured against the same baseline
-    for a step's peak bytes and its time: ``fixes`` holds one row per fix, ``{"fix", "detail", "baseline_bytes",
-    "fixed_bytes", "baseline_ms", "fixed_ms"}``, and ``rows`` the batch they were measured at."""
+    """Fixes that trade memory for time, each measured against its own baseline for a step's peak bytes and its
+    time (``fixes``, one :class:`MeasuredFix` per fix), and ``rows`` the batch they were measured at."""
 
     kind: ClassVar[str] = "memory"
     rows: int | None
-    fixes: tuple[dict[str, Any], ...]
+    fixes: tuple[MeasuredFix, ...]
 
     def _fields(self) -> dict[str, Any]:
-        return {"rows": self.rows, "fixes": [dict(f) for f in self.fixes]}
+        return {"rows": self.rows, "fixes": [f.to_dict() for f in self.fixes]}
 
 
 @dataclass(frozen=True, kw_only=True)

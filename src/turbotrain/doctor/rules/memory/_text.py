@@ -1,11 +1,29 @@
-"""What the memory rules share: sizes in words, and each memory fix said in every framework."""
+"""What the memory rules share: sizes in words, and each memory fix said in every framework and as what it measured."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ...analysis.memory import size_text
 from ...findings import Fix
+from ...results import MeasuredFix
 
-__all__ = ["size_text", "fix_for"]
+if TYPE_CHECKING:
+    from ...analysis.memory_fixes import FixCost
+
+__all__ = ["size_text", "fix_for", "measured"]
+
+
+def measured(cost: FixCost) -> MeasuredFix:
+    """What a memory fix measured, its time in ms as the report shows it."""
+    return MeasuredFix(
+        fix=cost.fix,
+        detail=cost.detail,
+        baseline_bytes=cost.baseline.peak_bytes,
+        fixed_bytes=cost.fixed.peak_bytes,
+        baseline_ms=round(cost.baseline.step_seconds * 1e3, 3),
+        fixed_ms=round(cost.fixed.step_seconds * 1e3, 3),
+    )
 
 
 def fix_for(fix: str, detail: str) -> Fix:

@@ -11,7 +11,7 @@ another fix measured takes the peak as far down, faster (:func:`ranked`).
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Literal, Sequence
 
 from ....measure import judge
 from ...analysis.memory import blocks_to_checkpoint, capacity_bytes
@@ -19,10 +19,10 @@ from ...analysis.memory_fixes import FixCost, bf16_autocast, checkpointing, micr
 from ...edits import EXACT, PRECISION, ByHand, EditSpec
 from ...findings import Finding
 from ...requests import OwnTrial
-from ...results import MemoryResult
+from ...results import MeasuredFix, MemoryResult
 from ..rule import Detect, Measured, Rule, TimeLeft, register
 from ._loop_edits import LOOP_FIXES, loop_edit
-from ._text import fix_for, size_text
+from ._text import fix_for, measured, size_text
 
 if TYPE_CHECKING:
     from ...analysis.context import Context
@@ -77,17 +77,6 @@ def activation_memory(ctx: Context) -> Iterator[Finding]:
     yield f
 
 
-def _row(cost: FixCost) -> dict[str, Any]:
-    return {
-        "fix": cost.fix,
-        "detail": cost.detail,
-        "baseline_bytes": cost.baseline.peak_bytes,
-        "fixed_bytes": cost.fixed.peak_bytes,
-        "baseline_ms": round(cost.baseline.step_seconds * 1e3, 3),
-        "fixed_ms": round(cost.fixed.step_seconds * 1e3, 3),
-    }
-
-
 def measure(ctx: Context, finding: Finding, budget: TimeLeft) -> Measured | None:
     """Checkpointing the named blocks, bf16 autocast and two micro-batches, each against its own baseline."""
     capture, memory = ctx.capture, ctx.step_memory
@@ -110,38 +99,38 @@ def measure(ctx: Context, finding: Finding, budget: TimeLeft) -> Measured | None
         costs.append(trial())
     if not costs:
         return None
-    measured = tuple(_row(c) for c in costs)
+    fixes = tuple(measured(c) for c in costs)
     # The fix --fix writes is the one judged, and said in each framework where it is not the recomputation.
-    order = ranked(measured)
-    pick = order[0] if order else measured[0]
-    ratio = pick["baseline_ms"] / pick["fixed_ms"] if pick["fixed_ms"] else 0.0
+    order = ranked(fixes)
+    pick = order[0] if order else fixes[0]
+    ratio = pick.baseline_ms / pick.fixed_ms if pick.fixed_ms else 0.0
     said = "; ".join(
         f"{c.fix} {c.detail}: {size_text(c.baseline.peak_bytes)} -> {size_text(c.fixed.peak_bytes)}, "
         f"{c.baseline.step_seconds * 1e3:.1f} -> {c.fixed.step_seconds * 1e3:.1f} ms"
         for c in costs
     )
     return Measured(
-        what_if=MemoryResult(rows=capture.batch_size, fixes=measured),
+        what_if=MemoryResult(rows=capture.batch_size, fixes=fixes),
         verdict=judge([ratio]),
         applies_to=ctx.share("compute") + ctx.share("optimizer") + ctx.share("python_overhead"),
-        fix=fix_for(pick["fix"], pick["detail"]) if pick["fix"] != "checkpointing" else None,
+        fix=fix_for(pick.fix, pick.detail) if pick.fix != "checkpointing" else None,
         note=f"Measured, peak and step: {said}.",
     )
 
 
-def _ratio(row: dict[str, Any], what: str) -> float:
+def _ratio(row: MeasuredFix, what: Literal["bytes", "ms"]) -> float:
     """A measured fix's bytes or ms over its own baseline's (each fix has its baseline, measured beside it)."""
-    base = row[f"baseline_{what}"]
-    return row[f"fixed_{what}"] / base if base else 1.0
+    base, fixed = (row.baseline_bytes, row.fixed_bytes) if what == "bytes" else (row.baseline_ms, row.fixed_ms)
+    return fixed / base if base else 1.0
 
 
-def ranked(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def ranked(rows: Sequence[MeasuredFix]) -> list[MeasuredFix]:
     """The measured fixes that lower the peak by :data:`SAVES` (as ``--verify`` keeps a memory fix), in the order
     ``--fix`` tries them: those that take the peak as far down as checkpointing the named blocks and are faster
     (fastest first), then the checkpointing; where checkpointing does not lower the peak, the fix that lowers it most
     first."""
     saving = [r for r in rows if _ratio(r, "bytes") < SAVES]
-    recompute = next((r for r in saving if r["fix"] == "checkpointing"), None)
+    recompute = next((r for r in saving if r.fix == "checkpointing"), None)
     if recompute is None:
         return sorted(saving, key=lambda r: (_ratio(r, "bytes"), _ratio(r, "ms")))
     bytes_, ms = _ratio(recompute, "bytes"), _ratio(recompute, "ms")
@@ -156,17 +145,17 @@ def edit(ctx: Context, f: Finding) -> EditSpec:
     written into the training loop (:mod:`._loop_edits`); ``zero_grad(set_to_none=True)`` at the zero-filling call.
     For memory, at a cost in time. Checkpointing where nothing was measured; by hand where nothing measured lowers
     the peak."""
-    rows = getattr(f.what_if, "fixes", ())
+    rows = f.what_if.fixes if isinstance(f.what_if, MemoryResult) else ()
     order = ranked(rows)
     if rows and not order:
-        said = "; ".join(f"{r['fix']} {size_text(r['baseline_bytes'])} -> {size_text(r['fixed_bytes'])}" for r in rows)
+        said = "; ".join(f"{r.fix} {size_text(r.baseline_bytes)} -> {size_text(r.fixed_bytes)}" for r in rows)
         raise ByHand(
             f"none of the fixes measured on copies lowers the step's peak ({said}): the peak holds what the backward "
             "needs again; a smaller batch does"
         )
     if not order:
         return _checkpoint(ctx, f)
-    recompute = next((r for r in rows if r["fix"] == "checkpointing"), None)
+    recompute = next((r for r in rows if r.fix == "checkpointing"), None)
     specs: list[EditSpec] = []
     reasons: list[str] = []
     for row in order:
@@ -182,9 +171,9 @@ def edit(ctx: Context, f: Finding) -> EditSpec:
     return chain
 
 
-def _spec(ctx: Context, f: Finding, row: dict[str, Any], recompute: dict[str, Any] | None) -> EditSpec:
+def _spec(ctx: Context, f: Finding, row: MeasuredFix, recompute: MeasuredFix | None) -> EditSpec:
     """``row``'s fix as an edit, its label ending in the trade it was measured to make against checkpointing."""
-    if row["fix"] == "checkpointing":
+    if row.fix == "checkpointing":
         return _checkpoint(ctx, f)
     down, time = 1 - _ratio(row, "bytes"), _ratio(row, "ms")
     why = (
@@ -193,8 +182,8 @@ def _spec(ctx: Context, f: Finding, row: dict[str, Any], recompute: dict[str, An
         if recompute is not None
         else f" (measured to take the peak {down:.0%} down, at x{time:.2f} the step time)"
     )
-    if row["fix"] in LOOP_FIXES:
-        return loop_edit(ctx, row["fix"], row["detail"], why=why)
+    if row.fix in LOOP_FIXES:
+        return loop_edit(ctx, row.fix, row.detail, why=why)
     return _set_to_none(ctx, why)
 
 

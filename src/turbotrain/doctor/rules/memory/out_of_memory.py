@@ -14,7 +14,7 @@ from ...edits import ByHand, EditSpec
 from ...findings import Finding, Fix
 from ..rule import Detect, Rule, register
 from ._loop_edits import LOOP_FIXES, loop_edit, micro_batch_count
-from ._text import fix_for, size_text
+from ._text import fix_for, measured, size_text
 
 if TYPE_CHECKING:
     from ...analysis.context import Context
@@ -24,17 +24,7 @@ if TYPE_CHECKING:
 
 def _fixes_json(fit: FitMeasure) -> list[dict[str, Any]]:
     return [
-        {
-            "fix": e.cost.fix,
-            "detail": e.cost.detail,
-            "baseline_bytes": e.cost.baseline.peak_bytes,
-            "fixed_bytes": e.cost.fixed.peak_bytes,
-            "baseline_ms": round(e.cost.baseline.step_seconds * 1e3, 3),
-            "fixed_ms": round(e.cost.fixed.step_seconds * 1e3, 3),
-            "estimated_bytes_at_batch": e.estimated_bytes,
-            "fits": e.fits,
-        }
-        for e in fit.fixes
+        {**measured(e.cost).to_dict(), "estimated_bytes_at_batch": e.estimated_bytes, "fits": e.fits} for e in fit.fixes
     ]
 
 
