@@ -22,9 +22,9 @@ def test_a_larger_batch_is_not_credited_with_loading_that_costs_per_sample():
     # The model alone gains several-fold per sample; the whole step far less, its loading being unchanged.
     assert finding.est_speedup < 0.7 * statistics.median(what_if.model_rounds), (finding.est_speedup, what_if)
     # The batch timed is the one the finding says fits, with the memory it needs against the machine's.
-    memory = finding.evidence["memory"]
-    assert memory["fits"] and memory["batch_size"] == what_if.candidate_batch_size == 8, memory
-    assert memory["measured_peak_bytes"] < memory["needs_bytes"] < memory["capacity_bytes"], memory
+    memory = finding.evidence.memory
+    assert memory.fits and memory.batch_size == what_if.candidate_batch_size == 8, memory
+    assert memory.measured_peak_bytes < memory.needs_bytes < memory.capacity_bytes, memory
     assert "A batch of 8 needs about" in finding.message and "it fits" in finding.message
 
 

@@ -79,14 +79,17 @@ def test_the_rarer_branch_timed_becomes_the_edit_of_its_period_or_of_its_call(tm
     from turbotrain.doctor.fixes.table import apply_edit
     from turbotrain.doctor.rank_change import RankChange
     from turbotrain.doctor.requests import JobRequest
+    from turbotrain.doctor.rules.job.straggler import BranchEvidence, StragglerEvidence
 
     def patched(test: str) -> str:
         script = tmp_path / "train.py"
         script.write_text(SCRIPT.format(test=test))
         branch = branch_running(load_sources([str(script)]), Site(str(script), 5, "<genexpr>"))
         assert branch is not None
-        evidence = {"rank": 0, "branch": {"file": str(script), "period": branch.period, "call": branch.call,
-                                          "call_line": branch.call_line}}
+        said = BranchEvidence(at=branch.site.where(), file=str(script), period=branch.period, new_period=20,
+                              call=branch.call, call_line=branch.call_line)
+        evidence = StragglerEvidence(rank=0, host="h", cause="outside_step", cost_ms=1.0, compared_with=1,
+                                     periodic=True, gap_ms={}, branch=said)
         finding = Finding("straggler", message="m", fix=Fix("f"), site=Site(str(script), 5, "<genexpr>"),
                           request=JobRequest(RankChange(branch_every=5, branch_at=f"{script}:10")),
                           evidence=evidence)

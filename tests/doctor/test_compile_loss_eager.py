@@ -112,7 +112,7 @@ def test_the_finding_is_at_the_loss_line_and_asks_for_its_trial():
     failed: list = []
     [f] = evaluate(_context(model, x, _eager_loss(y)), only=["compile-loss-eager"], failed=failed)
     assert failed == [] and (f.site.file, f.site.line) == (HERE, 40) and f.request is not None and not f.measured
-    assert "F.cross_entropy" in f.message and "ViewBackward0" in f.message and f.evidence["input_shape"] == [4, 5]
+    assert "F.cross_entropy" in f.message and "ViewBackward0" in f.message and f.evidence.input_shape == (4, 5)
     assert "F.cross_entropy(model(x), y)" in f.fix.pytorch and f.fix.hf_trainer
     # An eager model, or no loss caught: nothing to say.
     assert evaluate(_context(_model(), x, _eager_loss(y)), only=["compile-loss-eager"], failed=failed) == []

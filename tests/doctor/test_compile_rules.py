@@ -79,7 +79,7 @@ def test_an_item_break_is_found_at_the_users_line_with_torchs_reason_and_the_fla
     assert (f.site.file, f.site.line) == (USER, 18) and f.severity == "medium" and not f.measured
     assert "Unsupported Tensor.item()" in f.message and "2 compile(s)" in f.message
     assert "capture_scalar_outputs = True" in f.fix.pytorch and "torch.where" in f.fix.pytorch
-    assert f.evidence["kind"] == ITEM
+    assert f.evidence.kind == ITEM
     # No captured compiled model in this context: nothing can be timed, so nothing is asked for.
     assert f.request is None
 
@@ -253,7 +253,7 @@ def test_new_lengths_every_step_are_priced_in_compile_seconds_at_the_calling_lin
     assert (f.site.line, f.severity) == (41, "medium")
     assert "2 more time(s) (2 for a new shape)" in f.message and "1.0 s of compiling" in f.message
     assert "dynamic=True" in f.fix.pytorch and "mark_dynamic" in f.fix.pytorch and "bucket" in f.fix.pytorch
-    assert f.evidence["recompile_s"] == 1.0
+    assert f.evidence.recompile_s == 1.0
 
 
 def test_one_new_length_is_low_and_the_value_an_item_break_read_is_the_breaks():
@@ -324,7 +324,7 @@ def test_a_mode_that_costs_compile_time_is_timed_and_cuda_graphs_on_a_cpu_run_ar
     ctx = context(code())
     ctx.capture = SimpleNamespace(module=torch.compile(torch.nn.Linear(4, 4), mode=mode), site=site(40, "main"))
     found = findings(ctx, "compile-mode")
-    assert [f.evidence["mode"] for f in found] == ([said] if said else [])
+    assert [f.evidence.mode for f in found] == ([said] if said else [])
     if said == "max-autotune":
         (f,) = found
         assert isinstance(f.request, OwnTrial) and "mode='max-autotune'" in f.message and f.site.line == 40
@@ -366,9 +366,9 @@ def test_two_compiled_forwards_are_told_apart_by_where_their_code_is():
     values = [recompile(CHANGED_VALUE, "L['n'] == 3", line=52)] * 2  # another calling line: two findings
     first = code(recompiles=shapes)
     second = dataclasses.replace(code(recompiles=values), code=Site(USER, 30, "forward"))
-    by_kind = {f.evidence["kind"]: f.evidence for f in findings(context(first, second), "compile-recompile")}
-    assert by_kind[NEW_SHAPE]["code_at"] == f"{USER}:16" and by_kind[CHANGED_VALUE]["code_at"] == f"{USER}:30"
-    assert by_kind[NEW_SHAPE]["code"] == by_kind[CHANGED_VALUE]["code"] == "forward"
+    by_kind = {f.evidence.kind: f.evidence for f in findings(context(first, second), "compile-recompile")}
+    assert by_kind[NEW_SHAPE].code_at == f"{USER}:16" and by_kind[CHANGED_VALUE].code_at == f"{USER}:30"
+    assert by_kind[NEW_SHAPE].code == by_kind[CHANGED_VALUE].code == "forward"
 
 
 def test_the_loss_is_compiled_as_the_call_that_compiled_its_model(tmp_path):
@@ -377,7 +377,7 @@ def test_the_loss_is_compiled_as_the_call_that_compiled_its_model(tmp_path):
     from turbotrain.doctor.analysis.source import load_sources
     from turbotrain.doctor.edits import ByHand
     from turbotrain.doctor.findings import Finding, Fix
-    from turbotrain.doctor.rules.compile.compile_loss_eager import edit
+    from turbotrain.doctor.rules.compile.compile_loss_eager import EagerLossEvidence, edit
 
     script = tmp_path / "train.py"
     script.write_text("import torch\nfast = torch.compile(model, backend='aot_eager', dynamic=False)\n"
@@ -385,7 +385,7 @@ def test_the_loss_is_compiled_as_the_call_that_compiled_its_model(tmp_path):
     ctx = context()
     ctx.sources = load_sources([str(script)])
     f = Finding("compile-loss-eager", site=Site(str(script), 4, "<module>"), message="", fix=Fix("compile both"),
-                evidence={"loss": "cross_entropy"})
+                evidence=EagerLossEvidence(loss="cross_entropy", between=(), input_shape=(4, 5)))
     spec = edit(ctx, f)
     assert (spec.kind, spec.numerics) == ("compile_loss", "precision")
     assert spec.params == {"loss": "cross_entropy", "compile": "backend='aot_eager', dynamic=False"}

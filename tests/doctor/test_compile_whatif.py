@@ -53,7 +53,7 @@ def test_a_model_of_repeated_blocks_is_timed_compiled_block_by_block():
     report = run_doctor("compile_repeated_blocks", what_if_budget_s=60)
     finding = next(f for f in report.findings if f.rule == "compile-regional")
     ((_, line),) = [m for m in marked_lines("compile_repeated_blocks") if m[0] == "compile-regional"]
-    assert finding.site.line == line and finding.evidence["blocks"] == 8 and finding.evidence["container"] == "blocks"
+    assert finding.site.line == line and finding.evidence.blocks == 8 and finding.evidence.container == "blocks"
     assert "for block in model.blocks: block.compile()" in finding.fix.pytorch
     what_if = finding.what_if
     assert finding.measured and isinstance(what_if, CompileResult), finding.note
@@ -107,7 +107,7 @@ def test_new_lengths_past_the_recompile_limit_are_timed_with_dynamic_against_the
 
     report = cached_report("compile_recompile_limit")
     finding = next(f for f in report.findings if f.rule == "compile-recompile")
-    assert finding.evidence["limit"] == "recompile_limit" and finding.evidence["kind"] == "new-shape"
+    assert finding.evidence.limit == "recompile_limit" and finding.evidence.kind == "new-shape"
     what_if = finding.what_if
     assert finding.measured and isinstance(what_if, CompileResult), finding.note
     assert what_if.baseline.startswith("eager") and what_if.candidate == "compiled with dynamic=True"
@@ -155,7 +155,7 @@ def test_a_print_in_the_compiled_forward_is_timed_with_the_prints_taken_out():
     report = cached_report("compile_print_in_forward")
     finding = next(f for f in report.findings if f.rule == "compile-graph-break")
     ((_, line),) = marked_lines("compile_print_in_forward")
-    assert finding.site.line == line and finding.evidence["kind"] == "print-or-logging"
+    assert finding.site.line == line and finding.evidence.kind == "print-or-logging"
     what_if = finding.what_if
     assert finding.measured and isinstance(what_if, CompileResult), finding.note
     assert what_if.candidate == "compiled with the prints out of forward" and len(what_if.rounds) >= 2
@@ -173,7 +173,7 @@ def test_max_autotune_is_timed_against_the_default_mode_at_the_compile_line():
     report = run_doctor("compile_max_autotune", what_if_budget_s=60)
     finding = next(f for f in report.findings if f.rule == "compile-mode")
     ((_, line),) = marked_lines("compile_max_autotune")
-    assert finding.site.line == line and finding.evidence["mode"] == "max-autotune"
+    assert finding.site.line == line and finding.evidence.mode == "max-autotune"
     what_if = finding.what_if
     assert finding.measured and isinstance(what_if, CompileResult), finding.note
     assert what_if.candidate == "compiled in the default mode" and len(what_if.rounds) >= 2

@@ -253,7 +253,7 @@ def test_a_rank_slowed_by_other_processes_is_named_as_contention_and_kept_low():
                        cpu_wait_ms=22.0 if r == 1 else 1.0) for r in (0, 1)]
     ctx = build_context(dataclasses.replace(recs[0], job=tuple(recs)))
     (finding,) = evaluate(ctx, only=["straggler"])
-    assert finding.severity == "high" and finding.evidence["cause"] != "cpu_contention"
+    assert finding.severity == "high" and finding.evidence.cause != "cpu_contention"
 
 
 def test_a_rank_slower_at_the_very_work_the_others_do_is_the_machines_cause():
@@ -423,7 +423,7 @@ def test_only_a_straggler_whose_fix_is_timed_absorbs_a_finding_of_its_line_and_p
     from turbotrain.doctor.findings import Finding, Fix
     from turbotrain.doctor.rank_change import RankChange
     from turbotrain.doctor.requests import JobRequest
-    from turbotrain.doctor.rules.job.straggler import absorbed_by_straggler
+    from turbotrain.doctor.rules.job.straggler import StragglerEvidence, absorbed_by_straggler
     from turbotrain.doctor.sites import Site
 
     def finding(rule, line, category, **fix):
@@ -431,13 +431,15 @@ def test_only_a_straggler_whose_fix_is_timed_absorbs_a_finding_of_its_line_and_p
                        category=category)
 
     straggler = finding("straggler", 33, "outside_step")
+    straggler.evidence = StragglerEvidence(rank=1, host="h", cause="outside_step", cost_ms=9.0, compared_with=0,
+                                           periodic=False, gap_ms={"outside_step": 9.0})
     save = finding("save-in-loop", 33, "outside_step", lightning="ModelCheckpoint")
     other_line = finding("save-in-loop", 40, "outside_step")
     workers = finding("num-workers", 33, "data_loading")
     assert absorbed_by_straggler([straggler, save, other_line, workers]) == [straggler, save, other_line, workers]
     straggler.request = JobRequest(RankChange(save_every=12, save_at="train.py:33"))
     assert absorbed_by_straggler([straggler, save, other_line, workers]) == [straggler, other_line, workers]
-    assert straggler.evidence["absorbed"] == ["save-in-loop"] and straggler.fix.lightning == "ModelCheckpoint"
+    assert straggler.evidence.absorbed == ("save-in-loop",) and straggler.fix.lightning == "ModelCheckpoint"
 
 
 def test_the_scripts_own_comm_hook_still_runs_under_the_timing_hook(tmp_path):

@@ -67,13 +67,13 @@ def _still_fires(report, rule: str, fix) -> list:
     if rule == "num-workers":
         # Two workers on two shared cores may still leave a sleep-bound loader waiting: what must be gone is
         # the finding the patch fixed, the one reporting the original num_workers=0.
-        found = [f for f in found if f.evidence.get("num_workers") == 0]
+        found = [f for f in found if f.evidence.num_workers == 0]
     if rule == "periodic-work":
         # The same on the shared lane's two cores: the work at its new, rarer cadence is measured again against a
         # step a neighbour slows or spares (ci37: 35.9 ms every 920 steps, 5.1% of a 0.74-ms step, where the patch
         # aimed at 2.5%). What must be gone is the finding at the cadence the patch changed.
         every = fix.request.params.get("every") if fix.request is not None else None
-        found = [f for f in found if f.evidence.get("every") == every]
+        found = [f for f in found if f.evidence.every == every]
     return found
 
 

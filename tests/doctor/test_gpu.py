@@ -87,8 +87,8 @@ def test_a_cuda_out_of_memory_is_explained_with_a_fix_that_fits():
     [f] = [f for f in report.findings if f.rule == "out-of-memory"]
     [(_, line)] = marked_lines("gpu_out_of_memory")
     assert f.to_dict(report.base)["where"] == f"gpu_out_of_memory.py:{line}"
-    assert "in the forward" in f.message and f.evidence["rows"] < f.evidence["full_rows"]
-    assert any(fix["fits"] for fix in f.evidence["fixes"]), f.evidence["fixes"]
+    assert "in the forward" in f.message and f.evidence.fit.rows < f.evidence.fit.full_rows
+    assert any(fix.fits for fix in f.evidence.fit.fixes), f.evidence.fit.fixes
     section = report.memory
     assert isinstance(section, MemoryMeasured) and section.device.startswith("cuda"), section
     assert section.parts.activations > 0 and section.device_total_bytes > 0

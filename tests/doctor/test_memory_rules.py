@@ -57,7 +57,7 @@ def test_graph_kept_alive_names_the_holder_and_what_it_keeps_per_step():
                          tensors_per_step=1.0, nodes_per_step=10.0, bytes_per_step=4.0, holder="losses", site=site)
     [f] = evaluate(_context(_recording(graph_growth=growth)), only=["graph-kept-alive"])
     assert f.site == site and f.severity == "low" and "`losses`" in f.message and "10 graph node(s)" in f.message
-    assert "loss.item()" in f.fix.pytorch and f.evidence["bytes_per_step"] == 4.0
+    assert "loss.item()" in f.fix.pytorch and f.evidence.bytes_per_step == 4.0
 
 
 def test_graph_kept_alive_is_silent_on_a_clean_loop():
@@ -76,7 +76,7 @@ def test_tensors_kept_every_step_are_named_with_the_line_and_the_growth():
     [f] = evaluate(_context(_recording(tensor_growth=_kept())), only=["tensors-kept"])
     assert f.site.line == 23 and f.severity == "low" and "`preds` keeps tensors from every step" in f.message
     assert "40.0 KiB a step on cpu" in f.message and "2 -> 3 -> 24 -> 25 tensors" in f.message
-    assert "preds.clear()" in f.fix.pytorch and f.fix.lightning and f.evidence["bytes_per_step"] == 40 * 1024
+    assert "preds.clear()" in f.fix.pytorch and f.fix.lightning and f.evidence.bytes_per_step == 40 * 1024
     [big] = evaluate(_context(_recording(tensor_growth=_kept(per_step=4 * MIB))), only=["tensors-kept"])
     assert big.severity == "medium"
 
@@ -92,7 +92,7 @@ def test_tensors_kept_with_their_graphs_are_left_to_graph_kept_alive():
 
 def test_activation_memory_fires_where_activations_dominate_and_names_the_block():
     [f] = evaluate(_context(memory=_memory(activations=64 * MIB)), only=["activation-memory"])
-    assert "blocks.0 (Block" in f.message and f.site.line == 12 and f.evidence["blocks"] == {"blocks.0": 64 * MIB}
+    assert "blocks.0 (Block" in f.message and f.site.line == 12 and f.evidence.blocks == {"blocks.0": 64 * MIB}
     assert "checkpoint" in f.fix.pytorch and f.request is not None
     assert evaluate(_context(memory=_memory(activations=MIB // 2)), only=["activation-memory"]) == []
 
@@ -132,12 +132,12 @@ def test_a_script_that_runs_out_of_memory_is_explained_with_a_fix_that_fits_and_
     [f] = [f for f in report.findings if f.rule == "out-of-memory"]
     [(_, line)] = marked_lines("memory_out_of_memory")
     assert f.to_dict(report.base)["where"] == f"memory_out_of_memory.py:{line}"
-    assert "at step 1 in the forward" in f.message and f.evidence["rows"] < f.evidence["full_rows"]
-    fits = [fix for fix in f.evidence["fixes"] if fix["fits"]]
-    assert fits and fits[0]["fix"] == "micro-batches" and "micro-batches" in f.fix.pytorch
+    assert "at step 1 in the forward" in f.message and f.evidence.fit.rows < f.evidence.fit.full_rows
+    fits = [fix.measured for fix in f.evidence.fit.fixes if fix.fits]
+    assert fits and fits[0].fix == "micro-batches" and "micro-batches" in f.fix.pytorch
     assert isinstance(report.memory, MemoryMeasured) and report.memory.parts.activations > 0
     # --fix writes the fix that fits fastest into the training loop: k micro-batches, each backward of loss / k.
-    k = int(fits[0]["detail"].split(" x ")[0])
+    k = int(fits[0].detail.split(" x ")[0])
     [fix] = [r for r in report.fixes.fixes if r.rule == "out-of-memory"]
     assert fix.purpose == "memory" and fix.in_patch and not fix.by_hand, fix
     text = patch.read_text()
@@ -164,12 +164,12 @@ def test_a_larger_batch_is_proposed_at_the_largest_multiple_that_fits():
     assert (larger_factor(1), larger_factor(16), larger_factor(48)) == (8, 4, 2)
     roomy = _memory(activations=64 * MIB)  # 8 GiB of RAM available
     factor, said = _fitting(roomy, 16, 8)
-    assert factor == 8 and said["fits"] and said["needs_bytes"] == 4 * MIB + 8 * 66 * MIB
+    assert factor == 8 and said.fits and said.needs_bytes == 4 * MIB + 8 * 66 * MIB
     assert "A batch of 128 needs about 532.0 MiB" in _memory_text(said, 16) and "it fits" in _memory_text(said, 16)
     # 512 MiB available, 90% of it planned for: 6x (400 MiB) fits, 7x (466 MiB) does not.
     assert _fitting(_memory(activations=64 * MIB, total=1024 * MIB), 16, 8)[0] == 6
     factor, said = _fitting(_memory(activations=64 * MIB, total=128 * MIB), 16, 8)
-    assert factor == 0 and not said["fits"] and said["batch_size"] == 32
+    assert factor == 0 and not said.fits and said.batch_size == 32
     assert "does not fit; accumulate gradients" in _memory_text(said, 16)
 
 
@@ -183,7 +183,8 @@ def test_set_to_none_joins_the_measured_memory_fixes_where_the_script_zero_fills
     import torch
 
     from doctor_helpers import script
-    from turbotrain.doctor.rules.memory.activation_memory import measure
+    from turbotrain.doctor.findings import Finding, Fix
+    from turbotrain.doctor.rules.memory.activation_memory import ActivationEvidence, measure
 
     ns = runpy.run_path(str(script("memory_big_activations")))
     torch.manual_seed(0)
@@ -200,8 +201,9 @@ def test_set_to_none_joins_the_measured_memory_fixes_where_the_script_zero_fills
         def allows(self, cost_s):
             return True
 
-    finding = SimpleNamespace(evidence={"blocks": {"wide": 1}})  # the block that saves the most
-    measured = measure(ctx, finding, Roomy())
+    blocks = {"wide": 1}  # the block that saves the most
+    evidence = ActivationEvidence(peak_bytes=2, activation_bytes=1, blocks=blocks, called_at={}, capacity_bytes=None)
+    measured = measure(ctx, Finding("activation-memory", message="", fix=Fix(""), evidence=evidence), Roomy())
     rows = {row.fix: row for row in measured.what_if.fixes}
     assert ("set-to-none" in rows) == zeroes, sorted(rows)
     if zeroes:  # zero-filled gradients are live through the forward, where the peak is

@@ -26,14 +26,14 @@ def test_manual_sgd_without_an_optimizer_is_measured_by_its_backward():
 def test_an_rnn_fed_seq_batch_reads_the_batch_from_dim_1():
     report = cached_report("rnn_lm_manual_sgd")
     found = [f for f in report.findings if f.rule == "batch-size-not-multiple-of-8"]
-    assert found and found[0].evidence["batch_size"] == 20   # not the sequence length, 35
+    assert found and found[0].evidence.batch_size == 20   # not the sequence length, 35
 
 
 def test_a_function_that_never_ran_gets_no_serious_finding():
     """export_onnx() calls model.eval() with autograd on, but the run never calls export_onnx."""
     report = cached_report("rnn_lm_manual_sgd")
     eval_lines = [f for f in report.findings if f.rule == "grad-in-validation"]
-    assert all(f.severity == "low" and f.evidence.get("ran") is False for f in eval_lines), \
+    assert all(f.severity == "low" and f.ran is False for f in eval_lines), \
         [f.to_dict() for f in eval_lines]
 
 

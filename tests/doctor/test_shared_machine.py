@@ -153,7 +153,7 @@ def test_a_cpu_quota_below_the_threads_is_oversubscription(monkeypatch, tmp_path
     data = report.to_dict()
     assert data["machine"]["cpu_quota"] == 1.0 and data["machine"]["usable_cores"] == 1
     found = [f for f in report.findings if f.rule == "cpu-oversubscribed"]
-    assert found and found[0].evidence["usable_cores"] == 1 and found[0].evidence["threads"] == 2
+    assert found and found[0].evidence.usable_cores == 1 and found[0].evidence.threads == 2
 
 
 def test_threads_that_fit_the_cores_raise_nothing():

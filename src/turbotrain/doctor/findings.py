@@ -6,8 +6,9 @@ at least 5% ``medium``, anything less (or unmeasured and unproven on this hardwa
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Protocol, Union, get_args
+import dataclasses
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, Union, get_args
 
 from ..plan import Plan
 from ..speedups.policy import call_text
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Finding",
     "Fix",
+    "Evidence",
     "severity_for",
     "speedup_from_share",
     "speedup_for_rule",
@@ -168,6 +170,37 @@ class Fix:
         return "\n".join(lines)
 
 
+E = TypeVar("E", bound="Evidence")
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What a rule read or measured for one finding: each rule declares its own frozen subclass, in its module, and
+    the fixes, the what-ifs and the tests read its attributes. :meth:`to_dict` is the report's JSON ``evidence`` (a
+    stable surface): the fields in their order, one whose default is None left out while it is None, tuples as
+    lists, and a nested value (an evidence of its own, a measured row) as its ``to_dict()``."""
+
+    @classmethod
+    def read(cls: type[E], record: object) -> E:
+        """The evidence whose every field is ``record``'s attribute of that name (a record it shows part of)."""
+        return cls(**{f.name: getattr(record, f.name) for f in dataclasses.fields(cls)})
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            f.name: _json(getattr(self, f.name))
+            for f in dataclasses.fields(self)
+            if not (f.default is None and getattr(self, f.name) is None)
+        }
+
+
+def _json(value: Any) -> Any:
+    if isinstance(value, (tuple, list)):
+        return [_json(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _json(v) for k, v in value.items()}
+    return value.to_dict() if hasattr(value, "to_dict") else value
+
+
 @dataclass
 class Finding:
     rule: str
@@ -182,11 +215,18 @@ class Finding:
     category: LateCause | None = None  # the breakdown category it addresses; on a job, a late rank's cause
     speedup: str | None = None  # registry entry name
     note: str | None = None
-    evidence: dict[str, Any] = field(default_factory=dict)
+    evidence: Evidence | None = None  # its rule's own kind (evidence_as reads it)
     what_if: WhatIf | None = None  # the measured trial behind est_speedup (doctor.results)
     source: FindingSource = "runtime"
     request: "WhatIfRequest | None" = None  # the what-if that can measure this finding's gain (doctor.requests)
     fold: str | None = None  # a key of FOLDS: why it cannot matter here, if it cannot
+    ran: bool | None = None  # a static finding's: whether its function ran while the doctor watched (None: unknown)
+
+    def evidence_as(self, kind: type[E]) -> E:
+        """The evidence, which this finding's rule made a ``kind``."""
+        if not isinstance(self.evidence, kind):
+            raise TypeError(f"{self.rule}: the evidence is {type(self.evidence).__name__}, not {kind.__name__}")
+        return self.evidence
 
     @property
     def folded(self) -> bool:
@@ -251,8 +291,11 @@ class Finding:
             out["gain_share"] = round(self.gain_share, 4)
         if self.note:
             out["note"] = self.note
-        if self.evidence:
-            out["evidence"] = self.evidence
+        evidence = self.evidence.to_dict() if self.evidence is not None else {}
+        if self.ran is False:
+            evidence["ran"] = False  # the static finding's, with its rule's evidence as the JSON has always had it
+        if evidence:
+            out["evidence"] = evidence
         if self.what_if is not None:
             out["what_if"] = self.what_if.to_dict()
         if self.site is not None:

@@ -78,14 +78,13 @@ def _confirmed(ctx: Context, finding: Finding) -> bool:
     saw it never run, it stays at ``low`` and says so."""
     if finding.source != "static" or finding.site is None:
         return True
-    ran = ctx.function_ran(finding.site)
-    if ran is False:
+    finding.ran = ctx.function_ran(finding.site)
+    if finding.ran is False:
         finding.cap(
             "low",
             "This line did not run while the doctor watched (the warm-up and profiled steps); "
             "it matters only if this code runs during training.",
         )
-        finding.evidence["ran"] = False
     return True
 
 

@@ -130,7 +130,7 @@ def loader_edit(params: dict[str, Any], where: str = "") -> EditSpec:
 
 def rank_change_edit(ctx: Context, f: Finding) -> EditSpec:
     """A job's fix timed on every rank, as the edit of the line it names: DDP's or FSDP's keywords, the thread
-    count, the checkpoint's cadence, a branch's period or the loader's workers."""
+    count, the checkpoint's cadence or the loader's workers (a branch's period: the straggler's own edit)."""
     change = f.request.change if isinstance(f.request, JobRequest) else None
     if change is None:
         raise ByHand(f.fix.pytorch)
@@ -143,33 +143,9 @@ def rank_change_edit(ctx: Context, f: Finding) -> EditSpec:
     if change.save_every is not None:
         label = f"torch.save every {change.save_every} steps (was every step)"
         return EditSpec("save_every", label, params={"every": change.save_every})
-    if change.branch_every is not None:
-        return _rarer_branch(f, change.branch_every)
     if change.loader_workers is not None:
         return loader_edit({"num_workers": change.loader_workers, "persistent_workers": True}, " on every rank")
     if change.threads is not None:
         label = f"torch.set_num_threads({change.threads}) on every rank"
         return EditSpec("threads", label, params={"threads": change.threads})
-    raise ByHand(f.fix.pytorch)
-
-
-def _rarer_branch(f: Finding, every: int) -> EditSpec:
-    """The straggler's work run ``every`` times less often: the period of its ``if`` (``step % 2`` to ``step %
-    2N``), or, under a rank test alone, ``if (step + 1) % N == 0:`` around the call that runs it."""
-    branch = f.evidence.get("branch") or {}
-    period, call = branch.get("period"), branch.get("call")
-    if period:
-        return EditSpec(
-            "cadence",
-            f"rank {f.evidence.get('rank')}'s work every {period * every} steps (was {period})",
-            params={"every": period, "new_every": period * every, "kind": "work", "function": call},
-        )
-    if call and branch.get("call_line"):
-        return EditSpec(
-            "save_every",
-            f"{call}() every {every} steps (was every step)",
-            params={"every": every, "call": call},
-            file=branch["file"],
-            line=branch["call_line"],
-        )
     raise ByHand(f.fix.pytorch)

@@ -14,7 +14,7 @@ from ..findings import Finding
 from ..requests import ThreadsRequest
 from ..results import LoaderResult, ThreadSetting, ThreadsResult
 from ..rules.data.num_workers import workers_fix
-from ..rules.machine.cpu_oversubscribed import threads_fix
+from ..rules.machine.cpu_oversubscribed import ThreadsEvidence, threads_fix
 from .common import Budget, ModelTrials, apply_ratio, interleaved_rounds, model_share, surrogate_step
 
 if TYPE_CHECKING:
@@ -113,7 +113,7 @@ def threads_trial(ctx: Context, finding: Finding, budget: Budget) -> None:
     assert isinstance(request, ThreadsRequest)  # run_what_ifs passes only these
     if ctx.capture is None or not request.candidates:
         return
-    now = (_threads_now(ctx), finding.evidence.get("workers", 0))
+    now = (_threads_now(ctx), finding.evidence_as(ThreadsEvidence).workers)
     options = list(request.candidates)
     got = setting_rounds(ctx, budget, now, options)
     if isinstance(got, str):
@@ -144,12 +144,14 @@ def threads_apply_to(ctx: Context) -> float:
 
 
 def _name_the_fix(finding: Finding, now: tuple[int, int], fix: tuple[int, int]) -> None:
-    """Say the measured setting: the exact line and environment variable, in every framework's way."""
+    """Say the measured setting: the exact line and environment variable, in every framework's way, and as the
+    setting to use in place of the rule's estimate."""
     threads, workers = fix
     framework = finding.fix.framework
     finding.fix = threads_fix(threads, now[1], workers)
     finding.fix.framework = framework
-    finding.evidence.update(recommended_threads=threads, recommended_workers=workers)
+    evidence = finding.evidence_as(ThreadsEvidence)
+    finding.evidence = dataclasses.replace(evidence, recommended_threads=threads, recommended_workers=workers)
 
 
 def loader_trial(ctx: Context, finding: Finding, budget: Budget) -> None:

@@ -13,13 +13,14 @@ from __future__ import annotations
 import builtins
 import contextlib
 import os
-from typing import TYPE_CHECKING, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Final, Iterator, Literal
 from unittest import mock
 
 import torch
 
 from ...edits import PRECISION, ByHand, EditSpec
-from ...findings import Finding, Fix
+from ...findings import Evidence, Finding, Fix
 from ...record.compile_watch import CompiledCode, GraphBreak
 from ...requests import OwnTrial
 from ..rule import Detect, Measured, Rule, TimeLeft, register
@@ -41,11 +42,27 @@ if TYPE_CHECKING:
     from ...analysis.context import Context
 
 # The kinds of break, from torch's title and reason.
-ITEM, BRANCH, PRINT, UNSUPPORTED = "item", "data-dependent-branch", "print-or-logging", "unsupported-call"
+BreakKind = Literal["item", "data-dependent-branch", "print-or-logging", "unsupported-call"]
+ITEM: Final = "item"
+BRANCH: Final = "data-dependent-branch"
+PRINT: Final = "print-or-logging"
+UNSUPPORTED: Final = "unsupported-call"
 _FLAG = "torch._dynamo.config.capture_scalar_outputs = True"
 
 
-def break_kind(b: GraphBreak) -> str:
+@dataclass(frozen=True)
+class GraphBreakEvidence(Evidence):
+    code: str  # the compiled code's name
+    kind: BreakKind
+    torch: str  # torch's title for the break
+    gb_id: str
+    compiles_met: int
+    whole_function_eager: bool
+    first_item: bool  # the first .item() break: its edit's flag keeps every one in the graph
+    reason: str
+
+
+def break_kind(b: GraphBreak) -> BreakKind:
     """ITEM, BRANCH, PRINT or UNSUPPORTED for a break as torch words it."""
     text = f"{b.title}\n{b.reason}".lower()
     if is_item_break(b):
@@ -57,7 +74,7 @@ def break_kind(b: GraphBreak) -> str:
     return UNSUPPORTED
 
 
-def _fix(kind: str, b: GraphBreak) -> Fix:
+def _fix(kind: BreakKind, b: GraphBreak) -> Fix:
     """The fix for a break of ``kind``, in each framework (the same code change in all: compile is the model's)."""
     if kind == ITEM:
         text = (
@@ -77,7 +94,7 @@ def _fix(kind: str, b: GraphBreak) -> Fix:
     return Fix(text, lightning=lightning, fabric=text, accelerate=text, hf_trainer=text)
 
 
-def _message(code: CompiledCode, b: GraphBreak, kind: str) -> str:
+def _message(code: CompiledCode, b: GraphBreak, kind: BreakKind) -> str:
     what = {
         ITEM: "reads a tensor's value into Python (.item())",
         BRANCH: "branches in Python on a tensor's value",
@@ -118,16 +135,16 @@ def graph_breaks(ctx: Context) -> Iterator[Finding]:
                 category="python_overhead",
                 message=_message(code, b, kind),
                 fix=_fix(kind, b),
-                evidence={
-                    "code": code.name,
-                    "kind": kind,
-                    "torch": b.title,
-                    "gb_id": b.gb_id,
-                    "compiles_met": b.count,
-                    "whole_function_eager": b.skipped,
-                    "first_item": first_item,
-                    "reason": b.reason,
-                },
+                evidence=GraphBreakEvidence(
+                    code=code.name,
+                    kind=kind,
+                    torch=b.title,
+                    gb_id=b.gb_id,
+                    compiles_met=b.count,
+                    whole_function_eager=b.skipped,
+                    first_item=first_item,
+                    reason=b.reason,
+                ),
                 request=OwnTrial() if timed else None,
             )
             # Not timed: what is known sets it, a whole function run eagerly above a break between graphs.
@@ -188,7 +205,7 @@ def measure(ctx: Context, f: Finding, budget: TimeLeft) -> Measured | None:
     facts = ctx.compiled
     if model is None or facts is None:
         return None
-    if f.evidence["kind"] == PRINT:
+    if f.evidence_as(GraphBreakEvidence).kind == PRINT:
         return _measure_prints(ctx, budget, model)
     as_is = Variant("compiled as the script compiles it", recompiled(model))
     fixed = Variant(f"compiled with {_FLAG}", recompiled(model), _scalars_captured)  # type: ignore[arg-type]  # a config patch is a context manager
@@ -218,9 +235,10 @@ def measure(ctx: Context, f: Finding, budget: TimeLeft) -> Measured | None:
 def edit(ctx: Context, f: Finding) -> EditSpec:
     """The flag after the script's imports, once for every ``.item()`` break (it is process-wide); other breaks
     are a rewrite of the user's code."""
-    if f.evidence["kind"] != ITEM:
-        raise ByHand(f"a break that {f.evidence['kind']} is a change of the code itself: {f.fix.pytorch}")
-    if not f.evidence["first_item"]:
+    evidence = f.evidence_as(GraphBreakEvidence)
+    if evidence.kind != ITEM:
+        raise ByHand(f"a break that {evidence.kind} is a change of the code itself: {f.fix.pytorch}")
+    if not evidence.first_item:
         raise ByHand(f"{_FLAG}, set for the first .item() break, keeps this one in the graph too")
     if ctx.script is None:
         raise ByHand("the doctor did not run a script file to put the flag in")

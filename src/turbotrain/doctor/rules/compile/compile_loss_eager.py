@@ -11,12 +11,13 @@ loss together; fresh compiles of both, interleaved. Compile time is said, never 
 from __future__ import annotations
 
 import ast
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 
 from ...edits import PRECISION, EditSpec
-from ...findings import Finding, Fix
+from ...findings import Evidence, Finding, Fix
 from ...requests import OwnTrial
 from ..rule import Detect, Measured, Rule, TimeLeft, register
 from ._common import (
@@ -63,6 +64,13 @@ def _replayable(ctx: Context, loss: EagerLoss, model: torch.nn.Module) -> bool:
     return isinstance(out, torch.Tensor) and out.numel() == torch.Size(loss.input_shape).numel()
 
 
+@dataclass(frozen=True)
+class EagerLossEvidence(Evidence):
+    loss: str  # its name in torch.nn.functional: "cross_entropy"
+    between: tuple[str, ...]  # the autograd nodes between the compiled graph and the loss's input
+    input_shape: tuple[int, ...]
+
+
 def loss_outside(ctx: Context) -> Iterator[Finding]:
     loss, model = ctx.eager_loss, compiled_model(ctx)
     if loss is None or model is None or ctx.capture is None:
@@ -87,7 +95,7 @@ def loss_outside(ctx: Context) -> Iterator[Finding]:
             hf_trainer="torch_compile=True compiles the model only: return the loss from the model's forward (pass "
             "labels) so that it is compiled with it",
         ),
-        evidence={"loss": loss.function, "between": list(loss.between), "input_shape": list(loss.input_shape)},
+        evidence=EagerLossEvidence(loss=loss.function, between=loss.between, input_shape=loss.input_shape),
         request=OwnTrial(),
     )
     f.provisional("low")
@@ -146,7 +154,7 @@ def edit(ctx: Context, f: Finding) -> EditSpec:
     """The loss's call moved into a function compiled as the script compiles its model (the keywords of its one
     ``torch.compile`` call, as written), called in its place: the model and the loss as one graph. Other kernels: the
     loss is held to the numerics guard, not bitwise."""
-    loss = f.evidence["loss"]
+    loss = f.evidence_as(EagerLossEvidence).loss
     keywords = ", ".join(ast.unparse(k) for k in _model_compile(ctx, f).keywords)
     label = f"F.{loss} compiled with the model as one function ({keywords or 'torch.compile defaults'})"
     return EditSpec("compile_loss", label, {"loss": loss, "compile": keywords}, numerics=PRECISION)

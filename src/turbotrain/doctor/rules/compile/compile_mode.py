@@ -9,12 +9,13 @@ their compile. On a run without CUDA, ``mode="reduce-overhead"`` (CUDA graphs) c
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Final, Iterator, Literal
 
 import torch
 
 from ...edits import EditSpec
-from ...findings import Finding, Fix
+from ...findings import Evidence, Finding, Fix
 from ...requests import OwnTrial
 from ..rule import Detect, Measured, Rule, TimeLeft, register
 from ._common import (
@@ -38,7 +39,14 @@ from ._common import (
 if TYPE_CHECKING:
     from ...analysis.context import Context
 
-AUTOTUNE, CUDA_GRAPHS = "max-autotune", "cuda-graphs-without-cuda"
+AUTOTUNE: Final = "max-autotune"
+CUDA_GRAPHS: Final = "cuda-graphs-without-cuda"
+
+
+@dataclass(frozen=True)
+class ModeEvidence(Evidence):
+    mode: Literal["max-autotune", "cuda-graphs-without-cuda"]
+    first_compile_s: float | None = None  # max-autotune's
 
 
 def compile_mode(ctx: Context) -> Iterator[Finding]:
@@ -63,7 +71,7 @@ def compile_mode(ctx: Context) -> Iterator[Finding]:
                 lightning="Compile the LightningModule without mode='max-autotune' (torch.compile(model))",
                 hf_trainer="TrainingArguments(torch_compile_mode='default')",
             ),
-            evidence={"mode": AUTOTUNE, "first_compile_s": round(first, 3)},
+            evidence=ModeEvidence(AUTOTUNE, first_compile_s=round(first, 3)),
             request=OwnTrial(),
         )
         f.provisional("low")
@@ -79,7 +87,7 @@ def compile_mode(ctx: Context) -> Iterator[Finding]:
                 "CPU it compiles as the default mode does."
             ),
             fix=Fix("torch.compile(model) on the CPU; keep mode='reduce-overhead' for GPU runs bound by the host"),
-            evidence={"mode": CUDA_GRAPHS},
+            evidence=ModeEvidence(CUDA_GRAPHS),
         )
         f.provisional("low")
         yield f

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator
 
-from ...findings import Finding, Fix
+from ...findings import Evidence, Finding, Fix
 from ...requests import OwnTrial
 from ..rule import Detect, Measured, Rule, TimeLeft, register
 from ._common import (
@@ -39,6 +40,14 @@ if TYPE_CHECKING:
     from ...analysis.context import Context
 
 
+@dataclass(frozen=True)
+class CompileCostEvidence(Evidence):
+    first_compile_s: float
+    recompile_s: float
+    graphs: int
+    breaks: int
+
+
 def pays_after(compile_s: float, eager_s: float, compiled_s: float) -> int | None:
     """Steps until what a faster compiled step saves covers ``compile_s``; None when it saves nothing."""
     saved = eager_s - compiled_s
@@ -61,12 +70,12 @@ def pays_back(ctx: Context) -> Iterator[Finding]:
             "run and per new input. Whether the compiled step wins it back is timed against eager."
         ),
         fix=Fix("Keep torch.compile where the compiled step is faster; run eagerly where it is not"),
-        evidence={
-            "first_compile_s": round(first, 3),
-            "recompile_s": round(again, 3),
-            "graphs": sum(c.graphs for c in codes),
-            "breaks": sum(len(user_breaks(c)) for c in codes),
-        },
+        evidence=CompileCostEvidence(
+            first_compile_s=round(first, 3),
+            recompile_s=round(again, 3),
+            graphs=sum(c.graphs for c in codes),
+            breaks=sum(len(user_breaks(c)) for c in codes),
+        ),
         request=OwnTrial() if model is not None else None,
     )
     f.provisional("low")

@@ -15,12 +15,13 @@ import ast
 import inspect
 import re
 from collections import Counter
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 
 from ...edits import ByHand, EditSpec
-from ...findings import Finding, Fix
+from ...findings import Evidence, Finding, Fix
 from ...record.compile_watch import CHANGED_VALUE, NEW_DTYPE, NEW_INSTANCE, NEW_SHAPE, CompiledCode, Recompile
 from ...requests import OwnTrial
 from ..rule import Detect, Measured, Rule, TimeLeft, register
@@ -57,6 +58,45 @@ _SIZE_GUARD = re.compile(
     r"actual (?P<actual>\d+)"
 )
 OTHER_LENGTHS = 4  # the lengths of the run's failed guards the dynamic compile steps on
+
+
+@dataclass(frozen=True)
+class RecompileRow(Evidence):
+    id: str  # torch's compile id, "0/2"
+    kind: str  # NEW_SHAPE, NEW_DTYPE, CHANGED_VALUE, NEW_INSTANCE or another (record/compile_watch.py)
+    guard: str
+    where: str | None
+    seconds: float
+
+
+@dataclass(frozen=True)
+class RecompileEvidence(Evidence):
+    code: str  # the compiled code's name
+    code_at: str  # and its file:line (two modules' codes are both "forward")
+    kind: str  # the kind most of its recompiles were for
+    recompiles: tuple[RecompileRow, ...]
+    recompile_s: float
+    first_compile_s: float
+
+
+@dataclass(frozen=True)
+class LimitEvidence(Evidence):
+    """The recompile limit hit: the code ran eagerly from then on."""
+
+    code: str
+    code_at: str
+    limit: str  # "recompile_limit" or "accumulated_recompile_limit"
+    limit_value: int
+    guard: str  # the last failed guard
+    kind: str  # and its kind
+    recompiles: int
+    recompile_s: float
+
+
+def _evidence(f: Finding) -> RecompileEvidence | LimitEvidence:
+    evidence = f.evidence
+    assert isinstance(evidence, (RecompileEvidence, LimitEvidence))  # the rule makes one or the other
+    return evidence
 
 
 def fix_for(kind: str) -> Fix:
@@ -114,16 +154,16 @@ def _fallback_finding(ctx: Context, code: CompiledCode) -> Finding:
             f"failed: {fallback.guard} ({_WORDS.get(fallback.kind, _OTHER)})."
         ),
         fix=fix_for(fallback.kind),
-        evidence={
-            "code": code.name,
-            "code_at": _code_at(code),
-            "limit": fallback.limit,
-            "limit_value": fallback.value,
-            "guard": fallback.guard,
-            "kind": fallback.kind,
-            "recompiles": len(code.recompiles),
-            "recompile_s": round(code.recompile_s, 3),
-        },
+        evidence=LimitEvidence(
+            code=code.name,
+            code_at=_code_at(code),
+            limit=fallback.limit,
+            limit_value=fallback.value,
+            guard=fallback.guard,
+            kind=fallback.kind,
+            recompiles=len(code.recompiles),
+            recompile_s=round(code.recompile_s, 3),
+        ),
     )
     f.provisional("high")
     f.note = "Raising torch._dynamo.config.recompile_limit only delays it: fix what changes between calls."
@@ -160,23 +200,23 @@ def recompiles(ctx: Context) -> Iterator[Finding]:
                 + f". First failed guard: {first.guard}."
             ),
             fix=fix_for(kind),
-            evidence={
-                "code": code.name,
-                "code_at": _code_at(code),
-                "kind": kind,
-                "recompiles": [
-                    {
-                        "id": r.compile_id,
-                        "kind": r.kind,
-                        "guard": r.guard,
-                        "where": ctx.where(r.caller or r.site),
-                        "seconds": round(r.seconds, 3),
-                    }
+            evidence=RecompileEvidence(
+                code=code.name,
+                code_at=_code_at(code),
+                kind=kind,
+                recompiles=tuple(
+                    RecompileRow(
+                        id=r.compile_id,
+                        kind=r.kind,
+                        guard=r.guard,
+                        where=ctx.where(r.caller or r.site),
+                        seconds=round(r.seconds, 3),
+                    )
                     for r in kept
-                ],
-                "recompile_s": round(seconds, 3),
-                "first_compile_s": round(code.first_compile_s, 3),
-            },
+                ),
+                recompile_s=round(seconds, 3),
+                first_compile_s=round(code.first_compile_s, 3),
+            ),
         )
         # A new length recompiles once, then torch makes the dimension dynamic: only repeats keep costing.
         repeated = sum(r.kind == NEW_SHAPE for r in kept) >= 2 or sum(r.kind == CHANGED_VALUE for r in kept) >= 2
@@ -235,10 +275,11 @@ def other_lengths(model: torch.nn.Module, batch: Batch, name: str, dim: int, siz
 def edit(ctx: Context, f: Finding) -> EditSpec:
     """``dynamic=True`` in the script's one ``torch.compile(...)`` call, for recompiles on new shapes; the other
     kinds are a change of what the script passes."""
-    if f.evidence["kind"] != NEW_SHAPE:
-        raise ByHand(f"recompiles for {_WORDS.get(f.evidence['kind'], _OTHER)}: {f.fix.pytorch}")
+    evidence = _evidence(f)
+    if evidence.kind != NEW_SHAPE:
+        raise ByHand(f"recompiles for {_WORDS.get(evidence.kind, _OTHER)}: {f.fix.pytorch}")
     fix = "torch.compile(..., dynamic=True)"
-    index, call = one_compile_call(ctx, fix, f"{f.evidence['code']}()")
+    index, call = one_compile_call(ctx, fix, f"{evidence.code}()")
     # dynamic=False (one graph per length) is the choice the fix reverses; any other value is the user's to change.
     if any(
         k.arg == "dynamic" and not (isinstance(k.value, ast.Constant) and k.value.value is False) for k in call.keywords
@@ -252,7 +293,7 @@ def measure(ctx: Context, f: Finding, budget: TimeLeft) -> Measured | None:
     on the captured batch; the dynamic compile also steps on the other lengths the run's guards name."""
     model = compiled_model(ctx)
     assert model is not None and ctx.capture is not None  # _trial asked only with a captured compiled model
-    code = next(c for c in user_codes(ctx) if _code_at(c) == f.evidence["code_at"])
+    code = next(c for c in user_codes(ctx) if _code_at(c) == _evidence(f).code_at)
     fell_back = code.fallback is not None
     script = (
         Variant("eager, as the script runs after the recompile limit", eager_copy(model))

@@ -11,11 +11,12 @@ the step is interleaved. The verdict is the step's: compile time is said, never 
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator
 
 import torch
 
-from ...findings import Finding, Fix
+from ...findings import Evidence, Finding, Fix
 from ...requests import OwnTrial
 from ..rule import Detect, Measured, Rule, TimeLeft, register
 from ._common import (
@@ -40,6 +41,14 @@ if TYPE_CHECKING:
 MIN_BLOCKS = 3
 MIN_PARAMETER_SHARE = 0.5
 MIN_COMPILE_S = 0.25
+
+
+@dataclass(frozen=True)
+class RegionalEvidence(Evidence):
+    container: str  # the blocks' ModuleList or Sequential, by its name in the model ("": the model itself)
+    block: str  # their class's name
+    blocks: int
+    first_compile_s: float
 
 
 def repeated_blocks(model: torch.nn.Module) -> tuple[str, str, int] | None:
@@ -92,7 +101,7 @@ def regional(ctx: Context) -> Iterator[Finding]:
             lightning=f"In configure_model: `for block in self.{container}: block.compile()` (not the whole module)",
             hf_trainer=f"Compile each {cls} yourself before Trainer(...) instead of torch_compile=True",
         ),
-        evidence={"container": container, "block": cls, "blocks": count, "first_compile_s": round(first, 3)},
+        evidence=RegionalEvidence(container=container, block=cls, blocks=count, first_compile_s=round(first, 3)),
         request=OwnTrial(),
     )
     f.provisional("low")
@@ -106,9 +115,11 @@ def measure(ctx: Context, f: Finding, budget: TimeLeft) -> Measured | None:
     if model is None:
         return None
     first, again = compile_seconds(ctx)
-    count, cls = f.evidence["blocks"], f.evidence["block"]
+    evidence = f.evidence_as(RegionalEvidence)
     whole = Variant("the model compiled whole", recompiled(model))
-    blocks = Variant(f"each of the {count} {cls} compiled", regionally_compiled(model, f.evidence["container"]))
+    blocks = Variant(
+        f"each of the {evidence.blocks} {evidence.block} compiled", regionally_compiled(model, evidence.container)
+    )
 
     def say(timing: PairTiming, _steps_differ: bool) -> str:
         return pair_text(timing, "whole", "block by block", "compile block by block")

@@ -6,15 +6,22 @@ Reads: run, source; matters: yes (the rule table in docs/doctor.md).
 from __future__ import annotations
 
 import ast
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator
 
 from ...analysis.source import dotted_name, is_const, keyword
-from ...findings import Finding, Fix, speedup_for_rule
+from ...findings import Evidence, Finding, Fix, speedup_for_rule
 from ..common import ms, sources, static_finding
 from ..rule import Detect, Rule, register
 
 if TYPE_CHECKING:
     from ...analysis.context import Context
+
+
+@dataclass(frozen=True)
+class BlockingCopyEvidence(Evidence):
+    per_step: float
+    mib_per_step: float
 
 
 def non_blocking(ctx: Context) -> Iterator[Finding]:
@@ -41,7 +48,7 @@ def non_blocking(ctx: Context) -> Iterator[Finding]:
                 lightning="automatic (Lightning moves batches with non_blocking when pinned)",
                 accelerate="Accelerator(dataloader_config=DataLoaderConfiguration(non_blocking=True))",
             ),
-            evidence={"per_step": stat.per_step, "mib_per_step": round(stat.bytes_per_step / 2**20, 3)},
+            evidence=BlockingCopyEvidence(per_step=stat.per_step, mib_per_step=round(stat.bytes_per_step / 2**20, 3)),
         )
         f.set_gain(share, measured=False)
         f.note = "est_speedup is the upper bound: the copy fully overlapped with compute."

@@ -6,10 +6,11 @@ Reads: run (the rule table in docs/doctor.md).
 from __future__ import annotations
 
 import ast
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator
 
 from ...edits import ByHand, EditSpec
-from ...findings import Finding, Fix, speedup_for_rule
+from ...findings import Evidence, Finding, Fix, speedup_for_rule
 from ...record.cadence import syntax_tree
 from ...requests import LoaderRequest
 from ...sites import Site
@@ -36,6 +37,13 @@ def workers_fix(workers: int) -> Fix:
         accelerate=f"DataLoader(..., num_workers={workers}) before accelerator.prepare(...)",
         hf_trainer=f"TrainingArguments(dataloader_num_workers={workers})",
     )
+
+
+@dataclass(frozen=True)
+class DataWaitEvidence(Evidence):
+    data_ms_per_step: float
+    sampled_lines: dict[str | None, int] | None = None  # without a DataLoader: the lines caught building batches
+    num_workers: int | None = None  # with one: its workers
 
 
 def num_workers(ctx: Context) -> Iterator[Finding]:
@@ -70,12 +78,10 @@ def num_workers(ctx: Context) -> Iterator[Finding]:
                 f"DataLoader(dataset, batch_size=..., num_workers={min(4, cores)}, persistent_workers=True), so "
                 "worker processes build batches while the model trains; or precompute the data once."
             ),
-            evidence={
-                "data_ms_per_step": round(data_s * 1e3, 3),
-                "sampled_lines": {
-                    ctx.where(k): v for k, v in sorted(ctx.gap_samples.items(), key=lambda kv: -kv[1])[:5]
-                },
-            },
+            evidence=DataWaitEvidence(
+                data_ms_per_step=round(data_s * 1e3, 3),
+                sampled_lines={ctx.where(k): v for k, v in sorted(ctx.gap_samples.items(), key=lambda kv: -kv[1])[:5]},
+            ),
         )
         f.set_gain(share, measured=False)
         f.note = "est_speedup is the upper bound: all of the batch preparation hidden behind compute."
@@ -99,7 +105,7 @@ def num_workers(ctx: Context) -> Iterator[Finding]:
             )
         ),
         fix=workers_fix(suggest),
-        evidence={"data_ms_per_step": round(data_s * 1e3, 3), "num_workers": workers},
+        evidence=DataWaitEvidence(data_ms_per_step=round(data_s * 1e3, 3), num_workers=workers),
         request=LoaderRequest(),
     )
     f.set_gain(share, measured=False)

@@ -6,10 +6,11 @@ Reads: run, source (the rule table in docs/doctor.md).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator
 
 from ...analysis.batch_building import per_sample_build
-from ...findings import Finding, Fix
+from ...findings import Evidence, Finding, Fix
 from ...requests import BatchBuildRequest
 from ..rule import Detect, Rule, register
 
@@ -24,6 +25,15 @@ DATA_SHARE = 0.10
 
 # A line holding less of the data wait than this is not worth its own finding.
 LINE_SHARE = 0.02
+
+
+@dataclass(frozen=True)
+class PerSampleEvidence(Evidence):
+    samples_at_line: int  # the sampler's catches at the line, of
+    samples_in_gaps: int  # its catches before the forward
+    line_share: float
+    ms_per_step: float
+    pattern: str  # "slices" or "rows" (analysis/batch_building.py)
 
 
 def per_sample_batch(ctx: Context) -> Iterator[Finding]:
@@ -55,13 +65,13 @@ def per_sample_batch(ctx: Context) -> Iterator[Finding]:
                 + (", and data loading leads the step." if leads else ".")
             ),
             fix=Fix(f"build the batch with one indexing op: {build.one_op()}"),
-            evidence={
-                "samples_at_line": count,
-                "samples_in_gaps": total,
-                "line_share": round(line_share, 4),
-                "ms_per_step": round(per_step_s * 1e3, 3),
-                "pattern": build.kind,
-            },
+            evidence=PerSampleEvidence(
+                samples_at_line=count,
+                samples_in_gaps=total,
+                line_share=round(line_share, 4),
+                ms_per_step=round(per_step_s * 1e3, 3),
+                pattern=build.kind,
+            ),
             request=BatchBuildRequest(site, line_share) if build.kind == "slices" else None,
         )
         f.set_gain(line_share, measured=False)

@@ -6,15 +6,23 @@ Reads: run (the rule table in docs/doctor.md).
 from __future__ import annotations
 
 import statistics
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator
 
 from ...edits import EditSpec
-from ...findings import Finding, Fix, speedup_for_rule
+from ...findings import Evidence, Finding, Fix, speedup_for_rule
 from ..common import loader_edit, ms
 from ..rule import Detect, Rule, register
 
 if TYPE_CHECKING:
     from ...analysis.context import Context
+
+
+@dataclass(frozen=True)
+class WorkerStartEvidence(Evidence):
+    startup_ms: float  # the median start, workers to first batch
+    epochs_started: int
+    batches_per_epoch: int
 
 
 def persistent_workers(ctx: Context) -> Iterator[Finding]:
@@ -44,7 +52,9 @@ def persistent_workers(ctx: Context) -> Iterator[Finding]:
             accelerate="DataLoader(..., persistent_workers=True)",
             hf_trainer="TrainingArguments(dataloader_persistent_workers=True)",
         ),
-        evidence={"startup_ms": round(startup * 1e3, 2), "epochs_started": len(starts), "batches_per_epoch": per_epoch},
+        evidence=WorkerStartEvidence(
+            startup_ms=round(startup * 1e3, 2), epochs_started=len(starts), batches_per_epoch=per_epoch
+        ),
     )
     f.set_gain(share, measured=True)
     yield f

@@ -6,14 +6,21 @@ Reads: data layer + run (the rule table in docs/doctor.md).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator
 
 from ....data import stats as data_stats
-from ...findings import Finding, Fix
+from ...findings import Evidence, Finding, Fix
 from ..rule import Detect, Rule, register
 
 if TYPE_CHECKING:
     from ...analysis.context import Context
+
+
+@dataclass(frozen=True)
+class StorageEvidence(Evidence):
+    scheme: str  # the URL scheme read slowest ("file": local files)
+    mb_per_s: float  # per read stream
 
 
 def slow_storage(ctx: Context) -> Iterator[Finding]:
@@ -33,7 +40,7 @@ def slow_storage(ctx: Context) -> Iterator[Finding]:
         category="data_loading",
         site=record.site if record else None,
         where=found.get("where"),
-        evidence={k: v for k, v in found.items() if k in ("scheme", "mb_per_s")},
+        evidence=StorageEvidence(scheme=found["scheme"], mb_per_s=found["mb_per_s"]),
     )
     est = found.get("est_speedup")
     f.set_gain(1.0 - 1.0 / est if est else None, measured=bool(found.get("measured")))

@@ -6,15 +6,23 @@ Reads: run, source (the rule table in docs/doctor.md).
 from __future__ import annotations
 
 import ast
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator
 
 from ...edits import ByHand, EditSpec
-from ...findings import Finding, Fix
+from ...findings import Evidence, Finding, Fix
 from ..common import ms, ran_per_step, sources, static_finding, timed_sites
 from ..rule import Detect, Rule, register
 
 if TYPE_CHECKING:
     from ...analysis.context import Context
+
+
+@dataclass(frozen=True)
+class NumpyCopyEvidence(Evidence):
+    per_step: float
+    mib_per_step: float
+    ms_per_step: float
 
 
 def tensor_from_numpy(ctx: Context) -> Iterator[Finding]:
@@ -31,11 +39,11 @@ def tensor_from_numpy(ctx: Context) -> Iterator[Finding]:
                 "torch.from_numpy(array) (or torch.as_tensor(array)) shares the array's memory instead of "
                 "copying it; when the data never changes, convert it once before the loop."
             ),
-            evidence={
-                "per_step": stat.per_step,
-                "mib_per_step": round(stat.bytes_per_step / 2**20, 4),
-                "ms_per_step": round(stat.seconds_per_step * 1e3, 4),
-            },
+            evidence=NumpyCopyEvidence(
+                per_step=stat.per_step,
+                mib_per_step=round(stat.bytes_per_step / 2**20, 4),
+                ms_per_step=round(stat.seconds_per_step * 1e3, 4),
+            ),
         )
         f.set_gain(share, measured=True)
         yield f

@@ -9,9 +9,10 @@ Reads: run, source (docs/doctor.md, "Findings").
 from __future__ import annotations
 
 import ast
-from typing import TYPE_CHECKING, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Iterator, Literal
 
-from ...findings import Finding, Fix, speedup_for_rule
+from ...findings import Evidence, Finding, Fix, speedup_for_rule
 from ...rank_change import RankChange
 from ...requests import JobRequest
 from ..common import on_a_job, sources, static_finding
@@ -19,6 +20,13 @@ from ..rule import Detect, Rule, register
 
 if TYPE_CHECKING:
     from ...analysis.context import Context
+
+
+@dataclass(frozen=True)
+class AccumulationEvidence(Evidence):
+    backwards_per_step: float
+    world_size: int
+    kind: Literal["ddp", "fsdp"]
 
 
 def accumulation_syncs(ctx: Context) -> Iterator[Finding]:
@@ -44,7 +52,9 @@ def accumulation_syncs(ctx: Context) -> Iterator[Finding]:
             "are wasted."
         ),
         fix=_accumulation_fix(round(backwards), fsdp),
-        evidence={"backwards_per_step": backwards, "world_size": ctx.world_size, "kind": "fsdp" if fsdp else "ddp"},
+        evidence=AccumulationEvidence(
+            backwards_per_step=backwards, world_size=ctx.world_size, kind="fsdp" if fsdp else "ddp"
+        ),
     )
     if on_a_job(ctx):
         # Timed on every rank: each forward of a micro-batch but the last runs as under no_sync() (DDP) or

@@ -11,9 +11,10 @@ Reads: every rank's run (docs/doctor.md, "Findings").
 from __future__ import annotations
 
 import statistics
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator
 
-from ...findings import Finding, Fix
+from ...findings import Evidence, Finding, Fix
 from ...rank_change import RankChange
 from ...requests import JobRequest
 from ..common import MIB, call_site, rank_change_edit
@@ -28,6 +29,16 @@ BUCKET_SETTINGS_SHARE = 0.10
 
 
 BUCKETS = 4
+
+
+@dataclass(frozen=True)
+class BucketEvidence(Evidence):
+    shared_wait_share: float  # of the step, the least any rank waited on the all-reduce
+    exposed_share: float
+    overlap: float | None
+    gradient_mib: float
+    buckets: int | None  # None: not known
+    keywords: dict[str, Any]  # the DDP keywords timed
 
 
 def _bucket_change(reducer: dict[str, float]) -> dict[str, Any]:
@@ -89,14 +100,14 @@ def ddp_bucket_settings(ctx: Context) -> Iterator[Finding]:
                 f"TrainingArguments(ddp_bucket_cap_mb={change['bucket_cap_mb']})" if "bucket_cap_mb" in change else None
             ),
         ),
-        evidence={
-            "shared_wait_share": round(shared, 4),
-            "exposed_share": round(job.exposed_share, 4),
-            "overlap": job.overlap,
-            "gradient_mib": round(size, 2),
-            "buckets": buckets or None,
-            "keywords": change,
-        },
+        evidence=BucketEvidence(
+            shared_wait_share=round(shared, 4),
+            exposed_share=round(job.exposed_share, 4),
+            overlap=job.overlap,
+            gradient_mib=round(size, 2),
+            buckets=buckets or None,
+            keywords=change,
+        ),
     )
     finding.provisional("low")  # until the job what-if times it on every rank
     finding.request = JobRequest(RankChange(ddp=change))

@@ -6,9 +6,10 @@ Reads: every rank's run (docs/doctor.md, "Findings").
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator
 
-from ...findings import Finding, Fix
+from ...findings import Evidence, Finding, Fix
 from ...rank_change import RankChange
 from ...requests import JobRequest
 from ..common import call_site, on_a_job, rank_change_edit, reducers
@@ -16,6 +17,12 @@ from ..rule import Detect, Rule, register
 
 if TYPE_CHECKING:
     from ...analysis.context import Context
+
+
+@dataclass(frozen=True)
+class UnusedEvidence(Evidence):
+    ranks: int
+    unused_parameter_size: int  # what every rank's reducer found unused: nothing
 
 
 def ddp_find_unused_parameters(ctx: Context) -> Iterator[Finding]:
@@ -39,7 +46,7 @@ def ddp_find_unused_parameters(ctx: Context) -> Iterator[Finding]:
             accelerate="no DistributedDataParallelKwargs(find_unused_parameters=True) in kwargs_handlers",
             hf_trainer="TrainingArguments(ddp_find_unused_parameters=False)",
         ),
-        evidence={"ranks": len(stats), "unused_parameter_size": 0},
+        evidence=UnusedEvidence(ranks=len(stats), unused_parameter_size=0),
     )
     finding.provisional("low")  # until a job what-if times it on every rank
     if on_a_job(ctx):

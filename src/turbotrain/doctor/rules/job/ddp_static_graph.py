@@ -9,9 +9,10 @@ Reads: every rank's run (docs/doctor.md, "Findings").
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator
 
-from ...findings import Finding, Fix
+from ...findings import Evidence, Finding, Fix
 from ...rank_change import RankChange
 from ...requests import JobRequest
 from ..common import MIB, call_site, on_a_job, rank_change_edit, reducers
@@ -24,6 +25,13 @@ if TYPE_CHECKING:
 # What ddp-static-graph times: the graph declared static, and DDP no longer told to look for unused parameters
 # (static_graph finds them in its first iteration; with both set, DDP warns that the search is not needed).
 _STATIC_GRAPH = {"static_graph": True, "find_unused_parameters": False}
+
+
+@dataclass(frozen=True)
+class StaticGraphEvidence(Evidence):
+    ranks: int
+    unused_parameter_mib: float
+    keywords: dict[str, bool]  # the DDP keywords timed
 
 
 def ddp_static_graph(ctx: Context) -> Iterator[Finding]:
@@ -58,7 +66,9 @@ def ddp_static_graph(ctx: Context) -> Iterator[Finding]:
             fabric=f"Fabric(strategy=DDPStrategy({keywords}))",
             accelerate=f"Accelerator(kwargs_handlers=[DistributedDataParallelKwargs({keywords})])",
         ),
-        evidence={"ranks": len(stats), "unused_parameter_mib": round(unused_mib, 3), "keywords": _STATIC_GRAPH},
+        evidence=StaticGraphEvidence(
+            ranks=len(stats), unused_parameter_mib=round(unused_mib, 3), keywords=dict(_STATIC_GRAPH)
+        ),
     )
     finding.provisional("low")  # until a job what-if times it on every rank
     if on_a_job(ctx):

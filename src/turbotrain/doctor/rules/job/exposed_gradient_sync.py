@@ -9,10 +9,11 @@ Reads: every rank's run (docs/doctor.md, "Findings").
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Iterator
 
 from ...analysis.ranks import RankAnalysis
-from ...findings import Finding, Fix
+from ...findings import Evidence, Finding, Fix
 from ...rank_change import RankChange
 from ...requests import JobRequest
 from ...sites import Site
@@ -50,6 +51,14 @@ _EXPOSED_FIXES = {
 }
 
 
+@dataclass(frozen=True)
+class ExposedEvidence(Evidence):
+    exposed_share: float
+    overlap: float | None  # of DDP's all-reduces, the share that ran while backward computed
+    kind: str  # a key of analysis.ranks.WAITED_ON
+    keywords: dict[str, Any] | None = None  # the fully_shard keywords timed, where they are
+
+
 def _exposed_message(job: RankAnalysis) -> str:
     if job.sync_kind == "ddp":
         overlap = f"{job.overlap:.0%}" if job.overlap is not None else "none"
@@ -78,19 +87,23 @@ def exposed_gradient_sync(ctx: Context) -> Iterator[Finding]:
     uneven = job is not None and job.imbalance is not None and job.imbalance.evidenced
     if job is None or job.straggler is not None or uneven or job.exposed_share < EXPOSED_SHARE:
         return
+    reshard = _unset_reshard_site(ctx) if job.sync_kind == "fsdp" else None
     finding = Finding(
         rule="exposed-gradient-sync",
         message=_exposed_message(job),
         fix=_FSDP_FIX if job.sync_kind == "fsdp" else Fix(pytorch=_EXPOSED_FIXES[job.sync_kind]),
         category=None,
-        evidence={"exposed_share": round(job.exposed_share, 4), "overlap": job.overlap, "kind": job.sync_kind},
+        evidence=ExposedEvidence(
+            exposed_share=round(job.exposed_share, 4),
+            overlap=job.overlap,
+            kind=job.sync_kind,
+            keywords={"reshard_after_forward": False} if reshard is not None else None,
+        ),
     )
     finding.set_gain(job.exposed_share, measured=False)
-    reshard = _unset_reshard_site(ctx) if job.sync_kind == "fsdp" else None
     if reshard is not None:
         # One all-gather per sharded module a step instead of two: timed on every rank, the site is --fix's.
         finding.site = reshard
-        finding.evidence["keywords"] = {"reshard_after_forward": False}
         finding.provisional("low")
         finding.request = JobRequest(RankChange(fsdp={"reshard_after_forward": False}))
     else:

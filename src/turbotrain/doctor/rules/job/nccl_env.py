@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import ast
 import difflib
-from typing import TYPE_CHECKING, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Iterator, Literal
 
 from ...analysis.source import dotted_name
-from ...findings import Finding, Fix, speedup_for_rule
+from ...findings import Evidence, Finding, Fix, speedup_for_rule
 from ..common import sources, static_finding
 from ..rule import Detect, Rule, register
 
@@ -76,10 +77,18 @@ RENAMED = {
 }
 
 
-def check_nccl_env(env: dict[str, str]) -> list[tuple[str, str, str, str]]:
-    """Problems as ``(variable, kind, message, fix)``; kind is ``typo``, ``unknown``, ``disabled``,
-    ``debug`` or ``renamed``."""
-    problems = []
+NcclProblem = Literal["typo", "unknown", "disabled", "debug", "renamed"]
+
+
+@dataclass(frozen=True)
+class NcclEvidence(Evidence):
+    variable: str
+    kind: NcclProblem
+
+
+def check_nccl_env(env: dict[str, str]) -> list[tuple[str, NcclProblem, str, str]]:
+    """Problems as ``(variable, kind, message, fix)``."""
+    problems: list[tuple[str, NcclProblem, str, str]] = []
     for name in sorted(env):
         if not name.startswith("NCCL_") or name in IMAGE_LABELS:
             continue
@@ -152,7 +161,7 @@ def nccl_env(ctx: Context) -> Iterator[Finding]:
             fix=Fix(fix),
             category="compute",
             speedup=speedup_for_rule("nccl-env"),
-            evidence={"variable": name, "kind": kind},
+            evidence=NcclEvidence(variable=name, kind=kind),
         )
         f.provisional("medium" if kind in ("typo", "disabled") and (ctx.on_gpu or ctx.world_size > 1) else "low")
         if f.severity == "low" and kind in ("typo", "disabled"):

@@ -6,13 +6,16 @@ Reads: every rank's run (docs/doctor.md, "Findings").
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator
 
 from ...analysis.branch import branch_running
 from ...analysis.periodic import suggested_every
 from ...analysis.ranks import RankAnalysis, Straggler
-from ...findings import Finding, Fix
+from ...edits import ByHand, EditSpec
+from ...findings import Category, Evidence, Finding, Fix, LateCause
 from ...record.measurements import CATEGORIES
 from ...rank_change import RankChange
 from ...requests import JobRequest
@@ -44,6 +47,46 @@ _FIXES = {
 }
 
 
+@dataclass(frozen=True)
+class BranchEvidence(Evidence):
+    """The ``if`` of the script's loop that runs the straggler's work, and the period timed for it."""
+
+    at: str
+    file: str
+    period: int | None  # K of its ``step % K``; None: its test has none
+    new_period: int
+    call: str | None  # the function its body calls to run the work
+    call_line: int
+
+
+@dataclass(frozen=True)
+class WorkersEvidence(Evidence):
+    now: int
+    timed: int
+
+
+@dataclass(frozen=True)
+class StragglerEvidence(Evidence):
+    rank: int
+    host: str
+    cause: LateCause
+    cost_ms: float
+    compared_with: int
+    periodic: bool
+    gap_ms: dict[Category, float]
+    cpu_wait_ms: float | None = None  # its extra wait for a core, where that is the cause
+    # The fix timed on every rank, where there is one: the save every N steps, the ``if`` of its work taken less
+    # often, or more DataLoader workers.
+    save_every: int | None = None
+    branch: BranchEvidence | None = None
+    num_workers: WorkersEvidence | None = None
+    absorbed: tuple[str, ...] | None = None  # the rules whose findings of the same line and phase it took in
+
+
+# A fix to time on every rank, as the straggler's finding says it: its request, its fix and its evidence.
+_Timed = tuple[JobRequest, Fix, StragglerEvidence]
+
+
 def straggler(ctx: Context) -> Iterator[Finding]:
     job = ctx.job
     if job is None or job.straggler is None:
@@ -54,6 +97,25 @@ def straggler(ctx: Context) -> Iterator[Finding]:
     more = "more in those steps" if s.periodic else "more per step"
     gap_text = f" ({gap * 1e3:.1f} ms {more} than rank {s.compared_with})" if gap is not None else ""
     host = f" on {s.host}" if s.host else ""
+    evidence = StragglerEvidence(
+        rank=s.rank,
+        host=s.host,
+        cause=s.cause,
+        cost_ms=round(s.cost_s * 1e3, 3),
+        compared_with=s.compared_with,
+        periodic=s.periodic,
+        gap_ms={k: round(v * 1e3, 3) for k, v in s.gap_s.items()},
+        cpu_wait_ms=round((s.contention_s or 0.0) * 1e3, 3) if s.cause == "cpu_contention" else None,
+    )
+    timed: _Timed | None = None
+    if s.cause == "outside_step":
+        timed = _time_rarer_saves(ctx, job, s, evidence) or _time_rarer_branch(ctx, job, s, evidence)
+    elif s.cause == "data_loading":
+        timed = _time_more_workers(ctx, job, s, evidence)
+    fix = Fix(pytorch=_FIXES.get(s.cause, _FIXES["unexplained"]).format(rank=s.rank))
+    request: JobRequest | None = None
+    if timed is not None:
+        request, fix, evidence = timed
     finding = Finding(
         rule="straggler",
         message=(
@@ -67,23 +129,15 @@ def straggler(ctx: Context) -> Iterator[Finding]:
                 else f"It arrived last in {s.last_share:.0%} of the measured steps."
             )
         ),
-        fix=Fix(pytorch=_FIXES.get(s.cause, _FIXES["unexplained"]).format(rank=s.rank)),
+        fix=fix,
         site=s.site,
         category=s.cause if s.cause != "unexplained" else None,
-        evidence={
-            "rank": s.rank,
-            "host": s.host,
-            "cause": s.cause,
-            "cost_ms": round(s.cost_s * 1e3, 3),
-            "compared_with": s.compared_with,
-            "periodic": s.periodic,
-            "gap_ms": {k: round(v * 1e3, 3) for k, v in s.gap_s.items()},
-        },
+        evidence=evidence,
+        request=request,
     )
     # The gain is read from the other ranks' waiting time, not timed with a fix applied.
     finding.set_gain(s.cost_share, measured=False)
     if s.cause == "cpu_contention":
-        finding.evidence["cpu_wait_ms"] = round((s.contention_s or 0.0) * 1e3, 3)
         finding.cap(
             "low",
             f"Rank {s.rank} used {(s.cpu_gap_s or 0.0) * 1e3:+.1f} ms of CPU per step against rank "
@@ -91,12 +145,6 @@ def straggler(ctx: Context) -> Iterator[Finding]:
             "machine's load, not the script; it goes away on cores of its own.",
         )
     cap_if_oversubscribed(ctx, finding)
-    if s.cause == "outside_step":
-        _time_rarer_saves(ctx, job, s, finding)
-        if finding.request is None:
-            _time_rarer_branch(ctx, job, s, finding)
-    elif s.cause == "data_loading":
-        _time_more_workers(ctx, job, s, finding)
     yield finding
 
 
@@ -106,90 +154,91 @@ def _own_recording(ctx: Context, s: Straggler) -> Recording | None:
     return next((r for r in ranks if r.rank == s.rank), None)
 
 
-def _time_rarer_saves(ctx: Context, job: RankAnalysis, s: Straggler, finding: Finding) -> None:
+def _time_rarer_saves(ctx: Context, job: RankAnalysis, s: Straggler, evidence: StragglerEvidence) -> _Timed | None:
     """A straggler late from its own torch.save at one line: time the save every N steps on every rank, N the
     cadence at which the save costs under 5% of the step."""
     recording = _own_recording(ctx, s)
     if s.site is None or recording is None:
-        return
+        return None
     count, seconds, _ = next(
         (e.total(job.steps) for e in recording.events if e.kind == "save" and e.site == s.site), (0, 0.0, 0)
     )
     if count != len(job.steps):  # one save per step: the edit's ``if (step + 1) % N == 0:`` fits it
-        return
+        return None
     per_save = seconds / count
     step = max(r.step_s for r in job.ranks)
     every = max(2, suggested_every(per_save, max(step - per_save, 1e-6), 1))
-    finding.evidence["save_every"] = every
-    finding.request = JobRequest(RankChange(save_every=every, save_at=f"{s.site.file}:{s.site.line}"))
-    finding.fix = Fix(
+    fix = Fix(
         pytorch=f"Save rank {s.rank}'s checkpoint every {every} steps, not every step (`if (step + 1) % {every} == "
         "0:` around torch.save), or write it from a background thread after copying the state to CPU: the "
         "others wait for it at the next all-reduce."
     )
+    request = JobRequest(RankChange(save_every=every, save_at=f"{s.site.file}:{s.site.line}"))
+    return request, fix, dataclasses.replace(evidence, save_every=every)
 
 
-def _time_rarer_branch(ctx: Context, job: RankAnalysis, s: Straggler, finding: Finding) -> None:
+def _time_rarer_branch(ctx: Context, job: RankAnalysis, s: Straggler, evidence: StragglerEvidence) -> _Timed | None:
     """A straggler late from work an ``if`` of the script's loop runs (``if rank == 0 and step % 2 == 0:
     evaluate()``): time that ``if`` taken on one pass in N on every rank, N the factor that puts the work under 5%
     of the step, as the same test with a period N times longer would."""
     if s.site is None or ctx.script is None:
-        return
+        return None
     branch = branch_running(ctx.sources, s.site)
     if branch is None or branch.site.file != ctx.script:
-        return
+        return None
     # The work's cost each time it runs: the others' wait averaged over the steps it was late in.
     per_run = s.cost_s / max(s.last_share, 1e-9)
     period = branch.period or max(1, round(1 / max(s.last_share, 1e-9)))
     step = s.cost_s / s.cost_share if s.cost_share > 0 else max(r.step_s for r in job.ranks)
     new_period = suggested_every(per_run, max(step - s.cost_s, 1e-6), period)
     every = max(2, new_period // period)
-    finding.evidence["branch"] = {
-        "at": branch.site.where(),
-        "file": branch.site.file,
-        "period": branch.period,
-        "new_period": period * every,
-        "call": branch.call,
-        "call_line": branch.call_line,
-    }
-    finding.request = JobRequest(RankChange(branch_every=every, branch_at=f"{branch.site.file}:{branch.site.line}"))
+    said = BranchEvidence(
+        at=branch.site.where(),
+        file=branch.site.file,
+        period=branch.period,
+        new_period=period * every,
+        call=branch.call,
+        call_line=branch.call_line,
+    )
+    request = JobRequest(RankChange(branch_every=every, branch_at=f"{branch.site.file}:{branch.site.line}"))
     was = f"every {period} steps (the period in its `if`)" if branch.period else "every step"
-    finding.fix = Fix(
+    fix = Fix(
         pytorch=f"Run rank {s.rank}'s work at {branch.site.where(ctx.base)} every {period * every} steps, not "
         f"{was}, or share it over every rank (each evaluating its slice): the others wait for it at the next "
         "all-reduce."
     )
+    return request, fix, dataclasses.replace(evidence, branch=said)
 
 
 # Worker processes per rank the data what-if asks for at most.
 MAX_WORKERS = 8
 
 
-def _time_more_workers(ctx: Context, job: RankAnalysis, s: Straggler, finding: Finding) -> None:
+def _time_more_workers(ctx: Context, job: RankAnalysis, s: Straggler, evidence: StragglerEvidence) -> _Timed | None:
     """A straggler late from its DataLoader at one line: time every rank's DataLoaders with enough worker processes
     to fetch a batch in the time the median rank works a step (map-style datasets only)."""
     recording = _own_recording(ctx, s)
     loader = next((lo for lo in recording.loaders if lo.site == s.site), None) if recording is not None else None
     if loader is None or loader.settings.get("iterable"):
-        return
+        return None
     count, waited, _ = loader.nexts.total(job.steps)
     # The pace to keep: the median rank's own work per step, without its wait for the straggler.
     pace = next((r.busy_s for r in job.ranks if r.rank == s.compared_with), 0.0)
     if count == 0 or pace <= 0:
-        return
+        return None
     now, per_batch = int(loader.settings.get("num_workers") or 0), waited / count
     # A batch every ``pace`` seconds from workers that each take the wait a batch has now, and one to spare.
     workers = min(MAX_WORKERS, max(2 * now, math.ceil(per_batch / pace) + 1))
     if workers <= now:
-        return
-    finding.evidence["num_workers"] = {"now": now, "timed": workers}
-    finding.request = JobRequest(RankChange(loader_workers=workers))
-    finding.fix = Fix(
+        return None
+    fix = Fix(
         pytorch=f"DataLoader(..., num_workers={workers}, persistent_workers=True) on every rank: rank {s.rank} waits "
         f"{1e3 * per_batch:.1f} ms for each batch, and workers fetch the next ones while it trains; then give "
         "its shard storage as fast as the others'.",
         lightning=f"DataLoader(..., num_workers={workers}, persistent_workers=True) in the DataModule",
     )
+    request = JobRequest(RankChange(loader_workers=workers))
+    return request, fix, dataclasses.replace(evidence, num_workers=WorkersEvidence(now=now, timed=workers))
 
 
 def absorbed_by_straggler(findings: list[Finding]) -> list[Finding]:
@@ -203,11 +252,48 @@ def absorbed_by_straggler(findings: list[Finding]) -> list[Finding]:
         if by is None:
             out.append(f)
             continue
-        by.evidence.setdefault("absorbed", []).append(f.rule)
+        evidence = by.evidence_as(StragglerEvidence)
+        by.evidence = dataclasses.replace(evidence, absorbed=(*(evidence.absorbed or ()), f.rule))
         for framework in ("lightning", "fabric", "accelerate", "hf_trainer"):  # its fix in the user's framework
             if getattr(by.fix, framework) is None:
                 setattr(by.fix, framework, getattr(f.fix, framework))
     return out
 
 
-RULE = register(Rule("straggler", detect=(Detect("runtime", straggler),), edit=rank_change_edit))
+def edit(ctx: Context, f: Finding) -> EditSpec:
+    """The fix timed on every rank (:func:`~..common.rank_change_edit`); the work's ``if`` taken less often as the
+    edit of its period, or of its call."""
+    change = f.request.change if isinstance(f.request, JobRequest) else None
+    if change is not None and change.branch_every is not None:
+        return _rarer_branch(f, change.branch_every)
+    return rank_change_edit(ctx, f)
+
+
+def _rarer_branch(f: Finding, every: int) -> EditSpec:
+    """The straggler's work run ``every`` times less often: the period of its ``if`` (``step % 2`` to ``step %
+    2N``), or, under a rank test alone, ``if (step + 1) % N == 0:`` around the call that runs it."""
+    evidence = f.evidence_as(StragglerEvidence)
+    branch = evidence.branch
+    if branch is not None and branch.period:
+        return EditSpec(
+            "cadence",
+            f"rank {evidence.rank}'s work every {branch.period * every} steps (was {branch.period})",
+            params={
+                "every": branch.period,
+                "new_every": branch.period * every,
+                "kind": "work",
+                "function": branch.call,
+            },
+        )
+    if branch is not None and branch.call and branch.call_line:
+        return EditSpec(
+            "save_every",
+            f"{branch.call}() every {every} steps (was every step)",
+            params={"every": every, "call": branch.call},
+            file=branch.file,
+            line=branch.call_line,
+        )
+    raise ByHand(f.fix.pytorch)
+
+
+RULE = register(Rule("straggler", detect=(Detect("runtime", straggler),), edit=edit))

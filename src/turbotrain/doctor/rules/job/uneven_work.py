@@ -8,10 +8,11 @@ Reads: every rank's run (docs/doctor.md, "Findings").
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator
 
 from ...analysis.ranks import CONSISTENT
-from ...findings import Finding, Fix
+from ...findings import Evidence, Finding, Fix, LateCause
 from ..common import CAUSE_WORDS, cap_if_oversubscribed
 from ..rule import Detect, Rule, register
 
@@ -32,6 +33,17 @@ _SAME_SIZE_FIX = (
     "The batches had one size on every rank: give each rank cores of its own (nothing else on them, ranks x threads "
     "per rank <= cores) and see whether the turns stay; if they do, look for work that differs with the data."
 )
+
+
+@dataclass(frozen=True)
+class UnevenEvidence(Evidence):
+    cost_ms: float
+    first_wait_ms: float  # per step, the first rank's wait for the last
+    last_shares: dict[str, float]  # per rank, the share of steps it arrived last in
+    cause: LateCause
+    cause_gap_ms: float
+    cpu_gap_ms: float | None
+    larger_input_share: float  # of the steps, those the last rank had the larger batch in
 
 
 def uneven_work(ctx: Context) -> Iterator[Finding]:
@@ -59,15 +71,15 @@ def uneven_work(ctx: Context) -> Iterator[Finding]:
         ),
         fix=Fix(pytorch=_UNEVEN_FIXES.get(u.cause, _UNEVEN_FIXES["compute"]) if sized else _SAME_SIZE_FIX),
         category=u.cause,
-        evidence={
-            "cost_ms": round(u.cost_s * 1e3, 3),
-            "first_wait_ms": round(u.first_wait_s * 1e3, 3),
-            "last_shares": {str(k): round(v, 3) for k, v in u.last_shares.items()},
-            "cause": u.cause,
-            "cause_gap_ms": round(u.cause_gap_s * 1e3, 3),
-            "cpu_gap_ms": round(u.cpu_gap_s * 1e3, 3) if u.cpu_gap_s is not None else None,
-            "larger_input_share": round(u.larger_input_share, 3),
-        },
+        evidence=UnevenEvidence(
+            cost_ms=round(u.cost_s * 1e3, 3),
+            first_wait_ms=round(u.first_wait_s * 1e3, 3),
+            last_shares={str(k): round(v, 3) for k, v in u.last_shares.items()},
+            cause=u.cause,
+            cause_gap_ms=round(u.cause_gap_s * 1e3, 3),
+            cpu_gap_ms=round(u.cpu_gap_s * 1e3, 3) if u.cpu_gap_s is not None else None,
+            larger_input_share=round(u.larger_input_share, 3),
+        ),
     )
     # The gain is read from the waiting, not timed with the work evened out.
     finding.set_gain(u.cost_share, measured=False)

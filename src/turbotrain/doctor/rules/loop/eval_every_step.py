@@ -7,11 +7,13 @@ Reads: run (the rule table in docs/doctor.md).
 from __future__ import annotations
 
 import ast
+import dataclasses
 import statistics
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator
 
 from ...analysis.periodic import PERIODIC_TARGET_SHARE, SUGGESTED_SHARE, suggested_every
-from ...findings import Finding, Fix
+from ...findings import Evidence, Finding, Fix
 from ...record.cadence import syntax_tree
 from ..common import ATTRIBUTED_SHARE, ms
 from ..rule import Detect, Rule, register
@@ -23,6 +25,15 @@ if TYPE_CHECKING:
 
 # Validation forwards in at least this share of the measured steps run "every step" (not periodic work).
 EVERY_STEP = 0.5
+
+
+@dataclass(frozen=True)
+class EvalEvidence(Evidence):
+    forwards_per_step: float
+    eval_ms_per_step: float
+    share: float
+    suggested_every: int
+    same_inputs: bool | None = None  # True: the same forward of the same inputs, several times a step
 
 
 def _eval_seconds_per_step(ctx: Context) -> float:
@@ -57,12 +68,12 @@ def eval_every_step(ctx: Context) -> Iterator[Finding]:
         cadence = (
             f"evaluate every {every} steps instead of every step (under {PERIODIC_TARGET_SHARE:.0%} of training time)"
         )
-        evidence = {
-            "forwards_per_step": round(stat.per_step, 3),
-            "eval_ms_per_step": round(eval_s * 1e3, 3),
-            "share": round(site_share, 4),
-            "suggested_every": every,
-        }
+        evidence = EvalEvidence(
+            forwards_per_step=round(stat.per_step, 3),
+            eval_ms_per_step=round(eval_s * 1e3, 3),
+            share=round(site_share, 4),
+            suggested_every=every,
+        )
         if call is not None:
             # The same forward of the same module-level inputs, several times a step: one serves them all.
             f = Finding(
@@ -78,7 +89,7 @@ def eval_every_step(ctx: Context) -> Iterator[Finding]:
                     f"compute `{call}` once per evaluation and reuse its output for every metric; and {cadence}",
                     lightning=f"Trainer(val_check_interval={every})",
                 ),
-                evidence={**evidence, "same_inputs": True},
+                evidence=dataclasses.replace(evidence, same_inputs=True),
             )
             f.set_gain(site_share * (1 - 1 / stat.per_step), measured=True)
             f.note = (

@@ -6,17 +6,25 @@ Reads: run, source (the rule table in docs/doctor.md).
 from __future__ import annotations
 
 import ast
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator
 
 from ...analysis.source import SourceIndex, dotted_name
 from ...edits import EditSpec
-from ...findings import Finding, Fix
+from ...findings import Evidence, Finding, Fix
 from ...requests import EvalGradRequest
 from ..common import sources, static_finding
 from ..rule import Detect, Rule, register
 
 if TYPE_CHECKING:
     from ...analysis.context import Context
+
+
+@dataclass(frozen=True)
+class EvalGradEvidence(Evidence):
+    forwards: int  # eval-mode forwards with autograd on, in the whole run
+    ms_total: float
+    share_of_run: float
 
 
 def grad_in_validation(ctx: Context) -> Iterator[Finding]:
@@ -40,7 +48,7 @@ def grad_in_validation(ctx: Context) -> Iterator[Finding]:
                 accelerate="`with torch.no_grad():` around the evaluation loop",
                 hf_trainer="automatic: Trainer.evaluate() runs under torch.no_grad()",
             ),
-            evidence={"forwards": all_count, "ms_total": round(all_seconds * 1e3, 2), "share_of_run": share},
+            evidence=EvalGradEvidence(forwards=all_count, ms_total=round(all_seconds * 1e3, 2), share_of_run=share),
             request=EvalGradRequest(share),
         )
         f.provisional("low")  # what autograd costs here is measured by the what-if

@@ -6,16 +6,25 @@ Reads: run (the rule table in docs/doctor.md).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Iterator
 
 from ...analysis.periodic import PERIODIC_TARGET_SHARE, PeriodicRow
 from ...edits import ByHand, EditSpec
-from ...findings import Finding, Fix
+from ...findings import Evidence, Finding, Fix
 from ..common import ms
 from ..rule import Detect, Rule, register
 
 if TYPE_CHECKING:
     from ...analysis.context import Context
+
+
+@dataclass(frozen=True)
+class PeriodicEvidence(Evidence):
+    every: int | None
+    cost_ms: float  # each occurrence, over an ordinary step
+    share: float | None  # of training time, amortised over its period
+    steps: tuple[int, ...]  # the steps it ran in
 
 
 def periodic_work(ctx: Context) -> Iterator[Finding]:
@@ -58,9 +67,9 @@ def periodic_work(ctx: Context) -> Iterator[Finding]:
         yield f
 
 
-def _evidence(row: PeriodicRow) -> dict[str, Any]:
-    """What the finding's JSON shows of the row."""
-    return {"every": row.every, "cost_ms": row.cost_ms, "share": row.share, "steps": row.steps}
+def _evidence(row: PeriodicRow) -> PeriodicEvidence:
+    """What the finding shows of the row."""
+    return PeriodicEvidence(every=row.every, cost_ms=row.cost_ms, share=row.share, steps=tuple(row.steps))
 
 
 def _unexplained_slow_steps(row: PeriodicRow) -> Finding:

@@ -6,16 +6,23 @@ Reads: run, source (the rule table in docs/doctor.md).
 from __future__ import annotations
 
 import ast
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator
 
 from ...analysis.periodic import suggested_every
 from ...edits import ByHand, EditSpec
-from ...findings import Finding, Fix
+from ...findings import Evidence, Finding, Fix
 from ..common import ms, ran_per_step, sources, static_finding, timed_sites
 from ..rule import Detect, Rule, register
 
 if TYPE_CHECKING:
     from ...analysis.context import Context
+
+
+@dataclass(frozen=True)
+class SaveEvidence(Evidence):
+    per_step: float
+    ms_per_step: float
 
 
 def save_in_loop(ctx: Context) -> Iterator[Finding]:
@@ -36,7 +43,7 @@ def save_in_loop(ctx: Context) -> Iterator[Finding]:
                 fabric="fabric.save(path, state) every N steps",
                 hf_trainer="TrainingArguments(save_steps=N)",
             ),
-            evidence={"per_step": stat.per_step, "ms_per_step": round(stat.seconds_per_step * 1e3, 3)},
+            evidence=SaveEvidence(per_step=stat.per_step, ms_per_step=round(stat.seconds_per_step * 1e3, 3)),
         )
         f.set_gain(share, measured=True)
         yield f
@@ -80,10 +87,11 @@ def _holds_the_step_loop(loop: ast.AST) -> bool:
 
 
 def edit(ctx: Context, f: Finding) -> EditSpec:
-    per_step = f.evidence.get("per_step") or 1.0
+    timed = f.evidence if isinstance(f.evidence, SaveEvidence) else None  # None: the static finding's
+    per_step = (timed.per_step if timed else 0.0) or 1.0
     if per_step > 1.0:
         raise ByHand("torch.save runs more than once per step here; checkpoint less often by hand")
-    cost_s = f.evidence.get("ms_per_step", 0.0) / 1e3 / per_step
+    cost_s = (timed.ms_per_step if timed else 0.0) / 1e3 / per_step
     every = max(2, suggested_every(cost_s, max(ctx.step_s - cost_s, 1e-6), 1))
     return EditSpec("save_every", f"torch.save every {every} steps (was every step)", params={"every": every})
 

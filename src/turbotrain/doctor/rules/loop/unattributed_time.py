@@ -6,9 +6,10 @@ Reads: run (the rule table in docs/doctor.md).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator
 
-from ...findings import Finding, Fix
+from ...findings import Evidence, Finding, Fix
 from ..common import ATTRIBUTED_SHARE, ms
 from ..rule import Detect, Rule, register
 
@@ -24,6 +25,12 @@ _OWN_WORK: tuple[Category, ...] = ("compute", "python_overhead", "optimizer")
 
 
 _GAP_SAMPLED_FROM_S = 1e-3  # the recorder samples untimed batch building from a millisecond a step
+
+
+@dataclass(frozen=True)
+class UnattributedEvidence(Evidence):
+    share: float
+    ms_per_step: float
 
 
 def _why_data(ctx: Context) -> tuple[Site | None, str]:
@@ -86,7 +93,7 @@ def unattributed_time(ctx: Context) -> Iterator[Finding]:
             fix=Fix(
                 "no measured fix: look at the line above, or run with --trace and open the trace to see what runs there"
             ),
-            evidence={"share": round(share, 4), "ms_per_step": round(ctx.seconds(category) * 1e3, 3)},
+            evidence=UnattributedEvidence(share=round(share, 4), ms_per_step=round(ctx.seconds(category) * 1e3, 3)),
         )
         f.provisional("low")
         yield f

@@ -7,11 +7,12 @@ Reads: machine + run (docs/doctor.md, "Findings").
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator
 
 from ....speedups.cpu_threads import fit_to_cores
 from ...analysis.ranks import oversubscribed
-from ...findings import Finding, Fix, speedup_for_rule
+from ...findings import Evidence, Finding, Fix, speedup_for_rule
 from ...rank_change import RankChange
 from ...requests import JobRequest, ThreadsRequest
 from ..common import call_site, on_a_job, rank_change_edit
@@ -24,6 +25,28 @@ if TYPE_CHECKING:
 # Background load below a quarter of a core (a shell, a logger) leaves a core free. A neighbour pinned to one
 # core gets only about half of it while our own threads also want it, so half a core busy is a taken core.
 BACKGROUND_CORES = 0.25
+
+
+@dataclass(frozen=True)
+class ThreadsEvidence(Evidence):
+    """One process's threads and workers, and those to use (the threads what-if's best, once it has timed them)."""
+
+    threads: int
+    workers: int
+    usable_cores: int | None
+    other_load: float  # other processes' busy cores
+    recommended_threads: int
+    recommended_workers: int
+
+
+@dataclass(frozen=True)
+class RankThreadsEvidence(Evidence):
+    """The ranks on one host: each one's threads, and the count that fits the host's cores."""
+
+    ranks_on_host: int
+    threads: tuple[int, ...]
+    usable_cores: int
+    recommended_threads: int
 
 
 def free_cores(usable: int, others: float) -> int:
@@ -98,14 +121,14 @@ def cpu_oversubscribed(ctx: Context) -> Iterator[Finding]:
             f"core(s){busy}: parallel ops wait at a barrier for threads that have no core."
         ),
         fix=threads_fix(k, workers, w),
-        evidence={
-            "threads": threads,
-            "workers": workers,
-            "usable_cores": usable,
-            "other_load": others,
-            "recommended_threads": k,
-            "recommended_workers": w,
-        },
+        evidence=ThreadsEvidence(
+            threads=threads,
+            workers=workers,
+            usable_cores=usable,
+            other_load=others,
+            recommended_threads=k,
+            recommended_workers=w,
+        ),
         request=ThreadsRequest(tuple(candidates(ctx, found))),
     )
     f.provisional("medium")
@@ -141,12 +164,9 @@ def ranks_oversubscribed(ctx: Context) -> Iterator[Finding]:
             "other ranks' threads keep off a core."
         ),
         fix=fix,
-        evidence={
-            "ranks_on_host": len(threads),
-            "threads": threads,
-            "usable_cores": usable,
-            "recommended_threads": fit,
-        },
+        evidence=RankThreadsEvidence(
+            ranks_on_host=len(threads), threads=tuple(threads), usable_cores=usable, recommended_threads=fit
+        ),
         request=JobRequest(RankChange(threads=fit)),
     )
     finding.provisional("medium")

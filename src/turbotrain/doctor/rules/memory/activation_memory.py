@@ -11,13 +11,14 @@ another fix measured takes the peak as far down, faster (:func:`ranked`).
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterator, Literal, Sequence
 
 from ....measure import judge
 from ...analysis.memory import blocks_to_checkpoint, capacity_bytes
 from ...analysis.memory_fixes import FixCost, bf16_autocast, checkpointing, micro_batches, set_to_none
 from ...edits import EXACT, PRECISION, ByHand, EditSpec
-from ...findings import Finding
+from ...findings import Evidence, Finding
 from ...requests import OwnTrial
 from ...results import MeasuredFix, MemoryResult
 from ..rule import Detect, Measured, Rule, TimeLeft, register
@@ -33,6 +34,15 @@ ACTIVATION_SHARE = 1 / 3
 SAVES = 0.98
 # Steps one fix costs to measure (warm-up, the dispatch-mode step at several times a step, timed steps; both sides).
 STEPS_PER_FIX = 20
+
+
+@dataclass(frozen=True)
+class ActivationEvidence(Evidence):
+    peak_bytes: int
+    activation_bytes: int
+    blocks: dict[str, int]  # the blocks to checkpoint, largest saver first: bytes each saves for backward
+    called_at: dict[str, str | None]  # where each block's call is, where known
+    capacity_bytes: int | None
 
 
 def activation_memory(ctx: Context) -> Iterator[Finding]:
@@ -62,13 +72,13 @@ def activation_memory(ctx: Context) -> Iterator[Finding]:
             f"most: {named}."
         ),
         fix=fix_for("checkpointing", ", ".join(blocks)),
-        evidence={
-            "peak_bytes": memory.peak_bytes,
-            "activation_bytes": memory.peak.activations,
-            "blocks": {name: rows[name].total_bytes for name in blocks},
-            "called_at": {name: ctx.where(rows[name].call) for name in blocks if rows[name].call is not None},
-            "capacity_bytes": capacity,
-        },
+        evidence=ActivationEvidence(
+            peak_bytes=memory.peak_bytes,
+            activation_bytes=memory.peak.activations,
+            blocks={name: rows[name].total_bytes for name in blocks},
+            called_at={name: ctx.where(rows[name].call) for name in blocks if rows[name].call is not None},
+            capacity_bytes=capacity,
+        ),
         request=OwnTrial(),
     )
     tight = capacity is not None and memory.peak_bytes * 2 > capacity
@@ -84,7 +94,7 @@ def measure(ctx: Context, finding: Finding, budget: TimeLeft) -> Measured | None
         return None
     optimizers = [opt for opt, _ in ctx.optimizers]
     batch = (capture.args, capture.kwargs)
-    blocks = list(finding.evidence.get("blocks", {}))
+    blocks = list(finding.evidence_as(ActivationEvidence).blocks)
     trials: list[Callable[[], FixCost]] = [lambda: checkpointing(capture.module, optimizers, batch, blocks, repeats=2)]
     trials.append(lambda: bf16_autocast(capture.module, optimizers, batch, repeats=2))
     if capture.batch_size % 2 == 0:
@@ -199,7 +209,7 @@ def _set_to_none(ctx: Context, why: str) -> EditSpec:
 def _checkpoint(ctx: Context, f: Finding) -> EditSpec:
     memory = ctx.step_memory
     rows = {m.name: m for m in memory.modules} if memory is not None else {}
-    blocks = list(f.evidence.get("blocks", {}))
+    blocks = list(f.evidence_as(ActivationEvidence).blocks)
     calls = [rows[name].call for name in blocks if name in rows]
     sites = [c for c in calls if c is not None]
     if not blocks or len(sites) < len(blocks) or len({c.file for c in sites}) != 1:

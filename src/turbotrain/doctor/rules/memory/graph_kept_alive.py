@@ -7,11 +7,12 @@ few at every boundary, one that keeps its losses one more each step.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator
 
 from ...edits import EditSpec
 from ...analysis.memory import size_text
-from ...findings import Finding, Fix
+from ...findings import Evidence, Finding, Fix
 from ..rule import Detect, Rule, register
 
 if TYPE_CHECKING:
@@ -19,6 +20,20 @@ if TYPE_CHECKING:
 
 # Graph bytes kept per step from which the leak is worth more than a low finding (a million steps: 1 TB).
 SERIOUS_BYTES_PER_STEP = 2**20
+
+
+@dataclass(frozen=True)
+class GraphGrowthEvidence(Evidence):
+    """At the step boundaries counted: the tensors with a graph alive, their graph nodes and bytes."""
+
+    holder: str  # the script's variable that keeps them ("": not known)
+    steps: tuple[int, ...]
+    tensors: tuple[int, ...]
+    nodes: tuple[int, ...]
+    bytes: tuple[int, ...]
+    tensors_per_step: float
+    nodes_per_step: float
+    bytes_per_step: float
 
 
 def graph_kept_alive(ctx: Context) -> Iterator[Finding]:
@@ -49,16 +64,7 @@ def graph_kept_alive(ctx: Context) -> Iterator[Finding]:
             lightning="self.log('train_loss', loss) keeps the value for you; keep loss.detach() if you must",
             hf_trainer="the Trainer logs the loss itself: keep loss.detach() in your own callbacks",
         ),
-        evidence={
-            "holder": growth.holder,
-            "steps": list(growth.steps),
-            "tensors": list(growth.tensors),
-            "nodes": list(growth.nodes),
-            "bytes": list(growth.bytes),
-            "tensors_per_step": growth.tensors_per_step,
-            "nodes_per_step": growth.nodes_per_step,
-            "bytes_per_step": growth.bytes_per_step,
-        },
+        evidence=GraphGrowthEvidence.read(growth),
     )
     f.provisional("medium" if growth.bytes_per_step >= SERIOUS_BYTES_PER_STEP else "low")
     f.note = "Memory, not speed: it grows with every step until the run ends or runs out."
@@ -67,7 +73,7 @@ def graph_kept_alive(ctx: Context) -> Iterator[Finding]:
 
 def edit(ctx: Context, f: Finding) -> EditSpec:
     """``.detach()`` on what the loop keeps at the line the holder grew: the same values, no graph."""
-    holder = f.evidence.get("holder") or ""
+    holder = f.evidence_as(GraphGrowthEvidence).holder
     return EditSpec("detach", f"{holder or 'what the loop keeps'}: keep .detach(), not the graph", {"holder": holder})
 
 

@@ -8,10 +8,13 @@ measured there for bytes and time (:mod:`~turbotrain.doctor.analysis.memory`).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Iterator, Literal
 
 from ...edits import ByHand, EditSpec
-from ...findings import Finding, Fix
+from ...findings import Evidence, Finding, Fix
+from ...record.measurements import MemoryPhase
+from ...results import MeasuredFix
 from ..rule import Detect, Rule, register
 from ._loop_edits import LOOP_FIXES, loop_edit, micro_batch_count
 from ._text import fix_for, measured, size_text
@@ -22,10 +25,53 @@ if TYPE_CHECKING:
     from ...analysis.memory_fixes import FixCost
 
 
-def _fixes_json(fit: FitMeasure) -> list[dict[str, Any]]:
-    return [
-        {**measured(e.cost).to_dict(), "estimated_bytes_at_batch": e.estimated_bytes, "fits": e.fits} for e in fit.fixes
-    ]
+@dataclass(frozen=True)
+class FittingFix:
+    """A fix measured at the batch that fits, the bytes it would need at the script's batch, and whether they fit."""
+
+    measured: MeasuredFix
+    estimated_bytes_at_batch: int
+    fits: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.measured.to_dict(), "estimated_bytes_at_batch": self.estimated_bytes_at_batch, "fits": self.fits}
+
+
+@dataclass(frozen=True)
+class AtFit(Evidence):
+    """The step measured again at ``rows`` of the script's ``full_rows``, and the fixes measured there."""
+
+    rows: int
+    full_rows: int
+    peak_bytes: int
+    estimated_bytes: int
+    capacity_bytes: int | None
+    fixes: tuple[FittingFix, ...]
+
+
+@dataclass(frozen=True)
+class OutOfMemoryEvidence(Evidence):
+    device: str  # "cuda", "cpu", "mps", "xpu" or "" (record/out_of_memory.py)
+    phase: MemoryPhase | Literal[""]  # "": none (loading data, the script's own code)
+    step: int | None
+    error: str
+    fit: AtFit | None = None  # measured again after the error
+
+    def to_dict(self) -> dict[str, Any]:
+        out = super().to_dict()
+        fit = out.pop("fit", {})  # its fields beside the error's, as the JSON has always had them
+        return {**out, **fit}
+
+
+def _at_fit(fit: FitMeasure) -> AtFit:
+    return AtFit(
+        rows=fit.rows,
+        full_rows=fit.full_rows,
+        peak_bytes=fit.memory.peak_bytes,
+        estimated_bytes=fit.estimated_bytes,
+        capacity_bytes=fit.capacity_bytes,
+        fixes=tuple(FittingFix(measured(e.cost), e.estimated_bytes, e.fits) for e in fit.fixes),
+    )
 
 
 def _held(fit: FitMeasure) -> str:
@@ -61,7 +107,6 @@ def out_of_memory(ctx: Context) -> Iterator[Finding]:
     step = f" at step {oom.step + 1}" if oom.step is not None else ""
     asked = f", asking for {size_text(oom.requested_bytes)}" if oom.requested_bytes else ""
     message = f"The script ran out of {oom.device or 'device'} memory{step}{where}{asked}."
-    evidence: dict[str, Any] = {"device": oom.device, "phase": oom.phase, "step": oom.step, "error": oom.message}
     fix = Fix(
         "make the step smaller: fewer rows per forward with gradient accumulation, bf16 autocast, or activation "
         "checkpointing of the largest blocks",
@@ -83,18 +128,17 @@ def out_of_memory(ctx: Context) -> Iterator[Finding]:
             if fits
             else "None of the fixes measured fits alone: a smaller batch does."
         )
-        evidence.update(
-            rows=fit.rows,
-            full_rows=fit.full_rows,
-            peak_bytes=fit.memory.peak_bytes,
-            estimated_bytes=fit.estimated_bytes,
-            capacity_bytes=fit.capacity_bytes,
-            fixes=_fixes_json(fit),
-        )
         if fits:
             fix = fix_for(fits[0].cost.fix, fits[0].cost.detail)
     elif not ctx.memory_allowed:
         message += " The step was not measured again (--no-what-if): run without it to see what fits."
+    evidence = OutOfMemoryEvidence(
+        device=oom.device,
+        phase=oom.phase,
+        step=oom.step,
+        error=oom.message,
+        fit=_at_fit(fit) if fit is not None else None,
+    )
     f = Finding("out-of-memory", site=oom.site, message=message, fix=fix, evidence=evidence)
     f.provisional("high")
     f.note = (

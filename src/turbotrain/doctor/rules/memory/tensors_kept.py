@@ -9,9 +9,10 @@ the run. Tensors that carry their graph are ``graph-kept-alive``'s.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator
 
-from ...findings import Finding, Fix
+from ...findings import Evidence, Finding, Fix
 from ..rule import Detect, Rule, register
 from ._text import size_text
 
@@ -20,6 +21,18 @@ if TYPE_CHECKING:
 
 # Bytes kept per step from which the growth is worth more than a low finding (a million steps: 1 TB).
 SERIOUS_BYTES_PER_STEP = 2**20
+
+
+@dataclass(frozen=True)
+class TensorGrowthEvidence(Evidence):
+    """At the step boundaries counted: the tensors the container held, and their bytes."""
+
+    holder: str
+    device: str
+    steps: tuple[int, ...]
+    tensors: tuple[int, ...]
+    bytes: tuple[int, ...]
+    bytes_per_step: float
 
 
 def tensors_kept(ctx: Context) -> Iterator[Finding]:
@@ -47,14 +60,7 @@ def tensors_kept(ctx: Context) -> Iterator[Finding]:
             "nothing kept across steps",
             hf_trainer="compute_metrics sees what the evaluation gathers: keep nothing across training steps",
         ),
-        evidence={
-            "holder": growth.holder,
-            "device": growth.device,
-            "steps": list(growth.steps),
-            "tensors": list(growth.tensors),
-            "bytes": list(growth.bytes),
-            "bytes_per_step": per_step,
-        },
+        evidence=TensorGrowthEvidence.read(growth),
     )
     f.provisional("medium" if per_step >= SERIOUS_BYTES_PER_STEP else "low")
     f.note = "Memory, not speed: it grows with every step until the run ends or runs out."

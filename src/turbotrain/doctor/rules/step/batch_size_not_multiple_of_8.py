@@ -5,13 +5,19 @@ Reads: model; matters: yes (the rule table in docs/doctor.md).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator
 
-from ...findings import Finding, Fix, speedup_for_rule
+from ...findings import Evidence, Finding, Fix, speedup_for_rule
 from ..rule import Detect, Rule, register
 
 if TYPE_CHECKING:
     from ...analysis.context import Context
+
+
+@dataclass(frozen=True)
+class BatchSizeEvidence(Evidence):
+    batch_size: int
 
 
 def batch_size_not_multiple_of_8(ctx: Context) -> Iterator[Finding]:
@@ -30,7 +36,7 @@ def batch_size_not_multiple_of_8(ctx: Context) -> Iterator[Finding]:
         fix=Fix(
             f"batch_size={batch // 8 * 8 or 8} or {(batch // 8 + 1) * 8}", plan={"batch_size": (batch // 8 + 1) * 8}
         ),
-        evidence={"batch_size": batch},
+        evidence=BatchSizeEvidence(batch_size=batch),
     )
     f.provisional("medium" if ctx.on_gpu and ctx.breakdown.bottleneck == "compute" and ctx.facts.autocast else "low")
     yield f.on_cpu(ctx, " with tensor cores")

@@ -5,12 +5,13 @@ Reads: model (the rule table in docs/doctor.md).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator
 
 from torch import nn
 
 from ...edits import REINITIALISED, ByHand, EditSpec
-from ...findings import Finding, Fix, speedup_for_rule
+from ...findings import Evidence, Finding, Fix, speedup_for_rule
 from ...requests import PlanRequest
 from ...sites import Site
 from ..common import for_this_model
@@ -18,6 +19,11 @@ from ..rule import Detect, Rule, register
 
 if TYPE_CHECKING:
     from ...analysis.context import Context
+
+
+@dataclass(frozen=True)
+class ConvBnEvidence(Evidence):
+    pairs: tuple[tuple[str, str], ...]  # (conv, the BatchNorm after it), by their names in the model
 
 
 def conv_bias_before_bn(ctx: Context) -> Iterator[Finding]:
@@ -37,7 +43,7 @@ def conv_bias_before_bn(ctx: Context) -> Iterator[Finding]:
             f"{', ...' if len(pairs) > 4 else ''})."
         ),
         fix=Fix("nn.Conv2d(..., bias=False) before each BatchNorm", plan={"drop_conv_bias": True}),
-        evidence={"pairs": [list(p) for p in pairs]},
+        evidence=ConvBnEvidence(pairs=pairs),
         request=PlanRequest({"drop_conv_bias": True}),
     )
     f.provisional("low")
@@ -51,7 +57,7 @@ def edit(ctx: Context, f: Finding) -> EditSpec:
     """bias=False on every line that builds a conv a BatchNorm follows (and only such convs)."""
     assert f.site is not None  # fixes.choose plans only findings with a site
     modules = dict(ctx.model.named_modules()) if ctx.model is not None else {}
-    paired = {name for name, _ in f.evidence.get("pairs", [])}
+    paired = {name for name, _ in f.evidence_as(ConvBnEvidence).pairs}
     sites: dict[Site, list[str]] = {}
     for name, module in modules.items():
         if isinstance(module, _CONVS):

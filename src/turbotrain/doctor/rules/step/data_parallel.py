@@ -5,16 +5,22 @@ Reads: model, source; matters: yes (the rule table in docs/doctor.md).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator
 
 from torch import nn
 
-from ...findings import Finding, Fix, speedup_for_rule
+from ...findings import Evidence, Finding, Fix, speedup_for_rule
 from ..common import sources, static_finding
 from ..rule import Detect, Rule, register
 
 if TYPE_CHECKING:
     from ...analysis.context import Context
+
+
+@dataclass(frozen=True)
+class DataParallelEvidence(Evidence):
+    gpus: int
 
 
 def data_parallel(ctx: Context) -> Iterator[Finding]:
@@ -39,7 +45,7 @@ def data_parallel(ctx: Context) -> Iterator[Finding]:
                     fabric="Fabric(strategy='ddp', devices=N)",
                     hf_trainer="torchrun --nproc-per-node N train.py (the Trainer then runs DDP itself)",
                 ),
-                evidence={"gpus": gpus},
+                evidence=DataParallelEvidence(gpus=gpus),
             )
             f.provisional("high" if gpus >= 2 else "medium")
             yield f.on_cpu(ctx)

@@ -5,11 +5,12 @@ Reads: model; matters: yes (the rule table in docs/doctor.md).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator, cast
 
 from torch import nn
 
-from ...findings import Finding, Fix
+from ...findings import Evidence, Finding, Fix
 from ..rule import Detect, Rule, register
 
 if TYPE_CHECKING:
@@ -17,6 +18,12 @@ if TYPE_CHECKING:
 
 
 _SHAPED = (nn.Linear, nn.Embedding, nn.Conv1d, nn.Conv2d, nn.Conv3d)
+
+
+@dataclass(frozen=True)
+class DimsEvidence(Evidence):
+    module: str
+    dims: tuple[int, int]  # its in and out features (an embedding's count and width)
 
 
 def _dims(module: nn.Module) -> tuple[int, int]:
@@ -56,7 +63,7 @@ def dims_not_multiple_of_8(ctx: Context) -> Iterator[Finding]:
                 f"pad it to {', '.join(map(str, padded))} (a multiple of 64), e.g. a vocabulary padded with "
                 "unused tokens"
             ),
-            evidence={"module": name, "dims": list(dims)},
+            evidence=DimsEvidence(module=name, dims=dims),
         )
         f.provisional("medium" if ctx.on_gpu and (ctx.facts.autocast or ctx.hw.tf32) else "low")
         reported += 1

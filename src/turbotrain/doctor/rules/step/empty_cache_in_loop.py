@@ -5,14 +5,20 @@ Reads: run, source; matters: yes (the rule table in docs/doctor.md).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator
 
-from ...findings import Finding, Fix
+from ...findings import Evidence, Finding, Fix
 from ..common import sources, static_finding
 from ..rule import Detect, Rule, register
 
 if TYPE_CHECKING:
     from ...analysis.context import Context
+
+
+@dataclass(frozen=True)
+class EmptyCacheEvidence(Evidence):
+    per_step: float
 
 
 def empty_cache(ctx: Context) -> Iterator[Finding]:
@@ -30,7 +36,7 @@ def empty_cache(ctx: Context) -> Iterator[Finding]:
                 "Remove it from the loop (call it at most once, e.g. before evaluation of a different model); "
                 "use torch.cuda.memory_summary() to find what really holds memory."
             ),
-            evidence={"per_step": stat.per_step},
+            evidence=EmptyCacheEvidence(per_step=stat.per_step),
         )
         f.provisional("medium")
         yield f.on_cpu(ctx)

@@ -9,7 +9,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterator
 
-from ...findings import Finding, Fix
+from ...findings import Evidence, Finding, Fix
 from ...sites import Site
 from ..common import ms
 from ..rule import Detect, Rule, register
@@ -43,6 +43,13 @@ class _Syncs:
     seconds: float = 0.0
 
 
+@dataclass(frozen=True)
+class HostSyncEvidence(Evidence):
+    per_step: float
+    kinds: tuple[str, ...]  # the calls that synced ("item", "repr", ...), sorted
+    ms_per_step: float
+
+
 def host_sync(ctx: Context) -> Iterator[Finding]:
     by_site: defaultdict[Site, _Syncs] = defaultdict(_Syncs)
     for stat in ctx.ran_sites("sync:"):
@@ -73,11 +80,11 @@ def host_sync(ctx: Context) -> Iterator[Finding]:
                 accelerate="accelerator.gather(...) and .item() only on logging steps",
                 hf_trainer="TrainingArguments(logging_steps=N): the Trainer reads the loss on logging steps",
             ),
-            evidence={
-                "per_step": entry.per_step,
-                "kinds": sorted(entry.kinds),
-                "ms_per_step": round(entry.seconds * 1e3, 4),
-            },
+            evidence=HostSyncEvidence(
+                per_step=entry.per_step,
+                kinds=tuple(sorted(entry.kinds)),
+                ms_per_step=round(entry.seconds * 1e3, 4),
+            ),
         )
         f.set_gain(share, measured=True)
         if not ctx.on_gpu:

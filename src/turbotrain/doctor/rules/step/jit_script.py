@@ -6,16 +6,23 @@ Reads: source, run (the rule table in docs/doctor.md).
 from __future__ import annotations
 
 import ast
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator
 
 from ...analysis.source import dotted_name
-from ...findings import Finding, Fix, speedup_for_rule
+from ...findings import Evidence, Finding, Fix, speedup_for_rule
 from ...requests import PlanRequest
 from ..common import sources, static_finding
 from ..rule import Detect, Rule, register
 
 if TYPE_CHECKING:
     from ...analysis.context import Context
+
+
+@dataclass(frozen=True)
+class DispatchEvidence(Evidence):
+    python_overhead_share: float
+    pointwise_share: float  # of the profiled ops' time
 
 
 def fuse_with_compile(ctx: Context) -> Iterator[Finding]:
@@ -46,7 +53,7 @@ def fuse_with_compile(ctx: Context) -> Iterator[Finding]:
             fabric="model = torch.compile(model) before fabric.setup(model)",
             hf_trainer="TrainingArguments(torch_compile=True)",
         ),
-        evidence={"python_overhead_share": round(overhead, 3), "pointwise_share": round(pointwise, 3)},
+        evidence=DispatchEvidence(python_overhead_share=round(overhead, 3), pointwise_share=round(pointwise, 3)),
         request=PlanRequest({"compile": mode}, compile=True),
     )
     f.provisional("low")

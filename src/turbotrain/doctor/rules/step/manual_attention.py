@@ -6,17 +6,24 @@ Reads: source + run (the rule table in docs/doctor.md).
 from __future__ import annotations
 
 import ast
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator
 
 from ...analysis.source import dotted_name
 from ...edits import PRECISION, EditSpec
-from ...findings import Finding, Fix
+from ...findings import Evidence, Finding, Fix
 from ...requests import AttentionRequest
 from ..common import ran_per_step, sources
 from ..rule import Detect, Rule, register
 
 if TYPE_CHECKING:
     from ...analysis.context import Context
+
+
+@dataclass(frozen=True)
+class AttentionEvidence(Evidence):
+    function: str  # the function that computes it
+    per_step: float  # its softmax's calls per measured step
 
 
 def _has_transposed_matmul(node: ast.AST) -> bool:
@@ -61,7 +68,7 @@ def manual_attention(ctx: Context) -> Iterator[Finding]:
                     "can run." + (f" It runs {per_step:g}x per step." if per_step else "")
                 ),
                 fix=Fix("torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=..., is_causal=...)"),
-                evidence={"function": func.name, "per_step": per_step},
+                evidence=AttentionEvidence(function=func.name, per_step=per_step),
                 request=AttentionRequest(index.path, lines, site, per_step, bool(causal)),
             )
             f.provisional("medium" if per_step else "low")
@@ -72,7 +79,7 @@ def manual_attention(ctx: Context) -> Iterator[Finding]:
 
 def edit(ctx: Context, f: Finding) -> EditSpec:
     assert f.site is not None  # fixes.choose plans only findings with a site
-    name = f.evidence.get("function", "the attention")
+    name = f.evidence_as(AttentionEvidence).function
     line = f.request.softmax.line if isinstance(f.request, AttentionRequest) else f.site.line
     return EditSpec(
         "sdpa", f"scaled_dot_product_attention for the attention in {name}()", numerics=PRECISION, line=line

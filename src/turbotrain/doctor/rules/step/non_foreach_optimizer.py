@@ -5,16 +5,25 @@ Reads: optimizer (the rule table in docs/doctor.md).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Iterator, Literal
 
 from ....speedups import fused_optimizer
 from ...edits import ByHand, EditSpec
-from ...findings import Finding, Fix, speedup_for_rule
+from ...findings import Evidence, Finding, Fix, speedup_for_rule
 from ...requests import PlanRequest
 from ..rule import Detect, Rule, register
 
 if TYPE_CHECKING:
     from ...analysis.context import Context
+
+
+@dataclass(frozen=True)
+class OptimizerEvidence(Evidence):
+    param_tensors: int
+    implementation: str  # what its step runs now: "for-loop" (speedups/fused_optimizer.py)
+    optimizer_share: float
+    switch: Literal["fused", "foreach"]  # the keyword the fix sets
 
 
 def non_foreach_optimizer(ctx: Context) -> Iterator[Finding]:
@@ -40,12 +49,12 @@ def non_foreach_optimizer(ctx: Context) -> Iterator[Finding]:
                 f"{type(opt).__name__}(..., {'fused=True' if fused else 'foreach=True'})",
                 plan={"fused_optimizer": True},
             ),
-            evidence={
-                "param_tensors": n,
-                "implementation": impl,
-                "optimizer_share": round(share, 3),
-                "switch": "fused" if fused else "foreach",
-            },
+            evidence=OptimizerEvidence(
+                param_tensors=n,
+                implementation=impl,
+                optimizer_share=round(share, 3),
+                switch="fused" if fused else "foreach",
+            ),
             request=PlanRequest({"fused_optimizer": True}),
         )
         f.provisional("medium" if share >= 0.2 and n >= 100 else "low")
@@ -56,7 +65,7 @@ def edit(ctx: Context, f: Finding) -> EditSpec:
     opt = next((o for o, site in ctx.optimizers if site == f.site), None)
     if opt is None:
         raise ByHand("the optimizer the finding names was not seen being built")
-    switch, cls = f.evidence["switch"], type(opt).__name__
+    switch, cls = f.evidence_as(OptimizerEvidence).switch, type(opt).__name__
     return EditSpec("optimizer", f"{cls}(..., {switch}=True)", params={"class": cls, "switch": switch})
 
 

@@ -5,10 +5,11 @@ Reads: model + run, and the step's measured memory (the rule table in docs/docto
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Iterator
 
 from ...analysis.memory import capacity_bytes, scaled_bytes, size_text
-from ...findings import Finding, Fix, speedup_for_rule
+from ...findings import Evidence, Finding, Fix, speedup_for_rule
 from ...requests import BatchRequest
 from ..rule import Detect, Rule, register
 
@@ -20,12 +21,31 @@ if TYPE_CHECKING:
 HEADROOM = 0.9
 
 
+@dataclass(frozen=True)
+class LargerBatchMemory(Evidence):
+    """What a larger batch would need at the step's peak, against what the device has."""
+
+    batch_size: int
+    needs_bytes: int
+    measured_peak_bytes: int
+    capacity_bytes: int | None
+    device: str
+    fits: bool
+
+
+@dataclass(frozen=True)
+class SmallBatchEvidence(Evidence):
+    batch_size: int
+    python_overhead_share: float
+    memory: LargerBatchMemory | None = None  # where the step's memory was measured
+
+
 def larger_factor(batch: int) -> int:
     """The multiple of the script's batch to propose and time: 8x, at least 2x, up to 64 samples."""
     return max(2, min(8, 64 // max(1, batch)))
 
 
-def _fitting(memory: StepMemory, batch: int, factor: int) -> tuple[int, dict[str, Any]]:
+def _fitting(memory: StepMemory, batch: int, factor: int) -> tuple[int, LargerBatchMemory]:
     """The largest multiple of ``batch`` up to ``factor`` whose estimated peak fits the device (0: not even 2x), and
     the figures that say so."""
     capacity = capacity_bytes(memory)
@@ -38,32 +58,31 @@ def _fitting(memory: StepMemory, batch: int, factor: int) -> tuple[int, dict[str
         ]
         fitting = fits[0] if fits else 0
     shown = fitting or 2  # where none fits, what the smallest larger batch would need
-    evidence = {
-        "batch_size": batch * shown,
-        "needs_bytes": scaled_bytes(memory, memory.peak_bytes, batch, batch * shown),
-        "measured_peak_bytes": memory.peak_bytes,
-        "capacity_bytes": capacity,
-        "device": memory.memory.device,
-        "fits": bool(fitting),
-    }
-    return fitting, evidence
+    said = LargerBatchMemory(
+        batch_size=batch * shown,
+        needs_bytes=scaled_bytes(memory, memory.peak_bytes, batch, batch * shown),
+        measured_peak_bytes=memory.peak_bytes,
+        capacity_bytes=capacity,
+        device=memory.memory.device,
+        fits=bool(fitting),
+    )
+    return fitting, said
 
 
-def _memory_text(memory: dict[str, Any], batch: int) -> str:
-    device = memory["device"]
+def _memory_text(memory: LargerBatchMemory, batch: int) -> str:
     room = (
         "not known"
-        if memory["capacity_bytes"] is None
-        else f"{size_text(memory['capacity_bytes'])} of RAM available"
-        if device == "cpu"
-        else f"{size_text(memory['capacity_bytes'])} on {device}"
+        if memory.capacity_bytes is None
+        else f"{size_text(memory.capacity_bytes)} of RAM available"
+        if memory.device == "cpu"
+        else f"{size_text(memory.capacity_bytes)} on {memory.device}"
     )
     said = (
-        f" A batch of {memory['batch_size']} needs about {size_text(memory['needs_bytes'])} at the step's peak "
-        f"(the batch-sized part of the {size_text(memory['measured_peak_bytes'])} measured at {batch}, scaled), "
+        f" A batch of {memory.batch_size} needs about {size_text(memory.needs_bytes)} at the step's peak "
+        f"(the batch-sized part of the {size_text(memory.measured_peak_bytes)} measured at {batch}, scaled), "
         f"against {room}"
     )
-    return said + (": it fits." if memory["fits"] else ": it does not fit; accumulate gradients instead.")
+    return said + (": it fits." if memory.fits else ": it does not fit; accumulate gradients instead.")
 
 
 def small_batch(ctx: Context) -> Iterator[Finding]:
@@ -73,11 +92,10 @@ def small_batch(ctx: Context) -> Iterator[Finding]:
         return
     factor = larger_factor(batch)
     memory = ctx.step_memory
-    evidence: dict[str, Any] = {"batch_size": batch, "python_overhead_share": round(overhead, 3)}
-    said = ""
+    fitting = None
     if memory is not None:
-        factor, evidence["memory"] = _fitting(memory, batch, factor)
-        said = _memory_text(evidence["memory"], batch)
+        factor, fitting = _fitting(memory, batch, factor)
+    said = _memory_text(fitting, batch) if fitting is not None else ""
     f = Finding(
         "small-batch",
         site=ctx.main_loader.site if ctx.main_loader else ctx.capture.site,
@@ -100,7 +118,7 @@ def small_batch(ctx: Context) -> Iterator[Finding]:
             hf_trainer="TrainingArguments(per_device_train_batch_size=...); gradient_accumulation_steps=k keeps "
             "the effective size",
         ),
-        evidence=evidence,
+        evidence=SmallBatchEvidence(batch_size=batch, python_overhead_share=round(overhead, 3), memory=fitting),
         # Only a batch that fits is timed: a trial of one that does not would end in an out-of-memory error.
         request=BatchRequest(factor) if factor else None,
     )

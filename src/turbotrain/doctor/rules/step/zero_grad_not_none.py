@@ -5,17 +5,23 @@ Reads: run, source (the rule table in docs/doctor.md).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator
 
 from ...analysis.source import is_const, keyword
 from ...edits import EditSpec
-from ...findings import Finding, Fix, speedup_for_rule
+from ...findings import Evidence, Finding, Fix, speedup_for_rule
 from ...requests import PlanRequest
 from ..common import sources, static_finding
 from ..rule import Detect, Rule, register
 
 if TYPE_CHECKING:
     from ...analysis.context import Context
+
+
+@dataclass(frozen=True)
+class ZeroGradEvidence(Evidence):
+    per_step: float
 
 
 def zero_grad_not_none(ctx: Context) -> Iterator[Finding]:
@@ -30,7 +36,7 @@ def zero_grad_not_none(ctx: Context) -> Iterator[Finding]:
             fix=Fix(
                 "optimizer.zero_grad() (set_to_none=True is the default since torch 2.0)", plan={"set_to_none": True}
             ),
-            evidence={"per_step": stat.per_step},
+            evidence=ZeroGradEvidence(per_step=stat.per_step),
             request=PlanRequest({"set_to_none": True}, baseline={"set_to_none": False}),
         )
         f.provisional("low")
