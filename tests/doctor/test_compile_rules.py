@@ -113,6 +113,80 @@ def test_a_break_on_the_doctors_own_probes_is_not_the_scripts():
     assert findings(context(code([PROBE_BREAK, ITEM_BREAK])), "compile-graph-break")
 
 
+# torch's words (2.13) for DDP's own breaks under torch.compile(DistributedDataParallel(model)).
+DDP_LOGGER = ("Unsupported method call\n  Explanation: Dynamo does not know how to trace method "
+              "`set_runtime_stats_and_log` of class `Logger`\n  Hint: Avoid calling `Logger.set_runtime_stats_and_log` "
+              "in your code.\n  Developer debug context: call_method UserDefinedObjectVariable(Logger) "
+              "set_runtime_stats_and_log [] {}")
+DDP_SKIPPED = ("Attempted to call function marked as skipped\n  Explanation: Dynamo developers have intentionally "
+               "marked that the function `DistributedDataParallel._inside_ddp_forward` in file `torch/_compile.py` "
+               "should not be traced.")
+TORCH = "/venv/lib/python3.11/site-packages/torch"
+
+
+def in_torch(title: str, reason: str, line: int, function: str, gb_id: str) -> GraphBreak:
+    """A break torch met in DDP's code, run from the user's line 19."""
+    return GraphBreak(site(19, "<module>"), title, gb_id, reason, count=1,
+                      inside=Site(f"{TORCH}/nn/parallel/distributed.py", line, function), library="torch")
+
+
+def ddp(*breaks: GraphBreak, graphs: int = 0) -> CompiledCode:
+    """torch.compile(DistributedDataParallel(...)): torch's wrap_inline code, named after the module."""
+    return CompiledCode("DistributedDataParallel", Site(f"{TORCH}/_dynamo/external_utils.py", 67, "inner"),
+                        site(19, "<module>"), compiles=4, graphs=graphs, breaks=breaks, recompiles=(),
+                        first_compile_s=0.6)
+
+
+def test_a_break_in_torchs_own_code_is_torchs_not_a_print_of_the_script():
+    """DDP's C++ Logger is no logging call: the breaks in DDP's code are named as torch's, at the user's call of
+    the module, in one finding; with no graph captured, the fix compiles the module DDP runs."""
+    from turbotrain.doctor.edits import ByHand
+    from turbotrain.doctor.rules.compile.compile_graph_break import LIBRARY, edit
+
+    logger = in_torch("Unsupported method call", DDP_LOGGER, 1757, "_pre_forward", "GB0156")
+    skipped = in_torch("Attempted to call function marked as skipped", DDP_SKIPPED, 1714, "_run_ddp_forward", "GB0007")
+    assert break_kind(logger) == break_kind(skipped) == LIBRARY
+    ctx = context(ddp(logger, skipped))
+    [f] = findings(ctx, "compile-graph-break")
+    assert (f.site.line, f.evidence.kind, f.evidence.code) == (19, LIBRARY, "DistributedDataParallel")
+    assert f.evidence.inside == "torch/nn/parallel/distributed.py:1757 in _pre_forward"
+    assert "print" not in f.message and "print" not in f.fix.pytorch
+    assert "inside torch's code, not at a line of the script" in f.message
+    assert "_pre_forward() (torch/nn/parallel/distributed.py:1757)" in f.message and "class `Logger`" in f.message
+    assert "_run_ddp_forward() (torch/nn/parallel/distributed.py:1714)" in f.message
+    assert "captured no graph" in f.message and f.severity == "low"
+    assert "DistributedDataParallel(torch.compile(model))" in f.fix.pytorch
+    with pytest.raises(ByHand, match="library's code"):
+        edit(ctx, f)
+    # The model's own forward compiled (a module class of the user's inside DDP): the breaks are left to torch.
+    [f] = findings(context(ddp(logger), code()), "compile-graph-break")
+    assert "captured no graph" not in f.message and "leave it" in f.fix.pytorch
+    facts = context(ddp(logger)).compiled
+    report = Report(status="ok", breakdown=None, findings=[], compiled=facts, base="/home/me")
+    assert compiled_lines(report)[1].startswith("  DistributedDataParallel (train.py:19): 0 graphs, 1 breaks")
+    [brk] = compiled_json(facts, "/home/me")["codes"][0]["breaks"]
+    assert brk["where"] == "train.py:19" and brk["inside"] == f"{TORCH}/nn/parallel/distributed.py:1757"
+
+
+def test_a_print_or_a_log_is_said_only_on_evidence_of_one():
+    """torch's hint names print for every builtin it cannot trace: the builtin it names decides. A logging call
+    is the user's whether torch breaks at the line or inside logging's code the line called."""
+    builtin = ("Failed to trace builtin operator\n  Explanation: Dynamo does not know how to trace builtin operator "
+               "`{}` with argument types ['Tensor']\n  Hint: If you are attempting to call a logging function "
+               "(e.g. `print`), you can try adding it to `torch._dynamo.config.reorderable_logging_functions`.")
+    assert break_kind(a_break(5, "Failed to trace builtin operator", "GB0059", builtin.format("print"))) == PRINT
+    assert break_kind(a_break(5, "Failed to trace builtin operator", "GB0059", builtin.format("id"))) == UNSUPPORTED
+    assert break_kind(a_break(5, "logging.Logger method not supported for non-export cases", "GB0291")) == PRINT
+    assert break_kind(a_break(5, "Unsupported method call", "GB0156", DDP_LOGGER)) == UNSUPPORTED
+    into_logging = GraphBreak(site(12), "Unsupported python_type() call", "GB4841",
+                              "Developer debug context: GetAttrVariable(LoggingLoggerVariable(), handlers)", count=1,
+                              inside=Site("/usr/lib/python3.11/logging/__init__.py", 2131, "warning"),
+                              library="logging")
+    assert break_kind(into_logging) == PRINT
+    [f] = findings(context(code([into_logging])), "compile-graph-break")
+    assert "prints or logs" in f.message and "Move the print/logging out" in f.fix.pytorch
+
+
 def test_the_first_item_break_is_fixed_by_the_flag_in_the_script_and_the_others_by_hand():
     from turbotrain.doctor.edits import ByHand
     from turbotrain.doctor.rules.compile.compile_graph_break import edit

@@ -336,3 +336,109 @@ def test_the_profiled_steps_are_split_into_time_in_compiled_graphs_and_outside_t
     assert timed is not None and timed.forward_ms > 0 and timed.backward_ms > 0, timed
     assert timed.step_ms > timed.forward_ms + timed.backward_ms and timed.outside_ms > 0
     assert profiled(model) is None
+
+
+def test_a_compiled_torch_module_is_named_after_its_class_not_torchs_wrapper():
+    """torch.compile(nn.Sequential(...)) compiles torch's wrap_inline ``inner``: the code is named "Sequential"."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+    with CompileWatch() as watch:
+        torch.compile(model, backend="eager")(torch.randn(2, 4))  # the Sequential's call
+    (code,) = watch.facts.codes
+    assert (code.name, code.code.function, code.graphs) == ("Sequential", "inner", 1)
+    assert same_file(code.site, THIS) and code.site.line == line_of("# the Sequential's call")
+
+
+def test_ddp_under_compile_breaks_inside_torchs_code_and_is_one_code_named_ddp(tmp_path):
+    """torch.compile(DDP(nn.Sequential)): torch breaks in DDP's own code (its C++ logger, a context manager it
+    keeps out of the graph) and compiles frames of contextlib while DDP runs eagerly, and captures no graph (the
+    Sequential's forward is torch's, which dynamo does not start a frame in). Each break is at the user's line
+    with torch's frame; the frames are one code named after the module; no break is a print."""
+    import torch.distributed as dist
+
+    from turbotrain.doctor.rules.compile.compile_graph_break import LIBRARY, break_kind
+
+    if dist.is_initialized():
+        pytest.skip("a process group is already active in this test process")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 8))
+        model = torch.compile(torch.nn.parallel.DistributedDataParallel(net), backend="eager")
+        with CompileWatch() as watch:
+            for _ in range(2):
+                model(torch.randn(4, 8)).sum().backward()  # the DDP call
+    finally:
+        dist.destroy_process_group()
+    facts = watch.facts
+    (code,) = facts.codes
+    assert (code.name, facts.graphs) == ("DistributedDataParallel", 0), facts
+    line = line_of("# the DDP call")
+    assert code.breaks and all(same_file(b.site, THIS) and b.site.line == line for b in code.breaks)
+    ddp = os.path.join("torch", "nn", "parallel", "distributed.py")
+    assert all(b.library == "torch" and b.inside.file.endswith(ddp) for b in code.breaks), code.breaks
+    assert {b.inside.function for b in code.breaks} >= {"_pre_forward"}
+    assert {break_kind(b) for b in code.breaks} == {LIBRARY}
+
+
+def a_break_record(traceback: list[tuple[str, int, str]], where: tuple[str, int]) -> logging.LogRecord:
+    """torch's graph_breaks record for an unsupported call, with the stack it prints (outermost first)."""
+    frames = "".join(f'  File "{file}", line {line}, in {name}\n    code()\n' for file, line, name in traceback)
+    message = (
+        f"Graph break in user code at {where[0]}:{where[1]}\nGraph Break Reason: Encountered graph break when "
+        "attempting to trace CALL: a function call, e.g. f(x, y):\n\nUnsupported method call\n  Explanation: Dynamo "
+        "does not know how to trace method `set_runtime_stats_and_log` of class `Logger`\n\n For more details about "
+        "this graph break, please visit: https://meta-pytorch.github.io/compile-graph-break-site/gb/gb0156.html\n\n"
+        f"User code traceback:\n{frames}"
+    )
+    return logging.LogRecord("torch._dynamo.symbolic_convert.__graph_breaks", logging.DEBUG, "", 0, message, (), None)
+
+
+def test_a_break_is_placed_at_the_users_line_with_the_library_frame_and_the_doctors_own_is_left_out():
+    from turbotrain.doctor.record.compile_watch import _Live, _record_break
+    from turbotrain.doctor.sites import Site
+
+    torch_dir = os.path.dirname(torch.__file__)
+    module_py = os.path.join(torch_dir, "nn", "modules", "module.py")
+    ddp = os.path.join(torch_dir, "nn", "parallel", "distributed.py")
+    polyfill = os.path.join(torch_dir, "_dynamo", "polyfills", "__init__.py")
+    live = _Live()
+    user = [(THIS, 19, "<module>")]
+    _record_break("0/0", a_break_record([*user, (module_py, 1778, "_wrapped_call_impl"), (ddp, 1757, "_pre_forward"),
+                                         (polyfill, 513, "instantiate")], (polyfill, 513)), live)
+    # A repeat names only where it broke: the place read from the first.
+    _record_break("1/0", a_break_record([], (polyfill, 513)), live)
+    # The doctor's own code inlined into the compiled code breaks: not the script's.
+    own = os.path.join(os.path.dirname(turbotrain.__file__), "doctor", "record", "profiling.py")
+    _record_break("2/0", a_break_record([*user, (module_py, 1778, "_wrapped_call_impl"), (own, 76, "open")],
+                                        (own, 76)), live)
+    first, repeat = live.breaks
+    assert (first.site.file, first.site.line, first.gb_id) == (THIS, 19, "GB0156")
+    # torch.compile's polyfill is torch's, but not DDP's code: the frame named is DDP's.
+    assert (first.inside, first.library) == (Site(ddp, 1757, "_pre_forward"), "torch")
+    assert (repeat.site, repeat.inside, repeat.library) == (first.site, first.inside, first.library)
+
+
+def test_torchs_frames_are_folded_into_the_module_or_the_users_code_that_ran_them():
+    """A frame torch compiles while a compiled torch module runs eagerly is that module's; one a user's compiled
+    forward called at a break (a logging call) is that forward's."""
+    from turbotrain.doctor.record.compile_watch import _build_facts, _Entry
+    from turbotrain.doctor.sites import Site
+
+    inner = (os.path.join(os.path.dirname(torch.__file__), "_dynamo", "external_utils.py"), 67, "inner")
+    helper = (logging.__file__.replace("logging/__init__.py", "contextlib.py"), 299, "helper")
+    info = (logging.__file__, 1479, "info")
+    forward = (THIS, 30, "forward")
+    call = (Site(THIS, 19, "<module>"),)
+
+    def entry(compile_id, code, stack, graph=False):
+        return _Entry(compile_id, int(compile_id.split("/")[0]), True, code, 0.1, graph, None, "", stack)
+
+    facts = _build_facts(
+        [entry("0/0", inner, call), entry("1/0", helper, call), entry("2/0", forward, call, graph=True),
+         entry("3/0", info, (Site(THIS, 33, "forward"), *call))],
+        [],
+        {"0/0": "DistributedDataParallel", "1/0": "DistributedDataParallel", "3/0": "DistributedDataParallel"},
+    )
+    ddp, mine = facts.codes
+    assert (ddp.name, ddp.compiles, ddp.graphs, ddp.code.function, ddp.site) == ("DistributedDataParallel", 2, 0,
+                                                                                  "inner", call[0])
+    assert (mine.name, mine.compiles, mine.graphs) == ("forward", 2, 1)

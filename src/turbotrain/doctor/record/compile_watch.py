@@ -12,7 +12,12 @@ records and times nothing itself:
   happened in. A filter on its loggers reads the records and drops them, so nothing reaches the terminal unless
   the user asked for that artifact.
 * ``torch._dynamo.callback_handler``'s compile-start callback and torch's "hit config.recompile_limit" warning:
-  the user line that called the code being compiled, read from the live Python stack.
+  the user line that called the code being compiled, read from the live Python stack, and the class of the
+  compiled module being called (the name of a code that is torch's own, as wrap_inline's ``inner`` for a
+  ``torch.compile(nn.Sequential(...))``, or the frames torch compiles while a wrapper such as DDP runs eagerly).
+
+A break inside a library's code (torch's DDP, a package the user calls) is kept at the user's line that ran it,
+with the library's frame where torch broke; a break inside the doctor's own code is not the script's and is left out.
 
 Importing ``torch._dynamo`` takes seconds, so the watch never imports it: an import hook that finds nothing
 finishes the setup once the script has imported it, and a script that never compiles costs a few attribute
@@ -24,6 +29,7 @@ from __future__ import annotations
 
 import importlib.abc
 import logging
+import os
 import re
 import sys
 from collections.abc import Iterable, Sequence
@@ -57,6 +63,9 @@ NEW_INSTANCE = "new-instance"  # another object (or another type) where the grap
 OTHER = "other"  # requires_grad, device, grad mode, ... or a reason torch did not give
 
 _DYNAMO = "torch._dynamo"
+_EVAL_FRAME = "torch._dynamo.eval_frame"  # defines OptimizedModule, what torch.compile(module) returns
+_MODULE_CALLS = frozenset(("__call__", "_wrapped_call_impl", "_call_impl"))  # frames whose self is the module called
+_COMPILER_CODE = f"{os.sep}torch{os.sep}_dynamo{os.sep}"  # torch.compile's own frames (polyfills), not the library's
 _OWN_PACKAGE = str(Path(__file__).resolve().parents[2])  # the turbotrain package: the doctor's own code
 _UTILS = "torch._dynamo.utils"
 # The loggers torch creates for the graph_breaks artifact (in torch._dynamo.exc, convert_frame, symbolic_convert).
@@ -89,6 +98,10 @@ class GraphBreak:
     reason: str  # the reason as torch states it (explanation and hints included)
     count: int  # compiles that met it (a recompile meets its breaks again)
     skipped: bool = False  # torch could not resume after it and ran the whole function eagerly (a break in a loop)
+    # Where torch broke when it is not at the user's line: the frame of the library code that line ran (torch's,
+    # a package's) and that library's top-level name ("torch", "logging"); None and "" at the user's own line.
+    inside: Site | None = None
+    library: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,9 +130,12 @@ class Fallback:
 
 @dataclass(frozen=True, slots=True)
 class CompiledCode:
-    """One function torch.compile compiled, its resume functions after graph breaks folded in."""
+    """One function torch.compile compiled, its resume functions after graph breaks folded in; codes of torch's own
+    (or a library's) folded into the compiled module whose call compiled them."""
 
-    name: str  # the code's name: "forward", or the compiled function's
+    # The code's name: "forward", or the compiled function's; for code that is not the user's, the class of the
+    # compiled module ("Sequential" for wrap_inline's "inner", "DistributedDataParallel" for DDP's frames).
+    name: str
     code: Site  # where the code is (file, first line): may be torch's own, as for a compiled nn.Sequential
     site: Site | None  # the user's: the code itself when it is the user's, else the user line that called it
     compiles: int  # frame compiles that produced code (resume functions and recompiles included)
@@ -180,6 +196,8 @@ class _BreakRecord:
     gb_id: str
     reason: str
     skipped: bool
+    inside: Site | None
+    library: str
 
 
 @dataclass(slots=True)
@@ -199,13 +217,24 @@ class _Entry:
     cache_misses: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class _Place:
+    """Where a graph break is: the user's line, and the library frame below it where torch broke (if any)."""
+
+    site: Site | None
+    inside: Site | None = None
+    library: str = ""
+
+
 @dataclass(slots=True)
 class _Live:
     """What the watch reads while the script runs, per compile id."""
 
     breaks: list[_BreakRecord] = field(default_factory=list)
     callers: dict[str, tuple[Site, ...]] = field(default_factory=dict)  # user frames, innermost first
-    resolved: dict[tuple[str, int], Site] = field(default_factory=dict)  # torch's break location -> user line
+    modules: dict[str, str] = field(default_factory=dict)  # the class of the compiled module being called
+    # torch's break location -> the user line, the library frame and library (torch names a repeat by location only)
+    resolved: dict[tuple[str, int], _Place] = field(default_factory=dict)
 
 
 def classify_guard(guard: str) -> str:
@@ -270,14 +299,20 @@ class _LimitFilter(logging.Filter):
 
 
 def _record_break(compile_id: str, record: logging.LogRecord, live: _Live) -> None:
-    """Notes the graph break a ``graph_breaks`` log record describes (a recompile-limit failure is none)."""
+    """Notes the graph break a ``graph_breaks`` log record describes (a recompile-limit failure is none, nor a
+    break inside the doctor's own code)."""
     message = record.getMessage()
     reason = _break_reason(message, record)
     gb_id = f"GB{m.group('id')}" if (m := _GB_ID.search(reason)) else ""
-    if gb_id != _LIMIT_GB_ID:
-        skipped = any(words in reason for words in _SKIPPED)
-        site = _break_site(message, live.resolved)
-        live.breaks.append(_BreakRecord(compile_id, site, _title(reason), gb_id, reason, skipped))
+    if gb_id == _LIMIT_GB_ID:
+        return
+    place = _break_place(message, live.resolved)
+    if place is None:  # the doctor's own code broke (a probe or a range inlined into the compiled code)
+        return
+    skipped = any(words in reason for words in _SKIPPED)
+    live.breaks.append(
+        _BreakRecord(compile_id, place.site, _title(reason), gb_id, reason, skipped, place.inside, place.library)
+    )
 
 
 def _break_reason(message: str, record: logging.LogRecord) -> str:
@@ -298,22 +333,50 @@ def _title(reason: str) -> str:
     return (kept or lines or [""])[0]
 
 
-def _break_site(message: str, resolved: dict[tuple[str, int], Site]) -> Site | None:
-    """The innermost user frame of the stack torch printed, else the location torch named if it is the user's."""
+def _break_place(message: str, resolved: dict[tuple[str, int], _Place]) -> _Place | None:
+    """The innermost user frame of the stack torch printed (else the location torch named if it is the user's),
+    with the library frame below it where torch broke; None where the innermost frame is the doctor's own."""
     frames = _traceback_sites(message)
     at = _BREAK_AT.search(message)
     location = (at.group("file"), int(at.group("line"))) if at else None
-    user = next((s for s in reversed(frames) if is_user_file(s.file)), None)
-    if user is not None:
-        if location is not None:
-            resolved[location] = user
-        return user
-    if location is None:
+    innermost = frames[-1].file if frames else location[0] if location else ""
+    if innermost.startswith(_OWN_PACKAGE):
         return None
+    users = [i for i, s in enumerate(frames) if is_user_file(s.file)]
+    if users:
+        below = [s for s in frames[users[-1] + 1 :] if not s.file.startswith(_OWN_PACKAGE)]
+        place = _Place(frames[users[-1]], *_library_frame(below))
+        if location is not None:
+            resolved[location] = place
+        return place
+    if location is None:
+        return _Place(None)
     # Torch prints the stack once per break; repeats name only where it broke, which may be torch's own code.
     if location in resolved:
         return resolved[location]
-    return Site(location[0], location[1]) if is_user_file(location[0]) else None
+    return _Place(Site(location[0], location[1]) if is_user_file(location[0]) else None)
+
+
+def _library_frame(below: Sequence[Site]) -> tuple[Site | None, str]:
+    """Where in the library the user's line called torch broke, and that library's top-level name: its innermost
+    frame there that is not torch.compile's own (a polyfill it traces in place of Python), else the innermost."""
+    if not below:
+        return None, ""
+    library = _top_module(below[0].file)
+    own = [s for s in below if _top_module(s.file) == library and _COMPILER_CODE not in s.file]
+    return (own or list(below))[-1], library
+
+
+def _top_module(file: str) -> str:
+    """The top-level module a source file belongs to ("torch", "logging"), by the longest import root holding it."""
+    if not file or file.startswith("<"):  # <frozen ...>, <string>: no file
+        return ""
+    path = os.path.realpath(file)
+    roots = [r for r in (os.path.realpath(p) for p in sys.path if p) if path.startswith(r + os.sep)]
+    if not roots:
+        return ""
+    first = path[len(max(roots, key=len)) + 1 :].split(os.sep, 1)[0]
+    return first[:-3] if first.endswith(".py") else first
 
 
 def _traceback_sites(text: str) -> list[Site]:
@@ -412,7 +475,7 @@ class CompileWatch:
             entries = [e for e in (_entry(m, self._live.callers) for m in kept) if e is not None and not _doctors(e)]
             if self._bound is not None:
                 utils.set_compilation_metrics_limit(self._bound)
-        self._facts = _build_facts(entries, self._live.breaks)
+        self._facts = _build_facts(entries, self._live.breaks, self._live.modules)
         return self._facts
 
     def _install(self, dynamo: ModuleType) -> None:
@@ -426,6 +489,22 @@ class CompileWatch:
     def _on_compile_start(self, args: Any) -> None:
         if args.callback_trigger.name == "DYNAMO":  # not a lazy backward or an autotune: they have no new caller
             self._live.callers[args.compile_id] = _user_stack(sys._getframe(1))
+            module = _compiled_module(sys._getframe(1))
+            if module:
+                self._live.modules[args.compile_id] = module
+
+
+def _compiled_module(frame: FrameType | None) -> str:
+    """The class of the innermost module torch.compile wrapped that is being called on the stack ("" for none):
+    the module a compiled code that is torch's own belongs to."""
+    optimized = getattr(sys.modules.get(_EVAL_FRAME), "OptimizedModule", None)
+    while frame is not None and optimized is not None:
+        if frame.f_code.co_name in _MODULE_CALLS and "self" in frame.f_code.co_varnames:
+            module = frame.f_locals.get("self")
+            if isinstance(module, optimized):
+                return type(module._orig_mod).__name__
+        frame = frame.f_back
+    return ""
 
 
 def _entry(metrics: Any, callers: dict[str, tuple[Site, ...]]) -> _Entry | None:
@@ -480,14 +559,17 @@ def _metrics_stack(lines: Iterable[str]) -> tuple[Site, ...]:
 class _Code:
     """One compiled code's entries while the facts are built."""
 
-    key: tuple[str, int, str]
+    key: tuple[str, int, str]  # (file, first line, name); for codes of torch's own under a module: ("", 0, class)
+    code: tuple[str, int, str]  # the first code compiled in the group (the same as key for the user's code)
     entries: list[_Entry] = field(default_factory=list)
     frames: set[int] = field(default_factory=set)
 
 
-def _build_facts(entries: Sequence[_Entry], breaks: Sequence[_BreakRecord]) -> CompileFacts:
+def _build_facts(
+    entries: Sequence[_Entry], breaks: Sequence[_BreakRecord], modules: dict[str, str] | None = None
+) -> CompileFacts:
     """The facts from torch's compile entries and the graph breaks it logged, grouped per compiled code."""
-    codes = _group(entries)
+    codes = _group(entries, modules or {})
     built = tuple(_compiled_code(code, [b for b in breaks if _frame_of(b.compile_id) in code.frames]) for code in codes)
     return CompileFacts(
         codes=built,
@@ -504,20 +586,41 @@ def _frame_of(compile_id: str) -> int | None:
     return int(match.group("frame")) if match else None
 
 
-def _group(entries: Sequence[_Entry]) -> list[_Code]:
-    """Entries per compiled code: a frame's by torch's frame id, a resume function's under the code it resumes."""
+def _group(entries: Sequence[_Entry], modules: dict[str, str]) -> list[_Code]:
+    """Entries per compiled code: a frame's by torch's frame id, a resume function's under the code it resumes,
+    and a code of torch's own (or a library's) under the user's compiled code that called it at a break, else
+    under the compiled module whose call compiled it."""
     named = {e.frame: e.code for e in entries if e.code is not None}
     parents = sorted({code for code in named.values() if not _RESUME.match(code[2])}, key=lambda c: -c[1])
+    homes: dict[int, tuple[tuple[str, int, str], tuple[str, int, str]]] = {}  # frame -> (its group, its code)
     codes: dict[tuple[str, int, str], _Code] = {}
     for entry in entries:
         code = named.get(entry.frame)
         if code is None:  # only failed compiles of a code first compiled before the watch: nothing names it
             continue
-        key = _parent(code, parents)
-        group = codes.setdefault(key, _Code(key))
+        if entry.frame not in homes:  # its first compile: who called it
+            parent = _parent(code, parents)
+            home = parent if is_user_file(parent[0]) else _home(entry, parents, modules) or parent
+            homes[entry.frame] = (home, home if is_user_file(home[0]) else parent)
+        key, first = homes[entry.frame]
+        group = codes.setdefault(key, _Code(key, first))
         group.entries.append(entry)
         group.frames.add(entry.frame)
     return list(codes.values())
+
+
+def _home(
+    entry: _Entry, parents: Sequence[tuple[str, int, str]], modules: dict[str, str]
+) -> tuple[str, int, str] | None:
+    """Where a compile of code that is not the user's belongs: the user's compiled code its innermost user frame
+    is in (it ran the library call at a break), else ``("", 0, class)`` of the compiled module being called."""
+    for site in entry.stack[:1]:
+        name = _resumed(site.function)
+        for parent in parents:  # latest first line first
+            if parent[0] == site.file and parent[2] == name and parent[1] <= site.line:
+                return parent
+    module = modules.get(entry.compile_id)
+    return ("", 0, module) if module else None
 
 
 def _parent(code: tuple[str, int, str], parents: Sequence[tuple[str, int, str]]) -> tuple[str, int, str]:
@@ -532,7 +635,7 @@ def _parent(code: tuple[str, int, str], parents: Sequence[tuple[str, int, str]])
 
 
 def _compiled_code(code: _Code, breaks: Sequence[_BreakRecord]) -> CompiledCode:
-    file, first_line, name = code.key
+    file, first_line, name = code.code
     forward = [e for e in code.entries if e.forward]
     backward_s: dict[str, float] = {}
     for e in code.entries:
@@ -542,7 +645,7 @@ def _compiled_code(code: _Code, breaks: Sequence[_BreakRecord]) -> CompiledCode:
     limit_hit = next((e for e in forward if _limit(e)), None)
     own = Site(file, first_line, name)
     return CompiledCode(
-        name=name,
+        name=code.key[2],
         code=own,
         site=own if is_user_file(file) else _caller(code.key, forward[0]) if forward else None,
         compiles=len(done),
@@ -609,8 +712,7 @@ def _breaks(records: Sequence[_BreakRecord]) -> tuple[GraphBreak, ...]:
         compiles.setdefault(key, set()).add(r.compile_id)
         first.setdefault(key, r)
     return tuple(
-        GraphBreak(
-            site, title, first[site, title].gb_id, first[site, title].reason, len(ids), first[site, title].skipped
-        )
+        GraphBreak(site, title, r.gb_id, r.reason, len(ids), r.skipped, r.inside, r.library)
         for (site, title), ids in compiles.items()
+        for r in (first[site, title],)
     )

@@ -470,7 +470,10 @@ class Recorder:
             reducer=self.gradient_sync.reducer_stats(),
             input_numel=dict(self.modules.input_numel),
             compiled=(
-                dataclasses.replace(self.compiled, in_graphs=graph_time(self.profiler))
+                # No graph captured: torch's "Torch-Compiled Region" ranges then hold only eager code, no graph.
+                dataclasses.replace(
+                    self.compiled, in_graphs=graph_time(self.profiler) if self.compiled.graphs else None
+                )
                 if self.compiled is not None and self.compiled.compiled
                 else None
             ),

@@ -77,6 +77,8 @@ def compiled_json(facts: CompileFacts, base: str | None) -> dict[str, Any]:
                 "cache_misses": c.cache_misses,
                 "breaks": [
                     {"where": where(b.site), "title": b.title, "gb_id": b.gb_id, "count": b.count, "eager": b.skipped}
+                    # where torch broke in a library's code the line ran: left out at the user's own line
+                    | ({"inside": f"{b.inside.file}:{b.inside.line}"} if b.inside is not None else {})
                     for b in c.breaks
                 ],
                 "recompiles": [

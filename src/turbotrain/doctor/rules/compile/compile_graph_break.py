@@ -3,9 +3,12 @@ and `print`).
 
 Reads: run (torch.compile's own records, record/compile_watch.py; the rule table in docs/doctor.md).
 Each break is one finding at the user's line, with torch's reason and how many compiles met it, and the fix by
-kind of break. A ``.item()`` break is timed: the script's model compiled as it is against compiled with
-``torch._dynamo.config.capture_scalar_outputs = True``, on its captured batch; a ``print`` break against the model
-compiled with ``print`` a no-op (which torch traces: the prints out of forward); the other kinds are not.
+kind of break: a print or a log only on evidence of one (torch names the builtin ``print``, a ``logging`` or
+``warnings`` call, or the line called into ``logging``); a break inside torch's or a package's code is that
+code's (the function it broke in, nothing at the user's line to move). A ``.item()`` break is timed: the script's
+model compiled as it is against compiled with ``torch._dynamo.config.capture_scalar_outputs = True``, on its
+captured batch; a ``print`` break against the model compiled with ``print`` a no-op (which torch traces: the
+prints out of forward); the other kinds are not.
 """
 
 from __future__ import annotations
@@ -13,8 +16,9 @@ from __future__ import annotations
 import builtins
 import contextlib
 import os
+import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final, Iterator, Literal
+from typing import TYPE_CHECKING, Final, Iterator, Literal, Sequence
 from unittest import mock
 
 import torch
@@ -23,6 +27,7 @@ from ...edits import PRECISION, ByHand, EditSpec
 from ...findings import Evidence, Finding, Fix
 from ...record.compile_watch import CompiledCode, GraphBreak
 from ...requests import OwnTrial
+from ...sites import Site, is_user_file
 from ..rule import Detect, Measured, Rule, TimeLeft, register
 from ._common import (
     PairTiming,
@@ -42,12 +47,21 @@ if TYPE_CHECKING:
     from ...analysis.context import Context
 
 # The kinds of break, from torch's title and reason.
-BreakKind = Literal["item", "data-dependent-branch", "print-or-logging", "unsupported-call"]
+BreakKind = Literal["item", "data-dependent-branch", "print-or-logging", "unsupported-call", "in-library"]
 ITEM: Final = "item"
 BRANCH: Final = "data-dependent-branch"
 PRINT: Final = "print-or-logging"
 UNSUPPORTED: Final = "unsupported-call"
+LIBRARY: Final = "in-library"  # inside torch's or a package's code the user's line ran, not the line's own
 _FLAG = "torch._dynamo.config.capture_scalar_outputs = True"
+# What torch names as the call it could not trace when the user's line prints or logs: the builtin print, a
+# logging.Logger's method (torch's own variable for one), warnings.warn. Torch's hints are left out: it suggests
+# "a logging function (e.g. `print`)" for every builtin it cannot trace.
+_PRINT_OR_LOG = re.compile(
+    r"builtin (?:operator )?`?print\b|BuiltinVariable\(print\)"
+    r"|logging\.Logger|LoggingLoggerVariable|\bLogger not supported|\b_?warnings\.warn\b"
+)
+_LOGGING = ("logging", "warnings")  # the standard library's: a break inside them is the line's log call
 
 
 @dataclass(frozen=True)
@@ -60,23 +74,63 @@ class GraphBreakEvidence(Evidence):
     whole_function_eager: bool
     first_item: bool  # the first .item() break: its edit's flag keeps every one in the graph
     reason: str
+    inside: str | None = None  # where torch broke in a library's code ("torch/nn/parallel/distributed.py:1757")
 
 
 def break_kind(b: GraphBreak) -> BreakKind:
-    """ITEM, BRANCH, PRINT or UNSUPPORTED for a break as torch words it."""
-    text = f"{b.title}\n{b.reason}".lower()
-    if is_item_break(b):
+    """ITEM, LIBRARY, BRANCH, PRINT or UNSUPPORTED for a break as torch words it and where it broke."""
+    if is_item_break(b):  # the flag keeps a library's .item() in the graph too
         return ITEM
+    if b.inside is not None and b.library not in _LOGGING:
+        return LIBRARY
+    said = "\n".join(line for line in f"{b.title}\n{b.reason}".splitlines() if not line.strip().startswith("Hint:"))
+    text = said.lower()
     if "data-dependent" in text or "data dependent" in text or "generic_jump" in text:
         return BRANCH
-    if "print" in text or "logging" in text or "logger" in text:
+    if b.inside is not None or _PRINT_OR_LOG.search(said):
         return PRINT
     return UNSUPPORTED
 
 
-def _fix(kind: BreakKind, b: GraphBreak) -> Fix:
+def _library_where(b: GraphBreak) -> str:
+    """The library frame a break is in, from the library's own folder: "torch/nn/parallel/distributed.py:1757"."""
+    if b.inside is None:
+        return ""
+    file = b.inside.file
+    at = file.rfind(f"{os.sep}{b.library}{os.sep}") if b.library else -1
+    return f"{file[at + 1 :] if at >= 0 else os.path.basename(file)}:{b.inside.line}"
+
+
+def _module_of(code: CompiledCode) -> str:
+    """The class of the compiled module a code of torch's own is named after ("" for the user's code)."""
+    return code.name if code.name != code.code.function and not is_user_file(code.code.file) else ""
+
+
+def _explanation(b: GraphBreak) -> str:
+    """Torch's own sentence for what it could not trace ("Dynamo does not know how to trace method ...")."""
+    line = next((line.strip() for line in b.reason.splitlines() if line.strip().startswith("Explanation:")), "")
+    return line.removeprefix("Explanation:").strip().rstrip(".")
+
+
+def _fix(kind: BreakKind, b: GraphBreak, code: CompiledCode, no_graph: bool) -> Fix:
     """The fix for a break of ``kind``, in each framework (the same code change in all: compile is the model's)."""
-    if kind == ITEM:
+    if kind == LIBRARY:
+        owner = f"{b.library}'s" if b.library else "library"
+        text = f"Nothing to change at this line (the break is inside {owner} code)"
+        module = _module_of(code)
+        if no_graph and module:
+            text += (
+                f". No graph was captured: compile the module of yours that {module} runs rather than {module} "
+                f"itself (for a wrapper: {module}(torch.compile(model)), not torch.compile({module}(model)))"
+            )
+        elif no_graph:
+            text += f". No graph was captured: compile code of your own, with the call into {owner} code outside it"
+        else:
+            text += (
+                f"; your compiled code around it still runs as graphs: leave it, or keep the call into {owner} code "
+                "outside the compiled region"
+            )
+    elif kind == ITEM:
         text = (
             "Keep the number a tensor (torch.where(...) or tensor arithmetic instead of .item()); or set "
             f"{_FLAG} before compiling, so the value stays in the graph"
@@ -94,22 +148,44 @@ def _fix(kind: BreakKind, b: GraphBreak) -> Fix:
     return Fix(text, lightning=lightning, fabric=text, accelerate=text, hf_trainer=text)
 
 
-def _message(code: CompiledCode, b: GraphBreak, kind: BreakKind) -> str:
-    what = {
-        ITEM: "reads a tensor's value into Python (.item())",
-        BRANCH: "branches in Python on a tensor's value",
-        PRINT: "prints or logs inside the compiled region",
-        UNSUPPORTED: "calls something torch.compile cannot trace",
-    }[kind]
-    said = (
-        f"torch.compile ends the graph of {code.name}() here: the line {what}. Torch: {b.title}"
-        f" ({b.count} compile(s) met it{', ' + b.gb_id if b.gb_id else ''}). "
+def _met(b: GraphBreak) -> str:
+    return f"{b.count} compile(s) met it{', ' + b.gb_id if b.gb_id else ''}"
+
+
+def _in_library(b: GraphBreak, kind: BreakKind) -> str:
+    """A break in a library's code, said from the user's line: the function it broke in and torch's words."""
+    what = "reads a tensor's value into Python (.item())" if kind == ITEM else "calls what torch.compile cannot trace"
+    explained = _explanation(b)
+    function = b.inside.function if b.inside is not None else ""
+    return (
+        f"{function}() ({_library_where(b)}), which {what} (torch: {b.title}"
+        f"{': ' + explained if explained else ''}; {_met(b)})"
     )
+
+
+def _message(code: CompiledCode, b: GraphBreak, kind: BreakKind, no_graph: bool, also: Sequence[GraphBreak]) -> str:
+    """What the break is; ``also``: the other breaks in library code that the same line runs."""
+    if b.inside is not None and kind != PRINT:
+        owner = f"{b.library}'s" if b.library else "library"
+        said = (
+            f"torch.compile ends the graph of {code.name}() inside {owner} code, not at a line of the script: this "
+            f"line runs {', and '.join(_in_library(x, kind) for x in (b, *also))}. "
+        )
+    else:
+        what = {
+            ITEM: "reads a tensor's value into Python (.item())",
+            BRANCH: "branches in Python on a tensor's value",
+            PRINT: "prints or logs inside the compiled region",
+            UNSUPPORTED: "calls something torch.compile cannot trace",
+        }[kind]
+        said = f"torch.compile ends the graph of {code.name}() here: the line {what}. Torch: {b.title} ({_met(b)}). "
     if b.skipped:
         return said + (
             "Torch could not resume after it (a break inside a loop) and ran the whole enclosing function eagerly, "
             "compiling only what it calls: most of the forward runs as plain Python."
         )
+    if no_graph:
+        return said + "torch.compile captured no graph in this run: the model ran eagerly, op by op."
     return said + "Each step runs the graph before it, this line as Python, then a new graph."
 
 
@@ -121,9 +197,19 @@ def is_print_break(b: GraphBreak) -> bool:
 def graph_breaks(ctx: Context) -> Iterator[Finding]:
     item_seen = False  # the flag keeps every .item() in the graph at once: one trial and one edit answer them all
     print_seen = False  # one trial takes every print out of the forward at once
+    no_graph = ctx.compiled is not None and ctx.compiled.graphs == 0
     for code in user_codes(ctx):
-        for b in user_breaks(code):
+        breaks = user_breaks(code)
+        # The breaks in library code one line runs: one finding for them all (one per rule and line is kept).
+        in_library: dict[Site | None, list[GraphBreak]] = {}
+        for b in breaks:
+            if break_kind(b) == LIBRARY:
+                in_library.setdefault(b.site, []).append(b)
+        for b in breaks:
             kind = break_kind(b)
+            also = in_library[b.site][1:] if kind == LIBRARY else []
+            if kind == LIBRARY and b is not in_library[b.site][0]:
+                continue
             first_item = kind == ITEM and not item_seen
             item_seen = item_seen or kind == ITEM
             first_print = kind == PRINT and is_print_break(b) and not print_seen
@@ -133,8 +219,8 @@ def graph_breaks(ctx: Context) -> Iterator[Finding]:
                 "compile-graph-break",
                 site=b.site,
                 category="python_overhead",
-                message=_message(code, b, kind),
-                fix=_fix(kind, b),
+                message=_message(code, b, kind, no_graph, also),
+                fix=_fix(kind, b, code, no_graph),
                 evidence=GraphBreakEvidence(
                     code=code.name,
                     kind=kind,
@@ -144,6 +230,7 @@ def graph_breaks(ctx: Context) -> Iterator[Finding]:
                     whole_function_eager=b.skipped,
                     first_item=first_item,
                     reason=b.reason,
+                    inside=f"{_library_where(b)} in {b.inside.function}" if b.inside is not None else None,
                 ),
                 request=OwnTrial() if timed else None,
             )
@@ -236,6 +323,8 @@ def edit(ctx: Context, f: Finding) -> EditSpec:
     """The flag after the script's imports, once for every ``.item()`` break (it is process-wide); other breaks
     are a rewrite of the user's code."""
     evidence = f.evidence_as(GraphBreakEvidence)
+    if evidence.kind == LIBRARY:
+        raise ByHand(f"a break in a library's code ({evidence.inside}), not the script's: {f.fix.pytorch}")
     if evidence.kind != ITEM:
         raise ByHand(f"a break that {evidence.kind} is a change of the code itself: {f.fix.pytorch}")
     if not evidence.first_item:
