@@ -7,6 +7,7 @@ on what the doctor really prints.
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import re
 from pathlib import Path
@@ -156,7 +157,7 @@ def test_html_keeps_every_framework_and_shows_the_same_figures():
 def test_a_lightning_script_gets_the_lightning_fix():
     report = sample_report()
     for f in report.findings:  # as the rules stamp them when the recording saw a Lightning Trainer step
-        f.fix.framework = "lightning"
+        f.fix = dataclasses.replace(f.fix, framework="lightning")
     text = _render(report, 100)
     assert "fix (Lightning): " + LIGHTNING_FIX in text and "autocast('cpu'" not in text
     # A finding without a Lightning text falls back to the PyTorch one.

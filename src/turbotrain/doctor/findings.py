@@ -129,7 +129,7 @@ def framework_named(name: str | None) -> Framework:
     return "pytorch"
 
 
-@dataclass
+@dataclass(frozen=True)
 class Fix:
     """The change, said in the user's own framework.
 

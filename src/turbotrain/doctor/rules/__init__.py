@@ -8,6 +8,7 @@ The topics: ``data`` (feeding the step), ``step`` (the step itself), ``loop`` (t
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import TYPE_CHECKING, Iterable
 
@@ -69,7 +70,7 @@ def evaluate(
     findings = order(absorbed_by_straggler(explained(_merge([f for f in found if _confirmed(ctx, f)]))))
     framework = framework_named(ctx.recording.driver if ctx.recording is not None else None)
     for f in findings:  # each fix is shown in the framework whose loop ran (record/drivers.py)
-        f.fix.framework = framework
+        f.fix = dataclasses.replace(f.fix, framework=framework)
     return findings
 
 

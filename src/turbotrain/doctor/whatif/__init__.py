@@ -24,11 +24,10 @@ two ways); this module runs them in order.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import sys
 import types
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 
 from ..findings import Finding, one_line
 from ..requests import (
@@ -42,10 +41,11 @@ from ..requests import (
     ThreadsRequest,
 )
 from ..rules import by_id
-from .common import Budget, apply_ratio
+from .attach import Judged, Note, Outcome, attach, cap_to_noise
+from .common import Budget
 from .switches import batch_trial, plan_trials
 from .settings import loader_trial, threads_trial
-from .single import attention_trial, cap_to_noise, eval_grad_trial
+from .single import attention_trial, eval_grad_trial
 from .batch_building import batch_build_trial
 
 if TYPE_CHECKING:
@@ -85,19 +85,29 @@ def run_what_ifs(ctx: Context, findings: list[Finding], budget_s: float = 30.0, 
         _run_what_ifs(ctx, findings, budget_s, allow_compile)
 
 
-def _own_trial(ctx: Context, finding: Finding, budget: Budget) -> None:
-    """Time ``finding`` with its rule's measurer and attach the result: the one place such a finding changes."""
+def _own_trial(ctx: Context, finding: Finding, budget: Budget) -> Outcome | None:
+    """``finding`` timed by its rule's measurer (:attr:`Rule.measure`)."""
     rule = by_id(finding.rule)
     if rule.measure is None:
         raise ValueError(f"rule {rule.id} asked for its own trial (OwnTrial) but declares no measure")
     measured = rule.measure(ctx, finding, budget)
     if measured is None:
-        return
-    if measured.fix is not None:
-        finding.fix = dataclasses.replace(measured.fix, framework=finding.fix.framework)
-    if measured.note:
-        finding.note = measured.note
-    apply_ratio(finding, ctx, measured.verdict, measured.what_if, applies_to=measured.applies_to)
+        return None
+    return Outcome(
+        Judged(measured.what_if, measured.verdict, applies_to=measured.applies_to),
+        before=(Note(measured.note),) if measured.note else (),
+        fix=measured.fix,
+    )
+
+
+# A what-if: the outcome of each finding it timed, as it timed it.
+Trial = Callable[[], Iterable[tuple[Finding, "Outcome | None"]]]
+
+
+def _one(
+    finding: Finding, trial: Callable[[Context, Finding, Budget], Outcome | None], ctx: Context, budget: Budget
+) -> Trial:
+    return lambda: [(finding, trial(ctx, finding, budget))]
 
 
 def _run_what_ifs(ctx: Context, findings: list[Finding], budget_s: float, allow_compile: bool) -> None:
@@ -106,28 +116,29 @@ def _run_what_ifs(ctx: Context, findings: list[Finding], budget_s: float, allow_
     def of(kind: type) -> list[Finding]:
         return [f for f in findings if isinstance(f.request, kind)]
 
-    steps: list[tuple[str, Callable]] = []
+    steps: list[tuple[str, Trial]] = []
     for f in of(ThreadsRequest):  # first: on a contended machine every other trial is skewed by it
-        steps.append(("threads", lambda f=f: threads_trial(ctx, f, budget)))
+        steps.append(("threads", _one(f, threads_trial, ctx, budget)))
     for f in of(LoaderRequest):
-        steps.append(("num_workers", lambda f=f: loader_trial(ctx, f, budget)))
+        steps.append(("num_workers", _one(f, loader_trial, ctx, budget)))
     for f in of(BatchBuildRequest):  # a second or so each: before the long trials take the budget
-        steps.append(("batch_build", lambda f=f: batch_build_trial(ctx, f, budget)))
+        steps.append(("batch_build", _one(f, batch_build_trial, ctx, budget)))
     for f in of(BatchRequest):
-        steps.append(("batch", lambda f=f: batch_trial(ctx, f, budget)))
+        steps.append(("batch", _one(f, batch_trial, ctx, budget)))
     if of(PlanRequest):
         steps.append(("plan", lambda: plan_trials(ctx, of(PlanRequest), budget, allow_compile)))
     for f in of(AttentionRequest):
-        steps.append(("attention", lambda f=f: attention_trial(ctx, f, budget)))
+        steps.append(("attention", _one(f, attention_trial, ctx, budget)))
     for f in of(EvalGradRequest):
-        steps.append(("eval_grad", lambda f=f: eval_grad_trial(ctx, f, budget)))
+        steps.append(("eval_grad", _one(f, eval_grad_trial, ctx, budget)))
     for f in of(OwnTrial):  # a rule that times its own fix (Rule.measure)
-        steps.append((f.rule, lambda f=f: _own_trial(ctx, f, budget)))
-    for name, fn in steps:
+        steps.append((f.rule, _one(f, _own_trial, ctx, budget)))
+    for name, trial in steps:
         if budget.left <= 0:
             break
         try:
-            fn()
+            for finding, outcome in trial():
+                attach(finding, ctx, outcome)
         except Exception as exc:  # noqa: BLE001 - a failed what-if leaves the finding estimated
             log.warning("turbotrain doctor: what-if %s failed: %s", name, one_line(exc))
     for f in findings:

@@ -18,6 +18,7 @@ from ..analysis.replay import fastest_pair
 from ..findings import Finding
 from ..requests import BatchBuildRequest
 from ..results import BatchBuildResult
+from .attach import Note, Outcome, Projected
 from .common import Budget
 
 if TYPE_CHECKING:
@@ -45,29 +46,27 @@ def _int_value(node: ast.expr, var: str, namespace: dict[str, Any]) -> int | Non
     return None
 
 
-def _not_timed(finding: Finding, why: str) -> None:
-    finding.note = f"{finding.note} Not timed: {why}" if finding.note else f"Not timed: {why}"
+def _not_timed(why: str) -> Outcome:
+    return Outcome(after=(Note(f"Not timed: {why}", at="after"),))
 
 
-def batch_build_trial(ctx: Context, finding: Finding, budget: Budget) -> None:
+def batch_build_trial(ctx: Context, finding: Finding, budget: Budget) -> Outcome | None:
     request = finding.request
     assert isinstance(request, BatchBuildRequest)  # run_what_ifs passes only these
     build = per_sample_build(request.site)
     if build is None or build.data is None or build.start is None or build.stop is None or not budget.allows(1.0):
-        return
+        return None
     namespace = (ctx.capture.namespaces if ctx.capture is not None else {}).get(request.site.file)
     if namespace is None:
-        _not_timed(finding, "the module that built the batch was not reachable after the run.")
-        return
+        return _not_timed("the module that built the batch was not reachable after the run.")
     data = namespace.get(build.data)
     lo, hi = _int_value(build.start, build.var, namespace), _int_value(build.stop, build.var, namespace)
     rows = ctx.capture.batch_size if ctx.capture is not None else ctx.facts.batch_size
     if not isinstance(data, torch.Tensor) or data.dim() == 0 or lo is None or hi is None or hi <= lo or not rows:
-        _not_timed(finding, f"`{build.data}` is not a module-level tensor with bounds read from integers.")
-        return
+        return _not_timed(f"`{build.data}` is not a module-level tensor with bounds read from integers.")
     low, high = max(0, -lo), data.shape[0] - hi + 1
     if high <= low:
-        return
+        return None
     gen = torch.Generator().manual_seed(0)
     ix = torch.randint(low, high, (rows,), generator=gen)
     indices = ix if build.indices_tensor else ix.tolist()
@@ -85,7 +84,7 @@ def batch_build_trial(ctx: Context, finding: Finding, budget: Budget) -> None:
     # The line's own time in the step is what the run measured there (caches cold after the training step; the
     # timing above is warm): the one-op build leaves t_one / t_per of it.
     share = request.share * max(0.0, 1.0 - t_one / t_per) if t_per > 0 else 0.0
-    finding.what_if = BatchBuildResult(
+    result = BatchBuildResult(
         per_sample_ms=round(t_per * 1e3, 3),
         one_op_ms=round(t_one * 1e3, 3),
         rows=rows,
@@ -96,12 +95,10 @@ def batch_build_trial(ctx: Context, finding: Finding, budget: Budget) -> None:
         pair_rounds=PAIR_ROUNDS,
     )
     if not same:
-        _not_timed(finding, "the one-op batch differed from the per-sample one; the share above is the line's.")
-        finding.what_if = None
-        return
-    finding.set_gain(share, measured=True)
-    finding.note = (
+        return _not_timed("the one-op batch differed from the per-sample one; the share above is the line's.")
+    how = (
         f"Timed on your `{build.data}` ({rows} samples of {hi - lo}): built one sample at a time "
         f"{t_per * 1e3:.2f} ms, with one indexing op {t_one * 1e3:.3f} ms, the same batch; the gain is "
         "the line's measured share of the step less what the one-op build leaves of it."
     )
+    return Outcome(Projected(result, share), after=(Note(how),))

@@ -1,5 +1,5 @@
 """What every what-if shares: the time budget, the surrogate step on a copy of the user's model, the
-rebuilt optimizer, interleaved rounds and turning a judged ratio into the finding's share of the step."""
+rebuilt optimizer and interleaved rounds (a trial's result reaches its finding through :mod:`.attach`)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,9 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from ...measure import MIN_GAIN, Comparison, Trial, run_trial
+from ...measure import Trial, run_trial
 from ...plan import Plan, Precision
 from ..analysis.replay import surrogate_step
-from ..findings import Finding, severity_for
-from ..results import WhatIf
 
 if TYPE_CHECKING:
     from ..analysis.context import Context
@@ -100,61 +98,6 @@ def typical_s(trial: Trial) -> float:
 def lower_quartile(times: list[float]) -> float:
     ordered = sorted(times)
     return ordered[(len(ordered) - 1) // 4] if ordered else float("inf")
-
-
-def model_share(ctx: Context) -> float:
-    return ctx.share("compute") + ctx.share("optimizer") + ctx.share("python_overhead")
-
-
-def changes_numerics(finding: Finding) -> bool:
-    from ...speedups.registry import get
-
-    try:
-        return finding.speedup is not None and not get(finding.speedup).exact
-    except KeyError:
-        return False
-
-
-def apply_ratio(
-    finding: Finding,
-    ctx: Context | None,
-    verdict: Comparison,
-    what_if: WhatIf,
-    unit: str = "model's step time",
-    applies_to: float | None = None,
-) -> None:
-    """Turn a judged speed ratio of the model's step (:func:`turbotrain.measure.judge`) into the finding's
-    share of the whole step.
-
-    A ratio the noise model cannot separate from 1.0 (the rounds' own spread, or this window's noise
-    floor: another process busy, steps spread wide) counts as no gain and rates ``low``, whatever it
-    reads; a switch that changes numerics must buy at least 10% to rate above ``low``.
-    """
-    ratio = verdict.speedup
-    if applies_to is not None:
-        part = applies_to
-    elif ctx is not None:
-        part = model_share(ctx)
-    else:
-        raise ValueError("apply_ratio needs the context, or the share of the step the ratio applies to")
-    share = part * (1.0 - 1.0 / ratio) if ratio > 0 else 0.0
-    finding.what_if = what_if.judged(verdict)
-    finding.measured = True
-    finding.gain_share = share
-    finding.est_speedup = round(1.0 / (1.0 - min(share, 0.95)), 3)
-    finding.severity = severity_for(share)
-    if not verdict.faster:
-        finding.severity = "low"
-        why = (
-            f"not separable from noise here (x{ratio:.2f}, needs over x{1 + max(MIN_GAIN, verdict.noise):.2f})"
-            if ratio >= 1 + MIN_GAIN
-            else f"no gain (x{ratio:.2f} on the {unit})"
-        )
-        finding.note = f"Measured on this machine: {why}. {finding.note or ''}"
-    elif changes_numerics(finding) and share < 0.10 and finding.severity != "low":
-        finding.severity = "low"
-        finding.note = f"It changes numerics and buys under 10% here. {finding.note or ''}"
-    finding.note = (finding.note or "").strip() or None
 
 
 TRIAL_S = 0.1  # the least time a what-if trial's timed steps span

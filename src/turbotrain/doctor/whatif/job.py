@@ -14,7 +14,7 @@ import math
 import statistics
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from ...measure import FASTER, MIN_GAIN, SLOWER, judge
 from ..analysis.ranks import analyse_ranks, measured_steps
@@ -23,7 +23,7 @@ from ..rank_change import RankChange
 from ..apply.change import observed
 from ..requests import JobRequest
 from ..results import JobResult
-from .common import apply_ratio
+from .attach import Judged, Note, Outcome, attach
 
 if TYPE_CHECKING:
     from ..findings import Finding
@@ -93,24 +93,33 @@ class JobTiming:
 
 
 def time_on_the_job(timing: JobTiming, findings: list[Finding], rules: tuple[str, ...] | None = None) -> None:
-    """Measure, in place, what each finding's :class:`JobRequest` buys on the whole job (of ``rules``' findings,
-    when given)."""
+    """Measure what each finding's :class:`JobRequest` buys on the whole job (of ``rules``' findings, when given),
+    and attach it (:func:`.attach.attach`)."""
+    for f, outcome in _timed_on_the_job(timing, findings, rules):
+        attach(f, None, outcome)
+
+
+def _timed_on_the_job(
+    timing: JobTiming, findings: list[Finding], rules: tuple[str, ...] | None
+) -> Iterator[tuple[Finding, Outcome]]:
     asked = [f for f in findings if isinstance(f.request, JobRequest)]
     if rules is not None:
         for f in asked:
             if f.rule not in rules:
-                f.note = f"Not timed on the job: --job-what-if-rules {','.join(rules)} leaves {f.rule} out."
+                left_out = f"Not timed on the job: --job-what-if-rules {','.join(rules)} leaves {f.rule} out."
+                yield f, Outcome(before=(Note(left_out),))
         asked = [f for f in asked if f.rule in rules]
     if not asked:
         return
     started = time.monotonic()
     # As many fixes as the budget times in ROUNDS rounds, in the order the rules rated them.
     fits = int(timing.budget_s / (ROUNDS * max(timing.run_s, 1e-3))) - 1
+    no_room = (
+        f"Not timed: one run of the job takes about {timing.run_s:.0f} s, and the job what-if budget "
+        f"({timing.budget_s:.0f} s, --job-what-if-budget) has no room for {ROUNDS} more with this fix."
+    )
     for f in asked[max(fits, 0) :]:
-        f.note = (
-            f"Not timed: one run of the job takes about {timing.run_s:.0f} s, and the job what-if budget "
-            f"({timing.budget_s:.0f} s, --job-what-if-budget) has no room for {ROUNDS} more with this fix."
-        )
+        yield f, Outcome(before=(Note(no_room),))
     asked = asked[: max(fits, 0)]
     if not asked:
         return
@@ -142,7 +151,7 @@ def time_on_the_job(timing: JobTiming, findings: list[Finding], rules: tuple[str
                 times[id(f)].append((base, step))
             seen[id(f)] = observed(run.recordings, [r.run.get("applied", {}) for r in run.ranks if r.run])
     for f in asked:
-        _conclude(f, times[id(f)], seen.get(id(f), {}), failed.get(id(f)), timing.noise_floor)
+        yield f, _conclude(f, times[id(f)], seen.get(id(f), {}), failed.get(id(f)), timing.noise_floor)
 
 
 def _disputed(pairs: list[tuple[float, float]], noise: float) -> bool:
@@ -157,16 +166,14 @@ def _disputed(pairs: list[tuple[float, float]], noise: float) -> bool:
 
 def _conclude(
     finding: Finding, pairs: list[tuple[float, float]], seen: dict[str, Any], failure: str | None, noise: float
-) -> None:
+) -> Outcome:
     request = finding.request
     assert isinstance(request, JobRequest)
     if failure is not None:
-        finding.severity = "low"
-        finding.note = f"Timed on every rank, the job failed with the fix ({request.change.describe()}): {failure}"
-        return
+        failed = f"Timed on every rank, the job failed with the fix ({request.change.describe()}): {failure}"
+        return Outcome(before=(Note(failed),), low=True)
     if len(pairs) < ROUNDS:
-        finding.note = "Not timed: the job did not run again as it was."
-        return
+        return Outcome(before=(Note("Not timed: the job did not run again as it was."),))
     ratios = [base / step for base, step in pairs]
     result = JobResult(
         change=request.change.describe(),
@@ -177,9 +184,11 @@ def _conclude(
         observed=seen,
     )
     # The ratio is of the whole job's step: all of the step is what it applies to.
-    apply_ratio(finding, None, judge(ratios, noise_floor=noise), result, unit="whole job's step time", applies_to=1.0)
+    verdict = judge(ratios, noise_floor=noise)
     timed = f"Timed on all {result.ranks} ranks, {len(pairs)} rounds of the job with and without the fix."
-    finding.note = f"{timed} {finding.note or ''}".strip()
+    return Outcome(
+        Judged(result, verdict, applies_to=1.0, unit="whole job's step time"), after=(Note(timed, at="before"),)
+    )
 
 
 def job_runner(command: list[str], hang_timeout_s: float, steps: int = STEPS) -> Callable[[RankChange | None], JobRun]:

@@ -15,7 +15,8 @@ from ..requests import ThreadsRequest
 from ..results import LoaderResult, ThreadSetting, ThreadsResult
 from ..rules.data.num_workers import workers_fix
 from ..rules.machine.cpu_oversubscribed import ThreadsEvidence, threads_fix
-from .common import Budget, ModelTrials, apply_ratio, interleaved_rounds, model_share, surrogate_step
+from .attach import Judged, Note, Outcome, Projected, model_share, not_measured
+from .common import Budget, ModelTrials, interleaved_rounds, surrogate_step
 
 if TYPE_CHECKING:
     from ..analysis.context import Context
@@ -107,21 +108,21 @@ def _threads_now(ctx: Context) -> int:
     return (ctx.machine.intra_op_threads if ctx.machine is not None else None) or torch.get_num_threads()
 
 
-def threads_trial(ctx: Context, finding: Finding, budget: Budget) -> None:
-    """The script's threads and workers against the recommended settings (:func:`setting_rounds`)."""
+def threads_trial(ctx: Context, finding: Finding, budget: Budget) -> Outcome | None:
+    """The script's threads and workers against the recommended settings (:func:`setting_rounds`), the fix said
+    with the measured setting: the exact line and environment variable, in every framework's way."""
     request = finding.request
     assert isinstance(request, ThreadsRequest)  # run_what_ifs passes only these
     if ctx.capture is None or not request.candidates:
-        return
-    now = (_threads_now(ctx), finding.evidence_as(ThreadsEvidence).workers)
+        return None
+    evidence = finding.evidence_as(ThreadsEvidence)
+    now = (_threads_now(ctx), evidence.workers)
     options = list(request.candidates)
     got = setting_rounds(ctx, budget, now, options)
     if isinstance(got, str):
-        finding.note = f"Not measured: {got}."
-        return
+        return Outcome(before=(not_measured(got, at="replace"),))
     fix, ratios, seen = got
-    _name_the_fix(finding, now, fix)
-    applies = threads_apply_to(ctx)
+    threads, workers = fix
     result = ThreadsResult(
         now=ThreadSetting(*now),
         tried=tuple(options),
@@ -130,7 +131,11 @@ def threads_trial(ctx: Context, finding: Finding, budget: Budget) -> None:
         baseline_ms=round(seen["now"].step_s * 1e3, 3),
         candidate_ms=round(seen["fix"].step_s * 1e3, 3),
     )
-    apply_ratio(finding, ctx, judge(ratios, noise_floor=ctx.noise_floor), result, applies_to=applies)
+    return Outcome(
+        Judged(result, judge(ratios, noise_floor=ctx.noise_floor), applies_to=threads_apply_to(ctx)),
+        fix=threads_fix(threads, now[1], workers),
+        evidence=dataclasses.replace(evidence, recommended_threads=threads, recommended_workers=workers),
+    )
 
 
 def threads_apply_to(ctx: Context) -> float:
@@ -143,21 +148,10 @@ def threads_apply_to(ctx: Context) -> float:
     return min(1.0, model_share(ctx) + ctx.share("data_loading") + (evaluating / total if total > 0 else 0.0))
 
 
-def _name_the_fix(finding: Finding, now: tuple[int, int], fix: tuple[int, int]) -> None:
-    """Say the measured setting: the exact line and environment variable, in every framework's way, and as the
-    setting to use in place of the rule's estimate."""
-    threads, workers = fix
-    framework = finding.fix.framework
-    finding.fix = threads_fix(threads, now[1], workers)
-    finding.fix.framework = framework
-    evidence = finding.evidence_as(ThreadsEvidence)
-    finding.evidence = dataclasses.replace(evidence, recommended_threads=threads, recommended_workers=workers)
-
-
-def loader_trial(ctx: Context, finding: Finding, budget: Budget) -> None:
+def loader_trial(ctx: Context, finding: Finding, budget: Budget) -> Outcome | None:
     record = ctx.main_loader
     if record is None:
-        return
+        return None
     loader = record.loader
     current = record.settings["num_workers"]
     data_s = max(ctx.seconds("data_loading"), 1e-6)
@@ -165,6 +159,7 @@ def loader_trial(ctx: Context, finding: Finding, budget: Budget) -> None:
     other = max(step - data_s, 0.0)
     batches = int(min(30, max(4, 1.0 / data_s)))
     rates: dict[int, float] = {}
+    failed: str | None = None
     # The run itself timed the current setting; re-time it here too so every count is measured alike.
     limit = max(2, min(8, 2 * ctx.hw.cpu_cores))
     candidates = sorted({current, 0, 1, 2, 3, 4, 6, 8} - {w for w in (6, 8) if w > limit})
@@ -178,7 +173,7 @@ def loader_trial(ctx: Context, finding: Finding, budget: Budget) -> None:
                 # each worker's first batch comes at once, after the start: warm-up takes them all
                 rate = time_loader(loader, batches=batches, warmup=2 + workers, num_workers=workers)
         except Exception as exc:  # noqa: BLE001 - a dataset that cannot go to workers (unpicklable, ...)
-            finding.note = f"num_workers={workers} failed: {type(exc).__name__}: {exc}"
+            failed = f"num_workers={workers} failed: {type(exc).__name__}: {exc}"
             break
         rates[workers] = rate
         if rate > best_rate * 1.10:
@@ -188,7 +183,7 @@ def loader_trial(ctx: Context, finding: Finding, budget: Budget) -> None:
             if worse >= 2 and workers > current:
                 break  # stopped improving
     if not rates or best_rate <= 0:
-        return
+        return Outcome(before=(Note(failed),)) if failed else None
 
     def projected(workers: int) -> float:
         rate = rates[workers]
@@ -197,7 +192,7 @@ def loader_trial(ctx: Context, finding: Finding, budget: Budget) -> None:
     # Both ends from this trial's own timings: the current setting re-timed, against the best.
     now = projected(current) if current in rates else step
     share = max(0.0, 1.0 - projected(best) / now) if now else 0.0
-    finding.what_if = LoaderResult(
+    result = LoaderResult(
         batches_per_s={k: round(v, 2) for k, v in rates.items()},
         best_num_workers=best,
         projected_step_ms=round(projected(best) * 1e3, 3),
@@ -206,41 +201,38 @@ def loader_trial(ctx: Context, finding: Finding, budget: Budget) -> None:
         pair_ratio=round(now / projected(best), 3) if projected(best) > 0 else 1.0,
         pair_rounds=1,
     )  # one timing each
-    if best != current:
-        finding.fix = dataclasses.replace(workers_fix(best), framework=finding.fix.framework)
-    finding.set_gain(share, measured=True)
-    finding.note = (
+    fix = workers_fix(best) if best != current else None
+    if best != current and ctx.capture is not None:
+        verified = _verify_workers(ctx, budget, current, best, result)
+        if verified is not None:
+            return Outcome(verified, fix=fix, after=(Note(_VERIFIED.format(best=best)),))
+    how = (
         f"Loader rates measured for num_workers {', '.join(map(str, rates))}; the step is projected as "
         "max(the rest of the step, one batch's loading time). Workers share the CPU with training."
     )
-    if best != current and ctx.capture is not None:
-        _verify_workers(ctx, finding, budget, current, best)
+    return Outcome(Projected(result, share), fix=fix, after=(Note(how),))
 
 
-def _verify_workers(ctx: Context, finding: Finding, budget: Budget, current: int, best: int) -> None:
+_VERIFIED = (
+    "num_workers={best} had the best loader rate alone; timed with your model training beside the "
+    "loader (workers share the cores with training), interleaved with your setting."
+)
+
+
+def _verify_workers(ctx: Context, budget: Budget, current: int, best: int, projected: LoaderResult) -> Judged | None:
     """The projection leaves out that workers take cores from training: time the model training beside the
-    loader, with the script's workers and with ``best``, interleaved (:func:`setting_rounds`)."""
+    loader, with the script's workers and with ``best``, interleaved (:func:`setting_rounds`); None where it could
+    not be (the projection stands)."""
     threads = _threads_now(ctx)
     got = setting_rounds(ctx, budget, (threads, current), [(threads, best)])
     if isinstance(got, str):
-        return  # the projection stands
+        return None
     _, ratios, seen = got
-    what_if = finding.what_if
-    assert isinstance(what_if, LoaderResult)  # loader_trial set it before
     what_if = dataclasses.replace(
-        what_if,
+        projected,
         rounds=tuple(round(r, 3) for r in ratios),
         baseline_ms=round(seen["now"].step_s * 1e3, 3),
         candidate_ms=round(seen["fix"].step_s * 1e3, 3),
     )
-    apply_ratio(
-        finding,
-        ctx,
-        judge(ratios, noise_floor=ctx.noise_floor),
-        what_if,
-        applies_to=min(1.0, model_share(ctx) + ctx.share("data_loading")),
-    )
-    finding.note = (
-        f"num_workers={best} had the best loader rate alone; timed with your model training beside the "
-        "loader (workers share the cores with training), interleaved with your setting."
-    )
+    applies = min(1.0, model_share(ctx) + ctx.share("data_loading"))
+    return Judged(what_if, judge(ratios, noise_floor=ctx.noise_floor), applies_to=applies)

@@ -7,12 +7,13 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
-from ...measure import copy_for_trial, judge
+from ...measure import copy_for_trial
 from ..findings import Finding
 from ..requests import AttentionRequest, EvalGradRequest
-from ..results import AttentionResult, EvalGradResult, PairTimed
+from ..results import AttentionResult, EvalGradResult
 from ..analysis.replay import fastest_pair
-from .common import Budget, model_share
+from .attach import Note, Outcome, Projected, model_share, not_measured
+from .common import Budget
 
 if TYPE_CHECKING:
     from ..analysis.context import Context
@@ -28,21 +29,20 @@ PAIR_ROUNDS = 2
 
 
 def _time_pair(
-    finding: Finding, slow: Callable[[], None], fast: Callable[[], None], cuda: bool, repeats: int = 7
-) -> tuple[float, float] | None:
-    """:func:`fastest_pair` after one untimed call of each; None (and a note) when one fails."""
+    slow: Callable[[], None], fast: Callable[[], None], cuda: bool, repeats: int = 7
+) -> tuple[float, float] | Outcome:
+    """:func:`fastest_pair` after one untimed call of each; why not, when one fails."""
     try:
         slow()
         fast()
         return fastest_pair(slow, fast, cuda, repeats)
     except Exception as exc:  # noqa: BLE001 - a model that cannot run this way: the finding stays estimated
-        finding.note = f"Not measured: {type(exc).__name__}: {exc}"
-        return None
+        return Outcome(before=(Note(f"Not measured: {type(exc).__name__}: {exc}"),))
 
 
-def eval_grad_trial(ctx: Context, finding: Finding, budget: Budget) -> None:
+def eval_grad_trial(ctx: Context, finding: Finding, budget: Budget) -> Outcome | None:
     if ctx.capture is None or not budget.allows(2.0):
-        return
+        return None
     model = copy_for_trial(ctx.capture.module).eval()
     # The validation forward's own inputs where they were seen (its batch is often larger than training's).
     args, kwargs = ctx.eval_grad_inputs or (ctx.capture.args, ctx.capture.kwargs)
@@ -54,28 +54,27 @@ def eval_grad_trial(ctx: Context, finding: Finding, budget: Budget) -> None:
 
         return run
 
-    pair = _time_pair(finding, forward(True), forward(False), cuda=ctx.device == "cuda")
-    if pair is None:
-        return
+    pair = _time_pair(forward(True), forward(False), cuda=ctx.device == "cuda")
+    if isinstance(pair, Outcome):
+        return pair
     with_grad, without = pair
     saving = max(0.0, 1.0 - without / with_grad) if with_grad > 0 else 0.0
     request = finding.request
     assert isinstance(request, EvalGradRequest)  # run_what_ifs passes only these
-    share = request.share * saving
-    finding.what_if = EvalGradResult(
+    result = EvalGradResult(
         forward_ms_with_grad=round(with_grad * 1e3, 3),
         forward_ms_inference_mode=round(without * 1e3, 3),
         pair_ratio=_pair_ratio(with_grad, without),
         pair_rounds=PAIR_ROUNDS,
     )
-    finding.set_gain(share, measured=True)
+    return Outcome(Projected(result, request.share * saving))
 
 
-def attention_trial(ctx: Context, finding: Finding, budget: Budget) -> None:
+def attention_trial(ctx: Context, finding: Finding, budget: Budget) -> Outcome | None:
     request = finding.request
     assert isinstance(request, AttentionRequest)  # run_what_ifs passes only these
     if not request.per_step or not budget.allows(3.0):
-        return
+        return None
     first, last = request.lines
     softmax = ctx.stat_at("softmax", request.softmax)
     score_shape = softmax.detail.get("shape") if softmax else None
@@ -94,12 +93,12 @@ def attention_trial(ctx: Context, finding: Finding, budget: Budget) -> None:
         None,
     )
     if qk is None or ctx.model is None:
-        finding.note = (
-            "Not measured: the attention's operand shapes were not seen during warm-up."
+        why = (
+            "the attention's operand shapes were not seen during warm-up"
             if qk is None
-            else "Not measured: no model was seen training."
+            else "no model was seen training"
         )
-        return
+        return Outcome(before=(not_measured(why, at="replace"),))
     (q_shape, kt_shape) = qk
     lead, length, dim, keys = q_shape[:-2], q_shape[-2], q_shape[-1], kt_shape[-1]
     device = ctx.device if ctx.device in ("cpu", "cuda") else "cpu"
@@ -124,13 +123,13 @@ def attention_trial(ctx: Context, finding: Finding, budget: Budget) -> None:
         out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
         out.sum().backward()
 
-    pair = _time_pair(finding, manual, fused, cuda=device == "cuda")
-    if pair is None:
-        return
+    pair = _time_pair(manual, fused, cuda=device == "cuda")
+    if isinstance(pair, Outcome):
+        return pair
     t_manual, t_fused = pair
     saved = request.per_step * max(0.0, t_manual - t_fused)
     share = min(saved / ctx.step_s, model_share(ctx)) if ctx.step_s else 0.0
-    finding.what_if = AttentionResult(
+    result = AttentionResult(
         q_shape=tuple(q_shape),
         keys=keys,
         causal=causal,
@@ -140,27 +139,9 @@ def attention_trial(ctx: Context, finding: Finding, budget: Budget) -> None:
         pair_ratio=_pair_ratio(t_manual, t_fused),
         pair_rounds=PAIR_ROUNDS,
     )
-    finding.set_gain(share, measured=True)
-    finding.note = (
+    how = (
         "Timed forward+backward at your attention's shapes, hand-written"
         + (" with a causal mask" if causal else "")
         + " against scaled_dot_product_attention."
     )
-
-
-def cap_to_noise(finding: Finding, ctx: Context) -> None:
-    """A gain measured by a single timed comparison (loader rates, a forward with and without autograd, an
-    attention by hand and fused) is held to this window's noise floor: one it cannot be told from rates
-    ``low``. What is judged is the comparison's own ratio (``pair_ratio``): a 1.6x faster attention
-    is not noise because attention is a sixth of the step; the step-level figure is arithmetic on it."""
-    what_if = finding.what_if
-    if not isinstance(what_if, PairTimed) or what_if.judgement is not None or not ctx.noise_floor:
-        return  # a finding judged from interleaved rounds already carries its verdict
-    pair = what_if.pair_ratio
-    verdict = judge([pair] * what_if.pair_rounds, noise_floor=ctx.noise_floor)
-    if not verdict.faster and finding.severity != "low":
-        finding.cap(
-            "low",
-            f"This machine was too noisy during the run to tell the measured x{pair:.2f} from no "
-            f"gain (it needs over x{1 + verdict.noise:.2f}).",
-        )
+    return Outcome(Projected(result, share), after=(Note(how),))

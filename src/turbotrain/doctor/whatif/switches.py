@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Iterator, cast
 
 from ..analysis.replay import repeat_batch
 from ...measure import HOPELESS, Trial, judge, time_loader
@@ -14,14 +14,19 @@ from ...plan import Plan
 from ..findings import Finding
 from ..requests import BatchRequest, PlanRequest
 from ..results import BatchResult, PlanResult
-from .common import Budget, ModelTrials, apply_ratio, interleaved_rounds, model_share, typical_s
+from .attach import Judged, Note, Outcome, model_share, not_measured
+from .common import Budget, ModelTrials, interleaved_rounds, typical_s
 from .fresh import FAULTS_PER_STEP, FreshProcesses, allocator_churn
 
 if TYPE_CHECKING:
     from ..analysis.context import Context
 
 
-def plan_trials(ctx: Context, findings: list[Finding], budget: Budget, allow_compile: bool) -> None:
+def plan_trials(
+    ctx: Context, findings: list[Finding], budget: Budget, allow_compile: bool
+) -> Iterator[tuple[Finding, Outcome]]:
+    """Each Plan switch the findings ask for, timed against the script's settings: each finding's outcome as it
+    is timed."""
     wanted = [f for f in findings if isinstance(f.request, PlanRequest) and (allow_compile or not f.request.compile)]
     if not wanted or ctx.capture is None or ctx.facts.compiled:
         return
@@ -30,7 +35,7 @@ def plan_trials(ctx: Context, findings: list[Finding], budget: Budget, allow_com
     if first is None or not first.ok:
         reason = first.error if first is not None else "the what-if time budget is spent"
         for f in wanted:
-            f.note = f"Not measured: {reason}. {f.note or ''}".strip()
+            yield f, Outcome(before=(not_measured(reason or ""),))
         return
     # The script's setting's fresh process serves every switch compared with it, and ends with the loop.
     with FreshProcesses(ctx, trials, budget) as fresh_processes:
@@ -41,7 +46,7 @@ def plan_trials(ctx: Context, findings: list[Finding], budget: Budget, allow_com
             compiling = bool(changes.get("compile"))
             cost = trials.cost * (8 if compiling else 2)
             if not budget.allows(cost):
-                f.note = f"Not measured: the what-if time budget is spent. {f.note or ''}".strip()
+                yield f, Outcome(before=(not_measured("the what-if time budget is spent"),))
                 continue
             seen: dict[str, Any] = {}
 
@@ -67,7 +72,7 @@ def plan_trials(ctx: Context, findings: list[Finding], budget: Budget, allow_com
                 why = (trial.error if trial is not None else None) or "; ".join(
                     w for _, w in (trial.skipped if trial else [])
                 )
-                f.note = f"Not measured: {why or 'the baseline failed'}. {f.note or ''}".strip()
+                yield f, Outcome(before=(not_measured(why or "the baseline failed"),))
                 continue
             if trial.stopped_early:
                 ratios = [1.0 / HOPELESS]  # slower than HOPELESS times the baseline: no need for more rounds
@@ -82,9 +87,11 @@ def plan_trials(ctx: Context, findings: list[Finding], budget: Budget, allow_com
             result = PlanResult(
                 changes=changes, steps=trials.steps, losses_finite=all(map(math.isfinite, trial.losses))
             )
+            notes: tuple[Note, ...] = ()
             churn = allocator_churn(seen.get("ref"), seen.get("last"))
             if churn >= FAULTS_PER_STEP and not compiling and not trial.stopped_early:
-                ratios, result = _fresh_or_in_process(fresh_processes, base, plan, ratios, churn, f, result)
+                ratios, result, where = _fresh_or_in_process(fresh_processes, base, plan, ratios, churn, result)
+                notes = (where,)
             result = dataclasses.replace(
                 result,
                 rounds=tuple(round(r, 3) for r in ratios),
@@ -92,8 +99,8 @@ def plan_trials(ctx: Context, findings: list[Finding], budget: Budget, allow_com
                 compile_s=round(trial.warmup_s, 2) if compiling else None,
             )
             if compiling:
-                f.note = f"Compiling took {trial.warmup_s:.1f} s (once per run)."
-            apply_ratio(f, ctx, judge(ratios, noise_floor=ctx.noise_floor), result)
+                notes = (Note(f"Compiling took {trial.warmup_s:.1f} s (once per run)."),)
+            yield f, Outcome(Judged(result, judge(ratios, noise_floor=ctx.noise_floor)), before=notes)
 
 
 def _plan_trial(f: Finding) -> PlanRequest:
@@ -107,28 +114,33 @@ def _fresh_or_in_process(
     plan: Plan,
     ratios: list[float],
     churn: float,
-    f: Finding,
     result: PlanResult,
-) -> tuple[list[float], PlanResult]:
-    """The switch re-timed in fresh processes (:meth:`FreshProcesses.rounds`): the rounds judged from then on, and
-    ``result`` saying where they were timed."""
+) -> tuple[list[float], PlanResult, Note]:
+    """The switch re-timed in fresh processes (:meth:`FreshProcesses.rounds`): the rounds judged from then on,
+    ``result`` saying where they were timed, and the note that says it."""
     fresh = fresh_processes.rounds(base, plan)
     if isinstance(fresh, str):
-        f.note = (
+        note = Note(
             f"Timed in the doctor's process, whose steps page-faulted {churn:.0f} pages each: a training "
-            f"process's allocator may differ (a fresh-process trial failed: {fresh}). {f.note or ''}"
-        ).strip()
-        return ratios, dataclasses.replace(result, page_faults_per_step=round(churn), timed_in="this process")
-    f.note = (
+            f"process's allocator may differ (a fresh-process trial failed: {fresh}).",
+            at="before",
+        )
+        return ratios, dataclasses.replace(result, page_faults_per_step=round(churn), timed_in="this process"), note
+    note = Note(
         f"Timed with your setting and the switch each in a fresh process: in the doctor's process the steps "
         f"page-faulted {churn:.0f} pages each, so its allocator's history was part of the time (it read "
-        f"x{statistics.median(ratios):.2f} there). {f.note or ''}"
-    ).strip()
-    return fresh, dataclasses.replace(
-        result,
-        page_faults_per_step=round(churn),
-        timed_in="fresh processes",
-        in_process_rounds=tuple(round(r, 3) for r in ratios),
+        f"x{statistics.median(ratios):.2f} there).",
+        at="before",
+    )
+    return (
+        fresh,
+        dataclasses.replace(
+            result,
+            page_faults_per_step=round(churn),
+            timed_in="fresh processes",
+            in_process_rounds=tuple(round(r, 3) for r in ratios),
+        ),
+        note,
     )
 
 
@@ -141,15 +153,15 @@ def _entry_for_field(field: str) -> str:
         return field
 
 
-def batch_trial(ctx: Context, finding: Finding, budget: Budget) -> None:
+def batch_trial(ctx: Context, finding: Finding, budget: Budget) -> Outcome | None:
     if ctx.capture is None or ctx.facts.compiled:
-        return
+        return None
     batch = ctx.capture.batch_size
     assert isinstance(finding.request, BatchRequest)
     k = finding.request.factor
     trials = ModelTrials(ctx, budget)
     if not budget.allows(trials.cost * 3):
-        return
+        return None
     bigger = [repeat_batch(ctx.capture, k)]
     seen: dict[str, Trial] = {}
 
@@ -166,18 +178,18 @@ def batch_trial(ctx: Context, finding: Finding, budget: Budget) -> None:
 
     first = pair()
     if first is None:
-        finding.note = f"Not measured: {seen['base'].error or seen['big'].error}. {finding.note or ''}".strip()
+        why = not_measured(seen["base"].error or seen["big"].error or "")
         if seen["base"].ok:
             # The model trains on its own batch and not on k of them: the dimension read as the batch is not one.
-            finding.cap("low", f"Dimension 0 of the batch ({batch}) could not be made {k}x larger.")
-        return
+            cap = Note(f"Dimension 0 of the batch ({batch}) could not be made {k}x larger.", at="after")
+            return Outcome(before=(why,), low=True, after=(cap,))
+        return Outcome(before=(why,))
     model_rounds = interleaved_rounds(ctx, budget, trials.cost * 3, first, pair)
     base, big = seen["base"], seen["big"]
     loader_ratio, loader_note = loader_samples_ratio(ctx, batch, k, budget)
     # The step's model part goes k-fold wider at the ratio just timed; its loading part at the loader's own.
     model, data = model_share(ctx), ctx.share("data_loading")
     ratios = [(model + data) / (model / r + data / loader_ratio) for r in model_rounds if r > 0]
-    finding.fix.plan = {"batch_size": batch * k}
     result = BatchResult(
         batch_size=batch,
         candidate_batch_size=batch * k,
@@ -188,13 +200,10 @@ def batch_trial(ctx: Context, finding: Finding, budget: Budget) -> None:
         baseline_samples_per_s=round(base.samples_per_step / typical_s(base), 1),
         candidate_samples_per_s=round(big.samples_per_step / typical_s(big), 1),
     )
-    apply_ratio(
-        finding,
-        ctx,
-        judge(ratios, noise_floor=ctx.noise_floor),
-        result,
-        unit="model's samples/s",
-        applies_to=min(1.0, model + data),
+    verdict = judge(ratios, noise_floor=ctx.noise_floor)
+    return Outcome(
+        Judged(result, verdict, applies_to=min(1.0, model + data), unit="model's samples/s"),
+        fix=dataclasses.replace(finding.fix, plan={"batch_size": batch * k}),
     )
 
 

@@ -254,9 +254,9 @@ def absorbed_by_straggler(findings: list[Finding]) -> list[Finding]:
             continue
         evidence = by.evidence_as(StragglerEvidence)
         by.evidence = dataclasses.replace(evidence, absorbed=(*(evidence.absorbed or ()), f.rule))
-        for framework in ("lightning", "fabric", "accelerate", "hf_trainer"):  # its fix in the user's framework
-            if getattr(by.fix, framework) is None:
-                setattr(by.fix, framework, getattr(f.fix, framework))
+        # Its fix in the user's framework, where the straggler's does not say it.
+        frameworks = ("lightning", "fabric", "accelerate", "hf_trainer")
+        by.fix = dataclasses.replace(by.fix, **{n: getattr(f.fix, n) for n in frameworks if getattr(by.fix, n) is None})
     return out
 
 

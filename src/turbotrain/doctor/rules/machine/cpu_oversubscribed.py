@@ -7,6 +7,8 @@ Reads: machine + run (docs/doctor.md, "Findings").
 
 from __future__ import annotations
 
+import dataclasses
+
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator
 
@@ -147,11 +149,11 @@ def ranks_oversubscribed(ctx: Context) -> Iterator[Finding]:
     if found is None:
         return  # they fit, or more ranks than cores: fewer threads cannot help
     threads, fit = found
-    fix = threads_fix(fit, 0, 0)
     # Every rank, not one process: the launcher's environment is the one place that reaches them all.
-    fix.pytorch = (
-        f"torch.set_num_threads({fit}) in every rank (cores // ranks per node), or OMP_NUM_THREADS={fit} in the "
-        "launcher's environment (torchrun sets 1 unless told otherwise)"
+    fix = dataclasses.replace(
+        threads_fix(fit, 0, 0),
+        pytorch=f"torch.set_num_threads({fit}) in every rank (cores // ranks per node), or OMP_NUM_THREADS={fit} in "
+        "the launcher's environment (torchrun sets 1 unless told otherwise)",
     )
     finding = Finding(
         rule="cpu-oversubscribed",
