@@ -12,7 +12,7 @@ from types import SimpleNamespace
 from turbotrain.doctor.analysis.periodic import PeriodicRow
 from turbotrain.doctor.record.cadence import Cadence
 from turbotrain.doctor.record.measurements import StepRecord
-from turbotrain.doctor.record.recurring import find_watched
+from turbotrain.doctor.record.recurring import find_periodic, find_watched
 from turbotrain.doctor.record.watch import WatchedRun
 from turbotrain.doctor.rules.data.num_workers import _in_periodic_branch
 from turbotrain.doctor.rules.loop import periodic_work as periodic_rule
@@ -79,3 +79,20 @@ def test_a_line_in_the_body_of_an_every_n_steps_branch_is_periodic_not_batch_bui
     )
     inside = [_in_periodic_branch(Site(str(script), line, "<module>")) for line in range(1, 7)]
     assert inside == [False, False, True, True, True, False]
+
+
+def test_every_step_that_ran_the_evaluation_is_an_occurrence_even_one_that_lost_its_cpu():
+    """Evaluation every 2 steps on a busy machine: step 3's evaluation waited for a CPU most of its time, and the
+    time another process held is not the script's, so alone it falls under the spike line (5 ms of its own
+    against 3 x 0 + 28 ms). Read from the clock alone the occurrences were 1, 5, 7: "every 3" (once in a full
+    suite run, eval_every_other_step.py); the evaluation's phase shows step 3 ran it too."""
+    steps = []
+    for i in range(9):
+        phases = {"forward": 0.008, "backward": 0.008}
+        if i % 2:
+            phases["eval"] = 0.08
+        start = i * 0.2
+        stolen = 0.09 if i == 3 else None
+        steps.append(StepRecord(i, start, start + sum(phases.values()), phases, preempted=stolen))
+    [periodic] = find_periodic(steps)
+    assert periodic.steps == [1, 3, 5, 7] and periodic.every == 2, periodic
