@@ -3,15 +3,18 @@
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import os
 import re
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
 from turbotrain.doctor.analysis.breakdown import compute_breakdown
 from turbotrain.doctor.analysis.context import Context
+from turbotrain.doctor.findings import Finding, Fix
 from turbotrain.doctor.rules import all_rules, by_id, evaluate, habit_rules, rule_ids
 from turbotrain.doctor.rules.rule import Detect, Rule, register
 from turbotrain.hardware import detect
@@ -70,3 +73,39 @@ def test_a_rule_outside_its_own_module_or_registered_twice_is_refused():
     again = dataclasses.replace(by_id("zero-grad-not-none"))
     with pytest.raises(ValueError, match="registered already"):
         register(again)
+
+
+def _rule_id_literals(tree: ast.AST) -> Iterator[tuple[int, str]]:
+    """String literals the code uses as rule ids: compared with a ``.rule``, ``rule_id``/``rule``/``only``
+    arguments, ``by_id(...)``, and the speed-up registry's ``doctor_rules``."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            if any(isinstance(s, ast.Attribute) and s.attr == "rule" for s in sides):
+                for s in sides:
+                    for c in ast.walk(s):
+                        if isinstance(c, ast.Constant) and isinstance(c.value, str):
+                            yield node.lineno, c.value
+        elif isinstance(node, ast.Call):
+            name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+            values = [kw.value for kw in node.keywords if kw.arg in ("rule", "rule_id", "doctor_rules", "only")]
+            if name in ("by_id", "speedup_for_rule") and node.args:
+                values.append(node.args[0])
+            for value in values:
+                for c in ast.walk(value):
+                    if isinstance(c, ast.Constant) and isinstance(c.value, str):
+                        yield node.lineno, c.value
+
+
+def test_every_rule_id_the_code_names_is_a_rule():
+    """Rule ids are the rule modules' names (rules/rule.py: rule_ids); a Finding made with another is refused when
+    it is made, and an id mistyped in a comparison or a registry entry is caught here."""
+    known, wrong, seen = set(rule_ids()), [], 0
+    for path in sorted((ROOT / "src" / "turbotrain").rglob("*.py")):
+        for line, value in _rule_id_literals(ast.parse(path.read_text())):
+            seen += 1
+            if value not in known:
+                wrong.append(f"{path.relative_to(ROOT)}:{line}: {value!r}")
+    assert seen > 40 and not wrong, wrong
+    with pytest.raises(ValueError, match="'num-worker' is not a rule id; rule ids: .*num-workers"):
+        Finding("num-worker", "message", Fix("fix"))

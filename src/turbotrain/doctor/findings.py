@@ -222,6 +222,12 @@ class Finding:
     fold: str | None = None  # a key of FOLDS: why it cannot matter here, if it cannot
     ran: bool | None = None  # a static finding's: whether its function ran while the doctor watched (None: unknown)
 
+    def __post_init__(self) -> None:
+        from .rules.rule import rule_ids  # the rule modules' names, read once: a mistyped id fails where it is made
+
+        if self.rule not in rule_ids():
+            raise ValueError(f"Finding: {self.rule!r} is not a rule id; rule ids: {', '.join(rule_ids())}")
+
     def evidence_as(self, kind: type[E]) -> E:
         """The evidence, which this finding's rule made a ``kind``."""
         if not isinstance(self.evidence, kind):

@@ -12,6 +12,7 @@ rule that leaves a declared part out or lives in a module not named after it, as
 
 from __future__ import annotations
 
+import functools
 import importlib
 import pkgutil
 import re
@@ -172,8 +173,9 @@ def _rule_modules() -> list[str]:
     ]
 
 
+@functools.cache
 def rule_ids() -> tuple[str, ...]:
-    """Every rule id, from the rule modules' names (nothing imported)."""
+    """Every rule id, from the rule modules' names (nothing imported; read once)."""
     return tuple(sorted(name.rsplit(".", 1)[1].replace("_", "-") for name in _rule_modules()))
 
 
