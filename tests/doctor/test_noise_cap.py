@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 from turbotrain.doctor.findings import Finding, Fix
 from turbotrain.doctor.results import AttentionResult, Judgement
-from turbotrain.doctor.whatif.attach import cap_to_noise
+from turbotrain.doctor.whatif.outcome import cap_to_noise
 
 
 def _finding(pair_ratio: float, share: float, rounds: int = 2) -> Finding:

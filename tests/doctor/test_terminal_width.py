@@ -45,7 +45,8 @@ def sample_report(script_path: str = "train.py") -> Report:
                           timeline=[{"step": i, "ms": 31.2, **{k: v * 31.2 for k, v in shares.items()},
                                      "interference": 0.0} for i in range(3, 23)])
     findings = [
-        Finding("cpu-oversubscribed", "torch runs 2 intra-op threads and the DataLoader 4 workers on 2 usable cores, one "
+        Finding("cpu-oversubscribed",
+                "torch runs 2 intra-op threads and the DataLoader 4 workers on 2 usable cores, one "
                 "of which another process keeps busy: every parallel op waits at a barrier for a descheduled thread, "
                 "and the step takes 15-22x longer than on a quiet machine. Measured interleaved against the "
                 "baseline (A/B/A/B) on this model.",

@@ -14,6 +14,7 @@ from ..plan import Plan
 from ..speedups.policy import call_text
 from ..speedups.registry import by_field
 from .results import WhatIf
+from .rule_ids import rule_ids
 from .sites import Site, source_lines
 
 if TYPE_CHECKING:
@@ -223,9 +224,7 @@ class Finding:
     ran: bool | None = None  # a static finding's: whether its function ran while the doctor watched (None: unknown)
 
     def __post_init__(self) -> None:
-        from .rules.rule import rule_ids  # the rule modules' names, read once: a mistyped id fails where it is made
-
-        if self.rule not in rule_ids():
+        if self.rule not in rule_ids():  # the rule modules' names: a mistyped id fails where it is made
             raise ValueError(f"Finding: {self.rule!r} is not a rule id; rule ids: {', '.join(rule_ids())}")
 
     def evidence_as(self, kind: type[E]) -> E:

@@ -103,7 +103,7 @@ def _named(name: str) -> str:
 
 
 def _check_rule_ids(name: str, rules: tuple[str, ...]) -> None:
-    from .rules.rule import rule_ids  # the rule modules' names: none of them imported
+    from .rule_ids import rule_ids  # the rule modules' names: none of them imported
 
     known = rule_ids()
     unknown = [r for r in rules if r not in known]

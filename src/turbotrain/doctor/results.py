@@ -77,7 +77,7 @@ class Judgement:
 @dataclass(frozen=True, kw_only=True)
 class WhatIf:
     """What one what-if measured: a subclass per kind. ``judgement`` is set where the gain was judged from
-    interleaved rounds (:func:`turbotrain.doctor.whatif.attach.attach`)."""
+    interleaved rounds (:func:`turbotrain.doctor.whatif.outcome.attach`)."""
 
     kind: ClassVar[str]
     judgement: Judgement | None = None
@@ -109,7 +109,7 @@ class WhatIf:
 @dataclass(frozen=True, kw_only=True)
 class PairTimed(WhatIf):
     """A what-if whose gain rests on one timed comparison (slow / fast), held to the window's noise floor as
-    ``pair_rounds`` interleaved rounds (:func:`turbotrain.doctor.whatif.attach.cap_to_noise`)."""
+    ``pair_rounds`` interleaved rounds (:func:`turbotrain.doctor.whatif.outcome.cap_to_noise`)."""
 
     pair_ratio: float
     pair_rounds: int

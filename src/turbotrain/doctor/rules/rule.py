@@ -12,15 +12,13 @@ rule that leaves a declared part out or lives in a module not named after it, as
 
 from __future__ import annotations
 
-import functools
 import importlib
-import pkgutil
 import re
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Literal, Optional, Protocol, get_args
 
 from ...speedups.registry import all_speedups
+from ..rule_ids import TOPICS, rule_ids, rule_modules
 
 if TYPE_CHECKING:
     from ...measure import Comparison
@@ -47,8 +45,6 @@ __all__ = [
 # What a detector reads: the recorded run, the live objects the script built, or the script's source.
 Source = Literal["runtime", "live", "static"]
 SOURCES: tuple[Source, ...] = get_args(Source)
-# The folders of rules/ that hold rule modules, one topic each.
-TOPICS = ("data", "step", "loop", "job", "machine", "compile", "memory")
 
 # A detector: the findings it sees in a Context (a generator; None where it has nothing to say at all).
 Detector = Callable[["Context"], Optional[Iterable["Finding"]]]
@@ -162,23 +158,6 @@ def register(rule: Rule) -> Rule:
     return rule
 
 
-def _rule_modules() -> list[str]:
-    """``rules.<topic>.<module>`` for every rule module on disk (found without importing them)."""
-    here = Path(__file__).parent
-    return [
-        f"{__package__}.{topic}.{info.name}"
-        for topic in TOPICS
-        for info in pkgutil.iter_modules([str(here / topic)])
-        if not info.name.startswith("_")
-    ]
-
-
-@functools.cache
-def rule_ids() -> tuple[str, ...]:
-    """Every rule id, from the rule modules' names (nothing imported; read once)."""
-    return tuple(sorted(name.rsplit(".", 1)[1].replace("_", "-") for name in _rule_modules()))
-
-
 def habit_rules() -> tuple[str, ...]:
     """The rules no Plan switch answers: the fix is a change to the user's code."""
     declared = {rule_id for entry in all_speedups() for rule_id in entry.doctor_rules}
@@ -187,7 +166,7 @@ def habit_rules() -> tuple[str, ...]:
 
 def all_rules() -> tuple[Rule, ...]:
     """Every rule, its module imported (which registers it); a module that registers no RULE is an error."""
-    for name in _rule_modules():
+    for name in rule_modules():
         module = importlib.import_module(name)
         registered = getattr(module, "RULE", None)
         if not isinstance(registered, Rule) or _RULES.get(registered.id) is not registered:

@@ -41,7 +41,7 @@ from ..requests import (
     ThreadsRequest,
 )
 from ..rules import by_id
-from .attach import Judged, Note, Outcome, attach, cap_to_noise
+from .outcome import Judged, Note, Outcome, attach, cap_to_noise
 from .common import Budget
 from .switches import batch_trial, plan_trials
 from .settings import loader_trial, threads_trial

@@ -18,7 +18,7 @@ from ..analysis.replay import fastest_pair
 from ..findings import Finding
 from ..requests import BatchBuildRequest
 from ..results import BatchBuildResult
-from .attach import Note, Outcome, Projected
+from .outcome import Note, Outcome, Projected
 from .common import Budget
 
 if TYPE_CHECKING:

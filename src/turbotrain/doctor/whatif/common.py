@@ -1,5 +1,5 @@
 """What every what-if shares: the time budget, the surrogate step on a copy of the user's model, the
-rebuilt optimizer and interleaved rounds (a trial's result reaches its finding through :mod:`.attach`)."""
+rebuilt optimizer and interleaved rounds (a trial's result reaches its finding through :mod:`.outcome`)."""
 
 from __future__ import annotations
 

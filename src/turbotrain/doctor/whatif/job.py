@@ -23,7 +23,7 @@ from ..rank_change import RankChange
 from ..apply.change import observed
 from ..requests import JobRequest
 from ..results import JobResult
-from .attach import Judged, Note, Outcome, attach
+from .outcome import Judged, Note, Outcome, attach
 
 if TYPE_CHECKING:
     from ..findings import Finding
@@ -94,7 +94,7 @@ class JobTiming:
 
 def time_on_the_job(timing: JobTiming, findings: list[Finding], rules: tuple[str, ...] | None = None) -> None:
     """Measure what each finding's :class:`JobRequest` buys on the whole job (of ``rules``' findings, when given),
-    and attach it (:func:`.attach.attach`)."""
+    and attach it (:func:`.outcome.attach`)."""
     for f, outcome in _timed_on_the_job(timing, findings, rules):
         attach(f, None, outcome)
 

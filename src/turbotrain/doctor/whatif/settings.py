@@ -15,7 +15,7 @@ from ..requests import ThreadsRequest
 from ..results import LoaderResult, ThreadSetting, ThreadsResult
 from ..rules.data.num_workers import workers_fix
 from ..rules.machine.cpu_oversubscribed import ThreadsEvidence, threads_fix
-from .attach import Judged, Note, Outcome, Projected, model_share, not_measured
+from .outcome import Judged, Note, Outcome, Projected, model_share, not_measured
 from .common import Budget, ModelTrials, interleaved_rounds, surrogate_step
 
 if TYPE_CHECKING:

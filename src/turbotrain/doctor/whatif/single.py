@@ -12,7 +12,7 @@ from ..findings import Finding
 from ..requests import AttentionRequest, EvalGradRequest
 from ..results import AttentionResult, EvalGradResult
 from ..analysis.replay import fastest_pair
-from .attach import Note, Outcome, Projected, model_share, not_measured
+from .outcome import Note, Outcome, Projected, model_share, not_measured
 from .common import Budget
 
 if TYPE_CHECKING:

@@ -14,7 +14,7 @@ from ...plan import Plan
 from ..findings import Finding
 from ..requests import BatchRequest, PlanRequest
 from ..results import BatchResult, PlanResult
-from .attach import Judged, Note, Outcome, model_share, not_measured
+from .outcome import Judged, Note, Outcome, model_share, not_measured
 from .common import Budget, ModelTrials, interleaved_rounds, typical_s
 from .fresh import FAULTS_PER_STEP, FreshProcesses, allocator_churn
 
