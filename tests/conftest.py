@@ -13,7 +13,8 @@ TESTS = Path(__file__).resolve().parent
 # These files' assertions read no time: the patch and the report (the fix corpus), what torch.compile did, how
 # the report prints, how a failing script or a hostile folder is handled, the bytes a step holds, the calibration
 # corpus's scripts (run, not timed), how a job's launcher starts, which loss a compiled
-# model's output went into, how --verify's runs and a job's warm ranks are forked.
+# model's output went into, how --verify's runs and a job's warm ranks are forked, a run under --memory-limit (its
+# verdict is whether the patched script fits, not how fast).
 SHARED_DOCTOR_FILES = frozenset({
     "test_fix_corpus.py",
     "test_compile_watch.py",
@@ -28,6 +29,7 @@ SHARED_DOCTOR_FILES = frozenset({
     "test_compile_loss_eager.py",
     "test_warm_start.py",
     "test_warm_ranks.py",
+    "test_memory_limit.py",
 })
 # Folders whose session-scoped fixtures are expensive (a two-rank launch, nginx): one worker runs the whole folder.
 ONE_WORKER_FOLDERS = frozenset({"launch", "data"})
