@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from doctor_helpers import marked_lines, run_doctor
+from doctor_helpers import marked_lines, run_doctor, script
 from turbotrain.doctor.findings import MEDIUM_SHARE, severity_for
 from turbotrain.doctor.report.memory import MemoryMeasured
 
@@ -92,3 +95,24 @@ def test_a_cuda_out_of_memory_is_explained_with_a_fix_that_fits():
     section = report.memory
     assert isinstance(section, MemoryMeasured) and section.device.startswith("cuda"), section
     assert section.parts.activations > 0 and section.device_total_bytes > 0
+
+
+def test_a_cuda_memory_limit_caps_the_allocator_and_the_fix_that_fits_is_verified_under_it(tmp_path):
+    """``--memory-limit`` on CUDA caps the caching allocator (its per-process fraction): 4096 rows of 1024 centres
+    (about 3 GiB at the step's peak) run out under 1536 MiB, the fixes are measured at a halving under the same cap,
+    and the micro-batches that fit are written and verified: the original runs out again, the patched script runs."""
+    pytest.importorskip("libcst", reason="doctor --fix needs libcst: pip install -e '.[fix]'")
+    (tmp_path / "train.py").write_text(script("gpu_out_of_memory").read_text())
+    command = [sys.executable, "-m", "turbotrain", "doctor", "--memory-limit", "1536MiB", "--steps", "2", "--warmup",
+               "1", "--verify-rounds", "1", "--json", "report.json", "train.py", "4096", "1024", "--fix", "fix.patch",
+               "--verify"]
+    proc = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    report = json.loads((tmp_path / "report.json").read_text())
+    [finding] = [f for f in report["findings"] if f["rule"] == "out-of-memory"]
+    assert "at step 1 in the forward" in finding["message"], proc.stdout + proc.stderr
+    memory = report["memory"]
+    assert memory["device"].startswith("cuda") and memory["memory_limit_bytes"] == 1536 * 2**20, memory
+    assert memory["rows"] < memory["full_rows"] and memory["peak_bytes"] <= 1536 * 2**20
+    [fix] = report["fixes"]
+    assert fix["in_patch"] and "micro-batches" in fix["label"], fix
+    assert fix["verification"]["verdict"] == "fits", fix["verification"]

@@ -1,7 +1,13 @@
 """Written for a GPU: a batch whose activations no GPU holds. Every sample's 64 features are compared with 4096
 centres (B x 64 x 4096 floats), so 2**18 rows ask for 256 GiB in the forward, more than an H200's 141 GB.
 The doctor must say at which step, phase and line the step ran out, what held the memory at a batch that fits,
-and which fix makes it fit (micro-batches with gradient accumulation do)."""
+and which fix makes it fit (micro-batches with gradient accumulation do).
+
+``gpu_out_of_memory.py ROWS CENTRES``: a smaller step for ``doctor --memory-limit``; 4096 rows of 1024 centres
+hold about 3 GiB at the step's peak, so under a 1536 MiB limit they run out and four micro-batches fit (as the
+doctor measured it on the CPU under the same limit)."""
+
+import sys
 
 import torch
 from torch import nn
@@ -20,13 +26,13 @@ class RadialFeatures(nn.Module):
         return (torch.exp(-distance) * self.mix).sum(-1)
 
 
-def main():
+def main(rows=2**18, centres=4096):
     torch.manual_seed(0)
-    model = nn.Sequential(RadialFeatures(), nn.ReLU(), nn.Linear(64, 10)).to(device)
+    model = nn.Sequential(RadialFeatures(centres=centres), nn.ReLU(), nn.Linear(64, 10)).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     for step in range(3):
-        x = torch.randn(2**18, 64, device=device)
-        y = torch.randint(0, 10, (2**18,), device=device)
+        x = torch.randn(rows, 64, device=device)
+        y = torch.randint(0, 10, (rows,), device=device)
         loss = nn.functional.cross_entropy(model(x), y)
         opt.zero_grad()
         loss.backward()
@@ -34,4 +40,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    main(*map(int, sys.argv[1:]))
