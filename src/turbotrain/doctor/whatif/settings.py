@@ -205,7 +205,8 @@ def loader_trial(ctx: Context, finding: Finding, budget: Budget) -> Outcome | No
     if best != current and ctx.capture is not None:
         verified = _verify_workers(ctx, budget, current, best, result)
         if verified is not None:
-            return Outcome(verified, fix=fix, after=(Note(_VERIFIED.format(best=best)),))
+            # Said before the verdict: where the rounds show no gain, the note opens with why.
+            return Outcome(verified, fix=fix, before=(Note(_VERIFIED.format(best=best)),))
     how = (
         f"Loader rates measured for num_workers {', '.join(map(str, rates))}; the step is projected as "
         "max(the rest of the step, one batch's loading time). Workers share the CPU with training."
