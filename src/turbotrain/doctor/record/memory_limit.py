@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import re
 import resource
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,17 +22,16 @@ from dataclasses import dataclass
 
 import torch
 
+from .window_memory import status_kib
+
 __all__ = ["MemoryLimit", "memory_limit", "enforced", "active", "data_bytes"]
 
 _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
-_VM_DATA = re.compile(r"^VmData:\s+(\d+)\s+kB", re.MULTILINE)
 
 
 def data_bytes() -> int:
     """The process's data segment now (``VmData``): what ``RLIMIT_DATA`` counts."""
-    with open("/proc/self/status") as f:
-        match = _VM_DATA.search(f.read())
-    return int(match.group(1)) * 1024 if match else 0
+    return (status_kib("VmData") or 0) * 1024
 
 
 def _device() -> str:

@@ -16,7 +16,7 @@ from typing import Literal
 
 import torch
 
-__all__ = ["WindowMemory", "PeakProbe", "RESIDENT", "CUDA_ALLOCATED"]
+__all__ = ["WindowMemory", "PeakProbe", "RESIDENT", "CUDA_ALLOCATED", "status_kib"]
 
 Kind = Literal["process resident", "CUDA allocated"]
 RESIDENT: Kind = "process resident"
@@ -38,7 +38,8 @@ class WindowMemory:
         return {"kind": self.kind, "start_bytes": self.start_bytes, "peak_bytes": self.peak_bytes}
 
 
-def _status_kib(field: str) -> int | None:
+def status_kib(field: str) -> int | None:
+    """A ``kB`` field of ``/proc/self/status`` (VmHWM, VmData), None where it cannot be read."""
     try:
         found = re.search(rf"^{field}:\s+(\d+) kB", _STATUS.read_text(), re.MULTILINE)
     except OSError:
@@ -64,7 +65,7 @@ class PeakProbe:
             _CLEAR_REFS.write_text("5")  # the resident peak restarts at the resident size now
         except OSError:
             return
-        start = _status_kib("VmHWM")  # the reset counter itself: the resident size at the reset
+        start = status_kib("VmHWM")  # the reset counter itself: the resident size at the reset
         self._start = start * 1024 if start is not None else None
 
     def stop(self) -> WindowMemory | None:
@@ -72,7 +73,7 @@ class PeakProbe:
             return None
         if self.gpu:
             return WindowMemory(CUDA_ALLOCATED, self._start, torch.cuda.max_memory_allocated())
-        peak = _status_kib("VmHWM")
+        peak = status_kib("VmHWM")
         # The window's peak is at least what it opened with: the kernel's counters are batched per CPU, and VmHWM
         # read at the end fell 150 KB under the start read just after its reset once (a run whose RSS then shrank).
         return WindowMemory(RESIDENT, self._start, max(peak * 1024, self._start)) if peak is not None else None
