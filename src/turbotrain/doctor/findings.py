@@ -56,8 +56,9 @@ Category = Literal[
     "data_loading", "host_to_device", "compute", "optimizer", "host_sync", "python_overhead", "outside_step"
 ]
 # Why a rank of a multi-process job is late (analysis/ranks.py): the category of its step it spent longer in, a
-# slower or shared CPU for the same work ("cpu_contention"), or none that holds the wait ("unexplained").
-LateCause = Union[Category, Literal["cpu_contention", "unexplained"]]
+# slower or shared CPU for the same work ("cpu_contention"), torch.compile compiling again on it where the others
+# did not ("recompile"), or none that holds the wait ("unexplained").
+LateCause = Union[Category, Literal["cpu_contention", "recompile", "unexplained"]]
 # Where a finding came from: the recorded run, the live objects the script built, or its source.
 FindingSource = Literal["runtime", "live", "static"]
 # Why a low finding cannot matter on the machine and model at hand: the terminal folds such findings into one

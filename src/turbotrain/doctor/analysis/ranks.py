@@ -7,7 +7,9 @@ reduce-scatters (:mod:`..record.blocking_collectives`). In a data-parallel step 
 all-reduce, so the rank the others wait for is the one that waits least; what it spends more time on than
 the others (its data, its compute, work only it does) is the cause. Its cost is read from the others' waiting:
 per step, the least any other rank waited beyond the straggler's own wait is the time every step would lose
-if the straggler ran like the others (the next rank in line would then be the last to arrive).
+if the straggler ran like the others (the next rank in line would then be the last to arrive). A straggler that
+compiled in the measured steps where the others did not, or runs eagerly after torch.compile's recompile limit
+while they run compiled, is late from its recompiles (:mod:`.rank_compile`).
 
 Ranks are lined up on the completion of each step's last all-reduce (the same instant on every rank), never on
 host clocks, so the offsets hold across nodes. On that common clock each rank's *lane* is its measured steps, each
@@ -24,6 +26,7 @@ from ..findings import LateCause
 from ..record.measurements import CATEGORIES, Category, StepRecord
 from ..record.recording import Recording
 from ..sites import Site
+from .rank_compile import RankCompile, compile_explains, rank_compile
 
 __all__ = [
     "RankSummary",
@@ -83,6 +86,7 @@ class RankSummary:
     reducer: dict[str, float] = field(default_factory=dict)  # DDP's own reducer statistics (seconds)
     comm_busy_s: float | None = None  # median seconds per step the gradient all-reduces were in flight (timed)
     collectives: float | None = None  # median collectives per step (DDP's buckets, FSDP's gathers and scatters)
+    compile: RankCompile | None = None  # what torch.compile compiled in its measured steps (None: it compiled none)
 
     def reducer_check(self) -> tuple[float, float, float] | None:
         """(DDP's own backward communication time, the doctor's timed all-reduce time, their ratio) per step,
@@ -97,7 +101,8 @@ class RankSummary:
 class Straggler:
     rank: int
     host: str
-    cause: LateCause  # a category of RANK_CATEGORIES but communication, "cpu_contention" or "unexplained"
+    # a category of RANK_CATEGORIES but communication, "cpu_contention", "recompile" or "unexplained"
+    cause: LateCause
     cost_s: float  # per step: what every step loses waiting for it
     cost_share: float  # of the median step
     compared_with: int  # the median rank it is compared with
@@ -107,6 +112,7 @@ class Straggler:
     contention_s: float | None = None  # its extra wait for a CPU others held, against the median rank
     cpu_gap_s: float | None = None  # its extra CPU time, against the median rank
     periodic: bool = False  # late only in the steps it does work between steps (an evaluation every N steps)
+    compile: RankCompile | None = None  # its compiles, where they are the cause ("recompile")
 
 
 @dataclass(frozen=True)
@@ -238,6 +244,7 @@ def _summary(recording: Recording, steps: list[int]) -> RankSummary:
         reducer=dict(recording.reducer),
         comm_busy_s=_median_of([comm[i].busy_s if i in comm else None for i in steps]),
         collectives=_median_of([comm[i].buckets if i in comm else None for i in steps]),
+        compile=rank_compile(recording.compiled, chosen, steps),
     )
 
 
@@ -480,6 +487,9 @@ def analyse_ranks(recordings: list[Recording] | tuple[Recording, ...]) -> RankAn
             # core ran slower, shared with other processes or a hyperthread sibling, which also costs CPU time
             # (a clean 2-rank job on 2 vCPUs: rank 1's compute 16% longer, with more CPU time than rank 0's).
             cause = "cpu_contention"
+        # Compile time is charged to the phase that called the compiled code (compute, mostly): it is the cause.
+        if compile_explains(worst.compile, median.compile, cost, cause in (*CPU_BOUND, "cpu_contention")):
+            cause = "recompile"
         straggler = Straggler(
             rank=worst.rank,
             host=worst.host,
@@ -489,9 +499,10 @@ def analyse_ranks(recordings: list[Recording] | tuple[Recording, ...]) -> RankAn
             compared_with=median.rank,
             gap_s=gap,
             last_share=last_share,
-            site=_cause_site(rec, cause, steps),
+            site=worst.compile.site if cause == "recompile" and worst.compile else _cause_site(rec, cause, steps),
             contention_s=contention,
             cpu_gap_s=cpu_gap,
+            compile=worst.compile if cause == "recompile" else None,
         )
     if straggler is None:
         straggler = _periodic_straggler(recordings, steps, exposed, summaries)

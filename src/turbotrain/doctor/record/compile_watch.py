@@ -8,6 +8,8 @@ records and times nothing itself:
   lazily) with the code, its compile seconds, whether it captured a graph, the guard that failed when it is a
   recompilation, and the "recompile limit exceeded" failure after which the code runs eagerly. Torch keeps the
   last 64; the watch raises that bound while it runs and puts it back.
+  Each entry's start (wall clock) is kept on the step clock (``time.perf_counter``), so a job's analysis can
+  tell which step a compile ran in.
 * the ``graph_breaks`` log artifact (``TORCH_LOGS=graph_breaks``): each break's reason and the user stack it
   happened in. A filter on its loggers reads the records and drops them, so nothing reaches the terminal unless
   the user asked for that artifact.
@@ -32,11 +34,12 @@ import logging
 import os
 import re
 import sys
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType, ModuleType, TracebackType
-from typing import Any
+from typing import Any, Literal
 
 from ..sites import Site, is_user_file
 
@@ -44,6 +47,7 @@ __all__ = [
     "CompileWatch",
     "CompileFacts",
     "CompiledCode",
+    "CompileSpan",
     "GraphBreak",
     "Recompile",
     "Fallback",
@@ -172,6 +176,16 @@ class GraphTime:
 
 
 @dataclass(frozen=True, slots=True)
+class CompileSpan:
+    """One compile (forward, or a backward compiled for it) on the recorder's step clock: which step paid it."""
+
+    compile_id: str  # torch's "frame/attempt" id, as in Recompile.compile_id
+    start: float  # time.perf_counter() seconds, the clock StepRecord.start and .end are on
+    seconds: float
+    kind: Literal["first", "recompile", "limit"]  # limit: the compile that hit the recompile limit
+
+
+@dataclass(frozen=True, slots=True)
 class CompileFacts:
     """Everything torch.compile did in one run, per compiled code and in total."""
 
@@ -182,6 +196,7 @@ class CompileFacts:
     compile_s: float = 0.0  # every compile's seconds, failed ones included
     fell_back: int = 0  # codes that hit the recompile limit
     in_graphs: GraphTime | None = None  # the profiler window's steps in and out of the graphs (none: not profiled)
+    spans: tuple[CompileSpan, ...] = ()  # every compile's start and seconds (none where torch kept no start)
 
     @property
     def compiled(self) -> bool:
@@ -215,6 +230,7 @@ class _Entry:
     stack: tuple[Site, ...]  # user frames calling it, innermost first
     cache_hits: int = 0  # Inductor's FX graph cache
     cache_misses: int = 0
+    start: float | None = None  # wall-clock seconds the compile started (None: torch did not say)
 
 
 @dataclass(frozen=True, slots=True)
@@ -475,7 +491,9 @@ class CompileWatch:
             entries = [e for e in (_entry(m, self._live.callers) for m in kept) if e is not None and not _doctors(e)]
             if self._bound is not None:
                 utils.set_compilation_metrics_limit(self._bound)
-        self._facts = _build_facts(entries, self._live.breaks, self._live.modules)
+        # torch stamps entries with time.time(); the steps are timed on perf_counter.
+        offset = time.time() - time.perf_counter()
+        self._facts = _build_facts(entries, self._live.breaks, self._live.modules, offset)
         return self._facts
 
     def _install(self, dynamo: ModuleType) -> None:
@@ -532,7 +550,17 @@ def _entry(metrics: Any, callers: dict[str, tuple[Site, ...]]) -> _Entry | None:
         stack=stack,
         cache_hits=_count(metrics, "hit"),
         cache_misses=_count(metrics, "miss"),
+        start=_start(metrics),
     )
+
+
+def _start(metrics: Any) -> float | None:
+    """When the compile started, wall-clock seconds (torch 2.5+: ``start_time_us``; before: ``start_time``)."""
+    start_us = getattr(metrics, "start_time_us", None)
+    if start_us is not None:
+        return float(start_us) / 1e6
+    start = getattr(metrics, "start_time", None)
+    return None if start is None else float(start)
 
 
 def _count(metrics: Any, outcome: str) -> int:
@@ -566,7 +594,10 @@ class _Code:
 
 
 def _build_facts(
-    entries: Sequence[_Entry], breaks: Sequence[_BreakRecord], modules: dict[str, str] | None = None
+    entries: Sequence[_Entry],
+    breaks: Sequence[_BreakRecord],
+    modules: dict[str, str] | None = None,
+    offset: float = 0.0,
 ) -> CompileFacts:
     """The facts from torch's compile entries and the graph breaks it logged, grouped per compiled code."""
     codes = _group(entries, modules or {})
@@ -578,6 +609,20 @@ def _build_facts(
         recompiles=sum(len(c.recompiles) for c in built),
         compile_s=sum(e.seconds for e in entries),
         fell_back=sum(c.fallback is not None for c in built),
+        spans=_spans(entries, offset),
+    )
+
+
+def _spans(entries: Sequence[_Entry], offset: float) -> tuple[CompileSpan, ...]:
+    """Each timed compile on the step clock (wall clock less ``offset``); a backward takes its forward's kind."""
+    kinds: dict[str, Literal["first", "recompile", "limit"]] = {}
+    for e in entries:
+        if e.forward:
+            kinds[e.compile_id] = "limit" if _limit(e) else "recompile" if e.recompile_reason else "first"
+    return tuple(
+        CompileSpan(e.compile_id, e.start - offset, e.seconds, kinds.get(e.compile_id, "first"))
+        for e in entries
+        if e.start is not None
     )
 
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.text import Text
 
+from ..analysis.rank_compile import RankCompile
 from ..analysis.ranks import WAITED_ON, LaneStep, RankAnalysis, RankCategory, RankSummary
 from ..findings import speedup_from_share
 from .figures import png_uri
@@ -108,6 +109,21 @@ def reducer_disagreement(job: RankAnalysis) -> str | None:
     )
 
 
+def _compile(c: RankCompile | None, base: str | None) -> dict[str, Any] | None:
+    """A rank's torch.compile work in its measured steps (None: it compiled nothing)."""
+    if c is None:
+        return None
+    return {
+        "window_ms": _ms(c.window_s),  # compile time that started in the measured steps, recompiles included
+        "recompile_ms": _ms(c.recompile_s),
+        "recompiles": c.recompiles,  # in the measured steps
+        "run_recompiles": c.run_recompiles,  # over the whole run
+        "eager_after_limit": c.eager_in_window,  # hit the recompile limit by the window's end: ran eagerly
+        "guard": c.guard or None,  # the first failed guard in the window (or the limit's last)
+        "where": c.site.where(base) if c.site else None,
+    }
+
+
 def _agrees(ratio: float) -> bool:
     return 1 / REDUCER_AGREES <= ratio <= REDUCER_AGREES
 
@@ -139,6 +155,7 @@ def ranks_json(job: RankAnalysis, base: str | None = None) -> dict[str, Any]:
             "clock_offset_ms": _ms(job.offsets_s[r.rank]) if r.rank in job.offsets_s else None,
             # Its measured steps on the ranks' common clock (ms from the earliest step's start), ms per phase.
             "lane_ms": _lane(job.lanes.get(r.rank, ())),
+            "compile": _compile(r.compile, base),
         }
         for r in job.ranks
     ]

@@ -72,6 +72,7 @@ CAUSE_WORDS = {
     "host_sync": "its host syncs",
     "outside_step": "work only it does between steps",
     "unexplained": "time no phase explains",
+    "recompile": "torch.compile compiling again on it where the others did not",
     "cpu_contention": "a slower CPU for the same work (it waited for a core, or ran the others' very work "
     "slower: other processes, a hyperthread sibling or the hypervisor held its core)",
 }

@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any, Iterator
 import torch
 
 from ...edits import ByHand, EditSpec
-from ...findings import Evidence, Finding, Fix
-from ...record.compile_watch import CHANGED_VALUE, NEW_DTYPE, NEW_INSTANCE, NEW_SHAPE, CompiledCode, Recompile
+from ...findings import Evidence, Finding
+from ...record.compile_watch import CHANGED_VALUE, NEW_SHAPE, CompiledCode, Recompile
 from ...requests import OwnTrial
 from ..rule import Detect, Measured, Rule, TimeLeft, register
 from ._common import (
@@ -41,17 +41,11 @@ from ._common import (
     user_codes,
     user_recompiles,
 )
+from ._recompile_fix import fix_for, kind_words
 
 if TYPE_CHECKING:
     from ...analysis.context import Context
 
-_WORDS = {
-    NEW_SHAPE: "a new shape",
-    NEW_DTYPE: "a new dtype",
-    CHANGED_VALUE: "a changed Python value",
-    NEW_INSTANCE: "another object",
-}
-_OTHER = "another guard (requires_grad, device, grad mode)"
 # torch's text for a failed size guard: "tensor 'tokens' size mismatch at index 1. expected 16, actual 21"
 _SIZE_GUARD = re.compile(
     r"tensor '(?P<name>.+?)' size mismatch at index (?P<index>\d+)\. expected (?P<expected>\d+), "
@@ -99,37 +93,9 @@ def _evidence(f: Finding) -> RecompileEvidence | LimitEvidence:
     return evidence
 
 
-def fix_for(kind: str) -> Fix:
-    """The fix for recompiles of ``kind``, in each framework."""
-    if kind == NEW_SHAPE:
-        text = (
-            "torch.compile(model, dynamic=True), or torch._dynamo.mark_dynamic(x, dim) on the input whose length "
-            "varies before the call; or pad the batches to a few bucket lengths (e.g. multiples of 64)"
-        )
-        return Fix(
-            text,
-            lightning="Pad in the DataLoader's collate_fn to a few bucket lengths, or compile the LightningModule "
-            "with dynamic=True (torch.compile(model, dynamic=True) before Trainer.fit)",
-            hf_trainer="TrainingArguments(group_by_length=True, torch_compile=True) and pad_to_multiple_of=64 in "
-            "the data collator",
-        )
-    if kind == CHANGED_VALUE:
-        text = (
-            "Pass the number that changes as a tensor (torch.tensor(value)) instead of a Python int/float, or "
-            "keep it fixed; torch specialises the graph on Python values"
-        )
-    elif kind == NEW_DTYPE:
-        text = "Cast the inputs to one dtype before the compiled call (x.float() or x.to(torch.bfloat16))"
-    elif kind == NEW_INSTANCE:
-        text = "Compile one module and call it for every batch, rather than compiling or calling new instances"
-    else:
-        text = "Keep what the failed guard checks the same from call to call (requires_grad, device, grad mode)"
-    return Fix(text)
-
-
 def _kinds(recompiles: list[Recompile]) -> str:
     counts = Counter(r.kind for r in recompiles)
-    return ", ".join(f"{n} for {_WORDS.get(kind, _OTHER)}" for kind, n in counts.most_common())
+    return ", ".join(f"{n} for {kind_words(kind)}" for kind, n in counts.most_common())
 
 
 def _code_at(code: CompiledCode) -> str:
@@ -151,7 +117,7 @@ def _fallback_finding(ctx: Context, code: CompiledCode) -> Finding:
         message=(
             f"torch.compile hit its recompile limit ({fallback.limit}={fallback.value or '?'}) on {code.name}() "
             f"and runs it eagerly from then on: the rest of the run gets nothing from compile. The last guard that "
-            f"failed: {fallback.guard} ({_WORDS.get(fallback.kind, _OTHER)})."
+            f"failed: {fallback.guard} ({kind_words(fallback.kind)})."
         ),
         fix=fix_for(fallback.kind),
         evidence=LimitEvidence(
@@ -277,7 +243,7 @@ def edit(ctx: Context, f: Finding) -> EditSpec:
     kinds are a change of what the script passes."""
     evidence = _evidence(f)
     if evidence.kind != NEW_SHAPE:
-        raise ByHand(f"recompiles for {_WORDS.get(evidence.kind, _OTHER)}: {f.fix.pytorch}")
+        raise ByHand(f"recompiles for {kind_words(evidence.kind)}: {f.fix.pytorch}")
     fix = "torch.compile(..., dynamic=True)"
     index, call = one_compile_call(ctx, fix, f"{evidence.code}()")
     # dynamic=False (one graph per length) is the choice the fix reverses; any other value is the user's to change.

@@ -1,5 +1,6 @@
 """`straggler`: on a multi-process job, the rank the others wait for at the gradient all-reduce: its host, the phase
-that explains it, the others' wait per step (below)
+that explains it (its recompiles, where torch.compile compiled on it and not on the others), the others' wait per
+step (below)
 
 Reads: every rank's run (docs/doctor.md, "Findings").
 """
@@ -13,6 +14,7 @@ from typing import TYPE_CHECKING, Iterator
 
 from ...analysis.branch import branch_running
 from ...analysis.periodic import suggested_every
+from ...analysis.rank_compile import RankCompile
 from ...analysis.ranks import RankAnalysis, Straggler
 from ...edits import ByHand, EditSpec
 from ...findings import Category, Evidence, Finding, Fix, LateCause
@@ -20,6 +22,7 @@ from ...record.measurements import CATEGORIES
 from ...rank_change import RankChange
 from ...requests import JobRequest
 from ..common import CAUSE_WORDS, cap_if_oversubscribed, rank_change_edit
+from ..compile._recompile_fix import fix_for, kind_words
 from ..rule import Detect, Rule, register
 
 if TYPE_CHECKING:
@@ -66,6 +69,21 @@ class WorkersEvidence(Evidence):
 
 
 @dataclass(frozen=True)
+class RecompileCause(Evidence):
+    """A straggler late from torch.compile: its compiles in the measured steps against the compared rank's."""
+
+    recompiles: int  # in the measured steps
+    compile_ms: float  # its compile time there (first compiles and recompiles, backward included)
+    recompile_ms: float
+    others_recompiles: int  # the rank it is compared with
+    others_compile_ms: float
+    eager: bool  # it hit the recompile limit and ran eagerly in the measured steps
+    kind: str  # what failed the guard (compile_watch's NEW_SHAPE, ...)
+    guard: str  # torch's failed guard, the first in the measured steps (or the limit's last)
+    where: str | None  # the user's line whose call brought the new input
+
+
+@dataclass(frozen=True)
 class StragglerEvidence(Evidence):
     rank: int
     host: str
@@ -81,6 +99,7 @@ class StragglerEvidence(Evidence):
     branch: BranchEvidence | None = None
     num_workers: WorkersEvidence | None = None
     absorbed: tuple[str, ...] | None = None  # the rules whose findings of the same line and phase it took in
+    recompile: RecompileCause | None = None  # where the cause is "recompile"
 
 
 # A fix to time on every rank, as the straggler's finding says it: its request, its fix and its evidence.
@@ -107,12 +126,15 @@ def straggler(ctx: Context) -> Iterator[Finding]:
         gap_ms={k: round(v * 1e3, 3) for k, v in s.gap_s.items()},
         cpu_wait_ms=round((s.contention_s or 0.0) * 1e3, 3) if s.cause == "cpu_contention" else None,
     )
+    fix = Fix(pytorch=_FIXES.get(s.cause, _FIXES["unexplained"]).format(rank=s.rank))
+    if s.compile is not None:
+        said, evidence, fix = _recompiled(ctx, job, s, evidence)
+        gap_text = f": {said}"
     timed: _Timed | None = None
     if s.cause == "outside_step":
         timed = _time_rarer_saves(ctx, job, s, evidence) or _time_rarer_branch(ctx, job, s, evidence)
     elif s.cause == "data_loading":
         timed = _time_more_workers(ctx, job, s, evidence)
-    fix = Fix(pytorch=_FIXES.get(s.cause, _FIXES["unexplained"]).format(rank=s.rank))
     request: JobRequest | None = None
     if timed is not None:
         request, fix, evidence = timed
@@ -146,6 +168,52 @@ def straggler(ctx: Context) -> Iterator[Finding]:
         )
     cap_if_oversubscribed(ctx, finding)
     yield finding
+
+
+def _recompiled(
+    ctx: Context, job: RankAnalysis, s: Straggler, evidence: StragglerEvidence
+) -> tuple[str, StragglerEvidence, Fix]:
+    """The words, evidence and fix of a straggler late from its compiles (``s.compile``) against the compared
+    rank's: the compile-recompile rule's fix, for the rank that recompiled."""
+    mine = s.compile
+    assert mine is not None
+    theirs = next((r.compile for r in job.ranks if r.rank == s.compared_with), None)
+    other_n, other_s = (theirs.recompiles, theirs.window_s) if theirs is not None else (0, 0.0)
+    where = ctx.where(mine.site)
+    parts = []
+    if mine.window_s > 0:
+        parts.append(
+            f"{mine.recompiles} recompile(s) in the measured steps, {mine.window_s:.2f} s of compiling there "
+            f"(rank {s.compared_with}: {other_n} recompile(s), {other_s:.2f} s)"
+            + (f", the first for {kind_words(mine.kind)}: {mine.guard}" if mine.first is not None else "")
+        )
+    if mine.eager_in_window and mine.limit is not None:
+        parts.append(
+            f"it hit torch.compile's {mine.limit.limit} and ran eagerly while rank {s.compared_with} ran compiled "
+            f"(the last failed guard: {mine.limit.guard})"
+        )
+    said = "; ".join(parts) + (f" (at {where})" if where else "")
+    cause = _cause_evidence(mine, theirs, where)
+    fix = fix_for(mine.kind)
+    pytorch = (
+        f"{fix.pytorch}: rank {s.rank} compiled again for inputs the others did not see (the compile-recompile fix, "
+        "applied on every rank)"
+    )
+    return said, dataclasses.replace(evidence, recompile=cause), dataclasses.replace(fix, pytorch=pytorch)
+
+
+def _cause_evidence(mine: RankCompile, theirs: RankCompile | None, where: str | None) -> RecompileCause:
+    return RecompileCause(
+        recompiles=mine.recompiles,
+        compile_ms=round(mine.window_s * 1e3, 3),
+        recompile_ms=round(mine.recompile_s * 1e3, 3),
+        others_recompiles=theirs.recompiles if theirs is not None else 0,
+        others_compile_ms=round(theirs.window_s * 1e3, 3) if theirs is not None else 0.0,
+        eager=mine.eager_in_window,
+        kind=mine.kind,
+        guard=mine.guard,
+        where=where,
+    )
 
 
 def _own_recording(ctx: Context, s: Straggler) -> Recording | None:
