@@ -126,3 +126,20 @@ def test_the_recorder_puts_each_compile_on_the_step_clock_a_backward_of_its_forw
     )
     assert [(s.compile_id, s.start, s.kind) for s in facts.spans] == [
         ("0/0", 100.0, "first"), ("0/0", 100.5, "first"), ("0/1", 102.0, "recompile"), ("0/2", 103.0, "limit")]
+
+
+def test_the_terminals_compile_section_names_its_rank_and_a_rank_that_recompiled_more():
+    from turbotrain.doctor.report.model import Report
+    from turbotrain.doctor.report.terminal import compiled_lines
+
+    recs = [rank(0, False, compiled(range(0))), rank(1, True, compiled(range(1, STEPS), limit_step=STEPS - 1))]
+    job = analyse_ranks(recs)
+    report = Report(status="ok", breakdown=None, findings=[], compiled=recs[0].compiled, base="/home/me", ranks=job)
+    lines = compiled_lines(report)
+    assert lines[0].startswith("torch.compile (rank 0): 0.0 s compiling; 1 graphs, 0 graph breaks, 0 recompiles")
+    assert lines[-1] == (f"  rank 1: {STEPS - 1} recompiles in its run, 0.2 s compiling in the measured steps; "
+                         "hit the recompile limit, eager since")
+    # Ranks that compiled alike: nothing past the first rank's lines.
+    alike = analyse_ranks([rank(0, False, recs[1].compiled), rank(1, True, recs[1].compiled)])
+    report = dataclasses.replace(report, compiled=recs[1].compiled, ranks=alike)
+    assert not any(line.startswith("  rank ") for line in compiled_lines(report))

@@ -365,8 +365,10 @@ def compiled_lines(report: Report) -> list[str]:
         return []
     package = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     codes = [c for c in facts.codes if not c.code.file.startswith(package)]  # the doctor's own hooks compiled too
+    # A job's section is its first rank's (the breakdown's): say so, and which ranks compiled otherwise.
+    rank = f" (rank {report.ranks.ranks[0].rank})" if report.ranks is not None and report.ranks.ranks else ""
     lines = [
-        f"torch.compile: {facts.compile_s:.1f} s compiling; {sum(c.graphs for c in codes)} graphs, "
+        f"torch.compile{rank}: {facts.compile_s:.1f} s compiling; {sum(c.graphs for c in codes)} graphs, "
         f"{sum(len(c.breaks) for c in codes)} graph breaks, {sum(len(c.recompiles) for c in codes)} recompiles"
         + (f", {facts.fell_back} fell back to eager" if facts.fell_back else "")
     ]
@@ -384,6 +386,27 @@ def compiled_lines(report: Report) -> list[str]:
             f"{c.first_compile_s:.1f} s first compile + {c.recompile_s:.1f} s recompiling"
             + (f"; {c.cache_hits} of {c.cache_hits + c.cache_misses} graphs from the cache" if c.cache_hits else "")
             + ("; hit the recompile limit, eager since" if c.fallback is not None else "")
+        )
+    return lines + other_ranks_compiling(report)
+
+
+def other_ranks_compiling(report: Report) -> list[str]:
+    """On a job, the ranks past the first that recompiled or compiled in the measured steps, where the first did
+    not do as much (a rank that recompiles alone keeps the others waiting: the straggler finding says so)."""
+    if report.ranks is None or len(report.ranks.ranks) < 2:
+        return []
+    first, *others = report.ranks.ranks
+    seen = first.compile
+    lines = []
+    for r in others:
+        c = r.compile
+        if c is None or (
+            seen is not None and c.run_recompiles <= seen.run_recompiles and c.window_s < seen.window_s + 0.1
+        ):
+            continue
+        lines.append(
+            f"  rank {r.rank}: {c.run_recompiles} recompiles in its run, {c.window_s:.1f} s compiling in the measured "
+            f"steps" + ("; hit the recompile limit, eager since" if c.eager_in_window else "")
         )
     return lines
 
