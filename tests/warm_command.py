@@ -33,13 +33,20 @@ _verify: list[WarmStart] = []
 # What differs between the doctor runs of one session and no import reads: pytest's test name, the test's own tune
 # cache and temporary folder (and the Inductor cache folder torch's import names after it), the doctor run's mark.
 PER_TEST = ("PYTEST_CURRENT_TEST", "TURBOTRAIN_CACHE", "TMPDIR", "TORCHINDUCTOR_CACHE_DIR", "TURBOTRAIN_DOCTOR_RUN")
+# Read once, on import: the test that starts a server may have pointed TMPDIR at its own folder, which the server's
+# folder would then litter for the rest of the session.
+_SESSION_ROOT = tempfile.gettempdir()
+
+
+def _session_folder(prefix: str) -> str:
+    return tempfile.mkdtemp(prefix=prefix, dir=_SESSION_ROOT)
 
 
 def turbotrain_command(argv: list[str], cwd: Path, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
     """``python -m turbotrain *argv``: its exit code and output, as ``subprocess.run(..., capture_output=True)``."""
     command = [sys.executable, "-m", "turbotrain", *argv]
     if not _warm:
-        _warm.append(WarmStart(env, tempfile.mkdtemp(prefix="turbotrain-commands-"), preload=PRELOAD, any_env=True))
+        _warm.append(WarmStart(env, _session_folder("turbotrain-commands-"), preload=PRELOAD, any_env=True))
     done = _warm[0].run("turbotrain", argv, env, str(cwd), timeout)
     if done is None:
         return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
@@ -52,7 +59,7 @@ def warm_ranks_env(env: dict[str, str]) -> dict[str, str]:
     """What a doctor's environment adds for its job's ranks to start from the session's warm-rank server, which the
     first call starts with ``env`` (the job's, as doctor_helpers.job_env() makes it); nothing where it is not up."""
     if not _ranks:
-        _ranks.append(WarmRanks(env, tempfile.mkdtemp(prefix="turbotrain-ranks-"), may_differ=PER_TEST))
+        _ranks.append(WarmRanks(env, _session_folder("turbotrain-ranks-"), may_differ=PER_TEST))
     return _ranks[0].env()
 
 
@@ -82,7 +89,7 @@ def verify_start(env: dict[str, str], folder: str) -> _SessionStart:
 
     if not _verify:
         env = {k: v for k, v in env.items() if k != ENV_MARK}
-        _verify.append(WarmStart(env, tempfile.mkdtemp(prefix="turbotrain-verify-"), VERIFY_PRELOAD, any_env=True))
+        _verify.append(WarmStart(env, _session_folder("turbotrain-verify-"), VERIFY_PRELOAD, any_env=True))
     return _SessionStart(_verify[0])
 
 
