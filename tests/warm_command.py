@@ -14,6 +14,7 @@ one (:func:`verify_start`); ``--verify`` through the command line keeps its own.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -23,7 +24,8 @@ from pathlib import Path
 from turbotrain.doctor.fixes.warm_start import WarmStart
 from turbotrain.doctor.job.warm_ranks import WarmRanks
 
-__all__ = ["turbotrain_command", "warm_ranks_env", "warm_ranks_pid", "verify_start", "close_warm_commands"]
+__all__ = ["turbotrain_command", "warm_ranks_env", "warm_ranks_pid", "verify_start", "close_warm_commands", "TEST_RUN",
+           "TEST_RUN_ID", "RANK_ENV"]
 
 PRELOAD = ("torch", "torch._dynamo", "turbotrain.cli", "turbotrain.doctor.diagnose", "turbotrain.doctor.cli",
            "turbotrain.launch.cli", "torch.distributed.run")
@@ -32,6 +34,13 @@ _ranks: list[WarmRanks] = []
 _verify: list[WarmStart] = []
 # What differs between the doctor runs of one session and no import reads: pytest's test name, the test's own tune
 # cache and temporary folder (and the Inductor cache folder torch's import names after it), the doctor run's mark.
+# Marks the processes this test run (this worker) starts: doctor_helpers.job_processes finds what a test left by it.
+TEST_RUN = "TURBOTRAIN_TEST_RUN"
+TEST_RUN_ID = f"{os.getpid()}-{os.urandom(4).hex()}"
+# What a rank's environment holds beyond its launcher's, and so the session's warm-rank server's too: the run's mark,
+# and one OpenMP thread (torchrun's default with several processes; a thread count is read at torch's import, so a
+# server without it would start every such rank cold).
+RANK_ENV = {TEST_RUN: TEST_RUN_ID, "OMP_NUM_THREADS": "1"}
 PER_TEST = ("PYTEST_CURRENT_TEST", "TURBOTRAIN_CACHE", "TMPDIR", "TORCHINDUCTOR_CACHE_DIR", "TURBOTRAIN_DOCTOR_RUN")
 # Read once, on import: the test that starts a server may have pointed TMPDIR at its own folder, which the server's
 # folder would then litter for the rest of the session.

@@ -17,7 +17,7 @@ from turbotrain.doctor.record.collectives import CommStep
 from turbotrain.doctor.record.measurements import StepRecord
 from turbotrain.doctor.job.rank_main import ENV_FOLDER
 from turbotrain.doctor.record.recording import Recording, Window
-from warm_command import turbotrain_command, warm_ranks_env, warm_ranks_pid
+from warm_command import RANK_ENV, TEST_RUN, TEST_RUN_ID, turbotrain_command, warm_ranks_env, warm_ranks_pid
 
 SCRIPTS = Path(__file__).parent / "scripts"
 ROOT = Path(__file__).resolve().parents[2]
@@ -94,17 +94,14 @@ def rank_recording(rank: int, data_ms: list[float], exposed_ms: list[float], ste
 JOB_FAST = ["--steps", "10", "--warmup", "2"]
 
 
-# Marks every process a test of this pytest run starts through job_env(): job_processes() counts only this run's,
+# job_env() marks every process a test of this pytest run starts (RANK_ENV): job_processes() counts only this run's,
 # not those of another test run on the same machine (another clone's suite, a developer's doctor on the same script).
-TEST_RUN = "TURBOTRAIN_TEST_RUN"
-_TEST_RUN_ID = f"{os.getpid()}-{os.urandom(4).hex()}"
 
 
 def job_env() -> dict[str, str]:
     env = dict(os.environ)
-    env[TEST_RUN] = _TEST_RUN_ID
+    env.update(RANK_ENV)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), env.get("PYTHONPATH")]))
-    env["OMP_NUM_THREADS"] = "1"
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", ENV_FOLDER):
         env.pop(key, None)
     return env
@@ -115,7 +112,7 @@ def job_processes(script: str) -> list[int]:
     launchers, their children), and warm-rank servers and the ranks they forked, which the kernel shows with the
     server's environment and command line (doctor/job/warm_ranks.py), past the session's server."""
     found = []
-    ours = f"{TEST_RUN}={_TEST_RUN_ID}".encode()
+    ours = f"{TEST_RUN}={TEST_RUN_ID}".encode()
     session = str(warm_ranks_pid())
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit() and entry.name != session:

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from doctor_helpers import doctor_job, git_apply, job_env, job_processes, marked_lines
+from warm_command import warm_ranks_env
 
 SCRIPT = Path(__file__).parent / "scripts" / "ddp_fixable.py"
 
@@ -34,9 +35,11 @@ def test_the_patch_edits_the_lines_of_the_fixes_timed_on_every_rank(tmp_path):
     text = (folder / SCRIPT.name).read_text()
     assert "torch.set_num_threads(1)" in text and "find_unused_parameters=False" in text
     assert ("gradient_as_bucket_view=True" in text) == (buckets is not None)
-    # The patched job still trains: both ranks step to the end under plain torchrun.
+    # The patched job still trains: both ranks step to the end under plain torchrun (ranks from the warm server).
+    env = job_env()
     run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                          SCRIPT.name], cwd=folder, env=job_env(), capture_output=True, text=True, timeout=180)
+                          SCRIPT.name], cwd=folder, env={**env, **warm_ranks_env(env)}, capture_output=True,
+                         text=True, timeout=180)
     assert run.returncode == 0, run.stderr[-3000:]
     assert job_processes(SCRIPT.name) == []
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from warm_command import turbotrain_command
+from warm_command import TEST_RUN, TEST_RUN_ID, turbotrain_command, warm_ranks_env
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).resolve().parent / "workers" / "train_tiny.py"
@@ -29,14 +29,24 @@ def cli_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def launch(*args: str, timeout: float = 180, prefix: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
-    """``turbotrain launch ARGS`` as a user runs it (forked warm where there is no ``prefix``: warm_command.py);
-    fails the test with its output if it fails."""
+def run_launch(*args: str, timeout: float = 180, prefix: tuple[str, ...] = (), warm_ranks: bool = True,
+               **env_extra: str) -> subprocess.CompletedProcess:
+    """``turbotrain launch ARGS`` as a user runs it, whatever its exit code: forked warm where there is no
+    ``prefix``, its ranks forked from the session's warm-rank server unless ``warm_ranks`` is False, where a rank
+    must be the launcher's child (warm_command.py)."""
+    env = cli_env(**{TEST_RUN: TEST_RUN_ID}, **env_extra)
     if prefix:
-        proc = subprocess.run([*prefix, sys.executable, "-m", "turbotrain", "launch", *args], cwd=ROOT,
-                              env=cli_env(), capture_output=True, text=True, timeout=timeout)
-    else:
-        proc = turbotrain_command(["launch", *args], cwd=ROOT, env=cli_env(), timeout=timeout)
+        return subprocess.run([*prefix, sys.executable, "-m", "turbotrain", "launch", *args], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=timeout)
+    # The session's server has the environment torchrun gives each of several ranks: one OpenMP thread.
+    ranks = warm_ranks_env({**env, "OMP_NUM_THREADS": "1"}) if warm_ranks else {}
+    return turbotrain_command(["launch", *args], cwd=ROOT, env={**env, **ranks}, timeout=timeout)
+
+
+def launch(*args: str, timeout: float = 180, prefix: tuple[str, ...] = (), warm_ranks: bool = True
+           ) -> subprocess.CompletedProcess:
+    """:func:`run_launch` that fails the test with its output if the launch fails."""
+    proc = run_launch(*args, timeout=timeout, prefix=prefix, warm_ranks=warm_ranks)
     if proc.returncode != 0:
         pytest.fail(f"turbotrain launch {' '.join(args)} exited {proc.returncode}\n"
                     f"{proc.stdout}\n{proc.stderr[-6000:]}")

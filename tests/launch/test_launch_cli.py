@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
-from launch_helpers import ROOT, WORKER, cli_env
+from launch_helpers import WORKER, run_launch
 from turbotrain.config import ConfigError
 from turbotrain.launch.cli import LaunchOptions, torchrun_argv
 from turbotrain.launch.nccl import NcclSettings, check_environment, parse_size
@@ -87,9 +85,8 @@ def test_inherited_nccl_environment_is_checked():
 
 
 def test_dry_run_prints_the_torchrun_command():
-    proc = subprocess.run([sys.executable, "-m", "turbotrain", "launch", "--nproc-per-node", "2", "--nccl-algo", "Tree",
-                           "--nccl-buffsize", "16M", "--dry-run", SCRIPT, "--max-restarts", "9"],
-                          cwd=ROOT, env=cli_env(), capture_output=True, text=True, timeout=60)
+    proc = run_launch("--nproc-per-node", "2", "--nccl-algo", "Tree", "--nccl-buffsize", "16M", "--dry-run", SCRIPT,
+                      "--max-restarts", "9", timeout=60)
     assert proc.returncode == 0, proc.stderr
     line = proc.stdout.strip()
     assert line.startswith(f"NCCL_ALGO=Tree NCCL_BUFFSIZE={16 * 2**20} torchrun --nproc-per-node 2 --standalone")
@@ -102,8 +99,8 @@ def test_a_failing_script_fails_the_launch(tmp_path):
     script.write_text("import sys; sys.exit(3)\n")
     temp = tmp_path / "tmp"
     temp.mkdir()
-    proc = subprocess.run([sys.executable, "-m", "turbotrain", "launch", str(script)], cwd=ROOT,
-                          env=cli_env(TMPDIR=str(temp)), capture_output=True, text=True, timeout=120)
+    # Ranks the launcher starts itself: torchrun's summary names the binary it ran, a warm rank's client otherwise.
+    proc = run_launch(str(script), timeout=120, warm_ranks=False, TMPDIR=str(temp))
     assert proc.returncode == 1
     assert "fails.py FAILED" in proc.stderr and "exitcode  : 3" in proc.stderr
     # torchrun's per-launch log folder is not left behind (it held no file: no rank recorded an error).
@@ -129,16 +126,14 @@ def test_everything_after_the_script_reaches_it_untouched(tmp_path, script_args)
     out = tmp_path / "argv.json"
     temp = tmp_path / "tmp"
     temp.mkdir()
-    proc = subprocess.run([sys.executable, "-m", "turbotrain", "launch", "--nproc-per-node", "1", str(script),
-                           *script_args], cwd=ROOT, env=cli_env(ECHO_OUT=str(out), TMPDIR=str(temp)),
-                          capture_output=True, text=True, timeout=120)
+    proc = run_launch("--nproc-per-node", "1", str(script), *script_args, timeout=120, ECHO_OUT=str(out),
+                      TMPDIR=str(temp))
     assert proc.returncode == 0, proc.stderr
     assert json.loads(out.read_text()) == script_args
     assert list(temp.glob("torchelastic_*")) == []  # torchrun's per-launch log folder is not left behind
 
 
 def test_a_double_dash_before_the_script_only_ends_launch_options():
-    proc = subprocess.run([sys.executable, "-m", "turbotrain", "launch", "--dry-run", "--", SCRIPT, "--", "--d", "5"],
-                          cwd=ROOT, env=cli_env(), capture_output=True, text=True, timeout=60)
+    proc = run_launch("--dry-run", "--", SCRIPT, "--", "--d", "5", timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().endswith(f"--max-restarts 0 {SCRIPT} -- --d 5")

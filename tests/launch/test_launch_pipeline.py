@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,7 +20,7 @@ import torch
 
 import pipeline_tiny as tiny
 import several_runs
-from launch_helpers import ROOT, cli_env, read_rank
+from launch_helpers import ROOT, read_rank, run_launch
 from launch_helpers import launch as launch_cli
 
 WORKER = ROOT / "tests" / "launch" / "workers" / "train_pipeline.py"
@@ -239,9 +238,8 @@ def test_interleaved_pipeline_times_fsdp(four_processes):
 
 def failing_launch(tmp_path, *args: str) -> subprocess.CompletedProcess:
     """A launch that must fail on every process (the timeout catches a hang)."""
-    proc = subprocess.run([sys.executable, "-m", "turbotrain", "launch", "--nproc-per-node", "2", str(WORKER),
-                           "--out", str(tmp_path), "--config", "1f1b", *args],
-                          cwd=ROOT, env=cli_env(), capture_output=True, text=True, timeout=120)
+    proc = run_launch("--nproc-per-node", "2", str(WORKER), "--out", str(tmp_path), "--config", "1f1b", *args,
+                      timeout=120)
     assert proc.returncode != 0
     return proc
 
