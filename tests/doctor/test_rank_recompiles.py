@@ -143,3 +143,52 @@ def test_the_terminals_compile_section_names_its_rank_and_a_rank_that_recompiled
     alike = analyse_ranks([rank(0, False, recs[1].compiled), rank(1, True, recs[1].compiled)])
     report = dataclasses.replace(report, compiled=recs[1].compiled, ranks=alike)
     assert not any(line.startswith("  rank ") for line in compiled_lines(report))
+
+
+def by_step(r: int, own: tuple[int, ...], others: tuple[int, ...], facts: CompileFacts | None) -> Recording:
+    """Rank ``r`` of two, late only in ``own`` steps (its forward 21 ms, its wait 1 ms) and waiting 21 ms in
+    ``others`` (the other rank late there); 1 ms of forward and of wait in every other step."""
+    exposed = [21.0 if i in others else 1.0 for i in range(STEPS)]
+    rec = rank_recording(r, [1.0] * STEPS, exposed)
+    steps = tuple(dataclasses.replace(s, phases={**s.phases, "forward": 0.021 if s.index in own else 0.001})
+                  for s in rec.steps)
+    return dataclasses.replace(rec, steps=steps, compiled=facts)
+
+
+def test_a_rank_late_only_in_the_steps_it_recompiles_is_the_straggler_in_those_steps():
+    late = (2, 5, 7)
+    plain = analyse_ranks([by_step(0, (), late, None), by_step(1, late, (), None)])
+    assert plain is not None and plain.straggler is None  # not late in 3 steps of 4: no steady straggler
+    job = analyse_ranks([by_step(0, (), late, compiled(range(0))), by_step(1, late, (), compiled(late))])
+    assert job is not None and job.straggler is not None
+    s = job.straggler
+    assert (s.rank, s.cause, s.site, s.periodic) == (1, "recompile", CALL, True)
+    assert s.last_share == pytest.approx(3 / (STEPS - 1)) and s.compile is not None and s.compile.recompiles == 3
+    # The others' 20 ms wait in those three steps, averaged over the eight measured ones.
+    assert s.cost_s == pytest.approx(3 * 0.020 / (STEPS - 1))
+
+
+def test_ranks_late_in_turns_each_in_the_steps_it_recompiles_are_uneven_work_from_recompiles():
+    from turbotrain.doctor.analysis.context import build_context
+    from turbotrain.doctor.report.ranks import ranks_json
+    from turbotrain.doctor.rules import evaluate
+
+    zero, one = (2, 6), (3, 5, 7)
+    recs = [by_step(0, zero, one, compiled(zero)), by_step(1, one, zero, compiled(one))]
+    job = analyse_ranks(recs)
+    assert job is not None and job.straggler is None and job.imbalance is not None
+    u = job.imbalance
+    assert u.cause == "recompile" and u.evidenced and u.compile_gap_s == pytest.approx(5 * 0.020 / (STEPS - 1))
+    assert u.recompiled is not None and u.recompiled.recompiles == 3  # rank 1's: the most
+    # The same turns without compile data: a phase, capped low (the batches are one size).
+    plain = analyse_ranks([by_step(0, zero, one, None), by_step(1, one, zero, None)])
+    assert plain is not None and plain.imbalance is not None and plain.imbalance.cause == "compute"
+    ctx = build_context(dataclasses.replace(recs[0], job=tuple(recs)))
+    (finding,) = evaluate(ctx, only=["uneven-work"])
+    assert finding.category == "recompile" and finding.site == CALL and finding.severity != "low"
+    assert "recompiles in the measured steps: rank 0 2, rank 1 3" in finding.message and GUARD in finding.message
+    assert "dynamic=True" in finding.fix.pytorch
+    said = finding.evidence.to_dict()
+    assert (said["recompiles"], said["where"], said["compile_gap_ms"]) == (3, CALL.where(None), 12.5)
+    assert ctx.job is not None
+    assert ranks_json(ctx.job, "/home/me")["imbalance"]["compile_gap_ms"] == 12.5

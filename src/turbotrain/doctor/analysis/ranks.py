@@ -9,7 +9,8 @@ the others (its data, its compute, work only it does) is the cause. Its cost is 
 per step, the least any other rank waited beyond the straggler's own wait is the time every step would lose
 if the straggler ran like the others (the next rank in line would then be the last to arrive). A straggler that
 compiled in the measured steps where the others did not, or runs eagerly after torch.compile's recompile limit
-while they run compiled, is late from its recompiles (:mod:`.rank_compile`).
+while they run compiled, is late from its recompiles (:mod:`.rank_compile`); so is one late only in the steps it
+recompiles, and ranks late in turns, each in the steps it recompiles, have that cause too.
 
 Ranks are lined up on the completion of each step's last all-reduce (the same instant on every rank), never on
 host clocks, so the offsets hold across nodes. On that common clock each rank's *lane* is its measured steps, each
@@ -111,7 +112,7 @@ class Straggler:
     site: Site | None = None  # a line that explains the cause, when one is known
     contention_s: float | None = None  # its extra wait for a CPU others held, against the median rank
     cpu_gap_s: float | None = None  # its extra CPU time, against the median rank
-    periodic: bool = False  # late only in the steps it does work between steps (an evaluation every N steps)
+    periodic: bool = False  # late only in the steps of its own extra work (an evaluation every N steps, a recompile)
     compile: RankCompile | None = None  # its compiles, where they are the cause ("recompile")
 
 
@@ -124,16 +125,22 @@ class Imbalance:
     cost_share: float  # of the median step
     first_wait_s: float  # per step, the mean wait of the rank that arrived first for the one that arrived last
     last_shares: dict[int, float]  # per rank, the share of the measured steps it arrived last in
-    cause: Category | Literal["unexplained"]  # the category the last rank spent most more time in, or "unexplained"
+    # the category the last rank spent most more time in, "recompile" where its compiling holds the wait, or
+    # "unexplained"
+    cause: Category | Literal["unexplained", "recompile"]
     cause_gap_s: float  # that category's mean per step: the last rank's minus the first rank's
     cpu_gap_s: float | None  # the same for the CPU time of their threads (None: not known)
     larger_input_share: float  # share of the steps whose last rank's forwards took more elements than the first's
+    compile_gap_s: float = 0.0  # mean per step: the last rank's compile seconds minus the first rank's
+    recompiled: RankCompile | None = None  # where the cause is "recompile": the rank that recompiled most
 
     @property
     def evidenced(self) -> bool:
-        """Uneven work shown, not only turns: the late rank's phase holds the wait and it had the larger batch in 3
-        steps of 4. Ranks given batches of one size are late in turns from noise as well (a core's wait, a slower
-        collective now and then), more so on a loaded machine."""
+        """Uneven work shown, not only turns: the late rank's compiling holds the wait, or its phase does and it had
+        the larger batch in 3 steps of 4. Ranks given batches of one size are late in turns from noise as well (a
+        core's wait, a slower collective now and then), more so on a loaded machine."""
+        if self.cause == "recompile":
+            return True
         return self.cause != "unexplained" and self.larger_input_share >= CONSISTENT
 
 
@@ -288,11 +295,17 @@ def _lanes(recordings: list[Recording], steps: list[int], offsets: dict[int, flo
 
 
 def _imbalance(
-    recordings: list[Recording], steps: list[int], exposed: dict[int, list[float]], step_s: float
+    recordings: list[Recording],
+    steps: list[int],
+    exposed: dict[int, list[float]],
+    step_s: float,
+    summaries: list[RankSummary],
 ) -> Imbalance | None:
     """Ranks late in turns: per step, the first rank to arrive (it waited most) against the last (least)."""
     if step_s <= 0:
         return None
+    compiling = _compile_per_step(summaries, steps)
+    compile_gaps = []
     rows = {r.rank: _per_step(r, steps) for r in recordings}
     cpu = {r.rank: {c.step: c.cpu_s for c in r.communication} for r in recordings}
     waits, saved, gaps = [], [], {k: 0.0 for k in RANK_CATEGORIES if k != "communication"}
@@ -308,6 +321,7 @@ def _imbalance(
         saved.append(statistics.fmean(exposed[rank][i] - exposed[late][i] for rank in exposed))
         for k in gaps:
             gaps[k] += (rows[late][i][k] - rows[first][i][k]) / len(steps)
+        compile_gaps.append(compiling[late][i] - compiling[first][i])
         late_cpu, first_cpu = cpu[late].get(index), cpu[first].get(index)
         if late_cpu is not None and first_cpu is not None:
             cpu_gaps.append(late_cpu - first_cpu)
@@ -318,7 +332,16 @@ def _imbalance(
         return None
     largest = max(gaps, key=lambda k: gaps[k])
     # Under half the wait: no phase of the late ranks holds it, step-to-step noise as well.
-    cause: Category | Literal["unexplained"] = "unexplained" if gaps[largest] < 0.5 * first_wait else largest
+    cause: Category | Literal["unexplained", "recompile"] = (
+        "unexplained" if gaps[largest] < 0.5 * first_wait else largest
+    )
+    compile_gap = statistics.fmean(compile_gaps)
+    recompiled = None
+    # Compile time is charged to the phase that called the compiled code: where it holds half the wait, each rank
+    # was late in the steps it compiled again (inputs of new shapes reaching the ranks at different steps).
+    if compile_gap >= 0.5 * first_wait:
+        cause = "recompile"
+        recompiled = max((s.compile for s in summaries if s.compile), key=lambda c: (c.recompiles, c.window_s))
     return Imbalance(
         cost_s=cost,
         cost_share=cost / step_s,
@@ -328,7 +351,14 @@ def _imbalance(
         cause_gap_s=max(gaps.values()),
         cpu_gap_s=statistics.fmean(cpu_gaps) if len(cpu_gaps) == len(steps) else None,
         larger_input_share=larger / len(steps),
+        compile_gap_s=compile_gap,
+        recompiled=recompiled,
     )
+
+
+def _compile_per_step(summaries: list[RankSummary], steps: list[int]) -> dict[int, tuple[float, ...]]:
+    """Per rank, its compile seconds in each of ``steps`` (zeros for a rank that compiled none)."""
+    return {s.rank: s.compile.per_step_s if s.compile else (0.0,) * len(steps) for s in summaries}
 
 
 def _median_other(summaries: list[RankSummary], rank: int) -> RankSummary:
@@ -337,52 +367,72 @@ def _median_other(summaries: list[RankSummary], rank: int) -> RankSummary:
     return others[(len(others) - 1) // 2]
 
 
+def _late_for_own_work(
+    exposed: dict[int, list[float]], work: dict[int, list[float]] | dict[int, tuple[float, ...]], step: float
+) -> dict[int, tuple[float, list[int]]]:
+    """Per rank late in some steps for work of one kind only it did there (``work``: per rank, its seconds of that
+    work in each step): its cost (the others' wait for it in those steps, averaged over every step) and those steps,
+    where they are two or more and the cost is a straggler's. A step counts where the rank's work exceeds the least
+    any other rank did by half the others' wait for it: on a balanced job that work is nobody's, and a wait another
+    step has (a core taken by another process) is noise, not counted."""
+    found = {}
+    count = len(next(iter(exposed.values())))
+    for rank in exposed:
+        others = [o for o in exposed if o != rank]
+        waits = [max(0.0, min(exposed[o][i] for o in others) - exposed[rank][i]) for i in range(count)]
+        explained = [
+            i
+            for i, wait in enumerate(waits)
+            if wait >= STRAGGLER_SHARE * step and work[rank][i] - min(work[o][i] for o in others) >= 0.5 * wait
+        ]
+        cost = sum(waits[i] for i in explained) / count
+        if len(explained) >= 2 and cost >= STRAGGLER_SHARE * step:
+            found[rank] = (cost, explained)
+    return found
+
+
 def _periodic_straggler(
     recordings: list[Recording], steps: list[int], exposed: dict[int, list[float]], summaries: list[RankSummary]
 ) -> Straggler | None:
-    """A rank that does work between steps every few steps which the others do not (rank 0 evaluating every N
-    steps): in those steps the others wait for it at the all-reduce. Its cost is their wait in those steps averaged
-    over every step, which the median the steady straggler is judged by does not see when the work skips steps."""
+    """A rank late in some steps for work only it does there, which the median the steady straggler is judged by
+    does not see when the work skips steps: work between steps every few steps (rank 0 evaluating every N steps),
+    or, where it alone does so, compiling again (a new input shape only it met). Its cost is the others' wait in
+    those steps averaged over every step."""
     step = statistics.fmean(sum(s.mean_s.values()) for s in summaries)  # the mean step: the work is amortised
     if step <= 0:
         return None
     rows = {r.rank: _per_step(r, steps) for r in recordings}
-    found = None
-    for rec in recordings:
-        others = [rank for rank in exposed if rank != rec.rank]
-        waits = [max(0.0, min(exposed[o][i] for o in others) - exposed[rec.rank][i]) for i in range(len(steps))]
-        late = [i for i, wait in enumerate(waits) if wait >= STRAGGLER_SHARE * step]
-        # The steps its own work between steps explains: on a balanced job that work is nobody's, and a wait
-        # another step has (a core taken by another process) is noise, not counted.
-        explained = [
-            i
-            for i in late
-            if rows[rec.rank][i]["outside_step"] - min(rows[o][i]["outside_step"] for o in others) >= 0.5 * waits[i]
-        ]
-        cost = sum(waits[i] for i in explained) / len(steps)
-        if len(explained) >= 2 and cost >= STRAGGLER_SHARE * step:
-            if found is None or cost > found[0]:
-                found = (cost, rec, explained)
+    between = _late_for_own_work(exposed, {r: [row["outside_step"] for row in rows[r]] for r in rows}, step)
+    cause: LateCause = "outside_step"
+    found = max(between.items(), key=lambda kv: kv[1][0], default=None)
     if found is None:
-        return None
-    cost, rec, late = found
-    median = _median_other(summaries, rec.rank)
+        compiling = _late_for_own_work(exposed, _compile_per_step(summaries, steps), step)
+        # Ranks late in turns each for its own recompiles are uneven work (_imbalance), not one rank's lateness.
+        if len(compiling) != 1:
+            return None
+        (found,) = compiling.items()
+        cause = "recompile"
+    rank, (cost, late) = found
+    rec = next(r for r in recordings if r.rank == rank)
+    median = _median_other(summaries, rank)
     gap = {
-        k: statistics.fmean(rows[rec.rank][i][k] - rows[median.rank][i][k] for i in late)
+        k: statistics.fmean(rows[rank][i][k] - rows[median.rank][i][k] for i in late)
         for k in RANK_CATEGORIES
         if k != "communication"
     }
+    compiled = next(s.compile for s in summaries if s.rank == rank) if cause == "recompile" else None
     return Straggler(
-        rank=rec.rank,
+        rank=rank,
         host=rec.host,
-        cause="outside_step",
+        cause=cause,
         cost_s=cost,
         cost_share=cost / step,
         compared_with=median.rank,
         gap_s=gap,
         last_share=len(late) / len(steps),
-        site=_cause_site(rec, "outside_step", steps),
+        site=compiled.site if compiled is not None else _cause_site(rec, cause, steps),
         periodic=True,
+        compile=compiled,
     )
 
 
@@ -506,7 +556,7 @@ def analyse_ranks(recordings: list[Recording] | tuple[Recording, ...]) -> RankAn
         )
     if straggler is None:
         straggler = _periodic_straggler(recordings, steps, exposed, summaries)
-    imbalance = None if straggler is not None else _imbalance(recordings, steps, exposed, step)
+    imbalance = None if straggler is not None else _imbalance(recordings, steps, exposed, step, summaries)
     offsets = _offsets(recordings, steps)
     kinds = [c.kind for r in recordings for c in r.communication if c.step in common]
     kind = statistics.mode(kinds) if kinds else "ddp"

@@ -194,6 +194,7 @@ def ranks_json(job: RankAnalysis, base: str | None = None) -> dict[str, Any]:
             "cause_gap_ms": _ms(u.cause_gap_s),
             "cpu_gap_ms": _ms(u.cpu_gap_s) if u.cpu_gap_s is not None else None,
             "larger_input_share": round(u.larger_input_share, 3),
+            "compile_gap_ms": _ms(u.compile_gap_s),  # the last rank's compile time minus the first's, per step
             "evidenced": u.evidenced,  # uneven work shown, not turns that noise explains as well
         }
     return {
@@ -295,11 +296,18 @@ def print_ranks(console: Console, job: RankAnalysis, width: int) -> None:
             Text.assemble(
                 ("Ranks late in turns: ", "bold"),
                 f"the first to arrive waits {u.first_wait_s * 1e3:.1f} ms per step for the last, whose "
-                f"{u.cause} is {u.cause_gap_s * 1e3:.1f} ms longer; even work saves {u.cost_s * 1e3:.1f} ms "
-                f"({u.cost_share:.0%})",
+                f"{_longer(u.cause, u.cause_gap_s * 1e3, u.compile_gap_s * 1e3)}; even work saves "
+                f"{u.cost_s * 1e3:.1f} ms ({u.cost_share:.0%})",
             )
         )
     console.print(Text(_communication_line(job.exposed_share, job.overlap, job.sync_kind)))
+
+
+def _longer(cause: str, cause_gap_ms: float, compile_gap_ms: float) -> str:
+    """What the last of the ranks late in turns spent longer on: its cause's phase, or its compiling."""
+    if cause == "recompile":
+        return f"compiling is {compile_gap_ms:.1f} ms longer"
+    return f"{cause} is {cause_gap_ms:.1f} ms longer"
 
 
 def _communication_line(share: float, overlap: float | None, kind: str) -> str:
@@ -397,7 +405,7 @@ def ranks_html(data: dict[str, Any]) -> str:
     if u:
         lines.append(
             f"Ranks late in turns: the first to arrive waits {u['first_wait_ms']:.1f} ms per step for the last, "
-            f"whose {u['cause']} is {u['cause_gap_ms']:.1f} ms longer; even work saves "
+            f"whose {_longer(u['cause'], u['cause_gap_ms'], u.get('compile_gap_ms', 0.0))}; even work saves "
             f"{u['cost']['ms_per_step']:.1f} ms ({u['cost']['share']:.0%})."
         )
     if c:

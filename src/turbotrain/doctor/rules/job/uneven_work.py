@@ -1,19 +1,23 @@
 """`uneven-work`: on a multi-process job with no straggler, ranks late in turns: the first rank to reach the all-reduce
 waits 10% of the step or more for the last, no rank last in 3 steps of 4, and the phase the last one spent longer
 in; `low` unless the last rank's training forwards took the larger batch (more tensor elements) in 3 steps of 4:
-with batches of one size, noise and contention explain turns as well
+with batches of one size, noise and contention explain turns as well. Where the last rank's compiling holds half
+the wait (each rank recompiling in the steps it meets a new input shape), the cause is its recompiles, at the line
+that brought the new input, with the compile-recompile fix
 
 Reads: every rank's run (docs/doctor.md, "Findings").
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator
 
 from ...analysis.ranks import CONSISTENT
 from ...findings import Evidence, Finding, Fix, LateCause
 from ..common import CAUSE_WORDS, cap_if_oversubscribed
+from ..compile._recompile_fix import fix_for, kind_words
 from ..rule import Detect, Rule, register
 
 if TYPE_CHECKING:
@@ -44,6 +48,10 @@ class UnevenEvidence(Evidence):
     cause_gap_ms: float
     cpu_gap_ms: float | None
     larger_input_share: float  # of the steps, those the last rank had the larger batch in
+    compile_gap_ms: float = 0.0  # per step: the last rank's compile time minus the first rank's
+    recompiles: int | None = None  # where the cause is "recompile": of the rank that recompiled most, in the window
+    guard: str | None = None  # ... the first guard that failed there
+    where: str | None = None  # ... the user's line that brought the new input
 
 
 def uneven_work(ctx: Context) -> Iterator[Finding]:
@@ -54,13 +62,32 @@ def uneven_work(ctx: Context) -> Iterator[Finding]:
     u = job.imbalance
     sized = u.larger_input_share >= CONSISTENT  # the late rank had the larger batch: the evidence of uneven work
     turns = ", ".join(f"rank {rank} in {share:.0%}" for rank, share in sorted(u.last_shares.items()))
-    why = (
-        ", and no phase of the last one explains it"
-        if u.cause == "unexplained"
-        else f", and the last one's {CAUSE_WORDS.get(u.cause, u.cause).removeprefix('its ')} took "
-        f"{u.cause_gap_s * 1e3:.1f} ms more than the first one's, and its batch was the larger one in "
-        f"{u.larger_input_share:.0%} of the steps"
-    )
+    recompiled = u.recompiled if u.cause == "recompile" else None
+    where = ctx.where(recompiled.site) if recompiled is not None else None
+    if recompiled is not None:
+        counts = ", ".join(f"rank {r.rank} {r.compile.recompiles if r.compile else 0}" for r in job.ranks)
+        why = (
+            f", and the last one was compiling: {u.compile_gap_s * 1e3:.1f} ms more per step than the first one "
+            f"(recompiles in the measured steps: {counts}; the first for {kind_words(recompiled.kind)}: "
+            f"{recompiled.guard}" + (f", at {where})" if where else ")")
+        )
+    elif u.cause == "unexplained":
+        why = ", and no phase of the last one explains it"
+    else:
+        why = (
+            f", and the last one's {CAUSE_WORDS.get(u.cause, u.cause).removeprefix('its ')} took "
+            f"{u.cause_gap_s * 1e3:.1f} ms more than the first one's, and its batch was the larger one in "
+            f"{u.larger_input_share:.0%} of the steps"
+        )
+    if recompiled is not None:
+        fix = fix_for(recompiled.kind)
+        fix = dataclasses.replace(
+            fix,
+            pytorch=f"{fix.pytorch}: each rank compiled again in the steps it met new inputs (the "
+            "compile-recompile fix, applied on every rank)",
+        )
+    else:
+        fix = Fix(pytorch=_UNEVEN_FIXES.get(u.cause, _UNEVEN_FIXES["compute"]) if sized else _SAME_SIZE_FIX)
     finding = Finding(
         rule="uneven-work",
         message=(
@@ -69,7 +96,8 @@ def uneven_work(ctx: Context) -> Iterator[Finding]:
             f"The ranks were last in turns ({turns}){why}. Evened out, each step would take the ranks' mean "
             f"work: {u.cost_s * 1e3:.1f} ms ({u.cost_share:.0%} of the step) less."
         ),
-        fix=Fix(pytorch=_UNEVEN_FIXES.get(u.cause, _UNEVEN_FIXES["compute"]) if sized else _SAME_SIZE_FIX),
+        fix=fix,
+        site=recompiled.site if recompiled is not None else None,
         category=u.cause,
         evidence=UnevenEvidence(
             cost_ms=round(u.cost_s * 1e3, 3),
@@ -79,6 +107,10 @@ def uneven_work(ctx: Context) -> Iterator[Finding]:
             cause_gap_ms=round(u.cause_gap_s * 1e3, 3),
             cpu_gap_ms=round(u.cpu_gap_s * 1e3, 3) if u.cpu_gap_s is not None else None,
             larger_input_share=round(u.larger_input_share, 3),
+            compile_gap_ms=round(u.compile_gap_s * 1e3, 3),
+            recompiles=recompiled.recompiles if recompiled is not None else None,
+            guard=recompiled.guard if recompiled is not None else None,
+            where=where,
         ),
     )
     # The gain is read from the waiting, not timed with the work evened out.
@@ -90,8 +122,9 @@ def uneven_work(ctx: Context) -> Iterator[Finding]:
             "the wait): step-to-step noise explains them as well.",
         )
     # Batches of other sizes are the evidence: ranks given the same sizes are late in turns from noise as well
-    # (a wait for a core, a slower step now and then), and more so on a loaded machine.
-    elif not sized:
+    # (a wait for a core, a slower step now and then), and more so on a loaded machine. The compile time a rank
+    # spent in the steps it was last in is evidence of its own.
+    elif not sized and recompiled is None:
         finding.cap(
             "low",
             f"The last rank's batch was the larger one in only {u.larger_input_share:.0%} of the steps: a wait for a "
