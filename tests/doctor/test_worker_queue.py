@@ -92,8 +92,8 @@ def test_a_verify_run_drains_the_queue_and_is_timed_in_rounds_of_the_workers(tmp
     assert data["warmup"] >= 10 and (data["loader_round"], len(data["step_s"])) == (2, 8)
     assert sum(data["step_s"]) / 8 >= 0.6 * STEADY_WAIT_S, data["step_s"]
     run = TimedRun(step_ms=[20.0, 1.0] * 6, loader_round=2)
-    assert run.ms(periodic=False) == pytest.approx(10.5)
-    assert TimedRun(step_ms=[20.0, 1.0] * 6 + [1.0]).ms(periodic=False) == pytest.approx(1.0)
+    assert run.ms(mean=False) == pytest.approx(10.5)
+    assert TimedRun(step_ms=[20.0, 1.0] * 6 + [1.0]).ms(mean=False) == pytest.approx(1.0)
 
 
 class _TraceSeen(Dataset):

@@ -201,6 +201,24 @@ def _edited_at(fix: FixResult) -> str:
     return edited if edited == fix.where else f"{edited} (found at {fix.where})"
 
 
+def _timed_window(ctx: Context, warmup: int) -> tuple[int, bool]:
+    """How --verify's runs time what torch.compile did in the recorded run: their warm-up (at least ``warmup``
+    steps, and past the step in which the last compile ended: first compiles, recompiles and the one that hit the
+    recompile limit are seconds paid once, which the original's steps would otherwise be timed with), and whether
+    a run counts as its mean step (compiled code that hit the limit runs some inputs eagerly, the others compiled:
+    a median would be one kind's)."""
+    recording = ctx.recording
+    facts = recording.compiled if recording is not None else None
+    if recording is None or facts is None:
+        return warmup, False
+    mixed = facts.fell_back > 0
+    if not facts.spans:
+        return warmup, mixed
+    last = max(s.start + s.seconds for s in facts.spans)
+    index = next((s.index for s in recording.steps if s.end >= last), None)
+    return (warmup if index is None else max(warmup, index + 1)), mixed
+
+
 def attach_fixes(
     report: Report,
     ctx: Context,
@@ -218,9 +236,11 @@ def attach_fixes(
     fix_report.fixes = results
     originals = make_diffs(results, base)
     if options.verify and any(r.in_patch for r in results) and report.run is not None:
+        warmup, mean_step = _timed_window(ctx, options.warmup)
         verify_options = VerifyOptions(
             steps=options.steps,
-            warmup=options.warmup,
+            warmup=warmup,
+            mean_step=mean_step,
             rounds=options.verify_rounds,
             budget_s=options.verify_budget_s,
             threads=torch.get_num_threads(),

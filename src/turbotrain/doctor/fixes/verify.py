@@ -69,6 +69,9 @@ class VerifyOptions:
     noise_floor: float = 0.0  # this machine's noise, from the doctor's own run
     run_timeout_s: float = 600.0
     memory_limit_bytes: int | None = None  # both sides run under the doctor's --memory-limit
+    # Steps of two kinds (compiled code that hit the recompile limit runs some inputs eagerly): each run counts as
+    # its mean step, which a median (one kind's) would leave out.
+    mean_step: bool = False
 
 
 @dataclass
@@ -84,8 +87,8 @@ class TimedRun:
     memory: dict[str, Any] | None = None  # the memory peak over the measured steps (child.py's "memory")
     out_of_memory: bool = False  # the run died of an out-of-memory error (child.py's "out_of_memory")
 
-    def ms(self, periodic: bool) -> float:
-        if periodic:
+    def ms(self, mean: bool) -> float:
+        if mean:  # every step counts: work every N steps, or steps of two kinds
             return statistics.fmean(self.step_ms)
         # Fed by workers, a median of single steps picks one that waited for nothing: runs of a round each.
         return statistics.median(run_means(self.step_ms, min(self.loader_round, len(self.step_ms) // 3)))
@@ -299,8 +302,9 @@ class Verifier:
                     return result
         if result.original_out_of_memory:
             return _patched_only(result, patched, periodic)
-        result.original_ms = [r.ms(periodic) for r in originals]
-        result.patched_ms = [r.ms(periodic) for r in patched]
+        mean = periodic or self.options.mean_step
+        result.original_ms = [r.ms(mean) for r in originals]
+        result.patched_ms = [r.ms(mean) for r in patched]
         result.ratios = [o / p for o, p in zip(result.original_ms, result.patched_ms)]
         verdict = judge(result.ratios, noise_floor=self.options.noise_floor)
         result.speedup, result.verdict = verdict.speedup, verdict.verdict
