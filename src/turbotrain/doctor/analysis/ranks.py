@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
-from typing import Literal, Union
+from typing import Literal, Mapping, Sequence, Union
 
 from ..findings import LateCause
 from ..record.measurements import CATEGORIES, Category, StepRecord
@@ -368,7 +368,7 @@ def _median_other(summaries: list[RankSummary], rank: int) -> RankSummary:
 
 
 def _late_for_own_work(
-    exposed: dict[int, list[float]], work: dict[int, list[float]] | dict[int, tuple[float, ...]], step: float
+    exposed: dict[int, list[float]], work: Mapping[int, Sequence[float]], step: float
 ) -> dict[int, tuple[float, list[int]]]:
     """Per rank late in some steps for work of one kind only it did there (``work``: per rank, its seconds of that
     work in each step): its cost (the others' wait for it in those steps, averaged over every step) and those steps,

@@ -71,15 +71,6 @@ def uneven_work(ctx: Context) -> Iterator[Finding]:
             f"(recompiles in the measured steps: {counts}; the first for {kind_words(recompiled.kind)}: "
             f"{recompiled.guard}" + (f", at {where})" if where else ")")
         )
-    elif u.cause == "unexplained":
-        why = ", and no phase of the last one explains it"
-    else:
-        why = (
-            f", and the last one's {CAUSE_WORDS.get(u.cause, u.cause).removeprefix('its ')} took "
-            f"{u.cause_gap_s * 1e3:.1f} ms more than the first one's, and its batch was the larger one in "
-            f"{u.larger_input_share:.0%} of the steps"
-        )
-    if recompiled is not None:
         fix = fix_for(recompiled.kind)
         fix = dataclasses.replace(
             fix,
@@ -87,6 +78,14 @@ def uneven_work(ctx: Context) -> Iterator[Finding]:
             "compile-recompile fix, applied on every rank)",
         )
     else:
+        if u.cause == "unexplained":
+            why = ", and no phase of the last one explains it"
+        else:
+            why = (
+                f", and the last one's {CAUSE_WORDS.get(u.cause, u.cause).removeprefix('its ')} took "
+                f"{u.cause_gap_s * 1e3:.1f} ms more than the first one's, and its batch was the larger one in "
+                f"{u.larger_input_share:.0%} of the steps"
+            )
         fix = Fix(pytorch=_UNEVEN_FIXES.get(u.cause, _UNEVEN_FIXES["compute"]) if sized else _SAME_SIZE_FIX)
     finding = Finding(
         rule="uneven-work",
