@@ -73,6 +73,9 @@ HOPELESS = 3.0
 trial would spend the whole budget (bf16 on a CPU without native bf16)."""
 
 
+HOPELESS_STEPS = 2
+"""How many steps over the give-up time stop a trial: a hopeless candidate's every step is slow."""
+
 HOPELESS_FLOOR_S = 0.2
 """Steps shorter than this are never stopped early: a one-off cost (a kernel's first use) can make a
 sub-millisecond step 30x slower once, and letting such a trial finish costs next to nothing."""
@@ -336,8 +339,8 @@ def run_trial(
     so the data path is timed too; the loader starts over when it runs out.
 
     ``give_up_s``: a hopeless eager candidate is stopped (``Trial.stopped_early``, and
-    ``Trial.error`` says why) as soon as one step from the second on (the first holds one-time
-    costs) takes longer than that and than :data:`HOPELESS_FLOOR_S`.
+    ``Trial.error`` says why) as soon as :data:`HOPELESS_STEPS` steps from the second on (the first
+    holds one-time costs) have taken longer than that and than :data:`HOPELESS_FLOOR_S`.
     """
     if not batches and loader is None:
         raise ValueError("run_trial needs at least one batch (or a loader)")
@@ -366,6 +369,7 @@ def run_trial(
         # any early step slow once, and their cost is bounded by the callers' compile budgets.
         judged_from = 1 if plan.compile is False else warmup + steps
         faults_before = 0
+        over: list[float] = []  # the judged steps that took longer than give_up_s
         losses: list[Any] = []
         for i in range(warmup + steps):
             if i == warmup:
@@ -378,9 +382,12 @@ def run_trial(
                 trial.warmup_s = time.perf_counter() - warm_start
             if give_up_s is not None and took is not None and took[0] >= judged_from:
                 if took[1] > max(give_up_s, HOPELESS_FLOOR_S):
+                    over.append(took[1])
+                # Two slow steps, not one: a loaded machine can hold one sub-millisecond step back 0.2-1 s.
+                if len(over) == HOPELESS_STEPS:
                     trial.error = (
-                        f"stopped early: a step took {took[1]:.3g} s, over {give_up_s:.3g} s "
-                        f"({HOPELESS:g}x the baseline's step): it cannot be faster"
+                        f"stopped early: {HOPELESS_STEPS} steps took {' and '.join(f'{s:.3g}' for s in over)} s, "
+                        f"over {give_up_s:.3g} s ({HOPELESS:g}x the baseline's step): it cannot be faster"
                     )
                     trial.stopped_early = True
                     clock.drain()
