@@ -16,14 +16,13 @@ from turbotrain.doctor.analysis.breakdown import compute_breakdown
 from turbotrain.doctor.analysis.context import Context
 from turbotrain.doctor.findings import Finding, Fix
 from turbotrain.doctor.rules import all_rules, by_id, evaluate, habit_rules, rule_ids
-from turbotrain.doctor.rules.rule import Detect, Rule, register
+from turbotrain.cli import main
+from turbotrain.doctor.rules.rule import Card, Detect, Rule, parse_card, register
 from turbotrain.hardware import detect
 from turbotrain.speedups.registry import all_speedups
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = all_rules()
-DOCS_TABLE = {m.group(1) for m in re.finditer(r"^\| `([a-z0-9-]+)` \|", (ROOT / "docs" / "doctor.md").read_text(),
-                                             re.MULTILINE)}
 TESTS = "\n".join(p.read_text() for p in (ROOT / "tests" / "doctor").glob("test_*.py") if p.name != Path(__file__).name)
 
 
@@ -34,10 +33,33 @@ def test_every_rule_module_registers_its_rule_and_the_ids_are_the_modules():
 
 @pytest.mark.parametrize("rule", RULES, ids=lambda r: r.id)
 def test_every_rule_is_documented_and_tested(rule):
-    assert rule.summary.startswith(f"`{rule.id}`: ") and len(rule.summary) > len(rule.id) + 10, rule.summary
-    assert rule.id in DOCS_TABLE, f"{rule.id}: no row in the rule table of docs/doctor.md"
+    card = rule.card  # its module's docstring: what `turbotrain doctor --rules` prints
+    assert card.fires_when and card.reads and (card.edit is None) == (rule.edit is None)
     assert f'"{rule.id}"' in TESTS, f"{rule.id}: no test in tests/doctor names it"
     assert by_id(rule.id) is rule
+
+
+@pytest.mark.parametrize("doc, says", [
+    ("A rule.\n\nReads: run.", "does not open with '`some-rule`: '"),
+    ("`some-rule`: fires on a slow step.", "says nothing after 'Reads:'"),
+    ("`some-rule`: fires on a slow step.\n\nIt reads the run.", "second paragraph is not its fields"),
+])
+def test_a_rule_docstring_without_its_card_is_refused_naming_what_is_missing(doc, says):
+    with pytest.raises(ValueError, match=re.escape(says)):
+        parse_card(doc, "some-rule")
+
+
+def test_a_card_reads_its_fields_over_wrapped_lines():
+    card = parse_card("`some-rule`: fires when a step\n  waits.\n\nReads: run,\nsource.\nEdit: `x=1` in the\ncall.\n\n"
+                      "Reads: this paragraph is for maintainers.", "some-rule")
+    assert card == Card("fires when a step waits.", "run, source", None, "`x=1` in the call")
+
+
+def test_the_command_lists_every_rule_with_its_edit(capsys):
+    assert main(["doctor", "--rules"]) == 0
+    out = capsys.readouterr().out
+    assert all(f"\n{r.id}  reads {r.card.reads}" in out for r in RULES)
+    assert "`zero_grad(set_to_none=True)`" in out and f"{len(RULES)} rules" in out
 
 
 @pytest.mark.parametrize("rule", RULES, ids=lambda r: r.id)
@@ -59,6 +81,7 @@ def _a_detector(ctx):
     ({"detect": (Detect("guessed", _a_detector),)}, "source 'guessed'"),
     ({"id": "Num_Workers"}, "not lower-case words"),
     ({"edits_without_site": True, "edit": None}, "has no edit"),
+    ({"edit": None}, "has no edit but its docstring has an 'Edit:'"),
 ])
 def test_an_incomplete_rule_is_refused_naming_what_is_missing(change, says):
     rule = dataclasses.replace(by_id("zero-grad-not-none"), **change)

@@ -1,7 +1,7 @@
 """``turbotrain doctor [--steps N] [--json PATH] [--html PATH] [--trace PATH] [--fix PATH [--verify]] script.py
 [args...]``; on several processes ``turbotrain doctor --nproc-per-node N script.py [args...]`` (the doctor starts
 them with ``turbotrain launch``) or ``turbotrain doctor [options] -- torchrun ... script.py [args...]`` (the
-user's own launcher, every rank recorded)."""
+user's own launcher, every rank recorded). ``turbotrain doctor --rules`` lists the rules."""
 
 from __future__ import annotations
 
@@ -28,7 +28,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="run the script on N processes (torchrun, via turbotrain launch) and report every rank",
     )
     parser.add_argument(
+        "--rules", action="store_true", help="list every rule: what it reads, when it fires, what --fix writes"
+    )
+    parser.add_argument(
         "script",
+        nargs="?",
         help="the training script, run unmodified as __main__; or, after --, a launcher "
         "command (torchrun ... script.py)",
     )
@@ -118,6 +122,15 @@ def run(args: argparse.Namespace) -> int:
     from .diagnose import diagnose_script
     from .options import options_from_args
 
+    if args.rules:
+        from .report.rule_list import print_rules
+
+        print_rules()
+        return 0
+    if args.script is None:
+        raise ConfigError(
+            "doctor: no script given; run `turbotrain doctor train.py [args...]` (--rules lists the rules)"
+        )
     take_trailing_options(args)
     options = options_from_args(args)  # every value checked, the errors naming the flag
     command = _job_command(args)

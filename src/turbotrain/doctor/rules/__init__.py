@@ -3,7 +3,8 @@ declares, and refuses one that leaves a part out); :func:`evaluate` runs them al
 :class:`~turbotrain.doctor.analysis.context.Context` and returns their findings, merged and in order.
 
 The topics: ``data`` (feeding the step), ``step`` (the step itself), ``loop`` (the loop around it), ``job``
-(a multi-process job's ranks) and ``machine`` (cores and threads). What several rules share is in ``common``.
+(a multi-process job's ranks), ``machine`` (cores and threads), ``compile`` and ``memory``. What several rules
+share is in ``common``; what each says of itself (its :class:`~.rule.Card`) is ``turbotrain doctor --rules``.
 """
 
 from __future__ import annotations

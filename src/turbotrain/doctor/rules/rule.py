@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import re
+import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterable, Literal, Optional, Protocol, get_args
 
@@ -29,6 +30,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Rule",
+    "Card",
+    "parse_card",
     "Detect",
     "Measured",
     "TimeLeft",
@@ -78,6 +81,38 @@ class Measured:
 Measurer = Callable[["Context", "Finding", TimeLeft], Optional[Measured]]
 
 _ID = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
+_FIELD = re.compile(r"^(Reads|Applies to|Edit): ", re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class Card:
+    """What a rule module's docstring says of its rule, for ``turbotrain doctor --rules`` and the docs.
+
+    The docstring opens with ``"`rule-id`: when it fires."``, then one paragraph of fields, each starting a line:
+    ``Reads:`` (what it reads: run, source, model, every rank's run, ...), optionally ``Applies to:`` (where it
+    matters: a GPU, a multi-process job) and, for a rule ``--fix`` can write, ``Edit:`` (the edit it writes). What
+    follows is for maintainers."""
+
+    fires_when: str
+    reads: str
+    applies_to: str | None = None
+    edit: str | None = None
+
+
+def parse_card(doc: str, rule_id: str) -> Card:
+    """The :class:`Card` in a rule module's docstring; a ValueError saying what is missing."""
+    paragraphs = re.split(r"\n\s*\n", doc.strip())
+    head = " ".join(paragraphs[0].split())
+    opening = f"`{rule_id}`: "
+    if not head.startswith(opening) or len(head) <= len(opening) + 10:
+        raise ValueError(f"its docstring does not open with {opening!r} and when the rule fires")
+    parts = _FIELD.split(paragraphs[1]) if len(paragraphs) > 1 else [""]
+    if parts[0].strip():
+        raise ValueError("the docstring's second paragraph is not its fields (Reads:, Applies to:, Edit:)")
+    fields = {key: " ".join(value.split()).rstrip(".") for key, value in zip(parts[1::2], parts[2::2])}
+    if not fields.get("Reads"):
+        raise ValueError("its docstring says nothing after 'Reads:' (what the rule reads)")
+    return Card(head[len(opening) :], fields["Reads"], fields.get("Applies to"), fields.get("Edit"))
 
 
 @dataclass(frozen=True)
@@ -113,10 +148,15 @@ class Rule:
         return tuple(s.name for s in all_speedups() if self.id in s.doctor_rules)
 
     @property
-    def summary(self) -> str:
-        """The first line of the rule module's docstring: what it catches."""
-        doc = importlib.import_module(self.module).__doc__ or ""
-        return doc.strip().splitlines()[0] if doc.strip() else ""
+    def card(self) -> Card:
+        """What the rule module's docstring says: when it fires, what it reads, where it applies, its edit."""
+        return parse_card(_module_doc(self.module), self.id)
+
+
+def _module_doc(module: str) -> str:
+    # A rule registers at the end of its own module, before the import finished: read it from sys.modules.
+    found = sys.modules.get(module) or importlib.import_module(module)
+    return found.__doc__ or ""
 
 
 _RULES: dict[str, Rule] = {}
@@ -142,6 +182,15 @@ def _refusals(rule: Rule) -> list[str]:
             f"it lives in {rule.module}; a rule lives in turbotrain.doctor.rules.<topic>.{rule.id.replace('-', '_')} "
             f"(topics: {', '.join(TOPICS)})"
         )
+    if rule.detect:
+        try:
+            card = rule.card
+        except ValueError as exc:
+            wrong.append(str(exc))
+        else:
+            if (card.edit is None) != (rule.edit is None):
+                said = "says no 'Edit:'" if card.edit is None else "has an 'Edit:'"
+                wrong.append(f"it {'has' if rule.edit else 'has no'} edit but its docstring {said}")
     if rule.edits_without_site and rule.edit is None:
         wrong.append("edits_without_site is set but it has no edit")
     if rule.id in _RULES and _RULES[rule.id] is not rule:

@@ -1,14 +1,22 @@
-"""`compile-graph-break`: torch.compile ended a graph at a line of the script to run Python (timed for `.item()`
-and `print`).
+"""`compile-graph-break`: a script that compiles: each graph break at the user's line, torch's reason and how many
+compiles met it, the fix by kind (`.item()`, a branch on a tensor, print/logging only where torch names the builtin
+`print`, a `logging` or `warnings` call, or the line called into `logging`; an unsupported call; a break inside
+torch's or a package's code the line runs, e.g. DDP's under `torch.compile(DistributedDataParallel(model))`, said as
+that code's with the function it broke in, one finding a line; a break in a loop that ran the whole function
+eagerly); `.item()` breaks timed: compiled as is against `capture_scalar_outputs=True`; `print` breaks timed:
+compiled as is (its prints written nowhere) against `print` a no-op that torch traces.
 
-Reads: run (torch.compile's own records, record/compile_watch.py; the rule table in docs/doctor.md).
-Each break is one finding at the user's line, with torch's reason and how many compiles met it, and the fix by
-kind of break: a print or a log only on evidence of one (torch names the builtin ``print``, a ``logging`` or
-``warnings`` call, or the line called into ``logging``); a break inside torch's or a package's code is that
-code's (the function it broke in, nothing at the user's line to move). A ``.item()`` break is timed: the script's
-model compiled as it is against compiled with ``torch._dynamo.config.capture_scalar_outputs = True``, on its
-captured batch; a ``print`` break against the model compiled with ``print`` a no-op (which torch traces: the
-prints out of forward); the other kinds are not.
+Reads: run (torch.compile's records).
+Edit: `torch._dynamo.config.capture_scalar_outputs = True` after the script's imports, for its `.item()` breaks
+(once: the flag is process-wide; other breaks are a rewrite, by hand).
+
+Each break is one finding at the user's line, with torch's reason and how many compiles met it, and the fix by kind
+of break: a print or a log only on evidence of one (torch names the builtin ``print``, a ``logging`` or ``warnings``
+call, or the line called into ``logging``); a break inside torch's or a package's code is that code's (the function
+it broke in, nothing at the user's line to move). A ``.item()`` break is timed: the script's model compiled as it is
+against compiled with ``torch._dynamo.config.capture_scalar_outputs = True``, on its captured batch; a ``print``
+break against the model compiled with ``print`` a no-op (which torch traces: the prints out of forward); the other
+kinds are not.
 """
 
 from __future__ import annotations

@@ -1,11 +1,22 @@
-"""`compile-loss-eager`: a compiled model whose loss runs outside the graph (timed: the loss compiled with the model).
+"""`compile-loss-eager`: a loss of `torch.nn.functional`'s (an nn loss module's too) called on a compiled graph's
+output outside the graph (Inductor or another AOT backend; `backend="eager"` has no graph to fuse it into), at the
+loss's line, with the eager ops between: the model compiled as the script compiles it with the loss eager after it,
+against the model and the loss compiled as one, timed on the captured batch and the script's own target, fresh
+compiles of both, their first-call seconds and the step.
 
-Reads: the live objects (record/loss_capture.py: the first of ``torch.nn.functional``'s losses called on a compiled
-graph's output, nn's loss modules included) + the captured model. torch.compile of the model alone leaves the loss
-to eager PyTorch: its forward and backward run op by op, and Inductor cannot fuse it with the model's last ops (the
-head's matmul with cross-entropy's log-softmax). Timed on the captured batch and the script's own target: the
-model compiled as the script compiles it with the loss eager after it, against one compile of the model and the
-loss together; fresh compiles of both, interleaved. Compile time is said, never counted as a per-step gain.
+Reads: live objects + model.
+Edit: the loss's call (`F.cross_entropy(compiled(x), y)`) moved into a function compiled with the keywords of the
+`torch.compile(...)` call that compiled the model (the script's one, or of several the one assigned to the name the
+loss's line calls), defined before the top-level statement that holds the call and called in its place: the model's
+last ops and the loss in one graph (torch.compile inlines the compiled model it is given); it changes kernels, so
+the losses are held to the numerics guard. By hand where the call passes `*args`, holds a lambda, or the file does
+not `import torch`.
+
+torch.compile of the model alone leaves the loss to eager PyTorch: its forward and backward run op by op, and
+Inductor cannot fuse it with the model's last ops (the head's matmul with cross-entropy's log-softmax). Timed on the
+captured batch and the script's own target: the model compiled as the script compiles it with the loss eager after
+it, against one compile of the model and the loss together; fresh compiles of both, interleaved. Compile time is
+said, never counted as a per-step gain.
 """
 
 from __future__ import annotations

@@ -1,10 +1,15 @@
-"""`compile-mode`: torch.compile's mode against the default, where the mode costs compile time (timed).
+"""`compile-mode`: a model compiled with `mode='max-autotune'`: the script's mode against the default mode timed, fresh
+compiles of both, their first-call seconds and the step, and for how many steps the tuned kernels pay for their
+compile; `mode='reduce-overhead'` on a run without CUDA (its CUDA graphs change nothing there), said.
 
-Reads: run + the captured model (the script's backend settings; the rule table in docs/doctor.md). A model compiled
-with ``mode="max-autotune"`` (or ``max-autotune-no-cudagraphs``) spends its compile benchmarking kernels: timed,
-the model compiled in the script's mode against the default mode, fresh compiles of both, their first calls and
-the step, interleaved; the verdict is the step's, and the note says for how many steps the tuned kernels pay for
-their compile. On a run without CUDA, ``mode="reduce-overhead"`` (CUDA graphs) changes nothing: said, not timed.
+Reads: run + model.
+Edit: `mode='default'` in the script's one `torch.compile(...)` call (by hand where it has several).
+
+A model compiled with ``mode="max-autotune"`` (or ``max-autotune-no-cudagraphs``) spends its compile benchmarking
+kernels: timed, the model compiled in the script's mode against the default mode, fresh compiles of both, their
+first calls and the step, interleaved; the verdict is the step's, and the note says for how many steps the tuned
+kernels pay for their compile. On a run without CUDA, ``mode="reduce-overhead"`` (CUDA graphs) changes nothing:
+said, not timed.
 """
 
 from __future__ import annotations

@@ -1,10 +1,15 @@
-"""`compile-pays-back`: what torch.compile cost in compile seconds against what it saves a step (timed).
+"""`compile-pays-back`: torch.compile's compile seconds against what it saves a step: eager against a fresh compile
+timed on the captured batch; says when it pays back, or that the compiled step is slower than eager and why; with
+Inductor, how many of the run's graphs came from its on-disk cache (then the run's compile seconds are a rerun's),
+or, for a run that compiled anew, a fresh compile timed reading them back;
+`torch.compiler.save_cache_artifacts()`/`load_cache_artifacts()` for other machines.
 
-Reads: run + the captured model (torch.compile's own records, record/compile_watch.py; the rule table in
-docs/doctor.md). The compile seconds are torch's count for the run (first compiles and recompiles); the step is
-timed on the captured batch, the compiled model's eager original against a fresh compile of it as the script
-compiles it, interleaved. It answers "why is compile slower than eager": when the compiled step is slower, running
-eagerly is the fix it times (and rates); when it is faster, it says after how many steps compile has paid.
+Reads: run + model.
+
+The compile seconds are torch's count for the run (first compiles and recompiles); the step is timed on the captured
+batch, the compiled model's eager original against a fresh compile of it as the script compiles it, interleaved. It
+answers "why is compile slower than eager": when the compiled step is slower, running eagerly is the fix it times
+(and rates); when it is faster, it says after how many steps compile has paid.
 """
 
 from __future__ import annotations

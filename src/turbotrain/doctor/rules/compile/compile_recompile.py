@@ -1,12 +1,19 @@
-"""`compile-recompile`: torch.compile compiled the same code again for a new input, or hit its recompile limit.
+"""`compile-recompile`: recompiles, the failed guard classified (new shape, dtype, Python value, object) at the line
+that brought the new input, and their compile seconds; `high` when the recompile limit was hit and the code ran
+eagerly since; new shapes timed: `dynamic=True` (fresh compile) against the model as the script runs it (compiled,
+or eager after the limit), then stepped on the lengths the failed guards name, counting the graphs it compiles for
+them.
 
-Reads: run + the captured model (torch.compile's own records, record/compile_watch.py; the rule table in
-docs/doctor.md). One finding per compiled code that recompiled, at the user line whose call brought the new input:
-the guards that failed, classified (a new shape, dtype, Python value or object), and the compile seconds they cost
-as torch counted them, against the steps watched. A code that hit the recompile limit runs eagerly from then on:
-``high``. New shapes of the captured model are timed: ``dynamic=True`` (fresh compile) against the model as the
-script runs it (compiled as the script compiles it, or eager after the limit) on the captured batch, interleaved,
-and stepped on the other lengths the failed guards name, counting the graphs it compiles for them.
+Reads: run + model.
+Edit: `dynamic=True` in the script's one `torch.compile(...)` call (replacing a `dynamic=False`), for recompiles on
+new shapes (by hand where the script has several, or for another guard).
+
+One finding per compiled code that recompiled, at the user line whose call brought the new input: the guards that
+failed, classified (a new shape, dtype, Python value or object), and the compile seconds they cost as torch counted
+them, against the steps watched. A code that hit the recompile limit runs eagerly from then on: ``high``. New shapes
+of the captured model are timed: ``dynamic=True`` (fresh compile) against the model as the script runs it (compiled
+as the script compiles it, or eager after the limit) on the captured batch, interleaved, and stepped on the other
+lengths the failed guards name, counting the graphs it compiles for them.
 """
 
 from __future__ import annotations

@@ -1,11 +1,14 @@
-"""`compile-regional`: a compiled model made of repeated blocks, compiled whole (timed: each block compiled instead).
+"""`compile-regional`: a compiled model of 3+ identical blocks (a `ModuleList`/`Sequential` holding most parameters)
+compiled whole with 0.25 s or more of first compiles: compiling each block instead (regional compilation) timed,
+fresh compiles of both, their first-call seconds and the step.
 
-Reads: run + the captured model (torch.compile's own records, record/compile_watch.py; the rule table in
-docs/doctor.md). torch.compile of the whole model traces every block into one graph, so its compile time grows with
-the depth; compiling the block class instead (``block.compile()`` on each, PyTorch's "regional compilation") traces
-one block and reuses its code for the others. Timed on the captured batch: the model compiled whole, as the script
-compiles it, against each block compiled, fresh compiles of both; the compile seconds of each are their first calls,
-the step is interleaved. The verdict is the step's: compile time is said, never counted as a per-step gain.
+Reads: run + model.
+
+torch.compile of the whole model traces every block into one graph, so its compile time grows with the depth;
+compiling the block class instead (``block.compile()`` on each, PyTorch's "regional compilation") traces one block
+and reuses its code for the others. Timed on the captured batch: the model compiled whole, as the script compiles
+it, against each block compiled, fresh compiles of both; the compile seconds of each are their first calls, the step
+is interleaved. The verdict is the step's: compile time is said, never counted as a per-step gain.
 """
 
 from __future__ import annotations

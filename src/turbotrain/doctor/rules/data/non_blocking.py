@@ -1,6 +1,7 @@
 """`non-blocking`: blocking host-to-device copies.
 
-Reads: run, source; matters: yes (the rule table in docs/doctor.md).
+Reads: run, source.
+Applies to: a GPU.
 """
 
 from __future__ import annotations

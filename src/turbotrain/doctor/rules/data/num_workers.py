@@ -1,6 +1,7 @@
 """`num-workers`: the step waits on data (DataLoader with too few workers, or batches built in the loop).
 
-Reads: run (the rule table in docs/doctor.md).
+Reads: run.
+Edit: `num_workers=N, persistent_workers=True` in that `DataLoader(...)` call (N: the what-if's best count).
 """
 
 from __future__ import annotations

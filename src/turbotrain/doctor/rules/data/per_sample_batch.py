@@ -1,7 +1,7 @@
 """`per-sample-batch`: a batch built one sample at a time (a list comprehension of slices, per-row `torch.tensor`,
 stacked) at a line the step waited on (one-op build timed on your data).
 
-Reads: run, source (the rule table in docs/doctor.md).
+Reads: run, source.
 """
 
 from __future__ import annotations

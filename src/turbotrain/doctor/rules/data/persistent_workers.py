@@ -1,6 +1,7 @@
 """`persistent-workers`: workers restart every epoch; their start-up is timed.
 
-Reads: run (the rule table in docs/doctor.md).
+Reads: run.
+Edit: `persistent_workers=True` in that `DataLoader(...)` call.
 """
 
 from __future__ import annotations

@@ -1,6 +1,8 @@
 """`pin-memory`: pageable loader memory copied to a GPU.
 
-Reads: run; matters: yes (the rule table in docs/doctor.md).
+Reads: run.
+Applies to: a GPU.
+Edit: `pin_memory=True` in that `DataLoader(...)` call.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """`slow-storage`: reads through `tt.data` datasets (any URL scheme, DataLoader workers included) make up most of the
 data wait: names the scheme and the measured MB/s, recommends the cache.
 
-Reads: data layer + run (the rule table in docs/doctor.md).
+Reads: data layer + run.
 """
 
 from __future__ import annotations

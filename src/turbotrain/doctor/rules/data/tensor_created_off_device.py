@@ -1,6 +1,7 @@
 """`tensor-created-off-device`: `torch.zeros(...).to(device)` in the loop.
 
-Reads: source; matters: yes (the rule table in docs/doctor.md).
+Reads: source.
+Applies to: a GPU.
 """
 
 from __future__ import annotations

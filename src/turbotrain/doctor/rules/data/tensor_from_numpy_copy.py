@@ -1,6 +1,7 @@
 """`tensor-from-numpy-copy`: `torch.tensor(ndarray)` per step (timed).
 
-Reads: run, source (the rule table in docs/doctor.md).
+Reads: run, source.
+Edit: `torch.from_numpy(a)` for `torch.tensor(a)` (`torch.as_tensor(a, dtype=...)` when a dtype is given).
 """
 
 from __future__ import annotations

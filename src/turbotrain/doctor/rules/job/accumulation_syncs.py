@@ -1,9 +1,10 @@
 """`accumulation-syncs`: DDP with gradient accumulation and no `no_sync()` (on a job: `no_sync()` timed on every rank);
 FSDP whose recorded reduce-scatters ran in the backward of more than one micro-batch a step (on a job:
 `set_requires_gradient_sync(False)`, or the older FSDP's `no_sync()`, on every micro-batch but the last, timed on
-every rank)
+every rank).
 
-Reads: run, source (docs/doctor.md, "Findings").
+Reads: run, source.
+Applies to: a multi-process job.
 """
 
 from __future__ import annotations

@@ -3,9 +3,12 @@ tenth of the step or more there (the least any rank waited, per step: no rank's 
 in the JSON's `communication`), while DDP keeps a default the script could change: `gradient_as_bucket_view=True`
 (no copy of each gradient into its bucket) and, for 4 MiB of gradients or more in fewer than 4 buckets,
 `bucket_cap_mb` of a quarter of them (the first all-reduces start while backward runs); `low` until timed on every
-rank
+rank.
 
-Reads: every rank's run (docs/doctor.md, "Findings").
+Reads: every rank's run.
+Applies to: a multi-process job.
+Edit: the bucket keywords timed on every rank (`bucket_cap_mb`, `gradient_as_bucket_view`) in the
+`DistributedDataParallel(...)` call.
 """
 
 from __future__ import annotations

@@ -1,7 +1,10 @@
 """`ddp-find-unused-parameters`: DDP built with `find_unused_parameters=True` while its reducer found no unused
-parameter (on a job: the flag off, timed on every rank)
+parameter (on a job: the flag off, timed on every rank).
 
-Reads: every rank's run (docs/doctor.md, "Findings").
+Reads: every rank's run.
+Applies to: a multi-process job.
+Edit: `find_unused_parameters=False` in the `DistributedDataParallel(...)` call, where the literal `True` is (timed
+on every rank).
 """
 
 from __future__ import annotations

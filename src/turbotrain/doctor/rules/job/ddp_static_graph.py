@@ -2,9 +2,12 @@
 the same ones at every iteration (DDP's own check), and no `static_graph`: `static_graph=True,
 find_unused_parameters=False` timed on every rank (DDP then finds the unused parameters in its first iteration,
 stops walking the graph and all-reducing its map of used parameters every step, and rebuilds its buckets in gradient
-order; should the graph change after all, it raises an error on the rank where it changed)
+order; should the graph change after all, it raises an error on the rank where it changed).
 
-Reads: every rank's run (docs/doctor.md, "Findings").
+Reads: every rank's run.
+Applies to: a multi-process job.
+Edit: `static_graph=True, find_unused_parameters=False` in the `DistributedDataParallel(...)` call (timed on every
+rank).
 """
 
 from __future__ import annotations

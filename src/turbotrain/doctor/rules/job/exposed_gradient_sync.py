@@ -1,11 +1,14 @@
 """`exposed-gradient-sync`: on a multi-process job, a quarter or more of every rank's step waiting on the gradient
 all-reduce after its own backward, or in FSDP's blocking all-gathers and reduce-scatters, beyond what a straggler or
 uneven work shown explains (where one is named, the wait every rank has must be that quarter: ranks late in turns
-with batches of one size are noise); under `fully_shard` with
-`reshard_after_forward` left to FSDP, `reshard_after_forward=False` is timed on every rank and patched into every
-call; otherwise `low` (a larger batch is not timed)
+with batches of one size are noise); under `fully_shard` with `reshard_after_forward` left to FSDP,
+`reshard_after_forward=False` is timed on every rank and patched into every call; otherwise `low` (a larger batch is
+not timed).
 
-Reads: every rank's run (docs/doctor.md, "Findings").
+Reads: every rank's run.
+Applies to: a multi-process job.
+Edit: under FSDP, `reshard_after_forward=False` in every `fully_shard(...)` call that leaves it to FSDP (timed on
+every rank).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """`nccl-env`: a mistyped NCCL variable (`NCCL_BUFF_SIZE`: NCCL reads `NCCL_BUFFSIZE`), a transport switched off, debug
-logging
+logging.
 
-Reads: environment, source (docs/doctor.md, "Findings").
+Reads: environment, source.
+Applies to: a GPU.
 """
 
 from __future__ import annotations

@@ -1,8 +1,12 @@
 """`straggler`: on a multi-process job, the rank the others wait for at the gradient all-reduce: its host, the phase
 that explains it (its recompiles, where torch.compile compiled on it and not on the others), the others' wait per
-step (below)
+step.
 
-Reads: every rank's run (docs/doctor.md, "Findings").
+Reads: every rank's run.
+Applies to: a multi-process job.
+Edit: the straggler's work less often: `if (step + 1) % N == 0:` around its `torch.save` (inside its `if rank ==
+0:`), the period of the `if` that runs its work (`EVAL_EVERY = 2` becomes the cadence timed), or, for a data
+straggler, `num_workers=N, persistent_workers=True` in its DataLoader call (N timed on every rank).
 """
 
 from __future__ import annotations

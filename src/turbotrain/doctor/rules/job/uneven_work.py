@@ -1,11 +1,11 @@
 """`uneven-work`: on a multi-process job with no straggler, ranks late in turns: the first rank to reach the all-reduce
 waits 10% of the step or more for the last, no rank last in 3 steps of 4, and the phase the last one spent longer
 in; `low` unless the last rank's training forwards took the larger batch (more tensor elements) in 3 steps of 4:
-with batches of one size, noise and contention explain turns as well. Where the last rank's compiling holds half
-the wait (each rank recompiling in the steps it meets a new input shape), the cause is its recompiles, at the line
-that brought the new input, with the compile-recompile fix
+with batches of one size, noise and contention explain turns as well; where the last rank's compiling holds half the
+wait, the cause is its recompiles, with `compile-recompile`'s fix at the line that brought the new input.
 
-Reads: every rank's run (docs/doctor.md, "Findings").
+Reads: every rank's run.
+Applies to: a multi-process job.
 """
 
 from __future__ import annotations

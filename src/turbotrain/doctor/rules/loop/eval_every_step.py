@@ -1,7 +1,7 @@
 """`eval-every-step`: validation forwards (autograd off) after every step take over 10% of it: names each line and the
 forwards per step (two of the same batch: one serves both).
 
-Reads: run (the rule table in docs/doctor.md).
+Reads: run.
 """
 
 from __future__ import annotations

@@ -1,6 +1,8 @@
 """`grad-in-validation`: eval-mode forwards with autograd on and no backward.
 
-Reads: run, source (the rule table in docs/doctor.md).
+Reads: run, source.
+Edit: `with torch.inference_mode():` around the validation code that ran with autograd on (the outermost statement
+around the forward, inside its function, that does no training).
 """
 
 from __future__ import annotations

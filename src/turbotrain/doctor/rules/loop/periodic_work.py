@@ -1,7 +1,9 @@
 """`periodic-work`: validation or checkpoints every N steps cost over 5% of training time, amortised over their period;
 N beyond the window found by watching the step clock after it.
 
-Reads: run (the rule table in docs/doctor.md).
+Reads: run.
+Edit: the `N` of the `if step % N == 0:` that runs the validation or checkpoint (or of the one top-level `N = 20` it
+names), set to the cadence that keeps it under 5%.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """`unattributed-time`: a phase over 10% of the step besides the step's own work (data, copies, syncs, outside the
 step) that no other finding ties to a line: the best line known and why nothing finer was found.
 
-Reads: run (the rule table in docs/doctor.md).
+Reads: run.
 """
 
 from __future__ import annotations

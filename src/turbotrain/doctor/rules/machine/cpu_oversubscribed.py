@@ -1,8 +1,10 @@
 """`cpu-oversubscribed`: intra-op threads above the cores really free, or threads + workers above the usable cores
 (threads and workers timed); on a job, the ranks on a host running more threads together than it has cores (cores //
-ranks timed on every rank)
+ranks timed on every rank).
 
-Reads: machine + run (docs/doctor.md, "Findings").
+Reads: machine + run.
+Applies to: a CPU.
+Edit: on a job, the thread count timed on every rank in the script's own `torch.set_num_threads(N)` call.
 """
 
 from __future__ import annotations

@@ -1,11 +1,23 @@
-"""`activation-memory`: activations saved for backward hold most of the step's peak (fixes measured for bytes and time).
+"""`activation-memory`: activations saved for backward are the largest part of the step's peak (a third or more): the
+blocks that save the most, with class and line; checkpointing them, bf16 autocast, two micro-batches and, where the
+script zero-fills its gradients (`zero_grad(set_to_none=False)`), `set_to_none=True`, each measured for peak bytes
+and step time.
 
-Reads: model (the rule table in docs/doctor.md). One step of the captured model is measured on copies
-(``Context.step_memory``); the blocks that save the most are named with their class and line, and the fixes that
-trade memory for time (checkpointing those blocks, bf16 autocast, two micro-batches with accumulation, and where the
-script zero-fills its gradients, ``zero_grad(set_to_none=True)``) are each measured against the same baseline for the
-peak and the step time (:mod:`~turbotrain.doctor.analysis.memory_fixes`). ``--fix`` writes checkpointing, unless
-another fix measured takes the peak as far down, faster (:func:`ranked`).
+Reads: model.
+Edit: the named blocks' call in their parent's `forward` wrapped in `torch.utils.checkpoint.checkpoint(block, x,
+use_reentrant=False)` (`self.wide(x)`, the variable of a loop over `self.blocks`, or `self.blocks[0](x)`), unless
+another fix measured on copies takes the peak at least as far down and is faster: then that one, as `out-of-memory`
+writes it (micro-batches or bf16 autocast in the training loop; `zero_grad(set_to_none=True)` at the zero-filling
+call), its line saying the trade against checkpointing. Where checkpointing does not lower the peak 2%, the fix that
+lowers it most. A fix for memory, kept when it lowers the peak whatever it costs in time, which its line states; by
+hand where no fix measured lowers the peak, or a block is called from several files.
+
+One step of the captured model is measured on copies (``Context.step_memory``); the blocks that save the most are
+named with their class and line, and the fixes that trade memory for time (checkpointing those blocks, bf16
+autocast, two micro-batches with accumulation, and where the script zero-fills its gradients,
+``zero_grad(set_to_none=True)``) are each measured against the same baseline for the peak and the step time
+(:mod:`~turbotrain.doctor.analysis.memory_fixes`). ``--fix`` writes checkpointing, unless another fix measured takes
+the peak as far down, faster (:func:`ranked`).
 """
 
 from __future__ import annotations

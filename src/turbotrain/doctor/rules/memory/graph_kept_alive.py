@@ -1,8 +1,14 @@
-"""`graph-kept-alive`: a step's autograd graph kept alive across steps (a loss kept in a list, a sum without .detach()).
+"""`graph-kept-alive`: a step's autograd graph kept alive across steps (a loss kept in a list, a running sum without
+`.detach()`): the tensors with a graph counted at a few step boundaries off the measured steps grow at every one;
+names the variable and the line that adds to it, with the tensors, graph nodes and bytes kept per step.
 
-Reads: run (the rule table in docs/doctor.md). The recorder counts the tensors with a ``grad_fn`` alive at a few
-step boundaries off the measured steps (:mod:`~turbotrain.doctor.record.graph_watch`); a clean loop holds the same
-few at every boundary, one that keeps its losses one more each step.
+Reads: run.
+Edit: `.detach()` on what the loop keeps at the line the holder grew: `losses.append(loss.detach())`, `total += (a +
+b).detach()` (the same values; by hand where the line keeps something else, or `extend`s a list).
+
+The recorder counts the tensors with a ``grad_fn`` alive at a few step boundaries off the measured steps
+(:mod:`~turbotrain.doctor.record.graph_watch`); a clean loop holds the same few at every boundary, one that keeps
+its losses one more each step.
 """
 
 from __future__ import annotations

@@ -1,9 +1,20 @@
-"""`out-of-memory`: the script died of an out-of-memory error: where, what held the memory, which fix fits.
+"""`out-of-memory`: the script died of an out-of-memory error (CUDA's or the CPU allocator's): the step, phase and
+line; the step measured again at a halving of the batch that fits, what the whole batch needs (estimated), and which
+fix fits (micro-batches, bf16 autocast, checkpointing), each measured.
 
-Reads: run + model (the rule table in docs/doctor.md). The step is measured again at the largest halving of the
-captured batch that fits and is cheap to measure; what the whole batch needs is scaled from it (estimated), and
-the fixes (micro-batches with accumulation, bf16 autocast, checkpointing the blocks that save the most) are each
-measured there for bytes and time (:mod:`~turbotrain.doctor.analysis.memory`).
+Reads: run + model.
+Edit: the fix measured to fit fastest, in the training loop at its forward: micro-batches (`for x_micro, y_micro in
+zip(x.chunk(k), y.chunk(k)):` around the forward through the backward, `(loss / k).backward()`, a `zero_grad`
+between them moved before the loop; the batch's names are those made in the loop and passed to the forward or the
+loss) or bf16 autocast around the forward and the loss; by hand where checkpointing fits fastest, or the step is not
+one forward, a loss and `loss.backward()` in the loop's own block. `--verify` runs the original once: where it runs
+out of memory again, only the patched script is run, every round, and the fix is kept when it runs (`verified: the
+original ran out of memory, the patched script ran (... ms a step, peak ...)`).
+
+The step is measured again at the largest halving of the captured batch that fits and is cheap to measure; what the
+whole batch needs is scaled from it (estimated), and the fixes (micro-batches with accumulation, bf16 autocast,
+checkpointing the blocks that save the most) are each measured there for bytes and time
+(:mod:`~turbotrain.doctor.analysis.memory`).
 """
 
 from __future__ import annotations

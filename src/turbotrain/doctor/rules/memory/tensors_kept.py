@@ -1,10 +1,14 @@
-"""`tensors-kept`: a container of the script's keeps tensors from every step (outputs gathered for a metric, a
-history of activations): memory that grows with the run until it runs out.
+"""`tensors-kept`: a list, dict or deque of the script's holds more tensors, and more bytes, at every step boundary
+counted (off the measured steps): outputs gathered for a metric, a history kept on the device; names the variable
+and the line that adds to it, the bytes kept per step and what 100,000 steps keep (tensors that carry their graph
+are `graph-kept-alive`'s).
 
-Reads: run (the rule table in docs/doctor.md). At the few step boundaries where the recorder counts the graphs
-alive (off the measured steps), it also counts the tensors each list, dict or deque of the user's frames holds
-(:mod:`~turbotrain.doctor.record.graph_watch`); a container holding more, and more bytes, at every one grows with
-the run. Tensors that carry their graph are ``graph-kept-alive``'s.
+Reads: run.
+
+At the few step boundaries where the recorder counts the graphs alive (off the measured steps), it also counts the
+tensors each list, dict or deque of the user's frames holds (:mod:`~turbotrain.doctor.record.graph_watch`); a
+container holding more, and more bytes, at every one grows with the run. Tensors that carry their graph are
+``graph-kept-alive``'s.
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
-"""`anomaly-detection-on`: autograd's anomaly detection left on in training (`set_detect_anomaly(True)`, `with
-detect_anomaly():`): every op records its stack and every backward checks for NaNs (timed).
+"""`anomaly-detection-on`: autograd's anomaly detection left on (`set_detect_anomaly(True)`, `detect_anomaly()`,
+`Trainer(detect_anomaly=True)`): on against off timed on your model's step.
 
-Reads: source + run (the rule table in docs/doctor.md). A debugging switch that is easy to leave on: PyTorch warns
-once that it slows training, then says nothing more. The fix is timed on the captured model: its step with anomaly
-detection on against off, interleaved.
+Reads: source + run.
+
+A debugging switch that is easy to leave on: PyTorch warns once that it slows training, then says nothing more. The
+fix is timed on the captured model: its step with anomaly detection on against off, interleaved.
 """
 
 from __future__ import annotations

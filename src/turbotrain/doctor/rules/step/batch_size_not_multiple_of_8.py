@@ -1,6 +1,7 @@
 """`batch-size-not-multiple-of-8`: the batch size.
 
-Reads: model; matters: yes (the rule table in docs/doctor.md).
+Reads: model.
+Applies to: a GPU.
 """
 
 from __future__ import annotations

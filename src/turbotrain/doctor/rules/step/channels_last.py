@@ -1,6 +1,6 @@
 """`channels-last`: a conv net in NCHW (timed).
 
-Reads: model (the rule table in docs/doctor.md).
+Reads: model.
 """
 
 from __future__ import annotations

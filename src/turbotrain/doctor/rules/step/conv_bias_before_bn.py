@@ -1,6 +1,7 @@
 """`conv-bias-before-bn`: a conv bias that a BatchNorm cancels (fx graph).
 
-Reads: model (the rule table in docs/doctor.md).
+Reads: model.
+Edit: `bias=False` in every convolution a BatchNorm follows (each line that built one).
 """
 
 from __future__ import annotations

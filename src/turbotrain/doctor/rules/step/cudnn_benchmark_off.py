@@ -1,6 +1,8 @@
 """`cudnn-benchmark-off`: a conv net without `cudnn.benchmark`.
 
-Reads: model, source; matters: yes (the rule table in docs/doctor.md).
+Reads: model, source.
+Applies to: a GPU.
+Edit: `torch.backends.cudnn.benchmark = True` after the imports (or the script's own `= False` flipped).
 """
 
 from __future__ import annotations

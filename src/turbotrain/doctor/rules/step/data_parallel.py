@@ -1,6 +1,7 @@
 """`data-parallel`: `nn.DataParallel`.
 
-Reads: model, source; matters: yes (the rule table in docs/doctor.md).
+Reads: model, source.
+Applies to: a GPU.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """`dims-not-multiple-of-8`: a large Linear/Embedding/Conv dimension not a multiple of 8 (e.g. vocab 50257).
 
-Reads: model; matters: yes (the rule table in docs/doctor.md).
+Reads: model.
+Applies to: a GPU.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """`empty-cache-in-loop`: `torch.cuda.empty_cache()` per step.
 
-Reads: run, source; matters: yes (the rule table in docs/doctor.md).
+Reads: run, source.
+Applies to: a GPU.
 """
 
 from __future__ import annotations

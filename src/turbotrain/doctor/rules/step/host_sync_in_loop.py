@@ -1,6 +1,7 @@
 """`host-sync-in-loop`: a sync per step at a line of your code.
 
-Reads: run; matters: (low on CPU) (the rule table in docs/doctor.md).
+Reads: run.
+Applies to: a GPU (low on a CPU).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """`jit-script`: TorchScript; or dispatch-bound / elementwise-heavy without compile.
 
-Reads: source, run (the rule table in docs/doctor.md).
+Reads: source, run.
 """
 
 from __future__ import annotations

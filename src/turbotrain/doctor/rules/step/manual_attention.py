@@ -1,6 +1,8 @@
 """`manual-attention`: matmul-softmax-matmul attention that ran in the step (timed).
 
-Reads: source + run (the rule table in docs/doctor.md).
+Reads: source + run.
+Edit: `F.scaled_dot_product_attention(q, k, v, ...)` for `softmax(q @ k.transpose(-2, -1) * scale) @ v`: the scale
+kept, a `triu(1)` mask as `is_causal=True`, another boolean mask as `attn_mask=~mask`.
 """
 
 from __future__ import annotations

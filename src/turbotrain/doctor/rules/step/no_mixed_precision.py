@@ -1,6 +1,8 @@
 """`no-mixed-precision`: fp32 without autocast on bf16/fp16-capable hardware (timed).
 
-Reads: model + hardware (the rule table in docs/doctor.md).
+Reads: model + hardware.
+Edit: `with torch.autocast(device, dtype=torch.bfloat16):` around the forward and the loss (labelled: it changes
+numerics).
 """
 
 from __future__ import annotations

@@ -1,6 +1,8 @@
 """`non-foreach-optimizer`: a per-tensor optimizer loop over many tensors (fused timed).
 
-Reads: optimizer (the rule table in docs/doctor.md).
+Reads: optimizer.
+Edit: `fused=True` (or `foreach=True`) in the optimizer's constructor; a `foreach=False` becomes `fused=True` in
+place.
 """
 
 from __future__ import annotations

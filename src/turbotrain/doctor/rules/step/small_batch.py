@@ -1,6 +1,8 @@
-"""`small-batch`: small batches and dispatch overhead dominates (larger batch timed, at a size that fits).
+"""`small-batch`: small batches and dispatch overhead dominates: a larger batch (up to 8x) proposed and timed only at
+the largest multiple whose estimated peak fits the device (90% of it), with the memory it needs against what the
+device has.
 
-Reads: model + run, and the step's measured memory (the rule table in docs/doctor.md).
+Reads: model + run + memory.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """`zero-grad-not-none`: `zero_grad(set_to_none=False)`, `.grad.zero_()`.
 
-Reads: run, source (the rule table in docs/doctor.md).
+Reads: run, source.
+Edit: `zero_grad(set_to_none=True)`.
 """
 
 from __future__ import annotations
