@@ -9,28 +9,11 @@ import torch
 
 TESTS = Path(__file__).resolve().parent
 # The doctor's tests time real runs and read findings from those times: a test on the other core would make a rank
-# late or a loader look slow, so they run alone (`make test` runs the `exclusive` tests first, on one process).
-# These files' assertions read no time: the patch and the report (the fix corpus), what torch.compile did, how
-# the report prints, how a failing script or a hostile folder is handled, the bytes a step holds, the calibration
-# corpus's scripts (run, not timed), how a job's launcher starts, which loss a compiled
-# model's output went into, how --verify's runs and a job's warm ranks are forked, a run under --memory-limit (its
-# verdict is whether the patched script fits, not how fast).
-SHARED_DOCTOR_FILES = frozenset({
-    "test_fix_corpus.py",
-    "test_compile_watch.py",
-    "test_terminal_width.py",
-    "test_safety.py",
-    "test_hardening_doctor_verify_copy.py",
-    "test_hardening_doctor_outputs.py",
-    "test_memory_watch.py",
-    "test_verify_memory.py",
-    "test_calibration_corpus.py",
-    "test_forked_launch.py",
-    "test_compile_loss_eager.py",
-    "test_warm_start.py",
-    "test_warm_ranks.py",
-    "test_memory_limit.py",
-})
+# late or a loader look slow, so they run alone (`make test` runs the `exclusive` tests first, on one process). A
+# doctor test file whose assertions read no time (the patch and the report, what torch.compile did, how a failing
+# script or a hostile folder is handled, the bytes a step holds, how processes are forked) says so itself with
+# `pytestmark = pytest.mark.reads_no_time`, and runs beside the others.
+
 # Folders whose session-scoped fixtures are expensive (a two-rank launch, nginx): one worker runs the whole folder.
 ONE_WORKER_FOLDERS = frozenset({"launch", "data"})
 
@@ -40,7 +23,7 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         path = Path(item.path)
         folder = path.parent.relative_to(TESTS) if path.is_relative_to(TESTS) else None
-        if folder == Path("doctor") and path.name not in SHARED_DOCTOR_FILES:
+        if folder == Path("doctor") and item.get_closest_marker("reads_no_time") is None:
             item.add_marker(pytest.mark.exclusive)
         # pytest-xdist (--dist loadgroup): a file's module-scoped fixtures are made once, on one worker (unless its
         # tests say otherwise, with a group of their own).

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.reads_no_time  # its assertions read no time: the shared lane
+
 ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("doctor_calibration", ROOT / "benchmarks" / "doctor_calibration.py")
 calibration = importlib.util.module_from_spec(_spec)

@@ -22,6 +22,8 @@ from turbotrain.doctor.rules.compile.compile_loss_eager import ModelAndLoss, mea
 from turbotrain.doctor.sites import Site
 from turbotrain.hardware import detect
 
+pytestmark = pytest.mark.reads_no_time  # its assertions read no time: the shared lane
+
 HERE = __file__
 
 

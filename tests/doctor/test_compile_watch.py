@@ -28,6 +28,8 @@ from turbotrain.doctor.record.compile_watch import (
     classify_guard,
 )
 
+pytestmark = pytest.mark.reads_no_time  # its assertions read no time: the shared lane
+
 SCRIPTS = Path(__file__).parent / "scripts"
 THIS = str(Path(__file__).resolve())
 BREAK_LOGGERS = [f"torch._dynamo.{m}.__graph_breaks" for m in ("exc", "convert_frame", "symbolic_convert")]

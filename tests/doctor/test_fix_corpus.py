@@ -21,6 +21,8 @@ pytest.importorskip("libcst", reason="doctor --fix needs libcst: pip install -e 
 from doctor_helpers import SCRIPTS, git_apply
 from turbotrain.doctor import DoctorOptions, diagnose_script
 
+pytestmark = pytest.mark.reads_no_time  # its assertions read no time: the shared lane
+
 CALIBRATION = Path(__file__).resolve().parents[2] / "benchmarks" / "calibration"
 
 # rule -> (script, steps): each script is built to have that rule's problem.

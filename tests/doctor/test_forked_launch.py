@@ -9,7 +9,11 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from turbotrain.doctor.job.forked_launch import own_launch_argv
+
+pytestmark = pytest.mark.reads_no_time  # its assertions read no time: the shared lane
 
 # Run in a process of its own: pytest's process (and an xdist worker's) may run threads of its own.
 PROBE = textwrap.dedent("""\

@@ -17,6 +17,8 @@ from turbotrain.cli import main
 from turbotrain.config import ConfigError
 from turbotrain.doctor.report.files import check_outputs, write_output
 
+pytestmark = pytest.mark.reads_no_time  # its assertions read no time: the shared lane
+
 SCRIPT = ZERO_GRAD_LOOP
 FAST = ["--steps", "3", "--warmup", "1", "--no-what-if", "--watch", "0"]
 OUTPUTS = ("--fix", "--json", "--html", "--trace")

@@ -17,6 +17,8 @@ from doctor_helpers import ZERO_GRAD_LOOP
 from turbotrain.cli import main
 from turbotrain.doctor.fixes import verify
 
+pytestmark = pytest.mark.reads_no_time  # its assertions read no time: the shared lane
+
 SCRIPT = ZERO_GRAD_LOOP
 ARGS = ["--steps", "3", "--warmup", "1", "--no-what-if", "--watch", "0", "--verify-rounds", "1",
         "--fix-only", "zero-grad-not-none"]

@@ -19,6 +19,8 @@ from turbotrain.doctor.options import DoctorOptions
 
 from doctor_helpers import marked_lines, script
 
+pytestmark = pytest.mark.reads_no_time  # its assertions read no time: the shared lane
+
 MIB = 2**20
 
 

@@ -18,6 +18,8 @@ from turbotrain.doctor.record import out_of_memory as om
 from turbotrain.doctor.analysis import memory_fixes as mf
 from turbotrain.doctor.analysis.memory import blocks_to_checkpoint
 
+pytestmark = pytest.mark.reads_no_time  # its assertions read no time: the shared lane
+
 
 def _cross_entropy(model, batch):
     x, y = batch

@@ -82,6 +82,8 @@ def _a_detector(ctx):
     ({"id": "Num_Workers"}, "not lower-case words"),
     ({"edits_without_site": True, "edit": None}, "has no edit"),
     ({"edit": None}, "has no edit but its docstring has an 'Edit:'"),
+    ({"rewrite": _a_detector}, "its detectors and edit come from 2 modules"),
+    ({"rewrite": _a_detector, "edit": None}, "rewrite is set but it has no edit to plan it"),
 ])
 def test_an_incomplete_rule_is_refused_naming_what_is_missing(change, says):
     rule = dataclasses.replace(by_id("zero-grad-not-none"), **change)

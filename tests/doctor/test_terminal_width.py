@@ -25,6 +25,8 @@ from turbotrain.doctor.record.measurements import CATEGORIES
 from turbotrain.doctor.report.model import Report
 from turbotrain.doctor.report.terminal import FINDING_LINES, print_report
 
+pytestmark = pytest.mark.reads_no_time  # its assertions read no time: the shared lane
+
 HERE = Path(__file__).parent
 LONG_WHERE = ("/home/someone/projects/a-rather-long-project-name/experiments/2026-11-24/"
               "train_with_a_long_name.py:142")

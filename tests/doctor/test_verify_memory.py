@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import textwrap
 
+import pytest
 import torch
 
 from turbotrain.doctor.fixes.verify import Verifier, VerifyOptions, peak_memory
 from turbotrain.doctor.record.window_memory import RESIDENT, PeakProbe
 from turbotrain.doctor.report.fix_results import Verification
 from turbotrain.doctor.report.fix_section import fix_line
+
+pytestmark = pytest.mark.reads_no_time  # its assertions read no time: the shared lane
 
 MIB = 2**20
 

@@ -20,7 +20,10 @@ import pytest
 
 from turbotrain.doctor.job.warm_ranks import WarmRanks, differs
 
-pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="warm ranks are Linux's (fork, /proc)")
+pytestmark = [
+    pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="warm ranks are Linux's (fork, /proc)"),
+    pytest.mark.reads_no_time,
+]
 
 PROBE = textwrap.dedent("""\
     import json, os, sys

@@ -14,7 +14,10 @@ import pytest
 
 from turbotrain.doctor.fixes.warm_start import WarmStart
 
-pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="the warm start is Linux's (fork, /proc)")
+pytestmark = [
+    pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="the warm start is Linux's (fork, /proc)"),
+    pytest.mark.reads_no_time,
+]
 
 PROBE = textwrap.dedent("""\
     import json, os, sys

@@ -1,13 +1,26 @@
 """A rule's fix as an edit of the user's code: the typed spec a rule's edit planner returns, and why one cannot be
 made (:class:`ByHand`). ``fixes/`` turns a spec into a diff (``fixes.table.EDIT_KINDS`` holds one function per
-kind)."""
+kind shared by several rules; kind ``"rule"`` is the rule's own ``Rule.rewrite``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-__all__ = ["EditSpec", "EditKind", "Numerics", "Purpose", "ByHand", "EXACT", "PRECISION", "REINITIALISED"]
+if TYPE_CHECKING:
+    from .findings import LateCause
+
+__all__ = [
+    "EditSpec",
+    "EditRequest",
+    "EditKind",
+    "Numerics",
+    "Purpose",
+    "ByHand",
+    "EXACT",
+    "PRECISION",
+    "REINITIALISED",
+]
 
 # How a fix relates to the original's numbers, which sets what "the losses match" means for it:
 Numerics = Literal["exact", "precision", "reinitialised"]
@@ -40,6 +53,7 @@ EditKind = Literal[
     "checkpoint",  # a block's call wrapped in torch.utils.checkpoint.checkpoint (recomputed in the backward)
     "micro_batches",  # the forward through the backward once per micro-batch, the loss over their number
     "compile_loss",  # a loss on a compiled model's output compiled with it, as one function
+    "rule",  # the rule's own rewrite (Rule.rewrite, in the rule's module): an edit no other rule makes
 ]
 
 
@@ -62,3 +76,23 @@ class EditSpec:
     lines: tuple[int, ...] = ()
     purpose: Purpose = "time"
     instead: EditSpec | None = None
+
+
+@dataclass(frozen=True)
+class EditRequest:
+    """One finding's fix as an edit of one file: which edit kind, at which lines, with which values."""
+
+    rule: str
+    kind: EditKind  # a key of fixes.table.EDIT_KINDS
+    file: str  # absolute path of the file the edit changes
+    line: int  # the line the finding names
+    where: str  # ``train.py:26``, relative to the script's folder
+    label: str  # what the edit does, one line
+    numerics: Numerics = EXACT
+    params: dict[str, Any] = field(default_factory=dict)
+    lines: tuple[int, ...] = ()  # further lines the same fix edits (every conv a BatchNorm follows)
+    predicted: float | None = None
+    gain_share: float | None = None
+    category: LateCause | None = None  # the breakdown category the finding's time is in (Finding.category)
+    purpose: Purpose = "time"
+    instead: EditRequest | None = None  # made where this edit cannot be

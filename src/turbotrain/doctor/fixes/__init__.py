@@ -3,9 +3,9 @@ patch, and the patched script timed against the original.
 
 It consumes a finished report; the report never imports it. Modules, one job each: ``choose`` (findings
 -> edit requests), ``table`` (edit kind -> LibCST edit: ``keywords``, ``statements``, ``cadence``,
-``attention``; ``cst_tools`` holds what they share), ``diff`` (unified diffs with difflib, the compile
-check, combining fixes), ``verify`` + ``child`` + ``losses`` (interleaved runs of original and patched,
-losses compared), ``attach`` (the order of work). What came of it is plain data in
+``attention``; ``..cst_tools`` holds what they share with a rule's own rewrite), ``diff`` (unified diffs
+with difflib, the compile check, combining fixes), ``verify`` + ``child`` + ``losses`` (interleaved runs of
+original and patched, losses compared), ``attach`` (the order of work). What came of it is plain data in
 :mod:`turbotrain.doctor.report.fix_results`, shown by :mod:`turbotrain.doctor.report.fix_section`.
 
 Importing this package does not import LibCST; the edits do (``pip install 'turbotrain[fix]'``).

@@ -9,7 +9,7 @@ from typing import Callable, Iterable, cast
 
 import libcst as cst
 
-from .cst_tools import Source, callee, replace
+from ..cst_tools import Source, callee, replace
 from .model import ByHand, EditRequest
 from .statements import trains
 

@@ -16,7 +16,7 @@ from typing import Callable, cast
 
 import libcst as cst
 
-from .cst_tools import Source, callee, code_of, dotted, replace
+from ..cst_tools import Source, callee, code_of, dotted, replace
 from .model import ByHand, EditRequest
 
 __all__ = ["sdpa"]

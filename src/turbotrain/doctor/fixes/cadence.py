@@ -9,7 +9,7 @@ from typing import cast
 import libcst as cst
 
 from ..analysis.branch import RANK_TEST
-from .cst_tools import Source, callee, code_of, dotted, replace
+from ..cst_tools import Source, callee, code_of, dotted, replace
 from .model import ByHand, EditRequest
 
 __all__ = ["periodic", "save_every"]

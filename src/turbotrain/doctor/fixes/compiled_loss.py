@@ -9,8 +9,8 @@ from typing import cast
 
 import libcst as cst
 
-from .cst_tools import Source, code_of
-from .cst_tools import replace as replace_nodes
+from ..cst_tools import Source, code_of
+from ..cst_tools import replace as replace_nodes
 from .model import ByHand, EditRequest
 
 __all__ = ["compile_loss"]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import libcst as cst
 
-from .cst_tools import Source, code_of
-from .cst_tools import replace as replace_nodes
+from ..cst_tools import Source, code_of
+from ..cst_tools import replace as replace_nodes
 from .model import ByHand, EditRequest
 
 __all__ = ["detach_kept"]

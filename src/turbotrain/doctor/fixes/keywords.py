@@ -7,7 +7,7 @@ from typing import Callable
 
 import libcst as cst
 
-from .cst_tools import Source, code_of, dotted, keyword_value, replace, set_keyword
+from ..cst_tools import Source, code_of, dotted, keyword_value, replace, set_keyword
 from .model import ByHand, EditRequest
 
 __all__ = ["loader", "optimizer", "zero_grad", "conv_bias", "from_numpy", "ddp", "fsdp", "threads", "compile_call"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from .cst_tools import STATEMENTS, Source, callee, code_of, dotted, replace, wrap
+from ..cst_tools import STATEMENTS, Source, callee, code_of, dotted, replace, wrap
 from .model import ByHand, EditRequest
 
 __all__ = ["inference_mode", "autocast", "cudnn_benchmark", "dynamo_config", "trains"]

@@ -1,11 +1,12 @@
-"""The edit kinds: each a function from the parsed file and the request to the file's new text."""
+"""The edit kinds: each a function from the parsed file and the request to the file's new text (kind ``"rule"``: the
+rule's own ``Rule.rewrite``)."""
 
 from __future__ import annotations
 
 from typing import Callable
 
 from . import accumulate, attention, cadence, compiled_loss, keywords, kept_graph, recompute, statements
-from .cst_tools import Source
+from ..cst_tools import Source
 from .model import ByHand, EditRequest
 
 __all__ = ["EDIT_KINDS", "apply_edit"]
@@ -36,10 +37,18 @@ EDIT_KINDS: dict[str, Callable[[Source, EditRequest], str]] = {
 
 def apply_edit(text: str, request: EditRequest, name: str) -> str:
     """``text`` (the file ``name``) with ``request`` made; :class:`ByHand` when it cannot be made safely."""
-    try:
-        edit = EDIT_KINDS[request.kind]
-    except KeyError:
-        raise ValueError(f"unknown edit kind {request.kind!r}; known: {', '.join(sorted(EDIT_KINDS))}") from None
+    if request.kind == "rule":  # an edit only its rule makes lives in the rule's module
+        from ..rules import by_id
+
+        rewrite = by_id(request.rule).rewrite
+        if rewrite is None:
+            raise ValueError(f"{request.rule}: an edit of kind 'rule' but the rule has no rewrite")
+        edit = rewrite
+    else:
+        try:
+            edit = EDIT_KINDS[request.kind]
+        except KeyError:
+            raise ValueError(f"unknown edit kind {request.kind!r}; known: {', '.join(sorted(EDIT_KINDS))}") from None
     new = edit(Source(text, name), request)
     if new == text:
         raise ByHand(f"{request.where}: the edit changed nothing (already fixed?)")

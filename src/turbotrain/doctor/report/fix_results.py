@@ -11,28 +11,7 @@ from typing import Any, Final, Literal, Union
 __all__ = ["EditRequest", "FixResult", "FixReport", "Verification", "EXACT", "PRECISION", "REINITIALISED"]
 
 from ...measure import Verdict
-from ..edits import EXACT, PRECISION, REINITIALISED, EditKind, Numerics, Purpose
-from ..findings import LateCause
-
-
-@dataclass(frozen=True)
-class EditRequest:
-    """One finding's fix as an edit of one file: which edit kind, at which lines, with which values."""
-
-    rule: str
-    kind: EditKind  # a key of fixes.table.EDIT_KINDS
-    file: str  # absolute path of the file the edit changes
-    line: int  # the line the finding names
-    where: str  # ``train.py:26``, relative to the script's folder
-    label: str  # what the edit does, one line
-    numerics: Numerics = EXACT
-    params: dict[str, Any] = field(default_factory=dict)
-    lines: tuple[int, ...] = ()  # further lines the same fix edits (every conv a BatchNorm follows)
-    predicted: float | None = None
-    gain_share: float | None = None
-    category: LateCause | None = None  # the breakdown category the finding's time is in (Finding.category)
-    purpose: Purpose = "time"
-    instead: EditRequest | None = None  # made where this edit cannot be
+from ..edits import EXACT, PRECISION, REINITIALISED, EditRequest, Numerics, Purpose
 
 
 FITS: Final = "fits"  # the original ran out of memory and the patched script ran: no ratio to judge

@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     from ...measure import Comparison
     from ..analysis.context import Context
     from ..edits import EditSpec
+    from ..cst_tools import Source as ParsedSource
+    from ..edits import EditRequest
     from ..findings import Finding, Fix
     from ..results import WhatIf
 
@@ -53,6 +55,9 @@ SOURCES: tuple[Source, ...] = get_args(Source)
 Detector = Callable[["Context"], Optional[Iterable["Finding"]]]
 # An edit planner: the edit that fixes one of the rule's findings; raises fixes.model.ByHand when it cannot.
 EditPlanner = Callable[["Context", "Finding"], "EditSpec"]
+# A rule's own rewrite, for its EditSpec of kind "rule": the parsed file and the request to the file's new text
+# (raises fixes.model.ByHand when it cannot be made safely).
+Rewriter = Callable[["ParsedSource", "EditRequest"], str]
 
 
 class TimeLeft(Protocol):
@@ -129,7 +134,8 @@ class Rule:
 
     ``measure``: times a finding that asks for it (``request=OwnTrial()``). ``edits_without_site``: the edit goes
     where the rule says, not at the finding's line (a process-wide flag such as ``cudnn.benchmark`` after the
-    imports), so a finding without a line can still be fixed.
+    imports), so a finding without a line can still be fixed. ``rewrite``: the edit itself, where no edit kind of
+    ``fixes/`` makes it: the planner then returns an ``EditSpec("rule", ...)``.
     """
 
     id: str
@@ -137,6 +143,7 @@ class Rule:
     measure: Measurer | None = None
     edit: EditPlanner | None = None
     edits_without_site: bool = False
+    rewrite: Rewriter | None = None
 
     @property
     def module(self) -> str:
@@ -171,7 +178,7 @@ def _refusals(rule: Rule) -> list[str]:
     for d in rule.detect:
         if d.source not in SOURCES:
             wrong.append(f"detect: source {d.source!r} is not one of {', '.join(SOURCES)}")
-    modules = {d.fn.__module__ for d in rule.detect} | ({rule.measure.__module__} if rule.measure else set())
+    modules = {d.fn.__module__ for d in rule.detect} | {f.__module__ for f in (rule.measure, rule.rewrite) if f}
     if rule.edit is not None and rule.edit.__module__ != f"{__package__}.common":  # shared planners live there
         modules.add(rule.edit.__module__)
     if len(modules) > 1:
@@ -193,6 +200,8 @@ def _refusals(rule: Rule) -> list[str]:
                 wrong.append(f"it {'has' if rule.edit else 'has no'} edit but its docstring {said}")
     if rule.edits_without_site and rule.edit is None:
         wrong.append("edits_without_site is set but it has no edit")
+    if rule.rewrite is not None and rule.edit is None:
+        wrong.append("rewrite is set but it has no edit to plan it")
     if rule.id in _RULES and _RULES[rule.id] is not rule:
         wrong.append(f"{rule.id!r} is registered already, by {_RULES[rule.id].module}")
     return wrong

@@ -11,7 +11,7 @@ from typing import Callable, Iterable, Sequence, TypeVar, cast
 import libcst as cst
 from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider
 
-from .model import ByHand
+from .edits import ByHand
 
 __all__ = [
     "Source",
