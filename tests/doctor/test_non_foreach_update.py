@@ -1,0 +1,210 @@
+"""``non-foreach-update``: a loop over parameters that updates each tensor in place every step is named at its line
+(and loops that do anything else, or run once, are not); its foreach rewrite computes the same tensors bitwise; the
+per-tensor loop and the foreach calls are timed on the model's own parameters; then once end to end, patched and
+verified."""
+
+from __future__ import annotations
+
+import copy
+import textwrap
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+from doctor_helpers import SCRIPTS, git_apply, marked_lines
+from turbotrain.doctor import DoctorOptions, diagnose_script
+from turbotrain.doctor.analysis.breakdown import compute_breakdown
+from turbotrain.doctor.analysis.context import Context
+from turbotrain.doctor.analysis.source import load_sources
+from turbotrain.doctor.requests import OwnTrial
+from turbotrain.doctor.rules import by_id, evaluate
+from turbotrain.doctor.rules.loop.non_foreach_update import ForeachResult, measure
+from turbotrain.hardware import detect
+
+pytestmark = pytest.mark.reads_no_time  # its assertions read no time: the shared lane
+
+RULE = "non-foreach-update"
+
+# Each loop below sits in the training loop (it calls backward) unless said otherwise; the ones marked fire.
+SOURCE = textwrap.dedent("""\
+    import copy
+    import torch
+    from torch import nn
+
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    ema = copy.deepcopy(model)
+    decay, lr = 0.9, 0.1
+
+
+    def update_ema():
+        with torch.no_grad():
+            for e, p in zip(ema.parameters(), model.parameters()):
+                e.lerp_(p, 1 - decay)
+
+
+    for p in model.parameters():
+        p.data.mul_(0.5)
+    for step in range(2):
+        loss = model(torch.ones(3, 4)).sum()
+        loss.backward()
+        with torch.no_grad():
+            for e, p in zip(ema.parameters(), model.parameters()):
+                e.mul_(decay).add_(p, alpha=1 - decay)
+            for p in list(model.parameters()):
+                p -= lr * p.grad
+            for p in model.parameters():
+                p.grad = None
+            for e, p in zip(ema.parameters(), model.parameters()):
+                e.lerp_(p, e.mean())
+        update_ema()
+""")
+FIRES = [22, 24]  # the EMA chain and the SGD step by hand (not: the one-off scaling, `.grad = None`, a weight
+# that reads the tensor); update_ema()'s loop fires where its function was seen running
+
+
+def _context(tmp_path, source: str = SOURCE, ran: dict | None = None, **fields) -> Context:
+    script = tmp_path / "train.py"
+    script.write_text(source)
+    return Context(script=str(script), base=str(tmp_path), hw=detect("cpu"), device="cpu",
+                   breakdown=compute_breakdown([], 1), measured_steps=[], sources=load_sources([str(script)]),
+                   ran_lines=ran, **fields)
+
+
+def test_the_per_step_loops_that_only_update_in_place_are_named(tmp_path):
+    found = evaluate(_context(tmp_path), only=[RULE])
+    assert sorted(f.site.line for f in found) == FIRES
+    assert all(isinstance(f.request, OwnTrial) and f.severity == "low" for f in found)
+    ema = next(f for f in found if f.site.line == 22)
+    assert ema.evidence.ops == ("mul_(s)", "add_(t, alpha=s)") and "zip(ema.parameters()" in ema.message
+    assert next(f for f in found if f.site.line == 24).evidence.ops == ("sub_(t*s)",)
+
+
+def test_a_loop_in_a_function_counts_once_the_function_was_seen_running(tmp_path):
+    ctx = _context(tmp_path, ran={str(tmp_path / "train.py"): tuple(range(10, 14))})
+    assert sorted(f.site.line for f in evaluate(ctx, only=[RULE])) == sorted([*FIRES, 12])
+
+
+def test_a_loop_caught_running_before_the_forward_explains_that_data_loading_time(tmp_path):
+    from turbotrain.doctor.findings import Finding, Fix
+    from turbotrain.doctor.rules.loop.unattributed_time import explained
+    from turbotrain.doctor.sites import Site
+
+    samples = {Site(str(tmp_path / "train.py"), line, "<module>"): 7 for line in (23, 25)}
+    found = evaluate(_context(tmp_path, gap_samples=samples), only=[RULE])
+    assert sorted(f.site.line for f in found) == FIRES
+    assert all(f.source == "runtime" and f.category == "data_loading" for f in found)
+    ema = next(f for f in found if f.site.line == 22)
+    assert "shows as data loading" in ema.message
+    gap = Finding("unattributed-time", category="data_loading", message="21% of each step...", fix=Fix("none"))
+    assert explained([ema, gap]) == [ema]
+
+
+def _rewritten(tmp_path, source: str, line: int) -> str:
+    from turbotrain.doctor.fixes.choose import plan_fixes
+
+    ctx = _context(tmp_path, source)
+    finding = next(f for f in evaluate(ctx, only=[RULE]) if f.site.line == line)
+    [fix] = plan_fixes(ctx, [finding], str(tmp_path))
+    assert fix.request is not None and fix.request.kind == "rule" and fix.request.numerics == "exact", fix
+    from turbotrain.doctor.fixes.table import apply_edit
+
+    return apply_edit(source, fix.request, "train.py")
+
+
+LOOPS = {
+    "ema": ("for e, p in zip(ema.parameters(), model.parameters()):\n    e.mul_(decay).add_(p, alpha=1 - decay)",
+            "torch._foreach_add_([e for e, p in pairs], [p for e, p in pairs], alpha=1 - decay)"),
+    "sgd": ("for p in model.parameters():\n    p.data.add_(p.grad, alpha=-lr)",
+            "torch._foreach_add_([p.data for p in params], [p.grad for p in params], alpha=-lr)"),
+    "augmented": ("for p in list(model.parameters()):\n    p -= lr * p.grad",
+                  "torch._foreach_sub_([p for p in params], torch._foreach_mul([p.grad for p in params], lr))"),
+    "lerp": ("for e, p in zip(ema.parameters(), model.parameters()):\n    e.lerp_(p, 1 - decay)",
+             "torch._foreach_lerp_([e for e, p in pairs], [p for e, p in pairs], 1 - decay)"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LOOPS))
+def test_the_rewrite_computes_the_same_tensors_bitwise(tmp_path, name):
+    loop, expected = LOOPS[name]
+    source = ("import torch\n\n\ndef train(model, ema, decay, lr, steps):\n    for _ in range(steps):\n"
+              "        model(torch.ones(3, 4)).sum().backward()\n        # the update\n"
+              "        with torch.no_grad():\n" + textwrap.indent(loop, " " * 12) + "\n")
+    new = _rewritten(tmp_path, source, line=9)
+    assert expected in new and "        # the update\n" in new and " in zip(" not in new.replace("list(zip(", "")
+
+    def run(text: str) -> list[torch.Tensor]:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+        ema = copy.deepcopy(model)
+        namespace: dict = {}
+        exec(compile(text, "train.py", "exec"), namespace)  # noqa: S102 - the test's own source and its rewrite
+        for _ in range(3):
+            model.zero_grad()
+            namespace["train"](model, ema, 0.9, 0.1, 1)
+        return [t.clone() for t in (*model.parameters(), *ema.parameters())]
+
+    assert all(torch.equal(a, b) for a, b in zip(run(source), run(new)))
+
+
+def test_an_edit_is_by_hand_where_the_file_does_not_import_torch(tmp_path):
+    from turbotrain.doctor.fixes.choose import plan_fixes
+    from turbotrain.doctor.fixes.model import ByHand
+    from turbotrain.doctor.fixes.table import apply_edit
+
+    source = SOURCE.replace("import torch\n", "import torch as th\n").replace("torch.", "th.")
+    ctx = _context(tmp_path, source)
+    finding = next(f for f in evaluate(ctx, only=[RULE]) if f.site.line == 22)
+    [fix] = plan_fixes(ctx, [finding], str(tmp_path))
+    assert "th._foreach_mul_(" in apply_edit(source, fix.request, "train.py")  # the file's own name for torch
+    with pytest.raises(ByHand, match="does not `import torch`"):
+        apply_edit(source.replace("import torch as th\n", ""), fix.request, "train.py")
+
+
+class _Budget:
+    left = 60.0
+
+    def allows(self, cost_s: float) -> bool:
+        return cost_s <= self.left
+
+
+def test_the_loop_and_the_foreach_calls_are_timed_on_the_models_parameters(tmp_path):
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(8, 8) for _ in range(6)])
+    before = [p.clone() for p in model.parameters()]
+    capture = SimpleNamespace(module=model, args=(torch.randn(4, 8),), kwargs={})
+    ctx = _context(tmp_path, capture=capture)
+    finding = next(f for f in evaluate(ctx, only=[RULE]) if f.site.line == 22)
+    measured = measure(ctx, finding, _Budget())
+    assert isinstance(measured.what_if, ForeachResult) and measured.what_if.tensors == 12
+    assert len(measured.what_if.rounds) == 3 and measured.what_if.loop_ms > 0 and measured.what_if.foreach_ms > 0
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))  # timed on copies
+    assert "12 parameter tensors" in measured.note
+
+
+def test_the_corpus_script_is_found_timed_patched_and_verified(tmp_path):
+    pytest.importorskip("libcst", reason="doctor --fix needs libcst: pip install -e '.[fix]'")
+    script = tmp_path / "ema_per_tensor.py"
+    script.write_text((SCRIPTS / "ema_per_tensor.py").read_text())
+    patch = tmp_path / "fixes.patch"
+    options = DoctorOptions(steps=6, warmup=2, profile_steps=1, what_if_budget_s=8.0, fix=str(patch), verify=True,
+                            verify_rounds=1, verify_budget_s=0, fix_rules=(RULE,))
+    report = diagnose_script(script, [], options)
+    [(rule, line)] = marked_lines("ema_per_tensor")
+    [finding] = [f for f in report.findings if f.rule == rule]
+    assert finding.site.line == line and finding.measured and finding.what_if.tensors == 50, finding.to_dict()
+    if finding.source == "runtime":  # caught running before the forward: that data-loading time is explained
+        assert not [f for f in report.findings if f.rule == "unattributed-time" and f.category == "data_loading"]
+    [fix] = [f for f in report.fixes.fixes if f.rule == RULE]
+    assert fix.diff and not fix.by_hand and fix.verification is not None, fix
+    assert fix.verification.loss_match["expected"] == "bitwise" and fix.verification.loss_match["compared"] > 0
+    assert fix.verification.loss_match["match"] is True, fix.verification.loss_match
+    if not fix.in_patch:  # verified slower on this machine: left out of the patch, its own diff still applies
+        assert "slower" in fix.dropped
+        patch.write_text(fix.diff)
+    git_apply(tmp_path, patch)
+    patched = tmp_path / "ema_per_tensor.py"
+    assert "torch._foreach_mul_(" in patched.read_text()
+    assert not evaluate(_context(tmp_path, patched.read_text()), only=[RULE])  # the rule no longer fires
+    assert by_id(RULE).card.edit is not None
