@@ -1,27 +1,29 @@
 """`non-foreach-update`: a Python loop over a model's parameters that updates each tensor in place every step (an
-EMA of the weights, an SGD step written by hand): one small kernel per tensor and op, where `torch._foreach_*` runs
-each op over the whole list in one call; the per-tensor loop against the foreach calls timed on your model's
-parameters.
+EMA of the weights, a target network's soft update, an SGD step written by hand): one small kernel per tensor and
+op, where `torch._foreach_*` runs each op over the whole list in one call; the loop against the foreach calls timed
+on your model's parameters.
 
 Reads: source + run.
-Edit: the loop replaced by one `torch._foreach_<op>_` call per op over lists of the same tensors
+Edit: the loop replaced by one `torch._foreach_*` call per op over lists of the same tensors
 (`e.mul_(d).add_(p, alpha=1 - d)` becomes `torch._foreach_mul_(...)` then `torch._foreach_add_(..., alpha=1 - d)`;
-`p -= lr * p.grad` becomes `torch._foreach_sub_(..., torch._foreach_mul(..., lr))`): the same ops on the same
+`t.data.copy_(tau * p.data + (1 - tau) * t.data)` becomes `torch._foreach_copy_(...,
+torch._foreach_add(torch._foreach_mul(..., tau), torch._foreach_mul(..., 1 - tau)))`): the same ops on the same
 tensors, bitwise on a CPU; by hand where the loop does anything else.
 
 A loop counts when it iterates ``X.parameters()`` (or ``zip`` of several, or ``list`` of it) and its body only
-updates the loop's tensors in place: a chain of in-place methods (``add_``, ``sub_``, ``mul_``, ``div_``,
-``lerp_``, ``copy_``, ``addcmul_``) or an augmented assignment, whose tensor arguments are the loop's tensors (or
-their ``.data``/``.grad``) and whose other arguments do not depend on them. It must run every step: inside the loop
-that calls ``backward()``/``step()``, or in a function seen running during the steps.
+updates the loop's tensors: chains of in-place methods (``add_``, ``sub_``, ``mul_``, ``div_``, ``lerp_``,
+``copy_``, ``addcmul_``), augmented assignments (``+=``, ``-=``, ``*=``, ``/=``) or ``x.data = ...``, whose values
+are the loop's tensors (``p``, ``p.data``, ``p.grad``, ``p.detach()``), values that do not depend on them, and
+``+``, ``-``, ``*``, ``/``, unary ``-`` and the methods ``add``, ``sub``, ``mul``, ``div``, ``lerp`` of those. It
+must run every step: inside the loop that calls ``backward()``/``step()``, in a function seen running during the
+steps, or caught running by the gap sampler.
 """
 
 from __future__ import annotations
 
 import ast
-import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Iterator
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator
 
 import torch
 
@@ -39,23 +41,26 @@ if TYPE_CHECKING:
     from ...analysis.context import Context
     from ...cst_tools import Source
     from ...edits import EditRequest
+    from ...sites import Site
 
 ROUNDS = 3  # interleaved rounds of the per-tensor loop and the foreach calls
 REPEATS = 5  # the fastest of this many calls each, per round
-_METHODS = frozenset({"add_", "sub_", "mul_", "div_", "lerp_", "copy_", "addcmul_"})
-_AUG_OPS = {ast.Add: "add_", ast.Sub: "sub_", ast.Mult: "mul_", ast.Div: "div_"}
+_IN_PLACE = frozenset({"add_", "sub_", "mul_", "div_", "lerp_", "copy_", "addcmul_"})
+_OUT_OF_PLACE = frozenset({"add", "sub", "mul", "div", "lerp"})
+_BINARY = {ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.Div: "div"}
 _STEP_CALLS = ("backward", "step")
+_TORCH = "__torch__"  # where generated code names torch: the edit puts the file's own name for it there
 
 
 @dataclass(frozen=True)
 class UpdateEvidence(Evidence):
     iterable: str  # what the loop iterates, as written
-    ops: tuple[str, ...]  # each op as a signature over t (a loop tensor) and s (a value): "add_(t, alpha=s)"
+    methods: tuple[str, ...]  # the in-place updates it makes, in order: "mul_", "add_", "copy_", ...
 
 
 @dataclass(frozen=True, kw_only=True)
 class ForeachResult(WhatIf):
-    """The loop's ops over the model's parameter tensors, one tensor at a time against foreach, interleaved
+    """The loop over the model's parameter tensors, one tensor at a time against its foreach calls, interleaved
     (``rounds``: per-tensor / foreach)."""
 
     kind: ClassVar[str] = "foreach_update"
@@ -77,25 +82,70 @@ class ForeachResult(WhatIf):
 
 
 @dataclass(frozen=True)
-class _Op:
-    """One in-place op of the loop body: ``method`` on the tensor ``root`` with ``args`` (each an ast expression,
-    and whether it is a loop tensor) and keywords; ``scaled``: an augmented assignment's ``t * s`` operand."""
+class _Update:
+    """One in-place update of a loop tensor: ``target`` gets ``method`` (in place) with ``args`` and ``keywords``."""
 
-    root: ast.expr
+    target: ast.expr
     method: str
-    args: tuple[tuple[ast.expr, bool], ...]
+    args: tuple[ast.expr, ...]
     keywords: tuple[tuple[str, ast.expr], ...] = ()
-    scaled: ast.expr | None = None  # the value a loop tensor argument is multiplied by first
-
-    @property
-    def signature(self) -> str:
-        arg = "t*s" if self.scaled is not None else None
-        parts = [arg or ("t" if is_tensor else "s") for _, is_tensor in self.args]
-        parts += [f"{k}=s" for k, _ in self.keywords]
-        return f"{self.method}({', '.join(parts)})"
 
 
-def _targets(loop: ast.For) -> tuple[str, ...] | None:
+@dataclass(frozen=True)
+class _Loop:
+    """A loop over parameters whose body is only in-place updates of its tensors."""
+
+    node: ast.For
+    names: tuple[str, ...]
+    updates: tuple[_Update, ...]
+
+    def is_ref(self, node: ast.expr) -> bool:
+        """``p``, ``p.data``, ``p.grad``, ``p.detach()`` and their like: a loop tensor, or one it holds."""
+        while True:
+            if isinstance(node, ast.Attribute) and node.attr in ("data", "grad"):
+                node = node.value
+            elif (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "detach"
+                and not (node.args or node.keywords)
+            ):
+                node = node.func.value
+            else:
+                return isinstance(node, ast.Name) and node.id in self.names
+
+    def is_scalar(self, node: ast.expr) -> bool:
+        return not any(isinstance(n, ast.Name) and n.id in self.names for n in ast.walk(node))
+
+    def is_tensor(self, node: ast.expr) -> bool:
+        """A value foreach can make from the loop's tensors (see the module's docstring)."""
+        if self.is_ref(node):
+            return True
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            return self.is_tensor(node.operand)
+        if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
+            left, right = (
+                (self.is_tensor(node.left), self.is_scalar(node.left)),
+                (
+                    self.is_tensor(node.right),
+                    self.is_scalar(node.right),
+                ),
+            )
+            if not (any(left) and any(right)) or (left[1] and right[1]):
+                return False
+            # a value over a tensor has no foreach form that rounds the same
+            return not (isinstance(node.op, ast.Div) and left[1])
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _OUT_OF_PLACE:
+            return self.is_tensor(node.func.value) and self._arguments_fit(node)
+        return False
+
+    def _arguments_fit(self, call: ast.Call) -> bool:
+        return all(self.is_tensor(a) or self.is_scalar(a) for a in call.args) and all(
+            k.arg is not None and self.is_scalar(k.value) for k in call.keywords
+        )
+
+
+def _names(loop: ast.For) -> tuple[str, ...] | None:
     target = loop.target
     if isinstance(target, ast.Name):
         return (target.id,)
@@ -115,79 +165,93 @@ def _parameter_lists(node: ast.expr) -> int:
     return 0
 
 
-def _loop_tensor(node: ast.expr, names: tuple[str, ...]) -> bool:
-    """``p``, ``p.data``, ``p.grad``, ``p.grad.data``: a loop tensor, or one it holds."""
-    while isinstance(node, ast.Attribute) and node.attr in ("data", "grad"):
-        node = node.value
-    return isinstance(node, ast.Name) and node.id in names
-
-
-def _uses(node: ast.AST, names: tuple[str, ...]) -> bool:
-    return any(isinstance(n, ast.Name) and n.id in names for n in ast.walk(node))
-
-
-def _argument(node: ast.expr, names: tuple[str, ...]) -> tuple[ast.expr, bool] | None:
-    if _loop_tensor(node, names):
-        return node, True
-    return (node, False) if not _uses(node, names) else None
-
-
-def _chain(node: ast.expr, names: tuple[str, ...]) -> list[_Op] | None:
-    """``root.m1_(...).m2_(...)``: its ops in order, or None when it is anything else."""
-    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _METHODS):
+def _chain(loop: _Loop, node: ast.expr) -> list[_Update] | None:
+    """``x.m1_(...).m2_(...)`` on a loop tensor: its updates in order, or None when it is anything else."""
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _IN_PLACE):
         return None
     receiver = node.func.value
-    before = [] if _loop_tensor(receiver, names) else _chain(receiver, names)
-    if before is None:
+    before = [] if loop.is_ref(receiver) else _chain(loop, receiver)
+    if before is None or not loop._arguments_fit(node):
         return None
-    found = [_argument(a, names) for a in node.args]
-    args = tuple(a for a in found if a is not None)
+    target = before[0].target if before else receiver
     keywords = tuple((k.arg, k.value) for k in node.keywords if k.arg is not None)
-    if len(args) != len(found) or len(keywords) != len(node.keywords) or any(_uses(v, names) for _, v in keywords):
+    return [*before, _Update(target, node.func.attr, tuple(node.args), keywords)]
+
+
+def _statement(loop: _Loop, statement: ast.stmt) -> list[_Update] | None:
+    if isinstance(statement, ast.Expr):
+        return _chain(loop, statement.value)
+    if isinstance(statement, ast.AugAssign) and type(statement.op) in _BINARY:
+        target, value = statement.target, statement.value
+        fits = loop.is_ref(target) and (loop.is_tensor(value) or loop.is_scalar(value))
+        return [_Update(target, _BINARY[type(statement.op)] + "_", (value,))] if fits else None
+    if isinstance(statement, ast.Assign) and len(statement.targets) == 1:
+        data = statement.targets[0]  # x.data = <value>: its values written over the tensor's
+        fits = isinstance(data, ast.Attribute) and data.attr == "data" and loop.is_ref(data)
+        return [_Update(data, "copy_", (statement.value,))] if fits and loop.is_tensor(statement.value) else None
+    return None
+
+
+def read_loop(node: ast.For) -> _Loop | None:
+    """The loop over parameters ``node`` is, when its body only updates the loop's tensors in place."""
+    names = _names(node)
+    if names is None or _parameter_lists(node.iter) != len(names) or node.orelse:
         return None
-    root = before[0].root if before else receiver
-    return [*before, _Op(root, node.func.attr, args, keywords)]
-
-
-def _augmented(node: ast.AugAssign, names: tuple[str, ...]) -> _Op | None:
-    """``p -= lr * p.grad`` (``+=``, ``-=``, ``*=``, ``/=``; the operand a loop tensor, a value, or a product)."""
-    method = _AUG_OPS.get(type(node.op))
-    target = node.target
-    if method is None or not _loop_tensor(target, names):
-        return None
-    value = node.value
-    if isinstance(value, ast.BinOp) and isinstance(value.op, ast.Mult):
-        for tensor, scale in ((value.left, value.right), (value.right, value.left)):
-            if _loop_tensor(tensor, names) and not _uses(scale, names):
-                return _Op(target, method, ((tensor, True),), scaled=scale)
-    found = _argument(value, names)
-    return _Op(target, method, (found,)) if found else None
-
-
-def read_loop(loop: ast.For) -> tuple[tuple[str, ...], list[_Op]] | None:
-    """(the loop's names, its body's ops) for a loop over parameters whose body only updates them in place."""
-    names = _targets(loop)
-    lists = _parameter_lists(loop.iter)
-    if names is None or not lists or len(names) != lists or loop.orelse:
-        return None
-    ops: list[_Op] = []
-    for statement in loop.body:
-        if isinstance(statement, ast.Expr):
-            chain = _chain(statement.value, names)
-        elif isinstance(statement, ast.AugAssign):
-            one = _augmented(statement, names)
-            chain = [one] if one else None
-        else:
-            chain = None
-        if not chain:
+    loop = _Loop(node, names, ())
+    updates: list[_Update] = []
+    for statement in node.body:
+        found = _statement(loop, statement)
+        if not found:
             return None
-        ops += chain
-    return names, ops
+        updates += found
+    return _Loop(node, names, tuple(updates))
 
 
-def _every_step(ctx: Context, index: SourceIndex, loop: ast.For) -> bool | None:
+# -- writing it as foreach calls -------------------------------------------------------------------------------------
+
+
+def foreach_statements(loop: _Loop, each: Callable[[ast.expr], str], scalar: Callable[[ast.expr], str]) -> list[str]:
+    """The loop as one ``torch._foreach_*`` call per op: ``each(ref)`` writes the list of a loop tensor's values,
+    ``scalar(node)`` a value that does not depend on them (the user's code, or a stand-in when timing)."""
+
+    def value(node: ast.expr) -> str:
+        if loop.is_scalar(node):
+            return scalar(node)
+        if loop.is_ref(node):
+            return each(node)
+        if isinstance(node, ast.UnaryOp):
+            return f"{_TORCH}._foreach_neg({value(node.operand)})"
+        if isinstance(node, ast.BinOp):
+            name, left, right = _BINARY[type(node.op)], node.left, node.right
+            if loop.is_scalar(left) and name in ("add", "mul"):  # s + t is t + s, s * t is t * s, to the bit
+                left, right = right, left
+            if loop.is_scalar(left):  # s - t: -t + s, which rounds as s - t does
+                return f"{_TORCH}._foreach_add({_TORCH}._foreach_neg({value(right)}), {value(left)})"
+            return f"{_TORCH}._foreach_{name}({value(left)}, {value(right)})"
+        assert isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)  # is_tensor said so
+        return f"{_TORCH}._foreach_{node.func.attr}({call_arguments(node.func.value, node.args, node.keywords)})"
+
+    def call_arguments(first: ast.expr, args: Any, keywords: Any) -> str:
+        pairs = [(k.arg, k.value) if isinstance(k, ast.keyword) else k for k in keywords]
+        return ", ".join([value(first), *(value(a) for a in args), *(f"{k}={scalar(v)}" for k, v in pairs)])
+
+    return [f"{_TORCH}._foreach_{u.method}({call_arguments(u.target, u.args, u.keywords)})" for u in loop.updates]
+
+
+def _list_name(index: SourceIndex, lists: int) -> str:
+    taken = {n.id for n in ast.walk(index.tree) if isinstance(n, ast.Name)}
+    for name in ("pairs", "foreach_pairs") if lists > 1 else ("params", "foreach_params"):
+        if name not in taken:
+            return name
+    raise ByHand("the names the foreach lists would take are in use in the file; write the foreach calls by hand")
+
+
+# -- finding it ------------------------------------------------------------------------------------------------------
+
+
+def _every_step(ctx: Context, index: SourceIndex, node: ast.For) -> bool | None:
     """True inside a loop that calls ``backward()``/``step()``; else whether its function was seen running."""
-    parent = index.parents.get(loop)
+    parent = index.parents.get(node)
     while parent is not None and not isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef)):
         if isinstance(parent, (ast.For, ast.While)) and any(
             isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in _STEP_CALLS
@@ -197,47 +261,52 @@ def _every_step(ctx: Context, index: SourceIndex, loop: ast.For) -> bool | None:
         parent = index.parents.get(parent)
     if parent is None:
         return None  # module level, outside any training loop
-    return ctx.function_ran(index.site(loop))
+    return ctx.function_ran(index.site(node))
 
 
-def _sampled(ctx: Context, index: SourceIndex, loop: ast.For) -> bool:
+def _sampled(ctx: Context, index: SourceIndex, node: ast.For) -> bool:
     """Whether the gap sampler caught the loop running in the untimed time before a forward (after
     ``optimizer.step()``, which ends the step: that time is charged to data loading)."""
-    lines = range(loop.lineno, (loop.end_lineno or loop.lineno) + 1)
+    lines = range(node.lineno, (node.end_lineno or node.lineno) + 1)
     return any(site.file == index.path and site.line in lines for site in ctx.gap_samples)
 
 
-def _findings(ctx: Context, sampled: bool) -> Iterator[Finding]:
+def _loops(ctx: Context) -> Iterator[tuple[SourceIndex, _Loop]]:
     for index in sources(ctx):
-        for loop in (n for n in ast.walk(index.tree) if isinstance(n, ast.For)):
-            read = read_loop(loop)
-            if read is None or _sampled(ctx, index, loop) != sampled:
-                continue
-            if not sampled and not _every_step(ctx, index, loop):
-                continue
-            iterable = ast.unparse(loop.iter)
-            said = ", ".join(sorted({op.method for op in read[1]}))
-            f = Finding(
-                "non-foreach-update",
-                site=index.site(loop),
-                # Run between optimizer.step() and the next forward, its time is the data-loading phase's.
-                category="data_loading" if sampled else None,
-                message=(
-                    f"This loop over {iterable} updates the tensors one at a time ({said}): one small kernel, "
-                    "and its Python and dispatch cost, per tensor and op, every step."
-                    + (" It runs before the next forward, so its time shows as data loading." if sampled else "")
-                ),
-                fix=Fix(
-                    "one torch._foreach_<op>_ call per op over lists of the tensors (torch._foreach_mul_, "
-                    "torch._foreach_add_, torch._foreach_lerp_, ...); for an EMA of the weights, "
-                    "torch.optim.swa_utils.AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(decay))",
-                    lightning="the same foreach calls in the hook that runs the loop (on_train_batch_end)",
-                ),
-                evidence=UpdateEvidence(iterable=iterable, ops=tuple(op.signature for op in read[1])),
-                request=OwnTrial(),
-            )
-            f.provisional("low")
-            yield f
+        for node in ast.walk(index.tree):
+            if isinstance(node, ast.For):
+                loop = read_loop(node)
+                if loop is not None:
+                    yield index, loop
+
+
+def _findings(ctx: Context, sampled: bool) -> Iterator[Finding]:
+    for index, loop in _loops(ctx):
+        if _sampled(ctx, index, loop.node) != sampled or not (sampled or _every_step(ctx, index, loop.node)):
+            continue
+        iterable = ast.unparse(loop.node.iter)
+        methods = tuple(u.method for u in loop.updates)
+        f = Finding(
+            "non-foreach-update",
+            site=index.site(loop.node),
+            # Run between optimizer.step() and the next forward, its time is the data-loading phase's.
+            category="data_loading" if sampled else None,
+            message=(
+                f"This loop over {iterable} updates the tensors one at a time ({', '.join(sorted(set(methods)))}): "
+                "one small kernel, and its Python and dispatch cost, per tensor and op, every step."
+                + (" It runs before the next forward, so its time shows as data loading." if sampled else "")
+            ),
+            fix=Fix(
+                "one torch._foreach_* call per op over lists of the tensors (torch._foreach_mul_, "
+                "torch._foreach_add_, torch._foreach_lerp_, ...); for an EMA of the weights, "
+                "torch.optim.swa_utils.AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(decay))",
+                lightning="the same foreach calls in the hook that runs the loop (on_train_batch_end)",
+            ),
+            evidence=UpdateEvidence(iterable=iterable, methods=methods),
+            request=OwnTrial(),
+        )
+        f.provisional("low")
+        yield f
 
 
 def non_foreach_update_seen(ctx: Context) -> Iterator[Finding]:
@@ -250,59 +319,71 @@ def non_foreach_update(ctx: Context) -> Iterator[Finding]:
     return _findings(ctx, sampled=False)
 
 
+def _loop_at(ctx: Context, site: Site | None) -> tuple[SourceIndex, _Loop]:
+    found = next(
+        ((i, loop) for i, loop in _loops(ctx) if site and i.path == site.file and loop.node.lineno == site.line), None
+    )
+    if found is None:
+        raise ByHand(f"no loop over parameters at {ctx.where(site)} (the line changed since the run?)")
+    return found
+
+
 # -- timing ----------------------------------------------------------------------------------------------------------
 
-_SIGNATURE = re.compile(r"^(\w+)\((.*)\)$")
-# The values the timing passes for the loop's own (mul_/div_ by 1 and a small alpha keep the magnitudes as they are).
-_VALUES = {"mul_": 1.0, "div_": 1.0, "add_": 0.0, "sub_": 0.0, "lerp_": 0.5, "addcmul_": 0.0}
+
+class _StandIns(ast.NodeTransformer):
+    """The loop as the timing runs it: over ``_l0, _l1, ...`` (copies of the model's parameters, which have no
+    ``.grad``: a gradient is timed as a tensor of the same shape), each value that does not depend on the loop's
+    tensors ``_s``."""
+
+    def __init__(self, loop: _Loop) -> None:
+        self.loop = loop
+
+    def visit(self, node: ast.AST) -> Any:
+        if isinstance(node, ast.expr) and self.loop.is_scalar(node):
+            return ast.Name("_s", ast.Load())
+        if isinstance(node, ast.Attribute) and node.attr == "grad":
+            return self.visit(node.value)
+        return super().visit(node)
 
 
-def _call(signature: str, tensor: torch.Tensor | list[torch.Tensor], other: Any, foreach: bool) -> None:
-    """One op of the loop, on one tensor (``other``: the loop's other tensor) or, foreach, on every one."""
-    match = _SIGNATURE.match(signature)
-    assert match is not None  # written by _Op.signature
-    method, parts = match.group(1), [p for p in match.group(2).split(", ") if p]
-    value = _VALUES.get(method, 1.0)
-    args: list[Any] = []
-    kwargs: dict[str, Any] = {}
-    for part in parts:
-        if "=" in part:
-            kwargs[part.split("=")[0]] = 1e-3
-        elif part == "t*s":
-            args.append(torch._foreach_mul(other, value) if foreach else other * value)
-        else:
-            args.append(other if part == "t" else value)
-    if foreach:
-        getattr(torch, f"_foreach_{method}")(tensor, *args, **kwargs)
-    else:
-        getattr(tensor, method)(*args, **kwargs)
+def _timed_code(loop: _Loop) -> tuple[str, str]:
+    """(the loop, its foreach calls) over the stand-ins, as code to run."""
+    lists = ", ".join(f"_l{i}" for i in range(len(loop.names)))
+    iterable = f"zip({lists})" if len(loop.names) > 1 else "_l0"
+    target = ", ".join(loop.names)
+    body = "\n".join(
+        f"    {ast.unparse(_StandIns(loop).visit(ast.parse(ast.unparse(s)).body[0]))}" for s in loop.node.body
+    )
+    per_tensor = f"for {target} in {iterable}:\n{body}"
+
+    def each(node: ast.expr) -> str:
+        return f"[{ast.unparse(_StandIns(loop).visit(node))} for {target} in {iterable}]"
+
+    foreach = "\n".join(foreach_statements(loop, each, lambda node: "_s")).replace(_TORCH, "torch")
+    return per_tensor, foreach
 
 
 def measure(ctx: Context, finding: Finding, budget: TimeLeft) -> Measured | None:
-    """The loop's ops over copies of the model's parameter tensors: one tensor at a time against the foreach calls,
-    ``ROUNDS`` interleaved rounds of the fastest of ``REPEATS`` calls each."""
+    """The loop over copies of the model's parameter tensors against its foreach calls, ``ROUNDS`` interleaved
+    rounds of the fastest of ``REPEATS`` calls each."""
     model = ctx.capture.module if ctx.capture is not None else None
-    params = [p for p in model.parameters()] if model is not None else []
-    if not params or not budget.allows(2.0):
+    params = list(model.parameters()) if model is not None else []
+    if not params or not budget.allows(1.0):
         return None
-    ops = finding.evidence_as(UpdateEvidence).ops
+    _, loop = _loop_at(ctx, finding.site)
+    per_tensor, foreach = (compile(code, "<non-foreach-update>", "exec") for code in _timed_code(loop))
     with torch.no_grad():
-        mine = [p.detach().clone() for p in params]
-        other = [p.detach().clone() for p in params]
+        scope = {"torch": torch, "_s": 1.0}  # 1.0 keeps the values' magnitudes (no denormals)
+        scope.update({f"_l{i}": [p.detach().clone() for p in params] for i in range(len(loop.names))})
+        exec(per_tensor, scope)  # noqa: S102 - the user's loop, its values replaced by stand-ins, on copies
+        exec(foreach, scope)  # noqa: S102 - the foreach calls the edit would write, on the same copies
 
-        def per_tensor() -> None:
-            for tensor, source in zip(mine, other):
-                for signature in ops:
-                    _call(signature, tensor, source, foreach=False)
+        def run(code: Any) -> Callable[[], None]:
+            return lambda: exec(code, scope)  # noqa: S102 - the loop or its foreach calls, as above
 
-        def foreach() -> None:
-            for signature in ops:
-                _call(signature, mine, other, foreach=True)
-
-        per_tensor()  # the first calls warm both
-        foreach()
-        pairs = [fastest_pair(per_tensor, foreach, ctx.on_gpu, REPEATS) for _ in range(ROUNDS)]
-    ratios = tuple(round(loop / fast, 3) for loop, fast in pairs if fast > 0)
+        pairs = [fastest_pair(run(per_tensor), run(foreach), ctx.on_gpu, REPEATS) for _ in range(ROUNDS)]
+    ratios = tuple(round(loop_s / fast, 3) for loop_s, fast in pairs if fast > 0)
     loop_s, foreach_s = min(p[0] for p in pairs), min(p[1] for p in pairs)
     return Measured(
         what_if=ForeachResult(
@@ -320,51 +401,15 @@ def measure(ctx: Context, finding: Finding, budget: TimeLeft) -> Measured | None
 # -- the edit --------------------------------------------------------------------------------------------------------
 
 
-_TORCH = "__torch__"  # where the statements name torch: the rewrite puts the file's own name for it there
-
-
-def _list_name(index: SourceIndex, lists: int) -> str:
-    taken = {n.id for n in ast.walk(index.tree) if isinstance(n, ast.Name)}
-    for name in ("pairs", "foreach_pairs") if lists > 1 else ("params", "foreach_params"):
-        if name not in taken:
-            return name
-    raise ByHand("the names the foreach lists would take are in use in the file; write the foreach calls by hand")
-
-
 def edit(ctx: Context, f: Finding) -> EditSpec:
-    assert f.site is not None  # fixes.choose plans only findings with a site
-    index = ctx.sources.get(f.site.file)
-    loop = (
-        next((n for n in ast.walk(index.tree) if isinstance(n, ast.For) and n.lineno == f.site.line), None)
-        if (index)
-        else None
-    )
-    read = read_loop(loop) if loop is not None else None
-    if index is None or loop is None or read is None:
-        raise ByHand(f"no loop over parameters at {f.site.file}:{f.site.line} (the line changed since the run?)")
-    names, ops = read
-    if any(op.method == "copy_" and op.keywords for op in ops):
-        raise ByHand("copy_(..., non_blocking=...) in the loop: write torch._foreach_copy_ by hand")
-    listed = _list_name(index, len(names))
-    target = ", ".join(names)  # ast.unparse would write a tuple target in parentheses
-
-    def each(node: ast.expr) -> str:
-        return f"[{ast.unparse(node)} for {target} in {listed}]"
-
-    statements = [f"{listed} = list({ast.unparse(loop.iter)})"]
-    for op in ops:
-        args = []
-        for node, is_tensor in op.args:
-            if op.scaled is not None:
-                args.append(f"{_TORCH}._foreach_mul({each(node)}, {ast.unparse(op.scaled)})")
-            else:
-                args.append(each(node) if is_tensor else ast.unparse(node))
-        args += [f"{k}={ast.unparse(v)}" for k, v in op.keywords]
-        statements.append(f"{_TORCH}._foreach_{op.method}({each(op.root)}, {', '.join(args)})")
-    label = f"the loop over {ast.unparse(loop.iter)} as {len(ops)} foreach call(s)"
-    return EditSpec(
-        "rule", label, params={"statements": statements, "iterable": ast.unparse(loop.iter)}, numerics=EXACT
-    )
+    index, loop = _loop_at(ctx, f.site)
+    listed = _list_name(index, len(loop.names))
+    target = ", ".join(loop.names)  # ast.unparse would write a tuple target in parentheses
+    iterable = ast.unparse(loop.node.iter)
+    statements = [f"{listed} = list({iterable})"]
+    statements += foreach_statements(loop, lambda ref: f"[{ast.unparse(ref)} for {target} in {listed}]", ast.unparse)
+    label = f"the loop over {iterable} as {len(loop.updates)} foreach call(s)"
+    return EditSpec("rule", label, params={"statements": statements, "iterable": iterable}, numerics=EXACT)
 
 
 def rewrite(source: Source, req: EditRequest) -> str:
