@@ -24,9 +24,8 @@ from ..rule_ids import TOPICS, rule_ids, rule_modules
 if TYPE_CHECKING:
     from ...measure import Comparison
     from ..analysis.context import Context
-    from ..edits import EditSpec
     from ..cst_tools import Source as ParsedSource
-    from ..edits import EditRequest
+    from ..edits import EditRequest, EditSpec
     from ..findings import Finding, Fix
     from ..results import WhatIf
 

@@ -319,13 +319,11 @@ def non_foreach_update(ctx: Context) -> Iterator[Finding]:
     return _findings(ctx, sampled=False)
 
 
-def _loop_at(ctx: Context, site: Site | None) -> tuple[SourceIndex, _Loop]:
-    found = next(
+def _loop_at(ctx: Context, site: Site | None) -> tuple[SourceIndex, _Loop] | None:
+    """The loop a finding names, read again from the source the run read."""
+    return next(
         ((i, loop) for i, loop in _loops(ctx) if site and i.path == site.file and loop.node.lineno == site.line), None
     )
-    if found is None:
-        raise ByHand(f"no loop over parameters at {ctx.where(site)} (the line changed since the run?)")
-    return found
 
 
 # -- timing ----------------------------------------------------------------------------------------------------------
@@ -369,9 +367,10 @@ def measure(ctx: Context, finding: Finding, budget: TimeLeft) -> Measured | None
     rounds of the fastest of ``REPEATS`` calls each."""
     model = ctx.capture.module if ctx.capture is not None else None
     params = list(model.parameters()) if model is not None else []
-    if not params or not budget.allows(1.0):
+    found = _loop_at(ctx, finding.site)
+    if not params or found is None or not budget.allows(1.0):
         return None
-    _, loop = _loop_at(ctx, finding.site)
+    loop = found[1]
     per_tensor, foreach = (compile(code, "<non-foreach-update>", "exec") for code in _timed_code(loop))
     with torch.no_grad():
         scope = {"torch": torch, "_s": 1.0}  # 1.0 keeps the values' magnitudes (no denormals)
@@ -402,7 +401,10 @@ def measure(ctx: Context, finding: Finding, budget: TimeLeft) -> Measured | None
 
 
 def edit(ctx: Context, f: Finding) -> EditSpec:
-    index, loop = _loop_at(ctx, f.site)
+    found = _loop_at(ctx, f.site)
+    if found is None:
+        raise ByHand(f"no loop over parameters at {ctx.where(f.site)} (the line changed since the run?)")
+    index, loop = found
     listed = _list_name(index, len(loop.names))
     target = ", ".join(loop.names)  # ast.unparse would write a tuple target in parentheses
     iterable = ast.unparse(loop.node.iter)
