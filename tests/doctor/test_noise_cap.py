@@ -44,3 +44,18 @@ def test_a_finding_judged_from_rounds_keeps_its_verdict():
     f.what_if = dataclasses.replace(f.what_if, judgement=Judgement(ratio=1.3, noise=0.1, verdict="faster"))
     cap_to_noise(f, SimpleNamespace(noise_floor=0.5))
     assert f.severity == "high"
+
+
+def _rounds(first, more, confirm_gain):
+    from turbotrain.doctor.whatif.common import interleaved_rounds
+
+    queue = list(more)
+    budget = SimpleNamespace(allows=lambda cost: True)
+    return interleaved_rounds(None, budget, 1.0, first, lambda: queue.pop(0), confirm_gain=confirm_gain)
+
+
+def test_a_gain_that_changes_numerics_is_timed_a_third_time_before_it_is_believed():
+    # Two rounds that both read x1.15 (a load burst can give both): three for a switch that changes numerics.
+    assert _rounds((1.15, 1.0), [(1.15, 1.0), (1.0, 1.0)], confirm_gain=True) == [1.15, 1.15, 1.0]
+    assert _rounds((1.15, 1.0), [(1.15, 1.0), (1.0, 1.0)], confirm_gain=False) == [1.15, 1.15]
+    assert _rounds((1.02, 1.0), [(1.01, 1.0), (1.2, 1.0)], confirm_gain=True) == [1.02, 1.01]  # no gain to confirm

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from ...measure import Trial, run_trial
+from ...measure import MIN_GAIN, Trial, run_trial
 from ...plan import Plan, Precision
 from ..analysis.replay import surrogate_step
 
@@ -157,9 +157,11 @@ def interleaved_rounds(
     cost: float,
     first: tuple[float, float] | None,
     pair: Callable[[], tuple[float, float] | None],
+    confirm_gain: bool = False,
 ) -> list[float]:
     """Per-round speed ratios (baseline seconds / candidate seconds), A/B interleaved: two rounds, and a
-    third when the two disagree about the direction and the budget allows."""
+    third when the two disagree about the direction and the budget allows, or, with ``confirm_gain``, when both
+    say faster (a switch that changes numerics is rated on three: one load burst can fake two rounds)."""
     times = [first] if first is not None else []
     while len(times) < 2 and budget.allows(cost):
         got = pair()
@@ -167,7 +169,9 @@ def interleaved_rounds(
             break
         times.append(got)
     ratios = [b / c for b, c in times if c > 0]
-    if len(ratios) == 2 and (ratios[0] > 1) != (ratios[1] > 1) and budget.allows(cost):
+    disagree = len(ratios) == 2 and (ratios[0] > 1) != (ratios[1] > 1)
+    both_gain = confirm_gain and len(ratios) == 2 and min(ratios) > 1 + MIN_GAIN
+    if (disagree or both_gain) and budget.allows(cost):
         got = pair()
         if got is not None and got[1] > 0:
             ratios.append(got[0] / got[1])

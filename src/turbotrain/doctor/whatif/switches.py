@@ -79,10 +79,11 @@ def plan_trials(
             else:
                 assert first_round is not None  # only a trial that stopped early has none here
                 # Compile: one round (the graph compiles once per trial).
+                exact = all(_exact(k) for k in changes)
                 ratios = (
                     [first_round[0] / first_round[1]]
                     if compiling
-                    else interleaved_rounds(ctx, budget, trials.cost * 2, first_round, pair)
+                    else interleaved_rounds(ctx, budget, trials.cost * 2, first_round, pair, confirm_gain=not exact)
                 )
             result = PlanResult(
                 changes=changes, steps=trials.steps, losses_finite=all(map(math.isfinite, trial.losses))
@@ -142,6 +143,16 @@ def _fresh_or_in_process(
         ),
         note,
     )
+
+
+def _exact(field: str) -> bool:
+    """Whether the switch of Plan ``field`` computes the same numbers (speedups' ``exact``); unknown: False."""
+    from ...speedups.registry import by_field
+
+    try:
+        return by_field(field).exact
+    except KeyError:
+        return False
 
 
 def _entry_for_field(field: str) -> str:
