@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import torch
 from torch import nn
 
-from doctor_helpers import cached_report, marked_lines
+from doctor_helpers import Budget, cached_report, marked_lines
 from turbotrain.doctor.analysis.breakdown import compute_breakdown
 from turbotrain.doctor.analysis.context import Context
 from turbotrain.doctor.analysis.source import load_sources
@@ -45,20 +45,13 @@ def test_each_call_that_turns_it_on_is_named_and_asks_to_be_timed(tmp_path):
     assert "Trainer(detect_anomaly=True) turns" in next(f.message for f in found if f.site.line == 9)
 
 
-class _Budget:
-    left = 60.0
-
-    def allows(self, cost_s: float) -> bool:
-        return cost_s <= self.left
-
-
 def test_the_fix_is_timed_on_the_captured_step_with_the_switch_on_and_off(tmp_path):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
     capture = SimpleNamespace(module=model, args=(torch.randn(8, 16),), kwargs={})
     ctx = _context(tmp_path, capture=capture)
     [finding] = [f for f in evaluate(ctx, only=["anomaly-detection-on"]) if f.site.line == 4]
-    measured = measure(ctx, finding, _Budget())
+    measured = measure(ctx, finding, Budget())
     assert isinstance(measured.what_if, AnomalyResult) and len(measured.what_if.rounds) == 3
     assert measured.what_if.on_ms > 0 and measured.what_if.off_ms > 0
     assert measured.verdict.speedup > 0 and not torch.is_anomaly_enabled()  # the switch is back as it was

@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from doctor_helpers import SCRIPTS, git_apply, marked_lines
+from doctor_helpers import Budget, SCRIPTS, git_apply, marked_lines
 from turbotrain.doctor import DoctorOptions, diagnose_script
 from turbotrain.doctor.analysis.breakdown import compute_breakdown
 from turbotrain.doctor.analysis.context import Context
@@ -179,13 +179,6 @@ def test_an_edit_is_by_hand_where_the_file_does_not_import_torch(tmp_path):
         apply_edit(source.replace("import torch as th\n", ""), fix.request, "train.py")
 
 
-class _Budget:
-    left = 60.0
-
-    def allows(self, cost_s: float) -> bool:
-        return cost_s <= self.left
-
-
 def test_the_loop_and_the_foreach_calls_are_timed_on_the_models_parameters(tmp_path):
     torch.manual_seed(0)
     model = nn.Sequential(*[nn.Linear(8, 8) for _ in range(6)])
@@ -193,7 +186,7 @@ def test_the_loop_and_the_foreach_calls_are_timed_on_the_models_parameters(tmp_p
     capture = SimpleNamespace(module=model, args=(torch.randn(4, 8),), kwargs={})
     ctx = _context(tmp_path, capture=capture)
     finding = next(f for f in evaluate(ctx, only=[RULE]) if f.site.line == 22)
-    measured = measure(ctx, finding, _Budget())
+    measured = measure(ctx, finding, Budget())
     assert isinstance(measured.what_if, ForeachResult) and measured.what_if.tensors == 12
     assert len(measured.what_if.rounds) == 3 and measured.what_if.loop_ms > 0 and measured.what_if.foreach_ms > 0
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))  # timed on copies
