@@ -1,7 +1,7 @@
-"""``non-foreach-update``: a loop over parameters that updates each tensor in place every step is named at its line
+"""``non-foreach-update``: a loop over parameters that updates each tensor in place in the steps is named at its line
 (and loops that do anything else, or run once, are not); its foreach rewrite computes the same tensors bitwise; the
 per-tensor loop and the foreach calls are timed on the model's own parameters; then once end to end, patched and
-verified."""
+verified. A loop under ``if step % N == 0:`` runs once in N steps: its gain is counted so."""
 
 from __future__ import annotations
 
@@ -99,6 +99,82 @@ def test_a_loop_caught_running_before_the_forward_explains_that_data_loading_tim
     assert "shows as data loading" in ema.message
     gap = Finding("unattributed-time", category="data_loading", message="21% of each step...", fix=Fix("none"))
     assert explained([ema, gap]) == [ema]
+
+
+GUARDED = textwrap.dedent("""\
+    import copy
+    import torch
+    from torch import nn
+
+    model = nn.Linear(4, 2)
+    ema = copy.deepcopy(model)
+    EMA_EVERY = 5
+
+
+    def update_ema():
+        for e, p in zip(ema.parameters(), model.parameters()):
+            e.lerp_(p, 0.1)
+
+
+    for step in range(20):
+        model(torch.ones(3, 4)).sum().backward()
+        if step % 4 == 0:
+            for e, p in zip(ema.parameters(), model.parameters()):
+                e.lerp_(p, 0.1)
+        if not step % EMA_EVERY:
+            for e, p in zip(ema.parameters(), model.parameters()):
+                e.lerp_(p, 0.1)
+        if step % args.ema_every == 0:
+            for e, p in zip(ema.parameters(), model.parameters()):
+                e.lerp_(p, 0.1)
+        if step % 2 != 0:
+            for e, p in zip(ema.parameters(), model.parameters()):
+                e.lerp_(p, 0.1)
+        else:
+            for e, p in zip(ema.parameters(), model.parameters()):
+                e.lerp_(p, 0.1)
+        if step % 3 == 0 and step > 6:
+            update_ema()
+""")
+# line of each loop -> steps between its runs (None: a period the run did not show)
+GUARDED_EVERY = {11: 3, 18: 4, 21: 5, 24: None, 27: 1, 30: 1}
+
+
+def test_a_loop_under_a_cadence_runs_once_in_its_period(tmp_path):
+    ctx = _context(tmp_path, GUARDED, ran={str(tmp_path / "train.py"): (10, 11, 12)})
+    found = {f.site.line: f for f in evaluate(ctx, only=[RULE])}
+    assert {line: f.evidence.every for line, f in found.items()} == GUARDED_EVERY
+    assert "every 4 steps" in found[18].message and "not timed" in found[24].message
+
+
+def test_a_period_named_by_a_variable_is_the_one_the_runs_watch_read_at_that_if(tmp_path):
+    from turbotrain.doctor.record.cadence import Cadence
+    from turbotrain.doctor.record.recording import Recording, Window
+    from turbotrain.doctor.record.watch import WatchedRun
+    from turbotrain.doctor.sites import Site
+
+    cadence = Cadence(Site(str(tmp_path / "train.py"), 23, "<module>"), every=7)
+    recording = Recording(window=Window(1, 3, 3, 0), steps=(), step_delimiter="optimizer.step()", events=(),
+                          loaders=(), optimizer_sites=(), module_sites=(), matmul_shapes=(), gap_samples=(),
+                          watched=WatchedRun(4, 30, 1.0, 0.01, (), (cadence,), "periods"))
+    ctx = _context(tmp_path, GUARDED, recording=recording)
+    assert next(f for f in evaluate(ctx, only=[RULE]) if f.site.line == 24).evidence.every == 7
+
+
+def test_a_loop_that_runs_every_n_steps_is_credited_an_nth_of_its_time(tmp_path):
+    import dataclasses
+
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(8, 8) for _ in range(6)])
+    capture = SimpleNamespace(module=model, args=(torch.randn(4, 8),), kwargs={})
+    ctx = _context(tmp_path, GUARDED, capture=capture)
+    ctx = ctx.replace(breakdown=dataclasses.replace(ctx.breakdown, seconds={"forward": 0.5}))
+    found = {f.site.line: f for f in evaluate(ctx, only=[RULE])}
+    measured = measure(ctx, found[18], Budget())
+    # the loop's seconds once in 4 steps of 0.5 s (loop_ms is rounded to 0.1 us)
+    assert measured.applies_to * 4 * 0.5 == pytest.approx(measured.what_if.loop_ms / 1e3, abs=5e-8)
+    assert "once every 4 steps" in measured.note
+    assert measure(ctx, found[24], Budget()) is None  # how often it runs is unknown
 
 
 def _rewritten(tmp_path, source: str, line: int) -> str:

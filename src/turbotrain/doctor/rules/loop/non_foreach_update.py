@@ -1,4 +1,4 @@
-"""`non-foreach-update`: a Python loop over a model's parameters that updates each tensor in place every step (an
+"""`non-foreach-update`: a Python loop over a model's parameters that updates each tensor in place in the steps (an
 EMA of the weights, a target network's soft update, an SGD step written by hand): one small kernel per tensor and
 op, where `torch._foreach_*` runs each op over the whole list in one call; the loop against the foreach calls timed
 on your model's parameters.
@@ -15,15 +15,17 @@ updates the loop's tensors: chains of in-place methods (``add_``, ``sub_``, ``mu
 ``copy_``, ``addcmul_``), augmented assignments (``+=``, ``-=``, ``*=``, ``/=``) or ``x.data = ...``, whose values
 are the loop's tensors (``p``, ``p.data``, ``p.grad``, ``p.detach()``), values that do not depend on them, and
 ``+``, ``-``, ``*``, ``/``, unary ``-`` and the methods ``add``, ``sub``, ``mul``, ``div``, ``lerp`` of those. It
-must run every step: inside the loop that calls ``backward()``/``step()``, in a function seen running during the
-steps, or caught running by the gap sampler.
+must run in the steps: inside the loop that calls ``backward()``/``step()``, in a function seen running during the
+steps, or caught running by the gap sampler. Under ``if step % N == 0:`` (in the training loop, or around the call of
+the function that holds it) it runs every N steps, and its gain counts once in N; where N is a name the run did not
+show, the loop is named but not timed.
 """
 
 from __future__ import annotations
 
 import ast
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator, cast
 
 import torch
 
@@ -56,6 +58,7 @@ _TORCH = "__torch__"  # where generated code names torch: the edit puts the file
 class UpdateEvidence(Evidence):
     iterable: str  # what the loop iterates, as written
     methods: tuple[str, ...]  # the in-place updates it makes, in order: "mul_", "add_", "copy_", ...
+    every: int | None = 1  # steps between its runs (``if step % N == 0:``); None: a period the run did not show
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -253,15 +256,110 @@ def _every_step(ctx: Context, index: SourceIndex, node: ast.For) -> bool | None:
     """True inside a loop that calls ``backward()``/``step()``; else whether its function was seen running."""
     parent = index.parents.get(node)
     while parent is not None and not isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef)):
-        if isinstance(parent, (ast.For, ast.While)) and any(
-            isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in _STEP_CALLS
-            for n in ast.walk(parent)
-        ):
+        if isinstance(parent, (ast.For, ast.While)) and _steps(parent):
             return True
         parent = index.parents.get(parent)
     if parent is None:
         return None  # module level, outside any training loop
     return ctx.function_ran(index.site(node))
+
+
+def _period_of(ctx: Context, index: SourceIndex, guard: ast.If) -> int | None:
+    """Steps between the runs of ``guard``'s body: the product of the ``counter % N == 0`` (or ``not counter % N``)
+    in its test, 1 without one (``!= 0`` runs most steps: 1 too); ``N`` a literal, a module-level constant or a
+    period the run's watch read at that line. None where a period is unknown or the test is any other use of ``%``."""
+    constants = {
+        t.id: n.value.value
+        for n in index.tree.body
+        if isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant) and type(n.value.value) is int
+        for t in n.targets
+        if isinstance(t, ast.Name)
+    }
+    watched = ctx.recording.watched if ctx.recording is not None else None
+    at_guard = (index.path, guard.lineno)
+    recorded = [c.every for c in (watched.cadences if watched else ()) if (c.site.file, c.site.line) == at_guard]
+
+    def every(mod: ast.BinOp) -> int | None:
+        right = mod.right
+        if isinstance(right, ast.Constant) and type(right.value) is int:
+            return right.value if right.value >= 1 else None
+        if isinstance(right, ast.Name) and right.id in constants:
+            return constants[right.id] if constants[right.id] >= 1 else None
+        return recorded[0] if recorded else None
+
+    def is_mod(node: ast.AST) -> bool:
+        return isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod)
+
+    period, read = 1, set()
+    for node in ast.walk(guard.test):
+        if isinstance(node, ast.Compare) and len(node.ops) == 1:
+            mods = [m for m in (node.left, *node.comparators) if is_mod(m)]
+            if mods and isinstance(node.ops[0], (ast.Eq, ast.NotEq)):
+                read.update(mods)
+                n = every(cast(ast.BinOp, mods[0]))
+                if n is None:
+                    return None
+                period *= n if isinstance(node.ops[0], ast.Eq) else 1
+        elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not) and is_mod(node.operand):
+            read.add(node.operand)
+            n = every(cast(ast.BinOp, node.operand))
+            if n is None:
+                return None
+            period *= n
+    if any(is_mod(n) and n not in read for n in ast.walk(guard.test)):
+        return None
+    return period
+
+
+def _guarded(ctx: Context, index: SourceIndex, node: ast.AST) -> int | None:
+    """Steps between runs of ``node`` in its loop or function: the periods of the ``if`` tests around it (only
+    where it sits in their body: an ``else`` runs the other steps)."""
+    period: int | None = 1
+    child, parent = node, index.parents.get(node)
+    while parent is not None and not isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        if isinstance(parent, ast.If) and child in parent.body:
+            every = _period_of(ctx, index, parent)
+            period = None if every is None or period is None else period * every
+        if isinstance(parent, (ast.For, ast.While)) and _steps(parent):
+            break
+        child, parent = parent, index.parents.get(parent)
+    return period
+
+
+def _steps(loop: ast.AST) -> bool:
+    return any(
+        isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in _STEP_CALLS
+        for n in ast.walk(loop)
+    )
+
+
+def _every(ctx: Context, index: SourceIndex, node: ast.For) -> int | None:
+    """Steps between the loop's runs: its own guards', times those around the calls of its function in the file's
+    stepping loops (the least of them: a call that runs every step makes it run every step)."""
+    own = _guarded(ctx, index, node)
+    function = index.enclosing_function(node)
+    name = getattr(function, "name", None)
+    calls = [
+        n
+        for n in ast.walk(index.tree)
+        if isinstance(n, ast.Call)
+        and dotted_name(n.func).split(".")[-1] == name
+        and index.enclosing_function(n) is not function
+        and any(isinstance(a, (ast.For, ast.While)) and _steps(a) for a in _ancestors(index, n))
+    ]
+    if own is None or not calls:
+        return own
+    periods = [_guarded(ctx, index, call) for call in calls]
+    if any(p is None for p in periods):
+        return None
+    return own * min(p for p in periods if p is not None)
+
+
+def _ancestors(index: SourceIndex, node: ast.AST) -> Iterator[ast.AST]:
+    parent = index.parents.get(node)
+    while parent is not None:
+        yield parent
+        parent = index.parents.get(parent)
 
 
 def _sampled(ctx: Context, index: SourceIndex, node: ast.For) -> bool:
@@ -286,6 +384,14 @@ def _findings(ctx: Context, sampled: bool) -> Iterator[Finding]:
             continue
         iterable = ast.unparse(loop.node.iter)
         methods = tuple(u.method for u in loop.updates)
+        every = _every(ctx, index, loop.node)
+        cadence = (
+            " It runs under an `if` whose period the run did not show: it is named, not timed."
+            if every is None
+            else f" It runs every {every} steps."
+            if every > 1
+            else ""
+        )
         f = Finding(
             "non-foreach-update",
             site=index.site(loop.node),
@@ -293,7 +399,8 @@ def _findings(ctx: Context, sampled: bool) -> Iterator[Finding]:
             category="data_loading" if sampled else None,
             message=(
                 f"This loop over {iterable} updates the tensors one at a time ({', '.join(sorted(set(methods)))}): "
-                "one small kernel, and its Python and dispatch cost, per tensor and op, every step."
+                "one small kernel, and its Python and dispatch cost, per tensor and op, each time it runs."
+                + cadence
                 + (" It runs before the next forward, so its time shows as data loading." if sampled else "")
             ),
             fix=Fix(
@@ -302,7 +409,7 @@ def _findings(ctx: Context, sampled: bool) -> Iterator[Finding]:
                 "torch.optim.swa_utils.AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(decay))",
                 lightning="the same foreach calls in the hook that runs the loop (on_train_batch_end)",
             ),
-            evidence=UpdateEvidence(iterable=iterable, methods=methods),
+            evidence=UpdateEvidence(iterable=iterable, methods=methods, every=every),
             request=OwnTrial(),
         )
         f.provisional("low")
@@ -370,7 +477,9 @@ def measure(ctx: Context, finding: Finding, budget: TimeLeft) -> Measured | None
     found = _loop_at(ctx, finding.site)
     if not params or found is None or not budget.allows(1.0):
         return None
-    loop = found[1]
+    loop, every = found[1], cast(UpdateEvidence, finding.evidence).every
+    if every is None:
+        return None  # how often it runs is unknown: a gain per step would be a guess
     per_tensor, foreach = (compile(code, "<non-foreach-update>", "exec") for code in _timed_code(loop))
     with torch.no_grad():
         scope = {"torch": torch, "_s": 1.0}  # 1.0 keeps the values' magnitudes (no denormals)
@@ -389,10 +498,10 @@ def measure(ctx: Context, finding: Finding, budget: TimeLeft) -> Measured | None
             tensors=len(params), rounds=ratios, loop_ms=round(loop_s * 1e3, 4), foreach_ms=round(foreach_s * 1e3, 4)
         ),
         verdict=judge(ratios, noise_floor=ctx.noise_floor),
-        applies_to=min(1.0, loop_s / ctx.step_s) if ctx.step_s > 0 else 0.0,
+        applies_to=min(1.0, loop_s / every / ctx.step_s) if ctx.step_s > 0 else 0.0,
         note=(
             f"Timed on your model's {len(params)} parameter tensors: {ms(loop_s)} one tensor at a time, "
-            f"{ms(foreach_s)} foreach."
+            f"{ms(foreach_s)} foreach" + (f", once every {every} steps." if every > 1 else ".")
         ),
     )
 
