@@ -27,11 +27,14 @@ test: $(STAMP)
 	# and each of the suite's hundreds of Python processes (doctor ranks, --verify runs, launchers) would compile
 	# turbotrain's sources again at start-up, about 0.25 s of CPU each. Python still reads bytecode that is there.
 	$(PY) -m compileall -q -j 0 src
-	# The tests that time real runs alone on one process, then the rest on $(TEST_WORKERS) (tests/conftest.py says
-	# which are which); both parts always run, and either failing fails the target.
-	$(PY) -m pytest -m 'exclusive and not gpu and not slow'; alone=$$?; \
+	# The tests that time real runs alone on one process; those whose runs need one core two at a time, each on a
+	# core of its own (no more of them than cores); then the rest on $(TEST_WORKERS) (tests/conftest.py says which
+	# are which). Every part always runs, and any failing fails the target.
+	$(PY) -m pytest -m 'exclusive and not one_core and not gpu and not slow'; alone=$$?; \
+	TURBOTRAIN_TEST_ONE_CORE=1 $(PY) -m pytest -m 'one_core and not gpu and not slow' --dist loadgroup \
+		-n $$(( $$(nproc) < $(TEST_WORKERS) ? $$(nproc) : $(TEST_WORKERS) )); one_core=$$?; \
 	$(PY) -m pytest -m 'not exclusive and not gpu and not slow' -n $(TEST_WORKERS) --dist loadgroup; shared=$$?; \
-	exit $$(( alone || shared ))
+	exit $$(( alone || one_core || shared ))
 
 # Lint and types (pyproject.toml [tool.ruff], [tool.mypy]); .ci/run runs it before the tests. A # noqa or
 # # type: ignore says why on its own line: a bare one (only codes after it) fails here.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -12,10 +13,23 @@ TESTS = Path(__file__).resolve().parent
 # late or a loader look slow, so they run alone (`make test` runs the `exclusive` tests first, on one process). A
 # doctor test file whose assertions read no time (the patch and the report, what torch.compile did, how a failing
 # script or a hostile folder is handled, the bytes a step holds, how processes are forked) says so itself with
-# `pytestmark = pytest.mark.reads_no_time`, and runs beside the others.
+# `pytestmark = pytest.mark.reads_no_time`, and runs beside the others. One whose runs need one core only (the script
+# in the test's own process on one intra-op thread, no DataLoader workers and no ranks: its trials' processes, if any,
+# run one at a time) says `pytest.mark.one_core`: `make test` runs those two at a time, each pytest-xdist worker on a
+# core of its own (TURBOTRAIN_TEST_ONE_CORE=1), where the doctor sees a one-core machine with no neighbour, since it
+# reads the load of the cores it may run on only (hardware.sample_load).
+ONE_CORE_ENV = "TURBOTRAIN_TEST_ONE_CORE"
 
 # Folders whose session-scoped fixtures are expensive (a two-rank launch, nginx): one worker runs the whole folder.
 ONE_WORKER_FOLDERS = frozenset({"launch", "data"})
+
+
+def pytest_configure(config):
+    """In `make test`'s one-core part, each pytest-xdist worker (and all it starts) keeps to one core of its own."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if os.environ.get(ONE_CORE_ENV) == "1" and worker is not None:
+        cores = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cores[int(worker.removeprefix("gw")) % len(cores)]})
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects: the marks added here are selected on
@@ -23,7 +37,8 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         path = Path(item.path)
         folder = path.parent.relative_to(TESTS) if path.is_relative_to(TESTS) else None
-        if folder == Path("doctor") and item.get_closest_marker("reads_no_time") is None:
+        doctor_timing = folder == Path("doctor") and item.get_closest_marker("reads_no_time") is None
+        if doctor_timing or item.get_closest_marker("one_core") is not None:
             item.add_marker(pytest.mark.exclusive)
         # pytest-xdist (--dist loadgroup): a file's module-scoped fixtures are made once, on one worker (unless its
         # tests say otherwise, with a group of their own).

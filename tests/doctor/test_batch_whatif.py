@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import statistics
 
+import pytest
+
 from doctor_helpers import run_doctor
 
 from turbotrain.doctor.results import BatchResult
+
+pytestmark = pytest.mark.one_core  # one process, one thread: run beside one other such test (tests/conftest.py)
 
 
 def test_a_larger_batch_is_not_credited_with_loading_that_costs_per_sample():

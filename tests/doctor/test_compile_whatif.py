@@ -11,6 +11,8 @@ import pytest
 
 from doctor_helpers import run_doctor
 
+pytestmark = pytest.mark.one_core  # one process, one thread: run beside one other such test (tests/conftest.py)
+
 
 @pytest.mark.skipif(not (shutil.which("g++") or shutil.which("c++")),
                     reason="torch.compile on CPU needs a C++ compiler")

@@ -52,8 +52,16 @@ CORPUS = {
     "compile_loss_eager": ({"compile-loss-eager"}, None, set()),
 }
 
+# The scripts whose what-ifs time DataLoader workers, which need cores of their own, run alone; the others on one
+# core beside one other such test (tests/conftest.py), each script's tests in one lane, where its report is cached.
+NEEDS_CORES = {name for name, (rules, _, _) in CORPUS.items() if "num-workers" in rules}
 
-@pytest.mark.parametrize("name", sorted(CORPUS))
+
+def _in_its_lane(names) -> list:
+    return [pytest.param(n, marks=() if n in NEEDS_CORES else pytest.mark.one_core) for n in sorted(names)]
+
+
+@pytest.mark.parametrize("name", _in_its_lane(CORPUS))
 def test_doctor_names_the_known_problem(name):
     if name.startswith("lightning"):
         pytest.importorskip("lightning", reason="lightning is in the test extra: pip install -e '.[test]'")
@@ -69,7 +77,7 @@ def test_doctor_names_the_known_problem(name):
         assert best >= SEVERITY["medium"], f"{name}: {rule} rated too low: {report.to_dict()['findings']}"
 
 
-@pytest.mark.parametrize("name", sorted(n for n in CORPUS if marked_lines(n)))
+@pytest.mark.parametrize("name", _in_its_lane(n for n in CORPUS if marked_lines(n)))
 def test_findings_point_at_the_users_line(name):
     if name.startswith("lightning"):
         pytest.importorskip("lightning", reason="lightning is in the test extra: pip install -e '.[test]'")
@@ -80,6 +88,7 @@ def test_findings_point_at_the_users_line(name):
         assert f"{name}.py:{line}" in wheres, f"{rule} should point at {name}.py:{line}; got {wheres}"
 
 
+@pytest.mark.one_core
 def test_gpu_only_rules_stay_low_on_cpu():
     report = cached_report("gpu_habits")
     gpu_only = {"pin-memory", "non-blocking", "tensor-created-off-device", "empty-cache-in-loop",
@@ -141,6 +150,7 @@ def test_measured_findings_carry_their_trial():
     assert finding.fix.plan == {"num_workers": finding.what_if.best_num_workers}
 
 
+@pytest.mark.one_core
 def test_syncs_are_counted_per_step_at_each_line():
     report = cached_report("item_per_step")
     by_line = {row.where: row for row in report.syncs}

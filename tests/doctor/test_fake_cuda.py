@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from turbotrain.doctor.analysis.context import build_context
 from turbotrain.doctor.record.recorder import Recorder
 from turbotrain.doctor.record.tallies import Tally
@@ -17,6 +19,8 @@ from turbotrain.doctor.sites import Site
 from turbotrain.hardware import detect
 
 from doctor_helpers import script
+
+pytestmark = pytest.mark.one_core  # one process, one thread: run beside one other such test (tests/conftest.py)
 
 
 def fake_cuda(gpus: int = 1):

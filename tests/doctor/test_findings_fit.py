@@ -27,6 +27,8 @@ from turbotrain.doctor.report.html import render_html
 from turbotrain.doctor.report.terminal import chosen_fix, print_report
 from turbotrain.doctor.sites import is_user_file
 
+pytestmark = pytest.mark.one_core  # one process, one thread: run beside one other such test (tests/conftest.py)
+
 
 def _terminal(report, width: int = 100) -> str:
     buf = io.StringIO()

@@ -22,6 +22,8 @@ from turbotrain.doctor.rules import evaluate
 from turbotrain.doctor.sites import Site
 from turbotrain.hardware import detect
 
+pytestmark = pytest.mark.one_core  # one process, one thread: run beside one other such test (tests/conftest.py)
+
 MIB = 2**20
 
 

@@ -7,6 +7,8 @@ import pytest
 
 from doctor_helpers import cached_report, marked_lines, run_doctor
 
+pytestmark = pytest.mark.one_core  # one process, one thread: run beside one other such test (tests/conftest.py)
+
 
 def test_manual_sgd_without_an_optimizer_is_measured_by_its_backward():
     report = cached_report("rnn_lm_manual_sgd")

@@ -25,6 +25,8 @@ from turbotrain.doctor.record.runner import ScriptRun
 from turbotrain.doctor.sites import Site
 from fakes import FakeClock, FakeOptimizer
 
+pytestmark = pytest.mark.one_core  # one process, one thread: run beside one other such test (tests/conftest.py)
+
 
 # -- the clock -------------------------------------------------------------------------------------
 

@@ -20,6 +20,8 @@ from turbotrain.doctor.record.steps import Stop
 from turbotrain.doctor.sites import Site
 from fakes import FakeClock, FakeOptimizer
 
+pytestmark = pytest.mark.one_core  # one process, one thread: run beside one other such test (tests/conftest.py)
+
 SEVERITY = {"low": 0, "medium": 1, "high": 2}
 
 
