@@ -7,10 +7,10 @@ import sys
 
 import pytest
 
-from conftest import ONE_CORE_ENV
 from turbotrain.hardware import sample_load
 
 pytestmark = pytest.mark.one_core
+ONE_CORE_ENV = "TURBOTRAIN_TEST_ONE_CORE"  # what `make test` sets for its one-core part (tests/conftest.py)
 
 
 @pytest.mark.skipif(os.environ.get(ONE_CORE_ENV) != "1" or "PYTEST_XDIST_WORKER" not in os.environ,
