@@ -147,6 +147,16 @@ def test_a_loop_under_a_cadence_runs_once_in_its_period(tmp_path):
     assert "every 4 steps" in found[18].message and "not timed" in found[24].message
 
 
+def test_a_function_called_every_step_somewhere_runs_every_step(tmp_path):
+    def every(source: str) -> int | None:
+        ctx = _context(tmp_path, source, ran={str(tmp_path / "train.py"): (10, 11, 12)})
+        return next(f for f in evaluate(ctx, only=[RULE]) if f.site.line == 11).evidence.every
+
+    unknown = GUARDED + "    if step % args.every == 0:\n        update_ema()\n"
+    assert every(unknown) is None  # called every 3 steps and at a period nothing shows
+    assert every(unknown + "    update_ema()\n") == 1  # and also every step
+
+
 def test_a_period_named_by_a_variable_is_the_one_the_runs_watch_read_at_that_if(tmp_path):
     from turbotrain.doctor.record.cadence import Cadence
     from turbotrain.doctor.record.recording import Recording, Window

@@ -350,9 +350,10 @@ def _every(ctx: Context, index: SourceIndex, node: ast.For) -> int | None:
     if own is None or not calls:
         return own
     periods = [_guarded(ctx, index, call) for call in calls]
-    if any(p is None for p in periods):
-        return None
-    return own * min(p for p in periods if p is not None)
+    known = [p for p in periods if p is not None]
+    if 1 not in known and len(known) < len(periods):
+        return None  # no call runs every step, and one's period is unknown
+    return own * min(known)
 
 
 def _ancestors(index: SourceIndex, node: ast.AST) -> Iterator[ast.AST]:
