@@ -304,3 +304,77 @@ def test_the_corpus_script_is_found_timed_patched_and_verified(tmp_path):
     assert "torch._foreach_mul_(" in patched.read_text()
     assert not evaluate(_context(tmp_path, patched.read_text()), only=[RULE])  # the rule no longer fires
     assert by_id(RULE).card.edit is not None
+
+
+# A target network's soft update over state dicts, as the PyTorch DQN tutorial writes it (and two other spellings).
+STATE_DICT_LOOPS = {
+    "keys": ("for key in p_sd:\n    t_sd[key] = p_sd[key] * decay + t_sd[key] * (1 - decay)",
+             "torch._foreach_copy_([t_sd[key] for key in keys], torch._foreach_add(torch._foreach_mul("
+             "[p_sd[key] for key in keys], decay), torch._foreach_mul([t_sd[key] for key in keys], 1 - decay)))"),
+    "dot-keys": ("for key in p_sd.keys():\n    t_sd[key] = t_sd[key].mul(decay).add(p_sd[key], alpha=1 - decay)",
+                 "torch._foreach_copy_([t_sd[key] for key in keys], torch._foreach_add(torch._foreach_mul("),
+    "items": ("for key, value in p_sd.items():\n    t_sd[key] = decay * t_sd[key] + (1 - decay) * value",
+              "[value for key, value in items]"),
+}
+STATE_DICT_TRAIN = """\
+import torch
+
+
+def train(model, target, decay, steps):
+    for _ in range(steps):
+        model(torch.ones(3, 4)).sum().backward()
+        t_sd = target.state_dict()
+        p_sd = model.state_dict()
+{loop}
+        target.load_state_dict(t_sd)
+"""
+
+
+@pytest.mark.parametrize("name", sorted(STATE_DICT_LOOPS))
+def test_a_soft_update_over_state_dicts_is_named_and_rewritten_bitwise(tmp_path, name):
+    loop, expected = STATE_DICT_LOOPS[name]
+    source = STATE_DICT_TRAIN.format(loop=textwrap.indent(loop, " " * 8))
+    [found] = evaluate(_context(tmp_path, source), only=[RULE])
+    assert found.site.line == 9 and "makes each state-dict tensor anew" in found.message, found.message
+    new = _rewritten(tmp_path, source, line=9)
+    assert expected in new and "target.load_state_dict(t_sd)" in new and " in p_sd" not in new
+
+    def run(text: str) -> list[torch.Tensor]:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Linear(8, 2))
+        target = copy.deepcopy(model)
+        namespace: dict = {}
+        exec(compile(text, "train.py", "exec"), namespace)  # noqa: S102 - the test's own source and its rewrite
+        for _ in range(3):
+            model.zero_grad()
+            namespace["train"](model, target, 0.9, 1)
+        return [t.clone() for t in (*model.state_dict().values(), *target.state_dict().values())]
+
+    assert all(torch.equal(a, b) for a, b in zip(run(source), run(new)))
+
+
+@pytest.mark.parametrize("loop", [
+    "for key in p_sd:\n    t_sd[key] = p_sd[key] * decay\n    print(key)",  # does something else too
+    "for key in other:\n    t_sd[key] = p_sd[key] * decay",  # walks a dict that is no state dict
+    "for key in p_sd.values():\n    t_sd[key] = p_sd[key] * decay",  # walks its tensors, not its keys
+    "for key in p_sd:\n    t_sd[key] = torch.zeros(3)",  # a value from nothing of the loop's
+])
+def test_a_state_dict_loop_that_does_anything_else_is_not_named(tmp_path, loop):
+    source = STATE_DICT_TRAIN.format(loop=textwrap.indent(loop, " " * 8)).replace(
+        "import torch\n", "import torch\nother = {}\n")
+    assert evaluate(_context(tmp_path, source), only=[RULE]) == []
+
+
+def test_a_state_dict_loop_is_timed_on_the_models_state_dict(tmp_path):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8), nn.Linear(8, 8))
+    before = [t.clone() for t in model.state_dict().values()]
+    capture = SimpleNamespace(module=model, args=(torch.randn(4, 8),), kwargs={})
+    source = STATE_DICT_TRAIN.format(loop=textwrap.indent(STATE_DICT_LOOPS["keys"][0], " " * 8))
+    ctx = _context(tmp_path, source, capture=capture)
+    [finding] = evaluate(ctx, only=[RULE])
+    measured = measure(ctx, finding, Budget())
+    # 6 parameters and BatchNorm's running mean, running variance and its int64 count of batches
+    assert measured.what_if.tensors == 9 and "9 state-dict tensors" in measured.note
+    assert measured.what_if.loop_ms > 0 and measured.what_if.foreach_ms > 0
+    assert all(torch.equal(a, b) for a, b in zip(before, model.state_dict().values()))  # timed on copies

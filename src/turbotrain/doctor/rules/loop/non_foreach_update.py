@@ -7,23 +7,27 @@ Reads: source + run.
 Edit: the loop replaced by one `torch._foreach_*` call per op over lists of the same tensors
 (`e.mul_(d).add_(p, alpha=1 - d)` becomes `torch._foreach_mul_(...)` then `torch._foreach_add_(..., alpha=1 - d)`;
 `t.data.copy_(tau * p.data + (1 - tau) * t.data)` becomes `torch._foreach_copy_(...,
-torch._foreach_add(torch._foreach_mul(..., tau), torch._foreach_mul(..., 1 - tau)))`): the same ops on the same
-tensors, bitwise on a CPU; by hand where the loop does anything else.
+torch._foreach_add(torch._foreach_mul(..., tau), torch._foreach_mul(..., 1 - tau)))`; over a state dict,
+`t_sd[key] = p_sd[key] * tau + ...` becomes `keys = list(p_sd)` and `torch._foreach_copy_([t_sd[key] for key in keys],
+...)`): the same ops on the same tensors, bitwise on a CPU; by hand where the loop does anything else.
 
 A loop counts when it iterates ``X.parameters()`` (or ``zip`` of several, or ``list`` of it) and its body only
-updates the loop's tensors: chains of in-place methods (``add_``, ``sub_``, ``mul_``, ``div_``, ``lerp_``,
-``copy_``, ``addcmul_``), augmented assignments (``+=``, ``-=``, ``*=``, ``/=``) or ``x.data = ...``, whose values
-are the loop's tensors (``p``, ``p.data``, ``p.grad``, ``p.detach()``), values that do not depend on them, and
-``+``, ``-``, ``*``, ``/``, unary ``-`` and the methods ``add``, ``sub``, ``mul``, ``div``, ``lerp`` of those. It
-must run in the steps: inside the loop that calls ``backward()``/``step()``, in a function seen running during the
-steps, or caught running by the gap sampler. Under ``if step % N == 0:`` (in the training loop, or around the call of
-the function that holds it) it runs every N steps, and its gain counts once in N; where N is a name the run did not
-show, the loop is named but not timed.
+updates the loop's tensors, or when it iterates the keys (or items) of a dict the file binds to ``X.state_dict()``
+and its body only sets ``sd[key] = <value>`` for such dicts (a target network's soft update; the state dict's
+tensors share storage with X's, so copying in place is what ``load_state_dict`` then does): chains of in-place
+methods (``add_``, ``sub_``, ``mul_``, ``div_``, ``lerp_``, ``copy_``, ``addcmul_``), augmented assignments (``+=``,
+``-=``, ``*=``, ``/=``) or ``x.data = ...``, whose values are the loop's tensors (``p``, ``p.data``, ``p.grad``,
+``p.detach()``, ``sd[key]``), values that do not depend on them, and ``+``, ``-``, ``*``, ``/``, unary ``-`` and the
+methods ``add``, ``sub``, ``mul``, ``div``, ``lerp`` of those. It must run in the steps: inside the loop that calls
+``backward()``/``step()``, in a function seen running during the steps, or caught running by the gap sampler. Under
+``if step % N == 0:`` (in the training loop, or around the call of the function that holds it) it runs every N
+steps, and its gain counts once in N; where N is a name the run did not show, the loop is named but not timed.
 """
 
 from __future__ import annotations
 
 import ast
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator, cast
 
@@ -96,14 +100,25 @@ class _Update:
 
 @dataclass(frozen=True)
 class _Loop:
-    """A loop over parameters whose body is only in-place updates of its tensors."""
+    """A loop over parameters whose body is only in-place updates of its tensors; or over a state dict's keys whose
+    body only gives each key of the state dicts ``dicts`` a value made from theirs."""
 
     node: ast.For
     names: tuple[str, ...]
     updates: tuple[_Update, ...]
+    dicts: tuple[str, ...] = ()
 
     def is_ref(self, node: ast.expr) -> bool:
-        """``p``, ``p.data``, ``p.grad``, ``p.detach()`` and their like: a loop tensor, or one it holds."""
+        """``p``, ``p.data``, ``p.grad``, ``p.detach()`` and their like: a loop tensor, or one it holds; ``sd[key]``
+        for a state dict of the loop's."""
+        if (
+            isinstance(node, ast.Subscript)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in self.dicts
+            and isinstance(node.slice, ast.Name)
+            and node.slice.id in self.names
+        ):
+            return True
         while True:
             if isinstance(node, ast.Attribute) and node.attr in ("data", "grad"):
                 node = node.value
@@ -168,6 +183,32 @@ def _parameter_lists(node: ast.expr) -> int:
     return 0
 
 
+def _state_dicts(index: SourceIndex) -> frozenset[str]:
+    """The names the file binds to ``X.state_dict()``: dicts whose tensors share storage with X's."""
+    return frozenset(
+        t.id
+        for n in ast.walk(index.tree)
+        if isinstance(n, ast.Assign)
+        and isinstance(n.value, ast.Call)
+        and isinstance(n.value.func, ast.Attribute)
+        and n.value.func.attr == "state_dict"
+        for t in n.targets
+        if isinstance(t, ast.Name)
+    )
+
+
+def _iterated_dict(node: ast.For, dicts: frozenset[str]) -> str | None:
+    """The state dict ``for key in sd`` (or ``sd.keys()``, or ``for key, value in sd.items()``) walks."""
+    it, pair = node.iter, isinstance(node.target, ast.Tuple) and len(node.target.elts) == 2
+    if isinstance(it, ast.Call) and isinstance(it.func, ast.Attribute) and not (it.args or it.keywords):
+        if it.func.attr != ("items" if pair else "keys"):
+            return None
+        it = it.func.value
+    elif pair:
+        return None
+    return it.id if isinstance(it, ast.Name) and it.id in dicts else None
+
+
 def _chain(loop: _Loop, node: ast.expr) -> list[_Update] | None:
     """``x.m1_(...).m2_(...)`` on a loop tensor: its updates in order, or None when it is anything else."""
     if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _IN_PLACE):
@@ -189,25 +230,39 @@ def _statement(loop: _Loop, statement: ast.stmt) -> list[_Update] | None:
         fits = loop.is_ref(target) and (loop.is_tensor(value) or loop.is_scalar(value))
         return [_Update(target, _BINARY[type(statement.op)] + "_", (value,))] if fits else None
     if isinstance(statement, ast.Assign) and len(statement.targets) == 1:
-        data = statement.targets[0]  # x.data = <value>: its values written over the tensor's
-        fits = isinstance(data, ast.Attribute) and data.attr == "data" and loop.is_ref(data)
+        # x.data = <value>: its values written over the tensor's; sd[key] = <value>: a state dict's entry, which
+        # load_state_dict later copies into the tensor (copying it in place is the same)
+        data = statement.targets[0]
+        fits = (isinstance(data, ast.Attribute) and data.attr == "data") or isinstance(data, ast.Subscript)
+        fits = fits and loop.is_ref(data)
         return [_Update(data, "copy_", (statement.value,))] if fits and loop.is_tensor(statement.value) else None
     return None
 
 
-def read_loop(node: ast.For) -> _Loop | None:
-    """The loop over parameters ``node`` is, when its body only updates the loop's tensors in place."""
+def read_loop(node: ast.For, state_dicts: frozenset[str] = frozenset()) -> _Loop | None:
+    """The loop over parameters ``node`` is, when its body only updates the loop's tensors in place; or the loop
+    over the keys of one of ``state_dicts`` whose body only sets keys of them to values made from theirs."""
     names = _names(node)
-    if names is None or _parameter_lists(node.iter) != len(names) or node.orelse:
+    if names is None or node.orelse:
         return None
-    loop = _Loop(node, names, ())
+    walked = _iterated_dict(node, state_dicts)
+    if walked is not None:
+        return _body(_Loop(node, names, (), dicts=tuple(sorted(state_dicts))))
+    if _parameter_lists(node.iter) != len(names):
+        return None
+    return _body(_Loop(node, names, ()))
+
+
+def _body(loop: _Loop) -> _Loop | None:
+    """``loop`` with the updates its body makes, when that is all it does."""
+    node = loop.node
     updates: list[_Update] = []
     for statement in node.body:
         found = _statement(loop, statement)
         if not found:
             return None
         updates += found
-    return _Loop(node, names, tuple(updates))
+    return dataclasses.replace(loop, updates=tuple(updates))
 
 
 # -- writing it as foreach calls -------------------------------------------------------------------------------------
@@ -241,9 +296,10 @@ def foreach_statements(loop: _Loop, each: Callable[[ast.expr], str], scalar: Cal
     return [f"{_TORCH}._foreach_{u.method}({call_arguments(u.target, u.args, u.keywords)})" for u in loop.updates]
 
 
-def _list_name(index: SourceIndex, lists: int) -> str:
+def _list_name(index: SourceIndex, loop: _Loop) -> str:
     taken = {n.id for n in ast.walk(index.tree) if isinstance(n, ast.Name)}
-    for name in ("pairs", "foreach_pairs") if lists > 1 else ("params", "foreach_params"):
+    stem = ("items" if len(loop.names) > 1 else "keys") if loop.dicts else "pairs" if len(loop.names) > 1 else "params"
+    for name in (stem, f"foreach_{stem}"):
         if name not in taken:
             return name
     raise ByHand("the names the foreach lists would take are in use in the file; write the foreach calls by hand")
@@ -372,9 +428,10 @@ def _sampled(ctx: Context, index: SourceIndex, node: ast.For) -> bool:
 
 def _loops(ctx: Context) -> Iterator[tuple[SourceIndex, _Loop]]:
     for index in sources(ctx):
+        state_dicts = _state_dicts(index)
         for node in ast.walk(index.tree):
             if isinstance(node, ast.For):
-                loop = read_loop(node)
+                loop = read_loop(node, state_dicts)
                 if loop is not None:
                     yield index, loop
 
@@ -386,6 +443,11 @@ def _findings(ctx: Context, sampled: bool) -> Iterator[Finding]:
         iterable = ast.unparse(loop.node.iter)
         methods = tuple(u.method for u in loop.updates)
         every = _every(ctx, index, loop.node)
+        how = (
+            "makes each state-dict tensor anew, one key at a time (load_state_dict then copies them in)"
+            if loop.dicts
+            else f"updates the tensors one at a time ({', '.join(sorted(set(methods)))})"
+        )
         cadence = (
             " It runs under an `if` whose period the run did not show: it is named, not timed."
             if every is None
@@ -399,8 +461,8 @@ def _findings(ctx: Context, sampled: bool) -> Iterator[Finding]:
             # Run between optimizer.step() and the next forward, its time is the data-loading phase's.
             category="data_loading" if sampled else None,
             message=(
-                f"This loop over {iterable} updates the tensors one at a time ({', '.join(sorted(set(methods)))}): "
-                "one small kernel, and its Python and dispatch cost, per tensor and op, each time it runs."
+                f"This loop over {iterable} {how}: one small kernel, and its Python and dispatch cost, per tensor "
+                "and op, each time it runs."
                 + cadence
                 + (" It runs before the next forward, so its time shows as data loading." if sampled else "")
             ),
@@ -439,13 +501,15 @@ def _loop_at(ctx: Context, site: Site | None) -> tuple[SourceIndex, _Loop] | Non
 
 class _StandIns(ast.NodeTransformer):
     """The loop as the timing runs it: over ``_l0, _l1, ...`` (copies of the model's parameters, which have no
-    ``.grad``: a gradient is timed as a tensor of the same shape), each value that does not depend on the loop's
-    tensors ``_s``."""
+    ``.grad``: a gradient is timed as a tensor of the same shape) or state dicts ``_d0, _d1, ...`` (copies of the
+    model's), each value that does not depend on the loop's tensors ``_s``."""
 
     def __init__(self, loop: _Loop) -> None:
         self.loop = loop
 
     def visit(self, node: ast.AST) -> Any:
+        if isinstance(node, ast.Name) and node.id in self.loop.dicts:
+            return ast.Name(f"_d{self.loop.dicts.index(node.id)}", ast.Load())
         if isinstance(node, ast.expr) and self.loop.is_scalar(node):
             return ast.Name("_s", ast.Load())
         if isinstance(node, ast.Attribute) and node.attr == "grad":
@@ -457,6 +521,12 @@ def _timed_code(loop: _Loop) -> tuple[str, str]:
     """(the loop, its foreach calls) over the stand-ins, as code to run."""
     lists = ", ".join(f"_l{i}" for i in range(len(loop.names)))
     iterable = f"zip({lists})" if len(loop.names) > 1 else "_l0"
+    if loop.dicts:  # the state dict's own keys (or items), as the loop walks them
+        walked = ast.parse(ast.unparse(loop.node.iter), mode="eval").body
+        for name in ast.walk(walked):
+            if isinstance(name, ast.Name) and name.id in loop.dicts:
+                name.id = f"_d{loop.dicts.index(name.id)}"
+        iterable = ast.unparse(walked)
     target = ", ".join(loop.names)
     body = "\n".join(
         f"    {ast.unparse(_StandIns(loop).visit(ast.parse(ast.unparse(s)).body[0]))}" for s in loop.node.body
@@ -476,15 +546,21 @@ def measure(ctx: Context, finding: Finding, budget: TimeLeft) -> Measured | None
     model = ctx.capture.module if ctx.capture is not None else None
     params = list(model.parameters()) if model is not None else []
     found = _loop_at(ctx, finding.site)
-    if not params or found is None or not budget.allows(1.0):
+    if model is None or not params or found is None or not budget.allows(1.0):
         return None
     loop, every = found[1], cast(UpdateEvidence, finding.evidence).every
     if every is None:
         return None  # how often it runs is unknown: a gain per step would be a guess
     per_tensor, foreach = (compile(code, "<non-foreach-update>", "exec") for code in _timed_code(loop))
     with torch.no_grad():
-        scope = {"torch": torch, "_s": 1.0}  # 1.0 keeps the values' magnitudes (no denormals)
-        scope.update({f"_l{i}": [p.detach().clone() for p in params] for i in range(len(loop.names))})
+        scope: dict[str, Any] = {"torch": torch, "_s": 1.0}  # 1.0 keeps the values' magnitudes (no denormals)
+        if loop.dicts:
+            state = model.state_dict()
+            scope.update({f"_d{i}": {k: v.clone() for k, v in state.items()} for i in range(len(loop.dicts))})
+            tensors, what = len(state), "state-dict tensors"
+        else:
+            scope.update({f"_l{i}": [p.detach().clone() for p in params] for i in range(len(loop.names))})
+            tensors, what = len(params), "parameter tensors"
         exec(per_tensor, scope)  # noqa: S102 - the user's loop, its values replaced by stand-ins, on copies
         exec(foreach, scope)  # noqa: S102 - the foreach calls the edit would write, on the same copies
 
@@ -496,12 +572,12 @@ def measure(ctx: Context, finding: Finding, budget: TimeLeft) -> Measured | None
     loop_s, foreach_s = min(p[0] for p in pairs), min(p[1] for p in pairs)
     return Measured(
         what_if=ForeachResult(
-            tensors=len(params), rounds=ratios, loop_ms=round(loop_s * 1e3, 4), foreach_ms=round(foreach_s * 1e3, 4)
+            tensors=tensors, rounds=ratios, loop_ms=round(loop_s * 1e3, 4), foreach_ms=round(foreach_s * 1e3, 4)
         ),
         verdict=judge(ratios, noise_floor=ctx.noise_floor),
         applies_to=min(1.0, loop_s / every / ctx.step_s) if ctx.step_s > 0 else 0.0,
         note=(
-            f"Timed on your model's {len(params)} parameter tensors: {ms(loop_s)} one tensor at a time, "
+            f"Timed on your model's {tensors} {what}: {ms(loop_s)} one tensor at a time, "
             f"{ms(foreach_s)} foreach" + (f", once every {every} steps." if every > 1 else ".")
         ),
     )
@@ -515,7 +591,7 @@ def edit(ctx: Context, f: Finding) -> EditSpec:
     if found is None:
         raise ByHand(f"no loop over parameters at {ctx.where(f.site)} (the line changed since the run?)")
     index, loop = found
-    listed = _list_name(index, len(loop.names))
+    listed = _list_name(index, loop)
     target = ", ".join(loop.names)  # ast.unparse would write a tuple target in parentheses
     iterable = ast.unparse(loop.node.iter)
     statements = [f"{listed} = list({iterable})"]
