@@ -467,3 +467,58 @@ def test_the_loss_is_compiled_as_the_call_that_compiled_its_model(tmp_path):
     ctx.sources = load_sources([str(script)])
     with pytest.raises(ByHand, match="train.py:2, .*train.py:3"):
         edit(ctx, f)
+
+
+BRANCHES = {  # the branch as written -> the one torch.where it says (None: no such statement)
+    "if h.sum() > 0:\n    h = h * 2": "h = torch.where(h.sum() > 0, h * 2, h)",
+    "if h.sum() > 0:\n    h = h * 2\nelse:\n    h = -h": "h = torch.where(h.sum() > 0, h * 2, -h)",
+    "if h.sum() > 0:\n    return h * 2\nelse:\n    return h": "return torch.where(h.sum() > 0, h * 2, h)",
+    "if h.sum() > 0:\n    h = h * 2\nelse:\n    g = -h": None,  # two names
+    "if h.sum() > 0:\n    h = h * 2\n    h = h + 1": None,  # two statements
+    "if h.sum() > 0:\n    return h * 2": None,  # the other side falls through
+}
+
+
+@pytest.mark.parametrize("branch", sorted(BRANCHES))
+def test_a_branch_that_sets_one_name_or_returns_on_both_sides_is_one_torch_where(branch):
+    import ast
+
+    from turbotrain.doctor.rules.compile._branch_where import where_form
+
+    form = where_form(ast.parse(branch).body[0])
+    assert (form.statement() if form else None) == BRANCHES[branch]
+    if form is not None and form.target == "h":  # a module that does not name torch: the tensor's own method
+        assert form.statement(None) == f"h = ({form.taken}).where({form.test}, {form.other})"
+
+
+class _Branching(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = self.linear(x)
+        if h.sum() > 0:
+            h = h * 2
+        return h
+
+
+def test_the_branch_is_rewritten_on_each_instance_of_a_copy_and_computes_the_same(tmp_path):
+    import copy
+    import inspect
+
+    from turbotrain.doctor.analysis.source import SourceIndex
+    from turbotrain.doctor.rules.compile._branch_where import branch_at, where_form, with_where
+
+    lines, first = inspect.getsourcelines(_Branching.forward)
+    line = first + next(i for i, text in enumerate(lines) if "if h.sum()" in text)
+    form = where_form(branch_at(SourceIndex.parse(__file__), line))
+    model = torch.nn.Sequential(_Branching(), _Branching())
+    rewritten = with_where(copy.deepcopy(model), Site(__file__, line), form)
+    assert all("forward" in vars(m) for m in rewritten) and not any("forward" in vars(m) for m in model)
+    assert _Branching.forward.__code__.co_firstlineno == first  # the class keeps its own method
+    for sign in (1.0, -1.0):  # each side of the branch taken
+        x = sign * torch.ones(3, 4) * 10
+        assert torch.equal(model(x), rewritten(x))
+    compiled = torch.compile(rewritten, backend="eager", fullgraph=True)  # no break left
+    assert torch.equal(compiled(torch.ones(3, 4)), model(torch.ones(3, 4)))

@@ -164,6 +164,23 @@ def test_a_print_in_the_compiled_forward_is_timed_with_the_prints_taken_out():
     assert "print a no-op" in finding.note
 
 
+def test_a_branch_on_a_tensor_in_the_compiled_forward_is_timed_as_torch_where():
+    """compile_branch_in_forward.py branches in Python on a tensor's value in each block: a graph break at that
+    line, timed as the model compiled as it is against a copy whose blocks compute the branch as one torch.where."""
+    from doctor_helpers import cached_report, marked_lines
+    from turbotrain.doctor.results import CompileResult
+
+    report = cached_report("compile_branch_in_forward")
+    finding = next(f for f in report.findings if f.rule == "compile-graph-break")
+    ((_, line),) = marked_lines("compile_branch_in_forward")
+    assert finding.site.line == line and finding.evidence.kind == "data-dependent-branch"
+    assert finding.evidence.where == "h = torch.where(h.abs().amax() > 1.0, h / 2, h)"
+    what_if = finding.what_if
+    assert finding.measured and isinstance(what_if, CompileResult), finding.note
+    assert what_if.candidate == "compiled with the branch as torch.where" and len(what_if.rounds) >= 2
+    assert what_if.baseline_ms > 0 and what_if.candidate_ms > 0
+
+
 @pytest.mark.skipif(not (shutil.which("g++") or shutil.which("c++")),
                     reason="torch.compile on CPU needs a C++ compiler")
 def test_max_autotune_is_timed_against_the_default_mode_at_the_compile_line():

@@ -48,6 +48,7 @@ CORPUS = {
     "compile_new_shapes": ({"compile-recompile", "compile-pays-back"}, None, set()),
     "compile_recompile_limit": ({"compile-recompile", "compile-pays-back"}, None, set()),
     "compile_print_in_forward": ({"compile-graph-break", "compile-pays-back"}, None, set()),
+    "compile_branch_in_forward": ({"compile-graph-break", "compile-pays-back"}, None, set()),
     "compile_repeated_blocks": ({"compile-regional", "compile-pays-back"}, None, set()),
     "compile_loss_eager": ({"compile-loss-eager"}, None, set()),
 }

@@ -4,7 +4,9 @@ compiles met it, the fix by kind (`.item()`, a branch on a tensor, print/logging
 torch's or a package's code the line runs, e.g. DDP's under `torch.compile(DistributedDataParallel(model))`, said as
 that code's with the function it broke in, one finding a line; a break in a loop that ran the whole function
 eagerly); `.item()` breaks timed: compiled as is against `capture_scalar_outputs=True`; `print` breaks timed:
-compiled as is (its prints written nowhere) against `print` a no-op that torch traces.
+compiled as is (its prints written nowhere) against `print` a no-op that torch traces; a branch on a tensor that says
+one `torch.where` (each side sets one name, or each returns) timed: compiled as is against a copy of the model whose
+method computes the branch as that `torch.where`.
 
 Reads: run (torch.compile's records).
 Edit: `torch._dynamo.config.capture_scalar_outputs = True` after the script's imports, for its `.item()` breaks
@@ -15,8 +17,9 @@ of break: a print or a log only on evidence of one (torch names the builtin ``pr
 call, or the line called into ``logging``); a break inside torch's or a package's code is that code's (the function
 it broke in, nothing at the user's line to move). A ``.item()`` break is timed: the script's model compiled as it is
 against compiled with ``torch._dynamo.config.capture_scalar_outputs = True``, on its captured batch; a ``print``
-break against the model compiled with ``print`` a no-op (which torch traces: the prints out of forward); the other
-kinds are not.
+break against the model compiled with ``print`` a no-op (which torch traces: the prints out of forward); a branch
+whose sides each set one name or each return against a copy of the model with the branch as one ``torch.where``
+(:mod:`._branch_where`); the other kinds are not.
 """
 
 from __future__ import annotations
@@ -37,12 +40,15 @@ from ...record.compile_watch import CompiledCode, GraphBreak
 from ...requests import OwnTrial
 from ...sites import Site, is_user_file
 from ..rule import Detect, Measured, Rule, TimeLeft, register
+from ._branch_where import NotRewritten, WhereForm, branch_at, where_form, with_where
 from ._common import (
     PairTiming,
     Variant,
     compile_result,
     compile_seconds,
+    compiled_like,
     compiled_model,
+    eager_copy,
     is_item_break,
     measured_pair,
     recompiled,
@@ -83,6 +89,7 @@ class GraphBreakEvidence(Evidence):
     first_item: bool  # the first .item() break: its edit's flag keeps every one in the graph
     reason: str
     inside: str | None = None  # where torch broke in a library's code ("torch/nn/parallel/distributed.py:1757")
+    where: str | None = None  # a branch as one torch.where, the statement its trial times ("h = torch.where(...)")
 
 
 def break_kind(b: GraphBreak) -> BreakKind:
@@ -202,6 +209,13 @@ def is_print_break(b: GraphBreak) -> bool:
     return "builtin operator `print`" in b.reason or "builtin `print`" in b.reason
 
 
+def _where_form(ctx: Context, site: Site | None) -> WhereForm | None:
+    """The branch at a data-dependent break's line as one ``torch.where``, where its shape says the same thing."""
+    index = ctx.sources.get(site.file) if site is not None else None
+    branch = branch_at(index, site.line) if index is not None and site is not None else None
+    return where_form(branch) if branch is not None else None
+
+
 def graph_breaks(ctx: Context) -> Iterator[Finding]:
     item_seen = False  # the flag keeps every .item() in the graph at once: one trial and one edit answer them all
     print_seen = False  # one trial takes every print out of the forward at once
@@ -222,7 +236,8 @@ def graph_breaks(ctx: Context) -> Iterator[Finding]:
             item_seen = item_seen or kind == ITEM
             first_print = kind == PRINT and is_print_break(b) and not print_seen
             print_seen = print_seen or first_print
-            timed = (first_item or first_print) and compiled_model(ctx) is not None
+            form = _where_form(ctx, b.site) if kind == BRANCH else None
+            timed = (first_item or first_print or form is not None) and compiled_model(ctx) is not None
             f = Finding(
                 "compile-graph-break",
                 site=b.site,
@@ -239,6 +254,7 @@ def graph_breaks(ctx: Context) -> Iterator[Finding]:
                     first_item=first_item,
                     reason=b.reason,
                     inside=f"{_library_where(b)} in {b.inside.function}" if b.inside is not None else None,
+                    where=form.statement() if form is not None else None,
                 ),
                 request=OwnTrial() if timed else None,
             )
@@ -246,7 +262,8 @@ def graph_breaks(ctx: Context) -> Iterator[Finding]:
             f.provisional("medium" if b.skipped or kind == ITEM else "low")
             f.note = (
                 "Unmeasured: what the break costs depends on the graphs around it; the fix is timed for .item() "
-                "and print breaks only." + (" Timed below when the what-ifs run." if timed else "")
+                "and print breaks, and for a branch that is one torch.where."
+                + (" Timed below when the what-ifs run." if timed else "")
             )
             yield f
 
@@ -291,17 +308,44 @@ def _measure_prints(ctx: Context, budget: TimeLeft, model: torch.nn.Module) -> M
     return measured_pair(ctx, budget, as_is, fixed, say, compile_seconds(ctx)[0])
 
 
+def _measure_branch(ctx: Context, f: Finding, budget: TimeLeft, model: torch.nn.Module) -> Measured | None:
+    """The model compiled as it is against a copy whose method has the branch as one ``torch.where``."""
+    evidence = f.evidence_as(GraphBreakEvidence)
+    form = _where_form(ctx, f.site)
+    if form is None or f.site is None:
+        return None
+    try:
+        rewritten = with_where(eager_copy(model), f.site, form)
+    except NotRewritten as why:
+        f.note = f"Not timed: the branch could not be rewritten on a copy of the model ({why})."
+        return None
+    as_is = Variant("compiled as the script compiles it", recompiled(model))
+    fixed = Variant("compiled with the branch as torch.where", compiled_like(model, rewritten))
+
+    def say(timing: PairTiming, _steps_differ: bool) -> str:
+        return (
+            f"Timed on the captured batch: {timing.a_s * 1e3:.2f} ms a step compiled as it is, "
+            f"{timing.b_s * 1e3:.2f} ms with `{evidence.where}` in place of the `if` (both sides computed, no "
+            "graph break; fresh compiles of each, interleaved)."
+        )
+
+    return measured_pair(ctx, budget, as_is, fixed, say, compile_seconds(ctx)[0])
+
+
 def measure(ctx: Context, f: Finding, budget: TimeLeft) -> Measured | None:
     """The script's model compiled as it is against compiled with the break's fix (capture_scalar_outputs=True
-    for ``.item()``; print taken out for prints), interleaved."""
+    for ``.item()``; print taken out for prints; a branch as one ``torch.where``), interleaved."""
     from ....measure import judge
 
     model = compiled_model(ctx)
     facts = ctx.compiled
     if model is None or facts is None:
         return None
-    if f.evidence_as(GraphBreakEvidence).kind == PRINT:
+    kind = f.evidence_as(GraphBreakEvidence).kind
+    if kind == PRINT:
         return _measure_prints(ctx, budget, model)
+    if kind == BRANCH:
+        return _measure_branch(ctx, f, budget, model)
     as_is = Variant("compiled as the script compiles it", recompiled(model))
     fixed = Variant(f"compiled with {_FLAG}", recompiled(model), _scalars_captured)  # type: ignore[arg-type]  # a config patch is a context manager
     timing = time_variants(ctx, budget, as_is, fixed, compile_seconds(ctx)[0])
@@ -333,6 +377,8 @@ def edit(ctx: Context, f: Finding) -> EditSpec:
     evidence = f.evidence_as(GraphBreakEvidence)
     if evidence.kind == LIBRARY:
         raise ByHand(f"a break in a library's code ({evidence.inside}), not the script's: {f.fix.pytorch}")
+    if evidence.kind == BRANCH and evidence.where is not None:
+        raise ByHand(f"the branch as `{evidence.where}` (both sides computed; the trial timed it), written by hand")
     if evidence.kind != ITEM:
         raise ByHand(f"a break that {evidence.kind} is a change of the code itself: {f.fix.pytorch}")
     if not evidence.first_item:
