@@ -40,4 +40,14 @@ def test_a_module_holding_graph_tensors_is_copied_with_them_detached():
 
 def test_an_error_reads_as_one_line():
     assert one_line(RuntimeError("first\nsecond\nthird")) == "RuntimeError: first (...)"
+
+
+def test_a_long_first_line_is_cut_after_its_first_sentence():
+    sparse = torch.sparse_coo_tensor(torch.tensor([[0, 1], [1, 0]]), torch.ones(2), (2, 2))
+    with pytest.raises(NotImplementedError) as raised:  # torch's dispatcher names every backend it has, on one line
+        sparse.as_strided((2, 2), (2, 1))
+    said = one_line(raised.value)
+    assert said.startswith("NotImplementedError: Could not run 'aten::as_strided' with arguments from the 'SparseCPU'")
+    assert said.endswith("backend. (...)") and len(said) < 200, said
+    assert one_line(ValueError("x" * 500)) == f"ValueError: {'x' * 157}... (...)"
     assert one_line(ValueError("")) == "ValueError" and one_line(KeyError("k")) == "KeyError: 'k'"

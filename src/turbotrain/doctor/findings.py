@@ -70,11 +70,21 @@ FOLDS = {
 HIGH_SHARE, MEDIUM_SHARE = 0.20, 0.05
 
 
+ONE_LINE = 160  # characters of an error's first line kept; torch's dispatcher errors list every backend on it
+
+
 def one_line(exc: BaseException) -> str:
-    """An error as one line of a report or a warning: its type and its message's first line (torch's dispatcher
-    errors run to fifty)."""
+    """An error as one line of a report or a warning: its type and its message's first line, cut after its first
+    sentence where the line is long (torch's dispatcher errors run to fifty lines, their first to a thousand
+    characters)."""
     lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[0]}" + (" (...)" if len(lines) > 1 else "") if lines else type(exc).__name__
+    if not lines:
+        return type(exc).__name__
+    first, more = lines[0], len(lines) > 1
+    if len(first) > ONE_LINE:
+        end = first.find(". ")
+        first, more = (first[: end + 1] if 0 < end < ONE_LINE else first[: ONE_LINE - 3] + "..."), True
+    return f"{type(exc).__name__}: {first}" + (" (...)" if more else "")
 
 
 def severity_for(gain_share: float | None) -> Severity:
