@@ -137,6 +137,10 @@ def test_the_thread_fix_is_said_in_every_framework_with_its_workers_where_they_c
     assert fix.plan == {"intra_op_threads": 1, "num_workers": 0}
     same_workers = threads_fix(2, 0, 0)
     assert "num_workers" not in same_workers.hf_trainer and same_workers.plan == {"intra_op_threads": 2}
+    # the threads as they are, fewer workers: the workers are the fix, no call that sets what is set
+    workers_only = threads_fix(2, 2, 0, threads_now=2)
+    assert workers_only.pytorch.startswith("DataLoader(..., num_workers=0)") and workers_only.plan == {"num_workers": 0}
+    assert "set_num_threads" not in workers_only.text() and "num_workers=0" in workers_only.hf_trainer
     finding = Finding("cpu-oversubscribed", "threads over the cores", fix)
     assert chosen_fix(finding, "fabric") == ("Fabric", fix.fabric)
     assert chosen_fix(finding, "hf_trainer") == ("HF Trainer", fix.hf_trainer)

@@ -133,7 +133,7 @@ def threads_trial(ctx: Context, finding: Finding, budget: Budget) -> Outcome | N
     )
     return Outcome(
         Judged(result, judge(ratios, noise_floor=ctx.noise_floor), applies_to=threads_apply_to(ctx)),
-        fix=threads_fix(threads, now[1], workers),
+        fix=threads_fix(threads, now[1], workers, now[0]),
         evidence=dataclasses.replace(evidence, recommended_threads=threads, recommended_workers=workers),
     )
 

@@ -86,12 +86,20 @@ def candidates(ctx: Context, found: tuple[int, int, int, int, float]) -> list[tu
     return [c for i, c in enumerate(out) if c not in out[:i] and c != (threads, workers)]
 
 
-def threads_fix(threads: int, workers_now: int, workers: int) -> Fix:
+def threads_fix(threads: int, workers_now: int, workers: int, threads_now: int | None = None) -> Fix:
     """``threads`` intra-op threads (and ``workers`` DataLoader workers where they change), said in each
-    framework's way; the environment variable, once set, is what Lightning and Fabric keep."""
+    framework's way; the environment variable, once set, is what Lightning and Fabric keep. Where the threads are
+    ``threads_now`` already and only the workers change, the workers are the fix."""
     env = f"OMP_NUM_THREADS={threads}"
     call = f"torch.set_num_threads({threads})"
     loader = f", and DataLoader(..., num_workers={workers})" if workers != workers_now else ""
+    if threads == threads_now and workers != workers_now:
+        kept = f" (torch's {threads} intra-op thread(s) as they are)"
+        return Fix(
+            f"DataLoader(..., num_workers={workers}){kept}",
+            plan={"num_workers": workers},
+            hf_trainer=f"TrainingArguments(dataloader_num_workers={workers}){kept}",
+        )
     return Fix(
         f"{call} at the top of the script (or {env} in its environment){loader}",
         plan={"intra_op_threads": threads, **({"num_workers": workers} if workers != workers_now else {})},
@@ -124,7 +132,7 @@ def cpu_oversubscribed(ctx: Context) -> Iterator[Finding]:
             f"torch runs {threads} intra-op thread(s) and the DataLoader {workers} worker(s) on {usable} usable "
             f"core(s){busy}: parallel ops wait at a barrier for threads that have no core."
         ),
-        fix=threads_fix(k, workers, w),
+        fix=threads_fix(k, workers, w, threads),
         evidence=ThreadsEvidence(
             threads=threads,
             workers=workers,
