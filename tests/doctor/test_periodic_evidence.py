@@ -96,3 +96,69 @@ def test_every_step_that_ran_the_evaluation_is_an_occurrence_even_one_that_lost_
         steps.append(StepRecord(i, start, start + sum(phases.values()), phases, preempted=stolen))
     [periodic] = find_periodic(steps)
     assert periodic.steps == [1, 3, 5, 7] and periodic.every == 2, periodic
+
+
+# PyTorch's DQN tutorial redraws its plot (plt.pause) when an episode ends: two steps in twenty ran 52 ms before
+# their forward against 0.5 ms in the others, with no DataLoader, and the doctor called it batch building.
+PAUSE = Site("dqn.py", 159, "plot_durations")
+BATCH = Site("dqn.py", 188, "optimize_model")
+
+
+def _rl_step(index: int, before_forward: float, preempted: float | None = None) -> StepRecord:
+    record = StepRecord(index, index * 0.01, index * 0.01 + before_forward + 0.001,
+                        {"forward": 0.0005, "backward": 0.0005}, gap_before_forward=before_forward, forwards=1,
+                        backwards=1, optimizers=1, preempted=preempted)
+    return record
+
+
+def _rl_context(before: dict[int, float], samples: dict[Site, int], loader=None, preempted=None):
+    steps = [_rl_step(i, before.get(i, 0.0005), (preempted or {}).get(i)) for i in range(3, 23)]
+    return SimpleNamespace(main_loader=loader, gap_samples=samples, measured_steps=[s.index for s in steps],
+                           step_records=steps)
+
+
+def test_work_in_a_few_steps_before_the_forward_is_occasional_work_at_the_sampled_line():
+    from turbotrain.doctor.analysis.gap_work import occasional_work
+
+    ctx = _rl_context({6: 0.052, 15: 0.051}, {PAUSE: 50, BATCH: 3})
+    work = occasional_work(ctx)
+    assert work.site == PAUSE and work.steps == (6, 15) and work.every == 10
+    assert abs(work.cost_s - 0.051) < 1e-3 and 0.7 < work.share < 0.8
+    [finding] = periodic_rule.occasional(ctx)
+    assert finding.site == PAUSE and finding.severity == "high" and finding.measured
+    assert "in plot_durations()" in finding.message and "2 of the 20 measured steps" in finding.message
+    assert "builds no batch" in finding.message and "less often" in finding.fix.pytorch
+
+
+def test_steady_untimed_time_slow_steps_of_another_process_or_no_line_are_no_occasional_work():
+    from turbotrain.doctor.analysis.gap_work import occasional_work
+
+    steady = _rl_context({i: 0.005 for i in range(3, 23)}, {BATCH: 50})  # batch building every step
+    assert occasional_work(steady) is None
+    no_line = _rl_context({6: 0.052, 15: 0.051}, {PAUSE: 10, BATCH: 10, Site("dqn.py", 190, "f"): 10})
+    assert occasional_work(no_line) is None  # no one line holds the time
+    stalled = _rl_context({6: 0.052, 15: 0.051}, {PAUSE: 50}, preempted={6: 0.052, 15: 0.051})
+    assert occasional_work(stalled) is None  # the CPU was another process's: not the script's work
+    loader = _rl_context({6: 0.052, 15: 0.051}, {PAUSE: 50}, loader=object())
+    assert occasional_work(loader) is None  # a DataLoader's own waits are num-workers'
+    once = _rl_context({6: 0.052}, {PAUSE: 50})
+    assert occasional_work(once) is not None and list(periodic_rule.occasional(once)) == []  # nothing recurs
+
+
+def test_occasional_work_is_not_told_to_move_into_a_dataloader(tmp_path):
+    from turbotrain.doctor.analysis.breakdown import compute_breakdown
+    from turbotrain.doctor.analysis.context import Context
+    from turbotrain.doctor.rules import evaluate
+    from turbotrain.hardware import detect
+
+    def context(before: dict[int, float], samples: dict[Site, int]) -> Context:
+        steps = [_rl_step(i, before.get(i, 0.0005)) for i in range(0, 23)]
+        breakdown = compute_breakdown(steps, 3)
+        return Context(script=str(tmp_path / "dqn.py"), base=str(tmp_path), hw=detect("cpu"), device="cpu",
+                       breakdown=breakdown, measured_steps=breakdown.steps, step_records=steps,
+                       gap_samples=samples)
+
+    plotting = evaluate(context({6: 0.052, 15: 0.051}, {PAUSE: 50, BATCH: 3}), only=["num-workers", "periodic-work"])
+    assert [(f.rule, f.site) for f in plotting] == [("periodic-work", PAUSE)]
+    building = evaluate(context({i: 0.005 for i in range(23)}, {BATCH: 50}), only=["num-workers", "periodic-work"])
+    assert [(f.rule, f.site) for f in building] == [("num-workers", BATCH)]

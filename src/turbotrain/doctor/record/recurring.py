@@ -23,6 +23,8 @@ __all__ = [
     "find_watched",
     "on_grid",
     "beyond_window",
+    "own_time",
+    "spike_line",
 ]
 
 
@@ -66,19 +68,16 @@ def find_periodic(steps: list[StepRecord], first: int = 1) -> list[Periodic]:
     if len(chosen) < 3:
         return []
     per_step = [s.categories() for s in chosen]
-    floor = max(PERIODIC_FLOOR_S, 0.5 * statistics.median(s.duration for s in chosen))
     out = []
     for category in PERIODIC_CATEGORIES:
-        values = _own_time(chosen, per_step, category)
-        # An ordinary step's time: the lower quartile, which work every other step (half the steps) leaves
-        # ordinary, where a median would fall between the two kinds of step.
-        med = statistics.quantiles(values, n=4, method="inclusive")[0]
-        spikes = [(s.index, v) for s, v in zip(chosen, values) if v > 3 * med + floor]
+        values = own_time(chosen, per_step, category)
+        med, over = spike_line(chosen, values)
+        spikes = [(s.index, v) for s, v in zip(chosen, values) if v > over]
         # Steps where the script's own work ran (an evaluation forward, a save) are its occurrences where, on
         # average, they cross the threshold: on a busy machine one that lost its CPU to another process can fall
         # under it alone (work every 2 steps seen at steps 1, 5, 7 read "every 3").
         worked = [(s.index, v) for s, v in zip(chosen, values) if any(s.phases.get(p) for p in WORK_PHASES)]
-        if worked and statistics.fmean(v for _, v in worked) > 3 * med + floor:
+        if worked and statistics.fmean(v for _, v in worked) > over:
             spikes = worked
         if not spikes or len(spikes) > len(chosen) // 2:
             continue  # none, or most steps: that is the step itself, not periodic work
@@ -98,7 +97,17 @@ def find_periodic(steps: list[StepRecord], first: int = 1) -> list[Periodic]:
     return out
 
 
-def _own_time(chosen: list[StepRecord], per_step: list[dict[Category, float]], category: Category) -> list[float]:
+def spike_line(chosen: list[StepRecord], values: list[float]) -> tuple[float, float]:
+    """(an ordinary step's seconds, the seconds over which a step is a spike) for ``values``, one per step of
+    ``chosen``: the ordinary is the lower quartile, which work every other step (half the steps) leaves ordinary,
+    where a median would fall between the two kinds of step; a spike is over 3x it plus half the median step (and
+    at least :data:`PERIODIC_FLOOR_S`): well past a scheduler hiccup, and a real cost."""
+    ordinary = statistics.quantiles(values, n=4, method="inclusive")[0]
+    floor = max(PERIODIC_FLOOR_S, 0.5 * statistics.median(s.duration for s in chosen))
+    return ordinary, 3 * ordinary + floor
+
+
+def own_time(chosen: list[StepRecord], per_step: list[dict[Category, float]], category: Category) -> list[float]:
     """Each step's seconds in ``category``. Time another process held the CPU is not the script's work; a long
     step loses it all along, so it comes out in proportion (a short stall in an ordinary step then stays under
     the spike threshold)."""
@@ -116,7 +125,7 @@ def _excess_around(
     for other in CATEGORIES:
         if other == category or other in PERIODIC_CATEGORIES:
             continue
-        values = _own_time(chosen, per_step, other)
+        values = own_time(chosen, per_step, other)
         med = statistics.median(values)
         excess = statistics.fmean(v - med for s, v in zip(chosen, values) if s.index in at)
         if excess > 0:
@@ -152,9 +161,9 @@ def find_watched(watched: WatchedRun | None, steps: list[StepRecord], first: int
     if cadence is not None:
         spikes = spikes_on_grid
     per_step = [s.categories() for s in chosen]
-    medians = {c: statistics.median(_own_time(chosen, per_step, c)) for c in CATEGORIES}
+    medians = {c: statistics.median(own_time(chosen, per_step, c)) for c in CATEGORIES}
     spike_cats = [s.categories() for s in spikes]
-    excess = {c: statistics.fmean(v - medians[c] for v in _own_time(spikes, spike_cats, c)) for c in CATEGORIES}
+    excess = {c: statistics.fmean(v - medians[c] for v in own_time(spikes, spike_cats, c)) for c in CATEGORIES}
     # Validation or a checkpoint in those steps makes it theirs (its batches built untimed included).
     category: Category = "outside_step" if excess["outside_step"] > 0 else max(excess, key=lambda c: excess[c])
     around = tuple(c for c in CATEGORIES if c != category and excess[c] > 0)

@@ -10,6 +10,7 @@ import ast
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator
 
+from ...analysis.gap_work import occasional_work
 from ...edits import ByHand, EditSpec
 from ...findings import Evidence, Finding, Fix, speedup_for_rule
 from ...record.cadence import syntax_tree
@@ -59,10 +60,16 @@ def num_workers(ctx: Context) -> Iterator[Finding]:
         # millisecond would not pay for a worker's inter-process hand-off either. Time the run
         # already pinned on a line (torch.tensor copies) has its own finding and fix.
         data_s -= sum(stat.seconds_per_step for stat in ctx.site_stats("tensor_copy"))
+        # Work in a few steps only (a plot when an episode ends) is no batch building: periodic-work names it.
+        occasional = occasional_work(ctx)
+        sampled = dict(ctx.gap_samples)
+        if occasional is not None:
+            data_s -= occasional.cost_s / occasional.every
+            sampled.pop(occasional.site, None)
         share = data_s / ctx.step_s if ctx.step_s else 0.0
         if share < 0.20 or data_s < 1e-3:
             return
-        busiest = max(ctx.gap_samples.items(), key=lambda kv: kv[1], default=(None, 0))[0]
+        busiest = max(sampled.items(), key=lambda kv: kv[1], default=(None, 0))[0]
         if busiest is not None and _in_periodic_branch(busiest):
             return  # work the script runs every N steps (a plot, a log), not batch building: periodic-work's
         site = busiest or (ctx.capture.site if ctx.capture else None)
@@ -81,7 +88,7 @@ def num_workers(ctx: Context) -> Iterator[Finding]:
             ),
             evidence=DataWaitEvidence(
                 data_ms_per_step=round(data_s * 1e3, 3),
-                sampled_lines={ctx.where(k): v for k, v in sorted(ctx.gap_samples.items(), key=lambda kv: -kv[1])[:5]},
+                sampled_lines={ctx.where(k): v for k, v in sorted(sampled.items(), key=lambda kv: -kv[1])[:5]},
             ),
         )
         f.set_gain(share, measured=False)

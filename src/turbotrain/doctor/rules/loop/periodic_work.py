@@ -1,9 +1,11 @@
 """`periodic-work`: validation or checkpoints every N steps cost over 5% of training time, amortised over their period;
-N beyond the window found by watching the step clock after it.
+N beyond the window found by watching the step clock after it. Also work the script runs now and then before a
+forward where no DataLoader runs (a plot when an episode ends), at the line the gap sampler caught in it
+(:mod:`~turbotrain.doctor.analysis.gap_work`): what it costs each time and of training, from the run itself.
 
 Reads: run.
 Edit: the `N` of the `if step % N == 0:` that runs the validation or checkpoint (or of the one top-level `N = 20` it
-names), set to the cadence that keeps it under 5%.
+names), set to the cadence that keeps it under 5%; by hand for work the loop runs when it decides (no `% N`).
 """
 
 from __future__ import annotations
@@ -11,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator
 
-from ...analysis.periodic import PERIODIC_TARGET_SHARE, PeriodicRow
+from ...analysis.gap_work import occasional_work
+from ...analysis.periodic import PERIODIC_TARGET_SHARE, SUGGESTED_SHARE, PeriodicRow, suggested_every
 from ...edits import ByHand, EditSpec
 from ...findings import Evidence, Finding, Fix
 from ..common import ms
@@ -69,6 +72,40 @@ def periodic_work(ctx: Context) -> Iterator[Finding]:
         yield f
 
 
+def occasional(ctx: Context) -> Iterator[Finding]:
+    """Work in a few measured steps before their forward, where no DataLoader runs (analysis/gap_work.py)."""
+    work = occasional_work(ctx)
+    if work is None or len(work.steps) < 2 or work.share < PERIODIC_TARGET_SHARE:
+        return  # seen once (nothing recurs), or cheap enough
+    # How many times fewer it must run to cost under the target: its steps apart at that share, over now's.
+    fewer = -(-suggested_every(work.cost_s, work.base_step_s, 1, SUGGESTED_SHARE) // max(1, round(work.every)))
+    where = f" in {work.site.function}()" if work.site.function not in ("", "<module>") else ""
+    f = Finding(
+        "periodic-work",
+        site=work.site,
+        category="data_loading",
+        message=(
+            f"Work between steps at this line{where} ran in {len(work.steps)} of the {work.measured} measured "
+            f"steps (steps {', '.join(str(i) for i in work.steps[:6])}), about once every {work.every:.0f} steps "
+            f"when the loop decides, {ms(work.cost_s)} each time: {work.share:.0%} of training time. It runs "
+            "before the next forward, so the breakdown shows it as data loading; it builds no batch."
+        ),
+        fix=Fix(
+            f"run it {fewer}x less often (once in {fewer} of the times the loop comes to it, e.g. plot every "
+            f"{fewer} episodes), or once after training"
+        ),
+        evidence=PeriodicEvidence(
+            every=round(work.every), cost_ms=round(work.cost_s * 1e3, 3), share=round(work.share, 4), steps=work.steps
+        ),
+    )
+    f.set_gain(work.share * (1 - 1 / fewer), measured=True)
+    f.note = (
+        f"Measured over {len(work.steps)} occurrence(s) in the measured steps, with other processes' time taken "
+        "out; the gain is the share it leaves when run that much less often."
+    )
+    yield f
+
+
 def _evidence(row: PeriodicRow) -> PeriodicEvidence:
     """What the finding shows of the row."""
     return PeriodicEvidence(every=row.every, cost_ms=row.cost_ms, share=row.share, steps=tuple(row.steps))
@@ -97,6 +134,8 @@ def _unexplained_slow_steps(row: PeriodicRow) -> Finding:
 def edit(ctx: Context, f: Finding) -> EditSpec:
     assert f.site is not None  # fixes.choose plans only findings with a site
     row = next((r for r in ctx.periodic_rows if r.site == f.site and r.every), None)
+    if f.category == "data_loading":
+        raise ByHand("the work runs when the loop decides (no `% N` to change): run it less often by hand")
     if row is None or not row.suggested_every:
         raise ByHand("the period of the recurring work is not known")
     every, better, kind = row.every, row.suggested_every, row.kind
@@ -107,4 +146,6 @@ def edit(ctx: Context, f: Finding) -> EditSpec:
     )
 
 
-RULE = register(Rule("periodic-work", detect=(Detect("runtime", periodic_work),), edit=edit))
+RULE = register(
+    Rule("periodic-work", detect=(Detect("runtime", periodic_work), Detect("runtime", occasional)), edit=edit)
+)

@@ -1,0 +1,72 @@
+"""Work the script does now and then in the untimed time before a forward, where no DataLoader runs: a plot redrawn
+when an episode ends, a log written when a condition holds. The breakdown charges that time to data loading; it is
+no batch building when it sits in a few steps and a line of the script's own was caught running in it.
+
+Told apart from batch building (every step) by how the measured steps' untimed time spreads: spikes that hold most
+of it. Evidence of work is the line the gap sampler caught most often; without one, slow steps are the machine's
+(another process taking the CPU), not the script's. Time other processes held the CPU is taken out of each step
+first (:func:`~turbotrain.doctor.record.recurring.own_time`), as the window's periodic work does.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ..record.recurring import own_time, spike_line
+from ..sites import Site
+
+if TYPE_CHECKING:
+    from .context import Context
+
+__all__ = ["OccasionalWork", "occasional_work"]
+
+MOST = 0.5  # of the untimed time in the spikes, and of the sampler's catches on one line
+
+
+@dataclass(frozen=True)
+class OccasionalWork:
+    """Work before the forward in some measured steps only, at the line the sampler caught most."""
+
+    site: Site
+    steps: tuple[int, ...]  # the measured steps it ran in
+    measured: int  # the measured steps
+    cost_s: float  # each occurrence, over an ordinary step's untimed time
+    share: float  # of the measured steps' time (less other processes')
+    base_step_s: float  # a measured step without it
+
+    @property
+    def every(self) -> float:
+        """Measured steps per occurrence: a mean, as the script decides when it runs (an episode's end)."""
+        return self.measured / len(self.steps)
+
+
+def occasional_work(ctx: Context) -> OccasionalWork | None:
+    """The occasional work of the module's docstring, where the run shows it; None where the untimed time is
+    steady (batch building), there is a DataLoader, or no line of the script's was caught in it."""
+    if ctx.main_loader is not None or not ctx.gap_samples:
+        return None
+    measured = set(ctx.measured_steps)
+    chosen = [s for s in ctx.step_records if s.index in measured]
+    if len(chosen) < 4:
+        return None
+    values = own_time(chosen, [s.categories() for s in chosen], "data_loading")
+    ordinary, over = spike_line(chosen, values)
+    spikes = [(s.index, v - ordinary) for s, v in zip(chosen, values) if v > over]
+    total = sum(values)
+    if not spikes or len(spikes) > len(chosen) // 2 or sum(e for _, e in spikes) < MOST * total:
+        return None
+    site, caught = max(ctx.gap_samples.items(), key=lambda kv: kv[1])
+    if caught < MOST * sum(ctx.gap_samples.values()):
+        return None  # no one line of the script's holds the time: nothing to point at
+    own = sum(s.duration - min(s.duration, s.preempted or 0.0) for s in chosen)
+    excess = sum(e for _, e in spikes)
+    return OccasionalWork(
+        site=site,
+        steps=tuple(i for i, _ in spikes),
+        measured=len(chosen),
+        cost_s=statistics.fmean(e for _, e in spikes),
+        share=excess / own if own > 0 else 0.0,
+        base_step_s=max(1e-9, (own - excess) / len(chosen)),
+    )
