@@ -44,6 +44,8 @@ def test_one_unbatched_state_a_step_is_a_batch_of_one_and_batching_states_is_tim
     report = run_doctor("unbatched_policy", what_if_budget_s=20.0)
     finding = next(f for f in report.findings if f.rule == "small-batch")
     assert finding.message.startswith("Batches of 1 sample(s)"), finding.message
+    # one state a forward: the batch is several stacked (several environments at once), not a loader's setting
+    assert finding.fix.pytorch.startswith("Feed 8 samples per forward") and "environments" in finding.fix.pytorch
     what_if = finding.what_if
     assert finding.measured and isinstance(what_if, BatchResult), (what_if, finding.note)
     assert (what_if.batch_size, what_if.candidate_batch_size) == (1, 8), what_if

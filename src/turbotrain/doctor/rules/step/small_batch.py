@@ -109,7 +109,11 @@ def small_batch(ctx: Context) -> Iterator[Finding]:
         ),
         fix=Fix(
             (
-                f"Raise the batch size to {batch * factor} (rescale the learning rate) or accumulate several "
+                f"Feed {batch * factor} samples per forward: stack that many inputs into one batch (in reinforcement "
+                f"learning, step {batch * factor} environments at once, e.g. gymnasium.vector.SyncVectorEnv, and act "
+                "on their stacked observations); rescale the learning rate"
+                if factor and ctx.capture.unbatched
+                else f"Raise the batch size to {batch * factor} (rescale the learning rate) or accumulate several "
                 "samples per forward"
                 if factor
                 else "Accumulate gradients over several micro-batches (a larger batch does not fit in memory)"
