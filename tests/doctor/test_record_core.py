@@ -290,6 +290,28 @@ def test_the_report_says_the_script_ended_early_and_no_profiler_ran():
     assert any("No profiler window ran" in m for m in messages)
 
 
+def test_a_step_too_large_to_profile_leaves_the_window_out_and_says_so():
+    """A step that calls modules thousands of times (an LSTMCell over a 1,000-long sequence, twenty times an LBFGS
+    step) would make millions of profiler events: gigabytes held, minutes to read."""
+    from turbotrain.doctor.record.profiling import EVENTS_PER_MODULE_CALL, PROFILER_EVENTS, profile_steps_for
+
+    per_step = PROFILER_EVENTS // EVENTS_PER_MODULE_CALL  # the module calls whose events fill the budget
+    assert profile_steps_for(0, 2) == 2 and profile_steps_for(per_step // 2, 2) == 2
+    assert profile_steps_for(per_step // 2 + 1, 2) == 1 and profile_steps_for(per_step + 1, 2) == 0
+    recorder, now = _fake_recorder(measure=3, warmup=2, profile=2)
+    opt = FakeOptimizer()
+    with pytest.raises(Stop):
+        for _ in range(20):
+            recorder.tracker.open_step.module_calls += 4000  # counted by the module hooks in warm-up
+            now.tick(0.01)
+            _optimizer_step(recorder.tracker, now, opt, 0.001)
+    recording = recorder.recording()
+    assert len(recording.steps) == 2 + 3 and not recording.window.profiler_ran  # ended without the profiled steps
+    assert recording.window.profile_left_out == 4000 * EVENTS_PER_MODULE_CALL
+    messages = _messages(recording, profile_steps=2)
+    assert any(m.startswith("No profiler window: a step calls modules 4,000 times") for m in messages), messages
+
+
 def test_the_report_says_the_script_failed():
     recorder, now = _fake_recorder(measure=6, warmup=2, profile=0)
     _run_steps(recorder, now, 9, FakeOptimizer())

@@ -8,6 +8,7 @@ import sys
 import time
 
 from .analysis.context import Context, build_context
+from .record.profiling import EVENTS_PER_MODULE_CALL
 from .record.recording import LiveObjects, Recording
 from .analysis.machine import noise_state
 from .record.recorder import Recorder
@@ -270,7 +271,13 @@ def _messages(recording: Recording, run: ScriptRun | None, ctx: Context | None, 
             "queue ahead (num_workers x prefetch_factor, and those they still held ready after them): a window "
             "that opened on a full queue would not see the loader."
         )
-    if not window.profiler_ran and done:
+    if window.profile_left_out:
+        out.append(
+            f"No profiler window: a step calls modules {window.profile_left_out // EVENTS_PER_MODULE_CALL:,} times, "
+            f"about {window.profile_left_out:,} profiler events, which would take gigabytes to hold and minutes to "
+            "read; no op table or trace (the step's timing stands)."
+        )
+    elif not window.profiler_ran and done:
         out.append("No profiler window ran (the script stopped first): no op table or trace.")
     watched = watch_message(ctx) if ctx is not None else None
     if watched:

@@ -39,7 +39,7 @@ from .function_trace import FunctionTracer
 from .gap_sampler import GapSampler, sampling_interval
 from .gpu_timing import GpuTimer
 from .patcher import Patcher
-from .profiling import PhaseRanges, ProfilerWindow, top_ops
+from .profiling import PhaseRanges, ProfilerWindow, events_per_step, profile_steps_for, top_ops
 from .clock import PhaseClock
 from .blocking_collectives import BlockingCollectives
 from .collectives import GradientSync, merged
@@ -109,6 +109,7 @@ class Recorder:
         self.tracker.on_trained_changed = self.modules.forget_trained
         self.tracker.gpu_mark = self.gpu_mark if self.gpu else None
         self.module_calls_per_step = 0
+        self.profile_left_out = 0  # the events a step would have made, where the profiler window was left out
         self.window = ProfilerWindow(self.gpu)
         self.gpu_timer = GpuTimer()
         self.profiled_steps: list[int] = []
@@ -302,8 +303,12 @@ class Recorder:
             self._sampler.stop()
         self._sample_graphs(done)  # before the profiler starts here (its walk would sit in a profiled step)
         if schedule.profile_steps and done == schedule.profile_at:
-            self.functions.trace(True)
-            self._start_profiler()
+            schedule.cut_profile(profile_steps_for(self.module_calls_per_step, schedule.profile_steps))
+            if schedule.profile_steps:
+                self.functions.trace(True)
+                self._start_profiler()
+            else:  # a step too large to profile: its events would take gigabytes (record/profiling.py)
+                self.profile_left_out = events_per_step(self.module_calls_per_step)
         elif self.profiling:
             if done >= schedule.profile_at + schedule.profile_steps:
                 self._stop_profiler()
@@ -440,6 +445,7 @@ class Recorder:
                 schedule.warmup_extended_by,
                 profiled,
                 self.profiler is not None,
+                self.profile_left_out,
             ),
             steps=tuple(self.steps),
             step_delimiter=self.tracker.delimiter,

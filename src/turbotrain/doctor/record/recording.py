@@ -54,6 +54,7 @@ class Window:
     warmup_extended_by: int = 0  # steps added to drain the batches DataLoader workers queue ahead
     profiled: tuple[int, ...] = ()  # the indices of the steps run under torch.profiler
     profiler_ran: bool = False  # torch.profiler started (the script may have ended inside its first step)
+    profile_left_out: int = 0  # the events one step would have made, where the window was left out for them
 
 
 @dataclass(frozen=True, slots=True)

@@ -65,6 +65,13 @@ class StepSchedule:
         if self.stop_after is not None:
             self.stop_after += steps
 
+    def cut_profile(self, steps: int) -> None:
+        """Profile ``steps`` steps (fewer than asked: each would take too many events); the script ends as much
+        sooner."""
+        if self.stop_after is not None:
+            self.stop_after -= self.profile_steps - steps
+        self.profile_steps = steps
+
     @property
     def measured_end(self) -> int | None:
         """The number of steps done when the measured window ends (None: it does not)."""
