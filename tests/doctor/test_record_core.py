@@ -348,3 +348,29 @@ def test_a_threads_cpu_time_is_read_per_step_from_one_open_schedstat():
     assert cpu._fd is None
     with pytest.raises(OSError):
         os.fstat(fd)
+
+
+def test_a_module_is_placed_where_it_is_built_not_at_its_classs_super_init():
+    """The patched nn.Module.__init__ runs inside the class's own __init__ (`super().__init__()`): the site of a
+    model is the line that builds it (`model = Policy()`, `self.policy = Policy()`), as a finding should name."""
+    import sys
+
+    from turbotrain.doctor.record.instrument import _building
+
+    seen = []
+
+    class Base:
+        def __init__(self):  # stands in for nn.Module.__init__, patched: its caller is frame 1
+            seen.append(_building(sys._getframe(1), self).f_lineno)
+
+    class Policy(Base):
+        def __init__(self):
+            super().__init__()
+
+    class Agent:
+        def __init__(self):
+            self.policy = Policy()
+
+    first = sys._getframe().f_lineno + 1
+    Policy(), Agent()
+    assert seen == [first, Agent.__init__.__code__.co_firstlineno + 1]

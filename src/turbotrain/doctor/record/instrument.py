@@ -27,6 +27,8 @@ from ..sites import USER_FILES, Site, caller_site, user_site
 __all__ = ["install", "measured_call", "wrap_sync", "SYNC_METHODS"]
 
 if TYPE_CHECKING:
+    from types import FrameType
+
     from .probe import Probe
 
 SYNC_METHODS = (
@@ -367,12 +369,20 @@ def _module_init(original: Callable) -> Callable:
         # Keyed by id, never by the module: a subclass may define __hash__ on attributes its own
         # __init__ has not set yet (torchmetrics does), and this runs inside that __init__.
         if probe is not None and _get_ident() == probe.thread and id(self) not in probe.tallies.module_sites:
-            site = user_site(sys._getframe(1))
+            site = user_site(_building(sys._getframe(1), self))
             if site is not None:
                 probe.tallies.module_sites[id(self)] = (weakref.ref(self), site)
 
     __init__.__doc__ = original.__doc__
     return __init__
+
+
+def _building(frame: FrameType | None, module: object) -> FrameType | None:
+    """The frame that builds ``module``: past its class's own ``__init__`` (and its bases'), whose
+    ``super().__init__()`` line is not where the script made the model (``model = Policy()`` is)."""
+    while frame is not None and frame.f_code.co_name == "__init__" and frame.f_locals.get("self") is module:
+        frame = frame.f_back
+    return frame
 
 
 def _optimizer_init(original: Callable) -> Callable:
