@@ -142,7 +142,9 @@ def test_steady_untimed_time_slow_steps_of_another_process_or_no_line_are_no_occ
     loader = _rl_context({6: 0.052, 15: 0.051}, {PAUSE: 50}, loader=object())
     assert occasional_work(loader) is None  # a DataLoader's own waits are num-workers'
     once = _rl_context({6: 0.052}, {PAUSE: 50})
-    assert occasional_work(once) is not None and list(periodic_rule.occasional(once)) == []  # nothing recurs
+    [seen_once] = periodic_rule.occasional(once)  # named at its line, not priced: one occurrence is no rate
+    assert seen_once.site == PAUSE and seen_once.severity == "low" and seen_once.est_speedup is None
+    assert "ran once in the 20 measured steps (step 6)" in seen_once.message
 
 
 def test_occasional_work_is_not_told_to_move_into_a_dataloader(tmp_path):

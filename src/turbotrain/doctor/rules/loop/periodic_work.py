@@ -75,20 +75,27 @@ def periodic_work(ctx: Context) -> Iterator[Finding]:
 def occasional(ctx: Context) -> Iterator[Finding]:
     """Work in a few measured steps before their forward, where no DataLoader runs (analysis/gap_work.py)."""
     work = occasional_work(ctx)
-    if work is None or len(work.steps) < 2 or work.share < PERIODIC_TARGET_SHARE:
-        return  # seen once (nothing recurs), or cheap enough
+    if work is None or work.share < PERIODIC_TARGET_SHARE:
+        return  # none, or cheap enough
+    once = len(work.steps) == 1
     # How many times fewer it must run to cost under the target: its steps apart at that share, over now's.
     fewer = -(-suggested_every(work.cost_s, work.base_step_s, 1, SUGGESTED_SHARE) // max(1, round(work.every)))
     where = f" in {work.site.function}()" if work.site.function not in ("", "<module>") else ""
+    how_often = (
+        f"ran once in the {work.measured} measured steps (step {work.steps[0]}), {ms(work.cost_s)} over an ordinary "
+        f"step: {work.share:.0%} of the measured time; how often the loop runs it, the window did not show"
+        if once
+        else f"ran in {len(work.steps)} of the {work.measured} measured steps (steps "
+        f"{', '.join(str(i) for i in work.steps[:6])}), about once every {work.every:.0f} steps when the loop "
+        f"decides, {ms(work.cost_s)} each time: {work.share:.0%} of training time"
+    )
     f = Finding(
         "periodic-work",
         site=work.site,
         category="data_loading",
         message=(
-            f"Work between steps at this line{where} ran in {len(work.steps)} of the {work.measured} measured "
-            f"steps (steps {', '.join(str(i) for i in work.steps[:6])}), about once every {work.every:.0f} steps "
-            f"when the loop decides, {ms(work.cost_s)} each time: {work.share:.0%} of training time. It runs "
-            "before the next forward, so the breakdown shows it as data loading; it builds no batch."
+            f"Work between steps at this line{where} {how_often}. It runs before the next forward, so the "
+            "breakdown shows it as data loading; it builds no batch."
         ),
         fix=Fix(
             f"run it {fewer}x less often (once in {fewer} of the times the loop comes to it, e.g. plot every "
@@ -98,11 +105,15 @@ def occasional(ctx: Context) -> Iterator[Finding]:
             every=round(work.every), cost_ms=round(work.cost_s * 1e3, 3), share=round(work.share, 4), steps=work.steps
         ),
     )
-    f.set_gain(work.share * (1 - 1 / fewer), measured=True)
-    f.note = (
-        f"Measured over {len(work.steps)} occurrence(s) in the measured steps, with other processes' time taken "
-        "out; the gain is the share it leaves when run that much less often."
-    )
+    if once:  # one occurrence is no rate: named, not priced
+        f.set_gain(None, measured=False)
+        f.cap("low", "Seen once in the window: what it costs over a run depends on how often the loop runs it.")
+    else:
+        f.set_gain(work.share * (1 - 1 / fewer), measured=True)
+        f.note = (
+            f"Measured over {len(work.steps)} occurrences in the measured steps, with other processes' time taken "
+            "out; the gain is the share it leaves when run that much less often."
+        )
     yield f
 
 
