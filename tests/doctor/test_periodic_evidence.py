@@ -140,7 +140,13 @@ def test_steady_untimed_time_slow_steps_of_another_process_or_no_line_are_no_occ
     stalled = _rl_context({6: 0.052, 15: 0.051}, {PAUSE: 50}, preempted={6: 0.052, 15: 0.051})
     assert occasional_work(stalled) is None  # the CPU was another process's: not the script's work
     loader = _rl_context({6: 0.052, 15: 0.051}, {PAUSE: 50}, loader=object())
-    assert occasional_work(loader) is None  # a DataLoader's own waits are num-workers'
+    assert occasional_work(loader).site == PAUSE  # beside a DataLoader too: its waits are timed apart
+    waits = _rl_context({}, {PAUSE: 50}, loader=object())
+    # the loader's own slow batches (timed, in its `data` phase) are num-workers'
+    waits.step_records = [StepRecord(s.index, s.start, s.end + (0.05 if s.index in (6, 15) else 0.0),
+                                     {**s.phases, "data": 0.05 if s.index in (6, 15) else 0.0}, s.gap_before_forward,
+                                     s.forwards, s.backwards, s.optimizers) for s in waits.step_records]
+    assert occasional_work(waits) is None
     once = _rl_context({6: 0.052}, {PAUSE: 50})
     [seen_once] = periodic_rule.occasional(once)  # named at its line, not priced: one occurrence is no rate
     assert seen_once.site == PAUSE and seen_once.severity == "low" and seen_once.est_speedup is None

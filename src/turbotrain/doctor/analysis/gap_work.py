@@ -1,11 +1,12 @@
-"""Work the script does now and then in the untimed time before a forward, where no DataLoader runs: a plot redrawn
-when an episode ends, a log written when a condition holds. The breakdown charges that time to data loading; it is
-no batch building when it sits in a few steps and a line of the script's own was caught running in it.
+"""Work the script does now and then in the untimed time before a forward: a plot redrawn when an episode ends, a
+log written after some steps. The breakdown charges that time to data loading; it is no batch building when it sits
+in a few steps and a line of the script's own was caught running in it.
 
-Told apart from batch building (every step) by how the measured steps' untimed time spreads: spikes that hold most
-of it. Evidence of work is the line the gap sampler caught most often; without one, slow steps are the machine's
-(another process taking the CPU), not the script's. Time other processes held the CPU is taken out of each step
-first (:func:`~turbotrain.doctor.record.recurring.own_time`), as the window's periodic work does.
+Told apart from batch building (every step) by how the measured steps' untimed time before their forward spreads
+(a DataLoader's own waits are timed apart: not in it): spikes that hold most of it. Evidence of work is the line the
+gap sampler caught most often; without one, slow steps are the machine's (another process taking the CPU), not the
+script's. Time other processes held the CPU is taken out of each step first, in proportion, as the window's periodic
+work does (:mod:`~turbotrain.doctor.record.recurring`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import statistics
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..record.recurring import own_time, spike_line
+from ..record.measurements import StepRecord
+from ..record.recurring import spike_line
 from ..sites import Site
 
 if TYPE_CHECKING:
@@ -44,14 +46,14 @@ class OccasionalWork:
 
 def occasional_work(ctx: Context) -> OccasionalWork | None:
     """The occasional work of the module's docstring, where the run shows it; None where the untimed time is
-    steady (batch building), there is a DataLoader, or no line of the script's was caught in it."""
-    if ctx.main_loader is not None or not ctx.gap_samples:
+    steady (batch building) or no line of the script's was caught in it."""
+    if not ctx.gap_samples:
         return None
     measured = set(ctx.measured_steps)
     chosen = [s for s in ctx.step_records if s.index in measured]
     if len(chosen) < 4:
         return None
-    values = own_time(chosen, [s.categories() for s in chosen], "data_loading")
+    values = [_untimed_before_forward(s) for s in chosen]
     ordinary, over = spike_line(chosen, values)
     spikes = [(s.index, v - ordinary) for s, v in zip(chosen, values) if v > over]
     total = sum(values)
@@ -70,3 +72,10 @@ def occasional_work(ctx: Context) -> OccasionalWork | None:
         share=excess / own if own > 0 else 0.0,
         base_step_s=max(1e-9, (own - excess) / len(chosen)),
     )
+
+
+def _untimed_before_forward(step: StepRecord) -> float:
+    """The step's untimed seconds before its first training forward (the data-loading share no call timed), less
+    the share other processes held the CPU."""
+    before = min(step.untimed, step.gap_before_forward) if step.forwards else 0.0
+    return before * (1.0 - min(1.0, (step.preempted or 0.0) / step.duration)) if step.duration > 0 else 0.0

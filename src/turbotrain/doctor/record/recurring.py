@@ -23,7 +23,6 @@ __all__ = [
     "find_watched",
     "on_grid",
     "beyond_window",
-    "own_time",
     "spike_line",
 ]
 
@@ -70,7 +69,7 @@ def find_periodic(steps: list[StepRecord], first: int = 1) -> list[Periodic]:
     per_step = [s.categories() for s in chosen]
     out = []
     for category in PERIODIC_CATEGORIES:
-        values = own_time(chosen, per_step, category)
+        values = _own_time(chosen, per_step, category)
         med, over = spike_line(chosen, values)
         spikes = [(s.index, v) for s, v in zip(chosen, values) if v > over]
         # Steps where the script's own work ran (an evaluation forward, a save) are its occurrences where, on
@@ -107,7 +106,7 @@ def spike_line(chosen: list[StepRecord], values: list[float]) -> tuple[float, fl
     return ordinary, 3 * ordinary + floor
 
 
-def own_time(chosen: list[StepRecord], per_step: list[dict[Category, float]], category: Category) -> list[float]:
+def _own_time(chosen: list[StepRecord], per_step: list[dict[Category, float]], category: Category) -> list[float]:
     """Each step's seconds in ``category``. Time another process held the CPU is not the script's work; a long
     step loses it all along, so it comes out in proportion (a short stall in an ordinary step then stays under
     the spike threshold)."""
@@ -125,7 +124,7 @@ def _excess_around(
     for other in CATEGORIES:
         if other == category or other in PERIODIC_CATEGORIES:
             continue
-        values = own_time(chosen, per_step, other)
+        values = _own_time(chosen, per_step, other)
         med = statistics.median(values)
         excess = statistics.fmean(v - med for s, v in zip(chosen, values) if s.index in at)
         if excess > 0:
@@ -161,9 +160,9 @@ def find_watched(watched: WatchedRun | None, steps: list[StepRecord], first: int
     if cadence is not None:
         spikes = spikes_on_grid
     per_step = [s.categories() for s in chosen]
-    medians = {c: statistics.median(own_time(chosen, per_step, c)) for c in CATEGORIES}
+    medians = {c: statistics.median(_own_time(chosen, per_step, c)) for c in CATEGORIES}
     spike_cats = [s.categories() for s in spikes]
-    excess = {c: statistics.fmean(v - medians[c] for v in own_time(spikes, spike_cats, c)) for c in CATEGORIES}
+    excess = {c: statistics.fmean(v - medians[c] for v in _own_time(spikes, spike_cats, c)) for c in CATEGORIES}
     # Validation or a checkpoint in those steps makes it theirs (its batches built untimed included).
     category: Category = "outside_step" if excess["outside_step"] > 0 else max(excess, key=lambda c: excess[c])
     around = tuple(c for c in CATEGORIES if c != category and excess[c] > 0)

@@ -55,17 +55,21 @@ def num_workers(ctx: Context) -> Iterator[Finding]:
     data_s = ctx.seconds("data_loading")
     record = ctx.main_loader
     cores = max(1, ctx.hw.cpu_cores)
+    # Work in a few steps only before the forward (a plot when an episode ends) is neither batch building nor the
+    # loader's: periodic-work names it.
+    occasional = occasional_work(ctx)
+    sampled = dict(ctx.gap_samples)
+    if occasional is not None:
+        data_s -= occasional.cost_s / occasional.every
+        sampled.pop(occasional.site, None)
+        share = data_s / ctx.step_s if ctx.step_s else 0.0
+        if share < 0.10:
+            return
     if record is None:
         # Without a DataLoader nothing can be timed with workers; a batch built in well under a
         # millisecond would not pay for a worker's inter-process hand-off either. Time the run
         # already pinned on a line (torch.tensor copies) has its own finding and fix.
         data_s -= sum(stat.seconds_per_step for stat in ctx.site_stats("tensor_copy"))
-        # Work in a few steps only (a plot when an episode ends) is no batch building: periodic-work names it.
-        occasional = occasional_work(ctx)
-        sampled = dict(ctx.gap_samples)
-        if occasional is not None:
-            data_s -= occasional.cost_s / occasional.every
-            sampled.pop(occasional.site, None)
         share = data_s / ctx.step_s if ctx.step_s else 0.0
         if share < 0.20 or data_s < 1e-3:
             return
