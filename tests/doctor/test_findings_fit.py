@@ -19,6 +19,7 @@ from types import SimpleNamespace
 import pytest
 
 from doctor_helpers import marked_lines, run_doctor, script
+from turbotrain.doctor import DoctorOptions, diagnose_script
 from turbotrain.doctor.findings import Finding, Fix
 from turbotrain.hardware import detect
 from turbotrain.doctor.record.recorder import Recorder
@@ -259,3 +260,40 @@ def test_the_framework_is_the_loops_even_without_a_finding():
 
     assert Report(status="ok", breakdown=None, findings=[], driver="fabric").framework == "fabric"
     assert Report(status="no-steps", breakdown=None, findings=[]).framework is None
+
+
+DATASET_READS_LABELS = """\
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+
+class Digits(Dataset):
+    def __init__(self):
+        self.images, self.targets = torch.randn(256, 16), torch.randint(0, 4, (256,))
+
+    def __len__(self):
+        return len(self.images)
+
+    def __getitem__(self, index):
+        return self.images[index], int(self.targets[index])  # the host's tensor on any device: no sync
+
+
+model = torch.nn.Linear(16, 4)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for epoch in range(20):
+    for x, y in DataLoader(Digits(), batch_size=32):
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        seen = loss.item()  # a sync where the model runs on a GPU
+"""
+
+
+def test_a_datasets_reads_of_its_own_tensors_are_no_host_sync(tmp_path):
+    script = tmp_path / "digits.py"
+    script.write_text(DATASET_READS_LABELS)
+    report = diagnose_script(script, [], DoctorOptions(steps=6, warmup=2, profile_steps=0, what_if=False))
+    lines = sorted(int(f.to_dict(report.base)["where"].rsplit(":", 1)[1])
+                   for f in report.findings if f.rule == "host-sync-in-loop")
+    assert lines == [24], [f.to_dict(report.base) for f in report.findings if f.rule == "host-sync-in-loop"]

@@ -481,7 +481,7 @@ def wrap_sync(kind: str, original: Callable) -> Callable:
             site = user_site(frame) if self.is_cuda else None
         else:
             # Cheapest test first: torch's own calls (an optimizer reading its step count) are not syncs.
-            site = caller_site(frame)
+            site = None if _loading(probe) else caller_site(frame)
         if site is None or _get_ident() != probe.thread:
             return original(self, *args, **kwargs)
         probe.busy = True
@@ -502,6 +502,13 @@ def wrap_sync(kind: str, original: Callable) -> Callable:
 _NO_ARG_SYNCS = frozenset({"item", "tolist", "bool", "float", "int"})
 
 
+def _loading(probe: Probe) -> bool:
+    """Inside a DataLoader's fetch (a Dataset's ``__getitem__``, its collate): the tensors read there are the
+    host's on any device (``int(self.targets[i])``), no sync; on a CUDA run the ``is_cuda`` test leaves them out."""
+    top = probe.clock.top
+    return top is not None and top.phase == "data"
+
+
 def _wrap_sync_no_args(kind: str, original: Callable) -> Callable:
     """:func:`wrap_sync` for methods without arguments: ``.item()`` runs inside torch's own optimizers for
     every parameter, so the path that lets those calls through is kept as short as it can be."""
@@ -513,7 +520,10 @@ def _wrap_sync_no_args(kind: str, original: Callable) -> Callable:
         frame = sys._getframe(1)
         if not probe.gpu and USER_FILES.get(frame.f_code.co_filename) is False:
             return original(self)
-        site = (user_site(frame) if self.is_cuda else None) if probe.gpu else caller_site(frame)
+        if probe.gpu:
+            site = user_site(frame) if self.is_cuda else None
+        else:
+            site = None if _loading(probe) else caller_site(frame)
         if site is None or _get_ident() != probe.thread:
             return original(self)
         probe.busy = True
