@@ -44,6 +44,8 @@ CORPUS = {
     # Scripts that compile: what torch.compile did is read from torch's own records (record/compile_watch.py).
     # One state per step with no batch dimension (actor-critic): a batch of 1, not of its 4 features.
     "unbatched_policy": ({"small-batch"}, None, set()),
+    # A redraw when an episode ends (no DataLoader): work between steps at its line, never batch building.
+    "episode_end_render": ({"periodic-work"}, None, {"periodic-work"}),
     "compile_item_break": ({"compile-graph-break", "compile-pays-back"}, None, set()),
     "compile_new_shapes": ({"compile-recompile", "compile-pays-back"}, None, set()),
     "compile_recompile_limit": ({"compile-recompile", "compile-pays-back"}, None, set()),
@@ -87,6 +89,12 @@ def test_findings_point_at_the_users_line(name):
     for rule, line in marked_lines(name):
         wheres = [f["where"] for f in data["findings"] if f["rule"] == rule]
         assert f"{name}.py:{line}" in wheres, f"{rule} should point at {name}.py:{line}; got {wheres}"
+
+
+@pytest.mark.one_core
+def test_work_when_an_episode_ends_is_no_batch_building():
+    report = cached_report("episode_end_render")
+    assert not [f.to_dict() for f in report.findings if f.rule == "num-workers"]
 
 
 @pytest.mark.one_core

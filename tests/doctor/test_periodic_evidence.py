@@ -136,7 +136,11 @@ def test_steady_untimed_time_slow_steps_of_another_process_or_no_line_are_no_occ
     steady = _rl_context({i: 0.005 for i in range(3, 23)}, {BATCH: 50})  # batch building every step
     assert occasional_work(steady) is None
     no_line = _rl_context({6: 0.052, 15: 0.051}, {PAUSE: 10, BATCH: 10, Site("dqn.py", 190, "f"): 10})
-    assert occasional_work(no_line) is None  # no one line holds the time
+    assert occasional_work(no_line) is None  # nothing of the script's holds the time
+    # a few samples split over the redraw's lines: its function holds them, at its busiest line
+    split = _rl_context({6: 0.052, 15: 0.051}, {PAUSE: 2, Site("dqn.py", 152, "plot_durations"): 1, BATCH: 1,
+                                              Site("dqn.py", 240, "<module>"): 1})
+    assert occasional_work(split).site == PAUSE
     stalled = _rl_context({6: 0.052, 15: 0.051}, {PAUSE: 50}, preempted={6: 0.052, 15: 0.051})
     assert occasional_work(stalled) is None  # the CPU was another process's: not the script's work
     loader = _rl_context({6: 0.052, 15: 0.051}, {PAUSE: 50}, loader=object())

@@ -3,9 +3,9 @@ log written after some steps. The breakdown charges that time to data loading; i
 in a few steps and a line of the script's own was caught running in it.
 
 Told apart from batch building (every step) by how the measured steps' untimed time before their forward spreads
-(a DataLoader's own waits are timed apart: not in it): spikes that hold most of it. Evidence of work is the line the
-gap sampler caught most often; without one, slow steps are the machine's (another process taking the CPU), not the
-script's. Time other processes held the CPU is taken out of each step first, in proportion, as the window's periodic
+(a DataLoader's own waits are timed apart: not in it): spikes that hold most of it. Evidence of work is a function
+of the script's (or a line at its module level) holding most of what the gap sampler caught, named at its busiest
+line; without one, slow steps are the machine's (another process taking the CPU), not the script's. Time other processes held the CPU is taken out of each step first, in proportion, as the window's periodic
 work does (:mod:`~turbotrain.doctor.record.recurring`).
 """
 
@@ -59,9 +59,15 @@ def occasional_work(ctx: Context) -> OccasionalWork | None:
     total = sum(values)
     if not spikes or len(spikes) > len(chosen) // 2 or sum(e for _, e in spikes) < MOST * total:
         return None
-    site, caught = max(ctx.gap_samples.items(), key=lambda kv: kv[1])
-    if caught < MOST * sum(ctx.gap_samples.values()):
-        return None  # no one line of the script's holds the time: nothing to point at
+    # One function of the script's (a redraw: its lines together), or one line at the module's level, holding most
+    # of what the sampler caught: a sampler that ran through a few occurrences splits them over their lines.
+    held: dict[tuple[str, object], int] = {}
+    for at, n in ctx.gap_samples.items():
+        held[_holder(at)] = held.get(_holder(at), 0) + n
+    holder, caught = max(held.items(), key=lambda kv: kv[1])
+    if caught < MOST * sum(held.values()):
+        return None  # nothing of the script's holds the time: nothing to point at
+    site = max((at for at in ctx.gap_samples if _holder(at) == holder), key=lambda at: ctx.gap_samples[at])
     own = sum(s.duration - min(s.duration, s.preempted or 0.0) for s in chosen)
     excess = sum(e for _, e in spikes)
     return OccasionalWork(
@@ -79,3 +85,8 @@ def _untimed_before_forward(step: StepRecord) -> float:
     the share other processes held the CPU."""
     before = min(step.untimed, step.gap_before_forward) if step.forwards else 0.0
     return before * (1.0 - min(1.0, (step.preempted or 0.0) / step.duration)) if step.duration > 0 else 0.0
+
+
+def _holder(site: Site) -> tuple[str, object]:
+    """The function a sampled line is in (its lines counted together), or the line itself at the module's level."""
+    return (site.file, site.function) if site.function not in ("", "<module>") else (site.file, site.line)
