@@ -53,3 +53,17 @@ def test_the_fresh_trials_clear_gradients_where_the_script_does(name, before_bac
     run_script(script(name), [], recorder)
     ctx = build_context(recorder.recording(), recorder.live_objects(), script(name))
     assert ctx.zero_grad_before_backward is before_backward
+
+
+def test_a_churning_switch_timed_only_in_the_doctors_process_is_rated_low(monkeypatch):
+    """Where the fresh processes cannot run (the budget is spent), the warm process's figure stands but reads high
+    for a switch whose steps page-fault (siamese_network's bf16: x1.23 there, x1.01 in the script itself): it is
+    kept, and rated low."""
+    switches = importlib.import_module("turbotrain.doctor.whatif.switches")
+    fresh = importlib.import_module("turbotrain.doctor.whatif.fresh")
+    monkeypatch.setattr(switches, "FAULTS_PER_STEP", 0)
+    monkeypatch.setattr(fresh.FreshProcesses, "rounds", lambda self, base, plan, rounds=3: "the budget is spent")
+    report = run_doctor("non_foreach_optimizer", what_if_budget_s=30.0)
+    warm = [f for f in report.findings if getattr(f.what_if, "timed_in", None) == "this process"]
+    assert warm and all(f.severity == "low" and f.what_if.rounds for f in warm), [f.to_dict() for f in warm]
+    assert all("so it is rated low" in f.note for f in warm)

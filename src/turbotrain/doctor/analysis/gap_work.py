@@ -2,11 +2,12 @@
 log written after some steps. The breakdown charges that time to data loading; it is no batch building when it sits
 in a few steps and a line of the script's own was caught running in it.
 
-Told apart from batch building (every step) by how the measured steps' untimed time before their forward spreads
-(a DataLoader's own waits are timed apart: not in it): spikes that hold most of it. Evidence of work is a function
-of the script's (or a line at its module level) holding most of what the gap sampler caught, named at its busiest
-line; without one, slow steps are the machine's (another process taking the CPU), not the script's. Time other processes held the CPU is taken out of each step first, in proportion, as the window's periodic
-work does (:mod:`~turbotrain.doctor.record.recurring`).
+Told apart from batch building (every step) by how the measured steps' untimed time before their forward spreads (a
+DataLoader's own waits are timed apart: not in it): spikes that hold most of it. Evidence of work is a function of
+the script's (or a line at its module level) holding most of what the gap sampler caught, named at its busiest line;
+without one, slow steps are the machine's (another process taking the CPU), not the script's. Time other processes
+held the CPU is taken out of each step first, in proportion, as the window's periodic work does
+(:mod:`~turbotrain.doctor.record.recurring`).
 """
 
 from __future__ import annotations

@@ -62,7 +62,8 @@ class Projected:
 class Outcome:
     """What one trial found for one finding: notes ``before`` the gain is set, the gain, notes ``after`` it; the
     fix said again with what was measured (its framework kept), the rule's evidence with what was measured, and
-    ``low``: rated low whatever the estimate (the fix failed when timed)."""
+    ``low``: rated low whatever the estimate or the measured gain (the fix failed when timed, or was timed only where
+    the figure is known to read high)."""
 
     gain: Judged | Projected | None = None
     before: tuple[Note, ...] = ()
@@ -86,14 +87,14 @@ def attach(finding: Finding, ctx: Context | None, outcome: Outcome | None) -> No
         finding.fix = dataclasses.replace(outcome.fix, framework=finding.fix.framework)
     if outcome.evidence is not None:
         finding.evidence = outcome.evidence
-    if outcome.low:
-        finding.severity = "low"
     gain = outcome.gain
     if isinstance(gain, Judged):
         _judged(finding, ctx, gain)
     elif isinstance(gain, Projected):
         finding.what_if = gain.what_if
         finding.set_gain(gain.share, measured=True)
+    if outcome.low:  # after the gain: a measured ratio is kept, its rating is not
+        finding.severity = "low"
     for note in outcome.after:
         finding.note = note.on(finding.note)
 

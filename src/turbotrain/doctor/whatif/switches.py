@@ -89,10 +89,11 @@ def plan_trials(
                 changes=changes, steps=trials.steps, losses_finite=all(map(math.isfinite, trial.losses))
             )
             notes: tuple[Note, ...] = ()
+            warm_only = False  # timed only in the doctor's warm process, where an allocator-bound gain reads high
             churn = allocator_churn(seen.get("ref"), seen.get("last"))
             if churn >= FAULTS_PER_STEP and not compiling and not trial.stopped_early:
                 ratios, result, where = _fresh_or_in_process(fresh_processes, base, plan, ratios, churn, result)
-                notes = (where,)
+                notes, warm_only = (where,), result.timed_in == "this process"
             result = dataclasses.replace(
                 result,
                 rounds=tuple(round(r, 3) for r in ratios),
@@ -101,7 +102,7 @@ def plan_trials(
             )
             if compiling:
                 notes = (Note(f"Compiling took {trial.warmup_s:.1f} s (once per run)."),)
-            yield f, Outcome(Judged(result, judge(ratios, noise_floor=ctx.noise_floor)), before=notes)
+            yield f, Outcome(Judged(result, judge(ratios, noise_floor=ctx.noise_floor)), before=notes, low=warm_only)
 
 
 def _plan_trial(f: Finding) -> PlanRequest:
@@ -123,7 +124,8 @@ def _fresh_or_in_process(
     if isinstance(fresh, str):
         note = Note(
             f"Timed in the doctor's process, whose steps page-faulted {churn:.0f} pages each: a training "
-            f"process's allocator may differ (a fresh-process trial failed: {fresh}).",
+            f"process's allocator may differ, and such a gain reads high there, so it is rated low (a fresh-process "
+            f"trial failed: {fresh}; a larger --what-if-budget times it in fresh processes).",
             at="before",
         )
         return ratios, dataclasses.replace(result, page_faults_per_step=round(churn), timed_in="this process"), note
