@@ -111,10 +111,10 @@ def _rl_step(index: int, before_forward: float, preempted: float | None = None) 
     return record
 
 
-def _rl_context(before: dict[int, float], samples: dict[Site, int], loader=None, preempted=None):
+def _rl_context(before: dict[int, float], samples: dict[Site, int], loader=None, preempted=None, others=0.0):
     steps = [_rl_step(i, before.get(i, 0.0005), (preempted or {}).get(i)) for i in range(3, 23)]
     return SimpleNamespace(main_loader=loader, gap_samples=samples, measured_steps=[s.index for s in steps],
-                           step_records=steps)
+                           step_records=steps, machine=SimpleNamespace(other_load=others))
 
 
 def test_work_in_a_few_steps_before_the_forward_is_occasional_work_at_the_sampled_line():
@@ -141,8 +141,10 @@ def test_steady_untimed_time_slow_steps_of_another_process_or_no_line_are_no_occ
     split = _rl_context({6: 0.052, 15: 0.051}, {PAUSE: 2, Site("dqn.py", 152, "plot_durations"): 1, BATCH: 1,
                                               Site("dqn.py", 240, "<module>"): 1})
     assert occasional_work(split).site == PAUSE
-    stalled = _rl_context({6: 0.052, 15: 0.051}, {PAUSE: 50}, preempted={6: 0.052, 15: 0.051})
+    stalled = _rl_context({6: 0.052, 15: 0.051}, {PAUSE: 50}, preempted={6: 0.052, 15: 0.051}, others=1.0)
     assert occasional_work(stalled) is None  # the CPU was another process's: not the script's work
+    quiet = _rl_context({6: 0.052, 15: 0.051}, {PAUSE: 50}, preempted={6: 0.04, 15: 0.04})
+    assert occasional_work(quiet).steps == (6, 15)  # no other process was busy: the waits were the run's own
     loader = _rl_context({6: 0.052, 15: 0.051}, {PAUSE: 50}, loader=object())
     assert occasional_work(loader).site == PAUSE  # beside a DataLoader too: its waits are timed apart
     waits = _rl_context({}, {PAUSE: 50}, loader=object())

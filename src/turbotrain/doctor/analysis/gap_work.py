@@ -6,8 +6,8 @@ Told apart from batch building (every step) by how the measured steps' untimed t
 DataLoader's own waits are timed apart: not in it): spikes that hold most of it. Evidence of work is a function of
 the script's (or a line at its module level) holding most of what the gap sampler caught, named at its busiest line;
 without one, slow steps are the machine's (another process taking the CPU), not the script's. Time other processes
-held the CPU is taken out of each step first, in proportion, as the window's periodic work does
-(:mod:`~turbotrain.doctor.record.recurring`).
+held the CPU is taken out of each step first, in proportion, where other processes were busy (as the window's
+periodic work does, :mod:`~turbotrain.doctor.record.recurring`).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 __all__ = ["OccasionalWork", "occasional_work"]
 
 MOST = 0.5  # of the untimed time in the spikes, and of the sampler's catches on one line
+BUSY_CORES = 0.5  # other processes' busy cores from which a step's waits for a CPU are theirs
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,10 @@ def occasional_work(ctx: Context) -> OccasionalWork | None:
     chosen = [s for s in ctx.step_records if s.index in measured]
     if len(chosen) < 4:
         return None
-    values = [_untimed_before_forward(s) for s in chosen]
+    # Run-queue waits count as other processes' only where other processes were busy: on a quiet machine a long
+    # step's own waits (measured under the doctor, 30-50 ms of a 60 ms redraw step) would erase the work itself.
+    busy = ctx.machine is not None and (ctx.machine.other_load or 0.0) >= BUSY_CORES
+    values = [_untimed_before_forward(s, busy) for s in chosen]
     ordinary, over = spike_line(chosen, values)
     spikes = [(s.index, v - ordinary) for s, v in zip(chosen, values) if v > over]
     total = sum(values)
@@ -81,11 +85,13 @@ def occasional_work(ctx: Context) -> OccasionalWork | None:
     )
 
 
-def _untimed_before_forward(step: StepRecord) -> float:
-    """The step's untimed seconds before its first training forward (the data-loading share no call timed), less
-    the share other processes held the CPU."""
+def _untimed_before_forward(step: StepRecord, busy: bool) -> float:
+    """The step's untimed seconds before its first training forward (the data-loading share no call timed); on a
+    ``busy`` machine less the share the step waited for a CPU."""
     before = min(step.untimed, step.gap_before_forward) if step.forwards else 0.0
-    return before * (1.0 - min(1.0, (step.preempted or 0.0) / step.duration)) if step.duration > 0 else 0.0
+    if not busy or step.duration <= 0:
+        return before
+    return before * (1.0 - min(1.0, (step.preempted or 0.0) / step.duration))
 
 
 def _holder(site: Site) -> tuple[str, object]:
