@@ -522,3 +522,25 @@ def test_the_branch_is_rewritten_on_each_instance_of_a_copy_and_computes_the_sam
         assert torch.equal(model(x), rewritten(x))
     compiled = torch.compile(rewritten, backend="eager", fullgraph=True)  # no break left
     assert torch.equal(compiled(torch.ones(3, 4)), model(torch.ones(3, 4)))
+
+
+class _BranchingViaSuper(_Branching):
+    def forward(self, x):
+        h = super().forward(x)
+        if h.sum() > 0:
+            h = h * 2
+        return h
+
+
+def test_a_branch_that_cannot_be_rewritten_says_why_and_leaves_the_model_as_it_is():
+    import inspect
+
+    from turbotrain.doctor.rules.compile._branch_where import WhereForm, why_not_rewritten
+
+    lines, first = inspect.getsourcelines(_BranchingViaSuper.forward)
+    line = first + next(i for i, text in enumerate(lines) if "if h.sum()" in text)
+    model = torch.nn.Sequential(_BranchingViaSuper())
+    form = WhereForm("h.sum() > 0", "h * 2", "h", "h")
+    assert "enclosing scope (super()" in why_not_rewritten(model, Site(__file__, line), form)
+    assert not any("forward" in vars(m) for m in model.modules())
+    assert "no module of the model" in why_not_rewritten(torch.nn.Linear(2, 2), Site(__file__, line), form)

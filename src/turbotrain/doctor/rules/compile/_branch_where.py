@@ -135,21 +135,34 @@ def _rewritten(function: types.FunctionType, site: Site, form: WhereForm) -> typ
     return rewritten
 
 
+def _rewrites(model: torch.nn.Module, site: Site, form: WhereForm) -> dict[type, tuple[str, types.FunctionType]]:
+    """Per module class of ``model`` whose method holds the break's line: the method's name and its rewrite;
+    NotRewritten where none holds it or it cannot be rewritten."""
+    made: dict[type, tuple[str, types.FunctionType]] = {}
+    for cls in {type(module) for module in model.modules()}:
+        found = _method(cls, site)
+        if found is not None:
+            made[cls] = (found[0], _rewritten(found[1], site, form))
+    if not made:
+        raise NotRewritten("no module of the model has the method that holds the line (a function of its own?)")
+    return made
+
+
+def why_not_rewritten(model: torch.nn.Module, site: Site, form: WhereForm) -> str | None:
+    """Why the branch cannot be timed as ``torch.where`` on ``model`` (None: it can); ``model`` is left as it is."""
+    try:
+        _rewrites(model, site, form)
+    except NotRewritten as why:
+        return str(why)
+    return None
+
+
 def with_where(model: torch.nn.Module, site: Site, form: WhereForm) -> torch.nn.Module:
     """``model`` (a copy: changed in place) with the method that holds the break's line rewritten on every instance
     of its class; NotRewritten where no module's method holds it or it cannot be rewritten."""
-    patched = 0
-    made: dict[type, tuple[str, types.FunctionType]] = {}
+    made = _rewrites(model, site, form)
     for module in model.modules():
-        cls = type(module)
-        if cls not in made:
-            found = _method(cls, site)
-            if found is None:
-                continue
-            made[cls] = (found[0], _rewritten(found[1], site, form))
-        name, function = made[cls]
-        setattr(module, name, types.MethodType(function, module))  # this instance only, not its class
-        patched += 1
-    if not patched:
-        raise NotRewritten("no module of the model has the method that holds the line (a function of its own?)")
+        if type(module) in made:
+            name, function = made[type(module)]
+            setattr(module, name, types.MethodType(function, module))  # this instance only, not its class
     return model

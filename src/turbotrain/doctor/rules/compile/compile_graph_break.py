@@ -40,7 +40,7 @@ from ...record.compile_watch import CompiledCode, GraphBreak
 from ...requests import OwnTrial
 from ...sites import Site, is_user_file
 from ..rule import Detect, Measured, Rule, TimeLeft, register
-from ._branch_where import NotRewritten, WhereForm, branch_at, where_form, with_where
+from ._branch_where import NotRewritten, WhereForm, branch_at, where_form, why_not_rewritten, with_where
 from ._common import (
     PairTiming,
     Variant,
@@ -237,7 +237,13 @@ def graph_breaks(ctx: Context) -> Iterator[Finding]:
             first_print = kind == PRINT and is_print_break(b) and not print_seen
             print_seen = print_seen or first_print
             form = _where_form(ctx, b.site) if kind == BRANCH else None
-            timed = (first_item or first_print or form is not None) and compiled_model(ctx) is not None
+            model = compiled_model(ctx)
+            unwritable = (
+                why_not_rewritten(model._orig_mod, b.site, form)  # type: ignore[arg-type]  # checked a Module
+                if form is not None and model is not None and b.site is not None
+                else None
+            )
+            timed = (first_item or first_print or (form is not None and not unwritable)) and model is not None
             f = Finding(
                 "compile-graph-break",
                 site=b.site,
@@ -264,6 +270,7 @@ def graph_breaks(ctx: Context) -> Iterator[Finding]:
                 "Unmeasured: what the break costs depends on the graphs around it; the fix is timed for .item() "
                 "and print breaks, and for a branch that is one torch.where."
                 + (" Timed below when the what-ifs run." if timed else "")
+                + (f" This branch could not be rewritten on a copy of the model: {unwritable}." if unwritable else "")
             )
             yield f
 
@@ -316,9 +323,8 @@ def _measure_branch(ctx: Context, f: Finding, budget: TimeLeft, model: torch.nn.
         return None
     try:
         rewritten = with_where(eager_copy(model), f.site, form)
-    except NotRewritten as why:
-        f.note = f"Not timed: the branch could not be rewritten on a copy of the model ({why})."
-        return None
+    except NotRewritten:
+        return None  # detection said why (why_not_rewritten): the source changed since, at most
     as_is = Variant("compiled as the script compiles it", recompiled(model))
     fixed = Variant("compiled with the branch as torch.where", compiled_like(model, rewritten))
 

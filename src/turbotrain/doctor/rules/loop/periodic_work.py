@@ -1,6 +1,6 @@
 """`periodic-work`: validation or checkpoints every N steps cost over 5% of training time, amortised over their period;
 N beyond the window found by watching the step clock after it. Also work the script runs now and then before a
-forward where no DataLoader runs (a plot when an episode ends), at the line the gap sampler caught in it
+forward (a plot when an episode ends), at the line the gap sampler caught in it
 (:mod:`~turbotrain.doctor.analysis.gap_work`): what it costs each time and of training, from the run itself.
 
 Reads: run.
@@ -73,7 +73,7 @@ def periodic_work(ctx: Context) -> Iterator[Finding]:
 
 
 def occasional(ctx: Context) -> Iterator[Finding]:
-    """Work in a few measured steps before their forward, where no DataLoader runs (analysis/gap_work.py)."""
+    """Work the script ran before the forward in a few measured steps only (analysis/gap_work.py)."""
     work = occasional_work(ctx)
     if work is None or work.share < PERIODIC_TARGET_SHARE:
         return  # none, or cheap enough
@@ -111,8 +111,8 @@ def occasional(ctx: Context) -> Iterator[Finding]:
     else:
         f.set_gain(work.share * (1 - 1 / fewer), measured=True)
         f.note = (
-            f"Measured over {len(work.steps)} occurrences in the measured steps, with other processes' time taken "
-            "out; the gain is the share it leaves when run that much less often."
+            f"Measured over {len(work.steps)} occurrences in the measured steps (on a busy machine, less the time "
+            "other processes held the CPU); the gain is the share it leaves when run that much less often."
         )
     yield f
 
