@@ -112,9 +112,13 @@ def _rl_step(index: int, before_forward: float, preempted: float | None = None) 
 
 
 def _rl_context(before: dict[int, float], samples: dict[Site, int], loader=None, preempted=None, others=0.0):
+    from turbotrain.doctor.analysis.gap_work import occasional_work
+
     steps = [_rl_step(i, before.get(i, 0.0005), (preempted or {}).get(i)) for i in range(3, 23)]
-    return SimpleNamespace(main_loader=loader, gap_samples=samples, measured_steps=[s.index for s in steps],
-                           step_records=steps, machine=SimpleNamespace(other_load=others))
+    ctx = SimpleNamespace(main_loader=loader, gap_samples=samples, measured_steps=[s.index for s in steps],
+                          step_records=steps, machine=SimpleNamespace(other_load=others))
+    ctx.occasional_work = occasional_work(ctx)  # as Context computes it once, for the rules
+    return ctx
 
 
 def test_work_in_a_few_steps_before_the_forward_is_occasional_work_at_the_sampled_line():

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from .ranks import RankAnalysis
     from ..record.memory_watch import StepMemory
     from .memory import FitMeasure
+    from .gap_work import OccasionalWork
     from .periodic import PeriodicRow
 
 __all__ = ["Context", "SiteStat", "build_context"]
@@ -108,6 +109,13 @@ class Context:
         from .periodic import periodic_table  # it reads this context: imported late, no cycle
 
         return periodic_table(self)
+
+    @cached_property
+    def occasional_work(self) -> OccasionalWork | None:
+        """Work the script ran before the forward in a few steps only (:func:`.gap_work.occasional_work`)."""
+        from .gap_work import occasional_work
+
+        return occasional_work(self)
 
     @cached_property
     def job(self) -> RankAnalysis | None:

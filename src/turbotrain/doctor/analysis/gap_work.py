@@ -13,6 +13,7 @@ periodic work does, :mod:`~turbotrain.doctor.record.recurring`).
 from __future__ import annotations
 
 import statistics
+from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -37,7 +38,7 @@ class OccasionalWork:
     steps: tuple[int, ...]  # the measured steps it ran in
     measured: int  # the measured steps
     cost_s: float  # each occurrence, over an ordinary step's untimed time
-    share: float  # of the measured steps' time (less other processes')
+    share: float  # of the measured steps' time (less other processes' on a busy machine)
     base_step_s: float  # a measured step without it
 
     @property
@@ -61,20 +62,20 @@ def occasional_work(ctx: Context) -> OccasionalWork | None:
     values = [_untimed_before_forward(s, busy) for s in chosen]
     ordinary, over = spike_line(chosen, values)
     spikes = [(s.index, v - ordinary) for s, v in zip(chosen, values) if v > over]
-    total = sum(values)
-    if not spikes or len(spikes) > len(chosen) // 2 or sum(e for _, e in spikes) < MOST * total:
+    excess = sum(e for _, e in spikes)
+    if not spikes or len(spikes) > len(chosen) // 2 or excess < MOST * sum(values):
         return None
     # One function of the script's (a redraw: its lines together), or one line at the module's level, holding most
     # of what the sampler caught: a sampler that ran through a few occurrences splits them over their lines.
-    held: dict[tuple[str, object], int] = {}
+    held: Counter[tuple[str, object]] = Counter()
     for at, n in ctx.gap_samples.items():
-        held[_holder(at)] = held.get(_holder(at), 0) + n
-    holder, caught = max(held.items(), key=lambda kv: kv[1])
-    if caught < MOST * sum(held.values()):
+        held[_holder(at)] += n
+    holder, caught = held.most_common(1)[0]
+    if caught < MOST * held.total():
         return None  # nothing of the script's holds the time: nothing to point at
     site = max((at for at in ctx.gap_samples if _holder(at) == holder), key=lambda at: ctx.gap_samples[at])
-    own = sum(s.duration - min(s.duration, s.preempted or 0.0) for s in chosen)
-    excess = sum(e for _, e in spikes)
+    # The steps' own time, less their CPU waits where those were other processes' (as the values above).
+    own = sum(s.duration - (min(s.duration, s.preempted or 0.0) if busy else 0.0) for s in chosen)
     return OccasionalWork(
         site=site,
         steps=tuple(i for i, _ in spikes),

@@ -10,7 +10,6 @@ import ast
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator
 
-from ...analysis.gap_work import occasional_work
 from ...edits import ByHand, EditSpec
 from ...findings import Evidence, Finding, Fix, speedup_for_rule
 from ...record.cadence import syntax_tree
@@ -57,7 +56,7 @@ def num_workers(ctx: Context) -> Iterator[Finding]:
     cores = max(1, ctx.hw.cpu_cores)
     # Work in a few steps only before the forward (a plot when an episode ends) is neither batch building nor the
     # loader's: periodic-work names it.
-    occasional = occasional_work(ctx)
+    occasional = ctx.occasional_work
     sampled = dict(ctx.gap_samples)
     if occasional is not None:
         data_s -= occasional.cost_s / occasional.every

@@ -13,7 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator
 
-from ...analysis.gap_work import occasional_work
 from ...analysis.periodic import PERIODIC_TARGET_SHARE, SUGGESTED_SHARE, PeriodicRow, suggested_every
 from ...edits import ByHand, EditSpec
 from ...findings import Evidence, Finding, Fix
@@ -74,7 +73,7 @@ def periodic_work(ctx: Context) -> Iterator[Finding]:
 
 def occasional(ctx: Context) -> Iterator[Finding]:
     """Work the script ran before the forward in a few measured steps only (analysis/gap_work.py)."""
-    work = occasional_work(ctx)
+    work = ctx.occasional_work
     if work is None or work.share < PERIODIC_TARGET_SHARE:
         return  # none, or cheap enough
     once = len(work.steps) == 1
