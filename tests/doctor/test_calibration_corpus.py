@@ -55,12 +55,16 @@ def test_every_measured_memory_fix_has_a_pair_the_time_calibration_leaves_out():
     assert not [p for p in PAIRS if p.memory_fix], "doctor_calibration.py would time a memory pair as a speed-up"
 
 
+# Pairs whose fix is longer than four lines: torch.cond makes each side of the branch a function of its own.
+LONG_FIXES = {"compile_cond": 10}
+
+
 @pytest.mark.parametrize("pair", PAIRS + MEMORY_PAIRS, ids=lambda p: p.name)
 def test_pair_compiles_and_differs_only_by_the_fix(pair):
     for path in (pair.slow, pair.fixed):
         compile(path.read_text(), str(path), "exec")
     changed = _changed_lines(pair)
-    assert 1 <= len(changed) <= 4, "\n".join(changed)
+    assert 1 <= len(changed) <= LONG_FIXES.get(pair.name, 4), "\n".join(changed)
     assert "timed_steps(" in pair.slow.read_text()
     assert pair.expect, f"{pair.slow.name} says nothing about the gain it expects (# expect: ...)"
 

@@ -508,13 +508,14 @@ def test_the_branch_is_rewritten_on_each_instance_of_a_copy_and_computes_the_sam
     import inspect
 
     from turbotrain.doctor.analysis.source import SourceIndex
-    from turbotrain.doctor.rules.compile._branch_where import branch_at, where_form, with_where
+    from turbotrain.doctor.rules.compile._branch_rewrite import form_at, with_rewrite
 
     lines, first = inspect.getsourcelines(_Branching.forward)
     line = first + next(i for i, text in enumerate(lines) if "if h.sum()" in text)
-    form = where_form(branch_at(SourceIndex.parse(__file__), line))
+    form = form_at(SourceIndex.parse(__file__), line)
+    assert form.label == "torch.where"
     model = torch.nn.Sequential(_Branching(), _Branching())
-    rewritten = with_where(copy.deepcopy(model), Site(__file__, line), form)
+    rewritten = with_rewrite(copy.deepcopy(model), Site(__file__, line), form)
     assert all("forward" in vars(m) for m in rewritten) and not any("forward" in vars(m) for m in model)
     assert _Branching.forward.__code__.co_firstlineno == first  # the class keeps its own method
     for sign in (1.0, -1.0):  # each side of the branch taken
@@ -535,7 +536,8 @@ class _BranchingViaSuper(_Branching):
 def test_a_branch_that_cannot_be_rewritten_says_why_and_leaves_the_model_as_it_is():
     import inspect
 
-    from turbotrain.doctor.rules.compile._branch_where import WhereForm, why_not_rewritten
+    from turbotrain.doctor.rules.compile._branch_rewrite import why_not_rewritten
+    from turbotrain.doctor.rules.compile._branch_where import WhereForm
 
     lines, first = inspect.getsourcelines(_BranchingViaSuper.forward)
     line = first + next(i for i, text in enumerate(lines) if "if h.sum()" in text)

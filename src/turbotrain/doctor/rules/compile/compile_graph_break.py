@@ -4,9 +4,9 @@ compiles met it, the fix by kind (`.item()`, a branch on a tensor, print/logging
 torch's or a package's code the line runs, e.g. DDP's under `torch.compile(DistributedDataParallel(model))`, said as
 that code's with the function it broke in, one finding a line; a break in a loop that ran the whole function
 eagerly); `.item()` breaks timed: compiled as is against `capture_scalar_outputs=True`; `print` breaks timed:
-compiled as is (its prints written nowhere) against `print` a no-op that torch traces; a branch on a tensor that says
-one `torch.where` (each side sets one name, or each returns) timed: compiled as is against a copy of the model whose
-method computes the branch as that `torch.where`.
+compiled as is (its prints written nowhere) against `print` a no-op that torch traces; a branch on a tensor timed:
+compiled as is against a copy of the model whose method computes the branch as one `torch.where` (each side sets one
+name, or each returns) or as `torch.cond` (sides of several statements that change nothing outside themselves).
 
 Reads: run (torch.compile's records).
 Edit: `torch._dynamo.config.capture_scalar_outputs = True` after the script's imports, for its `.item()` breaks
@@ -18,8 +18,8 @@ call, or the line called into ``logging``); a break inside torch's or a package'
 it broke in, nothing at the user's line to move). A ``.item()`` break is timed: the script's model compiled as it is
 against compiled with ``torch._dynamo.config.capture_scalar_outputs = True``, on its captured batch; a ``print``
 break against the model compiled with ``print`` a no-op (which torch traces: the prints out of forward); a branch
-whose sides each set one name or each return against a copy of the model with the branch as one ``torch.where``
-(:mod:`._branch_where`); the other kinds are not.
+on a tensor against a copy of the model with the branch as one ``torch.where`` where each side sets one name or each
+returns, as ``torch.cond`` otherwise (:mod:`._branch_rewrite`); the other kinds are not.
 """
 
 from __future__ import annotations
@@ -35,12 +35,14 @@ from unittest import mock
 import torch
 
 from ...edits import PRECISION, ByHand, EditSpec
-from ...findings import Evidence, Finding, Fix
+from ...findings import Evidence, Finding, Fix, one_line
 from ...record.compile_watch import CompiledCode, GraphBreak
 from ...requests import OwnTrial
 from ...sites import Site, is_user_file
 from ..rule import Detect, Measured, Rule, TimeLeft, register
-from ._branch_where import NotRewritten, WhereForm, branch_at, where_form, why_not_rewritten, with_where
+from ._branch_cond import CondForm
+from ._branch_rewrite import BranchForm, NotRewritten, form_at, why_not_rewritten, with_rewrite
+from ._branch_where import WhereForm
 from ._common import (
     PairTiming,
     Variant,
@@ -90,6 +92,7 @@ class GraphBreakEvidence(Evidence):
     reason: str
     inside: str | None = None  # where torch broke in a library's code ("torch/nn/parallel/distributed.py:1757")
     where: str | None = None  # a branch as one torch.where, the statement its trial times ("h = torch.where(...)")
+    cond: str | None = None  # a branch as torch.cond, the statements its trial times (two functions and the call)
 
 
 def break_kind(b: GraphBreak) -> BreakKind:
@@ -127,8 +130,9 @@ def _explanation(b: GraphBreak) -> str:
     return line.removeprefix("Explanation:").strip().rstrip(".")
 
 
-def _fix(kind: BreakKind, b: GraphBreak, code: CompiledCode, no_graph: bool) -> Fix:
-    """The fix for a break of ``kind``, in each framework (the same code change in all: compile is the model's)."""
+def _fix(kind: BreakKind, b: GraphBreak, code: CompiledCode, no_graph: bool, form: BranchForm | None) -> Fix:
+    """The fix for a break of ``kind``, in each framework (the same code change in all: compile is the model's);
+    ``form``: a branch's rewrite, said in full."""
     if kind == LIBRARY:
         owner = f"{b.library}'s" if b.library else "library"
         text = f"Nothing to change at this line (the break is inside {owner} code)"
@@ -150,6 +154,10 @@ def _fix(kind: BreakKind, b: GraphBreak, code: CompiledCode, no_graph: bool) -> 
             "Keep the number a tensor (torch.where(...) or tensor arithmetic instead of .item()); or set "
             f"{_FLAG} before compiling, so the value stays in the graph"
         )
+    elif kind == BRANCH and isinstance(form, WhereForm):
+        text = f"Replace the Python `if` on a tensor with `{form.code()}` (both sides computed)"
+    elif kind == BRANCH and isinstance(form, CondForm):
+        text = f"Replace the Python `if` on a tensor with torch.cond (only the side taken runs):\n{form.code()}"
     elif kind == BRANCH:
         text = (
             "Replace the Python `if` on a tensor with torch.where(cond, a, b) (both sides computed) or torch.cond("
@@ -209,11 +217,11 @@ def is_print_break(b: GraphBreak) -> bool:
     return "builtin operator `print`" in b.reason or "builtin `print`" in b.reason
 
 
-def _where_form(ctx: Context, site: Site | None) -> WhereForm | None:
-    """The branch at a data-dependent break's line as one ``torch.where``, where its shape says the same thing."""
+def _branch_form(ctx: Context, site: Site | None) -> BranchForm | str | None:
+    """The branch at a data-dependent break's line as one ``torch.where`` or as ``torch.cond``, or why neither; None
+    where the line is no ``if`` of a function in the script's sources."""
     index = ctx.sources.get(site.file) if site is not None else None
-    branch = branch_at(index, site.line) if index is not None and site is not None else None
-    return where_form(branch) if branch is not None else None
+    return form_at(index, site.line) if index is not None and site is not None else None
 
 
 def graph_breaks(ctx: Context) -> Iterator[Finding]:
@@ -236,11 +244,14 @@ def graph_breaks(ctx: Context) -> Iterator[Finding]:
             item_seen = item_seen or kind == ITEM
             first_print = kind == PRINT and is_print_break(b) and not print_seen
             print_seen = print_seen or first_print
-            form = _where_form(ctx, b.site) if kind == BRANCH else None
+            read = _branch_form(ctx, b.site) if kind == BRANCH else None
+            form = None if isinstance(read, str) else read
             model = compiled_model(ctx)
             unwritable = (
                 why_not_rewritten(model._orig_mod, b.site, form)  # type: ignore[arg-type]  # checked a Module
                 if form is not None and model is not None and b.site is not None
+                else read
+                if isinstance(read, str)
                 else None
             )
             timed = (first_item or first_print or (form is not None and not unwritable)) and model is not None
@@ -249,7 +260,7 @@ def graph_breaks(ctx: Context) -> Iterator[Finding]:
                 site=b.site,
                 category="python_overhead",
                 message=_message(code, b, kind, no_graph, also),
-                fix=_fix(kind, b, code, no_graph),
+                fix=_fix(kind, b, code, no_graph, form),
                 evidence=GraphBreakEvidence(
                     code=code.name,
                     kind=kind,
@@ -260,7 +271,8 @@ def graph_breaks(ctx: Context) -> Iterator[Finding]:
                     first_item=first_item,
                     reason=b.reason,
                     inside=f"{_library_where(b)} in {b.inside.function}" if b.inside is not None else None,
-                    where=form.statement() if form is not None else None,
+                    where=form.statement() if form is not None and not isinstance(form, CondForm) else None,
+                    cond=form.code() if isinstance(form, CondForm) else None,
                 ),
                 request=OwnTrial() if timed else None,
             )
@@ -268,9 +280,9 @@ def graph_breaks(ctx: Context) -> Iterator[Finding]:
             f.provisional("medium" if b.skipped or kind == ITEM else "low")
             f.note = (
                 "Unmeasured: what the break costs depends on the graphs around it; the fix is timed for .item() "
-                "and print breaks, and for a branch that is one torch.where."
+                "and print breaks, and for a branch on a tensor, as torch.where or torch.cond."
                 + (" Timed below when the what-ifs run." if timed else "")
-                + (f" This branch could not be rewritten on a copy of the model: {unwritable}." if unwritable else "")
+                + (f" This branch is not timed: {unwritable}." if unwritable else "")
             )
             yield f
 
@@ -315,27 +327,47 @@ def _measure_prints(ctx: Context, budget: TimeLeft, model: torch.nn.Module) -> M
     return measured_pair(ctx, budget, as_is, fixed, say, compile_seconds(ctx)[0])
 
 
+def _refusal(exc: BaseException) -> str:
+    """Torch's own sentence for why it refused (its "Explanation:" line), else the error's first line."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    explained = next((line for line in lines if line.startswith("Explanation:")), "")
+    if explained:
+        return explained.removeprefix("Explanation:").strip().rstrip(".")
+    # torch.cond's own refusal names what stopped it on the line after this one
+    after = next((lines[i + 1] for i, line in enumerate(lines[:-1]) if line.endswith("Got graph break/error:")), "")
+    return f"{lines[0].rstrip('.:')}: {after}" if after else one_line(exc).rstrip(".")
+
+
 def _measure_branch(ctx: Context, f: Finding, budget: TimeLeft, model: torch.nn.Module) -> Measured | None:
-    """The model compiled as it is against a copy whose method has the branch as one ``torch.where``."""
-    evidence = f.evidence_as(GraphBreakEvidence)
-    form = _where_form(ctx, f.site)
-    if form is None or f.site is None:
+    """The model compiled as it is against a copy whose method has the branch as one ``torch.where`` or as
+    ``torch.cond``. A rewrite torch.compile refuses (``torch.cond`` takes tensors only) is said in the note."""
+    form = _branch_form(ctx, f.site)
+    if form is None or isinstance(form, str) or f.site is None:
         return None
     try:
-        rewritten = with_where(eager_copy(model), f.site, form)
+        rewritten = with_rewrite(eager_copy(model), f.site, form)
     except NotRewritten:
         return None  # detection said why (why_not_rewritten): the source changed since, at most
     as_is = Variant("compiled as the script compiles it", recompiled(model))
-    fixed = Variant("compiled with the branch as torch.where", compiled_like(model, rewritten))
+    fixed = Variant(f"compiled with the branch as {form.label}", compiled_like(model, rewritten))
+    written = (
+        f"`{form.code()}` in place of the `if` (both sides computed"
+        if isinstance(form, WhereForm)
+        else ("the branch as torch.cond (the evidence's `cond`; only the side taken runs")
+    )
 
     def say(timing: PairTiming, _steps_differ: bool) -> str:
         return (
             f"Timed on the captured batch: {timing.a_s * 1e3:.2f} ms a step compiled as it is, "
-            f"{timing.b_s * 1e3:.2f} ms with `{evidence.where}` in place of the `if` (both sides computed, no "
-            "graph break; fresh compiles of each, interleaved)."
+            f"{timing.b_s * 1e3:.2f} ms with {written}, no graph break; fresh compiles of each, interleaved)."
         )
 
-    return measured_pair(ctx, budget, as_is, fixed, say, compile_seconds(ctx)[0])
+    try:
+        return measured_pair(ctx, budget, as_is, fixed, say, compile_seconds(ctx)[0])
+    except Exception as exc:  # noqa: BLE001 - torch.compile refusing the rewrite is a finding's note, not a crash
+        said = (f.note or "").replace(" Timed below when the what-ifs run.", "")
+        f.note = f"{said} Timed as {form.label}, the rewrite did not compile: {_refusal(exc)}.".strip()
+        return None
 
 
 def measure(ctx: Context, f: Finding, budget: TimeLeft) -> Measured | None:
@@ -385,6 +417,8 @@ def edit(ctx: Context, f: Finding) -> EditSpec:
         raise ByHand(f"a break in a library's code ({evidence.inside}), not the script's: {f.fix.pytorch}")
     if evidence.kind == BRANCH and evidence.where is not None:
         raise ByHand(f"the branch as `{evidence.where}` (both sides computed; the trial timed it), written by hand")
+    if evidence.kind == BRANCH and evidence.cond is not None:
+        raise ByHand("the branch as torch.cond, as the fix writes it out (the trial timed it), written by hand")
     if evidence.kind != ITEM:
         raise ByHand(f"a break that {evidence.kind} is a change of the code itself: {f.fix.pytorch}")
     if not evidence.first_item:
