@@ -16,6 +16,8 @@ import torch
 from turbotrain.doctor.rules.compile._branch_rewrite import branch_form, form_at, with_rewrite
 from turbotrain.doctor.sites import Site
 
+pytestmark = pytest.mark.reads_no_time  # it asserts that a trial ran, not what it measured: the shared lane
+
 
 def _form(source: str):
     function = ast.parse(textwrap.dedent(source)).body[0]

@@ -226,6 +226,24 @@ def test_the_fixes_measure_both_sides_and_the_smaller_micro_batch_holds_less():
         mf.micro_batches(model, [opt], batch, k=3, rows=x.shape[0])
 
 
+@pytest.mark.parametrize(("fixed_s", "rounds"), [(0.12, 3), (0.5, 1), (0.02, 1)])
+def test_a_fix_clearly_apart_after_one_round_is_not_timed_again(monkeypatch, fixed_s, rounds):
+    """Rounds beyond the first tell a few percent from noise: a fix over 3x the step either way is said after one."""
+    steps = {"baseline": 0.1, "fixed": fixed_s}
+    timed: list[str] = []
+
+    def timed_step(variant):
+        timed.append(variant)
+        return steps[variant]
+
+    monkeypatch.setattr(mf, "_step", lambda variant: None)
+    monkeypatch.setattr(mf, "_peak", lambda variant: 100)
+    monkeypatch.setattr(mf, "_timed", timed_step)
+    cost = mf._compare("bf16-autocast", "cpu", "baseline", "fixed", repeats=3)
+    assert timed == ["baseline", "fixed"] * rounds
+    assert (cost.baseline.step_seconds, cost.fixed.step_seconds) == (0.1, fixed_s)
+
+
 def test_the_results_pickle():
     model, batch = _big_activations()
     memory = mw.measure_step(model, [torch.optim.SGD(model.parameters(), lr=0.1)], [batch], _cross_entropy)

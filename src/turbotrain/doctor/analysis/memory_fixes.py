@@ -24,6 +24,8 @@ from ...measure import copy_for_trial
 from ..record.memory_watch import LossFn, Optimizers, measure_step
 from .replay import surrogate_step
 
+CLEARLY_APART = 3.0  # one side this many times the other's step: no further round changes what is said
+
 __all__ = ["Cost", "FixCost", "checkpoint_blocks", "checkpointing", "bf16_autocast", "set_to_none", "micro_batches"]
 
 
@@ -148,6 +150,10 @@ def _compare(fix: str, detail: str, baseline: _Variant, fixed: _Variant, repeats
     for _ in range(repeats):
         for i, variant in enumerate((baseline, fixed)):
             seconds[i] = min(seconds[i], _timed(variant))
+        # More rounds tell a few percent from noise; a fix several times slower (bf16 where the CPU has no bf16
+        # instructions) is that after one, and each more round costs another of its slow steps.
+        if max(seconds) > CLEARLY_APART * min(seconds):
+            break
     return FixCost(fix, detail, Cost(peaks[0], seconds[0]), Cost(peaks[1], seconds[1]))
 
 
