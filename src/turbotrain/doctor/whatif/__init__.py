@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import sys
 import types
 from typing import TYPE_CHECKING, Callable, Iterable, Iterator
@@ -116,31 +117,55 @@ def _run_what_ifs(ctx: Context, findings: list[Finding], budget_s: float, allow_
     def of(kind: type) -> list[Finding]:
         return [f for f in findings if isinstance(f.request, kind)]
 
-    steps: list[tuple[str, Trial]] = []
+    # Each trial with the findings it is for.
+    steps: list[tuple[str, Trial, list[Finding]]] = []
     for f in of(ThreadsRequest):  # first: on a contended machine every other trial is skewed by it
-        steps.append(("threads", _one(f, threads_trial, ctx, budget)))
+        steps.append(("threads", _one(f, threads_trial, ctx, budget), [f]))
     for f in of(LoaderRequest):
-        steps.append(("num_workers", _one(f, loader_trial, ctx, budget)))
+        steps.append(("num_workers", _one(f, loader_trial, ctx, budget), [f]))
     for f in of(BatchBuildRequest):  # a second or so each: before the long trials take the budget
-        steps.append(("batch_build", _one(f, batch_build_trial, ctx, budget)))
+        steps.append(("batch_build", _one(f, batch_build_trial, ctx, budget), [f]))
     for f in of(BatchRequest):
-        steps.append(("batch", _one(f, batch_trial, ctx, budget)))
+        steps.append(("batch", _one(f, batch_trial, ctx, budget), [f]))
     if of(PlanRequest):
-        steps.append(("plan", lambda: plan_trials(ctx, of(PlanRequest), budget, allow_compile)))
+        steps.append(("plan", lambda: plan_trials(ctx, of(PlanRequest), budget, allow_compile), of(PlanRequest)))
     for f in of(AttentionRequest):
-        steps.append(("attention", _one(f, attention_trial, ctx, budget)))
+        steps.append(("attention", _one(f, attention_trial, ctx, budget), [f]))
     for f in of(EvalGradRequest):
-        steps.append(("eval_grad", _one(f, eval_grad_trial, ctx, budget)))
+        steps.append(("eval_grad", _one(f, eval_grad_trial, ctx, budget), [f]))
     for f in of(OwnTrial):  # a rule that times its own fix (Rule.measure)
-        steps.append((f.rule, _one(f, _own_trial, ctx, budget)))
-    for name, trial in steps:
+        steps.append((f.rule, _one(f, _own_trial, ctx, budget), [f]))
+    refused: dict[int, tuple[float, float]] = {}  # a finding its trial gave no outcome: the cost the budget refused
+    started = 0  # the trials begun, in order: those after them the budget never reached
+    for name, trial, _ in steps:
         if budget.left <= 0:
             break
+        started += 1
+        budget.refused = None
         try:
             for finding, outcome in trial():
                 attach(finding, ctx, outcome)
+                if outcome is None and budget.refused is not None:
+                    refused[id(finding)] = budget.refused
+                budget.refused = None
         except Exception as exc:  # noqa: BLE001 - a failed what-if leaves the finding estimated
             log.warning("turbotrain doctor: what-if %s failed: %s", name, one_line(exc))
+    not_reached = {id(f) for _, _, left_out in steps[started:] for f in left_out}
     for f in findings:
         if f.measured and f.what_if is not None:
             cap_to_noise(f, ctx)
+        elif f.what_if is None and (id(f) in refused or id(f) in not_reached):
+            _say_untimed(f, refused.get(id(f)), budget_s)
+
+
+def _say_untimed(f: Finding, refused: tuple[float, float] | None, budget_s: float) -> None:
+    """A finding whose trial the budget refused, or never reached, says so, with the budget that gives it room."""
+    if refused is not None:
+        cost, left = refused
+        said = f"its trial needed about {cost:.0f} s and {left:.0f} s of the what-if budget were left"
+        room = budget_s - left + cost  # what was spent before its turn, and its own cost
+    else:
+        said = f"the what-if budget ({budget_s:.0f} s) was spent before its trial's turn"
+        room = 2 * budget_s
+    room = max(10 * math.ceil(room / 10), budget_s + 10)
+    f.note = f"{(f.note or '').strip()} Not timed: {said}; `--what-if-budget {room:.0f}` gives it room.".strip()

@@ -23,17 +23,26 @@ log = logging.getLogger("turbotrain")
 
 @dataclass
 class Budget:
+    """The what-ifs' seconds; ``refused``: the largest cost it turned down since it was last cleared, with the
+    seconds left then (what a finding left untimed says)."""
+
     seconds: float
 
     def __post_init__(self) -> None:
         self.deadline = time.perf_counter() + self.seconds
+        self.refused: tuple[float, float] | None = None  # (cost asked, seconds left)
 
     @property
     def left(self) -> float:
         return self.deadline - time.perf_counter()
 
     def allows(self, cost_s: float) -> bool:
-        return self.left >= cost_s
+        left = self.left
+        if left >= cost_s:
+            return True
+        if self.refused is None or cost_s > self.refused[0]:
+            self.refused = (cost_s, max(0.0, left))
+        return False
 
 
 def optimizer_recipe(ctx: Context) -> tuple[type, dict[str, Any]]:

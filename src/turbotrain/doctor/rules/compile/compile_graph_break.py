@@ -281,7 +281,6 @@ def graph_breaks(ctx: Context) -> Iterator[Finding]:
             f.note = (
                 "Unmeasured: what the break costs depends on the graphs around it; the fix is timed for .item() "
                 "and print breaks, and for a branch on a tensor, as torch.where or torch.cond."
-                + (" Timed below when the what-ifs run." if timed else "")
                 + (f" This branch is not timed: {unwritable}." if unwritable else "")
             )
             yield f
@@ -365,8 +364,7 @@ def _measure_branch(ctx: Context, f: Finding, budget: TimeLeft, model: torch.nn.
     try:
         return measured_pair(ctx, budget, as_is, fixed, say, compile_seconds(ctx)[0])
     except Exception as exc:  # noqa: BLE001 - torch.compile refusing the rewrite is a finding's note, not a crash
-        said = (f.note or "").replace(" Timed below when the what-ifs run.", "")
-        f.note = f"{said} Timed as {form.label}, the rewrite did not compile: {_refusal(exc)}.".strip()
+        f.note = f"{f.note or ''} Timed as {form.label}, the rewrite did not compile: {_refusal(exc)}.".strip()
         return None
 
 
