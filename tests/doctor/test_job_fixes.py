@@ -35,8 +35,9 @@ def test_the_patch_edits_the_lines_of_the_fixes_timed_on_every_rank(tmp_path):
     text = (folder / SCRIPT.name).read_text()
     assert "torch.set_num_threads(1)" in text and "find_unused_parameters=False" in text
     assert ("gradient_as_bucket_view=True" in text) == (buckets is not None)
-    # The patched job still trains: both ranks step to the end under plain torchrun (ranks from the warm server).
-    env = job_env()
+    # The patched job still trains: both ranks step to the end under plain torchrun (ranks from the warm server);
+    # torchrun's log folder in the test's tmp_path, not /tmp (torchrun leaves it where it makes it).
+    env = {**job_env(), "TMPDIR": str(tmp_path)}
     run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                           SCRIPT.name], cwd=folder, env={**env, **warm_ranks_env(env)}, capture_output=True,
                          text=True, timeout=180)
