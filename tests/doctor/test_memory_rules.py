@@ -213,6 +213,58 @@ def test_set_to_none_joins_the_measured_memory_fixes_where_the_script_zero_fills
         assert "set-to-none zero_grad(set_to_none=True)" in measured.note
 
 
+class _Answers:
+    """A what-if budget that answers ``allows`` by ``rule(call number, cost)``."""
+
+    left = 600.0
+
+    def __init__(self, rule):
+        self.rule, self.calls = rule, 0
+
+    def allows(self, cost_s):
+        self.calls += 1
+        return self.rule(self.calls, cost_s)
+
+
+def _activation_trial(budget):
+    import runpy
+    from types import SimpleNamespace
+
+    import torch
+
+    from doctor_helpers import script
+    from turbotrain.doctor.findings import Finding, Fix
+    from turbotrain.doctor.rules.memory.activation_memory import ActivationEvidence, measure
+
+    ns = runpy.run_path(str(script("memory_big_activations")))
+    model, (x, _) = ns["Net"](), ns["make_batch"]()
+    capture = SimpleNamespace(module=model, args=(x,), kwargs={}, batch_size=x.shape[0], batch_dim=0)
+    ctx = SimpleNamespace(capture=capture, step_memory=_memory(activations=64 * MIB),
+                          optimizers=[(torch.optim.SGD(model.parameters(), lr=0.1), None)],
+                          ran_sites=lambda kind: [], step_s=0.01, share=lambda category: 0.3)
+    evidence = ActivationEvidence(peak_bytes=2, activation_bytes=1, blocks={"wide": 1}, called_at={},
+                                  capacity_bytes=None)
+    finding = Finding("activation-memory", message="", fix=Fix(""), evidence=evidence)
+    return finding, measure(ctx, finding, budget)
+
+
+def test_memory_fixes_the_budget_left_out_are_said_not_measured():
+    # The first fix's turn and its warm-up pass; every check after them is refused.
+    finding, measured = _activation_trial(_Answers(lambda call, cost: call <= 2))
+    assert [row.fix for row in measured.what_if.fixes] == ["checkpointing"]
+    assert measured.note.endswith(
+        "Not measured: bf16-autocast, micro-batches: the what-if budget left could not hold 20 of the script's steps."
+    )
+
+
+def test_a_fix_whose_warm_up_shows_it_would_not_fit_is_said_not_measured():
+    # Every fix's turn is allowed (20 steps of 10 ms), what its warm-up steps ask for never is.
+    finding, measured = _activation_trial(_Answers(lambda call, cost: cost == pytest.approx(0.2)))
+    assert measured is None
+    assert "Not measured: checkpointing: a step took " in finding.note
+    assert "; bf16-autocast: a step took " in finding.note and "; micro-batches: a step took " in finding.note
+
+
 def _row(fix: str, detail: str, saves: float, costs: float) -> MeasuredFix:
     """A measured memory fix: its peak ``saves`` of its baseline's 100 MiB away, its step ``costs`` x 10 ms."""
     return MeasuredFix(fix=fix, detail=detail, baseline_bytes=100 * MIB, fixed_bytes=int((1 - saves) * 100 * MIB),

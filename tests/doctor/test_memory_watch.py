@@ -236,12 +236,25 @@ def test_a_fix_clearly_apart_after_one_round_is_not_timed_again(monkeypatch, fix
         timed.append(variant)
         return steps[variant]
 
-    monkeypatch.setattr(mf, "_step", lambda variant: None)
     monkeypatch.setattr(mf, "_peak", lambda variant: 100)
     monkeypatch.setattr(mf, "_timed", timed_step)
     cost = mf._compare("bf16-autocast", "cpu", "baseline", "fixed", repeats=3)
-    assert timed == ["baseline", "fixed"] * rounds
+    assert timed == ["baseline", "fixed"] * (1 + rounds)  # the warm-up, then the rounds
     assert (cost.baseline.step_seconds, cost.fixed.step_seconds) == (0.1, fixed_s)
+
+
+def test_a_fix_whose_warm_up_says_its_rounds_would_not_fit_the_budget_is_not_measured_further(monkeypatch):
+    asked: list[float] = []
+    monkeypatch.setattr(mf, "_timed", lambda variant: {"baseline": 0.1, "fixed": 4.0}[variant])
+    monkeypatch.setattr(mf, "_peak", lambda variant: pytest.fail("measured the peak past the budget"))
+
+    def allows(seconds: float) -> bool:
+        asked.append(seconds)
+        return seconds <= 10.0
+
+    with pytest.raises(mf.OverBudget, match="bf16-autocast: a step took 4000 ms against 100 ms"):
+        mf._compare("bf16-autocast", "cpu", "baseline", "fixed", repeats=2, allows=allows)
+    assert asked == [pytest.approx(3 * 4.1)]  # the peak's step and two rounds, of both
 
 
 def test_the_results_pickle():

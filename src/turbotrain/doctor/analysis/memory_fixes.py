@@ -4,16 +4,17 @@ with gradient accumulation to the same effective batch. Here, not in ``whatif/``
 (stage 3) calls them.
 
 Each fix runs its baseline and itself in the same call, on their own ``copy.deepcopy`` of the model and its
-optimizers (copied together, so the copied optimizers update the copied parameters): one warm-up step, one
-step measured by :func:`~turbotrain.doctor.record.memory_watch.measure_step` for the peak, then plain steps,
-baseline and fix alternating, the fastest of each for the time. The batch is ``(args, kwargs)`` as captured.
+optimizers (copied together, so the copied optimizers update the copied parameters): one warm-up step (timed: given
+the budget left, a fix whose rounds it could not hold is not measured further), one step measured by
+:func:`~turbotrain.doctor.record.memory_watch.measure_step` for the peak, then plain steps, baseline and fix
+alternating, the fastest of each for the time. The batch is ``(args, kwargs)`` as captured.
 """
 
 from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +27,24 @@ from .replay import surrogate_step
 
 CLEARLY_APART = 3.0  # one side this many times the other's step: no further round changes what is said
 
-__all__ = ["Cost", "FixCost", "checkpoint_blocks", "checkpointing", "bf16_autocast", "set_to_none", "micro_batches"]
+# Whether the what-if budget left holds this many seconds (a rule's TimeLeft.allows).
+Allows = Callable[[float], bool]
+
+
+class OverBudget(Exception):
+    """A fix whose warm-up steps show its measuring would not fit the budget left; the message says so."""
+
+
+__all__ = [
+    "Cost",
+    "FixCost",
+    "OverBudget",
+    "checkpoint_blocks",
+    "checkpointing",
+    "bf16_autocast",
+    "set_to_none",
+    "micro_batches",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,11 +81,13 @@ def checkpointing(
     blocks: Sequence[str],
     loss_fn: LossFn = surrogate_step,
     repeats: int = 3,
+    allows: Allows | None = None,
 ) -> FixCost:
     """Activation checkpointing (``torch.utils.checkpoint``, non-reentrant) of the submodules named ``blocks``."""
     fixed = _variant(model, optimizers, batch, loss_fn)
     checkpoint_blocks(fixed.model, blocks)
-    return _compare("checkpointing", ", ".join(blocks), _variant(model, optimizers, batch, loss_fn), fixed, repeats)
+    baseline = _variant(model, optimizers, batch, loss_fn)
+    return _compare("checkpointing", ", ".join(blocks), baseline, fixed, repeats, allows)
 
 
 def checkpoint_blocks(model: torch.nn.Module, blocks: Sequence[str]) -> None:
@@ -80,7 +100,12 @@ def checkpoint_blocks(model: torch.nn.Module, blocks: Sequence[str]) -> None:
 
 
 def bf16_autocast(
-    model: torch.nn.Module, optimizers: Optimizers, batch: Any, loss_fn: LossFn = surrogate_step, repeats: int = 3
+    model: torch.nn.Module,
+    optimizers: Optimizers,
+    batch: Any,
+    loss_fn: LossFn = surrogate_step,
+    repeats: int = 3,
+    allows: Allows | None = None,
 ) -> FixCost:
     """The forward and the loss under ``torch.autocast`` in bfloat16 on the model's device."""
     device = next((p.device.type for p in model.parameters()), "cpu")
@@ -90,17 +115,22 @@ def bf16_autocast(
             return loss_fn(m, b)
 
     baseline = _variant(model, optimizers, batch, loss_fn)
-    return _compare("bf16-autocast", device, baseline, _variant(model, optimizers, batch, autocast_loss), repeats)
+    fixed = _variant(model, optimizers, batch, autocast_loss)
+    return _compare("bf16-autocast", device, baseline, fixed, repeats, allows)
 
 
 def set_to_none(
-    model: torch.nn.Module, optimizers: Optimizers, batch: Any, loss_fn: LossFn = surrogate_step, repeats: int = 3
+    model: torch.nn.Module,
+    optimizers: Optimizers,
+    batch: Any,
+    loss_fn: LossFn = surrogate_step,
+    repeats: int = 3,
+    allows: Allows | None = None,
 ) -> FixCost:
     """``zero_grad(set_to_none=True)`` against gradients zero-filled and kept between steps."""
     baseline = _variant(model, optimizers, batch, loss_fn, set_to_none=False)
-    return _compare(
-        "set-to-none", "zero_grad(set_to_none=True)", baseline, _variant(model, optimizers, batch, loss_fn), repeats
-    )
+    fixed = _variant(model, optimizers, batch, loss_fn)
+    return _compare("set-to-none", "zero_grad(set_to_none=True)", baseline, fixed, repeats, allows)
 
 
 def micro_batches(
@@ -112,6 +142,7 @@ def micro_batches(
     dim: int = 0,
     loss_fn: LossFn = surrogate_step,
     repeats: int = 3,
+    allows: Allows | None = None,
 ) -> FixCost:
     """``k`` micro-batches of ``rows // k`` with their gradients accumulated, against the whole batch of ``rows``
     (tensors whose dimension ``dim`` is ``rows`` are split; the rest go to every micro-batch)."""
@@ -120,7 +151,8 @@ def micro_batches(
     parts = [_rows(batch, rows, dim, i * (rows // k), rows // k) for i in range(k)]
     fixed = _variant(model, optimizers, batch, loss_fn)
     fixed.batches = parts
-    return _compare("micro-batches", f"{k} x {rows // k}", _variant(model, optimizers, batch, loss_fn), fixed, repeats)
+    baseline = _variant(model, optimizers, batch, loss_fn)
+    return _compare("micro-batches", f"{k} x {rows // k}", baseline, fixed, repeats, allows)
 
 
 def _rows(batch: Any, rows: int, dim: int, start: int, length: int) -> Any:
@@ -142,9 +174,16 @@ def _variant(
     return _Variant(model_copy, optimizer_copies, [batch], loss_fn, set_to_none)
 
 
-def _compare(fix: str, detail: str, baseline: _Variant, fixed: _Variant, repeats: int) -> FixCost:
-    for variant in (baseline, fixed):
-        _step(variant)  # warm-up: the optimizer's state exists and, when kept, the gradients
+def _compare(
+    fix: str, detail: str, baseline: _Variant, fixed: _Variant, repeats: int, allows: Allows | None = None
+) -> FixCost:
+    # warm-up: the optimizer's state exists and, when kept, the gradients; its steps say what the rest will cost
+    warm = [_timed(variant) for variant in (baseline, fixed)]
+    if allows is not None and not allows((1 + repeats) * sum(warm)):
+        raise OverBudget(
+            f"{fix}: a step took {warm[1] * 1e3:.0f} ms against {warm[0] * 1e3:.0f} ms as the script runs, more "
+            "than the what-if budget left could hold for its peak and its rounds"
+        )
     peaks = [_peak(v) for v in (baseline, fixed)]
     seconds = [float("inf"), float("inf")]
     for _ in range(repeats):

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, Literal, Sequence
 
 from ....measure import judge
 from ...analysis.memory import blocks_to_checkpoint, capacity_bytes
-from ...analysis.memory_fixes import FixCost, bf16_autocast, checkpointing, micro_batches, set_to_none
+from ...analysis.memory_fixes import FixCost, OverBudget, bf16_autocast, checkpointing, micro_batches, set_to_none
 from ...edits import EXACT, PRECISION, ByHand, EditSpec
 from ...findings import Evidence, Finding
 from ...requests import OwnTrial
@@ -107,19 +107,35 @@ def measure(ctx: Context, finding: Finding, budget: TimeLeft) -> Measured | None
     optimizers = [opt for opt, _ in ctx.optimizers]
     batch = (capture.args, capture.kwargs)
     blocks = list(finding.evidence_as(ActivationEvidence).blocks)
-    trials: list[Callable[[], FixCost]] = [lambda: checkpointing(capture.module, optimizers, batch, blocks, repeats=2)]
-    trials.append(lambda: bf16_autocast(capture.module, optimizers, batch, repeats=2))
+    model, allows = capture.module, budget.allows
+    trials: list[tuple[str, Callable[[], FixCost]]] = [
+        ("checkpointing", lambda: checkpointing(model, optimizers, batch, blocks, repeats=2, allows=allows)),
+        ("bf16-autocast", lambda: bf16_autocast(model, optimizers, batch, repeats=2, allows=allows)),
+    ]
     if capture.batch_size % 2 == 0:
         rows = capture.batch_size
-        trials.append(lambda: micro_batches(capture.module, optimizers, batch, 2, rows, capture.batch_dim, repeats=2))
+        trials.append(
+            (
+                "micro-batches",
+                lambda: micro_batches(model, optimizers, batch, 2, rows, capture.batch_dim, repeats=2, allows=allows),
+            )
+        )
     if ctx.ran_sites("zero_grad_zeros"):  # zero-filled gradients, kept through the next forward
-        trials.append(lambda: set_to_none(capture.module, optimizers, batch, repeats=2))
+        trials.append(("set-to-none", lambda: set_to_none(model, optimizers, batch, repeats=2, allows=allows)))
     costs: list[FixCost] = []
-    for trial in trials:
+    over: list[str] = []
+    for i, (_, trial) in enumerate(trials):
         if not budget.allows(STEPS_PER_FIX * max(ctx.step_s, 1e-3)):
+            left = ", ".join(name for name, _ in trials[i:])
+            over.append(f"{left}: the what-if budget left could not hold {STEPS_PER_FIX} of the script's steps")
             break
-        costs.append(trial())
+        try:
+            costs.append(trial())
+        except OverBudget as why:
+            over.append(str(why))
+    unmeasured = f" Not measured: {'; '.join(over)}." if over else ""
     if not costs:
+        finding.note = f"{finding.note or ''}{unmeasured}".strip()
         return None
     fixes = tuple(measured(c) for c in costs)
     # The fix --fix writes is the one judged, and said in each framework where it is not the recomputation.
@@ -136,7 +152,7 @@ def measure(ctx: Context, finding: Finding, budget: TimeLeft) -> Measured | None
         verdict=judge([ratio]),
         applies_to=ctx.share("compute") + ctx.share("optimizer") + ctx.share("python_overhead"),
         fix=fix_for(pick.fix, pick.detail) if pick.fix != "checkpointing" else None,
-        note=f"Measured, peak and step: {said}.",
+        note=f"Measured, peak and step: {said}.{unmeasured}",
     )
 
 
