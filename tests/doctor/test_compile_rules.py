@@ -486,9 +486,9 @@ def test_a_branch_that_sets_one_name_or_returns_on_both_sides_is_one_torch_where
     from turbotrain.doctor.rules.compile._branch_where import where_form
 
     form = where_form(ast.parse(branch).body[0])
-    assert (form.statement() if form else None) == BRANCHES[branch]
+    assert (form.code() if form else None) == BRANCHES[branch]
     if form is not None and form.target == "h":  # a module that does not name torch: the tensor's own method
-        assert form.statement(None) == f"h = ({form.taken}).where({form.test}, {form.other})"
+        assert form.code(None) == f"h = ({form.taken}).where({form.test}, {form.other})"
 
 
 class _Branching(torch.nn.Module):

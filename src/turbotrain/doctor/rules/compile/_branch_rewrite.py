@@ -98,7 +98,7 @@ def _rewritten(function: types.FunctionType, site: Site, form: BranchForm) -> ty
     if not isinstance(defined, ast.FunctionDef) or defined.decorator_list:
         raise NotRewritten(f"{function.__qualname__} is decorated")
     branch = _if_at(defined, site.line)
-    if branch is None or branch_form(branch, _innermost_function(defined, branch) or defined) != form:
+    if branch is None or branch_form(branch, _innermost_function(defined, branch)) != form:
         raise NotRewritten(f"the source of {function.__qualname__} changed since the run")
     # torch as the method's module names it; torch.compile reads a function's globals through its module, so the
     # rewritten method keeps the module's own globals, with nothing added

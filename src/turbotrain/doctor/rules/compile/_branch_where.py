@@ -28,11 +28,8 @@ class WhereForm:
     label = "torch.where"
 
     def code(self, torch_name: str | None = "torch") -> str:
-        """What replaces the ``if``: :meth:`statement`."""
-        return self.statement(torch_name)
-
-    def statement(self, torch_name: str | None = "torch") -> str:
-        """The statement, torch named ``torch_name``; None: as the method of the tensor the taken side makes."""
+        """The statement that replaces the ``if``, torch named ``torch_name``; None: as the method of the tensor the
+        taken side makes."""
         if torch_name is None:
             call = f"({self.taken}).where({self.test}, {self.other})"
         else:

@@ -247,13 +247,9 @@ def graph_breaks(ctx: Context) -> Iterator[Finding]:
             read = _branch_form(ctx, b.site) if kind == BRANCH else None
             form = None if isinstance(read, str) else read
             model = compiled_model(ctx)
-            unwritable = (
-                why_not_rewritten(model._orig_mod, b.site, form)  # type: ignore[arg-type]  # checked a Module
-                if form is not None and model is not None and b.site is not None
-                else read
-                if isinstance(read, str)
-                else None
-            )
+            unwritable = read if isinstance(read, str) else None  # why the source's shape cannot be rewritten
+            if form is not None and model is not None and b.site is not None:
+                unwritable = why_not_rewritten(model._orig_mod, b.site, form)  # type: ignore[arg-type]  # checked a Module
             timed = (first_item or first_print or (form is not None and not unwritable)) and model is not None
             f = Finding(
                 "compile-graph-break",
@@ -271,7 +267,7 @@ def graph_breaks(ctx: Context) -> Iterator[Finding]:
                     first_item=first_item,
                     reason=b.reason,
                     inside=f"{_library_where(b)} in {b.inside.function}" if b.inside is not None else None,
-                    where=form.statement() if form is not None and not isinstance(form, CondForm) else None,
+                    where=form.code() if isinstance(form, WhereForm) else None,
                     cond=form.code() if isinstance(form, CondForm) else None,
                 ),
                 request=OwnTrial() if timed else None,
@@ -349,11 +345,13 @@ def _measure_branch(ctx: Context, f: Finding, budget: TimeLeft, model: torch.nn.
         return None  # detection said why (why_not_rewritten): the source changed since, at most
     as_is = Variant("compiled as the script compiles it", recompiled(model))
     fixed = Variant(f"compiled with the branch as {form.label}", compiled_like(model, rewritten))
-    written = (
-        f"`{form.code()}` in place of the `if` (both sides computed"
-        if isinstance(form, WhereForm)
-        else ("the branch as torch.cond (the evidence's `cond`; only the side taken runs")
-    )
+    if isinstance(form, WhereForm):
+        written = f"`{form.code()}` in place of the `if` (both sides computed"
+    else:
+        written = (
+            "the branch as torch.cond (as the fix writes it; only the side taken runs, and the other side's "
+            "parameters get zero gradients, not None, so momentum and weight decay still move them"
+        )
 
     def say(timing: PairTiming, _steps_differ: bool) -> str:
         return (
