@@ -421,3 +421,61 @@ def test_without_a_budget_one_is_derived_from_the_naive_step():
     # the derived budget had room for the other compile mode and fp16 too
     labels = {row.label for row in result.attempts}
     assert "compile=max-autotune-no-cudagraphs" in labels and "precision=fp16-mixed" in labels
+
+
+# -- a CPU like the 2-core AVX2-only EPYC (2026-11-30): the rules pick a fused optimizer that buys nothing, bf16 is
+# emulated and slow, one thread loses, and compile alone buys 1.15x after a cold compile the budget barely holds.
+
+THREADS = Switch("intra_op_threads", "intra_op_threads", (1,), Order.OPTIMIZER)
+
+
+def _avx2_like(clock):
+    factors = {("fused_optimizer", True): 1.0, ("intra_op_threads", 1): 1.4, ("precision", "bf16-mixed"): 3.0,
+               ("compile", True): 1 / 1.15}
+    return CompilesOnce(factors, base_s=0.125, compile_s=35.0, clock=clock)
+
+
+def _avx2_candidates():
+    return Candidates(timed=[dataclasses.replace(FUSED, recommended=True), THREADS, PRECISION, COMPILE])
+
+
+def test_an_addition_that_is_the_rules_plan_is_not_timed_again():
+    clock = Clock()
+    measure = _avx2_like(clock)
+    result = search_plan(measure, _avx2_candidates(), time_budget_s=300, clock=clock)
+    rows = [row.label for row in result.attempts]
+    assert rows[1] == "rules: fused_optimizer=True" and result.attempts[1].status == "rejected"
+    assert "fused_optimizer=True" not in rows, rows
+    # Before compile, the rules' row's two pairs (1.00x, a close call measured again) are the only times it ran
+    # (after, the final check times it beside the chosen plan: never slower than the rules).
+    before = measure.calls[:measure.calls.index(Plan(compile=True))]
+    assert before.count(Plan(fused_optimizer=True)) == 2
+    assert result.plan.compile is True
+
+
+def test_compile_is_timed_before_the_cheap_switches_when_the_budget_cannot_hold_both():
+    """A 100-s budget: the rules' pairs, then one thread and bf16 (losses, each a pair) left too little for a
+    cold compile, and the tuner returned naive where compile alone is 1.15x. Compile goes first now."""
+    clock = Clock()
+    measure = _avx2_like(clock)
+    result = search_plan(measure, _avx2_candidates(), time_budget_s=100, clock=clock)
+    assert result.plan == Plan(compile=True), [(r.label, r.status, r.reason) for r in result.attempts]
+    compiled = measure.calls.index(Plan(compile=True))
+    assert Plan(intra_op_threads=1) not in measure.calls[:compiled]
+    assert Plan(precision="bf16-mixed") not in measure.calls[:compiled]
+    assert clock.now <= 100 + 40  # one compile may overrun (it cannot be interrupted): never two
+
+
+def test_a_budget_too_small_for_compile_says_so_with_the_budget_that_times_it():
+    clock = Clock()
+    measure = _avx2_like(clock)
+    result = search_plan(measure, _avx2_candidates(), time_budget_s=40, clock=clock)
+    assert not any(p.compile for p in measure.calls)
+    (note,) = [n for n in result.notes if n.startswith("compile was not timed within the 40s budget (~")]
+    wanted = int(note.split("time_budget_s=")[1].split()[0])
+    assert wanted > 40
+    # That budget does time it, and compile is what it finds.
+    clock, measure = Clock(), _avx2_like(Clock())
+    measure.clock = clock
+    result = search_plan(measure, _avx2_candidates(), time_budget_s=wanted, clock=clock)
+    assert result.plan.compile is True, [(r.label, r.status, r.reason) for r in result.attempts]

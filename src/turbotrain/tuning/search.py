@@ -8,7 +8,8 @@
 3. Ablation: each switch of the rules' plan is taken out once (compile first: its removal is the
    largest change and the cheapest trial), and stays out only when the plan without it is faster.
 4. Additions: every other timed value (a switch the rules leave off, another precision, another
-   compile mode) is tried on top of the plan so far, cheap ones first, then the compiles.
+   compile mode) is tried on top of the plan so far, cheap ones first, then the compiles; the
+   compiles first when the budget left cannot hold both. A pair already timed is not timed again.
 5. When compile came in as an addition, the switches whose effect compile changes (precision,
    layout, model rewrites) are flipped once more under it.
 6. Never slower than the rules or the naive plan: the result is timed next to both once more and
@@ -151,6 +152,8 @@ class _Search:
         # compiled plan is timed later. Dropping it would return a plan slower than Plan.fast for want of time.
         self.untimed_compile: bool | CompileMode | None = None
         self.ablated: set[tuple[str, Any]] = set()  # (field, value) the ablation took out: not added back
+        # (against, plan) pairs already timed: an addition equal to the rules' plan is not timed a second time.
+        self.judged: set[tuple[Plan, Plan]] = set()
         self._measure_gives_up = "give_up_s" in inspect.signature(measure).parameters
 
     # -- measuring -------------------------------------------------------------------------
@@ -224,6 +227,7 @@ class _Search:
                 f"{max(0.0, self.remaining() - max(0.0, left)):.0f}s of it kept for the final check)"
             )
             return row
+        self.judged.add((against, plan))
         ref, trial = self._pair(against, plan)
         row.peak_memory_bytes = trial.peak_memory_bytes
         if plan.compile is not False and trial.ok:
@@ -310,6 +314,8 @@ class _Search:
             if value == getattr(current, switch.field) or (switch.field, value) in self.ablated:
                 continue  # already in the plan, or taken out of it by a measurement
             plan = current.replace(**{switch.field: value})
+            if (current, plan) in self.judged:
+                continue  # timed against this very plan already (the rules' plan is often one switch)
             row = self.attempt(plan, current, f"{switch.field}={value}{suffix}", stage)
             if row.status == "accepted":
                 winners.append((self.median(plan), row))
@@ -412,11 +418,15 @@ class _Search:
                 self.accepted.append(current)
                 current = self.ablate(current)
         cheap = sorted((s for s in self.candidates.timed if not s.expensive), key=lambda s: not s.recommended)
+        expensive = [s for s in self.candidates.timed if s.expensive]
         compiled_before = current.compile is not False
-        for switch in cheap:
-            current = self.best_of(switch, current, "switch")
-        for switch in (s for s in self.candidates.timed if s.expensive):
-            current = self.best_of(switch, current, "compile")
+        stages = [(cheap, "switch"), (expensive, "compile")]
+        if self._compile_first(current, cheap, expensive):
+            stages.reverse()
+        for switches, stage in stages:
+            for switch in switches:
+                current = self.best_of(switch, current, stage)
+        self._say_compile_untimed()
         if current.compile is not False and not compiled_before:
             for switch in (s for s in cheap if s.interacts_with_compile):
                 plain = getattr(self.base, switch.field)
@@ -424,6 +434,42 @@ class _Search:
                     switch = dataclasses.replace(switch, values=(plain,))
                 current = self.best_of(switch, current, "under-compile", " (under compile)")
         return self.finish()
+
+    def _additions(self, current: Plan, switches: list[Switch]) -> list[Plan]:
+        """The plans the additions stage would time on top of ``current`` for ``switches``."""
+        plans = [
+            current.replace(**{s.field: v})
+            for s in switches
+            for v in s.values
+            if v != getattr(current, s.field) and (s.field, v) not in self.ablated
+        ]
+        return [plan for plan in plans if (current, plan) not in self.judged]
+
+    def _compile_first(self, current: Plan, cheap: list[Switch], expensive: list[Switch]) -> bool:
+        """Whether compile goes before the cheap additions: when the budget left holds compile's pair but not
+        that and two pairs of every cheap addition too. Compile is the big win the budget is for; cheap ones
+        tried on top of it afterwards compile again, so they come first whenever time allows both."""
+        compiles = self._additions(current, expensive) if current.compile is False else []
+        if not compiles:
+            return False
+        held = self._estimate(self.base) + self._estimate(current)
+        one = min(self._estimate(current) + self._estimate(p) for p in compiles)
+        cheap_pairs = sum(2 * (self._estimate(current) + self._estimate(p)) for p in self._additions(current, cheap))
+        left = self.remaining() - held
+        return one <= left < one + cheap_pairs
+
+    def _say_compile_untimed(self) -> None:
+        """Compile skipped for want of time, said before the table with the budget that would time it."""
+        skipped = [
+            r for r in self.attempts if r.status == "skipped" and r.plan.compile is not False and r.stage == "compile"
+        ]
+        if skipped and not self.compile_seen and self.untimed_compile is None:  # (the rules' compile: said before)
+            need = self.clock() - self.started + self._estimate(self.base) * 4 + self._estimate(skipped[0].plan)
+            why = skipped[0].reason.removeprefix("time budget (")
+            self.notes.append(
+                f"compile was not timed within the {self.budget_s:.0f}s budget ({why}; "
+                f"give time_budget_s={need * 1.25:.0f} or more to time it"
+            )
 
     def ablate(self, current: Plan) -> Plan:
         """Each switch of the rules' plan taken out once, compile first; out for good when that is faster."""
