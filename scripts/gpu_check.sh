@@ -28,7 +28,8 @@
 # ends by then, inside the 8 minutes a session's one full call may take, kills and the copy back included), GPU_CHECK_BENCH_ARGS (an empty
 # string: the bench's own defaults), GPU_CHECK_BENCH_S / GPU_CHECK_PYTEST_S (a part's cap), GPU_CHECK_PYTEST_ARGS
 # (e.g. --collect-only -q), GPU_CHECK_PYTHON (python3), GPU_CHECK_INSTALL=0 (no pip install: PYTHONPATH=src),
-# GPU_CHECK_DEVICE (cuda) and GPU_CHECK_ALLOW_CPU=1, for a dry run on a machine without a GPU.
+# GPU_CHECK_DEVICE (cuda) and GPU_CHECK_ALLOW_CPU=1, for a dry run on a machine without a GPU; GPU_CHECK_WORK (a
+# work dir that is kept; by default a temporary one, removed at the end).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 ROOT=$PWD
@@ -260,7 +261,12 @@ for p in "${PARTS[@]}"; do  # a typo must cost no device minute
 done
 
 mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd) || exit 2
-export WORK=${GPU_CHECK_WORK:-$(mktemp -d "${TMPDIR:-/tmp}/gpu-check.XXXXXX")}
+if [ -n "${GPU_CHECK_WORK:-}" ]; then
+  export WORK=$GPU_CHECK_WORK
+else  # a work dir of its own, gone at the end: what is worth keeping is packed into $OUT first
+  export WORK; WORK=$(mktemp -d "${TMPDIR:-/tmp}/gpu-check.XXXXXX") || exit 2
+  trap 'rm -rf "$WORK"' EXIT
+fi
 mkdir -p "$WORK" && : >"$WORK/env.sh"
 export PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1 MPLBACKEND=Agg HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 export TURBOTRAIN_CACHE="$WORK/turbotrain-cache"  # the tuner starts from nothing, as on a fresh machine

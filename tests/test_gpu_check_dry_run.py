@@ -1,6 +1,7 @@
 """`make gpu-check` runs on a lent GPU machine in one 10-minute call, where a typo costs device minutes:
 its documented CPU dry run (docs/bench.md) runs here, every part, every file it promises under $OUT."""
 
+import os
 import re
 import subprocess
 import sys
@@ -18,11 +19,16 @@ def _documented_dry_run() -> str:
 
 def test_the_documented_dry_run_runs_every_part(tmp_path):
     command = _documented_dry_run()
-    command = re.sub(r"OUT=\S+", f"OUT={tmp_path}", command)
+    out, scratch = tmp_path / "out", tmp_path / "tmp"
+    command = re.sub(r"OUT=\S+", f"OUT={out}", command)
     command = command.replace("GPU_CHECK_PYTHON=.venv/bin/python", f"GPU_CHECK_PYTHON={sys.executable}")
-    proc = subprocess.run(["bash", "-c", command], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    scratch.mkdir()
+    proc = subprocess.run(["bash", "-c", command], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "TMPDIR": str(scratch)})
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
-    assert PROMISED <= {p.name for p in tmp_path.iterdir()}, sorted(p.name for p in tmp_path.iterdir())
-    summary = (tmp_path / "summary.txt").read_text()
+    assert PROMISED <= {p.name for p in out.iterdir()}, sorted(p.name for p in out.iterdir())
+    # Its work dir (wheels, bench and doctor files) is packed into results.tar.gz and then removed.
+    assert not list(scratch.glob("gpu-check.*")), sorted(p.name for p in scratch.iterdir())
+    summary = (out / "summary.txt").read_text()
     for part in ("setup", "env", "pytest", "bench-gpt", "bench-cnn", "extras", "doctor", "probe"):
         assert re.search(rf"\b{re.escape(part)}\b.*\bok\b", summary), summary
