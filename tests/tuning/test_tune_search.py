@@ -475,7 +475,7 @@ def test_a_budget_too_small_for_compile_says_so_with_the_budget_that_times_it():
     wanted = int(note.split("time_budget_s=")[1].split()[0])
     assert wanted > 40
     # That budget does time it, and compile is what it finds.
-    clock, measure = Clock(), _avx2_like(Clock())
-    measure.clock = clock
+    clock = Clock()
+    measure = _avx2_like(clock)
     result = search_plan(measure, _avx2_candidates(), time_budget_s=wanted, clock=clock)
     assert result.plan.compile is True, [(r.label, r.status, r.reason) for r in result.attempts]

@@ -310,12 +310,8 @@ class _Search:
     def best_of(self, switch: Switch, current: Plan, stage: str, suffix: str = "") -> Plan:
         """Try each value of ``switch`` on top of ``current``; the fastest accepted one wins."""
         winners = []
-        for value in switch.values:
-            if value == getattr(current, switch.field) or (switch.field, value) in self.ablated:
-                continue  # already in the plan, or taken out of it by a measurement
-            plan = current.replace(**{switch.field: value})
-            if (current, plan) in self.judged:
-                continue  # timed against this very plan already (the rules' plan is often one switch)
+        for plan in self._additions(current, [switch]):
+            value = getattr(plan, switch.field)
             row = self.attempt(plan, current, f"{switch.field}={value}{suffix}", stage)
             if row.status == "accepted":
                 winners.append((self.median(plan), row))
@@ -436,7 +432,8 @@ class _Search:
         return self.finish()
 
     def _additions(self, current: Plan, switches: list[Switch]) -> list[Plan]:
-        """The plans the additions stage would time on top of ``current`` for ``switches``."""
+        """The plans to time on top of ``current`` for ``switches``: not a value already in it, nor one a measurement
+        took out, nor a pair already timed (the rules' plan is often one switch on top of naive)."""
         plans = [
             current.replace(**{s.field: v})
             for s in switches
