@@ -74,3 +74,13 @@ def fault_requests(path: str) -> int:
 
 def leftover_temps(root: Path) -> list[str]:
     return [p.name for p in root.rglob(".tmp-*")] if root.exists() else []
+
+
+def unmount(mount: Path) -> None:
+    """Unmount a test's tmpfs. Lazily when it is busy: a cache write still running on the cache's own threads can
+    hold a file open there after the test's loop died of a full disk, and a mount left behind stops pytest removing
+    its temporary folders (and holds memory) until the machine restarts."""
+    import subprocess
+
+    if subprocess.run(["umount", str(mount)], capture_output=True).returncode != 0:
+        subprocess.run(["umount", "-l", str(mount)], capture_output=True, check=False)

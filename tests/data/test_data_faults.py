@@ -8,7 +8,7 @@ import subprocess
 import time
 
 import pytest
-from datahelpers import content_for, fault_requests, leftover_temps
+from datahelpers import content_for, fault_requests, leftover_temps, unmount
 
 import turbotrain as tt
 from turbotrain.data.cache import CacheFullError, DiskCache
@@ -120,7 +120,7 @@ def test_disk_full_on_a_real_tiny_filesystem(tmp_path):
         assert cache.get("http://h/big.bin") is None
         assert leftover_temps(mount) == []
     finally:
-        subprocess.run(["umount", str(mount)], check=False)
+        unmount(mount)
 
 
 def test_a_crash_before_the_rename_leaves_no_entry(tmp_path, monkeypatch):

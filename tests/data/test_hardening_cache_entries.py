@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from datahelpers import content_for
+from datahelpers import content_for, unmount
 from torch.utils.data import DataLoader
 
 import turbotrain as tt
@@ -124,7 +124,7 @@ def tiny_cache(tmp_path, monkeypatch):
         monkeypatch.setattr(cache_mod, "_write_all", write_all)
     yield mount / "cache"
     if mounted:
-        subprocess.run(["umount", str(mount)], check=False)
+        unmount(mount)
 
 
 @pytest.mark.parametrize("workers", [0, 2])

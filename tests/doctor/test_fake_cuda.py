@@ -10,6 +10,7 @@ import dataclasses
 
 import pytest
 
+from turbotrain.doctor import DoctorOptions
 from turbotrain.doctor.analysis.context import build_context
 from turbotrain.doctor.record.recorder import Recorder
 from turbotrain.doctor.record.tallies import Tally
@@ -23,6 +24,9 @@ from doctor_helpers import script
 pytestmark = pytest.mark.one_core  # one process, one thread: run beside one other such test (tests/conftest.py)
 
 
+DEFAULTS = DoctorOptions()
+
+
 def fake_cuda(gpus: int = 1):
     return dataclasses.replace(detect("cpu"), device_type="cuda", device_name="NVIDIA H100 (faked)",
                                device_count=gpus, capability=(9, 0), bf16=True, fp16=True, tf32=True, fp8=True,
@@ -34,7 +38,9 @@ _CTX: dict = {}
 
 def cpu_context(name: str):
     if name not in _CTX:
-        recorder = Recorder(measure=4, warmup=1, profile=1)
+        # The doctor's own window: four steps right after the first read the settling steps, and one slow batch
+        # there weighs a quarter of the mean.
+        recorder = Recorder(measure=DEFAULTS.steps, warmup=DEFAULTS.warmup, profile=1)
         run_script(script(name), [], recorder)
         _CTX[name] = build_context(recorder.recording(), recorder.live_objects(), str(script(name)))
     return _CTX[name]
