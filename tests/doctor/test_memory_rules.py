@@ -8,14 +8,17 @@ from functools import cached_property
 
 import pytest
 
-from doctor_helpers import cached_report, marked_lines, run_doctor
+from doctor_helpers import cached_report, marked_lines, run_doctor, script
 from turbotrain.doctor.analysis.breakdown import compute_breakdown
-from turbotrain.doctor.analysis.context import Context
-from turbotrain.doctor.analysis.memory import blocks_to_checkpoint, scaled_bytes
+from turbotrain.doctor.analysis.context import Context, build_context
+from turbotrain.doctor.analysis.memory import blocks_to_checkpoint, measure_captured, scaled_bytes
+from turbotrain.doctor.analysis.memory_fixes import blocks_text
 from turbotrain.doctor.record.graph_watch import GraphGrowth, TensorGrowth
 from turbotrain.doctor.record.memory_watch import DeviceMemory, ModuleActivations, PeakSplit, StepMemory
 from turbotrain.doctor.record.out_of_memory import OutOfMemory
+from turbotrain.doctor.record.recorder import Recorder
 from turbotrain.doctor.record.recording import Capture, Recording, Window
+from turbotrain.doctor.record.runner import run_script
 from turbotrain.doctor.report.memory import MemoryMeasured, memory_lines, memory_section
 from turbotrain.doctor.results import MeasuredFix
 from turbotrain.doctor.rules import evaluate
@@ -313,3 +316,32 @@ def test_a_faster_fix_as_far_down_is_written_into_the_loop_saying_why_with_the_n
     f.what_if = MemoryResult(rows=64, fixes=(_row("checkpointing", "blocks.0", 0.0, 1.5),))
     with pytest.raises(ByHand, match="none of the fixes measured on copies lowers the step's peak"):
         edit(ctx, f)
+
+
+def test_a_run_dead_in_its_first_step_keeps_its_optimizer_and_the_fit_counts_its_state():
+    # AdamW's state does not exist until its first step, which the run never finished; the script's frames, the
+    # optimizer's only holders, went with the error. What a batch needs must count that state all the same.
+    recorder = Recorder(measure=4, warmup=1, profile=1)
+    run_script(script("memory_out_of_memory"), [str(2**18), "2048", "adamw"], recorder)
+    ctx = build_context(recorder.recording(), recorder.live_objects(), str(script("memory_out_of_memory")))
+    assert ctx.recording.out_of_memory is not None and ctx.recording.out_of_memory.step == 0  # the first
+    assert [type(opt).__name__ for opt, _ in ctx.optimizers] == ["AdamW"]
+    memory = measure_captured(ctx.capture, [opt for opt, _ in ctx.optimizers], rows=16)
+    assert memory.peak.optimizer_state >= 2 * memory.peak.parameters > 0, memory.peak
+
+
+def test_a_stack_of_blocks_is_recomputed_whole_where_none_holds_a_quarter_alone():
+    # nanoGPT's char model: four Blocks in transformer.h, each a hair under a quarter of the step's activations (the
+    # embeddings and the head hold the rest); before, no block qualified and checkpointing was never measured.
+    site = Site("/u/model.py", 103, "Block.forward")
+    blocks = [ModuleActivations(f"transformer.h.{i}", "Block", 0, 16 * MIB, 40, site) for i in range(4)]
+    mlps = [ModuleActivations(f"transformer.h.{i}.mlp", "MLP", 0, 9 * MIB, 4, site) for i in range(4)]
+    rows = [*blocks, *mlps, ModuleActivations("lm_head", "Linear", 0, MIB, 1)]
+    chosen = blocks_to_checkpoint(rows, 64 * MIB + 512)
+    assert chosen == [f"transformer.h.{i}" for i in range(4)]
+    assert blocks_text(chosen) == "transformer.h.0-3"
+    # One wide submodule holding more than a stack of small ones is still chosen on its own.
+    wide = ModuleActivations("wide", "Wide", 0, 40 * MIB, 2, site)
+    small = [ModuleActivations(f"layers.{i}", "Small", 0, 5 * MIB, 2, site) for i in range(4)]
+    assert blocks_to_checkpoint([wide, *small], 60 * MIB) == ["wide"]
+    assert blocks_text(["blocks.1", "blocks.0", "head", "x.2", "x.3", "x.5"]) == "blocks.1, blocks.0, head, x.2-3, x.5"

@@ -23,7 +23,7 @@ from ...measure import copy_for_trial
 from ..record.memory_watch import ModuleActivations, StepMemory, measure_step
 from ..record.out_of_memory import OutOfMemory, out_of_memory
 from ..record.recording import Capture
-from .memory_fixes import FixCost, bf16_autocast, checkpointing, micro_batches
+from .memory_fixes import FixCost, bf16_autocast, checkpointing, micro_batches, stack_of
 from .replay import surrogate_step
 
 __all__ = [
@@ -124,8 +124,10 @@ def capacity_bytes(memory: StepMemory) -> int | None:
 
 
 def blocks_to_checkpoint(modules: Sequence[ModuleActivations], step_activations: int, most: int = 2) -> list[str]:
-    """Up to ``most`` submodules that together hold the most saved activations, none inside another; only those
-    that hold a quarter of the step's activations or more are worth recomputing."""
+    """What to recompute in the backward: every block of the stack (one ``ModuleList``/``Sequential``'s blocks of one
+    class, a transformer's layers) that together hold the most, as checkpointing is done on such stacks; else, where
+    single submodules hold more, up to ``most`` of those, none inside another. Only what holds a quarter of the
+    step's activations or more is worth recomputing."""
     chosen: list[str] = []
     for row in modules:
         if not row.name or row.total_bytes * 4 < step_activations:
@@ -135,7 +137,25 @@ def blocks_to_checkpoint(modules: Sequence[ModuleActivations], step_activations:
         chosen.append(row.name)
         if len(chosen) == most:
             break
+    stack = _largest_stack(modules)
+    held = {row.name: row.total_bytes for row in modules}
+    if len(stack) >= 2 and sum(held[n] for n in stack) * 4 >= step_activations:
+        if sum(held[n] for n in stack) >= sum(held[n] for n in chosen):
+            return stack
     return chosen
+
+
+def _largest_stack(modules: Sequence[ModuleActivations]) -> list[str]:
+    """The blocks of one list and one class that together saved the most, in the list's order."""
+    stacks: dict[tuple[str, str], list[tuple[int, str, int]]] = {}
+    for row in modules:
+        found = stack_of(row.name)
+        if found is not None:
+            stacks.setdefault((found[0], row.class_name), []).append((found[1], row.name, row.total_bytes))
+    if not stacks:
+        return []
+    best = max(stacks.values(), key=lambda blocks: sum(b for _, _, b in blocks))
+    return [name for _, name, _ in sorted(best)]
 
 
 def _fitting_rows(

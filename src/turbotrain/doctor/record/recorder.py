@@ -347,6 +347,11 @@ class Recorder:
         found = out_of_memory(exc)
         if found is not None:
             self.out_of_memory = dataclasses.replace(found, step=self.tracker.step_index)
+            # An optimizer that never stepped (the run died in its first step) is held by the script's frames only,
+            # which go with this traceback: kept, the step measured after counts its state (Adam's: twice the
+            # parameters) in what the batch needs.
+            for optimizer in self.tallies.live_optimizers():
+                self.tracker.kept_optimizers.setdefault(id(optimizer), optimizer)
 
     def _start_watch(self, done: int) -> bool:
         """At the window's end: watch the step clock on where the running loop's cadences reach beyond it."""

@@ -28,9 +28,19 @@ from typing import TYPE_CHECKING, Callable, Iterator, Literal, Sequence
 
 from ....measure import judge
 from ...analysis.memory import blocks_to_checkpoint, capacity_bytes
-from ...analysis.memory_fixes import FixCost, OverBudget, bf16_autocast, checkpointing, micro_batches, set_to_none
+from ...analysis.memory_fixes import (
+    FixCost,
+    OverBudget,
+    bf16_autocast,
+    blocks_text,
+    checkpointing,
+    micro_batches,
+    set_to_none,
+    stack_of,
+)
 from ...edits import EXACT, PRECISION, ByHand, EditSpec
 from ...findings import Evidence, Finding
+from ...record.memory_watch import ModuleActivations
 from ...requests import OwnTrial
 from ...results import MeasuredFix, MemoryResult
 from ..rule import Detect, Measured, Rule, TimeLeft, register
@@ -68,11 +78,7 @@ def activation_memory(ctx: Context) -> Iterator[Finding]:
     if share < ACTIVATION_SHARE or peak.activations <= largest or not blocks:
         return
     rows = {m.name: m for m in memory.modules}
-    named = "; ".join(
-        f"{name} ({rows[name].class_name}{', ' + (ctx.where(rows[name].site) or '') if rows[name].site else ''}) "
-        f"{size_text(rows[name].total_bytes)}"
-        for name in blocks
-    )
+    named = _named(ctx, [rows[name] for name in blocks])
     capacity = capacity_bytes(memory)
     headroom = f"; {size_text(capacity - memory.peak_bytes)} of the device left" if capacity else ""
     f = Finding(
@@ -83,7 +89,7 @@ def activation_memory(ctx: Context) -> Iterator[Finding]:
             f"of {size_text(memory.peak_bytes)}, at the {memory.peak_phase}{headroom}). The blocks that save the "
             f"most: {named}."
         ),
-        fix=fix_for("checkpointing", ", ".join(blocks)),
+        fix=fix_for("checkpointing", blocks_text(blocks)),
         evidence=ActivationEvidence(
             peak_bytes=memory.peak_bytes,
             activation_bytes=memory.peak.activations,
@@ -97,6 +103,20 @@ def activation_memory(ctx: Context) -> Iterator[Finding]:
     f.provisional("medium" if tight else "low")
     f.note = "Memory for time: worth it where the step does not fit, or to fit a larger batch."
     yield f
+
+
+def _named(ctx: Context, blocks: Sequence[ModuleActivations]) -> str:
+    """Each block with its class, line and bytes; one list's blocks of one class (a stack) said once."""
+
+    def where(row: ModuleActivations) -> str:
+        return f", {ctx.where(row.site) or ''}" if row.site else ""
+
+    lists = {(stack_of(row.name) or (row.name, 0))[0] for row in blocks}
+    if len(blocks) >= 2 and len(lists) == 1 and len({row.class_name for row in blocks}) == 1:
+        first, total = blocks[0], sum(row.total_bytes for row in blocks)
+        names = blocks_text([row.name for row in blocks])
+        return f"{names} ({len(blocks)} x {first.class_name}{where(first)}) {size_text(total)}"
+    return "; ".join(f"{row.name} ({row.class_name}{where(row)}) {size_text(row.total_bytes)}" for row in blocks)
 
 
 def measure(ctx: Context, finding: Finding, budget: TimeLeft) -> Measured | None:
@@ -248,7 +268,7 @@ def _checkpoint(ctx: Context, f: Finding) -> EditSpec:
     lines = sorted({c.line for c in sites})
     return EditSpec(
         "checkpoint",
-        f"recompute {', '.join(blocks)} in the backward (torch.utils.checkpoint)",
+        f"recompute {blocks_text(blocks)} in the backward (torch.utils.checkpoint)",
         {"blocks": blocks},
         # The same arithmetic, but on the CPU not bitwise: the losses differed by 1e-7 once recomputed.
         numerics=PRECISION,
