@@ -441,6 +441,28 @@ def test_micro_batches_that_cannot_be_made_safely_are_by_hand(source, why):
         edit(source, "micro_batches", k=2)
 
 
+def test_a_loop_that_already_accumulates_is_told_to_take_more_micro_steps():
+    # nanoGPT's loop: the forward under a `with ctx:` in `for micro_step in range(gradient_accumulation_steps)`, the
+    # optimizer stepping after it.
+    source = """
+        while True:
+            for micro_step in range(gradient_accumulation_steps):
+                with ctx:
+                    logits, loss = model(X, Y)  # here
+                    loss = loss / gradient_accumulation_steps
+                X, Y = get_batch("train")
+                scaler.scale(loss).backward()
+            scaler.step(optimizer)
+    """
+    with pytest.raises(ByHand, match=re.escape("range(gradient_accumulation_steps)`, train.py:3): give it 4 times the "
+                                               "micro-steps (gradient_accumulation_steps x 4)")):
+        edit(source, "micro_batches", k=4)
+    stepping = source.replace("scaler.step(optimizer)", "pass").replace("scaler.scale(loss).backward()",
+                                                                         "loss.backward(); optimizer.step()")
+    with pytest.raises(ByHand, match="not directly inside"):  # a loop that steps each time is no accumulation
+        edit(stepping, "micro_batches", k=4)
+
+
 COMPILED_LOSS = """
     import torch
     import torch.nn.functional as F

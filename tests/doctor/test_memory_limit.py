@@ -65,6 +65,34 @@ def test_a_limit_refuses_what_exceeds_it_only_while_it_is_enforced():
     assert out["after"] == [None, True, True]
 
 
+def test_the_doctors_own_work_is_not_counted_and_leaves_the_step_its_room():
+    # The profiler window's events are the doctor's: nanoGPT's char model at 32 rows fitted a 100 MiB limit for 23
+    # steps and ran out of memory in the first profiled one.
+    proc = _python(f"""
+        import json, torch
+        from turbotrain.doctor.record.memory_limit import enforced, lift, memory_limit
+        from turbotrain.doctor.record.out_of_memory import out_of_memory
+
+        def refused(nbytes):
+            try:
+                return torch.empty(nbytes // 4).fill_(1.0) is None
+            except RuntimeError as exc:
+                return out_of_memory(exc) is not None
+
+        with memory_limit(64 * {MIB}), enforced():
+            out = {{"before": [refused(96 * {MIB}), refused(16 * {MIB})]}}
+            restore = lift()
+            kept = torch.empty(96 * {MIB} // 4).fill_(1.0)  # what the doctor's work keeps (the profiler's events)
+            restore()
+            out["after"] = [refused(96 * {MIB}), refused(16 * {MIB})]
+        print(json.dumps(out))
+    """)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.splitlines()[-1])
+    assert out["before"] == [True, False]
+    assert out["after"] == [True, False]  # the limit holds again, with the step's room as before
+
+
 def test_the_limit_is_a_size_checked_where_it_is_given():
     args = build_parser().parse_args(["doctor", "--memory-limit", "1.5GiB", "train.py"])
     assert args.memory_limit_bytes == int(1.5 * 2**30)

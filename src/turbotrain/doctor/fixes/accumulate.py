@@ -9,7 +9,7 @@ from typing import Callable, Iterable, cast
 
 import libcst as cst
 
-from ..cst_tools import Source, callee, replace
+from ..cst_tools import Source, callee, code_of, replace
 from .model import ByHand, EditRequest
 from .statements import trains
 
@@ -94,6 +94,23 @@ def _only_zero_grad(statement: cst.CSTNode) -> bool:
     return bool(calls) and all(callee(c) == "zero_grad" for c in calls)
 
 
+def _accumulation_loop(source: Source, forward: cst.CSTNode) -> cst.For | None:
+    """The ``for ... in range(N)`` around the forward whose body runs a backward and no optimizer step: a loop in
+    which the script already accumulates gradients over micro-steps (nanoGPT's ``for micro_step in
+    range(gradient_accumulation_steps)``)."""
+    loop = next((a for a in source.ancestors(forward) if isinstance(a, cst.For)), None)
+    if loop is None or not isinstance(loop.iter, cst.Call) or callee(loop.iter) != "range" or len(loop.iter.args) != 1:
+        return None
+    called: set[str] = set()
+
+    class _Calls(cst.CSTVisitor):
+        def visit_Call(self, call: cst.Call) -> None:
+            called.add(callee(call))
+
+    loop.body.visit(_Calls())
+    return loop if "backward" in called and "step" not in called else None
+
+
 def _by_hand(req: EditRequest, why: str) -> ByHand:
     return ByHand(f"{req.where}: {why}; split the batch into micro-batches by hand")
 
@@ -109,6 +126,15 @@ def micro_batches(source: Source, req: EditRequest) -> str:
     owner, body = source.block_of(first)
     loop = source.parent(owner)
     if not isinstance(loop, cst.For):
+        accumulating = _accumulation_loop(source, first)
+        if accumulating is not None:
+            steps = code_of(accumulating.iter.args[0].value)  # type: ignore[attr-defined]  # range(N), checked
+            line = source.lines(accumulating)[0]
+            raise ByHand(
+                f"{req.where}: the forward already runs in a loop that accumulates gradients (`for ... in "
+                f"range({steps})`, {source.name}:{line}): give it {k} times the micro-steps ({steps} x {k}) of "
+                f"batches {k} times smaller where the script sets them"
+            )
         raise _by_hand(req, "the forward is not directly inside the training `for` loop")
     statements = list(body)
     start = statements.index(first)

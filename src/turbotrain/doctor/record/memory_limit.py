@@ -8,7 +8,8 @@ refused with the allocator's own out-of-memory error. Where CUDA is available th
 instead (``torch.cuda.set_per_process_memory_fraction`` on the process's device) and host memory is left alone.
 
 The limit is enforced while the script runs and while the doctor measures a step in this process
-(:func:`enforced`), not while the doctor analyses: the rules and the report never meet it.
+(:func:`enforced`), not while the doctor analyses: the rules and the report never meet it, nor does the profiler
+window inside the script's run (:func:`lift`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 import ctypes
 import os
 import resource
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -24,7 +25,7 @@ import torch
 
 from .window_memory import status_kib
 
-__all__ = ["MemoryLimit", "memory_limit", "enforced", "active", "data_bytes"]
+__all__ = ["MemoryLimit", "memory_limit", "enforced", "lift", "active", "data_bytes"]
 
 _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
 
@@ -129,6 +130,26 @@ def memory_limit(limit_bytes: int | None) -> Iterator[MemoryLimit | None]:
         yield _active
     finally:
         _active = saved
+
+
+def lift() -> Callable[[], None]:
+    """Lift the limit for the doctor's own work inside the script's run (the profiler window, whose event buffers
+    are the doctor's, not the step's); the call returned puts it back, raised by what the process kept from that
+    work, so the script's steps after it have the room they had before. Nothing to do on CUDA: the profiler's
+    buffers are host memory, which the limit leaves alone there."""
+    if _active is None or _active.device != "cpu":
+        return lambda: None
+    soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    before = data_bytes()
+    resource.setrlimit(resource.RLIMIT_DATA, (hard, hard))
+
+    def restore() -> None:
+        wanted = soft if soft == resource.RLIM_INFINITY else soft + max(0, data_bytes() - before)
+        resource.setrlimit(
+            resource.RLIMIT_DATA, (wanted if hard == resource.RLIM_INFINITY else min(wanted, hard), hard)
+        )
+
+    return restore
 
 
 @contextmanager

@@ -22,7 +22,7 @@ import socket
 import statistics
 import sys
 import threading
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -32,7 +32,7 @@ from .loss_capture import LossCapture
 from .out_of_memory import OutOfMemory, out_of_memory
 from ...data import stats as data_stats
 from ...hardware import LoadSample, sample_load
-from . import active, instrument
+from . import active, instrument, memory_limit
 from .discovery import ModuleCalls
 from .drivers import StepDriver
 from .function_trace import FunctionTracer
@@ -67,6 +67,10 @@ GRAPH_SAMPLES = 4  # step boundaries at which the graphs alive are counted (thre
 # Warm-up is extended at most this many times more for batches still queued (a loader faster than the step never
 # drains: it is not data-bound, and its window need not wait).
 MAX_DRAINS = 3
+
+
+def _nothing() -> None:
+    """What puts back a limit that was not lifted."""
 
 
 class Recorder:
@@ -110,6 +114,7 @@ class Recorder:
         self.tracker.gpu_mark = self.gpu_mark if self.gpu else None
         self.module_calls_per_step = 0
         self.profile_left_out = 0  # the events a step would have made, where the profiler window was left out
+        self._restore_limit: Callable[[], None] = _nothing  # --memory-limit's, lifted for the profiler window
         self.window = ProfilerWindow(self.gpu)
         self.gpu_timer = GpuTimer()
         self.profiled_steps: list[int] = []
@@ -403,17 +408,24 @@ class Recorder:
         return self.window.profiler
 
     def _start_profiler(self) -> None:
+        # torch.profiler's events are the doctor's memory, not the step's: under --memory-limit they would make the
+        # script run out of memory in a step that fitted before.
+        self._restore_limit = memory_limit.lift()
         if self.window.start(len(self.steps)):
             self.probe.profiling = self.tracker.profiling = True
             if self.trace_ranges:
                 self.clock.spans = PhaseRanges(self.window.nvtx)
             self.profiled_steps.append(len(self.steps))
+        else:
+            self._stop_profiler()  # it could not start: the limit holds again
 
     def _stop_profiler(self) -> None:
         if self.probe.profiling:
             self.probe.profiling = self.tracker.profiling = False
             self.clock.end_spans()
             self.window.stop()
+        self._restore_limit()
+        self._restore_limit = _nothing
 
     def gpu_mark(self, phase: Phase, start: bool) -> None:
         """CUDA events around a phase of a measured step (device time per phase)."""
