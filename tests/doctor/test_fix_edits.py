@@ -346,6 +346,9 @@ BLOCKS = """
             x = self.wide(x, scale=2)
             for block in self.blocks:
                 x = block(x)
+            for layer in self.transformer.h:
+                x = layer(x)
+            x = self.transformer.h[1](x)
             return self.blocks[0](x)
 """
 
@@ -354,6 +357,10 @@ BLOCKS = """
     (["wide"], "self.wide(", "x = T.utils.checkpoint.checkpoint(self.wide, x, scale=2, use_reentrant=False)"),
     (["blocks.0", "blocks.1"], "block(x)", "x = T.utils.checkpoint.checkpoint(block, x, use_reentrant=False)"),
     (["blocks.0"], "return", "return T.utils.checkpoint.checkpoint(self.blocks[0], x, use_reentrant=False)"),
+    # nanoGPT: the model's forward calls transformer.h's blocks (its ModuleDict never runs a forward of its own)
+    ([f"transformer.h.{i}" for i in range(4)], "layer(x)",
+     "x = T.utils.checkpoint.checkpoint(layer, x, use_reentrant=False)"),
+    (["transformer.h.1"], "h[1]", "x = T.utils.checkpoint.checkpoint(self.transformer.h[1], x, use_reentrant=False)"),
 ])
 def test_a_block_is_recomputed_where_its_parent_calls_it(blocks, line, fixed):
     """The block's call, found by how the parent's forward names it (an attribute, the variable of a loop over a

@@ -16,21 +16,22 @@ _NO_SPACE_EQUAL = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), wh
 
 
 def _names_block(source: Source, call: cst.Call, block: str) -> bool:
-    """``call`` calls the submodule ``block`` from its parent's forward: ``self.wide(...)`` for ``wide`` (or
+    """``call`` calls the submodule ``block`` from a forward above it: ``self.wide(...)`` for ``wide`` (or
     ``enc.wide``); for an element of a list (``blocks.0``), ``self.blocks[0](...)`` or the variable of a ``for``
-    over ``self.blocks``."""
+    over ``self.blocks``. A forward further up reaches it by more of its path: nanoGPT's model calls
+    ``transformer.h.0`` as the variable of ``for block in self.transformer.h`` (its ``ModuleDict`` never runs)."""
     *path, last = block.split(".")
     callee = code_of(call.func)
     if not last.isdigit():
-        return callee == f"self.{last}"
+        return callee in {f"self.{'.'.join([*path[i:], last])}" for i in range(len(path) + 1)}
     if not path:
         return False
-    holder = f"self.{path[-1]}"
-    if callee == f"{holder}[{last}]":
+    holders = {f"self.{'.'.join(path[i:])}" for i in range(len(path))}
+    if any(callee == f"{holder}[{last}]" for holder in holders):
         return True
     for loop in (a for a in source.ancestors(call) if isinstance(a, cst.For)):
         iterated = code_of(loop.iter)
-        if isinstance(loop.target, cst.Name) and loop.target.value == callee and iterated == holder:
+        if isinstance(loop.target, cst.Name) and loop.target.value == callee and iterated in holders:
             return True
     return False
 
