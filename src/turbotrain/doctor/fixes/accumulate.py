@@ -83,15 +83,21 @@ def _backward_of(statement: cst.CSTNode) -> str | None:
     return call.func.value.value
 
 
-def _only_zero_grad(statement: cst.CSTNode) -> bool:
-    calls: list[cst.Call] = []
+def _callees(node: cst.CSTNode) -> list[str]:
+    """The name each call in ``node`` calls (``zero_grad`` for ``opt.zero_grad()``)."""
+    calls: list[str] = []
 
     class _Calls(cst.CSTVisitor):
         def visit_Call(self, call: cst.Call) -> None:
-            calls.append(call)
+            calls.append(callee(call))
 
-    statement.visit(_Calls())
-    return bool(calls) and all(callee(c) == "zero_grad" for c in calls)
+    node.visit(_Calls())
+    return calls
+
+
+def _only_zero_grad(statement: cst.CSTNode) -> bool:
+    calls = _callees(statement)
+    return bool(calls) and all(c == "zero_grad" for c in calls)
 
 
 def _accumulation_loop(source: Source, forward: cst.CSTNode) -> cst.For | None:
@@ -101,13 +107,7 @@ def _accumulation_loop(source: Source, forward: cst.CSTNode) -> cst.For | None:
     loop = next((a for a in source.ancestors(forward) if isinstance(a, cst.For)), None)
     if loop is None or not isinstance(loop.iter, cst.Call) or callee(loop.iter) != "range" or len(loop.iter.args) != 1:
         return None
-    called: set[str] = set()
-
-    class _Calls(cst.CSTVisitor):
-        def visit_Call(self, call: cst.Call) -> None:
-            called.add(callee(call))
-
-    loop.body.visit(_Calls())
+    called = _callees(loop.body)
     return loop if "backward" in called and "step" not in called else None
 
 
@@ -128,7 +128,7 @@ def micro_batches(source: Source, req: EditRequest) -> str:
     if not isinstance(loop, cst.For):
         accumulating = _accumulation_loop(source, first)
         if accumulating is not None:
-            steps = code_of(accumulating.iter.args[0].value)  # type: ignore[attr-defined]  # range(N), checked
+            steps = code_of(cast(cst.Call, accumulating.iter).args[0].value)  # range(N): _accumulation_loop checked
             line = source.lines(accumulating)[0]
             raise ByHand(
                 f"{req.where}: the forward already runs in a loop that accumulates gradients (`for ... in "

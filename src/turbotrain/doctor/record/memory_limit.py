@@ -99,9 +99,7 @@ class MemoryLimit:
             wanted = self.base_bytes + self.limit_bytes
         else:
             wanted = data_bytes() + max(0, self.limit_bytes - held_bytes)
-        resource.setrlimit(
-            resource.RLIMIT_DATA, (wanted if hard == resource.RLIM_INFINITY else min(wanted, hard), hard)
-        )
+        _set_data_limit(wanted, hard)
         try:
             yield
         finally:
@@ -109,6 +107,11 @@ class MemoryLimit:
 
 
 _active: MemoryLimit | None = None
+
+
+def _set_data_limit(wanted: int, hard: int) -> None:
+    """``RLIMIT_DATA``'s soft limit at ``wanted``, never above the hard one."""
+    resource.setrlimit(resource.RLIMIT_DATA, (wanted if hard == resource.RLIM_INFINITY else min(wanted, hard), hard))
 
 
 def active() -> MemoryLimit | None:
@@ -144,10 +147,7 @@ def lift() -> Callable[[], None]:
     resource.setrlimit(resource.RLIMIT_DATA, (hard, hard))
 
     def restore() -> None:
-        wanted = soft if soft == resource.RLIM_INFINITY else soft + max(0, data_bytes() - before)
-        resource.setrlimit(
-            resource.RLIMIT_DATA, (wanted if hard == resource.RLIM_INFINITY else min(wanted, hard), hard)
-        )
+        _set_data_limit(soft if soft == resource.RLIM_INFINITY else soft + max(0, data_bytes() - before), hard)
 
     return restore
 
