@@ -12,7 +12,7 @@ from doctor_helpers import cached_report, marked_lines, run_doctor, script
 from turbotrain.doctor.analysis.breakdown import compute_breakdown
 from turbotrain.doctor.analysis.context import Context, build_context
 from turbotrain.doctor.analysis.memory import blocks_to_checkpoint, measure_captured, scaled_bytes
-from turbotrain.doctor.analysis.memory_fixes import blocks_text
+from turbotrain.doctor.module_stacks import blocks_text, stacked
 from turbotrain.doctor.record.graph_watch import GraphGrowth, TensorGrowth
 from turbotrain.doctor.record.memory_watch import DeviceMemory, ModuleActivations, PeakSplit, StepMemory
 from turbotrain.doctor.record.out_of_memory import OutOfMemory
@@ -345,3 +345,49 @@ def test_a_stack_of_blocks_is_recomputed_whole_where_none_holds_a_quarter_alone(
     small = [ModuleActivations(f"layers.{i}", "Small", 0, 5 * MIB, 2, site) for i in range(4)]
     assert blocks_to_checkpoint([wide, *small], 60 * MIB) == ["wide"]
     assert blocks_text(["blocks.1", "blocks.0", "head", "x.2", "x.3", "x.5"]) == "blocks.1, blocks.0, head, x.2-3, x.5"
+
+
+def test_a_stack_is_said_once_in_the_memory_section_and_the_finding():
+    # A 12-layer transformer: its blocks and each block's MLP are one row each, the bytes summed, not 3 of 12.
+    site = Site("/u/model.py", 103, "Block.forward")
+    blocks = [ModuleActivations(f"transformer.h.{i}", "Block", 0, (16 + (i == 7)) * MIB, 40, site) for i in range(12)]
+    mlps = [ModuleActivations(f"transformer.h.{i}.mlp", "MLP", 0, 9 * MIB, 4) for i in range(12)]
+    head = ModuleActivations("lm_head", "Linear", 0, 20 * MIB, 1)
+    memory = dataclasses.replace(_memory(activations=250 * MIB), modules=(
+        ModuleActivations("", "GPT", 0, 250 * MIB, 600), *blocks, head, *mlps))
+    section = memory_section(_context(memory=memory))
+    assert [(m.name, m.blocks, m.bytes) for m in section.top_modules[:3]] == [
+        ("transformer.h.0-11", 12, 193 * MIB), ("transformer.h.0-11.mlp", 12, 108 * MIB), ("lm_head", 1, 20 * MIB)]
+    assert "saved for backward: transformer.h.0-11 (12 x Block, /u/model.py:103) 193.0 MiB; transformer.h.0-11.mlp " \
+           "(12 x MLP) 108.0 MiB; lm_head (Linear) 20.0 MiB" in "\n".join(memory_lines(section)).replace("\n", " ")
+    [f] = evaluate(_context(memory=memory), only=["activation-memory"])
+    assert "The blocks that save the most: transformer.h.0-11 (12 x Block, /u/model.py:103) 193.0 MiB." in f.message
+    # Gaps in a stack, a stack inside a stack's block, and two classes in one list.
+    names = [s.name for s in stacked([ModuleActivations(n, c, 0, b, 1) for n, c, b in [
+        ("x.0", "A", 4), ("x.1", "A", 4), ("x.3", "A", 4), ("x.2", "B", 1), ("enc.0.blocks.1", "C", 2),
+        ("enc.1.blocks.1", "C", 2), ("enc.1.blocks.0", "C", 3)]])]
+    assert names == ["x.0-1,3", "enc.0-1.blocks.1", "enc.1.blocks.0", "x.2"], names
+
+
+def test_a_stack_the_row_cut_reaches_is_kept_whole_for_checkpointing():
+    # Forty equal blocks past a cut of 8 rows: checkpointing recomputes the whole stack, not the rows that made it.
+    from turbotrain.doctor.record.memory_watch import measure_step
+
+    torch = pytest.importorskip("torch")
+    blocks = torch.nn.ModuleList(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh()) for _ in range(40))
+
+    class Deep(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = blocks
+
+        def forward(self, x):
+            for block in self.blocks:
+                x = block(x)
+            return x
+
+    model = Deep()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    memory = measure_step(model, [opt], [torch.randn(4, 8)], lambda m, x: m(x).square().mean(), top=8)
+    assert {f"blocks.{i}" for i in range(40)} <= {m.name for m in memory.modules}
+    assert blocks_to_checkpoint(memory.modules, memory.activation_bytes) == [f"blocks.{i}" for i in range(40)]

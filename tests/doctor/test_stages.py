@@ -9,8 +9,9 @@ from pathlib import Path
 DOCTOR = Path(__file__).resolve().parents[2] / "src" / "turbotrain" / "doctor"
 # The shared vocabulary first, the stages in order, and the entry points that run them all last.
 STAGES = {"lifeline": 0, "sites": 0, "edits": 0, "cst_tools": 0, "findings": 0, "requests": 0, "results": 0,
-          "rank_change": 0, "rule_ids": 0, "record": 1, "job": 1, "apply": 1, "analysis": 2, "rules": 3, "whatif": 4,
-          "report": 5, "fixes": 6, "diagnose": 7, "watching": 7, "cli": 7, "options": 7, "__init__": 7}
+          "rank_change": 0, "rule_ids": 0, "module_stacks": 0, "record": 1, "job": 1, "apply": 1, "analysis": 2,
+          "rules": 3, "whatif": 4, "report": 5, "fixes": 6, "diagnose": 7, "watching": 7, "cli": 7, "options": 7,
+          "__init__": 7}
 
 
 def _imports(source: str, package: list[str]) -> list[str]:

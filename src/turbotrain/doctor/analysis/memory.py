@@ -23,7 +23,8 @@ from ...measure import copy_for_trial
 from ..record.memory_watch import ModuleActivations, StepMemory, measure_step
 from ..record.out_of_memory import OutOfMemory, out_of_memory
 from ..record.recording import Capture
-from .memory_fixes import FixCost, bf16_autocast, checkpointing, micro_batches, stack_of
+from ..module_stacks import stack_of
+from .memory_fixes import FixCost, bf16_autocast, checkpointing, micro_batches
 from .replay import surrogate_step
 
 __all__ = [

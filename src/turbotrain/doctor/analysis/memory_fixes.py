@@ -22,6 +22,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from ...measure import copy_for_trial
+from ..module_stacks import blocks_text
 from ..record.memory_watch import LossFn, Optimizers, measure_step
 from .replay import surrogate_step
 
@@ -40,8 +41,6 @@ __all__ = [
     "FixCost",
     "OverBudget",
     "checkpoint_blocks",
-    "blocks_text",
-    "stack_of",
     "checkpointing",
     "bf16_autocast",
     "set_to_none",
@@ -90,26 +89,6 @@ def checkpointing(
     checkpoint_blocks(fixed.model, blocks)
     baseline = _variant(model, optimizers, batch, loss_fn)
     return _compare("checkpointing", blocks_text(blocks), baseline, fixed, repeats, allows)
-
-
-def stack_of(name: str) -> tuple[str, int] | None:
-    """``("transformer.h", 3)`` for ``transformer.h.3``: a block of a ``ModuleList``/``Sequential`` and its index."""
-    parent, _, last = name.rpartition(".")
-    return (parent, int(last)) if last.isdigit() else None
-
-
-def blocks_text(blocks: Sequence[str]) -> str:
-    """The blocks as a person reads them: ``transformer.h.0-11`` for a run of one list's blocks, else their names."""
-    runs: list[list] = []  # [parent, first, last] for a run of indexed blocks; [name] for any other
-    for name in blocks:
-        here = stack_of(name)
-        if here and runs and len(runs[-1]) == 3 and runs[-1][0] == here[0] and runs[-1][2] + 1 == here[1]:
-            runs[-1][2] = here[1]
-        else:
-            runs.append([here[0], here[1], here[1]] if here else [name])
-    return ", ".join(
-        run[0] if len(run) == 1 else f"{run[0]}.{run[1]}" + (f"-{run[2]}" if run[2] > run[1] else "") for run in runs
-    )
 
 
 def checkpoint_blocks(model: torch.nn.Module, blocks: Sequence[str]) -> None:

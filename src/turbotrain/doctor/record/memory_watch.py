@@ -27,6 +27,7 @@ from torch.utils._pytree import tree_leaves
 from ...data.transfer import tensors_in
 from .measurements import MemoryPhase
 from .memory_limit import active, enforced
+from ..module_stacks import stack_of
 from ..sites import Site, is_user_file, user_site
 
 __all__ = [
@@ -97,7 +98,8 @@ class StepMemory:
     optimizer_state_bytes: int
     input_bytes: int
     activation_bytes: int  # saved for backward by the step's forward, each storage once
-    modules: tuple[ModuleActivations, ...]  # by total_bytes, largest first: a prefix keeps every ancestor
+    modules: tuple[ModuleActivations, ...]  # by total_bytes, largest first: a prefix keeps every ancestor; a
+    # stack's blocks are all kept or none
     peak: PeakSplit
     peak_bytes: int
     peak_phase: MemoryPhase
@@ -306,7 +308,12 @@ def _module_rows(
         for name, (total, count) in totals.items()
         if name in modules and name in called
     ]
-    return tuple(sorted(rows, key=lambda r: (-r.total_bytes, r.name))[:top])
+    rows.sort(key=lambda r: (-r.total_bytes, r.name))
+    # A stack is checkpointed whole: the blocks of a stack the cut reaches all stay (a 48-layer model's last blocks
+    # rank below the cut only because each holds what the others do).
+    stacks = {(found[0], r.class_name) for r in rows[:top] if (found := stack_of(r.name))}
+    kept = rows[:top] + [r for r in rows[top:] if (found := stack_of(r.name)) and (found[0], r.class_name) in stacks]
+    return tuple(kept)
 
 
 def _class_site(module: torch.nn.Module) -> Site | None:

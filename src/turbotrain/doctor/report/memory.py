@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from ..analysis.memory import FitMeasure, capacity_bytes, size_text
+from ..module_stacks import module_text, stacked
 from ..record.measurements import MemoryPhase
 from ..record.memory_watch import PeakSplit, StepMemory
 
@@ -30,15 +31,23 @@ TOP_MODULES = 5  # module rows in the section
 
 @dataclass(frozen=True)
 class MemoryModuleRow:
-    """A module whose forward saved the most for backward (JSON ``top_modules``; ``class_name`` is ``class``)."""
+    """A module whose forward saved the most for backward, or the same module of each block of a stack
+    (``transformer.h.0-11``, 12 blocks; JSON ``top_modules``; ``class_name`` is ``class``)."""
 
     name: str
     class_name: str
     bytes: int
     where: str | None
+    blocks: int = 1
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "class": self.class_name, "bytes": self.bytes, "where": self.where}
+        return {
+            "name": self.name,
+            "class": self.class_name,
+            "bytes": self.bytes,
+            "where": self.where,
+            "blocks": self.blocks,
+        }
 
 
 @dataclass(frozen=True)
@@ -159,9 +168,8 @@ def _step(ctx: Context, memory: StepMemory, rows: int | None, fit: MemoryAtFit |
         device_free_bytes=memory.memory.free_bytes,
         headroom_bytes=capacity - memory.peak_bytes if capacity is not None else None,
         top_modules=tuple(
-            MemoryModuleRow(m.name or "(model)", m.class_name, m.total_bytes, ctx.where(m.site))
-            for m in memory.modules
-            if m.name
+            MemoryModuleRow(m.name, m.class_name, m.total_bytes, ctx.where(m.first.site), m.count)
+            for m in stacked([m for m in memory.modules if m.name])  # the root holds them all: not a row
         )[:TOP_MODULES],
         fit=fit,
         memory_limit_bytes=memory.memory.limit_bytes,
@@ -230,9 +238,7 @@ def memory_lines(section: MemorySection) -> list[str]:
     if top:
         lines.append(
             "  saved for backward: "
-            + "; ".join(
-                f"{m.name} ({m.class_name}{', ' + m.where if m.where else ''}) {size_text(m.bytes)}" for m in top[:3]
-            )
+            + "; ".join(module_text(m.name, m.class_name, m.blocks, m.where, size_text(m.bytes)) for m in top[:3])
         )
     fit = section.fit
     if fit is not None:

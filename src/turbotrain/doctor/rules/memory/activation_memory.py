@@ -32,14 +32,13 @@ from ...analysis.memory_fixes import (
     FixCost,
     OverBudget,
     bf16_autocast,
-    blocks_text,
     checkpointing,
     micro_batches,
     set_to_none,
-    stack_of,
 )
 from ...edits import EXACT, PRECISION, ByHand, EditSpec
 from ...findings import Evidence, Finding
+from ...module_stacks import blocks_text, module_text, stacked
 from ...record.memory_watch import ModuleActivations
 from ...requests import OwnTrial
 from ...results import MeasuredFix, MemoryResult
@@ -107,16 +106,12 @@ def activation_memory(ctx: Context) -> Iterator[Finding]:
 
 def _named(ctx: Context, blocks: Sequence[ModuleActivations]) -> str:
     """Each block with its class, line and bytes; one list's blocks of one class (a stack) said once."""
-
-    def where(row: ModuleActivations) -> str:
-        return f", {ctx.where(row.site) or ''}" if row.site else ""
-
-    lists = {(stack_of(row.name) or (row.name, 0))[0] for row in blocks}
-    if len(blocks) >= 2 and len(lists) == 1 and len({row.class_name for row in blocks}) == 1:
-        first, total = blocks[0], sum(row.total_bytes for row in blocks)
-        names = blocks_text([row.name for row in blocks])
-        return f"{names} ({len(blocks)} x {first.class_name}{where(first)}) {size_text(total)}"
-    return "; ".join(f"{row.name} ({row.class_name}{where(row)}) {size_text(row.total_bytes)}" for row in blocks)
+    return "; ".join(
+        module_text(
+            s.name, s.class_name, s.count, ctx.where(s.first.site) if s.first.site else None, size_text(s.total_bytes)
+        )
+        for s in stacked(blocks)
+    )
 
 
 def measure(ctx: Context, finding: Finding, budget: TimeLeft) -> Measured | None:
