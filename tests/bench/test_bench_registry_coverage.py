@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 
 from turbotrain.bench.ablation import candidates
+from turbotrain.bench.cli import WORKLOAD_NAMES
 from turbotrain.bench.workloads import WORKLOADS, get_workload
 from turbotrain.hardware import detect
 from turbotrain.plan import Plan
@@ -39,3 +40,7 @@ def test_every_entry_gets_one_row_per_workload(name):
     assert sorted(by_entry) == sorted(e.name for e in ENTRIES)
     for cand in rows:
         assert cand.measured or cand.skip, f"{name}/{cand.label}: neither measured nor skipped with a reason"
+
+
+def test_the_commands_workload_names_are_the_workloads():
+    assert WORKLOAD_NAMES == tuple(WORKLOADS)

@@ -10,9 +10,30 @@ Modules: ``recorder``/``instrument`` (hooks; step boundaries at the optimizer), 
 ``terminal``, ``html_report``, ``watch``, ``cli``.
 """
 
-from .diagnose import DoctorOptions, analyse, diagnose_script
-from .findings import Finding
-from .report.model import Report
-from .watching import Watch, watch
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy
+
+if TYPE_CHECKING:
+    from .diagnose import DoctorOptions, analyse, diagnose_script
+    from .findings import Finding
+    from .report.model import Report
+    from .watching import Watch, watch
+
+# Imported on first use: `turbotrain doctor --help` builds its flags without importing torch.
+__getattr__, __dir__ = lazy(
+    globals(),
+    {
+        "watch": ".watching",
+        "Watch": ".watching",
+        "diagnose_script": ".diagnose",
+        "DoctorOptions": ".diagnose",
+        "analyse": ".diagnose",
+        "Report": ".report.model",
+        "Finding": ".findings",
+    },
+)
 
 __all__ = ["watch", "Watch", "diagnose_script", "DoctorOptions", "analyse", "Report", "Finding"]

@@ -9,10 +9,33 @@ One name, one thing: ``tt.tune`` (``turbotrain.tune``) is the function, this pac
 ``turbotrain.tuning``; there is no ``turbotrain.tune`` module (docs/architecture.md, "Names").
 """
 
-from .api import TuneError, TuneResult, tune, tune_report
-from .batch_size import BatchSizeResult, find_batch_size
-from .search import search_plan
-from .workers import WorkersResult, find_num_workers
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy
+
+if TYPE_CHECKING:
+    from .api import TuneError, TuneResult, tune, tune_report
+    from .batch_size import BatchSizeResult, find_batch_size
+    from .search import search_plan
+    from .workers import WorkersResult, find_num_workers
+
+# Imported on first use: `turbotrain --help` reads this package's command without importing torch.
+__getattr__, __dir__ = lazy(
+    globals(),
+    {
+        "tune": ".api",
+        "tune_report": ".api",
+        "TuneResult": ".api",
+        "TuneError": ".api",
+        "find_batch_size": ".batch_size",
+        "BatchSizeResult": ".batch_size",
+        "find_num_workers": ".workers",
+        "WorkersResult": ".workers",
+        "search_plan": ".search",
+    },
+)
 
 __all__ = [
     "tune",
