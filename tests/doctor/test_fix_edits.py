@@ -281,6 +281,45 @@ def test_attention_that_cannot_be_rewritten_safely_is_by_hand(extra, why):
         edit(ATTENTION.format(extra=extra), "sdpa")
 
 
+MINGPT_ATTENTION = """
+    import math
+    import torch.nn as nn
+    from torch.nn import functional as F
+
+    class SelfAttention(nn.Module):
+        def forward(self, q, k, v):
+            T = q.size(-2)
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+            att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf"))
+            att = F.softmax(att, dim=-1)  # here
+            {dropout}
+            y = att @ v
+            return self.resid_dropout(self.proj(y))
+"""
+
+
+@pytest.mark.parametrize("dropout, argument", [
+    ("att = self.attn_dropout(att)", "dropout_p=self.attn_dropout.p if self.attn_dropout.training else 0.0"),
+    ("att = F.dropout(att, 0.1, self.training)", "dropout_p=0.1 if self.training else 0.0"),
+    ("att = F.dropout(att, p=self.p)", "dropout_p=self.p"),
+])
+def test_dropout_on_the_weights_becomes_sdpas_dropout_p(dropout, argument):
+    # minGPT's attention: a mask read off a buffer by comparison, and dropout on the weights (a module or F's).
+    new = edit(MINGPT_ATTENTION.format(dropout=dropout), "sdpa")
+    assert changed(MINGPT_ATTENTION.format(dropout=dropout), new) == [
+        "y = F.scaled_dot_product_attention(q, k, v, attn_mask=(self.bias[:, :, :T, :T] == 0).logical_not(), "
+        f"{argument}, scale=(1.0 / math.sqrt(k.size(-1))))"], new
+    assert not [line for line in new.splitlines() if line.strip().startswith("att")], new  # the old lines gone
+
+
+def test_dropout_somewhere_else_is_not_taken_for_the_weights():
+    # A dropout of the scores (before the softmax) is not SDPA's: by hand.
+    softmax = "att = F.softmax(att, dim=-1)  # here"
+    source = MINGPT_ATTENTION.format(dropout="").replace(softmax, f"att = self.drop(att)\n            {softmax}")
+    with pytest.raises(ByHand, match="the scores are not q @ k"):
+        edit(source, "sdpa")
+
+
 def test_a_file_that_does_not_parse_is_by_hand():
     request = EditRequest(rule="r", kind="loader", file="t.py", line=1, where="t.py:1", label="")
     with pytest.raises(ByHand, match="does not parse"):

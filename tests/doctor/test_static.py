@@ -174,3 +174,21 @@ def test_nccl_env_from_the_environment_matters_on_gpus(tmp_path):
     assert [(f.where, f.severity) for f in cpu] == [("env NCCL_BUFF_SIZE", "low")]
     gpu = evaluate(ctx.replace(hw=replace(ctx.hw, device_type="cuda"), device="cuda"), only=["nccl-env"])
     assert gpu[0].severity == "medium" and "NCCL_BUFFSIZE" in gpu[0].fix.text()
+
+
+@pytest.mark.parametrize("dropout, numerics", [
+    ("w = self.attn_dropout(w)", "resampled"),  # dropout on the weights: SDPA draws its own masks
+    ("w = F.dropout(w, 0.1)", "resampled"),
+    ("q = self.drop(q)", "precision"),  # dropout elsewhere stays the script's own, drawn as before
+])
+def test_attention_dropout_on_the_weights_means_the_losses_are_not_compared(tmp_path, dropout, numerics):
+    from turbotrain.doctor.rules.step.manual_attention import edit
+
+    ctx = context_for(tmp_path, f"""
+        def attention(self, q, k, v):
+            w = (q @ k.transpose(-2, -1)).softmax(-1)
+            {dropout}
+            return w @ v
+    """)
+    [f] = evaluate(ctx, only=["manual-attention"])
+    assert edit(ctx, f).numerics == numerics

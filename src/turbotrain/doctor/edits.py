@@ -20,13 +20,15 @@ __all__ = [
     "EXACT",
     "PRECISION",
     "REINITIALISED",
+    "RESAMPLED",
 ]
 
 # How a fix relates to the original's numbers, which sets what "the losses match" means for it:
-Numerics = Literal["exact", "precision", "reinitialised"]
+Numerics = Literal["exact", "precision", "reinitialised", "resampled"]
 EXACT: Numerics = "exact"  # the same arithmetic: losses bitwise equal on the CPU
 PRECISION: Numerics = "precision"  # lower precision or another kernel: within the numerics guard's tolerance
 REINITIALISED: Numerics = "reinitialised"  # the same model family, other random draws at construction: not compared
+RESAMPLED: Numerics = "resampled"  # other random draws every step (a fused kernel's own dropout masks): not compared
 
 # What a fix is for, which sets what verifying it must show: a faster step, or a lower peak (at a cost in time the
 # report states: such a fix stays in the patch when slower, never when it saves no memory).

@@ -4,9 +4,10 @@ Recognised: ``softmax((q @ k.transpose(-2, -1)) * scale [masked], dim=-1) @ v``,
 expression or through assignments in the same block (``scores = ...``; ``scores = scores.masked_fill(mask,
 float("-inf"))``; ``weights = scores.softmax(-1)``; ``weights @ v``). The scale is kept (``scale=`` unless it
 is SDPA's own ``1/sqrt(head dim)``); a ``triu(1)`` mask of ones over ``(t, t)`` becomes ``is_causal=True``,
-any other boolean mask ``attn_mask=mask.logical_not()``, an added mask ``attn_mask=mask``. Anything else
-(dropout on the weights, weights used elsewhere, a transpose whose dims the code does not spell as -2/-1)
-is by hand.
+any other boolean mask ``attn_mask=mask.logical_not()``, an added mask ``attn_mask=mask``; dropout on the
+weights becomes ``dropout_p``: a dropout module's ``p`` while that module is training (``self.attn_dropout(att)``),
+``F.dropout``'s ``p`` under its ``training``. Anything else (weights used elsewhere, a transpose whose dims the code
+does not spell as -2/-1) is by hand.
 """
 
 from __future__ import annotations
@@ -132,6 +133,38 @@ def _softmax_input(chain: _Chain, expr: cst.BaseExpression) -> cst.BaseExpressio
     return source
 
 
+def _dropout(source: Source, chain: _Chain, expr: cst.BaseExpression) -> tuple[cst.BaseExpression, str]:
+    """``(weights, dropout argument)`` of weights that go through dropout (``self.attn_dropout(att)``,
+    ``F.dropout(att, p, training)``); the argument is '' for none."""
+    probe = chain.probe()
+    call = probe.resolve(expr)
+    if not isinstance(call, cst.Call) or not call.args or call.args[0].keyword is not None:
+        return expr, ""
+    name = dotted(call.func)
+    functional = {
+        f"{alias}.dropout" for alias in (source.alias_of("torch.nn.functional"), "torch.nn.functional") if alias
+    }
+    if name in functional:
+        p, training = _argument(call, 1, "p", "0.5"), _argument(call, 2, "training", "True")
+    elif name == "torch.dropout" and len(call.args) == 3:
+        p, training = _argument(call, 1, "p", ""), _argument(call, 2, "train", "")
+    elif isinstance(call.func, cst.Attribute) and "dropout" in call.func.attr.value.lower() and len(call.args) == 1:
+        module = code_of(call.func)  # an nn.Dropout: its p, while it is training (model.train() / .eval())
+        p, training = f"{module}.p", f"{module}.training"
+    else:
+        return expr, ""
+    chain.adopt(probe)
+    return call.args[0].value, f", dropout_p={p}" if training == "True" else f", dropout_p={p} if {training} else 0.0"
+
+
+def _argument(call: cst.Call, position: int, keyword: str, default: str) -> str:
+    """The code of ``call``'s argument at ``position`` or named ``keyword``, else ``default``."""
+    for i, arg in enumerate(call.args):
+        if (arg.keyword is None and i == position) or (arg.keyword is not None and arg.keyword.value == keyword):
+            return code_of(arg.value)
+    return default
+
+
 def _mask(chain: _Chain, expr: cst.BaseExpression) -> tuple[cst.BaseExpression, str]:
     """``(scores, mask argument)`` of a masked score matrix; the mask argument is '' for none."""
     expr = chain.resolve(expr)
@@ -156,7 +189,10 @@ def _mask_argument(chain: _Chain, mask: cst.BaseExpression) -> str:
             return ", is_causal=True"
     if _causal(resolved):
         return ", is_causal=True"
-    return f", attn_mask={code_of(mask)}.logical_not()"
+    text = code_of(mask)
+    if not isinstance(mask, (cst.Name, cst.Attribute, cst.Call, cst.Subscript)):
+        text = f"({text})"  # `bias == 0`: the negation is of the whole comparison
+    return f", attn_mask={text}.logical_not()"
 
 
 def _causal(expr: cst.BaseExpression) -> bool:
@@ -255,12 +291,13 @@ def _attempt(source: Source, matmul: cst.BaseExpression, req: EditRequest) -> st
     block = list(body)
     chain = _Chain(block, block.index(statement))
     weights, v = _operands(matmul)
-    scores, mask = _mask(chain, _softmax_input(chain, weights))
+    dropped, dropout = _dropout(source, chain, weights)
+    scores, mask = _mask(chain, _softmax_input(chain, dropped))
     q, k, scale = _scores(chain, scores)
     keep_scale = "" if _default_scale(q, scale) else f", scale={scale}"
     call = (
         f"{_functional(source)}.scaled_dot_product_attention({code_of(q)}, {code_of(k)}, {code_of(v)}"
-        f"{mask}{keep_scale})"
+        f"{mask}{dropout}{keep_scale})"
     )
     removed = set(map(id, chain.used))
     moved = {n.value for part in (q, k) for n in _names(part)}

@@ -3,7 +3,7 @@ plain data of ``doctor --fix`` (:mod:`turbotrain.doctor.report.fix_results`)."""
 
 from __future__ import annotations
 
-from ..edits import EXACT, PRECISION, REINITIALISED, ByHand
+from ..edits import EXACT, PRECISION, REINITIALISED, RESAMPLED, ByHand
 from ..report.fix_results import EditRequest
 
-__all__ = ["ByHand", "EditRequest", "EXACT", "PRECISION", "REINITIALISED"]
+__all__ = ["ByHand", "EditRequest", "EXACT", "PRECISION", "REINITIALISED", "RESAMPLED"]

@@ -2,7 +2,8 @@
 
 Reads: source + run.
 Edit: `F.scaled_dot_product_attention(q, k, v, ...)` for `softmax(q @ k.transpose(-2, -1) * scale) @ v`: the scale
-kept, a `triu(1)` mask as `is_causal=True`, another boolean mask as `attn_mask=~mask`.
+kept, a `triu(1)` mask as `is_causal=True`, another boolean mask as `attn_mask=~mask`, dropout on the weights as
+`dropout_p` (a module's while it is training).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator
 
 from ...analysis.source import dotted_name
-from ...edits import PRECISION, EditSpec
+from ...edits import PRECISION, RESAMPLED, EditSpec
 from ...findings import Evidence, Finding, Fix
 from ...requests import AttentionRequest
 from ..common import ran_per_step, sources
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
 class AttentionEvidence(Evidence):
     function: str  # the function that computes it
     per_step: float  # its softmax's calls per measured step
+    dropout: bool = False  # dropout applied to the weights (the softmax's output)
 
 
 def _has_transposed_matmul(node: ast.AST) -> bool:
@@ -70,7 +72,7 @@ def manual_attention(ctx: Context) -> Iterator[Finding]:
                     "can run." + (f" It runs {per_step:g}x per step." if per_step else "")
                 ),
                 fix=Fix("torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=..., is_causal=...)"),
-                evidence=AttentionEvidence(function=func.name, per_step=per_step),
+                evidence=AttentionEvidence(func.name, per_step, _drops_weights(func, softmax)),
                 request=AttentionRequest(index.path, lines, site, per_step, bool(causal)),
             )
             f.provisional("medium" if per_step else "low")
@@ -79,12 +81,32 @@ def manual_attention(ctx: Context) -> Iterator[Finding]:
             yield f
 
 
+def _drops_weights(func: ast.AST, softmax: ast.Call) -> bool:
+    """Whether ``func`` applies dropout to the attention weights: to the softmax call, or to a name it was assigned."""
+    weights = {
+        t.id
+        for node in ast.walk(func)
+        if isinstance(node, ast.Assign) and node.value is softmax
+        for t in node.targets
+        if isinstance(t, ast.Name)
+    }
+    return any(
+        isinstance(call, ast.Call)
+        and "dropout" in dotted_name(call.func).split(".")[-1].lower()
+        and bool(call.args)
+        and (call.args[0] is softmax or (isinstance(call.args[0], ast.Name) and call.args[0].id in weights))
+        for call in ast.walk(func)
+    )
+
+
 def edit(ctx: Context, f: Finding) -> EditSpec:
     assert f.site is not None  # fixes.choose plans only findings with a site
-    name = f.evidence_as(AttentionEvidence).function
+    evidence = f.evidence_as(AttentionEvidence)
     line = f.request.softmax.line if isinstance(f.request, AttentionRequest) else f.site.line
+    # SDPA draws its own dropout masks: the patched losses differ by dropout's noise, not by precision.
+    numerics = RESAMPLED if evidence.dropout else PRECISION
     return EditSpec(
-        "sdpa", f"scaled_dot_product_attention for the attention in {name}()", numerics=PRECISION, line=line
+        "sdpa", f"scaled_dot_product_attention for the attention in {evidence.function}()", numerics=numerics, line=line
     )
 
 
