@@ -206,7 +206,8 @@ class ModuleCalls:
             return
         if not self.discovery or active.current is not rec or get_ident() != rec.thread:
             return
-        rec.steps.open_step.module_calls += 1
+        if torch.is_grad_enabled():  # the step's own: not an evaluation's (nanoGPT's estimate_loss in its first step)
+            rec.steps.open_step.module_calls += 1
         self._depth += 1
         if self._depth != 1:
             return

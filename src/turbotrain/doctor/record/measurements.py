@@ -59,7 +59,7 @@ class StepRecord:
     forwards: int = 0  # outermost training forwards
     backwards: int = 0
     optimizers: int = 0  # optimizer.step calls in this step
-    module_calls: int = 0  # module forward calls (counted during warm-up only)
+    module_calls: int = 0  # module forward calls with autograd on (counted during warm-up only)
     profiled: bool = False  # under torch.profiler (its own overhead): not in the statistics
     preempted: float | None = None  # seconds the thread waited for a CPU another process held (Linux)
 
