@@ -391,3 +391,24 @@ def test_a_stack_the_row_cut_reaches_is_kept_whole_for_checkpointing():
     memory = measure_step(model, [opt], [torch.randn(4, 8)], lambda m, x: m(x).square().mean(), top=8)
     assert {f"blocks.{i}" for i in range(40)} <= {m.name for m in memory.modules}
     assert blocks_to_checkpoint(memory.modules, memory.activation_bytes) == [f"blocks.{i}" for i in range(40)]
+
+
+@pytest.mark.parametrize("device_mib, rules, planned", [
+    (16 * 1024, None, False),  # 16 GiB for a ~70-MiB step: recomputing would cost time for memory nobody needs
+    (16 * 1024, ("activation-memory",), True),  # asked for by name
+    (200, None, True),  # a step that fills most of the device: medium, planned
+])
+def test_a_memory_fix_goes_in_the_patch_where_the_memory_is_needed(device_mib, rules, planned):
+    # minGPT's 6 blocks on a 24-GiB CPU: checkpointing went into --fix's patch, and the fixes verified together ran
+    # x0.62, which dropped the two time fixes with it.
+    from turbotrain.doctor.fixes.choose import plan_fixes
+
+    memory = _memory(activations=64 * MIB, total=device_mib * MIB)
+    root, block = memory.modules
+    called = dataclasses.replace(block, call=Site("/u/train.py", 20, "Net.forward"))
+    ctx = _context(memory=dataclasses.replace(memory, modules=(root, called)))
+    [f] = evaluate(ctx, only=["activation-memory"])
+    [result] = plan_fixes(ctx, [f], "/u", rules)
+    assert result.purpose == "memory" and (result.dropped is None) == planned, (f.severity, result.dropped)
+    if not planned:
+        assert "room to spare" in result.dropped and "--fix-only activation-memory" in result.dropped

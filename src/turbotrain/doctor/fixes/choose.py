@@ -97,7 +97,14 @@ def plan_fixes(
             result.by_hand = str(exc)
             continue
         if result.purpose == "memory":
-            continue  # it trades time for memory: its time is no doubt (the rule's edit checked the bytes it saves)
+            # It trades time for memory: its time is no doubt (the rule's edit checked the bytes it saves). Where the
+            # step fits with room to spare (a low finding) that trade only costs time, unless asked for by name.
+            if f.severity == "low" and rules is None:
+                result.dropped = (
+                    "the step fits with room to spare, so the memory it saves would cost time for nothing; "
+                    f"--fix-only {f.rule} writes it"
+                )
+            continue
         verdict = f.what_if.verdict if f.what_if is not None else None
         ratio = (f.what_if.ratio if f.what_if is not None else None) or 0.0
         if verdict == "slower":

@@ -71,10 +71,10 @@ def loss_match(
         return out
     out.update(
         expected="none",
-        note="not compared: the patched step draws its own dropout masks (inside the fused attention), so each "
+        note="the patched step draws its own dropout masks (inside the fused attention), so each "
         "step's loss differs by dropout's noise"
         if numerics == RESAMPLED
-        else "not compared: the patched model draws other random numbers when it is built (a parameter fewer), so "
+        else "the patched model draws other random numbers when it is built (a parameter fewer), so "
         "it starts from other weights",
     )
     return out
