@@ -113,6 +113,48 @@ def test_a_patch_verified_slower_together_keeps_only_fixes_verified_faster_alone
     assert report.kept == [memory_fix] and "not faster alone" in time_fix.dropped
 
 
+def test_fixes_for_time_are_not_dropped_for_the_price_of_a_fix_for_memory_beside_them(monkeypatch):
+    """Checkpointing beside fused AdamW and SDPA made the patch x0.62 (minGPT, 2-core EPYC) and took both time fixes
+    out with it: with time for one more comparison, the time fixes are judged together without the memory fix."""
+    from turbotrain.doctor.fixes import attach
+    from turbotrain.doctor.report.fix_results import FixReport, FixResult, Verification
+    from turbotrain.measure import SLOWER
+
+    class OneMoreComparison:
+        """A budget that holds none of the three fixes alone, then one comparison (``at``: the call it allows)."""
+
+        options = SimpleNamespace(budget_s=120.0)
+
+        def __init__(self, at: int = 4):
+            self.at, self.calls = at, 0
+
+        def affords(self, comparisons: int, run_s: float) -> bool:
+            self.calls += 1
+            return self.calls == self.at
+
+    def verified(verifier, results, *args) -> Verification:
+        memory = any(r.purpose == "memory" for r in results)
+        return Verification(speedup=0.62 if memory else 1.04, verdict=SLOWER if memory else "within noise",
+                            ratios=[0.62 if memory else 1.04])
+
+    monkeypatch.setattr(attach, "_verify_one", verified)
+    recompute = FixResult(rule="activation-memory", where="model.py:90", label="checkpoint", diff="-a\n+b\n")
+    recompute.purpose = "memory"
+    timed = [FixResult(rule=r, where="model.py:64", label=r, diff="-a\n+b\n")
+             for r in ("manual-attention", "non-foreach-optimizer")]
+    report = FixReport(fixes=[recompute, *timed])
+    attach._verify(report, [recompute, *timed], {}, "/tmp", OneMoreComparison(), 10, 1.0)
+    assert report.kept == [recompute, *timed] and report.together.speedup == 0.62
+    assert any("the price of activation-memory" in m and "x1.04 (within noise), and stay" in m
+               for m in report.messages), report.messages
+    # Without the time for that comparison, as before: only what was verified faster alone stays.
+    report = FixReport(fixes=[recompute, *timed])
+    for fix in report.fixes:
+        fix.dropped = None
+    attach._verify(report, report.fixes, {}, "/tmp", OneMoreComparison(at=0), 10, 1.0)
+    assert all("not faster alone" in f.dropped for f in timed)
+
+
 def test_graphs_kept_from_step_to_step_are_verified_beside_the_time():
     """--verify's children count the autograd graphs alive at a few step boundaries: where either side kept
     some, the verification says what each kept a step; where neither did, it says nothing."""

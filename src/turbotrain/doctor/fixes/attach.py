@@ -131,6 +131,8 @@ def _verify(
             result.dropped = f"the fixes together broke the script ({together.error})"
         fix_report.messages.append(f"With all fixes together, {together.error}; the patch holds none of them.")
     elif together.verdict == SLOWER:
+        if _time_fixes_hold(fix_report, kept, together, verifier, originals, base, steps, run_s):
+            return
         # --verify promises a patch measured not to slow the script: only fixes verified faster alone stay.
         unproven = [
             r for r in kept if (r.verification is None or r.verification.verdict != FASTER) and not _kept_for_memory(r)
@@ -142,6 +144,33 @@ def _verify(
             f"verified faster alone ({len(kept) - len(unproven)} of {len(kept)}); a larger --verify-budget times each "
             "alone."
         )
+
+
+def _time_fixes_hold(
+    fix_report: FixReport,
+    kept: list[FixResult],
+    together: Verification,
+    verifier: Verifier,
+    originals: dict[str, str],
+    base: str,
+    steps: int,
+    run_s: float,
+) -> bool:
+    """Where the patch holds fixes for memory (slower by design) beside fixes for time: the time fixes together,
+    without them. True, and said, where those are not slower: none of them goes for the memory fixes' price."""
+    memory = [r for r in kept if r.purpose == "memory"]
+    timed = [r for r in kept if r.purpose != "memory"]
+    if not memory or not timed or not verifier.affords(2, run_s):
+        return False
+    check = _verify_one(verifier, timed, originals, base, steps)
+    if check.error or check.verdict == SLOWER:
+        return False
+    fix_report.messages.append(
+        f"With all fixes together the script ran x{together.speedup:.2f} (slower): the price of "
+        f"{', '.join(sorted({r.rule for r in memory}))}, which trades time for memory; the fixes for time together, "
+        f"without it, ran x{check.speedup:.2f} ({check.verdict}), and stay."
+    )
+    return True
 
 
 def saves_memory(check: Verification | None) -> bool:
