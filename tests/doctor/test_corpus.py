@@ -196,3 +196,23 @@ def test_the_validation_what_if_runs_on_the_validation_batch():
     assert ctx.eval_grad_inputs is not None
     args, _ = ctx.eval_grad_inputs
     assert args[0].shape == (128, 256)
+
+
+def test_a_figure_timed_on_one_of_two_trained_models_says_so():
+    """DCGAN's what-ifs replay the discriminator they captured: a gain measured there names the generator it leaves
+    out, each model by the line that built it."""
+    from doctor_helpers import script
+    from turbotrain.doctor.analysis.context import build_context
+    from turbotrain.doctor.record.recorder import Recorder
+    from turbotrain.doctor.record.runner import run_script
+    from turbotrain.doctor.whatif import _also_trained, _one_of
+
+    recorder = Recorder(measure=3, warmup=1, profile=0)
+    run_script(script("gan_two_optimizers"), [], recorder)
+    ctx = build_context(recorder.recording(), recorder.live_objects(), script("gan_two_optimizers"))
+    source = script("gan_two_optimizers").read_text().splitlines()
+    built = {f"Sequential (gan_two_optimizers.py:{n})" for n, text in enumerate(source, 1)
+             for name in ("self.G", "self.D") if text.strip().startswith(f"{name} = nn.Sequential")}
+    [other] = _also_trained(ctx)
+    [captured] = built - {other}
+    assert other in built and _one_of(ctx, [other]).startswith(f"Timed on {captured} alone"), (built, other)

@@ -151,11 +151,40 @@ def _run_what_ifs(ctx: Context, findings: list[Finding], budget_s: float, allow_
         except Exception as exc:  # noqa: BLE001 - a failed what-if leaves the finding estimated
             log.warning("turbotrain doctor: what-if %s failed: %s", name, one_line(exc))
     not_reached = {id(f) for _, _, left_out in steps[started:] for f in left_out}
+    others = _also_trained(ctx)
     for f in findings:
         if f.measured and f.what_if is not None:
             cap_to_noise(f, ctx)
+            if others and isinstance(f.request, (PlanRequest, BatchRequest)):
+                f.note = f"{(f.note or '').strip()} {_one_of(ctx, others)}".strip()
         elif f.what_if is None and (id(f) in refused or id(f) in not_reached):
             _say_untimed(f, refused.get(id(f)), budget_s)
+
+
+def _named(ctx: Context, module: object) -> str:
+    """``Sequential (train.py:23)``: its class, and the line that built it where that is the user's."""
+    site = ctx.module_sites.get(id(module))
+    where = ctx.where(site) if site is not None else None
+    return f"{type(module).__name__}{f' ({where})' if where else ''}"
+
+
+def _also_trained(ctx: Context) -> list[str]:
+    """The other outermost modules the step trains beside the captured one (a GAN's generator beside the
+    discriminator the doctor replays), named."""
+    model = ctx.capture.module if ctx.capture is not None else None
+    if model is None:
+        return []
+    trained = {id(p) for opt, _ in ctx.optimizers for group in opt.param_groups for p in group["params"]}
+    return [_named(ctx, m) for m in ctx.modules if m is not model and any(id(p) in trained for p in m.parameters())]
+
+
+def _one_of(ctx: Context, others: list[str]) -> str:
+    """What a figure timed on the captured model alone leaves out."""
+    model = ctx.capture.module if ctx.capture is not None else None
+    return (
+        f"Timed on {_named(ctx, model)} alone, the model the doctor replays; the step also trains "
+        f"{', '.join(others)}, whose part of the gain is not in this figure."
+    )
 
 
 def _say_untimed(f: Finding, refused: tuple[float, float] | None, budget_s: float) -> None:
