@@ -1,5 +1,5 @@
-"""The command answers `--help` and a mistyped flag without importing torch (3-4 s on a small CPU), and the
-package's names, imported on first use, are the objects their modules define."""
+"""The command answers `--help`, a mistyped flag and a missing script without importing torch (3-4 s on a small
+CPU), and the package's names, imported on first use, are the objects their modules define."""
 
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ def test_help_and_a_bad_flag_import_no_torch():
     code = (
         "import sys\n"
         "from turbotrain.cli import main\n"
-        "for argv in (['--help'], ['doctor', '--help'], ['bench', '--help'], ['doctor', '--steps', 'x', 'a.py']):\n"
+        "for argv in (['--help'], ['doctor', '--help'], ['bench', '--help'], ['doctor', '--steps', 'x', 'a.py'],\n"
+        "             ['doctor'], ['doctor', 'missing.py'], ['doctor', '--fix', '.', 'missing.py']):\n"
         "    try:\n"
         "        main(argv)\n"
         "    except SystemExit:\n"
@@ -28,6 +29,7 @@ def test_help_and_a_bad_flag_import_no_torch():
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().endswith("no torch"), proc.stdout[-500:]
     assert "usage: turbotrain doctor" in proc.stdout and "--steps: invalid" in proc.stderr, proc.stderr[-500:]
+    assert "doctor: no script given" in proc.stderr and "doctor: no such script: missing.py" in proc.stderr
 
 
 def test_the_lazy_names_are_the_modules_objects():

@@ -118,8 +118,9 @@ def _job_command(args: argparse.Namespace) -> list[str] | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # torch is imported only once the command line checks out: a mistyped flag or path answers in a fraction of
+    # the seconds importing it takes.
     from ..config import ConfigError
-    from .diagnose import diagnose_script
     from .options import options_from_args
 
     if args.rules:
@@ -136,12 +137,16 @@ def run(args: argparse.Namespace) -> int:
     command = _job_command(args)
     if command is None and not Path(args.script).is_file():
         raise ConfigError(f"doctor: no such script: {args.script}")
-    from .diagnose import script_in
     from .report.files import check_outputs
 
     # Before anything runs: no output may overwrite the script, a Python file or another output.
     outputs = {"--fix": options.fix, "--json": args.json, "--html": args.html, "--trace": options.trace_path}
-    check_outputs(args.script if command is None else script_in(command), outputs)
+    if command is None:
+        check_outputs(args.script, outputs)
+    else:
+        from .diagnose import script_in
+
+        check_outputs(script_in(command), outputs)
     if args.fix or args.verify:
         from .fixes import require_libcst
 
@@ -154,9 +159,9 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(
                 f"doctor --fix {args.fix}: that is a folder; give the patch file's path, e.g. --fix fixes.patch"
             )
-    if command is not None:
-        from .diagnose import diagnose_job
+    from .diagnose import diagnose_job, diagnose_script, script_in
 
+    if command is not None:
         if (args.fix or args.verify) and script_in(command) is None:
             raise ConfigError(
                 f"doctor --fix/--verify: no script (.py file) in the launcher command {' '.join(command)!r} to edit; "
