@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from turbotrain.doctor.fixes.losses import loss_match, weakest
+
+pytestmark = pytest.mark.reads_no_time  # made-up losses, no run
 
 BEFORE = [2.5, 2.25, 2.0]
 
