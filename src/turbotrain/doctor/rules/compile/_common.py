@@ -308,17 +308,19 @@ def time_variants(
         return None
     with _fresh_dynamo():
         runs = (_step(a.module, batch, cuda), _step(b.module, batch, cuda))
-        warm = []
+        warm, compiled_s = [], []
         for variant, run in zip((a, b), runs):
             with variant.settings():
-                warm.append(run() + run())  # the first call compiles; the second runs what the first compiled
+                first = run()  # compiles
+                compiled_s.append(run())  # runs what the first compiled: the step a round is sized by
+                warm.append(first + compiled_s[-1])
         graphs_before = counters["stats"]["unique_graphs"]
         with b.settings():
             other_s = tuple(_step(b.module, other, cuda)() for other in other_batches)
         other_graphs = counters["stats"]["unique_graphs"] - graphs_before
-        per_step = max(1e-5, min(warm) / 2)
-        steps = max(STEPS, min(50, int(ROUND_S / per_step)))
-        round_cost = 2 * steps * max(per_step, 1e-4) * 3
+        # Sized by the steps after the compile, not the warm-up's mean: a compile of seconds is in that.
+        steps = max(STEPS, min(50, int(ROUND_S / max(1e-5, min(compiled_s)))))
+        round_cost = 2 * steps * max(max(compiled_s), 1e-4) * 3
         ratios: list[float] = []
         best = [float("inf"), float("inf")]
         while budget.allows(round_cost) and (

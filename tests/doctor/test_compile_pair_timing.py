@@ -1,0 +1,40 @@
+"""The interleaved timing of a compiled model against its fix sizes its rounds by the step after the compile: a
+compile of seconds counted as a step (as the warm-up's mean did) made a 30-s budget refuse every round on a loaded
+2-core machine, and the what-if said nothing was timed (ci78: test_branch_cond)."""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from turbotrain.doctor.rules.compile._common import Variant, time_variants
+from turbotrain.doctor.whatif.common import Budget
+
+pytestmark = pytest.mark.reads_no_time  # asserts that rounds ran, never what they measured
+
+
+class _SlowFirstCall(torch.nn.Module):
+    """A model whose first call takes ``first_s`` (a compile), its others a fraction of a millisecond."""
+
+    def __init__(self, first_s: float):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+        self.first_s = first_s
+
+    def forward(self, x):
+        if self.first_s:
+            time.sleep(self.first_s)
+            self.first_s = 0.0
+        return self.linear(x)
+
+
+def test_rounds_are_sized_by_the_compiled_step_not_by_the_compile():
+    ctx = SimpleNamespace(capture=SimpleNamespace(args=(torch.randn(8, 4),), kwargs={}), on_gpu=False)
+    a, b = Variant("as is", _SlowFirstCall(1.0)), Variant("fixed", _SlowFirstCall(1.0))
+    timing = time_variants(ctx, Budget(10.0), a, b, compile_s=1.0)
+    # Before: a step of (1.0 s + one call) / 2 made one round cost 2 x 5 x 0.5 x 3 = 15 s of the 8 s left.
+    assert timing is not None and len(timing.ratios) >= 2, timing
+    assert min(timing.warm_s) >= 1.0 and max(timing.a_s, timing.b_s) < 0.5  # the compile is in warm-up only
