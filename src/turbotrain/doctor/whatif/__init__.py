@@ -151,11 +151,12 @@ def _run_what_ifs(ctx: Context, findings: list[Finding], budget_s: float, allow_
         except Exception as exc:  # noqa: BLE001 - a failed what-if leaves the finding estimated
             log.warning("turbotrain doctor: what-if %s failed: %s", name, one_line(exc))
     not_reached = {id(f) for _, _, left_out in steps[started:] for f in left_out}
-    others = _also_trained(ctx)
+    replayed = {id(f) for f in findings if f.measured and isinstance(f.request, (PlanRequest, BatchRequest))}
+    others = _also_trained(ctx) if replayed else []
     for f in findings:
         if f.measured and f.what_if is not None:
             cap_to_noise(f, ctx)
-            if others and isinstance(f.request, (PlanRequest, BatchRequest)):
+            if others and id(f) in replayed:
                 f.note = f"{(f.note or '').strip()} {_one_of(ctx, others)}".strip()
         elif f.what_if is None and (id(f) in refused or id(f) in not_reached):
             _say_untimed(f, refused.get(id(f)), budget_s)
