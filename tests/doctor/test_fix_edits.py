@@ -312,6 +312,37 @@ def test_dropout_on_the_weights_becomes_sdpas_dropout_p(dropout, argument):
     assert not [line for line in new.splitlines() if line.strip().startswith("att")], new  # the old lines gone
 
 
+def test_a_dropout_modules_kind_is_read_from_the_model_and_a_compound_p_stays_one_operand():
+    source = MINGPT_ATTENTION.format(dropout="att = self.attn_dropout(att)")
+    # The captured model's dropout modules, by attribute name: the call is taken for dropout by what it is.
+    assert "dropout_p=self.attn_dropout.p if self.attn_dropout.training" in edit(
+        source, "sdpa", dropout_modules=["attn_dropout", "resid_dropout"])
+    with pytest.raises(ByHand, match="`attn_dropout` is not one of the model's nn.Dropout modules"):
+        edit(source, "sdpa", dropout_modules=["resid_dropout"])  # named so, but some other module: its .p would fail
+    either = MINGPT_ATTENTION.format(dropout="att = F.dropout(att, self.p or 0.1, self.training)")
+    assert "dropout_p=(self.p or 0.1) if self.training else 0.0" in edit(either, "sdpa")
+
+
+def test_the_attention_edit_names_the_captured_models_dropout_modules():
+    from types import SimpleNamespace
+
+    import torch.nn as nn
+
+    from turbotrain.doctor.findings import Finding, Fix
+    from turbotrain.doctor.rules.step.manual_attention import AttentionEvidence
+    from turbotrain.doctor.rules.step.manual_attention import edit as attention_edit
+    from turbotrain.doctor.sites import Site
+
+    block = nn.Module()
+    block.attn_dropout, block.drop_path, block.proj = nn.Dropout(0.1), nn.Identity(), nn.Linear(2, 2)
+    model = nn.Sequential(block, nn.Dropout2d())
+    finding = Finding("manual-attention", site=Site("/u/m.py", 9, "f"), message="", fix=Fix(""),
+                      evidence=AttentionEvidence("forward", 1.0, dropout=True))
+    spec = attention_edit(SimpleNamespace(capture=SimpleNamespace(module=model)), finding)
+    assert spec.params == {"dropout_modules": ["1", "attn_dropout"]}
+    assert attention_edit(SimpleNamespace(capture=None), finding).params == {}
+
+
 def test_dropout_somewhere_else_is_not_taken_for_the_weights():
     # A dropout of the scores (before the softmax) is not SDPA's: by hand.
     softmax = "att = F.softmax(att, dim=-1)  # here"

@@ -207,7 +207,8 @@ def test_set_to_none_joins_the_measured_memory_fixes_where_the_script_zero_fills
             return True
 
     blocks = {"wide": 1}  # the block that saves the most
-    evidence = ActivationEvidence(peak_bytes=2, activation_bytes=1, blocks=blocks, called_at={}, capacity_bytes=None)
+    evidence = ActivationEvidence(peak_bytes=2, activation_bytes=1, blocks=blocks, called_at={}, capacity_bytes=None,
+                                  tight=False)
     measured = measure(ctx, Finding("activation-memory", message="", fix=Fix(""), evidence=evidence), Roomy())
     rows = {row.fix: row for row in measured.what_if.fixes}
     assert ("set-to-none" in rows) == zeroes, sorted(rows)
@@ -246,7 +247,7 @@ def _activation_trial(budget):
                           optimizers=[(torch.optim.SGD(model.parameters(), lr=0.1), None)],
                           ran_sites=lambda kind: [], step_s=0.01, share=lambda category: 0.3)
     evidence = ActivationEvidence(peak_bytes=2, activation_bytes=1, blocks={"wide": 1}, called_at={},
-                                  capacity_bytes=None)
+                                  capacity_bytes=None, tight=False)
     finding = Finding("activation-memory", message="", fix=Fix(""), evidence=evidence)
     return finding, measure(ctx, finding, budget)
 
@@ -409,6 +410,6 @@ def test_a_memory_fix_goes_in_the_patch_where_the_memory_is_needed(device_mib, r
     ctx = _context(memory=dataclasses.replace(memory, modules=(root, called)))
     [f] = evaluate(ctx, only=["activation-memory"])
     [result] = plan_fixes(ctx, [f], "/u", rules)
-    assert result.purpose == "memory" and (result.dropped is None) == planned, (f.severity, result.dropped)
+    assert result.purpose == "memory" and (result.dropped is None) == planned, (f.evidence.tight, result.dropped)
     if not planned:
         assert "room to spare" in result.dropped and "--fix-only activation-memory" in result.dropped

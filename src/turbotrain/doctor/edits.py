@@ -77,6 +77,9 @@ class EditSpec:
     line: int | None = None
     lines: tuple[int, ...] = ()
     purpose: Purpose = "time"
+    # A memory fix: whether the step needs the memory it saves (False where it fits with room to spare, so the fix
+    # would only cost time; the patch then leaves it out unless it is asked for by name).
+    needed: bool = True
     instead: EditSpec | None = None
 
 

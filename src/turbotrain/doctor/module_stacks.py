@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import groupby
 from typing import Generic, Protocol, TypeVar
 
 __all__ = ["Stacked", "stack_of", "blocks_text", "stacked", "module_text"]
@@ -16,29 +17,38 @@ def stack_of(name: str) -> tuple[str, int] | None:
     return (parent, int(last)) if last.isdigit() else None
 
 
-def _index_runs(indices: Sequence[int]) -> str:
-    """``0-3,5`` for 0, 1, 2, 3, 5 (in the order given)."""
+def _runs(indices: Sequence[int]) -> list[tuple[int, int]]:
+    """``[(0, 3), (5, 5)]`` for 0, 1, 2, 3, 5: runs of consecutive indices, in the order given."""
     runs: list[list[int]] = []
     for i in indices:
         if runs and runs[-1][1] + 1 == i:
             runs[-1][1] = i
         else:
             runs.append([i, i])
-    return ",".join(f"{a}-{b}" if b > a else f"{a}" for a, b in runs)
+    return [(a, b) for a, b in runs]
+
+
+def _run_text(a: int, b: int) -> str:
+    return f"{a}-{b}" if b > a else f"{a}"
+
+
+def _index_runs(indices: Sequence[int]) -> str:
+    """``0-3,5`` for 0, 1, 2, 3, 5 (in the order given)."""
+    return ",".join(_run_text(a, b) for a, b in _runs(indices))
 
 
 def blocks_text(blocks: Sequence[str]) -> str:
     """The blocks as a person reads them: ``transformer.h.0-11`` for a run of one list's blocks, else their names."""
-    runs: list[list] = []  # [parent, first, last] for a run of indexed blocks; [name] for any other
-    for name in blocks:
-        here = stack_of(name)
-        if here and runs and len(runs[-1]) == 3 and runs[-1][0] == here[0] and runs[-1][2] + 1 == here[1]:
-            runs[-1][2] = here[1]
+    said: list[str] = []
+    # Neighbours of one list go together; a name off any stack is a group of its own.
+    for key, group in groupby(blocks, key=lambda name: (stack_of(name) or (name, -1))[0]):
+        names = list(group)
+        indices = [found[1] for name in names if (found := stack_of(name))]
+        if len(indices) < len(names):
+            said.extend(names)
         else:
-            runs.append([here[0], here[1], here[1]] if here else [name])
-    return ", ".join(
-        run[0] if len(run) == 1 else f"{run[0]}.{run[1]}" + (f"-{run[2]}" if run[2] > run[1] else "") for run in runs
-    )
+            said.extend(f"{key}.{_run_text(a, b)}" for a, b in _runs(indices))
+    return ", ".join(said)
 
 
 class _Row(Protocol):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 import torch
@@ -68,15 +69,31 @@ def _steps(fixes: list[FixResult], steps: int) -> int:
     return min(max(period, -(-steps // period) * period), max(_MAX_VERIFY_STEPS, steps))
 
 
-def _verify_one(
-    verifier: Verifier, results: list[FixResult], originals: dict[str, str], base: str, steps: int
-) -> Verification:
-    texts = combine(results, originals, base)
-    changed = {path: text for path, text in texts.items() if text != originals[path]}
-    folder = verifier.variant(changed)
-    return verifier.compare(
-        folder, _steps(results, steps), weakest([r.numerics for r in results]), periodic=bool(_periods(results))
-    )
+@dataclass(frozen=True)
+class _VerifyRun:
+    """What every comparison of one ``--verify`` shares: the runner, the sources before any edit, the script's folder,
+    the steps to time and what those cost the original (``run_s``)."""
+
+    verifier: Verifier
+    originals: dict[str, str]
+    base: str
+    steps: int
+    run_s: float
+
+    def affords(self, runs: int) -> bool:
+        return self.verifier.affords(runs, self.run_s)
+
+    def check(self, results: list[FixResult]) -> Verification:
+        """``results`` patched together, timed against the original."""
+        texts = combine(results, self.originals, self.base)
+        changed = {path: text for path, text in texts.items() if text != self.originals[path]}
+        folder = self.verifier.variant(changed)
+        return self.verifier.compare(
+            folder,
+            _steps(results, self.steps),
+            weakest([r.numerics for r in results]),
+            periodic=bool(_periods(results)),
+        )
 
 
 def _by_rule(results: list[FixResult]) -> list[list[FixResult]]:
@@ -87,26 +104,18 @@ def _by_rule(results: list[FixResult]) -> list[list[FixResult]]:
     return sorted(groups.values(), key=lambda g: -max(r.predicted or 1.0 for r in g))
 
 
-def _verify(
-    fix_report: FixReport,
-    results: list[FixResult],
-    originals: dict[str, str],
-    base: str,
-    verifier: Verifier,
-    steps: int,
-    run_s: float,
-) -> None:
+def _verify(fix_report: FixReport, results: list[FixResult], run: _VerifyRun) -> None:
     candidates = [r for r in results if r.in_patch]
     groups = _by_rule(candidates)
     if len(groups) > 1:
         for members in groups:
-            if not verifier.affords(2, run_s):
+            if not run.affords(2):
                 fix_report.messages.append(
-                    f"The verify budget ({verifier.options.budget_s:g} s) left no time to verify {members[0].rule} "
+                    f"The verify budget ({run.verifier.options.budget_s:g} s) left no time to verify {members[0].rule} "
                     "alone; it was verified only with the others."
                 )
                 continue
-            check = _verify_one(verifier, members, originals, base, steps)
+            check = run.check(members)
             for result in members:
                 result.verification = check
                 _judge_alone(result)
@@ -120,7 +129,7 @@ def _verify(
     if alone and kept[0].verification is not None:
         fix_report.together = kept[0].verification  # the same comparison: not run twice
         return
-    together = _verify_one(verifier, kept, originals, base, steps)
+    together = run.check(kept)
     fix_report.together = together
     if alone:
         for result in kept:
@@ -131,7 +140,7 @@ def _verify(
             result.dropped = f"the fixes together broke the script ({together.error})"
         fix_report.messages.append(f"With all fixes together, {together.error}; the patch holds none of them.")
     elif together.verdict == SLOWER:
-        if _time_fixes_hold(fix_report, kept, together, verifier, originals, base, steps, run_s):
+        if _time_fixes_hold(fix_report, kept, together, run):
             return
         # --verify promises a patch measured not to slow the script: only fixes verified faster alone stay.
         unproven = [
@@ -146,23 +155,14 @@ def _verify(
         )
 
 
-def _time_fixes_hold(
-    fix_report: FixReport,
-    kept: list[FixResult],
-    together: Verification,
-    verifier: Verifier,
-    originals: dict[str, str],
-    base: str,
-    steps: int,
-    run_s: float,
-) -> bool:
+def _time_fixes_hold(fix_report: FixReport, kept: list[FixResult], together: Verification, run: _VerifyRun) -> bool:
     """Where the patch holds fixes for memory (slower by design) beside fixes for time: the time fixes together,
     without them. True, and said, where those are not slower: none of them goes for the memory fixes' price."""
     memory = [r for r in kept if r.purpose == "memory"]
     timed = [r for r in kept if r.purpose != "memory"]
-    if not memory or not timed or not verifier.affords(2, run_s):
+    if not memory or not timed or not run.affords(2):
         return False
-    check = _verify_one(verifier, timed, originals, base, steps)
+    check = run.check(timed)
     if check.error or check.verdict == SLOWER:
         return False
     fix_report.messages.append(
@@ -280,7 +280,8 @@ def attach_fixes(
         try:
             verifier_of = make_verifier or (lambda opts: Verifier(script_path, argv, base, opts))
             with verifier_of(verify_options) as verifier:
-                _verify(fix_report, results, originals, base, verifier, options.steps, ctx.step_s * options.steps)
+                run = _VerifyRun(verifier, originals, base, options.steps, ctx.step_s * options.steps)
+                _verify(fix_report, results, run)
                 fix_report.messages += verifier.notes
         except Exception as exc:  # noqa: BLE001 - a verification that fails costs the verification, not the report
             said = str(exc) if isinstance(exc, VerifyError) else f"{type(exc).__name__}: {exc}"

@@ -133,9 +133,12 @@ def _softmax_input(chain: _Chain, expr: cst.BaseExpression) -> cst.BaseExpressio
     return source
 
 
-def _dropout(source: Source, chain: _Chain, expr: cst.BaseExpression) -> tuple[cst.BaseExpression, str]:
+def _dropout(
+    source: Source, chain: _Chain, expr: cst.BaseExpression, modules: list[str] | None
+) -> tuple[cst.BaseExpression, str]:
     """``(weights, dropout argument)`` of weights that go through dropout (``self.attn_dropout(att)``,
-    ``F.dropout(att, p, training)``); the argument is '' for none."""
+    ``F.dropout(att, p, training)``); the argument is '' for none. ``modules``: the attribute names of the model's
+    dropout modules, where the run captured the model (else a module is taken for dropout by its name)."""
     probe = chain.probe()
     call = probe.resolve(expr)
     if not isinstance(call, cst.Call) or not call.args or call.args[0].keyword is not None:
@@ -148,13 +151,32 @@ def _dropout(source: Source, chain: _Chain, expr: cst.BaseExpression) -> tuple[c
         p, training = _argument(call, 1, "p", "0.5"), _argument(call, 2, "training", "True")
     elif name == "torch.dropout" and len(call.args) == 3:
         p, training = _argument(call, 1, "p", ""), _argument(call, 2, "train", "")
-    elif isinstance(call.func, cst.Attribute) and "dropout" in call.func.attr.value.lower() and len(call.args) == 1:
+    elif isinstance(call.func, cst.Attribute) and len(call.args) == 1 and _is_dropout(call.func.attr.value, modules):
         module = code_of(call.func)  # an nn.Dropout: its p, while it is training (model.train() / .eval())
         p, training = f"{module}.p", f"{module}.training"
     else:
         return expr, ""
     chain.adopt(probe)
-    return call.args[0].value, f", dropout_p={p}" if training == "True" else f", dropout_p={p} if {training} else 0.0"
+    if training == "True":
+        return call.args[0].value, f", dropout_p={p}"
+    return call.args[0].value, f", dropout_p={_grouped(p)} if {_grouped(training)} else 0.0"
+
+
+def _is_dropout(attribute: str, modules: list[str] | None) -> bool:
+    """Whether ``self.<attribute>(...)`` is a dropout module; one named so that is not raises :class:`_NoMatch`
+    (its ``p`` would fail when the patched script runs)."""
+    if modules is None:
+        return "dropout" in attribute.lower()
+    if attribute not in modules and "dropout" in attribute.lower():
+        raise _NoMatch(f"`{attribute}` is not one of the model's nn.Dropout modules")
+    return attribute in modules
+
+
+def _grouped(code: str) -> str:
+    """``code`` in parentheses unless it is an atom (a name, a number, an attribute, a call, an index): so that it
+    stays one operand of the conditional expression it is put in (``a or b`` would not)."""
+    atoms = (cst.Name, cst.Attribute, cst.Integer, cst.Float, cst.Call, cst.Subscript)
+    return code if isinstance(cst.parse_expression(code), atoms) else f"({code})"
 
 
 def _argument(call: cst.Call, position: int, keyword: str, default: str) -> str:
@@ -291,7 +313,7 @@ def _attempt(source: Source, matmul: cst.BaseExpression, req: EditRequest) -> st
     block = list(body)
     chain = _Chain(block, block.index(statement))
     weights, v = _operands(matmul)
-    dropped, dropout = _dropout(source, chain, weights)
+    dropped, dropout = _dropout(source, chain, weights, req.params.get("dropout_modules"))
     scores, mask = _mask(chain, _softmax_input(chain, dropped))
     q, k, scale = _scores(chain, scores)
     keep_scale = "" if _default_scale(q, scale) else f", scale={scale}"

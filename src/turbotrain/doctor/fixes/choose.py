@@ -87,7 +87,8 @@ def plan_fixes(
         result = FixResult(rule=f.rule, where=where, label=f.fix.pytorch, predicted=f.est_speedup)
         out.append(result)
         try:
-            result.request = _request(f, rule.edit(ctx, f), base)
+            spec = rule.edit(ctx, f)
+            result.request = _request(f, spec, base)
             result.label, result.numerics, result.purpose = (
                 result.request.label,
                 result.request.numerics,
@@ -98,8 +99,8 @@ def plan_fixes(
             continue
         if result.purpose == "memory":
             # It trades time for memory: its time is no doubt (the rule's edit checked the bytes it saves). Where the
-            # step fits with room to spare (a low finding) that trade only costs time, unless asked for by name.
-            if f.severity == "low" and rules is None:
+            # step fits with room to spare (the rule says so) that trade only costs time, unless asked for by name.
+            if not spec.needed and rules is None:
                 result.dropped = (
                     "the step fits with room to spare, so the memory it saves would cost time for nothing; "
                     f"--fix-only {f.rule} writes it"

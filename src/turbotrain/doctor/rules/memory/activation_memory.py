@@ -64,6 +64,7 @@ class ActivationEvidence(Evidence):
     blocks: dict[str, int]  # the blocks to checkpoint, largest saver first: bytes each saves for backward
     called_at: dict[str, str | None]  # where each block's call is, where known
     capacity_bytes: int | None
+    tight: bool  # the peak is over half the device: the memory checkpointing saves is needed
 
 
 def activation_memory(ctx: Context) -> Iterator[Finding]:
@@ -79,6 +80,7 @@ def activation_memory(ctx: Context) -> Iterator[Finding]:
     rows = {m.name: m for m in memory.modules}
     named = _named(ctx, [rows[name] for name in blocks])
     capacity = capacity_bytes(memory)
+    tight = capacity is not None and memory.peak_bytes * 2 > capacity
     headroom = f"; {size_text(capacity - memory.peak_bytes)} of the device left" if capacity else ""
     f = Finding(
         "activation-memory",
@@ -95,10 +97,10 @@ def activation_memory(ctx: Context) -> Iterator[Finding]:
             blocks={name: rows[name].total_bytes for name in blocks},
             called_at={name: ctx.where(rows[name].call) for name in blocks if rows[name].call is not None},
             capacity_bytes=capacity,
+            tight=tight,
         ),
         request=OwnTrial(),
     )
-    tight = capacity is not None and memory.peak_bytes * 2 > capacity
     f.provisional("medium" if tight else "low")
     f.note = "Memory for time: worth it where the step does not fit, or to fit a larger batch."
     yield f
@@ -192,6 +194,19 @@ def ranked(rows: Sequence[MeasuredFix]) -> list[MeasuredFix]:
 
 
 def edit(ctx: Context, f: Finding) -> EditSpec:
+    """:func:`_chain`, each edit saying whether the step needs the memory (see ``EditSpec.needed``)."""
+    needed = f.evidence_as(ActivationEvidence).tight
+    specs = [_chain(ctx, f)]
+    while (instead := specs[-1].instead) is not None:
+        specs.append(instead)
+    chain = None
+    for spec in reversed(specs):
+        chain = dataclasses.replace(spec, needed=needed, instead=chain)
+    assert chain is not None
+    return chain
+
+
+def _chain(ctx: Context, f: Finding) -> EditSpec:
     """The first fix of :func:`ranked` the source takes, the next ones each its ``instead``. Checkpointing: each
     named block's call, in its parent's forward, wrapped in ``torch.utils.checkpoint.checkpoint`` (recomputed in the
     backward; checkpoint restores the random state, so dropout draws the same). Micro-batches or bf16 autocast:

@@ -12,6 +12,8 @@ import ast
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator
 
+from torch import nn
+
 from ...analysis.source import dotted_name
 from ...edits import PRECISION, RESAMPLED, EditSpec
 from ...findings import Evidence, Finding, Fix
@@ -105,9 +107,19 @@ def edit(ctx: Context, f: Finding) -> EditSpec:
     line = f.request.softmax.line if isinstance(f.request, AttentionRequest) else f.site.line
     # SDPA draws its own dropout masks: the patched losses differ by dropout's noise, not by precision.
     numerics = RESAMPLED if evidence.dropout else PRECISION
-    return EditSpec(
-        "sdpa", f"scaled_dot_product_attention for the attention in {evidence.function}()", numerics=numerics, line=line
-    )
+    label = f"scaled_dot_product_attention for the attention in {evidence.function}()"
+    return EditSpec("sdpa", label, _dropout_modules(ctx), numerics=numerics, line=line)
+
+
+def _dropout_modules(ctx: Context) -> dict[str, list[str]]:
+    """The attribute names of the captured model's dropout modules (``attn_dropout``), so that the edit takes a
+    module call for dropout by what it is, not by its name; none where no model was captured."""
+    capture = ctx.capture
+    if capture is None:
+        return {}
+    kinds = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout)
+    names = {name.rpartition(".")[2] for name, m in capture.module.named_modules() if isinstance(m, kinds)}
+    return {"dropout_modules": sorted(names)}
 
 
 RULE = register(Rule("manual-attention", detect=(Detect("static", manual_attention),), edit=edit))
