@@ -87,10 +87,10 @@ def test_a_patch_verified_slower_together_keeps_only_fixes_verified_faster_alone
             return False
 
     slower = Verification(speedup=0.84, verdict=SLOWER, ratios=[0.83, 0.85])
-    monkeypatch.setattr(attach, "_verify_one", lambda *args: slower)
+    monkeypatch.setattr(attach._VerifyRun, "check", lambda *args: slower)
     unverified = [fix("pin-memory"), fix("cudnn-benchmark-off")]
     report = FixReport(fixes=unverified)
-    attach._verify(report, unverified, {}, "/tmp", NoTimeToVerifyAlone(), 10, 1.0)
+    attach._verify(report, unverified, attach._VerifyRun(NoTimeToVerifyAlone(), {}, "/tmp", 10, 1.0))
     assert report.together is slower and report.kept == []
     assert all("verified slower (x0.84)" in f.dropped for f in unverified)
     assert any("x0.84 (slower)" in m and "0 of 2" in m for m in report.messages), report.messages
@@ -98,7 +98,7 @@ def test_a_patch_verified_slower_together_keeps_only_fixes_verified_faster_alone
     faster_alone = fix("non-blocking", Verification(speedup=1.3, verdict=FASTER, ratios=[1.3, 1.3]))
     mixed = [faster_alone, fix("pin-memory")]
     report = FixReport(fixes=mixed)
-    attach._verify(report, mixed, {}, "/tmp", NoTimeToVerifyAlone(), 10, 1.0)
+    attach._verify(report, mixed, attach._VerifyRun(NoTimeToVerifyAlone(), {}, "/tmp", 10, 1.0))
     assert report.kept == [faster_alone]
 
     # A memory fix that saved memory alone stays whatever its time; a fix for time that lowered the peak by chance
@@ -109,7 +109,7 @@ def test_a_patch_verified_slower_together_keeps_only_fixes_verified_faster_alone
     time_fix = fix("pin-memory", Verification(speedup=0.99, verdict="within noise", ratios=[0.99], peak_memory=saved))
     both = [memory_fix, time_fix]
     report = FixReport(fixes=both)
-    attach._verify(report, both, {}, "/tmp", NoTimeToVerifyAlone(), 10, 1.0)
+    attach._verify(report, both, attach._VerifyRun(NoTimeToVerifyAlone(), {}, "/tmp", 10, 1.0))
     assert report.kept == [memory_fix] and "not faster alone" in time_fix.dropped
 
 
@@ -132,18 +132,18 @@ def test_fixes_for_time_are_not_dropped_for_the_price_of_a_fix_for_memory_beside
             self.calls += 1
             return self.calls == self.at
 
-    def verified(verifier, results, *args) -> Verification:
+    def verified(run, results) -> Verification:
         memory = any(r.purpose == "memory" for r in results)
         return Verification(speedup=0.62 if memory else 1.04, verdict=SLOWER if memory else "within noise",
                             ratios=[0.62 if memory else 1.04])
 
-    monkeypatch.setattr(attach, "_verify_one", verified)
+    monkeypatch.setattr(attach._VerifyRun, "check", verified)
     recompute = FixResult(rule="activation-memory", where="model.py:90", label="checkpoint", diff="-a\n+b\n")
     recompute.purpose = "memory"
     timed = [FixResult(rule=r, where="model.py:64", label=r, diff="-a\n+b\n")
              for r in ("manual-attention", "non-foreach-optimizer")]
     report = FixReport(fixes=[recompute, *timed])
-    attach._verify(report, [recompute, *timed], {}, "/tmp", OneMoreComparison(), 10, 1.0)
+    attach._verify(report, [recompute, *timed], attach._VerifyRun(OneMoreComparison(), {}, "/tmp", 10, 1.0))
     assert report.kept == [recompute, *timed] and report.together.speedup == 0.62
     assert any("the price of activation-memory" in m and "x1.04 (within noise), and stay" in m
                for m in report.messages), report.messages
@@ -151,7 +151,7 @@ def test_fixes_for_time_are_not_dropped_for_the_price_of_a_fix_for_memory_beside
     report = FixReport(fixes=[recompute, *timed])
     for fix in report.fixes:
         fix.dropped = None
-    attach._verify(report, report.fixes, {}, "/tmp", OneMoreComparison(at=0), 10, 1.0)
+    attach._verify(report, report.fixes, attach._VerifyRun(OneMoreComparison(at=0), {}, "/tmp", 10, 1.0))
     assert all("not faster alone" in f.dropped for f in timed)
 
 
