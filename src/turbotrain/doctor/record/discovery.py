@@ -33,12 +33,15 @@ from .measurements import ForwardFacts, Phase
 from ..sites import user_site
 
 if TYPE_CHECKING:  # pragma: no cover
+    from types import CodeType, FrameType
+
     from .patcher import Patcher
     from .probe import Probe
 
 __all__ = ["ModuleCalls"]
 
 get_ident = threading.get_ident
+_MODULE_FILE = sys.modules[nn.Module.__module__].__file__
 
 # torch warns, at each compiled module's call, that global module hooks fire for its OptimizedModule too: the hooks
 # are the doctor's (its depth count sees the wrapper and the module as one call), so the warning is not the user's.
@@ -75,6 +78,8 @@ class ModuleCalls:
         self._hook_handles: list[Any] = []
         self.traced_by_compile = False  # torch.compile traced the global hooks (and guards on their number)
         self._wrapped_classes: set[type] = set()
+        # The classes whose forward the script calls directly: the code of their own forward (now wrapped).
+        self._routed_classes: dict[type, CodeType] = {}
         self._depth = 0
         self._top_phases: list[Phase] = []
         self._last_top_phase: Phase | Literal[""] = ""
@@ -211,7 +216,13 @@ class ModuleCalls:
         self._depth += 1
         if self._depth != 1:
             return
-        self.top_modules.setdefault(id(module), weakref.ref(module))
+        owner = self._direct_forward_owner(module)
+        if owner is None:
+            self.top_modules.setdefault(id(module), weakref.ref(module))
+        elif type(owner) in self._routed_classes and id(owner) in self.top_modules:
+            return  # another child of the direct forward just routed: that forward counts once, as its first child
+        else:  # the script called owner.forward(x): owner is the model, seen whole from its next call
+            self._route_direct_forward(owner)
         phase, trained = self.classify(module)
         if rec.steps.pending_update and phase == "forward" and trained:
             rec.steps.step_starts()
@@ -236,6 +247,31 @@ class ModuleCalls:
         if phase == "eval_grad":
             rec.steps.open_step.pending_eval_grad.append((user_site(sys._getframe(1)), seconds))
         self._last_top_phase = phase
+
+    def _direct_forward_owner(self, module: nn.Module) -> nn.Module | None:
+        """The trained module holding ``module`` whose ``forward`` the script called directly (``model.forward(x)``,
+        so that only its children's calls are seen), when ``module`` is called from inside that forward; else None."""
+        frame: FrameType | None = sys._getframe(2)  # the frame above this hook's
+        while frame is not None and frame.f_code.co_filename == _MODULE_FILE:  # torch's module-call frames
+            frame = frame.f_back
+        found = frame.f_locals.get("self") if frame is not None else None
+        # A module compiled in place (module.compile()) would run compiled through its call: not routed.
+        if not isinstance(found, nn.Module) or found is module or found._compiled_call_impl is not None:
+            return None
+        owner: nn.Module = found
+        code = self._routed_classes.get(type(owner)) or getattr(getattr(type(owner), "forward", None), "__code__", None)
+        while frame is not None and frame.f_code is not code and frame.f_locals.get("self") is owner:
+            frame = frame.f_back  # a helper method the forward called
+        if frame is None or frame.f_code is not code or not self.is_trained(owner):
+            return None
+        return owner if any(m is module for m in owner.modules()) else None
+
+    def _route_direct_forward(self, owner: nn.Module) -> None:
+        self.top_modules[id(owner)] = weakref.ref(owner)
+        cls = type(owner)
+        if cls not in self._routed_classes:  # another instance of it may have been routed already
+            self._routed_classes[cls] = cls.forward.__code__
+            self.patcher.replace(cls, "forward", instrument.direct_forward)
 
     # -- a training forward ---------------------------------------------------------------------------
 

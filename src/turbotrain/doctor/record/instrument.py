@@ -24,7 +24,7 @@ from .patcher import Patcher
 from .tallies import LoaderTally
 from ..sites import USER_FILES, Site, caller_site, user_site
 
-__all__ = ["install", "measured_call", "wrap_sync", "SYNC_METHODS"]
+__all__ = ["install", "measured_call", "direct_forward", "wrap_sync", "SYNC_METHODS"]
 
 if TYPE_CHECKING:
     from types import FrameType
@@ -463,6 +463,34 @@ def measured_call(original: Callable) -> Callable:
                 probe.modules.call_exit(phase)
 
     return __call__
+
+
+# The frames that call a module's forward as its own call (``jit.trace`` goes through ``_slow_forward``).
+_MODULE_CALLS = frozenset({nn.Module._call_impl.__code__, nn.Module._slow_forward.__code__})
+
+
+def direct_forward(original: Callable) -> Callable:
+    """``forward`` for the class of a trained module whose forward the script calls directly (``model.forward(x)``,
+    which skips ``__call__`` and so every module hook): such a call goes through ``__call__``, so that the doctor sees
+    the model's call, and the forward runs once, as written. A forward reached otherwise (the module's own call, a
+    subclass's ``super().forward``, torch.compile's tracing, a ``__call__`` of the class's own) runs unchanged."""
+    routing: set[int] = set()
+
+    def forward(self, *args, **kwargs):
+        if (
+            _compiling()
+            or id(self) in routing
+            or getattr(type(self), "forward", None) is not forward  # a subclass's forward called super().forward
+            or sys._getframe(1).f_code in _MODULE_CALLS
+        ):
+            return original(self, *args, **kwargs)
+        routing.add(id(self))
+        try:
+            return self(*args, **kwargs)
+        finally:
+            routing.discard(id(self))
+
+    return forward
 
 
 def wrap_sync(kind: str, original: Callable) -> Callable:
