@@ -72,3 +72,39 @@ def test_one_unbatched_state_is_one_sample_and_a_larger_batch_stacks_copies_of_i
     assert one_image.unbatched and one_image.batch_size == 1
     assert not forward_facts(conv, (torch.randn(2, 3, 16, 16),), None).unbatched
     assert forward_facts(WordLM(), (torch.randint(0, 100, (35, 20)),), None).batch_size == 20
+
+
+class GraphConvolution(nn.Module):
+    """pytorch/examples' GCN layout: every node's features `[N, F]` and the graph `[N, N]`, the whole graph a step."""
+
+    def __init__(self, features=16, classes=7):
+        super().__init__()
+        self.weight = nn.Linear(features, classes)
+
+    def forward(self, x, adj):
+        return adj @ self.weight(x)
+
+
+def test_a_whole_graph_fed_as_one_batch_gets_no_batch_size_habit(tmp_path):
+    """A graph of 2708 nodes is not a batch of 2708 rows: "batch_size=2704 or 2712" (the GPU's multiple-of-8 habit)
+    changes nothing a script can set. A real batch of 2708 rows still gets it."""
+    from test_static import context_for
+
+    from turbotrain.doctor.rules import evaluate
+
+    nodes = 2708
+    dense = torch.eye(nodes)
+    sparse = dense.to_sparse()
+    edges = torch.randint(0, nodes, (2, 5429))
+    gcn = GraphConvolution()
+    for graph in (dense, sparse, edges):
+        assert forward_facts(gcn, (torch.randn(nodes, 16), graph), None).whole_graph, graph.layout
+    rows = forward_facts(nn.Linear(16, 7), (torch.randn(nodes, 16),), None)
+    assert rows.batch_size == nodes and not rows.whole_graph
+    # Two inputs of one batch (features and a mask of the same rows) are no graph either.
+    assert not forward_facts(gcn, (torch.randn(nodes, 16), torch.ones(nodes, 16)), None).whole_graph
+
+    graph_facts = forward_facts(gcn, (torch.randn(nodes, 16), sparse), None)
+    for facts, expected in ((graph_facts, []), (rows, ["batch-size-not-multiple-of-8"])):
+        ctx = context_for(tmp_path, "x = 1\n", facts=facts)
+        assert [f.rule for f in evaluate(ctx, only=["batch-size-not-multiple-of-8"])] == expected

@@ -13,7 +13,7 @@ from .recording import Capture
 from .measurements import ForwardFacts
 from ..sites import Site
 
-__all__ = ["batch_dim", "unbatched", "forward_facts", "capture_inputs"]
+__all__ = ["batch_dim", "unbatched", "whole_graph", "forward_facts", "capture_inputs"]
 
 log = logging.getLogger("turbotrain")
 
@@ -52,6 +52,20 @@ def unbatched(module: nn.Module, first_input: torch.Tensor | None) -> bool:
     return False
 
 
+def whole_graph(inputs: list[torch.Tensor], rows: int | None) -> bool:
+    """Whether the ``rows`` of the first input are a graph's nodes, every one of them: another input is an
+    ``[N, N]`` adjacency matrix (dense or sparse, pytorch/examples' GCN and GAT) or a ``[2, E]`` edge index of
+    integers (PyTorch Geometric's). Its "batch" is then the graph's size, which no batch setting changes."""
+    if not rows or len(inputs) < 2:
+        return False
+    for t in inputs[1:]:
+        if t.dim() == 2 and tuple(t.shape) == (rows, rows):
+            return True
+        if t.dim() == 2 and t.shape[0] == 2 and not t.is_floating_point() and not t.is_complex() and t.numel():
+            return True
+    return False
+
+
 def forward_facts(module: nn.Module, args: tuple, kwargs: dict | None) -> ForwardFacts:
     param = next(module.parameters(), None)
     device = param.device.type if param is not None else "cpu"
@@ -64,6 +78,7 @@ def forward_facts(module: nn.Module, args: tuple, kwargs: dict | None) -> Forwar
     images = [t for t in inputs if t.dim() == 4 and t.is_floating_point()]
     dim = batch_dim(module, inputs[0] if inputs else None)
     single = unbatched(module, inputs[0] if inputs else None)
+    rows = 1 if single else int(inputs[0].shape[dim]) if inputs and inputs[0].dim() > dim else None
     return ForwardFacts(
         module_type=type(module).__name__,
         device=device,
@@ -75,10 +90,11 @@ def forward_facts(module: nn.Module, args: tuple, kwargs: dict | None) -> Forwar
         input_channels_last=bool(images)
         and images[0].is_contiguous(memory_format=torch.channels_last)
         and not images[0].is_contiguous(),
-        batch_size=1 if single else int(inputs[0].shape[dim]) if inputs and inputs[0].dim() > dim else None,
+        batch_size=rows,
         batch_dim=dim,
         cudnn_benchmark=bool(torch.backends.cudnn.benchmark),
         unbatched=single,
+        whole_graph=whole_graph(inputs, rows),
     )
 
 

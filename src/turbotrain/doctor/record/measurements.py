@@ -151,3 +151,4 @@ class ForwardFacts:
     batch_dim: int = 0  # 1 for an RNN fed [seq, batch, ...] (no batch_first)
     cudnn_benchmark: bool = False
     unbatched: bool = False  # one sample with no batch dimension (a policy fed one state): batch_size 1
+    whole_graph: bool = False  # the rows are a graph's nodes, all of them (an [N, N] adjacency or an edge index)

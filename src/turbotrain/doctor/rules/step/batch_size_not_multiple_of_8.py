@@ -1,7 +1,7 @@
 """`batch-size-not-multiple-of-8`: the batch size.
 
 Reads: model.
-Applies to: a GPU.
+Applies to: a GPU; not a whole graph fed as one batch (its rows are the graph's nodes).
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ def batch_size_not_multiple_of_8(ctx: Context) -> Iterator[Finding]:
     batch = (loader.settings.get("batch_size") if loader else None) or ctx.facts.batch_size
     if not batch or batch < 8 or batch % 8 == 0:
         return
+    if not loader and ctx.facts.whole_graph:
+        return  # the rows are a graph's nodes: its size is the data's, not a setting
     site = ctx.main_loader.site if ctx.main_loader else (ctx.capture.site if ctx.capture else None)
     f = Finding(
         "batch-size-not-multiple-of-8",
