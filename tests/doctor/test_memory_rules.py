@@ -7,6 +7,7 @@ import dataclasses
 from functools import cached_property
 
 import pytest
+import torch
 
 from doctor_helpers import cached_report, marked_lines, run_doctor, script
 from turbotrain.doctor.analysis.breakdown import compute_breakdown
@@ -346,6 +347,26 @@ def test_a_stack_of_blocks_is_recomputed_whole_where_none_holds_a_quarter_alone(
     small = [ModuleActivations(f"layers.{i}", "Small", 0, 5 * MIB, 2, site) for i in range(4)]
     assert blocks_to_checkpoint([wide, *small], 60 * MIB) == ["wide"]
     assert blocks_text(["blocks.1", "blocks.0", "head", "x.2", "x.3", "x.5"]) == "blocks.1, blocks.0, head, x.2-3, x.5"
+
+
+def test_a_module_without_parameters_is_not_a_block_to_recompute():
+    # pytorch/examples' GCN: gc1, dropout, gc2. "recompute dropout, gc2" named the Dropout, whose recomputation alone
+    # keeps its input in place of its mask; a Sequential's activations (ReLU 1 and 3) are no stack of blocks either.
+    from turbotrain.doctor.record.memory_watch import measure_step
+
+    site = Site("/u/train.py", 46, "GraphConv.forward")
+    rows = [ModuleActivations("dropout", "Dropout", 0, 40 * MIB, 1, weighted=False),
+            ModuleActivations("gc2", "GraphConv", 0, 30 * MIB, 2, site),
+            ModuleActivations("gc1", "GraphConv", 0, 24 * MIB, 2, site)]
+    assert blocks_to_checkpoint(rows, 90 * MIB) == ["gc2", "gc1"]
+    net = torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(),
+                              torch.nn.Dropout(0.1), torch.nn.Linear(64, 1))
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    memory = measure_step(net, [opt], [torch.randn(256, 8)], lambda m, x: m(x).square().mean())
+    weighted = {m.name: m.weighted for m in memory.modules}
+    assert weighted["1"] is weighted["3"] is weighted["4"] is False and weighted["5"] and weighted[""], weighted
+    # The ReLUs hold what the Linears after them read (saved once, by the first): recomputing them frees nothing.
+    assert blocks_to_checkpoint(memory.modules, memory.activation_bytes) == []
 
 
 def test_a_stack_is_said_once_in_the_memory_section_and_the_finding():

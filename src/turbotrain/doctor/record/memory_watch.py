@@ -71,6 +71,9 @@ class ModuleActivations:
     tensors: int
     site: Site | None = None  # the user's ``forward`` of the module's class
     call: Site | None = None  # the user's line that called the module (in its parent's forward), where one did
+    # It or a submodule holds parameters. A parameter-free leaf (dropout, an activation) recomputed alone would keep
+    # its input in place of what it saved: nothing to gain from checkpointing it.
+    weighted: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,6 +307,7 @@ def _module_rows(
             count,
             _class_site(modules[name]),
             called[name],
+            next(modules[name].parameters(), None) is not None,
         )
         for name, (total, count) in totals.items()
         if name in modules and name in called
