@@ -465,6 +465,7 @@ def measured_call(original: Callable) -> Callable:
     return __call__
 
 
+_fx_tracing = torch.fx._symbolic_trace.is_fx_symbolic_tracing
 # The frames that call a module's forward as its own call (``jit.trace`` goes through ``_slow_forward``).
 _MODULE_CALLS = frozenset({nn.Module._call_impl.__code__, nn.Module._slow_forward.__code__})
 
@@ -476,9 +477,11 @@ def direct_forward(original: Callable) -> Callable:
     subclass's ``super().forward``, torch.compile's tracing, a ``__call__`` of the class's own) runs unchanged."""
     routing: set[int] = set()
 
+    @functools.wraps(original)  # its signature, for what reads it (torch.fx makes one proxy per parameter)
     def forward(self, *args, **kwargs):
         if (
             _compiling()
+            or _fx_tracing()  # torch.fx calls the root's forward itself, with proxies
             or id(self) in routing
             or getattr(type(self), "forward", None) is not forward  # a subclass's forward called super().forward
             or sys._getframe(1).f_code in _MODULE_CALLS
