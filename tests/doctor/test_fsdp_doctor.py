@@ -71,10 +71,20 @@ def test_fsdp_waits_are_measured_and_its_two_fixes_timed_on_every_rank(tmp_path)
     # Only the second micro-batch's backward reduce-scattered, on both ranks.
     assert seen["synced_passes_per_step"] == 1.0 and seen["fsdp_collectives_per_step"] < baseline, seen
 
-    git_apply(folder, patch)
-    text = (folder / SCRIPT.name).read_text()
-    assert "fully_shard(block, reshard_after_forward=False)" in text
-    assert "fully_shard(model, reshard_after_forward=False)" in text
+    # The keyword is written into both fully_shard calls; the patch holds it unless the job what-if measured it
+    # slower (x0.89 in one run on a 2-core EPYC: its gain here is within the machine's noise).
+    [fix] = [f for f in report["fixes"] if f["rule"] == "exposed-gradient-sync"]
+    added = "\n".join(line for line in fix["diff"].splitlines() if line.startswith("+"))
+    for call in ("block", "model"):
+        assert f"fully_shard({call}, reshard_after_forward=False)" in added, fix["diff"]
+    if found[0]["what_if"].get("verdict") == "slower":
+        assert not fix["in_patch"] and "the what-if measured it slower here" in fix["dropped"], fix
+    else:
+        assert fix["in_patch"], fix
+        git_apply(folder, patch)
+        text = (folder / SCRIPT.name).read_text()
+        assert "fully_shard(block, reshard_after_forward=False)" in text
+        assert "fully_shard(model, reshard_after_forward=False)" in text
     assert job_processes(SCRIPT.name) == []
 
 
