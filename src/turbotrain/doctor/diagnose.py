@@ -8,6 +8,7 @@ import sys
 import time
 
 from .analysis.context import Context, build_context
+from .record.process_starts import KIND as PROCESS_START
 from .record.profiling import EVENTS_PER_MODULE_CALL
 from .record.recording import LiveObjects, Recording
 from .analysis.machine import noise_state
@@ -24,7 +25,7 @@ from .record.memory_limit import memory_limit
 from .record.runner import ScriptRun, run_script
 from .options import DoctorOptions
 from .findings import framework_named
-from .sites import relative_where
+from .sites import Site, relative_where
 
 __all__ = ["DoctorOptions", "diagnose_script", "diagnose_job", "analyse", "script_in"]
 
@@ -239,6 +240,27 @@ def _time_on_the_job(command: list[str], report: Report, options: DoctorOptions,
     return f"{timed} of {len(asked)} fixes timed on every rank, as runs of the whole job with and without each. "
 
 
+def _trained_elsewhere(recording: Recording, base: str | None) -> str | None:
+    """Where a run that stepped no optimizer in its own process started processes running its own functions
+    (Hogwild!, DDP ranks from torch.multiprocessing.spawn): what they ran, and how to have that measured."""
+    starts = [e for e in recording.events if e.kind == PROCESS_START and e.site is not None]
+    if not starts:
+        return None
+    said = "; ".join(
+        f"{sum(cell[1] for cell in e.cells)} running {e.detail['target']}() "
+        f"({Site(e.detail['file'], e.detail['line'], e.detail['target']).where(base)}), started at {e.site.where(base)}"
+        for e in starts
+        if e.site is not None
+    )
+    return (
+        f"The script stepped no optimizer in its own process; it started processes that run its code: {said}. "
+        "The doctor records the process it runs, not the ones a script starts itself. To diagnose that training, "
+        "run the function in the script's own process for the doctor's run (one process, no multiprocessing), "
+        "or start DDP ranks with torchrun instead of torch.multiprocessing.spawn (each rank reading RANK and "
+        "WORLD_SIZE) and run `turbotrain doctor -- torchrun --nproc-per-node N script.py`, which records every rank."
+    )
+
+
 def _messages(recording: Recording, run: ScriptRun | None, ctx: Context | None, requested: int) -> list[str]:
     """The notes a report prints about the run itself: how it ended and how the window moved."""
     out = []
@@ -301,7 +323,7 @@ def analyse(
     base = os.path.dirname(script_path) if script_path else None
     timings = {"run": run_seconds}
     if not recording.steps and recording.out_of_memory is None:  # a run that died of one is explained
-        message = (
+        message = _trained_elsewhere(recording, base) or (
             "The script never called optimizer.step() nor loss.backward(), so there was no training step to "
             "measure. The doctor marks steps at the optimizer, or at the backward when no optimizer steps; "
             "for anything else, put the loop inside `with turbotrain.doctor.watch() as w:` and call "

@@ -32,7 +32,7 @@ from .loss_capture import LossCapture
 from .out_of_memory import OutOfMemory, out_of_memory
 from ...data import stats as data_stats
 from ...hardware import LoadSample, sample_load
-from . import active, instrument, memory_limit
+from . import active, instrument, memory_limit, process_starts
 from .discovery import ModuleCalls
 from .drivers import StepDriver
 from .function_trace import FunctionTracer
@@ -211,6 +211,7 @@ class Recorder:
             self.compile_watch.start()
             self.modules.set_discovery(True)
             instrument.install(self.patcher)
+            process_starts.install(self.patcher)
             self.gradient_sync.install(self.patcher)
             self.blocking.install(self.patcher)
             self.loss_capture.install(self.patcher)

@@ -250,7 +250,8 @@ def print_report(report: Report, file: IO[str] | None = None, width: int | None 
             (f"  {' '.join(report.argv)}" if report.argv else ""),
         )
     )
-    console.print(Text(f"{report.device}: {report.hardware}", style="dim"))
+    if report.hardware:  # not known for a run with no step to read
+        console.print(Text(f"{report.device}: {report.hardware}", style="dim"))
     if report.noise:
         head, reasons = noise_text(report.noise)
         _hanging(console, "! ", Text(head, style="bold yellow"), width)
