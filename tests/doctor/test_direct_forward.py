@@ -82,3 +82,86 @@ def test_a_forward_called_directly_is_captured_as_the_model_and_runs_once(tmp_pa
         torch.manual_seed(1)
         losses.append(names["train"](names[model](), 3))
     assert losses[0] == losses[1]
+
+
+class _Twice(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        if x.shape[0] > 2:  # a forward that calls itself on chunks
+            return torch.cat([self.forward(part) for part in x.split(2)])
+        return self.body(x)
+
+
+def test_a_routed_forward_runs_each_call_once_and_leaves_hooks_and_own_calls_alone():
+    """The wrapper a routed class gets: a call through `model(x)` where torch runs the forward from its hooks' inner
+    function, a forward calling itself on chunks, a model with hooks of its own: the forward runs as written, each
+    hook once."""
+    from turbotrain.doctor.record import instrument
+    from turbotrain.doctor.record.patcher import Patcher
+    from torch.nn.modules.module import register_module_forward_hook
+
+    calls: list[int] = []
+    model, x = _Twice(), torch.randn(6, 4)
+    expected = model(x)
+    patcher = Patcher()
+    patcher.replace(_Twice, "forward", instrument.direct_forward)
+    handle = register_module_forward_hook(lambda m, args, out: calls.append(id(m)))  # torch's inner path
+    try:
+        assert torch.equal(model(x), expected) and calls.count(id(model)) == 1, calls  # not routed again
+        calls.clear()
+        assert torch.equal(model.forward(x), expected) and calls.count(id(model)) == 1, calls  # routed: one call
+        own: list[int] = []
+        model.register_forward_pre_hook(lambda m, args: own.append(1))
+        calls.clear()
+        model.forward(x)  # the script skips its model's own hooks: still skipped
+        assert own == [] and calls.count(id(model)) == 0, (own, calls)
+    finally:
+        handle.remove()
+        patcher.restore()
+    assert "forward" in vars(_Twice) and vars(_Twice)["forward"].__code__.co_filename == __file__
+
+
+OWN_CALL = """
+import sys
+
+import torch
+from torch import nn
+
+
+class Scaled(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Linear(4, 1)
+
+    def __call__(self, x):  # a __call__ of its own that calls forward: routing it would scale twice
+        return self.forward(x * 2)
+
+    def forward(self, x):
+        return self.body(x)
+
+
+torch.manual_seed(0)
+model = Scaled()
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(8):
+    loss = model(torch.randn(8, 4)).square().mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    with open(sys.argv[1], "a") as losses:
+        losses.write(f"{loss.item()!r}\\n")
+"""
+
+
+def test_a_class_with_a_call_of_its_own_is_not_routed(tmp_path, monkeypatch):
+    path = tmp_path / "train.py"
+    path.write_text(textwrap.dedent(OWN_CALL))
+    doctor, plain = tmp_path / "doctor.txt", tmp_path / "plain.txt"
+    run_script(str(path), [str(doctor)], Recorder(measure=3, warmup=2, profile=0, watch_s=0))
+    monkeypatch.setattr("sys.argv", [str(path), str(plain)])
+    runpy.run_path(str(path), run_name="__main__")
+    under = doctor.read_text().split()
+    assert len(under) >= 3 and under == plain.read_text().split()[: len(under)]

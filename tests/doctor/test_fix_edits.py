@@ -321,6 +321,10 @@ def test_a_dropout_modules_kind_is_read_from_the_model_and_a_compound_p_stays_on
         edit(source, "sdpa", dropout_modules=["resid_dropout"])  # named so, but some other module: its .p would fail
     either = MINGPT_ATTENTION.format(dropout="att = F.dropout(att, self.p or 0.1, self.training)")
     assert "dropout_p=(self.p or 0.1) if self.training else 0.0" in edit(either, "sdpa")
+    # An argument over two lines stays valid inside the parentheses it gets.
+    split = MINGPT_ATTENTION.format(dropout="att = F.dropout(att, 0.1, self.training and\n"
+                                            "                                    not self.frozen)")
+    assert "dropout_p=0.1 if (self.training and" in edit(split, "sdpa")
 
 
 def test_the_attention_edit_names_the_captured_models_dropout_modules():

@@ -128,9 +128,8 @@ def blocks_to_checkpoint(modules: Sequence[ModuleActivations], step_activations:
     """What to recompute in the backward: every block of the stack (one ``ModuleList``/``Sequential``'s blocks of one
     class, a transformer's layers) that together hold the most, as checkpointing is done on such stacks; else, where
     single submodules hold more, up to ``most`` of those, none inside another. Only what holds a quarter of the
-    step's activations or more is worth recomputing; a module with no parameters in it (dropout, an activation) is
-    not a block."""
-    modules = [row for row in modules if row.weighted]
+    step's activations or more is worth recomputing; torch's dropout and activation modules are not blocks."""
+    modules = [row for row in modules if not row.elementwise]
     chosen: list[str] = []
     for row in modules:
         if not row.name or row.total_bytes * 4 < step_activations:

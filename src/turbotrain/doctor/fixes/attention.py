@@ -176,7 +176,10 @@ def _grouped(code: str) -> str:
     """``code`` in parentheses unless it is an atom (a name, a number, an attribute, a call, an index): so that it
     stays one operand of the conditional expression it is put in (``a or b`` would not)."""
     atoms = (cst.Name, cst.Attribute, cst.Integer, cst.Float, cst.Call, cst.Subscript)
-    return code if isinstance(cst.parse_expression(code), atoms) else f"({code})"
+    try:
+        return code if isinstance(cst.parse_expression(code), atoms) else f"({code})"
+    except cst.ParserSyntaxError:  # an argument over several lines parses only inside the parentheses it had
+        return f"({code})"
 
 
 def _argument(call: cst.Call, position: int, keyword: str, default: str) -> str:

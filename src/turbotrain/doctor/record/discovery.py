@@ -255,8 +255,15 @@ class ModuleCalls:
         while frame is not None and frame.f_code.co_filename == _MODULE_FILE:  # torch's module-call frames
             frame = frame.f_back
         found = frame.f_locals.get("self") if frame is not None else None
-        # A module compiled in place (module.compile()) would run compiled through its call: not routed.
-        if not isinstance(found, nn.Module) or found is module or found._compiled_call_impl is not None:
+        # A module compiled in place (module.compile()) would run compiled through its call, its own hooks would run
+        # (the direct call skips them), and a class's own __call__ (one that calls self.forward) twice: not routed.
+        if (
+            not isinstance(found, nn.Module)
+            or found is module
+            or found._compiled_call_impl is not None
+            or instrument.hooked(found)
+            or _own_call(type(found))
+        ):
             return None
         owner: nn.Module = found
         code = self._routed_classes.get(type(owner)) or getattr(getattr(type(owner), "forward", None), "__code__", None)
@@ -301,6 +308,12 @@ class ModuleCalls:
         tally = self.probe.tallies.tally("eval_forward", user_site(sys._getframe(2)))
         if tally is not None:
             tally.add(self.probe.steps.step_index)
+
+
+def _own_call(cls: type) -> bool:
+    """Whether ``cls`` (a module class) defines ``__call__`` below ``nn.Module``."""
+    mro = cls.__mro__
+    return any("__call__" in vars(c) for c in mro[: mro.index(nn.Module)]) if nn.Module in mro else False
 
 
 def _numel(args: tuple) -> int:

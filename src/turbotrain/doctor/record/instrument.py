@@ -24,7 +24,7 @@ from .patcher import Patcher
 from .tallies import LoaderTally
 from ..sites import USER_FILES, Site, caller_site, user_site
 
-__all__ = ["install", "measured_call", "direct_forward", "wrap_sync", "SYNC_METHODS"]
+__all__ = ["install", "measured_call", "direct_forward", "hooked", "wrap_sync", "SYNC_METHODS"]
 
 if TYPE_CHECKING:
     from types import FrameType
@@ -466,32 +466,53 @@ def measured_call(original: Callable) -> Callable:
 
 
 _fx_tracing = torch.fx._symbolic_trace.is_fx_symbolic_tracing
-# The frames that call a module's forward as its own call (``jit.trace`` goes through ``_slow_forward``).
-_MODULE_CALLS = frozenset({nn.Module._call_impl.__code__, nn.Module._slow_forward.__code__})
+# A forward called from torch's module code is the module's own call: ``_call_impl``, the ``inner`` it runs where a
+# module has hooks, ``jit.trace``'s ``_slow_forward``.
+_MODULE_FILE = sys.modules[nn.Module.__module__].__file__
+
+
+def hooked(module: nn.Module) -> bool:
+    """Whether ``module`` has module hooks of its own."""
+    return bool(
+        module._forward_hooks or module._forward_pre_hooks or module._backward_hooks or module._backward_pre_hooks
+    )
 
 
 def direct_forward(original: Callable) -> Callable:
     """``forward`` for the class of a trained module whose forward the script calls directly (``model.forward(x)``,
     which skips ``__call__`` and so every module hook): such a call goes through ``__call__``, so that the doctor sees
     the model's call, and the forward runs once, as written. A forward reached otherwise (the module's own call, a
-    subclass's ``super().forward``, torch.compile's tracing, a ``__call__`` of the class's own) runs unchanged."""
-    routing: set[int] = set()
+    subclass's ``super().forward``, the forward calling itself, torch.compile's and torch.fx's tracing, a model with
+    hooks of its own, which the script's direct call skips) runs unchanged. (Discovery routes no class with a
+    ``__call__`` of its own.)"""
+    active: set[int] = set()  # the instances whose forward (or routed call) is running: a call inside is theirs
+
+    def run(self, args: tuple, kwargs: dict) -> Any:
+        key = id(self)
+        if key in active:
+            return original(self, *args, **kwargs)
+        active.add(key)
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            active.discard(key)
 
     @functools.wraps(original)  # its signature, for what reads it (torch.fx makes one proxy per parameter)
     def forward(self, *args, **kwargs):
-        if (
-            _compiling()
-            or _fx_tracing()  # torch.fx calls the root's forward itself, with proxies
-            or id(self) in routing
-            or getattr(type(self), "forward", None) is not forward  # a subclass's forward called super().forward
-            or sys._getframe(1).f_code in _MODULE_CALLS
-        ):
+        if _compiling() or _fx_tracing():  # torch.fx calls the root's forward itself, with proxies
             return original(self, *args, **kwargs)
-        routing.add(id(self))
+        if (
+            id(self) in active  # the forward calling itself (on chunks, recursively), or the routed call's own
+            or hooked(self)  # the script's direct call skips the model's own hooks: routing would run them
+            or getattr(type(self), "forward", None) is not forward  # a subclass's forward called super().forward
+            or sys._getframe(1).f_code.co_filename == _MODULE_FILE
+        ):
+            return run(self, args, kwargs)
+        active.add(id(self))
         try:
             return self(*args, **kwargs)
         finally:
-            routing.discard(id(self))
+            active.discard(id(self))
 
     return forward
 

@@ -71,9 +71,9 @@ class ModuleActivations:
     tensors: int
     site: Site | None = None  # the user's ``forward`` of the module's class
     call: Site | None = None  # the user's line that called the module (in its parent's forward), where one did
-    # It or a submodule holds parameters. A parameter-free leaf (dropout, an activation) recomputed alone would keep
-    # its input in place of what it saved: nothing to gain from checkpointing it.
-    weighted: bool = True
+    # One of torch's dropout or activation modules: recomputed alone it keeps its input in place of what it saved (a
+    # mask, an output the next layer reads and saves itself), so checkpointing it gains nothing.
+    elementwise: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -307,7 +307,7 @@ def _module_rows(
             count,
             _class_site(modules[name]),
             called[name],
-            next(modules[name].parameters(), None) is not None,
+            _elementwise(modules[name]),
         )
         for name, (total, count) in totals.items()
         if name in modules and name in called
@@ -318,6 +318,13 @@ def _module_rows(
     stacks = {(found[0], r.class_name) for r in rows[:top] if (found := stack_of(r.name))}
     kept = rows[:top] + [r for r in rows[top:] if (found := stack_of(r.name)) and (found[0], r.class_name) in stacks]
     return tuple(kept)
+
+
+def _elementwise(module: torch.nn.Module) -> bool:
+    dropout = isinstance(module, torch.nn.modules.dropout._DropoutNd)
+    return (
+        dropout or type(module).__module__ == "torch.nn.modules.activation" and next(module.parameters(), None) is None
+    )
 
 
 def _class_site(module: torch.nn.Module) -> Site | None:
