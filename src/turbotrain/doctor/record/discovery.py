@@ -41,7 +41,6 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["ModuleCalls"]
 
 get_ident = threading.get_ident
-_MODULE_FILE = sys.modules[nn.Module.__module__].__file__
 
 # torch warns, at each compiled module's call, that global module hooks fire for its OptimizedModule too: the hooks
 # are the doctor's (its depth count sees the wrapper and the module as one call), so the warning is not the user's.
@@ -252,9 +251,12 @@ class ModuleCalls:
         """The trained module holding ``module`` whose ``forward`` the script called directly (``model.forward(x)``,
         so that only its children's calls are seen), when ``module`` is called from inside that forward; else None."""
         frame: FrameType | None = sys._getframe(2)  # the frame above this hook's
-        while frame is not None and frame.f_code.co_filename == _MODULE_FILE:  # torch's module-call frames
+        while frame is not None and frame.f_code.co_filename == instrument.MODULE_FILE:  # torch's module-call frames
             frame = frame.f_back
-        found = frame.f_locals.get("self") if frame is not None else None
+        # Only a method's frame can be a forward's: its locals are read (a dict built) only then.
+        found = None
+        if frame is not None and "self" in frame.f_code.co_varnames[: frame.f_code.co_argcount]:
+            found = frame.f_locals.get("self")
         # A module compiled in place (module.compile()) would run compiled through its call, its own hooks would run
         # (the direct call skips them), and a class's own __call__ (one that calls self.forward) twice: not routed.
         if (

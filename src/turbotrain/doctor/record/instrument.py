@@ -468,7 +468,7 @@ def measured_call(original: Callable) -> Callable:
 _fx_tracing = torch.fx._symbolic_trace.is_fx_symbolic_tracing
 # A forward called from torch's module code is the module's own call: ``_call_impl``, the ``inner`` it runs where a
 # module has hooks, ``jit.trace``'s ``_slow_forward``.
-_MODULE_FILE = sys.modules[nn.Module.__module__].__file__
+MODULE_FILE = sys.modules[nn.Module.__module__].__file__
 
 
 def hooked(module: nn.Module) -> bool:
@@ -505,7 +505,7 @@ def direct_forward(original: Callable) -> Callable:
             id(self) in active  # the forward calling itself (on chunks, recursively), or the routed call's own
             or hooked(self)  # the script's direct call skips the model's own hooks: routing would run them
             or getattr(type(self), "forward", None) is not forward  # a subclass's forward called super().forward
-            or sys._getframe(1).f_code.co_filename == _MODULE_FILE
+            or sys._getframe(1).f_code.co_filename == MODULE_FILE
         ):
             return run(self, args, kwargs)
         active.add(id(self))
