@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import sys
 import time
 
 from .analysis.context import Context, build_context
@@ -20,7 +19,8 @@ from .report.ranks import reducer_disagreement
 from .rules import evaluate, order
 from .analysis.periodic import watch_message
 from .report.tables import copy_table, sync_table
-from .job.own_ranks import StartsOwnRanks, refusing_own_ranks
+from .job.own_ranks import StartsRanks, refusing_own_ranks
+from .job.spawned_ranks import as_typed, refusing_spawned_ranks
 from .record.memory_limit import memory_limit
 from .record.runner import ScriptRun, run_script
 from .options import DoctorOptions
@@ -52,20 +52,15 @@ def _diagnose_script(script: str | os.PathLike, argv: list[str], options: Doctor
     started = time.perf_counter()
     environ = dict(os.environ)
     try:
-        with refusing_own_ranks():
+        with refusing_own_ranks(), refusing_spawned_ranks():
             run = run_script(script, argv, recorder)
-    except StartsOwnRanks as started_ranks:
+    except StartsRanks as started_ranks:
         # Lightning set its rank variables in this process before it started the others: the job starts clean.
         os.environ.clear()
         os.environ.update(environ)
-        report = diagnose_job([sys.executable, str(script), *argv], options)
+        report = diagnose_job(started_ranks.command(str(script), argv), options)
         report.argv = argv
-        report.messages.insert(
-            0,
-            f"The script starts its own ranks (it was starting {started_ranks}, as Lightning's and Fabric's DDP "
-            "do), so the doctor ran it as a job: its first process recorded as rank 0, each rank it starts as its "
-            "own.",
-        )
+        report.messages.insert(0, started_ranks.said(os.path.dirname(os.path.realpath(script))))
         return report
     return analyse(
         recorder.recording(),
@@ -153,7 +148,7 @@ def _diagnose_job(command: list[str], options: DoctorOptions) -> Report:
     # below, on every rank, as runs of the whole job.
     single = dataclasses.replace(options, what_if=False, fix=None, verify=False)
     report = analyse(recording, None, run, single, script=script, run_seconds=seconds)
-    report.argv = list(command)
+    report.argv = as_typed(command)
     report.ranks = analyse_ranks(recordings)
     for said in (_compute_waits(report, lead.rank), reducer_disagreement(report.ranks) if report.ranks else None):
         if said:
@@ -242,7 +237,7 @@ def _time_on_the_job(command: list[str], report: Report, options: DoctorOptions,
 
 def _trained_elsewhere(recording: Recording, base: str | None) -> str | None:
     """Where a run that stepped no optimizer in its own process started processes running its own functions
-    (Hogwild!, DDP ranks from torch.multiprocessing.spawn): what they ran, and how to have that measured."""
+    (Hogwild!'s ``mp.Process(target=train)``): what they ran, and how to have that measured."""
     starts = [e for e in recording.events if e.kind == PROCESS_START and e.site is not None]
     if not starts:
         return None
@@ -254,10 +249,9 @@ def _trained_elsewhere(recording: Recording, base: str | None) -> str | None:
     )
     return (
         f"The script stepped no optimizer in its own process; it started processes that run its code: {said}. "
-        "The doctor records the process it runs, not the ones a script starts itself. To diagnose that training, "
-        "run the function in the script's own process for the doctor's run (one process, no multiprocessing), "
-        "or start DDP ranks with torchrun instead of torch.multiprocessing.spawn (each rank reading RANK and "
-        "WORLD_SIZE) and run `turbotrain doctor -- torchrun --nproc-per-node N script.py`, which records every rank."
+        "The doctor records the processes it runs and the ranks a script starts (torch.multiprocessing.spawn, "
+        "Lightning's and Fabric's DDP), not other processes a script starts itself. To diagnose that training, "
+        "run the function in the script's own process for the doctor's run (one process, no multiprocessing)."
     )
 
 

@@ -11,24 +11,43 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from ..record.patcher import Patcher
 
-__all__ = ["StartsOwnRanks", "refusing_own_ranks"]
+__all__ = ["StartsOwnRanks", "StartsRanks", "refusing_own_ranks"]
 
 
-class StartsOwnRanks(BaseException):
+class StartsRanks(BaseException):
     """The script was about to start a rank of its own (a BaseException: the script's ``except Exception``
-    must not swallow it)."""
+    must not swallow it); the doctor runs it as a job instead."""
+
+    def command(self, script: str, argv: list[str]) -> list[str]:
+        """The job's command: the launcher that runs ``script`` with every rank recorded."""
+        return [sys.executable, script, *argv]
+
+    def said(self, base: str | None = None) -> str:
+        """The report's first note: why the doctor ran the script as a job (places relative to ``base``)."""
+        raise NotImplementedError
+
+
+class StartsOwnRanks(StartsRanks):
+    """The script was about to run itself again as another rank (Lightning's and Fabric's DDP)."""
 
     def __init__(self, local_rank: str, world_size: str | None) -> None:
         self.local_rank = local_rank
         self.world_size = world_size
         size = f" of {world_size}" if world_size else ""
         super().__init__(f"rank {local_rank}{size} with LOCAL_RANK={local_rank}")
+
+    def said(self, base: str | None = None) -> str:
+        return (
+            f"The script starts its own ranks (it was starting {self}, as Lightning's and Fabric's DDP do), so the "
+            "doctor ran it as a job: its first process recorded as rank 0, each rank it starts as its own."
+        )
 
 
 def _starts_a_rank(env: Any) -> StartsOwnRanks | None:

@@ -16,14 +16,30 @@ record nothing, unless they were given another rank number: those are the ranks 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import sys
+from typing import TYPE_CHECKING, Any, Callable
 
 from .across_nodes import share_result, spans_nodes
 from .rank_status import Heartbeat, result_path, write_json
 
-__all__ = ["ENV_FOLDER", "ENV_OPTIONS", "ENV_CLAIMED", "ENV_ROOT", "SITECUSTOMIZE", "from_site", "run_rank"]
+if TYPE_CHECKING:  # pragma: no cover
+    from ..record.recorder import Recorder
+    from ..record.runner import ScriptRun
+
+__all__ = [
+    "ENV_FOLDER",
+    "ENV_OPTIONS",
+    "ENV_CLAIMED",
+    "ENV_ROOT",
+    "SITECUSTOMIZE",
+    "end_rank",
+    "from_site",
+    "record_rank",
+    "run_rank",
+]
 
 ENV_FOLDER = "TURBOTRAIN_DOCTOR_JOB_DIR"  # where ranks write their status and recording
 ENV_OPTIONS = "TURBOTRAIN_DOCTOR_JOB_OPTIONS"  # {"steps": 20, "warmup": 3, "profile": 2, "change": {...}}
@@ -82,7 +98,11 @@ def from_site() -> None:
         return
     os.environ.pop(ENV_ROOT, None)  # only the first process is the root; the ranks it starts say their number
     os.environ[ENV_CLAIMED] = f"{rank}:{os.getpid()}"  # inherited by DataLoader workers and any other child
-    code = run_rank(folder, rank, script, sys.argv[1:])
+    end_rank(run_rank(folder, rank, script, sys.argv[1:]))
+
+
+def end_rank(code: int) -> None:
+    """End this rank's process with ``code``, its output flushed."""
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
@@ -95,11 +115,27 @@ def from_site() -> None:
 
 def run_rank(folder: str, rank: int, script: str, argv: list[str]) -> int:
     """Run ``script`` under the recorder; write ``rank-N.result.json``; the exit code the launcher should see."""
+    from ..record.runner import run_script
+
+    return record_rank(
+        folder, rank, script, lambda recorder, code, init: run_script(script, argv, recorder, code, init)
+    )
+
+
+def record_rank(
+    folder: str,
+    rank: int,
+    script: str,
+    run_under: Callable[[Recorder, Any, Any], ScriptRun],
+    world: int | None = None,
+) -> int:
+    """Run the rank's code (``run_under(recorder, code, init_globals)``: the script, or the function a spawned
+    process runs, one of ``world``) under the recorder; write ``rank-N.result.json``; the exit code the launcher
+    should see."""
     from ..record.loss_tap import LossTap
     from ..record.memory_limit import memory_limit
     from ..record.recorder import Recorder
     from ..record.recording import to_json
-    from ..record.runner import run_script
 
     options = json.loads(os.environ.get(ENV_OPTIONS) or "{}")
     code, init_globals = None, None
@@ -126,7 +162,7 @@ def run_rank(folder: str, rank: int, script: str, argv: list[str]) -> int:
     heartbeat.start()
     tap = LossTap()
     with tap if options.get("losses") else contextlib.nullcontext(), memory_limit(options.get("memory_limit")):
-        run = run_script(script, argv, recorder, code, init_globals)
+        run = run_under(recorder, code, init_globals)
     heartbeat.stop("failed" if run.failed else "done")
     site = run.error_site
     outcome = {
@@ -138,7 +174,10 @@ def run_rank(folder: str, rank: int, script: str, argv: list[str]) -> int:
         "where": f"{os.path.basename(site.file)}:{site.line}" if site is not None else None,
     }
     try:
-        recorded = json.loads(to_json(recorder.recording()))
+        recording = recorder.recording()
+        if world is not None:  # a spawned rank: its index and count are the launcher's, process group or not
+            recording = dataclasses.replace(recording, rank=rank, world_size=world)
+        recorded = json.loads(to_json(recording))
     except Exception as exc:  # noqa: BLE001 - the rank's outcome still reaches the doctor, with the reason
         recorded = None
         outcome.update(

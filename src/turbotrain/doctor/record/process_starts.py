@@ -14,20 +14,36 @@ from . import active
 from .patcher import Patcher
 from ..sites import is_user_file, user_site
 
-__all__ = ["KIND", "install"]
+__all__ = ["KIND", "install", "is_user_function", "spawned_rank"]
 
 KIND = "process_start"
+_SPAWN = "torch.multiprocessing.spawn"  # the module of the wrapper its processes run
 
 
 def _user_function(process: Any) -> Any:
     """The user's function ``process`` runs (``torch.multiprocessing.spawn``'s wrapper hands it on as its first
     argument), or None."""
     target = getattr(process, "_target", None)
-    if getattr(target, "__module__", None) == "torch.multiprocessing.spawn":
+    if getattr(target, "__module__", None) == _SPAWN:
         args = getattr(process, "_args", ())
         target = args[0] if args else None
+    return target if is_user_function(target) else None
+
+
+def is_user_function(target: Any) -> bool:
     code = getattr(target, "__code__", None)
-    return target if code is not None and is_user_file(code.co_filename) else None
+    return code is not None and is_user_file(code.co_filename)
+
+
+def spawned_rank(process: Any) -> tuple[Callable, int] | None:
+    """``(fn, i)`` where ``process`` is the ``i``-th that ``torch.multiprocessing.spawn`` (or ``start_processes``)
+    starts to run the user's ``fn(i, *args)``; else None."""
+    target = getattr(process, "_target", None)
+    args: tuple = getattr(process, "_args", ())
+    if getattr(target, "__module__", None) != _SPAWN or getattr(target, "__name__", None) != "_wrap" or len(args) < 2:
+        return None
+    fn, index = args[0], args[1]
+    return (fn, index) if is_user_function(fn) and isinstance(index, int) else None
 
 
 def _start(original: Callable) -> Callable:

@@ -13,7 +13,7 @@ import types
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import CodeType
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -21,7 +21,7 @@ from .memory_limit import enforced
 from .recorder import Recorder, Stop
 from ..sites import Site, is_user_file
 
-__all__ = ["ScriptRun", "run_script"]
+__all__ = ["ScriptRun", "run_script", "run_target"]
 
 
 @dataclass
@@ -85,21 +85,64 @@ def run_script(
     if not path.is_file():
         raise FileNotFoundError(f"no such script: {script}")
     saved_argv, saved_path0 = sys.argv[:], sys.path[0] if sys.path else None
-    # Autograd switches a script may flip for good (set_detect_anomaly(True), set_grad_enabled(False)): the
-    # what-ifs that follow in this process time the model with torch's settings, not the script's leftovers.
-    saved_autograd = (torch.is_grad_enabled(), torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled())
     sys.argv = [str(path), *argv]
     # Like `python script.py`: the script's folder comes first on the import path.
     sys.path.insert(0, str(path.parent))
-    started = time.perf_counter()
     run = ScriptRun(script=str(path), argv=list(argv), status="finished", seconds=0.0)
+
+    def body() -> None:
+        if code is None:
+            runpy.run_path(str(path), run_name="__main__")
+        else:
+            _run_as_main(code, str(path), init_globals or {})
+
+    try:
+        _record(run, recorder, body)
+    finally:
+        sys.argv = saved_argv
+        if sys.path and sys.path[0] == str(path.parent):
+            sys.path.pop(0)
+        elif saved_path0 is not None and str(path.parent) in sys.path:
+            sys.path.remove(str(path.parent))
+    return run
+
+
+def run_target(
+    fn: Callable[..., Any],
+    args: tuple,
+    script: str,
+    recorder: Recorder,
+    code: CodeType | None = None,
+    init_globals: dict[str, Any] | None = None,
+) -> ScriptRun:
+    """Call ``fn(*args)`` (a function the script started a process to run, in that process) with ``recorder``
+    installed. ``code``: the script as compiled with a job what-if's edit, run as the process's main module again
+    so that ``fn`` and what it calls are the edited ones."""
+    run = ScriptRun(script=script, argv=list(sys.argv[1:]), status="finished", seconds=0.0)
+
+    def body() -> None:
+        target = fn
+        if code is not None:
+            namespace: dict[str, Any] = {**(init_globals or {}), "__name__": "__mp_main__", "__file__": script}
+            namespace["__builtins__"] = builtins
+            exec(code, namespace)  # noqa: S102 - the user's own script, edited by the what-if being timed
+            target = namespace.get(fn.__name__, fn) if fn.__qualname__ == fn.__name__ else fn
+        target(*args)
+
+    _record(run, recorder, body)
+    return run
+
+
+def _record(run: ScriptRun, recorder: Recorder, body: Callable[[], None]) -> None:
+    """Run ``body`` (the user's code) with ``recorder`` installed; how it ended goes into ``run``."""
+    # Autograd switches a script may flip for good (set_detect_anomaly(True), set_grad_enabled(False)): the
+    # what-ifs that follow in this process time the model with torch's settings, not the script's leftovers.
+    saved_autograd = (torch.is_grad_enabled(), torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled())
+    started = time.perf_counter()
     try:
         with recorder, enforced():
             try:
-                if code is None:
-                    runpy.run_path(str(path), run_name="__main__")
-                else:
-                    _run_as_main(code, str(path), init_globals or {})
+                body()
             except Stop:
                 run.status = "stopped"
             except SystemExit as exc:
@@ -118,13 +161,7 @@ def run_script(
                 run.traceback = "".join(traceback.format_exception(exc))
     finally:
         run.seconds = time.perf_counter() - started
-        sys.argv = saved_argv
         torch.set_grad_enabled(saved_autograd[0])
         torch.autograd.set_detect_anomaly(saved_autograd[1], check_nan=saved_autograd[2])
-        if sys.path and sys.path[0] == str(path.parent):
-            sys.path.pop(0)
-        elif saved_path0 is not None and str(path.parent) in sys.path:
-            sys.path.remove(str(path.parent))
-        # The script's frames (and its DataLoader workers) go now, not at some later collection.
+        # The user's frames (and its DataLoader workers) go now, not at some later collection.
         gc.collect()
-    return run
