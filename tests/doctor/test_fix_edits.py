@@ -582,3 +582,52 @@ def test_a_loss_call_it_cannot_move_safely_is_by_hand(line, why):
     source = ("" if "import" in why else "import torch\n") + "import torch.nn.functional as F\n"
     with pytest.raises(ByHand, match=re.escape(why)):
         edit(source + f"def f(x, y, batch):\n    {line}\n", "compile_loss", loss="cross_entropy")
+
+
+SPAWNED = """
+    import torch as th
+    import torch.multiprocessing as mp
+
+
+    def train(rank, world):  # here
+        {docstring}model = th.nn.Linear(4, 1)
+        return model
+
+
+    mp.spawn(train, args=(2,), nprocs=2)
+"""
+
+
+@pytest.mark.parametrize("docstring", ["", '"""One rank."""\n        '], ids=["plain", "docstring"])
+def test_threads_go_first_in_the_function_spawned_ranks_run_where_the_script_sets_none(docstring):
+    source = SPAWNED.replace("{docstring}", docstring)
+    new = edit(source, "threads", threads=1)
+    body = [line.strip() for line in new.splitlines() if line.startswith("    ")]
+    assert body == [*(['"""One rank."""'] if docstring else []), "th.set_num_threads(1)", "model = th.nn.Linear(4, 1)",
+                    "return model"], new
+
+
+def test_threads_edit_the_scripts_own_call_where_it_has_one():
+    source = """
+        import torch
+        torch.set_num_threads(4)  # here
+    """
+    assert changed(source, edit(source, "threads", threads=1)) == ["torch.set_num_threads(1)  # here"]
+
+
+def test_keywords_added_to_a_call_laid_out_one_per_line_without_a_trailing_comma_keep_the_layout():
+    source = """
+        loader = DataLoader(  # here
+            dataset,
+            sampler=DistributedSampler(dataset)
+        )
+    """
+    new = edit(source, "loader", num_workers=2, persistent_workers=True)
+    assert new == textwrap.dedent("""
+        loader = DataLoader(  # here
+            dataset,
+            sampler=DistributedSampler(dataset),
+            num_workers=2,
+            persistent_workers=True
+        )
+    """), new

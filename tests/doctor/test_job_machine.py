@@ -42,3 +42,29 @@ def test_the_other_ranks_on_the_host_are_not_other_processes_load():
     assert alone.machine is not None and alone.machine.other_load == pytest.approx(0.9)
     on_the_job = build_context(dataclasses.replace(lead, job=(lead, sibling)))
     assert on_the_job.machine is not None and on_the_job.machine.other_load == pytest.approx(0.1)
+
+
+SPAWNING = '''import torch
+import torch.multiprocessing as mp
+
+
+def run(rank, world):
+    torch.manual_seed(rank)
+
+
+if __name__ == "__main__":
+    mp.spawn(run, args=(2,), nprocs=2)
+'''
+
+
+def test_ranks_a_script_spawns_without_setting_threads_are_pointed_at_the_function_they_run(tmp_path):
+    usable = detect("cpu").usable_cores
+    if usable < 2:
+        pytest.skip("one usable core: two ranks oversubscribe it whatever their threads")
+    script = tmp_path / "spawning.py"
+    script.write_text(SPAWNING)
+    recs = _on_one_host([rank_recording(r, [1.0] * 9, [2.0] * 9) for r in (0, 1)], usable)  # each rank: every core
+    ctx = build_context(dataclasses.replace(recs[0], job=tuple(recs)), None, str(script))
+    (finding,) = evaluate(ctx, only=["cpu-oversubscribed"])
+    assert (finding.site.file, finding.site.line, finding.site.function) == (str(script), 5, "run")
+    assert f"torch.set_num_threads({usable // 2}) as the first line of run()" in finding.fix.pytorch

@@ -238,6 +238,11 @@ def set_keyword(call: cst.Call, name: str, value: str, position: int | None = No
         between = args[-2].comma if len(args) > 1 and isinstance(args[-2].comma, cst.Comma) else space
         args[-1] = last.with_changes(comma=between)
         new_arg = new_arg.with_changes(comma=last.comma)
+    elif len(args) > 1 and isinstance(args[-2].comma, cst.Comma) and _breaks_line(args[-2].comma):
+        # One argument per line without a trailing comma: the new one takes a line of its own, and the line break
+        # before the ``)`` stays before it.
+        args[-1] = last.with_changes(comma=args[-2].comma, whitespace_after_arg=cst.SimpleWhitespace(""))
+        new_arg = new_arg.with_changes(whitespace_after_arg=last.whitespace_after_arg)
     else:
         args[-1] = last.with_changes(comma=space)
     return call.with_changes(args=[*args, new_arg])

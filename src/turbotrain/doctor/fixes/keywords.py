@@ -148,9 +148,27 @@ def _becomes(new: cst.Call) -> Callable[[cst.CSTNode], object]:
 
 
 def threads(source: Source, req: EditRequest) -> str:
-    """``torch.set_num_threads(N)``: the script's own call given the count timed on every rank."""
-    call = source.call_at(req.line, "set_num_threads", what="torch.set_num_threads(...)")
-    return _one_call(source, req, call, set_keyword(call, "int", repr(req.params["threads"]), 0, req.where))
+    """``torch.set_num_threads(N)``: the script's own call given the count timed on every rank; where the line is
+    the ``def`` of the function spawned ranks run (and the script sets no count), a call as its first statement."""
+    function = next((f for f in source.nodes(cst.FunctionDef) if source.lines(f.name)[0] == req.line), None)
+    if function is None or source.calls_at(req.line, "set_num_threads"):
+        call = source.call_at(req.line, "set_num_threads", what="torch.set_num_threads(...)")
+        return _one_call(source, req, call, set_keyword(call, "int", repr(req.params["threads"]), 0, req.where))
+    torch = source.alias_of("torch")
+    if torch is None:
+        raise ByHand(f"{req.where}: the file does not import torch; call torch.set_num_threads(N) first in each rank")
+    line = cst.parse_statement(f"{torch}.set_num_threads({req.params['threads']!r})\n")
+    if not isinstance(function.body, cst.IndentedBlock):
+        raise ByHand(f"{req.where}: a one-line function; call {torch}.set_num_threads(N) first in it")
+    first = function.body.body[0]
+    docstring = (
+        isinstance(first, cst.SimpleStatementLine)
+        and isinstance(first.body[0], cst.Expr)
+        and isinstance(first.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
+    )
+    if docstring:  # after the docstring, which stays the function's first statement
+        return replace(source, {first: lambda node: cst.FlattenSentinel([node, line])})
+    return replace(source, {first: lambda node: cst.FlattenSentinel([line, node])})
 
 
 def compile_call(source: Source, req: EditRequest) -> str:

@@ -4,11 +4,13 @@ ranks timed on every rank).
 
 Reads: machine + run.
 Applies to: a CPU.
-Edit: on a job, the thread count timed on every rank in the script's own `torch.set_num_threads(N)` call.
+Edit: on a job, the thread count timed on every rank in the script's own `torch.set_num_threads(N)` call, or, where
+the script sets none and spawns its ranks, that call as the first line of the function they run.
 """
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 
 from dataclasses import dataclass
@@ -19,6 +21,7 @@ from ...analysis.ranks import oversubscribed
 from ...findings import Evidence, Finding, Fix, speedup_for_rule
 from ...rank_change import RankChange
 from ...requests import JobRequest, ThreadsRequest
+from ...sites import Site
 from ..common import call_site, on_a_job, rank_change_edit
 from ..rule import Detect, Rule, register
 
@@ -159,15 +162,22 @@ def ranks_oversubscribed(ctx: Context) -> Iterator[Finding]:
     if found is None:
         return  # they fit, or more ranks than cores: fewer threads cannot help
     threads, fit = found
+    site, entry = call_site(ctx, "set_num_threads"), _spawned_function(ctx)
     # Every rank, not one process: the launcher's environment is the one place that reaches them all.
-    fix = dataclasses.replace(
-        threads_fix(fit, 0, 0),
-        pytorch=f"torch.set_num_threads({fit}) in every rank (cores // ranks per node), or OMP_NUM_THREADS={fit} in "
-        "the launcher's environment (torchrun sets 1 unless told otherwise)",
+    pytorch = (
+        f"torch.set_num_threads({fit}) in every rank (cores // ranks per node), or OMP_NUM_THREADS={fit} in the "
+        "launcher's environment (torchrun sets 1 unless told otherwise)"
     )
+    if site is None and entry is not None:  # the spawned function's first line reaches every rank
+        site = entry
+        pytorch = (
+            f"torch.set_num_threads({fit}) as the first line of {entry.function}(), which every spawned rank runs "
+            f"(cores // ranks per node): torch.multiprocessing.spawn, unlike torchrun, leaves each rank all the cores"
+        )
+    fix = dataclasses.replace(threads_fix(fit, 0, 0), pytorch=pytorch)
     finding = Finding(
         rule="cpu-oversubscribed",
-        site=call_site(ctx, "set_num_threads"),
+        site=site,
         category="compute",
         speedup=speedup_for_rule("cpu-oversubscribed"),
         message=(
@@ -183,6 +193,20 @@ def ranks_oversubscribed(ctx: Context) -> Iterator[Finding]:
     )
     finding.provisional("medium")
     yield finding
+
+
+def _spawned_function(ctx: Context) -> Site | None:
+    """The ``def`` of the function the script's ``torch.multiprocessing.spawn`` (or ``start_processes``) runs in
+    each rank, where it is defined in the same file."""
+    for index in ctx.sources.values():
+        for call, _ in index.calls("multiprocessing.spawn", "start_processes", "spawn"):
+            target = call.args[0] if call.args else next((k.value for k in call.keywords if k.arg == "fn"), None)
+            if not isinstance(target, ast.Name):
+                continue
+            for node in index.tree.body:
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == target.id:
+                    return Site(index.path, node.lineno, node.name)
+    return None
 
 
 RULE = register(
