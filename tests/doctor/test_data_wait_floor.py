@@ -6,6 +6,9 @@ A CI run read a clean script's 0.4-ms batches as medium: one of its four measure
 
 from __future__ import annotations
 
+import dataclasses
+
+from doctor_helpers import rank_recording
 from turbotrain.doctor.analysis.breakdown import compute_breakdown
 from turbotrain.doctor.analysis.context import Context
 from turbotrain.doctor.record.measurements import EventCounts, LoaderRecord, StepRecord
@@ -45,3 +48,16 @@ def test_batches_of_well_under_a_millisecond_stay_low_even_with_one_slow_batch()
 def test_slow_batches_that_recur_or_every_batch_over_a_millisecond_are_medium():
     assert _severity(_context({i: 1.6 for i in range(23)})) in ("medium", "high")
     assert _severity(_context({5: 12.0, 12: 12.0, 19: 12.0})) in ("medium", "high")  # a slow batch in 7: a rate
+
+
+def test_on_a_job_the_workers_proposed_fit_each_ranks_share_of_the_host():
+    ctx = _context({i: 1.6 for i in range(23)})
+    (alone,) = evaluate(ctx, only=["num-workers"])
+    cores = ctx.hw.cpu_cores
+    assert alone.fix.plan["num_workers"] == max(2, min(4, cores))
+    ranks = [dataclasses.replace(rank_recording(r, [1.0] * 3, [1.0] * 3), host="node0") for r in (0, 1)]
+    on_a_job = dataclasses.replace(ctx, recording=dataclasses.replace(ranks[0], job=tuple(ranks)))
+    (shared,) = evaluate(on_a_job, only=["num-workers"])
+    # Two ranks on this host: each one's workers come out of half its cores.
+    assert shared.fix.plan["num_workers"] == min(max(2, min(4, cores)), max(1, cores // 2))
+    assert f"num_workers={shared.fix.plan['num_workers']}," in shared.fix.pytorch

@@ -15,7 +15,7 @@ from ...findings import Evidence, Finding, Fix, speedup_for_rule
 from ...record.cadence import syntax_tree
 from ...requests import LoaderRequest
 from ...sites import Site
-from ..common import loader_edit, ms
+from ..common import loader_edit, ms, on_a_job
 from ..rule import Detect, Rule, register
 
 if TYPE_CHECKING:
@@ -102,6 +102,11 @@ def num_workers(ctx: Context) -> Iterator[Finding]:
         return
     workers = record.settings["num_workers"]
     suggest = max(2, min(4, cores)) if workers == 0 else workers * 2
+    if on_a_job(ctx):  # the ranks on this host share its cores: each rank's workers fit its share
+        assert ctx.recording is not None  # on_a_job
+        host = ctx.recording.host
+        per_rank = cores // sum(1 for r in ctx.recording.job if r.host == host)
+        suggest = min(suggest, max(1, per_rank))
     f = Finding(
         "num-workers",
         site=record.site,
