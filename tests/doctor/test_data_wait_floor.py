@@ -61,3 +61,4 @@ def test_on_a_job_the_workers_proposed_fit_each_ranks_share_of_the_host():
     # Two ranks on this host: each one's workers come out of half its cores.
     assert shared.fix.plan["num_workers"] == min(max(2, min(4, cores)), max(1, cores // 2))
     assert f"num_workers={shared.fix.plan['num_workers']}," in shared.fix.pytorch
+

@@ -113,6 +113,44 @@ def test_a_patch_verified_slower_together_keeps_only_fixes_verified_faster_alone
     assert report.kept == [memory_fix] and "not faster alone" in time_fix.dropped
 
 
+def test_fixes_together_that_one_fix_alone_beat_in_every_round_keep_only_the_fixes_verified_alone(monkeypatch):
+    """On the DDP tutorial spawned on 2 cores, torch.set_num_threads(1) verified x3.60 alone and, with 2 workers per
+    rank that were never verified alone, x1.54 together: "faster", and the patch held both."""
+    from turbotrain.doctor.fixes import attach
+    from turbotrain.doctor.report.fix_results import FixReport, FixResult, Verification
+    from turbotrain.measure import FASTER
+
+    class NoTimeLeft:
+        options = SimpleNamespace(budget_s=120.0)
+
+        def affords(self, comparisons: int, run_s: float) -> bool:
+            return False
+
+    def fixes() -> list[FixResult]:
+        threads = FixResult(rule="cpu-oversubscribed", where="multigpu.py:83", label="threads", predicted=3.2,
+                            diff="-a\n+b\n", verification=Verification(speedup=3.6, verdict=FASTER, ratios=[3.5, 3.7]))
+        workers = FixResult(rule="num-workers", where="multigpu.py:74", label="workers", predicted=1.12,
+                            diff="-c\n+d\n")
+        return [threads, workers]
+
+    together = Verification(speedup=1.54, verdict=FASTER, ratios=[1.5, 1.58])
+    monkeypatch.setattr(attach._VerifyRun, "check", lambda *args: together)
+    threads, workers = both = fixes()
+    report = FixReport(fixes=both)
+    attach._verify(report, both, attach._VerifyRun(NoTimeLeft(), {}, "/tmp", 10, 1.0))
+    assert report.kept == [threads] and report.together is threads.verification
+    assert "cpu-oversubscribed alone x3.60" in workers.dropped
+    assert any("x1.54, slower than cpu-oversubscribed alone" in m and "1 of 2" in m for m in report.messages)
+
+    # Rounds that overlap are no evidence that the fix alone is better: both stay.
+    close = Verification(speedup=3.3, verdict=FASTER, ratios=[3.2, 3.55])
+    monkeypatch.setattr(attach._VerifyRun, "check", lambda *args: close)
+    threads, workers = both = fixes()
+    report = FixReport(fixes=both)
+    attach._verify(report, both, attach._VerifyRun(NoTimeLeft(), {}, "/tmp", 10, 1.0))
+    assert report.kept == both and report.together is close
+
+
 def test_fixes_for_time_are_not_dropped_for_the_price_of_a_fix_for_memory_beside_them(monkeypatch):
     """Checkpointing beside fused AdamW and SDPA made the patch x0.62 (minGPT, 2-core EPYC) and took both time fixes
     out with it: with time for one more comparison, the time fixes are judged together without the memory fix."""

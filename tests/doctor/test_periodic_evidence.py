@@ -180,3 +180,16 @@ def test_occasional_work_is_not_told_to_move_into_a_dataloader(tmp_path):
     assert [(f.rule, f.site) for f in plotting] == [("periodic-work", PAUSE)]
     building = evaluate(context({i: 0.005 for i in range(23)}, {BATCH: 50}), only=["num-workers", "periodic-work"])
     assert [(f.rule, f.site) for f in building] == [("num-workers", BATCH)]
+
+
+def test_a_periodic_finding_is_edited_at_its_own_cadence_where_another_row_names_its_line():
+    """ci90: a row of timing spikes every 5 steps, one of them on the validation step, named the validation's line
+    before the validation's own row (every 20); the edit took the first row and wanted `% 5` in the script."""
+    site = Site("train.py", 18, "validate")
+    rows = [PeriodicRow(kind="validation", category=category, every=every, steps=[4, 9, 14, 19], cost_ms=30.0,
+                        share=share, where="train.py:18", site=site, suggested_every=every * 50)
+            for category, every, share in (("compute", 5, 0.01), ("outside_step", 20, 0.3))]
+    ctx = SimpleNamespace(periodic_rows=rows)
+    (finding,) = periodic_rule.periodic_work(ctx)
+    spec = periodic_rule.edit(ctx, finding)
+    assert (spec.params["every"], spec.params["new_every"]) == (20, 1000), spec

@@ -153,6 +153,41 @@ def _verify(fix_report: FixReport, results: list[FixResult], run: _VerifyRun) ->
             f"verified faster alone ({len(kept) - len(unproven)} of {len(kept)}); a larger --verify-budget times each "
             "alone."
         )
+    else:
+        _keep_the_better_alone(fix_report, kept, together, run)
+
+
+def _keep_the_better_alone(
+    fix_report: FixReport, kept: list[FixResult], together: Verification, run: _VerifyRun
+) -> None:
+    """Where one fix verified alone beat the fixes together in every round, the others cost what it buys: only the
+    fixes verified faster alone stay (those kept for memory too)."""
+    alone = [
+        r for r in kept if r.verification is not None and r.verification.verdict == FASTER and r.verification.ratios
+    ]
+    best = max(alone, key=lambda r: (r.verification.speedup if r.verification else None) or 0.0, default=None)
+    if best is None or best.verification is None or not together.ratios:
+        return
+    if min(best.verification.ratios) <= max(together.ratios):
+        return
+    unproven = [r for r in kept if r not in alone and not _kept_for_memory(r)]
+    if not unproven:
+        return
+    for result in unproven:
+        result.dropped = (
+            f"the fixes together ran x{together.speedup:.2f}, {best.rule} alone x{best.verification.speedup:.2f} in "
+            "every round above them; this one was not verified faster alone"
+        )
+    stay = [r for r in kept if r not in unproven]
+    fix_report.messages.append(
+        f"With all fixes together the script ran x{together.speedup:.2f}, slower than {best.rule} alone "
+        f"(x{best.verification.speedup:.2f}, every round): the patch holds only fixes verified faster alone "
+        f"({len(stay)} of {len(kept)}); a larger --verify-budget times each alone."
+    )
+    if {r.rule for r in stay} == {best.rule}:
+        fix_report.together = best.verification
+    elif run.affords(2):
+        fix_report.together = run.check(stay)
 
 
 def _time_fixes_hold(fix_report: FixReport, kept: list[FixResult], together: Verification, run: _VerifyRun) -> bool:

@@ -143,7 +143,9 @@ def _unexplained_slow_steps(row: PeriodicRow) -> Finding:
 
 def edit(ctx: Context, f: Finding) -> EditSpec:
     assert f.site is not None  # fixes.choose plans only findings with a site
-    row = next((r for r in ctx.periodic_rows if r.site == f.site and r.every), None)
+    # The finding's own row: another recurring row can name the same line (its steps fell on the work's).
+    own = f.evidence.every if isinstance(f.evidence, PeriodicEvidence) else None
+    row = next((r for r in ctx.periodic_rows if r.site == f.site and r.every and own in (None, r.every)), None)
     if f.category == "data_loading":
         raise ByHand("the work runs when the loop decides (no `% N` to change): run it less often by hand")
     if row is None or not row.suggested_every:
