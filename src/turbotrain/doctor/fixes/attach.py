@@ -143,9 +143,7 @@ def _verify(fix_report: FixReport, results: list[FixResult], run: _VerifyRun) ->
         if _time_fixes_hold(fix_report, kept, together, run):
             return
         # --verify promises a patch measured not to slow the script: only fixes verified faster alone stay.
-        unproven = [
-            r for r in kept if (r.verification is None or r.verification.verdict != FASTER) and not _kept_for_memory(r)
-        ]
+        unproven = _unproven(kept)
         for result in unproven:
             result.dropped = f"the fixes together verified slower (x{together.speedup:.2f}), this one not faster alone"
         fix_report.messages.append(
@@ -162,32 +160,32 @@ def _keep_the_better_alone(
 ) -> None:
     """Where one fix verified alone beat the fixes together in every round, the others cost what it buys: only the
     fixes verified faster alone stay (those kept for memory too)."""
-    alone = [
-        r for r in kept if r.verification is not None and r.verification.verdict == FASTER and r.verification.ratios
-    ]
-    best = max(alone, key=lambda r: (r.verification.speedup if r.verification else None) or 0.0, default=None)
-    if best is None or best.verification is None or not together.ratios:
+    unproven = _unproven(kept)
+    alone = [r.verification for r in kept if r not in unproven and r.verification is not None]
+    best = max((v for v in alone if v.verdict == FASTER and v.ratios), key=lambda v: v.speedup or 0.0, default=None)
+    if best is None or not together.ratios or min(best.ratios) <= max(together.ratios) or not unproven:
         return
-    if min(best.verification.ratios) <= max(together.ratios):
-        return
-    unproven = [r for r in kept if r not in alone and not _kept_for_memory(r)]
-    if not unproven:
-        return
+    rule = next(r.rule for r in kept if r.verification is best)
     for result in unproven:
         result.dropped = (
-            f"the fixes together ran x{together.speedup:.2f}, {best.rule} alone x{best.verification.speedup:.2f} in "
+            f"the fixes together ran x{together.speedup:.2f}, {rule} alone x{best.speedup:.2f} in "
             "every round above them; this one was not verified faster alone"
         )
     stay = [r for r in kept if r not in unproven]
     fix_report.messages.append(
-        f"With all fixes together the script ran x{together.speedup:.2f}, slower than {best.rule} alone "
-        f"(x{best.verification.speedup:.2f}, every round): the patch holds only fixes verified faster alone "
+        f"With all fixes together the script ran x{together.speedup:.2f}, slower than {rule} alone "
+        f"(x{best.speedup:.2f}, every round): the patch holds only fixes verified faster alone "
         f"({len(stay)} of {len(kept)}); a larger --verify-budget times each alone."
     )
-    if {r.rule for r in stay} == {best.rule}:
-        fix_report.together = best.verification
+    if {r.rule for r in stay} == {rule}:
+        fix_report.together = best
     elif run.affords(2):
         fix_report.together = run.check(stay)
+
+
+def _unproven(kept: list[FixResult]) -> list[FixResult]:
+    """The fixes not verified faster alone, less those kept for the memory they save."""
+    return [r for r in kept if (r.verification is None or r.verification.verdict != FASTER) and not _kept_for_memory(r)]
 
 
 def _time_fixes_hold(fix_report: FixReport, kept: list[FixResult], together: Verification, run: _VerifyRun) -> bool:

@@ -162,13 +162,14 @@ def ranks_oversubscribed(ctx: Context) -> Iterator[Finding]:
     if found is None:
         return  # they fit, or more ranks than cores: fewer threads cannot help
     threads, fit = found
-    site, entry = call_site(ctx, "set_num_threads"), _spawned_function(ctx)
+    site = call_site(ctx, "set_num_threads")
+    entry = _spawned_function(ctx) if site is None else None
     # Every rank, not one process: the launcher's environment is the one place that reaches them all.
     pytorch = (
         f"torch.set_num_threads({fit}) in every rank (cores // ranks per node), or OMP_NUM_THREADS={fit} in the "
         "launcher's environment (torchrun sets 1 unless told otherwise)"
     )
-    if site is None and entry is not None:  # the spawned function's first line reaches every rank
+    if entry is not None:  # no count of its own: the spawned function's first line reaches every rank
         site = entry
         pytorch = (
             f"torch.set_num_threads({fit}) as the first line of {entry.function}(), which every spawned rank runs "
