@@ -146,3 +146,18 @@ def test_other_load_sees_a_busy_process_and_not_this_one():
 
     assert ticks(after.own_s - before.own_s) >= ticks(after.children_s - before.children_s)
     assert hardware.children_busy_cores(before, after) > 0.2
+
+
+def test_a_gpu_that_only_emulates_bf16_has_no_fast_bf16(monkeypatch):
+    """torch calls a V100's or T4's bf16 supported (emulated: it runs, slowly); the doctor's and the tuner's
+    `Hardware.bf16` means fast, so there it is False while float16's tensor cores count."""
+    from types import SimpleNamespace
+
+    def props(index):
+        return SimpleNamespace(major=7, minor=0, name="Tesla V100 (faked)", total_memory=16 * 2**30)
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", props)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: including_emulation)
+    hw = hardware._detect.__wrapped__("cuda", 0)
+    assert (hw.device_type, hw.bf16, hw.fp16, hw.tf32) == ("cuda", False, True, False)

@@ -382,7 +382,8 @@ def _detect(device_type: str, index: int) -> Hardware:
             cpu_cores=cores,
             memory_bytes=props.total_memory,
             capability=cap,
-            bf16=torch.cuda.is_bf16_supported(),
+            # Emulated bf16 (before Ampere) runs, slowly: not "fast".
+            bf16=torch.cuda.is_bf16_supported(including_emulation=False),
             fp16=cap >= (7, 0),
             tf32=cap >= (8, 0),
             fp8=cap >= (8, 9),
