@@ -48,6 +48,7 @@ def _diagnose_script(script: str | os.PathLike, argv: list[str], options: Doctor
         profile=options.profile_steps,
         sees_construction=True,
         watch_s=options.watch_s,
+        record_s=options.record_budget_s or None,
     )
     started = time.perf_counter()
     environ = dict(os.environ)
@@ -280,6 +281,11 @@ def _messages(recording: Recording, run: ScriptRun | None, ctx: Context | None, 
             f"The window was extended from {window.asked} to {window.measure} steps to see the period of the "
             "work that recurs between steps"
             + (f" (every {every[0].every} steps)." if every else " (it did not come back within the extension).")
+        )
+    if window.cut_for_step_s is not None and window.asked is not None:
+        out.append(
+            f"Steps of {window.cut_for_step_s:.1f} s: {window.measure} of the {window.asked} asked were measured (and "
+            f"{window.profile_steps} profiled), which fit in --record-budget; --record-budget 0 measures all."
         )
     if window.warmup_extended_by:
         out.append(

@@ -30,6 +30,9 @@ class DoctorOptions:
 
     steps: int = field(default=20, metadata=flag("--steps", "N"))
     """Steps to measure: optimizer steps, or backward passes when no optimizer steps."""
+    record_budget_s: float = field(default=180.0, metadata=flag("--record-budget", "SECONDS"))
+    """Where --steps steps would take longer than this, measure the steps that fit in it (at least 5; one
+    profiled); 0: always --steps."""
     warmup: int = field(default=3, metadata=flag("--warmup", "N"))
     """Steps before measuring (compile, caches, the outermost module found); at least 1: the first step holds
     the script's set-up."""
@@ -81,7 +84,8 @@ class DoctorOptions:
                     "job_what_if_rounds": " (a fix's gain is judged by two rounds that agree)",
                 }.get(name, "")
                 raise ConfigError(f"{_named(name)}: {value} is not allowed; expected an integer >= {least}{why}.")
-        for name in ("what_if_budget_s", "watch_s", "verify_budget_s", "job_what_if_budget_s", "hang_timeout_s"):
+        budgets = ("what_if_budget_s", "watch_s", "verify_budget_s", "job_what_if_budget_s", "hang_timeout_s")
+        for name in ("record_budget_s", *budgets):
             value = getattr(self, name)
             if not value >= (1e-9 if name == "hang_timeout_s" else 0):  # NaN fails too
                 raise ConfigError(f"{_named(name)}: {value:g} is not allowed; expected seconds >= 0.")

@@ -263,6 +263,14 @@ def _edited_at(fix: FixResult) -> str:
     return edited if edited == fix.where else f"{edited} (found at {fix.where})"
 
 
+def _steps_to_verify(ctx: Context, asked: int) -> int:
+    """The steps each verify run measures: the recording's own where long steps cut its window."""
+    window = ctx.recording.window if ctx.recording is not None else None
+    if window is not None and window.cut_for_step_s is not None and window.measure is not None:
+        return min(asked, window.measure)
+    return asked
+
+
 def _timed_window(ctx: Context, warmup: int) -> tuple[int, bool]:
     """How --verify's runs time what torch.compile did in the recorded run: their warm-up (at least ``warmup``
     steps, and past the step in which the last compile ended: first compiles, recompiles and the one that hit the
@@ -299,8 +307,9 @@ def attach_fixes(
     originals = make_diffs(results, base)
     if options.verify and any(r.in_patch for r in results) and report.run is not None:
         warmup, mean_step = _timed_window(ctx, options.warmup)
+        steps = _steps_to_verify(ctx, options.steps)
         verify_options = VerifyOptions(
-            steps=options.steps,
+            steps=steps,
             warmup=warmup,
             mean_step=mean_step,
             rounds=options.verify_rounds,
@@ -313,7 +322,7 @@ def attach_fixes(
         try:
             verifier_of = make_verifier or (lambda opts: Verifier(script_path, argv, base, opts))
             with verifier_of(verify_options) as verifier:
-                run = _VerifyRun(verifier, originals, base, options.steps, ctx.step_s * options.steps)
+                run = _VerifyRun(verifier, originals, base, steps, ctx.step_s * steps)
                 _verify(fix_report, results, run)
                 fix_report.messages += verifier.notes
         except Exception as exc:  # noqa: BLE001 - a verification that fails costs the verification, not the report

@@ -91,8 +91,11 @@ class Recorder:
         trace_ranges: bool = True,
         sees_construction: bool = False,
         watch_s: float = StepSchedule.WATCH_S,
+        record_s: float | None = None,
     ) -> None:
-        self.schedule = StepSchedule(measure, warmup, profile, stop, watch_s)
+        # Ranks each cutting their own window would end it at different steps, leaving the others in a collective.
+        single = _rank_and_world()[1] == 1
+        self.schedule = StepSchedule(measure, warmup, profile, stop, watch_s, record_s if single else None)
         self.trace_ranges = trace_ranges
         self.gpu = torch.cuda.is_available()
         self.clock = PhaseClock()
@@ -274,6 +277,8 @@ class Recorder:
                 self._drains += 1
                 schedule.drain_more(ready)
         if done == self.warmup:
+            schedule.fit_window(self.steps)
+            measured_end = schedule.measured_end
             # Read again when the window ends: how far an outer loop's counter moved gives its period in steps.
             self.cadences_at_start = (done, running_cadences(sys._getframe(0)))
             self.reads_at_start = data_stats.snapshot()
@@ -464,6 +469,7 @@ class Recorder:
                 profiled,
                 self.profiler is not None,
                 self.profile_left_out,
+                schedule.cut_for_step_s,
             ),
             steps=tuple(self.steps),
             step_delimiter=self.tracker.delimiter,

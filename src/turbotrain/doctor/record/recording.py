@@ -55,6 +55,7 @@ class Window:
     profiled: tuple[int, ...] = ()  # the indices of the steps run under torch.profiler
     profiler_ran: bool = False  # torch.profiler started (the script may have ended inside its first step)
     profile_left_out: int = 0  # the events one step would have made, where the window was left out for them
+    cut_for_step_s: float | None = None  # the typical warm-up step, where the window was cut to fit the record budget
 
 
 @dataclass(frozen=True, slots=True)

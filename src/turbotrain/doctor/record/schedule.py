@@ -5,6 +5,10 @@ step at a time, until the second occurrence shows its period, within bounds. Wor
 than the window (an evaluation every 300 steps) is found after it: where the running loop has such a
 cadence, the script is not ended with the window but its step clock is watched on (:mod:`.watch`) for up to
 ``watch_s`` seconds.
+
+Where steps are long (a 30-s step of gradient accumulation), a window of ``measure`` steps would keep the user
+waiting many minutes for statistics a few such steps already give: with ``record_s`` the window is cut, when it
+opens, to the steps that fit in that many seconds (at least :attr:`StepSchedule.MIN_STEPS`), and one profiled step.
 """
 
 from __future__ import annotations
@@ -29,8 +33,17 @@ class StepSchedule:
     MAX_EXTENSION_S = 60.0
     # Seconds the step clock may be watched after the window (0: the script ends with the window).
     WATCH_S = 20.0
+    MIN_STEPS = 5  # the fewest steps a window is cut to for long steps
 
-    def __init__(self, measure: int | None, warmup: int, profile: int, stop: bool, watch_s: float = WATCH_S) -> None:
+    def __init__(
+        self,
+        measure: int | None,
+        warmup: int,
+        profile: int,
+        stop: bool,
+        watch_s: float = WATCH_S,
+        record_s: float | None = None,
+    ) -> None:
         if warmup < 1:
             raise ValueError("warmup must be >= 1: the first step also holds the script's setup time")
         self.measure, self.warmup, self.profile_steps = measure, warmup, profile
@@ -41,6 +54,8 @@ class StepSchedule:
         self.warmup_extended_by = 0  # steps added to drain a DataLoader's prefetched batches
         self.extends_for_period = True  # False: exactly ``measure`` steps (both sides of a comparison)
         self.watch_s = watch_s
+        self.record_s = record_s
+        self.cut_for_step_s: float | None = None  # the typical warm-up step, where the window was cut for it
 
     @property
     def watches(self) -> bool:
@@ -64,6 +79,23 @@ class StepSchedule:
         self.profile_at += steps
         if self.stop_after is not None:
             self.stop_after += steps
+
+    def fit_window(self, steps: list[StepRecord]) -> None:
+        """As the window opens: fewer measured steps where ``measure`` of the warm-up's steps would take more than
+        ``record_s`` (the first step, which holds the script's set-up, is not read)."""
+        if self.record_s is None or self.measure is None or self.cut_for_step_s is not None or not steps:
+            return
+        step_s = statistics.median(s.duration for s in (steps[1:] or steps))
+        fits = max(self.MIN_STEPS, int(self.record_s / step_s) if step_s > 0 else self.measure)
+        if fits >= self.measure:
+            return
+        self.cut_for_step_s = step_s
+        if self.stop_after is not None:
+            self.stop_after -= self.measure - fits
+        self.profile_at -= self.measure - fits
+        self.measure = fits
+        if self.profile_steps > 1:
+            self.cut_profile(1)
 
     def cut_profile(self, steps: int) -> None:
         """Profile ``steps`` steps (fewer than asked: each would take too many events); the script ends as much
