@@ -36,6 +36,38 @@ def test_warm_up_is_extended_by_the_batches_the_workers_queue_and_the_wait_is_me
     assert report.breakdown.bottleneck == "data_loading"
 
 
+COMPUTE_BOUND = """\
+import time
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+if __name__ == "__main__":
+    data = TensorDataset(torch.randn(4096, 32), torch.randint(0, 4, (4096,)))
+    loader = DataLoader(data, batch_size=16, num_workers=2, prefetch_factor=4)
+    model = nn.Linear(32, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in loader:
+        time.sleep(0.05)  # the step's compute, far longer than a worker's batch
+        loss = nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+"""
+
+
+def test_workers_that_keep_up_with_the_step_are_drained_once_not_again(tmp_path):
+    """A queue the workers fill again while the steps take its batches stays full whatever the warm-up waits:
+    one extension of num_workers x prefetch_factor, no more (each drain would cost as many steps)."""
+    from turbotrain.doctor import DoctorOptions, diagnose_script
+
+    path = tmp_path / "compute_bound.py"
+    path.write_text(COMPUTE_BOUND)
+    report = diagnose_script(path, [], DoctorOptions(steps=4, warmup=2, what_if=False, watch_s=0.0))
+    assert report.warmup_steps - 2 == 2 * 4, report.messages
+
+
 def test_without_the_extension_the_window_opens_on_the_queued_batches(monkeypatch):
     """The cause, shown: the same run measured from the old warm-up reads a fraction of the steady wait."""
     monkeypatch.setattr(Recorder, "_prefetched_batches", lambda self, done: 0)

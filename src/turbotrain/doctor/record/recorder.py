@@ -272,8 +272,10 @@ class Recorder:
             # ready here would be taken without a wait by the window's first steps. One process only: each
             # rank would count its own queue, and ranks whose windows end at different steps leave the others
             # waiting in a collective.
+            # A queue the workers filled again while the steps took as many batches keeps up with the step: the
+            # window will find it full whatever it waits (a compute-bound step), so draining on only costs steps.
             ready = self._ready_batches()
-            if ready:
+            if ready and ready < self._prefetched_batches(done):
                 self._drains += 1
                 schedule.drain_more(ready)
         if done == self.warmup:
