@@ -382,8 +382,9 @@ def _detect(device_type: str, index: int) -> Hardware:
             cpu_cores=cores,
             memory_bytes=props.total_memory,
             capability=cap,
-            # Emulated bf16 (before Ampere) runs, slowly: not "fast".
-            bf16=torch.cuda.is_bf16_supported(including_emulation=False),
+            # Emulated bf16 (before Ampere) runs, slowly: not "fast". torch's check reads the current device, not
+            # this one; ROCm's GPUs all have it.
+            bf16=bool(torch.version.hip) or cap >= (8, 0),
             fp16=cap >= (7, 0),
             tf32=cap >= (8, 0),
             fp8=cap >= (8, 9),

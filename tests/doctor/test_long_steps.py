@@ -26,6 +26,9 @@ def _steps(seconds: list[float]) -> list[StepRecord]:
     ([40.0, 300.0, 300.0], 180.0, 5, 1, 3 + 5 + 1),   # never fewer than five
     ([2.0, 0.05, 0.05], 180.0, 20, 2, 3 + 20 + 2),    # short steps: all twenty
     ([40.0, 30.0, 31.0], None, 20, 2, 3 + 20 + 2),    # no budget: all twenty
+    ([40.0, 60.0, 0.5], 180.0, 20, 2, 3 + 20 + 2),    # one slow warm-up step (a compile) is no long step
+    ([40.0, 30.0, 30.0], float("inf"), 20, 2, 3 + 20 + 2),
+    ([40.0], 180.0, 20, 2, 3 + 20 + 2),                # --warmup 1: only the set-up step, nothing to judge by
 ])
 def test_the_window_is_cut_to_the_steps_that_fit_as_it_opens(warmup_s, record_s, measure, profile, stop_after):
     schedule = StepSchedule(20, 3, 2, True, record_s=record_s)

@@ -69,7 +69,8 @@ def test_until_the_what_if_times_it_the_gain_is_estimated_from_the_matmul_share_
     assert bare.est_speedup is None and bare.severity == "medium"
 
 
-def test_the_probe_times_a_matmul_in_both_dtypes_on_this_cpu():
+def test_a_probe_the_device_cannot_run_gives_no_estimate_rather_than_failing_the_rule():
+    assert slow_mixed_precision._matmul_slowdown("bool", "cpu") is None   # no matmul for bool on a CPU
     assert slow_mixed_precision._matmul_slowdown("bfloat16", "cpu") > 0
 
 
@@ -134,7 +135,28 @@ def test_a_with_ctx_bound_to_autocast_is_followed_to_its_assignment():
     assert new.count("enabled=False") == 2                              # ctx's and evaluate()'s (the same dtype)
 
 
+def test_calls_already_off_and_other_dtypes_are_left_and_positional_enabled_is_turned():
+    text = textwrap.dedent("""\
+        import torch
+        with torch.cuda.amp.autocast(True, torch.bfloat16):
+            y = model(x)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=False):
+            z = model(x)
+        """)
+    new = _rewrite(text, _line(text, "y = model(x)"))
+    assert "torch.cuda.amp.autocast(False, torch.bfloat16):" in new
+    assert new.count("enabled=False") == 1                              # the island of float32 stays as written
+
+
+def test_an_autocast_without_a_dtype_edits_only_the_one_around_the_forward():
+    text = 'import torch\nwith torch.autocast("cpu"):\n    y = model(x)\nwith torch.autocast("cuda"):\n    z = 1\n'
+    new = _rewrite(text, 3)
+    assert 'torch.autocast("cpu", enabled=False)' in new and 'torch.autocast("cuda"):' in new
+
+
 @pytest.mark.parametrize("text, says", [
+    # A framework's own autocast takes no `enabled`: its precision flag is the fix.
+    ("import torch\nwith accelerator.autocast():\n    y = model(x)\n", r"no `with torch\.autocast\(\.\.\.\)` around"),
     ("import torch\n\ndef step(model, x):\n    return model(x)\n", r"no `with torch\.autocast\(\.\.\.\)` around"),
     ("import torch\nuse_amp = True\nwith torch.autocast('cpu', dtype=torch.bfloat16, enabled=use_amp):\n"
      "    y = model(x)\n", "turned on by `enabled=use_amp`"),

@@ -282,10 +282,11 @@ def _messages(recording: Recording, run: ScriptRun | None, ctx: Context | None, 
             "work that recurs between steps"
             + (f" (every {every[0].every} steps)." if every else " (it did not come back within the extension).")
         )
-    if window.cut_for_step_s is not None and window.asked is not None:
+    if window.cut_for_step_s is not None and window.asked is not None and (window.measure or 0) < window.asked:
+        profiled = f" (and {window.profile_steps} profiled)" if window.profile_steps else ""
         out.append(
-            f"Steps of {window.cut_for_step_s:.1f} s: {window.measure} of the {window.asked} asked were measured (and "
-            f"{window.profile_steps} profiled), which fit in --record-budget; --record-budget 0 measures all."
+            f"Steps of {window.cut_for_step_s:.3g} s: {window.measure} of the {window.asked} asked were measured"
+            f"{profiled}, which fit in --record-budget; --record-budget 0 measures all."
         )
     if window.warmup_extended_by:
         out.append(

@@ -83,10 +83,13 @@ class StepSchedule:
     def fit_window(self, steps: list[StepRecord]) -> None:
         """As the window opens: fewer measured steps where ``measure`` of the warm-up's steps would take more than
         ``record_s`` (the first step, which holds the script's set-up, is not read)."""
-        if self.record_s is None or self.measure is None or self.cut_for_step_s is not None or not steps:
+        if self.record_s is None or self.measure is None or self.cut_for_step_s is not None or len(steps) < 2:
             return
-        step_s = statistics.median(s.duration for s in (steps[1:] or steps))
-        fits = max(self.MIN_STEPS, int(self.record_s / step_s) if step_s > 0 else self.measure)
+        # The fastest after the set-up step: one slow warm-up step (a compile, a collection) is no long step.
+        step_s = min(s.duration for s in steps[1:])
+        if step_s * self.measure <= self.record_s:
+            return
+        fits = max(self.MIN_STEPS, int(self.record_s / step_s))
         if fits >= self.measure:
             return
         self.cut_for_step_s = step_s

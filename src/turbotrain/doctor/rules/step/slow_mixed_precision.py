@@ -25,7 +25,7 @@ import torch
 from ....plan import Plan
 from ....speedups.policy import call_text
 from ....speedups.registry import by_field
-from ...cst_tools import callee, code_of, keyword_value, replace, set_keyword
+from ...cst_tools import code_of, dotted, keyword_value, replace, set_keyword
 from ...edits import PRECISION, ByHand, EditSpec
 from ...findings import Finding, Fix, lightning_call, speedup_for_rule
 from ...requests import PlanRequest
@@ -63,26 +63,29 @@ MATMUL_OPS = frozenset(
         "aten::convolution_backward",
     }
 )
-PROBE_N = 256  # the probe's square matmul: large enough to be the matmul kernel's time, not the call's
+PROBE_N = {"cpu": 256, "cuda": 4096}  # large enough to be the matmul kernel's time, not the call's
 
 
-def _matmul_slowdown(dtype: str, device: str) -> float:
+def _matmul_slowdown(dtype: str, device: str) -> float | None:
     """How many times longer an n x n x n matmul takes in ``dtype`` than in float32 here: the fastest of five
-    calls each, three interleaved rounds, the median round."""
-    a = torch.randn(PROBE_N, PROBE_N, device=device)
-    low = a.to(getattr(torch, dtype))
+    calls each, three interleaved rounds, the median round (None where the device cannot run it)."""
+    try:
+        a = torch.randn(PROBE_N[device], PROBE_N[device], device=device)
+        low = a.to(getattr(torch, dtype))
 
-    def fastest(x: torch.Tensor) -> float:
-        best = float("inf")
-        for _ in range(5):
-            start = time.perf_counter()
-            x @ x
-            if device == "cuda":
-                torch.cuda.synchronize()  # the kernel's time, not its launch
-            best = min(best, time.perf_counter() - start)
-        return best
+        def fastest(x: torch.Tensor) -> float:
+            best = float("inf")
+            for _ in range(5):
+                start = time.perf_counter()
+                x @ x
+                if device == "cuda":
+                    torch.cuda.synchronize()  # the kernel's time, not its launch
+                best = min(best, time.perf_counter() - start)
+            return best
 
-    ratios = sorted(fastest(low) / fastest(a) for _ in range(3))
+        ratios = sorted(fastest(low) / fastest(a) for _ in range(3))
+    except RuntimeError:  # a dtype the device has no matmul for: no estimate, the what-if still times the model
+        return None
     return ratios[1]
 
 
@@ -95,14 +98,16 @@ def _estimate(ctx: Context, f: Finding, dtype: str) -> None:
     share = min(1.0, per_step_ms / 1e3 / ctx.step_s) if ctx.step_s > 0 else 0.0
     if share < 0.05:
         return
-    slowdown = _matmul_slowdown(dtype, "cuda" if ctx.on_gpu else "cpu")
-    if slowdown <= 1.0:
+    device = "cuda" if ctx.on_gpu else "cpu"
+    slowdown = _matmul_slowdown(dtype, device)
+    if slowdown is None or slowdown <= 1.0:
         return
     f.set_gain(share * (1.0 - 1.0 / slowdown), measured=False)
+    n = PROBE_N[device]
     f.note = (
         f"Estimated: matmuls and convolutions take {share:.0%} of the step in the profiler window, and a "
-        f"{PROBE_N}x{PROBE_N} matmul ran {slowdown:.1f}x slower in {dtype} than in float32 here; the what-if times "
-        f"float32 on your model where its budget allows. {f.note}"
+        f"{n}x{n} matmul ran {slowdown:.1f}x slower in {dtype} than in float32 here; the what-if times float32 on "
+        f"your model where its budget allows. {f.note}"
     )
 
 
@@ -160,13 +165,29 @@ def edit(ctx: Context, f: Finding) -> EditSpec:
     )
 
 
+# torch's autocast entry points and where each takes ``enabled`` and ``dtype`` positionally. A framework's own
+# ``accelerator.autocast()``/``fabric.autocast()`` takes neither: its precision flag is the fix there.
+_POSITIONS = {
+    "torch.autocast": (2, 1),
+    "torch.amp.autocast": (2, 1),
+    "amp.autocast": (2, 1),
+    "autocast": (
+        2,
+        1,
+    ),  # from torch import autocast (torch.cuda.amp's takes enabled first: positional ones are refused)
+    "torch.cuda.amp.autocast": (0, 1),
+    "torch.cpu.amp.autocast": (0, 1),
+}
+
+
 def _autocast_calls(node: cst.CSTNode) -> list[cst.Call]:
-    """The ``*.autocast(...)`` calls in ``node`` (``torch.autocast``, ``torch.amp.autocast``, ``torch.cuda.amp...``)."""
+    """torch's autocast calls in ``node`` (``torch.autocast``, ``torch.amp.autocast``, ``torch.cuda.amp.autocast``,
+    a bare imported ``autocast``)."""
     found: list[cst.Call] = []
 
     class _Calls(cst.CSTVisitor):
         def visit_Call(self, call: cst.Call) -> None:
-            if callee(call) == "autocast":
+            if dotted(call.func) in _POSITIONS:
                 found.append(call)
 
     node.visit(_Calls())
@@ -180,6 +201,9 @@ def _bound_to(source: Source, name: str) -> list[cst.Call]:
     for node in source.nodes(cst.Assign):
         if any(isinstance(t.target, cst.Name) and t.target.value == name for t in node.targets):
             calls += _autocast_calls(node.value)
+    for ann in source.nodes(cst.AnnAssign):
+        if isinstance(ann.target, cst.Name) and ann.target.value == name and ann.value is not None:
+            calls += _autocast_calls(ann.value)
     return calls
 
 
@@ -191,31 +215,44 @@ def _around(source: Source, req: EditRequest) -> list[cst.Call]:
             continue
         for item in node.items:
             value = item.item
-            calls = _autocast_calls(value) if isinstance(value, cst.Call) else []
-            if isinstance(value, cst.Name):
-                calls = _bound_to(source, value.value)
+            calls = _bound_to(source, value.value) if isinstance(value, cst.Name) else _autocast_calls(value)
             if calls:
                 return calls
     return []
 
 
+def _positional(call: cst.Call) -> list[cst.Arg]:
+    return [a for a in call.args if a.keyword is None and not a.star]
+
+
 def _dtype_of(call: cst.Call) -> str | None:
     arg = keyword_value(call, "dtype")
+    if arg is None:
+        at = _POSITIONS[dotted(call.func)][1]
+        args = _positional(call)
+        arg = args[at] if len(args) > at else None
     return code_of(arg.value) if arg is not None else None
+
+
+def _off_already(call: cst.Call) -> bool:
+    enabled = keyword_value(call, "enabled")
+    return enabled is not None and code_of(enabled.value) == "False"
 
 
 def rewrite(source: Source, req: EditRequest) -> str:
     """``enabled=False`` on the autocast the training forward runs under, and on every other autocast call of the
-    file written with the same ``dtype=`` (the same device, the same slow units)."""
+    file written with the same ``dtype=`` (the same device, the same slow units); calls already off are left."""
     around = _around(source, req)
     if not around:
         raise ByHand(
-            f"{req.where}: no `with torch.autocast(...)` around the forward in this file (a framework or a helper "
-            "turns it on); switch it off there (float32 / precision='32-true')"
+            f"{req.where}: no `with torch.autocast(...)` around the forward in this file (a framework's precision "
+            "setting, a decorator or a caller turns it on); switch it off there (float32 / precision='32-true')"
         )
     dtypes = {_dtype_of(c) for c in around}
-    likes = [c for c in _autocast_calls(source.module) if _dtype_of(c) in dtypes]
-    calls = list({id(c): c for c in [*around, *likes]}.values())
+    # A dtype left to the device's default says nothing of which other calls share it: only those around.
+    likes = [c for c in _autocast_calls(source.module) if _dtype_of(c) in dtypes] if None not in dtypes else []
+    calls = [c for c in {id(c): c for c in [*around, *likes]}.values() if not _off_already(c)]
+    where = f"{source.name}:{req.line}"
     for call in calls:
         enabled = keyword_value(call, "enabled")
         if enabled is not None and code_of(enabled.value) != "True":
@@ -223,11 +260,19 @@ def rewrite(source: Source, req: EditRequest) -> str:
                 f"{source.name}:{source.lines(call)[0]}: autocast is turned on by `enabled={code_of(enabled.value)}`; "
                 "turn that off on this machine"
             )
-    where = f"{source.name}:{req.line}"
+        name = dotted(call.func)
+        if name == "autocast" and len(_positional(call)) > 1:
+            raise ByHand(
+                f"{source.name}:{source.lines(call)[0]}: `autocast` takes positional arguments here, and which "
+                "autocast it is (torch's or torch.cuda.amp's) decides what they mean; add enabled=False by hand"
+            )
 
     def off(node: cst.CSTNode) -> cst.Call:
-        return set_keyword(cast(cst.Call, node), "enabled", "False", where=where)
+        call = cast(cst.Call, node)
+        return set_keyword(call, "enabled", "False", _POSITIONS[dotted(call.func)][0], where)
 
+    if not calls:
+        raise ByHand(f"{where}: the autocast around the forward is already off (enabled=False)")
     return replace(source, {call: off for call in calls})
 
 
