@@ -177,6 +177,25 @@ def test_one_thread_and_no_workers_on_a_busy_machine_has_nothing_to_reduce():
     assert recommended(ctx)[2] == 1  # two threads on the same machine: fit to one
 
 
+def test_workers_idle_behind_a_full_queue_take_no_core_from_the_threads():
+    """Four workers on two cores beside two torch threads: where the window saw them busy, the count is the fix;
+    where they sat idle (a long compute-bound step the queue stays ahead of), there is nothing to take back."""
+    from types import SimpleNamespace
+
+    from turbotrain.doctor.analysis.machine import MachineFacts
+    from turbotrain.doctor.rules.machine.cpu_oversubscribed import recommended
+
+    loader = SimpleNamespace(settings={"num_workers": 4})
+    busy = MachineFacts(usable_cores=2, intra_op_threads=2, other_load=0.0, worker_load=1.1)
+    ctx = SimpleNamespace(on_gpu=False, main_loader=loader, machine=busy)
+    assert recommended(ctx) is not None
+    for idle in (0.0, 0.1):
+        ctx.machine = dataclasses.replace(busy, worker_load=idle)
+        assert recommended(ctx) is None, idle
+    ctx.machine = dataclasses.replace(busy, worker_load=None)  # not measured: the count decides
+    assert recommended(ctx) is not None
+
+
 def test_the_thread_fix_applies_to_the_evaluation_forwards_between_steps_too():
     """A GCN-like loop spends 90% of each step in evaluation forwards (no_grad) outside the captured step: a thread
     count speeds those as much as the training step, so the measured ratio applies to nearly the whole step."""

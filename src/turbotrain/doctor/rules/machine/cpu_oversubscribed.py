@@ -71,7 +71,9 @@ def recommended(ctx: Context) -> tuple[int, int, int, int, float] | None:
     record = ctx.main_loader
     workers = record.settings.get("num_workers", 0) if record is not None else 0
     others = m.other_load or 0.0
-    if threads <= usable - others + BACKGROUND_CORES and threads + workers <= usable:
+    # Workers that sat idle over the window (a queue kept full ahead of a long step) take no core from the threads.
+    idle = m.worker_load is not None and m.worker_load < BACKGROUND_CORES
+    if threads <= usable - others + BACKGROUND_CORES and (idle or threads + workers <= usable):
         return None
     k, w = fit_to_cores(free_cores(usable, others), workers, threads)
     if (k, w or 0) == (threads, workers):
