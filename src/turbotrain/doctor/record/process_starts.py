@@ -14,7 +14,7 @@ from . import active
 from .patcher import Patcher
 from ..sites import is_user_file, user_site
 
-__all__ = ["KIND", "install", "is_user_function", "spawned_rank"]
+__all__ = ["KIND", "install", "spawned_rank"]
 
 KIND = "process_start"
 _SPAWN = "torch.multiprocessing.spawn"  # the module of the wrapper its processes run
@@ -27,10 +27,10 @@ def _user_function(process: Any) -> Any:
     if getattr(target, "__module__", None) == _SPAWN:
         args = getattr(process, "_args", ())
         target = args[0] if args else None
-    return target if is_user_function(target) else None
+    return target if _is_user_function(target) else None
 
 
-def is_user_function(target: Any) -> bool:
+def _is_user_function(target: Any) -> bool:
     code = getattr(target, "__code__", None)
     return code is not None and is_user_file(code.co_filename)
 
@@ -43,7 +43,7 @@ def spawned_rank(process: Any) -> tuple[Callable, int] | None:
     if getattr(target, "__module__", None) != _SPAWN or getattr(target, "__name__", None) != "_wrap" or len(args) < 2:
         return None
     fn, index = args[0], args[1]
-    return (fn, index) if is_user_function(fn) and isinstance(index, int) else None
+    return (fn, index) if _is_user_function(fn) and isinstance(index, int) else None
 
 
 def _start(original: Callable) -> Callable:
