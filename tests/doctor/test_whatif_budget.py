@@ -43,3 +43,28 @@ def test_a_trial_the_budget_refused_or_never_reached_says_so_and_the_others_do_n
                           "`--what-if-budget 11` gives it room.")
     assert declined.note == "declined." and spent.note == "spent."  # ran, and said nothing of the budget
     assert "Not timed" not in answered.note and "said by the trial." in answered.note
+
+
+def test_a_trial_step_of_a_step_that_accumulates_is_budgeted_as_one_micro_batch(monkeypatch):
+    """A trial steps one captured micro-batch at a time: where the script accumulates 4 before its optimizer step,
+    a trial step costs a quarter of the step's compute, not all of it (the budget would refuse trials that fit,
+    and they would run the fewest steps)."""
+    import torch
+
+    from turbotrain.doctor.whatif import common
+    from turbotrain.doctor.whatif.common import ModelTrials
+    from turbotrain.plan import Plan
+
+    monkeypatch.setattr(common, "optimizer_recipe", lambda ctx: (torch.optim.SGD, {"lr": 0.1}))
+    monkeypatch.setattr(common, "baseline_plan", lambda ctx: Plan())
+    seconds = {"compute": 0.4, "python_overhead": 0.04, "optimizer": 0.01}
+
+    def ctx(backwards: float) -> SimpleNamespace:
+        capture = SimpleNamespace(module=torch.nn.Linear(2, 2), args=(), kwargs={})
+        return SimpleNamespace(capture=capture, seconds=seconds.get, backwards_per_step=lambda: backwards)
+
+    whole, accumulated = ModelTrials(ctx(1.0), None), ModelTrials(ctx(4.0), None)
+    assert whole.model_s == pytest.approx(0.45)
+    assert accumulated.model_s == pytest.approx(0.44 / 4 + 0.01)
+    assert accumulated.cost < whole.cost / 2
+    assert ModelTrials(ctx(0.0), None).model_s == pytest.approx(0.45)  # no backward seen: the whole step

@@ -68,6 +68,19 @@ def test_workers_that_keep_up_with_the_step_are_drained_once_not_again(tmp_path)
     assert report.warmup_steps - 2 == 2 * 4, report.messages
 
 
+def test_each_loader_s_queue_is_judged_against_its_own_capacity():
+    """Two loaders: a small one (1 worker x 2) full again and a large one (4 x 2) still holding 5 of 8: the large one
+    is drained 5 steps more. Compared as the most ready against the largest capacity, 5 < 8 as well, but a full small
+    queue beside an empty large one (2 < 8) would have drained again for nothing."""
+    from turbotrain.doctor.record.recorder import still_draining
+
+    assert still_draining([(2, 2), (5, 8)]) == 5
+    assert still_draining([(2, 2), (0, 8)]) == 0  # the small one keeps up, the large one is drained
+    assert still_draining([(8, 8)]) == 0  # full again: the workers keep up with the step
+    assert still_draining([(3, 8), (1, 2)]) == 3
+    assert still_draining([]) == 0
+
+
 def test_without_the_extension_the_window_opens_on_the_queued_batches(monkeypatch):
     """The cause, shown: the same run measured from the old warm-up reads a fraction of the steady wait."""
     monkeypatch.setattr(Recorder, "_prefetched_batches", lambda self, done: 0)

@@ -73,6 +73,14 @@ def _nothing() -> None:
     """What puts back a limit that was not lifted."""
 
 
+def still_draining(queues: list[tuple[int, int]]) -> int:
+    """Steps more to drain the loaders' queues ((ready, capacity) each): the most any queue still holds, counting
+    only queues the steps have partly drained. A queue full again keeps up with the step (the window finds it full
+    whatever it waits); an empty one is drained. Each loader against its own capacity: a small loader's full queue
+    is not a large one's partial one."""
+    return max((ready for ready, capacity in queues if 0 < ready < capacity), default=0)
+
+
 class Recorder:
     """Installs the hooks; ``steps`` holds one :class:`StepRecord` per completed optimizer step.
 
@@ -274,8 +282,8 @@ class Recorder:
             # waiting in a collective.
             # A queue the workers filled again while the steps took as many batches keeps up with the step: the
             # window will find it full whatever it waits (a compute-bound step), so draining on only costs steps.
-            ready = self._ready_batches()
-            if ready and ready < self._prefetched_batches(done):
+            ready = still_draining(self._worker_queues(done))
+            if ready:
                 self._drains += 1
                 schedule.drain_more(ready)
         if done == self.warmup:
@@ -389,26 +397,26 @@ class Recorder:
         Workers fill that queue while they start and while the first steps run; a window opening on a full
         queue takes its first batches without waiting, and a data-bound step reads as faster and less
         data-bound than it is. Warm-up is extended by as many steps, which a data-bound loop needs to drain it."""
-        queued = 0
+        return max((capacity for _, capacity in self._worker_queues(done)), default=0)
+
+    def _worker_queues(self, done: int) -> list[tuple[int, int]]:
+        """(batches ready now, batches the queue holds) of each DataLoader with workers read in the first ``done``
+        steps; ready is 0 where torch does not say."""
+        queues = []
         for record in self.tallies.loaders.values():
             workers = record.settings.get("num_workers") or 0
-            if workers and any(step < done for step in record.nexts.by_step):
-                queued = max(queued, workers * (record.settings.get("prefetch_factor") or 2))
-        return queued
-
-    def _ready_batches(self) -> int:
-        """Batches the workers of the loaders being read hold ready now (0 where torch does not say)."""
-        ready = 0
-        for record in self.tallies.loaders.values():
+            if not workers or not any(step < done for step in record.nexts.by_step):
+                continue
+            capacity = workers * (record.settings.get("prefetch_factor") or 2)
             it = record.iterator() if record.iterator is not None else None
             try:
                 # The iterator's private queue and task table: torch offers no public count of ready batches.
                 queued = it._data_queue.qsize() if it is not None else 0
                 early = sum(1 for task in it._task_info.values() if len(task) == 2) if it is not None else 0
             except (AttributeError, NotImplementedError):  # not a worker iterator; qsize() on macOS
-                continue
-            ready = max(ready, queued + early)
-        return ready
+                queued = early = 0
+            queues.append((queued + early, capacity))
+        return queues
 
     @property
     def profiler(self) -> Any:

@@ -126,7 +126,11 @@ class ModelTrials:
         cls, settings = self.optimizer
         self.optimizer_fn = lambda params: cls(params, **settings)
         self.base_plan = baseline_plan(ctx)
-        self.model_s = max(1e-4, ctx.seconds("compute") + ctx.seconds("optimizer") + ctx.seconds("python_overhead"))
+        # A trial step is one forward and backward of the captured batch: a step that accumulates k of them before
+        # its optimizer step holds k trial steps of compute.
+        passes = max(1.0, ctx.backwards_per_step())
+        model_s = (ctx.seconds("compute") + ctx.seconds("python_overhead")) / passes + ctx.seconds("optimizer")
+        self.model_s = max(1e-4, model_s)
         # At least TRIAL_S of steps a trial (up to MAX_TRIAL_STEPS): a few very short steps misread a switch's gain.
         self.steps = int(min(MAX_TRIAL_STEPS, max(3, min(10, 0.8 / self.model_s), TRIAL_S / self.model_s)))
         self.warmup = 2
