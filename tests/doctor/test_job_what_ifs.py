@@ -517,6 +517,38 @@ def test_autocast_wraps_every_ddp_call_and_counts_the_training_forwards(one_rank
     assert APPLIED[key] - before == 1  # what the rank's result reports: the fix ran
 
 
+def test_autocast_off_disables_the_script_s_autocasts_in_that_dtype_and_counts_them():
+    """The slow-mixed-precision fix on every rank: the script's own autocasts in bfloat16 (given, by default, or
+    through torch.cpu.amp's) run in float32; one in another dtype, and one already off, are left alone."""
+    from turbotrain.doctor.apply.change import APPLIED
+
+    key = "autocasts in bfloat16 turned off"
+    before = APPLIED[key]
+    layer, x = nn.Linear(8, 4), torch.randn(2, 8)
+    patcher = apply_change(RankChange(autocast_off="bfloat16"))
+    try:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert layer(x).dtype == torch.float32
+        with torch.autocast("cpu"):  # the CPU's default autocast dtype is bfloat16
+            assert layer(x).dtype == torch.float32
+        with pytest.warns(FutureWarning):  # torch's deprecated spelling, which scripts still use
+            legacy = torch.cpu.amp.autocast()
+        with legacy:
+            assert layer(x).dtype == torch.float32
+        with torch.autocast("cpu", torch.bfloat16, False):  # off already, by position: not counted
+            assert layer(x).dtype == torch.float32
+        with torch.autocast("cpu", dtype=torch.float16):  # another dtype: as the script wrote it
+            assert layer(x).dtype == torch.float16
+    finally:
+        patcher.restore()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert layer(x).dtype == torch.bfloat16
+    assert APPLIED[key] - before == 3
+    assert "enabled=False" in RankChange(autocast_off="bfloat16").describe()
+    with pytest.raises(ValueError, match="autocast_off"):
+        RankChange(autocast_off="float32")
+
+
 def test_mixed_precision_on_a_job_is_asked_of_every_rank():
     """On a job the model is in the ranks, not the doctor: bf16 is timed as autocast on every rank, where this
     CPU has bf16 at all (hardware facts, not speed)."""

@@ -58,6 +58,17 @@ def test_autocast_without_fast_units_is_named_and_float32_is_timed_against_it(tm
     assert "float16" in f16.message and f16.fix.hf_trainer == "TrainingArguments(fp16=False)"
 
 
+def test_on_a_job_float32_is_timed_with_every_rank_s_autocasts_off(tmp_path):
+    """The ranks' model is not in the doctor's process: the job what-if turns the dtype's autocasts off on each rank."""
+    from turbotrain.doctor.rank_change import RankChange
+    from turbotrain.doctor.requests import JobRequest
+
+    ctx = _context(tmp_path)
+    ctx.model, ctx.recording.job = None, ("rank 0", "rank 1")
+    [f] = evaluate(ctx, only=["slow-mixed-precision"])
+    assert isinstance(f.request, JobRequest) and f.request.change == RankChange(autocast_off="bfloat16")
+
+
 def test_until_the_what_if_times_it_the_gain_is_estimated_from_the_matmul_share_and_a_probe(tmp_path, monkeypatch):
     # 24 of the step's 32 ms in matmuls, which the probe finds 4x slower in bf16: 24 * 3/4 = 18 ms saved of 32.
     monkeypatch.setattr(slow_mixed_precision, "_matmul_slowdown", lambda dtype, device: 4.0)

@@ -23,6 +23,7 @@ class RankChange:
     ddp: dict[str, Any] = field(default_factory=dict)  # keyword arguments forced on every DistributedDataParallel
     sync_every: int | None = None  # one gradient sync (DDP or FSDP) per this many backward passes
     autocast: str | None = None  # "bfloat16": every DistributedDataParallel forward under torch.autocast
+    autocast_off: str | None = None  # "bfloat16"/"float16": every torch.autocast in that dtype built disabled
     save_every: int | None = None  # torch.save writes on one call in this many (the others return at once)
     save_at: str | None = None  # "file:line": only the torch.save calls from this user line (None: every call)
     branch_every: int | None = None  # the ``if`` at branch_at runs its body on one in this many passes it allows
@@ -48,6 +49,8 @@ class RankChange:
             raise ValueError(f"RankChange.loader_workers must be 1 or more, not {self.loader_workers}")
         if self.autocast not in (None, "bfloat16", "float16"):
             raise ValueError(f"RankChange.autocast must be 'bfloat16' or 'float16', not {self.autocast!r}")
+        if self.autocast_off not in (None, "bfloat16", "float16"):
+            raise ValueError(f"RankChange.autocast_off must be 'bfloat16' or 'float16', not {self.autocast_off!r}")
 
     @property
     def changes_cadence(self) -> bool:
@@ -69,6 +72,8 @@ class RankChange:
             )
         if self.autocast is not None:
             parts.append(f"torch.autocast(dtype=torch.{self.autocast}) around the model's forward")
+        if self.autocast_off is not None:
+            parts.append(f"torch.autocast(..., dtype=torch.{self.autocast_off}, enabled=False)")
         if self.save_every is not None:
             where = f" at {os.path.basename(self.save_at)}" if self.save_at else ""
             parts.append(f"torch.save{where} on one call in {self.save_every}")

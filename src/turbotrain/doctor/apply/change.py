@@ -38,6 +38,8 @@ def apply_change(change: RankChange) -> Patcher:
         _force_fsdp_keywords(patcher, change.fsdp)
     if change.sync_every is not None:
         sync_every(patcher, change.sync_every)
+    if change.autocast_off is not None:
+        _autocast_off(patcher, change.autocast_off)
     if change.ddp or change.autocast is not None:
         from torch.nn.parallel import DistributedDataParallel
 
@@ -165,6 +167,25 @@ def _thin_saves(patcher: Patcher, every: int, at: str | None) -> None:
         return save_
 
     patcher.replace(torch, "save", thinned)
+
+
+def _autocast_off(patcher: Patcher, dtype: str) -> None:
+    """Every ``torch.autocast`` (``torch.amp.autocast``, the device-specific ones built on it) in ``dtype`` is built
+    disabled, as ``enabled=False`` on the script's calls would; those in another dtype stay as they are."""
+    import torch
+    from torch.amp.autocast_mode import autocast
+
+    off = getattr(torch, dtype)
+
+    def disabled(arguments: dict[str, Any]) -> dict[str, Any]:
+        # No dtype given: the device's default autocast dtype (bfloat16 on the CPU, float16 on CUDA).
+        chosen = arguments.get("dtype") or torch.get_autocast_dtype(arguments["device_type"])
+        if chosen != off or not arguments.get("enabled", True):
+            return {}
+        APPLIED[f"autocasts in {dtype} turned off"] += 1
+        return {"enabled": False}
+
+    patcher.replace(autocast, "__init__", lambda init: _with_keywords(init, disabled))
 
 
 def _under_autocast(call: Callable[..., Any], dtype: str) -> Callable[..., Any]:

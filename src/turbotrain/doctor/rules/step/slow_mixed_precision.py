@@ -28,7 +28,8 @@ from ....speedups.registry import by_field
 from ...cst_tools import code_of, dotted, keyword_value, replace, set_keyword
 from ...edits import PRECISION, ByHand, EditSpec
 from ...findings import Finding, Fix, lightning_call, speedup_for_rule
-from ...requests import PlanRequest
+from ...rank_change import RankChange
+from ...requests import JobRequest, PlanRequest
 from ..common import on_a_job
 from ..rule import Detect, Rule, register
 
@@ -120,7 +121,7 @@ def _units(ctx: Context, dtype: str) -> str:
 
 
 def slow_mixed_precision(ctx: Context) -> Iterator[Finding]:
-    job = on_a_job(ctx)  # the ranks' model is not in this process: named, not timed
+    job = on_a_job(ctx)  # the ranks' model is not in this process: timed with every rank's autocasts off
     if ctx.model is None and not job:
         return
     dtype = _slow_dtype(ctx)
@@ -144,7 +145,7 @@ def slow_mixed_precision(ctx: Context) -> Iterator[Finding]:
             fabric=call_text("Fabric", by_field("precision").export.lightning_flags(fp32)),
             hf_trainer=call_text("TrainingArguments", {"bf16" if dtype == "bfloat16" else "fp16": False}),
         ),
-        request=None if job else PlanRequest({"precision": "fp32"}),
+        request=JobRequest(RankChange(autocast_off=dtype)) if job else PlanRequest({"precision": "fp32"}),
     )
     f.provisional("medium")
     f.note = (
