@@ -312,6 +312,74 @@ def test_dropout_on_the_weights_becomes_sdpas_dropout_p(dropout, argument):
     assert not [line for line in new.splitlines() if line.strip().startswith("att")], new  # the old lines gone
 
 
+CAUSAL_BUFFER = """
+    import math
+    import torch
+    import torch.nn as nn
+    from torch.nn import functional as F
+
+    class SelfAttention(nn.Module):
+        def __init__(self, n):
+            super().__init__()
+            self.register_buffer("bias", {made})
+
+        def forward(self, q, k, v):
+            T = q.size(-2)
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+            att = att.masked_fill({mask}, float("-inf"))
+            att = F.softmax(att, dim=-1)  # here
+            return att @ v
+"""
+
+
+@pytest.mark.parametrize("made, mask", [
+    ("torch.tril(torch.ones(n, n)).view(1, 1, n, n)", "self.bias[:, :, :T, :T] == 0"),  # nanoGPT, minGPT, makemore
+    ("torch.ones(n, n).tril()", "self.bias[:T, :T] == 0"),
+    ("torch.triu(torch.ones(n, n), diagonal=1)", "self.bias.bool()[:T, :T]"),  # LLMs-from-scratch's buffer
+])
+def test_a_causal_buffer_s_corner_becomes_is_causal(tmp_path, made, mask):
+    """The lower-triangular buffer read off ``== 0`` (or the strictly upper one read as it is) hides each query's
+    later keys: SDPA's is_causal=True, which lets a flash kernel run where an explicit mask does not."""
+    source = CAUSAL_BUFFER.format(made=made, mask=mask)
+    new = edit(source, "sdpa")
+    assert changed(source, new) == [
+        "return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=(1.0 / math.sqrt(k.size(-1))))"]
+    # The same attention, run: 5 queries of a buffer made for 8.
+    import runpy
+
+    import torch
+
+    q, k, v = torch.randn(3, 2, 2, 5, 4).unbind(0)
+    outputs = []
+    for name, text in (("before.py", source), ("after.py", new)):
+        (tmp_path / name).write_text(textwrap.dedent(text))
+        outputs.append(runpy.run_path(str(tmp_path / name))["SelfAttention"](8)(q, k, v))
+    torch.testing.assert_close(outputs[1], outputs[0])
+
+
+@pytest.mark.parametrize("made, mask", [
+    ("torch.tril(torch.ones(n, n)).view(1, 1, n, n)", "self.bias[:, :, :T, :S] == 0"),  # not the same length
+    ("torch.tril(torch.ones(n, n)).view(1, 1, n, n)", "self.bias[:, :, 1:T, :T] == 0"),  # not from the corner
+    ("torch.tril(torch.ones(n, n)).view(1, 1, n, n)", "self.bias[:, :, :T, :T] == 1"),  # the keys before, hidden
+    ("torch.tril(torch.ones(n, n), -1)", "self.bias[:T, :T] == 0"),  # the diagonal hidden too
+    ("torch.triu(torch.ones(n, n), diagonal=1)", "self.bias[:T, :T] == 0"),  # the lower triangle hidden
+    ("torch.tril(torch.ones(n, m))", "self.bias[:T, :T] == 0"),  # not square
+    ("mask", "self.bias[:T, :T] == 0"),  # made elsewhere
+])
+def test_any_other_buffer_mask_stays_a_mask(made, mask):
+    source = CAUSAL_BUFFER.format(made=made, mask=mask)
+    new = edit(source, "sdpa")
+    assert "is_causal" not in new and ".logical_not()" in new, new
+
+
+def test_a_buffer_name_made_two_ways_in_the_file_stays_a_mask():
+    """Another class's ``self.bias`` (a parameter, here) could be the one the forward reads: kept explicit."""
+    source = CAUSAL_BUFFER.format(made="torch.tril(torch.ones(n, n))", mask="self.bias[:T, :T] == 0")
+    source += "\n    class Affine(nn.Module):\n        def __init__(self, n):\n"
+    source += "            self.bias = nn.Parameter(torch.zeros(n))\n"
+    assert "is_causal" not in edit(source, "sdpa")
+
+
 def test_a_dropout_modules_kind_is_read_from_the_model_and_a_compound_p_stays_one_operand():
     source = MINGPT_ATTENTION.format(dropout="att = self.attn_dropout(att)")
     # The captured model's dropout modules, by attribute name: the call is taken for dropout by what it is.

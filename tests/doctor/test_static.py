@@ -192,3 +192,22 @@ def test_attention_dropout_on_the_weights_means_the_losses_are_not_compared(tmp_
     """)
     [f] = evaluate(ctx, only=["manual-attention"])
     assert edit(ctx, f).numerics == numerics
+
+
+@pytest.mark.parametrize("made, causal", [
+    ("torch.tril(torch.ones(n, n)).view(1, 1, n, n)", True),  # nanoGPT's buffer: timed with a causal mask
+    ("torch.zeros(n)", False),
+])
+def test_attention_that_reads_a_triangular_buffer_is_timed_causal(tmp_path, made, causal):
+    ctx = context_for(tmp_path, f"""
+        class Attention:
+            def __init__(self, n):
+                self.register_buffer("bias", {made})
+
+            def forward(self, q, k, v):
+                T = q.size(-2)
+                w = (q @ k.transpose(-2, -1)).masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf"))
+                return w.softmax(-1) @ v
+    """)
+    [f] = evaluate(ctx, only=["manual-attention"])
+    assert f.request.causal is causal

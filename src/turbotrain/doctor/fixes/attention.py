@@ -3,7 +3,8 @@
 Recognised: ``softmax((q @ k.transpose(-2, -1)) * scale [masked], dim=-1) @ v``, the pieces written in one
 expression or through assignments in the same block (``scores = ...``; ``scores = scores.masked_fill(mask,
 float("-inf"))``; ``weights = scores.softmax(-1)``; ``weights @ v``). The scale is kept (``scale=`` unless it
-is SDPA's own ``1/sqrt(head dim)``); a ``triu(1)`` mask of ones over ``(t, t)`` becomes ``is_causal=True``,
+is SDPA's own ``1/sqrt(head dim)``); a ``triu(1)`` mask of ones over ``(t, t)``, or the top-left corner of a
+buffer of ones made causal (nanoGPT's ``self.bias[:, :, :T, :T] == 0`` over ``tril``), becomes ``is_causal=True``,
 any other boolean mask ``attn_mask=mask.logical_not()``, an added mask ``attn_mask=mask``; dropout on the
 weights becomes ``dropout_p``: a dropout module's ``p`` while that module is training (``self.attn_dropout(att)``),
 ``F.dropout``'s ``p`` under its ``training``. Anything else (weights used elsewhere, a transpose whose dims the code
@@ -190,29 +191,30 @@ def _argument(call: cst.Call, position: int, keyword: str, default: str) -> str:
     return default
 
 
-def _mask(chain: _Chain, expr: cst.BaseExpression) -> tuple[cst.BaseExpression, str]:
+def _mask(source: Source, chain: _Chain, expr: cst.BaseExpression) -> tuple[cst.BaseExpression, str]:
     """``(scores, mask argument)`` of a masked score matrix; the mask argument is '' for none."""
     expr = chain.resolve(expr)
     if isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and expr.func.attr.value == "masked_fill":
         if len(expr.args) != 2 or code_of(expr.args[1].value).replace(" ", "") not in _NEG_INF:
             raise _NoMatch("the scores are filled with something else than -inf")
         mask = expr.args[0].value
-        return expr.func.value, _mask_argument(chain, mask)
+        return expr.func.value, _mask_argument(source, chain, mask)
     if isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.Add):
         return expr.left, f", attn_mask={code_of(expr.right)}"
     return expr, ""
 
 
-def _mask_argument(chain: _Chain, mask: cst.BaseExpression) -> str:
-    """``is_causal=True`` for ``ones(t, t).triu(1)``; otherwise the mask, negated (SDPA's True means attend)."""
+def _mask_argument(source: Source, chain: _Chain, mask: cst.BaseExpression) -> str:
+    """``is_causal=True`` for ``ones(t, t).triu(1)`` or a causal buffer's top-left corner; otherwise the mask,
+    negated (SDPA's True means attend)."""
     resolved = mask
     if isinstance(mask, cst.Name):
         probe = chain.probe()
         resolved = probe.resolve(mask)
-        if probe.used and _causal(resolved):
+        if probe.used and (_causal(resolved) or _causal_buffer(source, resolved)):
             chain.used.extend(probe.used)  # the mask's line goes too; the scores are still looked up from here
             return ", is_causal=True"
-    if _causal(resolved):
+    if _causal(resolved) or _causal_buffer(source, resolved):
         return ", is_causal=True"
     text = code_of(mask)
     if not isinstance(mask, (cst.Name, cst.Attribute, cst.Call, cst.Subscript)):
@@ -229,18 +231,112 @@ def _causal(expr: cst.BaseExpression) -> bool:
         and not expr.args
     ):
         expr = expr.func.value
+    parts = _triangle(expr, "triu")
+    return parts is not None and parts[1] == ["1"] and _square_ones(parts[0])
+
+
+def _triangle(expr: cst.BaseExpression, kind: str) -> tuple[cst.BaseExpression, list[str]] | None:
+    """``(x, [diagonal])`` of ``torch.<kind>(x, diagonal)`` or ``x.<kind>(diagonal)`` (kind: triu or tril)."""
     if not isinstance(expr, cst.Call):
+        return None
+    if isinstance(expr.func, cst.Attribute) and expr.func.attr.value == kind and dotted(expr.func) != f"torch.{kind}":
+        return expr.func.value, _args(expr)
+    if dotted(expr.func) == f"torch.{kind}" and expr.args:
+        return expr.args[0].value, _args(expr)[1:]
+    return None
+
+
+def _square_ones(expr: cst.BaseExpression) -> bool:
+    """``torch.ones(n, n, ...)``."""
+    if not isinstance(expr, cst.Call) or dotted(expr.func).split(".")[-1] != "ones":
         return False
-    if isinstance(expr.func, cst.Attribute) and expr.func.attr.value == "triu" and dotted(expr.func) != "torch.triu":
-        ones, rest = expr.func.value, _args(expr)
-    elif dotted(expr.func) == "torch.triu" and expr.args:
-        ones, rest = expr.args[0].value, _args(expr)[1:]
-    else:
-        return False
-    if rest != ["1"] or not isinstance(ones, cst.Call) or dotted(ones.func).split(".")[-1] != "ones":
-        return False
-    dims = [a for a in ones.args if a.keyword is None]
+    dims = [a for a in expr.args if a.keyword is None]
     return len(dims) == 2 and code_of(dims[0].value) == code_of(dims[1].value)
+
+
+def _causal_buffer(source: Source, mask: cst.BaseExpression) -> bool:
+    """The mask nanoGPT, minGPT and their copies write: a buffer of ones over (n, n) made lower-triangular
+    (``register_buffer("bias", torch.tril(torch.ones(n, n)).view(1, 1, n, n))``), its top-left ``[:t, :t]`` compared
+    ``== 0``; or made strictly upper-triangular (``torch.triu(torch.ones(n, n), diagonal=1)``), its corner taken as
+    it is (``self.mask.bool()[:t, :t]``). Either hides the keys after each query: SDPA's ``is_causal=True``."""
+    lower = isinstance(mask, cst.Comparison)
+    if lower:
+        comparison = cast(cst.Comparison, mask)
+        if len(comparison.comparisons) != 1 or not isinstance(comparison.comparisons[0].operator, cst.Equal):
+            return False
+        if code_of(comparison.comparisons[0].comparator) not in ("0", "0.0", "False"):
+            return False
+        mask = comparison.left
+    name = _buffer_corner(mask)
+    if name is None:
+        return False
+    made = _buffers(source).get(name, [])
+    return bool(made) and all((_lower_ones(e) if lower else _causal(e)) for e in made)
+
+
+def _buffer_corner(expr: cst.BaseExpression) -> str | None:
+    """``NAME`` of ``self.NAME`` read whole or as its top-left corner (``[:, :, :t, :t]``, ``.bool()`` on either
+    side); None for anything else."""
+    while True:
+        if isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and expr.func.attr.value == "bool":
+            if expr.args:
+                return None
+            expr = expr.func.value
+        elif isinstance(expr, cst.Subscript):
+            if not _top_left(expr):
+                return None
+            expr = expr.value
+        else:
+            break
+    if isinstance(expr, cst.Attribute) and isinstance(expr.value, cst.Name) and expr.value.value == "self":
+        return expr.attr.value
+    return None
+
+
+def _top_left(subscript: cst.Subscript) -> bool:
+    """``[:, ..., :t, :t]``: whole leading dimensions and the same length from 0 on the last two."""
+    slices = [e.slice for e in subscript.slice]
+    if len(slices) < 2 or not all(isinstance(s, cst.Slice) and s.lower is None and s.step is None for s in slices):
+        return False
+    uppers = [cast(cst.Slice, s).upper for s in slices]
+    if any(u is not None for u in uppers[:-2]):
+        return False
+    last = [code_of(u) if u is not None else "" for u in uppers[-2:]]
+    return last[0] == last[1]
+
+
+def _buffers(source: Source) -> dict[str, list[cst.BaseExpression]]:
+    """What each ``self.NAME`` is made of in this file: ``self.register_buffer("NAME", value)`` and ``self.NAME =
+    value``, with ``.view``/``.reshape``/``.bool()`` peeled off the value."""
+    made: dict[str, list[cst.BaseExpression]] = {}
+    for call in source.nodes(cst.Call):
+        if dotted(call.func) == "self.register_buffer" and len(call.args) >= 2:
+            key = call.args[0].value
+            if isinstance(key, cst.SimpleString):
+                made.setdefault(str(key.evaluated_value), []).append(_peeled(call.args[1].value))
+    for target in source.nodes(cst.AssignTarget):
+        attr = target.target
+        if isinstance(attr, cst.Attribute) and isinstance(attr.value, cst.Name) and attr.value.value == "self":
+            assign = source.parent(target)
+            if isinstance(assign, cst.Assign):
+                made.setdefault(attr.attr.value, []).append(_peeled(assign.value))
+    return made
+
+
+def _peeled(expr: cst.BaseExpression) -> cst.BaseExpression:
+    while (
+        isinstance(expr, cst.Call)
+        and isinstance(expr.func, cst.Attribute)
+        and expr.func.attr.value in ("view", "reshape", "bool", "float")
+    ):
+        expr = expr.func.value
+    return expr
+
+
+def _lower_ones(expr: cst.BaseExpression) -> bool:
+    """``torch.tril(torch.ones(n, n))`` or ``torch.ones(n, n).tril()`` (the diagonal kept)."""
+    parts = _triangle(expr, "tril")
+    return parts is not None and parts[1] in ([], ["0"]) and _square_ones(parts[0])
 
 
 def _scores(chain: _Chain, expr: cst.BaseExpression) -> tuple[cst.BaseExpression, cst.BaseExpression, str]:
@@ -317,7 +413,7 @@ def _attempt(source: Source, matmul: cst.BaseExpression, req: EditRequest) -> st
     chain = _Chain(block, block.index(statement))
     weights, v = _operands(matmul)
     dropped, dropout = _dropout(source, chain, weights, req.params.get("dropout_modules"))
-    scores, mask = _mask(chain, _softmax_input(chain, dropped))
+    scores, mask = _mask(source, chain, _softmax_input(chain, dropped))
     q, k, scale = _scores(chain, scores)
     keep_scale = "" if _default_scale(q, scale) else f", scale={scale}"
     call = (

@@ -2,7 +2,8 @@
 
 Reads: source + run.
 Edit: `F.scaled_dot_product_attention(q, k, v, ...)` for `softmax(q @ k.transpose(-2, -1) * scale) @ v`: the scale
-kept, a `triu(1)` mask as `is_causal=True`, another boolean mask as `attn_mask=~mask`, dropout on the weights as
+kept, a `triu(1)` mask (or a causal buffer's top-left corner, nanoGPT's `self.bias[:, :, :T, :T] == 0`) as
+`is_causal=True`, another boolean mask as `attn_mask=~mask`, dropout on the weights as
 `dropout_p` (a module's while it is training).
 """
 
@@ -63,7 +64,9 @@ def manual_attention(ctx: Context) -> Iterator[Finding]:
             per_step = ran_per_step(ctx, "softmax", site)
             lines = (func.lineno, func.end_lineno or func.lineno)
             source = ast.unparse(func)
-            causal = any(word in source for word in ("triu", "tril", "causal"))
+            causal = any(word in source for word in ("triu", "tril", "causal")) or any(
+                f"self.{name}" in source for name in _triangular_buffers(index.tree)
+            )
             f = Finding(
                 "manual-attention",
                 site=site,
@@ -81,6 +84,21 @@ def manual_attention(ctx: Context) -> Iterator[Finding]:
             if not per_step:
                 f.note = "Not seen running during the measured steps."
             yield f
+
+
+def _triangular_buffers(tree: ast.AST) -> set[str]:
+    """Buffers the file makes of ``tril``/``triu`` (nanoGPT's ``register_buffer("bias", torch.tril(...))``): a
+    forward that reads one masks its scores causally."""
+    return {
+        call.args[0].value
+        for call in ast.walk(tree)
+        if isinstance(call, ast.Call)
+        and dotted_name(call.func).endswith("register_buffer")
+        and len(call.args) >= 2
+        and isinstance(call.args[0], ast.Constant)
+        and isinstance(call.args[0].value, str)
+        and any(w in ast.unparse(call.args[1]) for w in ("tril", "triu"))
+    }
 
 
 def _drops_weights(func: ast.AST, softmax: ast.Call) -> bool:
