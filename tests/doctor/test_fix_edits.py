@@ -66,6 +66,48 @@ def test_a_value_from_a_config_or_built_at_run_time_is_by_hand(call, named):
         edit(f"loader = {call}  # here\n", "loader", num_workers=4)
 
 
+FORWARDED = """
+    from torch.utils.data import DataLoader
+
+    class InfiniteDataLoader:
+        def __init__(self, dataset, **kwargs):
+            self.train_loader = DataLoader(dataset, shuffle=True, **kwargs)  # here
+
+    def make_loader(ds, **options):
+        return DataLoader(ds, **options)  # there
+
+    batches = InfiniteDataLoader(train, batch_size=32, pin_memory=True, num_workers={workers})
+"""
+
+
+def test_a_loader_keyword_passed_through_kwargs_is_set_where_its_class_is_built():
+    """makemore's loader: the DataLoader takes its keywords from ``InfiniteDataLoader(...)``'s **kwargs; the fix
+    goes on that one call, the keyword there replaced or added."""
+    source = FORWARDED.format(workers=4)
+    assert changed(source, edit(source, "loader", num_workers=0, persistent_workers=True)) == [
+        "batches = InfiniteDataLoader(train, batch_size=32, pin_memory=True, num_workers=0, persistent_workers=True)"]
+    # The same through a function; a value the outer call reads from a config is said to be by hand, at its line.
+    called = FORWARDED.format(workers=4) + "    other = make_loader(val, num_workers=2)\n"
+    assert changed(called, edit(called, "loader", "# there", num_workers=0)) == [
+        "other = make_loader(val, num_workers=0)"]
+    with pytest.raises(ByHand, match=r"train.py:11: num_workers=`args.workers` comes from a variable") as by_hand:
+        edit(FORWARDED.format(workers="args.workers"), "loader", num_workers=0)
+    assert "run the script" not in str(by_hand.value)  # no option of that name declared
+    # An argparse option: named with its default and line (the run's own command line may set it).
+    declared = FORWARDED.format(workers="args.workers") + (
+        "    parser.add_argument('--workers', '-w', type=int, default=4, help='--- workers')\n")
+    with pytest.raises(ByHand, match=r"or run the script with --workers 0 \(its default is 4, at train.py:12\)"):
+        edit(declared, "loader", num_workers=0)
+
+
+@pytest.mark.parametrize("marker, callee", [("# here", "InfiniteDataLoader"), ("# there", "make_loader")])
+def test_a_loader_whose_kwargs_come_from_several_calls_stays_by_hand(marker, callee):
+    """Two calls of the function that forwards the keywords: which one built the loader that ran is not known."""
+    source = FORWARDED.format(workers=4) + f"    one = {callee}(val, num_workers=4)\n    two = {callee}(test)\n"
+    with pytest.raises(ByHand, match=r"\*\*kwargs"):
+        edit(source, "loader", marker, num_workers=0)
+
+
 def test_optimizer_foreach_false_gives_way_to_fused_in_place():
     source = "opt = torch.optim.AdamW(params, lr=1e-3, foreach=False)  # here\n"
     assert edit(source, "optimizer", **{"class": "AdamW", "switch": "fused"}) == \

@@ -25,12 +25,70 @@ def _one_call(source: Source, req: EditRequest, call: cst.Call, new: cst.Call) -
 
 
 def loader(source: Source, req: EditRequest) -> str:
-    """``DataLoader(..., num_workers=N, persistent_workers=True)`` / ``pin_memory=True`` at the loader's line."""
+    """``DataLoader(..., num_workers=N, persistent_workers=True)`` / ``pin_memory=True`` at the loader's line; a
+    keyword the loader takes through its function's ``**kwargs`` is set where that function is called."""
     call = source.call_at(req.line, "DataLoader", what="DataLoader(...)")
-    new = call
+    new: dict[cst.Call, cst.Call] = {}
     for name, value in req.params.items():
-        new = set_keyword(new, name, repr(value), _LOADER_POSITION.get(name), req.where)
-    return _one_call(source, req, call, new)
+        target, where = _keyword_home(source, call, name) or (call, req.where)
+        try:
+            new[target] = set_keyword(new.get(target, target), name, repr(value), _LOADER_POSITION.get(name), where)
+        except ByHand as exc:
+            option = _command_line_option(source, keyword_value(target, name))
+            if option is None:
+                raise
+            raise ByHand(f"{exc}, or run the script with {option[0]} {value!r} ({option[1]})") from exc
+    if all(n.deep_equals(c) for c, n in new.items()):
+        raise ByHand(f"{req.where}: `{code_of(call)}` already has the fix")
+    return replace(source, {c: _becomes(n) for c, n in new.items()})
+
+
+def _command_line_option(source: Source, arg: cst.Arg | None) -> tuple[str, str] | None:
+    """``("--num-workers", "its default is 4, at train.py:603")`` where ``arg``'s value is ``args.num_workers`` and
+    the file declares that option with argparse; None otherwise."""
+    value = arg.value if arg is not None else None
+    if not isinstance(value, cst.Attribute):
+        return None
+    for call in source.nodes(cst.Call):
+        if not dotted(call.func).endswith(".add_argument"):
+            continue
+        names = [a.value for a in call.args if a.keyword is None]
+        flags = [str(n.evaluated_value) for n in names if isinstance(n, cst.SimpleString)]
+        longs = [f for f in flags if f.startswith("--")]
+        dest = keyword_value(call, "dest")
+        own = code_of(dest.value).strip("'\"") if dest is not None else longs[0][2:].replace("-", "_") if longs else ""
+        if longs and own == value.attr.value:
+            default = keyword_value(call, "default")
+            said = f"its default is {code_of(default.value)}, " if default is not None else ""
+            return longs[0], f"{said}at {source.name}:{source.lines(call)[0]}"
+    return None
+
+
+def _keyword_home(source: Source, call: cst.Call, name: str) -> tuple[cst.Call, str] | None:
+    """Where ``name`` is given to ``call`` that takes it from its function's ``**kwargs`` and does not name it:
+    the one call of that function in the file (of its class, for an ``__init__``), with its place; None otherwise
+    (the keyword is then set on ``call`` itself, or said to be by hand)."""
+    if keyword_value(call, name) is not None:
+        return None
+    function = source.function_of(call)
+    star = function.params.star_kwarg if function is not None else None
+    spread = [a.value for a in call.args if a.star == "**"]
+    if function is None or star is None or len(spread) != 1:
+        return None
+    if not isinstance(spread[0], cst.Name) or spread[0].value != star.name.value:
+        return None
+    callee_name = function.name.value
+    if callee_name == "__init__":
+        owner = next((a for a in source.ancestors(function) if isinstance(a, cst.ClassDef)), None)
+        if owner is None:
+            return None
+        callee_name = owner.name.value
+    elif any(isinstance(a, (cst.ClassDef, cst.FunctionDef)) for a in source.ancestors(function)):
+        return None  # a method or a nested function: its calls are not found by name
+    callers = [c for c in source.nodes(cst.Call) if dotted(c.func) == callee_name]
+    if len(callers) != 1:
+        return None
+    return callers[0], f"{source.name}:{source.lines(callers[0])[0]}"
 
 
 def optimizer(source: Source, req: EditRequest) -> str:
