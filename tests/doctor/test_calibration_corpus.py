@@ -35,7 +35,7 @@ MEMORY_FIXES = {"checkpointing", "bf16-autocast", "micro-batches"}
 TIMED_RULES = {"no-mixed-precision", "channels-last", "non-foreach-optimizer", "zero-grad-not-none",
                "conv-bias-before-bn", "jit-script", "small-batch", "num-workers", "grad-in-validation",
                "manual-attention", "save-in-loop", "host-sync-in-loop", "cpu-oversubscribed", "periodic-work",
-               "per-sample-batch"}
+               "per-sample-batch", "hand-written-layer"}
 
 
 def _changed_lines(pair) -> list[str]:

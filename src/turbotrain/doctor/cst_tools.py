@@ -20,6 +20,7 @@ __all__ = [
     "is_literal",
     "set_keyword",
     "keyword_value",
+    "is_docstring",
     "with_block",
     "wrap",
     "replace",
@@ -187,6 +188,16 @@ def replace(source: Source, edits: dict[cst.CSTNode, Callable[[cst.CSTNode], obj
     if missing:  # a node that is not in this tree: a bug in an edit kind, never a silent half-edit
         raise RuntimeError(f"{missing} edit(s) found no node to replace in {source.name}")
     return new.code
+
+
+def is_docstring(node: cst.CSTNode) -> bool:
+    """A statement that is a string literal alone: a module's, class's or function's docstring where it comes first."""
+    return (
+        isinstance(node, cst.SimpleStatementLine)
+        and len(node.body) == 1
+        and isinstance(node.body[0], cst.Expr)
+        and isinstance(node.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
+    )
 
 
 def keyword_value(call: cst.Call, name: str) -> cst.Arg | None:

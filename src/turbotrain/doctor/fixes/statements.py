@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ..cst_tools import STATEMENTS, Source, callee, code_of, dotted, replace, wrap
+from ..cst_tools import STATEMENTS, Source, callee, code_of, dotted, is_docstring, replace, wrap
 from .model import ByHand, EditRequest
 
 __all__ = ["inference_mode", "autocast", "cudnn_benchmark", "dynamo_config", "trains"]
@@ -103,7 +103,7 @@ def _set_flag(source: Source, req: EditRequest, flag: str, value: str) -> str:
         small = node.body if isinstance(node, cst.SimpleStatementLine) else []
         if small and all(isinstance(s, (cst.Import, cst.ImportFrom)) for s in small):
             last_import = i
-        elif last_import is not None or not _docstring(node):
+        elif last_import is not None or not is_docstring(node):
             break
     if last_import is None:
         raise ByHand(f"{source.name}: no imports at the top of the file to put {flag} after")
@@ -122,12 +122,3 @@ def dynamo_config(source: Source, req: EditRequest) -> str:
     """``torch._dynamo.config.<name> = <value>`` (``capture_scalar_outputs = True``): before the script compiles
     anything, so after the imports."""
     return _set_flag(source, req, f"_dynamo.config.{req.params['name']}", repr(req.params["value"]))
-
-
-def _docstring(node: cst.CSTNode) -> bool:
-    return (
-        isinstance(node, cst.SimpleStatementLine)
-        and len(node.body) == 1
-        and isinstance(node.body[0], cst.Expr)
-        and isinstance(node.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
-    )
