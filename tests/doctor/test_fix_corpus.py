@@ -41,8 +41,8 @@ CASES = {
     "conv-bias-before-bn": ("conv_bias_bn", 6),
     "manual-attention": ("manual_attention", 6),
     "no-mixed-precision": ("bf16_autocast_slow", 6),
-    "slow-mixed-precision": ("autocast_no_units_slow", 6),
-    "hand-written-layer": ("hand_layers_slow", 6),  # the same pair's other side: one of the two runs
+    "slow-mixed-precision": ("autocast_no_units_slow", 6),  # the same pair's other side: one of the two runs
+    "hand-written-layer": ("hand_layers_slow", 6),
     "compile-graph-break": ("compile_item_break", 6),
     "compile-recompile": ("compile_recompile_limit", 6),  # dynamic=False turned over
     "graph-kept-alive": ("memory_loss_kept", 6),

@@ -86,8 +86,19 @@ class ReLU(nn.Module):
         return x.clamp(min=0)
 
 
+class HFRMSNorm(nn.Module):  # transformers' LlamaRMSNorm: its epsilon as variance_epsilon
+    def __init__(self, dim, eps=1e-6):
+        super().__init__()
+        self.weight, self.variance_epsilon = nn.Parameter(torch.ones(dim)), eps
+
+    def forward(self, x):
+        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
+
+
 @pytest.mark.parametrize("module, fused", [
     (ScaleShiftNorm(32), Fused("layer_norm", "scale", "shift", 1e-5, "eps")),
+    (ScaleShiftNorm(32).to(torch.bfloat16), Fused("layer_norm", "scale", "shift", 1e-5, "eps")),  # probed in fp32
+    (HFRMSNorm(32), Fused("rms_norm", "weight", None, 1e-6, "variance_epsilon")),
     (ShiftFirstNorm(32), Fused("layer_norm", "scale", "shift", 1e-6, "eps")),
     (RMS(32), Fused("rms_norm", "weight", None, 1e-8, None)),  # 1e-8 told from 1e-12 and 1e-6 by the input scales
     (TanhGELU(), Fused("gelu", approximate="tanh")),
@@ -163,8 +174,9 @@ def test_each_hand_written_class_is_named_at_its_class_line_with_its_instances(t
     assert norm.fix.pytorch.startswith("return F.layer_norm(x, self.scale.shape, self.scale, self.shift, self.eps)")
     assert gelu.fix.pytorch.startswith('return F.gelu(x, approximate="tanh") in GELU.forward')
     assert isinstance(norm.request, OwnTrial) and norm.severity == "low"
+    # The epsilon is each instance's own attribute, not one figure for all.
     assert norm.to_dict()["evidence"]["fused"] == {"kind": "layer_norm", "weight": "scale", "bias": "shift",
-                                                  "eps": 1e-5, "eps_attr": "eps", "approximate": "none"}
+                                                  "eps_attr": "eps", "approximate": "none"}
 
 
 def test_the_fix_is_timed_on_the_model_s_step_and_the_model_is_left_as_written(tmp_path):
@@ -223,3 +235,61 @@ def test_a_model_without_hand_written_layers_gets_nothing(tmp_path):
     ctx, _ = _context(tmp_path)
     ctx.capture.module = nn.Sequential(nn.LayerNorm(16), nn.GELU(), nn.Linear(16, 4))
     assert evaluate(ctx, only=["hand-written-layer"]) == []
+
+
+SETTINGS_FILE = MODEL_FILE.replace("def build():", '''class Norm(nn.Module):
+    def __init__(self, dim, rms):
+        super().__init__()
+        self.rms, self.weight = rms, nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        centred = x if self.rms else x - x.mean(-1, keepdim=True)
+        return self.weight * centred * torch.rsqrt(centred.pow(2).mean(-1, keepdim=True) + 1e-5)
+
+
+class ClipNorm(nn.LayerNorm):  # CLIP's: torch's LayerNorm in float32 around super().forward
+    def forward(self, x):
+        return super().forward(x.float()).type(x.dtype)
+
+
+def build():''')
+
+
+@pytest.mark.parametrize("layers, named", [
+    ("LayerNorm(16, eps=1e-5), LayerNorm(16, eps=1e-6)", True),  # each instance's own eps: one finding
+    ("Norm(16, rms=True), Norm(16, rms=False)", False),  # RMSNorm in one, LayerNorm in the other: not one function
+    ("Norm(16, rms=True), Norm(16, rms=True)", True),
+    ("ClipNorm(16), ClipNorm(16)", False),  # a torch layer's subclass: torch's kernel already
+])
+def test_every_instance_must_compute_the_same_function(tmp_path, layers, named):
+    path = tmp_path / "model.py"
+    path.write_text(SETTINGS_FILE + f"\n\ndef build2():\n    return nn.Sequential({layers}, nn.Linear(16, 4))\n")
+    model = runpy.run_path(str(path))["build2"]()
+    capture = SimpleNamespace(module=model, args=(torch.randn(8, 5, 16),), kwargs={})
+    ctx = Context(script=str(path), base=str(tmp_path), hw=detect("cpu"), device="cpu",
+                  breakdown=compute_breakdown([], 1), measured_steps=[], sources=load_sources([str(path)]),
+                  capture=capture)
+    found = evaluate(ctx, only=["hand-written-layer"])
+    assert [f.evidence.instances for f in found] == ([("0", "1")] if named else [])
+
+
+def test_a_forward_set_on_an_instance_before_the_trial_is_put_back(tmp_path):
+    ctx, model = _context(tmp_path)
+    norm = next(f for f in evaluate(ctx, only=["hand-written-layer"]) if f.site.line == 8)
+    hooked = model[0]
+    wrapper = hooked.forward  # a hook library's wrapper set on the instance
+    hooked.forward = wrapper
+    measure(ctx, norm, Budget())
+    assert hooked.__dict__["forward"] is wrapper and "forward" not in model[4].__dict__
+
+
+def test_a_one_line_forward_gets_a_block_and_an_import_inside_a_function_is_not_used(tmp_path):
+    text = MODEL_FILE.replace('''    def forward(self, x):
+        return 0.5 * x''', '''    def forward(me, x): return 0.5 * x''').replace(
+        "from torch.nn import functional as F\n", "")
+    text += "\n\ndef main():\n    import torch.nn.functional as F\n"
+    gelu = dict(NORM, **{"class": "GELU", "kind": "gelu", "weight": None, "bias": None, "eps": None,
+                         "eps_attr": None, "approximate": "tanh"})
+    new = _rewrite(text, **gelu)
+    assert '    def forward(me, x):\n        return torch.nn.functional.gelu(x, approximate="tanh")\n' in new
+    compile(new, "model.py", "exec")

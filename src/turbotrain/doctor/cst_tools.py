@@ -143,8 +143,11 @@ class Source:
         return best
 
     def alias_of(self, module: str) -> str | None:
-        """The name the file gives ``module`` (``F`` for ``import torch.nn.functional as F``), or None."""
+        """The name the file gives ``module`` (``F`` for ``import torch.nn.functional as F``) at its top level, or None:
+        an import inside a function names it there only, and code written elsewhere would not see it."""
         for node in self.nodes(cst.ImportAlias):
+            if any(isinstance(a, (cst.FunctionDef, cst.ClassDef)) for a in self.ancestors(node)):
+                continue
             parent = self.parents[node]
             full = code_of(node.name)
             if isinstance(parent, cst.ImportFrom) and parent.module is not None:

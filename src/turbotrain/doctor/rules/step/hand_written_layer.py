@@ -75,21 +75,28 @@ class Fused:
             return F.silu(x)
         weight = getattr(module, self.weight) if self.weight else None
         bias = getattr(module, self.bias) if self.bias else None
-        assert weight is not None and self.eps is not None  # a norm is matched with its weight and epsilon
+        eps = float(getattr(module, self.eps_attr)) if self.eps_attr else self.eps
+        assert weight is not None and eps is not None  # a norm is matched with its weight and epsilon
         if self.kind == "layer_norm":
-            return F.layer_norm(x, weight.shape, weight, bias, self.eps)
-        return F.rms_norm(x, weight.shape, weight, self.eps)
+            return F.layer_norm(x, weight.shape, weight, bias, eps)
+        return F.rms_norm(x, weight.shape, weight, eps)
 
-    def code(self, torch_functional: str, x: str) -> str:
+    @property
+    def shape(self) -> Fused:
+        """The same function whatever epsilon each instance holds in its attribute (instances of one class built
+        with different ``eps=``)."""
+        return dataclasses.replace(self, eps=None) if self.eps_attr else self
+
+    def code(self, torch_functional: str, x: str, me: str = "self") -> str:
         """The call in the user's terms: ``F.layer_norm(x, self.scale.shape, self.scale, self.shift, self.eps)``."""
         if self.kind == "gelu":
             return f'{torch_functional}.gelu({x}, approximate="{self.approximate}")'
         if self.kind == "silu":
             return f"{torch_functional}.silu({x})"
-        w = f"self.{self.weight}"
-        eps = f"self.{self.eps_attr}" if self.eps_attr else repr(self.eps)
+        w = f"{me}.{self.weight}"
+        eps = f"{me}.{self.eps_attr}" if self.eps_attr else repr(self.eps)
         if self.kind == "layer_norm":
-            bias = f"self.{self.bias}" if self.bias else "None"
+            bias = f"{me}.{self.bias}" if self.bias else "None"
             return f"{torch_functional}.layer_norm({x}, {w}.shape, {w}, {bias}, {eps})"
         return f"{torch_functional}.rms_norm({x}, {w}.shape, {w}, {eps})"
 
@@ -134,13 +141,15 @@ def identify(module: nn.Module) -> Fused | None:
     params = dict(module.named_parameters(recurse=False))
     if len(params) > 2 or any(p.dim() != 1 for p in params.values()) or len({p.numel() for p in params.values()}) > 1:
         return None
+    if any(not p.is_floating_point() for p in params.values()):
+        return None
     try:
-        probe = copy.deepcopy(module)
+        # In float32 whatever the model's dtype: the question is the formula, and bf16's rounding (or fp16's
+        # underflow at the smallest input scale) would hide it.
+        probe = copy.deepcopy(module).float()
     except Exception:  # noqa: BLE001 - a module that cannot be copied is left alone, not a failure of the rule
         return None
-    dtype = next(iter(params.values())).dtype if params else torch.float32
-    if not dtype.is_floating_point:
-        return None
+    dtype = torch.float32
     device = next(iter(params.values())).device if params else torch.device("cpu")
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():
@@ -155,8 +164,9 @@ def identify(module: nn.Module) -> Fused | None:
     d = next(iter(params.values())).numel()
     # An offset as large as the spread: LayerNorm subtracts the mean, RMSNorm does not.
     inputs = [((torch.randn(3, 5, d, generator=gen) + 1.0) * s).to(device, dtype) for s in SCALES]
-    own = getattr(module, "eps", None)
-    own_eps = [float(own)] if isinstance(own, (int, float)) and not isinstance(own, bool) and own > 0 else []
+    # The epsilon the module holds, under whatever name (``eps``, ``variance_epsilon``, ...): tried first, and named.
+    held = {k: float(v) for k, v in vars(module).items() if isinstance(v, float) and 0 < v < 0.1}
+    own_eps = sorted(set(held.values()))
     names = list(params)
     shapes: list[tuple[Kind, str, str | None]]
     if len(names) == 2:  # which is the weight and which the bias: both ways
@@ -164,9 +174,10 @@ def identify(module: nn.Module) -> Fused | None:
     else:
         shapes = [("layer_norm", names[0], None), ("rms_norm", names[0], None)]
     with torch.no_grad():
-        for eps in own_eps + [e for e in EPSILONS if not own_eps or not math.isclose(e, own_eps[0])]:
+        for eps in own_eps + [e for e in EPSILONS if not any(math.isclose(e, o) for o in own_eps)]:
+            attrs = [k for k, v in held.items() if math.isclose(v, eps)]
             for kind, weight, bias in shapes:
-                fused = Fused(kind, weight, bias, eps, "eps" if own_eps and math.isclose(eps, own_eps[0]) else None)
+                fused = Fused(kind, weight, bias, eps, attrs[0] if len(attrs) == 1 else None)
                 if _matches(probe, fused, inputs):
                     return fused
     return None
@@ -176,9 +187,11 @@ def _forward_owner(cls: type, user_files: set[str]) -> tuple[type, str] | None:
     """The class whose own ``forward`` ``cls`` runs and its file, where that forward is the user's (read from its code
     object: a class defined in a script run as ``__main__`` has no importable module to ask)."""
     owner = next((k for k in cls.__mro__ if "forward" in vars(k)), None)
-    code = getattr(vars(owner).get("forward"), "__code__", None) if owner is not None else None
+    if owner is None or any(k.__module__.startswith("torch.") and k is not nn.Module for k in owner.__mro__[1:]):
+        return None  # a torch layer's subclass (CLIP's LayerNorm upcasts around super().forward): torch's already
+    code = getattr(vars(owner).get("forward"), "__code__", None)
     file = os.path.realpath(code.co_filename) if code is not None else ""
-    return (owner, file) if owner is not None and file in user_files else None
+    return (owner, file) if file in user_files else None
 
 
 # torch's own functions and modules for what the rule names: a class that calls one already uses the fused kernel
@@ -208,18 +221,31 @@ def _hand_written(ctx: Context) -> Iterator[tuple[type, list[str], Site, Fused]]
         return
     user_files = {os.path.realpath(p) for p in ctx.sources}
     instances: dict[tuple[type, str], dict[type, list[str]]] = {}
+    seen: dict[tuple[object, ...], Fused | None] = {}
     for name, module in capture.module.named_modules():
         key = _forward_owner(type(module), user_files) if not any(True for _ in module.children()) else None
         if key is not None:
             instances.setdefault(key, {}).setdefault(type(module), []).append(name)
     for (owner, file), by_class in instances.items():
         site = _class_site(ctx, owner, file)
-        # Each class that runs this forward, on its first instance: all must compute the same (a subclass may
-        # declare its parameters in another order or another epsilon).
-        found = {identify(capture.module.get_submodule(names[0])) for names in by_class.values()} if site else set()
+        # Every instance must compute the same (a constructor flag may switch the formula; a subclass may declare
+        # its parameters in another order): one identified per distinct settings.
+        names = [n for group in by_class.values() for n in group]
+        found = {_identified(capture.module.get_submodule(n), seen) for n in names} if site else set()
         fused = found.pop() if len(found) == 1 else None
         if site is not None and fused is not None:
-            yield owner, [n for names in by_class.values() for n in names], site, fused
+            yield owner, names, site, fused
+
+
+def _identified(module: nn.Module, seen: dict[tuple[object, ...], Fused | None]) -> Fused | None:
+    """:func:`identify` of ``module`` as a shape (epsilon left to the attribute that holds it), once per class and
+    distinct settings (its plain attributes and its parameters' sizes)."""
+    settings = tuple(sorted((k, repr(v)) for k, v in vars(module).items() if not k.startswith("_")))
+    key = (type(module), settings, tuple((n, p.numel()) for n, p in module.named_parameters(recurse=False)))
+    if key not in seen:
+        fused = identify(module)
+        seen[key] = fused.shape if fused is not None else None
+    return seen[key]
 
 
 def hand_written_layer(ctx: Context) -> Iterator[Finding]:
@@ -247,11 +273,15 @@ def hand_written_layer(ctx: Context) -> Iterator[Finding]:
 def _swapped(model: nn.Module, evidence: LayerEvidence) -> Callable[[bool], None]:
     """``swap(True)``: the named instances' forward is torch's function; ``swap(False)``: as written."""
     modules = [model.get_submodule(name) for name in evidence.instances]
+    # A forward set on an instance before (a hook library's wrapper) is put back, not dropped.
+    own = {id(m): m.__dict__["forward"] for m in modules if "forward" in m.__dict__}
 
     def swap(on: bool) -> None:
         for m in modules:
             if on:
-                m.forward = lambda x, m=m: evidence.fused(m, x)  # this instance only; popping it restores the class's
+                m.forward = lambda x, m=m: evidence.fused(m, x)  # this instance only
+            elif id(m) in own:
+                m.forward = own[id(m)]
             else:
                 m.__dict__.pop("forward", None)
 
@@ -274,8 +304,11 @@ def measure(ctx: Context, finding: Finding, budget: TimeLeft) -> Measured | None
             swap(False)
         capture.module.zero_grad(set_to_none=True)
 
-    # The model's share of a step (no data wait, no validation): a long step is timed once per side and round.
-    model_s = max(1e-4, ctx.seconds("compute") + ctx.seconds("optimizer") + ctx.seconds("python_overhead"))
+    # The model's share of a step (no data wait, no validation), one micro-batch of it (the surrogate step is one
+    # forward and backward): a long step is timed once per side and round.
+    passes = max(1.0, ctx.backwards_per_step())
+    compute_s = (ctx.seconds("compute") + ctx.seconds("python_overhead")) / passes + ctx.seconds("optimizer")
+    model_s = max(1e-4, compute_s)
     repeats = max(1, min(REPEATS, int(0.3 / model_s)))
     if not budget.allows((2 * ROUNDS * repeats + 2) * model_s * 1.5 + 0.5):
         return None
@@ -339,10 +372,14 @@ def rewrite(source: Source, req: EditRequest) -> str:
         raise ByHand(
             f"{source.name} does not import torch; return torch's {params['kind']} from {name}.forward by hand"
         )
-    call = Fused(**params).code(torch_functional, args.params[1].name.value)
-    body = list(forward.body.body) if isinstance(forward.body, cst.IndentedBlock) else []
-    docstring = body[:1] if body and is_docstring(body[0]) else []
-    new_body = forward.body.with_changes(body=[*docstring, cst.parse_statement(f"return {call}\n")])
+    call = Fused(**params).code(torch_functional, args.params[1].name.value, args.params[0].name.value)
+    returned = cst.parse_statement(f"return {call}\n")
+    if isinstance(forward.body, cst.IndentedBlock):
+        body = list(forward.body.body)
+        docstring = body[:1] if body and is_docstring(body[0]) else []
+        new_body = forward.body.with_changes(body=[*docstring, returned])
+    else:  # ``def forward(self, x): return ...`` on one line: the new body gets a block of its own
+        new_body = cst.IndentedBlock(body=[returned])
     return replace(source, {forward: lambda _: forward.with_changes(body=new_body)})
 
 
