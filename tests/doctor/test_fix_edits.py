@@ -95,9 +95,28 @@ def test_a_loader_keyword_passed_through_kwargs_is_set_where_its_class_is_built(
     assert "run the script" not in str(by_hand.value)  # no option of that name declared
     # An argparse option: named with its default and line (the run's own command line may set it).
     declared = FORWARDED.format(workers="args.workers") + (
-        "    parser.add_argument('--workers', '-w', type=int, default=4, help='--- workers')\n")
+        "    parser.add_argument('--workers', '-w', type=int, default=4, help='--- workers')\n"
+        "    args = parser.parse_args()\n")
     with pytest.raises(ByHand, match=r"or run the script with --workers 0 \(its default is 4, at train.py:12\)"):
         edit(declared, "loader", num_workers=0)
+
+
+@pytest.mark.parametrize("change", [
+    ("def __init__(self, dataset, **kwargs):", "def __init__(self, dataset, num_workers=0, **kwargs):"),  # its own
+    ("self.train_loader = DataLoader(", "kwargs.pop('num_workers', None)\n            self.train_loader = DataLoader("),
+    ("DataLoader(dataset, shuffle=True, **kwargs)", "DataLoader(dataset, None, True, None, None, 4, **kwargs)"),
+])
+def test_a_keyword_the_function_takes_or_changes_or_is_given_by_position_stays_on_the_loader(change):
+    """Set on the outer call, the keyword would be ignored, popped, or passed twice: by hand at the loader."""
+    with pytest.raises(ByHand, match=r"\*\*kwargs"):
+        edit(FORWARDED.format(workers=4).replace(*change), "loader", num_workers=0)
+
+
+def test_a_config_attribute_is_not_taken_for_a_command_line_option():
+    source = FORWARDED.format(workers="cfg.workers") + "    parser.add_argument('--workers', type=int, default=4)\n"
+    with pytest.raises(ByHand) as by_hand:
+        edit(source, "loader", num_workers=0)
+    assert "run the script" not in str(by_hand.value)
 
 
 @pytest.mark.parametrize("marker, callee", [("# here", "InfiniteDataLoader"), ("# there", "make_loader")])
@@ -414,12 +433,82 @@ def test_any_other_buffer_mask_stays_a_mask(made, mask):
     assert "is_causal" not in new and ".logical_not()" in new, new
 
 
-def test_a_buffer_name_made_two_ways_in_the_file_stays_a_mask():
-    """Another class's ``self.bias`` (a parameter, here) could be the one the forward reads: kept explicit."""
+def test_another_class_s_attribute_of_the_same_name_is_another_attribute():
+    """nanoGPT's LayerNorm sets ``self.bias = nn.Parameter(...)``; its attention's ``bias`` buffer is still causal."""
     source = CAUSAL_BUFFER.format(made="torch.tril(torch.ones(n, n))", mask="self.bias[:T, :T] == 0")
-    source += "\n    class Affine(nn.Module):\n        def __init__(self, n):\n"
+    source += "\n    class LayerNorm(nn.Module):\n        def __init__(self, n):\n"
     source += "            self.bias = nn.Parameter(torch.zeros(n))\n"
+    assert "is_causal=True" in edit(source, "sdpa")
+
+
+def test_a_buffer_name_made_two_ways_in_its_class_stays_a_mask():
+    """The class sets ``self.bias`` elsewhere too (not causal): which one the forward reads is not known."""
+    source = CAUSAL_BUFFER.format(made="torch.tril(torch.ones(n, n))", mask="self.bias[:T, :T] == 0")
+    source = source.replace("        def forward(self, q, k, v):", "        def reset(self, n):\n"
+                            "            self.bias = torch.ones(n, n)\n\n        def forward(self, q, k, v):")
     assert "is_causal" not in edit(source, "sdpa")
+
+
+RASBT_ATTENTION = """
+    import torch
+    import torch.nn as nn
+
+    class MultiHeadAttention(nn.Module):
+        def __init__(self, n):
+            super().__init__()
+            self.dropout = nn.Dropout(0.0)
+            self.register_buffer("mask", torch.triu(torch.ones(n, n), diagonal=1))
+
+        def forward(self, queries, keys, values):
+            num_tokens = queries.shape[2]
+            attn_scores = queries @ keys.transpose(2, 3)  # Dot product for each head
+            mask_bool = self.mask.bool()[:num_tokens, :num_tokens]
+            attn_scores.masked_fill_(mask_bool, -torch.inf)
+            attn_weights = torch.softmax(attn_scores / keys.shape[-1]**0.5, dim=-1)  # here
+            attn_weights = self.dropout(attn_weights)
+            return (attn_weights @ values).transpose(1, 2)
+"""
+
+
+def test_scores_masked_in_place_over_4d_heads_become_one_call(tmp_path):
+    """LLMs-from-scratch's attention: keys transposed as (2, 3), which the run saw 4-d, and the mask filled in place
+    from its triu buffer's corner: one SDPA call, causal, its dropout and its scale kept, and the same outputs."""
+    new = edit(RASBT_ATTENTION, "sdpa", ndim=4, dropout_modules=["dropout"])
+    assert changed(RASBT_ATTENTION, new) == [
+        "return torch.nn.functional.scaled_dot_product_attention(queries, keys, values, is_causal=True, "
+        "dropout_p=self.dropout.p if self.dropout.training else 0.0, scale=1 / keys.shape[-1]**0.5)"
+        ".transpose(1, 2)"], new
+    assert "attn_scores" not in new and "mask_bool" not in new and "num_tokens = queries.shape[2]" in new
+    import runpy
+
+    import torch
+
+    q, k, v = torch.randn(3, 2, 2, 5, 4).unbind(0)
+    outputs = []
+    for name, text in (("before.py", RASBT_ATTENTION), ("after.py", new)):
+        (tmp_path / name).write_text(textwrap.dedent(text))
+        outputs.append(runpy.run_path(str(tmp_path / name))["MultiHeadAttention"](8)(q, k, v))
+    torch.testing.assert_close(outputs[1], outputs[0])
+    # Without the run's shapes, (2, 3) is not known to be the last two dimensions.
+    with pytest.raises(ByHand, match=r"last two dimensions \(-2, -1\)"):
+        edit(RASBT_ATTENTION, "sdpa", dropout_modules=["dropout"])
+
+
+SCORES_FILL = "attn_scores.masked_fill_(mask_bool, -torch.inf)"
+
+
+@pytest.mark.parametrize("changes, why", [
+    ([(SCORES_FILL, "pass"), ("attn_weights = self.dropout(attn_weights)", SCORES_FILL.replace("scores", "weights"))],
+     "filled in place after the softmax"),
+    ([("mask_bool = self.mask", f"{SCORES_FILL}\n            mask_bool = self.mask")], "masked more than once"),
+    ([("-torch.inf)", "0.0)")], "something else than -inf"),
+])
+def test_in_place_fills_the_edit_cannot_take_are_by_hand(changes, why):
+    source = RASBT_ATTENTION
+    for change in changes:
+        source = source.replace(*change)
+    with pytest.raises(ByHand, match=why):
+        edit(source, "sdpa", ndim=4, dropout_modules=["dropout"])
 
 
 def test_a_dropout_modules_kind_is_read_from_the_model_and_a_compound_p_stays_one_operand():

@@ -211,3 +211,21 @@ def test_attention_that_reads_a_triangular_buffer_is_timed_causal(tmp_path, made
     """)
     [f] = evaluate(ctx, only=["manual-attention"])
     assert f.request.causal is causal
+
+
+def test_the_attention_edit_is_told_the_operands_dimensions_the_run_saw(tmp_path):
+    """4-d operands at every matmul of the function: ``transpose(2, 3)`` is the last two dimensions there."""
+    from turbotrain.doctor.rules.step.manual_attention import edit
+    from turbotrain.doctor.sites import Site
+
+    ctx = context_for(tmp_path, """
+        def attention(q, k, v):
+            w = (q @ k.transpose(2, 3)).softmax(-1)
+            return w @ v
+    """)
+    [f] = evaluate(ctx, only=["manual-attention"])
+    four = {Site(ctx.script, 3): ((2, 4, 5, 8), (2, 4, 8, 5)), Site(ctx.script, 4): ((2, 4, 5, 5), (2, 4, 5, 8))}
+    assert edit(ctx.replace(matmul_shapes=four), f).params.get("ndim") == 4
+    mixed = {**four, Site(ctx.script, 4): ((20, 5), (5, 8))}  # two kinds of operands: nothing said
+    assert "ndim" not in edit(ctx.replace(matmul_shapes=mixed), f).params
+    assert "ndim" not in edit(ctx, f).params  # none seen

@@ -7,7 +7,9 @@ is SDPA's own ``1/sqrt(head dim)``); a ``triu(1)`` mask of ones over ``(t, t)``,
 buffer of ones made causal (nanoGPT's ``self.bias[:, :, :T, :T] == 0`` over ``tril``), becomes ``is_causal=True``,
 any other boolean mask ``attn_mask=mask.logical_not()``, an added mask ``attn_mask=mask``; dropout on the
 weights becomes ``dropout_p``: a dropout module's ``p`` while that module is training (``self.attn_dropout(att)``),
-``F.dropout``'s ``p`` under its ``training``. Anything else (weights used elsewhere, a transpose whose dims the code
+``F.dropout``'s ``p`` under its ``training``. Scores masked in place (``scores.masked_fill_(mask, -inf)`` on a line of
+its own) count as masked; ``transpose(2, 3)`` counts as the last two dimensions where the run saw 4-d operands
+(``params["ndim"]``). Anything else (weights used elsewhere, a transpose whose dims the code
 does not spell as -2/-1) is by hand.
 """
 
@@ -17,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Callable, cast
 
 import libcst as cst
+import libcst.matchers as matchers
 
 from ..cst_tools import Source, callee, code_of, dotted, replace
 from .model import ByHand, EditRequest
@@ -47,6 +50,7 @@ class _Chain:
     block: list
     before: int  # resolve among block[:before]
     used: list = field(default_factory=list)  # statements whose assignment was followed
+    fills: list = field(default_factory=list)  # ``name.masked_fill_(mask, value)`` statements met on the way back
 
     def probe(self) -> "_Chain":
         """A resolver from the same place whose findings are taken over (adopt) only if they fit."""
@@ -55,12 +59,17 @@ class _Chain:
     def adopt(self, probe: "_Chain") -> None:
         self.before = probe.before
         self.used.extend(probe.used)
+        self.fills.extend(probe.fills)
 
     def resolve(self, expr: cst.BaseExpression) -> cst.BaseExpression:
         """``expr``, with a bare name replaced by the value of its latest assignment before (one level)."""
         if not isinstance(expr, cst.Name):
             return expr
         for i in range(self.before - 1, -1, -1):
+            if _fills_in_place(self.block[i], expr.value):
+                self.used.append(self.block[i])
+                self.fills.append(self.block[i])
+                continue
             target = _assigned(self.block[i])
             if target is not None and target[0] == expr.value:
                 self.before = i
@@ -78,6 +87,21 @@ def _assigned(statement: cst.CSTNode) -> tuple[str, cst.BaseExpression] | None:
         if isinstance(node, cst.Assign) and len(node.targets) == 1 and isinstance(node.targets[0].target, cst.Name):
             return node.targets[0].target.value, node.value
     return None
+
+
+def _fills_in_place(statement: cst.CSTNode, name: str) -> bool:
+    """A line that is just ``name.masked_fill_(mask, value)`` (LLMs-from-scratch masks its scores so)."""
+    if not (isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1):
+        return False
+    node = statement.body[0]
+    call = node.value if isinstance(node, cst.Expr) else None
+    return (
+        isinstance(call, cst.Call)
+        and isinstance(call.func, cst.Attribute)
+        and call.func.attr.value == "masked_fill_"
+        and isinstance(call.func.value, cst.Name)
+        and call.func.value.value == name
+    )
 
 
 def _bound_names(node: cst.CSTNode) -> set[str]:
@@ -195,13 +219,35 @@ def _mask(source: Source, chain: _Chain, expr: cst.BaseExpression) -> tuple[cst.
     """``(scores, mask argument)`` of a masked score matrix; the mask argument is '' for none."""
     expr = chain.resolve(expr)
     if isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and expr.func.attr.value == "masked_fill":
-        if len(expr.args) != 2 or code_of(expr.args[1].value).replace(" ", "") not in _NEG_INF:
-            raise _NoMatch("the scores are filled with something else than -inf")
-        mask = expr.args[0].value
-        return expr.func.value, _mask_argument(source, chain, mask)
+        return expr.func.value, _mask_argument(source, chain, _filled_mask(expr))
     if isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.Add):
         return expr.left, f", attn_mask={code_of(expr.right)}"
     return expr, ""
+
+
+def _filled_mask(fill: cst.Call) -> cst.BaseExpression:
+    """The mask of ``scores.masked_fill(mask, -inf)`` (or ``masked_fill_``)."""
+    if len(fill.args) != 2 or code_of(fill.args[1].value).replace(" ", "") not in _NEG_INF:
+        raise _NoMatch("the scores are filled with something else than -inf")
+    return fill.args[0].value
+
+
+def _in_place_mask(source: Source, chain: _Chain, mask: str) -> str:
+    """The mask argument of a ``scores.masked_fill_(mask, -inf)`` line the scores' resolution went past, where
+    there is one; its mask is resolved from that line (``mask_bool = ...`` comes after the scores)."""
+    if not chain.fills:
+        return mask
+    if mask or len(chain.fills) > 1:
+        raise _NoMatch("the scores are masked more than once")
+    statement = chain.fills[0]
+    fill = cast(cst.Call, cast(cst.Expr, statement.body[0]).value)  # _fills_in_place: the line is this call
+    at = _Chain(chain.block, chain.block.index(statement))
+    filled = at.probe().resolve(cast(cst.Attribute, fill.func).value)
+    if any(isinstance(c, cst.Call) and callee(c) == "softmax" for c in matchers.findall(filled, matchers.Call())):
+        raise _NoMatch("the attention weights are filled in place after the softmax")
+    argument = _mask_argument(source, at, _filled_mask(fill))
+    chain.used.extend(at.used)
+    return argument
 
 
 def _mask_argument(source: Source, chain: _Chain, mask: cst.BaseExpression) -> str:
@@ -270,7 +316,8 @@ def _causal_buffer(source: Source, mask: cst.BaseExpression) -> bool:
     name = _buffer_corner(mask)
     if name is None:
         return False
-    made = _buffers(source).get(name, [])
+    owner = next((a for a in source.ancestors(mask) if isinstance(a, cst.ClassDef)), None)
+    made = _buffers(source, owner).get(name, []) if owner is not None else []
     return bool(made) and all((_lower_ones(e) if lower else _causal(e)) for e in made)
 
 
@@ -305,16 +352,21 @@ def _top_left(subscript: cst.Subscript) -> bool:
     return last[0] == last[1]
 
 
-def _buffers(source: Source) -> dict[str, list[cst.BaseExpression]]:
-    """What each ``self.NAME`` is made of in this file: ``self.register_buffer("NAME", value)`` and ``self.NAME =
-    value``, with ``.view``/``.reshape``/``.bool()`` peeled off the value."""
+def _buffers(source: Source, owner: cst.ClassDef) -> dict[str, list[cst.BaseExpression]]:
+    """What each ``self.NAME`` is made of in the class ``owner``: ``self.register_buffer("NAME", value)`` and
+    ``self.NAME = value``, with ``.view``/``.reshape``/``.bool()`` peeled off the value. Another class's ``self.bias``
+    (nanoGPT's LayerNorm's parameter) is another attribute."""
     made: dict[str, list[cst.BaseExpression]] = {}
     for call in source.nodes(cst.Call):
+        if not any(a is owner for a in source.ancestors(call)):
+            continue
         if dotted(call.func) == "self.register_buffer" and len(call.args) >= 2:
             key = call.args[0].value
             if isinstance(key, cst.SimpleString):
                 made.setdefault(str(key.evaluated_value), []).append(_peeled(call.args[1].value))
     for target in source.nodes(cst.AssignTarget):
+        if not any(a is owner for a in source.ancestors(target)):
+            continue
         attr = target.target
         if isinstance(attr, cst.Attribute) and isinstance(attr.value, cst.Name) and attr.value.value == "self":
             assign = source.parent(target)
@@ -339,8 +391,11 @@ def _lower_ones(expr: cst.BaseExpression) -> bool:
     return parts is not None and parts[1] in ([], ["0"]) and _square_ones(parts[0])
 
 
-def _scores(chain: _Chain, expr: cst.BaseExpression) -> tuple[cst.BaseExpression, cst.BaseExpression, str]:
-    """``(q, k, scale text)`` of ``(q @ k.transpose(-2, -1)) * scale`` (or ``/ d``, or no scale)."""
+def _scores(
+    chain: _Chain, expr: cst.BaseExpression, ndim: int | None
+) -> tuple[cst.BaseExpression, cst.BaseExpression, str]:
+    """``(q, k, scale text)`` of ``(q @ k.transpose(-2, -1)) * scale`` (or ``/ d``, or no scale); ``ndim``, the
+    operands' dimensions where the run saw them (``transpose(2, 3)`` of a 4-d tensor is the last two)."""
     expr = chain.resolve(expr)
     scale = "1.0"
     if isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, (cst.Multiply, cst.Divide)):
@@ -359,7 +414,7 @@ def _scores(chain: _Chain, expr: cst.BaseExpression) -> tuple[cst.BaseExpression
     if not _is_matmul(expr):
         raise _NoMatch("the scores are not q @ k.transpose(-2, -1)")
     q, kt = _operands(expr)
-    return q, _untransposed(kt), scale
+    return q, _untransposed(kt, ndim), scale
 
 
 def _is_matmul(expr: cst.BaseExpression) -> bool:
@@ -375,14 +430,15 @@ def _operands(expr: cst.BaseExpression) -> tuple[cst.BaseExpression, cst.BaseExp
     return call.args[0].value, call.args[1].value
 
 
-def _untransposed(kt: cst.BaseExpression) -> cst.BaseExpression:
+def _untransposed(kt: cst.BaseExpression, ndim: int | None) -> cst.BaseExpression:
     if isinstance(kt, cst.Attribute) and kt.attr.value == "mT":
         return kt.value
+    last_two = _LAST_TWO | ({(str(ndim - 2), str(ndim - 1)), (str(ndim - 1), str(ndim - 2))} if ndim else set())
     if (
         isinstance(kt, cst.Call)
         and isinstance(kt.func, cst.Attribute)
         and kt.func.attr.value == "transpose"
-        and tuple(a.replace(" ", "") for a in _args(kt)) in _LAST_TWO
+        and tuple(a.replace(" ", "") for a in _args(kt)) in last_two
     ):
         return kt.func.value
     raise _NoMatch("the keys are not transposed over their last two dimensions (-2, -1)")
@@ -414,7 +470,8 @@ def _attempt(source: Source, matmul: cst.BaseExpression, req: EditRequest) -> st
     weights, v = _operands(matmul)
     dropped, dropout = _dropout(source, chain, weights, req.params.get("dropout_modules"))
     scores, mask = _mask(source, chain, _softmax_input(chain, dropped))
-    q, k, scale = _scores(chain, scores)
+    q, k, scale = _scores(chain, scores, req.params.get("ndim"))
+    mask = _in_place_mask(source, chain, mask)
     keep_scale = "" if _default_scale(q, scale) else f", scale={scale}"
     call = (
         f"{_functional(source)}.scaled_dot_product_attention({code_of(q)}, {code_of(k)}, {code_of(v)}"
@@ -426,7 +483,7 @@ def _attempt(source: Source, matmul: cst.BaseExpression, req: EditRequest) -> st
     for node in block[first : block.index(statement)]:
         if id(node) not in removed and moved & _bound_names(node):
             raise _NoMatch(f"`{code_of(node).strip()}` changes q or k between the scores and the output")
-    dead = {_assigned(s)[0] for s in chain.used}  # type: ignore[index]  # chain.used holds only assignments
+    dead = {assigned[0] for s in chain.used if (assigned := _assigned(s)) is not None}  # not the in-place fills
     function = source.function_of(statement) or source.module
     inside = {id(n) for s in [*chain.used] for n in _names(s)} | {id(n) for n in _names(weights)}
     for name in _names(function):

@@ -30,7 +30,7 @@ def loader(source: Source, req: EditRequest) -> str:
     call = source.call_at(req.line, "DataLoader", what="DataLoader(...)")
     new: dict[cst.Call, cst.Call] = {}
     for name, value in req.params.items():
-        target, where = _keyword_home(source, call, name) or (call, req.where)
+        target, where = _keyword_home(source, call, name, _LOADER_POSITION.get(name)) or (call, req.where)
         try:
             new[target] = set_keyword(new.get(target, target), name, repr(value), _LOADER_POSITION.get(name), where)
         except ByHand as exc:
@@ -47,7 +47,16 @@ def _command_line_option(source: Source, arg: cst.Arg | None) -> tuple[str, str]
     """``("--num-workers", "its default is 4, at train.py:603")`` where ``arg``'s value is ``args.num_workers`` and
     the file declares that option with argparse; None otherwise."""
     value = arg.value if arg is not None else None
-    if not isinstance(value, cst.Attribute):
+    if not isinstance(value, cst.Attribute) or not isinstance(value.value, cst.Name):
+        return None
+    parsed = {  # the names the file binds to parse_args(): a config object's attribute is not an option
+        t.target.value
+        for assign in source.nodes(cst.Assign)
+        if isinstance(assign.value, cst.Call) and dotted(assign.value.func).endswith(".parse_args")
+        for t in assign.targets
+        if isinstance(t.target, cst.Name)
+    }
+    if value.value.value not in parsed:
         return None
     for call in source.nodes(cst.Call):
         if not dotted(call.func).endswith(".add_argument"):
@@ -64,11 +73,13 @@ def _command_line_option(source: Source, arg: cst.Arg | None) -> tuple[str, str]
     return None
 
 
-def _keyword_home(source: Source, call: cst.Call, name: str) -> tuple[cst.Call, str] | None:
+def _keyword_home(source: Source, call: cst.Call, name: str, position: int | None) -> tuple[cst.Call, str] | None:
     """Where ``name`` is given to ``call`` that takes it from its function's ``**kwargs`` and does not name it:
     the one call of that function in the file (of its class, for an ``__init__``), with its place; None otherwise
-    (the keyword is then set on ``call`` itself, or said to be by hand)."""
-    if keyword_value(call, name) is not None:
+    (the keyword is then set on ``call`` itself, or said to be by hand). The function must pass its ``**kwargs`` on
+    untouched (the name used once, in this call) and not take ``name`` as a parameter of its own."""
+    positional = [a for a in call.args if a.keyword is None and not a.star]
+    if keyword_value(call, name) is not None or (position is not None and len(positional) > position):
         return None
     function = source.function_of(call)
     star = function.params.star_kwarg if function is not None else None
@@ -76,6 +87,14 @@ def _keyword_home(source: Source, call: cst.Call, name: str) -> tuple[cst.Call, 
     if function is None or star is None or len(spread) != 1:
         return None
     if not isinstance(spread[0], cst.Name) or spread[0].value != star.name.value:
+        return None
+    own = [p.name.value for p in (*function.params.params, *function.params.kwonly_params)]
+    uses = [
+        n
+        for n in source.nodes(cst.Name)
+        if n.value == star.name.value and n is not star.name and source.function_of(n) is function
+    ]
+    if name in own or len(uses) != 1:
         return None
     callee_name = function.name.value
     if callee_name == "__init__":

@@ -10,6 +10,7 @@ kept, a `triu(1)` mask (or a causal buffer's top-left corner, nanoGPT's `self.bi
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator
 
@@ -48,6 +49,7 @@ def _has_transposed_matmul(node: ast.AST) -> bool:
 
 def manual_attention(ctx: Context) -> Iterator[Finding]:
     for index in sources(ctx):
+        classes = [c for c in ast.walk(index.tree) if isinstance(c, ast.ClassDef)]
         for func in ast.walk(index.tree):
             if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 continue
@@ -64,8 +66,9 @@ def manual_attention(ctx: Context) -> Iterator[Finding]:
             per_step = ran_per_step(ctx, "softmax", site)
             lines = (func.lineno, func.end_lineno or func.lineno)
             source = ast.unparse(func)
+            owner = next((c for c in classes if func in c.body), None)
             causal = any(word in source for word in ("triu", "tril", "causal")) or any(
-                f"self.{name}" in source for name in _triangular_buffers(index.tree)
+                re.search(rf"\bself\.{name}\b", source) for name in _triangular_buffers(owner)
             )
             f = Finding(
                 "manual-attention",
@@ -86,12 +89,14 @@ def manual_attention(ctx: Context) -> Iterator[Finding]:
             yield f
 
 
-def _triangular_buffers(tree: ast.AST) -> set[str]:
-    """Buffers the file makes of ``tril``/``triu`` (nanoGPT's ``register_buffer("bias", torch.tril(...))``): a
-    forward that reads one masks its scores causally."""
+def _triangular_buffers(owner: ast.ClassDef | None) -> set[str]:
+    """Buffers the class makes of ``tril``/``triu`` (nanoGPT's ``register_buffer("bias", torch.tril(...))``): a
+    forward of it that reads one masks its scores causally."""
+    if owner is None:
+        return set()
     return {
         call.args[0].value
-        for call in ast.walk(tree)
+        for call in ast.walk(owner)
         if isinstance(call, ast.Call)
         and dotted_name(call.func).endswith("register_buffer")
         and len(call.args) >= 2
@@ -126,7 +131,23 @@ def edit(ctx: Context, f: Finding) -> EditSpec:
     # SDPA draws its own dropout masks: the patched losses differ by dropout's noise, not by precision.
     numerics = RESAMPLED if evidence.dropout else PRECISION
     label = f"scaled_dot_product_attention for the attention in {evidence.function}()"
-    return EditSpec("sdpa", label, _dropout_modules(ctx), numerics=numerics, line=line)
+    params = {**_dropout_modules(ctx), **_operand_dims(ctx, f.request)}
+    return EditSpec("sdpa", label, params, numerics=numerics, line=line)
+
+
+def _operand_dims(ctx: Context, request: object) -> dict[str, int]:
+    """``{"ndim": n}`` where every matmul the run saw in the attention's function had n-d operands (the edit then
+    reads ``transpose(n - 2, n - 1)`` as the last two dimensions); nothing where it saw none or several."""
+    if not isinstance(request, AttentionRequest):
+        return {}
+    first, last = request.lines
+    dims = {
+        len(shape)
+        for site, shapes in ctx.matmul_shapes.items()
+        if site.file == request.file and first <= site.line <= last
+        for shape in shapes
+    }
+    return {"ndim": dims.pop()} if len(dims) == 1 else {}
 
 
 def _dropout_modules(ctx: Context) -> dict[str, list[str]]:
