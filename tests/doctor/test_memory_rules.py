@@ -103,6 +103,18 @@ def test_activation_memory_fires_where_activations_dominate_and_names_the_block(
     assert evaluate(_context(memory=_memory(activations=MIB // 2)), only=["activation-memory"]) == []
 
 
+@pytest.mark.parametrize("device_mib, folded", [(16 * 1024, True), (200, False)])
+def test_activation_memory_where_the_step_fits_with_room_is_folded_under_the_findings(device_mib, folded):
+    """makemore: activations 78% of an 18-MiB peak with 22.6 GiB free read as "LOW activation-memory x0.66
+    measured" among the speed findings; with room to spare it is one line under them, still in the JSON."""
+    from turbotrain.doctor.report.terminal import folded_text
+
+    [f] = evaluate(_context(memory=_memory(activations=64 * MIB, total=device_mib * MIB)), only=["activation-memory"])
+    assert f.folded is folded and (f.to_dict().get("folded") == "fits") is folded
+    text = "\n".join(folded_text([f]))
+    assert ("memory fix the step does not need (it fits with room to spare): activation-memory" in text) is folded
+
+
 def test_out_of_memory_says_step_phase_and_line_without_a_measurement():
     site = Site("/u/train.py", 19, "forward")
     oom = OutOfMemory("cpu", 128 * 2**30, "can't allocate memory", site, phase="forward", step=0)

@@ -66,6 +66,10 @@ FindingSource = Literal["runtime", "live", "static"]
 FOLDS = {
     "gpu-only": ("GPU-only habit", "GPU-only habits"),
     "float64": ("float32-only switch (the model is float64)", "float32-only switches (the model is float64)"),
+    "fits": (
+        "memory fix the step does not need (it fits with room to spare)",
+        "memory fixes the step does not need (it fits with room to spare)",
+    ),
 }
 HIGH_SHARE, MEDIUM_SHARE = 0.20, 0.05
 
