@@ -68,3 +68,18 @@ def test_a_trial_step_of_a_step_that_accumulates_is_budgeted_as_one_micro_batch(
     assert accumulated.model_s == pytest.approx(0.44 / 4 + 0.01)
     assert accumulated.cost < whole.cost / 2
     assert ModelTrials(ctx(0.0), None).model_s == pytest.approx(0.45)  # no backward seen: the whole step
+
+
+def test_a_quick_rule_trial_runs_before_the_plan_s_and_the_others_after(monkeypatch):
+    """hand-written-layer's trial is a few of the model's steps: at the default budget the plan's fresh processes
+    left it 'Not timed' on the calibration pair; it runs before them."""
+    from turbotrain.doctor.requests import PlanRequest
+
+    order: list[str] = []
+    monkeypatch.setattr(whatif, "_own_trial", lambda ctx, f, budget: order.append(f.rule))
+    monkeypatch.setattr(whatif, "plan_trials", lambda ctx, fs, budget, allow: order.append("plan") or [])
+    findings = [Finding("activation-memory", "m", Fix(""), request=OwnTrial()),
+                Finding("no-mixed-precision", "p", Fix(""), request=PlanRequest({"precision": "bf16-mixed"})),
+                Finding("hand-written-layer", "h", Fix(""), request=OwnTrial())]
+    whatif._run_what_ifs(SimpleNamespace(), findings, budget_s=5.0, allow_compile=False)
+    assert order == ["hand-written-layer", "plan", "activation-memory"]

@@ -131,10 +131,11 @@ class Detect:
 class Rule:
     """One doctor rule: its id, its detectors and, for a fix that is an edit, its edit planner.
 
-    ``measure``: times a finding that asks for it (``request=OwnTrial()``). ``edits_without_site``: the edit goes
-    where the rule says, not at the finding's line (a process-wide flag such as ``cudnn.benchmark`` after the
-    imports), so a finding without a line can still be fixed. ``rewrite``: the edit itself, where no edit kind of
-    ``fixes/`` makes it: the planner then returns an ``EditSpec("rule", ...)``.
+    ``measure``: times a finding that asks for it (``request=OwnTrial()``); ``quick_trial``: before the plan's
+    trials. ``edits_without_site``: the edit goes where the rule says, not at the finding's line (a process-wide
+    flag such as ``cudnn.benchmark`` after the imports), so a finding without a line can still be fixed.
+    ``rewrite``: the edit itself, where no edit kind of ``fixes/`` makes it: the planner then returns an
+    ``EditSpec("rule", ...)``.
     """
 
     id: str
@@ -143,6 +144,9 @@ class Rule:
     edit: EditPlanner | None = None
     edits_without_site: bool = False
     rewrite: Rewriter | None = None
+    # Its measurer costs a few of the captured model's steps: timed before the plan's trials (fresh processes, tens
+    # of seconds), so that the default budget reaches it; the other rules' own trials come last.
+    quick_trial: bool = False
 
     @property
     def module(self) -> str:

@@ -127,6 +127,9 @@ def _run_what_ifs(ctx: Context, findings: list[Finding], budget_s: float, allow_
         steps.append(("batch_build", _one(f, batch_build_trial, ctx, budget), [f]))
     for f in of(BatchRequest):
         steps.append(("batch", _one(f, batch_trial, ctx, budget), [f]))
+    quick = [f for f in of(OwnTrial) if by_id(f.rule).quick_trial]
+    for f in quick:  # a few of the model's steps each: before the plan's fresh processes take the budget
+        steps.append((f.rule, _one(f, _own_trial, ctx, budget), [f]))
     if of(PlanRequest):
         steps.append(("plan", lambda: plan_trials(ctx, of(PlanRequest), budget, allow_compile), of(PlanRequest)))
     for f in of(AttentionRequest):
@@ -134,7 +137,8 @@ def _run_what_ifs(ctx: Context, findings: list[Finding], budget_s: float, allow_
     for f in of(EvalGradRequest):
         steps.append(("eval_grad", _one(f, eval_grad_trial, ctx, budget), [f]))
     for f in of(OwnTrial):  # a rule that times its own fix (Rule.measure)
-        steps.append((f.rule, _one(f, _own_trial, ctx, budget), [f]))
+        if not any(f is q for q in quick):
+            steps.append((f.rule, _one(f, _own_trial, ctx, budget), [f]))
     refused: dict[int, tuple[float, float]] = {}  # a finding its trial gave no outcome: the cost the budget refused
     started = 0  # the trials begun, in order: those after them the budget never reached
     for name, trial, _ in steps:

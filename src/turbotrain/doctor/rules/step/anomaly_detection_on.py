@@ -114,4 +114,6 @@ def measure(ctx: Context, finding: Finding, budget: TimeLeft) -> Measured | None
     )
 
 
-RULE = register(Rule("anomaly-detection-on", detect=(Detect("static", anomaly_detection_on),), measure=measure))
+RULE = register(
+    Rule("anomaly-detection-on", detect=(Detect("static", anomaly_detection_on),), measure=measure, quick_trial=True)
+)

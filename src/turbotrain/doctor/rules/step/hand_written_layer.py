@@ -390,5 +390,6 @@ RULE = register(
         measure=measure,
         edit=edit,
         rewrite=rewrite,
+        quick_trial=True,
     )
 )
