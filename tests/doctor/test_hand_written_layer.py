@@ -293,3 +293,13 @@ def test_a_one_line_forward_gets_a_block_and_an_import_inside_a_function_is_not_
     new = _rewrite(text, **gelu)
     assert '    def forward(me, x):\n        return torch.nn.functional.gelu(x, approximate="tanh")\n' in new
     compile(new, "model.py", "exec")
+
+
+def test_a_long_step_is_timed_in_two_rounds_of_one_step_a_side(tmp_path, monkeypatch):
+    """LLMs-from-scratch's 1.8-s step asked 21 s of the default 20-s budget: a step over 0.15 s takes two rounds of
+    one step each side, as the plan's trials do."""
+    ctx, _ = _context(tmp_path)
+    norm = next(f for f in evaluate(ctx, only=["hand-written-layer"]) if f.site.line == 8)
+    monkeypatch.setattr(Context, "seconds", lambda self, phase: 0.2 if phase == "compute" else 0.0)
+    measured = measure(ctx, norm, Budget())
+    assert len(measured.what_if.rounds) == 2

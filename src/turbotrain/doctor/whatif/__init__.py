@@ -111,6 +111,24 @@ def _one(
     return lambda: [(finding, trial(ctx, finding, budget))]
 
 
+EARLY_SHARE = 0.25  # of the what-if budget: the most a quick rule trial may take before the plan's trials
+
+
+def _early(finding: Finding, ctx: Context, budget: Budget) -> Trial:
+    """A quick rule trial with a quarter of the budget at most: one that needs more (a long step) is left to its
+    turn after the others, so the plan's trials, where the large gains usually are, are not starved by it."""
+
+    def run() -> list[tuple[Finding, Outcome | None]]:
+        outcome = _own_trial(ctx, finding, Budget(min(budget.left, EARLY_SHARE * budget.seconds)))
+        return [(finding, outcome)] if outcome is not None else []
+
+    return run
+
+
+def _unless_timed(finding: Finding, trial: Trial) -> Trial:
+    return lambda: [] if finding.what_if is not None else trial()
+
+
 def _run_what_ifs(ctx: Context, findings: list[Finding], budget_s: float, allow_compile: bool) -> None:
     budget = Budget(budget_s)
 
@@ -129,16 +147,15 @@ def _run_what_ifs(ctx: Context, findings: list[Finding], budget_s: float, allow_
         steps.append(("batch", _one(f, batch_trial, ctx, budget), [f]))
     quick = [f for f in of(OwnTrial) if by_id(f.rule).quick_trial]
     for f in quick:  # a few of the model's steps each: before the plan's fresh processes take the budget
-        steps.append((f.rule, _one(f, _own_trial, ctx, budget), [f]))
+        steps.append((f.rule, _early(f, ctx, budget), [f]))
     if of(PlanRequest):
         steps.append(("plan", lambda: plan_trials(ctx, of(PlanRequest), budget, allow_compile), of(PlanRequest)))
     for f in of(AttentionRequest):
         steps.append(("attention", _one(f, attention_trial, ctx, budget), [f]))
     for f in of(EvalGradRequest):
         steps.append(("eval_grad", _one(f, eval_grad_trial, ctx, budget), [f]))
-    for f in of(OwnTrial):  # a rule that times its own fix (Rule.measure)
-        if not any(f is q for q in quick):
-            steps.append((f.rule, _one(f, _own_trial, ctx, budget), [f]))
+    for f in of(OwnTrial):  # a rule that times its own fix (Rule.measure); a quick one the early slot could not hold
+        steps.append((f.rule, _unless_timed(f, _one(f, _own_trial, ctx, budget)), [f]))
     refused: dict[int, tuple[float, float]] = {}  # a finding its trial gave no outcome: the cost the budget refused
     started = 0  # the trials begun, in order: those after them the budget never reached
     for name, trial, _ in steps:

@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 Kind = Literal["layer_norm", "rms_norm", "gelu", "silu"]
 EPSILONS = (1e-5, 1e-6, 1e-8, 1e-12, 1e-4, 1e-3)  # tried after the module's own ``eps``
 SCALES = (1.0, 1e-2, 1e-4)  # input scales: at 1e-4 the variance (1e-8) tells 1e-8 from 1e-12 apart
-ROUNDS = 3  # interleaved rounds of the step as written and with torch's kernels
+ROUNDS = 3  # interleaved rounds of the step as written and with torch's kernels (2 for a model step over 0.15 s)
 REPEATS = 3  # the fastest of up to this many steps each, per round
 TORCH_MODULE = {"layer_norm": "nn.LayerNorm", "rms_norm": "nn.RMSNorm", "gelu": "nn.GELU", "silu": "nn.SiLU"}
 LABEL = {"layer_norm": "LayerNorm", "rms_norm": "RMSNorm", "gelu": "GELU", "silu": "SiLU"}
@@ -289,7 +289,7 @@ def _swapped(model: nn.Module, evidence: LayerEvidence) -> Callable[[bool], None
 
 
 def measure(ctx: Context, finding: Finding, budget: TimeLeft) -> Measured | None:
-    """The captured model's surrogate step as written against with torch's kernels, ``ROUNDS`` interleaved rounds."""
+    """The captured model's surrogate step as written against with torch's kernels, in interleaved rounds."""
     capture = ctx.capture
     if capture is None:
         return None
@@ -310,10 +310,11 @@ def measure(ctx: Context, finding: Finding, budget: TimeLeft) -> Measured | None
     compute_s = (ctx.seconds("compute") + ctx.seconds("python_overhead")) / passes + ctx.seconds("optimizer")
     model_s = max(1e-4, compute_s)
     repeats = max(1, min(REPEATS, int(0.3 / model_s)))
-    if not budget.allows((2 * ROUNDS * repeats + 2) * model_s * 1.5 + 0.5):
+    rounds = ROUNDS if repeats > 1 else 2  # a long step: two rounds of one step each side, as the plan's trials
+    if not budget.allows((2 * rounds * repeats + 2) * model_s * 1.5 + 0.5):
         return None
     step(True)  # warm both paths' kernels
-    pairs = [fastest_pair(lambda: step(False), lambda: step(True), ctx.on_gpu, repeats) for _ in range(ROUNDS)]
+    pairs = [fastest_pair(lambda: step(False), lambda: step(True), ctx.on_gpu, repeats) for _ in range(rounds)]
     ratios = tuple(round(written / fused, 3) for written, fused in pairs if fused > 0)
     written_s, fused_s = min(p[0] for p in pairs), min(p[1] for p in pairs)
     return Measured(
