@@ -447,3 +447,35 @@ def test_torchs_frames_are_folded_into_the_module_or_the_users_code_that_ran_the
     assert (ddp.name, ddp.compiles, ddp.graphs, ddp.code.function, ddp.site) == ("DistributedDataParallel", 2, 0,
                                                                                   "inner", call[0])
     assert (mine.name, mine.compiles, mine.graphs) == ("forward", 2, 1)
+
+
+def _ran_after_compile(x):
+    return x + 1
+
+
+@pytest.mark.skipif(sys.gettrace() is not None, reason="another tracer (coverage, a debugger) is installed")
+def test_the_function_trace_is_paused_while_torch_compile_compiles_and_back_after():
+    # A trace hook on every call of dynamo's and Inductor's Python made a GPT's compile 1.5x as long.
+    from turbotrain.doctor.record.function_trace import FunctionTracer
+
+    seen_while_compiling = []
+
+    def backend(gm, example_inputs):
+        seen_while_compiling.append(sys.gettrace())
+        return gm.forward
+
+    tracer = FunctionTracer()
+    watch = CompileWatch(on_compiling=tracer.pause)
+    watch.start()
+    tracer.trace(True)
+    try:
+        torch.compile(lambda x: torch.sin(x) * 2, backend=backend)(torch.ones(3))
+        traced_after = sys.gettrace() is not None
+        _ran_after_compile(1)
+    finally:
+        tracer.trace(False)
+        watch.stop()
+    assert seen_while_compiling == [None]
+    assert traced_after
+    assert _ran_after_compile.__code__ in tracer.ran_code
+    assert sys.gettrace() is None

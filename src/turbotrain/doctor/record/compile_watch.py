@@ -39,7 +39,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType, ModuleType, TracebackType
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 from ..sites import Site, is_user_file
 
@@ -432,7 +432,8 @@ class CompileWatch:
     changes no torch._dynamo.config setting and resets no counter.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, on_compiling: Callable[[bool], None] | None = None) -> None:
+        self._on_compiling = on_compiling  # told True when a compile starts, False when it ends
         self._live = _Live()
         self._break_filter = _BreakFilter(self._live)
         self._limit_filter = _LimitFilter(self._live)
@@ -483,9 +484,13 @@ class CompileWatch:
         entries: list[_Entry] = []
         dynamo = sys.modules.get(_DYNAMO)
         if dynamo is not None and hasattr(dynamo, "reset"):
-            callbacks = dynamo.callback_handler.start_callbacks
-            if self._on_compile_start in callbacks:  # torch._dynamo.reset() clears every callback
-                callbacks.remove(self._on_compile_start)
+            handler = dynamo.callback_handler  # torch._dynamo.reset() clears every callback
+            for callbacks, mine in (
+                (handler.start_callbacks, self._on_compile_start),
+                (handler.end_callbacks, self._on_compile_end),
+            ):
+                if mine in callbacks:
+                    callbacks.remove(mine)
             utils = sys.modules[_UTILS]
             kept = [m for m in utils.get_compilation_metrics() if id(m) not in self._seen]
             entries = [e for e in (_entry(m, self._live.callers) for m in kept) if e is not None and not _doctors(e)]
@@ -503,8 +508,15 @@ class CompileWatch:
         self._bound = utils._compilation_metrics.maxlen
         utils.set_compilation_metrics_limit(max(self._bound or 0, _METRICS_BOUND))
         dynamo.callback_handler.register_start_callback(self._on_compile_start)
+        dynamo.callback_handler.register_end_callback(self._on_compile_end)
+
+    def _on_compile_end(self, args: Any) -> None:
+        if self._on_compiling is not None:
+            self._on_compiling(False)
 
     def _on_compile_start(self, args: Any) -> None:
+        if self._on_compiling is not None:  # any trigger: a lazy backward compiles as long as a forward
+            self._on_compiling(True)
         if args.callback_trigger.name == "DYNAMO":  # not a lazy backward or an autotune: they have no new caller
             self._live.callers[args.compile_id] = _user_stack(sys._getframe(1))
             module = _compiled_module(sys._getframe(1))

@@ -218,7 +218,7 @@ class Recorder:
             register_optimizer_step_post_hook(self.tracker.after_optimizer_step),
         ]
         try:
-            self.compile_watch = CompileWatch()
+            self.compile_watch = CompileWatch(on_compiling=self.functions.pause)
             self.compile_watch.start()
             self.modules.set_discovery(True)
             instrument.install(self.patcher)
