@@ -51,9 +51,10 @@ def recompile(kind: str, guard: str, line: int = 41, seconds: float = 0.5) -> Re
     return Recompile("0/1", kind, guard, guard, site(line, "main"), site(line, "main"), seconds)
 
 
-def code(breaks=(), recompiles=(), fallback=None, file: str = USER, name: str = "forward") -> CompiledCode:
+def code(breaks=(), recompiles=(), fallback=None, file: str = USER, name: str = "forward",
+         first_compile_s: float = 1.5) -> CompiledCode:
     return CompiledCode(name, Site(file, 16, name), Site(file, 16, name), compiles=1 + len(recompiles),
-                        graphs=2, breaks=tuple(breaks), recompiles=tuple(recompiles), first_compile_s=1.5,
+                        graphs=2, breaks=tuple(breaks), recompiles=tuple(recompiles), first_compile_s=first_compile_s,
                         fallback=fallback)
 
 
@@ -363,6 +364,32 @@ def test_compile_pays_back_after_the_steps_it_saves_and_says_plainly_when_it_is_
     note, fix = _said(ctx, slower, 10.0, "eager")
     assert note.startswith("The compiled step is slower than eager: 5.20 ms compiled against 4.00 ms eager")
     assert "backend='eager'" in note and "1 graph break(s)" in note and "eagerly" in fix.pytorch
+
+
+def _ended_after(ctx: Context, steps: int, step_s: float) -> Context:
+    """``ctx`` as a run that ended by itself after ``steps`` steps of ``step_s`` seconds (all compute)."""
+    from turbotrain.doctor.record.measurements import StepRecord
+
+    records = [StepRecord(i, i * step_s, (i + 1) * step_s, {"forward": step_s}) for i in range(steps)]
+    return ctx.replace(breakdown=compute_breakdown(records, 1), run_steps=steps)
+
+
+def test_a_run_too_short_for_compile_to_pay_back_says_so_with_both_runs_seconds():
+    # llm.c's train_gpt2.py --compile 1 on a 2-core Xeon: 72.8 s compiling, 10 steps of 1.4 s.
+    ctx = _ended_after(context(code(first_compile_s=72.8)), 10, 1.4)
+    [f] = findings(ctx, "compile-pays-back")
+    assert "ended by itself after 10 steps of 1.4 s: compiling was 84% of its 86.8 s" in f.message
+    assert "eager steps would have to take 8.7 s, 6.2x the compiled step" in f.message
+    assert f.severity == "medium" and not f.measured  # untimed, but compiling dwarfs the run
+    faster = _common.PairTiming((0.77, 0.8), a_s=0.85, b_s=1.1, warm_s=(20.0, 2.0))
+    note, fix = _said(ctx, faster, 72.8, "inductor")
+    assert "it pays after 292 steps, and this run ended after 10" in note
+    # Eager, each of the 10 steps is longer by what the model's step took eager beyond compiled.
+    assert "Compiled it took about 86.8 s; eager it would have taken about 16.5 s" in note
+    assert fix.pytorch.startswith("Run runs this short eagerly") and "over 292 steps" in fix.pytorch
+    # A run the doctor stopped has no known length: when it pays is all that is said.
+    note, fix = _said(ctx.replace(run_steps=None), faster, 72.8, "inductor")
+    assert "pays after 292 steps. Running eagerly instead would be slower." in note
 
 
 def test_the_report_carries_what_compile_did():

@@ -198,3 +198,25 @@ def test_max_autotune_is_timed_against_the_default_mode_at_the_compile_line():
     assert what_if.candidate == "compiled in the default mode" and len(what_if.rounds) >= 2
     assert what_if.baseline_first_calls_s > 0 and what_if.candidate_first_calls_s > 0
     assert "in max-autotune against" in finding.note
+
+
+@pytest.mark.skipif(not (shutil.which("g++") or shutil.which("c++")),
+                    reason="torch.compile on CPU needs a C++ compiler")
+def test_a_run_that_ends_before_compile_can_pay_back_is_priced_over_the_whole_run():
+    """compile_short_run.py compiles a small MLP and ends by itself after 8 steps (the doctor asks for 9): the
+    finding names the run's length and judges the whole run, compiling included, so it is rated high: seconds of
+    compiling against milliseconds of steps, whatever the compiled step buys."""
+    from doctor_helpers import marked_lines
+    from turbotrain.doctor.results import CompileResult
+
+    report = run_doctor("compile_short_run", what_if_budget_s=30)
+    assert report.status == "incomplete" and report.steps_completed == 8
+    finding = next(f for f in report.findings if f.rule == "compile-pays-back")
+    ((_, line),) = marked_lines("compile_short_run")
+    assert finding.site.line == line
+    assert "This run ended by itself after 8 steps" in finding.message
+    what_if = finding.what_if
+    assert finding.measured and isinstance(what_if, CompileResult), finding.note
+    assert what_if.run_steps == 8 and what_if.compile_s > 0
+    assert finding.severity == "high" and finding.est_speedup > 2, (finding.est_speedup, finding.note)
+    assert "eagerly" in finding.fix.pytorch

@@ -256,6 +256,26 @@ def _trained_elsewhere(recording: Recording, base: str | None) -> str | None:
     )
 
 
+def what_if_budget_s(options: DoctorOptions, ctx: Context) -> float:
+    """``--what-if-budget``, else sized by the script's step (:func:`.whatif.common.default_budget_s`)."""
+    from .whatif.common import default_budget_s
+
+    return options.what_if_budget_s if options.what_if_budget_s is not None else default_budget_s(ctx.step_s)
+
+
+def _budget_message(options: DoctorOptions, ctx: Context) -> str | None:
+    """Where the step was long enough to size the what-ifs' budget by it, the seconds it gave them."""
+    from .whatif.common import BUDGET_CAP_S, BUDGET_S, BUDGET_STEPS
+
+    budget = what_if_budget_s(options, ctx)
+    if not options.what_if or options.what_if_budget_s is not None or budget <= BUDGET_S:
+        return None
+    return (
+        f"Steps of {ctx.step_s:.3g} s: the what-ifs had {budget:.0f} s to measure the fixes (the time of "
+        f"{BUDGET_STEPS} steps, at most {BUDGET_CAP_S:.0f} s); --what-if-budget SECONDS sets it."
+    )
+
+
 def _messages(recording: Recording, run: ScriptRun | None, ctx: Context | None, requested: int) -> list[str]:
     """The notes a report prints about the run itself: how it ended and how the window moved."""
     out = []
@@ -347,6 +367,7 @@ def analyse(
     started = time.perf_counter()
     ctx = build_context(recording, live, script_path)
     ctx.memory_allowed = options.what_if  # one measured step of copies: a what-if's cost
+    ctx.run_steps = len(recording.steps) if run is not None and run.status == "finished" else None
     rules_failed: list[tuple[str, str]] = []
     findings = evaluate(ctx, failed=rules_failed)
     timings["rules"] = time.perf_counter() - started
@@ -354,7 +375,7 @@ def analyse(
         started = time.perf_counter()
         from .whatif import run_what_ifs
 
-        run_what_ifs(ctx, findings, budget_s=options.what_if_budget_s, allow_compile=options.compile)
+        run_what_ifs(ctx, findings, budget_s=what_if_budget_s(options, ctx), allow_compile=options.compile)
         timings["what_if"] = time.perf_counter() - started
         findings = order(findings)
     trace = trace_failed = None
@@ -377,6 +398,9 @@ def analyse(
     else:
         status = "ok"
     messages = _messages(recording, run, ctx, requested)
+    budget_said = _budget_message(options, ctx)
+    if budget_said:
+        messages.append(budget_said)
     started = time.perf_counter()
     from .report.memory import memory_section
 

@@ -380,6 +380,9 @@ class CompileResult(WhatIf):
     graphs_for_other_lengths: int | None = None
     # A fresh compile reading Inductor's on-disk cache (the run filled it): what a rerun on this machine pays.
     cached_compile_s: float | None = None
+    # Set where the run ended by itself after this many steps: the judged ratio is over the whole run, compiling
+    # included (compiled run / eager run), not over one step.
+    run_steps: int | None = None
 
     def _fields(self) -> dict[str, Any]:
         return {
@@ -396,6 +399,7 @@ class CompileResult(WhatIf):
                 other_lengths=self.other_lengths,
                 graphs_for_other_lengths=self.graphs_for_other_lengths,
                 cached_compile_s=self.cached_compile_s,
+                run_steps=self.run_steps,
             ),
         }
 

@@ -90,6 +90,8 @@ class Context:
     machine: MachineFacts | None = None  # cores, threads, workers, other load (doctor.machine); None: not known
     recording: Recording | None = None  # what this context was read from
     memory_allowed: bool = True  # False (--no-what-if): the step's memory is not measured (analysis/memory.py)
+    # The optimizer steps of the whole run where the script ended by itself; None: the doctor stopped it, or it failed.
+    run_steps: int | None = None
 
     @property
     def noise_floor(self) -> float:

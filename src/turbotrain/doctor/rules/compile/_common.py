@@ -237,6 +237,7 @@ class Variant:
     label: str
     module: torch.nn.Module
     settings: Callable[[], ContextManager[Any]] = contextlib.nullcontext
+    compiles: bool = True  # False: an eager variant, whose first call costs no compile
 
 
 @dataclass(frozen=True)
@@ -296,15 +297,15 @@ def time_variants(
     ctx: Context, budget: TimeLeft, a: Variant, b: Variant, compile_s: float, other_batches: Sequence[Batch] = ()
 ) -> PairTiming | None:
     """``a`` and ``b`` on the captured batch, warmed (compiled) first, then timed in interleaved rounds; None when
-    the budget cannot hold compiling them (``compile_s``: the run's first compiles, what one fresh compile of the
-    model for one batch costs; recompiles for other inputs are not paid here) or a round.
+    the budget cannot hold compiling those that compile (``compile_s``: the run's first compiles, what one fresh
+    compile of the model for one batch costs; recompiles for other inputs are not paid here) or a round.
     ``other_batches``: ``b`` steps once on each after its warm-up, each timed, the graphs compiled for them counted."""
     from torch._dynamo.utils import counters
 
     assert ctx.capture is not None  # the callers check it
     batch = (ctx.capture.args, ctx.capture.kwargs)
     cuda = ctx.on_gpu
-    if not budget.allows(2 * compile_s + 1.0):
+    if not budget.allows((a.compiles + b.compiles) * compile_s + 1.0):
         return None
     with _fresh_dynamo():
         runs = (_step(a.module, batch, cuda), _step(b.module, batch, cuda))

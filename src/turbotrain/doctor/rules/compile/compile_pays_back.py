@@ -59,12 +59,33 @@ def pays_after(compile_s: float, eager_s: float, compiled_s: float) -> int | Non
     return math.ceil(compile_s / saved) if saved > 0 else None
 
 
+SLOWER_EAGER = 2.0  # untimed, a run whose compile would need eager steps this much slower to pay back rates medium
+
+
+def _run_length(ctx: Context, compile_s: float) -> tuple[str, float]:
+    """What compiling was beside a run that ended by itself: its share of the run, and how slow eager steps would
+    have to be, against the compiled one, for it to pay back in that many steps (("", 1.0) where the doctor
+    stopped the run)."""
+    steps, step_s = ctx.run_steps, ctx.step_s
+    if not steps or step_s <= 0:
+        return "", 1.0
+    training_s = steps * step_s
+    needed = step_s + compile_s / steps
+    return (
+        f" This run ended by itself after {steps:,} steps of {seconds_text(step_s)}: compiling was "
+        f"{compile_s / (compile_s + training_s):.0%} of its {seconds_text(compile_s + training_s)}; to pay back in "
+        f"{steps:,} steps, eager steps would have to take {seconds_text(needed)}, {needed / step_s:.1f}x the "
+        "compiled step."
+    ), needed / step_s
+
+
 def pays_back(ctx: Context) -> Iterator[Finding]:
     codes = user_codes(ctx)
     if not codes:
         return
     first, again = compile_seconds(ctx)
     model = compiled_model(ctx)
+    run_said, eager_needed = _run_length(ctx, first + again)
     f = Finding(
         "compile-pays-back",
         site=ctx.capture.site if ctx.capture is not None else codes[0].site,
@@ -72,7 +93,7 @@ def pays_back(ctx: Context) -> Iterator[Finding]:
         message=(
             f"torch.compile spent {seconds_text(first + again)} compiling {', '.join(sorted({c.name for c in codes}))}"
             f" in this run ({seconds_text(first)} first compiles, {seconds_text(again)} recompiles): paid once per "
-            "run and per new input. Whether the compiled step wins it back is timed against eager."
+            "run and per new input. Whether the compiled step wins it back is timed against eager." + run_said
         ),
         fix=Fix("Keep torch.compile where the compiled step is faster; run eagerly where it is not"),
         evidence=CompileCostEvidence(
@@ -83,7 +104,7 @@ def pays_back(ctx: Context) -> Iterator[Finding]:
         ),
         request=OwnTrial() if model is not None else None,
     )
-    f.provisional("low")
+    f.provisional("medium" if eager_needed >= SLOWER_EAGER else "low")
     f.note = (
         "Unmeasured: the what-ifs time the compiled step against eager."
         if model is not None
@@ -108,10 +129,31 @@ def _why_slower(ctx: Context, model_backend: str) -> str:
     return "; ".join(reasons) or "the graphs are too small for fusion to beat their call overhead"
 
 
+_EAGER_FIX = Fix(
+    "Run this model eagerly (drop torch.compile), or fix its graph breaks first and time it again",
+    lightning="Drop the torch.compile of the LightningModule (or fix its graph breaks first)",
+    hf_trainer="TrainingArguments(torch_compile=False)",
+)
+
+
 def _said(ctx: Context, timing: PairTiming, compile_s: float, backend: str) -> tuple[str, Fix]:
     """The note and the fix, from the timed eager (``b``) and compiled (``a``) steps."""
     compiled_s, eager_s = timing.a_s, timing.b_s
     steps = pays_after(compile_s, eager_s, compiled_s)
+    if steps is not None and ctx.run_steps is not None and steps > ctx.run_steps:
+        compiled_run, eager_run = run_seconds(ctx, compile_s, compiled_s / eager_s, eager_s)
+        note = (
+            f"Compile costs {seconds_text(compile_s)} and saves {(eager_s - compiled_s) * 1e3:.2f} ms a step "
+            f"({eager_s * 1e3:.2f} ms eager, {compiled_s * 1e3:.2f} ms compiled): it pays after {steps:,} steps, "
+            f"and this run ended after {ctx.run_steps:,}. Compiled it took about {seconds_text(compiled_run)}; "
+            f"eager it would have taken about {seconds_text(eager_run)}."
+        )
+        fix = Fix(
+            f"Run runs this short eagerly (drop torch.compile); keep it for runs of over {steps:,} steps",
+            lightning="Drop the torch.compile of the LightningModule for runs this short",
+            hf_trainer="TrainingArguments(torch_compile=False) for runs this short",
+        )
+        return note, fix
     if steps is not None:
         note = (
             f"Compile costs {seconds_text(compile_s)} and saves {(eager_s - compiled_s) * 1e3:.2f} ms a step "
@@ -124,12 +166,14 @@ def _said(ctx: Context, timing: PairTiming, compile_s: float, backend: str) -> t
         f"eager, after {seconds_text(compile_s)} of compiling; compile never pays back here. Why: "
         f"{_why_slower(ctx, backend)}."
     )
-    fix = Fix(
-        "Run this model eagerly (drop torch.compile), or fix its graph breaks first and time it again",
-        lightning="Drop the torch.compile of the LightningModule (or fix its graph breaks first)",
-        hf_trainer="TrainingArguments(torch_compile=False)",
-    )
-    return note, fix
+    return note, _EAGER_FIX
+
+
+def run_seconds(ctx: Context, compile_s: float, ratio: float, eager_s: float) -> tuple[float, float]:
+    """The run's seconds compiled (its compiling and its steps, as measured) and as eager steps would have made
+    them: each step longer by what one model step took eager beyond compiled (``ratio``: compiled / eager)."""
+    steps = ctx.run_steps or 0
+    return compile_s + steps * ctx.step_s, steps * (ctx.step_s + eager_s * (1.0 - ratio))
 
 
 def measure(ctx: Context, f: Finding, budget: TimeLeft) -> Measured | None:
@@ -141,7 +185,7 @@ def measure(ctx: Context, f: Finding, budget: TimeLeft) -> Measured | None:
         return None
     first, again = compile_seconds(ctx)
     compiled = Variant("compiled as the script compiles it", recompiled(model))
-    eager = Variant("eager (no torch.compile)", eager_copy(model))
+    eager = Variant("eager (no torch.compile)", eager_copy(model), compiles=False)
     timing = time_variants(ctx, budget, compiled, eager, first)
     if timing is None:
         return None
@@ -152,13 +196,21 @@ def measure(ctx: Context, f: Finding, budget: TimeLeft) -> Measured | None:
     # Inductor keeps compiled graphs on disk: where the run compiled them anew, a fresh compile is timed reading them.
     cached = cached_compile(ctx, model, budget) if backend == "inductor" and not hits else None
     note = " ".join(filter(None, [note, cache_note(hits, hits + misses, first + again, cached, inductor_cache_dir())]))
-    # The ratio judged is what running eagerly buys: > 1 where compile made the step slower.
-    verdict = judge(list(timing.ratios), noise_floor=ctx.noise_floor)
+    # The ratio judged is what running eagerly buys: > 1 where compile made the step slower; for a run that ended
+    # by itself, what it buys the whole run, compiling included.
+    ratios, applies_to = list(timing.ratios), ctx.share("compute") + ctx.share("python_overhead")
+    if ctx.run_steps:
+        ratios = [
+            compiled / eager for compiled, eager in (run_seconds(ctx, first + again, r, timing.b_s) for r in ratios)
+        ]
+        applies_to = 1.0
+    verdict = judge(ratios, noise_floor=ctx.noise_floor)
     result = compile_result(compiled, eager, timing, first + again, pays_after(first + again, timing.b_s, timing.a_s))
+    result = dataclasses.replace(result, run_steps=ctx.run_steps or None)
     return Measured(
         what_if=dataclasses.replace(result, cached_compile_s=round(cached.seconds, 3)) if cached else result,
         verdict=verdict,
-        applies_to=ctx.share("compute") + ctx.share("python_overhead"),
+        applies_to=applies_to,
         fix=fix,
         note=note,
     )

@@ -269,7 +269,7 @@ def measure(ctx: Context, f: Finding, budget: TimeLeft) -> Measured | None:
     code = next(c for c in user_codes(ctx) if _code_at(c) == _evidence(f).code_at)
     fell_back = code.fallback is not None
     script = (
-        Variant("eager, as the script runs after the recompile limit", eager_copy(model))
+        Variant("eager, as the script runs after the recompile limit", eager_copy(model), compiles=False)
         if fell_back
         else Variant("compiled as the script compiles it", recompiled(model))
     )
