@@ -43,6 +43,21 @@ def test_the_command_s_flags_are_the_fields_with_their_defaults_and_docs():
     assert dataclasses.is_dataclass(options) and dataclasses.fields(options)[0].metadata["flag"] == "--steps"
 
 
+def test_the_what_if_budget_is_the_users_or_sized_by_the_step():
+    from types import SimpleNamespace
+
+    from turbotrain.doctor.diagnose import what_if_budget_s
+
+    args = build_parser().parse_args(["doctor", "--what-if-budget", "45", "train.py"])
+    assert options_from_args(args).what_if_budget_s == 45.0  # an Optional float's flag parses a float
+    default = DoctorOptions()
+    assert default.what_if_budget_s is None
+    # 20 s for short steps; 60 steps' worth for long ones (llm.c's 1.39-s GPT-2 step: two trials need 42 s), <= 180.
+    assert [what_if_budget_s(default, SimpleNamespace(step_s=s)) for s in (0.017, 1.39, 30.0)] == pytest.approx(
+        [20.0, 83.4, 180.0])
+    assert what_if_budget_s(DoctorOptions(what_if_budget_s=5.0), SimpleNamespace(step_s=30.0)) == 5.0
+
+
 def test_watch_is_checked_as_the_command_is():
     with pytest.raises(ConfigError, match=r"DoctorOptions.steps \(--steps\): 0 is not allowed"):
         with tt.doctor.watch(steps=0, print_report=False):

@@ -86,3 +86,33 @@ def test_a_quick_rule_trial_runs_before_the_plan_s_and_the_others_after(monkeypa
     # the plan's trials are not starved by it.
     assert [rule for rule, _ in order] == ["hand-written-layer", "plan", "activation-memory", "hand-written-layer"]
     assert order[0][1] <= 2.0 and order[3][1] == 8.0
+
+
+def test_a_compiled_models_optimizer_switch_is_timed_on_its_eager_original_and_the_others_say_why_not(monkeypatch):
+    """llm.c's train_gpt2.py --compile 1: its non-foreach AdamW took 24% of the step and went untimed, without a
+    word, because the model was compiled. The optimizer steps outside the graph; precision changes the graph."""
+    import torch
+
+    from turbotrain.doctor.requests import PlanRequest
+    from turbotrain.doctor.whatif import common, switches
+    from turbotrain.plan import Plan
+
+    monkeypatch.setattr(common, "optimizer_recipe", lambda ctx: (torch.optim.AdamW, {"lr": 1e-3, "foreach": False}))
+    monkeypatch.setattr(common, "baseline_plan", lambda ctx: Plan(device="cpu"))
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 1))
+    compiled = torch.compile(model, backend="eager")
+    capture = SimpleNamespace(module=compiled, args=(torch.randn(4, 8),), kwargs={})
+    seconds = {"compute": 0.002, "python_overhead": 0.0, "optimizer": 0.001}
+    ctx = SimpleNamespace(capture=capture, facts=SimpleNamespace(compiled=True), seconds=seconds.get,
+                          backwards_per_step=lambda: 1.0, noise_floor=0.0, device="cpu")
+    fused = Finding("non-foreach-optimizer", "loop", Fix("fused"), request=PlanRequest({"fused_optimizer": True}))
+    bf16 = Finding("no-mixed-precision", "fp32", Fix("autocast"), request=PlanRequest({"precision": "bf16-mixed"}))
+    trained = []
+    real_trial = common.run_trial
+    monkeypatch.setattr(common, "run_trial", lambda m, *a, **k: trained.append(m) or real_trial(m, *a, **k))
+    outcomes = dict((f.rule, o) for f, o in switches.plan_trials(ctx, [fused, bf16], whatif.Budget(30.0), False))
+    assert trained and all(m is model for m in trained)  # the eager original, never the compiled module
+    assert isinstance(outcomes["non-foreach-optimizer"].gain.what_if.rounds, tuple)
+    assert "eager original" in outcomes["non-foreach-optimizer"].before[-1].text
+    assert outcomes["no-mixed-precision"].gain is None
+    assert "compiles its model" in outcomes["no-mixed-precision"].before[0].text

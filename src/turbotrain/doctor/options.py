@@ -40,8 +40,9 @@ class DoctorOptions:
     """Steps under torch.profiler after the measured ones (the op table and the trace)."""
     what_if: bool = field(default=True, metadata=flag("--no-what-if"))
     """Measure the fixes on the captured model and loader; --no-what-if: estimates only (faster)."""
-    what_if_budget_s: float = field(default=20.0, metadata=flag("--what-if-budget", "SECONDS"))
-    """Seconds allowed for measuring fixes."""
+    what_if_budget_s: float | None = field(default=None, metadata=flag("--what-if-budget", "SECONDS"))
+    """Seconds allowed for measuring fixes (default: 20, or 60 of the script's steps where they are long, at
+    most 180)."""
     compile: bool = field(default=False, metadata=flag("--compile"))
     """Also measure torch.compile (compiling takes a while)."""
     watch_s: float = field(default=20.0, metadata=flag("--watch", "SECONDS"))
@@ -87,6 +88,8 @@ class DoctorOptions:
         budgets = ("what_if_budget_s", "watch_s", "verify_budget_s", "job_what_if_budget_s", "hang_timeout_s")
         for name in ("record_budget_s", *budgets):
             value = getattr(self, name)
+            if value is None and name == "what_if_budget_s":  # sized by the step when the run is read
+                continue
             if not value >= (1e-9 if name == "hang_timeout_s" else 0):  # NaN fails too
                 raise ConfigError(f"{_named(name)}: {value:g} is not allowed; expected seconds >= 0.")
         if self.memory_limit_bytes is not None and self.memory_limit_bytes <= 0:
@@ -138,6 +141,8 @@ def add_option_arguments(parser: argparse.ArgumentParser) -> None:
         if name is None:
             continue
         hint, default = hints[option.name], option.default
+        if type(None) in typing.get_args(hint):  # an Optional field: its flag takes the type it holds
+            hint = next(a for a in typing.get_args(hint) if a is not type(None))
         text = docs[option.name].rstrip(".")
         if hint is bool:
             parser.add_argument(

@@ -56,7 +56,7 @@ def watch(
     warmup: int = 2,
     profile_steps: int = 2,
     what_if: bool = True,
-    what_if_budget_s: float = 20.0,
+    what_if_budget_s: float | None = None,
     compile: bool = False,
     print_report: bool = True,
     json: str | None = None,

@@ -45,6 +45,17 @@ class Budget:
         return False
 
 
+BUDGET_S = 20.0  # the what-ifs' seconds where the script's steps are short
+BUDGET_STEPS = 60  # where they are long: this many of them
+BUDGET_CAP_S = 180.0
+
+
+def default_budget_s(step_s: float) -> float:
+    """The what-ifs' seconds where the user gave none: 20, or room for 60 steps where the script's are long (a
+    trial of a 1.4-s step and its baseline alone take 20 s), at most 180."""
+    return min(BUDGET_CAP_S, max(BUDGET_S, BUDGET_STEPS * step_s))
+
+
 def optimizer_recipe(ctx: Context) -> tuple[type, dict[str, Any]]:
     """The user's optimizer's class and constructor settings (SGD when there is none, or when it cannot be
     rebuilt from its defaults)."""
@@ -116,11 +127,12 @@ MAX_TRIAL_STEPS = 50
 class ModelTrials:
     """Baseline and candidate trials on one captured model and batch."""
 
-    def __init__(self, ctx: Context, budget: Budget):
+    def __init__(self, ctx: Context, budget: Budget, model: torch.nn.Module | None = None):
+        """``model``: trained in place of the captured module (a compiled one's eager original)."""
         capture = ctx.capture
         assert capture is not None  # every what-if that builds trials checks ctx.capture first
         self.ctx, self.budget = ctx, budget
-        self.model = capture.module
+        self.model = model if model is not None else capture.module
         self.batches = [(capture.args, capture.kwargs)]
         self.optimizer = optimizer_recipe(ctx)  # the user's optimizer, rebuilt for each copy of the model
         cls, settings = self.optimizer
