@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ContextManager
 
 import torch
 from torch.utils._pytree import tree_map
@@ -13,7 +14,14 @@ from torch.utils._pytree import tree_map
 from ...data.transfer import resize_batch, tensors_in
 from ..record.recording import Capture
 
-__all__ = ["surrogate_step", "time_once", "fastest_pair", "repeat_batch"]
+if TYPE_CHECKING:
+    from ..rules.rule import TimeLeft
+    from .context import Context
+
+__all__ = ["surrogate_step", "time_once", "fastest_pair", "repeat_batch", "micro_step_s", "TwoWays", "step_two_ways"]
+
+ROUNDS = 3  # interleaved rounds of a step timed two ways (two where a step is long)
+REPEATS = 3  # the fastest of up to this many steps each way, per round
 
 
 def surrogate_step(model: torch.nn.Module, batch: Any) -> torch.Tensor:
@@ -56,3 +64,51 @@ def repeat_batch(capture: Capture, k: int) -> tuple[Any, ...]:
         )
     n = capture.batch_size
     return resize_batch((capture.args, capture.kwargs), n * k, rows=n, dim=capture.batch_dim)
+
+
+def micro_step_s(ctx: Context) -> float:
+    """The model's share of one of the script's steps (no data wait, no validation), for one micro-batch (a
+    re-run steps one forward and backward of the captured batch; a step that accumulates k of them holds k) and
+    its optimizer step."""
+    passes = max(1.0, ctx.backwards_per_step())
+    compute_s = (ctx.seconds("compute") + ctx.seconds("python_overhead")) / passes + ctx.seconds("optimizer")
+    return max(1e-4, compute_s)
+
+
+@dataclass(frozen=True)
+class TwoWays:
+    """The captured model's step timed as the script runs it and with a change, interleaved: per-round ratios
+    (as is / changed) and each side's fastest seconds."""
+
+    rounds: tuple[float, ...]
+    as_is_s: float
+    changed_s: float
+
+
+def step_two_ways(ctx: Context, budget: TimeLeft, change: Callable[[bool], ContextManager[Any]]) -> TwoWays | None:
+    """The captured model's surrogate step with ``change(False)`` (as the script runs it) and ``change(True)``
+    entered around it, alternated in interleaved rounds; None without a captured model, or where the budget cannot
+    hold them. A long step is timed once per side and round, in two rounds."""
+    capture = ctx.capture
+    if capture is None:
+        return None
+    batch = (capture.args, capture.kwargs)
+
+    def step(changed: bool) -> None:
+        with change(changed):
+            surrogate_step(capture.module, batch).backward()  # type: ignore[no-untyped-call]  # torch leaves it untyped
+        capture.module.zero_grad(set_to_none=True)
+
+    model_s = micro_step_s(ctx)
+    repeats = max(1, min(REPEATS, int(0.3 / model_s)))
+    rounds = ROUNDS if repeats > 1 else 2
+    if not budget.allows((2 * rounds * repeats + 2) * model_s * 1.5 + 0.5):
+        return None
+    step(False)  # each way's first call warms its kernels and caches
+    step(True)
+    pairs = [fastest_pair(lambda: step(False), lambda: step(True), ctx.on_gpu, repeats) for _ in range(rounds)]
+    return TwoWays(
+        tuple(round(as_is / changed, 3) for as_is, changed in pairs if changed > 0),
+        min(p[0] for p in pairs),
+        min(p[1] for p in pairs),
+    )

@@ -13,7 +13,7 @@ import torch
 
 from ...measure import MIN_GAIN, Trial, run_trial
 from ...plan import Plan, Precision
-from ..analysis.replay import surrogate_step
+from ..analysis.replay import micro_step_s, surrogate_step
 
 if TYPE_CHECKING:
     from ..analysis.context import Context
@@ -138,11 +138,7 @@ class ModelTrials:
         cls, settings = self.optimizer
         self.optimizer_fn = lambda params: cls(params, **settings)
         self.base_plan = baseline_plan(ctx)
-        # A trial step is one forward and backward of the captured batch: a step that accumulates k of them before
-        # its optimizer step holds k trial steps of compute.
-        passes = max(1.0, ctx.backwards_per_step())
-        model_s = (ctx.seconds("compute") + ctx.seconds("python_overhead")) / passes + ctx.seconds("optimizer")
-        self.model_s = max(1e-4, model_s)
+        self.model_s = micro_step_s(ctx)  # a trial step is one forward and backward of the captured batch
         # At least TRIAL_S of steps a trial (up to MAX_TRIAL_STEPS): a few very short steps misread a switch's gain.
         self.steps = int(min(MAX_TRIAL_STEPS, max(3, min(10, 0.8 / self.model_s), TRIAL_S / self.model_s)))
         self.warmup = 2

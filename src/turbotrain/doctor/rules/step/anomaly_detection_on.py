@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Iterator
 import torch
 
 from ....measure import judge
-from ...analysis.replay import fastest_pair, surrogate_step
+from ...analysis.replay import step_two_ways
 from ...analysis.source import is_const, keyword
 from ...findings import Finding, Fix
 from ...requests import OwnTrial
@@ -26,9 +26,6 @@ from ..rule import Detect, Measured, Rule, TimeLeft, register
 
 if TYPE_CHECKING:
     from ...analysis.context import Context
-
-ROUNDS = 3  # interleaved rounds of the step with and without anomaly detection
-REPEATS = 3  # the fastest of this many steps each, per round
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,27 +85,14 @@ def anomaly_detection_on(ctx: Context) -> Iterator[Finding]:
 
 
 def measure(ctx: Context, finding: Finding, budget: TimeLeft) -> Measured | None:
-    """The captured model's surrogate step with anomaly detection on against off, ``ROUNDS`` interleaved rounds."""
-    capture = ctx.capture
-    if capture is None:
+    """The captured model's surrogate step with anomaly detection on against off, in interleaved rounds."""
+    timed = step_two_ways(ctx, budget, lambda off: torch.autograd.set_detect_anomaly(not off))
+    if timed is None:
         return None
-    batch = (capture.args, capture.kwargs)
-
-    def step(on: bool) -> None:
-        with torch.autograd.set_detect_anomaly(on):
-            surrogate_step(capture.module, batch).backward()  # type: ignore[no-untyped-call]  # torch leaves it untyped
-        capture.module.zero_grad(set_to_none=True)
-
-    seconds = max(ctx.step_s, 1e-4)
-    if not budget.allows(2 * ROUNDS * REPEATS * seconds * 3 + 0.5):
-        return None
-    step(True)  # the first call warms caches for both
-    pairs = [fastest_pair(lambda: step(True), lambda: step(False), ctx.on_gpu, REPEATS) for _ in range(ROUNDS)]
-    ratios = tuple(round(on / off, 3) for on, off in pairs if off > 0)
-    on_s, off_s = min(p[0] for p in pairs), min(p[1] for p in pairs)
+    on_s, off_s = timed.as_is_s, timed.changed_s
     return Measured(
-        what_if=AnomalyResult(rounds=ratios, on_ms=round(on_s * 1e3, 3), off_ms=round(off_s * 1e3, 3)),
-        verdict=judge(ratios, noise_floor=ctx.noise_floor),
+        what_if=AnomalyResult(rounds=timed.rounds, on_ms=round(on_s * 1e3, 3), off_ms=round(off_s * 1e3, 3)),
+        verdict=judge(timed.rounds, noise_floor=ctx.noise_floor),
         applies_to=min(1.0, ctx.share("compute") + ctx.share("python_overhead")),
         note=f"Timed on your model's step: {on_s * 1e3:.2f} ms with anomaly detection, {off_s * 1e3:.2f} ms without.",
     )

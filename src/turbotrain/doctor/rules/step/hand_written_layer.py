@@ -16,12 +16,13 @@ step: each instance's forward swapped for torch's function, interleaved with the
 from __future__ import annotations
 
 import ast
+import contextlib
 import copy
 import dataclasses
 import math
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator, Literal
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, ContextManager, Iterator, Literal
 
 import libcst as cst
 import torch
@@ -29,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ....measure import judge
-from ...analysis.replay import fastest_pair, surrogate_step
+from ...analysis.replay import step_two_ways
 from ...analysis.source import dotted_name
 from ...cst_tools import is_docstring, replace
 from ...edits import PRECISION, ByHand, EditSpec
@@ -47,8 +48,6 @@ if TYPE_CHECKING:
 Kind = Literal["layer_norm", "rms_norm", "gelu", "silu"]
 EPSILONS = (1e-5, 1e-6, 1e-8, 1e-12, 1e-4, 1e-3)  # tried after the module's own ``eps``
 SCALES = (1.0, 1e-2, 1e-4)  # input scales: at 1e-4 the variance (1e-8) tells 1e-8 from 1e-12 apart
-ROUNDS = 3  # interleaved rounds of the step as written and with torch's kernels (2 for a model step over 0.15 s)
-REPEATS = 3  # the fastest of up to this many steps each, per round
 TORCH_MODULE = {"layer_norm": "nn.LayerNorm", "rms_norm": "nn.RMSNorm", "gelu": "nn.GELU", "silu": "nn.SiLU"}
 LABEL = {"layer_norm": "LayerNorm", "rms_norm": "RMSNorm", "gelu": "GELU", "silu": "SiLU"}
 
@@ -270,56 +269,44 @@ def hand_written_layer(ctx: Context) -> Iterator[Finding]:
         yield f
 
 
-def _swapped(model: nn.Module, evidence: LayerEvidence) -> Callable[[bool], None]:
-    """``swap(True)``: the named instances' forward is torch's function; ``swap(False)``: as written."""
+def _fused_in(model: nn.Module, evidence: LayerEvidence) -> Callable[[bool], ContextManager[None]]:
+    """``fused_in(True)``: within it, the named instances' forward is torch's function; ``fused_in(False)``: as
+    written."""
     modules = [model.get_submodule(name) for name in evidence.instances]
     # A forward set on an instance before (a hook library's wrapper) is put back, not dropped.
     own = {id(m): m.__dict__["forward"] for m in modules if "forward" in m.__dict__}
 
-    def swap(on: bool) -> None:
-        for m in modules:
-            if on:
+    @contextlib.contextmanager
+    def fused_in(on: bool) -> Iterator[None]:
+        if on:
+            for m in modules:
                 m.forward = lambda x, m=m: evidence.fused(m, x)  # this instance only
-            elif id(m) in own:
-                m.forward = own[id(m)]
-            else:
-                m.__dict__.pop("forward", None)
+        try:
+            yield
+        finally:
+            for m in modules:
+                if id(m) in own:
+                    m.forward = own[id(m)]
+                else:
+                    m.__dict__.pop("forward", None)
 
-    return swap
+    return fused_in
 
 
 def measure(ctx: Context, finding: Finding, budget: TimeLeft) -> Measured | None:
     """The captured model's surrogate step as written against with torch's kernels, in interleaved rounds."""
-    capture = ctx.capture
-    if capture is None:
+    if ctx.capture is None:
         return None
     evidence = finding.evidence_as(LayerEvidence)
-    batch, swap = (capture.args, capture.kwargs), _swapped(capture.module, evidence)
-
-    def step(fused: bool) -> None:
-        swap(fused)
-        try:
-            surrogate_step(capture.module, batch).backward()  # type: ignore[no-untyped-call]  # torch leaves it untyped
-        finally:
-            swap(False)
-        capture.module.zero_grad(set_to_none=True)
-
-    # The model's share of a step (no data wait, no validation), one micro-batch of it (the surrogate step is one
-    # forward and backward): a long step is timed once per side and round.
-    passes = max(1.0, ctx.backwards_per_step())
-    compute_s = (ctx.seconds("compute") + ctx.seconds("python_overhead")) / passes + ctx.seconds("optimizer")
-    model_s = max(1e-4, compute_s)
-    repeats = max(1, min(REPEATS, int(0.3 / model_s)))
-    rounds = ROUNDS if repeats > 1 else 2  # a long step: two rounds of one step each side, as the plan's trials
-    if not budget.allows((2 * rounds * repeats + 2) * model_s * 1.5 + 0.5):
+    timed = step_two_ways(ctx, budget, _fused_in(ctx.capture.module, evidence))
+    if timed is None:
         return None
-    step(True)  # warm both paths' kernels
-    pairs = [fastest_pair(lambda: step(False), lambda: step(True), ctx.on_gpu, repeats) for _ in range(rounds)]
-    ratios = tuple(round(written / fused, 3) for written, fused in pairs if fused > 0)
-    written_s, fused_s = min(p[0] for p in pairs), min(p[1] for p in pairs)
+    written_s, fused_s = timed.as_is_s, timed.changed_s
     return Measured(
-        what_if=LayerResult(rounds=ratios, written_ms=round(written_s * 1e3, 3), fused_ms=round(fused_s * 1e3, 3)),
-        verdict=judge(ratios, noise_floor=ctx.noise_floor),
+        what_if=LayerResult(
+            rounds=timed.rounds, written_ms=round(written_s * 1e3, 3), fused_ms=round(fused_s * 1e3, 3)
+        ),
+        verdict=judge(timed.rounds, noise_floor=ctx.noise_floor),
         applies_to=min(1.0, ctx.share("compute") + ctx.share("python_overhead")),
         note=(
             f"Timed on your model's step: {written_s * 1e3:.2f} ms as written, {fused_s * 1e3:.2f} ms with torch's "
