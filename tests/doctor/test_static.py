@@ -229,3 +229,40 @@ def test_the_attention_edit_is_told_the_operands_dimensions_the_run_saw(tmp_path
     mixed = {**four, Site(ctx.script, 4): ((20, 5), (5, 8))}  # two kinds of operands: nothing said
     assert "ndim" not in edit(ctx.replace(matmul_shapes=mixed), f).params
     assert "ndim" not in edit(ctx, f).params  # none seen
+
+
+LLMC_ATTENTION = """
+    import torch.nn.functional as F
+    FLASH = 0
+
+    def attention(q, k, v):
+        if FLASH:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            att = (q @ k.transpose(-2, -1)).softmax(-1)
+            y = att @ v
+        return y
+"""
+
+
+@pytest.mark.parametrize("softmax_ran", [True, False])
+def test_attention_by_hand_beside_a_fused_branch_is_found_when_its_softmax_ran(tmp_path, softmax_ran):
+    """llm.c's train_gpt2.py keeps F.scaled_dot_product_attention behind `if FLASH:` (0 unless --flash 1): the
+    function calls it, so it was never reported; its softmax recorded in the steps says which branch ran."""
+    from turbotrain.doctor.record.measurements import EventCounts
+    from turbotrain.doctor.sites import Site
+
+    ctx = context_for(tmp_path, LLMC_ATTENTION)
+    at = Site(ctx.script, line_of(ctx, ".softmax(-1)"), "attention")
+    if softmax_ran:
+        cells = tuple((step, 12, 0.001, 0) for step in range(3))
+        ctx = ctx.replace(tallies={("softmax", at): EventCounts("softmax", at, cells)}, measured_steps=[0, 1, 2])
+    found_here = evaluate(ctx, only=["manual-attention"])
+    if not softmax_ran:
+        assert found_here == []  # the fused branch may be what ran
+        return
+    [f] = found_here
+    assert f.site.line == at.line and f.severity == "medium"
+    assert f"scaled_dot_product_attention (line {line_of(ctx, 'F.scaled_dot_product_attention')}) runs only where " \
+           "`FLASH` is true; this run took the hand-written branch" in f.message
+    assert f.fix.pytorch.endswith("or take the script's own branch that calls it (make `FLASH` true)")

@@ -55,15 +55,16 @@ def manual_attention(ctx: Context) -> Iterator[Finding]:
                 continue
             body = ast.Module(body=func.body, type_ignores=[])
             names = {dotted_name(c.func).split(".")[-1] for c in ast.walk(body) if isinstance(c, ast.Call)}
-            if "softmax" not in names or "scaled_dot_product_attention" in names:
-                continue
-            if not _has_transposed_matmul(body):
+            if "softmax" not in names or not _has_transposed_matmul(body):
                 continue
             softmax = next(
                 c for c in ast.walk(body) if isinstance(c, ast.Call) and dotted_name(c.func).split(".")[-1] == "softmax"
             )
             site = index.site(softmax)
             per_step = ran_per_step(ctx, "softmax", site)
+            fused = _fused_branch(func)
+            if "scaled_dot_product_attention" in names and (fused is None or not per_step):
+                continue  # the function's own fused call may be what runs: only its softmax seen running says not
             lines = (func.lineno, func.end_lineno or func.lineno)
             source = ast.unparse(func)
             owner = next((c for c in classes if func in c.body), None)
@@ -77,9 +78,18 @@ def manual_attention(ctx: Context) -> Iterator[Finding]:
                 message=(
                     f"{func.name}() computes attention by hand (matmul, softmax, matmul): the full score "
                     "matrix is written to memory and read back, and no fused flash/memory-efficient kernel "
-                    "can run." + (f" It runs {per_step:g}x per step." if per_step else "")
+                    "can run."
+                    + (f" It runs {per_step:g}x per step." if per_step else "")
+                    + (_branch_said(fused) if fused is not None else "")
                 ),
-                fix=Fix("torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=..., is_causal=...)"),
+                fix=Fix(
+                    "torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=..., is_causal=...)"
+                    + (
+                        f", or take the script's own branch that calls it (make `{fused.condition}` {fused.wanted})"
+                        if fused is not None
+                        else ""
+                    )
+                ),
                 evidence=AttentionEvidence(func.name, per_step, _drops_weights(func, softmax)),
                 request=AttentionRequest(index.path, lines, site, per_step, bool(causal)),
             )
@@ -87,6 +97,36 @@ def manual_attention(ctx: Context) -> Iterator[Finding]:
             if not per_step:
                 f.note = "Not seen running during the measured steps."
             yield f
+
+
+@dataclass(frozen=True)
+class FusedBranch:
+    """The function's own ``scaled_dot_product_attention`` call, in one branch of an ``if``: the condition's text
+    and what it must be for that branch to run."""
+
+    line: int
+    condition: str
+    wanted: str  # "true" or "false"
+
+
+def _fused_branch(func: ast.FunctionDef | ast.AsyncFunctionDef) -> FusedBranch | None:
+    """Where ``func`` calls scaled_dot_product_attention inside an ``if`` (llm.c's ``if FLASH:``, off by default);
+    None where it calls none, or calls it outside any ``if``."""
+    for node in ast.walk(func):
+        if not isinstance(node, ast.If):
+            continue
+        for branch, wanted in ((node.body, "true"), (node.orelse, "false")):
+            for call in (c for statement in branch for c in ast.walk(statement) if isinstance(c, ast.Call)):
+                if dotted_name(call.func).split(".")[-1] == "scaled_dot_product_attention":
+                    return FusedBranch(call.lineno, ast.unparse(node.test), wanted)
+    return None
+
+
+def _branch_said(fused: FusedBranch) -> str:
+    return (
+        f" The function's own scaled_dot_product_attention (line {fused.line}) runs only where `{fused.condition}` "
+        f"is {fused.wanted}; this run took the hand-written branch."
+    )
 
 
 def _triangular_buffers(owner: ast.ClassDef | None) -> set[str]:
