@@ -96,7 +96,7 @@ def step_two_ways(ctx: Context, budget: TimeLeft, change: Callable[[bool], Conte
 
     def step(changed: bool) -> None:
         with change(changed):
-            surrogate_step(capture.module, batch).backward()  # type: ignore[no-untyped-call]  # torch leaves it untyped
+            surrogate_step(capture.module, batch).backward()
         capture.module.zero_grad(set_to_none=True)
 
     model_s = micro_step_s(ctx)
