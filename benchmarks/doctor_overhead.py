@@ -11,8 +11,12 @@ round, printed as the median over rounds and its spread (min..max). Target: <= 1
 ``--compile``: each model ``torch.compile``d first (compiled once, in the warm-up both loops share), so the
 doctor's cost is measured on a compiled script, its compile watch on.
 
+``--compile-time``: the compiling itself, which happens in the doctor's warm-up: the first step of a fresh
+``torch.compile`` (nothing compiled in memory, Inductor's graph caches off) plain and under the recorder, alternated
+(the order swapped each round: the compiled C++ kernels stay cached on disk for the second), ratio doctor / plain.
+
     python benchmarks/doctor_overhead.py [--rounds 7] [--steps 30] [--workloads mlp,cnn,gpt] [--threads 1]
-                                         [--compile]
+                                         [--compile | --compile-time]
 """
 
 from __future__ import annotations
@@ -60,6 +64,42 @@ def doctor_steps(workload, model, opt, batches, steps: int) -> list[float]:
     return [s.duration for s in recorder.steps[3:]]
 
 
+def first_compiled_step_s(workload, model, opt, batches, under_doctor: bool) -> float:
+    """Seconds of the first step of a fresh torch.compile of ``model``, plain or under the doctor's recorder."""
+    import torch._dynamo
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
+
+    torch._dynamo.reset()
+    compiled = torch.compile(model)
+    with inductor_config.patch(fx_graph_cache=False), functorch_config.patch(enable_autograd_cache=False):
+        started = time.perf_counter()
+        if under_doctor:
+            with Recorder(measure=1, warmup=3, profile=0, stop=False):
+                train(workload, compiled, opt, batches, 1)
+        else:
+            train(workload, compiled, opt, batches, 1)
+        return time.perf_counter() - started
+
+
+def compile_times(workload_names: str, rounds: int) -> None:
+    print(f"{'workload':8} {'plain first step s':>19} {'doctor first step s':>20} {'ratio (median)':>15} {'spread':>14}")
+    for name in workload_names.split(","):
+        workload = get_workload(name)
+        model, opt = workload.build()
+        batches = [b for _, b in zip(range(2), workload.loader())]
+        first_compiled_step_s(workload, model, opt, batches, False)  # compiles the C++ kernels both reuse
+        plain, doctor, ratios = [], [], []
+        for r in range(rounds):
+            order = (False, True) if r % 2 == 0 else (True, False)
+            seconds = {side: first_compiled_step_s(workload, model, opt, batches, side) for side in order}
+            plain.append(seconds[False])
+            doctor.append(seconds[True])
+            ratios.append(seconds[True] / seconds[False])
+        print(f"{name:8} {min(plain):19.2f} {min(doctor):20.2f} {statistics.median(ratios):15.3f} "
+              f"{min(ratios):6.3f}..{max(ratios):<6.3f}", flush=True)
+
+
 def lower_quartile(values: list[float]) -> float:
     return statistics.quantiles(values, n=4)[0]
 
@@ -71,11 +111,15 @@ def main() -> int:
     parser.add_argument("--workloads", default="mlp,cnn,gpt")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1: steadier on a shared box)")
     parser.add_argument("--compile", action="store_true", help="torch.compile each model first (Inductor)")
+    parser.add_argument("--compile-time", action="store_true", help="time a fresh compile, plain and under the doctor")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     hw = detect("cpu")
     print(f"machine: {hw.summary()}; torch {torch.__version__}; python {platform.python_version()}; "
           f"threads {args.threads}{'; compiled' if args.compile else ''}")
+    if args.compile_time:
+        compile_times(args.workloads, args.rounds)
+        return 0
     print(f"{'workload':8} {'plain ms/step':>14} {'doctor ms/step':>15} {'ratio (median)':>15} {'spread':>14}")
     print(f"{'':8} {'(lower quartile of all steps)':>30}")
     worst = 0.0
