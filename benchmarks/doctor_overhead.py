@@ -83,7 +83,8 @@ def first_compiled_step_s(workload, model, opt, batches, under_doctor: bool) -> 
 
 
 def compile_times(workload_names: str, rounds: int) -> None:
-    print(f"{'workload':8} {'plain first step s':>19} {'doctor first step s':>20} {'ratio (median)':>15} {'spread':>14}")
+    heads = ("plain first step s", "doctor first step s", "ratio (median)", "spread")
+    print(f"{'workload':8} {heads[0]:>19} {heads[1]:>20} {heads[2]:>15} {heads[3]:>14}")
     for name in workload_names.split(","):
         workload = get_workload(name)
         model, opt = workload.build()
