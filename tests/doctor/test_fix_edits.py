@@ -135,6 +135,24 @@ def test_optimizer_foreach_false_gives_way_to_fused_in_place():
         "opt = SGD(params, lr=0.1, foreach=True)  # here\n"
 
 
+def test_an_optimizer_switch_set_from_a_variable_says_where_it_is_set():
+    """llm.c: `use_fused = fused_available and device_type == 'cuda'` nine lines above `AdamW(..., fused=use_fused)`."""
+    source = textwrap.dedent("""\
+        def configure(params, device_type):
+            fused_available = True
+            use_fused = fused_available and device_type == 'cuda'
+            return torch.optim.AdamW(params, lr=1e-3, fused=use_fused)  # here
+    """)
+    with pytest.raises(ByHand, match=r"fused=`use_fused` comes from a variable or a config; set it to True there; "
+                                     r"use_fused is set at train.py:3: `use_fused = fused_available and "
+                                     r"device_type == 'cuda'`"):
+        edit(source, "optimizer", **{"class": "AdamW", "switch": "fused"})
+    twice = source.replace("    fused_available = True\n", "    use_fused = False\n")
+    with pytest.raises(ByHand) as by_hand:  # set twice: which one holds is the run's to say
+        edit(twice, "optimizer", **{"class": "AdamW", "switch": "fused"})
+    assert "is set at" not in str(by_hand.value)
+
+
 @pytest.mark.parametrize("call", ["opt.zero_grad(set_to_none=False)", "opt.zero_grad(False)"])
 def test_zero_grad_sets_to_none(call):
     new = edit(f"for b in data:\n    {call}  # here\n", "zero_grad")

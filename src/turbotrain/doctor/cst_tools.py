@@ -122,6 +122,18 @@ class Source:
     def function_of(self, node: cst.CSTNode) -> cst.FunctionDef | None:
         return next((a for a in self.ancestors(node) if isinstance(a, cst.FunctionDef)), None)
 
+    def one_assignment(self, name: cst.Name) -> cst.Assign | None:
+        """The one ``name = ...`` in the function that reads ``name`` (in the file, outside any function), or None
+        where there are none or several."""
+        scope = self.function_of(name)
+        found = [
+            assign
+            for assign in self.nodes(cst.Assign)
+            if self.function_of(assign) is scope
+            and any(isinstance(t.target, cst.Name) and t.target.value == name.value for t in assign.targets)
+        ]
+        return found[0] if len(found) == 1 else None
+
     def block_of(self, statement: cst.CSTNode) -> tuple[cst.CSTNode, Sequence[cst.CSTNode]]:
         """The node whose ``body`` lists ``statement`` (a block or the module), and that list."""
         # A statement's parent is the module or an indented block, both with a ``body``.

@@ -119,8 +119,22 @@ def optimizer(source: Source, req: EditRequest) -> str:
     if other is not None and code_of(other.value) in ("False", "None"):
         new = call.with_deep_changes(other, keyword=cst.Name("fused"), value=cst.Name("True"))
     else:
-        new = set_keyword(call, switch, "True", None, req.where)
+        try:
+            new = set_keyword(call, switch, "True", None, req.where)
+        except ByHand as exc:
+            raise ByHand(f"{exc}{_where_set(source, keyword_value(call, switch))}") from exc
     return _one_call(source, req, call, new)
+
+
+def _where_set(source: Source, arg: cst.Arg | None) -> str:
+    """``"; use_fused is set at train.py:260: `use_fused = ...`"`` where ``arg``'s value is a name assigned once in
+    its function; "" otherwise."""
+    if arg is None or not isinstance(arg.value, cst.Name):
+        return ""
+    assign = source.one_assignment(arg.value)
+    if assign is None:
+        return ""
+    return f"; {arg.value.value} is set at {source.name}:{source.lines(assign)[0]}: `{code_of(assign).strip()}`"
 
 
 def zero_grad(source: Source, req: EditRequest) -> str:
