@@ -177,7 +177,8 @@ def _break_context(module_class, text: str):
     code = CompiledCode("forward", Site(__file__, first, "forward"), Site(__file__, first, "forward"), compiles=2,
                         graphs=2, breaks=(GraphBreak(at, "Data-dependent branching", "GB0170", "", count=1),),
                         recompiles=(), first_compile_s=0.5)
-    recording = SimpleNamespace(compiled=CompileFacts(codes=(code,), graphs=2, breaks=1), driver=None, job=())
+    recording = SimpleNamespace(compiled=CompileFacts(codes=(code,), graphs=2, breaks=1), driver=None, job=(),
+                                planned_loop=())
     torch.manual_seed(0)
     compiled = torch.compile(module_class(), backend="aot_eager")
     capture = SimpleNamespace(args=(torch.randn(8, 4),), kwargs={}, module=compiled)

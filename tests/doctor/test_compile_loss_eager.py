@@ -99,7 +99,7 @@ def test_the_walk_back_stops_at_a_few_nodes():
 
 def _context(model: nn.Module, x: torch.Tensor, loss: EagerLoss | None) -> Context:
     capture = Capture(module=model, args=(x,), kwargs={}, batch_size=x.shape[0])
-    recording = SimpleNamespace(compiled=None, driver=None, job=())  # what the rules read of a Recording
+    recording = SimpleNamespace(compiled=None, driver=None, job=(), planned_loop=())  # what rules read of a Recording
     return Context(script=HERE, base=None, hw=detect("cpu"), device="cpu", breakdown=compute_breakdown([], 1),
                    measured_steps=[], capture=capture, eager_loss=loss,
                    recording=recording)  # type: ignore[arg-type]  # a stand-in Recording

@@ -63,7 +63,7 @@ def context(*codes: CompiledCode) -> Context:
                          breaks=sum(len(c.breaks) for c in codes), recompiles=sum(len(c.recompiles) for c in codes),
                          compile_s=sum(c.compile_s for c in codes),
                          fell_back=sum(c.fallback is not None for c in codes))
-    recording = SimpleNamespace(compiled=facts, driver=None, job=())  # what the rules read of a Recording
+    recording = SimpleNamespace(compiled=facts, driver=None, job=(), planned_loop=())  # what rules read of a Recording
     return Context(script=USER, base="/home/me", hw=HW, device="cpu", breakdown=compute_breakdown([], 1),
                    measured_steps=[], recording=recording)  # type: ignore[arg-type]  # a stand-in Recording
 
@@ -378,8 +378,8 @@ def test_a_run_too_short_for_compile_to_pay_back_says_so_with_both_runs_seconds(
     # llm.c's train_gpt2.py --compile 1 on a 2-core Xeon: 72.8 s compiling, 10 steps of 1.4 s.
     ctx = _ended_after(context(code(first_compile_s=72.8)), 10, 1.4)
     [f] = findings(ctx, "compile-pays-back")
-    assert "ended by itself after 10 steps of 1.4 s: compiling was 84% of its 86.8 s" in f.message
-    assert "eager steps would have to take 8.7 s, 6.2x the compiled step" in f.message
+    assert "ended by itself after 10 steps of 1.4 s: compiling was 83.9% of its 86.8 s" in f.message
+    assert "eager steps would have to take 8.7 s, 6.20x the compiled step" in f.message
     assert f.severity == "medium" and not f.measured  # untimed, but compiling dwarfs the run
     faster = _common.PairTiming((0.77, 0.8), a_s=0.85, b_s=1.1, warm_s=(20.0, 2.0))
     note, fix = _said(ctx, faster, 72.8, "inductor")
@@ -390,6 +390,17 @@ def test_a_run_too_short_for_compile_to_pay_back_says_so_with_both_runs_seconds(
     # A run the doctor stopped has no known length: when it pays is all that is said.
     note, fix = _said(ctx.replace(run_steps=None), faster, 72.8, "inductor")
     assert "pays after 292 steps. Running eagerly instead would be slower." in note
+    # ... unless its loop is a for over range() whose bounds the recorder read (record/cadence.py).
+    from turbotrain.doctor.record.cadence import PlannedLoop
+
+    loop = [PlannedLoop(Site(USER, 796, "main"), "range(args.num_iterations + 1)", 5001, n) for n in (3, 23)]
+    planned = ctx.replace(run_steps=None)
+    planned.recording.planned_loop = ((3, loop[0]), (23, loop[1]))
+    [f] = findings(planned, "compile-pays-back")
+    assert ("The script's loop runs 5,001 steps (`range(args.num_iterations + 1)` at train.py:796) of 1.4 s: "
+            "compiling is 1.0% of its 117.9 min") in f.message and f.severity == "low"
+    note, fix = _said(planned, faster, 72.8, "inductor")
+    assert "it pays after 292 steps, and the script runs 5,001. Running eagerly instead would be slower." in note
 
 
 def test_the_report_carries_what_compile_did():

@@ -32,6 +32,7 @@ from ..sites import Site
 from .source import SourceIndex, load_sources
 
 if TYPE_CHECKING:
+    from ..record.cadence import PlannedLoop
     from ..record.compile_watch import CompileFacts
     from ..record.loss_capture import EagerLoss
     from .ranks import RankAnalysis
@@ -163,6 +164,22 @@ class Context:
         return self.recording.compiled if self.recording is not None else None
 
     # -- conveniences for rules --------------------------------------------------------------------
+
+    @property
+    def planned_steps(self) -> tuple[int, PlannedLoop] | None:
+        """The optimizer steps the script's loop runs in all, where it is a ``for`` over ``range()`` whose counter
+        moved a whole number of iterations a step over the window (record/cadence.py), with that loop; None
+        otherwise."""
+        readings = self.recording.planned_loop if self.recording is not None else ()
+        if len(readings) < 2:
+            return None
+        (start, first), (end, last) = readings[0], readings[-1]
+        if first.site != last.site or first.counter is None or last.counter is None or end <= start:
+            return None
+        per_step = (last.counter - first.counter) / (end - start)
+        if per_step < 1 or per_step != int(per_step):
+            return None
+        return int(first.iterations // per_step), first
 
     @property
     def on_gpu(self) -> bool:

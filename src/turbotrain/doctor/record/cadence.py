@@ -190,3 +190,51 @@ def running_cadences(frame: FrameType | None, max_depth: int = 64) -> tuple[Cade
         frame = frame.f_back
         depth += 1
     return tuple(dict.fromkeys(out))
+
+
+@dataclass(frozen=True)
+class PlannedLoop:
+    """The loop that steps, where it is a ``for ... in range(...)`` whose bounds the frame holds: how many
+    iterations it runs in all, and its counter's value when read (to tell iterations from steps)."""
+
+    site: Site  # the ``for``
+    code: str  # its iterable as written ("range(args.num_iterations + 1)")
+    iterations: int
+    counter: int | None  # the loop variable's value when read; None where it is not a plain int
+
+
+def planned_loop(frame: FrameType | None, max_depth: int = 64) -> PlannedLoop | None:
+    """The innermost loop of the first user frame at or above ``frame`` that runs inside one, when it is
+    ``for name in range(...)`` with bounds read from the frame without running anything; None otherwise (a
+    ``while``, a loop over a DataLoader, bounds that are calls)."""
+    depth = 0
+    while frame is not None and depth < max_depth:
+        if is_user_file(frame.f_code.co_filename):
+            try:
+                tree = syntax_tree(frame.f_code.co_filename)
+                loops = _loops_around(tree, frame.f_lineno) if tree is not None else []
+            except Exception:  # noqa: BLE001 - reading the user's source must never cost the recording
+                loops = []
+            if loops:
+                return _ranged(max(loops, key=lambda loop: loop.lineno), frame)
+        frame = frame.f_back
+        depth += 1
+    return None
+
+
+def _ranged(loop: ast.For | ast.While | ast.AsyncFor, frame: FrameType) -> PlannedLoop | None:
+    call = loop.iter if isinstance(loop, ast.For) else None
+    if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "range"):
+        return None
+    bounds = [_count(arg, frame) for arg in call.args]
+    if (
+        call.keywords
+        or not 1 <= len(bounds) <= 3
+        or any(b is None for b in bounds)
+        or (len(bounds) == 3 and not bounds[2])
+    ):
+        return None
+    assert isinstance(loop, ast.For)
+    counter = _count(loop.target, frame) if isinstance(loop.target, ast.Name) else None
+    site = Site(frame.f_code.co_filename, loop.lineno, frame.f_code.co_name)
+    return PlannedLoop(site, ast.unparse(call), len(range(*bounds)), counter)  # type: ignore[arg-type]  # ints

@@ -53,7 +53,7 @@ from ..sites import user_site
 from .schedule import StepSchedule
 from .watch import RunWatch
 from .window_memory import PeakProbe, WindowMemory
-from .cadence import Cadence, in_steps, running_cadences
+from .cadence import Cadence, PlannedLoop, in_steps, planned_loop, running_cadences
 
 __all__ = ["Recorder", "Stop"]
 
@@ -144,6 +144,7 @@ class Recorder:
         self.load_end: LoadSample | None = None
         self.threads_seen: int | None = None
         self.cadences_at_start: tuple[int, tuple[Cadence, ...]] = (0, ())  # (steps done, the loop's cadences)
+        self.planned_loops: list[tuple[int, PlannedLoop]] = []  # (steps done, the stepping loop's range) read
         self.reads_at_start: Any = None
         self.reads_at_end: Any = None
         # DDP's gradient all-reduces, timed per step (exposed communication on a multi-process job).
@@ -291,12 +292,14 @@ class Recorder:
             measured_end = schedule.measured_end
             # Read again when the window ends: how far an outer loop's counter moved gives its period in steps.
             self.cadences_at_start = (done, running_cadences(sys._getframe(0)))
+            self._read_planned_loop(done)
             self.reads_at_start = data_stats.snapshot()
             self.functions.trace(False)
             self.load_start, self.threads_seen = sample_load(), torch.get_num_threads()
             if self.peak_probe is not None:
                 self.peak_probe.start()
         if done == measured_end:
+            self._read_planned_loop(done)
             self.reads_at_end = data_stats.snapshot()
             self.load_end = sample_load()
             if self.peak_probe is not None:
@@ -373,6 +376,15 @@ class Recorder:
             # parameters) in what the batch needs.
             for optimizer in self.tallies.live_optimizers():
                 self.tracker.kept_optimizers.setdefault(id(optimizer), optimizer)
+
+    def _read_planned_loop(self, done: int) -> None:
+        """The stepping loop's range and counter now (:func:`.cadence.planned_loop`), with the steps done."""
+        try:
+            loop = planned_loop(sys._getframe(0))
+        except Exception:  # noqa: BLE001 - reading the user's loop must never cost the recording
+            loop = None
+        if loop is not None:
+            self.planned_loops.append((done, loop))
 
     def _start_watch(self, done: int) -> bool:
         """At the window's end: watch the step clock on where the running loop's cadences reach beyond it."""
@@ -517,6 +529,7 @@ class Recorder:
                 if self.compiled is not None and self.compiled.compiled
                 else None
             ),
+            planned_loop=tuple(self.planned_loops),
             graph_growth=self.graph_watch.result(),
             tensor_growth=self.graph_watch.kept_result(),
             out_of_memory=self.out_of_memory,

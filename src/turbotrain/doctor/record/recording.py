@@ -17,6 +17,7 @@ from typing import Any, Literal, Union
 
 from ...data.stats import ReadStats
 from ...hardware import LoadSample
+from .cadence import PlannedLoop
 from .collectives import CommStep
 from .compile_watch import CompileFacts
 from .graph_watch import GraphGrowth, TensorGrowth
@@ -126,6 +127,9 @@ class Recording:
     graph_growth: GraphGrowth | None = None
     tensor_growth: TensorGrowth | None = None  # a container of the user's keeping tensors every step (the same)
     out_of_memory: OutOfMemory | None = None  # the script died of it (record/out_of_memory.py)
+    # The loop that steps, where it is a for over range() (record/cadence.py): (steps done, reading) at the window's
+    # start and end; how far its counter moved between them says how many iterations a step takes.
+    planned_loop: tuple[tuple[int, PlannedLoop], ...] = ()
 
     def gpu_phase_seconds(self) -> dict[int, dict[Phase, float]]:
         return {g.step: dict(g.seconds) for g in self.gpu_phases}

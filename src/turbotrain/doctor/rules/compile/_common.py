@@ -142,6 +142,10 @@ def compiled_model(ctx: Context) -> torch.nn.Module | None:
 
 
 def seconds_text(seconds: float) -> str:
+    if seconds >= 7200:
+        return f"{seconds / 3600:.1f} h"
+    if seconds >= 600:
+        return f"{seconds / 60:.1f} min"
     return f"{seconds:.1f} s" if seconds >= 0.1 else f"{seconds * 1e3:.0f} ms"
 
 

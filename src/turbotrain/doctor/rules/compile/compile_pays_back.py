@@ -62,20 +62,45 @@ def pays_after(compile_s: float, eager_s: float, compiled_s: float) -> int | Non
 SLOWER_EAGER = 2.0  # untimed, a run whose compile would need eager steps this much slower to pay back rates medium
 
 
+@dataclass(frozen=True)
+class RunLength:
+    """The steps of the whole run: where the script ended by itself (``ended``), or where its loop is a ``for``
+    over ``range()`` whose bounds were read (``loop``: that range and where, as said)."""
+
+    steps: int
+    ended: bool
+    loop: str = ""
+
+
+def run_length(ctx: Context) -> RunLength | None:
+    if ctx.run_steps:
+        return RunLength(ctx.run_steps, ended=True)
+    planned = ctx.planned_steps
+    if planned is None:
+        return None
+    steps, loop = planned
+    return RunLength(steps, ended=False, loop=f"`{loop.code}` at {ctx.where(loop.site)}")
+
+
 def _run_length(ctx: Context, compile_s: float) -> tuple[str, float]:
-    """What compiling was beside a run that ended by itself: its share of the run, and how slow eager steps would
-    have to be, against the compiled one, for it to pay back in that many steps (("", 1.0) where the doctor
-    stopped the run)."""
-    steps, step_s = ctx.run_steps, ctx.step_s
-    if not steps or step_s <= 0:
+    """What compiling is beside the whole run, where its length is known: its share of the run, and how slow eager
+    steps would have to be, against the compiled one, for it to pay back in that many steps (("", 1.0) where the
+    length is not known)."""
+    length, step_s = run_length(ctx), ctx.step_s
+    if length is None or step_s <= 0:
         return "", 1.0
+    steps = length.steps
     training_s = steps * step_s
     needed = step_s + compile_s / steps
+    said = (
+        f"This run ended by itself after {steps:,} steps of {seconds_text(step_s)}: compiling was"
+        if length.ended
+        else f"The script's loop runs {steps:,} steps ({length.loop}) of {seconds_text(step_s)}: compiling is"
+    )
     return (
-        f" This run ended by itself after {steps:,} steps of {seconds_text(step_s)}: compiling was "
-        f"{compile_s / (compile_s + training_s):.0%} of its {seconds_text(compile_s + training_s)}; to pay back in "
-        f"{steps:,} steps, eager steps would have to take {seconds_text(needed)}, {needed / step_s:.1f}x the "
-        "compiled step."
+        f" {said} {compile_s / (compile_s + training_s):.1%} of its {seconds_text(compile_s + training_s)}; to pay "
+        f"back in {steps:,} steps, eager steps would have to take {seconds_text(needed)}, {needed / step_s:.2f}x "
+        "the compiled step."
     ), needed / step_s
 
 
@@ -140,13 +165,16 @@ def _said(ctx: Context, timing: PairTiming, compile_s: float, backend: str) -> t
     """The note and the fix, from the timed eager (``b``) and compiled (``a``) steps."""
     compiled_s, eager_s = timing.a_s, timing.b_s
     steps = pays_after(compile_s, eager_s, compiled_s)
-    if steps is not None and ctx.run_steps is not None and steps > ctx.run_steps:
+    length = run_length(ctx)
+    if steps is not None and length is not None and steps > length.steps:
         compiled_run, eager_run = run_seconds(ctx, compile_s, compiled_s / eager_s, eager_s)
+        took = "took" if length.ended else "takes"
         note = (
             f"Compile costs {seconds_text(compile_s)} and saves {(eager_s - compiled_s) * 1e3:.2f} ms a step "
             f"({eager_s * 1e3:.2f} ms eager, {compiled_s * 1e3:.2f} ms compiled): it pays after {steps:,} steps, "
-            f"and this run ended after {ctx.run_steps:,}. Compiled it took about {seconds_text(compiled_run)}; "
-            f"eager it would have taken about {seconds_text(eager_run)}."
+            f"and {'this run ended after' if length.ended else 'the script runs'} {length.steps:,}. Compiled it "
+            f"{took} about {seconds_text(compiled_run)}; eager it would {'have taken' if length.ended else 'take'} "
+            f"about {seconds_text(eager_run)}."
         )
         fix = Fix(
             f"Run runs this short eagerly (drop torch.compile); keep it for runs of over {steps:,} steps",
@@ -155,10 +183,11 @@ def _said(ctx: Context, timing: PairTiming, compile_s: float, backend: str) -> t
         )
         return note, fix
     if steps is not None:
+        runs = f", and the script runs {length.steps:,}" if length is not None and not length.ended else ""
         note = (
             f"Compile costs {seconds_text(compile_s)} and saves {(eager_s - compiled_s) * 1e3:.2f} ms a step "
-            f"({eager_s * 1e3:.2f} ms eager, {compiled_s * 1e3:.2f} ms compiled): it pays after {steps:,} steps. "
-            "Running eagerly instead would be slower."
+            f"({eager_s * 1e3:.2f} ms eager, {compiled_s * 1e3:.2f} ms compiled): it pays after {steps:,} steps"
+            f"{runs}. Running eagerly instead would be slower."
         )
         return note, Fix(f"Keep torch.compile on runs longer than {steps:,} steps; run shorter ones eagerly")
     note = (
@@ -172,7 +201,8 @@ def _said(ctx: Context, timing: PairTiming, compile_s: float, backend: str) -> t
 def run_seconds(ctx: Context, compile_s: float, ratio: float, eager_s: float) -> tuple[float, float]:
     """The run's seconds compiled (its compiling and its steps, as measured) and as eager steps would have made
     them: each step longer by what one model step took eager beyond compiled (``ratio``: compiled / eager)."""
-    steps = ctx.run_steps or 0
+    length = run_length(ctx)
+    steps = length.steps if length is not None else 0
     return compile_s + steps * ctx.step_s, steps * (ctx.step_s + eager_s * (1.0 - ratio))
 
 
@@ -196,17 +226,18 @@ def measure(ctx: Context, f: Finding, budget: TimeLeft) -> Measured | None:
     # Inductor keeps compiled graphs on disk: where the run compiled them anew, a fresh compile is timed reading them.
     cached = cached_compile(ctx, model, budget) if backend == "inductor" and not hits else None
     note = " ".join(filter(None, [note, cache_note(hits, hits + misses, first + again, cached, inductor_cache_dir())]))
-    # The ratio judged is what running eagerly buys: > 1 where compile made the step slower; for a run that ended
-    # by itself, what it buys the whole run, compiling included.
+    # The ratio judged is what running eagerly buys: > 1 where compile made the step slower; for a run of known
+    # length, what it buys the whole run, compiling included.
     ratios, applies_to = list(timing.ratios), ctx.share("compute") + ctx.share("python_overhead")
-    if ctx.run_steps:
+    length = run_length(ctx)
+    if length is not None:
         ratios = [
             compiled / eager for compiled, eager in (run_seconds(ctx, first + again, r, timing.b_s) for r in ratios)
         ]
         applies_to = 1.0
     verdict = judge(ratios, noise_floor=ctx.noise_floor)
     result = compile_result(compiled, eager, timing, first + again, pays_after(first + again, timing.b_s, timing.a_s))
-    result = dataclasses.replace(result, run_steps=ctx.run_steps or None)
+    result = dataclasses.replace(result, run_steps=length.steps if length is not None else None)
     return Measured(
         what_if=dataclasses.replace(result, cached_compile_s=round(cached.seconds, 3)) if cached else result,
         verdict=verdict,
