@@ -205,8 +205,10 @@ class PlannedLoop:
 
 def planned_loop(frame: FrameType | None, max_depth: int = 64) -> PlannedLoop | None:
     """The innermost loop of the first user frame at or above ``frame`` that runs inside one, when it is
-    ``for name in range(...)`` with bounds read from the frame without running anything; None otherwise (a
-    ``while``, a loop over a DataLoader, bounds that are calls)."""
+    ``for name in range(...)`` with bounds read from the frame without running anything, times the loops of that
+    frame around it, each such a ``for`` too (epochs of steps); None otherwise (a ``while``, a loop over a
+    DataLoader, bounds that are calls, or a loop in a frame further up, which would repeat it)."""
+    found: PlannedLoop | None = None
     depth = 0
     while frame is not None and depth < max_depth:
         if is_user_file(frame.f_code.co_filename):
@@ -214,27 +216,34 @@ def planned_loop(frame: FrameType | None, max_depth: int = 64) -> PlannedLoop | 
                 tree = syntax_tree(frame.f_code.co_filename)
                 loops = _loops_around(tree, frame.f_lineno) if tree is not None else []
             except Exception:  # noqa: BLE001 - reading the user's source must never cost the recording
-                loops = []
+                return None
+            if loops and found is not None:
+                return None  # the stepping loop runs again on each iteration of a loop further up
             if loops:
-                return _ranged(max(loops, key=lambda loop: loop.lineno), frame)
+                found = _ranged(sorted(loops, key=lambda loop: loop.lineno), frame)
+                if found is None:
+                    return None
         frame = frame.f_back
         depth += 1
-    return None
+    return found
 
 
-def _ranged(loop: ast.For | ast.While | ast.AsyncFor, frame: FrameType) -> PlannedLoop | None:
-    call = loop.iter if isinstance(loop, ast.For) else None
-    if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "range"):
-        return None
-    bounds = [_count(arg, frame) for arg in call.args]
-    if (
-        call.keywords
-        or not 1 <= len(bounds) <= 3
-        or any(b is None for b in bounds)
-        or (len(bounds) == 3 and not bounds[2])
-    ):
-        return None
-    assert isinstance(loop, ast.For)
-    counter = _count(loop.target, frame) if isinstance(loop.target, ast.Name) else None
-    site = Site(frame.f_code.co_filename, loop.lineno, frame.f_code.co_name)
-    return PlannedLoop(site, ast.unparse(call), len(range(*bounds)), counter)  # type: ignore[arg-type]  # ints
+def _ranged(loops: list[ast.For | ast.While | ast.AsyncFor], frame: FrameType) -> PlannedLoop | None:
+    """The innermost of ``loops`` (outermost first) as a PlannedLoop, its iterations times the outer ones'."""
+    iterations = 1
+    for loop in loops:
+        call = loop.iter if isinstance(loop, ast.For) else None
+        if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "range"):
+            return None
+        bounds = [_count(arg, frame) for arg in call.args]
+        if call.keywords or not 1 <= len(bounds) <= 3 or any(b is None for b in bounds):
+            return None
+        if len(bounds) == 3 and not bounds[2]:
+            return None
+        iterations *= len(range(*bounds))  # type: ignore[arg-type]  # ints: None was ruled out above
+    innermost = loops[-1]
+    assert isinstance(innermost, ast.For) and isinstance(innermost.iter, ast.Call)
+    counter = _count(innermost.target, frame) if isinstance(innermost.target, ast.Name) else None
+    site = Site(frame.f_code.co_filename, innermost.lineno, frame.f_code.co_name)
+    code = " x ".join(ast.unparse(loop.iter) for loop in loops if isinstance(loop, ast.For))
+    return PlannedLoop(site, code, iterations, counter)
