@@ -48,7 +48,8 @@ def test_a_range_with_bounds_from_argparse_is_read_with_its_counter(tmp_path):
 
 def test_epochs_of_ranged_steps_multiply_and_a_loop_further_up_makes_it_unknown(tmp_path):
     nested = _read(tmp_path, "range(3)", "for i in range(args.num_iterations):\n        step()")
-    assert len(nested) == 30 and nested[0].iterations == 30 and nested[0].code == "range(3) x range(args.num_iterations)"
+    assert len(nested) == 30 and nested[0].iterations == 30
+    assert nested[0].code == "range(3) x range(args.num_iterations)"
     assert [s.counter for s in nested[9:12]] == [9, 0, 1]  # the innermost's: a window across epochs reads no rate
     # The stepping loop in a function called from a loop: it runs again each time, its length is not the run's.
     looped = _read(tmp_path, "range(2)", "def epoch():\n        for i in range(5):\n            step()\n    epoch()")
