@@ -4,12 +4,14 @@ Inductor, how many of the run's graphs came from its on-disk cache (then the run
 or, for a run that compiled anew, a fresh compile timed reading them back;
 `torch.compiler.save_cache_artifacts()`/`load_cache_artifacts()` for other machines.
 
-Reads: run + model.
+Reads: run + model (+ the stepping loop's range, where the recorder read one).
 
 The compile seconds are torch's count for the run (first compiles and recompiles); the step is timed on the captured
 batch, the compiled model's eager original against a fresh compile of it as the script compiles it, interleaved. It
 answers "why is compile slower than eager": when the compiled step is slower, running eagerly is the fix it times
-(and rates); when it is faster, it says after how many steps compile has paid.
+(and rates); when it is faster, it says after how many steps compile has paid. Where the run's length is known (the
+script ended by itself, or its stepping loop is a ``for`` over ``range()`` the recorder read, record/cadence.py),
+compiling is weighed against that whole run, and the ratio judged is the whole run's, compiling included.
 """
 
 from __future__ import annotations
@@ -177,9 +179,9 @@ def _said(ctx: Context, timing: PairTiming, compile_s: float, backend: str) -> t
             f"about {seconds_text(eager_run)}."
         )
         fix = Fix(
-            f"Run runs this short eagerly (drop torch.compile); keep it for runs of over {steps:,} steps",
-            lightning="Drop the torch.compile of the LightningModule for runs this short",
-            hf_trainer="TrainingArguments(torch_compile=False) for runs this short",
+            f"Train runs of {length.steps:,} steps eagerly (drop torch.compile); keep it for runs of over {steps:,}",
+            lightning=f"Drop the torch.compile of the LightningModule for runs of {length.steps:,} steps",
+            hf_trainer=f"TrainingArguments(torch_compile=False) for runs of {length.steps:,} steps",
         )
         return note, fix
     if steps is not None:
