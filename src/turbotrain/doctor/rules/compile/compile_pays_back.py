@@ -4,7 +4,7 @@ Inductor, how many of the run's graphs came from its on-disk cache (then the run
 or, for a run that compiled anew, a fresh compile timed reading them back;
 `torch.compiler.save_cache_artifacts()`/`load_cache_artifacts()` for other machines.
 
-Reads: run + model (+ the stepping loop's range, where the recorder read one).
+Reads: run + model + the loop's range.
 
 The compile seconds are torch's count for the run (first compiles and recompiles); the step is timed on the captured
 batch, the compiled model's eager original against a fresh compile of it as the script compiles it, interleaved. It
