@@ -15,7 +15,6 @@ from ...data.transfer import resize_batch, tensors_in
 from ..record.recording import Capture
 
 if TYPE_CHECKING:
-    from ..rules.rule import TimeLeft
     from .context import Context
 
 __all__ = ["surrogate_step", "time_once", "fastest_pair", "repeat_batch", "micro_step_s", "TwoWays", "step_two_ways"]
@@ -85,10 +84,12 @@ class TwoWays:
     changed_s: float
 
 
-def step_two_ways(ctx: Context, budget: TimeLeft, change: Callable[[bool], ContextManager[Any]]) -> TwoWays | None:
+def step_two_ways(
+    ctx: Context, allows: Callable[[float], bool], change: Callable[[bool], ContextManager[Any]]
+) -> TwoWays | None:
     """The captured model's surrogate step with ``change(False)`` (as the script runs it) and ``change(True)``
-    entered around it, alternated in interleaved rounds; None without a captured model, or where the budget cannot
-    hold them. A long step is timed once per side and round, in two rounds."""
+    entered around it, alternated in interleaved rounds; None without a captured model, or where the budget
+    (``allows(seconds)``) cannot hold them. A long step is timed once per side and round, in two rounds."""
     capture = ctx.capture
     if capture is None:
         return None
@@ -102,7 +103,7 @@ def step_two_ways(ctx: Context, budget: TimeLeft, change: Callable[[bool], Conte
     model_s = micro_step_s(ctx)
     repeats = max(1, min(REPEATS, int(0.3 / model_s)))
     rounds = ROUNDS if repeats > 1 else 2
-    if not budget.allows((2 * rounds * repeats + 2) * model_s * 1.5 + 0.5):
+    if not allows((2 * rounds * repeats + 2) * model_s * 1.5 + 0.5):
         return None
     step(False)  # each way's first call warms its kernels and caches
     step(True)

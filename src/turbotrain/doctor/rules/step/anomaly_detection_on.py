@@ -86,7 +86,7 @@ def anomaly_detection_on(ctx: Context) -> Iterator[Finding]:
 
 def measure(ctx: Context, finding: Finding, budget: TimeLeft) -> Measured | None:
     """The captured model's surrogate step with anomaly detection on against off, in interleaved rounds."""
-    timed = step_two_ways(ctx, budget, lambda off: torch.autograd.set_detect_anomaly(not off))
+    timed = step_two_ways(ctx, budget.allows, lambda off: torch.autograd.set_detect_anomaly(not off))
     if timed is None:
         return None
     on_s, off_s = timed.as_is_s, timed.changed_s

@@ -298,7 +298,7 @@ def measure(ctx: Context, finding: Finding, budget: TimeLeft) -> Measured | None
     if ctx.capture is None:
         return None
     evidence = finding.evidence_as(LayerEvidence)
-    timed = step_two_ways(ctx, budget, _fused_in(ctx.capture.module, evidence))
+    timed = step_two_ways(ctx, budget.allows, _fused_in(ctx.capture.module, evidence))
     if timed is None:
         return None
     written_s, fused_s = timed.as_is_s, timed.changed_s
