@@ -134,3 +134,17 @@ def test_every_rule_id_the_code_names_is_a_rule():
     assert seen > 40 and not wrong, wrong
     with pytest.raises(ValueError, match="'num-worker' is not a rule id; rule ids: .*num-workers"):
         Finding("num-worker", "message", Fix("fix"))
+
+
+def test_every_rule_loads_without_libcst_which_only_fix_needs():
+    """libcst is the `fix` extra: a plain `pip install turbotrain` has none. Two rule modules imported it at their
+    top (their `--fix` edits), so the doctor could not load its rules at all without it."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['libcst'] = None\n"
+            "from turbotrain.doctor.rules import all_rules\n"
+            "print(sorted(r.id for r in all_rules()))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == str(sorted(r.id for r in RULES))

@@ -24,7 +24,6 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, ContextManager, Iterator, Literal
 
-import libcst as cst
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -32,7 +31,6 @@ from torch import nn
 from ....measure import judge
 from ...analysis.replay import step_two_ways
 from ...analysis.source import dotted_name
-from ...cst_tools import is_docstring, replace
 from ...edits import PRECISION, ByHand, EditSpec
 from ...findings import Evidence, Finding, Fix
 from ...requests import OwnTrial
@@ -336,6 +334,10 @@ def edit(ctx: Context, f: Finding) -> EditSpec:
 
 def rewrite(source: Source, req: EditRequest) -> str:
     """The class's ``forward`` body (after its docstring) as one ``return`` of torch's function."""
+    import libcst as cst  # the fix extra, needed by --fix only
+
+    from ...cst_tools import is_docstring, replace
+
     params = dict(req.params)
     name = params.pop("class")
     classes = [c for c in source.nodes(cst.ClassDef) if c.name.value == name]
