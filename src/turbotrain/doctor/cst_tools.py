@@ -6,6 +6,7 @@ come out exactly as they went in (a regex on the source would not know a call fr
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence, TypeVar, cast
 
 import libcst as cst
@@ -67,6 +68,20 @@ def is_literal(node: cst.BaseExpression) -> bool:
     return isinstance(node, cst.Name) and node.value in ("True", "False", "None")
 
 
+@dataclass(frozen=True)
+class CommandLineOption:
+    """An argparse option the file declares: its long flag, its default as written ("" where none) and where."""
+
+    flag: str
+    default: str
+    where: str  # "train.py:603"
+
+    @property
+    def said(self) -> str:
+        """``its default is 4, at train.py:603``."""
+        return f"{f'its default is {self.default}, ' if self.default else ''}at {self.where}"
+
+
 class Source:
     """One file parsed once, with each node's lines and parent, for finding what a finding names."""
 
@@ -118,6 +133,40 @@ class Source:
         while parent is not None:
             yield parent
             parent = self.parents.get(parent)
+
+    def command_line_option(self, value: cst.BaseExpression) -> CommandLineOption | None:
+        """The option ``value`` reads where it is ``args.num_workers``, ``args`` bound to a ``parse_args()`` in
+        this file and the file declaring that option with argparse; None otherwise (a config object's attribute)."""
+        if not isinstance(value, cst.Attribute) or not isinstance(value.value, cst.Name):
+            return None
+        parsed = {
+            t.target.value
+            for assign in self.nodes(cst.Assign)
+            if isinstance(assign.value, cst.Call) and dotted(assign.value.func).endswith(".parse_args")
+            for t in assign.targets
+            if isinstance(t.target, cst.Name)
+        }
+        if value.value.value not in parsed:
+            return None
+        for call in self.nodes(cst.Call):
+            if not dotted(call.func).endswith(".add_argument"):
+                continue
+            names = [a.value for a in call.args if a.keyword is None]
+            flags = [str(n.evaluated_value) for n in names if isinstance(n, cst.SimpleString)]
+            longs = [f for f in flags if f.startswith("--")]
+            dest = keyword_value(call, "dest")
+            own = (
+                code_of(dest.value).strip("'\"")
+                if dest is not None
+                else longs[0][2:].replace("-", "_")
+                if longs
+                else ""
+            )
+            if longs and own == value.attr.value:
+                default = keyword_value(call, "default")
+                written = code_of(default.value) if default is not None else ""
+                return CommandLineOption(longs[0], written, f"{self.name}:{self.lines(call)[0]}")
+        return None
 
     def function_of(self, node: cst.CSTNode) -> cst.FunctionDef | None:
         return next((a for a in self.ancestors(node) if isinstance(a, cst.FunctionDef)), None)

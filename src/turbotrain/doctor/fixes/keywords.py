@@ -34,43 +34,14 @@ def loader(source: Source, req: EditRequest) -> str:
         try:
             new[target] = set_keyword(new.get(target, target), name, repr(value), _LOADER_POSITION.get(name), where)
         except ByHand as exc:
-            option = _command_line_option(source, keyword_value(target, name))
+            arg = keyword_value(target, name)
+            option = source.command_line_option(arg.value) if arg is not None else None
             if option is None:
                 raise
-            raise ByHand(f"{exc}, or run the script with {option[0]} {value!r} ({option[1]})") from exc
+            raise ByHand(f"{exc}, or run the script with {option.flag} {value!r} ({option.said})") from exc
     if all(n.deep_equals(c) for c, n in new.items()):
         raise ByHand(f"{req.where}: `{code_of(call)}` already has the fix")
     return replace(source, {c: _becomes(n) for c, n in new.items()})
-
-
-def _command_line_option(source: Source, arg: cst.Arg | None) -> tuple[str, str] | None:
-    """``("--num-workers", "its default is 4, at train.py:603")`` where ``arg``'s value is ``args.num_workers`` and
-    the file declares that option with argparse; None otherwise."""
-    value = arg.value if arg is not None else None
-    if not isinstance(value, cst.Attribute) or not isinstance(value.value, cst.Name):
-        return None
-    parsed = {  # the names the file binds to parse_args(): a config object's attribute is not an option
-        t.target.value
-        for assign in source.nodes(cst.Assign)
-        if isinstance(assign.value, cst.Call) and dotted(assign.value.func).endswith(".parse_args")
-        for t in assign.targets
-        if isinstance(t.target, cst.Name)
-    }
-    if value.value.value not in parsed:
-        return None
-    for call in source.nodes(cst.Call):
-        if not dotted(call.func).endswith(".add_argument"):
-            continue
-        names = [a.value for a in call.args if a.keyword is None]
-        flags = [str(n.evaluated_value) for n in names if isinstance(n, cst.SimpleString)]
-        longs = [f for f in flags if f.startswith("--")]
-        dest = keyword_value(call, "dest")
-        own = code_of(dest.value).strip("'\"") if dest is not None else longs[0][2:].replace("-", "_") if longs else ""
-        if longs and own == value.attr.value:
-            default = keyword_value(call, "default")
-            said = f"its default is {code_of(default.value)}, " if default is not None else ""
-            return longs[0], f"{said}at {source.name}:{source.lines(call)[0]}"
-    return None
 
 
 def _keyword_home(source: Source, call: cst.Call, name: str, position: int | None) -> tuple[cst.Call, str] | None:
