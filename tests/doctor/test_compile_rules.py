@@ -386,7 +386,7 @@ def test_a_run_too_short_for_compile_to_pay_back_says_so_with_both_runs_seconds(
     assert "it pays after 292 steps, and this run ended after 10" in note
     # Eager, each of the 10 steps is longer by what the model's step took eager beyond compiled.
     assert "Compiled it took about 86.8 s; eager it would have taken about 16.5 s" in note
-    assert fix.pytorch == "Train runs of 10 steps eagerly (drop torch.compile); keep it for runs of over 292"
+    assert fix.pytorch == "Train runs of 10 steps eagerly (drop torch.compile); keep compiling for runs of over 292"
     # A run the doctor stopped has no known length: when it pays is all that is said.
     note, fix = _said(ctx.replace(run_steps=None), faster, 72.8, "inductor")
     assert "pays after 292 steps. Running eagerly instead would be slower." in note
@@ -401,6 +401,33 @@ def test_a_run_too_short_for_compile_to_pay_back_says_so_with_both_runs_seconds(
             "compiling is 1.0% of its 117.9 min") in f.message and f.severity == "low"
     note, fix = _said(planned, faster, 72.8, "inductor")
     assert "it pays after 292 steps, and the script runs 5,001. Running eagerly instead would be slower." in note
+
+
+COMPILE_OPTION = """
+import argparse
+import torch
+parser = argparse.ArgumentParser()
+parser.add_argument("--compile", type=int, default={default})
+args = parser.parse_args()
+model = torch.nn.Linear(4, 4)
+if args.compile:
+    model = torch.compile(model)
+"""
+
+
+@pytest.mark.parametrize("default, named", [("0", True), ("1", False)])
+def test_a_run_too_short_for_compile_names_the_option_that_turns_it_on(tmp_path, default, named):
+    # llm.c: `parser.add_argument("--compile", type=int, default=0)`, `if args.compile: model = torch.compile(model)`.
+    from turbotrain.doctor.analysis.source import load_sources
+
+    script = tmp_path / "train.py"
+    script.write_text(COMPILE_OPTION.format(default=default))
+    ctx = _ended_after(context(code(first_compile_s=72.8)), 10, 1.4).replace(sources=load_sources([str(script)]))
+    faster = _common.PairTiming((0.77, 0.8), a_s=0.85, b_s=1.1, warm_s=(20.0, 2.0))
+    _, fix = _said(ctx, faster, 72.8, "inductor")
+    said = "run the script without --compile, its default is 0, at train.py:5"
+    assert (said in fix.pytorch) is named, fix.pytorch  # on by default: turning it off is not "without" it
+    assert ("drop torch.compile" in fix.pytorch) is not named
 
 
 def test_the_report_carries_what_compile_did():

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator
 
@@ -26,6 +27,7 @@ from ...requests import OwnTrial
 from ..rule import Detect, Measured, Rule, TimeLeft, register
 from ._common import (
     CachedCompile,
+    compile_calls,
     compile_result,
     PairTiming,
     cached_compile,
@@ -45,6 +47,7 @@ from ._common import (
 
 if TYPE_CHECKING:
     from ...analysis.context import Context
+    from ...cst_tools import CommandLineOption
 
 
 @dataclass(frozen=True)
@@ -156,6 +159,32 @@ def _why_slower(ctx: Context, model_backend: str) -> str:
     return "; ".join(reasons) or "the graphs are too small for fusion to beat their call overhead"
 
 
+def _compile_option(ctx: Context) -> CommandLineOption | None:
+    """The command-line option whose ``if`` turns the script's one ``torch.compile`` call on (llm.c's ``if
+    args.compile:``), where the file declares it with argparse and it is off by default; None otherwise, or without
+    libcst (the fix extra) to read it."""
+    calls = compile_calls(ctx)
+    if len(calls) != 1:
+        return None
+    index, call = calls[0]
+    try:
+        import libcst as cst
+
+        from ...cst_tools import Source
+
+        source = Source(index.text, os.path.basename(index.path))
+    except Exception:  # noqa: BLE001 - no libcst, or a file libcst cannot parse: the option is not named
+        return None
+    found = source.calls_at(call.lineno, "compile")
+    child: cst.CSTNode | None = found[0] if found else None
+    for node in source.ancestors(child) if child is not None else ():
+        if isinstance(node, cst.If):
+            option = source.command_line_option(node.test) if child is node.body else None
+            return option if option is not None and option.default in ("", "0", "False", "None") else None
+        child = node
+    return None
+
+
 _EAGER_FIX = Fix(
     "Run this model eagerly (drop torch.compile), or fix its graph breaks first and time it again",
     lightning="Drop the torch.compile of the LightningModule (or fix its graph breaks first)",
@@ -178,8 +207,10 @@ def _said(ctx: Context, timing: PairTiming, compile_s: float, backend: str) -> t
             f"{took} about {seconds_text(compiled_run)}; eager it would {'have taken' if length.ended else 'take'} "
             f"about {seconds_text(eager_run)}."
         )
+        option = _compile_option(ctx)
+        drop = f"run the script without {option.flag}, {option.said}" if option is not None else "drop torch.compile"
         fix = Fix(
-            f"Train runs of {length.steps:,} steps eagerly (drop torch.compile); keep it for runs of over {steps:,}",
+            f"Train runs of {length.steps:,} steps eagerly ({drop}); keep compiling for runs of over {steps:,}",
             lightning=f"Drop the torch.compile of the LightningModule for runs of {length.steps:,} steps",
             hf_trainer=f"TrainingArguments(torch_compile=False) for runs of {length.steps:,} steps",
         )
