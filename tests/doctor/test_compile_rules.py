@@ -381,6 +381,7 @@ def test_a_run_too_short_for_compile_to_pay_back_says_so_with_both_runs_seconds(
     assert "ended by itself after 10 steps of 1.4 s: compiling was 83.9% of its 86.8 s" in f.message
     assert "eager steps would have to take 8.7 s, 6.20x the compiled step" in f.message
     assert f.severity == "medium" and not f.measured  # untimed, but compiling dwarfs the run
+    assert f.request is None  # no captured compiled model in this context; with one, OwnTrial(first=True)
     faster = _common.PairTiming((0.77, 0.8), a_s=0.85, b_s=1.1, warm_s=(20.0, 2.0))
     note, fix = _said(ctx, faster, 72.8, "inductor")
     assert "it pays after 292 steps, and this run ended after 10" in note

@@ -215,6 +215,7 @@ def test_a_run_that_ends_before_compile_can_pay_back_is_priced_over_the_whole_ru
     ((_, line),) = marked_lines("compile_short_run")
     assert finding.site.line == line
     assert "This run ended by itself after 8 steps" in finding.message
+    assert finding.request.first  # timed before the plan's trials: the run shows compiling dwarfs it
     what_if = finding.what_if
     assert finding.measured and isinstance(what_if, CompileResult), finding.note
     assert what_if.run_steps == 8 and what_if.compile_s > 0

@@ -88,6 +88,24 @@ def test_a_quick_rule_trial_runs_before_the_plan_s_and_the_others_after(monkeypa
     assert order[0][1] <= 2.0 and order[3][1] == 8.0
 
 
+def test_a_rule_trial_the_run_shows_large_runs_first_with_the_whole_budget(monkeypatch):
+    """llm.c --compile 1 for 10 iterations: compiling dwarfs the training, but compile-pays-back's trial came after
+    the plan's (the fused optimizer on the eager original) and was left 'Not timed' one second short."""
+    from turbotrain.doctor.requests import LoaderRequest, PlanRequest
+
+    order: list[tuple[str, float]] = []
+    monkeypatch.setattr(whatif, "_own_trial", lambda ctx, f, budget: order.append((f.rule, budget.left)))
+    monkeypatch.setattr(whatif, "plan_trials", lambda ctx, fs, budget, allow: order.append(("plan", 0.0)) or [])
+    monkeypatch.setattr(whatif, "loader_trial", lambda ctx, f, budget: order.append(("loader", 0.0)))
+    findings = [Finding("num-workers", "w", Fix(""), request=LoaderRequest()),
+                Finding("non-foreach-optimizer", "o", Fix(""), request=PlanRequest({"fused_optimizer": True})),
+                Finding("compile-regional", "r", Fix(""), request=OwnTrial()),
+                Finding("compile-pays-back", "c", Fix(""), request=OwnTrial(first=True))]
+    whatif._run_what_ifs(SimpleNamespace(), findings, budget_s=30.0, allow_compile=False)
+    assert [rule for rule, _ in order][:3] == ["compile-pays-back", "loader", "plan"]
+    assert order[0][1] > 29.0  # the whole budget, not the early slot's quarter
+
+
 def test_a_compiled_models_optimizer_switch_is_timed_on_its_eager_original_and_the_others_say_why_not(monkeypatch):
     """llm.c's train_gpt2.py --compile 1: its non-foreach AdamW took 24% of the step and went untimed, without a
     word, because the model was compiled. The optimizer steps outside the graph; precision changes the graph."""

@@ -28,7 +28,7 @@ import logging
 import math
 import sys
 import types
-from typing import TYPE_CHECKING, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, cast
 
 from ..findings import Finding, one_line
 from ..requests import (
@@ -139,13 +139,16 @@ def _run_what_ifs(ctx: Context, findings: list[Finding], budget_s: float, allow_
     steps: list[tuple[str, Trial, list[Finding]]] = []
     for f in of(ThreadsRequest):  # first: on a contended machine every other trial is skewed by it
         steps.append(("threads", _one(f, threads_trial, ctx, budget), [f]))
+    for f in of(OwnTrial):  # a rule trial the run shows large: before the others spend the budget
+        if cast(OwnTrial, f.request).first:
+            steps.append((f.rule, _one(f, _own_trial, ctx, budget), [f]))
     for f in of(LoaderRequest):
         steps.append(("num_workers", _one(f, loader_trial, ctx, budget), [f]))
     for f in of(BatchBuildRequest):  # a second or so each: before the long trials take the budget
         steps.append(("batch_build", _one(f, batch_build_trial, ctx, budget), [f]))
     for f in of(BatchRequest):
         steps.append(("batch", _one(f, batch_trial, ctx, budget), [f]))
-    quick = [f for f in of(OwnTrial) if by_id(f.rule).quick_trial]
+    quick = [f for f in of(OwnTrial) if by_id(f.rule).quick_trial and not cast(OwnTrial, f.request).first]
     for f in quick:  # a few of the model's steps each: before the plan's fresh processes take the budget
         steps.append((f.rule, _early(f, ctx, budget), [f]))
     if of(PlanRequest):

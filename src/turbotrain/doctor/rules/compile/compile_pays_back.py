@@ -132,7 +132,7 @@ def pays_back(ctx: Context) -> Iterator[Finding]:
             graphs=sum(c.graphs for c in codes),
             breaks=sum(len(user_breaks(c)) for c in codes),
         ),
-        request=OwnTrial() if model is not None else None,
+        request=OwnTrial(first=eager_needed >= SLOWER_EAGER) if model is not None else None,
     )
     f.provisional("medium" if eager_needed >= SLOWER_EAGER else "low")
     f.note = (
