@@ -3,6 +3,7 @@ and declined for its own reasons, or gave an outcome, is left to say that itself
 
 from __future__ import annotations
 
+import re
 import time
 from types import SimpleNamespace
 
@@ -134,3 +135,28 @@ def test_a_compiled_models_optimizer_switch_is_timed_on_its_eager_original_and_t
     assert "eager original" in outcomes["non-foreach-optimizer"].before[-1].text
     assert outcomes["no-mixed-precision"].gain is None
     assert "compiles its model" in outcomes["no-mixed-precision"].before[0].text
+
+
+def test_plan_switches_the_budget_cannot_hold_say_the_budget_that_would(monkeypatch):
+    """llm.c's fused AdamW read only "Not measured: the what-if time budget is spent"; the rule trials' findings
+    said how much budget would time them, and now the plan's say it too."""
+    import torch
+
+    from turbotrain.doctor.requests import PlanRequest
+    from turbotrain.doctor.whatif import common
+    from turbotrain.plan import Plan
+
+    monkeypatch.setattr(common, "optimizer_recipe", lambda ctx: (torch.optim.AdamW, {"lr": 1e-3}))
+    monkeypatch.setattr(common, "baseline_plan", lambda ctx: Plan(device="cpu"))
+    capture = SimpleNamespace(module=torch.nn.Linear(8, 1), args=(torch.randn(4, 8),), kwargs={})
+    seconds = {"compute": 2.0, "python_overhead": 0.0, "optimizer": 0.0}  # a 2-s step: 15 s for the baseline alone
+    ctx = SimpleNamespace(capture=capture, facts=SimpleNamespace(compiled=False), seconds=seconds.get,
+                          backwards_per_step=lambda: 1.0, noise_floor=0.0, device="cpu")
+    findings = [Finding(rule, "m", Fix(""), request=PlanRequest(changes))
+                for rule, changes in (("non-foreach-optimizer", {"fused_optimizer": True}),
+                                      ("no-mixed-precision", {"precision": "bf16-mixed"}))]
+    whatif._run_what_ifs(ctx, findings, budget_s=5.0, allow_compile=False)
+    for f in findings:
+        assert f.what_if is None
+        assert re.search(r"Not timed: its trial needed about 15 s and [45] s of the what-if budget were left; "
+                         r"`--what-if-budget 20` gives it room\.$", f.note), f.note

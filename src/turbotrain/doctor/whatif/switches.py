@@ -24,9 +24,9 @@ if TYPE_CHECKING:
 
 def plan_trials(
     ctx: Context, findings: list[Finding], budget: Budget, allow_compile: bool
-) -> Iterator[tuple[Finding, Outcome]]:
+) -> Iterator[tuple[Finding, Outcome | None]]:
     """Each Plan switch the findings ask for, timed against the script's settings: each finding's outcome as it
-    is timed."""
+    is timed; None where the budget could not hold its trial."""
     wanted = [f for f in findings if isinstance(f.request, PlanRequest) and (allow_compile or not f.request.compile)]
     if not wanted or ctx.capture is None:
         return
@@ -40,10 +40,14 @@ def plan_trials(
             return
     trials = ModelTrials(ctx, budget, model=eager)
     first = trials.baseline()
-    if first is None or not first.ok:
-        reason = first.error if first is not None else "the what-if time budget is spent"
+    if first is None:  # the budget refused it: each finding says so with the budget that gives it room
         for f in wanted:
-            yield f, Outcome(before=(not_measured(reason or ""),))
+            budget.allows(trials.cost)  # the refusal, recorded again for this finding
+            yield f, None
+        return
+    if not first.ok:
+        for f in wanted:
+            yield f, Outcome(before=(not_measured(first.error or ""),))
         return
     # The script's setting's fresh process serves every switch compared with it, and ends with the loop.
     with FreshProcesses(ctx, trials, budget) as fresh_processes:
@@ -54,7 +58,7 @@ def plan_trials(
             compiling = bool(changes.get("compile"))
             cost = trials.cost * (8 if compiling else 2)
             if not budget.allows(cost):
-                yield f, Outcome(before=(not_measured("the what-if time budget is spent"),))
+                yield f, None  # said with the budget that gives it room (whatif._say_untimed)
                 continue
             seen: dict[str, Any] = {}
 
