@@ -14,6 +14,21 @@ from turbotrain.doctor.fixes.model import ByHand, EditRequest
 from turbotrain.doctor.fixes.table import apply_edit
 
 
+def _computes_the_same(tmp_path, before: str, after: str, attention: str) -> None:
+    """The attention class ``attention`` (built for 8 positions) of both sources, run on the same 5 queries, keys
+    and values: the edit changed how it computes, not what."""
+    import runpy
+
+    import torch
+
+    q, k, v = torch.randn(3, 2, 2, 5, 4).unbind(0)
+    outputs = []
+    for name, text in (("before.py", before), ("after.py", after)):
+        (tmp_path / name).write_text(textwrap.dedent(text))
+        outputs.append(runpy.run_path(str(tmp_path / name))[attention](8)(q, k, v))
+    torch.testing.assert_close(outputs[1], outputs[0])
+
+
 def edit(source: str, kind: str, marker: str = "# here", /, **params) -> str:
     """``source`` with ``kind`` applied at the line holding ``marker``."""
     source = textwrap.dedent(source)
@@ -424,16 +439,7 @@ def test_a_causal_buffer_s_corner_becomes_is_causal(tmp_path, made, mask):
     assert changed(source, new) == [
         "return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=(1.0 / math.sqrt(k.size(-1))))"]
     # The same attention, run: 5 queries of a buffer made for 8.
-    import runpy
-
-    import torch
-
-    q, k, v = torch.randn(3, 2, 2, 5, 4).unbind(0)
-    outputs = []
-    for name, text in (("before.py", source), ("after.py", new)):
-        (tmp_path / name).write_text(textwrap.dedent(text))
-        outputs.append(runpy.run_path(str(tmp_path / name))["SelfAttention"](8)(q, k, v))
-    torch.testing.assert_close(outputs[1], outputs[0])
+    _computes_the_same(tmp_path, source, new, "SelfAttention")
 
 
 @pytest.mark.parametrize("made, mask", [
@@ -497,16 +503,7 @@ def test_scores_masked_in_place_over_4d_heads_become_one_call(tmp_path):
         "dropout_p=self.dropout.p if self.dropout.training else 0.0, scale=1 / keys.shape[-1]**0.5)"
         ".transpose(1, 2)"], new
     assert "attn_scores" not in new and "mask_bool" not in new and "num_tokens = queries.shape[2]" in new
-    import runpy
-
-    import torch
-
-    q, k, v = torch.randn(3, 2, 2, 5, 4).unbind(0)
-    outputs = []
-    for name, text in (("before.py", RASBT_ATTENTION), ("after.py", new)):
-        (tmp_path / name).write_text(textwrap.dedent(text))
-        outputs.append(runpy.run_path(str(tmp_path / name))["MultiHeadAttention"](8)(q, k, v))
-    torch.testing.assert_close(outputs[1], outputs[0])
+    _computes_the_same(tmp_path, RASBT_ATTENTION, new, "MultiHeadAttention")
     # Without the run's shapes, (2, 3) is not known to be the last two dimensions.
     with pytest.raises(ByHand, match=r"last two dimensions \(-2, -1\)"):
         edit(RASBT_ATTENTION, "sdpa", dropout_modules=["dropout"])

@@ -30,8 +30,9 @@ def plan_trials(
     wanted = [f for f in findings if isinstance(f.request, PlanRequest) and (allow_compile or not f.request.compile)]
     if not wanted or ctx.capture is None:
         return
-    eager = getattr(ctx.capture.module, "_orig_mod", None) if ctx.facts.compiled else None
+    eager = None  # a compiled model's eager original, which its optimizer switches are timed on
     if ctx.facts.compiled:
+        eager = getattr(ctx.capture.module, "_orig_mod", None)
         for f in wanted:
             if not set(_plan_trial(f).changes) <= OUTSIDE_THE_GRAPH:
                 yield f, Outcome(before=(not_measured(_INSIDE_THE_GRAPH),))

@@ -87,7 +87,7 @@ def run_length(ctx: Context) -> RunLength | None:
     return RunLength(steps, ended=False, loop=f"`{loop.code}` at {ctx.where(loop.site)}")
 
 
-def _run_length(ctx: Context, compile_s: float) -> tuple[str, float]:
+def _beside_the_run(ctx: Context, compile_s: float) -> tuple[str, float]:
     """What compiling is beside the whole run, where its length is known: its share of the run, and how slow eager
     steps would have to be, against the compiled one, for it to pay back in that many steps (("", 1.0) where the
     length is not known)."""
@@ -115,7 +115,7 @@ def pays_back(ctx: Context) -> Iterator[Finding]:
         return
     first, again = compile_seconds(ctx)
     model = compiled_model(ctx)
-    run_said, eager_needed = _run_length(ctx, first + again)
+    run_said, eager_needed = _beside_the_run(ctx, first + again)
     f = Finding(
         "compile-pays-back",
         site=ctx.capture.site if ctx.capture is not None else codes[0].site,
