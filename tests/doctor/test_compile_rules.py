@@ -4,6 +4,7 @@ the corpus runs (test_corpus.py) are the end-to-end ones."""
 
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 
 import pytest
@@ -402,6 +403,28 @@ def test_a_run_too_short_for_compile_to_pay_back_says_so_with_both_runs_seconds(
             "compiling is 1.0% of its 117.9 min") in f.message and f.severity == "low"
     note, fix = _said(planned, faster, 72.8, "inductor")
     assert "it pays after 292 steps, and the script runs 5,001. Running eagerly instead would be slower." in note
+    # nanoGPT's `while True:` ... `if iter_num > max_iters: break`, read with the iterations it has left.
+    ends = "if iter_num > max_iters: break"
+    planned.recording.planned_loop = tuple(
+        (done, PlannedLoop(Site(USER, 333, "<module>"), ends, 5002 - done, done - 1, left=True)) for done in (3, 23)
+    )
+    [f] = findings(planned, "compile-pays-back")
+    assert f"The script's loop runs 5,001 steps (`{ends}` at train.py:333) of 1.4 s" in f.message
+
+
+def test_a_run_that_ended_during_the_watch_counts_the_watched_steps():
+    """nanoGPT at max_iters=60: the window measured 25 steps, the watch after it (for its eval every 1000 steps)
+    saw the rest until the script ended at 61: the run was 61 steps, not 25."""
+    from turbotrain.doctor.record.measurements import StepRecord
+    from turbotrain.doctor.record.recording import Recording, Window
+    from turbotrain.doctor.record.watch import WatchedRun
+
+    steps = tuple(StepRecord(i, i * 0.1, (i + 1) * 0.1, {"forward": 0.1}) for i in range(25))
+    recording = Recording(window=Window(3, 20, 20, 1), steps=steps, step_delimiter="optimizer.step()", events=(),
+                          loaders=(), optimizer_sites=(), module_sites=(), matmul_shapes=(), gap_samples=())
+    assert recording.steps_run == 25
+    watched = WatchedRun(25, 60, 5.2, 0.15, (), (), "script")
+    assert dataclasses.replace(recording, watched=watched).steps_run == 61
 
 
 COMPILE_OPTION = """

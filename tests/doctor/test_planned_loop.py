@@ -43,7 +43,10 @@ def test_a_range_with_bounds_from_argparse_is_read_with_its_counter(tmp_path):
     assert len(seen) == 11 and all(s.iterations == 11 for s in seen)
     assert seen[0].code == "range(args.num_iterations + 1)" and seen[0].site.line == 9
     assert [s.counter for s in seen[:3]] == [0, 1, 2]
-    assert _read(tmp_path, "range(2, 20, 3)")[0].iterations == len(range(2, 20, 3))
+    stepped = _read(tmp_path, "range(2, 20, 3)")
+    assert stepped[0].iterations == len(stepped) == len(range(2, 20, 3))
+    # its counter moves 3 an iteration, one iteration a step
+    assert _context([(1, stepped[0]), (4, stepped[3])]).planned_steps[0] == len(stepped)
 
 
 def test_epochs_of_ranged_steps_multiply_and_a_loop_further_up_makes_it_unknown(tmp_path):
@@ -77,3 +80,82 @@ def test_the_loops_steps_are_its_iterations_over_how_far_its_counter_moves_a_ste
     assert _context([(3, _at(6)), (23, _at(46))]).planned_steps[0] == 2500
     assert _context([(3, _at(3))]).planned_steps is None  # read once: a step's iterations unknown
     assert _context([(3, _at(3)), (23, _at(33))]).planned_steps is None  # 1.5 a step: not a loop of steps
+
+
+WHILE = """
+import argparse
+cfg = argparse.Namespace(max_iters=12)
+iter_num = 3  # resumed from a checkpoint: the run is the iterations left
+eval_only = False
+seen = []
+
+def step():
+    seen.append(planned_loop(sys._getframe(0)))
+
+{loop}
+"""
+
+NANOGPT = """
+while True:
+    if iter_num == 3 and eval_only:
+        break
+    for micro_step in range(2):
+        pass
+    step()
+    iter_num += 1
+    if iter_num > cfg.max_iters:
+        break
+"""
+
+
+def _read_while(tmp_path, loop: str) -> list:
+    script = tmp_path / "train.py"
+    script.write_text(WHILE.format(loop=loop.strip()))
+    return runpy.run_path(str(script), init_globals={"planned_loop": planned_loop, "sys": sys})["seen"]
+
+
+@pytest.mark.parametrize("loop", [
+    NANOGPT,
+    NANOGPT.replace("iter_num > cfg.max_iters", "cfg.max_iters < iter_num"),
+    "while iter_num <= cfg.max_iters:\n    step()\n    iter_num += 1",
+    "while iter_num < cfg.max_iters + 1:\n    iter_num += 1\n    step()",
+    NANOGPT.replace("iter_num += 1", "iter_num += 2"),
+    NANOGPT.replace("iter_num == 3 and eval_only", "iter_num == 2"),  # a value the counter has passed
+])
+def test_a_while_its_counter_ends_runs_the_steps_its_readings_say(tmp_path, loop):
+    """nanoGPT: ``while True:`` ... ``iter_num += 1`` ... ``if iter_num > max_iters: break``. The window reads the
+    loop twice; the steps the run makes in all are read from either reading, whichever steps they came at."""
+    seen = _read_while(tmp_path, loop)
+    assert all(s is not None and s.left for s in seen), seen
+    for start, end in [(1, 2), (2, 5), (1, len(seen))]:
+        readings = [(start, seen[start - 1]), (end, seen[end - 1])]
+        assert _context(readings).planned_steps[0] == len(seen), (loop, readings)
+    assert seen[0].code in {"if iter_num > cfg.max_iters: break", "if cfg.max_iters < iter_num: break",
+                            "while iter_num <= cfg.max_iters", "while iter_num < cfg.max_iters + 1"}
+
+
+@pytest.mark.parametrize("loop", [
+    NANOGPT.replace("eval_only:", "eval_only:\n        break\n    if iter_num == 7:"),  # two ways out
+    NANOGPT.replace("== 3 and eval_only", "== 7 and not eval_only"),  # a flag that is on: it ends there
+    NANOGPT.replace("    step()", "    step()\n    iter_num = iter_num"),  # set otherwise too
+    NANOGPT.replace("iter_num += 1", "iter_num += len('a')"),  # a call: not read
+    NANOGPT.replace("while True", "for epoch in range(1):\n  while True"),  # run again by a loop around it
+])
+def test_a_while_whose_end_is_not_its_counters_alone_has_no_length(tmp_path, loop):
+    seen = _read_while(tmp_path, loop)
+    assert seen and all(s is None for s in seen), seen
+
+
+def test_a_break_inside_an_inner_loop_is_not_the_whiles_end(tmp_path):
+    inner = ("while True:\n    step()\n    iter_num += 1\n    for i in range(2):\n"
+             "        if iter_num > cfg.max_iters:\n            break\n    if iter_num > 20:\n        break")
+    seen = _read_while(tmp_path, inner)
+    assert len(seen) == 18 and seen[0].code == "if iter_num > 20: break"
+    assert _context([(1, seen[0]), (2, seen[1])]).planned_steps[0] == 18
+
+
+def test_a_while_whose_bound_moves_between_the_readings_has_no_length():
+    moved = PlannedLoop(Site("/home/me/train.py", 333, "<module>"), "if iter_num > max_iters: break", 90, 10, left=True)
+    first = PlannedLoop(Site("/home/me/train.py", 333, "<module>"), "if iter_num > max_iters: break", 100, 3, left=True)
+    assert _context([(3, first), (10, moved)]).planned_steps is None
+    assert _context([(3, first), (10, PlannedLoop(first.site, first.code, 93, 10, left=True))]).planned_steps[0] == 102

@@ -367,7 +367,7 @@ def analyse(
     started = time.perf_counter()
     ctx = build_context(recording, live, script_path)
     ctx.memory_allowed = options.what_if  # one measured step of copies: a what-if's cost
-    ctx.run_steps = len(recording.steps) if run is not None and run.status == "finished" else None
+    ctx.run_steps = recording.steps_run if run is not None and run.status == "finished" else None
     rules_failed: list[tuple[str, str]] = []
     findings = evaluate(ctx, failed=rules_failed)
     timings["rules"] = time.perf_counter() - started

@@ -167,19 +167,23 @@ class Context:
 
     @property
     def planned_steps(self) -> tuple[int, PlannedLoop] | None:
-        """The optimizer steps the script's loop runs in all, where it is a ``for`` over ``range()`` whose counter
-        moved a whole number of iterations a step over the window (record/cadence.py), with that loop; None
-        otherwise."""
+        """The optimizer steps the script's loop runs in all, where it is a ``for`` over ``range()``, or a ``while``
+        a counter ends, whose counter moved a whole number of iterations a step over the window
+        (record/cadence.py), with that loop; None otherwise."""
         readings = self.recording.planned_loop if self.recording is not None else ()
         if len(readings) < 2:
             return None
         (start, first), (end, last) = readings[0], readings[-1]
         if first.site != last.site or first.counter is None or last.counter is None or end <= start:
             return None
-        per_step = (last.counter - first.counter) / (end - start)
+        per_step = (last.counter - first.counter) / first.by / (end - start)  # iterations a step
         if per_step < 1 or per_step != int(per_step):
             return None
-        return int(first.iterations // per_step), first
+        if not first.left:
+            return int(first.iterations // per_step), first
+        # A while: the steps done at each reading (the current one counted) and those its iterations left make.
+        totals = {done - 1 + -(-loop.iterations // int(per_step)) for done, loop in (readings[0], readings[-1])}
+        return (totals.pop(), first) if len(totals) == 1 else None  # two: its bound moved
 
     @property
     def on_gpu(self) -> bool:

@@ -194,20 +194,24 @@ def running_cadences(frame: FrameType | None, max_depth: int = 64) -> tuple[Cade
 
 @dataclass(frozen=True)
 class PlannedLoop:
-    """The loop that steps, where it is a ``for ... in range(...)`` whose bounds the frame holds: how many
-    iterations it runs in all, and its counter's value when read (to tell iterations from steps)."""
+    """The loop that steps, where its length is read from its frame: a ``for ... in range(...)`` (how many
+    iterations it runs in all), or a ``while`` its counter ends (``left``: the iterations from the current one on,
+    the current one included); with its counter's value when read (to tell iterations from steps)."""
 
-    site: Site  # the ``for``
-    code: str  # its iterable as written ("range(args.num_iterations + 1)")
+    site: Site  # the ``for``, or what ends the ``while`` (its test, or the ``if ...: break``)
+    code: str  # as written ("range(args.num_iterations + 1)", "if iter_num > max_iters: break")
     iterations: int
     counter: int | None  # the loop variable's value when read; None where it is not a plain int
+    left: bool = False  # ``iterations`` counts those left, not the whole loop's
+    by: int = 1  # what an iteration adds to the counter (a range's step)
 
 
 def planned_loop(frame: FrameType | None, max_depth: int = 64) -> PlannedLoop | None:
     """The innermost loop of the first user frame at or above ``frame`` that runs inside one, when it is
     ``for name in range(...)`` with bounds read from the frame without running anything, times the loops of that
-    frame around it, each such a ``for`` too (epochs of steps); None otherwise (a ``while``, a loop over a
-    DataLoader, bounds that are calls, or a loop in a frame further up, which would repeat it)."""
+    frame around it, each such a ``for`` too (epochs of steps); or a ``while`` that a counter it adds to ends
+    (:func:`_counted_while`), alone in its frame; None otherwise (a loop over a DataLoader, bounds that are calls,
+    or a loop in a frame further up, which would repeat it)."""
     found: PlannedLoop | None = None
     depth = 0
     while frame is not None and depth < max_depth:
@@ -230,6 +234,8 @@ def planned_loop(frame: FrameType | None, max_depth: int = 64) -> PlannedLoop | 
 
 def _ranged(loops: list[ast.For | ast.While | ast.AsyncFor], frame: FrameType) -> PlannedLoop | None:
     """The innermost of ``loops`` (outermost first) as a PlannedLoop, its iterations times the outer ones'."""
+    if isinstance(loops[-1], ast.While):
+        return _counted_while(loops[-1], frame) if len(loops) == 1 else None
     iterations = 1
     for loop in loops:
         call = loop.iter if isinstance(loop, ast.For) else None
@@ -240,10 +246,128 @@ def _ranged(loops: list[ast.For | ast.While | ast.AsyncFor], frame: FrameType) -
             return None
         if len(bounds) == 3 and not bounds[2]:
             return None
-        iterations *= len(range(*bounds))  # type: ignore[arg-type]  # ints: None was ruled out above
+        steps = range(*bounds)  # type: ignore[arg-type]  # ints: None was ruled out above
+        iterations *= len(steps)
     innermost = loops[-1]
     assert isinstance(innermost, ast.For) and isinstance(innermost.iter, ast.Call)
     counter = _count(innermost.target, frame) if isinstance(innermost.target, ast.Name) else None
     site = Site(frame.f_code.co_filename, innermost.lineno, frame.f_code.co_name)
     code = " x ".join(ast.unparse(loop.iter) for loop in loops if isinstance(loop, ast.For))
-    return PlannedLoop(site, code, iterations, counter)
+    return PlannedLoop(site, code, iterations, counter, by=steps.step)  # the innermost range's step
+
+
+# How a comparison that ends a loop, ``counter OP bound``, sets the counter's value at the end (its bound plus this):
+# when it breaks out (``if it > max_iters: break``) and when it is the ``while``'s own test (``while it < n:``).
+_BREAKS_AT = {ast.Gt: 1, ast.GtE: 0, ast.Eq: 0}
+_RUNS_WHILE = {ast.Lt: 0, ast.LtE: 1, ast.NotEq: 0}
+_MIRRORED: dict[type[ast.cmpop], type[ast.cmpop]] = {ast.Gt: ast.Lt, ast.Lt: ast.Gt, ast.GtE: ast.LtE, ast.LtE: ast.GtE}
+
+
+def _counted_while(loop: ast.While, frame: FrameType) -> PlannedLoop | None:
+    """A ``while`` whose end a counter sets: the loop adds a constant to it (``iter_num += 1``) and its test, or an
+    ``if`` in its body that only breaks, compares it with a bound read from the frame (nanoGPT: ``while True:``
+    ... ``if iter_num > max_iters: break``); the iterations left from the counter's value now. None otherwise."""
+    added = _added_each_iteration(loop)
+    ends: list[tuple[ast.expr, dict[type[ast.cmpop], int], ast.stmt, str]] = []
+    if not (isinstance(loop.test, ast.Constant) and loop.test.value):
+        ends.append((loop.test, _RUNS_WHILE, loop, f"while {ast.unparse(loop.test)}"))
+    for node in _ifs_in(loop):
+        if _inside_inner_loop(loop, node) or _spent(node.test, added, frame):
+            continue  # its break ends the inner loop, or it cannot break any more
+        if any(isinstance(stmt, ast.Break) for stmt in node.body):
+            ends.append((node.test, _BREAKS_AT, node, f"if {ast.unparse(node.test)}: break"))
+    if len(ends) != 1:
+        return None  # several ways out: the first to come is not known
+    test, offsets, where, code = ends[0]
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1):
+        return None
+    op, left, right = type(test.ops[0]), test.left, test.comparators[0]
+    key = _target_key(left)
+    if key not in added:
+        op, left, right = _MIRRORED.get(op, op), right, left
+        key = _target_key(left)
+    if key not in added or op not in offsets:
+        return None
+    counter, bound, (by, added_at) = _count(left, frame), _count(right, frame), added[key]
+    if counter is None or bound is None:
+        return None
+    # The value this iteration started with: where the loop adds to its counter before the line running now, less.
+    started = counter - by if added_at < frame.f_lineno else counter
+    left_over = -(-(bound + offsets[op] - started) // by)  # iterations from this one on, rounded up
+    if left_over < 1:
+        return None
+    site = Site(frame.f_code.co_filename, where.lineno, frame.f_code.co_name)
+    return PlannedLoop(site, code, left_over, counter, left=True, by=by)
+
+
+def _spent(test: ast.expr, added: dict[str, tuple[int, int]], frame: FrameType) -> bool:
+    """Whether a test that breaks out can no longer hold: one of its ``and``-ed parts is a flag that is False now
+    (nanoGPT's ``if iter_num == 0 and eval_only: break``), or asks a counter that only grows to equal a value it
+    has passed."""
+    for part in test.values if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And) else [test]:
+        if isinstance(part, (ast.Name, ast.Attribute)) and _value(part, frame) is False:
+            return True
+        if isinstance(part, ast.Compare) and len(part.ops) == 1 and isinstance(part.ops[0], ast.Eq):
+            for counter, value in ((part.left, part.comparators[0]), (part.comparators[0], part.left)):
+                now, target = _count(counter, frame), _count(value, frame)
+                if _target_key(counter) in added and now is not None and target is not None and now > target:
+                    return True
+    return False
+
+
+def _added_each_iteration(loop: ast.While) -> dict[str, tuple[int, int]]:
+    """``name += k`` (k a positive int literal) in the loop's body outside inner loops and functions, as (k, its
+    line) by the target's :func:`_target_key`; a target also assigned otherwise there is left out (its progress
+    is not known)."""
+    added: dict[str, tuple[int, int]] = {}
+    other: set[str] = set()
+    stack: list[ast.AST] = list(loop.body)
+    while stack:
+        node = stack.pop()
+        if isinstance(
+            node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda, ast.For, ast.While, ast.AsyncFor)
+        ):
+            continue
+        if isinstance(node, ast.AugAssign):
+            key = _target_key(node.target)
+            step = node.value.value if isinstance(node.value, ast.Constant) else None
+            if (
+                isinstance(node.op, ast.Add)
+                and isinstance(step, int)
+                and not isinstance(step, bool)
+                and step > 0
+                and key not in added
+            ):
+                added[key] = (step, node.lineno)
+            else:
+                other.add(key)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            other.update(_target_key(t) for t in targets)
+        stack.extend(ast.iter_child_nodes(node))
+    return {key: step for key, step in added.items() if key not in other}
+
+
+def _target_key(node: ast.expr) -> str:
+    """A counter's identity: the same name or attribute chain read (Load) and written (Store) dumps alike."""
+    return ast.dump(_as_load(node))
+
+
+def _as_load(node: ast.expr) -> ast.expr:
+    if isinstance(node, ast.Name):
+        return ast.Name(node.id, ast.Load())
+    if isinstance(node, ast.Attribute):
+        return ast.Attribute(_as_load(node.value), node.attr, ast.Load())
+    return node
+
+
+def _inside_inner_loop(loop: ast.While, node: ast.AST) -> bool:
+    """Whether ``node`` sits in a loop (or function) inside ``loop``'s body."""
+    for inner in ast.walk(loop):
+        if inner is loop or not isinstance(
+            inner, (ast.For, ast.While, ast.AsyncFor, ast.FunctionDef, ast.AsyncFunctionDef)
+        ):
+            continue
+        if any(child is node for child in ast.walk(inner)):
+            return True
+    return False

@@ -127,12 +127,18 @@ class Recording:
     graph_growth: GraphGrowth | None = None
     tensor_growth: TensorGrowth | None = None  # a container of the user's keeping tensors every step (the same)
     out_of_memory: OutOfMemory | None = None  # the script died of it (record/out_of_memory.py)
-    # The loop that steps, where it is a for over range() (record/cadence.py): (steps done, reading) at the window's
+    # The loop that steps, where its length is read (record/cadence.py): (steps done, reading) at the window's
     # start and end; how far its counter moved between them says how many iterations a step takes.
     planned_loop: tuple[tuple[int, PlannedLoop], ...] = ()
 
     def gpu_phase_seconds(self) -> dict[int, dict[Phase, float]]:
         return {g.step: dict(g.seconds) for g in self.gpu_phases}
+
+    @property
+    def steps_run(self) -> int:
+        """The optimizer steps the script ran while recorded: the window's, and those the watch after it saw."""
+        watched = self.watched
+        return max(len(self.steps), watched.last + 1) if watched is not None and watched.steps else len(self.steps)
 
 
 @dataclass(eq=False)
