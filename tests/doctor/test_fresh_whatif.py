@@ -8,6 +8,7 @@ import importlib
 import pytest
 
 from doctor_helpers import run_doctor
+from turbotrain.measure import judge
 
 
 def test_a_switch_whose_steps_page_fault_is_timed_in_fresh_processes(monkeypatch):
@@ -67,3 +68,51 @@ def test_a_churning_switch_timed_only_in_the_doctors_process_is_rated_low(monkey
     warm = [f for f in report.findings if getattr(f.what_if, "timed_in", None) == "this process"]
     assert warm and all(f.severity == "low" and f.what_if.rounds for f in warm), [f.to_dict() for f in warm]
     assert all("so it is rated low" in f.note for f in warm)
+
+
+class _SteppingChild:
+    """A fresh process's stand-in: each turn's step count is recorded, and a turn's steps take ``step_s`` each,
+    except where ``slow`` says the machine is in a slow spell at that turn (it is twice as slow then)."""
+
+    def __init__(self, log: list, name: str, step_s: float, slow: set[int]):
+        self.log, self.name, self.step_s, self.slow = log, name, step_s, slow
+
+    def ready(self) -> dict:
+        return {"applied": [], "skipped": []}
+
+    def steps(self, n: int) -> list[float]:
+        turn = len(self.log)
+        self.log.append((self.name, n))
+        return [self.step_s * (2 if turn in self.slow else 1)] * n
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize(
+    "step_s, steps, per_turn, turns, read", [(1.5, 3, 1, 9, 1.0), (0.2, 4, 3, 4, 1.0), (0.01, 10, 10, 3, 2.0)]
+)
+def test_long_steps_take_shorter_turns_each_round_spanning_them_all(step_s, steps, per_turn, turns, read):
+    """At 1.5 s a step a turn of three steps lasts 4.5 s, as long as a slow spell of the machine: one spell on
+    the baseline's turn set a whole round's ratio (llm.c's fused AdamW read x1.57 in fresh processes, rounds 1.57,
+    1.20, 1.59, against x1.18 in the script itself). Shorter turns, each round pooling turns from the whole
+    comparison: a spell weighs on every round alike. Short steps keep three turns of ``steps``."""
+    from types import SimpleNamespace
+
+    from turbotrain.doctor.whatif.common import Budget
+    from turbotrain.doctor.whatif.fresh import FreshProcesses
+    from turbotrain.plan import Plan
+
+    log: list = []
+    slow_turns = {0, 2}  # two of the first rounds' baseline turns fall in a slow spell
+    trials = SimpleNamespace(model_s=step_s, steps=steps, warmup=2)
+    processes = FreshProcesses(SimpleNamespace(), trials, Budget(1e6))
+    starts = iter(["baseline", "candidate"])
+    processes._start = lambda plan, keep: _SteppingChild(log, next(starts), step_s, slow_turns)
+    ratios = processes.rounds(Plan(), Plan(fused_optimizer=True))
+    assert log == [(side, per_turn) for _ in range(turns) for side in ("baseline", "candidate")]
+    assert len(ratios) == 3
+    # the same steps each way as three rounds of ``steps``
+    assert sum(n for side, n in log if side == "baseline") >= 3 * steps - per_turn
+    # Two slow turns of the baseline, as a switch that buys nothing: outweighed where they are pooled with others.
+    assert judge(ratios).speedup == pytest.approx(read)

@@ -8,6 +8,7 @@ the user would run it: the script's setting and the switch each in a process of 
 
 from __future__ import annotations
 
+import math
 import os
 from typing import TYPE_CHECKING
 
@@ -23,6 +24,26 @@ if TYPE_CHECKING:
 # Pages mapped in per step above which the allocator's history counts in a step's time (256 pages: 1 MiB a step).
 FAULTS_PER_STEP = 256
 START_S = 5.0  # two interpreters importing torch at once on a small machine
+# The least a turn of one process lasts. A slow spell of the machine lasts seconds: where a turn of a round's steps
+# lasts as long, one spell sets the round's ratio; shorter turns spread each round over the whole comparison.
+TURN_S = 0.5
+
+
+def turns(step_s: float, steps: int, rounds: int) -> tuple[int, int]:
+    """How ``rounds`` rounds of ``steps`` steps a side are run: (turns a side, steps a turn), the same steps in
+    more, shorter turns where a turn of ``steps`` would last over :data:`TURN_S` (one step a turn at least)."""
+    per_turn = min(steps, max(1, math.ceil(TURN_S / step_s)))
+    return max(rounds, rounds * steps // per_turn), per_turn
+
+
+def pooled_rounds(base_turns: list[list[float]], plan_turns: list[list[float]], rounds: int) -> list[float]:
+    """Round ``j``'s ratio pools turns ``j, j + rounds, j + 2 * rounds, ...`` of each side (lower quartile of
+    their steps): every round spans the whole comparison, so a slow spell weighs on all of them alike."""
+    return [
+        lower_quartile([s for turn in base_turns[j::rounds] for s in turn])
+        / lower_quartile([s for turn in plan_turns[j::rounds] for s in turn])
+        for j in range(rounds)
+    ]
 
 
 def allocator_churn(*trials: Trial | None) -> float:
@@ -43,7 +64,8 @@ class FreshProcesses:
 
     def rounds(self, base: Plan, plan: Plan, rounds: int = 3) -> list[float] | str:
         """Per-round ratios (baseline seconds / candidate seconds) of ``base`` and ``plan``, each trained in a
-        process of its own, ``trials.steps`` steps a turn, A/B alternated; or why it could not be done."""
+        process of its own, ``trials.steps`` steps a side a round, in turns A/B alternated (long steps in more,
+        shorter turns: :func:`turns`, :func:`pooled_rounds`); or why it could not be done."""
         trials = self.trials
         starting = START_S * (1 if self._kept(base) is None else 0.5)
         if not self.budget.allows(starting + 2 * trials.model_s * (trials.warmup + rounds * trials.steps) * 1.5):
@@ -54,11 +76,12 @@ class FreshProcesses:
             candidate = self._start(plan, keep=False)
             baseline.ready()
             candidate.ready()  # both load at once
-            ratios = []
-            for _ in range(rounds):
-                base_s, plan_s = (lower_quartile(child.steps(trials.steps)) for child in (baseline, candidate))
-                ratios.append(base_s / plan_s)
-            return ratios
+            count, per_turn = turns(trials.model_s, trials.steps, rounds)
+            base_turns, plan_turns = [], []
+            for _ in range(count):
+                base_turns.append(baseline.steps(per_turn))
+                plan_turns.append(candidate.steps(per_turn))
+            return pooled_rounds(base_turns, plan_turns, rounds)
         except (FreshTrialError, OSError) as exc:  # the in-process figure stands
             self._drop(base)  # a baseline process that failed is not asked again
             return str(exc)
