@@ -53,8 +53,13 @@ def test_the_what_if_budget_is_the_users_or_sized_by_the_step():
     default = DoctorOptions()
     assert default.what_if_budget_s is None
     # 20 s for short steps; 60 steps' worth for long ones (llm.c's 1.39-s GPT-2 step: two trials need 42 s), <= 180.
-    assert [what_if_budget_s(default, SimpleNamespace(step_s=s)) for s in (0.017, 1.39, 30.0)] == pytest.approx(
-        [20.0, 83.4, 180.0])
+    assert [what_if_budget_s(default, SimpleNamespace(step_s=s, compiled=None)) for s in (0.017, 1.39, 30.0)] == \
+        pytest.approx([20.0, 83.4, 180.0])
+    # A script that compiled its model: room for one fresh compile beside the 20 s (an HF Trainer with
+    # torch_compile=True: 20.9 s of compiling, 12-ms steps; its compile trial needed 22 s of a 20-s budget).
+    compiled = SimpleNamespace(codes=(SimpleNamespace(first_compile_s=20.9),))
+    assert what_if_budget_s(default, SimpleNamespace(step_s=0.012, compiled=compiled)) == pytest.approx(40.9)
+    assert what_if_budget_s(default, SimpleNamespace(step_s=1.39, compiled=compiled)) == pytest.approx(83.4)
     assert what_if_budget_s(DoctorOptions(what_if_budget_s=5.0), SimpleNamespace(step_s=30.0)) == 5.0
 
 
@@ -62,3 +67,18 @@ def test_watch_is_checked_as_the_command_is():
     with pytest.raises(ConfigError, match=r"DoctorOptions.steps \(--steps\): 0 is not allowed"):
         with tt.doctor.watch(steps=0, print_report=False):
             pass
+
+
+def test_the_report_says_what_sized_the_what_if_budget():
+    from types import SimpleNamespace
+
+    from turbotrain.doctor.diagnose import _budget_message
+
+    compiled = SimpleNamespace(codes=(SimpleNamespace(first_compile_s=20.9),))
+    said = _budget_message(DoctorOptions(), SimpleNamespace(step_s=0.012, compiled=compiled))
+    assert said.startswith("torch.compile took 20.9 s in this run: the what-ifs had 41 s, room for one fresh compile")
+    said = _budget_message(DoctorOptions(), SimpleNamespace(step_s=1.45, compiled=compiled))
+    assert said.startswith("Steps of 1.45 s: the what-ifs had 87 s")
+    assert _budget_message(DoctorOptions(), SimpleNamespace(step_s=0.012, compiled=None)) is None  # the plain 20 s
+    assert _budget_message(DoctorOptions(what_if_budget_s=41.0), SimpleNamespace(step_s=0.012, compiled=compiled)) \
+        is None  # the user's own

@@ -159,3 +159,37 @@ def test_a_while_whose_bound_moves_between_the_readings_has_no_length():
     first = PlannedLoop(Site("/home/me/train.py", 333, "<module>"), "if iter_num > max_iters: break", 100, 3, left=True)
     assert _context([(3, first), (10, moved)]).planned_steps is None
     assert _context([(3, first), (10, PlannedLoop(first.site, first.code, 93, 10, left=True))]).planned_steps[0] == 102
+
+
+def test_a_hugging_face_trainers_run_is_its_max_steps_at_the_line_that_called_train(tmp_path):
+    """The Trainer's loop is transformers' code; its ``state`` holds the run's length (``max_steps``) and the steps
+    done (``global_step``). Read at each optimizer step, as the recorder reads it."""
+    pytest.importorskip("transformers", reason="transformers is in the test extra: pip install -e '.[test]'")
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+
+    class Tokens(torch.utils.data.Dataset):
+        def __len__(self):
+            return 64
+
+        def __getitem__(self, i):
+            ids = torch.arange(8) % 16
+            return {"input_ids": ids, "labels": ids}
+
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=16, n_positions=8, n_embd=8, n_layer=1, n_head=2))
+    args = TrainingArguments(output_dir=str(tmp_path), max_steps=6, per_device_train_batch_size=4, report_to=[],
+                             save_strategy="no", use_cpu=True, disable_tqdm=True, logging_strategy="no")
+    seen = []
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    hook = register_optimizer_step_post_hook(
+        lambda *_: seen.append(planned_loop(sys._getframe(0))))
+    try:
+        called_at = sys._getframe(0).f_lineno + 1  # the next line
+        Trainer(model=model, args=args, train_dataset=Tokens()).train()
+    finally:
+        hook.remove()
+    assert len(seen) == 6 and seen[0].code == "Trainer.state.max_steps"
+    assert seen[0].site.line == called_at and seen[0].site.file == __file__
+    for start, end in [(1, 2), (2, 6)]:
+        assert _context([(start, seen[start - 1]), (end, seen[end - 1])]).planned_steps[0] == 6

@@ -257,19 +257,31 @@ def _trained_elsewhere(recording: Recording, base: str | None) -> str | None:
 
 
 def what_if_budget_s(options: DoctorOptions, ctx: Context) -> float:
-    """``--what-if-budget``, else sized by the script's step (:func:`.whatif.common.default_budget_s`)."""
+    """``--what-if-budget``, else sized by the script's step and compiles (:func:`.whatif.common.default_budget_s`)."""
     from .whatif.common import default_budget_s
 
-    return options.what_if_budget_s if options.what_if_budget_s is not None else default_budget_s(ctx.step_s)
+    if options.what_if_budget_s is not None:
+        return options.what_if_budget_s
+    return default_budget_s(ctx.step_s, _first_compiles_s(ctx))
+
+
+def _first_compiles_s(ctx: Context) -> float:
+    """Seconds the script's torch.compile took for its first compiles (recompiles left out: a trial compiles once)."""
+    facts = ctx.compiled
+    return sum(code.first_compile_s for code in facts.codes) if facts is not None else 0.0
 
 
 def _budget_message(options: DoctorOptions, ctx: Context) -> str | None:
-    """Where the step was long enough to size the what-ifs' budget by it, the seconds it gave them."""
+    """Where the step or the script's compiles were long enough to size the what-ifs' budget, the seconds given."""
     from .whatif.common import BUDGET_CAP_S, BUDGET_S, BUDGET_STEPS
 
     budget = what_if_budget_s(options, ctx)
     if not options.what_if or options.what_if_budget_s is not None or budget <= BUDGET_S:
         return None
+    compiles_s = _first_compiles_s(ctx)
+    if compiles_s > BUDGET_STEPS * ctx.step_s:
+        why = f"torch.compile took {compiles_s:.3g} s in this run: the what-ifs had {budget:.0f} s, room for one fresh"
+        return f"{why} compile beside the other fixes (at most {BUDGET_CAP_S:.0f} s); --what-if-budget SECONDS sets it."
     return (
         f"Steps of {ctx.step_s:.3g} s: the what-ifs had {budget:.0f} s to measure the fixes (the time of "
         f"{BUDGET_STEPS} steps, at most {BUDGET_CAP_S:.0f} s); --what-if-budget SECONDS sets it."

@@ -210,8 +210,12 @@ def planned_loop(frame: FrameType | None, max_depth: int = 64) -> PlannedLoop | 
     """The innermost loop of the first user frame at or above ``frame`` that runs inside one, when it is
     ``for name in range(...)`` with bounds read from the frame without running anything, times the loops of that
     frame around it, each such a ``for`` too (epochs of steps); or a ``while`` that a counter it adds to ends
-    (:func:`_counted_while`), alone in its frame; None otherwise (a loop over a DataLoader, bounds that are calls,
-    or a loop in a frame further up, which would repeat it)."""
+    (:func:`_counted_while`), alone in its frame; or a Hugging Face Trainer's run (:func:`_hf_trainer_run`). None
+    otherwise (a loop over a DataLoader, bounds that are calls, or a loop in a frame further up, which would repeat
+    it)."""
+    trainer = _hf_trainer_run(frame, max_depth)
+    if trainer is not None:
+        return trainer
     found: PlannedLoop | None = None
     depth = 0
     while frame is not None and depth < max_depth:
@@ -371,3 +375,42 @@ def _inside_inner_loop(loop: ast.While, node: ast.AST) -> bool:
         if any(child is node for child in ast.walk(inner)):
             return True
     return False
+
+
+def _hf_trainer_run(frame: FrameType | None, max_depth: int) -> PlannedLoop | None:
+    """A Hugging Face ``Trainer`` training on the stack: the steps its ``state`` has left (``max_steps`` less
+    ``global_step``, plain attributes read, not called), at the script's line that called it; None otherwise."""
+    state: Any = None
+    depth = 0
+    while frame is not None and depth < max_depth:
+        if state is None:
+            owner = frame.f_locals.get("self")
+            if owner is not None and _is_hf_trainer(owner):
+                state = _static(owner, "state")
+                if state is None:
+                    return None
+        elif is_user_file(frame.f_code.co_filename):
+            total, done = _static(state, "max_steps"), _static(state, "global_step")
+            if not (_plain_int(total) and _plain_int(done) and total > done >= 0):
+                return None
+            # global_step counts the optimizer steps before this one (it is added to after the step)
+            site = Site(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
+            return PlannedLoop(site, "Trainer.state.max_steps", total - done, done, left=True)
+        frame = frame.f_back
+        depth += 1
+    return None
+
+
+def _is_hf_trainer(obj: object) -> bool:
+    return any(cls.__name__ == "Trainer" and cls.__module__ == "transformers.trainer" for cls in type(obj).__mro__)
+
+
+def _static(obj: object, name: str) -> Any:
+    try:
+        return inspect.getattr_static(obj, name)
+    except AttributeError:
+        return None
+
+
+def _plain_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
