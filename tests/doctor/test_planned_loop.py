@@ -193,3 +193,38 @@ def test_a_hugging_face_trainers_run_is_its_max_steps_at_the_line_that_called_tr
     assert seen[0].site.line == called_at and seen[0].site.file == __file__
     for start, end in [(1, 2), (2, 6)]:
         assert _context([(start, seen[start - 1]), (end, seen[end - 1])]).planned_steps[0] == 6
+
+
+@pytest.mark.parametrize("limits, steps", [(dict(max_epochs=2), 6), (dict(max_epochs=3, max_steps=4), 4)])
+def test_a_lightning_trainers_run_is_its_epochs_of_stepping_batches_or_its_max_steps(tmp_path, limits, steps):
+    """Five batches an epoch, accumulated two by two: three optimizer steps an epoch (the last on one batch)."""
+    pytest.importorskip("lightning", reason="lightning is in the test extra: pip install -e '.[test]'")
+    import lightning.pytorch as pl
+    import torch
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    class Module(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(4, 1)
+
+        def training_step(self, batch, _):
+            return self.layer(batch).pow(2).mean()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    trainer = pl.Trainer(accelerator="cpu", devices=1, accumulate_grad_batches=2, logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                         default_root_dir=str(tmp_path), **limits)
+    seen = []
+    hook = register_optimizer_step_post_hook(lambda *_: seen.append(planned_loop(sys._getframe(0))))
+    try:
+        called_at = sys._getframe(0).f_lineno + 1  # the next line
+        trainer.fit(Module(), torch.utils.data.DataLoader(torch.randn(10, 4), batch_size=2))
+    finally:
+        hook.remove()
+    assert len(seen) == steps and seen[0] is not None and seen[0].site.line == called_at
+    assert seen[0].code == ("Trainer(max_steps=4)" if "max_steps" in limits else "Trainer(max_epochs=2)")
+    for start, end in [(1, 2), (2, steps)]:
+        assert _context([(start, seen[start - 1]), (end, seen[end - 1])]).planned_steps[0] == steps

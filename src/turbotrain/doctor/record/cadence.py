@@ -210,10 +210,10 @@ def planned_loop(frame: FrameType | None, max_depth: int = 64) -> PlannedLoop | 
     """The innermost loop of the first user frame at or above ``frame`` that runs inside one, when it is
     ``for name in range(...)`` with bounds read from the frame without running anything, times the loops of that
     frame around it, each such a ``for`` too (epochs of steps); or a ``while`` that a counter it adds to ends
-    (:func:`_counted_while`), alone in its frame; or a Hugging Face Trainer's run (:func:`_hf_trainer_run`). None
+    (:func:`_counted_while`), alone in its frame; or a framework trainer's run (:func:`_trainer_run`). None
     otherwise (a loop over a DataLoader, bounds that are calls, or a loop in a frame further up, which would repeat
     it)."""
-    trainer = _hf_trainer_run(frame, max_depth)
+    trainer = _trainer_run(frame, max_depth)
     if trainer is not None:
         return trainer
     found: PlannedLoop | None = None
@@ -377,32 +377,61 @@ def _inside_inner_loop(loop: ast.While, node: ast.AST) -> bool:
     return False
 
 
-def _hf_trainer_run(frame: FrameType | None, max_depth: int) -> PlannedLoop | None:
-    """A Hugging Face ``Trainer`` training on the stack: the steps its ``state`` has left (``max_steps`` less
-    ``global_step``, plain attributes read, not called), at the script's line that called it; None otherwise."""
-    state: Any = None
-    depth = 0
+def _trainer_run(frame: FrameType | None, max_depth: int) -> PlannedLoop | None:
+    """A framework's trainer training on the stack (a Hugging Face ``Trainer``, a Lightning ``Trainer``): the steps
+    it has left, from attributes read statically (nothing called), at the script's line that called it (the first
+    user frame out of the trainer's own methods); None otherwise, or where its settings leave the length open."""
+    depth, owner, steps = 0, None, None
+    while frame is not None and depth < max_depth and owner is None:
+        candidate = frame.f_locals.get("self")
+        if candidate is not None and _is_class(candidate, "Trainer", ("transformers.trainer",)):
+            owner, steps = candidate, _hf_trainer_steps(candidate)
+        elif candidate is not None and _is_class(candidate, "Trainer", _LIGHTNING):
+            owner, steps = candidate, _lightning_steps(candidate)
+        frame, depth = frame.f_back, depth + 1
+    if steps is None or not steps[0] > steps[1] >= 0:
+        return None
     while frame is not None and depth < max_depth:
-        if state is None:
-            owner = frame.f_locals.get("self")
-            if owner is not None and _is_hf_trainer(owner):
-                state = _static(owner, "state")
-                if state is None:
-                    return None
-        elif is_user_file(frame.f_code.co_filename):
-            total, done = _static(state, "max_steps"), _static(state, "global_step")
-            if not (_plain_int(total) and _plain_int(done) and total > done >= 0):
-                return None
-            # global_step counts the optimizer steps before this one (it is added to after the step)
+        if is_user_file(frame.f_code.co_filename) and frame.f_locals.get("self") is not owner:
+            total, done, said = steps
             site = Site(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
-            return PlannedLoop(site, "Trainer.state.max_steps", total - done, done, left=True)
-        frame = frame.f_back
-        depth += 1
+            return PlannedLoop(site, said, total - done, done, left=True)
+        frame, depth = frame.f_back, depth + 1
     return None
 
 
-def _is_hf_trainer(obj: object) -> bool:
-    return any(cls.__name__ == "Trainer" and cls.__module__ == "transformers.trainer" for cls in type(obj).__mro__)
+_LIGHTNING = ("lightning.pytorch.trainer.trainer", "pytorch_lightning.trainer.trainer")
+
+
+def _is_class(obj: object, name: str, modules: tuple[str, ...]) -> bool:
+    return any(cls.__name__ == name and cls.__module__ in modules for cls in type(obj).__mro__)
+
+
+def _hf_trainer_steps(trainer: object) -> tuple[int, int, str] | None:
+    """``state.max_steps`` and ``state.global_step``: it counts the optimizer steps before this one (it is added
+    to after the step)."""
+    state = _static(trainer, "state")
+    total, done = _static(state, "max_steps"), _static(state, "global_step")
+    return (total, done, "Trainer.state.max_steps") if _plain_int(total) and _plain_int(done) else None
+
+
+def _lightning_steps(trainer: object) -> tuple[int, int, str] | None:
+    """``max_steps``, or ``max_epochs`` of the epoch's batches over ``accumulate_grad_batches`` (the fewer where
+    both are set), and the batches that stepped before this one (added to after the step)."""
+    fit = _static(trainer, "fit_loop")
+    epoch = _static(fit, "epoch_loop")
+    max_steps, max_epochs = _static(epoch, "max_steps"), _static(fit, "max_epochs")
+    batches, every = _static(fit, "max_batches"), _static(trainer, "accumulate_grad_batches")
+    done = _static(epoch, "_batches_that_stepped")
+    limits = []
+    if _plain_int(max_steps) and max_steps > 0:
+        limits.append((max_steps, f"Trainer(max_steps={max_steps})"))
+    if _plain_int(max_epochs) and max_epochs > 0 and _plain_int(batches) and _plain_int(every) and every > 0:
+        limits.append((max_epochs * -(-batches // every), f"Trainer(max_epochs={max_epochs})"))
+    if not limits or not _plain_int(done):
+        return None
+    total, said = min(limits)
+    return total, done, said
 
 
 def _static(obj: object, name: str) -> Any:
