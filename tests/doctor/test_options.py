@@ -79,6 +79,9 @@ def test_the_report_says_what_sized_the_what_if_budget():
     assert said.startswith("torch.compile took 20.9 s in this run: the what-ifs had 41 s, room for one fresh compile")
     said = _budget_message(DoctorOptions(), SimpleNamespace(step_s=1.45, compiled=compiled))
     assert said.startswith("Steps of 1.45 s: the what-ifs had 87 s")
+    longer = SimpleNamespace(codes=(SimpleNamespace(first_compile_s=50.0),))  # 70 s beside 60 steps' 60 s
+    said = _budget_message(DoctorOptions(), SimpleNamespace(step_s=1.0, compiled=longer))
+    assert said.startswith("torch.compile took 50 s in this run: the what-ifs had 70 s")
     assert _budget_message(DoctorOptions(), SimpleNamespace(step_s=0.012, compiled=None)) is None  # the plain 20 s
     assert _budget_message(DoctorOptions(what_if_budget_s=41.0), SimpleNamespace(step_s=0.012, compiled=compiled)) \
         is None  # the user's own

@@ -279,7 +279,7 @@ def _budget_message(options: DoctorOptions, ctx: Context) -> str | None:
     if not options.what_if or options.what_if_budget_s is not None or budget <= BUDGET_S:
         return None
     compiles_s = _first_compiles_s(ctx)
-    if compiles_s > BUDGET_STEPS * ctx.step_s:
+    if compiles_s + BUDGET_S > BUDGET_STEPS * ctx.step_s:  # the compile's room set it, not the steps
         why = f"torch.compile took {compiles_s:.3g} s in this run: the what-ifs had {budget:.0f} s, room for one fresh"
         return f"{why} compile beside the other fixes (at most {BUDGET_CAP_S:.0f} s); --what-if-budget SECONDS sets it."
     return (
