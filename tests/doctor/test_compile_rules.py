@@ -412,6 +412,15 @@ def test_a_run_too_short_for_compile_to_pay_back_says_so_with_both_runs_seconds(
     assert f"The script's loop runs 5,001 steps (`{ends}` at train.py:333) of 1.4 s" in f.message
 
 
+def test_whether_compiling_pays_is_timed_first_wherever_the_compiled_model_was_captured():
+    """nanoGPT --compile=True (3.3 s of compiling, a run of unknown length): the fused optimizer's and the memory
+    fixes' trials went first and took the budget, and the question the report leads with was left "Not timed"."""
+    ctx = context(code(first_compile_s=3.3))
+    ctx.capture = SimpleNamespace(module=torch.compile(torch.nn.Linear(4, 4)), site=site(300, "<module>"))
+    [f] = findings(ctx, "compile-pays-back")
+    assert f.request == OwnTrial(first=True) and f.severity == "low"  # first, whatever it is rated before timing
+
+
 def test_a_run_that_ended_during_the_watch_counts_the_watched_steps():
     """nanoGPT at max_iters=60: the window measured 25 steps, the watch after it (for its eval every 1000 steps)
     saw the rest until the script ended at 61: the run was 61 steps, not 25."""

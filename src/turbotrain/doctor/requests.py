@@ -92,8 +92,8 @@ class BatchBuildRequest:
 @dataclass(frozen=True)
 class OwnTrial:
     """Timed by the finding's own rule (``Rule.measure``, in the rule's module); the what-if stage attaches what it
-    returns. ``first``: timed before the plan's trials, with the whole budget: the run already shows its gain is
-    large (a compile longer than the training it serves)."""
+    returns. ``first``: timed before the plan's trials, with the whole budget: the question it answers leads the
+    report (whether a compiled script's compiling pays)."""
 
     first: bool = False
 

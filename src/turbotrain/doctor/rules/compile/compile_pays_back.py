@@ -133,7 +133,9 @@ def pays_back(ctx: Context) -> Iterator[Finding]:
             graphs=sum(c.graphs for c in codes),
             breaks=sum(len(user_breaks(c)) for c in codes),
         ),
-        request=OwnTrial(first=eager_needed >= SLOWER_EAGER) if model is not None else None,
+        # First, before the plan's trials: whether compiling pays leads a compiled script's report, and the
+        # default budget keeps room for this one compile (doctor/diagnose.py).
+        request=OwnTrial(first=True) if model is not None else None,
     )
     f.provisional("medium" if eager_needed >= SLOWER_EAGER else "low")
     f.note = (
