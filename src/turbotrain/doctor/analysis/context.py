@@ -167,9 +167,9 @@ class Context:
 
     @property
     def planned_steps(self) -> tuple[int, PlannedLoop] | None:
-        """The optimizer steps the script's loop runs in all, where it is a ``for`` over ``range()``, or a ``while``
-        a counter ends, whose counter moved a whole number of iterations a step over the window
-        (record/cadence.py), with that loop; None otherwise."""
+        """The optimizer steps the script's loop runs in all, where its length was read (a ``for`` over ``range()``,
+        a ``while`` a counter ends, a framework trainer's steps: record/cadence.py) and its counter moved a whole
+        number of iterations a step over the window, with that loop; None otherwise."""
         readings = self.recording.planned_loop if self.recording is not None else ()
         if len(readings) < 2:
             return None

@@ -34,9 +34,9 @@ def plan_trials(
     if ctx.facts.compiled:
         eager = getattr(ctx.capture.module, "_orig_mod", None)
         for f in wanted:
-            if not set(_plan_trial(f).changes) <= OUTSIDE_THE_GRAPH | SHOWN_EAGER:
+            if not set(_plan_trial(f).changes) <= _TIMED_EAGER:
                 yield f, Outcome(before=(not_measured(_INSIDE_THE_GRAPH),))
-        wanted = [f for f in wanted if set(_plan_trial(f).changes) <= OUTSIDE_THE_GRAPH | SHOWN_EAGER]
+        wanted = [f for f in wanted if set(_plan_trial(f).changes) <= _TIMED_EAGER]
         if not wanted or eager is None:
             return
     trials = ModelTrials(ctx, budget, model=eager)
@@ -126,6 +126,7 @@ OUTSIDE_THE_GRAPH = frozenset({"fused_optimizer", "set_to_none"})
 # ... except precision, whose gain is mostly the matmuls', which the eager original runs as the graph does: timed
 # there too, and said to be an eager figure (the graph fuses the casts around them).
 SHOWN_EAGER = frozenset({"precision"})
+_TIMED_EAGER = OUTSIDE_THE_GRAPH | SHOWN_EAGER
 _INSIDE_THE_GRAPH = (
     "the script compiles its model and this switch changes what the compiled graph computes; the what-ifs "
     "time such a switch on eager models only"

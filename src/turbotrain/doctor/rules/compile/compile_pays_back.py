@@ -10,8 +10,8 @@ The compile seconds are torch's count for the run (first compiles and recompiles
 batch, the compiled model's eager original against a fresh compile of it as the script compiles it, interleaved. It
 answers "why is compile slower than eager": when the compiled step is slower, running eagerly is the fix it times
 (and rates); when it is faster, it says after how many steps compile has paid. Where the run's length is known (the
-script ended by itself, or its stepping loop is a ``for`` over ``range()`` or a ``while`` a counter ends, as the
-recorder read them, record/cadence.py),
+script ended by itself, or the recorder read its stepping loop's length: a ``for`` over ``range()``, a ``while`` a
+counter ends, a Hugging Face or Lightning trainer's steps, record/cadence.py),
 compiling is weighed against that whole run, and the ratio judged is the whole run's, compiling included.
 """
 
@@ -70,8 +70,8 @@ SLOWER_EAGER = 2.0  # untimed, a run whose compile would need eager steps this m
 
 @dataclass(frozen=True)
 class RunLength:
-    """The steps of the whole run: where the script ended by itself (``ended``), or where its loop is a ``for``
-    over ``range()`` or a ``while`` a counter ends, read (``loop``: what ends it and where, as said)."""
+    """The steps of the whole run: where the script ended by itself (``ended``), or where its stepping loop's
+    length was read (``loop``: what ends it and where, as said)."""
 
     steps: int
     ended: bool
