@@ -13,7 +13,7 @@ import inspect
 import os
 from dataclasses import dataclass, replace
 from types import FrameType
-from typing import Any
+from typing import Any, Iterator, TypeGuard
 
 from ..sites import Site, is_user_file
 
@@ -68,18 +68,25 @@ def _loops_around(tree: ast.AST, line: int) -> list[ast.For | ast.While | ast.As
     ]
 
 
-def _ifs_in(loop: ast.AST) -> list[ast.If]:
-    """The ``if`` statements of a loop's body, not those of functions defined inside it."""
-    out: list[ast.If] = []
+_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
+_LOOPS = (ast.For, ast.While, ast.AsyncFor)
+
+
+def _body_nodes(loop: ast.AST, into_loops: bool = True) -> Iterator[ast.AST]:
+    """The nodes under a loop, not those of functions or classes defined inside it, nor, ``into_loops=False``,
+    those of the loops inside it (where a ``break`` ends that loop, not this one)."""
     stack = list(ast.iter_child_nodes(loop))
     while stack:
         node = stack.pop()
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+        if isinstance(node, _SCOPES) or (not into_loops and isinstance(node, _LOOPS)):
             continue
-        if isinstance(node, ast.If):
-            out.append(node)
+        yield node
         stack.extend(ast.iter_child_nodes(node))
-    return out
+
+
+def _ifs_in(loop: ast.AST, into_loops: bool = True) -> list[ast.If]:
+    """The ``if`` statements of a loop's body (:func:`_body_nodes`)."""
+    return [node for node in _body_nodes(loop, into_loops) if isinstance(node, ast.If)]
 
 
 def _lookup(frame: FrameType, name: str) -> Any:
@@ -99,10 +106,7 @@ def _value(node: ast.expr, frame: FrameType) -> Any:
         base = _value(node.value, frame)
         if base is _NO_VALUE:
             return _NO_VALUE
-        try:
-            found = inspect.getattr_static(base, node.attr)  # no property, no __getattr__ runs
-        except AttributeError:
-            return _NO_VALUE
+        found = _static(base, node.attr)
         return found if isinstance(found, int) else _NO_VALUE
     return _NO_VALUE
 
@@ -115,7 +119,7 @@ def _count(node: ast.expr, frame: FrameType) -> int | None:
             return None
         return left + right if isinstance(node.op, ast.Add) else left - right
     value = _value(node, frame)
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    return value if _plain_int(value) else None
 
 
 def _periods(test: ast.expr, frame: FrameType) -> list[tuple[int, int | None]]:
@@ -124,7 +128,7 @@ def _periods(test: ast.expr, frame: FrameType) -> list[tuple[int, int | None]]:
     for node in ast.walk(test):
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod):
             value = _value(node.right, frame)
-            if isinstance(value, int) and not isinstance(value, bool) and value >= 2:
+            if _plain_int(value) and value >= 2:
                 out.append((value, _count(node.left, frame)))
     return out
 
@@ -275,9 +279,9 @@ def _counted_while(loop: ast.While, frame: FrameType) -> PlannedLoop | None:
     ends: list[tuple[ast.expr, dict[type[ast.cmpop], int], ast.stmt, str]] = []
     if not (isinstance(loop.test, ast.Constant) and loop.test.value):
         ends.append((loop.test, _RUNS_WHILE, loop, f"while {ast.unparse(loop.test)}"))
-    for node in _ifs_in(loop):
-        if _inside_inner_loop(loop, node) or _spent(node.test, added, frame):
-            continue  # its break ends the inner loop, or it cannot break any more
+    for node in _ifs_in(loop, into_loops=False):
+        if _spent(node.test, added, frame):
+            continue  # it cannot break any more
         if any(isinstance(stmt, ast.Break) for stmt in node.body):
             ends.append((node.test, _BREAKS_AT, node, f"if {ast.unparse(node.test)}: break"))
     if len(ends) != 1:
@@ -325,30 +329,17 @@ def _added_each_iteration(loop: ast.While) -> dict[str, tuple[int, int]]:
     is not known)."""
     added: dict[str, tuple[int, int]] = {}
     other: set[str] = set()
-    stack: list[ast.AST] = list(loop.body)
-    while stack:
-        node = stack.pop()
-        if isinstance(
-            node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda, ast.For, ast.While, ast.AsyncFor)
-        ):
-            continue
+    for node in _body_nodes(loop, into_loops=False):
         if isinstance(node, ast.AugAssign):
             key = _target_key(node.target)
             step = node.value.value if isinstance(node.value, ast.Constant) else None
-            if (
-                isinstance(node.op, ast.Add)
-                and isinstance(step, int)
-                and not isinstance(step, bool)
-                and step > 0
-                and key not in added
-            ):
+            if isinstance(node.op, ast.Add) and _plain_int(step) and step > 0 and key not in added:
                 added[key] = (step, node.lineno)
             else:
                 other.add(key)
         elif isinstance(node, (ast.Assign, ast.AnnAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             other.update(_target_key(t) for t in targets)
-        stack.extend(ast.iter_child_nodes(node))
     return {key: step for key, step in added.items() if key not in other}
 
 
@@ -363,18 +354,6 @@ def _as_load(node: ast.expr) -> ast.expr:
     if isinstance(node, ast.Attribute):
         return ast.Attribute(_as_load(node.value), node.attr, ast.Load())
     return node
-
-
-def _inside_inner_loop(loop: ast.While, node: ast.AST) -> bool:
-    """Whether ``node`` sits in a loop (or function) inside ``loop``'s body."""
-    for inner in ast.walk(loop):
-        if inner is loop or not isinstance(
-            inner, (ast.For, ast.While, ast.AsyncFor, ast.FunctionDef, ast.AsyncFunctionDef)
-        ):
-            continue
-        if any(child is node for child in ast.walk(inner)):
-            return True
-    return False
 
 
 def _trainer_run(frame: FrameType | None, max_depth: int) -> PlannedLoop | None:
@@ -435,11 +414,12 @@ def _lightning_steps(trainer: object) -> tuple[int, int, str] | None:
 
 
 def _static(obj: object, name: str) -> Any:
+    """``obj.name`` without running anything (no property, no ``__getattr__``); None where it has none."""
     try:
         return inspect.getattr_static(obj, name)
     except AttributeError:
         return None
 
 
-def _plain_int(value: object) -> bool:
+def _plain_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
