@@ -53,6 +53,8 @@ CORPUS = {
     "compile_branch_in_forward": ({"compile-graph-break", "compile-pays-back"}, None, set()),
     "compile_repeated_blocks": ({"compile-regional", "compile-pays-back"}, None, set()),
     "compile_loss_eager": ({"compile-loss-eager"}, None, set()),
+    # Lightning compiles training_step: the model is found in one eager warm-up step, its optimizer timed eagerly.
+    "lightning_compiled": ({"compile-pays-back", "non-foreach-optimizer"}, None, set()),
 }
 
 # The scripts whose what-ifs time DataLoader workers, which need cores of their own, run alone; the others on one

@@ -76,6 +76,9 @@ class ModuleCalls:
         self._facts_final = self._capture_final = False
         self._hook_handles: list[Any] = []
         self.traced_by_compile = False  # torch.compile traced the global hooks (and guards on their number)
+        # The modules were found in a warm-up step run eagerly: the script calls them only inside compiled code,
+        # where a wrapped __call__ would be traced into its graphs, so none is wrapped.
+        self.looked_eagerly = False
         self._wrapped_classes: set[type] = set()
         # The classes whose forward the script calls directly: the code of their own forward (now wrapped).
         self._routed_classes: dict[type, CodeType] = {}
@@ -111,7 +114,7 @@ class ModuleCalls:
                 register_module_forward_pre_hook(self._forward_pre),
                 register_module_forward_hook(self._forward_post, always_call=True),
             ]
-        elif attach:
+        elif attach and not self.looked_eagerly:
             for ref in self.top_modules.values():
                 module = ref()
                 if module is None:
@@ -300,7 +303,7 @@ class ModuleCalls:
         late = rec.steps.step_index >= rec.schedule.warmup - 1 and not self.discovery
         if self.facts is None or (not self._facts_final and late):
             self._facts_final = late
-            self.facts = forward_facts(module, args, kwargs)
+            self.facts = forward_facts(module, args, kwargs, compiled=self.looked_eagerly)
         if self.want_capture and (self.capture is None or (not self._capture_final and late)):
             self._capture_final = late
             captured = capture_inputs(module, args, kwargs, self.facts, user_site(sys._getframe(2)))

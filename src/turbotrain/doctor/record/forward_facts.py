@@ -66,7 +66,8 @@ def whole_graph(inputs: list[torch.Tensor], rows: int | None) -> bool:
     return False
 
 
-def forward_facts(module: nn.Module, args: tuple, kwargs: dict | None) -> ForwardFacts:
+def forward_facts(module: nn.Module, args: tuple, kwargs: dict | None, compiled: bool = False) -> ForwardFacts:
+    """The facts of a training forward of ``module``; ``compiled``: it runs inside a function the script compiled."""
     param = next(module.parameters(), None)
     device = param.device.type if param is not None else "cpu"
     inputs = tensors_in(list(args) + list((kwargs or {}).values()))
@@ -85,7 +86,7 @@ def forward_facts(module: nn.Module, args: tuple, kwargs: dict | None) -> Forwar
         param_dtype=str(param.dtype) if param is not None else "torch.float32",
         autocast=bool(autocast),
         autocast_dtype=autocast_dtype,
-        compiled=type(module).__name__ == "OptimizedModule",
+        compiled=compiled or type(module).__name__ == "OptimizedModule",
         input_shapes=tuple(tuple(t.shape) for t in inputs[:4]),
         input_channels_last=bool(images)
         and images[0].is_contiguous(memory_format=torch.channels_last)

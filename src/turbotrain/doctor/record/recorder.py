@@ -158,6 +158,7 @@ class Recorder:
         self.loss_capture = LossCapture(self._recording_live)
         self._graphs_failed = False  # a count of the graphs alive failed once: no more counts this run
         self._drains = 0  # warm-up extensions for batches the workers still held ready (MAX_DRAINS at most)
+        self._eager_look: Any = None  # torch.compiler.set_stance("force_eager"), over one warm-up step
         # Graphs kept alive across steps: counted at a few boundaries whose cost lands in no measured step.
         self.graph_watch = GraphWatch()
         self._graphs_sampled_at = -1  # the step boundary last counted
@@ -246,6 +247,9 @@ class Recorder:
             handle.remove()
         self._handles.clear()
         self.modules.set_discovery(False, attach=False)
+        if self._eager_look is not None:  # the script ended in its eager warm-up step
+            self._eager_look.__exit__(None, None, None)
+            self._eager_look = None
         self.patcher.restore()
         if self.compile_watch is not None:
             self.compiled, self.compile_watch = self.compile_watch.stop(), None
@@ -254,6 +258,18 @@ class Recorder:
             self.gpu_timer.resolve(block=True)
         self.run_queue.close()
         active.current = None
+
+    def _look_eagerly_next(self, done: int) -> bool:
+        """Whether step ``done + 1`` should run eagerly, still in the warm-up: discovery found no module call
+        while compiled code traced its hooks, so the script's modules run only inside a compiled function."""
+        modules = self.modules
+        return (
+            modules.discovery
+            and not modules.looked_eagerly
+            and modules.traced_by_compile
+            and not modules.top_modules
+            and done < self.warmup
+        )
 
     def _finish_step(self, record: StepRecord) -> None:
         """A step closed: move the window along (warm-up, measured, profiled) and end the script after it."""
@@ -268,8 +284,19 @@ class Recorder:
         if done == schedule.measured_end and not self.profiling:
             schedule.extend_for_period(self.steps)
         measured_end = schedule.measured_end
-        if done == max(1, self.warmup - 1) and not schedule.warmup_extended_by:
-            self.module_calls_per_step = record.module_calls  # counted under the global hooks
+        looked = self._eager_look is not None
+        if looked:  # the warm-up step run eagerly is over: the compiled code runs again, from its cache
+            self._eager_look.__exit__(None, None, None)
+            self._eager_look = None
+        elif self._look_eagerly_next(done):
+            # The script's compiled code (Lightning compiles training_step) called its modules inside a graph,
+            # where the discovery hooks never run: the next warm-up step runs eagerly, to see them called.
+            self.module_calls_per_step = record.module_calls
+            self.modules.looked_eagerly = True
+            self._eager_look = torch.compiler.set_stance("force_eager")
+        if self.modules.discovery and done >= max(1, self.warmup - 1) and self._eager_look is None:
+            if not looked:
+                self.module_calls_per_step = record.module_calls  # counted under the global hooks
             self.modules.set_discovery(False)
         if done == self.warmup and not schedule.warmup_extended_by:
             # Off before any extension: traced steps run slower than the workers refill their queue, which

@@ -31,8 +31,8 @@ def plan_trials(
     if not wanted or ctx.capture is None:
         return
     eager = None  # a compiled model's eager original, which its optimizer switches are timed on
-    if ctx.facts.compiled:
-        eager = getattr(ctx.capture.module, "_orig_mod", None)
+    if ctx.facts.compiled:  # the module itself where a compiled function (Lightning's training_step) calls it
+        eager = getattr(ctx.capture.module, "_orig_mod", ctx.capture.module)
         for f in wanted:
             if not set(_plan_trial(f).changes) <= _TIMED_EAGER:
                 yield f, Outcome(before=(not_measured(_INSIDE_THE_GRAPH),))

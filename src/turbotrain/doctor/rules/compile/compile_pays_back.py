@@ -119,7 +119,8 @@ def pays_back(ctx: Context) -> Iterator[Finding]:
     run_said, eager_needed = _beside_the_run(ctx, first + again)
     f = Finding(
         "compile-pays-back",
-        site=ctx.capture.site if ctx.capture is not None else codes[0].site,
+        # The compiled model's call, or the compiled function (a model captured inside it is called from there).
+        site=ctx.capture.site if model is not None and ctx.capture is not None else codes[0].site,
         category="python_overhead",
         message=(
             f"torch.compile spent {seconds_text(first + again)} compiling {', '.join(sorted({c.name for c in codes}))}"
@@ -141,7 +142,8 @@ def pays_back(ctx: Context) -> Iterator[Finding]:
     f.note = (
         "Unmeasured: the what-ifs time the compiled step against eager."
         if model is not None
-        else "The script compiles a function, not the model the doctor captured: the step is not timed."
+        else f"The script compiles a function ({', '.join(sorted({c.name for c in codes}))}), not a model the "
+        "what-ifs can compile alike: the compiled step is not timed against eager."
     )
     yield f
 
