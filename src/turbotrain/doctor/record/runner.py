@@ -165,3 +165,21 @@ def _record(run: ScriptRun, recorder: Recorder, body: Callable[[], None]) -> Non
         torch.autograd.set_detect_anomaly(saved_autograd[1], check_nan=saved_autograd[2])
         # The user's frames (and its DataLoader workers) go now, not at some later collection.
         gc.collect()
+        _end_loader_workers()
+
+
+def _end_loader_workers() -> None:
+    """Shut down the DataLoader workers the script's loaders still hold (``persistent_workers=True`` keeps them on
+    the loader after the run). Left to the interpreter's exit, torch terminates them, and each terminated worker
+    leaves its multiprocessing folder (``/tmp/pymp-*``) behind; shut down, a worker removes it. A loader iterated
+    again (a what-if) starts new workers."""
+    from torch.utils.data.dataloader import DataLoader, _MultiProcessingDataLoaderIter
+
+    # type(), not isinstance(): isinstance reads __class__, which some module-level objects answer with a warning.
+    for obj in gc.get_objects():
+        kind = type(obj)
+        if issubclass(kind, _MultiProcessingDataLoaderIter):
+            obj._shutdown_workers()  # does nothing for an iterator already shut down
+        elif issubclass(kind, DataLoader) and issubclass(type(obj._iterator), _MultiProcessingDataLoaderIter):
+            obj._iterator._shutdown_workers()
+            obj._iterator = None
