@@ -23,6 +23,7 @@ import multiprocessing
 import os
 import random
 import signal
+import tempfile
 import time
 from dataclasses import dataclass
 from functools import partial
@@ -55,6 +56,8 @@ class Job:
     die_before_step: int | None = None  # SIGKILL itself when step N+1 begins (step N's checkpoint is done)
     item_delay_s: float = 0.0         # a slow __getitem__, so an epoch lasts long enough to kill a worker
     own_process_group: bool = False   # lead a process group (its DataLoader workers join it), as a job step does
+    tmpdir: str | None = None         # the temporary root of this process and its workers: where a killed worker
+    #                                   leaves its multiprocessing folder (pymp-*), in a test that kills one
 
 
 class Indexed(Dataset):
@@ -103,6 +106,8 @@ def run_job(conn, job: Job) -> None:
     multiprocessing.set_start_method("fork", force=True)
     if job.own_process_group:
         os.setpgid(0, 0)
+    if job.tmpdir is not None:
+        tempfile.tempdir = job.tmpdir  # forked workers inherit it
     if job.fault:
         os.environ[FAULT_ENV] = job.fault
     else:
