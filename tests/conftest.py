@@ -73,6 +73,20 @@ def _private_turbotrain_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("TURBOTRAIN_CACHE", str(tmp_path / "turbotrain-cache"))
 
 
+@pytest.fixture
+def worker_tmp():
+    """A temporary root of the test's own for processes whose DataLoader workers are killed or terminated (each leaves
+    its multiprocessing folder, pymp-*, in the root), removed after the test. Short, in the system's temporary root:
+    a worker binds a socket under it, and a socket's path holds at most 107 bytes, which pytest's tmp_path under
+    pytest-xdist (/tmp/pytest-of-USER/pytest-N/popen-gwK/test_name0/) leaves too little of."""
+    import shutil
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix="tt-")
+    yield Path(folder)
+    shutil.rmtree(folder, ignore_errors=True)
+
+
 @pytest.fixture(autouse=True)
 def _restore_global_torch_state():
     """Speed-ups flip process-wide flags; each test starts from torch's defaults."""

@@ -72,7 +72,7 @@ def test_pair_compiles_and_differs_only_by_the_fix(pair):
     assert pair.expect, f"{pair.slow.name} says nothing about the gain it expects (# expect: ...)"
 
 
-def test_every_script_runs_two_steps_as_a_plain_script(tmp_path):
+def test_every_script_runs_two_steps_as_a_plain_script(worker_tmp):
     """All scripts in one interpreter (torch imported once), each run as `python script.py --steps 2` would (a memory
     pair's with --steps 1)."""
     scripts = [p for pair in PAIRS + MEMORY_PAIRS for p in (pair.slow, pair.fixed)]
@@ -94,11 +94,11 @@ def test_every_script_runs_two_steps_as_a_plain_script(tmp_path):
             runpy.run_path(path, run_name="__main__")
             torch.set_num_threads(threads)  # a script may change it; the next one starts as a fresh process would
     """)
-    # Its own temporary root: the persistent DataLoader workers of loader_workers_*.py, terminated at the driver's
-    # exit as in any plain run, leave their multiprocessing folders (pymp-*) there, not in the machine's.
+    # A temporary root of its own: the persistent DataLoader workers of loader_workers_*.py, terminated at the driver's
+    # exit as in any plain run, leave their multiprocessing folders (pymp-*) there.
     proc = subprocess.run([sys.executable, "-c", driver, str(calibration.CORPUS), *map(str, scripts)],
                           capture_output=True, text=True, cwd=calibration.CORPUS, timeout=300,
-                          env={**os.environ, "TMPDIR": str(tmp_path)})
+                          env={**os.environ, "TMPDIR": str(worker_tmp)})
     assert proc.returncode == 0, proc.stderr[-3000:]
     runs = proc.stdout.split("RUN ")[1:]
     assert len(runs) == len(scripts)

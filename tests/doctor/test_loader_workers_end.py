@@ -35,11 +35,11 @@ SCRIPT = """
 # A script that ends by itself (two batches) or that the recorder stops, its workers persistent or not.
 @pytest.mark.parametrize("persistent, rows, status", [(True, 64, "finished"), (True, 4096, "stopped"),
                                                      (False, 4096, "stopped")])
-def test_the_scripts_loader_workers_exit_and_remove_their_folders(tmp_path, monkeypatch, persistent, rows, status):
+def test_the_scripts_loader_workers_exit_and_remove_their_folders(tmp_path, worker_tmp, monkeypatch, persistent, rows,
+                                                                  status):
     script = tmp_path / "train.py"
     script.write_text(textwrap.dedent(SCRIPT.format(persistent=persistent, rows=rows, epochs=2)))
-    scratch = tmp_path / "tmp"
-    scratch.mkdir()
+    scratch = worker_tmp
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))  # forked workers inherit it: their folders land here
     run = run_script(script, [], Recorder(measure=3, warmup=2, profile=0, capture=False))
     assert run.status == status, run

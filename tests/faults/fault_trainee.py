@@ -56,8 +56,7 @@ class Job:
     die_before_step: int | None = None  # SIGKILL itself when step N+1 begins (step N's checkpoint is done)
     item_delay_s: float = 0.0         # a slow __getitem__, so an epoch lasts long enough to kill a worker
     own_process_group: bool = False   # lead a process group (its DataLoader workers join it), as a job step does
-    tmpdir: str | None = None         # the temporary root of this process and its workers: where a killed worker
-    #                                   leaves its multiprocessing folder (pymp-*), in a test that kills one
+    tmpdir: str | None = None         # this process's temporary root (a killed worker leaves its pymp-* folder)
 
 
 class Indexed(Dataset):

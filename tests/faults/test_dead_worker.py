@@ -22,11 +22,9 @@ import turbotrain as tt
 
 
 @pytest.mark.parametrize("persistent", [False, True], ids=["workers", "persistent-workers"])
-def test_a_worker_killed_mid_epoch_is_a_clear_error_within_seconds(tmp_path, persistent):
-    scratch = tmp_path / "tmp"  # the killed worker's multiprocessing folder stays here, not in the machine's
-    scratch.mkdir()
+def test_a_worker_killed_mid_epoch_is_a_clear_error_within_seconds(tmp_path, worker_tmp, persistent):
     job = Job(str(tmp_path), max_steps=40, num_workers=2, persistent_workers=persistent, item_delay_s=0.005,
-              tmpdir=str(scratch))
+              tmpdir=str(worker_tmp))  # the killed worker's multiprocessing folder goes with it
     child = Child(job)
     victim = killed_at = failed_at = None
     for msg in child.messages():
@@ -63,21 +61,18 @@ class Stuck(Dataset):
         return torch.zeros(8), 0
 
 
-def test_a_hung_worker_does_not_outlive_fit(tmp_path, monkeypatch):
+def test_a_hung_worker_does_not_outlive_fit(tmp_path, worker_tmp, monkeypatch):
     """Workers ignore SIGTERM during fit (preemption is the main process's job), so the Trainer
     SIGKILLs one that does not stop when asked: otherwise the process would hang at exit."""
-    scratch = tmp_path / "tmp"  # the killed worker's multiprocessing folder stays here, not in the machine's
-    scratch.mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(scratch))  # forked workers inherit it
+    # Forked workers inherit it: the killed worker's multiprocessing folder goes with it.
+    monkeypatch.setattr(tempfile, "tempdir", str(worker_tmp))
     model = torch.nn.Linear(8, 2)
-    pids_at = tmp_path / "pids"
-    pids_at.mkdir()
     loader = DataLoader(Stuck(), batch_size=4, num_workers=2,
-                        worker_init_fn=lambda _: (pids_at / str(os.getpid())).touch())
+                        worker_init_fn=lambda _: (tmp_path / str(os.getpid())).touch())
     trainer = tt.Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), torch.nn.functional.cross_entropy,
                          plan=tt.Plan(device="cpu"), max_steps=2, progress=False)
     trainer.fit(loader)  # batch 3 (worker 1) is in flight, stuck, when training ends after batch 1
-    pids = [int(p.name) for p in pids_at.iterdir()]
+    pids = [int(p.name) for p in tmp_path.iterdir()]
     assert len(pids) == 2
     for pid in pids:
         assert not os.path.exists(f"/proc/{pid}"), f"worker {pid} outlived fit"
