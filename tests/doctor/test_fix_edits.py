@@ -406,6 +406,26 @@ def test_dropout_on_the_weights_becomes_sdpas_dropout_p(dropout, argument):
     assert not [line for line in new.splitlines() if line.strip().startswith("att")], new  # the old lines gone
 
 
+def test_the_comments_above_the_attention_s_lines_stay_above_the_call():
+    source = """
+    import math
+    import torch
+
+    def attend(q, k, v):
+        q = q * 2
+
+        # scaled dot-product attention, written out
+        scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))
+        # over the keys
+        weights = scores.softmax(dim=-1)  # here
+        out = weights @ v  # (B, T, C)
+        return out
+"""
+    new = edit(source, "sdpa")
+    assert "    q = q * 2\n\n    # scaled dot-product attention, written out\n    # over the keys\n" \
+           "    out = torch.nn.functional.scaled_dot_product_attention(q, k, v)  # (B, T, C)\n" in new, new
+
+
 CAUSAL_BUFFER = """
     import math
     import torch

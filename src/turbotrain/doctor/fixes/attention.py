@@ -492,7 +492,19 @@ def _attempt(source: Source, matmul: cst.BaseExpression, req: EditRequest) -> st
     edits: dict[cst.CSTNode, Callable[[cst.CSTNode], object]] = {matmul: lambda _: cst.parse_expression(call)}
     for used in chain.used:
         edits[used] = lambda _: cst.RemoveFromParent()
+    # The comment lines above the lines removed are the user's ("# causal self-attention"): they go above the call.
+    above = _comment_lines(sorted(chain.used, key=block.index))
+    if above:
+        edits[statement] = lambda node: node.with_changes(leading_lines=(*above, *node.leading_lines))
     return replace(source, edits)
+
+
+def _comment_lines(statements: list) -> list[cst.EmptyLine]:
+    """The leading lines of ``statements`` that hold a comment, and a blank line where the first had one."""
+    lines = [line for s in statements for line in s.leading_lines if line.comment is not None]
+    if lines and statements[0].leading_lines and statements[0].leading_lines[0].comment is None:
+        lines.insert(0, statements[0].leading_lines[0])
+    return lines
 
 
 def _is_target(source: Source, name: cst.Name) -> bool:
