@@ -495,7 +495,10 @@ def _attempt(source: Source, matmul: cst.BaseExpression, req: EditRequest) -> st
     # The comment lines above the lines removed are the user's ("# causal self-attention"): they go above the call.
     above = _comment_lines(sorted(chain.used, key=block.index))
     if above:
-        edits[statement] = lambda node: node.with_changes(leading_lines=(*above, *node.leading_lines))
+        # A line or a compound statement: both carry leading_lines.
+        edits[statement] = lambda node: cast(cst.SimpleStatementLine, node).with_changes(
+            leading_lines=(*above, *cast(cst.SimpleStatementLine, node).leading_lines)
+        )
     return replace(source, edits)
 
 
