@@ -94,6 +94,17 @@ def test_findings_point_at_the_users_line(name):
 
 
 @pytest.mark.one_core
+def test_compile_of_the_function_lightning_compiles_is_timed_on_the_model_it_calls():
+    """Lightning compiles training_step: the model it calls (found in an eager warm-up step) is timed compiled alone
+    against eager, and the finding stays at the compiled function's line."""
+    pytest.importorskip("lightning", reason="lightning is in the test extra: pip install -e '.[test]'")
+    report = cached_report("lightning_compiled")
+    found = next(f for f in report.findings if f.rule == "compile-pays-back")
+    assert found.measured and "compiled alone with Inductor's default options" in found.note, found.to_dict()
+    assert found.what_if.baseline == "compiled with Inductor's default options", found.what_if
+
+
+@pytest.mark.one_core
 def test_work_when_an_episode_ends_is_no_batch_building():
     report = cached_report("episode_end_render")
     assert not [f.to_dict() for f in report.findings if f.rule == "num-workers"]

@@ -141,6 +141,15 @@ def compiled_model(ctx: Context) -> torch.nn.Module | None:
     return module if module is not None and isinstance(getattr(module, "_orig_mod", None), torch.nn.Module) else None
 
 
+def called_from_compiled_code(ctx: Context) -> torch.nn.Module | None:
+    """The captured model where the script compiled a function that calls it (Lightning compiles ``training_step``)
+    and Inductor compiled that function (its graph cache was read or written): the eager module itself; None
+    otherwise (a compiled model, or another backend, which the what-ifs would not know how to compile alike)."""
+    if ctx.capture is None or not ctx.facts.compiled or compiled_model(ctx) is not None:
+        return None
+    return ctx.capture.module if any(c.cache_hits + c.cache_misses for c in user_codes(ctx)) else None
+
+
 def seconds_text(seconds: float) -> str:
     if seconds >= 7200:
         return f"{seconds / 3600:.1f} h"

@@ -23,6 +23,9 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator
 
+import torch
+
+from ....measure import copy_for_trial
 from ...findings import Evidence, Finding, Fix
 from ...requests import OwnTrial
 from ..rule import Detect, Measured, Rule, TimeLeft, register
@@ -32,6 +35,7 @@ from ._common import (
     compile_result,
     PairTiming,
     cached_compile,
+    called_from_compiled_code,
     inductor_cache_dir,
     Variant,
     backend_name,
@@ -115,7 +119,7 @@ def pays_back(ctx: Context) -> Iterator[Finding]:
     if not codes:
         return
     first, again = compile_seconds(ctx)
-    model = compiled_model(ctx)
+    model, inner = compiled_model(ctx), called_from_compiled_code(ctx)
     run_said, eager_needed = _beside_the_run(ctx, first + again)
     f = Finding(
         "compile-pays-back",
@@ -136,12 +140,12 @@ def pays_back(ctx: Context) -> Iterator[Finding]:
         ),
         # First, before the plan's trials: whether compiling pays leads a compiled script's report, and the
         # default budget keeps room for this one compile (doctor/diagnose.py).
-        request=OwnTrial(first=True) if model is not None else None,
+        request=OwnTrial(first=True) if model is not None or inner is not None else None,
     )
     f.provisional("medium" if eager_needed >= SLOWER_EAGER else "low")
     f.note = (
         "Unmeasured: the what-ifs time the compiled step against eager."
-        if model is not None
+        if model is not None or inner is not None
         else f"The script compiles a function ({', '.join(sorted({c.name for c in codes}))}), not a model the "
         "what-ifs can compile alike: the compiled step is not timed against eager."
     )
@@ -248,22 +252,37 @@ def measure(ctx: Context, f: Finding, budget: TimeLeft) -> Measured | None:
     """The compiled model (fresh, as the script compiles it) against its eager original, interleaved."""
     from ....measure import judge
 
-    model = compiled_model(ctx)
-    if model is None:
-        return None
+    model, inner = compiled_model(ctx), called_from_compiled_code(ctx)
     first, again = compile_seconds(ctx)
-    compiled = Variant("compiled as the script compiles it", recompiled(model))
-    eager = Variant("eager (no torch.compile)", eager_copy(model), compiles=False)
+    if model is not None:
+        compiled = Variant("compiled as the script compiles it", recompiled(model))
+        eager = Variant("eager (no torch.compile)", eager_copy(model), compiles=False)
+        backend = backend_name(model)
+    elif inner is not None:
+        # torch.compile's type says a function; given a Module it returns one.
+        alone: torch.nn.Module = torch.compile(copy_for_trial(inner))  # type: ignore[assignment]
+        compiled = Variant("compiled with Inductor's default options", alone)
+        eager = Variant("eager (no torch.compile)", copy_for_trial(inner), compiles=False)
+        backend = "inductor"
+    else:
+        return None
     timing = time_variants(ctx, budget, compiled, eager, first)
     if timing is None:
         return None
-    backend = backend_name(model)
     note, fix = _said(ctx, timing, first + again, backend)
     codes = user_codes(ctx)
     hits, misses = sum(c.cache_hits for c in codes), sum(c.cache_misses for c in codes)
     # Inductor keeps compiled graphs on disk: where the run compiled them anew, a fresh compile is timed reading them.
-    cached = cached_compile(ctx, model, budget) if backend == "inductor" and not hits else None
-    note = " ".join(filter(None, [note, cache_note(hits, hits + misses, first + again, cached, inductor_cache_dir())]))
+    cached = cached_compile(ctx, model, budget) if model is not None and backend == "inductor" and not hits else None
+    alike = (
+        f"Timed on the model {', '.join(sorted({c.name for c in codes}))} calls, compiled alone with Inductor's "
+        "default options (the script's graph also holds what else that function computes, the loss)."
+        if model is None
+        else ""
+    )
+    note = " ".join(
+        filter(None, [note, alike, cache_note(hits, hits + misses, first + again, cached, inductor_cache_dir())])
+    )
     # The ratio judged is what running eagerly buys: > 1 where compile made the step slower; for a run of known
     # length, what it buys the whole run, compiling included.
     ratios, applies_to = list(timing.ratios), ctx.share("compute") + ctx.share("python_overhead")
