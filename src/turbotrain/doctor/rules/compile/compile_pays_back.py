@@ -259,8 +259,7 @@ def measure(ctx: Context, f: Finding, budget: TimeLeft) -> Measured | None:
         eager = Variant("eager (no torch.compile)", eager_copy(model), compiles=False)
         backend = backend_name(model)
     elif inner is not None:
-        # torch.compile's type says a function; given a Module it returns one.
-        alone: torch.nn.Module = torch.compile(copy_for_trial(inner))  # type: ignore[assignment]
+        alone: torch.nn.Module = torch.compile(copy_for_trial(inner))  # type: ignore[assignment]  # a Module in, out
         compiled = Variant("compiled with Inductor's default options", alone)
         eager = Variant("eager (no torch.compile)", copy_for_trial(inner), compiles=False)
         backend = "inductor"
