@@ -94,11 +94,24 @@ def test_findings_point_at_the_users_line(name):
 
 
 @pytest.mark.one_core
-def test_compile_of_the_function_lightning_compiles_is_timed_on_the_model_it_calls():
-    """Lightning compiles training_step: the model it calls (found in an eager warm-up step) is timed compiled alone
-    against eager, and the finding stays at the compiled function's line."""
+def test_a_model_only_compiled_code_calls_is_found_in_one_eager_warm_up_step():
+    """Lightning compiles training_step, whose graph runs the model's modules without any module hook: one warm-up
+    step runs eagerly to find the model and its batch, then the compiled code runs again, from its cache."""
     pytest.importorskip("lightning", reason="lightning is in the test extra: pip install -e '.[test]'")
+    from torch._dynamo import eval_frame
+
+    from turbotrain.doctor.report.memory import MemorySection
+
     report = cached_report("lightning_compiled")
+    # The model was captured: the step's memory is split over its blocks (a step measured on copies of it).
+    assert isinstance(report.memory, MemorySection) and report.memory.top_modules, report.memory
+    # The eager step compiled nothing and left no guard to fail: one graph, no recompile, and the profiled step
+    # after the window ran in it.
+    compiled = report.compiled
+    assert compiled is not None and compiled.graphs == 1 and compiled.recompiles == 0, compiled
+    assert compiled.in_graphs is not None and compiled.in_graphs.forward_ms > 0, compiled.in_graphs
+    assert eval_frame._stance.stance == "default"
+    # Compile is timed on the model training_step calls, compiled alone, against eager.
     found = next(f for f in report.findings if f.rule == "compile-pays-back")
     assert found.measured and "compiled alone with Inductor's default options" in found.note, found.to_dict()
     assert found.what_if.baseline == "compiled with Inductor's default options", found.what_if
