@@ -158,7 +158,8 @@ class Recorder:
         self.loss_capture = LossCapture(self._recording_live)
         self._graphs_failed = False  # a count of the graphs alive failed once: no more counts this run
         self._drains = 0  # warm-up extensions for batches the workers still held ready (MAX_DRAINS at most)
-        self._eager_look: Any = None  # torch.compiler.set_stance("force_eager"), over one warm-up step
+        self._eager_look: Any = None  # torch.compiler.set_stance("force_eager"), over a warm-up step or two
+        self._eager_closes = 0  # the step boundaries since it was set
         # Graphs kept alive across steps: counted at a few boundaries whose cost lands in no measured step.
         self.graph_watch = GraphWatch()
         self._graphs_sampled_at = -1  # the step boundary last counted
@@ -284,16 +285,22 @@ class Recorder:
         if done == schedule.measured_end and not self.profiling:
             schedule.extend_for_period(self.steps)
         measured_end = schedule.measured_end
-        looked = self._eager_look is not None
-        if looked:  # the warm-up step run eagerly is over: the compiled code runs again, from its cache
-            self._eager_look.__exit__(None, None, None)
-            self._eager_look = None
+        looked = False
+        if self._eager_look is not None:
+            self._eager_closes += 1
+            # A step boundary may come before the step's forward (Lightning's, inside optimizer.step) or after it
+            # (a plain loop's, at optimizer.step): eager until a forward was seen, or two boundaries passed.
+            if self.modules.top_modules or self._eager_closes >= 2:
+                self._eager_look.__exit__(None, None, None)  # the compiled code runs again, from its cache
+                self._eager_look, looked = None, True
+            elif done >= self.warmup:
+                schedule.one_more_warmup_step()  # the window opens on compiled steps only
         elif self._look_eagerly_next(done):
             # The script's compiled code (Lightning compiles training_step) called its modules inside a graph,
-            # where the discovery hooks never run: the next warm-up step runs eagerly, to see them called.
+            # where the discovery hooks never run: warm-up runs eagerly until they are seen called.
             self.module_calls_per_step = record.module_calls
             self.modules.looked_eagerly = True
-            self._eager_look = torch.compiler.set_stance("force_eager")
+            self._eager_look, self._eager_closes = torch.compiler.set_stance("force_eager"), 0
         if self.modules.discovery and done >= max(1, self.warmup - 1) and self._eager_look is None:
             if not looked:
                 self.module_calls_per_step = record.module_calls  # counted under the global hooks

@@ -72,6 +72,14 @@ class StepSchedule:
         if self.stop_after is not None:
             self.stop_after += steps
 
+    def one_more_warmup_step(self) -> None:
+        """One more warm-up step, not counted as an extension (which may still follow): everything after warm-up
+        moves back by one."""
+        self.warmup += 1
+        self.profile_at += 1
+        if self.stop_after is not None:
+            self.stop_after += 1
+
     def drain_more(self, steps: int) -> None:
         """``steps`` more warm-up steps after the extension, for batches the workers still held ready."""
         self.warmup_extended_by += steps
