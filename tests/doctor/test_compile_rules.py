@@ -644,3 +644,21 @@ def test_a_branch_that_cannot_be_rewritten_says_why_and_leaves_the_model_as_it_i
     assert "enclosing scope (super()" in why_not_rewritten(model, Site(__file__, line), form)
     assert not any("forward" in vars(m) for m in model.modules())
     assert "no module of the model" in why_not_rewritten(torch.nn.Linear(2, 2), Site(__file__, line), form)
+
+
+class _InPlace(torch.nn.Module):
+    def forward(self, x):
+        return x * 2
+
+
+def test_the_note_says_whether_the_model_itself_or_a_function_around_it_was_compiled():
+    """compile-pays-back times a model found inside compiled code compiled alone: the model compiled in place
+    (its own forward the compiled code) is timed as it is; a function around it held the loss too, said so."""
+    from turbotrain.doctor.rules.compile.compile_pays_back import _compiled_alike
+
+    forward = _InPlace.forward.__code__
+    own = dataclasses.replace(code(file=forward.co_filename), code=Site(forward.co_filename, forward.co_firstlineno))
+    assert "(the script compiles it in place)" in _compiled_alike(_InPlace(), [own])
+    around = code(name="training_step")
+    said = _compiled_alike(_InPlace(), [around])
+    assert "the model training_step calls, compiled alone" in said and "the loss" in said

@@ -9,7 +9,6 @@ from __future__ import annotations
 import textwrap
 
 import pytest
-import torch
 
 from turbotrain.doctor.analysis.context import build_context
 from turbotrain.doctor.record.recorder import Recorder
@@ -21,14 +20,19 @@ SCRIPT = """
     import torch
     from torch import nn
 
-    model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 4))
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.up, self.down = nn.Linear(16, 32), nn.Linear(32, 4)
+
+        def forward(self, x):
+            return self.down(nn.functional.gelu(self.up(x)))
+
+
+    model = Net()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-
-
-    @torch.compile
-    def loss_of(x, y):
-        return nn.functional.cross_entropy(model(x), y)
-
+    {compiled}
 
     for step in range(40):
         x, y = torch.randn(8, 16), torch.randint(0, 4, (8,))
@@ -37,18 +41,25 @@ SCRIPT = """
         loss.backward()
         opt.step()
 """
+# The loss function compiled, or the model compiled in place (module.compile(): its own call runs compiled, where
+# its hooks and its children's are traced too).
+COMPILED = {
+    "function": "@torch.compile\n    def loss_of(x, y):\n        return nn.functional.cross_entropy(model(x), y)",
+    "in-place": "model.compile()\n    def loss_of(x, y):\n        return nn.functional.cross_entropy(model(x), y)",
+}
 
 
-def test_a_model_called_inside_a_compiled_function_is_found_before_the_window_opens(tmp_path):
+@pytest.mark.parametrize("compiled", sorted(COMPILED))
+def test_a_model_called_inside_compiled_code_is_found_before_the_window_opens(tmp_path, compiled):
     from torch._dynamo import eval_frame
 
     script = tmp_path / "train.py"
-    script.write_text(textwrap.dedent(SCRIPT))
+    script.write_text(textwrap.dedent(SCRIPT.format(compiled=COMPILED[compiled])))
     recorder = Recorder(measure=3, warmup=2, profile=1)
     run = run_script(script, [], recorder)
     assert run.status == "stopped", run
     ctx = build_context(recorder.recording(), recorder.live_objects(), str(script))
-    assert ctx.capture is not None and isinstance(ctx.capture.module, torch.nn.Sequential), ctx.capture
+    assert ctx.capture is not None and type(ctx.capture.module).__name__ == "Net", ctx.capture
     assert ctx.capture.args[0].shape == (8, 16) and ctx.facts.compiled
     # The eager forward came in the third step: warm-up grew by one, so that the window holds compiled steps only.
     assert recorder.schedule.warmup == 3

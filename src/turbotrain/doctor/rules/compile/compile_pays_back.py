@@ -52,6 +52,7 @@ from ._common import (
 
 if TYPE_CHECKING:
     from ...analysis.context import Context
+    from ...record.compile_watch import CompiledCode
     from ...cst_tools import CommandLineOption
 
 
@@ -273,12 +274,7 @@ def measure(ctx: Context, f: Finding, budget: TimeLeft) -> Measured | None:
     hits, misses = sum(c.cache_hits for c in codes), sum(c.cache_misses for c in codes)
     # Inductor keeps compiled graphs on disk: where the run compiled them anew, a fresh compile is timed reading them.
     cached = cached_compile(ctx, model, budget) if model is not None and backend == "inductor" and not hits else None
-    alike = (
-        f"Timed on the model {', '.join(sorted({c.name for c in codes}))} calls, compiled alone with Inductor's "
-        "default options (the script's graph also holds what else that function computes, the loss)."
-        if model is None
-        else ""
-    )
+    alike = "" if inner is None else _compiled_alike(inner, codes)
     note = " ".join(
         filter(None, [note, alike, cache_note(hits, hits + misses, first + again, cached, inductor_cache_dir())])
     )
@@ -300,6 +296,20 @@ def measure(ctx: Context, f: Finding, budget: TimeLeft) -> Measured | None:
         applies_to=applies_to,
         fix=fix,
         note=note,
+    )
+
+
+def _compiled_alike(model: torch.nn.Module, codes: list[CompiledCode]) -> str:
+    """What was timed in place of the script's compiled code: the model itself (compiled in place, its own forward
+    the code), or the model a compiled function calls, compiled alone."""
+    forward = getattr(type(model).forward, "__code__", None)
+    if forward is not None and any(
+        c.code.file == forward.co_filename and c.code.line == forward.co_firstlineno for c in codes
+    ):
+        return "Timed on the model compiled with Inductor's default options (the script compiles it in place)."
+    return (
+        f"Timed on the model {', '.join(sorted({c.name for c in codes}))} calls, compiled alone with Inductor's "
+        "default options (the script's graph also holds what else that function computes, the loss)."
     )
 
 
