@@ -261,8 +261,8 @@ class Recorder:
         active.current = None
 
     def _look_eagerly_next(self, done: int) -> bool:
-        """Whether step ``done + 1`` should run eagerly, still in the warm-up: discovery found no module call
-        while compiled code traced its hooks, so the script's modules run only inside a compiled function."""
+        """Whether warm-up should run eagerly from here until a module call is seen: discovery found none while
+        compiled code traced its hooks, so the script's modules run only inside code it compiled."""
         modules = self.modules
         return (
             modules.discovery
