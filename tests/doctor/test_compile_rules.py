@@ -662,3 +662,19 @@ def test_the_note_says_whether_the_model_itself_or_a_function_around_it_was_comp
     around = code(name="training_step")
     said = _compiled_alike(_InPlace(), [around])
     assert "the model training_step calls, compiled alone" in said and "the loss" in said
+
+
+def test_regional_compilation_of_torchs_own_blocks_replaces_each_with_its_compiled_self():
+    """block.compile() on a block of torch's own class (nn.TransformerEncoderLayer) compiles nothing, Dynamo skipping
+    its code: the fix says torch.compile(block) for each, and why."""
+    from turbotrain.doctor.record.recording import Capture
+
+    nn = torch.nn
+    layer = nn.TransformerEncoderLayer(8, 2, 16, batch_first=True)
+    # Inside a Sequential, as a model with a head often is: its child is reached by index, model[0].
+    model = torch.compile(nn.Sequential(nn.TransformerEncoder(layer, 4, enable_nested_tensor=False)), backend="eager")
+    ctx = dataclasses.replace(context(code()), capture=Capture(model, (torch.randn(2, 3, 8),), {}, 2), model=model)
+    [f] = findings(ctx, "compile-regional")
+    assert "`for i, block in enumerate(model[0].layers): model[0].layers[i] = torch.compile(block)`" in f.fix.pytorch
+    assert "compiles nothing" in f.fix.pytorch
+    assert "self[0].layers[i] = torch.compile(block)" in f.fix.lightning

@@ -63,15 +63,36 @@ def test_a_model_of_repeated_blocks_is_timed_compiled_block_by_block():
     assert "block by block" in finding.note
 
 
-def test_regional_compilation_compiles_each_block_of_a_copy_and_leaves_the_rest_eager():
+class _Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return torch.tanh(self.inner(x))
+
+
+@pytest.mark.parametrize("block", [_Block, lambda: torch.nn.Linear(4, 4)], ids=["own-class", "torch-class"])
+def test_regional_compilation_compiles_each_block_of_a_copy_and_leaves_the_rest_eager(block):
+    """A block of the script's own class is compiled in place; one of torch's, whose code Dynamo skips (its
+    ``compile()`` would compile nothing), is replaced by ``torch.compile(block)``: either way each block's call
+    compiles a graph, the first block's code reused by the others."""
+    from torch._dynamo.utils import counters
+
     from turbotrain.doctor.rules.compile._common import regionally_compiled
 
-    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ModuleList(torch.nn.Linear(4, 4) for _ in range(3)))
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ModuleList(block() for _ in range(3)))
     compiled = torch.compile(model, backend="eager")
     copy = regionally_compiled(compiled, "1")
-    assert all(block._compiled_call_impl is not None for block in copy[1])
-    assert copy[0]._compiled_call_impl is None and model[1][0]._compiled_call_impl is None
-    assert copy[1][0].weight is not model[1][0].weight  # a copy: the script's model is untouched
+    assert copy[0]._compiled_call_impl is None and type(copy[0]) is torch.nn.Linear  # the rest stays eager
+    assert all(b._compiled_call_impl is None and not hasattr(b, "_orig_mod") for b in model[1])  # untouched
+    torch._dynamo.reset()
+    counters.clear()
+    x = copy[0](torch.randn(2, 4))
+    for b in copy[1]:
+        x = b(x)
+    assert counters["stats"]["unique_graphs"] >= 1, dict(counters["stats"])
+    assert copy[1][0] is not model[1][0]  # a copy: the script's model is untouched
 
 
 @pytest.mark.skipif(not (shutil.which("g++") or shutil.which("c++")),

@@ -219,15 +219,28 @@ def compiled_like(
 
 def regionally_compiled(model: torch.nn.Module, container: str) -> torch.nn.Module:
     """A copy of the compiled model's eager original with each module of ``container`` (its repeated blocks)
-    compiled in place as the script compiled the model (its backend), the rest eager: regional compilation."""
+    compiled as the script compiled the model (its backend), the rest eager: regional compilation. A block of the
+    script's own class is compiled in place (``block.compile()``); one of torch's (:func:`torch_builtin`) is replaced
+    by ``torch.compile(block)``."""
     script_backend = _script_backend(model)
     # One backend for every block: torch guards a compiled entry on its backend, and only a shared one lets the
     # blocks reuse the code compiled for the first.
     backend = _fresh_backend(script_backend) if script_backend is not None else "inductor"
     copy = eager_copy(model)
-    for block in copy.get_submodule(container).children():
-        block.compile(backend=backend)
+    blocks = copy.get_submodule(container)
+    for name, block in list(blocks.named_children()):
+        if torch_builtin(type(block)):
+            setattr(blocks, name, torch.compile(block, backend=backend))  # the same child, compiled
+        else:
+            block.compile(backend=backend)
     return copy
+
+
+def torch_builtin(cls: type) -> bool:
+    """Whether ``cls`` is one of torch's own modules (``nn.Linear``, ``nn.TransformerEncoderLayer``): its code is in
+    Dynamo's skip list, so ``block.compile()`` compiles nothing (every frame of its call is skipped), while
+    ``torch.compile(block)`` traces it."""
+    return cls.__module__.split(".")[0] == "torch"
 
 
 def compile_seconds(ctx: Context) -> tuple[float, float]:

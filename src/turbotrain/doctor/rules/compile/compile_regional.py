@@ -32,6 +32,7 @@ from ._common import (
     regionally_compiled,
     seconds_text,
     measured_pair,
+    torch_builtin,
     pair_text,
     user_codes,
 )
@@ -85,11 +86,17 @@ def regional(ctx: Context) -> Iterator[Finding]:
     if found is None or first < MIN_COMPILE_S:
         return
     container, cls, count = found
-    where = f"model.{container}" if container else "model"
+    where = "model" + _path(container)
+    builtin = torch_builtin(type(next(original.get_submodule(container).children())))
+    # torch's own block classes are skipped by Dynamo: block.compile() on one compiles nothing, torch.compile traces it.
+    each = "{blocks}[i] = torch.compile(block)" if builtin else "block.compile()"
+    loop = "for i, block in enumerate({blocks}):" if builtin else "for block in {blocks}:"
     text = (
-        f"Compile each {cls} instead of the whole model: `for block in {where}: block.compile()` in place of "
-        f"torch.compile(model); torch compiles the block's code once and reuses it for all {count}"
+        f"Compile each {cls} instead of the whole model: `{loop.format(blocks=where)} {each.format(blocks=where)}` in "
+        f"place of torch.compile(model); torch compiles the block's code once and reuses it for all {count}"
+        + (f" (`block.compile()` on torch's own {cls} compiles nothing: Dynamo skips its code)" if builtin else "")
     )
+    lightning = "self" + _path(container)
     site = compile_site(ctx)  # the fix replaces the script's torch.compile call: there, when there is one
     f = Finding(
         "compile-regional",
@@ -101,7 +108,8 @@ def regional(ctx: Context) -> Iterator[Finding]:
         ),
         fix=Fix(
             text,
-            lightning=f"In configure_model: `for block in self.{container}: block.compile()` (not the whole module)",
+            lightning=f"In configure_model: `{loop.format(blocks=lightning)} {each.format(blocks=lightning)}` (not the "
+            "whole module)",
             hf_trainer=f"Compile each {cls} yourself before Trainer(...) instead of torch_compile=True",
         ),
         evidence=RegionalEvidence(container=container, block=cls, blocks=count, first_compile_s=round(first, 3)),
@@ -110,6 +118,11 @@ def regional(ctx: Context) -> Iterator[Finding]:
     f.provisional("low")
     f.note = "Unmeasured: the what-ifs compile both ways and time the step."
     yield f
+
+
+def _path(container: str) -> str:
+    """A submodule's name as Python reaches it from its model: ``0.layers`` is ``[0].layers`` (a Sequential's child)."""
+    return "".join(f"[{part}]" if part.isdigit() else f".{part}" for part in container.split(".") if part)
 
 
 def measure(ctx: Context, f: Finding, budget: TimeLeft) -> Measured | None:
