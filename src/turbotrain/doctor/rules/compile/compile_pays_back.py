@@ -128,7 +128,7 @@ def pays_back(ctx: Context) -> Iterator[Finding]:
         site=ctx.capture.site if model is not None and ctx.capture is not None else codes[0].site,
         category="python_overhead",
         message=(
-            f"torch.compile spent {seconds_text(first + again)} compiling {', '.join(sorted({c.name for c in codes}))}"
+            f"torch.compile spent {seconds_text(first + again)} compiling {_names(codes)}"
             f" in this run ({seconds_text(first)} first compiles, {seconds_text(again)} recompiles): paid once per "
             "run and per new input. Whether the compiled step wins it back is timed against eager." + run_said
         ),
@@ -147,7 +147,7 @@ def pays_back(ctx: Context) -> Iterator[Finding]:
     f.note = (
         "Unmeasured: the what-ifs time the compiled step against eager."
         if model is not None or inner is not None
-        else f"The script compiles a function ({', '.join(sorted({c.name for c in codes}))}), not a model the "
+        else f"The script compiles a function ({_names(codes)}), not a model the "
         "what-ifs can compile alike: the compiled step is not timed against eager."
     )
     yield f
@@ -299,6 +299,11 @@ def measure(ctx: Context, f: Finding, budget: TimeLeft) -> Measured | None:
     )
 
 
+def _names(codes: list[CompiledCode]) -> str:
+    """The compiled codes' names, as the report says them ("forward", "training_step")."""
+    return ", ".join(sorted({c.name for c in codes}))
+
+
 def _compiled_alike(model: torch.nn.Module, codes: list[CompiledCode]) -> str:
     """What was timed in place of the script's compiled code: the model itself (compiled in place, its own forward
     the code), or the model a compiled function calls, compiled alone."""
@@ -308,7 +313,7 @@ def _compiled_alike(model: torch.nn.Module, codes: list[CompiledCode]) -> str:
     ):
         return "Timed on the model compiled with Inductor's default options (the script compiles it in place)."
     return (
-        f"Timed on the model {', '.join(sorted({c.name for c in codes}))} calls, compiled alone with Inductor's "
+        f"Timed on the model {_names(codes)} calls, compiled alone with Inductor's "
         "default options (the script's graph also holds what else that function computes, the loss)."
     )
 
