@@ -72,11 +72,15 @@ def git_apply(folder: Path, patch: Path) -> None:
 
 
 def rank_recording(rank: int, data_ms: list[float], exposed_ms: list[float], step_ms: float = 40.0,
-               cpu_ms: float | None = None, cpu_wait_ms: float | None = None) -> Recording:
-    """One rank's recording of a 2-rank job, built by hand: per step its data and exposed all-reduce ms."""
+               cpu_ms: float | None = None, cpu_wait_ms: float | None = None,
+               eval_ms: list[float] | None = None) -> Recording:
+    """One rank's recording of a 2-rank job, built by hand: per step its data and exposed all-reduce ms (and the
+    ms it evaluated between steps)."""
     steps, comm, t = [], [], 100.0
-    for i, (data, exposed) in enumerate(zip(data_ms, exposed_ms)):
-        steps.append(StepRecord(index=i, start=t, end=t + step_ms / 1e3, phases={"data": data / 1e3},
+    evals = eval_ms or [0.0] * len(data_ms)
+    for i, (data, exposed, evaluated) in enumerate(zip(data_ms, exposed_ms, evals)):
+        steps.append(StepRecord(index=i, start=t, end=t + step_ms / 1e3,
+                                phases={"data": data / 1e3, "eval": evaluated / 1e3},
                                 gap_before_forward=0.0, forwards=1, backwards=1, optimizers=1))
         comm.append(CommStep(step=i, buckets=1, exposed_s=exposed / 1e3, busy_s=(exposed + 1) / 1e3,
                              overlap_s=0.0005, done_at=t + step_ms / 1e3 - 0.001,

@@ -393,11 +393,11 @@ def _late_for_own_work(
 
 def _periodic_straggler(
     recordings: list[Recording], steps: list[int], exposed: dict[int, list[float]], summaries: list[RankSummary]
-) -> Straggler | None:
+) -> tuple[Straggler, list[int]] | None:
     """A rank late in some steps for work only it does there, which the median the steady straggler is judged by
     does not see when the work skips steps: work between steps every few steps (rank 0 evaluating every N steps),
     or, where it alone does so, compiling again (a new input shape only it met). Its cost is the others' wait in
-    those steps averaged over every step."""
+    those steps averaged over every step. With it, the positions in ``steps`` of the steps it was late in."""
     step = statistics.fmean(sum(s.mean_s.values()) for s in summaries)  # the mean step: the work is amortised
     if step <= 0:
         return None
@@ -433,7 +433,7 @@ def _periodic_straggler(
         site=compiled.site if compiled is not None else _cause_site(rec, cause, steps),
         periodic=True,
         compile=compiled,
-    )
+    ), late
 
 
 def _cause_site(recording: Recording, cause: str, steps: list[int]) -> Site | None:
@@ -494,8 +494,16 @@ def analyse_ranks(recordings: list[Recording] | tuple[Recording, ...]) -> RankAn
     # A step still shows the wait when it is within the job's own step-to-step noise of the cost: two ranks and
     # their transfer threads on a few cores are descheduled for milliseconds in any step.
     shows_wait = min(0.5 * cost, cost - NOISE_SPREADS * spread)
-    steady = sum(w >= shows_wait for w in waits) >= CONSISTENT * len(waits)
     step = statistics.median(s.step_s for s in summaries)
+    # A wait that work only one rank does explains, in fewer steps than a steady straggler's, while the other steps
+    # wait little, skips steps whatever the median says: with an even count of steps the median of two modes falls
+    # between them, and a few noisy steps make their spread pass for noise around it.
+    periodic = _periodic_straggler(recordings, steps, exposed, summaries)
+    skips = False
+    if periodic is not None and periodic[0].last_share < CONSISTENT and periodic[0].rank == worst.rank:
+        rest = [w for i, w in enumerate(waits) if i not in periodic[1]]
+        skips = not rest or statistics.median(rest) < STRAGGLER_SHARE * step
+    steady = not skips and sum(w >= shows_wait for w in waits) >= CONSISTENT * len(waits)
     total_step = sum(s.mean_s[k] for s in summaries for k in RANK_CATEGORIES)
     total_exposed = sum(s.mean_s["communication"] for s in summaries)
     busy = sum(c.busy_s for r in recordings for c in r.communication if c.step in common)
@@ -554,8 +562,8 @@ def analyse_ranks(recordings: list[Recording] | tuple[Recording, ...]) -> RankAn
             cpu_gap_s=cpu_gap,
             compile=worst.compile if cause == "recompile" else None,
         )
-    if straggler is None:
-        straggler = _periodic_straggler(recordings, steps, exposed, summaries)
+    if straggler is None and periodic is not None:
+        straggler = periodic[0]
     imbalance = None if straggler is not None else _imbalance(recordings, steps, exposed, step, summaries)
     offsets = _offsets(recordings, steps)
     kinds = [c.kind for r in recordings for c in r.communication if c.step in common]
