@@ -47,7 +47,7 @@ from .probe import Probe, no_device_marks
 from .recording import GpuPhases, LiveObjects, MatmulShape, ModuleSite, Recording, SiteCount, Window
 from .steps import StepTracker, Stop
 from .tallies import Tallies
-from .measurements import Phase, StepRecord
+from .measurements import ForwardFacts, Phase, StepRecord
 from .run_queue import RunQueue
 from ..sites import user_site
 from .schedule import StepSchedule
@@ -537,7 +537,7 @@ class Recorder:
             gap_samples=tuple(SiteCount(site, n) for site, n in tallies.gap_samples.items()),
             zero_grad_before_backward=tallies.zero_grads["before_backward"],
             zero_grad_elsewhere=tallies.zero_grads["elsewhere"],
-            facts=self.modules.facts,
+            facts=self._facts(),
             module_calls_per_step=self.module_calls_per_step,
             profile=op_counts(self.profiler, len(profiled)),
             top_ops=tuple(top_ops(self.profiler, len(profiled))),
@@ -568,6 +568,15 @@ class Recorder:
             tensor_growth=self.graph_watch.kept_result(),
             out_of_memory=self.out_of_memory,
         )
+
+    def _facts(self) -> ForwardFacts | None:
+        """The training forward's facts; a model found in an eager warm-up step is compiled only where torch
+        compiled some of the script's code: a module compiled in place whose call is all torch's own code
+        (``nn.Sequential(...).compile()``) compiles nothing and runs eagerly, while its hooks were traced."""
+        facts = self.modules.facts
+        if facts is not None and self.modules.looked_eagerly and not (self.compiled and self.compiled.compiled):
+            return dataclasses.replace(facts, compiled=False)
+        return facts
 
     def live_objects(self) -> LiveObjects:
         """The objects only this process has, for the what-ifs and the trace."""

@@ -79,6 +79,7 @@ class Measured:
     applies_to: float
     fix: Fix | None = None
     note: str | None = None
+    unit: str = "model's step time"  # what the ratio is of (a whole run's time, compiling included)
 
 
 # A measurer: times one of the rule's findings within the budget; None when it cannot (no model, no time).

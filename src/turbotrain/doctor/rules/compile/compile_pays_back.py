@@ -70,6 +70,8 @@ def pays_after(compile_s: float, eager_s: float, compiled_s: float) -> int | Non
     return math.ceil(compile_s / saved) if saved > 0 else None
 
 
+# What a ratio over a run of known length is of: its training steps and its compiling.
+RUN_UNIT = "whole run's time, compiling included"
 SLOWER_EAGER = 2.0  # untimed, a run whose compile would need eager steps this much slower to pay back rates medium
 
 
@@ -296,6 +298,7 @@ def measure(ctx: Context, f: Finding, budget: TimeLeft) -> Measured | None:
         applies_to=applies_to,
         fix=fix,
         note=note,
+        unit=RUN_UNIT if length is not None else "model's step time",
     )
 
 

@@ -1,0 +1,116 @@
+"""``model.compile()`` on a model whose call is all torch's own code (an ``nn.Sequential`` of torch's layers)
+compiles nothing on torch 2.13: Dynamo skips every frame of it. The run is recorded as eager, the finding names the
+``.compile()`` line, times ``torch.compile(model)`` against what ran, and its edit writes that call."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from turbotrain.doctor.analysis.context import build_context
+from turbotrain.doctor.edits import EditRequest
+from turbotrain.doctor.record.recorder import Recorder
+from turbotrain.doctor.record.runner import run_script
+from turbotrain.doctor.rules import evaluate
+
+pytestmark = pytest.mark.reads_no_time  # its assertions read no time: the shared lane
+
+SCRIPT = """
+    import torch
+    from torch import nn
+
+    {model}
+    model.compile()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    for step in range(40):
+        x, y = torch.randn(8, 16), torch.randint(0, 4, (8,))
+        loss = nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+"""
+SEQUENTIAL = "model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 4))"
+OWN_CLASS = """class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 4))
+
+        def forward(self, x):
+            return self.body(x)
+
+
+    model = Net()"""
+
+
+def _recorded(tmp_path, model: str):
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(SCRIPT.format(model=model)))
+    recorder = Recorder(measure=3, warmup=2, profile=1)
+    run = run_script(script, [], recorder)
+    assert run.status == "stopped", run
+    return script, build_context(recorder.recording(), recorder.live_objects(), str(script))
+
+
+def test_a_sequential_compiled_in_place_ran_eagerly_and_is_named_at_its_compile_line(tmp_path):
+    from torch._dynamo import eval_frame
+
+    from turbotrain.doctor.rules.compile.compile_nothing import RULE
+    from turbotrain.doctor.whatif.common import Budget
+
+    script, ctx = _recorded(tmp_path, SEQUENTIAL)
+    # Torch compiled none of the script's code (the doctor's own hooks, which it traced, are not the script's): the
+    # model's facts say eager, so its switches are timed on it as on any eager model.
+    assert ctx.compiled is None and ctx.capture is not None and not ctx.facts.compiled, ctx.compiled
+    assert eval_frame._stance.stance == "default"
+    failed: list = []
+    (f,) = evaluate(ctx, only=["compile-nothing"], failed=failed)
+    assert failed == []
+    line = script.read_text().splitlines().index("model.compile()") + 1
+    assert f.site.line == line and f.message.startswith("`model.compile()` compiled nothing"), f
+    assert f.fix.pytorch.startswith("`model = torch.compile(model)`")
+    # Timed: the model as it ran against a copy torch.compile traced, whose first calls compiled it.
+    measured = RULE.measure(ctx, f, Budget(60.0))
+    assert measured is not None
+    result = measured.what_if
+    assert result.compile_s > 0 and result.candidate_first_calls_s > result.baseline_first_calls_s, result
+    assert result.run_steps == 40 and len(result.rounds) >= 2 and measured.verdict.speedup > 0, result
+    assert ctx.capture.module._compiled_call_impl is not None  # the script's model is left as it was
+
+
+def test_a_model_class_of_the_scripts_own_compiled_in_place_compiles_and_is_not_named(tmp_path):
+    _, ctx = _recorded(tmp_path, OWN_CLASS)
+    assert ctx.compiled is not None and ctx.compiled.graphs >= 1 and ctx.facts.compiled, ctx.compiled
+    assert evaluate(ctx, only=["compile-nothing"], failed=[]) == []
+
+
+@pytest.mark.parametrize(
+    "line, written",
+    [
+        ("model.compile()", "model = torch.compile(model)"),
+        ("net.encoder.compile(mode='max-autotune')  # compile it",
+         "net.encoder = torch.compile(net.encoder, mode='max-autotune')  # compile it"),
+    ],
+)
+def test_the_compile_in_place_is_written_as_torch_compile_with_its_arguments_and_comment(line, written):
+    pytest.importorskip("libcst", reason="doctor --fix needs libcst: pip install -e '.[fix]'")
+    from turbotrain.doctor.cst_tools import Source
+    from turbotrain.doctor.rules.compile.compile_nothing import rewrite
+
+    text = f"import torch\n\n# the model\n{line}\nprint('ok')\n"
+    req = EditRequest("compile-nothing", "rule", "train.py", 4, "train.py:4", "label", params={"target": "model"})
+    assert rewrite(Source(text, "train.py"), req) == f"import torch\n\n# the model\n{written}\nprint('ok')\n"
+
+
+def test_compile_statements_leave_out_modules_the_file_imports():
+    import ast
+    from types import SimpleNamespace
+
+    from turbotrain.doctor.analysis.source import SourceIndex
+    from turbotrain.doctor.rules.compile.compile_nothing import compile_statements
+
+    text = "import re\nimport torch\nre.compile('a')\ntorch.compile(model)\npattern = net.compile()\nnet.compile()\n"
+    index = SourceIndex(path="train.py", text=text, tree=ast.parse(text))
+    found = compile_statements(SimpleNamespace(sources={"train.py": index}))  # type: ignore[arg-type]  # a stand-in Context
+    assert [(call.lineno, receiver) for _, call, receiver in found] == [(6, "net")]
