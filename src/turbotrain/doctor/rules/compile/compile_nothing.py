@@ -1,10 +1,11 @@
-"""`compile-nothing`: a module the script compiled in place (``model.compile()``) of which torch compiled nothing in
-the run: every frame its call runs is torch's own code (an ``nn.Sequential`` of torch's layers), which Dynamo
-skips, so the model ran eagerly; ``model = torch.compile(model)`` traces it from outside. Timed: the model as it ran
-against the model so compiled, over the run's length where it is known.
+"""`compile-nothing`: the script called torch.compile and torch compiled nothing in the run, the model ran
+eagerly: ``model.compile()`` on a module whose call is all torch's own code (an ``nn.Sequential`` of torch's
+layers, which Dynamo skips), ``torch.compile(model)`` as a statement (its result dropped), or ``compiled =
+torch.compile(model)`` with the steps calling ``model``. Timed: the model as it ran against ``torch.compile`` of it,
+over the run's length where it is known.
 
 Reads: run + model + source.
-Edit: `model.compile(...)` becomes `model = torch.compile(model, ...)`.
+Edit: `model.compile(...)` or `torch.compile(model, ...)` as a statement becomes `model = torch.compile(model, ...)`.
 
 ``Module.compile()`` compiles the module's ``_call_impl``; torch 2.13 skips every frame of torch's own module code,
 so where the module's forward and all its children's are torch's too, no frame is left to compile (0 graphs, no
@@ -31,6 +32,7 @@ from .compile_pays_back import RUN_UNIT, run_length
 if TYPE_CHECKING:
     from ...analysis.context import Context
     from ...analysis.source import SourceIndex
+    from ...sites import Site
     from ...cst_tools import Source
     from ...edits import EditRequest
 
@@ -39,11 +41,19 @@ if TYPE_CHECKING:
 GUESS_COMPILE_S = 3.0
 
 
+# How a torch.compile that ran left the model eager.
+IN_PLACE = "in-place"  # model.compile() on a module whose call is all torch's own code
+DROPPED = "dropped"  # torch.compile(model) as a statement: its result is dropped
+UNUSED = "unused"  # compiled = torch.compile(model), and the loop calls model
+
+
 @dataclass(frozen=True)
 class NothingEvidence(Evidence):
-    module: str  # the class of the module compiled in place
-    path: str  # its name in the model ("": the model itself)
-    receiver: str  # the expression the script calls .compile() on ("" where the call was not found in its files)
+    form: str  # IN_PLACE, DROPPED or UNUSED
+    target: str  # the model as the script writes it where the fix assigns it ("model", "net.encoder")
+    module: str  # the class of the module compiled (the captured model's, or the one compiled in place)
+    path: str = ""  # IN_PLACE: the compiled module's name in the model ("": the model itself)
+    compiled_as: str = ""  # UNUSED: the name torch.compile's result was given
 
 
 def in_place_compiled(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
@@ -51,65 +61,130 @@ def in_place_compiled(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module
     return [(name, m) for name, m in model.named_modules() if getattr(m, "_compiled_call_impl", None) is not None]
 
 
-def compile_statements(ctx: Context) -> list[tuple[SourceIndex, ast.Call, str]]:
-    """The ``x.compile(...)`` statements of the script's files whose result is dropped (a module compiled in place;
-    ``re.compile`` or ``torch.compile`` on a module the file imports is not one), with ``x`` as written."""
-    found = []
-    for index in ctx.sources.values():
-        modules = {
-            alias.asname or alias.name.split(".")[0]
-            for node in ast.walk(index.tree)
-            if isinstance(node, ast.Import)
-            for alias in node.names
-        }
-        for node in ast.walk(index.tree):
-            call = node.value if isinstance(node, ast.Expr) else None
-            if not isinstance(call, ast.Call) or not isinstance(call.func, ast.Attribute):
-                continue
-            head = call.func.value
-            while isinstance(head, ast.Attribute):
-                head = head.value
-            if call.func.attr == "compile" and not (isinstance(head, ast.Name) and head.id in modules):
-                found.append((index, call, ast.unparse(call.func.value)))
-    return found
+def _imported_modules(index: SourceIndex) -> set[str]:
+    """The names ``import`` statements bind in the file (``torch``, ``re``, ``np``)."""
+    return {
+        alias.asname or alias.name.split(".")[0]
+        for node in ast.walk(index.tree)
+        if isinstance(node, ast.Import)
+        for alias in node.names
+    }
+
+
+def _written(node: ast.expr) -> str:
+    """A name or an attribute as written (``model``, ``self.net``); "" for any other expression."""
+    return ast.unparse(node) if isinstance(node, (ast.Name, ast.Attribute)) else ""
+
+
+def compile_form(index: SourceIndex, line: int, called: set[str]) -> tuple[str, str, str] | None:
+    """How the ``torch.compile`` or ``.compile()`` statement at ``line`` leaves the model eager, if it does: (form,
+    the model as written, the name the result was given); ``called``: the names the training step calls the model
+    by, at its line."""
+    modules = _imported_modules(index)
+    for node in ast.walk(index.tree):
+        if getattr(node, "lineno", None) != line or not isinstance(node, (ast.Expr, ast.Assign)):
+            continue
+        call = node.value
+        if not isinstance(call, ast.Call):
+            continue
+        func = call.func
+        through_torch = (
+            isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id in modules
+        ) or (isinstance(func, ast.Name) and func.id == "compile")
+        model = _written(call.args[0]) if through_torch and call.args else ""
+        if isinstance(node, ast.Expr) and isinstance(func, ast.Attribute) and func.attr == "compile":
+            if not through_torch:
+                return IN_PLACE, _written(func.value), ""
+            return (DROPPED, model, "") if model else None
+        if isinstance(node, ast.Assign) and through_torch and model and len(node.targets) == 1:
+            name = _written(node.targets[0])
+            if name and name != model and model in called and name not in called:
+                return UNUSED, model, name
+    return None
+
+
+def _called_at(ctx: Context) -> set[str]:
+    """The names the call at the captured forward's line calls (``model`` for ``loss = loss_fn(model(x), y)``)."""
+    site = ctx.capture.site if ctx.capture is not None else None
+    index = next((i for i in ctx.sources.values() if site is not None and i.path == site.file), None)
+    if index is None or site is None:
+        return set()
+    return {
+        _written(node.func)
+        for node in ast.walk(index.tree)
+        if isinstance(node, ast.Call) and getattr(node, "lineno", None) == site.line
+    } - {""}
 
 
 def compiled_nothing(ctx: Context) -> Iterator[Finding]:
     if ctx.capture is None or user_codes(ctx):
         return
-    compiled = in_place_compiled(ctx.capture.module)
-    if not compiled:
+    called = _called_at(ctx)
+    in_place = in_place_compiled(ctx.capture.module)
+    for _, site, _ in ctx.seen("compile"):
+        index = next((i for i in ctx.sources.values() if i.path == site.file), None)
+        form = compile_form(index, site.line, called) if index is not None else None
+        if form is None or (form[0] == IN_PLACE) != bool(in_place):
+            continue
+        yield _finding(ctx, site, *form, in_place)
         return
-    path, module = compiled[0]
-    statements = compile_statements(ctx)
-    receiver = statements[0][2] if len(statements) == 1 else ""
-    site = statements[0][0].site(statements[0][1]) if len(statements) == 1 else ctx.capture.site
-    said = f"`{receiver}.compile()`" if receiver else f"`.compile()` on the model{f' ({path})' if path else ''}"
-    target = receiver or ("model" + "".join(f"[{p}]" if p.isdigit() else f".{p}" for p in path.split(".") if p))
+
+
+def _finding(
+    ctx: Context, site: Site, form: str, target: str, compiled_as: str, in_place: list[tuple[str, torch.nn.Module]]
+) -> Finding:
+    assert ctx.capture is not None  # the detector checked it
+    path, module = in_place[0] if in_place else ("", ctx.capture.module)
     cls = type(module).__name__
+    target = target or "model"
+    assign = f"`{target} = torch.compile({target})`"
+    if form == IN_PLACE:
+        message = (
+            f"`{target}.compile()` compiled nothing: a call of {cls} runs only torch's own module code (its forward "
+            "and its layers'), every frame of which torch.compile skips, so torch compiled no graph in this run and "
+            f"the model ran eagerly. torch.compile({target}) traces the call from outside, torch's modules included."
+        )
+        fix = Fix(
+            f"{assign} in place of `{target}.compile()`",
+            lightning=f"`self.{path or 'model'} = torch.compile(self.{path or 'model'})` in configure_model, "
+            "not .compile() on it",
+            hf_trainer="TrainingArguments(torch_compile=True), not .compile() on the model",
+        )
+    elif form == DROPPED:
+        message = (
+            f"`torch.compile({target})` returns the compiled model, and the script drops it: torch compiled nothing "
+            f"in this run and {target} ({cls}) ran eagerly."
+        )
+        fix = Fix(
+            f"{assign}: keep what torch.compile returns",
+            lightning="trainer.fit(torch.compile(model), ...): hand the Trainer what torch.compile returns",
+            hf_trainer="TrainingArguments(torch_compile=True)",
+        )
+    else:
+        message = (
+            f"`{compiled_as} = torch.compile({target})` makes a compiled model that the steps never call: they call "
+            f"{target} ({cls}, at {ctx.where(ctx.capture.site)}), its eager original, so torch compiled nothing in "
+            "this run."
+        )
+        fix = Fix(
+            f"Call {compiled_as} in the loop in place of {target} (or write {assign})",
+            lightning="trainer.fit(torch.compile(model), ...): hand the Trainer what torch.compile returns",
+            hf_trainer="TrainingArguments(torch_compile=True)",
+        )
     f = Finding(
         "compile-nothing",
         site=site,
         category="compute",
-        message=(
-            f"{said} compiled nothing: a call of {cls} runs only torch's own module code (its forward and its "
-            "layers'), every frame of which torch.compile skips, so torch compiled no graph in this run and the "
-            f"model ran eagerly. torch.compile({target}) traces the call from outside, torch's modules included."
-        ),
-        fix=Fix(
-            f"`{target} = torch.compile({target})` in place of `{target}.compile()`",
-            lightning=f"`self.{path or 'model'} = torch.compile(self.{path or 'model'})` in configure_model, "
-            "not .compile() on it",
-            hf_trainer="TrainingArguments(torch_compile=True), not .compile() on the model",
-        ),
-        evidence=NothingEvidence(module=cls, path=path, receiver=receiver),
+        message=message,
+        fix=fix,
+        evidence=NothingEvidence(form=form, target=target, module=cls, path=path, compiled_as=compiled_as),
         # First, before the plan's trials: what compiling would buy leads the report of a script that believes it
         # compiles.
         request=OwnTrial(first=True),
     )
     f.provisional("medium")
     f.note = "Unmeasured: the what-ifs time the model compiled with torch.compile against the eager step it ran."
-    yield f
+    return f
 
 
 def measure(ctx: Context, f: Finding, budget: TimeLeft) -> Measured | None:
@@ -149,12 +224,12 @@ def measure(ctx: Context, f: Finding, budget: TimeLeft) -> Measured | None:
         fix = None
     else:
         evidence = f.evidence_as(NothingEvidence)
-        target = evidence.receiver or "model"
+        call = f"{evidence.target}.compile()" if evidence.form == IN_PLACE else f"torch.compile({evidence.target})"
         note = (
             f"torch.compile(model) timed on the captured batch: {step} Compiling does not pay here: drop "
-            f"`{target}.compile()`, which compiles nothing.{said_run}"
+            f"`{call}`, which compiles nothing.{said_run}"
         )
-        fix = Fix(f"Drop `{target}.compile()`: it compiles nothing, and compiling the model is slower here")
+        fix = Fix(f"Drop `{call}`: it compiles nothing, and compiling the model is slower here")
     result = compile_result(as_ran, compiled, timing, compile_s)
     return Measured(
         what_if=dataclasses.replace(result, run_steps=length.steps if length is not None else None),
@@ -168,28 +243,41 @@ def measure(ctx: Context, f: Finding, budget: TimeLeft) -> Measured | None:
 
 def edit(ctx: Context, f: Finding) -> EditSpec:
     evidence = f.evidence_as(NothingEvidence)
-    if not evidence.receiver:
-        raise ByHand("no one `.compile()` statement in the script's files: compile the model with torch.compile")
-    target = evidence.receiver
-    return EditSpec("rule", f"{target} = torch.compile({target})", params={"target": target}, numerics=PRECISION)
+    if evidence.form == UNUSED:
+        raise ByHand(
+            f"call {evidence.compiled_as} where the loop calls {evidence.target}: which name the script "
+            "keeps is its own choice"
+        )
+    target = evidence.target
+    return EditSpec(
+        "rule",
+        f"{target} = torch.compile({target})",
+        params={"form": evidence.form, "target": target},
+        numerics=PRECISION,
+    )
 
 
 def rewrite(source: Source, req: EditRequest) -> str:
-    """The ``x.compile(...)`` statement as ``x = torch.compile(x, ...)``, its arguments kept."""
+    """The ``x.compile(...)`` statement as ``x = torch.compile(x, ...)``, its arguments kept; a ``torch.compile(x,
+    ...)`` statement as ``x = torch.compile(x, ...)``."""
     import libcst as cst  # the fix extra, needed by --fix only
 
     from ...cst_tools import code_of, replace
 
     call = source.call_at(req.line, "compile", what="`.compile()`")
     expression = source.parent(call)
-    if not isinstance(expression, cst.Expr) or not isinstance(call.func, cst.Attribute):
-        raise ByHand(f"{req.where}: the `.compile()` call is not a statement of its own; compile the model by hand")
-    torch_name = source.alias_of("torch")
-    if torch_name is None:
-        raise ByHand(f"{source.name} does not import torch; write `{req.params['target']} = torch.compile(...)`")
-    target = code_of(call.func.value)
-    arguments = "".join(f", {code_of(a).rstrip(', ')}" for a in call.args)
-    assign = cst.parse_statement(f"{target} = {torch_name}.compile({target}{arguments})\n")
+    if not isinstance(expression, cst.Expr):
+        raise ByHand(f"{req.where}: the compile call is not a statement of its own; assign what it returns by hand")
+    target = req.params["target"]
+    if req.params["form"] == DROPPED:
+        written = f"{target} = {code_of(call)}"
+    else:
+        torch_name = source.alias_of("torch")
+        if torch_name is None or not isinstance(call.func, cst.Attribute):
+            raise ByHand(f"{source.name} does not import torch; write `{target} = torch.compile({target})`")
+        arguments = "".join(f", {code_of(a).rstrip(', ')}" for a in call.args)
+        written = f"{code_of(call.func.value)} = {torch_name}.compile({code_of(call.func.value)}{arguments})"
+    assign = cst.parse_statement(written + "\n")
     assert isinstance(assign, cst.SimpleStatementLine)  # one small statement parsed
     return replace(source, {expression: lambda _node: assign.body[0]})
 
