@@ -85,9 +85,12 @@ def test_a_sequential_compiled_in_place_ran_eagerly_and_is_named_at_its_compile_
 
 
 def test_a_model_class_of_the_scripts_own_compiled_in_place_compiles_and_is_not_named(tmp_path):
-    _, ctx = _recorded(tmp_path, OWN_CLASS)
+    script, ctx = _recorded(tmp_path, OWN_CLASS)
     assert ctx.compiled is not None and ctx.compiled.graphs >= 1 and ctx.facts.compiled, ctx.compiled
     assert evaluate(ctx, only=["compile-nothing"], failed=[]) == []
+    # Whether compiling pays is said where the fix goes: the model.compile() line, not the forward it compiled.
+    (pays,) = evaluate(ctx, only=["compile-pays-back"], failed=[])
+    assert pays.site.line == script.read_text().splitlines().index("model.compile()") + 1, pays.site
 
 
 @pytest.mark.parametrize("statement, form", [("torch.compile(model)", "dropped"),
@@ -140,7 +143,7 @@ def test_how_a_compile_statement_leaves_the_model_eager_is_read_from_the_line(st
     import ast
 
     from turbotrain.doctor.analysis.source import SourceIndex
-    from turbotrain.doctor.rules.compile.compile_nothing import compile_form
+    from turbotrain.doctor.rules.compile._compile_calls import compile_form
 
     text = f"import re\nimport torch\n{statement}\n"
     index = SourceIndex(path="train.py", text=text, tree=ast.parse(text))

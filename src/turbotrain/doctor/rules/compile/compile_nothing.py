@@ -14,7 +14,6 @@ error, no warning). ``torch.compile(module)`` wraps the call from outside and tr
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator
@@ -27,11 +26,11 @@ from ...findings import Evidence, Finding, Fix
 from ...requests import OwnTrial
 from ..rule import Detect, Measured, Rule, TimeLeft, register
 from ._common import Variant, compile_result, seconds_text, time_variants, user_codes
+from ._compile_calls import DROPPED, IN_PLACE, UNUSED, compile_calls_that_ran, in_place_compiled
 from .compile_pays_back import RUN_UNIT, run_length
 
 if TYPE_CHECKING:
     from ...analysis.context import Context
-    from ...analysis.source import SourceIndex
     from ...sites import Site
     from ...cst_tools import Source
     from ...edits import EditRequest
@@ -39,12 +38,6 @@ if TYPE_CHECKING:
 # What a first compile of a small model costs here, for the budget to hold one before it is timed (nothing of the
 # run compiled to say better).
 GUESS_COMPILE_S = 3.0
-
-
-# How a torch.compile that ran left the model eager.
-IN_PLACE = "in-place"  # model.compile() on a module whose call is all torch's own code
-DROPPED = "dropped"  # torch.compile(model) as a statement: its result is dropped
-UNUSED = "unused"  # compiled = torch.compile(model), and the loop calls model
 
 
 @dataclass(frozen=True)
@@ -56,78 +49,14 @@ class NothingEvidence(Evidence):
     compiled_as: str = ""  # UNUSED: the name torch.compile's result was given
 
 
-def in_place_compiled(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
-    """The modules of ``model`` compiled in place (``module.compile()`` set their compiled call), by name."""
-    return [(name, m) for name, m in model.named_modules() if getattr(m, "_compiled_call_impl", None) is not None]
-
-
-def _imported_modules(index: SourceIndex) -> set[str]:
-    """The names ``import`` statements bind in the file (``torch``, ``re``, ``np``)."""
-    return {
-        alias.asname or alias.name.split(".")[0]
-        for node in ast.walk(index.tree)
-        if isinstance(node, ast.Import)
-        for alias in node.names
-    }
-
-
-def _written(node: ast.expr) -> str:
-    """A name or an attribute as written (``model``, ``self.net``); "" for any other expression."""
-    return ast.unparse(node) if isinstance(node, (ast.Name, ast.Attribute)) else ""
-
-
-def compile_form(index: SourceIndex, line: int, called: set[str]) -> tuple[str, str, str] | None:
-    """How the ``torch.compile`` or ``.compile()`` statement at ``line`` leaves the model eager, if it does: (form,
-    the model as written, the name the result was given); ``called``: the names the training step calls the model
-    by, at its line."""
-    modules = _imported_modules(index)
-    for node in ast.walk(index.tree):
-        if getattr(node, "lineno", None) != line or not isinstance(node, (ast.Expr, ast.Assign)):
-            continue
-        call = node.value
-        if not isinstance(call, ast.Call):
-            continue
-        func = call.func
-        through_torch = (
-            isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id in modules
-        ) or (isinstance(func, ast.Name) and func.id == "compile")
-        model = _written(call.args[0]) if through_torch and call.args else ""
-        if isinstance(node, ast.Expr) and isinstance(func, ast.Attribute) and func.attr == "compile":
-            if not through_torch:
-                return IN_PLACE, _written(func.value), ""
-            return (DROPPED, model, "") if model else None
-        if isinstance(node, ast.Assign) and through_torch and model and len(node.targets) == 1:
-            name = _written(node.targets[0])
-            if name and name != model and model in called and name not in called:
-                return UNUSED, model, name
-    return None
-
-
-def _called_at(ctx: Context) -> set[str]:
-    """The names the call at the captured forward's line calls (``model`` for ``loss = loss_fn(model(x), y)``)."""
-    site = ctx.capture.site if ctx.capture is not None else None
-    index = next((i for i in ctx.sources.values() if site is not None and i.path == site.file), None)
-    if index is None or site is None:
-        return set()
-    return {
-        _written(node.func)
-        for node in ast.walk(index.tree)
-        if isinstance(node, ast.Call) and getattr(node, "lineno", None) == site.line
-    } - {""}
-
-
 def compiled_nothing(ctx: Context) -> Iterator[Finding]:
     if ctx.capture is None or user_codes(ctx):
         return
-    called = _called_at(ctx)
     in_place = in_place_compiled(ctx.capture.module)
-    for _, site, _ in ctx.seen("compile"):
-        index = next((i for i in ctx.sources.values() if i.path == site.file), None)
-        form = compile_form(index, site.line, called) if index is not None else None
-        if form is None or (form[0] == IN_PLACE) != bool(in_place):
-            continue
-        yield _finding(ctx, site, *form, in_place)
-        return
+    for site, form in compile_calls_that_ran(ctx):
+        if form is not None and (form[0] == IN_PLACE) == bool(in_place):
+            yield _finding(ctx, site, *form, in_place)
+            return
 
 
 def _finding(

@@ -29,6 +29,7 @@ from ....measure import copy_for_trial
 from ...findings import Evidence, Finding, Fix
 from ...requests import OwnTrial
 from ..rule import Detect, Measured, Rule, TimeLeft, register
+from ._compile_calls import IN_PLACE, compile_calls_that_ran, in_place_compiled
 from ._common import (
     CachedCompile,
     compile_calls,
@@ -54,6 +55,7 @@ if TYPE_CHECKING:
     from ...analysis.context import Context
     from ...record.compile_watch import CompiledCode
     from ...cst_tools import CommandLineOption
+    from ...sites import Site
 
 
 @dataclass(frozen=True)
@@ -126,8 +128,11 @@ def pays_back(ctx: Context) -> Iterator[Finding]:
     run_said, eager_needed = _beside_the_run(ctx, first + again)
     f = Finding(
         "compile-pays-back",
-        # The compiled model's call, or the compiled function (a model captured inside it is called from there).
-        site=ctx.capture.site if model is not None and ctx.capture is not None else codes[0].site,
+        # The compiled model's call, the line that compiled it in place, or the compiled function (a model captured
+        # inside it is called from there).
+        site=ctx.capture.site
+        if model is not None and ctx.capture is not None
+        else _in_place_site(ctx, inner) or codes[0].site,
         category="python_overhead",
         message=(
             f"torch.compile spent {seconds_text(first + again)} compiling {_names(codes)}"
@@ -153,6 +158,13 @@ def pays_back(ctx: Context) -> Iterator[Finding]:
         "what-ifs can compile alike: the compiled step is not timed against eager."
     )
     yield f
+
+
+def _in_place_site(ctx: Context, inner: torch.nn.Module | None) -> Site | None:
+    """Where the script compiled ``inner`` in place (``model.compile()``), where it did: the fix goes there."""
+    if inner is None or not in_place_compiled(inner):
+        return None
+    return next((site for site, form in compile_calls_that_ran(ctx) if form is not None and form[0] == IN_PLACE), None)
 
 
 def _why_slower(ctx: Context, model_backend: str) -> str:
