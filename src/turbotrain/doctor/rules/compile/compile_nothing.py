@@ -27,7 +27,7 @@ from ...requests import OwnTrial
 from ..rule import Detect, Measured, Rule, TimeLeft, register
 from ._common import Variant, compile_result, seconds_text, time_variants, user_codes
 from ._compile_calls import DROPPED, IN_PLACE, UNUSED, compile_calls_that_ran, in_place_compiled
-from .compile_pays_back import RUN_UNIT, run_length
+from .compile_pays_back import RUN_UNIT, pays_after, run_length
 
 if TYPE_CHECKING:
     from ...analysis.context import Context
@@ -149,7 +149,10 @@ def measure(ctx: Context, f: Finding, budget: TimeLeft) -> Measured | None:
         f"{seconds_text(compile_s)} of compiling."
     )
     if compiled_s < eager_s:
-        note = f"torch.compile(model) timed on the captured batch: {step}{said_run}"
+        note = (
+            f"torch.compile(model) timed on the captured batch: {step} It pays after "
+            f"{pays_after(compile_s, eager_s, compiled_s):,} steps.{said_run}"
+        )
         fix = None
     else:
         evidence = f.evidence_as(NothingEvidence)
