@@ -125,7 +125,7 @@ def measure(ctx: Context, f: Finding, budget: TimeLeft) -> Measured | None:
     fixed = copy_for_trial(ctx.capture.module)
     for _, module in in_place_compiled(fixed):
         module._compiled_call_impl = None  # the fix's copy is compiled from outside only
-    as_ran = Variant("as it ran (compiled in place: nothing compiled)", ran, compiles=False)
+    as_ran = Variant("as it ran (eager: torch compiled nothing)", ran, compiles=False)
     # torch.compile is typed for functions; given a Module it returns an OptimizedModule, a Module.
     compiled = Variant("torch.compile(model)", torch.compile(fixed))  # type: ignore[arg-type]  # a Module in, out
     timing = time_variants(ctx, budget, as_ran, compiled, GUESS_COMPILE_S)
