@@ -136,6 +136,7 @@ def test_the_compile_statement_is_written_as_an_assignment_with_its_arguments_an
         ("model = torch.compile(model)", None),  # the model compiled: not this rule's
         ("fast = torch.compile(model)", None),  # where the steps call fast: (below) compiled
         ("re.compile('a+')", None),  # a module the file imports
+        ("re.compile(pattern)", None),  # ... its own compile, not torch's, whatever it is handed
         ("torch.compile(make_model())", None),  # no name to assign it to
     ],
 )

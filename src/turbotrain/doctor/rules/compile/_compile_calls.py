@@ -36,6 +36,17 @@ def _imported_modules(index: SourceIndex) -> set[str]:
     }
 
 
+def _torch_names(index: SourceIndex) -> set[str]:
+    """The names the file imports torch as (``torch``, or ``t`` for ``import torch as t``)."""
+    return {
+        alias.asname or "torch"
+        for node in ast.walk(index.tree)
+        if isinstance(node, ast.Import)
+        for alias in node.names
+        if alias.name == "torch" or (alias.asname is None and alias.name.startswith("torch."))
+    }
+
+
 def _written(node: ast.expr) -> str:
     """A name or an attribute as written (``model``, ``self.net``); "" for any other expression."""
     return ast.unparse(node) if isinstance(node, (ast.Name, ast.Attribute)) else ""
@@ -45,7 +56,7 @@ def compile_form(index: SourceIndex, line: int, called: set[str]) -> tuple[str, 
     """How the ``torch.compile`` or ``.compile()`` statement at ``line`` leaves the model eager, if it does: (form,
     the model as written, the name the result was given); ``called``: the names the training step calls the model
     by, at its line."""
-    modules = _imported_modules(index)
+    modules, torch_names = _imported_modules(index), _torch_names(index)
     for node in ast.walk(index.tree):
         if getattr(node, "lineno", None) != line or not isinstance(node, (ast.Expr, ast.Assign)):
             continue
@@ -53,14 +64,15 @@ def compile_form(index: SourceIndex, line: int, called: set[str]) -> tuple[str, 
         if not isinstance(call, ast.Call):
             continue
         func = call.func
-        through_torch = (
-            isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id in modules
-        ) or (isinstance(func, ast.Name) and func.id == "compile")
+        head = func.value.id if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) else None
+        on_module = head in modules
+        through_torch = head in torch_names or (isinstance(func, ast.Name) and func.id == "compile")
         model = _written(call.args[0]) if through_torch and call.args else ""
         if isinstance(node, ast.Expr) and isinstance(func, ast.Attribute) and func.attr == "compile":
-            if not through_torch:
-                return IN_PLACE, _written(func.value), ""
-            return (DROPPED, model, "") if model else None
+            if through_torch:
+                return (DROPPED, model, "") if model else None
+            # re.compile(...) and other modules' own compile: not a module compiled in place
+            return None if on_module else (IN_PLACE, _written(func.value), "")
         if isinstance(node, ast.Assign) and through_torch and model and len(node.targets) == 1:
             name = _written(node.targets[0])
             if name and name != model and model in called and name not in called:
