@@ -59,6 +59,7 @@ __all__ = [
     "compile_seconds",
     "user_recompiles",
     "is_item_break",
+    "submodule_path",
 ]
 
 Batch = tuple[tuple[Any, ...], dict[str, Any]]  # a forward's (args, kwargs)
@@ -234,6 +235,11 @@ def regionally_compiled(model: torch.nn.Module, container: str) -> torch.nn.Modu
         else:
             block.compile(backend=backend)
     return copy
+
+
+def submodule_path(name: str) -> str:
+    """A submodule's name as Python reaches it from its model: ``0.layers`` is ``[0].layers`` (a Sequential's child)."""
+    return "".join(f"[{part}]" if part.isdigit() else f".{part}" for part in name.split(".") if part)
 
 
 def torch_builtin(cls: type) -> bool:

@@ -25,7 +25,7 @@ from ...edits import PRECISION, ByHand, EditSpec
 from ...findings import Evidence, Finding, Fix
 from ...requests import OwnTrial
 from ..rule import Detect, Measured, Rule, TimeLeft, register
-from ._common import Variant, compile_result, seconds_text, time_variants, user_codes
+from ._common import Variant, compile_result, seconds_text, submodule_path, time_variants, user_codes
 from ._compile_calls import DROPPED, IN_PLACE, UNUSED, compile_calls_that_ran, in_place_compiled
 from .compile_pays_back import RUN_UNIT, pays_after, run_length
 
@@ -68,6 +68,7 @@ def _finding(
     target = target or "model"
     assign = f"`{target} = torch.compile({target})`"
     if form == IN_PLACE:
+        held = "self" + submodule_path(path) if path else "self.model"  # the LightningModule's attribute
         message = (
             f"`{target}.compile()` compiled nothing: a call of {cls} runs only torch's own module code (its forward "
             "and its layers'), every frame of which torch.compile skips, so torch compiled no graph in this run and "
@@ -75,8 +76,7 @@ def _finding(
         )
         fix = Fix(
             f"{assign} in place of `{target}.compile()`",
-            lightning=f"`self.{path or 'model'} = torch.compile(self.{path or 'model'})` in configure_model, "
-            "not .compile() on it",
+            lightning=f"`{held} = torch.compile({held})` in configure_model, not .compile() on it",
             hf_trainer="TrainingArguments(torch_compile=True), not .compile() on the model",
         )
     elif form == DROPPED:

@@ -33,6 +33,7 @@ from ._common import (
     seconds_text,
     measured_pair,
     torch_builtin,
+    submodule_path,
     pair_text,
     user_codes,
 )
@@ -86,7 +87,7 @@ def regional(ctx: Context) -> Iterator[Finding]:
     if found is None or first < MIN_COMPILE_S:
         return
     container, cls, count = found
-    where = "model" + _path(container)
+    where = "model" + submodule_path(container)
     builtin = torch_builtin(type(next(original.get_submodule(container).children())))
     # torch's own block classes are skipped by Dynamo: block.compile() on one compiles nothing, torch.compile traces it.
     each = "{blocks}[i] = torch.compile(block)" if builtin else "block.compile()"
@@ -96,7 +97,7 @@ def regional(ctx: Context) -> Iterator[Finding]:
         f"place of torch.compile(model); torch compiles the block's code once and reuses it for all {count}"
         + (f" (`block.compile()` on torch's own {cls} compiles nothing: Dynamo skips its code)" if builtin else "")
     )
-    lightning = "self" + _path(container)
+    lightning = "self" + submodule_path(container)
     site = compile_site(ctx)  # the fix replaces the script's torch.compile call: there, when there is one
     f = Finding(
         "compile-regional",
@@ -118,11 +119,6 @@ def regional(ctx: Context) -> Iterator[Finding]:
     f.provisional("low")
     f.note = "Unmeasured: the what-ifs compile both ways and time the step."
     yield f
-
-
-def _path(container: str) -> str:
-    """A submodule's name as Python reaches it from its model: ``0.layers`` is ``[0].layers`` (a Sequential's child)."""
-    return "".join(f"[{part}]" if part.isdigit() else f".{part}" for part in container.split(".") if part)
 
 
 def measure(ctx: Context, f: Finding, budget: TimeLeft) -> Measured | None:
