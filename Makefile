@@ -29,11 +29,14 @@ test: $(STAMP)
 	$(PY) -m compileall -q -j 0 src
 	# The tests that time real runs alone on one process; those whose runs need one core two at a time, each on a
 	# core of its own (no more of them than cores); then the rest on $(TEST_WORKERS) (tests/conftest.py says which
-	# are which). Every part always runs, and any failing fails the target.
+	# are which). Every part always runs, and any failing fails the target. The rest reads no time: there torch keeps
+	# to one intra-op thread (OMP_NUM_THREADS=1, inherited by the processes its tests start), since two workers with a
+	# thread per core each spin against each other on two cores, a fifth of that part's time (docs/benchmarks.md).
 	$(PY) -m pytest -m 'exclusive and not one_core and not gpu and not slow'; alone=$$?; \
 	TURBOTRAIN_TEST_ONE_CORE=1 $(PY) -m pytest -m 'one_core and not gpu and not slow' --dist loadgroup \
 		-n $$(( $$(nproc) < $(TEST_WORKERS) ? $$(nproc) : $(TEST_WORKERS) )); one_core=$$?; \
-	$(PY) -m pytest -m 'not exclusive and not gpu and not slow' -n $(TEST_WORKERS) --dist loadgroup; shared=$$?; \
+	OMP_NUM_THREADS=1 $(PY) -m pytest -m 'not exclusive and not gpu and not slow' -n $(TEST_WORKERS) --dist loadgroup; \
+		shared=$$?; \
 	exit $$(( alone || one_core || shared ))
 
 # Lint and types (pyproject.toml [tool.ruff], [tool.mypy]); .ci/run runs it before the tests. A # noqa or
