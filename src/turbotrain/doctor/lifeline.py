@@ -6,7 +6,8 @@ a job's launcher and ranks, fresh-process trials) carry ``TURBOTRAIN_DOCTOR_RUN=
 temporary folders live in a folder of this run (:func:`temp_folder`). A guard process, this file run by path
 (standard library only, started on first use, in a session of its own so that a signal to the doctor's group does
 not reach it), watches the doctor through a pidfd; when the doctor ends, however, the guard kills every process
-that carries the token and removes the run's folders, then exits. A run folder whose guard died too (its name
+that carries the token (a compiler among them once it has ended on its own, or after a grace) and removes the
+run's folders, then exits. A run folder whose guard died too (its name
 holds the doctor's pid and start time) is removed by the next doctor run that makes one.
 """
 
@@ -31,6 +32,15 @@ ENV_MARK = "TURBOTRAIN_DOCTOR_RUN"
 _PREFIX = "turbotrain-doctor-run-"
 _RUN = re.compile(re.escape(_PREFIX) + r"(\d+)-(\d+)-(\d+)-[0-9a-f]+$")  # pid namespace, pid, start time, random
 _KILL_FOR_S = 10.0  # a launcher may start ranks while they are being killed: look again until none is left
+# A compiler or linker of the run (torch.compile's C++ build of a kernel) is left to end on its own, for up to this
+# long: killed while it writes, it leaves a half-written library in torch's compile cache, which the user's next run
+# loads and fails on ("file too short"). A kernel's build takes seconds.
+_COMPILE_GRACE_S = 60.0
+# Process names (15 characters at most, as /proc/PID/comm holds them) of compilers, assemblers and linkers.
+_COMPILERS = frozenset(
+    "cc1 cc1plus as ld ld.bfd ld.gold ld.lld lld collect2 gcc g++ cc c++ clang clang++ nvcc ptxas cicc nvlink "
+    "fatbinary".split()
+)
 
 
 def _start_time(pid: int | str) -> int | None:
@@ -110,7 +120,7 @@ class _Guard:
             self._tell("end")  # kill what is left of the run (nothing, normally), remove the folders, exit
             if self._to_guard is not None:
                 self._to_guard.close()
-            self._process.wait(timeout=_KILL_FOR_S + 5)
+            self._process.wait(timeout=_KILL_FOR_S + _COMPILE_GRACE_S + 5)
         except (OSError, subprocess.TimeoutExpired):
             self._process.kill()
             self._process.wait()
@@ -231,17 +241,59 @@ def _marked(token: str, spare: set[int]) -> list[int]:
     return found
 
 
-def _clean_up(token: str, spare: set[int], folders: list[str]) -> None:
-    deadline, quiet = time.monotonic() + _KILL_FOR_S, 0
+def _compiler(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/comm") as fh:
+            name = fh.read().strip()
+    except OSError:
+        return False
+    return name in _COMPILERS or "-linux-" in name  # x86_64-linux-gnu-g++, cut to 15 characters
+
+
+def _files_written(pid: int) -> list[str]:
+    """The regular files ``pid`` holds open for writing."""
+    found: list[str] = []
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return found
+    for fd in fds:
+        try:
+            path = os.readlink(f"/proc/{pid}/fd/{fd}")
+            with open(f"/proc/{pid}/fdinfo/{fd}") as fh:
+                flags = next(int(line.split()[1], 8) for line in fh if line.startswith("flags:"))
+        except (OSError, StopIteration, ValueError):
+            continue
+        if flags & os.O_ACCMODE in (os.O_WRONLY, os.O_RDWR) and os.path.isfile(path):
+            found.append(path)
+    return found
+
+
+def _clean_up(token: str, spare: set[int], folders: list[str], compile_grace_s: float = _COMPILE_GRACE_S) -> None:
+    """Kill the run's processes, its compilers last (_COMPILE_GRACE_S): one still running after the grace is killed
+    and the files it was writing removed. Then remove the run's folders."""
+    start = time.monotonic()
+    deadline, quiet = start + _KILL_FOR_S, 0
+    half_written: set[str] = set()
     while quiet < 2 and time.monotonic() < deadline:
         pids = _marked(token, spare)
         for pid in pids:
+            if _compiler(pid):
+                if time.monotonic() < start + compile_grace_s:
+                    deadline = max(deadline, start + compile_grace_s + 1.0)  # come back to kill it after the grace
+                    continue
+                half_written.update(_files_written(pid))  # before the kill: its open files go with it
             try:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
         quiet = 0 if pids else quiet + 1
         time.sleep(0.02)
+    for path in half_written:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
     for folder in folders:
         shutil.rmtree(folder, ignore_errors=True)
 
