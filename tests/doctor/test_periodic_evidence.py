@@ -7,6 +7,7 @@ another process spinning had slow steps at 49, 51-54, 84-87 and was told of work
 
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 
 from turbotrain.doctor.analysis.periodic import PeriodicRow
@@ -111,12 +112,12 @@ def _rl_step(index: int, before_forward: float, preempted: float | None = None) 
     return record
 
 
-def _rl_context(before: dict[int, float], samples: dict[Site, int], loader=None, preempted=None, others=0.0):
+def _rl_context(before: dict[int, float], samples: dict[Site, int], loader=None, preempted=None, others=0.0, rows=()):
     from turbotrain.doctor.analysis.gap_work import occasional_work
 
     steps = [_rl_step(i, before.get(i, 0.0005), (preempted or {}).get(i)) for i in range(3, 23)]
     ctx = SimpleNamespace(main_loader=loader, gap_samples=samples, measured_steps=[s.index for s in steps],
-                          step_records=steps, machine=SimpleNamespace(other_load=others))
+                          step_records=steps, machine=SimpleNamespace(other_load=others), periodic_rows=list(rows))
     ctx.occasional_work = occasional_work(ctx)  # as Context computes it once, for the rules
     return ctx
 
@@ -161,6 +162,23 @@ def test_steady_untimed_time_slow_steps_of_another_process_or_no_line_are_no_occ
     [seen_once] = periodic_rule.occasional(once)  # named at its line, not priced: one occurrence is no rate
     assert seen_once.site == PAUSE and seen_once.severity == "low" and seen_once.est_speedup is None
     assert "ran once in the 20 measured steps (step 6)" in seen_once.message
+
+
+def test_steps_the_windows_periodic_work_explains_are_not_occasional_work_again():
+    """ci131: a character model sampling every 10 steps (48 forwards, named at its line by the periodic row); a stall
+    of the sampling step, the sampler's catches mostly at `opt.step()`, was named a second time there."""
+    step_line = Site("sample.py", 34, "<module>")
+    sampling = PeriodicRow("sampling", "outside_step", 10, [6, 16], 60.0, 0.4, "sample.py:19",
+                           Site("sample.py", 19, "generate"), 100)
+    explained = _rl_context({6: 0.062, 16: 0.060}, {step_line: 12, Site("sample.py", 19, "generate"): 5},
+                            rows=[sampling])
+    assert explained.occasional_work is None and not list(periodic_rule.occasional(explained))
+    # The same row elsewhere leaves these steps' work to be named here.
+    elsewhere = _rl_context({6: 0.062, 16: 0.060}, {PAUSE: 50}, rows=[dataclasses.replace(sampling, steps=[9, 19])])
+    assert elsewhere.occasional_work.steps == (6, 16)
+    # A row of slow steps with no work seen in them (no line) explains nothing.
+    unexplained = dataclasses.replace(sampling, kind="work between steps", site=None, where=None)
+    assert _rl_context({6: 0.062, 16: 0.060}, {PAUSE: 50}, rows=[unexplained]).occasional_work.steps == (6, 16)
 
 
 def test_occasional_work_is_not_told_to_move_into_a_dataloader(tmp_path):

@@ -61,7 +61,10 @@ def occasional_work(ctx: Context) -> OccasionalWork | None:
     busy = ctx.machine is not None and (ctx.machine.other_load or 0.0) >= BUSY_CORES
     values = [_untimed_before_forward(s, busy) for s in chosen]
     ordinary, over = spike_line(chosen, values)
-    spikes = [(s.index, v - ordinary) for s, v in zip(chosen, values) if v > over]
+    # Steps whose time the window's periodic work explains (a validation, a sample generated, a line of its own) are
+    # that work's: counted again here, a stall in one of them would be named at whichever line the sampler caught.
+    explained = {i for row in ctx.periodic_rows if row.site is not None for i in row.steps}
+    spikes = [(s.index, v - ordinary) for s, v in zip(chosen, values) if v > over and s.index not in explained]
     excess = sum(e for _, e in spikes)
     if not spikes or len(spikes) > len(chosen) // 2 or excess < MOST * sum(values):
         return None
