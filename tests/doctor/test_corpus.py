@@ -57,6 +57,16 @@ CORPUS = {
     "lightning_compiled": ({"compile-pays-back", "non-foreach-optimizer"}, None, set()),
 }
 
+# Options of a script's one cached run, beside FAST's. Lightning's compiled training_step: its compile trial compiles
+# the model anew, 38.6 s with Inductor's cache cold on this project's 2-core Xeon (4.5 s warm), and the run must time
+# it whichever test warmed the cache before (ci132: none had, and FAST's 8 s left it untimed).
+RUN_OPTIONS = {"lightning_compiled": {"what_if_budget_s": 60.0}}
+
+
+def _report(name: str):
+    return cached_report(name, **RUN_OPTIONS.get(name, {}))
+
+
 # The scripts whose what-ifs time DataLoader workers, which need cores of their own, run alone; the others on one
 # core beside one other such test (tests/conftest.py), each script's tests in one lane, where its report is cached.
 NEEDS_CORES = {name for name, (rules, _, _) in CORPUS.items() if "num-workers" in rules}
@@ -71,7 +81,7 @@ def test_doctor_names_the_known_problem(name):
     if name.startswith("lightning"):
         pytest.importorskip("lightning", reason="lightning is in the test extra: pip install -e '.[test]'")
     rules, bottleneck, serious = CORPUS[name]
-    report = cached_report(name)
+    report = _report(name)
     assert report.status == "ok", report.messages
     found = {f.rule for f in report.findings}
     assert rules <= found, f"{name}: missing {rules - found}; found {sorted(found)}"
@@ -86,7 +96,7 @@ def test_doctor_names_the_known_problem(name):
 def test_findings_point_at_the_users_line(name):
     if name.startswith("lightning"):
         pytest.importorskip("lightning", reason="lightning is in the test extra: pip install -e '.[test]'")
-    report = cached_report(name)
+    report = _report(name)
     data = report.to_dict()
     for rule, line in marked_lines(name):
         wheres = [f["where"] for f in data["findings"] if f["rule"] == rule]
@@ -102,7 +112,7 @@ def test_a_model_only_compiled_code_calls_is_found_in_one_eager_warm_up_step():
 
     from turbotrain.doctor.report.memory import MemorySection
 
-    report = cached_report("lightning_compiled")
+    report = _report("lightning_compiled")
     # The model was captured: the step's memory is split over its blocks (a step measured on copies of it).
     assert isinstance(report.memory, MemorySection) and report.memory.top_modules, report.memory
     # The eager step compiled nothing and left no guard to fail: one graph, no recompile, and the profiled step
