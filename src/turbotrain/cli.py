@@ -8,6 +8,7 @@ editing it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import logging
 import sys
@@ -55,12 +56,34 @@ def main(argv: list[str] | None = None) -> int:
     if extra and not getattr(args, "accepts_extra", False):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     args.extra = extra
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
+    with _own_messages_to_stderr(args.verbose):
+        try:
+            return int(args._run(args) or 0)
+        except ConfigError as exc:
+            print(f"turbotrain: {exc}", file=sys.stderr)
+            return 2
+
+
+@contextlib.contextmanager
+def _own_messages_to_stderr(verbose: bool):
+    """Print turbotrain's log records, and only those: the root logger stays as a plain run has it.
+
+    The doctor runs the user's script in this process; a handler on the root logger changes how
+    libraries log (Lightning then prints each of its lines twice).
+    """
+    logger = logging.getLogger("turbotrain")
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    saved = logger.level, logger.propagate
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO if verbose else logging.WARNING)
+    logger.propagate = False
     try:
-        return int(args._run(args) or 0)
-    except ConfigError as exc:
-        print(f"turbotrain: {exc}", file=sys.stderr)
-        return 2
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(saved[0])
+        logger.propagate = saved[1]
 
 
 if __name__ == "__main__":  # pragma: no cover
