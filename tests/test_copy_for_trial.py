@@ -51,3 +51,47 @@ def test_a_long_first_line_is_cut_after_its_first_sentence():
     assert said.endswith("backend. (...)") and len(said) < 200, said
     assert one_line(ValueError("x" * 500)) == f"ValueError: {'x' * 157}... (...)"
     assert one_line(ValueError("")) == "ValueError" and one_line(KeyError("k")) == "KeyError: 'k'"
+
+
+class GroupedOptimizer(torch.optim.Optimizer):
+    """nanochat's MuonAdamW in small: 0-D tensors and a parameter kept as attributes, a "kind" read from each group."""
+
+    def __init__(self, param_groups: list[dict]) -> None:
+        super().__init__(param_groups, defaults={})
+        self._lr_t = torch.tensor(0.0)
+        self.first = self.param_groups[0]["params"][0]
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for group in self.param_groups:
+            assert group["kind"] == "sgd"
+            self._lr_t.fill_(group["lr"])
+            for p in group["params"]:
+                p.sub_(self._lr_t * p.grad)
+
+
+def test_an_optimizers_own_attributes_are_copied_with_it_and_point_at_the_copied_parameters():
+    # Optimizer.__getstate__ keeps defaults, state and param_groups: deepcopy alone drops the rest, and the memory
+    # doctor's step of copies died on nanochat's optimizer ("no attribute '_adamw_step_t'").
+    model = nn.Linear(3, 2)
+    optimizer = GroupedOptimizer([{"params": list(model.parameters()), "kind": "sgd", "lr": 0.5}])
+    assert not hasattr(copy.deepcopy(optimizer), "_lr_t")
+    twin_model, (twin,) = copy_for_trial((model, [optimizer]))
+    assert twin.first is twin_model.weight and twin._lr_t is not optimizer._lr_t
+    twin_model(torch.ones(4, 3)).sum().backward()
+    before = model.weight.detach().clone()
+    twin.step()
+    assert not torch.equal(twin_model.weight, before) and torch.equal(model.weight, before)
+
+
+def test_an_optimizer_that_cannot_step_from_its_defaults_is_timed_as_sgd():
+    from types import SimpleNamespace
+
+    from turbotrain.doctor.whatif.common import optimizer_recipe
+
+    model = nn.Linear(3, 2)
+    grouped = GroupedOptimizer([{"params": list(model.parameters()), "kind": "sgd", "lr": 0.5}])
+    ctx = SimpleNamespace(model=model, optimizers=[(grouped, None)])
+    assert optimizer_recipe(ctx)[0] is torch.optim.SGD  # GroupedOptimizer([p]) has no "kind" in its group
+    adam = torch.optim.Adam(model.parameters(), lr=0.01)
+    assert optimizer_recipe(SimpleNamespace(model=model, optimizers=[(adam, None)]))[0] is torch.optim.Adam

@@ -104,7 +104,23 @@ def copy_for_trial(obj: T) -> T:
     part of an autograd graph (an RL policy's saved log-probabilities) is copied detached: deepcopy refuses a
     tensor that is not a graph leaf, and a trial needs none of the user's graph."""
     memo: dict[int, Any] = {id(t): t.detach().clone() for t in _graph_tensors(obj)}
-    return copy.deepcopy(obj, memo)
+    copied = copy.deepcopy(obj, memo)
+    for original, twin in _optimizers_in(obj, copied):
+        # Optimizer.__getstate__ keeps defaults, state and param_groups only: an attribute a subclass sets in its
+        # __init__ (nanochat's MuonAdamW keeps its 0-D step tensors there) is copied here, through the same memo.
+        for name, value in vars(original).items():
+            if name not in vars(twin):
+                setattr(twin, name, copy.deepcopy(value, memo))
+    return copied
+
+
+def _optimizers_in(obj: Any, copied: Any) -> Iterator[tuple[torch.optim.Optimizer, torch.optim.Optimizer]]:
+    """The optimizers among ``obj`` (itself, or in its lists and tuples) with their copies in ``copied``."""
+    if isinstance(obj, torch.optim.Optimizer):
+        yield obj, copied
+    elif isinstance(obj, (list, tuple)):
+        for item, twin in zip(obj, copied):
+            yield from _optimizers_in(item, twin)
 
 
 def _graph_tensors(obj: Any, depth: int = 0) -> Iterator[torch.Tensor]:

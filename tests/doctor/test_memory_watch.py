@@ -287,3 +287,32 @@ def test_growth_is_read_past_two_first_boundaries_that_saw_the_same_step():
                   {2: 1, 3: 2, 4: 2, 5: 2}):
         flat = watch(clean).result()
         assert flat is not None and not flat.growing, clean
+
+
+@torch.compile(backend="eager", fullgraph=True)
+def _fused_update(p, g, lr):
+    p.sub_(lr * g)
+
+
+class _CompiledStepSGD(torch.optim.Optimizer):
+    """nanochat's optimizer in small: its step calls a function compiled with fullgraph=True."""
+
+    def __init__(self, params):
+        super().__init__(params, defaults={"lr": 0.1})
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                _fused_update(p, p.grad, group["lr"])
+
+
+def test_an_optimizer_that_steps_through_a_fullgraph_compile_is_measured():
+    # Dynamo skips frames under the measuring dispatch mode; fullgraph=True makes that an error ("found no compiled
+    # frames"), and nanochat's memory section read "no model and batch were captured".
+    model = torch.nn.Linear(8, 4)
+    before = model.weight.detach().clone()
+    memory = mw.measure_step(model, [_CompiledStepSGD(model.parameters())], [torch.randn(16, 8)],
+                             lambda m, b: m(b).sum())
+    assert memory.gradient_bytes == sum(p.numel() * 4 for p in model.parameters())
+    assert not torch.equal(model.weight, before)  # the compiled update ran (eagerly)

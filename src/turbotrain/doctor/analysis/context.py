@@ -91,6 +91,7 @@ class Context:
     machine: MachineFacts | None = None  # cores, threads, workers, other load (doctor.machine); None: not known
     recording: Recording | None = None  # what this context was read from
     memory_allowed: bool = True  # False (--no-what-if): the step's memory is not measured (analysis/memory.py)
+    memory_failed: str | None = None  # why one step of copies failed, where it did (set by step_memory)
     # The optimizer steps of the whole run where the script ended by itself; None: the doctor stopped it, or it failed.
     run_steps: int | None = None
 
@@ -143,7 +144,8 @@ class Context:
         try:
             return measure_captured(self.capture, optimizers)
         except Exception as exc:  # noqa: BLE001 - a model the copies cannot train costs the memory section only
-            log.warning("turbotrain doctor: the step's memory was not measured: %s", one_line(exc))
+            self.memory_failed = one_line(exc)
+            log.warning("turbotrain doctor: the step's memory was not measured: %s", self.memory_failed)
             return None
 
     @cached_property

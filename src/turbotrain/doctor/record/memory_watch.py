@@ -368,7 +368,9 @@ def measure_step(
     try:
         # Under --memory-limit the step must fit as the script's had to (the original model beside this copy,
         # and what the doctor holds, are not counted).
-        with enforced(held_bytes=resident), timeline, saved.hooked(model):
+        # Eager: Dynamo skips frames under the timeline's dispatch mode, and a fullgraph=True function (nanochat's
+        # compiled optimizer steps) raises there instead; the ops the timeline counts are eager ops anyway.
+        with enforced(held_bytes=resident), timeline, saved.hooked(model), torch.compiler.set_stance("force_eager"):
             _train_step(model, optimizers, batches, loss_fn, timeline)
         held, phase = timeline.peak()
     finally:

@@ -208,6 +208,8 @@ def memory_section(ctx: Context) -> MemorySection:
             return MemoryNotMeasured("no halving of the captured batch fit")
         return _fit(ctx, fit)
     memory = ctx.step_memory
+    if memory is None and ctx.memory_failed is not None:
+        return MemoryNotMeasured(f"one step of copies of the captured model failed: {ctx.memory_failed}")
     if memory is None:
         return MemoryNotMeasured("no model and batch were captured")
     return _step(ctx, memory, ctx.capture.batch_size if ctx.capture is not None else None)

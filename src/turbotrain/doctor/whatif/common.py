@@ -59,8 +59,8 @@ def default_budget_s(step_s: float, compile_s: float = 0.0) -> float:
 
 
 def optimizer_recipe(ctx: Context) -> tuple[type, dict[str, Any]]:
-    """The user's optimizer's class and constructor settings (SGD when there is none, or when it cannot be
-    rebuilt from its defaults)."""
+    """The user's optimizer's class and constructor settings (SGD when there is none, or when one rebuilt from its
+    defaults cannot step)."""
     model_params = {id(p) for p in ctx.model.parameters()} if ctx.model is not None else set()
     chosen = next(
         (opt for opt, _ in ctx.optimizers if any(id(p) in model_params for g in opt.param_groups for p in g["params"])),
@@ -70,7 +70,13 @@ def optimizer_recipe(ctx: Context) -> tuple[type, dict[str, Any]]:
         return torch.optim.SGD, {"lr": 1e-3}
     cls, defaults = type(chosen), constructor_defaults(chosen)
     try:
-        cls([torch.zeros(1, requires_grad=True)], **defaults)
+        # Built and stepped: an optimizer built from its defaults may still need what its groups carry (nanochat's
+        # MuonAdamW reads each group's "kind" in step()).
+        device = next((p.device for g in chosen.param_groups for p in g["params"]), None)
+        probe = torch.zeros(2, 2, device=device, requires_grad=True)  # on the user's device: capturable=True, fused
+        rebuilt = cls([probe], **defaults)
+        probe.grad = torch.zeros_like(probe)
+        rebuilt.step()
     except Exception:  # noqa: BLE001 - a custom optimizer whose defaults are not constructor arguments
         lr = defaults.get("lr", 1e-3)
         log.warning(
