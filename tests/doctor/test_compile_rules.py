@@ -567,6 +567,60 @@ def test_the_loss_is_compiled_as_the_call_that_compiled_its_model(tmp_path):
         edit(ctx, f)
 
 
+def test_a_loss_called_through_an_nn_loss_module_is_named_as_written_and_moved_by_hand(tmp_path):
+    """Lightning's template calls `self.criterion(logits, y)`: the finding says that call, and the edit (which moves
+    an `F.<loss>(...)` call) says by hand why, instead of "the line changed since the run?"."""
+    from turbotrain.doctor.analysis.source import load_sources
+    from turbotrain.doctor.edits import ByHand
+    from turbotrain.doctor.findings import Finding, Fix
+    from turbotrain.doctor.rules.compile.compile_loss_eager import EagerLossEvidence, _loss_as_written, edit
+
+    script = tmp_path / "module.py"
+    script.write_text("import torch\nnet = torch.compile(net)\nloss = self.criterion(net(x), y)\n")
+    ctx = context()
+    ctx.sources = load_sources([str(script)])
+    site = Site(str(script), 3, "<module>")
+    assert _loss_as_written(ctx, site, "cross_entropy") == ("`self.criterion(net(x), y)` (F.cross_entropy)", False)
+    f = Finding("compile-loss-eager", site=site, message="", fix=Fix("compile both"),
+                evidence=EagerLossEvidence(loss="cross_entropy", between=(), input_shape=(4, 5)))
+    with pytest.raises(ByHand, match=r"self\.criterion\(net\(x\), y\).*nn loss module"):
+        edit(ctx, f)
+
+
+def test_recompiles_of_a_decorated_function_get_dynamic_at_its_own_decorator(tmp_path):
+    """airbench compiles its Muon step with a bare `@torch.compile` and its model with `model.compile(...)`: the
+    recompiles of the step (one per weight shape) are fixed at the step's decorator, not "none in the script's
+    files"."""
+    from turbotrain.doctor.analysis.source import load_sources
+    from turbotrain.doctor.rules.compile.compile_recompile import edit
+
+    script = tmp_path / "train.py"
+    script.write_text("import torch\n\n\n@torch.compile\ndef zeropower(G):\n    return G @ G.T\n\n\n"
+                      "model.compile(mode='max-autotune')\n")
+    ctx = context()
+    ctx.sources = load_sources([str(script)])
+    [f] = findings(context(code(recompiles=[recompile(NEW_SHAPE, "size mismatch")])), "compile-recompile")
+    f.evidence = dataclasses.replace(f.evidence, code="zeropower", code_at=f"{script}:4")
+    spec = edit(ctx, f)
+    assert (spec.kind, spec.file, spec.line) == ("compile", str(script), 4)
+    assert spec.params == {"keywords": {"dynamic": True}}
+
+
+def test_a_fix_that_compiles_longer_rates_low_where_the_run_is_too_short_to_win_it_back():
+    """The lightning template's loss compiled in: 2.4 s more compiling for 0.12 ms a step pays after ~20,800 steps;
+    its run has 430. Compiling less, a slower step, or a long enough run: nothing to say."""
+    from turbotrain.doctor.rules.compile._common import PairTiming, RunLength, _too_short_to_pay
+
+    timing = PairTiming((1.12, 1.15), 1.07e-3, 0.953e-3, (1.13, 3.545))
+    said = _too_short_to_pay(RunLength(430, ended=False, loop="`Trainer(max_epochs=1)` at train.py:60"), timing)
+    assert "430 steps (`Trainer(max_epochs=1)` at train.py:60): too few" in said
+    assert _too_short_to_pay(RunLength(430, ended=True), timing).startswith(" This run ended after 430 steps")
+    assert _too_short_to_pay(RunLength(30_000, ended=True), timing) == ""
+    assert _too_short_to_pay(None, timing) == ""
+    assert _too_short_to_pay(RunLength(430, ended=True), dataclasses.replace(timing, warm_s=(3.5, 1.1))) == ""
+    assert _too_short_to_pay(RunLength(430, ended=True), dataclasses.replace(timing, b_s=2e-3)) == ""
+
+
 BRANCHES = {  # the branch as written -> the one torch.where it says (None: no such statement)
     "if h.sum() > 0:\n    h = h * 2": "h = torch.where(h.sum() > 0, h * 2, h)",
     "if h.sum() > 0:\n    h = h * 2\nelse:\n    h = -h": "h = torch.where(h.sum() > 0, h * 2, -h)",

@@ -9,6 +9,7 @@ import runpy
 import shutil
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ import turbotrain
 from doctor_helpers import FAST, cached_report, marked_lines, run_doctor
 from turbotrain.doctor.record.compile_watch import (
     CHANGED_VALUE,
+    GRAD_MODE,
     NEW_DTYPE,
     NEW_INSTANCE,
     NEW_SHAPE,
@@ -193,6 +195,7 @@ def test_the_facts_pickle():
         ("len(lst) == 1", CHANGED_VALUE),
         ("___check_type_id(mod, 94099695982656), type=<class '__main__.M'>", NEW_INSTANCE),
         ("tensor 'x' requires_grad mismatch. expected requires_grad=0", OTHER),
+        ("GLOBAL_STATE changed: grad_mode", GRAD_MODE),  # Lightning's sanity check under no_grad, then training
         ("Unable to find recompilation reasons", OTHER),
     ],
 )
@@ -477,5 +480,24 @@ def test_the_function_trace_is_paused_while_torch_compile_compiles_and_back_afte
         watch.stop()
     assert seen_while_compiling == [None]
     assert traced_after
-    assert _ran_after_compile.__code__ in tracer.ran_code
+    assert _ran_after_compile.__code__ in tracer.ran_code.values()
     assert sys.gettrace() is None
+
+
+@pytest.mark.skipif(sys.gettrace() is not None, reason="another tracer (coverage, a debugger) is installed")
+def test_the_function_trace_takes_a_code_object_that_cannot_be_hashed():
+    # A code object hashes its constants: modded-nanogpt's compiled forward under DDP reached the hook with a dict
+    # among them, and the doctor's run of the script died in the hook with "unhashable type: 'dict'".
+    from turbotrain.doctor.record.function_trace import FunctionTracer
+
+    code = _ran_after_compile.__code__
+    unhashable = types.FunctionType(code.replace(co_consts=code.co_consts + ({},)), _ran_after_compile.__globals__)
+    with pytest.raises(TypeError):
+        hash(unhashable.__code__)
+    tracer = FunctionTracer()
+    tracer.trace(True)
+    try:
+        unhashable(1)
+    finally:
+        tracer.trace(False)
+    assert any(c is unhashable.__code__ for c in tracer.ran_code.values())

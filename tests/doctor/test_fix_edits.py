@@ -274,6 +274,13 @@ def test_compile_keywords_at_the_compile_call():
         "model.compile(dynamic=True)  # here"]
     with pytest.raises(ByHand, match="no torch.compile"):
         edit("model = build()  # here\n", "compile", keywords={"dynamic": True})
+    # A function compiled by a decorator (airbench's and nanochat's Muon steps): bare, and called.
+    bare = "import torch\n@torch.compile  # here\ndef step(G):\n    return G @ G.T\n"
+    assert changed(bare, edit(bare, "compile", keywords={"dynamic": True})) == [
+        "@torch.compile(dynamic=True)  # here"]
+    called = "import torch\n@torch.compile(dynamic=False, fullgraph=True)  # here\ndef step(G):\n    return G\n"
+    assert changed(called, edit(called, "compile", keywords={"dynamic": True})) == [
+        "@torch.compile(dynamic=True, fullgraph=True)  # here"]
 
 
 LOOP = """

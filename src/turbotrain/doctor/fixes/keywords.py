@@ -234,6 +234,18 @@ def threads(source: Source, req: EditRequest) -> str:
 
 
 def compile_call(source: Source, req: EditRequest) -> str:
-    """``torch.compile(model, ..., dynamic=True)`` (or ``model.compile(...)``): the keywords at the compile call."""
+    """``torch.compile(model, ..., dynamic=True)`` (or ``model.compile(...)``, ``@torch.compile(...)``): the keywords
+    at the compile call; a bare ``@torch.compile`` decorator becomes a call with them."""
+    bare = next(
+        (
+            d
+            for d in source.nodes(cst.Decorator)
+            if source.lines(d)[0] == req.line and dotted(d.decorator).split(".")[-1] == "compile"
+        ),
+        None,
+    )
+    if bare is not None:
+        called = cst.Call(func=bare.decorator)
+        return replace(source, {bare.decorator: lambda _: _with_keywords(called, req)})
     call = source.call_at(req.line, "compile", what="torch.compile(...)")
     return _one_call(source, req, call, _with_keywords(call, req))

@@ -55,6 +55,7 @@ __all__ = [
     "NEW_DTYPE",
     "CHANGED_VALUE",
     "NEW_INSTANCE",
+    "GRAD_MODE",
     "OTHER",
     "classify_guard",
 ]
@@ -64,6 +65,7 @@ NEW_SHAPE = "new-shape"
 NEW_DTYPE = "new-dtype"
 CHANGED_VALUE = "changed-value"  # a Python int, float, str, bool or length the graph was specialised on
 NEW_INSTANCE = "new-instance"  # another object (or another type) where the graph saw a given one
+GRAD_MODE = "grad-mode"  # called under torch.no_grad() (evaluation) where the graph was compiled with grad, or back
 OTHER = "other"  # requires_grad, device, grad mode, ... or a reason torch did not give
 
 _DYNAMO = "torch._dynamo"
@@ -113,7 +115,7 @@ class Recompile:
     """One recompilation: the guard that failed and what it cost."""
 
     compile_id: str  # torch's "frame/attempt" id, e.g. "0/2"
-    kind: str  # NEW_SHAPE, NEW_DTYPE, CHANGED_VALUE, NEW_INSTANCE or OTHER
+    kind: str  # NEW_SHAPE, NEW_DTYPE, CHANGED_VALUE, NEW_INSTANCE, GRAD_MODE or OTHER
     guard: str  # the failed guard, e.g. "tensor 'x' size mismatch at index 1. expected 12, actual 13"
     reason: str  # torch's whole text for it (the source line and any hint it adds)
     site: Site | None  # the user line torch names for the guard, else ``caller``
@@ -254,7 +256,9 @@ class _Live:
 
 
 def classify_guard(guard: str) -> str:
-    """NEW_SHAPE, NEW_DTYPE, CHANGED_VALUE, NEW_INSTANCE or OTHER for a failed guard as torch words it."""
+    """NEW_SHAPE, NEW_DTYPE, CHANGED_VALUE, NEW_INSTANCE, GRAD_MODE or OTHER for a failed guard as torch words it."""
+    if "GLOBAL_STATE changed: grad_mode" in guard:
+        return GRAD_MODE
     if "dtype mismatch" in guard:
         return NEW_DTYPE
     if re.search(r"(size|stride|rank) mismatch|\.size\(\)|\.stride\(\)|storage_offset", guard):

@@ -20,7 +20,8 @@ __all__ = ["FunctionTracer"]
 
 class FunctionTracer:
     def __init__(self) -> None:
-        self.ran_code: set[Any] | None = set()
+        # By id: a code object's hash covers its constants, and code torch.compile rewrote can hold a dict there.
+        self.ran_code: dict[int, Any] | None = {}
         self._on = False  # the hook is installed (on ``_thread``)
         self._wanted = False  # trace(True) asked for it
         self._paused = False
@@ -53,8 +54,8 @@ class FunctionTracer:
     def _on_call(self, frame: Any, event: str, arg: Any) -> None:
         code = frame.f_code
         ran = self.ran_code  # never None while the hook is on
-        if ran is not None and code not in ran and is_user_file(code.co_filename):
-            ran.add(code)
+        if ran is not None and id(code) not in ran and is_user_file(code.co_filename):
+            ran[id(code)] = code
         return None
 
 

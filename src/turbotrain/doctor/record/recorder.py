@@ -596,12 +596,12 @@ class Recorder:
         )
 
 
-def _lines_by_file(codes: set[Any] | None) -> dict[str, tuple[int, ...]] | None:
-    """The lines of the code objects that ran, per file (None: the run could not tell)."""
+def _lines_by_file(codes: dict[int, Any] | None) -> dict[str, tuple[int, ...]] | None:
+    """The lines of the code objects that ran (by id), per file (None: the run could not tell)."""
     if codes is None:
         return None
     lines: dict[str, set[int]] = {}
-    for code in codes:
+    for code in codes.values():
         lines.setdefault(code.co_filename, set()).update(line for _, _, line in code.co_lines() if line is not None)
     return {file: tuple(sorted(found)) for file, found in sorted(lines.items())}
 

@@ -80,6 +80,7 @@ class Measured:
     fix: Fix | None = None
     note: str | None = None
     unit: str = "model's step time"  # what the ratio is of (a whole run's time, compiling included)
+    low: bool = False  # rated low whatever the ratio: a faster step whose compiling the run is too short to win back
 
 
 # A measurer: times one of the rule's findings within the budget; None when it cannot (no model, no time).

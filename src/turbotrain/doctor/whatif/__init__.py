@@ -98,6 +98,7 @@ def _own_trial(ctx: Context, finding: Finding, budget: Budget) -> Outcome | None
         Judged(measured.what_if, measured.verdict, applies_to=measured.applies_to, unit=measured.unit),
         before=(Note(measured.note),) if measured.note else (),
         fix=measured.fix,
+        low=measured.low,
     )
 
 

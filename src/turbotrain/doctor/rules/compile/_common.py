@@ -6,6 +6,7 @@ Not a rule (the leading ``_`` keeps it out of the rule registry).
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import copy
 import functools
@@ -20,12 +21,11 @@ import torch
 from ....measure import copy_for_trial
 from ...edits import PRECISION, ByHand, EditSpec
 from ...analysis.replay import surrogate_step
+from ...analysis.source import dotted_name
 from ...record.compile_watch import CompiledCode, GraphBreak, Recompile
 from ...results import CompileResult
 
 if TYPE_CHECKING:
-    import ast
-
     from ...analysis.context import Context
     from ...analysis.source import SourceIndex
     from ...sites import Site
@@ -128,9 +128,29 @@ def one_compile_call(ctx: Context, fix: str, compiles: str) -> tuple[SourceIndex
     return calls[0]
 
 
-def compile_edit(index: SourceIndex, call: ast.Call, fix: str, keywords: dict[str, Any]) -> EditSpec:
-    """``keywords`` set at the script's ``torch.compile(...)`` call: other kernels, so the loss is held to the
-    numerics guard, not bitwise."""
+def compile_decorator(ctx: Context, code_at: str) -> tuple[SourceIndex, ast.expr] | None:
+    """The ``@torch.compile`` or ``@torch.compile(...)`` decorator of the function whose code starts at ``code_at``
+    ("/path/train.py:64": a decorated function's code starts at its first decorator), with its file."""
+    path, _, line = code_at.rpartition(":")
+    index = next((i for i in ctx.sources.values() if i.path == path), None)
+    if index is None or not line.isdigit():
+        return None
+    for node in ast.walk(index.tree):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or not node.decorator_list:
+            continue
+        if int(line) not in (node.lineno, node.decorator_list[0].lineno):
+            continue
+        for decorator in node.decorator_list:
+            named = decorator.func if isinstance(decorator, ast.Call) else decorator
+            head, dot, rest = dotted_name(named).partition(".")
+            if index.imported_as.get(head, head) + dot + rest == "torch.compile":
+                return index, decorator
+    return None
+
+
+def compile_edit(index: SourceIndex, call: ast.expr, fix: str, keywords: dict[str, Any]) -> EditSpec:
+    """``keywords`` set at the script's ``torch.compile(...)`` call (or bare ``@torch.compile`` decorator): other
+    kernels, so the loss is held to the numerics guard, not bitwise."""
     return EditSpec(
         "compile", fix, params={"keywords": keywords}, numerics=PRECISION, file=index.path, line=call.lineno
     )
@@ -325,6 +345,30 @@ def _fresh_dynamo() -> Iterator[None]:
         torch._dynamo.reset()
 
 
+# What a ratio over a run of known length is of: its training steps and its compiling.
+RUN_UNIT = "whole run's time, compiling included"
+
+
+@dataclass(frozen=True)
+class RunLength:
+    """The steps of the whole run: where the script ended by itself (``ended``), or where its stepping loop's
+    length was read (``loop``: what ends it and where, as said)."""
+
+    steps: int
+    ended: bool
+    loop: str = ""
+
+
+def run_length(ctx: Context) -> RunLength | None:
+    if ctx.run_steps:
+        return RunLength(ctx.run_steps, ended=True)
+    planned = ctx.planned_steps
+    if planned is None:
+        return None
+    steps, loop = planned
+    return RunLength(steps, ended=False, loop=f"`{loop.code}` at {ctx.where(loop.site)}")
+
+
 def time_variants(
     ctx: Context, budget: TimeLeft, a: Variant, b: Variant, compile_s: float, other_batches: Sequence[Batch] = ()
 ) -> PairTiming | None:
@@ -376,10 +420,13 @@ def measured_pair(
     compile_s: float,
     result_compile_s: float | None = None,
     other_batches: Sequence[Batch] = (),
+    over_run: bool = True,
 ) -> Measured | None:
     """``a`` (the script's way) against ``b`` (the fix) timed by :func:`time_variants`, judged, as the finding's
     result; ``say(timing, steps_differ)`` words it (``steps_differ``: the rounds called the steps apart). None when
-    the budget could not hold them. ``result_compile_s``: the compile seconds the result reports (the run's)."""
+    the budget could not hold them. ``result_compile_s``: the compile seconds the result reports (the run's).
+    ``over_run``: a fix whose first calls compile longer, in a run of known length too short for its faster step to
+    win that back, rates low (off where the fix's compiling is paid on other inputs than the one batch timed)."""
     from ....measure import judge
     from ..rule import Measured
 
@@ -387,12 +434,25 @@ def measured_pair(
     if timing is None:
         return None
     verdict = judge(list(timing.ratios), noise_floor=ctx.noise_floor)
+    short = _too_short_to_pay(run_length(ctx), timing) if over_run else ""
     return Measured(
         what_if=compile_result(a, b, timing, compile_s if result_compile_s is None else result_compile_s),
         verdict=verdict,
         applies_to=ctx.share("compute") + ctx.share("python_overhead"),
-        note=say(timing, verdict.called),
+        note=say(timing, verdict.called) + short,
+        low=bool(short),
     )
+
+
+def _too_short_to_pay(length: RunLength | None, timing: PairTiming) -> str:
+    """Where the fix (``b``) compiles longer than the script's way and the run's steps are too few for its faster
+    step to win that back: the sentence that says so; "" otherwise."""
+    extra_s, saved_s = timing.warm_s[1] - timing.warm_s[0], timing.a_s - timing.b_s
+    if length is None or extra_s <= 0 or saved_s <= 0 or extra_s / saved_s <= length.steps:
+        return ""
+    run = f"This run ended after {length.steps:,} steps" if length.ended else f"The script runs {length.steps:,} steps"
+    loop = f" ({length.loop})" if length.loop else ""
+    return f" {run}{loop}: too few to win back its compiling, so it rates low here."
 
 
 def inductor_cache_dir() -> str:

@@ -7,7 +7,7 @@ Not a rule (the leading ``_`` keeps it out of the rule registry).
 from __future__ import annotations
 
 from ...findings import Fix
-from ...record.compile_watch import CHANGED_VALUE, NEW_DTYPE, NEW_INSTANCE, NEW_SHAPE
+from ...record.compile_watch import CHANGED_VALUE, GRAD_MODE, NEW_DTYPE, NEW_INSTANCE, NEW_SHAPE
 
 __all__ = ["kind_words", "fix_for"]
 
@@ -16,8 +16,9 @@ _WORDS = {
     NEW_DTYPE: "a new dtype",
     CHANGED_VALUE: "a changed Python value",
     NEW_INSTANCE: "another object",
+    GRAD_MODE: "a call under torch.no_grad() (evaluation) of a graph compiled with grad, or back",
 }
-_OTHER = "another guard (requires_grad, device, grad mode)"
+_OTHER = "another guard (requires_grad, device)"
 
 
 def kind_words(kind: str) -> str:
@@ -48,6 +49,17 @@ def fix_for(kind: str) -> Fix:
         text = "Cast the inputs to one dtype before the compiled call (x.float() or x.to(torch.bfloat16))"
     elif kind == NEW_INSTANCE:
         text = "Compile one module and call it for every batch, rather than compiling or calling new instances"
+    elif kind == GRAD_MODE:
+        # One graph per grad mode, each compiled once: compile seconds, no cost per step after.
+        text = (
+            "Nothing per step: torch.compile keeps one graph for grad and one for no_grad, each compiled once. To "
+            "save that compile, evaluate with the eager module (model._orig_mod for torch.compile(model))"
+        )
+        return Fix(
+            text,
+            lightning="Nothing per step (one graph per grad mode, each compiled once); to save that compile, call "
+            "the eager module (self.net._orig_mod) in validation_step and test_step",
+        )
     else:
-        text = "Keep what the failed guard checks the same from call to call (requires_grad, device, grad mode)"
+        text = "Keep what the failed guard checks the same from call to call (requires_grad, device)"
     return Fix(text)

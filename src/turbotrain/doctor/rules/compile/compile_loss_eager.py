@@ -9,8 +9,8 @@ Edit: the loss's call (`F.cross_entropy(compiled(x), y)`) moved into a function 
 `torch.compile(...)` call that compiled the model (the script's one, or of several the one assigned to the name the
 loss's line calls), defined before the top-level statement that holds the call and called in its place: the model's
 last ops and the loss in one graph (torch.compile inlines the compiled model it is given); it changes kernels, so
-the losses are held to the numerics guard. By hand where the call passes `*args`, holds a lambda, or the file does
-not `import torch`.
+the losses are held to the numerics guard. By hand where the call passes `*args`, holds a lambda, the line calls an nn
+loss module (`self.criterion(logits, y)`), or the file does not `import torch`.
 
 torch.compile of the model alone leaves the loss to eager PyTorch: its forward and backward run op by op, and
 Inductor cannot fuse it with the model's last ops (the head's matmul with cross-entropy's log-softmax). Timed on the
@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 
-from ...edits import PRECISION, EditSpec
+from ...analysis.source import dotted_name
+from ...edits import PRECISION, ByHand, EditSpec
 from ...findings import Evidence, Finding, Fix
 from ...requests import OwnTrial
 from ..rule import Detect, Measured, Rule, TimeLeft, register
@@ -47,6 +48,7 @@ from ._common import (
 
 if TYPE_CHECKING:
     from ...analysis.context import Context
+    from ...sites import Site
     from ...record.loss_capture import EagerLoss
 
 
@@ -82,6 +84,21 @@ class EagerLossEvidence(Evidence):
     input_shape: tuple[int, ...]
 
 
+def _loss_as_written(ctx: Context, site: Site | None, function: str) -> tuple[str, bool]:
+    """The loss's call as the script writes it at ``site`` (``self.criterion(logits, y)`` for an nn loss module), and
+    whether that is a call of the function itself (``F.cross_entropy(...)``), which the edit can move."""
+    index = ctx.sources.get(site.file) if site is not None else None
+    if index is None or site is None:
+        return f"F.{function}", True
+    calls = sorted(
+        (n for n in ast.walk(index.tree) if isinstance(n, ast.Call) and n.lineno == site.line),
+        key=lambda n: n.col_offset,
+    )
+    if any(dotted_name(c.func).split(".")[-1] == function for c in calls) or not calls:
+        return f"F.{function}", True
+    return f"`{ast.unparse(calls[0])}` (F.{function})", False
+
+
 def loss_outside(ctx: Context) -> Iterator[Finding]:
     loss, model = ctx.eager_loss, compiled_model(ctx)
     if loss is None or model is None or ctx.capture is None:
@@ -89,12 +106,13 @@ def loss_outside(ctx: Context) -> Iterator[Finding]:
     ops = ", ".join(loss.between[:3]) + (", ..." if len(loss.between) > 3 else "")
     via = f" (after {len(loss.between)} eager op(s) on it: {ops})" if loss.between else ""
     call = f"F.{loss.function}"
+    written, _ = _loss_as_written(ctx, loss.site, loss.function)
     f = Finding(
         "compile-loss-eager",
         site=loss.site,
         category="compute",
         message=(
-            f"The loss, {call}, runs outside the compiled graph on the compiled model's output{via}: its forward "
+            f"The loss, {written}, runs outside the compiled graph on the compiled model's output{via}: its forward "
             "and backward run op by op, and torch.compile cannot fuse it with the model's last ops."
         ),
         fix=Fix(
@@ -166,6 +184,10 @@ def edit(ctx: Context, f: Finding) -> EditSpec:
     ``torch.compile`` call, as written), called in its place: the model and the loss as one graph. Other kernels: the
     loss is held to the numerics guard, not bitwise."""
     loss = f.evidence_as(EagerLossEvidence).loss
+    written, direct = _loss_as_written(ctx, f.site, loss)
+    if not direct:
+        # An nn loss module (`self.criterion`): the function to compile with the model is not written on this line.
+        raise ByHand(f"the loss is {written}, an nn loss module's call; {f.fix.pytorch}")
     keywords = ", ".join(ast.unparse(k) for k in _model_compile(ctx, f).keywords)
     label = f"F.{loss} compiled with the model as one function ({keywords or 'torch.compile defaults'})"
     return EditSpec("compile_loss", label, {"loss": loss, "compile": keywords}, numerics=PRECISION)

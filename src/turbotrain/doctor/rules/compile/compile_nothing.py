@@ -27,7 +27,8 @@ from ...requests import OwnTrial
 from ..rule import Detect, Measured, Rule, TimeLeft, register
 from ._common import Variant, compile_result, seconds_text, submodule_path, time_variants, user_codes
 from ._compile_calls import DROPPED, IN_PLACE, UNUSED, compile_calls_that_ran, in_place_compiled
-from .compile_pays_back import RUN_UNIT, pays_after, run_length
+from ._common import RUN_UNIT, run_length
+from .compile_pays_back import pays_after
 
 if TYPE_CHECKING:
     from ...analysis.context import Context

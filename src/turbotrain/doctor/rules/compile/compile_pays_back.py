@@ -31,6 +31,7 @@ from ...requests import OwnTrial
 from ..rule import Detect, Measured, Rule, TimeLeft, register
 from ._compile_calls import IN_PLACE, compile_calls_that_ran, in_place_compiled
 from ._common import (
+    RUN_UNIT,
     CachedCompile,
     compile_calls,
     compile_result,
@@ -44,6 +45,7 @@ from ._common import (
     compiled_model,
     eager_copy,
     recompiled,
+    run_length,
     seconds_text,
     time_variants,
     user_breaks,
@@ -72,29 +74,7 @@ def pays_after(compile_s: float, eager_s: float, compiled_s: float) -> int | Non
     return math.ceil(compile_s / saved) if saved > 0 else None
 
 
-# What a ratio over a run of known length is of: its training steps and its compiling.
-RUN_UNIT = "whole run's time, compiling included"
 SLOWER_EAGER = 2.0  # untimed, a run whose compile would need eager steps this much slower to pay back rates medium
-
-
-@dataclass(frozen=True)
-class RunLength:
-    """The steps of the whole run: where the script ended by itself (``ended``), or where its stepping loop's
-    length was read (``loop``: what ends it and where, as said)."""
-
-    steps: int
-    ended: bool
-    loop: str = ""
-
-
-def run_length(ctx: Context) -> RunLength | None:
-    if ctx.run_steps:
-        return RunLength(ctx.run_steps, ended=True)
-    planned = ctx.planned_steps
-    if planned is None:
-        return None
-    steps, loop = planned
-    return RunLength(steps, ended=False, loop=f"`{loop.code}` at {ctx.where(loop.site)}")
 
 
 def _beside_the_run(ctx: Context, compile_s: float) -> tuple[str, float]:

@@ -29,13 +29,14 @@ import torch
 
 from ...edits import ByHand, EditSpec
 from ...findings import Evidence, Finding
-from ...record.compile_watch import CHANGED_VALUE, NEW_SHAPE, CompiledCode, Recompile
+from ...record.compile_watch import CHANGED_VALUE, GRAD_MODE, NEW_SHAPE, CompiledCode, Recompile
 from ...requests import OwnTrial
 from ..rule import Detect, Measured, Rule, TimeLeft, register
 from ._common import (
     Batch,
     PairTiming,
     Variant,
+    compile_decorator,
     compile_edit,
     compiled_model,
     eager_copy,
@@ -249,12 +250,15 @@ def edit(ctx: Context, f: Finding) -> EditSpec:
     """``dynamic=True`` in the script's one ``torch.compile(...)`` call, for recompiles on new shapes; the other
     kinds are a change of what the script passes."""
     evidence = _evidence(f)
+    if evidence.kind == GRAD_MODE:
+        raise ByHand("a graph per grad mode is compiled once each, not per step: nothing to edit")
     if evidence.kind != NEW_SHAPE:
         raise ByHand(f"recompiles for {kind_words(evidence.kind)}: {f.fix.pytorch}")
     fix = "torch.compile(..., dynamic=True)"
-    index, call = one_compile_call(ctx, fix, f"{evidence.code}()")
+    # The function's own @torch.compile where it has one, else the script's one torch.compile(...) call.
+    index, call = compile_decorator(ctx, evidence.code_at) or one_compile_call(ctx, fix, f"{evidence.code}()")
     # dynamic=False (one graph per length) is the choice the fix reverses; any other value is the user's to change.
-    if any(
+    if isinstance(call, ast.Call) and any(
         k.arg == "dynamic" and not (isinstance(k.value, ast.Constant) and k.value.value is False) for k in call.keywords
     ):
         raise ByHand(f"{index.site(call).where(ctx.base)} sets dynamic= already: {f.fix.pytorch}")
@@ -284,7 +288,8 @@ def measure(ctx: Context, f: Finding, budget: TimeLeft) -> Measured | None:
     def say(timing: PairTiming, steps_differ: bool) -> str:
         return dynamic_note(timing, steps_differ, paid_s, len(code.recompiles), len(others), fell_back)
 
-    return measured_pair(ctx, budget, script, dynamic, say, code.first_compile_s, paid_s, others)
+    # Not priced over the run from one batch: dynamic=True's compiling replaces the recompiles for other lengths.
+    return measured_pair(ctx, budget, script, dynamic, say, code.first_compile_s, paid_s, others, over_run=False)
 
 
 def dynamic_note(
