@@ -266,3 +266,30 @@ def test_attention_by_hand_beside_a_fused_branch_is_found_when_its_softmax_ran(t
     assert f"scaled_dot_product_attention (line {line_of(ctx, 'F.scaled_dot_product_attention')}) runs only where " \
            "`FLASH` is true; this run took the hand-written branch" in f.message
     assert f.fix.pytorch.endswith("or take the script's own branch that calls it (make `FLASH` true)")
+
+
+MODE_SETTER = """
+import torch
+
+def build_model(phase):
+    model = torch.nn.Linear(4, 4)
+    if phase == "eval":
+        model.eval()
+    else:
+        model.train()
+    model.to("cpu")
+    return model
+
+def validate(model, loader):
+    model.eval()
+    return evaluate(model, loader)
+"""
+
+
+def test_a_function_that_only_sets_the_mode_evaluates_nothing(tmp_path):
+    """nanochat's checkpoint_manager.build_model switches the loaded model to eval and returns it: `--fix` wrapped
+    that if/else in inference_mode, which changes nothing. A function that hands the model on to an evaluation is
+    still named."""
+    ctx = context_for(tmp_path, MODE_SETTER)
+    evals = [n for n, t in enumerate(open(ctx.script).read().splitlines(), 1) if "model.eval()" in t]
+    assert [line for line, _ in found(ctx, "grad-in-validation")] == evals[1:]  # validate's, not build_model's

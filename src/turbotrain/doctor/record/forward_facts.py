@@ -91,6 +91,10 @@ def forward_facts(module: nn.Module, args: tuple, kwargs: dict | None, compiled:
         input_channels_last=bool(images)
         and images[0].is_contiguous(memory_format=torch.channels_last)
         and not images[0].is_contiguous(),
+        weights_channels_last=any(
+            p.dim() == 4 and p.is_contiguous(memory_format=torch.channels_last) and not p.is_contiguous()
+            for p in module.parameters()
+        ),
         batch_size=rows,
         batch_dim=dim,
         cudnn_benchmark=bool(torch.backends.cudnn.benchmark),

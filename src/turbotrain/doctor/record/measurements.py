@@ -147,6 +147,8 @@ class ForwardFacts:
     compiled: bool = False
     input_shapes: tuple[tuple[int, ...], ...] = ()
     input_channels_last: bool = False
+    # Conv weights in channels_last: torch's convolution then computes NHWC whatever layout its input has.
+    weights_channels_last: bool = False
     batch_size: int | None = None
     batch_dim: int = 0  # 1 for an RNN fed [seq, batch, ...] (no batch_first)
     cudnn_benchmark: bool = False

@@ -13,7 +13,7 @@ from ...measure import Trial, judge, run_trial, time_loader
 from ..findings import Finding
 from ..requests import ThreadsRequest
 from ..results import LoaderResult, ThreadSetting, ThreadsResult
-from ..rules.data.num_workers import workers_fix
+from ..rules.data.num_workers import no_faster_count_fix, workers_fix
 from ..rules.machine.cpu_oversubscribed import ThreadsEvidence, threads_fix
 from .outcome import Judged, Note, Outcome, Projected, model_share, not_measured
 from .common import Budget, ModelTrials, interleaved_rounds, surrogate_step
@@ -201,7 +201,7 @@ def loader_trial(ctx: Context, finding: Finding, budget: Budget) -> Outcome | No
         pair_ratio=round(now / projected(best), 3) if projected(best) > 0 else 1.0,
         pair_rounds=1,
     )  # one timing each
-    fix = workers_fix(best) if best != current else None
+    fix = workers_fix(best) if best != current else no_faster_count_fix(current, rates) if len(rates) > 1 else None
     if best != current and ctx.capture is not None:
         verified = _verify_workers(ctx, budget, current, best, result)
         if verified is not None:

@@ -1,7 +1,8 @@
 """`num-workers`: the step waits on data (DataLoader with too few workers, or batches built in the loop).
 
 Reads: run.
-Edit: `num_workers=N, persistent_workers=True` in that `DataLoader(...)` call (N: the what-if's best count).
+Edit: `num_workers=N, persistent_workers=True` in that `DataLoader(...)` call (N: the what-if's best count; none where
+the what-if found no count faster than the script's).
 """
 
 from __future__ import annotations
@@ -37,6 +38,17 @@ def workers_fix(workers: int) -> Fix:
         lightning=f"DataLoader(..., num_workers={workers}) (Lightning passes your loader through)",
         accelerate=f"DataLoader(..., num_workers={workers}) before accelerator.prepare(...)",
         hf_trainer=f"TrainingArguments(dataloader_num_workers={workers})",
+    )
+
+
+def no_faster_count_fix(current: int, rates: dict[int, float]) -> Fix:
+    """The fix where the loader rates measured no worker count faster than the script's own: more workers do not
+    help, each batch's own building is what the step waits on."""
+    said = ", ".join(f"{workers} worker(s) {rate:.0f}" for workers, rate in rates.items())
+    return Fix(
+        f"Keep num_workers={current}: no count loaded faster here (batches/s: {said}). The wait is each batch's own "
+        "building: make it cheaper (a transform done once on the whole dataset, or on the batch rather than per "
+        "sample)"
     )
 
 
@@ -166,6 +178,8 @@ def edit(ctx: Context, f: Finding) -> EditSpec:
             "the batches are built in the loop, not by a DataLoader: move that work into a Dataset "
             "read by DataLoader(..., num_workers=N)"
         )
+    if f.fix.plan is None and f.measured:  # the loader rates found no count faster than the script's
+        raise ByHand("no worker count loaded faster than the script's own: nothing to edit at the DataLoader")
     workers = int((f.fix.plan or {}).get("num_workers", 2))
     params: dict[str, Any] = {"num_workers": workers}
     if workers > 0:

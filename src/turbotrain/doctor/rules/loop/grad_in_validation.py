@@ -121,6 +121,29 @@ def _called_without_grad(ctx: Context, index: SourceIndex, call: ast.Call) -> bo
     return bool(ctx.function_ran(index.site(call)) and ctx.seen("eval_forward") and not ctx.seen("eval_grad_forward"))
 
 
+_MODE_AND_PLACE = ("eval", "train", "to", "cpu", "cuda", "requires_grad_", "zero_grad")
+
+
+def _evaluates_after(scope: ast.AST, call: ast.Call) -> bool:
+    """Whether ``scope`` uses the module switched to eval mode after ``call`` for anything but setting its mode or
+    place: calls it (``model(x)``, ``model.generate(...)``) or hands it to a call (``evaluate(model, loader)``). A
+    function that only switches the mode and returns the module (nanochat's ``build_model``: ``if phase == "eval":
+    model.eval() else: model.train()``) evaluates nothing there."""
+    assert isinstance(call.func, ast.Attribute)  # the caller checked
+    module = ast.unparse(call.func.value)
+    for node in ast.walk(scope):
+        if not isinstance(node, ast.Call) or (node.lineno, node.col_offset) <= (call.lineno, call.col_offset):
+            continue
+        func = node.func
+        if ast.unparse(func) == module:
+            return True
+        if isinstance(func, ast.Attribute) and ast.unparse(func.value) == module and func.attr not in _MODE_AND_PLACE:
+            return True
+        if any(ast.unparse(a) == module for a in [*node.args, *(k.value for k in node.keywords)]):
+            return True
+    return False
+
+
 def grad_in_validation_static(ctx: Context) -> Iterator[Finding]:
     for index in sources(ctx):
         for call, name in index.calls("eval"):
@@ -130,6 +153,8 @@ def grad_in_validation_static(ctx: Context) -> Iterator[Finding]:
             scope = func if func is not None else index.tree
             text = ast.unparse(scope)
             if "no_grad" in text or "inference_mode" in text or _called_without_grad(ctx, index, call):
+                continue
+            if not _evaluates_after(scope, call):
                 continue
             yield static_finding(
                 "grad-in-validation",

@@ -1,4 +1,5 @@
-"""`channels-last`: a conv net in NCHW (timed).
+"""`channels-last`: a conv net in NCHW (timed): neither its images nor its conv weights are channels_last (torch's
+convolution computes NHWC where either is).
 
 Reads: model.
 """
@@ -16,9 +17,10 @@ if TYPE_CHECKING:
 
 
 def channels_last(ctx: Context) -> Iterator[Finding]:
-    if not for_this_model(ctx, "channels_last") or ctx.facts.input_channels_last:
+    facts = ctx.facts
+    if not for_this_model(ctx, "channels_last") or facts.input_channels_last or facts.weights_channels_last:
         return
-    if not any(len(s) == 4 for s in ctx.facts.input_shapes):
+    if not any(len(s) == 4 for s in facts.input_shapes):
         return
     f = switch_finding(
         ctx,
