@@ -606,6 +606,22 @@ def test_recompiles_of_a_decorated_function_get_dynamic_at_its_own_decorator(tmp
     assert spec.params == {"keywords": {"dynamic": True}}
 
 
+def test_recompiles_for_new_tensor_ranks_are_not_given_dynamic_true():
+    """nanochat's fused AdamW, compiled with dynamic=False, is called on its 1-D and its 2-D parameters: each rank
+    compiles once, and dynamic=True would not share a graph across ranks."""
+    from turbotrain.doctor.edits import ByHand
+    from turbotrain.doctor.rules.compile.compile_recompile import edit
+
+    ranks = [recompile(NEW_SHAPE, f"tensor 'p' rank mismatch. expected {a}, actual {b}") for a, b in ((2, 1), (1, 2))]
+    [f] = findings(context(code(recompiles=ranks)), "compile-recompile")
+    assert "different ranks" in f.fix.pytorch and "dynamic=True cannot" in f.fix.pytorch
+    with pytest.raises(ByHand, match="new tensor ranks"):
+        edit(context(), f)
+    sizes = [recompile(NEW_SHAPE, "tensor 'G' size mismatch at index 1. expected 216, actual 288")]
+    [f] = findings(context(code(recompiles=ranks + sizes)), "compile-recompile")
+    assert f.fix.pytorch.startswith("torch.compile(model, dynamic=True)")
+
+
 def test_a_fix_that_compiles_longer_rates_low_where_the_run_is_too_short_to_win_it_back():
     """The lightning template's loss compiled in: 2.4 s more compiling for 0.12 ms a step pays after ~20,800 steps;
     its run has 430. Compiling less, a slower step, or a long enough run: nothing to say."""

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 import torch
 
 from ...edits import ByHand, EditSpec
-from ...findings import Evidence, Finding
+from ...findings import Evidence, Finding, Fix
 from ...record.compile_watch import CHANGED_VALUE, GRAD_MODE, NEW_SHAPE, CompiledCode, Recompile
 from ...requests import OwnTrial
 from ..rule import Detect, Measured, Rule, TimeLeft, register
@@ -173,7 +173,7 @@ def recompiles(ctx: Context) -> Iterator[Finding]:
                 + (f", against {seconds_text(watched)} of the steps watched" if watched else "")
                 + f". First failed guard: {first.guard}."
             ),
-            fix=fix_for(kind),
+            fix=_RANKS_FIX if _ranks_only(kept) else fix_for(kind),
             evidence=RecompileEvidence(
                 code=code.name,
                 code_at=_code_at(code),
@@ -202,6 +202,18 @@ def recompiles(ctx: Context) -> Iterator[Finding]:
         )
         f.request = _trial(ctx, kind)
         yield f
+
+
+_RANKS_FIX = Fix(
+    "Nothing per step: the calls pass tensors of different ranks (1-D and 2-D), and a graph is compiled once for "
+    "each; dynamic=True cannot make one graph serve two ranks. To compile fewer, call it with one rank only (stack "
+    "or reshape the tensors alike)"
+)
+
+
+def _ranks_only(recompiles: list[Recompile]) -> bool:
+    """Every recompile for a new tensor rank (nanochat's fused AdamW over its 1-D and 2-D parameters)."""
+    return all("rank mismatch" in r.guard for r in recompiles)
 
 
 def size_guards(recompiles: list[Recompile]) -> tuple[str, int, list[int]] | None:
@@ -254,6 +266,8 @@ def edit(ctx: Context, f: Finding) -> EditSpec:
         raise ByHand("a graph per grad mode is compiled once each, not per step: nothing to edit")
     if evidence.kind != NEW_SHAPE:
         raise ByHand(f"recompiles for {kind_words(evidence.kind)}: {f.fix.pytorch}")
+    if isinstance(evidence, RecompileEvidence) and all("rank mismatch" in r.guard for r in evidence.recompiles):
+        raise ByHand("recompiles for new tensor ranks, which dynamic=True does not share a graph across")
     fix = "torch.compile(..., dynamic=True)"
     # The function's own @torch.compile where it has one, else the script's one torch.compile(...) call.
     index, call = compile_decorator(ctx, evidence.code_at) or one_compile_call(ctx, fix, f"{evidence.code}()")
