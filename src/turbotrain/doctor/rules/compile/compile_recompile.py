@@ -193,10 +193,13 @@ def recompiles(ctx: Context) -> Iterator[Finding]:
             ),
         )
         # A new length recompiles once, then torch makes the dimension dynamic: only repeats keep costing.
+        ranks = _ranks_only(kept)
         repeated = sum(r.kind == NEW_SHAPE for r in kept) >= 2 or sum(r.kind == CHANGED_VALUE for r in kept) >= 2
-        f.provisional("medium" if repeated else "low")
+        f.provisional("medium" if repeated and not ranks else "low")
         f.note = "Paid again for every new input of this kind (compile seconds are torch's own count); " + (
-            "these recompiles repeated: each new value costs another compile."
+            "a graph per tensor rank, each compiled once."
+            if ranks
+            else "these recompiles repeated: each new value costs another compile."
             if repeated
             else "after one recompile for a new length torch makes that dimension dynamic."
         )
