@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.parameter import is_lazy
 
 from ...data.transfer import batch_size_of, tensors_in
 from .recording import Capture
@@ -91,15 +92,22 @@ def forward_facts(module: nn.Module, args: tuple, kwargs: dict | None, compiled:
         input_channels_last=bool(images)
         and images[0].is_contiguous(memory_format=torch.channels_last)
         and not images[0].is_contiguous(),
-        weights_channels_last=any(
-            p.dim() == 4 and p.is_contiguous(memory_format=torch.channels_last) and not p.is_contiguous()
-            for p in module.parameters()
-        ),
+        weights_channels_last=any(_channels_last(p) for p in module.parameters()),
         batch_size=rows,
         batch_dim=dim,
         cudnn_benchmark=bool(torch.backends.cudnn.benchmark),
         unbatched=single,
         whole_graph=whole_graph(inputs, rows),
+    )
+
+
+def _channels_last(weight: torch.Tensor) -> bool:
+    """A 4-D weight laid out channels_last (a lazy module's weight before its first forward has no layout yet)."""
+    return (
+        not is_lazy(weight)
+        and weight.dim() == 4
+        and weight.is_contiguous(memory_format=torch.channels_last)
+        and not weight.is_contiguous()
     )
 
 
