@@ -606,6 +606,21 @@ def test_recompiles_of_a_decorated_function_get_dynamic_at_its_own_decorator(tmp
     assert spec.params == {"keywords": {"dynamic": True}}
 
 
+def test_a_module_compiled_in_place_gives_up_its_settings():
+    """airbench compiles its model with `model.compile(mode="max-autotune")`: compile-pays-back's trial compiled it
+    with Inductor's defaults, for want of the settings an OptimizedModule keeps as dynamo_ctx."""
+    from turbotrain.doctor.rules.compile._common import (
+        backend_name, dynamo_context, script_backend_config, script_dynamic)
+
+    model = torch.nn.Linear(3, 3)
+    assert dynamo_context(model) is None
+    model.compile(mode="max-autotune", dynamic=False)
+    assert dynamo_context(model) is not None and script_dynamic(model) is False
+    assert backend_name(model) == "inductor" and script_backend_config(model)["max_autotune"] is True
+    wrapped = torch.compile(torch.nn.Linear(3, 3), dynamic=True)
+    assert dynamo_context(wrapped) is wrapped.dynamo_ctx and script_dynamic(wrapped) is True
+
+
 def test_recompiles_for_new_tensor_ranks_are_not_given_dynamic_true():
     """nanochat's fused AdamW, compiled with dynamic=False, is called on its 1-D and its 2-D parameters: each rank
     compiles once, and dynamic=True would not share a graph across ranks."""

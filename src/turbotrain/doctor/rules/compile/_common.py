@@ -193,9 +193,21 @@ def _fresh_backend(backend: Any) -> Any:
     return again
 
 
+def dynamo_context(model: torch.nn.Module) -> Any:
+    """The settings torch.compile kept for ``model``: an OptimizedModule's ``dynamo_ctx``, or for a module compiled
+    in place (``model.compile(mode=...)``) the one its compiled call closes over; None where there is none."""
+    found = getattr(model, "dynamo_ctx", None)
+    if found is not None:
+        return found
+    call = getattr(model, "_compiled_call_impl", None)
+    # torch keeps it in the compiled function's closure only: private, no other way to read it.
+    cells = [c.cell_contents for c in getattr(call, "__closure__", None) or ()]
+    return next((c for c in cells if hasattr(c, "callback") and hasattr(c, "_dynamic")), None)
+
+
 def _script_backend(model: torch.nn.Module) -> Any:
     """The backend the script gave torch.compile (mode and options inside), None where torch does not say."""
-    callback = model.dynamo_ctx.callback  # type: ignore[union-attr]  # an OptimizedModule has one
+    callback = getattr(dynamo_context(model), "callback", None)
     # torch keeps it on the frame converter: private, no other way to read it.
     return getattr(getattr(callback, "_torchdynamo_orig_backend", None), "_torchdynamo_orig_backend", None)
 
@@ -214,7 +226,7 @@ def backend_name(model: torch.nn.Module) -> str:
 
 def script_dynamic(model: torch.nn.Module) -> bool | None:
     """The ``dynamic=`` the script compiled its model with (None: torch's default, dynamic after one new shape)."""
-    return getattr(model.dynamo_ctx, "_dynamic", None)
+    return getattr(dynamo_context(model), "_dynamic", None)
 
 
 def recompiled(model: torch.nn.Module, dynamic: bool | None | Literal["script"] = "script") -> torch.nn.Module:
@@ -234,7 +246,7 @@ def compiled_like(
         module,
         backend=_fresh_backend(backend) if backend is not None else "inductor",
         dynamic=script_dynamic(model) if dynamic == "script" else dynamic,
-        fullgraph=bool(getattr(model.dynamo_ctx, "fullgraph", False)),
+        fullgraph=bool(getattr(dynamo_context(model), "fullgraph", False)),
     )
 
 

@@ -42,7 +42,9 @@ from ._common import (
     Variant,
     backend_name,
     compile_seconds,
+    compiled_like,
     compiled_model,
+    dynamo_context,
     eager_copy,
     recompiled,
     run_length,
@@ -253,6 +255,11 @@ def measure(ctx: Context, f: Finding, budget: TimeLeft) -> Measured | None:
         compiled = Variant("compiled as the script compiles it", recompiled(model))
         eager = Variant("eager (no torch.compile)", eager_copy(model), compiles=False)
         backend = backend_name(model)
+    elif inner is not None and dynamo_context(inner) is not None:
+        # Compiled in place (inner.compile(mode=...)): a copy compiled with the settings torch kept for it.
+        compiled = Variant("compiled as the script compiles it", compiled_like(inner, copy_for_trial(inner)))
+        eager = Variant("eager (no torch.compile)", copy_for_trial(inner), compiles=False)
+        backend = backend_name(inner)
     elif inner is not None:
         alone: torch.nn.Module = torch.compile(copy_for_trial(inner))  # type: ignore[assignment]  # a Module in, out
         compiled = Variant("compiled with Inductor's default options", alone)
@@ -268,7 +275,7 @@ def measure(ctx: Context, f: Finding, budget: TimeLeft) -> Measured | None:
     hits, misses = sum(c.cache_hits for c in codes), sum(c.cache_misses for c in codes)
     # Inductor keeps compiled graphs on disk: where the run compiled them anew, a fresh compile is timed reading them.
     cached = cached_compile(ctx, model, budget) if model is not None and backend == "inductor" and not hits else None
-    alike = "" if inner is None else _compiled_alike(inner, codes)
+    alike = "" if inner is None or dynamo_context(inner) is not None else _compiled_alike(inner, codes)
     note = " ".join(
         filter(None, [note, alike, cache_note(hits, hits + misses, first + again, cached, inductor_cache_dir())])
     )
