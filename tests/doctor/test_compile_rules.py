@@ -621,6 +621,28 @@ def test_a_module_compiled_in_place_gives_up_its_settings():
     assert dynamo_context(wrapped) is wrapped.dynamo_ctx and script_dynamic(wrapped) is True
 
 
+def test_recompiles_of_one_code_for_two_reasons_are_two_findings_each_with_its_fix():
+    """modded-nanogpt's compiled forward recompiled four times for evaluation under no_grad and once (17 s) for a
+    rotary cache that is None until the first call: one finding gave the grad-mode fix for both."""
+    from turbotrain.doctor.record.compile_watch import GRAD_MODE
+
+    rotary = "self._modules['rotary'].seq_len_cached is None"
+    rows = [recompile(GRAD_MODE, "GLOBAL_STATE changed: grad_mode", line=553)] * 4 + [
+        recompile(CHANGED_VALUE, rotary, line=586)]
+    grad, cache = findings(context(code(recompiles=rows)), "compile-recompile")
+    assert (grad.evidence.kind, len(grad.evidence.recompiles), cache.evidence.kind) == (GRAD_MODE, 4, CHANGED_VALUE)
+    assert (grad.site.line, cache.site.line) == (553, 586)
+    assert "Nothing per step" in grad.fix.pytorch and "1 more at other lines, said apart" in grad.message
+    assert cache.fix.pytorch.startswith("The module fills this attribute on its first call")
+    assert f"First failed guard: {rotary}." in cache.message and cache.severity == "low"
+    [value] = findings(context(code(recompiles=[recompile(CHANGED_VALUE, "L['n'] == 3")] * 2)), "compile-recompile")
+    assert "as a tensor" in value.fix.pytorch and value.severity == "medium"
+    # Two reasons at one line stay one finding (one per rule and line), its fix the most frequent reason's.
+    same_line = [dataclasses.replace(r, site=site(41, "main"), caller=site(41, "main")) for r in rows]
+    [one] = findings(context(code(recompiles=same_line)), "compile-recompile")
+    assert one.evidence.kind == GRAD_MODE and len(one.evidence.recompiles) == 5
+
+
 def test_recompiles_for_new_tensor_ranks_are_not_given_dynamic_true():
     """nanochat's fused AdamW, compiled with dynamic=False, is called on its 1-D and its 2-D parameters: each rank
     compiles once, and dynamic=True would not share a graph across ranks."""

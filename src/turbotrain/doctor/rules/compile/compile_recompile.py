@@ -5,15 +5,18 @@ or eager after the limit), then stepped on the lengths the failed guards name, c
 them.
 
 Reads: run + model.
-Edit: `dynamic=True` in the script's one `torch.compile(...)` call (replacing a `dynamic=False`), for recompiles on
-new shapes (by hand where the script has several, or for another guard).
+Edit: `dynamic=True` at the recompiling function's own `@torch.compile` (a bare one made a call), else in the
+script's one `torch.compile(...)` call (replacing a `dynamic=False`), for recompiles on new shapes (by hand where the
+script has several, for new tensor ranks, or for another guard).
 
-One finding per compiled code that recompiled, at the user line whose call brought the new input: the guards that
-failed, classified (a new shape, dtype, Python value or object), and the compile seconds they cost as torch counted
-them, against the steps watched. A code that hit the recompile limit runs eagerly from then on: ``high``. New shapes
-of the captured model are timed: ``dynamic=True`` (fresh compile) against the model as the script runs it (compiled
-as the script compiles it, or eager after the limit) on the captured batch, interleaved, and stepped on the other
-lengths the failed guards name, counting the graphs it compiles for them.
+One finding per compiled code that recompiled and user line whose call brought new inputs (the training call, the
+evaluation's): the guards that failed, classified (a new shape, dtype, Python value, object or grad mode), and the
+compile seconds they cost as torch counted them, against the steps watched; its fix the most frequent kind's, or for
+new tensor ranks and for an attribute that is None until the first call, their own. A code that hit the recompile
+limit runs eagerly from then on: ``high``. New shapes of the captured model are timed: ``dynamic=True`` (fresh
+compile) against the model as the script runs it (compiled as the script compiles it, or eager after the limit) on
+the captured batch, interleaved, and stepped on the other lengths the failed guards name, counting the graphs it
+compiles for them.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ from ._recompile_fix import fix_for, kind_words
 
 if TYPE_CHECKING:
     from ...analysis.context import Context
+    from ...sites import Site
 
 # torch's text for a failed size guard: "tensor 'tokens' size mismatch at index 1. expected 16, actual 21"
 _SIZE_GUARD = re.compile(
@@ -157,54 +161,76 @@ def recompiles(ctx: Context) -> Iterator[Finding]:
             yield _fallback_finding(ctx, code)
             continue
         kept = user_recompiles(code)
-        if not kept:
-            continue
-        first = kept[0]
-        kind = Counter(r.kind for r in kept).most_common(1)[0][0]
-        seconds = sum(r.seconds for r in kept)
-        watched = _watched_s(ctx)
-        f = Finding(
-            "compile-recompile",
-            site=first.caller or first.site or code.site,
-            category="python_overhead",
-            message=(
-                f"torch.compile compiled {code.name}() {len(kept)} more time(s) ({_kinds(kept)}): "
-                f"{seconds_text(seconds)} of compiling"
-                + (f", against {seconds_text(watched)} of the steps watched" if watched else "")
-                + f". First failed guard: {first.guard}."
+        by_line: dict[Site | None, list[Recompile]] = {}
+        for r in kept:
+            by_line.setdefault(r.caller or r.site, []).append(r)
+        # One finding per line that brought new inputs (one per rule and line is what the report keeps): each its
+        # cause and fix (modded-nanogpt's forward recompiled four times for its evaluation under no_grad, and once,
+        # at the training call, for a rotary cache filled on the first call).
+        for rows in sorted(by_line.values(), key=len, reverse=True):
+            yield _line_finding(ctx, code, rows, len(kept))
+
+
+def _line_finding(ctx: Context, code: CompiledCode, kept: list[Recompile], of_code: int) -> Finding:
+    """The recompiles of ``code`` one line brought (``of_code``: all of its recompiles)."""
+    first = kept[0]
+    kind = Counter(r.kind for r in kept).most_common(1)[0][0]
+    seconds = sum(r.seconds for r in kept)
+    watched = _watched_s(ctx)
+    others = f"; {of_code - len(kept)} more at other lines, said apart" if of_code > len(kept) else ""
+    f = Finding(
+        "compile-recompile",
+        site=first.caller or first.site or code.site,
+        category="python_overhead",
+        message=(
+            f"torch.compile compiled {code.name}() {len(kept)} more time(s) ({_kinds(kept)}{others}): "
+            f"{seconds_text(seconds)} of compiling"
+            + (f", against {seconds_text(watched)} of the steps watched" if watched else "")
+            + f". First failed guard: {first.guard.rstrip('.')}."
+        ),
+        fix=_RANKS_FIX if _ranks_only(kept) else _FIRST_CALL_FIX if _filled_on_first_call(kept) else fix_for(kind),
+        evidence=RecompileEvidence(
+            code=code.name,
+            code_at=_code_at(code),
+            kind=kind,
+            recompiles=tuple(
+                RecompileRow(
+                    id=r.compile_id,
+                    kind=r.kind,
+                    guard=r.guard,
+                    where=ctx.where(r.caller or r.site),
+                    seconds=round(r.seconds, 3),
+                )
+                for r in kept
             ),
-            fix=_RANKS_FIX if _ranks_only(kept) else fix_for(kind),
-            evidence=RecompileEvidence(
-                code=code.name,
-                code_at=_code_at(code),
-                kind=kind,
-                recompiles=tuple(
-                    RecompileRow(
-                        id=r.compile_id,
-                        kind=r.kind,
-                        guard=r.guard,
-                        where=ctx.where(r.caller or r.site),
-                        seconds=round(r.seconds, 3),
-                    )
-                    for r in kept
-                ),
-                recompile_s=round(seconds, 3),
-                first_compile_s=round(code.first_compile_s, 3),
-            ),
-        )
-        # A new length recompiles once, then torch makes the dimension dynamic: only repeats keep costing.
-        ranks = _ranks_only(kept)
-        repeated = sum(r.kind == NEW_SHAPE for r in kept) >= 2 or sum(r.kind == CHANGED_VALUE for r in kept) >= 2
-        f.provisional("medium" if repeated and not ranks else "low")
-        f.note = "Paid again for every new input of this kind (compile seconds are torch's own count); " + (
-            "a graph per tensor rank, each compiled once."
-            if ranks
-            else "these recompiles repeated: each new value costs another compile."
-            if repeated
-            else "after one recompile for a new length torch makes that dimension dynamic."
-        )
-        f.request = _trial(ctx, kind)
-        yield f
+            recompile_s=round(seconds, 3),
+            first_compile_s=round(code.first_compile_s, 3),
+        ),
+    )
+    # A new length recompiles once, then torch makes the dimension dynamic: only repeats keep costing.
+    ranks = _ranks_only(kept)
+    repeated = sum(r.kind == NEW_SHAPE for r in kept) >= 2 or sum(r.kind == CHANGED_VALUE for r in kept) >= 2
+    f.provisional("medium" if repeated and not ranks else "low")
+    f.note = "Paid again for every new input of this kind (compile seconds are torch's own count); " + (
+        "a graph per tensor rank, each compiled once."
+        if ranks
+        else "these recompiles repeated: each new value costs another compile."
+        if repeated
+        else "after one recompile for a new length torch makes that dimension dynamic."
+    )
+    f.request = _trial(ctx, kind)
+    return f
+
+
+_FIRST_CALL_FIX = Fix(
+    "The module fills this attribute on its first call (a cache that is None before it): fill it in __init__, or call "
+    "the module once before compiling it, so that its graph is compiled against the value it keeps"
+)
+
+
+def _filled_on_first_call(recompiles: list[Recompile]) -> bool:
+    """Recompiles on an attribute that was None the first time (``...rotary.seq_len_cached is None``)."""
+    return all(r.kind == CHANGED_VALUE and r.guard.rstrip(". ").endswith(" is None") for r in recompiles)
 
 
 _RANKS_FIX = Fix(
