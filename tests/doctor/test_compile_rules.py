@@ -643,6 +643,22 @@ def test_recompiles_of_one_code_for_two_reasons_are_two_findings_each_with_its_f
     assert one.evidence.kind == GRAD_MODE and len(one.evidence.recompiles) == 5
 
 
+def test_dynamic_true_is_timed_on_the_model_only_for_the_models_own_recompiles():
+    """modded-nanogpt's Muon step (a compiled function of its own) recompiled per weight shape: the trial timed the
+    captured GPT with dynamic=True against it as compiled, x1.01, which says nothing of the Muon step."""
+    from types import SimpleNamespace
+
+    from turbotrain.doctor.rules.compile.compile_recompile import _trial
+
+    model = torch.compile(torch.nn.Linear(2, 2))  # nothing compiles until it is called
+    forward = type(model._orig_mod).forward.__code__
+    ctx = SimpleNamespace(capture=SimpleNamespace(module=model))
+    own = dataclasses.replace(code(), code=Site(forward.co_filename, forward.co_firstlineno, "forward"))
+    assert _trial(ctx, NEW_SHAPE, own) is not None
+    assert _trial(ctx, NEW_SHAPE, code(name="zeropower_via_newtonschulz5")) is None
+    assert _trial(ctx, CHANGED_VALUE, own) is None
+
+
 def test_recompiles_for_new_tensor_ranks_are_not_given_dynamic_true():
     """nanochat's fused AdamW, compiled with dynamic=False, is called on its 1-D and its 2-D parameters: each rank
     compiles once, and dynamic=True would not share a graph across ranks."""

@@ -145,14 +145,20 @@ def _fallback_finding(ctx: Context, code: CompiledCode) -> Finding:
     )
     f.provisional("high")
     f.note = "Raising torch._dynamo.config.recompile_limit only delays it: fix what changes between calls."
-    f.request = _trial(ctx, fallback.kind)
+    f.request = _trial(ctx, fallback.kind, code)
     return f
 
 
-def _trial(ctx: Context, kind: str) -> OwnTrial | None:
-    """A trial of ``dynamic=True`` where new shapes recompiled the captured model and it is not dynamic already."""
+def _trial(ctx: Context, kind: str, code: CompiledCode) -> OwnTrial | None:
+    """A trial of ``dynamic=True`` where new shapes recompiled the captured model (``code`` is its forward, not a
+    function of its own such as a compiled optimizer step) and it is not dynamic already."""
     model = compiled_model(ctx)
-    return OwnTrial() if kind == NEW_SHAPE and model is not None and script_dynamic(model) is not True else None
+    if kind != NEW_SHAPE or model is None or script_dynamic(model) is True:
+        return None
+    forward = getattr(getattr(type(model._orig_mod), "forward", None), "__code__", None)
+    if forward is not None and (code.code.file, code.code.line) != (forward.co_filename, forward.co_firstlineno):
+        return None  # modded-nanogpt's Muon step recompiled: timing the model with dynamic=True says nothing of it
+    return OwnTrial()
 
 
 def recompiles(ctx: Context) -> Iterator[Finding]:
@@ -218,7 +224,7 @@ def _line_finding(ctx: Context, code: CompiledCode, kept: list[Recompile], of_co
         if repeated
         else "after one recompile for a new length torch makes that dimension dynamic."
     )
-    f.request = _trial(ctx, kind)
+    f.request = _trial(ctx, kind, code)
     return f
 
 
