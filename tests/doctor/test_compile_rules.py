@@ -659,6 +659,20 @@ def test_dynamic_true_is_timed_on_the_model_only_for_the_models_own_recompiles()
     assert _trial(ctx, CHANGED_VALUE, own) is None
 
 
+def test_running_the_model_eagerly_saves_only_its_own_compiling():
+    """nanochat compiles its model and, apart, its AdamW and Muon steps: compile-pays-back priced all 6.4 s against
+    an eager model, which still compiles the steps (its twin ran slower eagerly, where the doctor said x1.07)."""
+    from turbotrain.doctor.rules.compile.compile_pays_back import priced_codes
+
+    model = torch.compile(torch.nn.Linear(2, 2))
+    forward = type(model._orig_mod).forward.__code__
+    own = dataclasses.replace(code(), code=Site(forward.co_filename, forward.co_firstlineno, "forward"))
+    steps = [code(name="adamw_step_fused"), code(name="muon_step_fused")]
+    assert priced_codes([own, *steps], model) == ([own], ["adamw_step_fused", "muon_step_fused"])
+    assert priced_codes(steps, model) == (steps, [])  # none is its forward: a function that calls it, say
+    assert priced_codes([own, *steps], None) == ([own, *steps], [])
+
+
 def test_recompiles_for_new_tensor_ranks_are_not_given_dynamic_true():
     """nanochat's fused AdamW, compiled with dynamic=False, is called on its 1-D and its 2-D parameters: each rank
     compiles once, and dynamic=True would not share a graph across ranks."""

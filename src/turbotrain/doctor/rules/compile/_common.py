@@ -281,10 +281,17 @@ def torch_builtin(cls: type) -> bool:
     return cls.__module__.split(".")[0] == "torch"
 
 
-def compile_seconds(ctx: Context) -> tuple[float, float]:
-    """(first compiles, recompiles) in seconds, the script's codes only."""
-    codes = user_codes(ctx)
+def compile_seconds(ctx: Context, codes: Sequence[CompiledCode] | None = None) -> tuple[float, float]:
+    """(first compiles, recompiles) in seconds, the script's codes only (``codes``: those of them)."""
+    codes = user_codes(ctx) if codes is None else codes
     return sum(c.first_compile_s for c in codes), sum(r.seconds for c in codes for r in user_recompiles(c))
+
+
+def is_forward_of(model: torch.nn.Module, code: CompiledCode) -> bool:
+    """Whether ``code`` is the compiled model's own forward (not a function the script compiled apart, such as an
+    optimizer step); True where the forward's code cannot be read."""
+    forward = getattr(getattr(type(model._orig_mod), "forward", None), "__code__", None)
+    return forward is None or (code.code.file, code.code.line) == (forward.co_filename, forward.co_firstlineno)
 
 
 def eager_copy(model: torch.nn.Module) -> torch.nn.Module:

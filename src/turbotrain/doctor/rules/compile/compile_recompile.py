@@ -43,6 +43,7 @@ from ._common import (
     compile_edit,
     compiled_model,
     eager_copy,
+    is_forward_of,
     recompiled,
     script_dynamic,
     seconds_text,
@@ -155,10 +156,8 @@ def _trial(ctx: Context, kind: str, code: CompiledCode) -> OwnTrial | None:
     model = compiled_model(ctx)
     if kind != NEW_SHAPE or model is None or script_dynamic(model) is True:
         return None
-    forward = getattr(getattr(type(model._orig_mod), "forward", None), "__code__", None)
-    if forward is not None and (code.code.file, code.code.line) != (forward.co_filename, forward.co_firstlineno):
-        return None  # modded-nanogpt's Muon step recompiled: timing the model with dynamic=True says nothing of it
-    return OwnTrial()
+    # modded-nanogpt's Muon step recompiled: timing the model with dynamic=True says nothing of it.
+    return OwnTrial() if is_forward_of(model, code) else None
 
 
 def recompiles(ctx: Context) -> Iterator[Finding]:
