@@ -673,6 +673,18 @@ def test_running_the_model_eagerly_saves_only_its_own_compiling():
     assert priced_codes([own, *steps], None) == ([own, *steps], [])
 
 
+def test_a_run_about_even_either_way_keeps_compiling():
+    from turbotrain.doctor.rules.compile._common import RunLength
+    from turbotrain.doctor.rules.compile.compile_pays_back import _about_even
+
+    fix = _about_even(RunLength(40, ended=True), 44, eager_faster=False)
+    assert fix is not None and fix.pytorch.startswith("Keep torch.compile: over 40 steps")
+    assert "compiled is ahead from step 44 on" in fix.pytorch
+    assert _about_even(RunLength(40, ended=True), 292, eager_faster=True) is None  # then: train it eagerly
+    assert _about_even(None, 44, eager_faster=False) is None
+    assert _about_even(RunLength(40, ended=True), None, eager_faster=False) is None  # compiled never pays
+
+
 def test_recompiles_for_new_tensor_ranks_are_not_given_dynamic_true():
     """nanochat's fused AdamW, compiled with dynamic=False, is called on its 1-D and its 2-D parameters: each rank
     compiles once, and dynamic=True would not share a graph across ranks."""
