@@ -186,8 +186,8 @@ def edit(ctx: Context, f: Finding) -> EditSpec:
     loss = f.evidence_as(EagerLossEvidence).loss
     written, direct = _loss_as_written(ctx, f.site, loss)
     if not direct:
-        # An nn loss module (`self.criterion`): the function to compile with the model is not written on this line.
-        raise ByHand(f"the loss is {written}, an nn loss module's call; {f.fix.pytorch}")
+        # An nn loss module (`self.criterion`) or a function of the script's: no F.<loss> call on the line to move.
+        raise ByHand(f"the loss is called as {written}, not as F.{loss}(...) on this line; {f.fix.pytorch}")
     keywords = ", ".join(ast.unparse(k) for k in _model_compile(ctx, f).keywords)
     label = f"F.{loss} compiled with the model as one function ({keywords or 'torch.compile defaults'})"
     return EditSpec("compile_loss", label, {"loss": loss, "compile": keywords}, numerics=PRECISION)
