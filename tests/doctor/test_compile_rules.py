@@ -365,6 +365,12 @@ def test_compile_pays_back_after_the_steps_it_saves_and_says_plainly_when_it_is_
     note, fix = _said(ctx, slower, 10.0, "eager")
     assert note.startswith("The compiled step is slower than eager: 5.20 ms compiled against 4.00 ms eager")
     assert "backend='eager'" in note and "1 graph break(s)" in note and "eagerly" in fix.pytorch
+    # airbench's conv net, max-autotune, 72 ms a step compiled: no break, no recompile of the model's, no small ops.
+    long = _common.PairTiming((1.25, 1.25), a_s=0.0719, b_s=0.0574, warm_s=(9.3, 0.2))
+    note, _ = _said(context(code()), long, 3.7, "inductor")
+    assert "its compiled kernels themselves are slower" in note and "small ops" not in note
+    note, _ = _said(context(code()), slower, 3.7, "inductor")
+    assert "small ops" in note
 
 
 def _ended_after(ctx: Context, steps: int, step_s: float) -> Context:

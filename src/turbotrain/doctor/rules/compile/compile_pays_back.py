@@ -151,9 +151,11 @@ def _in_place_site(ctx: Context, inner: torch.nn.Module | None) -> Site | None:
     return next((site for site, form in compile_calls_that_ran(ctx) if form is not None and form[0] == IN_PLACE), None)
 
 
-def _why_slower(ctx: Context, model_backend: str) -> str:
-    """What can make this compiled step slower than eager, from what the run saw."""
-    codes = user_codes(ctx)
+SMALL_STEP_S = 0.010  # a compiled step this short on a CPU is made of small ops: call overhead can outweigh fusing
+
+
+def _why_slower(ctx: Context, model_backend: str, codes: list[CompiledCode], compiled_s: float) -> str:
+    """What can make this compiled step slower than eager, from what the run saw of the model's ``codes``."""
     breaks = sum(len(user_breaks(c)) for c in codes)
     reasons = []
     if model_backend in ("eager", "aot_eager"):
@@ -162,9 +164,12 @@ def _why_slower(ctx: Context, model_backend: str) -> str:
         reasons.append(f"{breaks} graph break(s) split the step into small graphs with Python between them")
     if any(user_recompiles(c) for c in codes):
         reasons.append("recompiles add guard checks on every call")
-    if not ctx.on_gpu:
+    if not ctx.on_gpu and compiled_s < SMALL_STEP_S:
         reasons.append("on a CPU with small ops, each graph's call overhead can exceed what fusing saves")
-    return "; ".join(reasons) or "the graphs are too small for fusion to beat their call overhead"
+    return "; ".join(reasons) or (
+        "no graph break or recompile of the model's was seen, so its compiled kernels themselves are slower than "
+        "eager's here (compare the top ops of a compiled and an eager run, --trace)"
+    )
 
 
 def _compile_option(ctx: Context) -> CommandLineOption | None:
@@ -200,7 +205,9 @@ _EAGER_FIX = Fix(
 )
 
 
-def _said(ctx: Context, timing: PairTiming, compile_s: float, backend: str) -> tuple[str, Fix]:
+def _said(
+    ctx: Context, timing: PairTiming, compile_s: float, backend: str, codes: list[CompiledCode] | None = None
+) -> tuple[str, Fix]:
     """The note and the fix, from the timed eager (``b``) and compiled (``a``) steps."""
     compiled_s, eager_s = timing.a_s, timing.b_s
     steps = pays_after(compile_s, eager_s, compiled_s)
@@ -234,7 +241,7 @@ def _said(ctx: Context, timing: PairTiming, compile_s: float, backend: str) -> t
     note = (
         f"The compiled step is slower than eager: {compiled_s * 1e3:.2f} ms compiled against {eager_s * 1e3:.2f} ms "
         f"eager, after {seconds_text(compile_s)} of compiling; compile never pays back here. Why: "
-        f"{_why_slower(ctx, backend)}."
+        f"{_why_slower(ctx, backend, user_codes(ctx) if codes is None else codes, compiled_s)}."
     )
     return note, _EAGER_FIX
 
@@ -284,7 +291,7 @@ def measure(ctx: Context, f: Finding, budget: TimeLeft) -> Measured | None:
     timing = time_variants(ctx, budget, compiled, eager, first)
     if timing is None:
         return None
-    note, fix = _said(ctx, timing, first + again, backend)
+    note, fix = _said(ctx, timing, first + again, backend, priced)
     if apart:
         note += (
             f" Priced at the model's own compiling, {seconds_text(first + again)} of the run's "
