@@ -677,6 +677,8 @@ def test_running_the_model_eagerly_saves_only_its_own_compiling():
     assert priced_codes([own, *steps], model) == ([own], ["adamw_step_fused", "muon_step_fused"])
     assert priced_codes(steps, model) == (steps, [])  # none is its forward: a function that calls it, say
     assert priced_codes([own, *steps], None) == ([own, *steps], [])
+    in_place = torch.nn.Linear(2, 2)  # airbench's model.compile(mode=...): the module itself, no _orig_mod
+    assert priced_codes([own, *steps], in_place) == ([own], ["adamw_step_fused", "muon_step_fused"])
 
 
 def test_a_run_about_even_either_way_keeps_compiling():

@@ -288,9 +288,10 @@ def compile_seconds(ctx: Context, codes: Sequence[CompiledCode] | None = None) -
 
 
 def is_forward_of(model: torch.nn.Module, code: CompiledCode) -> bool:
-    """Whether ``code`` is the compiled model's own forward (not a function the script compiled apart, such as an
-    optimizer step); True where the forward's code cannot be read."""
-    forward = getattr(getattr(type(model._orig_mod), "forward", None), "__code__", None)
+    """Whether ``code`` is the compiled model's own forward (an OptimizedModule's original's, or a module's compiled
+    in place), not a function the script compiled apart, such as an optimizer step; True where the forward's code
+    cannot be read."""
+    forward = getattr(getattr(type(getattr(model, "_orig_mod", model)), "forward", None), "__code__", None)
     return forward is None or (code.code.file, code.code.line) == (forward.co_filename, forward.co_firstlineno)
 
 

@@ -270,7 +270,7 @@ def measure(ctx: Context, f: Finding, budget: TimeLeft) -> Measured | None:
 
     model, inner = compiled_model(ctx), called_from_compiled_code(ctx)
     codes = user_codes(ctx)
-    priced, apart = priced_codes(codes, model)
+    priced, apart = priced_codes(codes, model if model is not None else inner)
     first, again = compile_seconds(ctx, priced)
     if model is not None:
         compiled = Variant("compiled as the script compiles it", recompiled(model))
