@@ -26,7 +26,7 @@ import inspect
 import re
 from collections import Counter
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import torch
 
@@ -182,6 +182,7 @@ def _line_finding(ctx: Context, code: CompiledCode, kept: list[Recompile], of_co
     kind = Counter(r.kind for r in kept).most_common(1)[0][0]
     seconds = sum(r.seconds for r in kept)
     watched = _watched_s(ctx)
+    ranks = _ranks_only(kept)
     others = f"; {of_code - len(kept)} more at other lines, said apart" if of_code > len(kept) else ""
     f = Finding(
         "compile-recompile",
@@ -193,7 +194,7 @@ def _line_finding(ctx: Context, code: CompiledCode, kept: list[Recompile], of_co
             + (f", against {seconds_text(watched)} of the steps watched" if watched else "")
             + f". First failed guard: {first.guard.rstrip('.')}."
         ),
-        fix=_RANKS_FIX if _ranks_only(kept) else _FIRST_CALL_FIX if _filled_on_first_call(kept) else fix_for(kind),
+        fix=_RANKS_FIX if ranks else _FIRST_CALL_FIX if _filled_on_first_call(kept) else fix_for(kind),
         evidence=RecompileEvidence(
             code=code.name,
             code_at=_code_at(code),
@@ -213,7 +214,6 @@ def _line_finding(ctx: Context, code: CompiledCode, kept: list[Recompile], of_co
         ),
     )
     # A new length recompiles once, then torch makes the dimension dynamic: only repeats keep costing.
-    ranks = _ranks_only(kept)
     repeated = sum(r.kind == NEW_SHAPE for r in kept) >= 2 or sum(r.kind == CHANGED_VALUE for r in kept) >= 2
     f.provisional("medium" if repeated and not ranks else "low")
     f.note = "Paid again for every new input of this kind (compile seconds are torch's own count); " + (
@@ -245,7 +245,7 @@ _RANKS_FIX = Fix(
 )
 
 
-def _ranks_only(recompiles: list[Recompile]) -> bool:
+def _ranks_only(recompiles: Sequence[Recompile | RecompileRow]) -> bool:
     """Every recompile for a new tensor rank (nanochat's fused AdamW over its 1-D and 2-D parameters)."""
     return all("rank mismatch" in r.guard for r in recompiles)
 
@@ -300,7 +300,7 @@ def edit(ctx: Context, f: Finding) -> EditSpec:
         raise ByHand("a graph per grad mode is compiled once each, not per step: nothing to edit")
     if evidence.kind != NEW_SHAPE:
         raise ByHand(f"recompiles for {kind_words(evidence.kind)}: {f.fix.pytorch}")
-    if isinstance(evidence, RecompileEvidence) and all("rank mismatch" in r.guard for r in evidence.recompiles):
+    if isinstance(evidence, RecompileEvidence) and _ranks_only(evidence.recompiles):
         raise ByHand("recompiles for new tensor ranks, which dynamic=True does not share a graph across")
     fix = "torch.compile(..., dynamic=True)"
     # The function's own @torch.compile where it has one, else the script's one torch.compile(...) call.
