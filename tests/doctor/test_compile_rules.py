@@ -12,11 +12,13 @@ import torch
 
 from turbotrain.doctor.analysis.breakdown import compute_breakdown
 from turbotrain.doctor.analysis.context import Context
+from turbotrain.doctor.record.measurements import EventCounts
 from turbotrain.doctor.record.compile_watch import (
     CHANGED_VALUE,
     NEW_SHAPE,
     CompiledCode,
     CompileFacts,
+    CompileSpan,
     Fallback,
     GraphBreak,
     Recompile,
@@ -495,12 +497,21 @@ def test_inductors_cache_is_said_for_a_run_that_read_it_and_for_one_that_filled_
     assert "save_cache_artifacts()" in filled and "load_cache_artifacts()" in filled and "save_cache" in read
 
 
+def _compiled_as(mode: str | None, in_place: bool) -> torch.nn.Module:
+    if not in_place:
+        return torch.compile(torch.nn.Linear(4, 4), mode=mode)  # type: ignore[return-value]  # a Module in, a Module out
+    module = torch.nn.Linear(4, 4)
+    module.compile(mode=mode)
+    return module
+
+
+@pytest.mark.parametrize("in_place", [False, True], ids=["torch.compile(model)", "model.compile()"])
 @pytest.mark.parametrize("mode, said", [("max-autotune", "max-autotune"),
                                         ("max-autotune-no-cudagraphs", "max-autotune"),
                                         ("reduce-overhead", "cuda-graphs-without-cuda"), (None, None)])
-def test_a_mode_that_costs_compile_time_is_timed_and_cuda_graphs_on_a_cpu_run_are_said(mode, said):
+def test_a_mode_that_costs_compile_time_is_timed_and_cuda_graphs_on_a_cpu_run_are_said(mode, said, in_place):
     ctx = context(code())
-    ctx.capture = SimpleNamespace(module=torch.compile(torch.nn.Linear(4, 4), mode=mode), site=site(40, "main"))
+    ctx.capture = SimpleNamespace(module=_compiled_as(mode, in_place), site=site(40, "main"))
     found = findings(ctx, "compile-mode")
     assert [f.evidence.mode for f in found] == ([said] if said else [])
     if said == "max-autotune":
@@ -521,6 +532,40 @@ def test_the_default_mode_is_written_at_the_one_compile_call(tmp_path):
     ctx.sources = load_sources([str(script)])
     spec = edit(ctx, SimpleNamespace(evidence={"mode": "max-autotune"}))
     assert (spec.kind, spec.line, spec.params) == ("compile", 2, {"keywords": {"mode": "default"}})
+
+
+def test_a_model_compiled_in_place_is_timed_on_copies_compiled_in_its_mode_and_in_the_default_one():
+    from turbotrain.doctor.rules.compile._common import _script_backend, recompiled
+    from turbotrain.doctor.rules.compile.compile_mode import default_mode
+
+    model = _compiled_as("max-autotune", in_place=True)
+    tuned, default = recompiled(model), default_mode(model)
+    # The tuned copy is compiled with a copy of the script's backend, which torch wraps as it wraps any callable one.
+    assert _script_backend(tuned).compiler_fn.config.get("max_autotune")
+    assert not _script_backend(default).config.get("max_autotune")
+    for copy in (tuned, default):
+        # each a compiled copy of its own, never a call back into the script's module
+        original = copy._orig_mod
+        assert original is not model and original._compiled_call_impl is None
+        assert original.weight.data_ptr() != model.weight.data_ptr()
+        assert torch.equal(original.weight, model.weight)
+
+
+def test_the_default_mode_is_written_at_the_models_compile_call_where_it_compiles_in_place(tmp_path):
+    from turbotrain.doctor.analysis.source import load_sources
+    from turbotrain.doctor.rules.compile import compile_mode
+
+    script = tmp_path / "train.py"
+    script.write_text("import torch\nnet = torch.nn.Linear(4, 4)\nnet.compile(mode='max-autotune')\n"
+                      "model = torch.compile(other)\n")
+    ctx = context(code())
+    ctx.sources = load_sources([str(script)])
+    ctx.capture = SimpleNamespace(module=_compiled_as("max-autotune", in_place=True), site=site(40, "main"))
+    ran_from = Site(str(script), 3, "<module>")  # where the recorder saw torch.compile called
+    ctx.tallies = {("compile", ran_from): EventCounts("compile", ran_from, ((0, 1, 0.0, 0),))}
+    spec = compile_mode.edit(ctx, SimpleNamespace(evidence={"mode": "max-autotune"}))
+    assert (spec.kind, spec.file, spec.line, spec.params) == ("compile", str(script), 3,
+                                                              {"keywords": {"mode": "default"}})
 
 
 def test_the_default_mode_is_weighed_against_max_autotune_over_the_run():
@@ -647,6 +692,31 @@ def test_recompiles_of_one_code_for_two_reasons_are_two_findings_each_with_its_f
     same_line = [dataclasses.replace(r, site=site(41, "main"), caller=site(41, "main")) for r in rows]
     [one] = findings(context(code(recompiles=same_line)), "compile-recompile")
     assert one.evidence.kind == GRAD_MODE and len(one.evidence.recompiles) == 5
+
+
+@pytest.mark.parametrize("last_paid_in", [0, 5])
+def test_a_value_whose_graphs_were_all_compiled_early_costs_compile_time_not_step_time(last_paid_in):
+    """nanochat's Muon step recompiled three times on its `red_dim` (-2 or -1, a dimension index), all in its first
+    step, and never again: "pass it as a tensor" is no fix for a dimension, and nothing is paid per step. A value
+    recompiled for in the measured steps keeps costing, and keeps the fix it had."""
+    from turbotrain.doctor.record.measurements import StepRecord
+
+    rows = [Recompile(f"4/{i}", CHANGED_VALUE, f"red_dim == {value}", "", site(395, "step"), site(395, "step"), 0.3)
+            for i, value in ((1, -2), (2, -1), (3, -2))]
+    ctx = context(code(recompiles=rows, name="muon_step_fused"))
+    spans = [CompileSpan(r.compile_id, 0.1 + i * 0.3, 0.3, "recompile") for i, r in enumerate(rows[:2])]
+    spans.append(CompileSpan("4/3", last_paid_in + 0.2, 0.3, "recompile"))
+    ctx.recording.compiled = dataclasses.replace(ctx.recording.compiled, spans=tuple(spans))
+    ctx.recording.steps = [StepRecord(i, float(i), i + 1.0, {"forward": 1.0}) for i in range(20)]
+    ctx.measured_steps = list(range(3, 20))
+    [f] = findings(ctx, "compile-recompile")
+    if last_paid_in == 0:
+        assert f.fix.pytorch.startswith("Nothing per step: the calls pass a few values of red_dim (the guards name -2, "
+                                        "-1), a graph compiled once for each by step 0, and none recompiled in the 17 "
+                                        "steps measured after.")
+        assert "as a tensor" not in f.fix.pytorch and f.severity == "low"
+    else:
+        assert "as a tensor" in f.fix.pytorch and f.severity == "medium"
 
 
 def test_dynamic_true_is_timed_on_the_model_only_for_the_models_own_recompiles():

@@ -24,6 +24,7 @@ from ...analysis.replay import surrogate_step
 from ...analysis.source import dotted_name
 from ...record.compile_watch import CompiledCode, GraphBreak, Recompile
 from ...results import CompileResult
+from ._compile_calls import IN_PLACE, compile_calls_that_ran, in_place_compiled
 
 if TYPE_CHECKING:
     from ...analysis.context import Context
@@ -39,6 +40,8 @@ __all__ = [
     "user_codes",
     "user_breaks",
     "compiled_model",
+    "compiled_in_place",
+    "in_place_site",
     "Variant",
     "PairTiming",
     "time_variants",
@@ -149,17 +152,36 @@ def compile_decorator(ctx: Context, code_at: str) -> tuple[SourceIndex, ast.expr
 
 
 def compile_edit(index: SourceIndex, call: ast.expr, fix: str, keywords: dict[str, Any]) -> EditSpec:
-    """``keywords`` set at the script's ``torch.compile(...)`` call (or bare ``@torch.compile`` decorator): other
-    kernels, so the loss is held to the numerics guard, not bitwise."""
-    return EditSpec(
-        "compile", fix, params={"keywords": keywords}, numerics=PRECISION, file=index.path, line=call.lineno
-    )
+    """``keywords`` set at the script's ``torch.compile(...)`` call (or bare ``@torch.compile`` decorator)."""
+    return compile_edit_at(index.path, call.lineno, fix, keywords)
+
+
+def compile_edit_at(file: str, line: int, fix: str, keywords: dict[str, Any]) -> EditSpec:
+    """``keywords`` set at the compile call at ``file:line`` (``torch.compile(...)``, ``model.compile(...)`` or a
+    decorator): other kernels, so the loss is held to the numerics guard, not bitwise."""
+    return EditSpec("compile", fix, params={"keywords": keywords}, numerics=PRECISION, file=file, line=line)
 
 
 def compiled_model(ctx: Context) -> torch.nn.Module | None:
     """The captured model where the script compiled it (an OptimizedModule, its eager original ``_orig_mod``)."""
     module = ctx.capture.module if ctx.capture is not None else None
     return module if module is not None and isinstance(getattr(module, "_orig_mod", None), torch.nn.Module) else None
+
+
+def compiled_in_place(ctx: Context) -> torch.nn.Module | None:
+    """The captured model where the script compiled it in place (``model.compile(mode=...)``): a module whose call
+    runs its compiled call, with the settings torch kept for it."""
+    module = ctx.capture.module if ctx.capture is not None else None
+    if module is None or compiled_model(ctx) is not None or getattr(module, "_compiled_call_impl", None) is None:
+        return None
+    return module if dynamo_context(module) is not None else None
+
+
+def in_place_site(ctx: Context, module: torch.nn.Module | None) -> Site | None:
+    """Where the script compiled ``module`` in place (``model.compile()``), where it did: a fix of it goes there."""
+    if module is None or not in_place_compiled(module):
+        return None
+    return next((site for site, form in compile_calls_that_ran(ctx) if form is not None and form[0] == IN_PLACE), None)
 
 
 def called_from_compiled_code(ctx: Context) -> torch.nn.Module | None:
@@ -296,8 +318,9 @@ def is_forward_of(model: torch.nn.Module, code: CompiledCode) -> bool:
 
 
 def eager_copy(model: torch.nn.Module) -> torch.nn.Module:
-    """A copy of the compiled model's eager original."""
-    original = model._orig_mod
+    """A copy of the compiled model's eager original (of a module compiled in place, the module: a copy leaves the
+    compiled call behind, ``Module.__getstate__`` drops it)."""
+    original = getattr(model, "_orig_mod", model)
     assert isinstance(original, torch.nn.Module)  # compiled_model checked it
     return copy_for_trial(original)
 

@@ -2,8 +2,9 @@
 compiles of both, their first-call seconds and the step, and for how many steps the tuned kernels pay for their
 compile; `mode='reduce-overhead'` on a run without CUDA (its CUDA graphs change nothing there), said.
 
-Reads: run + model.
-Edit: `mode='default'` in the script's one `torch.compile(...)` call (by hand where it has several).
+Reads: run + model (compiled by `torch.compile(model)` or in place, `model.compile(...)`).
+Edit: `mode='default'` at the model's `.compile(...)` call or the script's one `torch.compile(...)` call (by hand
+where it has several).
 
 A model compiled with ``mode="max-autotune"`` (or ``max-autotune-no-cudagraphs``) spends its compile benchmarking
 kernels: timed, the model compiled in the script's mode against the default mode, fresh compiles of both, their
@@ -28,6 +29,10 @@ from ._common import (
     Variant,
     compile_site,
     compile_edit,
+    compile_edit_at,
+    compiled_in_place,
+    dynamo_context,
+    in_place_site,
     compile_seconds,
     compiled_model,
     eager_copy,
@@ -54,16 +59,23 @@ class ModeEvidence(Evidence):
     first_compile_s: float | None = None  # max-autotune's
 
 
-def compile_mode(ctx: Context) -> Iterator[Finding]:
+def _script_model(ctx: Context) -> torch.nn.Module | None:
+    """The captured model as the script compiled it: an OptimizedModule, or a module compiled in place."""
     model = compiled_model(ctx)
+    return model if model is not None else compiled_in_place(ctx)
+
+
+def compile_mode(ctx: Context) -> Iterator[Finding]:
+    model = _script_model(ctx)
     if model is None or not user_codes(ctx):
         return
     config = script_backend_config(model)
+    site = in_place_site(ctx, compiled_in_place(ctx)) or compile_site(ctx)
     if config.get("max_autotune"):
         first, _ = compile_seconds(ctx)
         f = Finding(
             "compile-mode",
-            site=compile_site(ctx),
+            site=site,
             category="python_overhead",
             message=(
                 f"torch.compile runs in mode='max-autotune': it benchmarks kernels while compiling "
@@ -85,7 +97,7 @@ def compile_mode(ctx: Context) -> Iterator[Finding]:
     elif config.get("triton.cudagraphs") and not ctx.on_gpu:
         f = Finding(
             "compile-mode",
-            site=compile_site(ctx),
+            site=site,
             category="python_overhead",
             message=(
                 "torch.compile runs in mode='reduce-overhead', whose CUDA graphs need a CUDA device: on this run's "
@@ -105,13 +117,13 @@ def default_mode(model: torch.nn.Module) -> torch.nn.Module:
     return torch.compile(  # type: ignore[return-value]  # a Module in, a Module out
         eager_copy(model),
         dynamic=script_dynamic(model),
-        fullgraph=bool(getattr(model.dynamo_ctx, "fullgraph", False)),
+        fullgraph=bool(getattr(dynamo_context(model), "fullgraph", False)),
     )
 
 
 def measure(ctx: Context, f: Finding, budget: TimeLeft) -> Measured | None:
     """The model compiled in the script's mode against the default mode, fresh compiles of both, interleaved."""
-    model = compiled_model(ctx)
+    model = _script_model(ctx)
     if model is None:
         return None
     tuned = Variant("compiled in the script's mode (max-autotune)", recompiled(model))
@@ -147,8 +159,11 @@ def mode_note(first_calls_s: tuple[float, float], tuned_s: float, default_s: flo
 
 
 def edit(ctx: Context, f: Finding) -> EditSpec:
-    """``mode="default"`` at the script's one ``torch.compile(...)`` call."""
+    """``mode="default"`` at the model's ``.compile(...)`` call, or the script's one ``torch.compile(...)`` call."""
     fix = "torch.compile(..., mode='default')"
+    in_place = in_place_site(ctx, compiled_in_place(ctx))
+    if in_place is not None:
+        return compile_edit_at(in_place.file, in_place.line, fix, {"mode": "default"})
     return compile_edit(*one_compile_call(ctx, fix, "the model"), fix, {"mode": "default"})
 
 

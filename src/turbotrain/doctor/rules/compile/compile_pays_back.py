@@ -29,7 +29,6 @@ from ....measure import copy_for_trial
 from ...findings import Evidence, Finding, Fix
 from ...requests import OwnTrial
 from ..rule import Detect, Measured, Rule, TimeLeft, register
-from ._compile_calls import IN_PLACE, compile_calls_that_ran, in_place_compiled
 from ._common import (
     RUN_UNIT,
     CachedCompile,
@@ -47,6 +46,7 @@ from ._common import (
     compiled_model,
     dynamo_context,
     eager_copy,
+    in_place_site,
     is_forward_of,
     recompiled,
     run_length,
@@ -61,7 +61,6 @@ if TYPE_CHECKING:
     from ...analysis.context import Context
     from ...record.compile_watch import CompiledCode
     from ...cst_tools import CommandLineOption
-    from ...sites import Site
 
 
 @dataclass(frozen=True)
@@ -116,7 +115,7 @@ def pays_back(ctx: Context) -> Iterator[Finding]:
         # inside it is called from there).
         site=ctx.capture.site
         if model is not None and ctx.capture is not None
-        else _in_place_site(ctx, inner) or codes[0].site,
+        else in_place_site(ctx, inner) or codes[0].site,
         category="python_overhead",
         message=(
             f"torch.compile spent {seconds_text(first + again)} compiling {_names(codes)}"
@@ -142,13 +141,6 @@ def pays_back(ctx: Context) -> Iterator[Finding]:
         "what-ifs can compile alike: the compiled step is not timed against eager."
     )
     yield f
-
-
-def _in_place_site(ctx: Context, inner: torch.nn.Module | None) -> Site | None:
-    """Where the script compiled ``inner`` in place (``model.compile()``), where it did: the fix goes there."""
-    if inner is None or not in_place_compiled(inner):
-        return None
-    return next((site for site, form in compile_calls_that_ran(ctx) if form is not None and form[0] == IN_PLACE), None)
 
 
 SMALL_STEP_S = 0.010  # a compiled step this short on a CPU is made of small ops: call overhead can outweigh fusing

@@ -183,6 +183,7 @@ def _line_finding(ctx: Context, code: CompiledCode, kept: list[Recompile], of_co
     seconds = sum(r.seconds for r in kept)
     watched = _watched_s(ctx)
     ranks = _ranks_only(kept)
+    settled = _settled_after(ctx, kept) if kind == CHANGED_VALUE and not _filled_on_first_call(kept) else None
     others = f"; {of_code - len(kept)} more at other lines, said apart" if of_code > len(kept) else ""
     f = Finding(
         "compile-recompile",
@@ -194,7 +195,15 @@ def _line_finding(ctx: Context, code: CompiledCode, kept: list[Recompile], of_co
             + (f", against {seconds_text(watched)} of the steps watched" if watched else "")
             + f". First failed guard: {first.guard.rstrip('.')}."
         ),
-        fix=_RANKS_FIX if ranks else _FIRST_CALL_FIX if _filled_on_first_call(kept) else fix_for(kind),
+        fix=(
+            _RANKS_FIX
+            if ranks
+            else _FIRST_CALL_FIX
+            if _filled_on_first_call(kept)
+            else _values_fix(kept, *settled)
+            if settled is not None
+            else fix_for(kind)
+        ),
         evidence=RecompileEvidence(
             code=code.name,
             code_at=_code_at(code),
@@ -215,10 +224,12 @@ def _line_finding(ctx: Context, code: CompiledCode, kept: list[Recompile], of_co
     )
     # A new length recompiles once, then torch makes the dimension dynamic: only repeats keep costing.
     repeated = sum(r.kind == NEW_SHAPE for r in kept) >= 2 or sum(r.kind == CHANGED_VALUE for r in kept) >= 2
-    f.provisional("medium" if repeated and not ranks else "low")
+    f.provisional("medium" if repeated and not ranks and settled is None else "low")
     f.note = "Paid again for every new input of this kind (compile seconds are torch's own count); " + (
         "a graph per tensor rank, each compiled once."
         if ranks
+        else "a graph per value met, each compiled once; none recompiled in the steps measured after them."
+        if settled is not None
         else "these recompiles repeated: each new value costs another compile."
         if repeated
         else "after one recompile for a new length torch makes that dimension dynamic."
@@ -236,6 +247,44 @@ _FIRST_CALL_FIX = Fix(
 def _filled_on_first_call(recompiles: list[Recompile]) -> bool:
     """Recompiles on an attribute that was None the first time (``...rotary.seq_len_cached is None``)."""
     return all(r.kind == CHANGED_VALUE and r.guard.rstrip(". ").endswith(" is None") for r in recompiles)
+
+
+# torch's text for a failed value guard: "L['red_dim'] == -2", "red_dim == -2", "self.flag == True"
+_VALUE_GUARD = re.compile(r"^(?:L\['(?P<local>[^']+)'\]|(?P<name>[\w.\[\]']+)) == (?P<value>\S+)$")
+
+
+def _settled_after(ctx: Context, recompiles: list[Recompile]) -> tuple[int, int] | None:
+    """(the step the last of ``recompiles`` was paid in, the steps measured after it) where every one of them was
+    paid before the measured steps: the values met were all met early, each compiled once; None where one was paid
+    in the measured steps, or torch kept no start for one."""
+    recording = ctx.recording
+    facts = recording.compiled if recording is not None else None
+    if recording is None or facts is None or not ctx.measured_steps:
+        return None
+    ids = {r.compile_id for r in recompiles}
+    spans = [s for s in facts.spans if s.compile_id in ids]
+    if {s.compile_id for s in spans} != ids:
+        return None
+    end = max(s.start + s.seconds for s in spans)
+    first_measured = next((s for s in recording.steps if s.index == min(ctx.measured_steps)), None)
+    paid_in = next((s.index for s in recording.steps if s.end >= end), None)
+    if first_measured is None or paid_in is None or end > first_measured.start:
+        return None
+    return paid_in, len(ctx.measured_steps)
+
+
+def _values_fix(recompiles: list[Recompile], step: int, measured: int) -> Fix:
+    """Recompiles for a Python value that took a few values, all met by ``step``: a graph per value, compiled once
+    each. "Pass it as a tensor" is no fix where the value picks a dimension or a branch (nanochat's ``red_dim``)."""
+    guards = [m for m in (_VALUE_GUARD.match(r.guard.rstrip(". ")) for r in recompiles) if m is not None]
+    names = {m["local"] or m["name"] for m in guards}
+    values = list(dict.fromkeys(m["value"] for m in guards))
+    what = f"{names.pop()} (the guards name {', '.join(values)})" if len(names) == 1 else "a Python value"
+    return Fix(
+        f"Nothing per step: the calls pass a few values of {what}, a graph compiled once for each by step {step}, "
+        f"and none recompiled in the {measured} steps measured after. torch specialises on a value that picks a "
+        "dimension, a branch or a shape, where a tensor would not serve; to compile fewer, call it with fewer values"
+    )
 
 
 _RANKS_FIX = Fix(
