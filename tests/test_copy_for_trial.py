@@ -4,6 +4,7 @@ saved log-probabilities): deepcopy alone refuses them."""
 from __future__ import annotations
 
 import copy
+import runpy
 
 import pytest
 import torch
@@ -40,6 +41,16 @@ def test_a_module_holding_graph_tensors_is_copied_with_them_detached():
 
 def test_an_error_reads_as_one_line():
     assert one_line(RuntimeError("first\nsecond\nthird")) == "RuntimeError: first (...)"
+
+
+def test_an_error_without_a_message_says_where_it_was_raised(tmp_path):
+    """modded-nanogpt's optimizer asserts `g is not None`: "AssertionError" alone left the user nothing to look at."""
+    script = tmp_path / "train.py"
+    script.write_text("def step(g):\n    assert g is not None\n")
+    namespace = runpy.run_path(str(script))
+    with pytest.raises(AssertionError) as raised:
+        namespace["step"](None)
+    assert one_line(raised.value) == "AssertionError at train.py:2 (assert g is not None)"
 
 
 def test_a_long_first_line_is_cut_after_its_first_sentence():

@@ -7,6 +7,8 @@ at least 5% ``medium``, anything less (or unmeasured and unproven on this hardwa
 from __future__ import annotations
 
 import dataclasses
+import os
+import traceback
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, Union, get_args
 
@@ -15,7 +17,7 @@ from ..speedups.policy import call_text
 from ..speedups.registry import by_field
 from .results import WhatIf
 from .rule_ids import rule_ids
-from .sites import Site, source_lines
+from .sites import Site, is_user_file, source_lines
 
 if TYPE_CHECKING:
     from .requests import WhatIfRequest
@@ -83,12 +85,22 @@ def one_line(exc: BaseException) -> str:
     characters)."""
     lines = str(exc).strip().splitlines()
     if not lines:
-        return type(exc).__name__
+        return type(exc).__name__ + _raised_at(exc)
     first, more = lines[0], len(lines) > 1
     if len(first) > ONE_LINE:
         end = first.find(". ")
         first, more = (first[: end + 1] if 0 < end < ONE_LINE else first[: ONE_LINE - 3] + "..."), True
     return f"{type(exc).__name__}: {first}" + (" (...)" if more else "")
+
+
+def _raised_at(exc: BaseException) -> str:
+    """Where an error with no message was raised (a bare ``assert``): the innermost frame of the user's code, else
+    the innermost, as `` at train.py:113 (assert g is not None)``; "" where it has no traceback."""
+    frames = traceback.extract_tb(exc.__traceback__) if exc.__traceback__ is not None else []
+    frame = next((f for f in reversed(frames) if is_user_file(f.filename)), frames[-1] if frames else None)
+    if frame is None:
+        return ""
+    return f" at {os.path.basename(frame.filename)}:{frame.lineno}" + (f" ({frame.line})" if frame.line else "")
 
 
 def severity_for(gain_share: float | None) -> Severity:
