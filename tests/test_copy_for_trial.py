@@ -106,3 +106,18 @@ def test_an_optimizer_that_cannot_step_from_its_defaults_is_timed_as_sgd():
     assert optimizer_recipe(ctx)[0] is torch.optim.SGD  # GroupedOptimizer([p]) has no "kind" in its group
     adam = torch.optim.Adam(model.parameters(), lr=0.01)
     assert optimizer_recipe(SimpleNamespace(model=model, optimizers=[(adam, None)]))[0] is torch.optim.Adam
+
+
+def test_a_copied_optimizer_steps_the_copied_parameters_where_an_lr_scheduler_wrapped_the_originals_step():
+    """modded-nanogpt's memory step: LambdaLR replaces `opt.step` on the instance with a wrapper that steps the
+    original optimizer; copied with the instance's attributes, the copy stepped the script's parameters, whose
+    gradients the script had cleared (its Muon asserted `g is not None`), and never its own."""
+    model = nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)
+    before = model.weight.detach().clone()
+    twin, (twin_opt,) = copy_for_trial((model, [opt]))
+    twin(torch.ones(1, 4)).sum().backward()
+    twin_opt.step()
+    assert torch.equal(model.weight, before) and model.weight.grad is None
+    assert not torch.equal(twin.weight, before)

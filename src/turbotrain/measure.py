@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import inspect
 import itertools
 import logging
 import statistics
@@ -108,8 +109,10 @@ def copy_for_trial(obj: T) -> T:
     for original, twin in _optimizers_in(obj, copied):
         # Optimizer.__getstate__ keeps defaults, state and param_groups only: an attribute a subclass sets in its
         # __init__ (nanochat's MuonAdamW keeps its 0-D step tensors there) is copied here, through the same memo.
+        # Data only: a function kept on the instance holds the original (an LR scheduler replaces ``opt.step`` with
+        # a wrapper that steps the original optimizer through a weak reference); the copy keeps its class's.
         for name, value in vars(original).items():
-            if name not in vars(twin):
+            if name not in vars(twin) and not inspect.isroutine(value):
                 setattr(twin, name, copy.deepcopy(value, memo))
     return copied
 
