@@ -22,6 +22,7 @@ from .report.tables import copy_table, sync_table
 from .job.own_ranks import StartsRanks, refusing_own_ranks
 from .job.spawned_ranks import as_typed, refusing_spawned_ranks
 from .record.memory_limit import memory_limit
+from .record.process_group import process_group_kept
 from .record.runner import ScriptRun, run_script
 from .options import DoctorOptions
 from .findings import framework_named
@@ -52,25 +53,30 @@ def _diagnose_script(script: str | os.PathLike, argv: list[str], options: Doctor
     )
     started = time.perf_counter()
     environ = dict(os.environ)
-    try:
-        with refusing_own_ranks(), refusing_spawned_ranks():
-            run = run_script(script, argv, recorder)
-    except StartsRanks as started_ranks:
-        # Lightning set its rank variables in this process before it started the others: the job starts clean.
-        os.environ.clear()
-        os.environ.update(environ)
-        report = diagnose_job(started_ranks.command(str(script), argv), options)
-        report.argv = argv
-        report.messages.insert(0, started_ranks.said(os.path.dirname(os.path.realpath(script))))
-        return report
-    return analyse(
-        recorder.recording(),
-        recorder.live_objects(),
-        run,
-        options,
-        script=str(script),
-        run_seconds=time.perf_counter() - started,
-    )
+    # The copies the doctor steps after the script may all-reduce (a one-process DDP job's optimizer): the
+    # script's process group outlives it until then.
+    with process_group_kept():
+        try:
+            with refusing_own_ranks(), refusing_spawned_ranks():
+                run = run_script(script, argv, recorder)
+        except StartsRanks as started_ranks:
+            as_job = started_ranks
+        else:
+            return analyse(
+                recorder.recording(),
+                recorder.live_objects(),
+                run,
+                options,
+                script=str(script),
+                run_seconds=time.perf_counter() - started,
+            )
+    # Lightning set its rank variables in this process before it started the others: the job starts clean.
+    os.environ.clear()
+    os.environ.update(environ)
+    report = diagnose_job(as_job.command(str(script), argv), options)
+    report.argv = argv
+    report.messages.insert(0, as_job.said(os.path.dirname(os.path.realpath(script))))
+    return report
 
 
 def script_in(command: list[str]) -> str | None:
