@@ -60,6 +60,7 @@ __all__ = [
     "eager_copy",
     "regionally_compiled",
     "compile_seconds",
+    "model_calls_per_step",
     "user_recompiles",
     "is_item_break",
     "submodule_path",
@@ -337,7 +338,8 @@ class Variant:
 
 @dataclass(frozen=True)
 class PairTiming:
-    """Per-step seconds of two variants, interleaved: per-round ratios (a / b) and each side's best round."""
+    """Seconds of two variants, interleaved: per-round ratios (a / b) and each side's best round, a step's (the
+    model's calls in one training step)."""
 
     ratios: tuple[float, ...]
     a_s: float
@@ -451,7 +453,16 @@ def time_variants(
             ratios.append(a_s / b_s if b_s > 0 else 0.0)
     if not ratios:
         return None
-    return PairTiming(tuple(ratios), best[0], best[1], (warm[0], warm[1]), other_s, other_graphs)
+    # A step of several micro-batches runs the model that many times: the step saves each call's difference.
+    calls = model_calls_per_step(ctx)
+    return PairTiming(tuple(ratios), best[0] * calls, best[1] * calls, (warm[0], warm[1]), other_s, other_graphs)
+
+
+def model_calls_per_step(ctx: Context) -> int:
+    """The training forwards a measured step runs (its micro-batches; the median, at least 1)."""
+    measured = set(ctx.measured_steps)
+    counts = sorted(s.forwards for s in ctx.step_records if s.index in measured and s.forwards)
+    return counts[len(counts) // 2] if counts else 1
 
 
 def measured_pair(

@@ -48,6 +48,7 @@ from ._common import (
     eager_copy,
     in_place_site,
     is_forward_of,
+    model_calls_per_step,
     recompiled,
     run_length,
     seconds_text,
@@ -284,6 +285,9 @@ def measure(ctx: Context, f: Finding, budget: TimeLeft) -> Measured | None:
     if timing is None:
         return None
     note, fix = _said(ctx, timing, first + again, backend, priced)
+    calls = model_calls_per_step(ctx)
+    if calls > 1:
+        note += f" A step runs the model {calls} times (its micro-batches): the step figures are its {calls} calls."
     if apart:
         note += (
             f" Priced at the model's own compiling, {seconds_text(first + again)} of the run's "
