@@ -684,6 +684,7 @@ def test_recompiles_of_one_code_for_two_reasons_are_two_findings_each_with_its_f
     assert (grad.evidence.kind, len(grad.evidence.recompiles), cache.evidence.kind) == (GRAD_MODE, 4, CHANGED_VALUE)
     assert (grad.site.line, cache.site.line) == (553, 586)
     assert "Nothing per step" in grad.fix.pytorch and "1 more at other lines, said apart" in grad.message
+    assert grad.note.startswith("A graph per grad mode, each compiled once")  # not "for a new length"
     assert cache.fix.pytorch.startswith("The module fills this attribute on its first call")
     assert f"First failed guard: {rotary}." in cache.message and cache.severity == "low"
     [value] = findings(context(code(recompiles=[recompile(CHANGED_VALUE, "L['n'] == 3")] * 2)), "compile-recompile")
@@ -715,6 +716,7 @@ def test_a_value_whose_graphs_were_all_compiled_early_costs_compile_time_not_ste
                                         "-1), a graph compiled once for each by step 0, and none recompiled in the 17 "
                                         "steps measured after.")
         assert "as a tensor" not in f.fix.pytorch and f.severity == "low"
+        assert f.note.startswith("A graph per value met, each compiled once")
     else:
         assert "as a tensor" in f.fix.pytorch and f.severity == "medium"
 

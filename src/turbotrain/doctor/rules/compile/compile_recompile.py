@@ -225,17 +225,26 @@ def _line_finding(ctx: Context, code: CompiledCode, kept: list[Recompile], of_co
     # A new length recompiles once, then torch makes the dimension dynamic: only repeats keep costing.
     repeated = sum(r.kind == NEW_SHAPE for r in kept) >= 2 or sum(r.kind == CHANGED_VALUE for r in kept) >= 2
     f.provisional("medium" if repeated and not ranks and settled is None else "low")
-    f.note = "Paid again for every new input of this kind (compile seconds are torch's own count); " + (
-        "a graph per tensor rank, each compiled once."
-        if ranks
-        else "a graph per value met, each compiled once; none recompiled in the steps measured after them."
-        if settled is not None
-        else "these recompiles repeated: each new value costs another compile."
-        if repeated
-        else "after one recompile for a new length torch makes that dimension dynamic."
-    )
+    f.note = _recompile_note(kind, ranks, settled is not None, repeated)
     f.request = _trial(ctx, kind, code)
     return f
+
+
+def _recompile_note(kind: str, ranks: bool, settled: bool, repeated: bool) -> str:
+    """What the recompiles cost over the run: once per graph, or again for every new input."""
+    counted = "compile seconds are torch's own count"
+    if ranks:
+        return f"A graph per tensor rank, each compiled once ({counted})."
+    if kind == GRAD_MODE:
+        return f"A graph per grad mode, each compiled once ({counted})."
+    if settled:
+        return f"A graph per value met, each compiled once ({counted}); none recompiled in the steps measured after."
+    paid = f"Paid again for every new input of this kind ({counted})"
+    if repeated:
+        return f"{paid}; these recompiles repeated: each new value costs another compile."
+    if kind == NEW_SHAPE:
+        return f"{paid}; after one recompile for a new length torch makes that dimension dynamic."
+    return f"{paid}."
 
 
 _FIRST_CALL_FIX = Fix(
