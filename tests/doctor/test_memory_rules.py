@@ -344,6 +344,19 @@ def test_a_run_dead_in_its_first_step_keeps_its_optimizer_and_the_fit_counts_its
     assert memory.peak.optimizer_state >= 2 * memory.peak.parameters > 0, memory.peak
 
 
+def test_the_optimizer_state_counted_is_the_copies_own_where_an_lr_scheduler_wraps_the_step():
+    # A scheduler replaces opt.step on the instance with a wrapper that steps the original: copied with it, the
+    # copies' step moved the script's weights and the split counted no optimizer state made by it.
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 8))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)
+    before = [p.detach().clone() for p in model.parameters()]
+    x = torch.randn(32, 64)
+    memory = measure_captured(Capture(module=model, args=(x,), kwargs={}, batch_size=32), [opt])
+    assert memory.peak.optimizer_state >= 2 * memory.peak.parameters > 0, memory.peak
+    assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before)) and not opt.state
+
+
 def test_a_stack_of_blocks_is_recomputed_whole_where_none_holds_a_quarter_alone():
     # nanoGPT's char model: four Blocks in transformer.h, each a hair under a quarter of the step's activations (the
     # embeddings and the head hold the rest); before, no block qualified and checkpointing was never measured.
