@@ -24,12 +24,17 @@ REPEATS = 3  # the fastest of up to this many steps each way, per round
 
 
 def surrogate_step(model: torch.nn.Module, batch: Any) -> torch.Tensor:
-    """Forward the captured ``(args, kwargs)``; the loss is the mean square of the differentiable outputs."""
+    """Forward the captured ``(args, kwargs)``; the loss is the model's own where its forward returns one (a 0-dim
+    output: nanoGPT's ``(logits, loss)``, a Hugging Face model given labels), else the mean square of the
+    differentiable outputs."""
     args, kwargs = batch
     out = model(*args, **kwargs)
-    parts = [t.float().pow(2).mean() for t in tensors_in(out) if t.is_floating_point() and t.requires_grad]
-    if not parts:
+    outputs = [t for t in tensors_in(out) if t.is_floating_point() and t.requires_grad]
+    if not outputs:
         raise ValueError("the model's output holds no differentiable tensor to build a loss from")
+    # Its own loss, backward as the script's: a square of the logits beside it would add a backward through
+    # batch x length x vocabulary that the script never runs (build-nanogpt's trials ran 2x its step).
+    parts = [t.float() for t in outputs if t.dim() == 0] or [t.float().pow(2).mean() for t in outputs]
     return torch.stack(parts).sum() if len(parts) > 1 else parts[0]
 
 
