@@ -32,10 +32,11 @@ class _SlowFirstCall(torch.nn.Module):
         return self.linear(x)
 
 
-def _context(forwards: int = 1) -> SimpleNamespace:
+def _context(forwards: int = 1, autocast: str | None = None) -> SimpleNamespace:
     steps = [StepRecord(i, float(i), i + 1.0, {}, forwards=forwards, backwards=forwards) for i in range(6)]
+    facts = SimpleNamespace(autocast=autocast is not None, autocast_dtype=autocast)  # as ForwardFacts says it
     return SimpleNamespace(capture=SimpleNamespace(args=(torch.randn(8, 4),), kwargs={}), on_gpu=False,
-                           step_records=steps, measured_steps=[2, 3, 4, 5])
+                           step_records=steps, measured_steps=[2, 3, 4, 5], facts=facts)
 
 
 def test_rounds_are_sized_by_the_compiled_step_not_by_the_compile():
@@ -56,3 +57,26 @@ def test_a_step_of_two_micro_batches_saves_twice_what_one_call_does(monkeypatch)
     timing = time_variants(_context(forwards=2), Budget(10.0), a, b, compile_s=0.0)
     assert timing is not None and (timing.a_s, timing.b_s) == (0.008, 0.006)
     assert timing.ratios[0] == pytest.approx(0.004 / 0.003)  # the ratio is the calls'
+
+
+class _Precision(torch.nn.Module):
+    """Notes the autocast state each forward ran under."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+        self.seen: set = set()
+
+    def forward(self, x):
+        self.seen.add(torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None)
+        return self.linear(x)
+
+
+@pytest.mark.parametrize("autocast, expected", [("torch.bfloat16", torch.bfloat16), (None, None)])
+def test_the_variants_run_forward_under_the_scripts_autocast(autocast, expected):
+    """build-nanogpt's forward runs under bf16 autocast: its compiled model was timed (and compiled) in fp32,
+    another graph with other kernels than the script's."""
+    a, b = Variant("as is", _Precision()), Variant("fixed", _Precision())
+    timing = time_variants(_context(autocast=autocast), Budget(10.0), a, b, compile_s=0.0)
+    assert timing is not None
+    assert a.module.seen == b.module.seen == {expected}

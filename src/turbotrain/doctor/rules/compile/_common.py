@@ -349,12 +349,26 @@ class PairTiming:
     other_graphs: int = 0  # the graphs torch compiled for those steps
 
 
-def _step(module: torch.nn.Module, batch: Batch, cuda: bool) -> Callable[[], float]:
+def script_autocast(ctx: Context) -> Callable[[], ContextManager[Any]]:
+    """The autocast the script's training forward ran under (its dtype, on its device), for the trials' forwards:
+    a bf16 script's model compiled and timed in fp32 is another graph and other kernels (build-nanogpt, nanochat)."""
+    facts = ctx.facts
+    dtype = getattr(torch, str(facts.autocast_dtype).rpartition(".")[2], None) if facts.autocast else None
+    if not isinstance(dtype, torch.dtype):
+        return contextlib.nullcontext
+    device = "cuda" if ctx.on_gpu else "cpu"
+    return lambda: torch.autocast(device, dtype=dtype)
+
+
+def _step(
+    module: torch.nn.Module, batch: Batch, cuda: bool, precision: Callable[[], ContextManager[Any]]
+) -> Callable[[], float]:
     def run() -> float:
         if cuda:
             torch.cuda.synchronize()
         started = time.perf_counter()
-        loss = surrogate_step(module, batch)
+        with precision():  # the forward as the script runs it; backward outside, as autocast asks
+            loss = surrogate_step(module, batch)
         # torch's Tensor.backward is untyped.
         loss.backward()  # type: ignore[no-untyped-call]  # torch leaves it untyped
         if cuda:
@@ -428,8 +442,9 @@ def time_variants(
     cuda = ctx.on_gpu
     if not budget.allows((a.compiles + b.compiles) * compile_s + 1.0):
         return None
+    precision = script_autocast(ctx)
     with _fresh_dynamo():
-        runs = (_step(a.module, batch, cuda), _step(b.module, batch, cuda))
+        runs = (_step(a.module, batch, cuda, precision), _step(b.module, batch, cuda, precision))
         warm, compiled_s = [], []
         for variant, run in zip((a, b), runs):
             with variant.settings():
@@ -438,7 +453,7 @@ def time_variants(
                 warm.append(first + compiled_s[-1])
         graphs_before = counters["stats"]["unique_graphs"]
         with b.settings():
-            other_s = tuple(_step(b.module, other, cuda)() for other in other_batches)
+            other_s = tuple(_step(b.module, other, cuda, precision)() for other in other_batches)
         other_graphs = counters["stats"]["unique_graphs"] - graphs_before
         # Sized by the steps after the compile, not the warm-up's mean: a compile of seconds is in that.
         steps = max(STEPS, min(50, int(ROUND_S / max(1e-5, min(compiled_s)))))
@@ -536,7 +551,7 @@ def cached_compile(ctx: Context, model: torch.nn.Module, budget: TimeLeft) -> Ca
     torch._dynamo.reset()  # nothing compiled in memory: only the on-disk caches
     try:
         hits = counters["inductor"]["fxgraph_cache_hit"]
-        run = _step(recompiled(model), (ctx.capture.args, ctx.capture.kwargs), ctx.on_gpu)
+        run = _step(recompiled(model), (ctx.capture.args, ctx.capture.kwargs), ctx.on_gpu, script_autocast(ctx))
         first = run()
         step = run()
         read = counters["inductor"]["fxgraph_cache_hit"] - hits

@@ -327,7 +327,7 @@ def measure(ctx: Context, f: Finding, budget: TimeLeft) -> Measured | None:
 def _about_even(length: RunLength | None, pays_after_steps: int | None, eager_faster: bool) -> Fix | None:
     """The fix where compile pays back only after the run's end yet eager would not finish it measurably sooner
     (nanochat: pays after 44 steps, 40 in the run, x1.01): keep compiling, rather than "train it eagerly"."""
-    if length is None or pays_after_steps is None or eager_faster:
+    if length is None or pays_after_steps is None or pays_after_steps <= length.steps or eager_faster:
         return None
     return Fix(
         f"Keep torch.compile: over {length.steps:,} steps eager and compiled come out about even here, and compiled "
