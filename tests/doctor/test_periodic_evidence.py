@@ -211,3 +211,39 @@ def test_a_periodic_finding_is_edited_at_its_own_cadence_where_another_row_names
     (finding,) = periodic_rule.periodic_work(ctx)
     spec = periodic_rule.edit(ctx, finding)
     assert (spec.params["every"], spec.params["new_every"]) == (20, 1000), spec
+
+
+def _evaluating(compile_s: float):
+    """A validation every 4 steps of 4.8 s, its first calls compiling ``compile_s`` of it (airbench's evaluations
+    compiled their no_grad graphs: "Validation every 8 steps costs 4860.5 ms each time")."""
+    from turbotrain.doctor.analysis.breakdown import compute_breakdown
+    from turbotrain.doctor.analysis.context import Context
+    from turbotrain.doctor.record.compile_watch import CompileFacts, CompileSpan
+    from turbotrain.hardware import detect
+
+    steps, spans, t = [], [], 0.0
+    for i in range(16):
+        evaluates = i % 4 == 3
+        seconds = 0.2 + (4.8 if evaluates else 0.0)
+        phases = {"forward": 0.1, "optimizer": 0.1, **({"eval": 4.8} if evaluates else {})}
+        steps.append(StepRecord(i, t, t + seconds, phases, forwards=1, backwards=1, optimizers=1, preempted=0.0))
+        if evaluates and compile_s:
+            spans.append(CompileSpan(f"1/{i}", t + 0.25, compile_s, "recompile"))
+        t += seconds
+    recording = SimpleNamespace(compiled=CompileFacts(spans=tuple(spans)), watched=None)
+    return Context(script="train.py", base="/u", hw=detect("cpu"), device="cpu", breakdown=compute_breakdown(steps, 1),
+                   measured_steps=list(range(1, 16)), recording=recording, step_records=steps)  # type: ignore[arg-type]  # a stand-in Recording
+
+
+def test_compiling_inside_the_periodic_work_is_left_out_of_what_it_costs_each_time():
+    from turbotrain.doctor.analysis.periodic import periodic_table
+
+    [as_is] = periodic_table(_evaluating(0.0))
+    assert as_is.cost_ms == 4800.0 and as_is.note is None
+    [compiled] = periodic_table(_evaluating(4.6))
+    assert compiled.cost_ms == 200.0 and compiled.share < as_is.share
+    assert compiled.note.startswith("torch.compile compiled in these steps, 4600 ms an occurrence on average")
+    ctx = SimpleNamespace(periodic_rows=[compiled])
+    assert list(periodic_rule.periodic_work(ctx)) == []  # 200 ms every 4 steps of 1.4 s: under 5%
+    [said] = periodic_rule.periodic_work(SimpleNamespace(periodic_rows=[as_is]))
+    assert said.severity == "high"

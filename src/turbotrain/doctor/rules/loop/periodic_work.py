@@ -66,7 +66,7 @@ def periodic_work(ctx: Context) -> Iterator[Finding]:
         saved = share * (1 - every / better) if better else 0.0
         f.set_gain(max(0.0, saved), measured=True)
         f.note = f"Measured over {len(row.steps)} occurrence(s); the numbers above spread it over its period."
-        if row.note:  # found beyond the window: how (analysis/periodic.py)
+        if row.note:  # found beyond the window: how; compiling left out of its cost (analysis/periodic.py)
             f.note = f"{f.note} {row.note}"
         yield f
 
