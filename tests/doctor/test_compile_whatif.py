@@ -162,7 +162,7 @@ def test_a_rerun_compile_reads_the_graphs_the_run_left_in_inductors_cache():
     model(x).pow(2).mean().backward()  # the run: compiled (or read from an earlier run), its graphs on disk
     code = CompiledCode("forward", Site("t.py", 1), None, 1, 1, (), (), first_compile_s=1.0)
     ctx = SimpleNamespace(capture=SimpleNamespace(args=(x,), kwargs={}, module=model), on_gpu=False,
-                          compiled=CompileFacts(codes=(code,)))
+                          compiled=CompileFacts(codes=(code,)), facts=SimpleNamespace(autocast=False))
     cached = cached_compile(ctx, model, Budget(60.0))
     assert cached is not None and cached.graphs_read >= 1, cached
     assert cached_compile(ctx, model, Budget(1.5)) is None

@@ -2,9 +2,11 @@
 compiles of both, their first-call seconds and the step, and for how many steps the tuned kernels pay for their
 compile; `mode='reduce-overhead'` on a run without CUDA (its CUDA graphs change nothing there), said.
 
-Reads: run + model (compiled by `torch.compile(model)` or in place, `model.compile(...)`).
+Reads: run + model.
 Edit: `mode='default'` at the model's `.compile(...)` call or the script's one `torch.compile(...)` call (by hand
 where it has several).
+
+The model is the one `torch.compile(model)` returned, or a module compiled in place (`model.compile(...)`).
 
 A model compiled with ``mode="max-autotune"`` (or ``max-autotune-no-cudagraphs``) spends its compile benchmarking
 kernels: timed, the model compiled in the script's mode against the default mode, fresh compiles of both, their
