@@ -211,7 +211,7 @@ def test_set_to_none_joins_the_measured_memory_fixes_where_the_script_zero_fills
     capture = SimpleNamespace(module=model, args=(x,), kwargs={}, batch_size=x.shape[0], batch_dim=0)
     ctx = SimpleNamespace(capture=capture, step_memory=_memory(activations=64 * MIB), optimizers=[(opt, None)],
                           ran_sites=lambda kind: [object()] if zeroes and kind == "zero_grad_zeros" else [],
-                          step_s=0.01, share=lambda category: 0.3)
+                          step_s=0.01, share=lambda category: 0.3, compiled=None)
 
     class Roomy:
         left = 600.0
@@ -258,7 +258,7 @@ def _activation_trial(budget):
     capture = SimpleNamespace(module=model, args=(x,), kwargs={}, batch_size=x.shape[0], batch_dim=0)
     ctx = SimpleNamespace(capture=capture, step_memory=_memory(activations=64 * MIB),
                           optimizers=[(torch.optim.SGD(model.parameters(), lr=0.1), None)],
-                          ran_sites=lambda kind: [], step_s=0.01, share=lambda category: 0.3)
+                          ran_sites=lambda kind: [], step_s=0.01, share=lambda category: 0.3, compiled=None)
     evidence = ActivationEvidence(peak_bytes=2, activation_bytes=1, blocks={"wide": 1}, called_at={},
                                   capacity_bytes=None, tight=False)
     finding = Finding("activation-memory", message="", fix=Fix(""), evidence=evidence)
@@ -355,6 +355,24 @@ def test_the_optimizer_state_counted_is_the_copies_own_where_an_lr_scheduler_wra
     memory = measure_captured(Capture(module=model, args=(x,), kwargs={}, batch_size=32), [opt])
     assert memory.peak.optimizer_state >= 2 * memory.peak.parameters > 0, memory.peak
     assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before)) and not opt.state
+
+
+def test_the_memory_fixes_of_a_compiled_model_run_eagerly_and_compile_nothing():
+    # airbench's copies of its max-autotune model compiled again for every fix and its baseline: 21 s a first step,
+    # and no fix fitted the what-if budget.
+    from turbotrain.doctor.analysis.memory_fixes import checkpointing
+
+    compiles = []
+
+    def backend(graph, example_inputs):
+        compiles.append(graph)
+        return graph.forward
+
+    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+    compiled = torch.compile(model, backend=backend)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    cost = checkpointing(compiled, [opt], ((torch.randn(8, 16),), {}), ["_orig_mod.0"], repeats=1)
+    assert compiles == [] and cost.fixed.step_seconds > 0 and cost.baseline.step_seconds > 0
 
 
 def test_a_stack_of_blocks_is_recomputed_whole_where_none_holds_a_quarter_alone():

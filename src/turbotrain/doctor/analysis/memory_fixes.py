@@ -4,8 +4,9 @@ with gradient accumulation to the same effective batch. Here, not in ``whatif/``
 (stage 3) calls them.
 
 Each fix runs its baseline and itself in the same call, on their own ``copy.deepcopy`` of the model and its
-optimizers (copied together, so the copied optimizers update the copied parameters): one warm-up step (timed: given
-the budget left, a fix whose rounds it could not hold is not measured further), one step measured by
+optimizers (copied together, so the copied optimizers update the copied parameters), run eagerly (torch.compile's
+graphs are not compiled again for each): one warm-up step (timed: given the budget left, a fix whose rounds it could
+not hold is not measured further), one step measured by
 :func:`~turbotrain.doctor.record.memory_watch.measure_step` for the peak, then plain steps, baseline and fix
 alternating, the fastest of each for the time. The batch is ``(args, kwargs)`` as captured.
 """
@@ -205,6 +206,13 @@ def _peak(variant: _Variant) -> int:
 
 
 def _step(variant: _Variant) -> None:
+    # Eager, as measure_step's peak is: a copy of a compiled model would compile again for every fix and its
+    # baseline (airbench's max-autotune copies: 21 s a first step, and no fix fitted the budget).
+    with torch.compiler.set_stance("force_eager"):
+        _train(variant)
+
+
+def _train(variant: _Variant) -> None:
     for opt in variant.optimizers:
         opt.zero_grad(set_to_none=variant.set_to_none)
     for batch in variant.batches:

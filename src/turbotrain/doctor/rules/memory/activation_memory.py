@@ -171,8 +171,14 @@ def measure(ctx: Context, finding: Finding, budget: TimeLeft) -> Measured | None
         verdict=judge([ratio]),
         applies_to=ctx.share("compute") + ctx.share("optimizer") + ctx.share("python_overhead"),
         fix=fix_for(pick.fix, pick.detail) if pick.fix != "checkpointing" else None,
-        note=f"Measured, peak and step: {said}.{unmeasured}",
+        note=f"Measured, peak and step{_eagerly(ctx)}: {said}.{unmeasured}",
     )
+
+
+def _eagerly(ctx: Context) -> str:
+    """How the fixes' steps ran, where the script compiled: eagerly, each side (analysis/memory_fixes.py)."""
+    compiled = ctx.compiled
+    return " (each side run eagerly, not compiled again per fix)" if compiled is not None and compiled.codes else ""
 
 
 def _ratio(row: MeasuredFix, what: Literal["bytes", "ms"]) -> float:
