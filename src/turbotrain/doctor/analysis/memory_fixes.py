@@ -209,16 +209,12 @@ def _step(variant: _Variant) -> None:
     # Eager, as measure_step's peak is: a copy of a compiled model would compile again for every fix and its
     # baseline (airbench's max-autotune copies: 21 s a first step, and no fix fitted the budget).
     with torch.compiler.set_stance("force_eager"):
-        _train(variant)
-
-
-def _train(variant: _Variant) -> None:
-    for opt in variant.optimizers:
-        opt.zero_grad(set_to_none=variant.set_to_none)
-    for batch in variant.batches:
-        (variant.loss_fn(variant.model, batch) / len(variant.batches)).backward()
-    for opt in variant.optimizers:
-        opt.step()
+        for opt in variant.optimizers:
+            opt.zero_grad(set_to_none=variant.set_to_none)
+        for batch in variant.batches:
+            (variant.loss_fn(variant.model, batch) / len(variant.batches)).backward()
+        for opt in variant.optimizers:
+            opt.step()
 
 
 def _timed(variant: _Variant) -> float:

@@ -184,7 +184,8 @@ def _compiling_in(ctx: Context, steps: list[int]) -> float:
     facts = ctx.compiled
     if facts is None or not facts.spans or not steps:
         return 0.0
-    records = [r for r in _records(ctx) if r.index in set(steps)]
+    wanted = set(steps)
+    records = [r for r in _records(ctx) if r.index in wanted]
     seconds = sum(span.seconds for span in facts.spans for r in records if r.start <= span.start < r.end)
     return seconds / len(steps)
 

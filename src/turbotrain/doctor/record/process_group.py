@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -49,8 +49,8 @@ def process_group_kept() -> Iterator[None]:
     made_here = not c10d.is_initialized()
     patcher = Patcher()
     for owner in (torch.distributed, c10d):
-        patcher.replace(owner, "destroy_process_group", _same(destroy))
-        patcher.replace(owner, "init_process_group", _same(init))
+        patcher.put(owner, "destroy_process_group", destroy)
+        patcher.put(owner, "init_process_group", init)
     try:
         yield
     finally:
@@ -58,7 +58,3 @@ def process_group_kept() -> Iterator[None]:
         # The group the script made, its destroy put off or never reached (the doctor stopped the script first).
         if made_here and c10d.is_initialized():
             real_destroy()
-
-
-def _same(replacement: Callable[..., Any]) -> Callable[[Any], Callable[..., Any]]:
-    return lambda _original: replacement

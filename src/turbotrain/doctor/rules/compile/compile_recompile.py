@@ -183,7 +183,8 @@ def _line_finding(ctx: Context, code: CompiledCode, kept: list[Recompile], of_co
     seconds = sum(r.seconds for r in kept)
     watched = _watched_s(ctx)
     ranks = _ranks_only(kept)
-    settled = _settled_after(ctx, kept) if kind == CHANGED_VALUE and not _filled_on_first_call(kept) else None
+    first_call = _filled_on_first_call(kept)
+    settled = _settled_after(ctx, kept) if kind == CHANGED_VALUE and not first_call else None
     others = f"; {of_code - len(kept)} more at other lines, said apart" if of_code > len(kept) else ""
     f = Finding(
         "compile-recompile",
@@ -195,15 +196,7 @@ def _line_finding(ctx: Context, code: CompiledCode, kept: list[Recompile], of_co
             + (f", against {seconds_text(watched)} of the steps watched" if watched else "")
             + f". First failed guard: {first.guard.rstrip('.')}."
         ),
-        fix=(
-            _RANKS_FIX
-            if ranks
-            else _FIRST_CALL_FIX
-            if _filled_on_first_call(kept)
-            else _values_fix(kept, *settled)
-            if settled is not None
-            else fix_for(kind)
-        ),
+        fix=_line_fix(kept, kind, ranks, first_call, settled),
         evidence=RecompileEvidence(
             code=code.name,
             code_at=_code_at(code),
@@ -228,6 +221,18 @@ def _line_finding(ctx: Context, code: CompiledCode, kept: list[Recompile], of_co
     f.note = _recompile_note(kind, ranks, settled is not None, repeated)
     f.request = _trial(ctx, kind, code)
     return f
+
+
+def _line_fix(kept: list[Recompile], kind: str, ranks: bool, first_call: bool, settled: tuple[int, int] | None) -> Fix:
+    """The fix for one line's recompiles: their own for new ranks, a cache filled on the first call and values all
+    met early; else their most frequent kind's."""
+    if ranks:
+        return _RANKS_FIX
+    if first_call:
+        return _FIRST_CALL_FIX
+    if settled is not None:
+        return _values_fix(kept, *settled)
+    return fix_for(kind)
 
 
 def _recompile_note(kind: str, ranks: bool, settled: bool, repeated: bool) -> str:
