@@ -130,3 +130,38 @@ def test_a_run_out_of_memory_under_the_limit_is_patched_and_verified_to_fit(tmp_
     check = fix["verification"]
     assert check["verdict"] == "fits" and "can't allocate memory" in check["original_out_of_memory"]
     assert len(check["patched_ms_per_step"]) == 1 and check["peak_memory"]["patched_bytes"] > 0
+
+
+def test_an_out_of_memory_inside_a_compiled_graph_names_the_users_line(tmp_path):
+    # Inductor's generated code (a file in its cache folder) allocates a compiled graph's buffers: an error raised
+    # there is torch's, and the line to name is the script's (build-nanogpt's was "failed at
+    # .../.inductor_cache/r4/cr4p....py:1349"), its call of the compiled function.
+    (tmp_path / "train.py").write_text(textwrap.dedent(f"""
+        import json, torch
+        from torch._inductor.runtime.cache_dir_utils import cache_dir
+        from turbotrain.doctor.record.memory_limit import enforced, memory_limit
+        from turbotrain.doctor.record.out_of_memory import out_of_memory
+
+        @torch.compile
+        def double(x):
+            return x * 2 + 1
+
+        x = torch.ones(24 * {MIB} // 4)
+        double(x)  # compiled here, with no limit
+        with memory_limit(16 * {MIB}), enforced():
+            try:
+                double(x)  # marked: the graph's output of 24 MiB is refused
+            except RuntimeError as exc:
+                oom = out_of_memory(exc)
+                tb, files = exc.__traceback__, []
+                while tb is not None:
+                    files.append(tb.tb_frame.f_code.co_filename)
+                    tb = tb.tb_next
+        generated = [f for f in files if f.startswith(cache_dir())]
+        print(json.dumps([oom.site.file, oom.site.line, len(generated)]))
+    """))
+    proc = subprocess.run([sys.executable, "train.py"], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    file, line, generated = json.loads(proc.stdout.splitlines()[-1])
+    assert generated >= 1  # the error was raised in Inductor's code
+    assert file.endswith("train.py") and "# marked" in (tmp_path / "train.py").read_text().splitlines()[line - 1]

@@ -17,7 +17,7 @@ from ..speedups.policy import call_text
 from ..speedups.registry import by_field
 from .results import WhatIf
 from .rule_ids import rule_ids
-from .sites import Site, is_user_file, source_lines
+from .sites import Site, raised_at, source_lines
 
 if TYPE_CHECKING:
     from .requests import WhatIfRequest
@@ -96,11 +96,16 @@ def one_line(exc: BaseException) -> str:
 def _raised_at(exc: BaseException) -> str:
     """Where an error with no message was raised (a bare ``assert``): the innermost frame of the user's code, else
     the innermost, as `` at train.py:113 (assert g is not None)``; "" where it has no traceback."""
-    frames = traceback.extract_tb(exc.__traceback__) if exc.__traceback__ is not None else []
-    frame = next((f for f in reversed(frames) if is_user_file(f.filename)), frames[-1] if frames else None)
-    if frame is None:
-        return ""
-    return f" at {os.path.basename(frame.filename)}:{frame.lineno}" + (f" ({frame.line})" if frame.line else "")
+    site = raised_at(exc.__traceback__)
+    code: str | None
+    if site is not None:
+        file, line, code = site.file, site.line, site.code
+    else:
+        frames = traceback.extract_tb(exc.__traceback__) if exc.__traceback__ is not None else []
+        if not frames:
+            return ""
+        file, line, code = frames[-1].filename, frames[-1].lineno or 0, frames[-1].line
+    return f" at {os.path.basename(file)}:{line}" + (f" ({code})" if code else "")
 
 
 def severity_for(gain_share: float | None) -> Severity:

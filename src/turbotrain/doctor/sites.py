@@ -1,7 +1,7 @@
 """Where in the user's code something happened: the frame that belongs to their script.
 
 A *user file* is any Python file that is not part of the standard library, an installed
-package (site-packages), torch or turbotrain. Findings point at ``file:line`` of such a
+package (site-packages), torch (Inductor's generated code too) or turbotrain. Findings point at ``file:line`` of such a
 frame so the user lands on their own code, never inside a library. Installed means any
 ``site-packages`` or ``dist-packages`` folder, not only this interpreter's: the user's own
 (``pip install --user``), a distribution's, or one put on ``PYTHONPATH``; and, anywhere else
@@ -17,10 +17,10 @@ import site
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
+from types import FrameType, TracebackType
 from typing import Iterable
 
-__all__ = ["Site", "is_user_file", "user_site", "caller_site", "relative_where", "source_lines"]
+__all__ = ["Site", "is_user_file", "user_site", "caller_site", "raised_at", "relative_where", "source_lines"]
 
 
 def _library_roots() -> tuple[str, ...]:
@@ -83,8 +83,18 @@ def is_user_file(filename: str) -> bool:
             _ROOTS = _library_roots()
         path = os.path.realpath(filename)
         answer = not _under(path, _ROOTS) and not any(folder in _INSTALLED for folder in Path(path).parts)
+        answer = answer and not _under(path, (_inductor_cache(),))
     USER_FILES[filename] = answer
     return answer
+
+
+def _inductor_cache() -> str:
+    """Where Inductor writes the Python it generates (a compiled graph's ``call``, where an out-of-memory error of a
+    compiled model is raised): torch's code, not the user's. Read each time, as torch reads it: a script or a test
+    may point ``TORCHINDUCTOR_CACHE_DIR`` elsewhere while it runs."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    return os.path.realpath(os.environ.get("TORCHINDUCTOR_CACHE_DIR") or default_cache_dir())
 
 
 @dataclass(frozen=True)
@@ -113,6 +123,26 @@ def user_site(frame: FrameType | None, max_depth: int = 64) -> Site | None:
         frame = frame.f_back
         depth += 1
     return None
+
+
+def raised_at(tb: TracebackType | None) -> Site | None:
+    """The innermost line of the user's code an error was raised under (its traceback's); None where none is.
+
+    A function torch.compile compiled runs as Dynamo's bytecode in a frame of the function's own code, at its first
+    line (its ``def`` or decorator) while its graph runs: such a frame is passed over for its caller's line (the
+    call of the compiled model), since no line of its body is the one that ran."""
+    site = None
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        calls_graph = tb.tb_lineno == code.co_firstlineno and tb.tb_next is not None and _in_dynamo(tb.tb_next)
+        if is_user_file(code.co_filename) and not calls_graph:
+            site = Site(code.co_filename, tb.tb_lineno, code.co_name)
+        tb = tb.tb_next
+    return site
+
+
+def _in_dynamo(tb: TracebackType) -> bool:
+    return f"{os.sep}torch{os.sep}_dynamo{os.sep}" in tb.tb_frame.f_code.co_filename
 
 
 def caller_site(frame: FrameType | None) -> Site | None:

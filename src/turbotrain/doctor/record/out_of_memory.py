@@ -11,7 +11,7 @@ from typing import Literal
 import torch
 
 from .measurements import MemoryPhase
-from ..sites import Site, is_user_file
+from ..sites import Site, raised_at
 
 __all__ = ["OutOfMemory", "out_of_memory"]
 
@@ -63,7 +63,7 @@ def _classify(exc: BaseException) -> OutOfMemory | None:
     match = _REQUEST.search(text)
     requested = int(float(match.group(1)) * _UNITS[match.group(2)]) if match else None
     message = next((line.strip() for line in text.splitlines() if line.strip()), type(exc).__name__)
-    return OutOfMemory(device, requested, message, _innermost_user_site(exc.__traceback__), _phase(exc.__traceback__))
+    return OutOfMemory(device, requested, message, raised_at(exc.__traceback__), _phase(exc.__traceback__))
 
 
 # Where a torch frame's file says the step was; the outermost such frame decides (a forward recomputed inside a
@@ -86,13 +86,3 @@ def _phase(tb: TracebackType | None) -> MemoryPhase | Literal[""]:
             if any(part in name for part in parts):
                 return phase
     return ""
-
-
-def _innermost_user_site(tb: TracebackType | None) -> Site | None:
-    site = None
-    while tb is not None:
-        code = tb.tb_frame.f_code
-        if is_user_file(code.co_filename):
-            site = Site(code.co_filename, tb.tb_lineno, code.co_name)
-        tb = tb.tb_next
-    return site

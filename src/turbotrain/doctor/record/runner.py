@@ -12,14 +12,14 @@ import traceback
 import types
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import CodeType
+from types import CodeType, TracebackType
 from typing import Any, Callable
 
 import torch
 
 from .memory_limit import enforced
 from .recorder import Recorder, Stop
-from ..sites import Site, is_user_file
+from ..sites import Site, raised_at
 
 __all__ = ["ScriptRun", "run_script", "run_target"]
 
@@ -44,13 +44,9 @@ class ScriptRun:
         return self.status in ("error", "exit")
 
 
-def error_site_of(tb) -> Site | None:
-    """The innermost frame of the traceback that is the user's code."""
-    site = None
-    for frame, lineno in traceback.walk_tb(tb):
-        if is_user_file(frame.f_code.co_filename):
-            site = Site(frame.f_code.co_filename, lineno, frame.f_code.co_name)
-    return site
+def error_site_of(tb: TracebackType | None) -> Site | None:
+    """The innermost line of the user's code the error was raised under (:func:`..sites.raised_at`)."""
+    return raised_at(tb)
 
 
 def _run_as_main(code: CodeType, path: str, init_globals: dict[str, Any]) -> None:
