@@ -12,9 +12,11 @@ import torch
 from doctor_helpers import cached_report, marked_lines, run_doctor, script
 from turbotrain.doctor.analysis.breakdown import compute_breakdown
 from turbotrain.doctor.analysis.context import Context, build_context
-from turbotrain.doctor.analysis.memory import blocks_to_checkpoint, measure_captured, scaled_bytes
+from turbotrain.doctor.analysis.replay import surrogate_step
+from turbotrain.doctor.analysis.memory import blocks_to_checkpoint, fit_after_oom, measure_captured, scaled_bytes
 from turbotrain.doctor.module_stacks import blocks_text, stacked
 from turbotrain.doctor.record.graph_watch import GraphGrowth, TensorGrowth
+from turbotrain.doctor.record.measurements import ForwardFacts
 from turbotrain.doctor.record.memory_watch import DeviceMemory, ModuleActivations, PeakSplit, StepMemory
 from turbotrain.doctor.record.out_of_memory import OutOfMemory
 from turbotrain.doctor.record.recorder import Recorder
@@ -166,6 +168,101 @@ def test_a_script_that_runs_out_of_memory_is_explained_with_a_fix_that_fits_and_
     assert edited != fix.where and f"out-of-memory  {edited} (found at {fix.where})  " in text, text
 
 
+class _Wide(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up, self.down = torch.nn.Linear(16, 512), torch.nn.Linear(512, 16)
+
+    def forward(self, x):
+        return x + self.down(self.up(x).relu())
+
+
+class _Blocks(torch.nn.Module):
+    """Two blocks in a list and a head whose forwards say which autocast they ran under (in a list of the class, which
+    the copies share)."""
+
+    autocast: list[str | None] = []
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(_Wide() for _ in range(2))
+        self.head = torch.nn.Linear(16, 4)
+
+    def forward(self, x):
+        on = torch.is_autocast_enabled("cpu")
+        self.autocast.append(str(torch.get_autocast_dtype("cpu")) if on else None)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def _compiled_bf16(autocast: bool) -> tuple[Context, _Blocks]:
+    """A context of a script that compiled its model and trained it under bf16 autocast (or not)."""
+    torch.manual_seed(0)
+    model = _Blocks()
+    _Blocks.autocast.clear()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    # Dynamo's eager backend: the copies run eagerly anyway, and nothing is compiled here.
+    capture = Capture(torch.compile(model, backend="eager"), (torch.randn(256, 16),), {}, 256)
+    ctx = Context(script=None, base=None, hw=detect("cpu"), device="cpu", breakdown=compute_breakdown([], 1),
+                  measured_steps=[], capture=capture, optimizers=[(opt, None)],
+                  facts=ForwardFacts(autocast=autocast, autocast_dtype="torch.bfloat16" if autocast else None),
+                  recording=_recording())
+    return ctx, model
+
+
+def test_the_step_of_a_compiled_bf16_script_is_measured_under_its_autocast_with_its_own_names():
+    # build-nanogpt (torch.compile, bf16 autocast) was measured in fp32 (its logits twice the bytes) and its blocks
+    # named `_orig_mod.transformer.h.0-3`; checkpointing was offered on `_orig_mod`, the whole model.
+    ctx, model = _compiled_bf16(autocast=True)
+    memory = ctx.step_memory
+    assert memory is not None and set(model.autocast) == {"torch.bfloat16"}  # each copy's forward, under autocast
+    names = {row.name for row in memory.modules}
+    assert {"blocks.0", "blocks.1"} <= names and not any("_orig_mod" in n for n in names), names
+    assert blocks_to_checkpoint(memory.modules, memory.activation_bytes) == ["blocks.0", "blocks.1"]
+    fp32, _ = _compiled_bf16(autocast=False)
+    assert fp32.step_memory is not None and memory.activation_bytes < fp32.step_memory.activation_bytes
+
+
+@pytest.mark.parametrize("autocast", [True, False])
+def test_fixes_after_out_of_memory_leave_out_the_autocast_the_script_has(autocast):
+    ctx, model = _compiled_bf16(autocast)
+    oom = OutOfMemory("cpu", 2 * MIB, "can't allocate memory", None, phase="forward", step=0)
+    fit = fit_after_oom(ctx.capture, [ctx.optimizers[0][0]], oom, ctx.script_loss, autocasts=autocast, repeats=1)
+    assert fit is not None and fit.rows == 128
+    fixes = [f.cost.fix for f in fit.fixes]
+    assert ("bf16-autocast" in fixes) is not autocast, fixes
+    assert "checkpointing" in fixes
+    assert (None in model.autocast) is not autocast  # every step under the script's autocast, where it has one
+
+
+def test_micro_batches_after_out_of_memory_are_sized_for_the_whole_batch_and_measured_at_that_size(monkeypatch):
+    # build-nanogpt's 4 rows under 400 MiB: measured at 2 rows, only "2 x 1" was tried (k was capped by the rows
+    # measured), estimated at 2 rows a micro-batch, "does not fit"; micro-batches of 1 row, which fit, never came up.
+    from turbotrain.doctor.analysis import memory as memory_module
+
+    ctx, _ = _compiled_bf16(autocast=False)
+    optimizers = [ctx.optimizers[0][0]]
+    at_half = measure_captured(ctx.capture, optimizers, rows=128)
+    # A step of 64 rows fits, with room for the gradients accumulated beside a micro-batch; of 128 rows, not.
+    capacity = (scaled_bytes(at_half, at_half.peak_bytes, 128, 64) + at_half.peak_bytes) // 2
+    monkeypatch.setattr(memory_module, "capacity_bytes", lambda memory: capacity)
+    oom = OutOfMemory("cpu", 2 * MIB, "can't allocate memory", None, phase="forward", step=0)
+    fit = fit_after_oom(ctx.capture, optimizers, oom, repeats=1)
+    assert fit is not None and (fit.rows, fit.full_rows) == (128, 256)
+    [split] = [f for f in fit.fixes if f.cost.fix == "micro-batches"]
+    assert split.cost.detail == "4 x 64" and split.fits  # 4 micro-batches of 64 rows make the whole batch
+    assert split.estimated_bytes == split.cost.fixed.peak_bytes  # measured as 2 x 64 at 128 rows: no scaling
+    # Where the batch that fits is the micro-batch itself (build-nanogpt fitted 1 of its 4 rows), two of it are
+    # accumulated: the peak with the first one's gradients held, its seconds per micro-batch.
+    at_micro = measure_captured(ctx.capture, optimizers, rows=64)
+    trials = memory_module._Trials(ctx.script_loss, autocasts=False, repeats=1)
+    batch = memory_module._batch(ctx.capture, 64)
+    alone = memory_module._micro_batches_fix(ctx.capture, optimizers, batch, 64, at_micro, trials)
+    assert alone.cost.detail == "4 x 64" and alone.fits and alone.estimated_bytes == alone.cost.fixed.peak_bytes
+    assert alone.cost.fixed.peak_bytes > alone.cost.baseline.peak_bytes  # the gradients kept for the second
+
+
 @pytest.mark.parametrize("name, rule", [("memory_loss_kept", "graph-kept-alive"),
                                         ("memory_big_activations", "activation-memory")])
 def test_the_corpus_memory_findings_and_section(name, rule):
@@ -211,7 +308,8 @@ def test_set_to_none_joins_the_measured_memory_fixes_where_the_script_zero_fills
     capture = SimpleNamespace(module=model, args=(x,), kwargs={}, batch_size=x.shape[0], batch_dim=0)
     ctx = SimpleNamespace(capture=capture, step_memory=_memory(activations=64 * MIB), optimizers=[(opt, None)],
                           ran_sites=lambda kind: [object()] if zeroes and kind == "zero_grad_zeros" else [],
-                          step_s=0.01, share=lambda category: 0.3, compiled=None)
+                          step_s=0.01, share=lambda category: 0.3, compiled=None, facts=ForwardFacts(),
+                          script_loss=surrogate_step)
 
     class Roomy:
         left = 600.0
@@ -258,7 +356,8 @@ def _activation_trial(budget):
     capture = SimpleNamespace(module=model, args=(x,), kwargs={}, batch_size=x.shape[0], batch_dim=0)
     ctx = SimpleNamespace(capture=capture, step_memory=_memory(activations=64 * MIB),
                           optimizers=[(torch.optim.SGD(model.parameters(), lr=0.1), None)],
-                          ran_sites=lambda kind: [], step_s=0.01, share=lambda category: 0.3, compiled=None)
+                          ran_sites=lambda kind: [], step_s=0.01, share=lambda category: 0.3, compiled=None,
+                          facts=ForwardFacts(), script_loss=surrogate_step)
     evidence = ActivationEvidence(peak_bytes=2, activation_bytes=1, blocks={"wide": 1}, called_at={},
                                   capacity_bytes=None, tight=False)
     finding = Finding("activation-memory", message="", fix=Fix(""), evidence=evidence)
@@ -371,7 +470,7 @@ def test_the_memory_fixes_of_a_compiled_model_run_eagerly_and_compile_nothing():
     model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
     compiled = torch.compile(model, backend=backend)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    cost = checkpointing(compiled, [opt], ((torch.randn(8, 16),), {}), ["_orig_mod.0"], repeats=1)
+    cost = checkpointing(compiled, [opt], ((torch.randn(8, 16),), {}), ["0"], repeats=1)  # the eager module's name
     assert compiles == [] and cost.fixed.step_seconds > 0 and cost.baseline.step_seconds > 0
 
 
@@ -412,6 +511,22 @@ def test_dropout_and_activation_modules_are_not_blocks_to_recompute():
     assert not elementwise[""] and not elementwise.get("5", False) and not elementwise.get("6", False), elementwise
     # The ReLUs hold what the Linears after them read (saved once, by the first): recomputing them frees nothing.
     assert not set(blocks_to_checkpoint(step.modules, step.activation_bytes)) & {"1", "3", "4"}
+
+
+def test_what_the_models_own_forward_saves_is_a_row_of_its_own():
+    # build-nanogpt's cross-entropy over 50,304 logits in GPT.forward saved 49.1 MiB of 67.6; the section named only
+    # lm_head and the blocks (the root's total holds them all, and was left out).
+    site = Site("/u/train.py", 114, "GPT.forward")
+    head = ModuleActivations("lm_head", "Linear", 12 * MIB, 12 * MIB, 1)
+    blocks = [ModuleActivations(f"h.{i}", "Block", 0, 2 * MIB, 4, Site("/u/train.py", 70, "Block.forward"))
+              for i in range(3)]
+    root = ModuleActivations("", "GPT", 49 * MIB, 67 * MIB, 9, site)
+    memory = dataclasses.replace(_memory(activations=67 * MIB), modules=(root, head, *blocks))
+    section = memory_section(_context(memory=memory))
+    assert [(m.name, m.class_name, m.bytes) for m in section.top_modules] == [
+        ("", "GPT", 49 * MIB), ("lm_head", "Linear", 12 * MIB), ("h.0-2", "Block", 6 * MIB)]
+    text = "\n".join(memory_lines(section)).replace("\n", " ")
+    assert "saved for backward: GPT.forward itself (/u/train.py:114) 49.0 MiB; lm_head (Linear) 12.0 MiB" in text
 
 
 def test_a_stack_is_said_once_in_the_memory_section_and_the_finding():

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from ..record.compile_watch import CompileFacts
     from ..record.loss_capture import EagerLoss
     from .ranks import RankAnalysis
-    from ..record.memory_watch import StepMemory
+    from ..record.memory_watch import LossFn, StepMemory
     from .memory import FitMeasure
     from .gap_work import OccasionalWork
     from .periodic import PeriodicRow
@@ -142,7 +142,7 @@ class Context:
         if self.capture is None or not self.memory_allowed or died or any(map(_steps_with_closure, optimizers)):
             return None
         try:
-            return measure_captured(self.capture, optimizers)
+            return measure_captured(self.capture, optimizers, loss_fn=self.script_loss)
         except Exception as exc:  # noqa: BLE001 - a model the copies cannot train costs the memory section only
             self.memory_failed = one_line(exc)
             log.warning("turbotrain doctor: the step's memory was not measured: %s", self.memory_failed)
@@ -158,7 +158,15 @@ class Context:
         oom = recording.out_of_memory if recording is not None else None
         if oom is None or self.capture is None or not self.memory_allowed:
             return None
-        return fit_after_oom(self.capture, [opt for opt, _ in self.optimizers], oom)
+        optimizers = [opt for opt, _ in self.optimizers]
+        return fit_after_oom(self.capture, optimizers, oom, self.script_loss, autocasts=bool(self.facts.autocast))
+
+    @property
+    def script_loss(self) -> LossFn:
+        """The re-runs' loss (:func:`.replay.surrogate_step`) with the forward under the script's autocast."""
+        from .replay import autocast_of, under
+
+        return under(autocast_of(self.facts, self.on_gpu))
 
     @property
     def compiled(self) -> CompileFacts | None:

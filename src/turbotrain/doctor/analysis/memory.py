@@ -10,6 +10,7 @@ stay as measured.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -20,11 +21,11 @@ from torch.utils._pytree import tree_map
 
 from ...data.transfer import resize_batch
 from ...measure import copy_for_trial
-from ..record.memory_watch import ModuleActivations, StepMemory, measure_step
+from ..record.memory_watch import LossFn, ModuleActivations, StepMemory, measure_step
 from ..record.out_of_memory import OutOfMemory, out_of_memory
 from ..record.recording import Capture
 from ..module_stacks import stack_of
-from .memory_fixes import FixCost, bf16_autocast, checkpointing, micro_batches
+from .memory_fixes import FixCost, accumulated, bf16_autocast, checkpointing, eager_module, micro_batches
 from .replay import surrogate_step
 
 __all__ = [
@@ -78,7 +79,7 @@ def size_text(nbytes: float | None) -> str:
 
 def _copies(capture: Capture, optimizers: Sequence[Any]) -> tuple[torch.nn.Module, list[Any]]:
     # One deepcopy of both: the copied optimizers then update the copied parameters.
-    return copy_for_trial((capture.module, list(optimizers)))
+    return copy_for_trial((eager_module(capture.module), list(optimizers)))
 
 
 def _batch(capture: Capture, rows: int | None) -> Any:
@@ -90,17 +91,20 @@ def _batch(capture: Capture, rows: int | None) -> Any:
     return tree_map(lambda v: v.clone() if isinstance(v, torch.Tensor) else v, cut)
 
 
-def measure_captured(capture: Capture, optimizers: Sequence[Any], rows: int | None = None) -> StepMemory:
+def measure_captured(
+    capture: Capture, optimizers: Sequence[Any], rows: int | None = None, loss_fn: LossFn = surrogate_step
+) -> StepMemory:
     """One training step of copies of the captured model and its optimizers on the captured batch (cut to ``rows``),
-    measured after a warm-up step that creates the optimizers' state; the surrogate loss of the what-ifs."""
+    measured after a warm-up step that creates the optimizers' state; ``loss_fn``: the what-ifs' surrogate loss, under
+    the script's autocast where it has one (:func:`.replay.under`)."""
     model, opts = _copies(capture, optimizers)
     batch = _batch(capture, rows)
     for opt in opts:
         opt.zero_grad(set_to_none=True)
-    surrogate_step(model, batch).backward()
+    loss_fn(model, batch).backward()
     for opt in opts:
         opt.step()
-    return measure_step(model, opts, [batch], surrogate_step)
+    return measure_step(model, opts, [batch], loss_fn)
 
 
 def _resident(memory: StepMemory) -> int:
@@ -161,7 +165,7 @@ def _largest_stack(modules: Sequence[ModuleActivations]) -> list[str]:
 
 
 def _fitting_rows(
-    capture: Capture, optimizers: Sequence[Any], oom: OutOfMemory, rows: int
+    capture: Capture, optimizers: Sequence[Any], oom: OutOfMemory, rows: int, loss_fn: LossFn
 ) -> tuple[int, StepMemory] | None:
     """The largest halving of the captured batch, from ``rows`` down, that fits and is cheap to measure, and its
     step's memory."""
@@ -171,7 +175,7 @@ def _fitting_rows(
         # an allocation the system grants is touched page by page, never refused).
         if oom.requested_bytes is None or oom.requested_bytes * rows / full <= MEASURE_CAP_BYTES:
             try:
-                return rows, measure_captured(capture, optimizers, rows)
+                return rows, measure_captured(capture, optimizers, rows, loss_fn)
             except (RuntimeError, MemoryError) as exc:
                 _out_of_memory_or_raise(exc)
         rows //= 2
@@ -185,25 +189,55 @@ def _out_of_memory_or_raise(exc: BaseException) -> None:
         torch.cuda.empty_cache()
 
 
-def _micro_batches_for(memory: StepMemory, rows: int, full: int, capacity: int | None) -> int:
-    """The fewest micro-batches (a power of two dividing ``rows``) whose estimate fits ``capacity``; 2 at least."""
+def _micro_split(memory: StepMemory, rows: int, full: int, capacity: int | None) -> tuple[int, int]:
+    """The whole batch's micro-batches and their rows: the fewest ``k`` (a power of two, 2 at least, more only
+    while they divide ``full``) whose micro-batch's step, estimated from the step measured at ``rows``, fits
+    ``capacity``."""
     k = 2
-    while k * 2 <= rows and rows % (k * 2) == 0:
-        if capacity is not None and scaled_bytes(memory, memory.peak_bytes, rows * k, full) <= capacity:
+    while capacity is not None and full % (k * 2) == 0:
+        if scaled_bytes(memory, memory.peak_bytes, rows, -(-full // k)) <= capacity:
             break
         k *= 2
-    return k
+    return k, -(-full // k)
 
 
-def fit_after_oom(capture: Capture, optimizers: Sequence[Any], oom: OutOfMemory, repeats: int = 2) -> FitMeasure | None:
+def _micro_batches_fix(
+    capture: Capture, optimizers: Sequence[Any], batch: Any, rows: int, memory: StepMemory, trials: _Trials
+) -> FixEstimate:
+    """Gradient accumulation over micro-batches of the whole batch (:func:`_micro_split`), measured at the batch
+    that fits as micro-batches of their size where that splits it into two or more (the estimate is then the
+    measured peak), else as two micro-batches of the batch measured, whose peak is scaled to the micro-batch's."""
+    full, capacity = capture.batch_size, capacity_bytes(memory)
+    k_full, micro = _micro_split(memory, rows, full, capacity)
+    loss_fn, repeats = trials.loss_fn, trials.repeats
+    if rows % micro == 0 and rows // micro >= 2:
+        k, measured = rows // micro, micro
+        cost = micro_batches(capture.module, optimizers, batch, k, rows, capture.batch_dim, loss_fn, repeats)
+    else:  # the batch that fits is a micro-batch's size or less (build-nanogpt: 1 of 4 rows)
+        cost, measured = accumulated(capture.module, optimizers, batch, 2, loss_fn, repeats), rows
+    # Said at the whole batch, as --fix writes it: its micro-batches and their rows.
+    cost = dataclasses.replace(cost, detail=f"{k_full} x {micro}")
+    needed = scaled_bytes(memory, cost.fixed.peak_bytes, measured, micro)
+    return FixEstimate(cost, needed, capacity is not None and needed <= capacity)
+
+
+def fit_after_oom(
+    capture: Capture,
+    optimizers: Sequence[Any],
+    oom: OutOfMemory,
+    loss_fn: LossFn = surrogate_step,
+    autocasts: bool = False,
+    repeats: int = 2,
+) -> FitMeasure | None:
     """After ``oom``: the step at a batch that fits, the whole batch's estimate, and the fixes measured there (micro-
-    batches to the whole batch, bf16 autocast, checkpointing of the blocks that save the most); None when no
-    halving of the captured batch fits."""
+    batches to the whole batch, bf16 autocast where the script's forward ran without autocast (``autocasts``),
+    checkpointing of the blocks that save the most), each step through ``loss_fn``; None when no halving of the
+    captured batch fits."""
     rows = capture.batch_size // 2
-    while (found := _fitting_rows(capture, optimizers, oom, rows)) is not None:
+    while (found := _fitting_rows(capture, optimizers, oom, rows, loss_fn)) is not None:
         rows, memory = found
         try:
-            return _fixes_at(capture, optimizers, rows, memory, repeats)
+            return _fixes_at(capture, optimizers, rows, memory, _Trials(loss_fn, autocasts, repeats))
         except (RuntimeError, MemoryError) as exc:
             # A size at the edge of the memory fits once and not the next time (the allocator's layout differs):
             # the fixes are measured at the next halving instead.
@@ -212,18 +246,28 @@ def fit_after_oom(capture: Capture, optimizers: Sequence[Any], oom: OutOfMemory,
     return None
 
 
-def _fixes_at(capture: Capture, optimizers: Sequence[Any], rows: int, memory: StepMemory, repeats: int) -> FitMeasure:
+@dataclass(frozen=True)
+class _Trials:
+    """How the fixes after an out-of-memory error step: the loss, whether the script autocasts already, rounds."""
+
+    loss_fn: LossFn
+    autocasts: bool
+    repeats: int
+
+
+def _fixes_at(
+    capture: Capture, optimizers: Sequence[Any], rows: int, memory: StepMemory, trials: _Trials
+) -> FitMeasure:
     full, capacity = capture.batch_size, capacity_bytes(memory)
-    batch = _batch(capture, rows)
+    batch, model, loss_fn, repeats = _batch(capture, rows), capture.module, trials.loss_fn, trials.repeats
+    split = _micro_batches_fix(capture, optimizers, batch, rows, memory, trials)
     costs: list[FixCost] = []
-    if rows >= 2:
-        k = _micro_batches_for(memory, rows, full, capacity)
-        costs.append(micro_batches(capture.module, optimizers, batch, k, rows, capture.batch_dim, repeats=repeats))
-    costs.append(bf16_autocast(capture.module, optimizers, batch, repeats=repeats))
+    if not trials.autocasts:  # a script under autocast has what this fix would add
+        costs.append(bf16_autocast(model, optimizers, batch, loss_fn, repeats))
     blocks = blocks_to_checkpoint(memory.modules, memory.activation_bytes)
     if blocks:
-        costs.append(checkpointing(capture.module, optimizers, batch, blocks, repeats=repeats))
-    fixes = []
+        costs.append(checkpointing(model, optimizers, batch, blocks, loss_fn, repeats))
+    fixes = [split]
     for cost in costs:
         needed = scaled_bytes(memory, cost.fixed.peak_bytes, rows, full)
         fixes.append(FixEstimate(cost, needed, capacity is not None and needed <= capacity))

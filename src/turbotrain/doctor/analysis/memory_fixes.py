@@ -13,6 +13,7 @@ alternating, the fastest of each for the time. The batch is ``(args, kwargs)`` a
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from collections.abc import Callable, Sequence
@@ -46,6 +47,8 @@ __all__ = [
     "bf16_autocast",
     "set_to_none",
     "micro_batches",
+    "accumulated",
+    "eager_module",
 ]
 
 
@@ -157,6 +160,24 @@ def micro_batches(
     return _compare("micro-batches", f"{k} x {rows // k}", baseline, fixed, repeats, allows)
 
 
+def accumulated(
+    model: torch.nn.Module,
+    optimizers: Optimizers,
+    batch: Any,
+    k: int,
+    loss_fn: LossFn = surrogate_step,
+    repeats: int = 3,
+) -> FixCost:
+    """``k`` micro-batches, each the whole ``batch``, their gradients accumulated (the peak of a step of ``k`` times
+    the rows split into micro-batches of this batch's), against one step of ``batch``; the fixed side's seconds are
+    per micro-batch, the baseline's rows."""
+    fixed = _variant(model, optimizers, batch, loss_fn)
+    fixed.batches = [batch] * k
+    baseline = _variant(model, optimizers, batch, loss_fn)
+    cost = _compare("micro-batches", f"{k} x the batch", baseline, fixed, repeats)
+    return dataclasses.replace(cost, fixed=Cost(cost.fixed.peak_bytes, cost.fixed.step_seconds / k))
+
+
 def _rows(batch: Any, rows: int, dim: int, start: int, length: int) -> Any:
     if isinstance(batch, torch.Tensor):
         return batch.narrow(dim, start, length) if batch.dim() > dim and batch.shape[dim] == rows else batch
@@ -168,11 +189,18 @@ def _rows(batch: Any, rows: int, dim: int, start: int, length: int) -> Any:
     return batch
 
 
+def eager_module(model: torch.nn.Module) -> torch.nn.Module:
+    """The module a ``torch.compile`` wrapper runs (its ``_orig_mod``), else ``model``: the copies run eagerly, and
+    their submodules are named as the script names them (``transformer.h.0``, not ``_orig_mod.transformer.h.0``)."""
+    original = getattr(model, "_orig_mod", None)
+    return original if isinstance(original, torch.nn.Module) else model
+
+
 def _variant(
     model: torch.nn.Module, optimizers: Optimizers, batch: Any, loss_fn: LossFn, set_to_none: bool = True
 ) -> _Variant:
     # One deepcopy of both: its memo maps each parameter to one copy, which the copied optimizers then hold.
-    model_copy, optimizer_copies = copy_for_trial((model, list(optimizers)))
+    model_copy, optimizer_copies = copy_for_trial((eager_module(model), list(optimizers)))
     return _Variant(model_copy, optimizer_copies, [batch], loss_fn, set_to_none)
 
 

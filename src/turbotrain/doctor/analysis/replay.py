@@ -3,6 +3,7 @@ made k times larger. Analysis (python_overhead) and the what-ifs both time the m
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -12,12 +13,23 @@ import torch
 from torch.utils._pytree import tree_map
 
 from ...data.transfer import resize_batch, tensors_in
+from ..record.measurements import ForwardFacts
 from ..record.recording import Capture
 
 if TYPE_CHECKING:
     from .context import Context
 
-__all__ = ["surrogate_step", "time_once", "fastest_pair", "repeat_batch", "micro_step_s", "TwoWays", "step_two_ways"]
+__all__ = [
+    "surrogate_step",
+    "autocast_of",
+    "under",
+    "time_once",
+    "fastest_pair",
+    "repeat_batch",
+    "micro_step_s",
+    "TwoWays",
+    "step_two_ways",
+]
 
 ROUNDS = 3  # interleaved rounds of a step timed two ways (two where a step is long)
 REPEATS = 3  # the fastest of up to this many steps each way, per round
@@ -36,6 +48,31 @@ def surrogate_step(model: torch.nn.Module, batch: Any) -> torch.Tensor:
     # batch x length x vocabulary that the script never runs (build-nanogpt's trials ran 2x its step).
     parts = [t.float() for t in outputs if t.dim() == 0] or [t.float().pow(2).mean() for t in outputs]
     return torch.stack(parts).sum() if len(parts) > 1 else parts[0]
+
+
+def autocast_of(facts: ForwardFacts, on_gpu: bool) -> Callable[[], ContextManager[Any]]:
+    """The autocast the script's training forward ran under (its dtype, on its device), for re-runs of its model: a
+    bf16 script's model run in fp32 is other kernels, other graphs and twice the activations (build-nanogpt)."""
+    dtype = getattr(torch, str(facts.autocast_dtype).rpartition(".")[2], None) if facts.autocast else None
+    if not isinstance(dtype, torch.dtype):
+        return contextlib.nullcontext
+    device = "cuda" if on_gpu else "cpu"
+    return lambda: torch.autocast(device, dtype=dtype)
+
+
+def under(
+    precision: Callable[[], ContextManager[Any]],
+    loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor] = surrogate_step,
+) -> Callable[[torch.nn.Module, Any], torch.Tensor]:
+    """``loss_fn`` with its forward under ``precision`` (the backward outside, as autocast asks)."""
+    if precision is contextlib.nullcontext:
+        return loss_fn
+
+    def loss(model: torch.nn.Module, batch: Any) -> torch.Tensor:
+        with precision():
+            return loss_fn(model, batch)
+
+    return loss
 
 
 def time_once(fn: Callable[[], object], cuda: bool) -> float:

@@ -32,7 +32,8 @@ TOP_MODULES = 5  # module rows in the section
 @dataclass(frozen=True)
 class MemoryModuleRow:
     """A module whose forward saved the most for backward, or the same module of each block of a stack
-    (``transformer.h.0-11``, 12 blocks; JSON ``top_modules``; ``class_name`` is ``class``)."""
+    (``transformer.h.0-11``, 12 blocks; JSON ``top_modules``; ``class_name`` is ``class``); named ``""``, what the
+    model's own forward saved outside its submodules."""
 
     name: str
     class_name: str
@@ -167,13 +168,32 @@ def _step(ctx: Context, memory: StepMemory, rows: int | None, fit: MemoryAtFit |
         device_total_bytes=memory.memory.total_bytes,
         device_free_bytes=memory.memory.free_bytes,
         headroom_bytes=capacity - memory.peak_bytes if capacity is not None else None,
-        top_modules=tuple(
-            MemoryModuleRow(m.name, m.class_name, m.total_bytes, ctx.where(m.first.site), m.count)
-            for m in stacked([m for m in memory.modules if m.name])  # the root holds them all: not a row
-        )[:TOP_MODULES],
+        top_modules=_top_modules(ctx, memory),
         fit=fit,
         memory_limit_bytes=memory.memory.limit_bytes,
     )
+
+
+def _top_modules(ctx: Context, memory: StepMemory) -> tuple[MemoryModuleRow, ...]:
+    """The modules that saved the most, a stack's blocks as one row; the root's total holds them all, so its row is
+    what its own forward's lines saved (a loss computed in the model's forward: nanoGPT's cross-entropy over the
+    vocabulary), named ``""``."""
+    rows = [
+        MemoryModuleRow(m.name, m.class_name, m.total_bytes, ctx.where(m.first.site), m.count)
+        for m in stacked([m for m in memory.modules if m.name])
+    ]
+    rows += [
+        MemoryModuleRow("", m.class_name, m.self_bytes, ctx.where(m.site))
+        for m in memory.modules
+        if not m.name and m.self_bytes
+    ]
+    return tuple(sorted(rows, key=lambda row: -row.bytes)[:TOP_MODULES])
+
+
+def _module_text(row: MemoryModuleRow) -> str:
+    if not row.name:
+        return f"{row.class_name}.forward itself{f' ({row.where})' if row.where else ''} {size_text(row.bytes)}"
+    return module_text(row.name, row.class_name, row.blocks, row.where, size_text(row.bytes))
 
 
 def _fit(ctx: Context, fit: FitMeasure) -> MemoryMeasured:
@@ -238,10 +258,7 @@ def memory_lines(section: MemorySection) -> list[str]:
     ]
     top = section.top_modules
     if top:
-        lines.append(
-            "  saved for backward: "
-            + "; ".join(module_text(m.name, m.class_name, m.blocks, m.where, size_text(m.bytes)) for m in top[:3])
-        )
+        lines.append("  saved for backward: " + "; ".join(_module_text(m) for m in top[:3]))
     fit = section.fit
     if fit is not None:
         lines.append(

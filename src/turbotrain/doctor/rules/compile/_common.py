@@ -20,7 +20,7 @@ import torch
 
 from ....measure import copy_for_trial
 from ...edits import PRECISION, ByHand, EditSpec
-from ...analysis.replay import surrogate_step
+from ...analysis.replay import autocast_of, surrogate_step
 from ...analysis.source import dotted_name
 from ...record.compile_watch import CompiledCode, GraphBreak, Recompile
 from ...results import CompileResult
@@ -350,14 +350,8 @@ class PairTiming:
 
 
 def script_autocast(ctx: Context) -> Callable[[], ContextManager[Any]]:
-    """The autocast the script's training forward ran under (its dtype, on its device), for the trials' forwards:
-    a bf16 script's model compiled and timed in fp32 is another graph and other kernels (build-nanogpt, nanochat)."""
-    facts = ctx.facts
-    dtype = getattr(torch, str(facts.autocast_dtype).rpartition(".")[2], None) if facts.autocast else None
-    if not isinstance(dtype, torch.dtype):
-        return contextlib.nullcontext
-    device = "cuda" if ctx.on_gpu else "cpu"
-    return lambda: torch.autocast(device, dtype=dtype)
+    """The autocast the script's training forward ran under, for the trials' forwards (:func:`.autocast_of`)."""
+    return autocast_of(ctx.facts, ctx.on_gpu)
 
 
 def _step(

@@ -126,21 +126,17 @@ def measure(ctx: Context, finding: Finding, budget: TimeLeft) -> Measured | None
     optimizers = [opt for opt, _ in ctx.optimizers]
     batch = (capture.args, capture.kwargs)
     blocks = list(finding.evidence_as(ActivationEvidence).blocks)
-    model, allows = capture.module, budget.allows
+    model, allows, loss = capture.module, budget.allows, ctx.script_loss
     trials: list[tuple[str, Callable[[], FixCost]]] = [
-        ("checkpointing", lambda: checkpointing(model, optimizers, batch, blocks, repeats=2, allows=allows)),
-        ("bf16-autocast", lambda: bf16_autocast(model, optimizers, batch, repeats=2, allows=allows)),
+        ("checkpointing", lambda: checkpointing(model, optimizers, batch, blocks, loss, 2, allows)),
     ]
+    if not ctx.facts.autocast:  # a script under autocast has what this fix would add
+        trials.append(("bf16-autocast", lambda: bf16_autocast(model, optimizers, batch, loss, 2, allows)))
     if capture.batch_size % 2 == 0:
-        rows = capture.batch_size
-        trials.append(
-            (
-                "micro-batches",
-                lambda: micro_batches(model, optimizers, batch, 2, rows, capture.batch_dim, repeats=2, allows=allows),
-            )
-        )
+        rows, dim = capture.batch_size, capture.batch_dim
+        trials.append(("micro-batches", lambda: micro_batches(model, optimizers, batch, 2, rows, dim, loss, 2, allows)))
     if ctx.ran_sites("zero_grad_zeros"):  # zero-filled gradients, kept through the next forward
-        trials.append(("set-to-none", lambda: set_to_none(model, optimizers, batch, repeats=2, allows=allows)))
+        trials.append(("set-to-none", lambda: set_to_none(model, optimizers, batch, loss, 2, allows)))
     costs: list[FixCost] = []
     over: list[str] = []
     for i, (_, trial) in enumerate(trials):
