@@ -783,6 +783,11 @@ def test_a_loop_that_already_accumulates_is_told_to_take_more_micro_steps():
                                                                          "loss.backward(); optimizer.step()")
     with pytest.raises(ByHand, match="not directly inside"):  # a loop that steps each time is no accumulation
         edit(stepping, "micro_batches", k=4)
+    # modded-nanogpt's: `for i in range(1, train_accumulation_steps+1):`, the forward under `with ctx:`.
+    counted = source.replace("range(gradient_accumulation_steps)", "range(1, train_accumulation_steps+1)")
+    with pytest.raises(ByHand, match=re.escape("range(1, train_accumulation_steps+1)`, train.py:3): give it 4 times "
+                                               "the micro-steps of batches 4 times smaller")):
+        edit(counted, "micro_batches", k=4)
 
 
 COMPILED_LOSS = """

@@ -151,7 +151,8 @@ class Context:
     @cached_property
     def fit_after_oom(self) -> FitMeasure | None:
         """After the run died of an out-of-memory error: the step at a batch that fits and the fixes measured there
-        (:func:`.memory.fit_after_oom`); None otherwise, or where measuring is off."""
+        (:func:`.memory.fit_after_oom`); None otherwise, where measuring is off, or where a step of copies failed
+        for another reason (``memory_failed`` says which)."""
         from .memory import fit_after_oom
 
         recording = self.recording
@@ -159,7 +160,12 @@ class Context:
         if oom is None or self.capture is None or not self.memory_allowed:
             return None
         optimizers = [opt for opt, _ in self.optimizers]
-        return fit_after_oom(self.capture, optimizers, oom, self.script_loss, autocasts=bool(self.facts.autocast))
+        try:
+            return fit_after_oom(self.capture, optimizers, oom, self.script_loss, autocasts=bool(self.facts.autocast))
+        except Exception as exc:  # noqa: BLE001 - a model the copies cannot train costs the memory section only
+            self.memory_failed = one_line(exc)
+            log.warning("turbotrain doctor: the step's memory was not measured: %s", self.memory_failed)
+            return None
 
     @property
     def script_loss(self) -> LossFn:

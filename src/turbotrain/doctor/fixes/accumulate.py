@@ -105,7 +105,7 @@ def _accumulation_loop(source: Source, forward: cst.CSTNode) -> cst.For | None:
     which the script already accumulates gradients over micro-steps (nanoGPT's ``for micro_step in
     range(gradient_accumulation_steps)``)."""
     loop = next((a for a in source.ancestors(forward) if isinstance(a, cst.For)), None)
-    if loop is None or not isinstance(loop.iter, cst.Call) or callee(loop.iter) != "range" or len(loop.iter.args) != 1:
+    if loop is None or not isinstance(loop.iter, cst.Call) or callee(loop.iter) != "range" or not loop.iter.args:
         return None
     called = _callees(loop.body)
     return loop if "backward" in called and "step" not in called else None
@@ -128,11 +128,12 @@ def micro_batches(source: Source, req: EditRequest) -> str:
     if not isinstance(loop, cst.For):
         accumulating = _accumulation_loop(source, first)
         if accumulating is not None:
-            steps = code_of(cast(cst.Call, accumulating.iter).args[0].value)  # range(N): _accumulation_loop checked
+            bounds = [code_of(a.value) for a in cast(cst.Call, accumulating.iter).args]  # _accumulation_loop checked
+            times = f" ({bounds[0]} x {k})" if len(bounds) == 1 else ""  # range(N): N micro-steps
             line = source.lines(accumulating)[0]
             raise ByHand(
                 f"{req.where}: the forward already runs in a loop that accumulates gradients (`for ... in "
-                f"range({steps})`, {source.name}:{line}): give it {k} times the micro-steps ({steps} x {k}) of "
+                f"range({', '.join(bounds)})`, {source.name}:{line}): give it {k} times the micro-steps{times} of "
                 f"batches {k} times smaller where the script sets them"
             )
         raise _by_hand(req, "the forward is not directly inside the training `for` loop")

@@ -235,7 +235,7 @@ class ModuleCalls:
         rec.clock.push(phase)
         self._top_phases.append(phase)
         if phase == "forward" and trained:
-            self._training_forward(module, args, None, rec.clock.frames[-1].running_since)
+            self._training_forward(module, args, _call_kwargs(sys._getframe(1)), rec.clock.frames[-1].running_since)
 
     def _forward_post(self, module: nn.Module, args: tuple, output: Any) -> None:
         rec = self.probe
@@ -297,9 +297,8 @@ class ModuleCalls:
         if rec.gpu and not self._gpu_forward_open:
             rec.gpu_mark("forward", True)
             self._gpu_forward_open = True
-        # Facts and a captured batch: first seen at once (a script may end early), then again in
-        # the last warm-up step (under the hooks the measured steps use, which also see kwargs).
-        # Not under the global hooks of discovery: those do not see keyword arguments (model(**batch)).
+        # Facts and a captured batch: first seen at once (a script may end early, or die of an out-of-memory error in
+        # its first step), then again in the last warm-up step, under the hooks the measured steps use.
         late = rec.steps.step_index >= rec.schedule.warmup - 1 and not self.discovery
         if self.facts is None or (not self._facts_final and late):
             self._facts_final = late
@@ -313,6 +312,16 @@ class ModuleCalls:
         tally = self.probe.tallies.tally("eval_forward", user_site(sys._getframe(2)))
         if tally is not None:
             tally.add(self.probe.steps.step_index)
+
+
+def _call_kwargs(frame: FrameType | None) -> dict[str, Any] | None:
+    """The keyword arguments of the module call whose global forward pre-hook runs in ``frame``'s callee: torch hands
+    such a hook the positional ones only, and its caller in torch's module code holds the rest
+    (``model(x, y, attn_blocksize=...)``: a batch captured without them cannot be run again)."""
+    if frame is None or frame.f_code.co_filename != instrument.MODULE_FILE:
+        return None
+    kwargs = frame.f_locals.get("kwargs")
+    return kwargs if isinstance(kwargs, dict) else None
 
 
 def _own_call(cls: type) -> bool:
