@@ -13,9 +13,10 @@ from doctor_helpers import cached_report, marked_lines, run_doctor, script
 from turbotrain.doctor.analysis.breakdown import compute_breakdown
 from turbotrain.doctor.analysis.context import Context, build_context
 from turbotrain.doctor.analysis.replay import surrogate_step
-from turbotrain.doctor.analysis.memory import blocks_to_checkpoint, fit_after_oom, measure_captured, scaled_bytes
+from turbotrain.doctor.analysis.memory import blocks_to_checkpoint, fit_after_oom, measure_captured
 from turbotrain.doctor.module_stacks import blocks_text, stacked
 from turbotrain.doctor.record.graph_watch import GraphGrowth, TensorGrowth
+from turbotrain.doctor.record.compile_watch import CompiledCode, CompileFacts
 from turbotrain.doctor.record.measurements import ForwardFacts
 from turbotrain.doctor.record.memory_watch import DeviceMemory, ModuleActivations, PeakSplit, StepMemory
 from turbotrain.doctor.record.out_of_memory import OutOfMemory
@@ -130,7 +131,7 @@ def test_out_of_memory_says_step_phase_and_line_without_a_measurement():
 def test_the_batch_sized_part_scales_and_the_rest_stays():
     memory = _memory(activations=64 * MIB)
     resident = memory.peak.parameters + memory.peak.gradients + memory.peak.optimizer_state
-    assert scaled_bytes(memory, memory.peak_bytes, 128, 256) == resident + 2 * (memory.peak_bytes - resident)
+    assert memory.at_rows(128, 256) == resident + 2 * (memory.peak_bytes - resident)
     assert blocks_to_checkpoint(memory.modules, memory.activation_bytes) == ["blocks.0"]
 
 
@@ -245,7 +246,7 @@ def test_micro_batches_after_out_of_memory_are_sized_for_the_whole_batch_and_mea
     optimizers = [ctx.optimizers[0][0]]
     at_half = measure_captured(ctx.capture, optimizers, rows=128)
     # A step of 64 rows fits, with room for the gradients accumulated beside a micro-batch; of 128 rows, not.
-    capacity = (scaled_bytes(at_half, at_half.peak_bytes, 128, 64) + at_half.peak_bytes) // 2
+    capacity = (at_half.at_rows(128, 64) + at_half.peak_bytes) // 2
     monkeypatch.setattr(memory_module, "capacity_bytes", lambda memory: capacity)
     oom = OutOfMemory("cpu", 2 * MIB, "can't allocate memory", None, phase="forward", step=0)
     fit = fit_after_oom(ctx.capture, optimizers, oom, repeats=1)
@@ -261,6 +262,26 @@ def test_micro_batches_after_out_of_memory_are_sized_for_the_whole_batch_and_mea
     alone = memory_module._micro_batches_fix(ctx.capture, optimizers, batch, 64, at_micro, trials)
     assert alone.cost.detail == "4 x 64" and alone.fits and alone.estimated_bytes == alone.cost.fixed.peak_bytes
     assert alone.cost.fixed.peak_bytes > alone.cost.baseline.peak_bytes  # the gradients kept for the second
+
+
+def test_a_model_called_with_keywords_that_runs_out_of_memory_in_its_first_step_is_measured(tmp_path):
+    # modded-nanogpt, `model(x, y, attn_blocksize=...)`, died in its first step: the batch captured then (by the
+    # global hooks, which torch hands the positional arguments only) lacked the keyword, and the doctor itself died
+    # ("GPT.forward() missing 1 required positional argument: 'attn_blocksize'").
+    from doctor_helpers import FAST
+    from turbotrain.doctor import DoctorOptions, diagnose_script
+
+    text = script("memory_out_of_memory").read_text()
+    text = text.replace("    def forward(self, x):\n        return self.head(", "    def forward(self, x, *, gain):\n"
+                        "        return gain * self.head(")
+    text = text.replace("model(x), y)", "model(x, gain=2.0), y)")
+    assert "gain=2.0" in text and "*, gain" in text
+    (tmp_path / "train.py").write_text(text)
+    torch.set_num_threads(1)
+    report = diagnose_script(tmp_path / "train.py", [], DoctorOptions(**FAST))
+    [f] = [f for f in report.findings if f.rule == "out-of-memory"]
+    assert "at step 1 in the forward" in f.message and f.evidence.fit is not None, f.message
+    assert isinstance(report.memory, MemoryMeasured) and report.memory.fit is not None, report.memory
 
 
 @pytest.mark.parametrize("name, rule", [("memory_loss_kept", "graph-kept-alive"),
@@ -511,6 +532,50 @@ def test_dropout_and_activation_modules_are_not_blocks_to_recompute():
     assert not elementwise[""] and not elementwise.get("5", False) and not elementwise.get("6", False), elementwise
     # The ReLUs hold what the Linears after them read (saved once, by the first): recomputing them frees nothing.
     assert not set(blocks_to_checkpoint(step.modules, step.activation_bytes)) & {"1", "3", "4"}
+
+
+def test_a_fix_that_runs_out_of_memory_under_the_limit_is_said_so_and_the_others_are_still_measured(monkeypatch):
+    # modded-nanogpt under 900 MiB: a fix measured at 128 rows ran out of memory under the limit, and every fix was
+    # measured again at 64, then 32 rows (where micro-batches of one row were all that fitted, 23x slower a step).
+    from turbotrain.doctor.analysis import memory as memory_module
+
+    ctx, _ = _compiled_bf16(autocast=False)
+    optimizers = [ctx.optimizers[0][0]]
+    at_half = measure_captured(ctx.capture, optimizers, rows=128)
+    room = at_half.at_rows(128, 64) + at_half.gradient_bytes  # micro-batches of 64 rows, as estimated, fit
+    monkeypatch.setattr(memory_module, "capacity_bytes", lambda memory: room)
+    refused = RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 4096 bytes")
+    measured_micro = memory_module._micro_batches_at
+    tried: list[int] = []
+
+    def micro_at(capture, optimizers, batch, rows, micro, trials):
+        tried.append(micro)
+        if micro > 32:
+            raise refused
+        return measured_micro(capture, optimizers, batch, rows, micro, trials)
+
+    def no_room(*args, **kwargs):
+        raise refused
+
+    monkeypatch.setattr(memory_module, "_micro_batches_at", micro_at)
+    monkeypatch.setattr(memory_module, "bf16_autocast", no_room)
+    oom = OutOfMemory("cpu", 2 * MIB, "can't allocate memory", None, phase="forward", step=0)
+    fit = fit_after_oom(ctx.capture, optimizers, oom, repeats=1)
+    assert fit is not None and fit.rows == 128 and fit.refused == ("bf16-autocast",)
+    [split] = [f for f in fit.fixes if f.cost.fix == "micro-batches"]
+    assert tried[-1] == 32 and all(m > 32 for m in tried[:-1]) and split.cost.detail == "8 x 32", tried
+    assert [f.cost.fix for f in fit.fixes] == ["micro-batches", "checkpointing"]
+    ctx.__dict__["fit_after_oom"] = fit
+    ctx.recording = _recording(out_of_memory=oom)
+    text = "\n".join(memory_lines(memory_section(ctx)))
+    assert "bf16-autocast: ran out of memory at 128 rows (does not fit)" in text, text
+    # A compiled script's copies ran eagerly: the finding says a fix said to fit is to be checked compiled.
+    [eager] = evaluate(ctx, only=["out-of-memory"])
+    assert "copies ran eagerly" not in (eager.note or "")
+    code = CompiledCode("forward", Site("/u/train.py", 9), None, 1, 1, (), (), first_compile_s=1.0)
+    ctx.recording = _recording(out_of_memory=oom, compiled=CompileFacts(codes=(code,)))
+    [f] = evaluate(ctx, only=["out-of-memory"])
+    assert "The copies ran eagerly" in f.note and "--verify" in f.note, f.note
 
 
 def test_what_the_models_own_forward_saves_is_a_row_of_its_own():

@@ -3,16 +3,15 @@ for a run that died of an out-of-memory error, the step measured at a batch that
 need (estimated), and the fixes measured there with what each would need at the whole batch.
 
 Measured: every byte figure of a :class:`~..record.memory_watch.StepMemory` and of a fix
-(:mod:`.memory_fixes`). Estimated: a figure "at the whole batch" scales the batch-sized part of a measured peak
-(inputs, activations, temporaries) linearly with the rows; parameters, buffers, gradients and optimizer state
-stay as measured.
+(:mod:`.memory_fixes`). Estimated: a figure "at the whole batch" scales the batch-sized bytes (inputs, activations,
+temporaries) linearly with the rows at each of the step's candidate peaks, and takes the largest; parameters,
+buffers, gradients, optimizer state and what the optimizer allocates stay as measured.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,15 +23,15 @@ from ...measure import copy_for_trial
 from ..record.memory_watch import LossFn, ModuleActivations, StepMemory, measure_step
 from ..record.out_of_memory import OutOfMemory, out_of_memory
 from ..record.recording import Capture
-from ..module_stacks import stack_of
-from .memory_fixes import FixCost, accumulated, bf16_autocast, checkpointing, eager_module, micro_batches
+from ..module_stacks import blocks_text, stack_of
+from .memory_fixes import Cost, FixCost, accumulated, bf16_autocast, checkpointing, eager_module, micro_batches
 from .replay import surrogate_step
 
 __all__ = [
     "FitMeasure",
     "FixEstimate",
     "measure_captured",
-    "scaled_bytes",
+    "needed_bytes",
     "capacity_bytes",
     "blocks_to_checkpoint",
     "fit_after_oom",
@@ -65,6 +64,7 @@ class FitMeasure:
     estimated_bytes: int
     capacity_bytes: int | None
     fixes: tuple[FixEstimate, ...]
+    refused: tuple[str, ...] = ()  # fixes whose step ran out of memory at ``rows`` (under --memory-limit)
 
 
 def size_text(nbytes: float | None) -> str:
@@ -107,16 +107,11 @@ def measure_captured(
     return measure_step(model, opts, [batch], loss_fn)
 
 
-def _resident(memory: StepMemory) -> int:
-    """The peak's part that does not grow with the batch."""
-    peak = memory.peak
-    return peak.parameters + peak.buffers + peak.gradients + peak.optimizer_state
-
-
-def scaled_bytes(memory: StepMemory, peak_bytes: int, rows: int, full_rows: int) -> int:
-    """``peak_bytes`` measured at ``rows``, estimated at ``full_rows``: its batch-sized part scaled linearly."""
-    resident = min(_resident(memory), peak_bytes)
-    return resident + math.ceil((peak_bytes - resident) * full_rows / max(rows, 1))
+def needed_bytes(side: Cost, rows: int, full_rows: int) -> int:
+    """A fix's side measured at ``rows``, estimated at ``full_rows`` (its step's
+    :meth:`~..record.memory_watch.StepMemory.at_rows`)."""
+    assert side.memory is not None  # every measured side carries its step's memory (memory_fixes._cost)
+    return side.memory.at_rows(rows, full_rows)
 
 
 def capacity_bytes(memory: StepMemory) -> int | None:
@@ -189,36 +184,57 @@ def _out_of_memory_or_raise(exc: BaseException) -> None:
         torch.cuda.empty_cache()
 
 
-def _micro_split(memory: StepMemory, rows: int, full: int, capacity: int | None) -> tuple[int, int]:
-    """The whole batch's micro-batches and their rows: the fewest ``k`` (a power of two, 2 at least, more only
-    while they divide ``full``) whose micro-batch's step, estimated from the step measured at ``rows``, fits
-    ``capacity``."""
+def _micro_split(memory: StepMemory, rows: int, full: int, capacity: int | None) -> int:
+    """The fewest micro-batches of the whole batch (a power of two, 2 at least, more only while they divide
+    ``full``) whose micro-batch's step, estimated from the step measured at ``rows`` with the gradients the earlier
+    micro-batches left held through it, fits ``capacity``."""
     k = 2
     while capacity is not None and full % (k * 2) == 0:
-        if scaled_bytes(memory, memory.peak_bytes, rows, -(-full // k)) <= capacity:
+        if memory.at_rows(rows, -(-full // k)) + memory.gradient_bytes <= capacity:
             break
         k *= 2
-    return k, -(-full // k)
+    return k
 
 
 def _micro_batches_fix(
     capture: Capture, optimizers: Sequence[Any], batch: Any, rows: int, memory: StepMemory, trials: _Trials
 ) -> FixEstimate:
     """Gradient accumulation over micro-batches of the whole batch (:func:`_micro_split`), measured at the batch
-    that fits as micro-batches of their size where that splits it into two or more (the estimate is then the
-    measured peak), else as two micro-batches of the batch measured, whose peak is scaled to the micro-batch's."""
+    that fits; where the measured fix does not fit, micro-batches half as large, while the whole batch divides."""
     full, capacity = capture.batch_size, capacity_bytes(memory)
-    k_full, micro = _micro_split(memory, rows, full, capacity)
-    loss_fn, repeats = trials.loss_fn, trials.repeats
+    k_full = _micro_split(memory, rows, full, capacity)
+    while True:
+        micro = -(-full // k_full)
+        smallest = capacity is None or full % (k_full * 2) or micro <= 1
+        try:
+            cost, needed = _micro_batches_at(capture, optimizers, batch, rows, micro, trials)
+        except (RuntimeError, MemoryError) as exc:  # under --memory-limit: these micro-batches do not fit
+            _out_of_memory_or_raise(exc)
+            if smallest:
+                raise
+            k_full *= 2
+            continue
+        # Said at the whole batch, as --fix writes it: its micro-batches and their rows.
+        cost = dataclasses.replace(cost, detail=f"{k_full} x {micro}")
+        fits = capacity is not None and needed <= capacity
+        if fits or smallest:
+            return FixEstimate(cost, needed, fits)
+        k_full *= 2
+
+
+def _micro_batches_at(
+    capture: Capture, optimizers: Sequence[Any], batch: Any, rows: int, micro: int, trials: _Trials
+) -> tuple[FixCost, int]:
+    """Micro-batches of ``micro`` rows measured on ``batch`` (``rows`` rows), and what they need: the batch split
+    into them where it holds two or more (their peak, the first one's gradients held through the next, is then
+    what the fix needs), else two of the batch accumulated, their peak scaled to ``micro`` rows."""
+    model, loss_fn, repeats = capture.module, trials.loss_fn, trials.repeats
     if rows % micro == 0 and rows // micro >= 2:
-        k, measured = rows // micro, micro
-        cost = micro_batches(capture.module, optimizers, batch, k, rows, capture.batch_dim, loss_fn, repeats)
-    else:  # the batch that fits is a micro-batch's size or less (build-nanogpt: 1 of 4 rows)
-        cost, measured = accumulated(capture.module, optimizers, batch, 2, loss_fn, repeats), rows
-    # Said at the whole batch, as --fix writes it: its micro-batches and their rows.
-    cost = dataclasses.replace(cost, detail=f"{k_full} x {micro}")
-    needed = scaled_bytes(memory, cost.fixed.peak_bytes, measured, micro)
-    return FixEstimate(cost, needed, capacity is not None and needed <= capacity)
+        cost = micro_batches(model, optimizers, batch, rows // micro, rows, capture.batch_dim, loss_fn, repeats)
+        return cost, needed_bytes(cost.fixed, micro, micro)
+    # The batch that fits is a micro-batch's size or less (build-nanogpt: 1 of its 4 rows).
+    cost = accumulated(model, optimizers, batch, 2, loss_fn, repeats)
+    return cost, needed_bytes(cost.fixed, rows, micro)
 
 
 def fit_after_oom(
@@ -260,16 +276,31 @@ def _fixes_at(
 ) -> FitMeasure:
     full, capacity = capture.batch_size, capacity_bytes(memory)
     batch, model, loss_fn, repeats = _batch(capture, rows), capture.module, trials.loss_fn, trials.repeats
-    split = _micro_batches_fix(capture, optimizers, batch, rows, memory, trials)
-    costs: list[FixCost] = []
+
+    def at_full(cost: FixCost) -> FixEstimate:
+        needed = needed_bytes(cost.fixed, rows, full)
+        return FixEstimate(cost, needed, capacity is not None and needed <= capacity)
+
+    tries: list[tuple[str, Callable[[], FixEstimate]]] = [
+        ("micro-batches", lambda: _micro_batches_fix(capture, optimizers, batch, rows, memory, trials))
+    ]
     if not trials.autocasts:  # a script under autocast has what this fix would add
-        costs.append(bf16_autocast(model, optimizers, batch, loss_fn, repeats))
+        tries.append(("bf16-autocast", lambda: at_full(bf16_autocast(model, optimizers, batch, loss_fn, repeats))))
     blocks = blocks_to_checkpoint(memory.modules, memory.activation_bytes)
     if blocks:
-        costs.append(checkpointing(model, optimizers, batch, blocks, loss_fn, repeats))
-    fixes = [split]
-    for cost in costs:
-        needed = scaled_bytes(memory, cost.fixed.peak_bytes, rows, full)
-        fixes.append(FixEstimate(cost, needed, capacity is not None and needed <= capacity))
-    estimated = scaled_bytes(memory, memory.peak_bytes, rows, full)
-    return FitMeasure(rows, full, memory, estimated, capacity, tuple(fixes))
+        tries.append(
+            (
+                f"checkpointing {blocks_text(blocks)}",
+                lambda: at_full(checkpointing(model, optimizers, batch, blocks, loss_fn, repeats)),
+            )
+        )
+    fixes: list[FixEstimate] = []
+    refused: list[str] = []
+    for name, trial in tries:
+        try:
+            fixes.append(trial())
+        except (RuntimeError, MemoryError) as exc:  # under --memory-limit: the fix needs more than the limit here
+            _out_of_memory_or_raise(exc)
+            refused.append(name)
+    estimated = memory.at_rows(rows, full)
+    return FitMeasure(rows, full, memory, estimated, capacity, tuple(fixes), tuple(refused))

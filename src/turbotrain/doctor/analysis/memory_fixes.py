@@ -25,7 +25,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ...measure import copy_for_trial
 from ..module_stacks import blocks_text
-from ..record.memory_watch import LossFn, Optimizers, measure_step
+from ..record.memory_watch import LossFn, Optimizers, StepMemory, measure_step
 from .replay import surrogate_step
 
 CLEARLY_APART = 3.0  # one side this many times the other's step: no further round changes what is said
@@ -54,10 +54,12 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class Cost:
-    """A step's peak bytes (``StepMemory.peak_bytes``; on CUDA the allocator's peak) and its seconds."""
+    """A step's peak bytes (``StepMemory.peak_bytes``; on CUDA the allocator's peak) and its seconds, and the step's
+    memory to estimate it at another batch (:meth:`~..record.memory_watch.StepMemory.at_rows`)."""
 
     peak_bytes: int
     step_seconds: float
+    memory: StepMemory | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,7 +177,7 @@ def accumulated(
     fixed.batches = [batch] * k
     baseline = _variant(model, optimizers, batch, loss_fn)
     cost = _compare("micro-batches", f"{k} x the batch", baseline, fixed, repeats)
-    return dataclasses.replace(cost, fixed=Cost(cost.fixed.peak_bytes, cost.fixed.step_seconds / k))
+    return dataclasses.replace(cost, fixed=dataclasses.replace(cost.fixed, step_seconds=cost.fixed.step_seconds / k))
 
 
 def _rows(batch: Any, rows: int, dim: int, start: int, length: int) -> Any:
@@ -214,7 +216,7 @@ def _compare(
             f"{fix}: a step took {warm[1] * 1e3:.0f} ms against {warm[0] * 1e3:.0f} ms as the script runs, more "
             "than the what-if budget left could hold for its peak and its rounds"
         )
-    peaks = [_peak(v) for v in (baseline, fixed)]
+    memories = [_memory(v) for v in (baseline, fixed)]
     seconds = [float("inf"), float("inf")]
     for _ in range(repeats):
         for i, variant in enumerate((baseline, fixed)):
@@ -223,14 +225,18 @@ def _compare(
         # instructions) is that after one, and each more round costs another of its slow steps.
         if max(seconds) > CLEARLY_APART * min(seconds):
             break
-    return FixCost(fix, detail, Cost(peaks[0], seconds[0]), Cost(peaks[1], seconds[1]))
+    return FixCost(fix, detail, _cost(memories[0], seconds[0]), _cost(memories[1], seconds[1]))
 
 
-def _peak(variant: _Variant) -> int:
-    memory = measure_step(
+def _memory(variant: _Variant) -> StepMemory:
+    return measure_step(
         variant.model, variant.optimizers, variant.batches, variant.loss_fn, set_to_none=variant.set_to_none
     )
-    return memory.allocator_peak_bytes if memory.allocator_peak_bytes is not None else memory.peak_bytes
+
+
+def _cost(memory: StepMemory, seconds: float) -> Cost:
+    peak = memory.allocator_peak_bytes if memory.allocator_peak_bytes is not None else memory.peak_bytes
+    return Cost(peak, seconds, memory)
 
 
 def _step(variant: _Variant) -> None:

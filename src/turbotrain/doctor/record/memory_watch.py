@@ -13,6 +13,7 @@ On the CPU the allocator's cache is not known, and is reported as None.
 from __future__ import annotations
 
 import inspect
+import math
 import sys
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -110,6 +111,16 @@ class StepMemory:
     allocator_reserved_peak_bytes: int | None  # CUDA: max_memory_reserved, the whole process
     allocator_held_bytes: int | None  # CUDA: reserved - allocated after the step; None: not known on the CPU
     memory: DeviceMemory
+    # (bytes that stay with the batch's size, bytes that grow with it) live at the step's candidate peaks: the
+    # points no other point exceeds in both (:func:`frontier`); () where not measured (read from ``peak``).
+    frontier: tuple[tuple[int, int], ...] = ()
+
+    def at_rows(self, rows: int, full_rows: int) -> int:
+        """The step's peak measured at ``rows``, estimated at ``full_rows``: at each candidate peak the batch-sized
+        bytes scaled linearly (a peak in the optimizer at a small batch is one in the backward at a large one)."""
+        points = self.frontier or (_resident_split(self.peak),)
+        extra = max(0, (self.allocator_peak_bytes or self.peak_bytes) - self.peak_bytes)  # CUDA's workspaces
+        return extra + max(fixed + math.ceil(grows * full_rows / max(rows, 1)) for fixed, grows in points)
 
 
 # -- the device ---------------------------------------------------------------------------------------------
@@ -378,6 +389,11 @@ def measure_step(
     grads = storages(p.grad for p in model.parameters() if p.grad is not None)
     state = storages(_optimizer_tensors(optimizers))
     split = _split(timeline, held, saved.serials, grads, state, params, buffers, inputs, grads_before, state_before)
+    stays = {timeline.by_ptr[p] for p in (*grads, *state) if p in timeline.by_ptr}
+    stays |= {serial for serial, delta, phase in timeline.events if delta > 0 and phase == "optimizer"}
+    staying = {**params, **buffers, **grads_before, **state_before}
+    grows = sum(v for p, v in inputs.items() if p not in staying)
+    points = frontier(timeline, stays, sum(staying.values()), grows)
     memory = device_memory(device)
     held_by_cache = None
     if cuda:
@@ -401,7 +417,33 @@ def measure_step(
         reserved_peak if cuda else None,
         held_by_cache,
         memory,
+        points,
     )
+
+
+def _resident_split(peak: PeakSplit) -> tuple[int, int]:
+    """A peak's bytes that stay with the batch's size (parameters, buffers, gradients, optimizer state) and the rest."""
+    fixed = peak.parameters + peak.buffers + peak.gradients + peak.optimizer_state
+    return fixed, sum(astuple(peak)) - fixed
+
+
+def frontier(timeline: _Timeline, fixed: set[int], fixed_start: int, grows_start: int) -> tuple[tuple[int, int], ...]:
+    """(bytes that stay, bytes that grow with the batch) live after each of the step's allocations and frees, kept
+    where no other point holds as much of both: the largest ``stay + k * grow`` among them is the step's peak at ``k``
+    times its rows. ``fixed``: the serials that stay (gradients, optimizer state, what the optimizer allocates)."""
+    stay, grow = fixed_start, grows_start
+    points = [(stay, grow)]
+    for serial, delta, _ in timeline.events:
+        if serial in fixed:
+            stay += delta
+        else:
+            grow += delta
+        points.append((stay, grow))
+    kept: list[tuple[int, int]] = []
+    for point in sorted(set(points), key=lambda p: (-p[0], -p[1])):
+        if not kept or point[1] > kept[-1][1]:
+            kept.append(point)
+    return tuple(kept)
 
 
 def _train_step(

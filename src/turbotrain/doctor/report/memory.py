@@ -76,6 +76,7 @@ class MemoryAtFit:
     estimated_bytes_at_full_batch: int
     capacity_bytes: int | None
     fixes: tuple[MemoryFixRow, ...]
+    fixes_out_of_memory: tuple[str, ...] = ()  # fixes whose step ran out of memory at ``rows`` (--memory-limit)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -83,6 +84,7 @@ class MemoryAtFit:
             "estimated_bytes_at_full_batch": self.estimated_bytes_at_full_batch,
             "capacity_bytes": self.capacity_bytes,
             "fixes": [f.to_dict() for f in self.fixes],
+            "fixes_out_of_memory": list(self.fixes_out_of_memory),
         }
 
 
@@ -213,6 +215,7 @@ def _fit(ctx: Context, fit: FitMeasure) -> MemoryMeasured:
             )
             for e in fit.fixes
         ),
+        fixes_out_of_memory=fit.refused,
     )
     return _step(ctx, fit.memory, fit.rows, at_fit)
 
@@ -224,6 +227,8 @@ def memory_section(ctx: Context) -> MemorySection:
     recording = ctx.recording
     if recording is not None and recording.out_of_memory is not None:
         fit = ctx.fit_after_oom
+        if fit is None and ctx.memory_failed is not None:
+            return MemoryNotMeasured(f"one step of copies of the captured model failed: {ctx.memory_failed}")
         if fit is None:
             return MemoryNotMeasured("no halving of the captured batch fit")
         return _fit(ctx, fit)
@@ -271,4 +276,6 @@ def memory_lines(section: MemorySection) -> list[str]:
                 f"({'fits' if fix.fits else 'does not fit'}), step {fix.baseline_ms:.1f} -> "
                 f"{fix.fixed_ms:.1f} ms"
             )
+        for name in fit.fixes_out_of_memory:
+            lines.append(f"    {name}: ran out of memory at {section.rows} rows (does not fit)")
     return lines

@@ -9,9 +9,15 @@ from ...findings import Fix
 from ...results import MeasuredFix
 
 if TYPE_CHECKING:
+    from ...analysis.context import Context
     from ...analysis.memory_fixes import FixCost
 
-__all__ = ["size_text", "fix_for", "measured"]
+__all__ = ["size_text", "fix_for", "measured", "compiled"]
+
+
+def compiled(ctx: Context) -> bool:
+    """Whether the script compiled code: the memory fixes' copies then ran eagerly (analysis/memory_fixes.py)."""
+    return ctx.compiled is not None and bool(ctx.compiled.codes)
 
 
 def measured(cost: FixCost) -> MeasuredFix:

@@ -44,7 +44,7 @@ from ...requests import OwnTrial
 from ...results import MeasuredFix, MemoryResult
 from ..rule import Detect, Measured, Rule, TimeLeft, register
 from ._loop_edits import LOOP_FIXES, loop_edit
-from ._text import fix_for, measured, size_text
+from ._text import compiled, fix_for, measured, size_text
 
 if TYPE_CHECKING:
     from ...analysis.context import Context
@@ -167,14 +167,9 @@ def measure(ctx: Context, finding: Finding, budget: TimeLeft) -> Measured | None
         verdict=judge([ratio]),
         applies_to=ctx.share("compute") + ctx.share("optimizer") + ctx.share("python_overhead"),
         fix=fix_for(pick.fix, pick.detail) if pick.fix != "checkpointing" else None,
-        note=f"Measured, peak and step{_eagerly(ctx)}: {said}.{unmeasured}",
+        note=f"Measured, peak and step{' (each side run eagerly, not compiled again per fix)' if compiled(ctx) else ''}"
+        f": {said}.{unmeasured}",
     )
-
-
-def _eagerly(ctx: Context) -> str:
-    """How the fixes' steps ran, where the script compiled: eagerly, each side (analysis/memory_fixes.py)."""
-    compiled = ctx.compiled
-    return " (each side run eagerly, not compiled again per fix)" if compiled is not None and compiled.codes else ""
 
 
 def _ratio(row: MeasuredFix, what: Literal["bytes", "ms"]) -> float:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator
 
-from ...analysis.memory import capacity_bytes, scaled_bytes, size_text
+from ...analysis.memory import capacity_bytes, size_text
 from ...findings import Evidence, Finding, Fix, speedup_for_rule
 from ...requests import BatchRequest
 from ..rule import Detect, Rule, register
@@ -53,16 +53,12 @@ def _fitting(memory: StepMemory, batch: int, factor: int) -> tuple[int, LargerBa
     capacity = capacity_bytes(memory)
     fitting = factor
     if capacity is not None:
-        fits = [
-            k
-            for k in range(factor, 1, -1)
-            if scaled_bytes(memory, memory.peak_bytes, batch, batch * k) <= HEADROOM * capacity
-        ]
+        fits = [k for k in range(factor, 1, -1) if memory.at_rows(batch, batch * k) <= HEADROOM * capacity]
         fitting = fits[0] if fits else 0
     shown = fitting or 2  # where none fits, what the smallest larger batch would need
     said = LargerBatchMemory(
         batch_size=batch * shown,
-        needs_bytes=scaled_bytes(memory, memory.peak_bytes, batch, batch * shown),
+        needs_bytes=memory.at_rows(batch, batch * shown),
         measured_peak_bytes=memory.peak_bytes,
         capacity_bytes=capacity,
         device=memory.memory.device,
