@@ -23,7 +23,7 @@ from turbotrain.doctor.record.out_of_memory import OutOfMemory
 from turbotrain.doctor.record.recorder import Recorder
 from turbotrain.doctor.record.recording import Capture, Recording, Window
 from turbotrain.doctor.record.runner import run_script
-from turbotrain.doctor.report.memory import MemoryMeasured, memory_lines, memory_section
+from turbotrain.doctor.report.memory import MemoryMeasured, MemoryNotMeasured, memory_lines, memory_section
 from turbotrain.doctor.results import MeasuredFix
 from turbotrain.doctor.rules import evaluate
 from turbotrain.doctor.sites import Site
@@ -126,6 +126,19 @@ def test_out_of_memory_says_step_phase_and_line_without_a_measurement():
     [f] = evaluate(ctx, only=["out-of-memory"])
     assert f.severity == "high" and f.site == site
     assert "at step 1 in the forward, asking for 128.0 GiB" in f.message
+
+
+def test_a_one_row_batch_that_ran_out_of_memory_says_why_no_smaller_batch_was_measured():
+    # nanochat with --device-batch-size=1 under 500 MiB: "no halving of the captured batch fit", where none exists.
+    oom = OutOfMemory("cpu", 64 * MIB, "can't allocate memory", Site("/u/train.py", 512, "forward"), "forward", 0)
+    ctx = _context(_recording(out_of_memory=oom))
+    ctx.capture = Capture(torch.nn.Linear(4, 4), (torch.randn(1, 512, 4),), {}, 1)
+    section = memory_section(ctx)
+    assert isinstance(section, MemoryNotMeasured) and "the captured batch is one row" in section.reason, section
+    assert ctx.fit_after_oom is None  # no halving of one row to measure at
+    ctx.capture = Capture(torch.nn.Linear(4, 4), (torch.randn(2, 512, 4),), {}, 2)
+    ctx.__dict__["fit_after_oom"] = None  # as if no halving fit
+    assert memory_section(ctx).reason == "no halving of the captured batch fit"
 
 
 def test_the_batch_sized_part_scales_and_the_rest_stays():

@@ -229,6 +229,12 @@ def memory_section(ctx: Context) -> MemorySection:
         fit = ctx.fit_after_oom
         if fit is None and ctx.memory_failed is not None:
             return MemoryNotMeasured(f"one step of copies of the captured model failed: {ctx.memory_failed}")
+        if fit is None and ctx.capture is not None and ctx.capture.batch_size < 2:
+            # nanochat's --device-batch-size=1: one sequence of 512 tokens a forward
+            return MemoryNotMeasured(
+                "the captured batch is one row, so no smaller batch was measured (shorter rows, such as a shorter "
+                "sequence, activation checkpointing or bf16 make such a step smaller)"
+            )
         if fit is None:
             return MemoryNotMeasured("no halving of the captured batch fit")
         return _fit(ctx, fit)
