@@ -128,6 +128,18 @@ def test_out_of_memory_says_step_phase_and_line_without_a_measurement():
     assert "at step 1 in the forward, asking for 128.0 GiB" in f.message
 
 
+def test_out_of_memory_in_the_scripts_set_up_is_said_to_come_before_training():
+    # airbench94 under 150 MiB died in its whitening set-up (train.py:326, get_patches), before any training
+    # forward: the finding said "at step 1" and the section "no halving of the captured batch fit".
+    oom = OutOfMemory("cpu", 90 * MIB, "can't allocate memory", Site("/u/train.py", 326, "get_patches"), "", 0)
+    ctx = _context(_recording(out_of_memory=oom))
+    [f] = evaluate(ctx, only=["out-of-memory"])
+    assert "memory before its first training forward (in the script's own set-up), asking for 90.0 MiB" in f.message
+    assert "set-up work in pieces" in f.fix.pytorch and f.note is None  # no step was measured, nor is to be split
+    section = memory_section(ctx)
+    assert isinstance(section, MemoryNotMeasured) and "before a training forward was captured" in section.reason
+
+
 def test_a_one_row_batch_that_ran_out_of_memory_says_why_no_smaller_batch_was_measured():
     # nanochat with --device-batch-size=1 under 500 MiB: "no halving of the captured batch fit", where none exists.
     oom = OutOfMemory("cpu", 64 * MIB, "can't allocate memory", Site("/u/train.py", 512, "forward"), "forward", 0)

@@ -227,6 +227,8 @@ def memory_section(ctx: Context) -> MemorySection:
     recording = ctx.recording
     if recording is not None and recording.out_of_memory is not None:
         fit = ctx.fit_after_oom
+        if ctx.capture is None:
+            return MemoryNotMeasured("the error came before a training forward was captured: nothing to measure")
         if fit is None and ctx.memory_failed is not None:
             return MemoryNotMeasured(f"one step of copies of the captured model failed: {ctx.memory_failed}")
         if fit is None and ctx.capture is not None and ctx.capture.batch_size < 2:

@@ -111,18 +111,26 @@ def _fitting(fit: FitMeasure) -> list[FixEstimate]:
 
 
 def out_of_memory(ctx: Context) -> Iterator[Finding]:
-    oom = ctx.recording.out_of_memory if ctx.recording is not None else None
-    if oom is None:
+    recording = ctx.recording
+    oom = recording.out_of_memory if recording is not None else None
+    if recording is None or oom is None:
         return
     where = f" in the {oom.phase}" if oom.phase else ""
     step = f" at step {oom.step + 1}" if oom.step is not None else ""
+    set_up = ctx.capture is None and not oom.phase and not recording.steps
+    if set_up:  # airbench94's whitening, before any training forward ran: "at step 1" read as its first step
+        step = " before its first training forward (in the script's own set-up)"
     asked = f", asking for {size_text(oom.requested_bytes)}" if oom.requested_bytes else ""
     message = f"The script ran out of {oom.device or 'device'} memory{step}{where}{asked}."
-    fix = Fix(
-        "make the step smaller: fewer rows per forward with gradient accumulation, bf16 autocast, or activation "
-        "checkpointing of the largest blocks",
-        lightning="Trainer(accumulate_grad_batches=k) with a smaller batch, precision='bf16-mixed'",
-        hf_trainer="TrainingArguments(gradient_accumulation_steps=k, bf16=True, gradient_checkpointing=True)",
+    fix = (
+        Fix("do that set-up work in pieces (a part of the data at a time), or on fewer samples")
+        if set_up
+        else Fix(
+            "make the step smaller: fewer rows per forward with gradient accumulation, bf16 autocast, or activation "
+            "checkpointing of the largest blocks",
+            lightning="Trainer(accumulate_grad_batches=k) with a smaller batch, precision='bf16-mixed'",
+            hf_trainer="TrainingArguments(gradient_accumulation_steps=k, bf16=True, gradient_checkpointing=True)",
+        )
     )
     fit = ctx.fit_after_oom
     if fit is not None:
@@ -152,23 +160,26 @@ def out_of_memory(ctx: Context) -> Iterator[Finding]:
     )
     f = Finding("out-of-memory", site=oom.site, message=message, fix=fix, evidence=evidence)
     f.provisional("high")
-    f.note = (
-        "Bytes at the measured batch are measured; at the script's batch they are estimated (the batch-sized part "
-        "scaled linearly)."
-    )
-    if fit is not None and compiled(ctx):
-        # modded-nanogpt: "4 x 256 fits (~939.4 MiB)" of 1.1 GiB, measured eagerly; its twin died in its compiled
-        # backward asking for the same 294.8 MiB as the original.
-        f.note += (
-            " The copies ran eagerly: torch.compile's graphs lay out their buffers otherwise, so check a fix said to "
-            "fit on the compiled script (--fix with --verify runs it under the same --memory-limit)."
+    if fit is not None:
+        f.note = (
+            "Bytes at the measured batch are measured; at the script's batch they are estimated (the batch-sized "
+            "part scaled linearly)."
         )
+        if compiled(ctx):
+            # modded-nanogpt: "4 x 256 fits (~939.4 MiB)" of 1.1 GiB, measured eagerly; its twin died in its
+            # compiled backward asking for the same 294.8 MiB as the original.
+            f.note += (
+                " The copies ran eagerly: torch.compile's graphs lay out their buffers otherwise, so check a fix said "
+                "to fit on the compiled script (--fix with --verify runs it under the same --memory-limit)."
+            )
     yield f
 
 
 def edit(ctx: Context, f: Finding) -> EditSpec:
     """The fastest fix measured to fit, where it is an edit of the training loop at its forward's line (micro-batches
     or bf16 autocast: :mod:`._loop_edits`). For memory: the step fits, at a cost in time the finding states."""
+    if ctx.capture is None:
+        raise ByHand("the script ran out of memory before a training forward was captured: make that work smaller")
     fit = ctx.fit_after_oom
     fits = _fitting(fit) if fit is not None else []
     if fit is None or not fits:
