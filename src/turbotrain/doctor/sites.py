@@ -1,9 +1,9 @@
 """Where in the user's code something happened: the frame that belongs to their script.
 
 A *user file* is any Python file that is not part of the standard library, an installed
-package (site-packages), torch (Inductor's generated code too) or turbotrain. Findings point at ``file:line`` of such a
-frame so the user lands on their own code, never inside a library. Installed means any
-``site-packages`` or ``dist-packages`` folder, not only this interpreter's: the user's own
+package (site-packages), torch (the code Inductor generates too) or turbotrain. Findings point
+at ``file:line`` of such a frame so the user lands on their own code, never inside a library.
+Installed means any ``site-packages`` or ``dist-packages`` folder, not only this interpreter's: the user's own
 (``pip install --user``), a distribution's, or one put on ``PYTHONPATH``; and, anywhere else
 on ``sys.path`` (``pip install --target``), the files an installed distribution's RECORD lists
 (an editable install lists none of its sources: they stay the user's).

@@ -226,12 +226,12 @@ def memory_section(ctx: Context) -> MemorySection:
         return MemoryNotMeasured("not measured (--no-what-if)")
     recording = ctx.recording
     if recording is not None and recording.out_of_memory is not None:
-        fit = ctx.fit_after_oom
         if ctx.capture is None:
             return MemoryNotMeasured("the error came before a training forward was captured: nothing to measure")
+        fit = ctx.fit_after_oom
         if fit is None and ctx.memory_failed is not None:
             return MemoryNotMeasured(f"one step of copies of the captured model failed: {ctx.memory_failed}")
-        if fit is None and ctx.capture is not None and ctx.capture.batch_size < 2:
+        if fit is None and ctx.capture.batch_size < 2:
             # nanochat's --device-batch-size=1: one sequence of 512 tokens a forward
             return MemoryNotMeasured(
                 "the captured batch is one row, so no smaller batch was measured (shorter rows, such as a shorter "
