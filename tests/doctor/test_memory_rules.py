@@ -289,18 +289,20 @@ def test_micro_batches_after_out_of_memory_are_sized_for_the_whole_batch_and_mea
     assert alone.cost.fixed.peak_bytes > alone.cost.baseline.peak_bytes  # the gradients kept for the second
 
 
-def test_a_model_called_with_keywords_that_runs_out_of_memory_in_its_first_step_is_measured(tmp_path):
+@pytest.mark.parametrize("call", ["model(x, gain=2.0)", "model(x=x, gain=2.0)"])
+def test_a_model_called_with_keywords_that_runs_out_of_memory_in_its_first_step_is_measured(tmp_path, call):
     # modded-nanogpt, `model(x, y, attn_blocksize=...)`, died in its first step: the batch captured then (by the
     # global hooks, which torch hands the positional arguments only) lacked the keyword, and the doctor itself died
-    # ("GPT.forward() missing 1 required positional argument: 'attn_blocksize'").
+    # ("GPT.forward() missing 1 required positional argument: 'attn_blocksize'"); a model called with keywords only
+    # (a Hugging Face `model(**batch)`) had no batch captured at all.
     from doctor_helpers import FAST
     from turbotrain.doctor import DoctorOptions, diagnose_script
 
     text = script("memory_out_of_memory").read_text()
     text = text.replace("    def forward(self, x):\n        return self.head(", "    def forward(self, x, *, gain):\n"
                         "        return gain * self.head(")
-    text = text.replace("model(x), y)", "model(x, gain=2.0), y)")
-    assert "gain=2.0" in text and "*, gain" in text
+    text = text.replace("model(x), y)", f"{call}, y)")
+    assert call in text and "*, gain" in text
     (tmp_path / "train.py").write_text(text)
     torch.set_num_threads(1)
     report = diagnose_script(tmp_path / "train.py", [], DoctorOptions(**FAST))
