@@ -532,6 +532,7 @@ def test_a_stack_of_blocks_is_recomputed_whole_where_none_holds_a_quarter_alone(
     chosen = blocks_to_checkpoint(rows, 64 * MIB + 512)
     assert chosen == [f"transformer.h.{i}" for i in range(4)]
     assert blocks_text(chosen) == "transformer.h.0-3"
+    assert blocks_text(["2", "3", "4"]) == "2-4"  # a root Sequential's blocks (airbench94's was ".2-4")
     # One wide submodule holding more than a stack of small ones is still chosen on its own.
     wide = ModuleActivations("wide", "Wide", 0, 40 * MIB, 2, site)
     small = [ModuleActivations(f"layers.{i}", "Small", 0, 5 * MIB, 2, site) for i in range(4)]

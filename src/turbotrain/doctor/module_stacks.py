@@ -47,7 +47,8 @@ def blocks_text(blocks: Sequence[str]) -> str:
         if len(indices) < len(names):
             said.extend(names)
         else:
-            said.extend(f"{key}.{_run_text(a, b)}" for a, b in _runs(indices))
+            # a root Sequential's own blocks (a compiled model's eager module: airbench's) have no list name
+            said.extend(f"{key + '.' if key else ''}{_run_text(a, b)}" for a, b in _runs(indices))
     return ", ".join(said)
 
 
