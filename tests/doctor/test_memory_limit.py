@@ -7,6 +7,7 @@ which the test session's other tests should not inherit."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -165,3 +166,30 @@ def test_an_out_of_memory_inside_a_compiled_graph_names_the_users_line(tmp_path)
     file, line, generated = json.loads(proc.stdout.splitlines()[-1])
     assert generated >= 1  # the error was raised in Inductor's code
     assert file.endswith("train.py") and "# marked" in (tmp_path / "train.py").read_text().splitlines()[line - 1]
+
+
+def test_torch_compile_compiles_outside_the_limit_and_the_steps_run_under_it(tmp_path):
+    # Inductor's compile is the compiler's host memory, not the step's: under 100 MiB nanoGPT's first compile failed
+    # ("can't start new thread"), and this model's, cold, under 80 MiB ("BackendCompilerFailed ... MemoryError"),
+    # where its steps need about a MiB.
+    (tmp_path / "train.py").write_text(textwrap.dedent("""
+        import torch
+        from torch import nn
+
+        model = torch.compile(nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 8)))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(6):
+            x, y = torch.randn(64, 32), torch.randint(0, 8, (64,))
+            loss = nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    """))
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}  # cold: the compile's whole work
+    proc = subprocess.run(
+        [sys.executable, "-m", "turbotrain", "doctor", "--memory-limit", "80MiB", "--steps", "2", "--warmup", "1",
+         "--no-what-if", "--json", "report.json", "train.py"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=300, env=env,
+    )
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["status"] == "ok" and report["steps_completed"] >= 3, (report.get("error"), proc.stderr[-2000:])

@@ -126,6 +126,8 @@ class Recorder:
         self.module_calls_per_step = 0
         self.profile_left_out = 0  # the events a step would have made, where the profiler window was left out
         self._restore_limit: Callable[[], None] = _nothing  # --memory-limit's, lifted for the profiler window
+        self._compiles = 0  # torch.compile's compiles under way (a lazy backward's inside a forward's)
+        self._restore_compile_limit: Callable[[], None] = _nothing  # --memory-limit's, lifted while they run
         self.window = ProfilerWindow(self.gpu)
         self.gpu_timer = GpuTimer()
         self.profiled_steps: list[int] = []
@@ -221,7 +223,7 @@ class Recorder:
             register_optimizer_step_post_hook(self.tracker.after_optimizer_step),
         ]
         try:
-            self.compile_watch = CompileWatch(on_compiling=self.functions.pause)
+            self.compile_watch = CompileWatch(on_compiling=self._compiling)
             self.compile_watch.start()
             self.modules.set_discovery(True)
             instrument.install(self.patcher)
@@ -468,6 +470,21 @@ class Recorder:
     def profiler(self) -> Any:
         """torch.profiler.profile of the profiler window, once it ran (None before, or if it could not start)."""
         return self.window.profiler
+
+    def _compiling(self, started: bool) -> None:
+        """torch.compile started or ended a compile: the function tracer pauses, and --memory-limit is lifted while
+        compiles run (Inductor's compile work and its threads are the compiler's host memory, not the step's: under
+        100 MiB nanoGPT's first compile failed, "can't start new thread")."""
+        self.functions.pause(started)
+        if started:
+            self._compiles += 1
+            if self._compiles == 1:
+                self._restore_compile_limit = memory_limit.lift()
+        elif self._compiles:
+            self._compiles -= 1
+            if not self._compiles:
+                self._restore_compile_limit()
+                self._restore_compile_limit = _nothing
 
     def _start_profiler(self) -> None:
         # torch.profiler's events are the doctor's memory, not the step's: under --memory-limit they would make the
