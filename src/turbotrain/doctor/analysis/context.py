@@ -170,9 +170,9 @@ class Context:
     @property
     def script_loss(self) -> LossFn:
         """The re-runs' loss (:func:`.replay.surrogate_step`) with the forward under the script's autocast."""
-        from .replay import autocast_of, under
+        from .replay import script_loss
 
-        return under(autocast_of(self.facts, self.on_gpu))
+        return script_loss(self.facts, self.on_gpu)
 
     @property
     def compiled(self) -> CompileFacts | None:

@@ -23,6 +23,7 @@ __all__ = [
     "surrogate_step",
     "autocast_of",
     "under",
+    "script_loss",
     "time_once",
     "fastest_pair",
     "repeat_batch",
@@ -73,6 +74,11 @@ def under(
             return loss_fn(model, batch)
 
     return loss
+
+
+def script_loss(facts: ForwardFacts, on_gpu: bool) -> Callable[[torch.nn.Module, Any], torch.Tensor]:
+    """The re-runs' loss (:func:`surrogate_step`) with the forward under the script's autocast."""
+    return under(autocast_of(facts, on_gpu))
 
 
 def time_once(fn: Callable[[], object], cuda: bool) -> float:

@@ -20,7 +20,8 @@ import torch
 
 from ....measure import copy_for_trial
 from ...edits import PRECISION, ByHand, EditSpec
-from ...analysis.replay import autocast_of, surrogate_step
+from ...analysis.replay import script_loss
+from ...record.memory_watch import LossFn
 from ...analysis.source import dotted_name
 from ...record.compile_watch import CompiledCode, GraphBreak, Recompile
 from ...results import CompileResult
@@ -349,20 +350,12 @@ class PairTiming:
     other_graphs: int = 0  # the graphs torch compiled for those steps
 
 
-def script_autocast(ctx: Context) -> Callable[[], ContextManager[Any]]:
-    """The autocast the script's training forward ran under, for the trials' forwards (:func:`.autocast_of`)."""
-    return autocast_of(ctx.facts, ctx.on_gpu)
-
-
-def _step(
-    module: torch.nn.Module, batch: Batch, cuda: bool, precision: Callable[[], ContextManager[Any]]
-) -> Callable[[], float]:
+def _step(module: torch.nn.Module, batch: Batch, cuda: bool, loss_fn: LossFn) -> Callable[[], float]:
     def run() -> float:
         if cuda:
             torch.cuda.synchronize()
         started = time.perf_counter()
-        with precision():  # the forward as the script runs it; backward outside, as autocast asks
-            loss = surrogate_step(module, batch)
+        loss = loss_fn(module, batch)  # the forward under the script's autocast (build-nanogpt, nanochat)
         # torch's Tensor.backward is untyped.
         loss.backward()  # type: ignore[no-untyped-call]  # torch leaves it untyped
         if cuda:
@@ -436,9 +429,9 @@ def time_variants(
     cuda = ctx.on_gpu
     if not budget.allows((a.compiles + b.compiles) * compile_s + 1.0):
         return None
-    precision = script_autocast(ctx)
+    loss_fn = script_loss(ctx.facts, ctx.on_gpu)
     with _fresh_dynamo():
-        runs = (_step(a.module, batch, cuda, precision), _step(b.module, batch, cuda, precision))
+        runs = (_step(a.module, batch, cuda, loss_fn), _step(b.module, batch, cuda, loss_fn))
         warm, compiled_s = [], []
         for variant, run in zip((a, b), runs):
             with variant.settings():
@@ -447,7 +440,7 @@ def time_variants(
                 warm.append(first + compiled_s[-1])
         graphs_before = counters["stats"]["unique_graphs"]
         with b.settings():
-            other_s = tuple(_step(b.module, other, cuda, precision)() for other in other_batches)
+            other_s = tuple(_step(b.module, other, cuda, loss_fn)() for other in other_batches)
         other_graphs = counters["stats"]["unique_graphs"] - graphs_before
         # Sized by the steps after the compile, not the warm-up's mean: a compile of seconds is in that.
         steps = max(STEPS, min(50, int(ROUND_S / max(1e-5, min(compiled_s)))))
@@ -545,7 +538,8 @@ def cached_compile(ctx: Context, model: torch.nn.Module, budget: TimeLeft) -> Ca
     torch._dynamo.reset()  # nothing compiled in memory: only the on-disk caches
     try:
         hits = counters["inductor"]["fxgraph_cache_hit"]
-        run = _step(recompiled(model), (ctx.capture.args, ctx.capture.kwargs), ctx.on_gpu, script_autocast(ctx))
+        batch = (ctx.capture.args, ctx.capture.kwargs)
+        run = _step(recompiled(model), batch, ctx.on_gpu, script_loss(ctx.facts, ctx.on_gpu))
         first = run()
         step = run()
         read = counters["inductor"]["fxgraph_cache_hit"] - hits

@@ -17,7 +17,7 @@ __all__ = ["size_text", "fix_for", "measured", "compiled"]
 
 def compiled(ctx: Context) -> bool:
     """Whether the script compiled code: the memory fixes' copies then ran eagerly (analysis/memory_fixes.py)."""
-    return ctx.compiled is not None and bool(ctx.compiled.codes)
+    return ctx.compiled is not None and ctx.compiled.compiled
 
 
 def measured(cost: FixCost) -> MeasuredFix:
