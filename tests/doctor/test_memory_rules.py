@@ -597,13 +597,22 @@ def test_a_fix_that_runs_out_of_memory_under_the_limit_is_said_so_and_the_others
     ctx.recording = _recording(out_of_memory=oom)
     text = "\n".join(memory_lines(memory_section(ctx)))
     assert "bf16-autocast: ran out of memory at 128 rows (does not fit)" in text, text
-    # A compiled script's copies ran eagerly: the finding says a fix said to fit is to be checked compiled.
     [eager] = evaluate(ctx, only=["out-of-memory"])
-    assert "copies ran eagerly" not in (eager.note or "")
+    assert "copies ran eagerly" not in (eager.note or "") and eager.evidence.compiled is None
+    # A compiled script's copies ran eagerly: the fix said to fit is run compiled at the script's whole batch.
     code = CompiledCode("forward", Site("/u/train.py", 9), None, 1, 1, (), (), first_compile_s=1.0)
     ctx.recording = _recording(out_of_memory=oom, compiled=CompileFacts(codes=(code,)))
     [f] = evaluate(ctx, only=["out-of-memory"])
-    assert "The copies ran eagerly" in f.note and "--verify" in f.note, f.note
+    [run] = f.evidence.compiled.runs
+    assert run.fix == "micro-batches" and run.detail == "8 x 32" and run.ran and run.peak_bytes > 0, run
+    assert "Run compiled at its 256 rows: 8 micro-batches of 32 rows ran (peak" in f.message, f.message
+    assert "then run compiled" in f.note, f.note
+    # Where compiling it again would take too long, it is not run; the finding says why, and how to check it.
+    slow = dataclasses.replace(code, first_compile_s=1000.0)
+    ctx.recording = _recording(out_of_memory=oom, compiled=CompileFacts(codes=(slow,)))
+    [f] = evaluate(ctx, only=["out-of-memory"])
+    assert not f.evidence.compiled.runs and "Run compiled" not in f.message
+    assert "(not run compiled here: a compiled run of a fix would take about 1000 s" in f.note and "--verify" in f.note
 
 
 def test_what_the_models_own_forward_saves_is_a_row_of_its_own():

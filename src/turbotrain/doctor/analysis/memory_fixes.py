@@ -45,10 +45,13 @@ __all__ = [
     "checkpoint_blocks",
     "checkpointing",
     "bf16_autocast",
+    "bf16_loss",
     "set_to_none",
     "micro_batches",
     "accumulated",
     "eager_module",
+    "split_rows",
+    "train_step",
 ]
 
 
@@ -116,14 +119,19 @@ def bf16_autocast(
 ) -> FixCost:
     """The forward and the loss under ``torch.autocast`` in bfloat16 on the model's device."""
     device = next((p.device.type for p in model.parameters()), "cpu")
+    baseline = _variant(model, optimizers, batch, loss_fn)
+    fixed = _variant(model, optimizers, batch, bf16_loss(loss_fn, device))
+    return _compare("bf16-autocast", device, baseline, fixed, repeats, allows)
+
+
+def bf16_loss(loss_fn: LossFn, device: str) -> LossFn:
+    """``loss_fn`` with the forward and the loss under ``torch.autocast(device, dtype=torch.bfloat16)``."""
 
     def autocast_loss(m: torch.nn.Module, b: Any) -> torch.Tensor:
         with torch.autocast(device, dtype=torch.bfloat16):
             return loss_fn(m, b)
 
-    baseline = _variant(model, optimizers, batch, loss_fn)
-    fixed = _variant(model, optimizers, batch, autocast_loss)
-    return _compare("bf16-autocast", device, baseline, fixed, repeats, allows)
+    return autocast_loss
 
 
 def set_to_none(
@@ -153,9 +161,7 @@ def micro_batches(
 ) -> FixCost:
     """``k`` micro-batches of ``rows // k`` with their gradients accumulated, against the whole batch of ``rows``
     (tensors whose dimension ``dim`` is ``rows`` are split; the rest go to every micro-batch)."""
-    if k < 1 or rows % k:
-        raise ValueError(f"{rows} rows do not split into {k} equal micro-batches")
-    parts = [_rows(batch, rows, dim, i * (rows // k), rows // k) for i in range(k)]
+    parts = split_rows(batch, rows, dim, k)
     fixed = _variant(model, optimizers, batch, loss_fn)
     fixed.batches = parts
     baseline = _variant(model, optimizers, batch, loss_fn)
@@ -178,6 +184,13 @@ def accumulated(
     baseline = _variant(model, optimizers, batch, loss_fn)
     cost = _compare("micro-batches", f"{k} x the batch", baseline, fixed, repeats)
     return dataclasses.replace(cost, fixed=dataclasses.replace(cost.fixed, step_seconds=cost.fixed.step_seconds / k))
+
+
+def split_rows(batch: Any, rows: int, dim: int, k: int) -> list[Any]:
+    """``batch`` (of ``rows`` rows along ``dim``) as ``k`` equal micro-batches, views of it."""
+    if k < 1 or rows % k:
+        raise ValueError(f"{rows} rows do not split into {k} equal micro-batches")
+    return [_rows(batch, rows, dim, i * (rows // k), rows // k) for i in range(k)]
 
 
 def _rows(batch: Any, rows: int, dim: int, start: int, length: int) -> Any:
@@ -239,16 +252,24 @@ def _cost(memory: StepMemory, seconds: float) -> Cost:
     return Cost(peak, seconds, memory)
 
 
+def train_step(
+    model: torch.nn.Module, optimizers: Optimizers, batches: Sequence[Any], loss_fn: LossFn, set_to_none: bool = True
+) -> None:
+    """One optimizer step: ``zero_grad``, forward and backward of ``loss_fn(model, batch) / len(batches)`` for each
+    micro-batch, then every optimizer's step."""
+    for opt in optimizers:
+        opt.zero_grad(set_to_none=set_to_none)
+    for batch in batches:
+        (loss_fn(model, batch) / len(batches)).backward()
+    for opt in optimizers:
+        opt.step()
+
+
 def _step(variant: _Variant) -> None:
     # Eager, as measure_step's peak is: a copy of a compiled model would compile again for every fix and its
     # baseline (airbench's max-autotune copies: 21 s a first step, and no fix fitted the budget).
     with torch.compiler.set_stance("force_eager"):
-        for opt in variant.optimizers:
-            opt.zero_grad(set_to_none=variant.set_to_none)
-        for batch in variant.batches:
-            (variant.loss_fn(variant.model, batch) / len(variant.batches)).backward()
-        for opt in variant.optimizers:
-            opt.step()
+        train_step(variant.model, variant.optimizers, variant.batches, variant.loss_fn, variant.set_to_none)
 
 
 def _timed(variant: _Variant) -> float:

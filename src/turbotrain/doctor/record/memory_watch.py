@@ -39,6 +39,7 @@ __all__ = [
     "device_memory",
     "measure_step",
     "storages",
+    "resident_bytes",
     "Optimizers",
     "LossFn",
 ]
@@ -186,6 +187,14 @@ def storages(tensors: Iterable[torch.Tensor]) -> dict[int, int]:
             if ptr:
                 out[ptr] = st.nbytes()
     return out
+
+
+def resident_bytes(model: torch.nn.Module, optimizers: Optimizers, batches: Sequence[Any]) -> int:
+    """What a step starts from, held before it and after it: parameters, buffers, gradients, optimizer state and
+    the batch, each storage once."""
+    held = [*model.parameters(), *model.buffers(), *(p.grad for p in model.parameters() if p.grad is not None)]
+    held += [*_optimizer_tensors(optimizers), *(t for b in batches for t in tensors_in(b))]
+    return sum(storages(held).values())
 
 
 def _optimizer_tensors(optimizers: Optimizers) -> list[torch.Tensor]:
