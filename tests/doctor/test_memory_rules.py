@@ -615,6 +615,40 @@ def test_a_fix_that_runs_out_of_memory_under_the_limit_is_said_so_and_the_others
     assert "(not run compiled here: a compiled run of a fix would take about 1000 s" in f.note and "--verify" in f.note
 
 
+def test_micro_batches_that_run_out_of_memory_compiled_are_run_again_at_half_their_rows(monkeypatch):
+    # modded-nanogpt's twin: "4 x 256" said to fit eagerly died compiled; smaller micro-batches are the next to run,
+    # then the next fix, and no more than MOST_RUNS compiles are paid.
+    from types import SimpleNamespace
+
+    from turbotrain.doctor.analysis.memory_fixes import Cost, FixCost
+    from turbotrain.doctor.rules.memory import _compiled_fit
+
+    ctx, _ = _compiled_bf16(autocast=False)
+    code = CompiledCode("forward", Site("/u/train.py", 9), None, 1, 1, (), (), first_compile_s=1.0)
+    ctx.recording = _recording(compiled=CompileFacts(codes=(code,)))
+    fit = SimpleNamespace(rows=64, full_rows=256)
+    micro = FixCost("micro-batches", "4 x 64", Cost(MIB, 0.01), Cost(MIB, 0.01))
+    bf16 = FixCost("bf16-autocast", "cpu", Cost(MIB, 0.01), Cost(MIB, 0.02))
+    fitting: set[str] = set()
+
+    def run(ctx, model, fix, detail, full_rows):
+        ran = detail in fitting
+        return _compiled_fit.CompiledRun(fix, detail, ran, peak_bytes=MIB if ran else None)
+
+    monkeypatch.setattr(_compiled_fit, "_run", run)
+    fitting.add("16 x 16")
+    check = _compiled_fit.compiled_check(ctx, fit, [micro, bf16])
+    assert [(r.detail, r.ran) for r in check.runs] == [("4 x 64", False), ("8 x 32", False), ("16 x 16", True)]
+    assert check.first_ran is check.runs[-1]
+    fitting.clear()
+    fitting.add("cpu")
+    check = _compiled_fit.compiled_check(ctx, fit, [bf16, micro])
+    assert [(r.fix, r.ran) for r in check.runs] == [("bf16-autocast", True)]
+    fitting.clear()  # none fits: MOST_RUNS compiles, no more
+    check = _compiled_fit.compiled_check(ctx, fit, [micro, bf16])
+    assert len(check.runs) == _compiled_fit.MOST_RUNS and check.first_ran is None
+
+
 def test_what_the_models_own_forward_saves_is_a_row_of_its_own():
     # build-nanogpt's cross-entropy over 50,304 logits in GPT.forward saved 49.1 MiB of 67.6; the section named only
     # lm_head and the blocks (the root's total holds them all, and was left out).

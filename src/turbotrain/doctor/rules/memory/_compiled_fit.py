@@ -119,6 +119,9 @@ def _run(ctx: Context, model: torch.nn.Module, fix: str, detail: str, full_rows:
     original = getattr(model, "_orig_mod", model)
     # One deepcopy of both: the copied optimizers then update the copied parameters.
     copy, optimizers = copy_for_trial((original, [opt for opt, _ in ctx.optimizers]))
+    # Each copy is a new module for the forward's guards: without a reset, a few runs after the script's own compiles
+    # reach torch's recompile limit, and the rest would run eagerly, unsaid.
+    torch.compiler.reset()
     compiled = compiled_like(model, copy)
     batch: Any = (capture.args, capture.kwargs)
     loss_fn = ctx.script_loss
@@ -147,6 +150,7 @@ def _run(ctx: Context, model: torch.nn.Module, fix: str, detail: str, full_rows:
         return CompiledRun(fix, detail, ran=False, requested_bytes=oom.requested_bytes)
     finally:
         del compiled, copy, optimizers
+        torch.compiler.reset()
         gc.collect()
         if gpu:
             torch.cuda.empty_cache()
