@@ -103,6 +103,23 @@ def test_the_limit_is_a_size_checked_where_it_is_given():
         DoctorOptions(memory_limit_bytes=0)
 
 
+def test_torchs_own_imports_and_thread_stacks_are_in_the_base_not_the_limit():
+    # The limit stands for the device's memory: Inductor's modules (~45 MiB of data, imported by torch.compile(model))
+    # and the stacks of torch's threads (8 MiB each, started by the first parallel op) are the host's. Counted, they
+    # made nanoGPT's compiled twin die under 100 MiB where its step needs 81 MiB.
+    proc = _python("""
+        import json, torch
+        from turbotrain.doctor.record.memory_limit import data_bytes, memory_limit
+
+        with memory_limit(64 * 2**20) as limit:
+            import torch._inductor.compile_fx  # what torch.compile(model) imports
+            torch.ones(1 << 20).add_(1)  # the first parallel op: torch's threads start
+            print(json.dumps(data_bytes() - limit.base_bytes))
+    """)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.splitlines()[-1]) < 4 * MIB
+
+
 def test_a_run_out_of_memory_under_the_limit_is_patched_and_verified_to_fit(tmp_path):
     pytest.importorskip("libcst", reason="doctor --fix needs libcst: pip install -e '.[fix]'")
     (tmp_path / "train.py").write_text(script("memory_out_of_memory").read_text())

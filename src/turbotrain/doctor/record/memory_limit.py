@@ -53,6 +53,12 @@ def _exact_large_allocations() -> None:
     libc.mallopt(_M_MMAP_THRESHOLD, 128 * 1024)
 
 
+def _start_thread_pool() -> None:
+    """torch's intra-op threads start at the first parallel op, each with its stack (8 MiB by default), which the
+    data segment counts: started before the base, they are not the script's memory (on 16 cores, 120 MiB of it)."""
+    torch.ones(1 << 20).add_(1)  # over torch's grain size: runs on the pool
+
+
 @dataclass(frozen=True)
 class MemoryLimit:
     """``limit_bytes`` for the step on ``device``; on the CPU counted from ``base_bytes``, the data segment when
@@ -64,12 +70,15 @@ class MemoryLimit:
 
     @classmethod
     def now(cls, limit_bytes: int) -> MemoryLimit:
-        # torch's optimizers import dynamo when they are made: its ~70 MiB of data are torch's, not the script's.
+        # torch's optimizers import dynamo when they are made, torch.compile(model) imports Inductor: their ~70 and
+        # ~45 MiB of data are torch's, not the script's (nanoGPT's compiled twin died under 100 MiB of them).
         import torch._dynamo  # noqa: F401 - imported for its side effect on the data segment, before the base
+        import torch._inductor.compile_fx  # noqa: F401 - the same
 
         device = _device()
         if device == "cpu":
             _exact_large_allocations()
+            _start_thread_pool()
         return cls(limit_bytes, device, data_bytes() if device == "cpu" else 0)
 
     def used_bytes(self) -> int:
