@@ -72,8 +72,9 @@ class MemoryLimit:
     def now(cls, limit_bytes: int) -> MemoryLimit:
         # torch's optimizers import dynamo when they are made, torch.compile(model) imports Inductor: their ~70 and
         # ~45 MiB of data are torch's, not the script's (nanoGPT's compiled twin died under 100 MiB of them).
-        import torch._dynamo  # noqa: F401 - imported for its side effect on the data segment, before the base
-        import torch._inductor.compile_fx  # noqa: F401 - the same
+        # Imported for their side effect on the data segment, before the base.
+        import torch._dynamo
+        import torch._inductor.compile_fx  # noqa: F401 - for the side effect above
 
         device = _device()
         if device == "cpu":
