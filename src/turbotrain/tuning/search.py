@@ -516,8 +516,8 @@ class _Search:
             if refused and self._estimate(self.base) + self._estimate(plan) > self.remaining():
                 break
             if not self._not_slower_than_rules(plan, refused):
-                # The rules' plan won that pair though its own trial was not believed (AVX2 EPYC's CNN: 1.58x
-                # then 1.10x naive, rejected; compile alone then 0.94x of it, and naive was returned).
+                # The rules' plan won that pair though its own noisy trial was not believed: without it in line,
+                # naive came back, slower than both.
                 if self.rules is not None and self.rules not in line:
                     line.insert(line.index(plan) + 1, self.rules)
                 continue
