@@ -233,7 +233,7 @@ def test_a_compiled_models_fix_said_to_fit_is_run_compiled_and_the_one_that_ran_
     """))
     proc = subprocess.run(
         [sys.executable, "-m", "turbotrain", "doctor", "--memory-limit", "96MiB", "--steps", "2", "--warmup", "1",
-         "--json", "report.json", "train.py", "--fix", "fix.patch"],
+         "--what-if-budget", "1", "--json", "report.json", "train.py", "--fix", "fix.patch"],
         capture_output=True, text=True, cwd=tmp_path, timeout=300,
     )
     report = json.loads((tmp_path / "report.json").read_text())
