@@ -500,3 +500,27 @@ def test_a_budget_too_small_for_compile_says_so_with_the_budget_that_times_it():
     measure = _avx2_like(clock)
     result = search_plan(measure, _avx2_candidates(), time_budget_s=wanted, clock=clock)
     assert result.plan.compile is True, [(r.label, r.status, r.reason) for r in result.attempts]
+
+
+def test_a_rules_compile_that_buys_nothing_beyond_noise_is_taken_out():
+    """The rules pick compile and it ties (1.01x): kept, it would cost its compile on every run for nothing, and the
+    chosen row would say compile pays after never. It must win as an addition must, or it goes."""
+    clock = Clock()
+    measure = CompilesOnce({("fused_optimizer", True): 0.5, ("compile", True): 1 / 1.01}, base_s=0.1, compile_s=30.0,
+                           clock=clock)
+    rule_fused = dataclasses.replace(FUSED, recommended=True)
+    result = search_plan(measure, Candidates(timed=[rule_fused, RULE_COMPILE]), time_budget_s=600, clock=clock)
+    row = _rows(result)["without compile=True"]
+    assert row.status == "accepted", row.reason
+    assert "compile bought nothing beyond noise a step (1.01x with it) for its 30.0 s compile" in row.reason
+    assert result.plan == Plan(fused_optimizer=True), result.message
+
+
+def test_a_rules_compile_that_wins_beyond_noise_stays():
+    clock = Clock()
+    measure = CompilesOnce({("fused_optimizer", True): 0.5, ("compile", True): 1 / 1.05}, base_s=0.1, compile_s=30.0,
+                           clock=clock)
+    rule_fused = dataclasses.replace(FUSED, recommended=True)
+    result = search_plan(measure, Candidates(timed=[rule_fused, RULE_COMPILE]), time_budget_s=600, clock=clock)
+    assert _rows(result)["without compile=True"].status == "rejected"
+    assert result.plan == Plan(fused_optimizer=True, compile=True), result.message

@@ -6,7 +6,8 @@
    set) is timed next to the naive plan. Starting from the best guess spends the budget where the
    big wins are: on a GPU, bf16 and compile, which a greedy walk from the naive plan reached last.
 3. Ablation: each switch of the rules' plan is taken out once (compile first: its removal is the
-   largest change and the cheapest trial), and stays out only when the plan without it is faster.
+   largest change and the cheapest trial), and stays out when the plan without it is faster; compile
+   also when it is not faster with it (it must win as an addition must: a tie costs a compile a run).
 4. Additions: every other timed value (a switch the rules leave off, another precision, another
    compile mode) is tried on top of the plan so far, cheap ones first, then the compiles; the
    compiles first when the budget left cannot hold both. A pair already timed is not timed again.
@@ -35,7 +36,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..measure import HOPELESS, MIN_GAIN, Trial, judge
+from ..measure import HOPELESS, MIN_GAIN, SLOWER, Trial, judge
 from ..plan import CompileMode, Plan
 from .candidates import Candidates, Switch
 from .guard import DEFAULT_TOLERANCE, check_losses
@@ -256,7 +257,15 @@ class _Search:
             wins = [r >= 1 + self.min_gain for r in ratios]
             if wins[0] != wins[1] and self._can_pair_again(need):
                 ratios.append(self._paired_ratio(against, plan))  # the two disagree: a third decides
-        ratio, won = self._verdict(ratios)
+        judged = judge(ratios, min_gain=self.min_gain)
+        ratio, won = judged.speedup, judged.faster
+        if stage == "ablation" and not won and judged.verdict != SLOWER and self._drops_compile(against, plan):
+            # Compile stays only where it wins as an addition must: a tie costs its compile on every run for nothing.
+            won = True
+            row.reason = (
+                f"compile bought nothing beyond noise a step ({1 / ratio:.2f}x with it) for its "
+                f"{self.compile_of.get(against, 0.0):.1f} s compile"
+            )
         won = self._priced(row, plan, against, ratio, won)
         row.speedup = self.speedup_of.get(against, 1.0) * ratio
         if not won:
@@ -302,10 +311,9 @@ class _Search:
     def _can_pair_again(self, need: float) -> bool:
         return need <= self.remaining() - self._estimate(self.base)
 
-    def _verdict(self, ratios: list[float]) -> tuple[float, bool]:
-        """(speed-up, kept?) from the paired ratios, by the project's one noise model (measure.judge)."""
-        verdict = judge(ratios, min_gain=self.min_gain)
-        return verdict.speedup, verdict.faster
+    @staticmethod
+    def _drops_compile(against: Plan, plan: Plan) -> bool:
+        return against.compile is not False and plan == against.replace(compile=False)
 
     def best_of(self, switch: Switch, current: Plan, stage: str, suffix: str = "") -> Plan:
         """Try each value of ``switch`` on top of ``current``; the fastest accepted one wins."""
