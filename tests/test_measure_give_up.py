@@ -46,3 +46,22 @@ def test_one_step_held_back_does_not_stop_the_trial():
     trial = _trial(_HeldBack(slow_calls={3}))
     assert trial.ok and not trial.stopped_early
     assert len(trial.step_times_s) == 8 and max(trial.step_times_s) >= HELD_BACK_S
+
+
+def test_a_compiled_candidate_slow_after_its_warm_up_is_stopped_too():
+    """bf16 under compile on a CPU without bf16 instructions ran 17x a step and was timed to the end, 7 s past the
+    tuner's budget: a compiled plan's steps after its warm-up (where it compiles) are judged like an eager one's."""
+    warmup, calls = 2, []
+
+    def step_fn(model, batch):  # outside the compiled module: no guard sees the counter
+        calls.append(1)
+        if len(calls) > warmup:
+            time.sleep(HELD_BACK_S)
+        x, y = batch
+        return nn.functional.mse_loss(model(x), y)
+
+    batches = [(torch.randn(4, 8), torch.randn(4, 8))]
+    trial = run_trial(nn.Linear(8, 8), lambda p: torch.optim.SGD(p, lr=0.1), None, batches, Plan(compile=True),
+                      steps=8, warmup=warmup, step_fn=step_fn, give_up_s=0.01)
+    assert trial.stopped_early and not trial.ok, trial.error
+    assert len(trial.losses) == warmup + HOPELESS_STEPS

@@ -357,9 +357,10 @@ def run_trial(
     with the plan's loader switches and moved as the plan says (pinning, non_blocking, prefetch),
     so the data path is timed too; the loader starts over when it runs out.
 
-    ``give_up_s``: a hopeless eager candidate is stopped (``Trial.stopped_early``, and
-    ``Trial.error`` says why) as soon as :data:`HOPELESS_STEPS` steps from the second on (the first
-    holds one-time costs) have taken longer than that and than :data:`HOPELESS_FLOOR_S`.
+    ``give_up_s``: a hopeless candidate is stopped (``Trial.stopped_early``, and ``Trial.error`` says
+    why) as soon as :data:`HOPELESS_STEPS` steps from the second on (the first holds one-time costs;
+    a compiled plan's steps from the first after the warm-up) have taken longer than that and than
+    :data:`HOPELESS_FLOOR_S`.
     """
     if not batches and loader is None:
         raise ValueError("run_trial needs at least one batch (or a loader)")
@@ -384,9 +385,9 @@ def run_trial(
 
         clock = StepClock(rt.device)
         warm_start = time.perf_counter()
-        # Compiled plans are never stopped: a recompile (dynamic shapes marked on a later call) can make
-        # any early step slow once, and their cost is bounded by the callers' compile budgets.
-        judged_from = 1 if plan.compile is False else warmup + steps
+        # Compiled plans are judged after their warm-up only: compiles and the recompile a second shape makes happen
+        # there, and a later one (a last short batch) is one slow step, not the two that stop a trial.
+        judged_from = 1 if plan.compile is False else max(1, warmup)
         faults_before = 0
         over: list[float] = []  # the judged steps that took longer than give_up_s
         losses: list[Any] = []
