@@ -25,9 +25,11 @@ import torch
 
 from .window_memory import status_kib
 
-__all__ = ["MemoryLimit", "memory_limit", "enforced", "lift", "active", "data_bytes"]
+__all__ = ["MemoryLimit", "memory_limit", "enforced", "lift", "active", "data_bytes", "plain_heap", "trim_heap"]
 
-_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
+_EXACT = 128 * 1024  # the mmap threshold under a limit, and glibc's own trim threshold
+_PLAIN_MMAP, _PLAIN_TRIM = 32 * 2**20, 64 * 2**20  # where glibc's dynamic thresholds settle in a long run
 
 
 def data_bytes() -> int:
@@ -46,11 +48,16 @@ def _exact_large_allocations() -> None:
     """glibc serves a large block from its heap once one was freed (its mmap threshold rises to 32 MiB) and keeps
     freed heap: the data segment then runs ahead of the live tensors by chance. A fixed threshold maps every
     block of 128 KiB or more on its own and unmaps it when freed, so the segment follows what is live."""
+    libc = _glibc()
+    if libc is not None:  # not glibc: its allocator is left as it is
+        libc.mallopt(_M_MMAP_THRESHOLD, _EXACT)
+
+
+def _glibc() -> ctypes.CDLL | None:
     try:
-        libc = ctypes.CDLL("libc.so.6")
+        return ctypes.CDLL("libc.so.6")
     except OSError:
-        return  # not glibc: its allocator is left as it is
-    libc.mallopt(_M_MMAP_THRESHOLD, 128 * 1024)
+        return None
 
 
 def _start_thread_pool() -> None:
@@ -171,3 +178,31 @@ def enforced(held_bytes: int | None = None) -> Iterator[None]:
         return
     with _active.enforced(held_bytes):
         yield
+
+
+@contextmanager
+def plain_heap() -> Iterator[None]:
+    """glibc's thresholds as a process without the limit has them once its steps repeat, while the block runs: a step
+    timed here does not pay for mapping and unmapping every block of 128 KiB or more, which the limit's exact count
+    needs and no device has. The limit's thresholds after it, and the heap's free top given back (a block the
+    step left above it keeps the rest: harmless after the doctor's last measured step, where this is used)."""
+    libc = _glibc() if _active is not None and _active.device == "cpu" else None
+    if libc is None:
+        yield
+        return
+    libc.mallopt(_M_MMAP_THRESHOLD, _PLAIN_MMAP)
+    libc.mallopt(_M_TRIM_THRESHOLD, _PLAIN_TRIM)
+    try:
+        yield
+    finally:
+        libc.mallopt(_M_TRIM_THRESHOLD, _EXACT)
+        libc.mallopt(_M_MMAP_THRESHOLD, _EXACT)
+        trim_heap()
+
+
+def trim_heap() -> None:
+    """Give the heap's free top back under a CPU limit: blocks a step took from the heap and freed would otherwise
+    count in the data segment as if live."""
+    libc = _glibc() if _active is not None and _active.device == "cpu" else None
+    if libc is not None:
+        libc.malloc_trim(0)
