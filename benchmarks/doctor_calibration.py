@@ -78,6 +78,7 @@ class Pair:
     doctor_args: list[str] = field(default_factory=list)
     fixed_every: int | None = None
     memory_fix: str | None = None  # a memory pair (benchmarks/memory_calibration.py): the fix's row to read
+    memory_detail: str | None = None  # the fix as its twin makes it ("2 x 4096"): a compiled pair's run must match
 
     @property
     def slow(self) -> Path:
@@ -105,7 +106,7 @@ def load_pairs(only: list[str] | None = None, memory: bool = False) -> list[Pair
         pairs.append(Pair(name, header["calibrates"], header.get("expect", ""),
                           shlex.split(header.get("doctor-args", "")),
                           int(header["fixed-every"]) if "fixed-every" in header else None,
-                          header.get("memory-fix")))
+                          header.get("memory-fix"), header.get("memory-detail")))
     return pairs
 
 
@@ -186,6 +187,7 @@ class ScriptRun:
     mean_ms: float
     samples: int
     peak_bytes: int | None = None
+    start_bytes: int | None = None  # at the first timed step: PEAK_BYTES less it is what a step adds
 
 
 def run_script(path: Path, script_args: list[str]) -> ScriptRun | None:
@@ -198,7 +200,8 @@ def run_script(path: Path, script_args: list[str]) -> ScriptRun | None:
         return None
     blocks, mean, samples = lines[-1]
     peaks = PEAK_LINE.findall(proc.stdout)
-    return ScriptRun(float(blocks), float(mean), int(samples), int(peaks[-1][0]) if peaks else None)
+    peak, start = (int(peaks[-1][0]), int(peaks[-1][1])) if peaks else (None, None)
+    return ScriptRun(float(blocks), float(mean), int(samples), peak, start)
 
 
 def time_script(path: Path, script_args: list[str], whole_periods: bool = False) -> float | None:

@@ -16,6 +16,12 @@ finding) and its twin ``<name>_fixed.py`` with that fix written by hand. For eac
 3. a table: the saving predicted against the real one (target: within 10%), the time ratio predicted against
    the real one (target: within 0.8x-1.25x).
 
+A compiled pair (its slow script compiles its model and runs out of memory under the header's ``--memory-limit``)
+calibrates the ``out-of-memory`` finding's compiled run instead: the doctor runs the fix that fits on a compiled copy
+at the script's batch (its ``memory-detail``, as the twin makes it) and says the memory that step added to what it
+held and its step time; the real ones are the fixed twin's (compiled too): its peak over its first timed step's
+resident memory, and its step time (target: the memory within 10%, the time within 0.8x-1.25x).
+
 Why the saving and not the peak itself: a process's resident peak holds its interpreter and libraries (hundreds
 of MiB that are no tensor of the step) alike in both twins; the difference between the twins is the fix's own.
 The pairs' tensors are 36-72 MiB each, above glibc's largest mmap threshold (32 MiB), so each is returned to the
@@ -56,12 +62,49 @@ def predict(pair: Pair, doctor_steps: int, budget_s: float) -> dict:
             return {"doctor_s": took, "error": ((proc.stderr or proc.stdout).strip().splitlines() or ["no report"])[-1]}
         report = json.loads(out.read_text())
     finding = next((f for f in report.get("findings", []) if f.get("rule") == pair.rule), None)
+    compiled = ((finding or {}).get("evidence") or {}).get("compiled")
+    if compiled is not None:
+        return {"doctor_s": took, **compiled_prediction(compiled, pair)}
     rows = ((finding or {}).get("what_if") or {}).get("fixes") or []
     row = next((r for r in rows if r.get("fix") == pair.memory_fix), None)
     if row is None:
         return {"doctor_s": took, "error": f"no {pair.memory_fix} row in the {pair.rule} finding"}
     return {"doctor_s": took, "detail": row["detail"], "saved_bytes": row["baseline_bytes"] - row["fixed_bytes"],
             "time_ratio": row["baseline_ms"] / row["fixed_ms"], "baseline_bytes": row["baseline_bytes"]}
+
+
+def compiled_prediction(compiled: dict, pair: Pair) -> dict:
+    """The out-of-memory finding's compiled run of the pair's fix: what its step added to what it held, its time."""
+    run = next((r for r in compiled.get("runs", []) if r.get("ran")), None)
+    if run is None:
+        return {"error": f"no compiled run ran ({compiled.get('skipped') or len(compiled.get('runs', []))} runs)"}
+    if run["fix"] != pair.memory_fix or (pair.memory_detail and run["detail"] != pair.memory_detail):
+        return {"error": f"the doctor ran {run['fix']} ({run['detail']}) compiled; the twin makes "
+                         f"{pair.memory_fix} ({pair.memory_detail})"}
+    return {"compiled": True, "detail": run["detail"], "added_bytes": run["peak_bytes"] - run["held_bytes"],
+            "step_ms": run["step_seconds"] * 1e3}
+
+
+def score_compiled(predictions: list[dict], fixed: list[ScriptRun]) -> dict:
+    """A compiled pair's row: the compiled run's added memory and step time against the fixed twin's (medians)."""
+    made = [p for p in predictions if p.get("compiled")]
+    row: dict = {"compiled": True, "errors": [p["error"] for p in predictions if "error" in p],
+                 "doctor_s": round(sum(p.get("doctor_s", 0.0) for p in predictions), 1)}
+    if made:
+        row.update(detail=made[0]["detail"],
+                   predicted_added_bytes=round(statistics.median(p["added_bytes"] for p in made)),
+                   predicted_step_ms=round(statistics.median(p["step_ms"] for p in made), 1))
+    runs = [f for f in fixed if f.peak_bytes is not None and f.start_bytes is not None]
+    if runs:
+        row.update(real_added_bytes=round(statistics.median(f.peak_bytes - f.start_bytes for f in runs)),
+                   real_step_ms=round(statistics.median(f.step_ms for f in runs), 1))
+    if row.get("predicted_added_bytes") is not None and row.get("real_added_bytes"):
+        row["memory_ratio"] = round(row["predicted_added_bytes"] / row["real_added_bytes"], 3)
+        row["memory_target"] = "ok" if abs(row["memory_ratio"] - 1) <= MEMORY_WITHIN else "MISS"
+    if row.get("predicted_step_ms") and row.get("real_step_ms"):
+        row["time_ratio"] = round(row["predicted_step_ms"] / row["real_step_ms"], 3)
+        row["time_target"] = "ok" if LOW <= row["time_ratio"] <= HIGH else "MISS"
+    return row
 
 
 def score(predictions: list[dict], slow: list[ScriptRun], fixed: list[ScriptRun]) -> dict:
@@ -98,6 +141,8 @@ def calibrate(pair: Pair, args: argparse.Namespace) -> dict:
         if s is not None and f is not None:
             slow.append(s)
             fixed.append(f)
+    if any(p.get("compiled") for p in predictions):
+        return {"pair": pair.name, "fix": pair.memory_fix, **score_compiled(predictions, fixed)}
     return {"pair": pair.name, "fix": pair.memory_fix, **score(predictions, slow, fixed)}
 
 
@@ -113,10 +158,20 @@ def _x(value: float | None) -> str:
     return f"x{value:.2f}" if value else "-"
 
 
+def _ms(value: float | None) -> str:
+    return f"{value:.0f} ms" if value else "-"
+
+
 def cells(row: dict) -> list[str]:
-    return [row["pair"], f"{row['fix']} ({row.get('detail', '-')})", _mib(row.get("predicted_saved_bytes")),
-            _mib(row.get("real_saved_bytes")), f"{row['memory_ratio']:.2f}" if "memory_ratio" in row else "-",
-            row.get("memory_target", "-"), _x(row.get("predicted_time")), _x(row.get("real_time")),
+    """A compiled pair's memory cells are what its step added to what it held, its time cells the step's ms."""
+    compiled = row.get("compiled", False)
+    memory = ("predicted_added_bytes", "real_added_bytes") if compiled else ("predicted_saved_bytes",
+                                                                             "real_saved_bytes")
+    time_of, shown = (("predicted_step_ms", "real_step_ms"), _ms) if compiled else (("predicted_time", "real_time"), _x)
+    fix = f"{row['fix']}{' compiled' if compiled else ''} ({row.get('detail', '-')})"
+    return [row["pair"], fix, _mib(row.get(memory[0])), _mib(row.get(memory[1])),
+            f"{row['memory_ratio']:.2f}" if "memory_ratio" in row else "-", row.get("memory_target", "-"),
+            shown(row.get(time_of[0])), shown(row.get(time_of[1])),
             f"{row['time_ratio']:.2f}" if "time_ratio" in row else "-", row.get("time_target", "-")]
 
 

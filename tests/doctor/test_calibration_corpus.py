@@ -54,7 +54,9 @@ def test_the_corpus_has_twelve_pairs_covering_every_timed_rule():
 
 def test_every_measured_memory_fix_has_a_pair_the_time_calibration_leaves_out():
     assert {p.memory_fix for p in MEMORY_PAIRS} == MEMORY_FIXES
-    assert {p.rule for p in MEMORY_PAIRS} == {"activation-memory"}
+    assert {p.rule for p in MEMORY_PAIRS} == {"activation-memory", "out-of-memory"}
+    # A compiled pair's run is compared with its twin only where both make the fix alike.
+    assert all(p.memory_detail for p in MEMORY_PAIRS if p.rule == "out-of-memory")
     assert not [p for p in PAIRS if p.memory_fix], "doctor_calibration.py would time a memory pair as a speed-up"
 
 
@@ -129,3 +131,22 @@ def test_a_memory_pair_is_scored_by_the_saving_and_the_time_against_the_twins():
     # A prediction 20% under the real saving misses; no twin run with a peak leaves the memory unjudged.
     assert memory.score([{**predicted[0], "saved_bytes": 112 * mib}], slow, fixed)["memory_target"] == "MISS"
     assert "memory_target" not in memory.score(predicted, [run(1.0, 1.0, 1, None)], fixed[:1])
+
+
+def test_a_compiled_pair_is_scored_by_the_compiled_runs_added_memory_and_step_against_the_fixed_twin():
+    memory = _memory_calibration()
+    mib, run = 2**20, calibration.ScriptRun
+    pair = calibration.Pair("memory_compiled", "out-of-memory", memory_fix="micro-batches", memory_detail="2 x 4096")
+    compiled = {"runs": [{"fix": "micro-batches", "detail": "2 x 4096", "ran": True, "peak_bytes": 300 * mib,
+                          "held_bytes": 40 * mib, "step_seconds": 0.42}]}
+    predicted = [{"doctor_s": 30.0, **memory.compiled_prediction(compiled, pair)}]
+    fixed = [run(400.0, 410.0, 8192, 900 * mib, 640 * mib), run(410.0, 420.0, 8192, 905 * mib, 640 * mib)]
+    row = memory.score_compiled(predicted, fixed)
+    assert row["predicted_added_bytes"] == 260 * mib and row["real_added_bytes"] == round(262.5 * mib)
+    assert row["predicted_step_ms"] == 420.0 and row["real_step_ms"] == 405.0
+    assert row["memory_target"] == "ok" and row["time_target"] == "ok", row
+    # The doctor ran another split than the twin makes: said, and nothing compared.
+    other = {"runs": [{**compiled["runs"][0], "detail": "4 x 2048"}]}
+    said = memory.compiled_prediction(other, pair)["error"]
+    assert said == "the doctor ran micro-batches (4 x 2048) compiled; the twin makes micro-batches (2 x 4096)"
+    assert "memory_target" not in memory.score_compiled([{"doctor_s": 1.0, "error": said}], fixed)
