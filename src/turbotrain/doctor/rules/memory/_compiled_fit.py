@@ -46,9 +46,9 @@ MOST_RUNS = 3  # compiled runs at most (each compiles afresh)
 @dataclass(frozen=True)
 class CompiledRun(Evidence):
     """A fix run compiled at the script's batch: ``detail`` as --fix writes it ("4 x 256", "cpu"); where it ran, its
-    step's peak (``peak_bytes``: what the step started from, ``held_bytes``: the copy's parameters, gradients,
-    optimizer state and batch, plus the most the step added to it: the process's resident memory on the CPU, the
-    allocator's on a GPU) and seconds; where it ran out of memory, what the failing allocation asked for."""
+    step's peak (``peak_bytes``: what the step started from, ``held_bytes``, the copy's parameters, gradients,
+    optimizer state and batch, plus the most the step added to that: the process's resident memory on the CPU, the
+    allocator's on a GPU) and its seconds; where it ran out of memory, what the failing allocation asked for."""
 
     fix: str
     detail: str
